@@ -1,0 +1,77 @@
+"""The single source of input-validation error messages.
+
+TypeError for a wrong Python type or dtype; ValueError for rank, shape, device or range. Messages read
+`<name>: expected <what>, got <what>`. Shape/dtype/device checks are free; the data checks
+(`check_values_in_range`) read the tensor and so synchronise with the device: they run only where the
+caller asked for validation (see `SpinIndexer.plan(..., validate=True)`).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def check_tensor(name: str, t, *, dtype: torch.dtype | Sequence[torch.dtype] | None = None,
+                 ndim: int | None = None, shape: Sequence[int | None] | None = None,
+                 shape_names: str | None = None, device: torch.device | None = None,
+                 device_of: str | None = None, contiguous: bool = False) -> torch.Tensor:
+    """Validate one tensor argument and return it.
+
+    shape: expected sizes, None for "any"; shape_names: the glossary letters for the message,
+    e.g. "[B, next_n]"; device_of: name of the argument whose device `device` came from.
+    """
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if dtype is not None:
+        allowed = (dtype,) if isinstance(dtype, torch.dtype) else tuple(dtype)
+        if t.dtype not in allowed:
+            want = " or ".join(str(d) for d in allowed)
+            raise TypeError(f"{name}: expected dtype {want}, got {t.dtype}")
+    if shape is not None and ndim is None:
+        ndim = len(shape)
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions{_named(shape, shape_names)}, got shape {list(t.shape)}")
+    if shape is not None:
+        for want, got in zip(shape, t.shape):
+            if want is not None and want != got:
+                raise ValueError(f"{name}: expected shape{_named(shape, shape_names)}, got {list(t.shape)}")
+    if device is not None and t.device != torch.device(device):
+        src = f" (same as {device_of})" if device_of else ""
+        raise ValueError(f"{name}: expected device {device}{src}, got {t.device}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
+    return t
+
+
+def _named(shape, names) -> str:
+    if shape is None:
+        return ""
+    sizes = ", ".join("*" if s is None else str(s) for s in shape)
+    return f" {names} = [{sizes}]" if names else f" [{sizes}]"
+
+
+def check_int(name: str, value, *, low: int | None = None, high: int | None = None) -> int:
+    """A Python int with low <= value <= high (either bound optional)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+    check_range(name, value, low=low, high=high)
+    return value
+
+
+def check_range(name: str, value, *, low=None, high=None, high_open: bool = False) -> None:
+    """low <= value <= high (or < high when high_open)."""
+    ok = (low is None or value >= low) and (high is None or (value < high if high_open else value <= high))
+    if not ok:
+        lo = "" if low is None else f"{low} <= "
+        hi = "" if high is None else (f" < {high}" if high_open else f" <= {high}")
+        raise ValueError(f"{name}: expected {lo}{name.split('.')[-1]}{hi}, got {value}")
+
+
+def check_values_in_range(name: str, t: torch.Tensor, low: int, high: int, what: str = "values") -> None:
+    """Every element in [low, high]. Reads the data (a host sync): call only when validating."""
+    if t.numel() == 0:
+        return
+    lo, hi = int(t.min()), int(t.max())
+    if lo < low or hi > high:
+        raise ValueError(f"{name}: expected {what} in [{low}, {high}], got min {lo}, max {hi}")

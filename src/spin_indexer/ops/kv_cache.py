@@ -1,0 +1,98 @@
+"""FP8 key quantization and the paged indexer-key cache: write through a slot mapping, read back.
+
+Worked example of the byte layout (T = 64, D = 128, 8448 bytes per block): token 3 of block 7 has its
+128 fp8 values at bytes [7*8448 + 3*128, +128) and its fp32 scale at bytes [7*8448 + 8192 + 3*4, +4).
+All writes go through uint8 views so they work on every device and torch version.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..checks import check_tensor, check_values_in_range
+from ..layout import FP8_DTYPE, FP8_MAX, SCALE_BYTES, SCALE_FLOOR, cache_views
+
+
+def quantize_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token FP8 quantization with a power-of-two scale.
+
+    keys: [N, D] float (any float dtype).
+    returns (k_fp8 [N, D] float8_e4m3fn, k_scale [N] float32) with
+    k_scale = 2 ** ceil(log2(max(amax, 1e-4) / 448)) and k_fp8 = keys / k_scale (exact division: the
+    scale is a power of two, so k_fp8 * k_scale differs from keys only by FP8 rounding).
+    """
+    check_tensor("keys", keys, dtype=(torch.float32, torch.float16, torch.bfloat16, torch.float64), ndim=2)
+    k32 = keys.float()
+    amax = k32.abs().amax(dim=-1).clamp_min(SCALE_FLOOR)
+    k_scale = torch.exp2(torch.ceil(torch.log2(amax / FP8_MAX)))
+    k_fp8 = (k32 / k_scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return k_fp8, k_scale
+
+
+def write_kv_cache(kv_cache: torch.Tensor, k_fp8: torch.Tensor, k_scale: torch.Tensor,
+                   slot_mapping: torch.Tensor, validate: bool = True) -> None:
+    """Store quantized keys in place: token n goes to block slot_mapping[n] // T, row slot_mapping[n] % T.
+
+    kv_cache: uint8 [num_blocks, T, 1, D + 4]; k_fp8: float8_e4m3fn [N, D]; k_scale: float32 [N];
+    slot_mapping: int64 or int32 [N], negative entries are padding and are skipped (vLLM's -1).
+    validate: check slots < num_blocks * T (reads slot_mapping: a host sync).
+    """
+    _check_cache(kv_cache)
+    num_blocks, tokens, _, row_bytes = kv_cache.shape
+    dim = row_bytes - SCALE_BYTES
+    check_tensor("k_fp8", k_fp8, dtype=FP8_DTYPE, shape=(None, dim), shape_names="[N, D]", device=kv_cache.device,
+                 device_of="kv_cache")
+    n = k_fp8.shape[0]
+    check_tensor("k_scale", k_scale, dtype=torch.float32, shape=(n,), shape_names="[N]", device=kv_cache.device,
+                 device_of="kv_cache")
+    check_tensor("slot_mapping", slot_mapping, dtype=(torch.int64, torch.int32), shape=(n,), shape_names="[N]",
+                 device=kv_cache.device, device_of="kv_cache")
+    if validate:
+        check_values_in_range("slot_mapping", slot_mapping, -(2**62), num_blocks * tokens - 1, "slots")
+    slots = slot_mapping.long()
+    valid = slots >= 0
+    # Padding rows are redirected to themselves (a read-modify-write of the same bytes) so the op keeps
+    # static shapes: no boolean indexing, no host sync.
+    safe = torch.where(valid, slots, torch.zeros_like(slots))
+    block, row = safe // tokens, safe % tokens
+    flat = kv_cache.view(num_blocks, tokens * row_bytes)
+    value_bytes = flat[:, : tokens * dim].view(num_blocks, tokens, dim)
+    scale_bytes = flat[:, tokens * dim :].view(num_blocks, tokens, SCALE_BYTES)
+    new_values = torch.where(valid[:, None], k_fp8.view(torch.uint8), value_bytes[block, row])
+    new_scales = torch.where(valid[:, None], k_scale.contiguous().view(torch.uint8).view(n, SCALE_BYTES),
+                             scale_bytes[block, row])
+    value_bytes[block, row] = new_values
+    scale_bytes[block, row] = new_scales
+
+
+def quantize_and_write(kv_cache: torch.Tensor, keys: torch.Tensor, slot_mapping: torch.Tensor,
+                       validate: bool = True) -> None:
+    """quantize_keys(keys) then write_kv_cache(...): keys [N, D] float, slot_mapping [N] int."""
+    k_fp8, k_scale = quantize_keys(keys)
+    write_kv_cache(kv_cache, k_fp8, k_scale, slot_mapping, validate=validate)
+
+
+def read_kv_cache(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copy blocks out of the cache.
+
+    block_ids: int [n] physical block ids in [0, num_blocks).
+    returns (k_fp8 float8_e4m3fn [n, T, D], k_scale float32 [n, T]).
+    """
+    _check_cache(kv_cache)
+    check_tensor("block_ids", block_ids, dtype=(torch.int32, torch.int64), ndim=1, device=kv_cache.device,
+                 device_of="kv_cache")
+    check_values_in_range("block_ids", block_ids, 0, kv_cache.shape[0] - 1, "block ids")
+    values, scales = cache_views(kv_cache)
+    ids = block_ids.long()
+    return values.view(torch.uint8)[ids].view(FP8_DTYPE), scales[ids]
+
+
+def dequantize_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """Keys as float32 [n, T, D] = fp8 value * scale, for the blocks `block_ids` [n]."""
+    k_fp8, k_scale = read_kv_cache(kv_cache, block_ids)
+    return k_fp8.float() * k_scale[..., None]
+
+
+def _check_cache(kv_cache: torch.Tensor) -> None:
+    check_tensor("kv_cache", kv_cache, dtype=torch.uint8, ndim=4, contiguous=True)
+    if kv_cache.shape[2] != 1 or kv_cache.shape[3] <= SCALE_BYTES:
+        raise ValueError(f"kv_cache: expected shape [num_blocks, T, 1, D + 4], got {list(kv_cache.shape)}")

@@ -1,0 +1,6 @@
+"""Indexer-score traces: the on-disk schema, a synthetic generator, and offline replay of SPIN."""
+from .schema import (FORMAT_VERSION, Trace, TraceFormatError, TraceMeta, context_bin, list_traces, load_meta,
+                     load_trace, save_trace, validate_trace)
+
+__all__ = ["FORMAT_VERSION", "Trace", "TraceFormatError", "TraceMeta", "context_bin", "list_traces", "load_meta",
+           "load_trace", "save_trace", "validate_trace"]

@@ -1,0 +1,63 @@
+"""BlockPlan: which logical KV blocks a layer scores this step, and the compacted table that scores them.
+
+Compaction (REFERENCE.md sec. 4): the paged kernel gets a block table listing only the kept blocks,
+ascending (so the newest, partial block is last), and shortened row lengths. Worked example, T = 64,
+row length 130, kept logical blocks [0, 2]: compact length = 1 * 64 + (129 % 64) + 1 = 66; compact
+columns 0-63 -> positions 0-63, columns 64-65 -> positions 128-129.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass
+class BlockPlan:
+    """Fixed-shape plan of one layer for one step (B requests, N rows, W table width).
+
+    keep_mask: bool [B, W] logical blocks scored; kept_blocks: int32 [B, W] ascending logical block ids,
+    -1 padded; num_kept: int32 [B]; num_blocks: int32 [B] blocks of each request's context;
+    compact_block_table: int32 [B, W] physical ids of the kept blocks (0 past num_kept);
+    compact_seq_lens: int32 [B, N] row lengths in compact space.
+    """
+
+    keep_mask: torch.Tensor
+    kept_blocks: torch.Tensor
+    num_kept: torch.Tensor
+    num_blocks: torch.Tensor
+    compact_block_table: torch.Tensor
+    compact_seq_lens: torch.Tensor
+    tokens_per_block: int = 64
+
+    @classmethod
+    def from_keep_mask(cls, keep: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                       num_blocks: torch.Tensor, tokens_per_block: int) -> "BlockPlan":
+        width = keep.shape[1]
+        blocks = torch.arange(width, device=keep.device)
+        ordered = torch.where(keep, blocks, width + blocks).sort(dim=1).values  # kept first, ascending
+        kept = torch.where(ordered < width, ordered, -1)
+        table = torch.where(kept >= 0, torch.gather(block_table.long(), 1, kept.clamp_min(0)), 0)
+        lens = seq_lens.long()
+        last_block = (lens - 1).clamp_min(0) // tokens_per_block  # [B, N]; always kept (newest blocks)
+        rank = keep.long().cumsum(dim=1) - 1  # compact index of each kept block
+        compact = torch.gather(rank, 1, last_block) * tokens_per_block + (lens - 1) % tokens_per_block + 1
+        compact = torch.where(lens > 0, compact, 0)
+        return cls(keep, kept.to(torch.int32), keep.sum(dim=1).to(torch.int32), num_blocks.to(torch.int32),
+                   table.to(torch.int32), compact.to(torch.int32), tokens_per_block)
+
+    def positions(self) -> torch.Tensor:
+        """int64 [B, W*T]: the logical position of every compact column, -1 past the kept blocks."""
+        t = self.tokens_per_block
+        cols = torch.arange(self.kept_blocks.shape[1] * t, device=self.kept_blocks.device)
+        block = self.kept_blocks.long()[:, cols // t]  # [B, W*T]
+        return torch.where(block >= 0, block * t + cols % t, -1)
+
+    def sparsity(self) -> torch.Tensor:
+        """Realized block sparsity float32 [B]: skipped / total blocks (0 for empty requests)."""
+        total = self.num_blocks.float()
+        return torch.where(total > 0, 1.0 - self.num_kept.float() / total.clamp_min(1), 0.0)
+
+    def token_mask(self) -> torch.Tensor:
+        """bool [B, W*T]: logical positions inside kept blocks."""
+        return self.keep_mask.repeat_interleave(self.tokens_per_block, dim=1)

@@ -1,0 +1,48 @@
+"""DenseIndexer: the s = 0 baseline with SpinIndexer's surface (every block scored, no state)."""
+from __future__ import annotations
+
+import torch
+
+from .. import ops
+from ..checks import check_int, check_tensor
+from .block_plan import BlockPlan
+
+
+class DenseIndexer:
+    """All-keep indexer: full paged logits and top-k. plan() stores the step's metadata, run() per layer."""
+
+    def __init__(self, topk: int, next_n: int = 1, tokens_per_block: int = 64, device: torch.device | str = "cpu"):
+        check_int("topk", topk, low=1)
+        check_int("next_n", next_n, low=1, high=8)
+        self.topk, self.next_n, self.tokens_per_block = topk, next_n, tokens_per_block
+        self.device = torch.device(device)
+        self.block_plan: BlockPlan | None = None
+        self._meta = None
+
+    def plan(self, block_table: torch.Tensor, seq_lens: torch.Tensor, slot_ids=None, num_accepted=None,
+             validate: bool = True) -> None:
+        """block_table int32 [B, W]; seq_lens int32 [B, next_n]; slot_ids and num_accepted are ignored."""
+        check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=self.device, device_of="DenseIndexer")
+        check_tensor("seq_lens", seq_lens, dtype=torch.int32, shape=(block_table.shape[0], self.next_n),
+                     shape_names="[B, next_n]", device=self.device, device_of="DenseIndexer")
+        t = self.tokens_per_block
+        num_blocks = (seq_lens.long().amax(dim=1) + t - 1) // t
+        keep = torch.arange(block_table.shape[1], device=self.device)[None, :] < num_blocks[:, None]
+        self.block_plan = BlockPlan.from_keep_mask(keep, block_table, seq_lens, num_blocks, t)
+        self._meta = (block_table, seq_lens)
+
+    def run(self, layer: int, q_fp8, kv_cache, weights) -> torch.Tensor:
+        """Dense top-k int32 [B*next_n, K]; `layer` is accepted for API symmetry."""
+        block_table, seq_lens = self._current()
+        logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, validate=False)
+        return ops.topk(logits, seq_lens.view(-1), self.topk, validate=False)
+
+    def run_from_scores(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
+        """Dense top-k of precomputed scores float32 [B*next_n, W*T]."""
+        block_table, seq_lens = self._current()
+        return ops.topk(scores, seq_lens.reshape(-1), self.topk, validate=False)
+
+    def _current(self):
+        if self._meta is None:
+            raise RuntimeError("DenseIndexer.run: call plan() for this decode step first")
+        return self._meta

@@ -1,0 +1,209 @@
+"""SpinIndexer: the SPIN decode step. plan() once per step, run() per layer.
+
+    plan(block_table, seq_lens, slot_ids)        budgets, newest blocks, step counters  (all layers)
+    run(layer, q_fp8, kv_cache, weights)          per layer:
+        predict   block scores from this layer's V/D history         predictor/score.py
+        select    budget + always-keep + exploration -> keep mask    predictor/select.py
+        compact   kept blocks -> compact block table and lengths     indexer/block_plan.py
+        score     paged indexer logits on the compact table          ops.paged_indexer_logits
+        top-k     over compact columns, mapped back to positions     ops.topk
+        update    EMA of V/D at the scored slots only                predictor/update.py
+run_from_scores() replaces "score" by a gather from precomputed scores (offline replay of traces), so
+replay and live decoding share every other line. No host sync, no data-dependent shape inside plan/run
+(validate=False), so a whole step can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .. import ops
+from ..checks import check_int, check_tensor, check_values_in_range
+from ..layout import FP8_DTYPE
+from ..predictor.config import Exploration, SpinConfig
+from ..predictor.mtp import prediction_rows, update_rows
+from ..predictor.score import block_scores
+from ..predictor.select import select_blocks, uniform_hash
+from ..predictor.state import SpinState
+from ..predictor.update import update_layer
+from .block_plan import BlockPlan
+
+
+@dataclasses.dataclass
+class _Step:
+    """What plan() computed for the current step; shared by every layer's run()."""
+
+    block_table: torch.Tensor  # int32 [B, W]
+    seq_lens: torch.Tensor  # int32 [B, N]
+    slot_ids: torch.Tensor  # int64 [B]
+    step: torch.Tensor  # int32 [B]
+    num_blocks: torch.Tensor  # int64 [B]
+    valid: torch.Tensor  # bool [B, W]
+    newest: torch.Tensor  # bool [B, W]: blocks holding any row's query token
+    keep_all: torch.Tensor  # bool [B]: context <= K, everything is selected
+    budget: torch.Tensor  # int64 [B]
+    explore: torch.Tensor  # int64 [B]
+    update_rows: torch.Tensor  # bool [B, N]
+
+
+class SpinIndexer:
+    """SPIN's block-sparse lightning indexer for batched decode.
+
+    config: SpinConfig; num_layers: indexer layers; max_batch: B at most; max_blocks: W at most (the
+    engine's block-table width); next_n: query rows per request; max_requests: state slots (default
+    max_batch). State lives in `self.state` (allocate() a slot per request, free() it when done).
+    """
+
+    def __init__(self, config: SpinConfig, num_layers: int, max_batch: int, max_blocks: int, next_n: int = 1,
+                 device: torch.device | str = "cpu", max_requests: int | None = None):
+        if not isinstance(config, SpinConfig):
+            raise TypeError(f"config: expected a SpinConfig, got {type(config).__name__}")
+        check_int("max_batch", max_batch, low=1)
+        check_int("next_n", next_n, low=1, high=8)
+        self.config, self.max_batch, self.next_n = config, max_batch, next_n
+        self.device = torch.device(device)
+        self.state = SpinState(config, num_layers, max_requests or max_batch, max_blocks, self.device)
+        self._step: _Step | None = None
+        self.block_plan: BlockPlan | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return self.state.num_layers
+
+    def plan(self, block_table: torch.Tensor, seq_lens: torch.Tensor, slot_ids: torch.Tensor,
+             num_accepted: torch.Tensor | None = None, validate: bool = True) -> None:
+        """Prepare one decode step for every layer.
+
+        block_table: int32 [B, W] with W <= max_blocks; seq_lens: int32 [B, next_n], row j of request b
+        has length L_b - next_n + j + 1 (0 for padding requests); slot_ids: int32/int64 [B] allocated,
+        distinct state slots; num_accepted: int32 [B] in [0, next_n - 1] or None (see predictor/mtp.py).
+        validate: check the data too (a host sync; turn off when capturing a CUDA graph).
+        """
+        cfg, t, dev = self.config, self.config.tokens_per_block, self.device
+        check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=dev, device_of="SpinIndexer")
+        batch, width = block_table.shape
+        check_int("block_table.shape[0] (B)", batch, high=self.max_batch)
+        check_int("block_table.shape[1] (W)", width, high=self.state.max_blocks)
+        check_tensor("seq_lens", seq_lens, dtype=torch.int32, shape=(batch, self.next_n), shape_names="[B, next_n]",
+                     device=dev, device_of="SpinIndexer")
+        check_tensor("slot_ids", slot_ids, dtype=(torch.int32, torch.int64), shape=(batch,), shape_names="[B]",
+                     device=dev, device_of="SpinIndexer")
+        if num_accepted is not None:
+            check_tensor("num_accepted", num_accepted, dtype=torch.int32, shape=(batch,), shape_names="[B]",
+                         device=dev, device_of="SpinIndexer")
+        if validate:
+            self._validate_data(seq_lens, slot_ids, num_accepted, width * t)
+        lens = seq_lens.long()
+        slots = slot_ids.long()
+        longest = lens.amax(dim=1) if self.next_n else lens.new_zeros(batch)
+        num_blocks = (longest + t - 1) // t
+        blocks = torch.arange(width, device=dev)[None, :]
+        valid = blocks < num_blocks[:, None]
+        first_new = (lens.amin(dim=1) - 1).clamp_min(0) // t
+        newest = valid & (blocks >= first_new[:, None])
+        keep_all = longest <= cfg.topk
+        # Budget ceil((1 - s) * n) = n - floor(s * n), in float64 with a nudge so 0.3 * 10 gives 3;
+        # raised to cover K tokens plus the partial newest block, so the top-k stays full.
+        skipped = torch.floor(num_blocks.double() * cfg.sparsity + 1e-9).long()
+        cover = -(-cfg.topk // t) + 1
+        budget = torch.minimum(num_blocks, torch.clamp(num_blocks - skipped, min=cover))
+        budget = torch.where(keep_all, num_blocks, budget)
+        explore = torch.floor(budget.double() * cfg.gamma + 0.5).long()
+        if cfg.exploration is Exploration.NONE:
+            explore = torch.zeros_like(explore)
+        explore = torch.where(keep_all, 0, explore)
+        self.state.step.index_add_(0, slots, torch.ones_like(slots, dtype=torch.int32))
+        step = self.state.step[slots]
+        rows = update_rows(cfg.mtp, num_accepted, batch, self.next_n, dev)
+        self._step = _Step(block_table, seq_lens, slots, step, num_blocks, valid, newest, keep_all, budget, explore,
+                           rows)
+        self.block_plan = None
+
+    def run(self, layer: int, q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Top-k positions int32 [B*next_n, K] (-1 padded) for `layer`, then that layer's state update.
+
+        q_fp8: float8_e4m3fn [B, next_n, H, D]; kv_cache: uint8 [num_blocks, T, 1, D + 4];
+        weights: float32 [B*next_n, H].
+        """
+        st = self._current(layer)
+        batch = st.block_table.shape[0]
+        check_tensor("q_fp8", q_fp8, dtype=FP8_DTYPE, ndim=4, device=self.device, device_of="SpinIndexer")
+        if tuple(q_fp8.shape[:2]) != (batch, self.next_n):
+            raise ValueError(f"q_fp8: expected shape [B, next_n, H, D] with [B, next_n] = [{batch}, {self.next_n}] "
+                             f"(from plan()), got {list(q_fp8.shape)}")
+        plan = self._select(layer, st)
+        logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
+                                          validate=False)
+        return self._finish(layer, st, plan, logits)
+
+    def run_from_scores(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
+        """Replay: like run(), with the indexer scores of every logical position given.
+
+        scores: float32 [B*next_n, W*T] (values at/after a row's length are ignored). Only the columns
+        of kept blocks are read, exactly what the paged kernel would have computed.
+        """
+        st = self._current(layer)
+        batch, width = st.block_table.shape
+        t = self.config.tokens_per_block
+        check_tensor("scores", scores, dtype=torch.float32, shape=(batch * self.next_n, width * t),
+                     shape_names="[B*next_n, W*T]", device=self.device, device_of="SpinIndexer")
+        plan = self._select(layer, st)
+        pos = plan.positions()  # [B, W*T]
+        rows = scores.view(batch, self.next_n, -1)
+        gathered = torch.gather(rows, 2, pos.clamp_min(0)[:, None, :].expand(-1, self.next_n, -1))
+        cols = torch.arange(width * t, device=self.device)
+        live = cols[None, None, :] < plan.compact_seq_lens.long()[:, :, None]
+        logits = torch.where(live, gathered, float("-inf")).view(batch * self.next_n, -1)
+        return self._finish(layer, st, plan, logits)
+
+    # -- the per-layer steps -------------------------------------------------------------------------
+    def _select(self, layer: int, st: _Step) -> BlockPlan:
+        cfg, t = self.config, self.config.tokens_per_block
+        width = st.block_table.shape[1]
+        cols = width * t
+        vertical = self.state.vertical[layer, st.slot_ids, :cols]
+        diagonal = self.state.diagonal[layer, st.slot_ids, :cols]
+        rows = prediction_rows(cfg.mtp, self.next_n)
+        lens = st.seq_lens.long()
+        scores = block_scores(vertical, diagonal, lens[:, rows] - 1, lens[:, rows], st.budget * t, cfg.pooling,
+                              cfg.reduce, cfg.combine, t)
+        last = self.state.last_seen[layer, st.slot_ids, :width]
+        forced = st.newest | (st.valid & (last < 0)) | (st.valid & st.keep_all[:, None])
+        age = st.step.long()[:, None] - last.long()
+        uniforms = uniform_hash(cfg.seed, layer, st.slot_ids, st.step, width)
+        keep = select_blocks(scores, st.valid, forced, st.budget, st.explore, cfg.exploration, uniforms, age)
+        return BlockPlan.from_keep_mask(keep, st.block_table, st.seq_lens, st.num_blocks, t)
+
+    def _finish(self, layer: int, st: _Step, plan: BlockPlan, logits: torch.Tensor) -> torch.Tensor:
+        batch = st.block_table.shape[0]
+        cols = ops.topk(logits, plan.compact_seq_lens.view(-1), self.config.topk, validate=False)
+        pos = plan.positions()
+        pos_rows = pos.repeat_interleave(self.next_n, dim=0)  # [B*N, W*T]
+        topk = torch.where(cols >= 0, torch.gather(pos_rows, 1, cols.long().clamp_min(0)), -1).to(torch.int32)
+        update_layer(self.state.vertical[layer], self.state.diagonal[layer], self.state.last_seen[layer], st.slot_ids,
+                     st.step, logits.view(batch, self.next_n, -1), pos, plan.compact_seq_lens.long(),
+                     st.seq_lens.long() - 1, st.update_rows, plan.kept_blocks.long(), self.config.alpha)
+        self.block_plan = plan
+        return topk
+
+    def _current(self, layer: int) -> _Step:
+        if self._step is None:
+            raise RuntimeError("SpinIndexer.run: call plan() for this decode step first")
+        check_int("layer", layer, low=0, high=self.num_layers - 1)
+        return self._step
+
+    def _validate_data(self, seq_lens, slot_ids, num_accepted, max_len) -> None:
+        check_values_in_range("seq_lens", seq_lens, 0, max_len, "lengths (at most W*T)")
+        if seq_lens.shape[1] > 1 and seq_lens.numel():
+            steps = seq_lens[:, 1:] - seq_lens[:, :-1]
+            check_values_in_range("seq_lens", steps, 0, 1, "row-to-row increments (row j = L - next_n + j + 1)")
+        check_values_in_range("slot_ids", slot_ids, 0, self.state.max_requests - 1, "slot ids")
+        ids = slot_ids.cpu().tolist()
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"slot_ids: expected distinct slots, got {ids}")
+        free = [s for s in ids if not self.state.is_allocated(s)]
+        if free:
+            raise ValueError(f"slot_ids: expected allocated slots (SpinState.allocate()), got free slots {free}")
+        if num_accepted is not None:
+            check_values_in_range("num_accepted", num_accepted, 0, self.next_n - 1, "accepted draft counts")

@@ -1,0 +1,119 @@
+"""SpinConfig: every knob of the SPIN predictor, frozen and validated, with the paper's defaults.
+
+Variants are made with dataclasses.replace(PRESETS["paper"], sparsity=0.4). Choices are str enums so
+they print and parse ("a1-max", "random", "row0").
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+
+import torch
+
+from ..checks import check_int, check_range
+
+
+class Pooling(str, enum.Enum):
+    A0 = "a0"  # select top slots first; kept blocks are those holding a selected slot (count <= budget)
+    A1 = "a1"  # predict per slot, pool to blocks with `reduce`, keep the top-m blocks (paper default, max)
+    A2 = "a2"  # pool V and D to blocks first, then combine (loses the slot-level pairing of V and D)
+
+
+class Reduce(str, enum.Enum):
+    MAX = "max"
+    MEAN = "mean"
+    TOP4 = "top4"  # mean of the 4 best slots of the block
+
+
+class Combine(str, enum.Enum):
+    MAX = "max"  # a slot matters if either its vertical or its diagonal history says so
+    SUM = "sum"  # average of both estimates (x2); a missing one counts as the other
+    VERTICAL = "vertical"  # V only
+    DIAGONAL = "diagonal"  # D only
+
+
+class Exploration(str, enum.Enum):
+    NONE = "none"
+    RANDOM = "random"  # gamma of the budget to uniformly random skipped blocks
+    STALENESS = "staleness"  # skipped blocks ranked by age x predicted importance (percentile)
+    BLOCK_AGE = "block_age"  # skipped blocks not scored for the longest time
+
+
+class MtpPolicy(str, enum.Enum):
+    ROW0 = "row0"  # all rows use row 0's predicted blocks; only row 0 updates the state
+    ROW_LOCAL = "row-local"  # union of per-row predictions; rows 0..num_accepted update (prefix-valid)
+
+
+_ENUMS = {"pooling": Pooling, "reduce": Reduce, "combine": Combine, "exploration": Exploration, "mtp": MtpPolicy}
+
+
+@dataclasses.dataclass(frozen=True)
+class SpinConfig:
+    """SPIN predictor settings.
+
+    sparsity: target block sparsity s in [0, 1): fraction of blocks NOT scored; budget per request is
+        ceil((1 - s) * n_blocks) kept blocks (raised to cover top-k, see indexer/spin.py).
+    topk: K tokens selected per row (2048 on DeepSeek-V3.2, 512 on V4 C4A layers).
+    alpha: EMA weight of the newest observation, in (0, 1].
+    exploration / gamma: share of the budget given to skipped blocks, gamma in [0, 1).
+    pooling / reduce / combine: how slot predictions become block scores (see predictor/score.py).
+    mtp: policy for next_n > 1 rows.  seed: exploration randomness (counter-based, reproducible).
+    tokens_per_block: T, 64 in every engine.  state_dtype: dtype of the V/D EMA tables (2 B/token each
+        in float16).
+    """
+
+    sparsity: float = 0.3
+    topk: int = 2048
+    alpha: float = 0.5
+    exploration: Exploration = Exploration.RANDOM
+    gamma: float = 0.05
+    pooling: Pooling = Pooling.A1
+    reduce: Reduce = Reduce.MAX
+    combine: Combine = Combine.MAX
+    mtp: MtpPolicy = MtpPolicy.ROW0
+    seed: int = 0
+    tokens_per_block: int = 64
+    state_dtype: torch.dtype = torch.float16
+
+    def __post_init__(self):
+        for name, cls in _ENUMS.items():
+            value = getattr(self, name)
+            if not isinstance(value, cls):
+                try:
+                    object.__setattr__(self, name, cls(value))
+                except ValueError:
+                    known = ", ".join(m.value for m in cls)
+                    raise ValueError(f"SpinConfig.{name}: expected one of {known}, got {value!r}") from None
+        for name in ("sparsity", "alpha", "gamma"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"SpinConfig.{name}: expected a float, got {type(value).__name__}")
+        check_range("SpinConfig.sparsity", self.sparsity, low=0.0, high=1.0, high_open=True)
+        if not 0.0 < self.alpha <= 1.0:
+            raise ValueError(f"SpinConfig.alpha: expected 0 < alpha <= 1, got {self.alpha}")
+        check_range("SpinConfig.gamma", self.gamma, low=0.0, high=1.0, high_open=True)
+        check_int("SpinConfig.topk", self.topk, low=1)
+        check_int("SpinConfig.seed", self.seed, low=0, high=2**31 - 1)
+        check_int("SpinConfig.tokens_per_block", self.tokens_per_block, low=1)
+        if self.state_dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise TypeError(f"SpinConfig.state_dtype: expected torch.float16, bfloat16 or float32, got {self.state_dtype}")
+
+    def to_dict(self) -> dict:
+        """JSON-ready dict (every results file embeds it)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = v.value if isinstance(v, enum.Enum) else (str(v).replace("torch.", "") if isinstance(v, torch.dtype) else v)
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+
+PRESETS: dict[str, SpinConfig] = {
+    "paper": SpinConfig(),  # A1-max, random 5% exploration, alpha 0.5, s = 0.3
+    "v32": SpinConfig(topk=2048),
+    "v4-c4a": SpinConfig(topk=512),
+    "no-explore": SpinConfig(exploration=Exploration.NONE, gamma=0.0),
+}

@@ -1,0 +1,77 @@
+"""Block selection: budget, always-keep blocks, exploration, top-m -> keep mask [B, W].
+
+Order of work per request b (all on device, fixed shapes):
+  1. forced blocks (the newest block(s) of every query row, and blocks never scored for this layer) get
+     priority +inf;
+  2. stage 1 keeps the k1 = max(forced, m - e) best blocks by predicted score (per prediction row;
+     rows are OR-ed: the row-local union);
+  3. stage 2 (exploration) keeps e' = min(e, m - k1) more blocks among the valid, not yet kept ones,
+     ranked by the exploration policy: a counter-based hash (random), steps since last scored
+     (block_age), or that age times the block's predicted-score percentile (staleness).
+Only blocks with a finite stage-1 key are kept in stage 1, so A0 can leave budget unused.
+"""
+from __future__ import annotations
+
+import torch
+
+from .config import Exploration
+
+_MASK31 = 0x7FFFFFFF
+
+
+def uniform_hash(seed: int, layer: int, slot_ids: torch.Tensor, step: torch.Tensor, width: int) -> torch.Tensor:
+    """Reproducible uniforms float32 [B, width] in [0, 1) from (seed, layer, slot, step, block).
+
+    Counter-based (no generator state), so it is identical on CPU and GPU and safe in a CUDA graph.
+    Every intermediate stays below 2**58: no int64 overflow.
+    """
+    blocks = torch.arange(width, device=slot_ids.device, dtype=torch.int64)[None, :]
+    h = torch.full_like(blocks, (seed * 0x9E3779B1) & _MASK31).expand(slot_ids.shape[0], -1)
+    for part in (torch.full_like(blocks, layer), slot_ids.long()[:, None], step.long()[:, None], blocks):
+        h = ((h ^ (part & _MASK31)) * 0x45D9F3B) & _MASK31
+        h = h ^ (h >> 15)
+        h = (h * 0x2C1B3C6D & _MASK31) ^ (h >> 13)
+    return h.to(torch.float32) / float(2**31)
+
+
+def rank_of(key: torch.Tensor) -> torch.Tensor:
+    """Rank int64 of each entry along the last dim when sorted descending (ties: lower index first)."""
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices
+    ranks = torch.empty_like(order)
+    ranks.scatter_(-1, order, torch.arange(key.shape[-1], device=key.device).expand_as(order))
+    return ranks
+
+
+def select_blocks(scores: torch.Tensor, valid: torch.Tensor, forced: torch.Tensor, budget: torch.Tensor,
+                  explore: torch.Tensor, policy: Exploration, uniforms: torch.Tensor,
+                  age: torch.Tensor) -> torch.Tensor:
+    """Keep mask bool [B, W].
+
+    scores: float32 [B, P, W] block scores per prediction row; valid: bool [B, W] (block < n_blocks);
+    forced: bool [B, W] (subset of valid); budget: int64 [B] kept-block budget m (<= n_blocks);
+    explore: int64 [B] exploration share e of the budget; uniforms: float32 [B, W] in [0, 1);
+    age: int64 [B, W] steps since the block was last scored.
+    """
+    forced_count = forced.sum(dim=-1)
+    stage1 = torch.maximum(forced_count, budget - explore)  # k1
+    key = torch.where(forced[:, None, :], float("inf"), torch.where(valid[:, None, :], scores, float("-inf")))
+    keep1 = ((rank_of(key) < stage1[:, None, None]) & (key > float("-inf"))).any(dim=1)
+    keep1 |= forced
+    if policy is Exploration.NONE:
+        return keep1
+    extra = torch.clamp(torch.minimum(explore, budget - stage1), min=0)
+    candidates = valid & ~keep1
+    if policy is Exploration.RANDOM:
+        key2 = uniforms
+    else:
+        age_f = age.to(torch.float32) + uniforms * 1e-3  # hash breaks ties between equal ages
+        if policy is Exploration.BLOCK_AGE:
+            key2 = age_f
+        else:  # STALENESS: old and once-important first
+            best = torch.where(valid, scores.amax(dim=1), float("-inf"))
+            n_valid = valid.sum(dim=-1, keepdim=True).clamp_min(1)
+            percentile = 1.0 - rank_of(best).to(torch.float32) / n_valid
+            key2 = (age_f + 1.0) * percentile.clamp_min(0.0)
+    key2 = torch.where(candidates, key2, -1.0)
+    keep2 = (rank_of(key2) < extra[:, None]) & candidates
+    return keep1 | keep2

@@ -48,17 +48,23 @@ def write_kv_cache(kv_cache: torch.Tensor, k_fp8: torch.Tensor, k_scale: torch.T
                  device=kv_cache.device, device_of="kv_cache")
     if validate:
         check_values_in_range("slot_mapping", slot_mapping, -(2**62), num_blocks * tokens - 1, "slots")
+    if n == 0:  # nothing to write (and an empty k_scale may have stride 0, which .view(uint8) rejects)
+        return
     slots = slot_mapping.long()
     valid = slots >= 0
-    # Padding rows are redirected to themselves (a read-modify-write of the same bytes) so the op keeps
-    # static shapes: no boolean indexing, no host sync.
-    safe = torch.where(valid, slots, torch.zeros_like(slots))
+    # Static shapes (no boolean indexing, no host sync): a padding row repeats the write of the first real
+    # row, same slot and same bytes, so duplicate indices in the scatter cannot undo a real write whatever
+    # order they land in. Example: slots [5, -1, 0] -> rows write [5, 5, 0] with bytes [r0, r0, r2].
+    # With no real row at all, every row rewrites slot 0 with its own current bytes (a no-op).
+    src = torch.where(valid, torch.arange(n, device=slots.device), valid.to(torch.uint8).argmax())
+    src_valid = valid[src]
+    safe = torch.where(src_valid, slots[src], torch.zeros_like(slots))
     block, row = safe // tokens, safe % tokens
     flat = kv_cache.view(num_blocks, tokens * row_bytes)
     value_bytes = flat[:, : tokens * dim].view(num_blocks, tokens, dim)
     scale_bytes = flat[:, tokens * dim :].view(num_blocks, tokens, SCALE_BYTES)
-    new_values = torch.where(valid[:, None], k_fp8.view(torch.uint8), value_bytes[block, row])
-    new_scales = torch.where(valid[:, None], k_scale.contiguous().view(torch.uint8).view(n, SCALE_BYTES),
+    new_values = torch.where(src_valid[:, None], k_fp8.view(torch.uint8)[src], value_bytes[block, row])
+    new_scales = torch.where(src_valid[:, None], k_scale.contiguous().view(torch.uint8).view(n, SCALE_BYTES)[src],
                              scale_bytes[block, row])
     value_bytes[block, row] = new_values
     scale_bytes[block, row] = new_scales

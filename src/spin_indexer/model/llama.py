@@ -1,0 +1,184 @@
+"""A small Llama forward (SmolLM2-135M), written out so that sparse attention over top-k is explicit.
+
+The weights come from transformers (see loader.py); everything that runs is here: RMSNorm, rotary
+embeddings (with YaRN scaling for contexts past the trained 8K), grouped-query attention, the SwiGLU MLP.
+decode.py drives it (prefill, decode steps with dense or top-k attention); distill.py reads the
+attention of each layer from it.
+
+Shapes: B requests, S new tokens, P cached positions, Hq = 9 query heads, Hkv = 3 KV heads, d = 64.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    vocab_size: int = 49152
+    dim: int = 576
+    num_layers: int = 30
+    num_heads: int = 9
+    num_kv_heads: int = 3
+    head_dim: int = 64
+    ffn_dim: int = 1536
+    norm_eps: float = 1e-5
+    rope_theta: float = 100000.0
+    max_position: int = 8192  # trained context
+    yarn_factor: float = 1.0  # > 1 enables YaRN (contexts up to yarn_factor * max_position)
+
+    @classmethod
+    def from_hf(cls, hf_config, yarn_factor: float = 1.0) -> "LlamaConfig":
+        rope = getattr(hf_config, "rope_parameters", None) or {}
+        theta = rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+        return cls(vocab_size=hf_config.vocab_size, dim=hf_config.hidden_size,
+                   num_layers=hf_config.num_hidden_layers, num_heads=hf_config.num_attention_heads,
+                   num_kv_heads=hf_config.num_key_value_heads,
+                   head_dim=getattr(hf_config, "head_dim", hf_config.hidden_size // hf_config.num_attention_heads),
+                   ffn_dim=hf_config.intermediate_size, norm_eps=hf_config.rms_norm_eps, rope_theta=float(theta),
+                   max_position=hf_config.max_position_embeddings, yarn_factor=float(yarn_factor))
+
+
+def rope_inv_freq(dim: int, theta: float, yarn_factor: float = 1.0, original_max: int = 8192,
+                  beta_fast: float = 32.0, beta_slow: float = 1.0) -> tuple[torch.Tensor, float]:
+    """Rotary inverse frequencies float32 [dim/2] and the attention factor (1.0 without YaRN).
+
+    YaRN (Peng et al. 2023): dimensions that turn fewer than beta_slow times over the trained context
+    are interpolated (divided by the factor), those turning more than beta_fast times are kept, a
+    linear ramp blends the band between; cos/sin are scaled by 0.1 ln(factor) + 1.
+    """
+    pos_freqs = theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    inv_freq = 1.0 / pos_freqs
+    if yarn_factor <= 1.0:
+        return inv_freq.float(), 1.0
+
+    def correction_dim(num_rotations: float) -> float:  # the dim index that turns num_rotations times
+        return dim * math.log(original_max / (num_rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    keep = 1.0 - ramp  # 1: extrapolate (keep the frequency), 0: interpolate
+    inv_freq = inv_freq / yarn_factor * (1 - keep) + inv_freq * keep
+    return inv_freq.float(), 0.1 * math.log(yarn_factor) + 1.0
+
+
+class Rope(nn.Module):
+    """cos/sin tables [max_len, dim] for the rotate-half convention (HF Llama)."""
+
+    def __init__(self, dim: int, theta: float, max_len: int, yarn_factor: float = 1.0, original_max: int = 8192):
+        super().__init__()
+        inv_freq, attn_factor = rope_inv_freq(dim, theta, yarn_factor, original_max)
+        angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # [max_len, dim/2]
+        angles = torch.cat([angles, angles], dim=-1)
+        self.register_buffer("cos", angles.cos() * attn_factor, persistent=False)
+        self.register_buffer("sin", angles.sin() * attn_factor, persistent=False)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [..., S, heads, dim], positions int [..., S] -> rotated x (same dtype)."""
+        cos = self.cos[positions].unsqueeze(-2).to(x.dtype)  # [..., S, 1, dim]
+        sin = self.sin[positions].unsqueeze(-2).to(x.dtype)
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.attn_norm = nn.Parameter(torch.ones(cfg.dim))
+        self.wq = nn.Linear(cfg.dim, cfg.num_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.dim, bias=False)
+        self.ffn_norm = nn.Parameter(torch.ones(cfg.dim))
+        self.w_gate = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w_up = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w_down = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+
+    def qkv(self, h: torch.Tensor, rope: Rope, positions: torch.Tensor):
+        """h [B, S, dim] (already normed) -> q [B, S, Hq, d], k and v [B, S, Hkv, d], RoPE applied."""
+        b, s, _ = h.shape
+        c = self.cfg
+        q = self.wq(h).view(b, s, c.num_heads, c.head_dim)
+        k = self.wk(h).view(b, s, c.num_kv_heads, c.head_dim)
+        v = self.wv(h).view(b, s, c.num_kv_heads, c.head_dim)
+        return rope(q, positions), rope(k, positions), v
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        h = rms_norm(x, self.ffn_norm, self.cfg.norm_eps)
+        return self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
+
+
+class Llama(nn.Module):
+    """Embedding, layers, final norm; the LM head is tied to the embedding."""
+
+    def __init__(self, cfg: LlamaConfig, max_len: int = 8192):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Layer(cfg) for _ in range(cfg.num_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.dim))
+        self.rope = Rope(cfg.head_dim, cfg.rope_theta, max_len, cfg.yarn_factor, cfg.max_position)
+
+    @property
+    def max_len(self) -> int:
+        return self.rope.cos.shape[0]
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., dim] residual stream -> float32 logits [..., vocab]."""
+        return F.linear(rms_norm(x, self.norm, self.cfg.norm_eps), self.embed.weight).float()
+
+    def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
+        """Copy weights named as in transformers' LlamaForCausalLM."""
+        own = {"embed.weight": sd["model.embed_tokens.weight"], "norm": sd["model.norm.weight"]}
+        names = {"attn_norm": "input_layernorm.weight", "ffn_norm": "post_attention_layernorm.weight",
+                 "wq.weight": "self_attn.q_proj.weight", "wk.weight": "self_attn.k_proj.weight",
+                 "wv.weight": "self_attn.v_proj.weight", "wo.weight": "self_attn.o_proj.weight",
+                 "w_gate.weight": "mlp.gate_proj.weight", "w_up.weight": "mlp.up_proj.weight",
+                 "w_down.weight": "mlp.down_proj.weight"}
+        for i in range(self.cfg.num_layers):
+            for mine, theirs in names.items():
+                own[f"layers.{i}.{mine}"] = sd[f"model.layers.{i}.{theirs}"]
+        self.load_state_dict(own, strict=True)
+
+    @torch.no_grad()
+    def forward_dense(self, tokens: torch.Tensor, return_attn_inputs: bool = False):
+        """Plain causal forward of whole sequences (no cache), for perplexity and distillation.
+
+        tokens: int64 [B, S]. returns float32 logits [B, S, vocab]; with return_attn_inputs also the list of
+        (h [B, S, dim] normed layer input, q [B, S, Hq, d], k [B, S, Hkv, d]) per layer.
+        """
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.embed(tokens)
+        saved = []
+        for layer in self.layers:
+            h = rms_norm(x, layer.attn_norm, self.cfg.norm_eps)
+            q, k, v = layer.qkv(h, self.rope, positions)
+            if return_attn_inputs:
+                saved.append((h, q, k))
+            out = causal_attention(q, k, v)
+            x = x + layer.wo(out.flatten(2))
+            x = x + layer.mlp(x)
+        logits = self.logits(x)
+        return (logits, saved) if return_attn_inputs else logits
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q [B, S, Hq, d], k/v [B, S, Hkv, d] -> [B, S, Hq, d], causal, GQA by repeating KV heads."""
+    groups = q.shape[2] // k.shape[2]
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    kt, vt = kt.repeat_interleave(groups, dim=1), vt.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True).transpose(1, 2)

@@ -16,7 +16,8 @@ from .topk import topk_ref
 
 def _triton_twin(module: str, name: str, t: torch.Tensor):
     """The Triton twin `name` from `.module`, or None when t is not on CUDA or Triton is unavailable."""
-    if t.device.type != "cuda" or os.environ.get("SPIN_INDEXER_FORCE_REF") == "1":
+    # Not a tensor: let the reference's validation name the argument rather than fail here.
+    if not isinstance(t, torch.Tensor) or t.device.type != "cuda" or os.environ.get("SPIN_INDEXER_FORCE_REF") == "1":
         return None
     try:
         return getattr(importlib.import_module(f"{__name__}.{module}"), name)

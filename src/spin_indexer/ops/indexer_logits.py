@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_tensor, check_values_in_range
+from ..checks import check_int, check_tensor, check_values_in_range
 from ..layout import FP8_DTYPE, SCALE_BYTES, cache_views
 
 
@@ -18,9 +18,13 @@ def check_paged_indexer_args(q_fp8, kv_cache, weights, seq_lens, block_table, va
     """Validation shared by the reference and its Triton twin (shapes in the docstring below)."""
     check_tensor("q_fp8", q_fp8, dtype=FP8_DTYPE, ndim=4)
     batch, next_n, heads, dim = q_fp8.shape
+    if next_n < 1:  # an empty row dim would make every per-request max below meaningless
+        raise ValueError(f"q_fp8: expected shape [B, next_n, H, D] with next_n >= 1, got {list(q_fp8.shape)}")
     dev = q_fp8.device
     check_tensor("kv_cache", kv_cache, dtype=torch.uint8, shape=(None, None, 1, dim + SCALE_BYTES),
                  shape_names="[num_blocks, T, 1, D + 4]", device=dev, device_of="q_fp8", contiguous=True)
+    if kv_cache.shape[1] < 1:
+        raise ValueError(f"kv_cache: expected T >= 1 tokens per block, got shape {list(kv_cache.shape)}")
     check_tensor("weights", weights, dtype=torch.float32, shape=(batch * next_n, heads),
                  shape_names="[B*next_n, H]", device=dev, device_of="q_fp8")
     check_tensor("seq_lens", seq_lens, dtype=torch.int32, shape=(batch, next_n), shape_names="[B, next_n]",
@@ -79,6 +83,7 @@ def block_max_ref(logits: torch.Tensor, tokens_per_block: int = 64) -> torch.Ten
     with no valid column. SPIN's state update and the top-k pruning bound both use it.
     """
     check_tensor("logits", logits, dtype=torch.float32, ndim=2)
+    check_int("tokens_per_block", tokens_per_block, low=1)
     rows, cols = logits.shape
     nblk = -(-cols // tokens_per_block)
     pad = nblk * tokens_per_block - cols

@@ -100,5 +100,5 @@ def dequantize_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> torch.
 
 def _check_cache(kv_cache: torch.Tensor) -> None:
     check_tensor("kv_cache", kv_cache, dtype=torch.uint8, ndim=4, contiguous=True)
-    if kv_cache.shape[2] != 1 or kv_cache.shape[3] <= SCALE_BYTES:
+    if kv_cache.shape[1] < 1 or kv_cache.shape[2] != 1 or kv_cache.shape[3] <= SCALE_BYTES:
         raise ValueError(f"kv_cache: expected shape [num_blocks, T, 1, D + 4], got {list(kv_cache.shape)}")

@@ -13,7 +13,11 @@ scales. Engines view the block as [T, 1, D + 4] only to size it.
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
+
+from .checks import check_int, check_tensor
 
 TOKENS_PER_BLOCK = 64  # T: tokens per KV page
 HEAD_DIM = 128  # D
@@ -36,7 +40,11 @@ def cache_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     kv_cache: uint8 [num_blocks, T, 1, D + 4], contiguous.
     returns (values fp8 e4m3 [num_blocks, T, D], scales float32 [num_blocks, T]).
     """
+    check_tensor("kv_cache", kv_cache, dtype=torch.uint8, shape=(None, None, 1, None),
+                 shape_names="[num_blocks, T, 1, D + 4]", contiguous=True)
     num_blocks, tokens, _, row_bytes = kv_cache.shape
+    if row_bytes <= SCALE_BYTES:
+        raise ValueError(f"kv_cache: expected shape [num_blocks, T, 1, D + 4] with D >= 1, got {list(kv_cache.shape)}")
     dim = row_bytes - SCALE_BYTES
     flat = kv_cache.view(num_blocks, tokens * row_bytes)  # one block = T*D value bytes, then T*4 scale bytes
     values = flat[:, : tokens * dim].view(FP8_DTYPE).view(num_blocks, tokens, dim)
@@ -47,9 +55,21 @@ def cache_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def new_kv_cache(num_blocks: int, head_dim: int = HEAD_DIM, device: torch.device | str = "cpu",
                  tokens_per_block: int = TOKENS_PER_BLOCK) -> torch.Tensor:
     """An all-zero cache uint8 [num_blocks, T, 1, D + 4] on `device`."""
+    num_blocks = _count("num_blocks", num_blocks, 0)
+    head_dim = _count("head_dim", head_dim, 1)
+    tokens_per_block = _count("tokens_per_block", tokens_per_block, 1)
     return torch.zeros(num_blocks, tokens_per_block, 1, head_dim + SCALE_BYTES, dtype=torch.uint8, device=device)
 
 
 def num_blocks_for(num_tokens: int, tokens_per_block: int = TOKENS_PER_BLOCK) -> int:
     """Blocks needed to hold `num_tokens` tokens (ceil division)."""
+    num_tokens = _count("num_tokens", num_tokens, 0)
+    tokens_per_block = _count("tokens_per_block", tokens_per_block, 1)
     return -(-num_tokens // tokens_per_block)
+
+
+def _count(name: str, value, low: int) -> int:
+    """A count as a Python int: numpy integers are accepted, floats and bools are not."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = int(value)
+    return check_int(name, value, low=low)

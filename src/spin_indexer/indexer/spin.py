@@ -150,11 +150,11 @@ class SpinIndexer:
                      shape_names="[B*next_n, W*T]", device=self.device, device_of="SpinIndexer")
         plan = self._select(layer, st)
         pos = plan.positions()  # [B, W*T]
-        rows = scores.view(batch, self.next_n, -1)
+        rows = scores.view(batch, self.next_n, width * t)
         gathered = torch.gather(rows, 2, pos.clamp_min(0)[:, None, :].expand(-1, self.next_n, -1))
         cols = torch.arange(width * t, device=self.device)
         live = cols[None, None, :] < plan.compact_seq_lens.long()[:, :, None]
-        logits = torch.where(live, gathered, float("-inf")).view(batch * self.next_n, -1)
+        logits = torch.where(live, gathered, float("-inf")).view(batch * self.next_n, width * t)
         return self._finish(layer, st, plan, logits)
 
     # -- the per-layer steps -------------------------------------------------------------------------
@@ -182,7 +182,7 @@ class SpinIndexer:
         pos_rows = pos.repeat_interleave(self.next_n, dim=0)  # [B*N, W*T]
         topk = torch.where(cols >= 0, torch.gather(pos_rows, 1, cols.long().clamp_min(0)), -1).to(torch.int32)
         update_layer(self.state.vertical[layer], self.state.diagonal[layer], self.state.last_seen[layer], st.slot_ids,
-                     st.step, logits.view(batch, self.next_n, -1), pos, plan.compact_seq_lens.long(),
+                     st.step, logits.view(batch, self.next_n, logits.shape[1]), pos, plan.compact_seq_lens.long(),
                      st.seq_lens.long() - 1, st.update_rows, plan.kept_blocks.long(), self.config.alpha)
         self.block_plan = plan
         return topk

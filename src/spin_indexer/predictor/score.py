@@ -51,7 +51,7 @@ def combine(vertical: torch.Tensor, diagonal: torch.Tensor, how: Combine) -> tor
 
 def pool_blocks(x: torch.Tensor, tokens_per_block: int, how: Reduce) -> torch.Tensor:
     """Pool [..., W*T] slot scores to [..., W] block scores, ignoring -inf slots (-inf if none is finite)."""
-    blocks = x.reshape(*x.shape[:-1], -1, tokens_per_block)  # [..., W, T]
+    blocks = x.reshape(*x.shape[:-1], x.shape[-1] // tokens_per_block, tokens_per_block)  # [..., W, T]
     if how is Reduce.MAX:
         return blocks.amax(dim=-1)
     if how is Reduce.TOP4:

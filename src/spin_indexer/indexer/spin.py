@@ -21,12 +21,13 @@ import torch
 from .. import ops
 from ..checks import check_int, check_tensor, check_values_in_range
 from ..layout import FP8_DTYPE
-from ..predictor.config import Exploration, SpinConfig
+from ..predictor.config import Exploration, Pooling, Reduce, SpinConfig
 from ..predictor.mtp import prediction_rows, update_rows
 from ..predictor.score import block_scores
 from ..predictor.select import select_blocks, uniform_hash
 from ..predictor.state import SpinState
-from ..predictor.update import update_layer
+from ..predictor.update import mark_seen, update_history
+from ..dispatch import triton_twin
 from .block_plan import BlockPlan
 
 
@@ -162,12 +163,17 @@ class SpinIndexer:
         cfg, t = self.config, self.config.tokens_per_block
         width = st.block_table.shape[1]
         cols = width * t
-        vertical = self.state.vertical[layer, st.slot_ids, :cols]
-        diagonal = self.state.diagonal[layer, st.slot_ids, :cols]
         rows = prediction_rows(cfg.mtp, self.next_n)
-        lens = st.seq_lens.long()
-        scores = block_scores(vertical, diagonal, lens[:, rows] - 1, lens[:, rows], st.budget * t, cfg.pooling,
-                              cfg.reduce, cfg.combine, t)
+        lens = st.seq_lens.long()[:, rows]
+        fused = triton_twin("spin_indexer.predictor.score_triton", "block_scores_triton", st.block_table)
+        if fused is not None and cfg.pooling is Pooling.A1 and cfg.reduce in (Reduce.MAX, Reduce.MEAN):
+            scores = fused(self.state.vertical[layer], self.state.diagonal[layer], st.slot_ids, lens - 1, lens,
+                           width, cfg.combine, cfg.reduce, t)
+        else:
+            vertical = self.state.vertical[layer, st.slot_ids, :cols]
+            diagonal = self.state.diagonal[layer, st.slot_ids, :cols]
+            scores = block_scores(vertical, diagonal, lens - 1, lens, st.budget * t, cfg.pooling, cfg.reduce,
+                                  cfg.combine, t)
         last = self.state.last_seen[layer, st.slot_ids, :width]
         forced = st.newest | (st.valid & (last < 0)) | (st.valid & st.keep_all[:, None])
         age = st.step.long()[:, None] - last.long()
@@ -181,9 +187,16 @@ class SpinIndexer:
         pos = plan.positions()
         pos_rows = pos.repeat_interleave(self.next_n, dim=0)  # [B*N, W*T]
         topk = torch.where(cols >= 0, torch.gather(pos_rows, 1, cols.long().clamp_min(0)), -1).to(torch.int32)
-        update_layer(self.state.vertical[layer], self.state.diagonal[layer], self.state.last_seen[layer], st.slot_ids,
-                     st.step, logits.view(batch, self.next_n, logits.shape[1]), pos, plan.compact_seq_lens.long(),
-                     st.seq_lens.long() - 1, st.update_rows, plan.kept_blocks.long(), self.config.alpha)
+        rows = logits.view(batch, self.next_n, logits.shape[1])
+        fused = triton_twin("spin_indexer.predictor.update_triton", "ema_update_triton", logits)
+        if fused is not None:
+            fused(self.state.vertical[layer], self.state.diagonal[layer], st.slot_ids, rows, plan.kept_blocks,
+                  plan.compact_seq_lens, st.seq_lens - 1, st.update_rows, self.config.alpha,
+                  self.config.tokens_per_block)
+        else:
+            update_history(self.state.vertical[layer], self.state.diagonal[layer], st.slot_ids, rows, pos,
+                           plan.compact_seq_lens.long(), st.seq_lens.long() - 1, st.update_rows, self.config.alpha)
+        mark_seen(self.state.last_seen[layer], st.slot_ids, st.step, plan.kept_blocks.long(), st.update_rows)
         self.block_plan = plan
         return topk
 

@@ -80,7 +80,8 @@ def block_scores(vertical: torch.Tensor, diagonal: torch.Tensor, query_pos: torc
                  tokens_per_block: int) -> torch.Tensor:
     """Block scores float32 [B, P, W] for the selector (higher = keep first).
 
-    budget_slots: int64 [B], the A0 slot budget m*T (unused by A1/A2).
+    vertical, diagonal: [B, C] history rows of the batch's slots (C = W*T); query_pos, lengths: int64
+    [B, P]; budget_slots: int64 [B], the A0 slot budget m*T (unused by A1/A2).
     """
     if pooling is Pooling.A2:
         num_cols = vertical.shape[1]

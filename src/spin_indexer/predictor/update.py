@@ -27,16 +27,14 @@ def ema_(table: torch.Tensor, cells: torch.Tensor, obs: torch.Tensor, live: torc
     table[idx] = new.clamp(lo, hi).to(table.dtype)
 
 
-def update_layer(vertical: torch.Tensor, diagonal: torch.Tensor, last_seen: torch.Tensor, slot_ids: torch.Tensor,
-                 step: torch.Tensor, logits: torch.Tensor, positions: torch.Tensor, compact_lens: torch.Tensor,
-                 query_pos: torch.Tensor, update_rows: torch.Tensor, kept_blocks: torch.Tensor, alpha: float) -> None:
-    """Update one layer's tables in place.
+def update_history(vertical: torch.Tensor, diagonal: torch.Tensor, slot_ids: torch.Tensor, logits: torch.Tensor,
+                   positions: torch.Tensor, compact_lens: torch.Tensor, query_pos: torch.Tensor,
+                   update_rows: torch.Tensor, alpha: float) -> None:
+    """EMA of V and D at the scored slots, in place.
 
-    vertical, diagonal: [S, C + 1] this layer's tables (contiguous); last_seen: int32 [S, W + 1];
-    slot_ids: int64 [B]; step: int32 [B] current step of each request;
+    vertical, diagonal: [S, C + 1] this layer's tables (contiguous); slot_ids: int64 [B];
     logits: float32 [B, N, X] compact logits; positions: int64 [B, X] logical position of each compact
-    column (-1 for padding); compact_lens: int64 [B, N]; query_pos: int64 [B, N];
-    update_rows: bool [B, N]; kept_blocks: int64 [B, W] logical block ids, -1 padded.
+    column (-1 for padding); compact_lens, query_pos: int64 [B, N]; update_rows: bool [B, N].
     """
     row_len = vertical.shape[1]
     base = (slot_ids * row_len)[:, None]  # [B, 1]
@@ -49,6 +47,14 @@ def update_layer(vertical: torch.Tensor, diagonal: torch.Tensor, last_seen: torc
         live &= torch.isfinite(obs)
         ema_(v_flat, base + positions.clamp_min(0), obs, live, trash, alpha)
         ema_(d_flat, base + (query_pos[:, j:j + 1] - positions).clamp_min(0), obs, live, trash, alpha)
+
+
+def mark_seen(last_seen: torch.Tensor, slot_ids: torch.Tensor, step: torch.Tensor, kept_blocks: torch.Tensor,
+              update_rows: torch.Tensor) -> None:
+    """last_seen[slot, block] = step for the kept blocks of requests with an updating row (O(blocks)).
+
+    last_seen: int32 [S, W + 1] (last column = trash); step: int32 [B]; kept_blocks: int64 [B, W], -1 padded.
+    """
     seen_len = last_seen.shape[1]
     any_row = update_rows.any(dim=1, keepdim=True)
     blocks = torch.where((kept_blocks >= 0) & any_row, kept_blocks, seen_len - 1)

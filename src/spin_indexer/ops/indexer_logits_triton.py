@@ -17,7 +17,7 @@ import torch
 
 from ..checks import check_tensor
 from ..layout import FP8_DTYPE, SCALE_BYTES
-from .indexer_logits import check_paged_indexer_args
+from .indexer_logits import block_max_ref, check_paged_indexer_args, paged_indexer_logits_ref
 
 try:  # the package imports this module only for CUDA tensors; without triton the reference is used
     import triton
@@ -37,6 +37,13 @@ def _pick_chunk(batch: int, width: int) -> int:
     return chunk
 
 
+def _kernel_supports(next_n: int, heads: int, dim: int, tokens: int) -> bool:
+    def pow2(x):
+        return x > 0 and x & (x - 1) == 0
+    return next_n in (1, 2, 4) and pow2(heads) and heads >= 8 and pow2(dim) and dim >= 32 and pow2(tokens) \
+        and tokens >= 16
+
+
 def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                                 seq_lens: torch.Tensor, block_table: torch.Tensor, validate: bool = True,
                                 out: torch.Tensor | None = None, block_max_out: torch.Tensor | None = None,
@@ -51,6 +58,8 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     receives the max of each block's valid logits (-inf for a block with none).
     chunk / use_tma / prefetch / split / num_stages / num_warps: tuning knobs (benchmarks only).
     returns out: float32 [B*next_n, W*T], -inf at and after each row's length.
+    Shapes the kernel does not take (next_n not in {1, 2, 4}, H or D not powers of two, D < 32) are
+    computed by the reference into the same buffers.
     """
     check_paged_indexer_args(q_fp8, kv_cache, weights, seq_lens, block_table, validate)
     batch, next_n, heads, dim = q_fp8.shape
@@ -65,11 +74,13 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
         block_max_out = torch.empty(rows, width, dtype=torch.float32, device=dev)
     check_tensor("block_max_out", block_max_out, dtype=torch.float32, shape=(rows, width),
                  shape_names="[B*next_n, W]", device=dev, device_of="q_fp8", contiguous=True)
-    if next_n not in (1, 2, 4):
-        raise ValueError(f"q_fp8: expected next_n in (1, 2, 4) for the Triton kernel, got {next_n}")
-    if heads & (heads - 1) or dim & (dim - 1) or tokens & (tokens - 1) or dim < 32 or tokens < 16 or heads < 8:
-        raise ValueError(f"q_fp8/kv_cache: expected powers of two H >= 8, D >= 32, T >= 16, got H={heads}, "
-                         f"D={dim}, T={tokens}")
+    if batch == 0 or width == 0:
+        return out
+    if not _kernel_supports(next_n, heads, dim, tokens):
+        # Shapes the MMA tiles cannot take (next_n 3, D < 32, non-powers of two): the reference, same outputs.
+        out.copy_(paged_indexer_logits_ref(q_fp8, kv_cache, weights, seq_lens, block_table, validate=False))
+        block_max_out.copy_(block_max_ref(out, tokens))
+        return out
     if batch == 0 or width == 0:
         return out
     rows_per_block = tokens * (dim + SCALE_BYTES) // dim

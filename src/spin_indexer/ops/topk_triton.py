@@ -1,0 +1,232 @@
+"""Triton twin of `topk_ref`: exact top-k per row with per-row lengths, pruned by group maxima.
+
+Exactness argument. Split a row into groups of G columns and let S_g be the max of group g (over valid
+columns). Any threshold tau <= (k-th largest S_g) has at least k elements >= tau (each of the k best
+groups holds its max), so the top k elements are all >= tau, and they sit in groups with S_g >= tau.
+Four launches, no host sync:
+  1. (only without usable group maxima) `_group_max_kernel`: S = max over G columns, G picked from C and k
+     so that a row has >= 4k groups; with G = 64 the logits kernel's fused block max is used directly.
+  2. `_threshold_kernel` (one program per row): tau = lower edge of the 16-bit key bucket holding the
+     k-th largest S_g (two 256-bin histograms); tau = -inf when the row has fewer than k groups.
+  3. `_gather_kernel` (row x column chunk): elements >= tau of the groups with S_g >= tau (the others are
+     never read) are appended to a per-row candidate buffer of CAP = 2 * next_pow2(k) 64-bit sort keys.
+  4. `_select_kernel` (one program per row): sort the candidates, write the first k positions. If a row
+     had more than CAP candidates (massive ties), the same program falls back to an exact streaming
+     merge over the whole row (slow, never silently wrong).
+Sort key: the fp32 value mapped to an order-preserving uint32 (upper half) and 0xFFFFFFFF - position
+(lower half): sorting descending puts larger values first and, among equal values, lower positions
+first, exactly as the stable reference. -0.0 is folded into +0.0 (the reference sorts them as equal).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..checks import check_tensor
+from .topk import check_topk_args, topk_ref
+
+try:  # the package imports this module only for CUDA tensors; without triton the reference is used
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+TOKENS_PER_GROUP_MAX = 64  # block_max granularity (T)
+MAX_TRITON_K = 4096  # larger k goes to the reference (sort tile of 2 * next_pow2(k) keys)
+GATHER_COLS = 2048  # columns per gather program
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def _pick_group(cols: int, k: int) -> int:
+    """Group size G (power of two <= 64) so that a full row has >= 4k groups."""
+    g = TOKENS_PER_GROUP_MAX
+    while g > 1 and cols // g < 4 * k:
+        g //= 2
+    return g
+
+
+def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: bool = True,
+                block_max: torch.Tensor | None = None, cap: int | None = None,
+                stats: torch.Tensor | None = None) -> torch.Tensor:
+    """Top-k positions per row, same meaning as `topk_ref`.
+
+    logits: float32 [R, C]; columns >= lengths[r] are ignored. lengths: int32 [R] in [0, C]. k: int >= 1.
+    block_max: optional float32 [R, ceil(C / 64)], the exact max of each 64-column block over its valid
+    columns (-inf when none), as `paged_indexer_logits_triton` writes it; used when a row has >= 4k
+    blocks, so the top-k reads only the blocks that can hold a winner.
+    cap: candidate buffer size (tests use a small one to exercise the overflow path).
+    stats: optional int32 [R] receiving the candidate count of each row (benchmarks, diagnostics).
+    returns int32 [R, k]: positions, best first, ties to the lower position, -1 past lengths[r].
+    """
+    check_topk_args(logits, lengths, k, validate)
+    rows, cols = logits.shape
+    dev = logits.device
+    if k > MAX_TRITON_K:
+        return topk_ref(logits, lengths, k, validate=False)
+    if block_max is not None:
+        check_tensor("block_max", block_max, dtype=torch.float32,
+                     shape=(rows, -(-cols // TOKENS_PER_GROUP_MAX)), shape_names="[R, ceil(C / 64)]",
+                     device=dev, device_of="logits")
+    out = torch.empty(rows, k, dtype=torch.int32, device=dev)
+    if rows == 0:
+        return out
+    if cols == 0:
+        return out.fill_(-1)
+    logits = logits if logits.stride(1) == 1 else logits.contiguous()
+    k_pow = _next_pow2(max(k, 16))
+    cap = cap or 2 * k_pow
+    group = _pick_group(cols, k)
+    num_groups = -(-cols // group)
+    if group == TOKENS_PER_GROUP_MAX and block_max is not None:
+        summary = block_max if block_max.stride(1) == 1 else block_max.contiguous()
+    else:
+        summary = torch.empty(rows, num_groups, dtype=torch.float32, device=dev)
+        groups_per_prog = max(1, 2048 // group)
+        _group_max_kernel[(rows, triton.cdiv(num_groups, groups_per_prog))](
+            logits, lengths, summary, cols, num_groups, logits.stride(0), summary.stride(0),
+            G=group, GP=groups_per_prog, num_warps=4)
+    thresh = torch.empty(rows, dtype=torch.int32, device=dev)
+    if stats is not None:
+        check_tensor("stats", stats, dtype=torch.int32, shape=(rows,), shape_names="[R]", device=dev,
+                     device_of="logits", contiguous=True)
+    count = torch.zeros(rows, dtype=torch.int32, device=dev) if stats is None else stats.zero_()
+    cand = torch.empty(rows, cap, dtype=torch.int64, device=dev)
+    sum_block = min(_next_pow2(num_groups), 8192)
+    _threshold_kernel[(rows,)](summary, lengths, thresh, num_groups, summary.stride(0), k,
+                               G=group, SB=sum_block, num_warps=8)
+    gp = max(1, GATHER_COLS // group)
+    _gather_kernel[(rows, triton.cdiv(num_groups, gp))](
+        logits, lengths, summary, thresh, count, cand, cols, num_groups, logits.stride(0), summary.stride(0),
+        G=group, GP=gp, CAP=cap, num_warps=4)
+    _select_kernel[(rows,)](logits, lengths, count, cand, out, logits.stride(0), k,
+                            K_POW=k_pow, CAP=cap, num_warps=8)
+    return out
+
+
+if triton is not None:
+    @triton.jit
+    def _ukey(x):
+        """fp32 -> uint32 with the same order (-0.0 folded into +0.0)."""
+        x = tl.where(x == 0.0, 0.0, x)
+        bits = x.to(tl.uint32, bitcast=True)
+        flip = tl.where((bits >> 31) != 0, 0xFFFFFFFF, 0x80000000).to(tl.uint32)
+        return bits ^ flip
+
+    @triton.jit
+    def _sort_key(u, pos):
+        """int64 key: ukey in the upper half (shifted to signed), 0xFFFFFFFF - pos in the lower half."""
+        hi = u.to(tl.int64) - 2147483648
+        return (hi << 32) | (4294967295 - pos.to(tl.int64))
+
+    @triton.jit
+    def _group_max_kernel(x_ptr, len_ptr, s_ptr, cols, num_groups, stride_x, stride_s,
+                          G: tl.constexpr, GP: tl.constexpr):
+        r = tl.program_id(0)
+        g0 = tl.program_id(1) * GP
+        length = tl.load(len_ptr + r)
+        g = g0 + tl.arange(0, GP)
+        c = g[:, None] * G + tl.arange(0, G)[None, :]  # [GP, G]
+        x = tl.load(x_ptr + r.to(tl.int64) * stride_x + c, mask=c < length, other=float("-inf"))
+        tl.store(s_ptr + r.to(tl.int64) * stride_s + g, tl.max(x, axis=1), mask=g < num_groups)
+
+    @triton.jit
+    def _bucket(hist, need):
+        """Largest bin b with (count of bins >= b) >= need, and the count strictly above b."""
+        bins = tl.arange(0, 256)
+        total = tl.sum(hist, axis=0)
+        ge = total - tl.cumsum(hist, axis=0) + hist
+        b = tl.max(tl.where(ge >= need, bins, -1), axis=0)
+        above = tl.sum(tl.where(bins > b, hist, 0), axis=0)
+        return b, above
+
+    @triton.jit
+    def _threshold_kernel(s_ptr, len_ptr, thresh_ptr, num_groups, stride_s, k, G: tl.constexpr, SB: tl.constexpr):
+        r = tl.program_id(0)
+        length = tl.load(len_ptr + r)
+        n_valid = (length + G - 1) // G
+        base = s_ptr + r.to(tl.int64) * stride_s
+        tau = length * 0  # 0 = the smallest key: every valid element is a candidate
+        if n_valid >= k:
+            # pass 1: top 8 bits of the group maxima
+            hist = tl.zeros([256], tl.int32)
+            for s0 in range(0, n_valid, SB):
+                g = s0 + tl.arange(0, SB)
+                u = _ukey(tl.load(base + g, mask=g < n_valid, other=0.0))
+                d = tl.where(g < n_valid, (u >> 24).to(tl.int32), 0)
+                hist += tl.histogram(d, 256)
+                hist -= tl.where(tl.arange(0, 256) == 0, tl.sum((g >= n_valid).to(tl.int32), axis=0), 0)
+            d1, above = _bucket(hist, k)
+            # pass 2: next 8 bits among the maxima in bucket d1
+            hist = tl.zeros([256], tl.int32)
+            for s0 in range(0, n_valid, SB):
+                g = s0 + tl.arange(0, SB)
+                u = _ukey(tl.load(base + g, mask=g < n_valid, other=0.0))
+                hit = (g < n_valid) & ((u >> 24).to(tl.int32) == d1)
+                d = tl.where(hit, ((u >> 16) & 255).to(tl.int32), 0)
+                hist += tl.histogram(d, 256)
+                hist -= tl.where(tl.arange(0, 256) == 0, tl.sum((~hit).to(tl.int32), axis=0), 0)
+            d2, _ = _bucket(hist, k - above)
+            tau = (d1 << 24) | (d2 << 16)
+        tl.store(thresh_ptr + r, tau)
+
+    @triton.jit
+    def _gather_kernel(x_ptr, len_ptr, s_ptr, thresh_ptr, count_ptr, cand_ptr, cols, num_groups, stride_x, stride_s,
+                       G: tl.constexpr, GP: tl.constexpr, CAP: tl.constexpr):
+        r = tl.program_id(0)
+        g0 = tl.program_id(1) * GP
+        length = tl.load(len_ptr + r)
+        if g0 * G < length:
+            tau = tl.load(thresh_ptr + r).to(tl.uint32, bitcast=True)
+            g = g0 + tl.arange(0, GP)
+            s = tl.load(s_ptr + r.to(tl.int64) * stride_s + g, mask=g * G < length, other=float("-inf"))
+            live = (g * G < length) & (_ukey(s) >= tau)
+            if tl.sum(live.to(tl.int32), axis=0) > 0:
+                c = g[:, None] * G + tl.arange(0, G)[None, :]  # [GP, G]
+                ok = live[:, None] & (c < length)
+                x = tl.load(x_ptr + r.to(tl.int64) * stride_x + c, mask=ok, other=float("-inf"))
+                u = _ukey(x)
+                sel = ok & (u >= tau)
+                sel_flat = tl.reshape(sel.to(tl.int32), [GP * G])
+                n_sel = tl.sum(sel_flat, axis=0)
+                if n_sel > 0:
+                    start = tl.atomic_add(count_ptr + r, n_sel)
+                    slot = start + tl.cumsum(sel_flat, axis=0) - 1
+                    key = tl.reshape(_sort_key(u, c), [GP * G])
+                    tl.store(cand_ptr + r.to(tl.int64) * CAP + slot, key, mask=(sel_flat != 0) & (slot < CAP))
+
+    @triton.jit
+    def _select_kernel(x_ptr, len_ptr, count_ptr, cand_ptr, out_ptr, stride_x, k,
+                       K_POW: tl.constexpr, CAP: tl.constexpr):
+        r = tl.program_id(0)
+        length = tl.load(len_ptr + r)
+        n = tl.load(count_ptr + r)
+        i = tl.arange(0, CAP)
+        cbase = cand_ptr + r.to(tl.int64) * CAP
+        MIN_KEY: tl.constexpr = -9223372036854775807 - 1
+        if n <= CAP:
+            key = tl.load(cbase + i, mask=i < n, other=MIN_KEY)
+            key = tl.sort(key, descending=True)
+            n_out = tl.minimum(n, k)
+        else:
+            # Exact fallback: stream the row in position order, keeping the best K_POW keys so far in
+            # cand[r, :K_POW] and merging CAP - K_POW new elements per step.
+            tl.debug_barrier()
+            tl.store(cbase + i, tl.full([CAP], MIN_KEY, tl.int64), mask=i < K_POW)
+            tl.debug_barrier()
+            for c0 in range(0, length, CAP - K_POW):
+                c = c0 + i - K_POW
+                fresh = (i >= K_POW) & (c < length)
+                x = tl.load(x_ptr + r.to(tl.int64) * stride_x + c, mask=fresh, other=0.0)
+                kept = tl.load(cbase + i, mask=i < K_POW, other=MIN_KEY)
+                key = tl.where(fresh, _sort_key(_ukey(x), c), kept)
+                key = tl.sort(key, descending=True)
+                tl.debug_barrier()
+                tl.store(cbase + i, key, mask=i < K_POW)
+                tl.debug_barrier()
+            key = tl.load(cbase + i, mask=i < K_POW, other=MIN_KEY)
+            n_out = tl.minimum(length, k)
+        pos = (4294967295 - (key & 4294967295)).to(tl.int32)
+        pos = tl.where(i < n_out, pos, -1)
+        tl.store(out_ptr + r.to(tl.int64) * k + i, pos, mask=i < k)

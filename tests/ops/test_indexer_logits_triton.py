@@ -1,0 +1,113 @@
+"""paged_indexer_logits_triton (the Triton twin) against an independent float64 recomputation and the torch
+reference: odd shapes, every kernel variant, compacted block tables, poisoned outputs, fused block max.
+
+Runs under TRITON_INTERPRET=1 on CPU (conftest sets it before this module imports triton); on a CUDA box
+the same tests run the compiled kernel.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ODD_IDS, ODD_SHAPES, T, assert_logits_close, logits_f64, make_case_inputs, make_paged_inputs
+
+pytest.importorskip("triton")
+from spin_indexer.ops.indexer_logits import block_max_ref, paged_indexer_logits_ref  # noqa: E402
+from spin_indexer.ops.indexer_logits_triton import paged_indexer_logits_triton  # noqa: E402
+
+pytestmark = pytest.mark.interpreter
+
+
+def _run(inputs, device, **knobs):
+    """Launch into NaN-poisoned outputs so an element the kernel skips cannot pass."""
+    args = [t.to(device) for t in inputs.args()]
+    rows = args[0].shape[0] * args[0].shape[1]
+    width = args[4].shape[1]
+    out = torch.full((rows, width * T), float("nan"), device=device)
+    bmax = torch.full((rows, width), float("nan"), device=device)
+    got = paged_indexer_logits_triton(*args, out=out, block_max_out=bmax, **knobs)
+    assert got is out
+    return out.cpu(), bmax.cpu()
+
+
+def _check_block_max(bmax: torch.Tensor, expected: np.ndarray, magnitude: np.ndarray) -> None:
+    """The fused max equals the max of the expected logits of each block (within the logits tolerance)."""
+    rows, cols = expected.shape
+    exp_blocks = expected.reshape(rows, cols // T, T).max(axis=2)
+    mag_blocks = magnitude.reshape(rows, cols // T, T).max(axis=2)
+    assert_logits_close(bmax, exp_blocks, mag_blocks)
+
+
+@pytest.mark.parametrize("case", ODD_SHAPES, ids=ODD_IDS)
+def test_odd_shapes_match_float64(case, gen, triton_device):
+    inputs = make_case_inputs(case, gen)
+    out, bmax = _run(inputs, triton_device)
+    expected, magnitude = logits_f64(*inputs.args())
+    assert_logits_close(out, expected, magnitude)
+    _check_block_max(bmax, expected, magnitude)
+
+
+VARIANTS = [
+    dict(use_tma=True, prefetch=2),
+    dict(use_tma=True, prefetch=1, chunk=2),
+    dict(use_tma=False, prefetch=0, chunk=1),
+    dict(use_tma=True, prefetch=2, split=True, chunk=3),
+    dict(use_tma=False, prefetch=1, split=True, chunk=64),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=[str(v) for v in VARIANTS])
+@pytest.mark.parametrize("next_n,heads", [(1, 8), (2, 16), (4, 8), (1, 64)])
+def test_variants_match_reference(variant, next_n, heads, gen, triton_device):
+    # lengths cover: a partial last block, a request that ends exactly on a block, a 1-token request
+    inputs = make_paged_inputs((5 * T + 17, 3 * T, 1), next_n, heads, 32, gen, extra_width=2)
+    out, bmax = _run(inputs, triton_device, **variant)
+    expected, magnitude = logits_f64(*inputs.args())
+    assert_logits_close(out, expected, magnitude)
+    _check_block_max(bmax, expected, magnitude)
+
+
+def test_compacted_table_matches_reference(gen, triton_device):
+    """SPIN's call: a table listing only kept blocks (newest last) and lengths (n_kept - 1) * T + tail."""
+    full = make_paged_inputs((9 * T + 5, 6 * T + 40), 2, 16, 32, gen, garbage=False)
+    table = full.block_table
+    kept = [[0, 2, 3, 6, 9], [1, 4, 6]]  # logical blocks kept per request (newest block included)
+    width = table.shape[1]
+    compact = torch.full_like(table, -1)
+    lens = torch.zeros_like(full.seq_lens)
+    for b, blocks in enumerate(kept):
+        compact[b, : len(blocks)] = table[b, blocks]
+        tail = full.seq_lens[b] - blocks[-1] * T  # rows' tokens in the newest block
+        lens[b] = (len(blocks) - 1) * T + tail
+    compacted = type(full)(full.q_fp8, full.kv_cache, full.weights, lens, compact)
+    out, bmax = _run(compacted, triton_device)
+    ref = paged_indexer_logits_ref(*compacted.args())
+    expected, magnitude = logits_f64(*compacted.args())
+    assert_logits_close(out, expected, magnitude)
+    assert torch.equal(torch.isfinite(bmax), torch.isfinite(block_max_ref(ref, T)))
+    assert out.shape == (4, width * T)
+
+
+def test_returns_new_buffers_and_validates(gen, triton_device):
+    inputs = make_paged_inputs((100,), 1, 8, 32, gen)
+    args = [t.to(triton_device) for t in inputs.args()]
+    out = paged_indexer_logits_triton(*args)
+    expected, magnitude = logits_f64(*inputs.args())
+    assert_logits_close(out.cpu(), expected, magnitude)
+    with pytest.raises(ValueError, match="out"):
+        paged_indexer_logits_triton(*args, out=torch.empty(3, 3, device=triton_device))
+    with pytest.raises(ValueError, match="block_max_out"):
+        paged_indexer_logits_triton(*args, block_max_out=torch.empty(1, 1, device=triton_device))
+    bad_lens = args[3].clone() + 10**6
+    with pytest.raises(ValueError, match="seq_lens"):
+        paged_indexer_logits_triton(args[0], args[1], args[2], bad_lens, args[4])
+
+
+def test_unsupported_shape_falls_back_to_reference(gen, triton_device):
+    """next_n = 3 and D = 16 have no MMA tile: same results through the reference, into the given buffers."""
+    inputs = make_paged_inputs((70, 130), 3, 8, 16, gen)
+    out, bmax = _run(inputs, triton_device)
+    expected, magnitude = logits_f64(*inputs.args())
+    assert_logits_close(out, expected, magnitude)
+    _check_block_max(bmax, expected, magnitude)

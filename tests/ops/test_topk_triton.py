@@ -1,0 +1,101 @@
+"""topk_triton (the Triton twin) against topk_ref, element for element: random and tied values, -0.0/+0.0,
+poisoned tails, with and without block maxima, every group size, the candidate-overflow fallback.
+
+Runs under TRITON_INTERPRET=1 on CPU (conftest sets it before this module imports triton).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import masked_logits
+
+pytest.importorskip("triton")
+from spin_indexer.ops.indexer_logits import block_max_ref  # noqa: E402
+from spin_indexer.ops.topk import topk_ref  # noqa: E402
+from spin_indexer.ops.topk_triton import _pick_group, topk_triton  # noqa: E402
+
+pytestmark = pytest.mark.interpreter
+
+
+def _block_max(logits, lengths):
+    valid = torch.arange(logits.shape[1])[None, :] < lengths.long()[:, None]
+    return block_max_ref(torch.where(valid, logits, float("-inf")), 64)
+
+
+def _check(logits, lengths, k, device, use_block_max=False, **kw):
+    bmax = _block_max(logits, lengths).to(device) if use_block_max else None
+    stats = torch.full((logits.shape[0],), -7, dtype=torch.int32, device=device)
+    got = topk_triton(logits.to(device), lengths.to(device), k, block_max=bmax, stats=stats, **kw).cpu()
+    want = topk_ref(logits, lengths, k)
+    assert got.dtype == torch.int32 and got.shape == want.shape
+    bad = (got != want).any(dim=1).nonzero().flatten().tolist()
+    assert not bad, f"rows {bad[:5]} differ; first: got {got[bad[0], :12].tolist()} want {want[bad[0], :12].tolist()}"
+    return stats.cpu()
+
+
+@pytest.mark.parametrize("rows,cols,k", [(3, 300, 5), (4, 64 * 40, 8), (2, 5000, 16), (2, 100, 200), (1, 1, 1),
+                                         (5, 129, 64)])
+@pytest.mark.parametrize("use_block_max", [False, True])
+def test_random_matches_reference(rows, cols, k, use_block_max, gen, triton_device):
+    logits, lengths = masked_logits(rows, cols, gen)
+    _check(logits, lengths, k, triton_device, use_block_max)
+
+
+def test_block_max_path_reads_few_candidates(gen, triton_device):
+    """A row with >= 4k blocks is pruned by the block maxima: far fewer candidates than columns."""
+    k, cols = 8, 64 * 64
+    assert _pick_group(cols, k) == 64
+    logits = torch.randn(2, cols, generator=gen)
+    lengths = torch.tensor([cols, cols - 100], dtype=torch.int32)
+    stats = _check(logits, lengths, k, triton_device, use_block_max=True)
+    assert (stats >= k).all() and (stats < 4 * k).all(), stats
+
+
+def test_ties_and_signed_zeros(gen, triton_device):
+    """Few distinct values (massive ties, overflowing the candidate buffer) and -0.0 mixed with +0.0."""
+    logits, lengths = masked_logits(3, 700, gen, ties=True)
+    zero = logits == 0
+    logits[zero & (torch.rand(logits.shape, generator=gen) < 0.5)] = -0.0
+    stats = _check(logits, lengths, 6, triton_device)
+    assert (stats > 32).any(), "expected the overflow fallback to run"
+
+
+def test_overflow_fallback_with_small_buffer(gen, triton_device):
+    logits, lengths = masked_logits(2, 900, gen)
+    lengths[0] = 900
+    stats = _check(logits, lengths, 10, triton_device, cap=32)
+    assert stats[0] > 32
+
+
+def test_all_tied_row_takes_lowest_positions(triton_device):
+    logits = torch.full((2, 300), 1.5)
+    lengths = torch.tensor([300, 37], dtype=torch.int32)
+    _check(logits, lengths, 20, triton_device)
+
+
+def test_neg_inf_and_huge_values(gen, triton_device):
+    logits = torch.randn(2, 400, generator=gen) * 1e30
+    logits[:, ::7] = float("-inf")
+    lengths = torch.tensor([400, 250], dtype=torch.int32)
+    _check(logits, lengths, 70, triton_device)
+
+
+def test_zero_lengths_and_empty(gen, triton_device):
+    logits, _ = masked_logits(3, 200, gen)
+    _check(logits, torch.zeros(3, dtype=torch.int32), 4, triton_device)
+    empty = topk_triton(torch.empty(0, 50, device=triton_device), torch.empty(0, dtype=torch.int32,
+                        device=triton_device), 4)
+    assert empty.shape == (0, 4)
+    none = topk_triton(torch.empty(2, 0, device=triton_device), torch.zeros(2, dtype=torch.int32,
+                       device=triton_device), 3)
+    assert none.tolist() == [[-1] * 3] * 2
+
+
+def test_bad_block_max_shape_raises(gen, triton_device):
+    logits, lengths = masked_logits(2, 200, gen)
+    with pytest.raises(ValueError, match="block_max"):
+        topk_triton(logits.to(triton_device), lengths.to(triton_device), 4,
+                    block_max=torch.zeros(2, 3, device=triton_device))
+    with pytest.raises(ValueError, match="lengths"):
+        topk_triton(logits.to(triton_device), (lengths + 500).to(triton_device), 4)

@@ -25,17 +25,34 @@ def _triton_twin(module: str, name: str, t: torch.Tensor):
         return None
 
 
-def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, validate: bool = True):
-    """Paged indexer logits float32 [B*next_n, W*T]; see `paged_indexer_logits_ref` for shapes."""
+def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, validate: bool = True,
+                         out=None, block_max_out=None):
+    """Paged indexer logits float32 [B*next_n, W*T]; see `paged_indexer_logits_ref` for shapes.
+
+    out: optional float32 [B*next_n, W*T] written in place; block_max_out: optional float32 [B*next_n, W]
+    receiving the per-block max (fused into the kernel on CUDA: pass it on to `topk(..., block_max=)`).
+    """
     twin = _triton_twin("indexer_logits_triton", "paged_indexer_logits_triton", q_fp8)
-    fn = twin or paged_indexer_logits_ref
-    return fn(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate)
+    if twin is not None:
+        return twin(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate, out=out,
+                    block_max_out=block_max_out)
+    logits = paged_indexer_logits_ref(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate)
+    if out is not None:
+        out.copy_(logits)
+        logits = out
+    if block_max_out is not None:
+        block_max_out.copy_(block_max_ref(logits, kv_cache.shape[1]))
+    return logits
 
 
-def topk(logits, lengths, k: int, validate: bool = True):
-    """Top-k positions int32 [R, k], -1 padded; see `topk_ref`."""
+def topk(logits, lengths, k: int, validate: bool = True, block_max=None):
+    """Top-k positions int32 [R, k], -1 padded; see `topk_ref`. block_max: optional float32 [R, ceil(C/64)]
+    exact per-block max of the valid logits (as `paged_indexer_logits(..., block_max_out=)` writes it):
+    lets the Triton top-k read only the blocks that can hold a winner; the reference ignores it."""
     twin = _triton_twin("topk_triton", "topk_triton", logits)
-    return (twin or topk_ref)(logits, lengths, k, validate=validate)
+    if twin is not None:
+        return twin(logits, lengths, k, validate=validate, block_max=block_max)
+    return topk_ref(logits, lengths, k, validate=validate)
 
 
 def block_max(logits, tokens_per_block: int = 64):

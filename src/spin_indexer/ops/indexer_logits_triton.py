@@ -25,7 +25,8 @@ try:  # the package imports this module only for CUDA tensors; without triton th
 except ImportError:  # pragma: no cover
     triton = None
 
-# Blocks per program, by request count x table width (blocks); picked on the H200 (benchmarks/NOTES.md).
+# Blocks per program (a runtime argument: no recompiles), from request count x table width; picked on the
+# H200 (benchmarks/NOTES.md).
 _TARGET_PROGRAMS = 2048
 
 
@@ -96,12 +97,14 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     q = q_fp8 if q_fp8.is_contiguous() else q_fp8.contiguous()
     w = weights if weights.is_contiguous() else weights.contiguous()
     lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
+    if block_table.stride(1) != 1:
+        block_table = block_table.contiguous()
     chunk = chunk or _pick_chunk(batch, width)
     grid = (batch, triton.cdiv(width, chunk))
     _paged_indexer_logits_kernel[grid](
         q, k_arg, scales_f32, w, lens, block_table, out, block_max_out,
-        width, block_table.stride(0),
-        NEXT_N=next_n, H=heads, D=dim, T=tokens, RB=rows_per_block, CHUNK=chunk, USE_TMA=use_tma,
+        width, block_table.stride(0), chunk,
+        NEXT_N=next_n, H=heads, D=dim, T=tokens, RB=rows_per_block, USE_TMA=use_tma,
         PREFETCH=int(prefetch), SPLIT=split, num_warps=num_warps, num_stages=num_stages)
     return out
 
@@ -156,18 +159,18 @@ if triton is not None:
 
     @triton.jit
     def _paged_indexer_logits_kernel(q_ptr, k_arg, scale_ptr, w_ptr, lens_ptr, table_ptr, out_ptr, bmax_ptr,
-                                     width, stride_table,
+                                     width, stride_table, chunk,
                                      NEXT_N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, T: tl.constexpr,
-                                     RB: tl.constexpr, CHUNK: tl.constexpr, USE_TMA: tl.constexpr,
+                                     RB: tl.constexpr, USE_TMA: tl.constexpr,
                                      PREFETCH: tl.constexpr, SPLIT: tl.constexpr):
         b = tl.program_id(0)
-        blk0 = tl.program_id(1) * CHUNK
+        blk0 = tl.program_id(1) * chunk
         row0 = b * NEXT_N
         offs_n = tl.arange(0, NEXT_N)
         lens = tl.load(lens_ptr + row0 + offs_n)
         used = (tl.max(lens, axis=0) + T - 1) // T  # blocks the longest row touches
-        blk_end = tl.minimum(blk0 + CHUNK, used)
-        chunk_end = tl.minimum(blk0 + CHUNK, width)
+        blk_end = tl.minimum(blk0 + chunk, used)
+        chunk_end = tl.minimum(blk0 + chunk, width)
         ids = table_ptr + b.to(tl.int64) * stride_table
         offs_t = tl.arange(0, T)
         rows64 = (row0 + offs_n).to(tl.int64)

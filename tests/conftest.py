@@ -30,6 +30,7 @@ try:  # hypothesis is a test dependency; keep examples few and without deadlines
 
     settings.register_profile("spin", max_examples=25, deadline=None, derandomize=False,
                               suppress_health_check=[HealthCheck.too_slow])
+    settings.register_profile("thorough", max_examples=500, deadline=None)  # SPIN_HYPOTHESIS_PROFILE=thorough
     settings.load_profile(os.environ.get("SPIN_HYPOTHESIS_PROFILE", "spin"))
 except ImportError:  # pragma: no cover - the [test] extra installs it
     pass

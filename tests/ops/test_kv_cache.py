@@ -269,12 +269,21 @@ def test_write_errors_name_the_argument(name, bad, exc, fragment):
     (torch.zeros(3), ValueError, "dimensions"),
     (torch.zeros(2, 3, 4), ValueError, "dimensions"),
     ("keys", TypeError, "torch.Tensor"),
+    (torch.zeros(3, 0), ValueError, "D >= 1"),
 ])
 def test_quantize_errors_name_keys(bad, exc, fragment):
     with pytest.raises(exc, match=f"^keys: expected .*{fragment}"):
         quantize_keys(bad)
-    with pytest.raises(exc, match="^keys: expected"):
+    with pytest.raises((TypeError, ValueError), match="^keys: expected"):
         quantize_and_write(new_kv_cache(1, 8), bad, torch.tensor([0, 1, 2]))
+
+
+@pytest.mark.parametrize("keys,match", [(torch.zeros(3, 8, device="meta"), "device"), (torch.zeros(3, 9), r"\[N, D\]")])
+def test_quantize_and_write_checks_keys_against_the_cache(keys, match):
+    cache = new_kv_cache(1, 8)
+    with pytest.raises(ValueError, match=f"^keys: expected .*{match}"):
+        quantize_and_write(cache, keys, torch.tensor([0, 1, 2]))
+    assert not cache.any()
 
 
 @pytest.mark.parametrize("fn", [read_kv_cache, dequantize_blocks])

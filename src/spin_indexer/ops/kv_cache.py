@@ -21,6 +21,8 @@ def quantize_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale is a power of two, so k_fp8 * k_scale differs from keys only by FP8 rounding).
     """
     check_tensor("keys", keys, dtype=(torch.float32, torch.float16, torch.bfloat16, torch.float64), ndim=2)
+    if keys.shape[1] < 1:  # amax over an empty row is undefined
+        raise ValueError(f"keys: expected shape [N, D] with D >= 1, got {list(keys.shape)}")
     k32 = keys.float()
     amax = k32.abs().amax(dim=-1).clamp_min(SCALE_FLOOR)
     k_scale = torch.exp2(torch.ceil(torch.log2(amax / FP8_MAX)))
@@ -73,6 +75,9 @@ def write_kv_cache(kv_cache: torch.Tensor, k_fp8: torch.Tensor, k_scale: torch.T
 def quantize_and_write(kv_cache: torch.Tensor, keys: torch.Tensor, slot_mapping: torch.Tensor,
                        validate: bool = True) -> None:
     """quantize_keys(keys) then write_kv_cache(...): keys [N, D] float, slot_mapping [N] int."""
+    _check_cache(kv_cache)  # keys are checked against the cache here, so errors name `keys`, not `k_fp8`
+    check_tensor("keys", keys, ndim=2, shape=(None, kv_cache.shape[3] - SCALE_BYTES), shape_names="[N, D]",
+                 device=kv_cache.device, device_of="kv_cache")
     k_fp8, k_scale = quantize_keys(keys)
     write_kv_cache(kv_cache, k_fp8, k_scale, slot_mapping, validate=validate)
 

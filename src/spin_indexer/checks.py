@@ -36,12 +36,18 @@ def check_tensor(name: str, t, *, dtype: torch.dtype | Sequence[torch.dtype] | N
         for want, got in zip(shape, t.shape):
             if want is not None and want != got:
                 raise ValueError(f"{name}: expected shape{_named(shape, shape_names)}, got {list(t.shape)}")
-    if device is not None and t.device != torch.device(device):
+    if device is not None and not same_device(t.device, device):
         src = f" (same as {device_of})" if device_of else ""
         raise ValueError(f"{name}: expected device {device}{src}, got {t.device}")
     if contiguous and not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {t.stride()}")
     return t
+
+
+def same_device(actual: torch.device, expected) -> bool:
+    """True when `actual` is `expected`; an index-less expected device ("cuda") matches any index."""
+    expected = torch.device(expected)
+    return actual.type == expected.type and (expected.index is None or actual.index == expected.index)
 
 
 def _named(shape, names) -> str:

@@ -40,7 +40,11 @@ def test_cuda_step_matches_cpu_reference(next_n, mtp, gen):
             for r in range(a.shape[0]):
                 sa, sb = set(a[r].tolist()), set(b[r].cpu().tolist())
                 assert len(sa ^ sb) <= 4, (step, layer, r, len(sa ^ sb))
-        torch.testing.assert_close(gpu.state.vertical.cpu().float(), cpu.state.vertical.float(), rtol=2e-2, atol=2e-2)
+        # The last column is the trash cell of padding lanes: its content is unspecified. Logits differ by
+        # summation order (tensor-core fp8 MMA vs fp32 CPU), so tolerance scales with the logits' magnitude.
+        ref = cpu.state.vertical[..., :-1].float()
+        scale = ref[torch.isfinite(ref)].abs().max().item()
+        torch.testing.assert_close(gpu.state.vertical[..., :-1].cpu().float(), ref, rtol=2e-2, atol=5e-3 * scale)
 
 
 def test_whole_step_captures_in_a_cuda_graph(gen):

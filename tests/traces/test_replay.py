@@ -114,3 +114,15 @@ def test_group_traces_and_errors():
         replay([a, a], SpinConfig())
     with pytest.raises(TypeError, match="config: expected a SpinConfig"):
         replay(a, {"sparsity": 0.3})
+
+
+def test_a2_max_equals_a1_max_under_max_combine():
+    # max over a block of max(V, D) = max(max V, max D): the two poolings differ only when V and D are summed.
+    t = generate("v4-like", seed=2, prompt_id="p", **SMALL)
+    base = dict(sparsity=0.5, exploration="none", gamma=0.0)
+    a1 = replay(t, SpinConfig(pooling="a1", **base))
+    a2 = replay(t, SpinConfig(pooling="a2", **base))
+    assert torch.equal(a1.miss["p"], a2.miss["p"])
+    a1s = replay(t, SpinConfig(pooling="a1", combine="sum", **base))
+    a2s = replay(t, SpinConfig(pooling="a2", combine="sum", **base))
+    assert not torch.equal(a1s.miss["p"], a2s.miss["p"])

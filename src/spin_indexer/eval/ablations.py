@@ -29,7 +29,8 @@ TABLE1_COLUMNS = ("trace_set", "indexer", "predictor", "pearson", "topk_recall")
 SWEEPS: dict[str, tuple[tuple[str, ...], tuple[float, ...], str]] = {
     "smoke": (("spin-default",), (0.3,), "the default policy at 30%"),
     "main": (("spin-default",), SPARSITIES, "paper Tables 3/5: the default at 20-50%"),
-    "pooling": (("a0", "a1-max", "a2-max", "a1-mean", "a1-top4"), SPARSITIES, "paper Fig. 3"),
+    "pooling": (("a0", "a1-max", "a2-max", "a1-mean", "a1-top4", "a1-max-sum", "a2-max-sum"), SPARSITIES,
+                "paper Fig. 3"),
     "exploration": (("explore-none", "explore-random", "explore-staleness", "explore-block-age",
                      "explore-random-10"), SPARSITIES, "paper Fig. 4"),
     "mtp": (("mtp-row0", "mtp-row-local"), SPARSITIES, "paper Fig. 2 / Table 7 (needs next_n > 1 traces)"),

@@ -13,7 +13,8 @@ import torch
 from ..traces.schema import Trace
 
 FIGURES = {
-    "fig3_pooling": (("a0", "a1-max", "a2-max", "a1-mean", "a1-top4"), "Pooling variants (paper Fig. 3)"),
+    "fig3_pooling": (("a0", "a1-max", "a2-max", "a1-mean", "a1-top4", "a1-max-sum", "a2-max-sum"),
+                     "Pooling variants (paper Fig. 3)"),
     "fig2_mtp": (("mtp-row0", "mtp-row-local"), "MTP row policies (paper Fig. 2)"),
     "fig4_exploration": (("explore-none", "explore-random", "explore-staleness", "explore-block-age",
                           "explore-random-10"), "Exploration policies (paper Fig. 4)"),

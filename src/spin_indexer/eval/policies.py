@@ -26,6 +26,10 @@ POLICIES: dict[str, tuple[dict, str]] = {
     "a2-max": ({"pooling": "a2"}, "A2-Max: pool V and D to blocks first, then combine"),
     "a1-mean": ({"reduce": "mean"}, "A1 with mean pooling"),
     "a1-top4": ({"reduce": "top4"}, "A1 with mean-of-top-4 pooling"),
+    # With combine="max", A2-Max equals A1-Max exactly (max over a block of max(V, D) = max(max V, max D));
+    # the two differ only when V and D are summed.
+    "a1-max-sum": ({"combine": "sum"}, "A1-Max with V + D summed per slot"),
+    "a2-max-sum": ({"pooling": "a2", "combine": "sum"}, "A2-Max with V and D block maxima summed"),
     # exploration (paper Fig. 4)
     "explore-none": ({"exploration": "none", "gamma": 0.0}, "no exploration"),
     "explore-random": ({}, "random 5% of the budget to skipped blocks"),

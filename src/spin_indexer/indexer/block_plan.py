@@ -29,6 +29,9 @@ class BlockPlan:
     compact_block_table: torch.Tensor
     compact_seq_lens: torch.Tensor
     tokens_per_block: int = 64
+    predicted_mask: torch.Tensor | None = None  # bool [B, W]: the prediction before audits (adaptive mode)
+    audit: torch.Tensor | None = None  # bool [B]: requests this layer scored fully to measure its miss
+    explored: torch.Tensor | None = None  # bool [B, W]: blocks kept by exploration (stage 2)
 
     @classmethod
     def from_keep_mask(cls, keep: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
@@ -49,9 +52,9 @@ class BlockPlan:
     def positions(self) -> torch.Tensor:
         """int64 [B, W*T]: the logical position of every compact column, -1 past the kept blocks."""
         t = self.tokens_per_block
-        cols = torch.arange(self.kept_blocks.shape[1] * t, device=self.kept_blocks.device)
-        block = self.kept_blocks.long()[:, cols // t]  # [B, W*T]
-        return torch.where(block >= 0, block * t + cols % t, -1)
+        kept = self.kept_blocks.long()[:, :, None]  # [B, W, 1]
+        pos = kept * t + torch.arange(t, device=kept.device)  # [B, W, T]
+        return torch.where(kept >= 0, pos, -1).flatten(1)
 
     def sparsity(self) -> torch.Tensor:
         """Realized block sparsity float32 [B]: skipped / total blocks (0 for empty requests)."""

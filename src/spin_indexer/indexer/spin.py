@@ -21,10 +21,12 @@ import torch
 from .. import ops
 from ..checks import check_int, check_tensor, check_values_in_range
 from ..layout import FP8_DTYPE
-from ..predictor.config import Exploration, Pooling, Reduce, SpinConfig
+from ..predictor.config import Pooling, Reduce, SpinConfig
 from ..predictor.mtp import prediction_rows, update_rows
 from ..predictor.score import block_scores
-from ..predictor.select import select_blocks, uniform_hash
+from ..predictor.adaptive import audit_mask, prediction_miss, probe_miss, update_levels_
+from ..predictor.hybrid import hybrid_scores
+from ..predictor.select import budget_blocks, explore_blocks, select_blocks, uniform_hash
 from ..predictor.state import SpinState
 from ..predictor.update import mark_seen, update_history
 from ..dispatch import triton_twin
@@ -104,22 +106,15 @@ class SpinIndexer:
         first_new = (lens.amin(dim=1) - 1).clamp_min(0) // t
         newest = valid & (blocks >= first_new[:, None])
         keep_all = longest <= cfg.topk
-        # Budget ceil((1 - s) * n) = n - floor(s * n), in float64 with a nudge so 0.3 * 10 gives 3;
-        # raised to cover K tokens plus the partial newest block, so the top-k stays full.
-        skipped = torch.floor(num_blocks.double() * cfg.sparsity + 1e-9).long()
-        cover = -(-cfg.topk // t) + 1
-        budget = torch.minimum(num_blocks, torch.clamp(num_blocks - skipped, min=cover))
-        budget = torch.where(keep_all, num_blocks, budget)
-        explore = torch.floor(budget.double() * cfg.gamma + 0.5).long()
-        if cfg.exploration is Exploration.NONE:
-            explore = torch.zeros_like(explore)
-        explore = torch.where(keep_all, 0, explore)
+        budget = budget_blocks(num_blocks, cfg.sparsity, cfg.topk, t, keep_all)
+        explore = explore_blocks(budget, cfg.gamma, cfg.exploration, keep_all)
         self.state.step.index_add_(0, slots, torch.ones_like(slots, dtype=torch.int32))
         step = self.state.step[slots]
         rows = update_rows(cfg.mtp, num_accepted, batch, self.next_n, dev)
         self._step = _Step(block_table, seq_lens, slots, step, num_blocks, valid, newest, keep_all, budget, explore,
                            rows)
         self.block_plan = None
+        self._previous_blocks = None  # the previous layer's block scores of this step (hybrid mode)
 
     def run(self, layer: int, q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """Top-k positions int32 [B*next_n, K] (-1 padded) for `layer`, then that layer's state update.
@@ -134,9 +129,14 @@ class SpinIndexer:
             raise ValueError(f"q_fp8: expected shape [B, next_n, H, D] with [B, next_n] = [{batch}, {self.next_n}] "
                              f"(from plan()), got {list(q_fp8.shape)}")
         plan = self._select(layer, st)
+        # On CUDA the logits kernel writes the per-block max for free; top-k prunes with it.
+        block_max = None
+        if q_fp8.is_cuda:
+            block_max = torch.empty(batch * self.next_n, plan.compact_block_table.shape[1], dtype=torch.float32,
+                                    device=self.device)
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
-                                          validate=False)
-        return self._finish(layer, st, plan, logits)
+                                          validate=False, block_max_out=block_max)
+        return self._finish(layer, st, plan, logits, block_max)
 
     def run_from_scores(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
         """Replay: like run(), with the indexer scores of every logical position given.
@@ -174,16 +174,32 @@ class SpinIndexer:
             diagonal = self.state.diagonal[layer, st.slot_ids, :cols]
             scores = block_scores(vertical, diagonal, lens - 1, lens, st.budget * t, cfg.pooling, cfg.reduce,
                                   cfg.combine, t)
+        budget, explore, audit = st.budget, st.explore, None
+        if cfg.adaptive is not None:
+            menu = torch.tensor(cfg.adaptive.menu, dtype=torch.float64, device=self.device)
+            sparsity = menu[self.state.level[layer, st.slot_ids].long()]
+            budget = budget_blocks(st.num_blocks, sparsity, cfg.topk, t, st.keep_all)
+            explore = explore_blocks(budget, cfg.gamma, cfg.exploration, st.keep_all)
+            audit = audit_mask(st.step, st.slot_ids, layer, cfg.adaptive.audit_every)
+            audit = (audit | self.state.audit_next[layer, st.slot_ids]) & ~st.keep_all
+        if cfg.hybrid > 0 and self._previous_blocks is not None:
+            scores = hybrid_scores(scores, self._previous_blocks, st.valid, cfg.hybrid)
         last = self.state.last_seen[layer, st.slot_ids, :width]
         forced = st.newest | (st.valid & (last < 0)) | (st.valid & st.keep_all[:, None])
         age = st.step.long()[:, None] - last.long()
         uniforms = uniform_hash(cfg.seed, layer, st.slot_ids, st.step, width)
-        keep = select_blocks(scores, st.valid, forced, st.budget, st.explore, cfg.exploration, uniforms, age)
-        return BlockPlan.from_keep_mask(keep, st.block_table, st.seq_lens, st.num_blocks, t)
+        predicted, explored = select_blocks(scores, st.valid, forced, budget, explore, cfg.exploration, uniforms, age,
+                                            return_explored=True)
+        keep = predicted if audit is None else predicted | (audit[:, None] & st.valid)
+        plan = BlockPlan.from_keep_mask(keep, st.block_table, st.seq_lens, st.num_blocks, t)
+        plan.predicted_mask, plan.audit, plan.explored = predicted, audit, explored
+        return plan
 
-    def _finish(self, layer: int, st: _Step, plan: BlockPlan, logits: torch.Tensor) -> torch.Tensor:
+    def _finish(self, layer: int, st: _Step, plan: BlockPlan, logits: torch.Tensor,
+                block_max: torch.Tensor | None = None) -> torch.Tensor:
+        cfg = self.config
         batch = st.block_table.shape[0]
-        cols = ops.topk(logits, plan.compact_seq_lens.view(-1), self.config.topk, validate=False)
+        cols = ops.topk(logits, plan.compact_seq_lens.view(-1), cfg.topk, validate=False, block_max=block_max)
         pos = plan.positions()
         pos_rows = pos.repeat_interleave(self.next_n, dim=0)  # [B*N, W*T]
         topk = torch.where(cols >= 0, torch.gather(pos_rows, 1, cols.long().clamp_min(0)), -1).to(torch.int32)
@@ -197,8 +213,28 @@ class SpinIndexer:
             update_history(self.state.vertical[layer], self.state.diagonal[layer], st.slot_ids, rows, pos,
                            plan.compact_seq_lens.long(), st.seq_lens.long() - 1, st.update_rows, self.config.alpha)
         mark_seen(self.state.last_seen[layer], st.slot_ids, st.step, plan.kept_blocks.long(), st.update_rows)
+        if cfg.adaptive is not None:  # audited rows scored every block: their top-k is the dense one
+            t = cfg.tokens_per_block
+            miss = prediction_miss(topk, plan.predicted_mask, self.next_n, t)
+            update_levels_(self.state.level[layer], self.state.calm[layer], st.slot_ids, plan.audit, miss, cfg.adaptive)
+            if cfg.adaptive.probe:  # a surprise in the exploration sample: audit this layer next step
+                est = probe_miss(topk, plan.explored, plan.predicted_mask & ~plan.explored, st.valid, self.next_n, t)
+                self.state.audit_next[layer, st.slot_ids] = (est > cfg.adaptive.target_miss) & ~plan.audit
+        if cfg.hybrid > 0:
+            self._previous_blocks = self._logical_block_max(plan, logits, block_max)
         self.block_plan = plan
         return topk
+
+    def _logical_block_max(self, plan: BlockPlan, logits: torch.Tensor, block_max: torch.Tensor | None):
+        """float32 [B, W]: per logical block, the max score any row of the request saw; -inf if skipped."""
+        batch, width = plan.kept_blocks.shape
+        if block_max is None:
+            block_max = ops.block_max(logits, self.config.tokens_per_block)
+        per_request = block_max.view(batch, self.next_n, -1).amax(dim=1)[:, :width]  # [B, compact blocks]
+        out = torch.full((batch, width + 1), float("-inf"), device=self.device)
+        kept = plan.kept_blocks.long()
+        out.scatter_(1, torch.where(kept >= 0, kept, width), per_request)
+        return out[:, :width]
 
     def _current(self, layer: int) -> _Step:
         if self._step is None:

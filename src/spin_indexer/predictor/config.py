@@ -12,6 +12,7 @@ import json
 import torch
 
 from ..checks import check_int, check_range
+from .adaptive import AdaptiveConfig
 
 
 class Pooling(str, enum.Enum):
@@ -61,6 +62,11 @@ class SpinConfig:
     mtp: policy for next_n > 1 rows.  seed: exploration randomness (counter-based, reproducible).
     tokens_per_block: T, 64 in every engine.  state_dtype: dtype of the V/D EMA tables (2 B/token each
         in float16).
+    adaptive: AdaptiveConfig to move each (layer, request) budget over a sparsity menu toward a miss
+        target (predictor/adaptive.py); `sparsity` is then the starting point. None = the paper's fixed s.
+    hybrid: weight in [0, 1] of the previous layer's scores from the same step (what that layer's indexer
+        just computed) against this layer's own history, mixed as block-score percentiles
+        (predictor/hybrid.py). 0 = the paper's history-only predictor.
     """
 
     sparsity: float = 0.3
@@ -75,6 +81,8 @@ class SpinConfig:
     seed: int = 0
     tokens_per_block: int = 64
     state_dtype: torch.dtype = torch.float16
+    adaptive: AdaptiveConfig | None = None
+    hybrid: float = 0.0
 
     def __post_init__(self):
         for name, cls in _ENUMS.items():
@@ -85,7 +93,7 @@ class SpinConfig:
                 except ValueError:
                     known = ", ".join(m.value for m in cls)
                     raise ValueError(f"SpinConfig.{name}: expected one of {known}, got {value!r}") from None
-        for name in ("sparsity", "alpha", "gamma"):
+        for name in ("sparsity", "alpha", "gamma", "hybrid"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(f"SpinConfig.{name}: expected a float, got {type(value).__name__}")
@@ -93,6 +101,9 @@ class SpinConfig:
         if not 0.0 < self.alpha <= 1.0:
             raise ValueError(f"SpinConfig.alpha: expected 0 < alpha <= 1, got {self.alpha}")
         check_range("SpinConfig.gamma", self.gamma, low=0.0, high=1.0, high_open=True)
+        check_range("SpinConfig.hybrid", self.hybrid, low=0.0, high=1.0)
+        if self.adaptive is not None and not isinstance(self.adaptive, AdaptiveConfig):
+            raise TypeError(f"SpinConfig.adaptive: expected an AdaptiveConfig or None, got {type(self.adaptive).__name__}")
         check_int("SpinConfig.topk", self.topk, low=1)
         check_int("SpinConfig.seed", self.seed, low=0, high=2**31 - 1)
         check_int("SpinConfig.tokens_per_block", self.tokens_per_block, low=1)
@@ -104,7 +115,13 @@ class SpinConfig:
         out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            out[f.name] = v.value if isinstance(v, enum.Enum) else (str(v).replace("torch.", "") if isinstance(v, torch.dtype) else v)
+            if isinstance(v, enum.Enum):
+                v = v.value
+            elif isinstance(v, torch.dtype):
+                v = str(v).replace("torch.", "")
+            elif isinstance(v, AdaptiveConfig):
+                v = dataclasses.asdict(v)
+            out[f.name] = v
         return out
 
     def to_json(self) -> str:
@@ -116,4 +133,6 @@ PRESETS: dict[str, SpinConfig] = {
     "v32": SpinConfig(topk=2048),
     "v4-c4a": SpinConfig(topk=512),
     "no-explore": SpinConfig(exploration=Exploration.NONE, gamma=0.0),
+    "adaptive": SpinConfig(sparsity=0.4, adaptive=AdaptiveConfig()),
+    "hybrid": SpinConfig(hybrid=0.3),
 }

@@ -19,6 +19,27 @@ from .config import Exploration
 _MASK31 = 0x7FFFFFFF
 
 
+def budget_blocks(num_blocks: torch.Tensor, sparsity, topk: int, tokens_per_block: int,
+                  keep_all: torch.Tensor) -> torch.Tensor:
+    """Kept-block budget int64 [B]: ceil((1 - s) * n) = n - floor(s * n).
+
+    sparsity: a float or float [B]. Computed in float64 with a nudge so that 0.3 * 10 gives 3. Raised to
+    cover K tokens plus the partial newest block (so the top-k stays full) and capped at n; requests
+    with context <= K (keep_all) keep everything.
+    """
+    skipped = torch.floor(num_blocks.double() * sparsity + 1e-9).long()
+    cover = -(-topk // tokens_per_block) + 1
+    budget = torch.minimum(num_blocks, torch.clamp(num_blocks - skipped, min=cover))
+    return torch.where(keep_all, num_blocks, budget)
+
+
+def explore_blocks(budget: torch.Tensor, gamma: float, policy: Exploration, keep_all: torch.Tensor) -> torch.Tensor:
+    """Exploration share int64 [B] of the budget: round(gamma * m), 0 without exploration or for keep_all."""
+    if policy is Exploration.NONE:
+        return torch.zeros_like(budget)
+    return torch.where(keep_all, 0, torch.floor(budget.double() * gamma + 0.5).long())
+
+
 def uniform_hash(seed: int, layer: int, slot_ids: torch.Tensor, step: torch.Tensor, width: int) -> torch.Tensor:
     """Reproducible uniforms float32 [B, width] in [0, 1) from (seed, layer, slot, step, block).
 
@@ -44,8 +65,8 @@ def rank_of(key: torch.Tensor) -> torch.Tensor:
 
 def select_blocks(scores: torch.Tensor, valid: torch.Tensor, forced: torch.Tensor, budget: torch.Tensor,
                   explore: torch.Tensor, policy: Exploration, uniforms: torch.Tensor,
-                  age: torch.Tensor) -> torch.Tensor:
-    """Keep mask bool [B, W].
+                  age: torch.Tensor, return_explored: bool = False):
+    """Keep mask bool [B, W] (and, with return_explored, the stage-2 blocks bool [B, W] too).
 
     scores: float32 [B, P, W] block scores per prediction row; valid: bool [B, W] (block < n_blocks);
     forced: bool [B, W] (subset of valid); budget: int64 [B] kept-block budget m (<= n_blocks);
@@ -58,7 +79,7 @@ def select_blocks(scores: torch.Tensor, valid: torch.Tensor, forced: torch.Tenso
     keep1 = ((rank_of(key) < stage1[:, None, None]) & (key > float("-inf"))).any(dim=1)
     keep1 |= forced
     if policy is Exploration.NONE:
-        return keep1
+        return (keep1, torch.zeros_like(keep1)) if return_explored else keep1
     extra = torch.clamp(torch.minimum(explore, budget - stage1), min=0)
     candidates = valid & ~keep1
     if policy is Exploration.RANDOM:
@@ -74,4 +95,4 @@ def select_blocks(scores: torch.Tensor, valid: torch.Tensor, forced: torch.Tenso
             key2 = (age_f + 1.0) * percentile.clamp_min(0.0)
     key2 = torch.where(candidates, key2, -1.0)
     keep2 = (rank_of(key2) < extra[:, None]) & candidates
-    return keep1 | keep2
+    return (keep1 | keep2, keep2) if return_explored else keep1 | keep2

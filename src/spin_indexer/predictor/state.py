@@ -42,6 +42,12 @@ class SpinState:
         self.last_seen = torch.full((num_layers, max_requests, max_blocks + 1), -1, dtype=torch.int32,
                                     device=self.device)
         self.step = torch.zeros(max_requests, dtype=torch.int32, device=self.device)
+        # Adaptive budgets: a menu level and a count of calm audits per (layer, slot); see adaptive.py.
+        adaptive = config.adaptive
+        self._start_level = adaptive.start_level(config.sparsity) if adaptive else 0
+        self.level = torch.full((num_layers, max_requests), self._start_level, dtype=torch.int32, device=self.device)
+        self.calm = torch.zeros(num_layers, max_requests, dtype=torch.int32, device=self.device)
+        self.audit_next = torch.zeros(num_layers, max_requests, dtype=torch.bool, device=self.device)
         self._free = list(range(max_requests - 1, -1, -1))
         self._in_use = [False] * max_requests
 
@@ -70,6 +76,9 @@ class SpinState:
         self.diagonal[:, slot].fill_(float("-inf"))
         self.last_seen[:, slot].fill_(-1)
         self.step[slot] = 0
+        self.level[:, slot] = self._start_level
+        self.calm[:, slot] = 0
+        self.audit_next[:, slot] = False
 
     def is_allocated(self, slot: int) -> bool:
         self._check_slot(slot)
@@ -85,7 +94,8 @@ class SpinState:
         return 2 * elem + 4 / self.config.tokens_per_block
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.vertical, self.diagonal, self.last_seen, self.step))
+        tensors = (self.vertical, self.diagonal, self.last_seen, self.step, self.level, self.calm, self.audit_next)
+        return sum(t.numel() * t.element_size() for t in tensors)
 
     def _check_slot(self, slot: int) -> None:
         check_int("slot", slot, low=0, high=self.max_requests - 1)

@@ -1,0 +1,103 @@
+"""Adaptive per-layer, per-request budgets with a miss-rate target (beyond the paper).
+
+The paper fixes one sparsity for every layer and request. Here each (layer, request) pair holds a level
+into a small fixed menu of sparsities (shapes stay static: only the budget *values* move). Every
+`audit_every` steps (staggered across layers and requests so no step pays for all of them) a layer scores
+every block of that request; the would-be plan at the current level is still computed, so the audit
+measures the real miss of the prediction against the dense top-k of that very step:
+    miss > target                                   -> one level down (denser), immediately
+    miss <= target * raise_below for `patience` audits in a row -> one level up (sparser)
+Each audited sample is held to the target, so the controller aims at a high quantile (p99-like) of the
+miss, not its mean.
+
+Probes (free, every step): exploration blocks are a uniform sample of the blocks the prediction skipped,
+so the share of the top-k they catch, scaled by skipped / explored, estimates the miss of this step
+without extra scoring. An estimate above the target schedules an audit of that (layer, request) for the
+next step: after a sudden attention shift the layer is re-observed densely one step later instead of
+waiting up to `audit_every` steps (with random exploration only). Everything runs on the device
+without host syncs.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..checks import check_int, check_range
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveConfig:
+    """target_miss: per-audit miss ceiling (the p99 target); menu: ascending sparsities to move between;
+    audit_every: steps between audits of one (layer, request); raise_below, patience: when to go sparser."""
+
+    target_miss: float = 0.1
+    menu: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+    audit_every: int = 16
+    raise_below: float = 0.5
+    patience: int = 2
+    probe: bool = True
+
+    def __post_init__(self):
+        check_range("AdaptiveConfig.target_miss", self.target_miss, low=0.0, high=1.0)
+        if not self.menu or any(not 0.0 <= s < 1.0 for s in self.menu) or list(self.menu) != sorted(set(self.menu)):
+            raise ValueError(f"AdaptiveConfig.menu: expected strictly ascending sparsities in [0, 1), got {self.menu}")
+        check_int("AdaptiveConfig.audit_every", self.audit_every, low=2)
+        check_range("AdaptiveConfig.raise_below", self.raise_below, low=0.0, high=1.0)
+        check_int("AdaptiveConfig.patience", self.patience, low=1)
+
+    def start_level(self, sparsity: float) -> int:
+        """Menu index closest to the configured starting sparsity."""
+        return min(range(len(self.menu)), key=lambda i: abs(self.menu[i] - sparsity))
+
+
+def audit_mask(step: torch.Tensor, slot_ids: torch.Tensor, layer: int, every: int) -> torch.Tensor:
+    """bool [B]: requests whose `layer` is audited this step (staggered by layer and slot)."""
+    return (step.long() + slot_ids + layer) % every == 0
+
+
+def prediction_miss(topk: torch.Tensor, predicted: torch.Tensor, next_n: int, tokens_per_block: int) -> torch.Tensor:
+    """Miss float32 [B] of a would-be block set: fraction of the (dense) top-k outside it, worst row.
+
+    topk: int32 [B*next_n, K] positions (-1 padded); predicted: bool [B, W] would-be kept blocks.
+    """
+    batch = predicted.shape[0]
+    pos = topk.long().view(batch, next_n, -1)
+    valid = pos >= 0
+    blocks = (pos.clamp_min(0) // tokens_per_block).view(batch, -1)
+    inside = torch.gather(predicted, 1, blocks).view_as(pos)
+    missed = (valid & ~inside).sum(dim=-1).float() / valid.sum(dim=-1).clamp_min(1).float()
+    return missed.amax(dim=1)
+
+
+def probe_miss(topk: torch.Tensor, explored: torch.Tensor, predicted: torch.Tensor, valid: torch.Tensor,
+               next_n: int, tokens_per_block: int) -> torch.Tensor:
+    """Estimated miss float32 [B] of the prediction from the exploration sample, worst row.
+
+    topk: int32 [B*next_n, K] this step's positions; explored: bool [B, W] stage-2 blocks (a uniform
+    sample of the blocks the prediction alone would skip); predicted: bool [B, W] stage-1 blocks;
+    valid: bool [B, W]. 0 where nothing was explored.
+    """
+    batch = explored.shape[0]
+    pos = topk.long().view(batch, next_n, -1)
+    live = pos >= 0
+    blocks = (pos.clamp_min(0) // tokens_per_block).view(batch, -1)
+    hits = (torch.gather(explored, 1, blocks).view_as(pos) & live).sum(dim=-1).float()  # [B, N]
+    sampled = explored.sum(dim=1, keepdim=True).float()
+    unpredicted = (valid & ~predicted).sum(dim=1, keepdim=True).float()  # explored blocks included
+    est = hits * unpredicted / sampled.clamp_min(1) / live.sum(dim=-1).clamp_min(1).float()
+    return torch.where(sampled > 0, est, 0.0).amax(dim=1)
+
+
+def update_levels_(level: torch.Tensor, calm: torch.Tensor, slot_ids: torch.Tensor, audited: torch.Tensor,
+                   miss: torch.Tensor, cfg: AdaptiveConfig) -> None:
+    """In place on one layer's level/calm int32 [S] rows, for the audited requests only."""
+    lv, cm = level[slot_ids], calm[slot_ids]
+    over = miss > cfg.target_miss
+    quiet = miss <= cfg.target_miss * cfg.raise_below
+    cm_new = torch.where(quiet, cm + 1, torch.zeros_like(cm))
+    up = quiet & (cm_new >= cfg.patience)
+    lv_new = torch.where(over, lv - 1, torch.where(up, lv + 1, lv)).clamp(0, len(cfg.menu) - 1)
+    cm_new = torch.where(up, torch.zeros_like(cm_new), cm_new)
+    level[slot_ids] = torch.where(audited, lv_new, lv).to(level.dtype)
+    calm[slot_ids] = torch.where(audited, cm_new, cm).to(calm.dtype)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from conftest import masked_logits
-from spin_indexer.ops import topk, topk_ref
+from conftest import ODD_IDS, ODD_SHAPES, make_case_inputs, masked_logits
+from spin_indexer.ops import paged_indexer_logits, topk, topk_ref
 
 
 def expected_positions(row: list[float], length: int, k: int) -> list[int]:
@@ -37,6 +37,16 @@ def test_random_rows(seed, rows, cols, k, ties):
     gen = torch.Generator().manual_seed(seed)
     logits, lengths = masked_logits(rows, cols, gen, ties=ties)
     check_topk(logits, lengths, k)
+
+
+@pytest.mark.parametrize("case", ODD_SHAPES, ids=ODD_IDS)
+def test_odd_shapes_on_indexer_logits(case, gen):
+    """The decode pipeline's own input: -inf tails, contexts shorter than k, next_n rows, empty batch."""
+    inputs = make_case_inputs(case, gen)
+    logits = paged_indexer_logits(*inputs.args())
+    got = check_topk(logits, inputs.seq_lens.reshape(-1), case.k)
+    lens = inputs.seq_lens.reshape(-1, 1)
+    assert ((got >= 0).sum(1, keepdim=True) == lens.clamp(max=case.k)).all()
 
 
 def test_public_op_on_every_device(device, gen):

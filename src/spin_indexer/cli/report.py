@@ -21,6 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from ..eval.ablations import SUMMARY_COLUMNS, TABLE1_COLUMNS
+    from ..eval.policies import POLICIES
     from ..eval.report import load_runs, markdown, table1_csv_rows, write_csv
 
     try:
@@ -28,7 +29,10 @@ def run(args) -> int:
         if not root.is_dir():
             raise FileNotFoundError(f"{root}: not a directory")
         summary, t1, runs = load_runs(root)
-        order = lambda r: (r["trace_set"], r["indexer"], r["policy"], r["context"], r["sparsity_target"])  # noqa
+        known = list(POLICIES)
+        order = lambda r: (r["trace_set"], r["indexer"],  # noqa: E731  policies in registry order
+                           known.index(r["policy"]) if r["policy"] in known else len(known), r["policy"],
+                           r["context"], r["sparsity_target"])
         summary.sort(key=order)
         write_csv(root / "summary.csv", summary, SUMMARY_COLUMNS)
         write_csv(root / "table1.csv", table1_csv_rows(t1), TABLE1_COLUMNS)

@@ -71,6 +71,24 @@ def summarize(result: ReplayResult, names: list[str]) -> dict:
             "realized_sparsity": float(sp_all.double().mean()) if sp_all.numel() else float("nan"), "rows": n}
 
 
+def _profiles(result: ReplayResult, names: list[str]) -> dict:
+    """Mean miss per decode step and per layer over the eligible rows of `names` (for the step/layer plots)."""
+    steps = max(result.miss[n].shape[0] for n in names)
+    layers = result.miss[names[0]].shape[1]
+    by_step, n_step = torch.zeros(steps, dtype=torch.float64), torch.zeros(steps, dtype=torch.float64)
+    by_layer, n_layer = torch.zeros(layers, dtype=torch.float64), torch.zeros(layers, dtype=torch.float64)
+    for n in names:
+        m = result.miss[n].double()  # [S, L, N]
+        e = result.eligible[n][:, None, :].expand_as(m).double()
+        s_n = m.shape[0]
+        by_step[:s_n] += (m * e).sum(dim=(1, 2))
+        n_step[:s_n] += e.sum(dim=(1, 2))
+        by_layer += (m * e).sum(dim=(0, 2))
+        n_layer += e.sum(dim=(0, 2))
+    mean = lambda a, b: [float(x) if c > 0 else None for x, c in zip(a / b.clamp(min=1), b)]  # noqa: E731
+    return {"miss_by_step": mean(by_step, n_step), "miss_by_layer": mean(by_layer, n_layer)}
+
+
 def _bins(traces: list[Trace]) -> dict[tuple[str, str], list[str]]:
     """(indexer, context bin or 'all') -> trace names."""
     out: dict[tuple[str, str], list[str]] = {}
@@ -107,6 +125,8 @@ def run_sweep(trace_sets: dict[str, list[Trace]], pairs: list[tuple[str, float]]
                        "steps": max(res.miss[n].shape[0] for n in names),
                        "layers": res.miss[names[0]].shape[1], "k": k, "next_n": res.miss[names[0]].shape[2],
                        "seconds": res.seconds, "throughput": res.throughput, "config": json.loads(key)}
+                if ctx == "all":
+                    row.update(_profiles(res, names))
                 rows.append(row)
                 if on_run is not None and ctx == "all":
                     on_run(row)

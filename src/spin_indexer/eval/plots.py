@@ -94,11 +94,43 @@ def miss_vs_sparsity(rows: list[dict], policies: tuple[str, ...], title: str, pa
     return path
 
 
+def miss_by_step(rows: list[dict], trace_set: str, target: float, policies: tuple[str, ...] | None,
+                 path: str | Path) -> Path | None:
+    """Mean miss per decode step (all layers and prompts) for each policy at one target sparsity: shows how
+    fast each exploration policy recovers after a sudden shift."""
+    rows = [r for r in rows if r["context"] == "all" and r["trace_set"] == trace_set
+            and abs(r["sparsity_target"] - target) < 1e-9 and r.get("miss_by_step")
+            and (policies is None or r["policy"] in policies)]
+    if not rows:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for i, r in enumerate(rows):
+        ys = [None if v is None else 100 * v for v in r["miss_by_step"]]
+        ax.plot(range(len(ys)), ys, color=f"C{i}", lw=1.2, label=r["policy"])
+    ax.set_xlabel("decode step")
+    ax.set_ylabel("mean miss (%)")
+    ax.set_title(f"{trace_set}: miss per step at {target:.0%} target sparsity", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def all_figures(rows: list[dict], out_dir: str | Path) -> list[Path]:
     """Figs. 2-4 (+ the default's curve) for whatever policies the rows hold."""
     out = []
     for name, (policies, title) in FIGURES.items():
         p = miss_vs_sparsity(rows, policies, title, Path(out_dir) / f"{name}.png")
+        if p is not None:
+            out.append(p)
+    explore = FIGURES["fig4_exploration"][0]
+    for trace_set in sorted({r["trace_set"] for r in rows}):
+        p = miss_by_step(rows, trace_set, 0.4, explore, Path(out_dir) / f"steps_{trace_set}.png")
         if p is not None:
             out.append(p)
     return out

@@ -118,9 +118,18 @@ def markdown(summary: list[dict], t1: list[dict], runs: list[dict]) -> str:
     return "\n".join(parts)
 
 
+def _ctx_key(ctx: str) -> float:
+    return float("inf") if ctx == "all" else float(ctx.rstrip("K") or 0)
+
+
 def _table1_md(t1: list[dict]) -> list[str]:
-    cols = sorted({(r["trace_set"], r["indexer"], r.get("context", "all")) for r in t1},
-                  key=lambda c: (c[0], c[1], c[2] != "all", c[2]))
+    nbins: dict[tuple, int] = {}
+    for r in t1:
+        if r.get("context", "all") != "all" and r["predictor"] == "random":
+            nbins[(r["trace_set"], r["indexer"])] = nbins.get((r["trace_set"], r["indexer"]), 0) + 1
+    cols = sorted({(r["trace_set"], r["indexer"], r.get("context", "all")) for r in t1
+                   if r.get("context", "all") == "all" or nbins.get((r["trace_set"], r["indexer"]), 0) > 1},
+                  key=lambda c: (c[0], c[1], c[2] != "all", _ctx_key(c[2])))
     head = " | ".join(f"{s} / {i}{'' if c == 'all' else ' @' + c}" for s, i, c in cols)
     out = ["## Table 1: predictors of the current indexer scores (Pearson / top-k recall)", "",
            f"| Predictor | {head} | paper V3.2 summ (9.7K) | paper V4 summ |",
@@ -140,8 +149,10 @@ def _table1_md(t1: list[dict]) -> list[str]:
 
 def _miss_md(trace_set: str, indexer: str, rows: list[dict]) -> list[str]:
     out = [f"## {trace_set} ({indexer})", ""]
-    default = sorted((r for r in rows if r["policy"] == "spin-default"),
-                     key=lambda r: (r["context"] == "all", r["context"], r["sparsity_target"]))
+    bins = {r["context"] for r in rows} - {"all"}
+    # one context bin: its rows repeat the "all" rows, show those only
+    default = sorted((r for r in rows if r["policy"] == "spin-default" and (len(bins) > 1 or r["context"] == "all")),
+                     key=lambda r: (r["context"] == "all", _ctx_key(r["context"]), r["sparsity_target"]))
     if default:
         out += ["### Tables 3/5: miss of the dense top-k, spin-default (A1-Max + random 5%)", "",
                 "| context | target | realized | mean miss | p99 miss | rows | paper AA-LCR mean / p99 | "

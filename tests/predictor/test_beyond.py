@@ -105,7 +105,7 @@ def test_adaptive_goes_denser_when_importance_moves():
 def test_probe_schedules_an_audit_after_a_surprise():
     before, after = _concentrated([2, 9, 30]), _concentrated([40, 50, 55], seed=1)
     cfg = SpinConfig(sparsity=0.5, topk=128, gamma=0.3,
-                     adaptive=AdaptiveConfig(target_miss=0.05, audit_every=1000, patience=1))
+                     adaptive=AdaptiveConfig(target_miss=0.05, audit_every=1000, patience=1, probe=True))
     idx, plans = _drive(cfg, lambda s: before if s < 6 else after, 9)
     audited_steps = [i for i, p in enumerate(plans) if p.audit.any()]
     assert any(s in audited_steps for s in (7, 8)), audited_steps

@@ -29,7 +29,7 @@ from .metrics import nearest_rank
 from .policies import get_policy
 
 FIXED = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
-TARGETS = (0.02, 0.05, 0.1, 0.2)
+TARGETS = (0.05, 0.1, 0.2, 0.3)
 HYBRID_WEIGHTS = (0.0, 0.3, 0.6)
 COLUMNS = ["trace_set", "indexer", "context", "sparsity_target", "policy", "mean_miss", "p99_miss",
            "realized_sparsity"]
@@ -52,8 +52,8 @@ def adaptive_vs_fixed(set_name: str, traces: list[Trace], log=print) -> list[dic
     order = np.argsort(xs)
     rows = list(fixed)
     for target in TARGETS:
-        cfg = dataclasses.replace(get_policy("spin-default", 0.4, topk=k), adaptive=AdaptiveConfig(target_miss=target))
-        row = _row(set_name, traces, f"adaptive-t{target:g}", 0.4, replay(traces, cfg))
+        cfg = dataclasses.replace(get_policy("spin-default", 0.2, topk=k), adaptive=AdaptiveConfig(target_miss=target))
+        row = _row(set_name, traces, f"adaptive-t{target:g}", 0.2, replay(traces, cfg))
         at = row["realized_sparsity"]
         for metric in ("p99_miss", "mean_miss"):
             ys = np.array([r[metric] for r in fixed])

@@ -29,14 +29,18 @@ from ..checks import check_int, check_range
 @dataclasses.dataclass(frozen=True)
 class AdaptiveConfig:
     """target_miss: per-audit miss ceiling (the p99 target); menu: ascending sparsities to move between;
-    audit_every: steps between audits of one (layer, request); raise_below, patience: when to go sparser."""
+    audit_every: steps between audits of one (layer, request); raise_below, patience: when to go sparser;
+    probe: audit next step when the exploration sample suggests a miss above target (off by default: on
+    synthetic traces it spent more budget on audits than it saved, see results/beyond).
+    Start conservative (SpinConfig.sparsity 0.1-0.2) and let the controller climb: a p99 target is
+    broken by the steps spent too sparse before the first audits, not by those spent too dense."""
 
     target_miss: float = 0.1
     menu: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
-    audit_every: int = 16
+    audit_every: int = 8
     raise_below: float = 0.5
-    patience: int = 2
-    probe: bool = True
+    patience: int = 1
+    probe: bool = False
 
     def __post_init__(self):
         check_range("AdaptiveConfig.target_miss", self.target_miss, low=0.0, high=1.0)

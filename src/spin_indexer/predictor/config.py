@@ -133,6 +133,6 @@ PRESETS: dict[str, SpinConfig] = {
     "v32": SpinConfig(topk=2048),
     "v4-c4a": SpinConfig(topk=512),
     "no-explore": SpinConfig(exploration=Exploration.NONE, gamma=0.0),
-    "adaptive": SpinConfig(sparsity=0.4, adaptive=AdaptiveConfig()),
+    "adaptive": SpinConfig(sparsity=0.2, adaptive=AdaptiveConfig()),
     "hybrid": SpinConfig(hybrid=0.3),
 }

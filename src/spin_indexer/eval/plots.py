@@ -22,6 +22,11 @@ FIGURES = {
 }
 
 
+# Policies whose SpinConfig equals spin-default's: a run of spin-default stands in for them.
+ALIASES = {"a1-max": "spin-default", "explore-random": "spin-default", "mtp-row0": "spin-default"}
+MARKERS = "os^vDxP*"
+
+
 def _plt():
     import matplotlib
 
@@ -64,27 +69,35 @@ def heatmap_topk(trace: Trace, layer: int, path: str | Path, row: int = 0, bins:
 
 def miss_vs_sparsity(rows: list[dict], policies: tuple[str, ...], title: str, path: str | Path) -> Path | None:
     """p99 (solid) and mean (dotted) miss vs realized sparsity per policy, one panel per (set, indexer)."""
-    rows = [r for r in rows if r["context"] == "all" and r["policy"] in policies]
-    if not rows:
+    wanted = set(policies) | {ALIASES[p] for p in policies if p in ALIASES}
+    rows = [r for r in rows if r["context"] == "all" and r["policy"] in wanted]
+    if not any(r["policy"] in policies for r in rows):
         return None
     plt = _plt()
     panels = sorted({(r["trace_set"], r["indexer"]) for r in rows})
     fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 3.8), squeeze=False)
     for ax, (trace_set, indexer) in zip(axes[0], panels):
         for i, pol in enumerate(policies):
-            pts = sorted((r["realized_sparsity"], r["p99_miss"], r["mean_miss"]) for r in rows
-                         if (r["trace_set"], r["indexer"], r["policy"]) == (trace_set, indexer, pol))
+            label = pol
+            pick = lambda name: sorted((r["realized_sparsity"], r["p99_miss"], r["mean_miss"]) for r in rows  # noqa
+                                       if (r["trace_set"], r["indexer"], r["policy"]) == (trace_set, indexer, name))
+            pts = pick(pol)
+            if not pts and pol in ALIASES:
+                pts, label = pick(ALIASES[pol]), f"{pol} (= {ALIASES[pol]})"
             if not pts:
                 continue
             x = [100 * p[0] for p in pts]
             color = f"C{i}"
-            ax.plot(x, [100 * p[1] for p in pts], "-o", color=color, ms=3, label=f"{pol} p99")
+            # identical curves (a0 / a2-max / a1-max under max-combine) stay visible through their markers
+            ax.plot(x, [100 * p[1] for p in pts], "-", marker=MARKERS[i % len(MARKERS)], color=color, ms=7 - i % 4,
+                    mfc="none", alpha=0.85, label=label)
             ax.plot(x, [100 * p[2] for p in pts], ":", color=color, lw=1)
         ax.set_xlabel("realized block sparsity (%)")
         ax.set_ylabel("miss of dense top-k (%)")
         ax.set_title(f"{trace_set} ({indexer})", fontsize=9)
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=7)
+    for ax in axes[0]:
+        ax.legend(fontsize=7)
     fig.suptitle(f"{title}: p99 (solid), mean (dotted)", fontsize=10)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

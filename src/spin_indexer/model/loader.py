@@ -67,8 +67,9 @@ def load_tokenizer(path: Path | None = None):
 
 
 def load_model(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, max_len: int = 8192,
-               yarn_factor: float | None = None, path: Path | None = None) -> tuple[Llama, object]:
-    """(model, tokenizer) with weights de-quantized from the GGUF; model in eval mode on `device`.
+               yarn_factor: float | None = None, path: Path | None = None,
+               tokenizer: bool = True) -> tuple[Llama, object]:
+    """(model, tokenizer or None) with weights de-quantized from the GGUF; model in eval mode on `device`.
 
     max_len: longest sequence (prompt + generated) the rotary tables must cover;
     yarn_factor: None picks `yarn_factor_for(max_len)` (1.0 up to 8K, 2 up to 16K, 4 up to 32K).
@@ -86,7 +87,7 @@ def load_model(device: str | torch.device = "cpu", dtype: torch.dtype = torch.fl
     model.rope = type(model.rope)(cfg.head_dim, cfg.rope_theta, max_len, factor, cfg.max_position)
     model.load_hf_state_dict(hf.state_dict())
     del hf
-    tok = load_tokenizer(path)
+    tok = load_tokenizer(path) if tokenizer else None
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False), tok
 
 

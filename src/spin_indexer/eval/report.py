@@ -60,10 +60,16 @@ def _csv_value(v):
 
 def table1_csv_rows(t1: list[dict]) -> list[dict]:
     """Table-1 rows for table1.csv: context bins fold into the trace_set name (set@16K)."""
+    bins: dict[tuple, set] = {}
+    for r in t1:
+        if r.get("context", "all") != "all":
+            bins.setdefault((r["trace_set"], r["indexer"]), set()).add(r["context"])
     out = []
     for r in t1:
-        name = r["trace_set"] if r.get("context", "all") == "all" else f"{r['trace_set']}@{r['context']}"
-        out.append({**r, "trace_set": name})
+        ctx = r.get("context", "all")
+        if ctx != "all" and len(bins[(r["trace_set"], r["indexer"])]) < 2:
+            continue  # a single bin repeats the set's own rows
+        out.append({**r, "trace_set": r["trace_set"] if ctx == "all" else f"{r['trace_set']}@{ctx}"})
     return out
 
 

@@ -2,7 +2,8 @@
 
 Install: `pip install --no-deps nvidia-long-context-eval==26.3 && pip install wonderwords nltk tenacity scipy pyyaml`.
 The package's generators are command-line scripts (arguments parsed at import, module-level state), so
-they are executed once per task with runpy, with three substitutions and nothing else changed:
+each is executed once with runpy (niah once, its task arguments and haystack then set per task as its
+import-time code sets them), with three substitutions and nothing else changed:
   * sys.argv carries the task's arguments from the package's synthetic.yaml and its template
     (`TASKS[task]['template'] + TASKS[task]['answer_prefix']` from the package's constants);
   * the tokenizer factory returns ours (SmolLM2), so lengths are counted in the model's tokens;
@@ -131,21 +132,35 @@ def _patched(argv: list[str], tokenizer):
 
 
 @lru_cache(maxsize=None)
-def _generator(task: str, tokenizer) -> dict:
-    """The live globals of the task's generator script, run once with the task's arguments."""
-    script, args = TASKS[task]
+def _script(script: str, tokenizer) -> dict:
+    """The live globals of one generator script, executed once (niah with the essay haystack)."""
     base = _require()
     with _patched([script], tokenizer) as constants:
-        spec = constants.TASKS[script if script != "niah" else "niah"]
-        argv = [script, "--save_dir", "/nonexistent", "--save_name", task, "--tokenizer_path", "-",
+        spec = constants.TASKS[script]
+        argv = [script, "--save_dir", "/nonexistent", "--save_name", script, "--tokenizer_path", "-",
                 "--tokenizer_type", "hf", "--max_seq_length", "4096", "--tokens_to_generate",
                 str(TOKENS_TO_GENERATE[script]), "--num_samples", "1",
                 "--template", spec["template"] + spec["answer_prefix"]]
-        for key, val in args.items():
-            argv += [f"--{key}", str(val)]
         sys.argv = argv
         module_globals = runpy.run_path(str(base / "data" / "synthetic" / f"{script}.py"), run_name="ruler_generator")
-    return module_globals["generate_input_output"].__globals__  # the live dict the functions read
+    g = module_globals["generate_input_output"].__globals__  # the live dict the functions read
+    if script == "niah":
+        g["_essay_haystack"] = g["haystack"]
+    return g
+
+
+def _generator(task: str, tokenizer) -> dict:
+    """The task's generator script with the task's arguments set, as its import-time code would set them."""
+    script, args = TASKS[task]
+    g = _script(script, tokenizer)
+    for key, val in args.items():
+        setattr(g["args"], key, val)
+    if script == "niah":
+        g["args"].num_needle_k = max(args["num_needle_k"], args["num_needle_q"])
+        g["haystack"] = {"essay": g["_essay_haystack"], "needle": g["needle"],
+                         "repeat": "The grass is green. The sky is blue. The sun is yellow. Here we go. "
+                                   "There and back again."}[args["type_haystack"]]
+    return g
 
 
 def _generate(task: str, size: int, seed: int, context_tokens: int, g: dict) -> tuple[str, list[str]]:

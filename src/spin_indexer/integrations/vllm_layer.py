@@ -1,0 +1,150 @@
+"""The SparseAttnIndexer subclass that vLLM builds in place of its own (via register_oot), and SPIN's op.
+
+    SpinSparseAttnIndexer.forward(hidden_states, q_quant, k, weights)
+        SPIN off, FP4 cache, CP, v4.1 candidates, SM100 (MX scales)  -> vLLM's own forward, untouched
+        otherwise -> torch.ops.spin_indexer.sparse_attn_indexer (opaque to torch.compile; a splitting op
+                     like vllm::sparse_attn_indexer, see vllm.py), whose body:
+            1. vLLM's own path with the decode rows hidden (K-cache insert, buffer clear, prefill rows),
+            2. SPIN on the decode rows (SpinVllmRuntime), or vLLM's decode path when SPIN cannot.
+
+Imports vLLM: only imported by spin_indexer.integrations.vllm after its version check.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import weakref
+from typing import Optional
+
+import torch
+from vllm.config import get_current_vllm_config
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
+
+from .settings import SpinVllmSettings, load_settings
+from .vllm_runtime import SpinVllmRuntime
+
+logger = logging.getLogger("spin_indexer.vllm")
+
+OP_NAME = "spin_indexer::sparse_attn_indexer"
+_LAYERS: "weakref.WeakValueDictionary[str, SpinSparseAttnIndexer]" = weakref.WeakValueDictionary()
+_RUNTIMES: dict[int, SpinVllmRuntime] = {}  # id(top-k buffer) -> runtime: one per model (drafters too)
+
+
+def _op_impl(hidden_states: torch.Tensor, layer_name: str, kv_cache: torch.Tensor, q_quant: torch.Tensor,
+             k: Optional[torch.Tensor], weights: torch.Tensor, topk_indices_buffer: torch.Tensor) -> None:
+    _LAYERS[layer_name]._spin_forward_eager(hidden_states, q_quant, k, weights)
+
+
+def _register_op() -> None:
+    if hasattr(torch.ops, "spin_indexer") and hasattr(torch.ops.spin_indexer, "sparse_attn_indexer"):
+        return
+    impl = _op_impl
+    try:  # vLLM's breakable CUDA graphs run such ops eagerly between graph segments
+        from vllm.compilation.breakable_cudagraph import eager_break_during_capture
+        impl = eager_break_during_capture(_op_impl)
+    except ImportError:
+        pass
+
+    # The K-cache insert inside also writes kv_cache; like vllm::sparse_attn_indexer it is not declared
+    # mutated (declaring it would make functionalization copy the whole cache).
+    @torch.library.custom_op(OP_NAME, mutates_args=("topk_indices_buffer",))
+    def sparse_attn_indexer(hidden_states: torch.Tensor, layer_name: str, kv_cache: torch.Tensor,
+                            q_quant: torch.Tensor, k: Optional[torch.Tensor], weights: torch.Tensor,
+                            topk_indices_buffer: torch.Tensor) -> None:
+        impl(hidden_states, layer_name, kv_cache, q_quant, k, weights, topk_indices_buffer)
+
+    @sparse_attn_indexer.register_fake
+    def _(hidden_states, layer_name, kv_cache, q_quant, k, weights, topk_indices_buffer) -> None:
+        return None
+
+
+class SpinSparseAttnIndexer(SparseAttnIndexer):
+    """vLLM's SparseAttnIndexer with SPIN on decode rows. Same constructor; see the module docstring."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.spin_runtime: SpinVllmRuntime | None = None
+        self.spin_layer = -1
+        self.spin_reason = ""
+        self._spin_attach()
+
+    def dispatch_forward(self, compile_native: bool = False):
+        self._vllm_forward = super().dispatch_forward(compile_native)
+        return self._spin_forward
+
+    # -- construction --------------------------------------------------------------------------------
+    def _spin_attach(self) -> None:
+        vllm_config = get_current_vllm_config()
+        settings = load_settings(getattr(vllm_config, "additional_config", None))
+        reason = _unsupported(self, settings)
+        if reason:
+            self.spin_reason = reason
+            if settings.enable:
+                logger.info("SPIN off for %s: %s", self.k_cache.prefix, reason)
+            return
+        spec = getattr(vllm_config, "speculative_config", None)
+        next_n = 1 + int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 1
+        max_batch = int(vllm_config.scheduler_config.max_num_seqs)
+        runtime = _RUNTIMES.get(id(self.topk_indices_buffer))
+        if runtime is None:
+            runtime = SpinVllmRuntime(settings, self.topk_tokens, next_n, max_batch, self.max_model_len)
+            _RUNTIMES[id(self.topk_indices_buffer)] = runtime
+        self.spin_runtime = runtime
+        self.spin_layer = runtime.add_layer(self.k_cache.prefix)
+        _LAYERS[self.k_cache.prefix] = self
+
+    # -- forward -------------------------------------------------------------------------------------
+    def _spin_forward(self, hidden_states, q_quant, k, weights):
+        if self.spin_runtime is None or isinstance(q_quant, tuple):
+            return self._vllm_forward(hidden_states, q_quant, k, weights)
+        torch.ops.spin_indexer.sparse_attn_indexer(hidden_states, self.k_cache.prefix, self.k_cache.kv_cache,
+                                                    q_quant, k, weights, self.topk_indices_buffer)
+        return self.topk_indices_buffer
+
+    def _spin_forward_eager(self, hidden_states, q_quant, k, weights) -> None:
+        runtime, prefix = self.spin_runtime, self.k_cache.prefix
+        attn = get_forward_context().attn_metadata
+        meta = attn.get(prefix) if isinstance(attn, dict) else None
+        if meta is None:  # profiling / dummy run: vLLM reserves its workspaces
+            self._vllm_forward(hidden_states, q_quant, k, weights)
+            return
+        batch = runtime.decode_support(meta, q_quant, weights)
+        if self.spin_layer == 0:
+            spin = runtime.begin_step(meta, None if isinstance(batch, str) else batch, self.k_cache.kv_cache)
+        else:
+            spin = not isinstance(batch, str) and runtime.planned_for(meta)
+        if not spin:
+            self._vllm_forward(hidden_states, q_quant, k, weights)
+            return
+        # vLLM's own path for everything but the decode rows: K insert, buffer clear, prefill rows.
+        attn[prefix] = dataclasses.replace(meta, num_decodes=0, decode=None)
+        try:
+            self._vllm_forward(hidden_states, q_quant, k, weights)
+        finally:
+            attn[prefix] = meta
+        if not runtime.run_layer(self.spin_layer, batch, self.k_cache.kv_cache, q_quant, weights,
+                                 self.topk_indices_buffer):
+            self._vllm_forward(hidden_states, q_quant, k, weights)
+
+
+def _unsupported(layer: SparseAttnIndexer, settings: SpinVllmSettings) -> str:
+    """Why SPIN cannot run on `layer` ('' if it can); host-side, at construction."""
+    if not settings.enable:
+        return "not enabled (SPIN_ENABLE=1 or additional_config={'spin': {'enable': true}})"
+    if getattr(layer, "use_fp4_cache", False):
+        return "MXFP4 indexer cache"
+    if getattr(layer, "candidate_blocks", None) is not None:
+        return "two-level candidate blocks (DeepSeek-V4.1)"
+    if getattr(layer, "dcp_world_size", 1) > 1 or getattr(layer, "use_pcp", False):
+        return "context parallelism"
+    try:
+        from vllm.utils.deep_gemm import mqa_logits_use_mx_scales
+        if mqa_logits_use_mx_scales():
+            return "SM100 stores UE8M0 key scales, not the fp32 scales SPIN's kernels read"
+    except ImportError:
+        pass
+    from vllm.platforms import current_platform
+    if not (current_platform.is_cuda() or current_platform.is_cpu()):
+        return f"platform {type(current_platform).__name__} (CUDA, and CPU for tests, only)"
+    return ""

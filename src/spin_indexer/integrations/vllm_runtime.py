@@ -1,0 +1,182 @@
+"""SpinVllmRuntime: one SpinIndexer per model inside vLLM, driven by vLLM's indexer metadata.
+
+Per step the model's first SPIN layer decides whether SPIN handles the decode rows (`decode_support`),
+runs the RequestTracker (rows -> state slots), resets fresh slots and calls SpinIndexer.plan(); every
+layer then calls SpinIndexer.run() and writes its top-k into vLLM's top-k buffer. Whatever SPIN does not
+handle stays with vLLM (the caller delegates); tokens written in such steps still reach the tracker.
+
+Cache view: vLLM binds each layer's indexer cache as uint8 [num_blocks, T, D + 4], possibly a strided
+view into a larger allocation. The ops want a contiguous [num_blocks, T, 1, D + 4]; when the block stride
+is r whole blocks, the storage is viewed as r-times more contiguous blocks and block ids are scaled by r
+(block 3 with r = 2 -> block 6).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..layout import FP8_DTYPE, SCALE_BYTES
+from .request_tracker import RequestTracker
+from .settings import SpinVllmSettings
+
+
+@dataclasses.dataclass
+class DecodeBatch:
+    """The decode rows of one step, in SpinIndexer's terms (B requests, N rows each)."""
+
+    block_table: torch.Tensor  # int32 [B, W] physical ids
+    seq_lens: torch.Tensor  # int32 [B, N]
+    num_rows: int  # B * N
+
+
+class SpinVllmRuntime:
+    """Shared by the SPIN layers of one model (one top-k buffer): layer registry, tracker, SpinIndexer.
+
+    settings: SpinVllmSettings; topk: the model's index_topk; next_n: 1 + speculative tokens;
+    max_batch: vLLM's max_num_seqs; max_model_len: in indexer entries (tokens, or compressed entries).
+    """
+
+    def __init__(self, settings: SpinVllmSettings, topk: int, next_n: int, max_batch: int, max_model_len: int):
+        self.settings, self.topk, self.next_n = settings, topk, next_n
+        self.max_batch, self.max_model_len = max_batch, max_model_len
+        self.layer_names: list[str] = []
+        self.indexer = None  # SpinIndexer, built at the first SPIN step (needs the cache's device and T)
+        self.tracker: RequestTracker | None = None
+        self.delegate_short = True  # steps whose longest context is <= top-k go to vLLM (SPIN would keep all)
+        self.last_fresh: torch.Tensor | None = None  # bool [B] of the last plan (for tests and stats)
+        self.last_slots: torch.Tensor | None = None
+        self._step_meta = None  # the metadata object the current plan was made for
+        self._block_scale = 1
+
+    def add_layer(self, name: str) -> int:
+        """Index of layer `name` in execution order (registration order)."""
+        if name not in self.layer_names:
+            self.layer_names.append(name)
+        return self.layer_names.index(name)
+
+    # -- per step ------------------------------------------------------------------------------------
+    def decode_support(self, meta, q_quant, weights) -> DecodeBatch | str:
+        """The decode rows if SPIN can handle them, else a short reason (host-side fields only)."""
+        dec = getattr(meta, "decode", None)
+        if getattr(meta, "num_decodes", 0) <= 0 or dec is None:
+            return "no decode rows"
+        if dec.requires_padding or getattr(dec, "global_seq_lens", None) is not None:
+            return "ragged decode or decode context parallelism"
+        if getattr(dec, "indices", None) is not None:
+            return "varlen decode indices"
+        batch = dec.decode_lens.shape[0]
+        tokens = meta.num_decode_tokens
+        if batch == 0 or tokens % batch or tokens // batch != self.next_n:
+            return f"decode rows per request {tokens}/{batch}, expected next_n = {self.next_n}"
+        if batch > self.max_batch:
+            return f"decode batch {batch} > max_batch {self.max_batch}"
+        if self.delegate_short and meta.max_seq_len <= self.topk:
+            return "every context <= top-k"
+        if q_quant.dtype != FP8_DTYPE or weights.dtype != torch.float32:
+            return f"q dtype {q_quant.dtype} / weights dtype {weights.dtype}"
+        seq_lens = dec.seq_lens[:batch]
+        if seq_lens.dim() == 1:
+            seq_lens = seq_lens[:, None]
+        if seq_lens.shape[1] == 1 and self.next_n > 1:  # per-row lengths L - N + j + 1, as vLLM's top-k does
+            offs = torch.arange(self.next_n, dtype=torch.int32, device=seq_lens.device)
+            seq_lens = (seq_lens - self.next_n + 1 + offs).clamp_min(0)
+        if seq_lens.shape[1] != self.next_n:
+            return f"seq_lens shape {list(dec.seq_lens.shape)}"
+        table = dec.block_table[:batch]
+        if table.dtype != torch.int32:
+            table = table.to(torch.int32)
+        return DecodeBatch(table, seq_lens.to(torch.int32).contiguous(), batch * self.next_n)
+
+    def begin_step(self, meta, batch: DecodeBatch | None, kv_cache: torch.Tensor) -> bool:
+        """First SPIN layer of a step: track requests, plan. Returns whether SPIN handles this step."""
+        self._step_meta = None
+        view = cache_view(kv_cache)
+        if view is None:
+            return False
+        kv, scale = view
+        if batch is None:
+            if self.tracker is not None:
+                self.tracker.forget_writes(meta.slot_mapping.to(self.tracker.device))
+            return False
+        self._ensure(kv, kv_cache.shape[0], batch.block_table)
+        if batch.block_table.shape[1] > self.indexer.state.max_blocks:
+            self.tracker.forget_writes(meta.slot_mapping)
+            return False
+        slots, fresh = self.tracker.assign(batch.block_table, batch.seq_lens, meta.slot_mapping)
+        reset_slots_(self.indexer.state, torch.where(fresh, slots, self.tracker.trash_slot))
+        table = batch.block_table if scale == 1 else batch.block_table * scale
+        self.indexer.plan(table, batch.seq_lens, slots, validate=False)
+        self.last_slots, self.last_fresh = slots, fresh
+        self._step_meta, self._block_scale = meta, scale
+        return True
+
+    def planned_for(self, meta) -> bool:
+        return self._step_meta is not None and self._step_meta is meta
+
+    def run_layer(self, layer: int, batch: DecodeBatch, kv_cache: torch.Tensor, q_quant: torch.Tensor,
+                  weights: torch.Tensor, out: torch.Tensor) -> bool:
+        """Top-k of the decode rows of `layer` into out[:B*N, :K]; False if this layer cannot (caller
+        delegates)."""
+        view = cache_view(kv_cache)
+        if view is None or view[1] != self._block_scale:
+            return False
+        kv, _ = view
+        rows = batch.num_rows
+        heads, dim = q_quant.shape[-2:]
+        q = q_quant[:rows].reshape(rows // self.next_n, self.next_n, heads, dim)
+        topk = self.indexer.run(layer, q, kv, weights[:rows].contiguous())
+        out[:rows, : self.topk] = topk
+        return True
+
+    def _ensure(self, kv: torch.Tensor, num_kv_blocks: int, block_table: torch.Tensor) -> None:
+        if self.indexer is not None:
+            return
+        from ..indexer import SpinIndexer
+        tokens = kv.shape[1]
+        width = max(block_table.shape[1], -(-self.max_model_len // tokens))
+        config = self.settings.spin_config(self.topk, tokens_per_block=tokens)
+        num_slots = 2 * self.max_batch  # room for requests that skip a step; slot num_slots is the trash
+        self.indexer = SpinIndexer(config, num_layers=len(self.layer_names), max_batch=self.max_batch,
+                                   max_blocks=width, next_n=self.next_n, device=kv.device,
+                                   max_requests=num_slots + 1)
+        for _ in range(num_slots + 1):  # the tracker owns slot assignment; the pool just has to agree
+            self.indexer.state.allocate()
+        self.tracker = RequestTracker(num_slots, num_kv_blocks, tokens, kv.device)
+
+
+def cache_view(kv_cache: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """(contiguous uint8 [blocks, T, 1, D + 4] view, block-id scale r) of vLLM's indexer cache, or None.
+
+    kv_cache: uint8 [num_blocks, T, D + 4] (vLLM's binding) or [num_blocks, T, 1, D + 4]; rows inside a
+    block must be contiguous; the block stride must be a whole number r of blocks.
+    """
+    if kv_cache.dtype != torch.uint8 or kv_cache.dim() not in (3, 4) or kv_cache.shape[-1] <= SCALE_BYTES:
+        return None
+    if kv_cache.dim() == 4:
+        if kv_cache.shape[2] != 1:
+            return None
+        kv_cache = kv_cache.squeeze(2)
+    num_blocks, tokens, row = kv_cache.shape
+    page = tokens * row
+    if num_blocks == 0 or kv_cache.stride(2) != 1 or (tokens > 1 and kv_cache.stride(1) != row):
+        return None
+    stride = kv_cache.stride(0) if num_blocks > 1 else page
+    if stride % page:
+        return None
+    scale = stride // page
+    blocks = (num_blocks - 1) * scale + 1
+    view = torch.as_strided(kv_cache, (blocks, tokens, 1, row), (page, row, row, 1))
+    return view, scale
+
+
+def reset_slots_(state, slots: torch.Tensor) -> None:
+    """SpinState.reset for a tensor of slots, on the device (no host sync). slots: int64 [n]; repeats are
+    fine (callers send non-fresh rows to the trash slot). Mirrors SpinState.reset field by field."""
+    state.vertical.index_fill_(1, slots, float("-inf"))
+    state.diagonal.index_fill_(1, slots, float("-inf"))
+    state.last_seen.index_fill_(1, slots, -1)
+    state.step.index_fill_(0, slots, 0)
+    state.level.index_fill_(1, slots, getattr(state, "_start_level", 0))
+    state.calm.index_fill_(1, slots, 0)
+    state.audit_next.index_fill_(1, slots, False)

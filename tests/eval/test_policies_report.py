@@ -69,11 +69,11 @@ def _tiny_sets():
 def test_run_sweep_rows_and_bins():
     sets = _tiny_sets()
     rows = run_sweep(sets, [("spin-default", 0.0), ("a1-max", 0.4), ("explore-none", 0.4)])
-    assert {r["context"] for r in rows} == {"2K", "4K", "all"}
+    assert {r["context"] for r in rows} == {"1K", "4K", "all"}
     zero = [r for r in rows if r["sparsity_target"] == 0.0]
     assert all(r["mean_miss"] == 0 and r["p99_miss"] == 0 and r["realized_sparsity"] == 0 for r in zero)
     by = {(r["policy"], r["context"]): r for r in rows if r["sparsity_target"] == 0.4}
-    assert by[("a1-max", "all")]["rows"] == by[("a1-max", "2K")]["rows"] + by[("a1-max", "4K")]["rows"]
+    assert by[("a1-max", "all")]["rows"] == by[("a1-max", "1K")]["rows"] + by[("a1-max", "4K")]["rows"]
     assert by[("a1-max", "all")]["realized_sparsity"] > 0.3
     assert set(SUMMARY_COLUMNS) <= set(rows[0])
     t1 = table1(sets, max_steps=4)

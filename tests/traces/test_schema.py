@@ -162,4 +162,5 @@ def test_constructor_checks_shapes():
 
 
 def test_context_bin():
-    assert [context_bin(n) for n in (1000, 4096, 4097, 9700, 32768)] == ["1K", "4K", "8K", "16K", "32K"]
+    got = [context_bin(n) for n in (1000, 3900, 4096, 4150, 5700, 5900, 9700, 32768, 0)]
+    assert got == ["1K", "4K", "4K", "4K", "4K", "8K", "8K", "32K", "0"]

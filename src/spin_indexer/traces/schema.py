@@ -273,8 +273,9 @@ def list_traces(directory: str | Path) -> list[Path]:
 
 
 def context_bin(context_len: int) -> str:
-    """Label of the power-of-two context bin ('4K', '8K', '16K', '32K', ...) a prompt falls into."""
+    """Label of the nearest power-of-two context bin ('4K', '8K', '16K', '32K', ...; nearest in log scale, so
+    a 4K capture budget whose prompt came out at 3,900 or 4,150 tokens lands in '4K' either way)."""
     if context_len <= 0:
         return "0"
-    kib = 2 ** max(0, math.ceil(math.log2(max(context_len, 1) / 1024)))
+    kib = 2 ** max(0, round(math.log2(context_len / 1024)))
     return f"{kib}K"

@@ -129,3 +129,19 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "no <name>.safetensors" in capsys.readouterr().err
     assert report_cli.run(_parse(report_cli, [str(tmp_path / "none")])) == 2
     assert "not a directory" in capsys.readouterr().err
+
+
+def test_eval_cli_on_saved_traces_with_subsampling(tmp_path, capsys):
+    traces_dir = tmp_path / "traces"
+    for i, ctx in enumerate((1300, 1500)):
+        t = generate("v4-like", seed=i, prompt_id=f"p{i}", context_len=ctx, num_steps=6, num_layers=4, k=128)
+        t.meta.indexer = "oracle" if i == 0 else "lightning"
+        t.save(traces_dir)
+    out = tmp_path / "ev"
+    rc = eval_cli.run(_parse(eval_cli, ["--traces", str(traces_dir), "--name", "real", "--layer-stride", "2",
+                                        "--max-steps", "4", "--sweep", "smoke", "--quiet", "--no-plots",
+                                        "--out", str(out)]))
+    assert rc == 0, capsys.readouterr().err
+    rows = json.loads((out / "rows.json").read_text())["summary"]
+    assert {(r["trace_set"], r["indexer"]) for r in rows} == {("real", "oracle"), ("real", "lightning")}
+    assert all(r["layers"] == 2 and r["steps"] == 4 for r in rows)  # layers 0 and 2 of 4, first 4 steps

@@ -126,3 +126,12 @@ def test_a2_max_equals_a1_max_under_max_combine():
     a1s = replay(t, SpinConfig(pooling="a1", combine="sum", **base))
     a2s = replay(t, SpinConfig(pooling="a2", combine="sum", **base))
     assert not torch.equal(a1s.miss["p"], a2s.miss["p"])
+
+
+def test_hybrid_configs_replay_layer_by_layer():
+    t = generate("v4-like", seed=3, prompt_id="h", **SMALL)
+    cfg = SpinConfig(sparsity=0.4, exploration="none", gamma=0.0, hybrid=0.5)
+    auto = replay(t, cfg)
+    assert torch.equal(auto.miss["h"], replay(t, cfg, fold_layers=False).miss["h"])
+    with pytest.raises(ValueError, match="fold_layers: expected False"):
+        replay(t, cfg, fold_layers=True)

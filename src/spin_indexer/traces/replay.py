@@ -8,8 +8,9 @@ from `idx.block_plan.keep_mask` against the trace's dense top-k.
 Batching: several traces with the same (layers, next_n, k) form the batch dimension; the block table
 is the identity (logical block w lives in physical block w: the cache itself is never read).
 
-Layers folded into the batch (fold_layers=True, the default): SPIN keeps independent state per (request,
-layer), and nothing in plan/run couples two layers, so layer l of trace b can run as its own request
+Layers folded into the batch (the default unless the config couples layers): SPIN keeps independent state
+per (request, layer), and nothing in plan/run couples two layers (except the hybrid predictor, which is
+replayed layer by layer), so layer l of trace b can run as its own request
 (slot b * L + l) of a one-layer indexer. One plan + one run per step then covers every layer, with the
 same policy code on a [B*L, W*T] batch instead of L calls on [B, W*T]. The only difference from the
 layer-by-layer order is the random-exploration stream: its counter hash is keyed by (layer, slot), so
@@ -79,15 +80,22 @@ def group_traces(traces: list[Trace], max_batch: int = 4, max_ratio: float = 1.2
 
 
 def replay(traces: Trace | list[Trace], config: SpinConfig, device: torch.device | str = "cpu",
-           max_batch: int = 4, fold_layers: bool = True, progress=None) -> ReplayResult:
+           max_batch: int = 4, fold_layers: bool | None = None, progress=None) -> ReplayResult:
     """Replay `config` over traces; returns per-trace miss and sparsity (see ReplayResult).
 
-    config.topk is replaced by the traces' k. progress: optional callable(n) called after each step with
-    the rows x layers done (a tqdm's update, say).
+    config.topk is replaced by the traces' k. fold_layers: None = fold unless the config couples layers
+    (hybrid > 0 reads the previous layer's scores of the same step, so layers must run in order).
+    progress: optional callable(n) called after each step with the rows x layers done (a tqdm's update).
     """
     traces = [traces] if isinstance(traces, Trace) else list(traces)
     if not isinstance(config, SpinConfig):
         raise TypeError(f"config: expected a SpinConfig, got {type(config).__name__}")
+    couples_layers = getattr(config, "hybrid", 0.0) > 0
+    if fold_layers is None:
+        fold_layers = not couples_layers
+    elif fold_layers and couples_layers:
+        raise ValueError("fold_layers: expected False (or None) with SpinConfig.hybrid > 0: the hybrid predictor "
+                         "reads the previous layer of the same step, so layers cannot run as separate requests")
     names = [t.name for t in traces]
     if len(set(names)) != len(names):
         raise ValueError(f"traces: expected distinct prompt_id names, got duplicates in {names}")

@@ -16,5 +16,9 @@ lane_b() {
   python -m spin_indexer.cli.eval --synthetic v4-like --next-n 4 --steps 48 --prompts 2 --quiet --sweep mtp \
     --out $OUT/v4-like-mtp4
 }
+lane_c() {  # miss against context length (bins 4K-32K), the default policy
+  $EVAL --synthetic v4-like --context 4096 8192 16384 32768 --sweep main --name synthetic-v4-like-4K-32K --out $OUT/v4-like-bins
+}
 lane_a & lane_b & wait
+lane_c
 python -m spin_indexer.cli.report results/fidelity

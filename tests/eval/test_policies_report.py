@@ -109,13 +109,14 @@ def test_eval_and_report_cli(tmp_path, capsys):
     out = tmp_path / "ev"
     rc = eval_cli.run(_parse(eval_cli, ["--synthetic", "v4-like", "--context", "1500", "--steps", "5",
                                         "--num-layers", "2", "--prompts", "1", "--sweep", "smoke", "--quiet",
-                                        "--out", str(out)]))
+                                        "--name", "mine", "--out", str(out)]))
     assert rc == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("eval: 1 runs over 1 traces") and "worst p99 miss" in line
     data = json.loads((out / "rows.json").read_text())
     assert data["summary"][0]["policy"] == "spin-default" and data["run"]["command"].startswith("spin-indexer")
-    assert (out / "plots" / "fig1_synthetic-v4-like.png").stat().st_size > 1000
+    assert {r["trace_set"] for r in data["summary"]} == {"mine"}
+    assert (out / "plots" / "fig1_mine.png").stat().st_size > 1000
     assert report_cli.run(_parse(report_cli, [str(tmp_path), "--no-plots"])) == 0
     assert (tmp_path / "summary.csv").is_file() and (tmp_path / "REPORT.md").is_file()
 

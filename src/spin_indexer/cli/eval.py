@@ -27,7 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="directory of <name>.safetensors + <name>.json traces (searched recursively)")
     src.add_argument("--synthetic", action="append", default=[], metavar="PRESET",
                      help="synthetic preset: v32-like, v4-like, shift")
-    src.add_argument("--name", action="append", default=[], help="trace-set name per --traces (default: dir name)")
+    src.add_argument("--name", action="append", default=[],
+                     help="trace-set name, one per --traces then per --synthetic, in that order "
+                          "(default: the directory name / synthetic-PRESET)")
     syn = parser.add_argument_group("synthetic traces")
     syn.add_argument("--prompts", type=int, default=3, help="synthetic prompts per context (default 3)")
     syn.add_argument("--context", type=int, nargs="+", default=None, help="synthetic context lengths")
@@ -69,7 +71,7 @@ def _load_sets(args) -> dict:
             layers = range(0, trace_shape(f)[1], args.layer_stride)
             loaded.append(load_trace(f, layers=layers, steps=steps, validate=True))
         sets[name] = loaded
-    for preset in args.synthetic:
+    for j, preset in enumerate(args.synthetic):
         base = get_spec(preset)
         over = {k: v for k, v in (("num_steps", args.steps), ("num_layers", args.num_layers),
                                   ("next_n", args.next_n)) if v is not None}
@@ -79,7 +81,8 @@ def _load_sets(args) -> dict:
                 seed = args.seed * 1000 + p
                 traces.append(generate(preset, seed=seed, prompt_id=f"{preset}-{ctx}-{seed}", context_len=ctx, **over))
         suffix = f"-mtp{args.next_n}" if args.next_n and args.next_n > 1 else ""
-        sets[f"synthetic-{preset}{suffix}"] = traces
+        i = len(args.traces) + j
+        sets[args.name[i] if i < len(args.name) else f"synthetic-{preset}{suffix}"] = traces
     if not sets:
         raise ValueError("expected --traces DIR or --synthetic PRESET")
     return sets
@@ -144,8 +147,9 @@ def run(args) -> int:
             from ..eval.plots import all_figures, heatmap_topk
 
             all_figures(rows, out / "plots")
-            for name, traces in sets.items():
-                heatmap_topk(traces[0], traces[0].num_layers // 2, out / "plots" / f"fig1_{name}.png")
+            for name, traces in sets.items():  # the longest prompt, middle layer
+                longest = max(traces, key=lambda t: (t.meta.context_len, t.num_steps))
+                heatmap_topk(longest, longest.num_layers // 2, out / "plots" / f"fig1_{name}.png")
         if not args.quiet:
             _print_table(rows)
         best = [r for r in rows if r["context"] == "all"]

@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rope-dim", type=int, default=32)
     p.add_argument("--ruler-prompts", type=int, default=2, help="RULER prompts per task added to the corpus")
     p.add_argument("--eval-docs", type=int, default=4, help="held-out 4096-token documents in the report")
-    p.add_argument("--ppl-tokens", type=int, default=512, help="decoded tokens per document for perplexity")
+    p.add_argument("--eval-len", type=int, default=4096, help="tokens of each held-out document used")
+    p.add_argument("--ppl-tokens", type=int, default=256, help="decoded tokens per document for perplexity")
     p.add_argument("--no-eval", action="store_true")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
@@ -90,13 +91,14 @@ def run(args: argparse.Namespace) -> int:
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     t0 = time.time()
-    model, _ = load_model(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32, max_len=args.seq_len,
+    max_len = max(args.seq_len, args.eval_len)
+    model, _ = load_model(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32, max_len=max_len,
                           tokenizer=False)
     say(f"model loaded in {time.time() - t0:.1f}s on {dev}")
     icfg = IndexerConfig(dim=model.cfg.dim, num_layers=model.cfg.num_layers, num_heads=args.heads,
                          head_dim=args.head_dim, q_rank=args.q_rank, rope_dim=args.rope_dim,
                          rope_theta=model.cfg.rope_theta, max_position=model.cfg.max_position)
-    indexer = Indexer(icfg, max_len=args.seq_len).to(dev)
+    indexer = Indexer(icfg, max_len=max_len).to(dev)
     say(f"indexer: {indexer.num_parameters()} parameters")
     cfg = DistillConfig(seq_len=args.seq_len, batch=args.batch, lr=args.lr, time_budget_s=args.minutes * 60,
                         seed=args.seed)
@@ -115,7 +117,11 @@ def run(args: argparse.Namespace) -> int:
     say(f"wrote {weights} ({weights.stat().st_size / 2**20:.2f} MiB)")
     if args.no_eval:
         return 0
-    report = evaluate(model, indexer, corpus["heldout"].long()[:args.eval_docs].to(dev), args.ppl_tokens, say)
+    try:
+        report = evaluate(model, indexer, corpus["heldout"].long()[:args.eval_docs, :args.eval_len].to(dev), args.ppl_tokens, say)
+    except Exception as err:  # the weights are already saved: report what failed, keep them
+        say(f"evaluation failed: {type(err).__name__}: {err}")
+        raise
     report.update(meta)
     (args.out / "distill_report.json").write_text(json.dumps(report, indent=1))
     say(json.dumps({key: report[key] for key in report if key.startswith(("ppl", "recall_mean"))}, indent=1))

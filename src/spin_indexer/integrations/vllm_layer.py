@@ -28,7 +28,7 @@ logger = logging.getLogger("spin_indexer.vllm")
 
 OP_NAME = "spin_indexer::sparse_attn_indexer"
 _LAYERS: "weakref.WeakValueDictionary[str, SpinSparseAttnIndexer]" = weakref.WeakValueDictionary()
-_RUNTIMES: dict[int, SpinVllmRuntime] = {}  # id(top-k buffer) -> runtime: one per model (drafters too)
+_RUNTIME_ATTR = "_spin_vllm_runtime"  # set on the model's shared top-k buffer: one runtime per model
 
 
 def _op_impl(hidden_states: torch.Tensor, layer_name: str, kv_cache: torch.Tensor, q_quant: torch.Tensor,
@@ -86,10 +86,12 @@ class SpinSparseAttnIndexer(SparseAttnIndexer):
         spec = getattr(vllm_config, "speculative_config", None)
         next_n = 1 + int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 1
         max_batch = int(vllm_config.scheduler_config.max_num_seqs)
-        runtime = _RUNTIMES.get(id(self.topk_indices_buffer))
+        # Layers of one model share its top-k buffer (a drafter has its own): the runtime lives on it, so
+        # it lives exactly as long as the model.
+        runtime = getattr(self.topk_indices_buffer, _RUNTIME_ATTR, None)
         if runtime is None:
             runtime = SpinVllmRuntime(settings, self.topk_tokens, next_n, max_batch, self.max_model_len)
-            _RUNTIMES[id(self.topk_indices_buffer)] = runtime
+            setattr(self.topk_indices_buffer, _RUNTIME_ATTR, runtime)
         self.spin_runtime = runtime
         self.spin_layer = runtime.add_layer(self.k_cache.prefix)
         _LAYERS[self.k_cache.prefix] = self

@@ -1,0 +1,122 @@
+"""Differential: our layer vs vLLM's own sparse_attn_indexer decode path (torch fallbacks), on hand-built
+vLLM decode metadata. At sparsity 0 the top-k sets and the -1 padding must match; at sparsity s the
+positions must be valid, inside the kept blocks, and be the exact top-k of the kept blocks."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm", reason="vllm not installed: these tests run in their own CI step (.ci/vllm_step.sh)")
+
+import torch  # noqa: E402
+
+import vllm_harness as vh  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+MAX_MODEL_LEN = 4096
+WIDTH = MAX_MODEL_LEN // vh.T
+
+
+@pytest.fixture(autouse=True)
+def _vllm_cpu(monkeypatch):
+    for name in ("SPIN_ENABLE", "SPIN_SPARSITY", "SPIN_EXPLORATION", "SPIN_POLICY", "SPIN_GAMMA", "SPIN_SEED"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(vh.sai, "fp8_fp4_paged_mqa_logits", vh.flattened_paged_logits)
+    from spin_indexer.integrations.vllm import register
+    assert register()
+
+
+def _tables(lens, num_blocks, gen):
+    """Distinct random physical blocks for each request (ceil(L / T) each)."""
+    need = [-(-L // vh.T) for L in lens]
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    out, at = [], 0
+    for n in need:
+        out.append(perm[at:at + n])
+        at += n
+    return out
+
+
+CASES = [  # (top-k, next_n, lengths): < top-k, partial last block, exact multiple of T, one token
+    pytest.param(512, 1, [100, 700, 1000, 513, 64, 1], id="k512-n1"),
+    pytest.param(512, 2, [100, 700, 1000, 514, 65, 2], id="k512-n2"),
+    pytest.param(2048, 1, [3000, 2049, 128, 4094, 2047], id="k2048-n1"),
+    pytest.param(2048, 2, [3001, 2050, 130, 4000], id="k2048-n2"),
+]
+
+
+@pytest.mark.parametrize("topk,next_n,lens", CASES)
+@pytest.mark.parametrize("stride_blocks", [1, 2], ids=["contiguous-cache", "strided-cache"])
+def test_sparsity_zero_matches_vllm(topk, next_n, lens, stride_blocks, gen):
+    num_blocks = sum(-(-(L + 4) // vh.T) for L in lens) + 5
+    kv = vh.make_cache(num_blocks, gen, stride_blocks)
+    cfg = vh.vllm_config({"enable": True, "sparsity": 0.0})
+    if next_n > 1:
+        cfg.speculative_config = type("Spec", (), {"num_speculative_tokens": next_n - 1})()
+    layers, buffer = vh.build_layers(cfg, [kv], topk, MAX_MODEL_LEN)
+    layer = layers[0]
+    assert layer.spin_runtime is not None, layer.spin_reason
+    for step_no in range(2):  # the second step runs with history (still s = 0: every block kept)
+        step = vh.make_step([L + step_no * next_n for L in lens], _tables([L + 4 for L in lens], num_blocks, gen),
+                            next_n, WIDTH, gen, seq_lens_2d=(step_no == 0))
+        got = vh.run_layer(cfg, layers, layer, step)
+        want = vh.reference(cfg, layer, step, buffer)
+        rows = len(lens) * next_n
+        assert layer.spin_runtime.planned_for(step.meta), "SPIN did not handle the decode rows"
+        assert bool((got[rows:] == 7).all()) and bool((want[rows:] == 7).all()), "rows past the batch touched"
+        vh.assert_same_topk(got[:rows], want[:rows], vh.dense_logits(layer, step), topk)
+
+
+def test_short_batch_delegates_and_spin_keep_all_matches(gen):
+    """Every context <= top-k: the step goes to vLLM; with delegation off SPIN keeps all, same answer."""
+    lens, topk = [100, 511, 512, 3], 512
+    kv = vh.make_cache(30, gen)
+    cfg = vh.vllm_config({"enable": True, "sparsity": 0.5})
+    layers, buffer = vh.build_layers(cfg, [kv], topk, MAX_MODEL_LEN)
+    layer = layers[0]
+    step = vh.make_step(lens, _tables(lens, 30, gen), 1, WIDTH, gen)
+    want = vh.reference(cfg, layer, step, buffer)
+    got = vh.run_layer(cfg, layers, layer, step)
+    assert not layer.spin_runtime.planned_for(step.meta)
+    assert torch.equal(got, want)
+    layer.spin_runtime.delegate_short = False
+    got = vh.run_layer(cfg, layers, layer, step)
+    assert layer.spin_runtime.planned_for(step.meta)
+    vh.assert_same_topk(got[:4], want[:4], vh.dense_logits(layer, step), topk)
+
+
+@pytest.mark.parametrize("next_n", [1, 2])
+def test_sparse_positions_valid_inside_kept_blocks_and_exact(next_n, gen):
+    """s = 0.5 over several steps and two layers: every position is valid and in a kept block, and the
+    top-k is exactly the dense top-k restricted to the kept blocks (the column -> position remap)."""
+    topk, lens0 = 512, [4000, 2600, 1500, 300]
+    num_blocks = sum(-(-(L + 8) // vh.T) for L in lens0) + 4
+    kvs = [vh.make_cache(num_blocks, gen, 2), vh.make_cache(num_blocks, gen, 2)]  # vLLM: one layout for all
+    cfg = vh.vllm_config({"enable": True, "sparsity": 0.5})
+    if next_n > 1:
+        cfg.speculative_config = type("Spec", (), {"num_speculative_tokens": next_n - 1})()
+    layers, buffer = vh.build_layers(cfg, kvs, topk, MAX_MODEL_LEN)
+    tables = _tables([L + 8 for L in lens0], num_blocks, gen)
+    skipped = 0
+    for s in range(4):
+        step = vh.make_step([L + s * next_n for L in lens0], tables, next_n, WIDTH, gen)
+        for layer in layers:
+            got = vh.run_layer(cfg, layers, layer, step)
+            plan = layer.spin_runtime.indexer.block_plan
+            logits = vh.dense_logits(layer, step)
+            rows = len(lens0) * next_n
+            keep_tokens = plan.token_mask().repeat_interleave(next_n, dim=0)  # [B*N, W*T]
+            for r in range(rows):
+                row = got[r, :topk]
+                pos = row[row >= 0].long()
+                length = int(step.seq_lens.view(-1)[r])
+                assert bool(((pos >= 0) & (pos < length)).all()), f"row {r}: position outside [0, {length})"
+                assert bool(keep_tokens[r, pos].all()), f"row {r}: position in a skipped block"
+                assert len(set(pos.tolist())) == pos.numel()
+            masked = torch.where(keep_tokens, logits, float("-inf"))
+            want = torch.full((rows, topk), -1, dtype=torch.int64)
+            for r in range(rows):
+                n = min(topk, int((masked[r] > float("-inf")).sum()))
+                want[r, :n] = masked[r].topk(n).indices
+            vh.assert_same_topk(got[:rows], want, masked, topk)
+            skipped += int((~plan.keep_mask & (torch.arange(WIDTH)[None] < plan.num_blocks[:, None].long())).sum())
+    assert skipped > 0, "s = 0.5 never skipped a block: SPIN did not run sparsely"

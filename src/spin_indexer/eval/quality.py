@@ -1,0 +1,286 @@
+"""Task quality of the proxy model (SmolLM2) under DSA-style sparse decoding: dense vs all-keep vs SPIN.
+
+For each (task, context, sample) one RULER prompt is prefilled densely once; every configuration then
+greedily decodes from a copy of that cache:
+    dense               full attention (no indexer)
+    all-keep            each layer attends to the top-k of the full indexer (every block scored)
+    spin-<s>            SpinIndexer at target block sparsity s, 5% random exploration (paper default)
+    spin-<s>-noexp      the same without exploration
+    mtp<N>-all-keep     next_n = N rows per step; drafts = the all-keep greedy continuation of the sample
+    mtp<N>-spin-<s>     the same drafts verified with SPIN (row-0 sharing + row-0 update)
+The indexer is the distilled lightning indexer when its weights ship in spin_indexer/weights/, else the
+oracle (the layer's own attention logits, max over heads): `indexer_mode()` says which.
+
+Scoring is RULER's string match: per sample, the fraction of expected strings found in the output
+(`ruler.score_answer`); a cell's score is the mean x 100 with a 95% Wilson interval over its samples.
+Miss (REFERENCE.md sec. 3): per decode row and layer, the fraction of the dense top-k of the same step
+(same scores: the run's own trajectory) that falls in blocks the SPIN plan skipped; mean and nearest-rank
+p99 over rows with context > k. Generation stops at EOS, at the token budget, or as soon as every
+expected string is in the output (the score cannot change after that: string match only adds hits).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Callable
+
+import torch
+
+from .. import ops
+from ..checks import check_int, check_range
+from ..eval.metrics import miss_per_row, nearest_rank
+
+_SPARSITIES = (0.2, 0.3, 0.4, 0.5)
+DEFAULT_CONFIGS = (("dense", "all-keep") + tuple(f"spin-{s}" for s in _SPARSITIES)
+                   + tuple(f"spin-{s}-noexp" for s in _SPARSITIES) + ("mtp3-all-keep", "mtp3-spin-0.4"))
+DEFAULT_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "vt")
+_NAME = re.compile(r"^(?:mtp(?P<n>[2-8])-)?(?:(?P<dense>dense)|(?P<allkeep>all-keep)|"
+                   r"spin-(?P<s>0?\.\d+|0)(?P<noexp>-noexp)?)$")
+CSV_COLUMNS = ("task", "context", "config", "samples", "score", "mean_miss", "p99_miss")
+
+
+@dataclasses.dataclass(frozen=True)
+class QualityConfig:
+    """One evaluated configuration, parsed from its name (see the module docstring)."""
+
+    name: str
+    kind: str  # "dense" | "all-keep" | "spin"
+    sparsity: float = 0.0
+    exploration: bool = True
+    next_n: int = 1
+
+
+def parse_config(name: str) -> QualityConfig:
+    """'spin-0.4-noexp' -> QualityConfig(kind='spin', sparsity=0.4, exploration=False); unknown names raise
+    ValueError listing the accepted forms."""
+    m = _NAME.match(name) if isinstance(name, str) else None
+    if m is None or (m["dense"] and m["n"]):
+        raise ValueError(f"config: expected one of dense, all-keep, spin-<s>, spin-<s>-noexp, mtp<N>-all-keep, "
+                         f"mtp<N>-spin-<s>[-noexp] (0 <= s < 1, 2 <= N <= 8), got {name!r}")
+    n = int(m["n"] or 1)
+    if m["dense"]:
+        return QualityConfig(name, "dense")
+    if m["allkeep"]:
+        return QualityConfig(name, "all-keep", next_n=n)
+    s = float(m["s"])
+    check_range(f"config {name!r}: sparsity", s, low=0.0, high=1.0, high_open=True)
+    return QualityConfig(name, "spin", s, m["noexp"] is None, n)
+
+
+def wilson_interval(p: float, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion p observed over n samples; (nan, nan) when n = 0.
+
+    Fractional per-sample scores (multi-value tasks) are treated as a proportion over n samples."""
+    check_int("n", n, low=0)
+    check_range("p", p, low=0.0, high=1.0)
+    if n == 0:
+        return float("nan"), float("nan")
+    z2 = z * z
+    denom = 1.0 + z2 / n
+    center = (p + z2 / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
+    # exact at the ends (p = 0 -> low 0, p = 1 -> high 1); rounding would otherwise leave p outside
+    return (0.0 if p == 0 else max(0.0, center - half)), (1.0 if p == 1 else min(1.0, center + half))
+
+
+class MissRecorder:
+    """Wraps a SpinIndexer: after each layer's run, compares its block plan with the dense top-k of the same
+    step (from the same scores) and keeps the per-row miss, realized sparsity and the (step, layer) grid."""
+
+    def __init__(self, inner, k: int):
+        self.inner, self.k = inner, k
+        self.state = inner.state
+        self.rows: list[torch.Tensor] = []  # per (step, layer): miss float32 [eligible rows]
+        self.sparsity: list[torch.Tensor] = []
+        self.grid: dict[tuple[int, int], float] = {}  # (step, layer) -> mean miss of the eligible rows
+        self.step = -1
+
+    def plan(self, block_table, seq_lens, slot_ids, num_accepted=None, validate=True):
+        self._table, self._lens = block_table, seq_lens
+        self.step += 1
+        self.inner.plan(block_table, seq_lens, slot_ids, num_accepted=num_accepted, validate=validate)
+
+    def run_from_scores(self, layer, scores):
+        topk = self.inner.run_from_scores(layer, scores)
+        self._record(layer, ops.topk(scores, self._lens.reshape(-1), self.k, validate=False))
+        return topk
+
+    def run(self, layer, q_fp8, kv_cache, weights):
+        topk = self.inner.run(layer, q_fp8, kv_cache, weights)
+        logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, self._lens, self._table, validate=False)
+        self._record(layer, ops.topk(logits, self._lens.reshape(-1), self.k, validate=False))
+        return topk
+
+    def _record(self, layer: int, dense_topk: torch.Tensor) -> None:
+        plan = self.inner.block_plan
+        miss = miss_per_row(plan.keep_mask, dense_topk, self.inner.next_n, plan.tokens_per_block)
+        eligible = self._lens.reshape(-1) > self.k
+        if bool(eligible.any()):  # evaluation only: host syncs are fine here
+            vals = miss[eligible].cpu()
+            self.rows.append(vals)
+            self.sparsity.append(plan.sparsity().cpu())
+            self.grid[(self.step, layer)] = float(vals.mean())
+
+    def summary(self) -> dict:
+        miss = torch.cat(self.rows) if self.rows else torch.zeros(0)
+        spars = torch.cat(self.sparsity) if self.sparsity else torch.zeros(0)
+        return {"mean_miss": float(miss.double().mean()) if miss.numel() else float("nan"),
+                "p99_miss": nearest_rank(miss, 0.99), "miss_rows": miss.numel(),
+                "sparsity": float(spars.double().mean()) if spars.numel() else float("nan")}
+
+
+@dataclasses.dataclass
+class Prompt:
+    task: str
+    context: int
+    seed: int
+    ids: torch.Tensor  # int64 [S]
+    answers: list[str]
+    max_new: int  # token budget of the answer
+
+
+class QualityRunner:
+    """Runs every configuration on one prompt. model: a model/llama.Llama; decode_text(ids list) -> str;
+    mode: 'oracle' or 'lightning' (then `indexer` is the model/indexer_head.Indexer); k: top-k per layer."""
+
+    def __init__(self, model, decode_text: Callable[[list[int]], str], mode: str = "oracle", indexer=None,
+                 k: int = 256, eos_id: int | None = None, seed: int = 0):
+        if mode not in ("oracle", "lightning"):
+            raise ValueError(f"mode: expected oracle or lightning, got {mode!r}")
+        if mode == "lightning" and indexer is None:
+            raise ValueError("indexer: mode 'lightning' needs the distilled Indexer")
+        check_int("k", k, low=1)
+        self.model, self.decode_text, self.mode, self.indexer = model, decode_text, mode, indexer
+        self.k, self.eos_id, self.seed = k, eos_id, seed
+
+    def run(self, prompt: Prompt, configs: list[QualityConfig], score: Callable[[str, list[str]], float],
+            on_config: Callable[[str], None] | None = None) -> list[dict]:
+        """One result dict per config: name, text, score (0..1), steps, tokens, miss/sparsity, acceptance."""
+        from ..model.decode import Caches, prefill
+
+        n_max = max(c.next_n for c in configs)
+        capacity = prompt.ids.shape[0] + prompt.max_new + n_max
+        idx = self.indexer if self.mode == "lightning" else None
+        base = Caches.allocate(self.model, 1, capacity, idx)
+        first_logits = prefill(self.model, base, 0, prompt.ids, idx)
+        out, reference = [], None
+        # all-keep first: its greedy continuation is the MTP draft
+        order = sorted(configs, key=lambda c: (c.next_n > 1, c.kind != "all-keep"))
+        for cfg in order:
+            caches = _copy_caches(base)
+            selector = self._selector(cfg, caches) if cfg.kind == "spin" else None
+            mode = "dense" if cfg.kind == "dense" else self.mode
+            if cfg.next_n == 1:
+                ids, steps, acc = self._greedy(caches, first_logits, mode, selector, prompt, score)
+            else:
+                ref = reference if reference is not None else []
+                ids, steps, acc = self._speculative(caches, first_logits, mode, selector, prompt, score, ref,
+                                                    cfg.next_n)
+            text = self.decode_text(ids)
+            row = {"config": cfg.name, "text": text, "score": score(text, prompt.answers), "steps": steps,
+                   "tokens": len(ids), "acceptance": acc, "mean_miss": 0.0 if cfg.kind == "all-keep" else float("nan"),
+                   "p99_miss": 0.0 if cfg.kind == "all-keep" else float("nan"), "miss_rows": 0,
+                   "sparsity": 0.0 if cfg.kind == "all-keep" else float("nan"), "grid": {}}
+            if isinstance(selector, MissRecorder):
+                row.update(selector.summary())
+                row["grid"] = selector.grid
+                row["miss_values"] = torch.cat(selector.rows) if selector.rows else torch.zeros(0)
+            if cfg.kind == "all-keep" and cfg.next_n == 1:
+                reference = ids
+            out.append(row)
+            if on_config is not None:
+                on_config(cfg.name)
+        by_name = {r["config"]: r for r in out}
+        return [by_name[c.name] for c in configs]
+
+    def _selector(self, cfg: QualityConfig, caches) -> MissRecorder:
+        from ..indexer import SpinIndexer
+        from ..predictor import SpinConfig
+
+        spin_cfg = SpinConfig(sparsity=cfg.sparsity, topk=self.k, exploration="random" if cfg.exploration else "none",
+                              gamma=0.05 if cfg.exploration else 0.0, seed=self.seed)
+        spin = SpinIndexer(spin_cfg, num_layers=self.model.cfg.num_layers, max_batch=1,
+                           max_blocks=caches.block_table.shape[1], next_n=cfg.next_n,
+                           device=caches.block_table.device)
+        caches.slot_ids[0] = spin.state.allocate()
+        return MissRecorder(spin, self.k)
+
+    def _done(self, ids: list[int], prompt: Prompt, score) -> bool:
+        if self.eos_id is not None and self.eos_id in ids:
+            return True
+        return len(ids) >= prompt.max_new or score(self.decode_text(ids), prompt.answers) >= 1.0
+
+    def _greedy(self, caches, logits, mode, selector, prompt, score):
+        from ..model.decode import decode_one_step
+
+        ids, steps = [], 0
+        while True:
+            nxt = int(logits.argmax(-1))
+            ids.append(nxt)
+            if self._done(ids, prompt, score):
+                return self._trim(ids, prompt), steps, 1.0
+            tok = torch.tensor([[nxt]], dtype=torch.int64, device=logits.device)
+            logits = decode_one_step(self.model, caches, tok, mode, self.k, self.indexer, selector)[0, -1]
+            steps += 1
+
+    def _speculative(self, caches, logits, mode, selector, prompt, score, reference, n):
+        """Self-speculative decoding: row 0 holds the last emitted token, rows 1..n-1 the draft taken from the
+        reference continuation at the same output positions; drafts are accepted while they equal the
+        verifier's greedy token. The output equals the verifier's own greedy decoding. returns (ids, steps,
+        mean tokens emitted per step = acceptance length)."""
+        from ..model.decode import decode_one_step
+
+        ids = [int(logits.argmax(-1))]
+        emitted = []
+        while not self._done(ids, prompt, score):
+            p = len(ids)
+            draft = [reference[i] if i < len(reference) else ids[-1] for i in range(p, p + n - 1)]
+            tok = torch.tensor([[ids[-1]] + draft], dtype=torch.int64, device=logits.device)
+            out = decode_one_step(self.model, caches, tok, mode, self.k, self.indexer, selector)[0]  # [n, vocab]
+            greedy = out.argmax(-1).tolist()
+            acc = 0
+            while acc < n - 1 and greedy[acc] == draft[acc]:
+                acc += 1
+            ids += draft[:acc] + [greedy[acc]]
+            caches.lengths -= n - 1 - acc  # rejected drafts: their cache rows are overwritten next step
+            emitted.append(acc + 1)
+        return self._trim(ids, prompt), len(emitted), (sum(emitted) / len(emitted) if emitted else float("nan"))
+
+    def _trim(self, ids, prompt):
+        if self.eos_id is not None and self.eos_id in ids:
+            ids = ids[:ids.index(self.eos_id)]
+        return ids[:prompt.max_new]
+
+
+def _copy_caches(base):
+    return dataclasses.replace(base, k=[t.clone() for t in base.k], v=[t.clone() for t in base.v],
+                               index_kv=None if base.index_kv is None else [t.clone() for t in base.index_kv],
+                               lengths=base.lengths.clone(), slot_ids=base.slot_ids.clone())
+
+
+def summarize(samples: list[dict]) -> list[dict]:
+    """Per (task, context, config) cell: samples, score (x100), 95% Wilson CI (x100), mean/p99 miss over all
+    eligible rows of the cell, realized sparsity, acceptance length. samples: run() rows plus task/context."""
+    cells: dict[tuple, list[dict]] = {}
+    for s in samples:
+        cells.setdefault((s["task"], s["context"], s["config"]), []).append(s)
+    rows = []
+    for (task, context, config), group in cells.items():
+        n = len(group)
+        p = sum(g["score"] for g in group) / n
+        lo, hi = wilson_interval(p, n)
+        miss = torch.cat([g["miss_values"] for g in group if g.get("miss_values") is not None] or [torch.zeros(0)])
+        kind = parse_config(config).kind
+        if miss.numel():
+            mean_miss, p99 = float(miss.double().mean()), nearest_rank(miss, 0.99)
+        else:
+            mean_miss = p99 = 0.0 if kind == "all-keep" else float("nan")
+        spars = [g["sparsity"] for g in group if not math.isnan(g["sparsity"])]
+        accs = [g["acceptance"] for g in group if not math.isnan(g["acceptance"])]
+        rows.append({"task": task, "context": context, "config": config, "samples": n, "score": 100 * p,
+                     "ci_low": 100 * lo, "ci_high": 100 * hi, "mean_miss": mean_miss, "p99_miss": p99,
+                     "sparsity": sum(spars) / len(spars) if spars else float("nan"),
+                     "acceptance": sum(accs) / len(accs) if accs and parse_config(config).next_n > 1 else float("nan"),
+                     "steps": sum(g["steps"] for g in group)})
+    return rows

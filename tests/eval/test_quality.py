@@ -1,0 +1,163 @@
+"""Quality runner: config names, Wilson interval, RULER string-match scoring, the runner on a tiny
+random-weight Llama (oracle indexer), MTP self-speculation and the summary rows."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from spin_indexer.eval import quality as q
+from spin_indexer.model.llama import Llama, LlamaConfig
+from spin_indexer.model.ruler import score_answer
+
+
+# -- config names ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, kind, s, exp, n", [
+    ("dense", "dense", 0.0, True, 1), ("all-keep", "all-keep", 0.0, True, 1), ("spin-0.3", "spin", 0.3, True, 1),
+    ("spin-0.5-noexp", "spin", 0.5, False, 1), ("mtp3-spin-0.4", "spin", 0.4, True, 3),
+    ("mtp2-all-keep", "all-keep", 0.0, True, 2), ("spin-.25", "spin", 0.25, True, 1)])
+def test_parse_config(name, kind, s, exp, n):
+    c = q.parse_config(name)
+    assert (c.name, c.kind, c.sparsity, c.exploration, c.next_n) == (name, kind, s, exp, n)
+
+
+@pytest.mark.parametrize("bad", ["spin", "spin-1.0", "spin-1.5", "mtp3-dense", "mtp1-all-keep", "mtp9-all-keep",
+                                 "allkeep", "spin-0.3-explore", "", None, 3])
+def test_parse_config_rejects(bad):
+    with pytest.raises(ValueError, match="config"):
+        q.parse_config(bad)
+
+
+def test_default_configs_parse():
+    names = [q.parse_config(c).name for c in q.DEFAULT_CONFIGS]
+    assert len(set(names)) == len(names) and "dense" in names and any(q.parse_config(c).next_n > 1 for c in names)
+
+
+# -- Wilson interval -----------------------------------------------------------------------------
+def test_wilson_hand_cases():
+    # p = 0.5, n = 10: centre 0.5, half-width z*sqrt(0.025 + z^2/400)/(1 + z^2/10) -> [0.2366, 0.7634]
+    lo, hi = q.wilson_interval(0.5, 10)
+    assert lo == pytest.approx(0.23659, abs=1e-4) and hi == pytest.approx(0.76341, abs=1e-4)
+    lo, hi = q.wilson_interval(1.0, 10)  # all correct: the interval is not degenerate
+    assert lo == pytest.approx(0.72246, abs=1e-4) and hi == pytest.approx(1.0)
+    lo, hi = q.wilson_interval(0.0, 5)
+    assert lo == 0.0 and hi == pytest.approx(0.43448, abs=1e-4)
+    assert all(math.isnan(v) for v in q.wilson_interval(0.3, 0))
+
+
+def test_wilson_contains_p_and_shrinks():
+    for p in (0.0, 0.1, 0.37, 0.9, 1.0):
+        widths = []
+        for n in (1, 4, 20, 200):
+            lo, hi = q.wilson_interval(p, n)
+            assert lo <= p <= hi
+            widths.append(hi - lo)
+        assert widths == sorted(widths, reverse=True)
+
+
+@pytest.mark.parametrize("p, n", [(1.2, 5), (-0.1, 5), (0.5, -1), (0.5, 2.5)])
+def test_wilson_rejects(p, n):
+    with pytest.raises((ValueError, TypeError)):
+        q.wilson_interval(p, n)
+
+
+# -- RULER scoring -------------------------------------------------------------------------------
+def test_string_match_scoring():
+    assert score_answer("niah_single_1", "The number is: 8056020.", ["8056020"]) == 1.0
+    assert score_answer("niah_single_1", "The number is: 805602.", ["8056020"]) == 0.0
+    assert score_answer("niah_multivalue", "1, 2 and 4", ["1", "2", "3", "4"]) == 0.75
+    assert score_answer("cwe", "APPLE banana", ["apple", "Banana", "cherry"]) == pytest.approx(2 / 3)
+    assert score_answer("vt", "anything", []) == 0.0
+
+
+def test_summarize_cells():
+    def row(task, cfg, score, miss=None, spars=float("nan"), acc=float("nan")):
+        return {"task": task, "context": 4096, "config": cfg, "score": score, "steps": 3, "sparsity": spars,
+                "acceptance": acc, "miss_values": None if miss is None else torch.tensor(miss)}
+    rows = q.summarize([row("a", "dense", 1.0), row("a", "dense", 0.0), row("a", "spin-0.4", 0.5, [0.0, 0.5], 0.4),
+                        row("a", "spin-0.4", 1.0, [0.25], 0.38), row("a", "all-keep", 1.0),
+                        row("a", "mtp3-all-keep", 1.0, acc=2.5), row("a", "mtp3-all-keep", 1.0, acc=3.0)])
+    by = {r["config"]: r for r in rows}
+    assert by["dense"]["samples"] == 2 and by["dense"]["score"] == 50.0 and math.isnan(by["dense"]["mean_miss"])
+    lo, hi = q.wilson_interval(0.5, 2)
+    assert (by["dense"]["ci_low"], by["dense"]["ci_high"]) == pytest.approx((100 * lo, 100 * hi))
+    assert by["spin-0.4"]["score"] == 75.0
+    assert by["spin-0.4"]["mean_miss"] == pytest.approx(0.25) and by["spin-0.4"]["p99_miss"] == 0.5
+    assert by["spin-0.4"]["sparsity"] == pytest.approx(0.39)
+    assert by["all-keep"]["mean_miss"] == 0.0 and by["all-keep"]["p99_miss"] == 0.0
+    assert by["mtp3-all-keep"]["acceptance"] == pytest.approx(2.75)
+
+
+# -- the runner on a tiny random Llama -----------------------------------------------------------
+def _tiny(seed=0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=40, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, ffn_dim=48)
+    model = Llama(cfg, max_len=1024).eval().requires_grad_(False)
+    for p in model.parameters():
+        p.normal_(0, 0.3)
+    return model
+
+
+def _text(ids):
+    return " ".join(f"t{i}" for i in ids)
+
+
+def _prompt(seed, length=700, answers=("t999",), max_new=6):
+    g = torch.Generator().manual_seed(seed)
+    return q.Prompt("niah_single_1", length, seed, torch.randint(0, 40, (length,), generator=g), list(answers),
+                    max_new)
+
+
+def _score(text, answers):
+    return sum(a in text.split() for a in answers) / len(answers)
+
+
+def test_runner_tiny_model():
+    model = _tiny()
+    runner = q.QualityRunner(model, _text, mode="oracle", k=64, seed=0)
+    names = ["dense", "all-keep", "spin-0.5", "spin-0.5-noexp", "mtp3-all-keep", "mtp2-spin-0.3"]
+    configs = [q.parse_config(c) for c in names]
+    seen = []
+    rows = runner.run(_prompt(1), configs, _score, on_config=seen.append)
+    assert [r["config"] for r in rows] == names and sorted(seen) == sorted(names)
+    by = {r["config"]: r for r in rows}
+    for r in rows:  # no answer can be produced ("t999" is out of vocabulary): the full budget is decoded
+        assert r["tokens"] == 6 and r["score"] == 0.0 and r["text"].startswith("t")
+    # the MTP verifier with all-keep reproduces the all-keep greedy output and accepts its own drafts
+    assert by["mtp3-all-keep"]["text"] == by["all-keep"]["text"]
+    assert by["mtp3-all-keep"]["acceptance"] == pytest.approx(3.0) or by["mtp3-all-keep"]["tokens"] < 6
+    assert 1.0 <= by["mtp2-spin-0.3"]["acceptance"] <= 2.0
+    for name in ("spin-0.5", "spin-0.5-noexp", "mtp2-spin-0.3"):
+        r = by[name]
+        assert r["miss_rows"] > 0 and 0.0 <= r["mean_miss"] <= r["p99_miss"] <= 1.0
+        assert 0.05 < r["sparsity"] < 0.55  # the first step scores every block (no history yet)
+        assert r["miss_values"].numel() == r["miss_rows"] and r["grid"]
+    assert math.isnan(by["dense"]["mean_miss"]) and by["all-keep"]["mean_miss"] == 0.0
+
+
+def test_runner_miss_is_the_dense_topk_outside_kept_blocks():
+    """spin-0.0 keeps every block: zero miss; the same output as all-keep (same top-k each step)."""
+    runner = q.QualityRunner(_tiny(1), _text, mode="oracle", k=64)
+    rows = runner.run(_prompt(2), [q.parse_config("all-keep"), q.parse_config("spin-0")], _score)
+    assert rows[1]["miss_rows"] > 0 and rows[1]["mean_miss"] == 0.0 and rows[1]["p99_miss"] == 0.0
+    assert rows[1]["text"] == rows[0]["text"]
+
+
+def test_runner_stops_once_every_answer_is_found():
+    model = _tiny(2)
+    runner = q.QualityRunner(model, _text, mode="oracle", k=64)
+    first = runner.run(_prompt(3, max_new=8), [q.parse_config("dense")], _score)[0]["text"].split()
+    rows = runner.run(_prompt(3, answers=(first[1],), max_new=8), [q.parse_config("dense")], _score)
+    assert rows[0]["score"] == 1.0 and rows[0]["text"].split() == first[:2]  # stopped after the 2nd token
+    eos = runner.run(_prompt(3, max_new=8), [q.parse_config("dense")], _score)
+    runner.eos_id = int(first[2][1:])
+    cut = runner.run(_prompt(3, max_new=8), [q.parse_config("dense")], _score)[0]
+    assert cut["text"].split() == first[:first.index(first[2])] and eos[0]["tokens"] == 8
+
+
+def test_runner_rejects_bad_mode():
+    with pytest.raises(ValueError, match="mode"):
+        q.QualityRunner(_tiny(), _text, mode="dense")
+    with pytest.raises(ValueError, match="indexer"):
+        q.QualityRunner(_tiny(), _text, mode="lightning")

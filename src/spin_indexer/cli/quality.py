@@ -1,0 +1,237 @@
+"""`spin-indexer quality`: RULER scores of SmolLM2 with dense attention, all-keep top-k and SPIN.
+
+    spin-indexer quality --tasks niah_single_1 vt --contexts 4096 --samples 4 --out results/quality
+
+Every finished (task, context, seed) appends its per-config rows to <out>/samples.jsonl, and a rerun skips
+what is already there (resume; several processes may share one file). At the end all rows of samples.jsonl
+are summarized into <out>/ruler.csv (task,context,config,samples,score,mean_miss,p99_miss; score = RULER
+string match x 100; task "all" pools every task), <out>/ruler_detail.csv (+ 95% Wilson interval, realized
+sparsity, MTP acceptance length, decode steps) and <out>/README.md (command, settings, tables). Text of
+README.md after the line `<!-- notes -->` is kept across reruns. `--report-only` rewrites the summaries.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+NOTES_MARK = "<!-- notes -->"
+_INDEXER_TEXT = {"lightning": "the distilled lightning indexer shipped in spin_indexer/weights/, FP8 paged cache",
+                 "oracle": "oracle = the layer's own attention logits of the new query, max over its heads; "
+                           "no distilled indexer weights were shipped"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ..eval.quality import DEFAULT_CONFIGS, DEFAULT_TASKS
+
+    p.add_argument("--tasks", nargs="+", default=list(DEFAULT_TASKS), help="RULER tasks (model/ruler.py TASKS)")
+    p.add_argument("--contexts", nargs="+", type=int, default=[4096], help="prompt lengths in tokens (4096)")
+    p.add_argument("--samples", type=int, default=4, help="prompts per (task, context) (default 4)")
+    p.add_argument("--first-seed", type=int, default=0, help="RULER seed of the first prompt (seeds n, n+1, ...)")
+    p.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS),
+                   help="dense, all-keep, spin-<s>[-noexp], mtp<N>-all-keep, mtp<N>-spin-<s> (default: all)")
+    p.add_argument("--topk", type=int, default=256, help="tokens each layer attends to (default 256)")
+    p.add_argument("--indexer", choices=("auto", "oracle", "lightning"), default="auto",
+                   help="lightning = the shipped distilled indexer; auto uses it when its weights exist")
+    p.add_argument("--max-new", type=int, default=None,
+                   help="answer token budget cap (default: min(RULER's, answer tokens + 16))")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (1: on a busy 2-core box OpenMP with 2 threads was 4x slower)")
+    p.add_argument("--shard", default=None, help="write samples-<shard>.jsonl (parallel processes, one file each)")
+    p.add_argument("--report-only", action="store_true", help="only summarize <out>/samples.jsonl")
+    p.add_argument("--out", default="results/quality", help="output folder (results/quality)")
+
+
+def run(args) -> int:
+    from tqdm import tqdm
+
+    from ..checks import check_int
+    from ..eval.quality import parse_config
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    samples_path = out / (f"samples-{args.shard}.jsonl" if args.shard else "samples.jsonl")
+    command = "spin-indexer " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    if args.report_only:
+        return _report(out, command, None, args.quiet)
+    configs = [parse_config(c) for c in args.configs]
+    check_int("--samples", args.samples, low=1)
+    check_int("--topk", args.topk, low=1)
+    for c in args.contexts:
+        check_int("--contexts", c, low=256)
+    import torch
+
+    from ..model import loader, ruler
+    from ..model.indexer_head import Indexer
+
+    for task in args.tasks:
+        ruler.check_task(task)
+    reason = loader.missing_reason() or ruler.missing_reason()
+    if reason:
+        raise RuntimeError(reason)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    from .main import device_of
+    device = device_of(args)
+    mode = args.indexer
+    if mode == "auto":
+        mode = "lightning" if loader.INDEXER_WEIGHTS.is_file() else "oracle"
+    max_len = max(args.contexts) + 64
+    t0 = time.perf_counter()
+    model, tok = loader.load_model(device=device, max_len=max_len)
+    indexer = None
+    if mode == "lightning":
+        indexer = Indexer.load(loader.INDEXER_WEIGHTS, max_len=max_len, yarn_factor=loader.yarn_factor_for(max_len),
+                               device=device)
+    load_s = time.perf_counter() - t0
+    from ..eval.quality import Prompt, QualityRunner
+
+    runner = QualityRunner(model, lambda ids: tok.decode(ids, skip_special_tokens=True), mode, indexer, args.topk,
+                           tok.eos_token_id, args.seed)
+    done = _done_keys(out)
+    jobs = [(t, c, args.first_seed + i) for c in args.contexts for t in args.tasks for i in range(args.samples)]
+    jobs = [j for j in jobs if not all((*j, cfg.name) in done for cfg in configs)]
+    meta = {"indexer": mode, "topk": args.topk, "threads": args.threads, "device": device, "torch": torch.__version__,
+            "cpu": platform.processor() or platform.machine(), "load_s": round(load_s, 1)}
+    bar = tqdm(jobs, desc="quality", unit="prompt", disable=args.quiet)
+    for task, context, seed in bar:
+        bar.set_postfix_str(f"{task} {context} seed {seed}: prompt")
+        text, answers = ruler.make_prompt(task, context, seed, tok)
+        ids = torch.tensor(tok(text, add_special_tokens=False).input_ids, dtype=torch.int64, device=device)
+        budget = ruler.TOKENS_TO_GENERATE[ruler.TASKS[task][0]]
+        answer_tokens = len(tok(" " + ", ".join(answers), add_special_tokens=False).input_ids)
+        max_new = min(budget, answer_tokens + 16, args.max_new or budget)
+        prompt = Prompt(task, context, seed, ids, answers, max_new)
+        todo = [cfg for cfg in configs if (task, context, seed, cfg.name) not in done]
+        if any(c.next_n > 1 for c in todo) and not any(c.name == "all-keep" for c in todo):
+            todo.insert(0, parse_config("all-keep"))  # the MTP draft is the all-keep continuation
+        bar.set_postfix_str(f"{task} {context} seed {seed}: prefill {ids.shape[0]} tokens")
+        t = time.perf_counter()
+        rows = runner.run(prompt, todo, lambda s, a: ruler.score_answer(task, s, a),
+                          on_config=lambda name: bar.set_postfix_str(f"{task} {context} seed {seed}: {name} done"))
+        seconds = time.perf_counter() - t
+        with open(samples_path, "a") as f:
+            for r in rows:
+                if (task, context, seed, r["config"]) in done:
+                    continue
+                miss = r.get("miss_values")
+                rec = {"task": task, "context": context, "seed": seed, "prompt_tokens": ids.shape[0],
+                       "max_new": max_new, "answers": answers, **{k: r[k] for k in (
+                           "config", "text", "score", "steps", "tokens", "acceptance", "mean_miss", "p99_miss",
+                           "sparsity", "miss_rows")},
+                       "miss_values": None if miss is None else [round(float(v), 5) for v in miss],
+                       "prompt_seconds": round(seconds, 1), **meta}
+                rec = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in rec.items()}
+                f.write(json.dumps(rec) + "\n")
+                done.add((task, context, seed, r["config"]))
+    return _report(out, command, meta, args.quiet)
+
+
+def _lines(out: Path):
+    for path in sorted(out.glob("samples*.jsonl")):
+        for line in path.read_text().splitlines():
+            if line.strip():
+                yield line
+
+
+def _done_keys(out: Path) -> set:
+    return {(r["task"], r["context"], r["seed"], r["config"]) for r in map(json.loads, _lines(out))}
+
+
+def _load(out: Path) -> list[dict]:
+    import torch
+
+    rows = []
+    for line in _lines(out):
+        r = json.loads(line)
+        r["miss_values"] = None if r.get("miss_values") is None else torch.tensor(r["miss_values"])
+        for k in ("acceptance", "sparsity", "mean_miss", "p99_miss"):
+            r[k] = float("nan") if r.get(k) is None else float(r[k])
+        rows.append(r)
+    return rows
+
+
+def _report(out: Path, command: str, meta: dict | None, quiet: bool) -> int:
+    from ..eval.quality import CSV_COLUMNS, DEFAULT_CONFIGS, summarize
+
+    samples = _load(out)
+    if not samples:
+        raise RuntimeError(f"{out}: no samples*.jsonl rows to summarize")
+    pooled = [dict(s, task="all") for s in samples]
+    rows = summarize(samples) + summarize(pooled)
+    order = {c: i for i, c in enumerate(DEFAULT_CONFIGS)}
+    rows.sort(key=lambda r: (r["task"] == "all", r["task"], r["context"], order.get(r["config"], 99), r["config"]))
+    _write_csv(out / "ruler.csv", rows, CSV_COLUMNS)
+    _write_csv(out / "ruler_detail.csv", rows, CSV_COLUMNS + ("ci_low", "ci_high", "sparsity", "acceptance", "steps"))
+    meta = meta or {k: samples[-1].get(k) for k in ("indexer", "topk", "threads", "device", "torch", "cpu")}
+    table = format_table(rows)
+    _write_readme(out / "README.md", command, meta, samples, table)
+    if not quiet:
+        print(table)
+    print(f"wrote {out / 'ruler.csv'}, {out / 'ruler_detail.csv'}, {out / 'README.md'} "
+          f"({len(samples)} rows in {out}/samples*.jsonl)")
+    return 0
+
+
+def _fmt(v, spec):
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def _write_csv(path: Path, rows: list[dict], columns) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(columns)
+        for r in rows:
+            w.writerow([_fmt(r[c], ".6f") if isinstance(r[c], float) else r[c] for c in columns])
+
+
+def format_table(rows: list[dict]) -> str:
+    """Markdown: one line per cell (task, context, config) with score, CI, miss, sparsity, acceptance."""
+    head = ("| task | context | config | n | score | 95% CI | mean miss | p99 miss | realized sparsity | "
+            "accept. len |\n|---|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        lines.append(f"| {r['task']} | {r['context']} | {r['config']} | {r['samples']} | {_fmt(r['score'], '.1f')} | "
+                     f"{_fmt(r['ci_low'], '.1f')}-{_fmt(r['ci_high'], '.1f')} | {_fmt(r['mean_miss'], '.2%')} | "
+                     f"{_fmt(r['p99_miss'], '.2%')} | {_fmt(r['sparsity'], '.1%')} | {_fmt(r['acceptance'], '.3f')} |")
+    return "\n".join(lines)
+
+
+def _write_readme(path: Path, command: str, meta: dict, samples: list[dict], table: str) -> None:
+    notes = ""
+    if path.is_file() and NOTES_MARK in path.read_text():
+        notes = path.read_text().split(NOTES_MARK, 1)[1]
+    seeds = sorted({(s["task"], s["context"], s["seed"]) for s in samples})
+    secs = {(s["task"], s["context"], s["seed"]): s.get("prompt_seconds", 0) for s in samples}
+    text = f"""# RULER quality: dense vs all-keep vs SPIN (SmolLM2-135M-Instruct, CPU)
+
+Regenerate (resumes from samples.jsonl; delete it to start over):
+
+    {command}
+
+- Model: SmolLM2-135M-Instruct (Q4_1 GGUF de-quantized to fp32), own Llama forward (model/llama.py).
+- Indexer: **{meta.get('indexer')}** ({_INDEXER_TEXT.get(meta.get('indexer'), '?')}),
+  top-k = {meta.get('topk')} tokens per layer and row, block = 64 tokens; prefill dense, decode sparse.
+- Device {meta.get('device')}, torch {meta.get('torch')}, {meta.get('threads')} thread(s);
+  {len(seeds)} prompts, {sum(secs.values()):.0f} s of decoding (prefill + all configs).
+- Score = RULER string match (fraction of expected strings in the output) x 100, mean over samples;
+  95% Wilson interval over the n samples. task `all` pools every task's samples.
+- mean/p99 miss: fraction of the dense indexer top-k (same step, same scores) in blocks SPIN skipped, over
+  every (decode row, layer) with context > k, pooled over the cell's samples (nearest-rank p99).
+  all-keep scores every block (miss 0 by construction); dense has no indexer (-).
+- MTP (`mtp3-*`): 3 rows per step, drafts = the sample's all-keep greedy continuation; acceptance length =
+  tokens emitted per verification step (max 3). The output equals the verifier's greedy output.
+- Generation: greedy; stops at EOS, at min(RULER's tokens_to_generate, answer tokens + 16) tokens, or as
+  soon as every expected string is present (string match cannot change after that).
+
+{table}
+
+{NOTES_MARK}{notes}"""
+    path.write_text(text if text.endswith("\n") else text + "\n")

@@ -161,3 +161,18 @@ def test_runner_rejects_bad_mode():
         q.QualityRunner(_tiny(), _text, mode="dense")
     with pytest.raises(ValueError, match="indexer"):
         q.QualityRunner(_tiny(), _text, mode="lightning")
+
+
+def test_runner_block_records_and_step_callback():
+    """record_blocks keeps (keep mask, dense top-k per block); misses counted from it equal the recorded miss."""
+    runner = q.QualityRunner(_tiny(3), _text, mode="oracle", k=64, record_blocks=True, stop_when_scored=False)
+    steps = []
+    runner.on_step = steps.append
+    answers = ("t1", "t2", "t3")  # would stop early with stop_when_scored=True
+    row = runner.run(_prompt(4, answers=answers, max_new=5), [q.parse_config("spin-0.4-noexp")],
+                     lambda t, a: 1.0)[0]
+    assert row["tokens"] == 5 and steps == ["spin-0.4-noexp"] * 4
+    assert set(row["blocks"]) == set(row["grid"]) and len(row["blocks"]) == 4 * 2  # steps x layers
+    for (step, layer), (keep, hits) in row["blocks"].items():
+        assert hits.sum() == 64 and keep.dtype == torch.bool
+        assert float(hits[~keep].sum()) / 64 == pytest.approx(row["grid"][(step, layer)], abs=1e-6)

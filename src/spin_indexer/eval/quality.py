@@ -88,8 +88,10 @@ class MissRecorder:
     """Wraps a SpinIndexer: after each layer's run, compares its block plan with the dense top-k of the same
     step (from the same scores) and keeps the per-row miss, realized sparsity and the (step, layer) grid."""
 
-    def __init__(self, inner, k: int):
-        self.inner, self.k = inner, k
+    def __init__(self, inner, k: int, record_blocks: bool = False):
+        self.inner, self.k, self.record_blocks = inner, k, record_blocks
+        # (step, layer) -> (keep bool [W], dense top-k tokens per block int [W]) when record_blocks
+        self.blocks: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.state = inner.state
         self.rows: list[torch.Tensor] = []  # per (step, layer): miss float32 [eligible rows]
         self.sparsity: list[torch.Tensor] = []
@@ -121,6 +123,11 @@ class MissRecorder:
             self.rows.append(vals)
             self.sparsity.append(plan.sparsity().cpu())
             self.grid[(self.step, layer)] = float(vals.mean())
+            if self.record_blocks:  # request 0, row 0
+                width = plan.keep_mask.shape[1]
+                pos = dense_topk[0].long()
+                hits = torch.bincount(pos[pos >= 0] // plan.tokens_per_block, minlength=width)[:width]
+                self.blocks[(self.step, layer)] = (plan.keep_mask[0].cpu(), hits.cpu())
 
     def summary(self) -> dict:
         miss = torch.cat(self.rows) if self.rows else torch.zeros(0)
@@ -145,7 +152,8 @@ class QualityRunner:
     mode: 'oracle' or 'lightning' (then `indexer` is the model/indexer_head.Indexer); k: top-k per layer."""
 
     def __init__(self, model, decode_text: Callable[[list[int]], str], mode: str = "oracle", indexer=None,
-                 k: int = 256, eos_id: int | None = None, seed: int = 0):
+                 k: int = 256, eos_id: int | None = None, seed: int = 0, stop_when_scored: bool = True,
+                 record_blocks: bool = False):
         if mode not in ("oracle", "lightning"):
             raise ValueError(f"mode: expected oracle or lightning, got {mode!r}")
         if mode == "lightning" and indexer is None:
@@ -153,6 +161,8 @@ class QualityRunner:
         check_int("k", k, low=1)
         self.model, self.decode_text, self.mode, self.indexer = model, decode_text, mode, indexer
         self.k, self.eos_id, self.seed = k, eos_id, seed
+        self.stop_when_scored, self.record_blocks = stop_when_scored, record_blocks
+        self.on_step: Callable[[str], None] | None = None  # called after every decode step with the config name
 
     def run(self, prompt: Prompt, configs: list[QualityConfig], score: Callable[[str, list[str]], float],
             on_config: Callable[[str], None] | None = None) -> list[dict]:
@@ -171,6 +181,7 @@ class QualityRunner:
             caches = _copy_caches(base)
             selector = self._selector(cfg, caches) if cfg.kind == "spin" else None
             mode = "dense" if cfg.kind == "dense" else self.mode
+            self._name = cfg.name
             if cfg.next_n == 1:
                 ids, steps, acc = self._greedy(caches, first_logits, mode, selector, prompt, score)
             else:
@@ -184,7 +195,7 @@ class QualityRunner:
                    "sparsity": 0.0 if cfg.kind == "all-keep" else float("nan"), "grid": {}}
             if isinstance(selector, MissRecorder):
                 row.update(selector.summary())
-                row["grid"] = selector.grid
+                row["grid"], row["blocks"] = selector.grid, selector.blocks
                 row["miss_values"] = torch.cat(selector.rows) if selector.rows else torch.zeros(0)
             if cfg.kind == "all-keep" and cfg.next_n == 1:
                 reference = ids
@@ -204,12 +215,14 @@ class QualityRunner:
                            max_blocks=caches.block_table.shape[1], next_n=cfg.next_n,
                            device=caches.block_table.device)
         caches.slot_ids[0] = spin.state.allocate()
-        return MissRecorder(spin, self.k)
+        return MissRecorder(spin, self.k, self.record_blocks)
 
     def _done(self, ids: list[int], prompt: Prompt, score) -> bool:
         if self.eos_id is not None and self.eos_id in ids:
             return True
-        return len(ids) >= prompt.max_new or score(self.decode_text(ids), prompt.answers) >= 1.0
+        if len(ids) >= prompt.max_new:
+            return True
+        return self.stop_when_scored and score(self.decode_text(ids), prompt.answers) >= 1.0
 
     def _greedy(self, caches, logits, mode, selector, prompt, score):
         from ..model.decode import decode_one_step
@@ -223,6 +236,8 @@ class QualityRunner:
             tok = torch.tensor([[nxt]], dtype=torch.int64, device=logits.device)
             logits = decode_one_step(self.model, caches, tok, mode, self.k, self.indexer, selector)[0, -1]
             steps += 1
+            if self.on_step is not None:
+                self.on_step(self._name)
 
     def _speculative(self, caches, logits, mode, selector, prompt, score, reference, n):
         """Self-speculative decoding: row 0 holds the last emitted token, rows 1..n-1 the draft taken from the
@@ -245,6 +260,8 @@ class QualityRunner:
             ids += draft[:acc] + [greedy[acc]]
             caches.lengths -= n - 1 - acc  # rejected drafts: their cache rows are overwritten next step
             emitted.append(acc + 1)
+            if self.on_step is not None:
+                self.on_step(self._name)
         return self._trim(ids, prompt), len(emitted), (sum(emitted) / len(emitted) if emitted else float("nan"))
 
     def _trim(self, ids, prompt):

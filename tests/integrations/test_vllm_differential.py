@@ -120,3 +120,29 @@ def test_sparse_positions_valid_inside_kept_blocks_and_exact(next_n, gen):
             vh.assert_same_topk(got[:rows], want, masked, topk)
             skipped += int((~plan.keep_mask & (torch.arange(WIDTH)[None] < plan.num_blocks[:, None].long())).sum())
     assert skipped > 0, "s = 0.5 never skipped a block: SPIN did not run sparsely"
+
+
+def test_op_under_torch_compile_matches_eager(gen):
+    """torch.compile(fullgraph=True) traces the layer's op as one opaque node (fake impl, declared
+    mutation of the top-k buffer) and the compiled call writes what the eager call writes."""
+    topk, lens = 512, [1500, 900, 300]
+    kv = vh.make_cache(60, gen)
+    cfg = vh.vllm_config({"enable": True, "sparsity": 0.0})
+    layers, buffer = vh.build_layers(cfg, [kv], topk, MAX_MODEL_LEN)
+    layer = layers[0]
+    step = vh.make_step(lens, _tables(lens, 60, gen), 1, WIDTH, gen)
+    eager = vh.run_layer(cfg, layers, layer, step)
+
+    def call(hidden, q, w, buf):
+        torch.ops.spin_indexer.sparse_attn_indexer(hidden, layer.k_cache.prefix, layer.k_cache.kv_cache, q, None, w,
+                                                   buf)
+        return buf
+
+    torch._dynamo.reset()
+    compiled = torch.compile(call, backend="aot_eager", fullgraph=True)
+    buffer.fill_(7)
+    hidden = torch.empty(step.q.shape[0], 8)
+    attn = {layer.k_cache.prefix: step.meta}
+    with vh.set_current_vllm_config(cfg), vh.set_forward_context(attn, cfg):
+        out = compiled(hidden, step.q, step.weights, buffer)
+    assert torch.equal(out, eager) and torch.equal(buffer, eager)

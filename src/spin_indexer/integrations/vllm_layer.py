@@ -33,7 +33,15 @@ _RUNTIME_ATTR = "_spin_vllm_runtime"  # set on the model's shared top-k buffer: 
 
 def _op_impl(hidden_states: torch.Tensor, layer_name: str, kv_cache: torch.Tensor, q_quant: torch.Tensor,
              k: Optional[torch.Tensor], weights: torch.Tensor, topk_indices_buffer: torch.Tensor) -> None:
-    _LAYERS[layer_name]._spin_forward_eager(hidden_states, q_quant, k, weights)
+    layer = _LAYERS[layer_name]
+    # Write into the buffer the op was given: under torch.compile's functionalization it is a stand-in that
+    # is copied back to the layer's buffer afterwards, so writing the layer's own buffer would be undone.
+    own = layer.topk_indices_buffer
+    layer.topk_indices_buffer = topk_indices_buffer
+    try:
+        layer._spin_forward_eager(hidden_states, q_quant, k, weights)
+    finally:
+        layer.topk_indices_buffer = own
 
 
 def _register_op() -> None:
@@ -111,11 +119,12 @@ class SpinSparseAttnIndexer(SparseAttnIndexer):
         if meta is None:  # profiling / dummy run: vLLM reserves its workspaces
             self._vllm_forward(hidden_states, q_quant, k, weights)
             return
-        batch = runtime.decode_support(meta, q_quant, weights)
         if self.spin_layer == 0:
+            batch = runtime.decode_support(meta, q_quant, weights)
             spin = runtime.begin_step(meta, None if isinstance(batch, str) else batch, self.k_cache.kv_cache)
-        else:
-            spin = not isinstance(batch, str) and runtime.planned_for(meta)
+        else:  # later layers follow the first layer's decision for this step's metadata
+            spin = runtime.planned_for(meta)
+            batch = runtime.step_batch
         if not spin:
             self._vllm_forward(hidden_states, q_quant, k, weights)
             return

@@ -47,6 +47,7 @@ class SpinVllmRuntime:
         self.last_fresh: torch.Tensor | None = None  # bool [B] of the last plan (for tests and stats)
         self.last_slots: torch.Tensor | None = None
         self._step_meta = None  # the metadata object the current plan was made for
+        self.step_batch: DecodeBatch | None = None  # its decode rows
         self._block_scale = 1
 
     def add_layer(self, name: str) -> int:
@@ -90,7 +91,7 @@ class SpinVllmRuntime:
 
     def begin_step(self, meta, batch: DecodeBatch | None, kv_cache: torch.Tensor) -> bool:
         """First SPIN layer of a step: track requests, plan. Returns whether SPIN handles this step."""
-        self._step_meta = None
+        self._step_meta, self.step_batch = None, None
         view = cache_view(kv_cache)
         if view is None:
             return False
@@ -108,7 +109,7 @@ class SpinVllmRuntime:
         table = batch.block_table if scale == 1 else batch.block_table * scale
         self.indexer.plan(table, batch.seq_lens, slots, validate=False)
         self.last_slots, self.last_fresh = slots, fresh
-        self._step_meta, self._block_scale = meta, scale
+        self._step_meta, self.step_batch, self._block_scale = meta, batch, scale
         return True
 
     def planned_for(self, meta) -> bool:

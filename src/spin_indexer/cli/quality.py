@@ -18,7 +18,6 @@ import math
 import os
 import platform
 import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -56,7 +55,7 @@ def run(args) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     samples_path = out / (f"samples-{args.shard}.jsonl" if args.shard else "samples.jsonl")
-    command = "spin-indexer " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    command = _command(args)
     if args.report_only:
         return _report(out, command, None, args.quiet)
     configs = [parse_config(c) for c in args.configs]
@@ -131,6 +130,20 @@ def run(args) -> int:
                 f.write(json.dumps(rec) + "\n")
                 done.add((task, context, seed, r["config"]))
     return _report(out, command, meta, args.quiet)
+
+
+def _command(args) -> str:
+    """The canonical command line of this run (every option spelled out, so it regenerates the same cells)."""
+    if args.report_only:
+        return f"spin-indexer quality --report-only --out {shlex.quote(str(args.out))}"
+    parts = ["spin-indexer", "quality", "--tasks", *args.tasks, "--contexts", *map(str, args.contexts), "--samples",
+             str(args.samples), "--first-seed", str(args.first_seed), "--configs", *args.configs, "--topk",
+             str(args.topk), "--indexer", args.indexer, "--out", str(args.out)]
+    if args.max_new:
+        parts += ["--max-new", str(args.max_new)]
+    if args.shard:
+        parts += ["--shard", args.shard]
+    return " ".join(shlex.quote(p) for p in parts)
 
 
 def _lines(out: Path):

@@ -1,0 +1,109 @@
+"""`spin-indexer quality` end to end on a tiny random Llama and a fake tokenizer (the loader and the RULER
+generator are replaced; the runner, scoring, files and resume logic are the real ones)."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+from spin_indexer.cli import main as cli
+from spin_indexer.eval.quality import CSV_COLUMNS
+from spin_indexer.model import loader, ruler
+from spin_indexer.model.llama import Llama, LlamaConfig
+
+
+class FakeTokenizer:
+    """Words 'w<i>' <-> ids i (vocab 40); id 39 is EOS."""
+
+    eos_token_id = 39
+
+    def __call__(self, text, add_special_tokens=False):
+        ids = [int(w[1:]) % 40 for w in text.split() if w.startswith("w") and w[1:].isdigit()]
+        return type("Enc", (), {"input_ids": ids})()
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(f"w{i}" for i in ids)
+
+
+@pytest.fixture
+def fake_model(monkeypatch):
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=40, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, ffn_dim=48)
+    model = Llama(cfg, max_len=2048).eval().requires_grad_(False)
+    for p in model.parameters():
+        p.normal_(0, 0.3)
+    calls = []
+
+    def make_prompt(task, context, seed, tok):
+        calls.append((task, context, seed))
+        g = torch.Generator().manual_seed(seed)
+        words = torch.randint(0, 39, (context - 40,), generator=g).tolist()
+        return " ".join(f"w{i}" for i in words), ["w7"]  # an answer the model may or may not produce
+
+    monkeypatch.setattr(loader, "missing_reason", lambda: None)
+    monkeypatch.setattr(ruler, "missing_reason", lambda: None)
+    monkeypatch.setattr(loader, "load_model", lambda **kw: (model, FakeTokenizer()))
+    monkeypatch.setattr(ruler, "make_prompt", make_prompt)
+    return calls
+
+
+def _csv(path):
+    with open(path) as f:
+        return list(csv.reader(f))
+
+
+def test_quality_tiny_end_to_end(fake_model, tmp_path, capsys):
+    out = tmp_path / "q"
+    argv = ["quality", "--tasks", "niah_single_1", "vt", "--contexts", "600", "--samples", "2", "--topk", "64",
+            "--indexer", "oracle", "--configs", "dense", "spin-0.4", "mtp2-spin-0.3", "--out", str(out), "--quiet"]
+    assert cli.main(argv) == 0
+    rows = _csv(out / "ruler.csv")
+    assert tuple(rows[0]) == CSV_COLUMNS
+    cells = {(r[0], r[2]): r for r in rows[1:]}
+    # 2 tasks + the pooled "all" row; all-keep was added as the MTP draft source and is reported too
+    assert set(cells) == {(t, c) for t in ("niah_single_1", "vt", "all")
+                          for c in ("dense", "all-keep", "spin-0.4", "mtp2-spin-0.3")}
+    assert cells[("vt", "all-keep")][5:] == ["0.000000", "0.000000"]
+    assert all(r[1] == "600" for r in rows[1:])
+    assert cells[("vt", "dense")][3] == "2" and cells[("all", "dense")][3] == "4"
+    assert cells[("vt", "dense")][5] == "-"  # dense has no indexer: no miss
+    for task in ("niah_single_1", "vt"):
+        mean, p99 = float(cells[(task, "spin-0.4")][5]), float(cells[(task, "spin-0.4")][6])
+        assert 0.0 <= mean <= p99 <= 1.0
+        assert 0.0 <= float(cells[(task, "dense")][4]) <= 100.0
+    detail = _csv(out / "ruler_detail.csv")
+    assert detail[0][-5:] == ["ci_low", "ci_high", "sparsity", "acceptance", "steps"]
+    acc = {(r[0], r[2]): r[10] for r in detail[1:]}
+    assert 1.0 <= float(acc[("vt", "mtp2-spin-0.3")]) <= 2.0 and acc[("vt", "dense")] == "-"
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    # all-keep is added for the MTP draft; 2 tasks x 2 seeds x 4 configs
+    assert len(samples) == 16 and {s["config"] for s in samples} == {"dense", "spin-0.4", "mtp2-spin-0.3", "all-keep"}
+    readme = (out / "README.md").read_text()
+    assert "spin-indexer quality" in readme and "oracle" in readme and "<!-- notes -->" in readme
+    assert len(fake_model) == 4
+    # resume: nothing left to do, no prompt rebuilt; notes after the marker survive
+    (out / "README.md").write_text(readme + "\nhand-written note\n")
+    assert cli.main(argv) == 0 and len(fake_model) == 4
+    assert "hand-written note" in (out / "README.md").read_text()
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 16
+    # a new config on the same prompts only runs that config
+    assert cli.main(argv[:-4] + ["--configs", "dense", "spin-0.2-noexp", "--out", str(out), "--quiet"]) == 0
+    assert len((out / "samples.jsonl").read_text().splitlines()) == 20
+
+
+def test_quality_report_only(fake_model, tmp_path, capsys):
+    out = tmp_path / "q"
+    argv = ["quality", "--tasks", "niah_single_1", "--contexts", "300", "--samples", "1", "--topk", "64",
+            "--indexer", "oracle", "--configs", "all-keep", "--out", str(out), "--quiet", "--shard", "x"]
+    assert cli.main(argv) == 0 and (out / "samples-x.jsonl").is_file()
+    (out / "ruler.csv").unlink()
+    assert cli.main(["quality", "--report-only", "--out", str(out)]) == 0
+    assert _csv(out / "ruler.csv")[1][:4] == ["niah_single_1", "300", "all-keep", "1"]
+    assert "| all-keep |" in capsys.readouterr().out
+
+
+def test_quality_report_only_without_samples(tmp_path, capsys):
+    assert cli.main(["quality", "--report-only", "--out", str(tmp_path)]) == 1
+    assert "no samples" in capsys.readouterr().err

@@ -93,7 +93,8 @@ def run(args) -> int:
     runner = QualityRunner(model, lambda ids: tok.decode(ids, skip_special_tokens=True), mode, indexer, args.topk,
                            tok.eos_token_id, args.seed)
     done = _done_keys(out)
-    jobs = [(t, c, args.first_seed + i) for c in args.contexts for t in args.tasks for i in range(args.samples)]
+    # seed-major order: stopping early leaves every task with about the same number of samples
+    jobs = [(t, c, args.first_seed + i) for c in args.contexts for i in range(args.samples) for t in args.tasks]
     jobs = [j for j in jobs if not all((*j, cfg.name) in done for cfg in configs)]
     meta = {"indexer": mode, "topk": args.topk, "threads": torch.get_num_threads(), "device": device,
             "torch": torch.__version__,

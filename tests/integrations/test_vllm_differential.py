@@ -146,3 +146,46 @@ def test_op_under_torch_compile_matches_eager(gen):
     with vh.set_current_vllm_config(cfg), vh.set_forward_context(attn, cfg):
         out = compiled(hidden, step.q, step.weights, buffer)
     assert torch.equal(out, eager) and torch.equal(buffer, eager)
+
+
+def test_padded_rows_and_mixed_prefill_batch(gen):
+    """CUDA-graph padding rows (length 0) come back all -1 like vLLM's; in a mixed step vLLM's own forward
+    sees the prefill part with the decode rows hidden, and SPIN writes only the decode rows."""
+    import dataclasses
+
+    topk, lens = 512, [1500, 0, 900, 0]
+    kv = vh.make_cache(60, gen)
+    cfg = vh.vllm_config({"enable": True, "sparsity": 0.0})
+    layers, buffer = vh.build_layers(cfg, [kv], topk, MAX_MODEL_LEN)
+    layer = layers[0]
+    step = vh.make_step(lens, _tables(lens, 60, gen), 1, WIDTH, gen)
+    got = vh.run_layer(cfg, layers, layer, step)
+    want = vh.reference(cfg, layer, step, buffer)
+    assert layer.spin_runtime.planned_for(step.meta)
+    vh.assert_same_topk(got[:4], want[:4], vh.dense_logits(layer, step), topk)
+    assert bool((got[[1, 3], :topk] == -1).all())
+
+    # a mixed step: 2 decode rows, then 3 prefill tokens that vLLM's own path scores (here: a marker)
+    seen = []
+
+    def vllm_forward(hidden, q, k, w):
+        meta = vh.get_forward_context().attn_metadata[layer.k_cache.prefix]
+        seen.append(meta)
+        layer.topk_indices_buffer[: hidden.shape[0]] = -1
+        if meta.num_prefills:
+            layer.topk_indices_buffer[meta.num_decode_tokens: hidden.shape[0], :topk] = 4242
+        return layer.topk_indices_buffer
+
+    layer._vllm_forward = vllm_forward
+    step = vh.make_step([1500, 900], _tables([1500, 900], 60, gen), 1, WIDTH, gen)
+    prefill = object()
+    meta = dataclasses.replace(step.meta, num_prefills=1, num_prefill_tokens=3, prefill=prefill,
+                               slot_mapping=torch.cat([step.meta.slot_mapping, torch.tensor([5, 6, 7])]))
+    mixed = vh.Step(meta, torch.cat([step.q, step.q[:1].repeat(3, 1, 1)]),
+                    torch.cat([step.weights, step.weights[:1].repeat(3, 1)]), step.seq_lens, step.block_table)
+    got = vh.run_layer(cfg, layers, layer, mixed)
+    assert len(seen) == 1 and seen[0].num_decodes == 0 and seen[0].decode is None
+    assert seen[0].prefill is prefill and seen[0].num_decode_tokens == 2 and seen[0].num_prefill_tokens == 3
+    assert bool((got[2:5, :topk] == 4242).all()), "SPIN touched the prefill rows"
+    want = vh.reference(cfg, layer, step, buffer)
+    vh.assert_same_topk(got[:2], want[:2], vh.dense_logits(layer, step), topk)

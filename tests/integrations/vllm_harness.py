@@ -17,7 +17,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 import torch  # noqa: E402
 import vllm.model_executor.layers.sparse_attn_indexer as sai  # noqa: E402
 from vllm.config import VllmConfig, set_current_vllm_config  # noqa: E402
-from vllm.forward_context import set_forward_context  # noqa: E402
+from vllm.forward_context import get_forward_context, set_forward_context  # noqa: E402,F401
 from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer  # noqa: E402
 from vllm.v1.attention.backends.mla.indexer import (DeepSeekV32IndexerDecodeMetadata,  # noqa: E402
                                                     DeepseekV32IndexerMetadata)
@@ -100,7 +100,8 @@ def make_step(lens, tables, next_n: int, width: int, gen: torch.Generator, extra
         block_table[b, : len(ids)] = torch.tensor(ids, dtype=torch.int32)
     rows = L[:, None] - next_n + 1 + torch.arange(next_n, dtype=torch.int32)  # [B, N]
     pos = (rows - 1).long()
-    slots = torch.gather(block_table.long(), 1, pos // T) * T + pos % T
+    slots = torch.gather(block_table.long(), 1, pos.clamp_min(0) // T) * T + pos % T
+    slots = torch.where(pos >= 0, slots, -1)  # length-0 rows: CUDA-graph padding, nothing written
     slot_mapping = slots.reshape(-1)
     if extra_written is not None:
         slot_mapping = torch.cat([slot_mapping, torch.as_tensor(extra_written, dtype=torch.int64)])

@@ -65,12 +65,12 @@ def run(args) -> int:
     say(f"[1/4] loading SmolLM2-135M-Instruct ({loader.find_gguf().name}) on {device}, "
         f"{torch.get_num_threads()} thread(s) ...")
     t = time.perf_counter()
-    model, tok = loader.load_model(device=device, max_len=max_len)
+    yarn = loader.yarn_factor_for(args.context)  # the prompt fits in --context tokens
+    model, tok = loader.load_model(device=device, max_len=max_len, yarn_factor=yarn)
     mode, indexer = "oracle", None
     if loader.INDEXER_WEIGHTS.is_file():
         mode = "lightning"
-        indexer = Indexer.load(loader.INDEXER_WEIGHTS, max_len=max_len, yarn_factor=loader.yarn_factor_for(max_len),
-                               device=device)
+        indexer = Indexer.load(loader.INDEXER_WEIGHTS, max_len=max_len, yarn_factor=yarn, device=device)
     timings = {"load_s": time.perf_counter() - t}
 
     say(f"[2/4] building a RULER {args.task} prompt of ~{args.context} tokens ...")

@@ -82,11 +82,12 @@ def run(args) -> int:
         mode = "lightning" if loader.INDEXER_WEIGHTS.is_file() else "oracle"
     max_len = max(args.contexts) + 64
     t0 = time.perf_counter()
-    model, tok = loader.load_model(device=device, max_len=max_len)
+    # YaRN from the nominal context (prompt + answer fit in it); the tables cover a few extra positions
+    yarn = loader.yarn_factor_for(max(args.contexts))
+    model, tok = loader.load_model(device=device, max_len=max_len, yarn_factor=yarn)
     indexer = None
     if mode == "lightning":
-        indexer = Indexer.load(loader.INDEXER_WEIGHTS, max_len=max_len, yarn_factor=loader.yarn_factor_for(max_len),
-                               device=device)
+        indexer = Indexer.load(loader.INDEXER_WEIGHTS, max_len=max_len, yarn_factor=yarn, device=device)
     load_s = time.perf_counter() - t0
     from ..eval.quality import Prompt, QualityRunner
 

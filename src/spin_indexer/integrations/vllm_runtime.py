@@ -120,7 +120,7 @@ class SpinVllmRuntime:
         """Top-k of the decode rows of `layer` into out[:B*N, :K]; False if this layer cannot (caller
         delegates)."""
         view = cache_view(kv_cache)
-        if view is None or view[1] != self._block_scale:
+        if view is None or view[1] != self._block_scale or layer >= self.indexer.num_layers:
             return False
         kv, _ = view
         rows = batch.num_rows

@@ -128,3 +128,12 @@ def test_errors(model, indexer):
         prefill(model, caches, 0, torch.zeros(65, dtype=torch.int64))
     with pytest.raises(ValueError, match="max_len"):
         Caches.allocate(model, 1, 10_000)
+
+
+def test_generate_with_spin_selector_reuses_slots(model, indexer):
+    prompt = torch.randint(0, 97, (300,))
+    selector = SpinIndexer(SpinConfig(sparsity=0.0, topk=32), num_layers=model.cfg.num_layers, max_batch=1,
+                           max_blocks=8, max_requests=1)
+    want = generate(model, prompt, 4, "lightning", 32, indexer)
+    for _ in range(2):  # one state slot: the second call only works if the first freed it
+        assert generate(model, prompt, 4, "lightning", 32, indexer, selector).tolist() == want.tolist()

@@ -232,22 +232,29 @@ def generate(model: Llama, prompt: torch.Tensor, max_new_tokens: int, mode: str 
              observer: Observer | None = None, progress: bool = False) -> torch.Tensor:
     """Greedy decoding of one prompt (int64 [S]) -> generated int64 [<= max_new_tokens] (stops at eos_id).
 
-    The observer, if any, is called with (step, layer, scores, topk) through a closure per step.
+    A SpinIndexer selector gets a fresh state slot for this prompt, freed at the end. The observer, if
+    any, sees (layer, scores, topk) of every decode step (all-keep only).
     """
     check_int("max_new_tokens", max_new_tokens, low=0)
     caches = Caches.allocate(model, 1, prompt.shape[0] + max_new_tokens, indexer if mode == "lightning" else None)
-    if selector is not None and hasattr(selector, "state") and hasattr(selector.state, "allocate"):
-        caches.slot_ids[0] = selector.state.allocate()
-    logits = prefill(model, caches, 0, prompt, indexer)
-    out = []
-    steps = range(max_new_tokens)
-    if progress:
-        from tqdm import tqdm
-        steps = tqdm(steps, desc=f"decode ({mode})", leave=False)
-    for _ in steps:
-        nxt = logits.argmax(-1).view(1, 1)
-        out.append(nxt.view(1))
-        if eos_id is not None and int(nxt) == eos_id:
-            break
-        logits = decode_one_step(model, caches, nxt, mode, k, indexer, selector, observer)[0, -1]
+    state = getattr(selector, "state", None)  # a SpinIndexer keeps per-request history in a slot
+    slot = state.allocate() if state is not None else None
+    if slot is not None:
+        caches.slot_ids[0] = slot
+    try:
+        logits = prefill(model, caches, 0, prompt, indexer)
+        out = []
+        steps = range(max_new_tokens)
+        if progress:
+            from tqdm import tqdm
+            steps = tqdm(steps, desc=f"decode ({mode})", leave=False)
+        for s in steps:
+            nxt = logits.argmax(-1).view(1, 1)
+            out.append(nxt.view(1))
+            if s == max_new_tokens - 1 or (eos_id is not None and int(nxt) == eos_id):
+                break
+            logits = decode_one_step(model, caches, nxt, mode, k, indexer, selector, observer)[0, -1]
+    finally:
+        if slot is not None:
+            state.free(slot)
     return torch.cat(out) if out else prompt.new_zeros(0)

@@ -173,14 +173,19 @@ def decode_perplexity(model: Llama, tokens: torch.Tensor, prefix: int, mode: str
     """
     b, s = tokens.shape
     caches = Caches.allocate(model, b, s, indexer if mode == "lightning" else None)
-    if selector is not None and hasattr(selector, "state"):
-        for r in range(b):
-            caches.slot_ids[r] = selector.state.allocate()
+    state = getattr(selector, "state", None)
+    slots = [state.allocate() for _ in range(b)] if state is not None else []
+    for r, slot in enumerate(slots):
+        caches.slot_ids[r] = slot
     nll = torch.zeros((), dtype=torch.float64, device=tokens.device)
-    for r in range(b):
-        logits = prefill(model, caches, r, tokens[r, :prefix], indexer)
-        nll -= torch.log_softmax(logits, -1)[tokens[r, prefix]].double()
-    for p in range(prefix, s - 1):
-        logits = decode_one_step(model, caches, tokens[:, p:p + 1], mode, k, indexer, selector)[:, 0]
-        nll -= torch.log_softmax(logits, -1).gather(-1, tokens[:, p + 1:p + 2]).double().sum()
+    try:
+        for r in range(b):
+            logits = prefill(model, caches, r, tokens[r, :prefix], indexer)
+            nll -= torch.log_softmax(logits, -1)[tokens[r, prefix]].double()
+        for p in range(prefix, s - 1):
+            logits = decode_one_step(model, caches, tokens[:, p:p + 1], mode, k, indexer, selector)[:, 0]
+            nll -= torch.log_softmax(logits, -1).gather(-1, tokens[:, p + 1:p + 2]).double().sum()
+    finally:
+        for slot in slots:
+            state.free(slot)
     return math.exp(float(nll) / (b * (s - prefix)))

@@ -141,8 +141,7 @@ def decode_one_step(model: Llama, caches: Caches, tokens: torch.Tensor, mode: st
         caches.v[i][rows, pos] = v
         keys, vals = caches.k[i], caches.v[i]
         if mode == "dense":
-            mask = torch.arange(caches.capacity, device=dev)[None, None, :] < seq_lens[:, :, None]  # [B, N, P]
-            out = _attend(q, keys, vals, mask[:, None])
+            out = attend_dense(q, keys, vals, seq_lens)
         else:
             if mode == "oracle":
                 topk = _oracle_topk(i, q, keys, seq_lens, k, selector, observer)
@@ -159,8 +158,8 @@ def _oracle_topk(layer, q, keys, seq_lens, k, selector, observer):
     """Scores = attention logits of the new query, max over the query heads; -inf past each row."""
     b, n, hq, d = q.shape
     groups = hq // keys.shape[2]
-    logits = torch.einsum("bnhgd,bphd->bnhgp", q.view(b, n, -1, groups, d).float(), keys.float()) * d ** -0.5
-    scores = logits.flatten(2, 3).amax(dim=2)  # [B, N, P]
+    logits = torch.einsum("bnhgd,bphd->bnhgp", q.view(b, n, -1, groups, d).to(keys.dtype), keys)
+    scores = logits.flatten(2, 3).amax(dim=2).float() * d ** -0.5  # [B, N, P]
     cols = torch.arange(scores.shape[-1], device=q.device)
     scores = torch.where(cols[None, None] < seq_lens[:, :, None], scores, float("-inf")).view(b * n, -1)
     if selector is not None:
@@ -204,6 +203,20 @@ def _attend(q, keys, vals, mask):
     vt = vals.transpose(1, 2).repeat_interleave(groups, dim=1)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, attn_mask=mask)
     return out.transpose(1, 2)
+
+
+def attend_dense(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """Full attention of decode rows: q [B, N, Hq, d]; keys/vals [B, P, Hkv, d]; row (b, j) sees positions
+    < seq_lens[b, j] (int32 [B, N]). returns [B, N, Hq, d]. GQA without copying the cache per head."""
+    b, n, hq, d = q.shape
+    hkv = keys.shape[2]
+    qg = q.view(b, n, hkv, hq // hkv, d).to(keys.dtype)
+    logits = torch.einsum("bnhgd,bphd->bnhgp", qg, keys).float() * d ** -0.5
+    cols = torch.arange(keys.shape[1], device=q.device)
+    visible = cols[None, None, :] < seq_lens[:, :, None]  # [B, N, P]
+    logits = logits.masked_fill(~visible[:, :, None, None, :], float("-inf"))
+    probs = torch.softmax(logits, dim=-1).to(vals.dtype)
+    return torch.einsum("bnhgp,bphd->bnhgd", probs, vals).reshape(b, n, hq, d).to(q.dtype)
 
 
 def attend_topk(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, topk: torch.Tensor) -> torch.Tensor:

@@ -43,3 +43,20 @@ def test_capture_rejects_dense_and_sizes():
         capture_trace(model, torch.zeros(5, dtype=torch.int64), 2, "dense", 4, prompt_id="x")
     # 32K context x 256 steps x 30 layers, K = 256: ~507 MB of fp16 scores + 7.9 MB of top-k
     assert trace_bytes(256, 30, 32768, 256) == 256 * 30 * ((32768 + 256) * 2 + 256 * 4) + 256 * 4
+
+
+def test_capture_layer_subset_matches_full_trace():
+    model = tiny_model(max_len=256)
+    prompt = torch.randint(0, 97, (70,))
+    full, gen_full = capture_trace(model, prompt, 3, "oracle", 8, prompt_id="a")
+    part, gen_part = capture_trace(model, prompt, 3, "oracle", 8, prompt_id="b", layers=[1])
+    assert part.scores.shape == (3, 1, 1, 73) and part.meta.extra["layers"] == [1]
+    assert torch.equal(part.scores[:, 0], full.scores[:, 1]) and torch.equal(gen_part, gen_full)
+    with pytest.raises(ValueError, match="layers"):
+        capture_trace(model, prompt, 1, "oracle", 8, prompt_id="c", layers=[2])
+
+
+def test_cli_layer_parser():
+    from spin_indexer.cli.capture import _parse_layers
+    assert _parse_layers("0-29:4") == [0, 4, 8, 12, 16, 20, 24, 28]
+    assert _parse_layers("3,5-6") == [3, 5, 6] and _parse_layers(None) is None

@@ -21,7 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", default="niah_single_1", help="RULER task (see spin_indexer.model.ruler.TASKS)")
     p.add_argument("--context", type=int, default=4096, help="prompt + answer budget in tokens")
     p.add_argument("--steps", type=int, default=64, help="decode steps recorded")
-    p.add_argument("--indexer", choices=("lightning", "oracle"), default="lightning")
+    p.add_argument("--indexer", default="lightning",
+                   help="lightning, oracle, or both comma-separated (one prefill per prompt and indexer)")
+    p.add_argument("--layers", default=None,
+                   help="record only these layers, e.g. '0,8,16,24' or '0-29:4' (default all 30); the trace's "
+                        "meta.extra['layers'] names them")
     p.add_argument("--k", type=int, default=256, help="top-k of the sparse attention (and the recorded top-k)")
     p.add_argument("--prompts", type=int, default=1, help="prompts (seeds seed, seed+1, ...)")
     p.add_argument("--weights", type=Path, default=None, help="indexer weights (default: the shipped ones)")
@@ -39,6 +43,11 @@ def run(args: argparse.Namespace) -> int:
 
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
     ruler.check_task(args.task)
+    indexers = [name.strip() for name in args.indexer.split(",") if name.strip()]
+    if not indexers or any(name not in ("lightning", "oracle") for name in indexers):
+        print(f"error: --indexer: expected lightning, oracle or both, got {args.indexer!r}", file=sys.stderr)
+        return 2
+    layers = _parse_layers(args.layers)
     for reason in (missing_reason(), ruler.missing_reason()):
         if reason:
             print(f"error: {reason}", file=sys.stderr)
@@ -48,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.time()
     model, tok = load_model(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32, max_len=max_len)
     indexer = None
-    if args.indexer == "lightning":
+    if "lightning" in indexers:
         path = args.weights or INDEXER_WEIGHTS
         if not Path(path).is_file():
             print(f"error: indexer weights not found at {path} (run spin-indexer distill)", file=sys.stderr)
@@ -60,23 +69,36 @@ def run(args: argparse.Namespace) -> int:
         seed = args.seed + i
         prompt, answers = ruler.make_prompt(args.task, args.context, seed, tok)
         ids = torch.tensor(tok(prompt).input_ids, dtype=torch.int64, device=dev)
-        name = f"{args.task}_{args.context}_{args.indexer}_s{seed}"
-        t = time.time()
-        trace, generated = capture_trace(model, ids, args.steps, args.indexer, args.k, indexer, prompt_id=name,
-                                         task=args.task, progress=not args.quiet,
-                                         extra={"seed": seed, "answers": answers})
-        text = tok.decode(generated.tolist(), skip_special_tokens=True)
-        score = ruler.score_answer(args.task, text, answers)
-        trace.meta.extra.update({"generated": text, "score": score, "yarn_factor": model.cfg.yarn_factor,
-                                 "device": str(dev)})
-        path = trace.save(args.out)
-        size = path.stat().st_size / 2**20
-        rows.append((name, ids.numel(), trace.num_steps, size, score, time.time() - t))
-        say(f"{name}: answer {text[:60]!r} (expected {answers}) -> {path} ({size:.1f} MiB)")
+        for mode in indexers:
+            name = f"{args.task}_{args.context}_{mode}_s{seed}"
+            t = time.time()
+            trace, generated = capture_trace(model, ids, args.steps, mode, args.k, indexer, prompt_id=name,
+                                             task=args.task, progress=not args.quiet, layers=layers,
+                                             extra={"seed": seed, "answers": answers})
+            text = tok.decode(generated.tolist(), skip_special_tokens=True)
+            score = ruler.score_answer(args.task, text, answers)
+            trace.meta.extra.update({"generated": text, "score": score, "yarn_factor": model.cfg.yarn_factor,
+                                     "device": str(dev)})
+            path = trace.save(args.out)
+            size = path.stat().st_size / 2**20
+            rows.append((name, ids.numel(), trace.num_steps, size, score, time.time() - t))
+            say(f"{name}: answer {text[:60]!r} (expected {answers}) -> {path} ({size:.1f} MiB)")
     say(f"\n{'trace':40s} {'prompt':>7s} {'steps':>5s} {'MiB':>7s} {'score':>5s} {'s':>6s}")
     for name, n, steps, size, score, secs in rows:
         say(f"{name:40s} {n:7d} {steps:5d} {size:7.1f} {score:5.2f} {secs:6.1f}")
     return 0
+
+
+def _parse_layers(text: str | None) -> list[int] | None:
+    """'0,8,16' -> [0, 8, 16]; '0-29:4' -> [0, 4, ..., 28]; None -> None (all layers)."""
+    if not text:
+        return None
+    out = []
+    for part in text.split(","):
+        rng, _, step = part.partition(":")
+        lo, _, hi = rng.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1, int(step or 1)))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

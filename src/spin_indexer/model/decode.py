@@ -74,18 +74,22 @@ class Caches:
 
 @torch.no_grad()
 def prefill(model: Llama, caches: Caches, request: int, tokens: torch.Tensor, indexer: Indexer | None = None,
-            chunk: int = 1024) -> torch.Tensor:
+            chunk: int = 1024, progress: bool = False) -> torch.Tensor:
     """Dense causal prefill of one request's prompt, in chunks; writes KV (and indexer keys) at 0..S-1.
 
-    tokens: int64 [S] prompt (the request's cache must be empty). returns float32 logits [vocab] of the
-    last prompt token.
+    tokens: int64 [S] prompt (the request's cache must be empty); progress: a bar over the chunks.
+    returns float32 logits [vocab] of the last prompt token.
     """
     check_tensor("tokens", tokens, dtype=torch.int64, ndim=1)
     s = tokens.shape[0]
     check_int("len(tokens)", s, low=1, high=caches.capacity)
     cfg = model.cfg
     x_last = None
-    for start in range(0, s, chunk):
+    starts = range(0, s, chunk)
+    if progress:
+        from tqdm import tqdm
+        starts = tqdm(starts, desc=f"prefill {s} tokens", unit="chunk", leave=False)
+    for start in starts:
         ids = tokens[start:start + chunk][None]  # [1, C]
         end = start + ids.shape[1]
         pos = torch.arange(start, end, device=tokens.device)

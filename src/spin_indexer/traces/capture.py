@@ -23,12 +23,15 @@ FP16_MAX = 65504.0
 @torch.no_grad()
 def capture_trace(model, prompt: torch.Tensor, steps: int, mode: str, k: int, indexer=None, *, prompt_id: str,
                   task: str = "", model_name: str = "SmolLM2-135M-Instruct", eos_id: int | None = None,
-                  progress: bool = False, extra: dict | None = None) -> tuple[Trace, torch.Tensor]:
+                  progress: bool = False, layers: list[int] | None = None,
+                  extra: dict | None = None) -> tuple[Trace, torch.Tensor]:
     """Decode `steps` greedy tokens after `prompt` and record the trace.
 
     prompt: int64 [S0] token ids; mode: "oracle" or "lightning" (the indexer whose scores are recorded);
     k: top-k of the sparse attention and of the recorded dense top-k; eos_id: stop early (the trace then
-    has fewer steps). returns (trace with next_n = 1, generated int64 [steps]).
+    has fewer steps); layers: record only these model layers (ascending; the trace's layer axis then holds
+    them in order and meta.extra["layers"] names them), default all. returns (trace with next_n = 1,
+    generated int64 [steps]).
     """
     check_tensor("prompt", prompt, dtype=torch.int64, ndim=1)
     check_int("steps", steps, low=1)
@@ -38,20 +41,27 @@ def capture_trace(model, prompt: torch.Tensor, steps: int, mode: str, k: int, in
     context = prompt.shape[0]
     max_len = context + steps
     dev = prompt.device
-    num_layers = model.cfg.num_layers
+    layers = list(range(model.cfg.num_layers)) if layers is None else sorted(set(layers))
+    if not layers or layers[0] < 0 or layers[-1] >= model.cfg.num_layers:
+        raise ValueError(f"layers: expected indices in [0, {model.cfg.num_layers - 1}], got {layers}")
+    slot_of = {layer: i for i, layer in enumerate(layers)}
+    num_layers = len(layers)
     caches = Caches.allocate(model, 1, max_len, indexer if mode == "lightning" else None)
     scores = torch.full((steps, num_layers, 1, max_len), float("-inf"), dtype=torch.float16, device=dev)
     topk = torch.full((steps, num_layers, 1, k), -1, dtype=torch.int32, device=dev)
     step = [0]
 
     def observe(layer: int, layer_scores: torch.Tensor, layer_topk: torch.Tensor) -> None:
+        if layer not in slot_of:
+            return
+        layer = slot_of[layer]
         # fp16 keeps ~3 significant digits; clamp so large finite scores never turn into +-inf
         finite = layer_scores[:, :max_len].clamp(-FP16_MAX, FP16_MAX)
         finite = torch.where(torch.isneginf(layer_scores[:, :max_len]), float("-inf"), finite)
         scores[step[0], layer] = finite.to(torch.float16)
         topk[step[0], layer] = layer_topk
 
-    logits = prefill(model, caches, 0, prompt, indexer)
+    logits = prefill(model, caches, 0, prompt, indexer, progress=progress)
     generated = []
     it = range(steps)
     if progress:
@@ -68,6 +78,8 @@ def capture_trace(model, prompt: torch.Tensor, steps: int, mode: str, k: int, in
     seq_lens = (context + 1 + torch.arange(done, dtype=torch.int32)).view(done, 1)
     meta = TraceMeta(model=model_name, indexer=mode, prompt_id=prompt_id, task=task, context_len=context, k=k,
                      next_n=1, extra=dict(extra or {}))
+    if len(layers) < model.cfg.num_layers:
+        meta.extra["layers"] = layers
     trace = Trace(scores[:done].cpu(), seq_lens, meta, topk[:done].cpu())
     return trace, torch.cat(generated)
 

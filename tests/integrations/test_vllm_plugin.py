@@ -39,6 +39,11 @@ def test_entry_point_loads_and_registers_once():
     assert op_registry_oot["SparseAttnIndexer"] is SpinSparseAttnIndexer
     assert CompilationConfig._attention_ops.count(OP_NAME) == 1
     assert hasattr(torch.ops.spin_indexer, "sparse_attn_indexer")
+    # vLLM's piecewise compilation then splits its graphs at our op, as at vllm::sparse_attn_indexer
+    from vllm.config import CompilationMode
+    compilation = CompilationConfig(mode=CompilationMode.VLLM_COMPILE)
+    compilation.set_splitting_ops_for_v1(all2all_backend="naive")
+    assert OP_NAME in compilation.splitting_ops and "vllm::sparse_attn_indexer" in compilation.splitting_ops
 
 
 @pytest.mark.parametrize("source", ["off", "additional_config", "env"])

@@ -49,13 +49,14 @@ def patched_ops(logits_fn, topk_fn):
 class FusedOps:
     """ops.paged_indexer_logits + ops.topk with the block max handed from one to the other."""
 
-    def __init__(self, rows: int, width: int):
+    def __init__(self, rows: int, width: int, knobs: dict | None = None):
+        self.knobs = knobs or {}
         self.bmax = torch.empty(rows, width, device=DEVICE)
         self.out = torch.empty(rows, width * T, device=DEVICE)
 
     def logits(self, q_fp8, kv_cache, weights, seq_lens, block_table, validate=True, **_):
         return paged_indexer_logits_triton(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate,
-                                           out=self.out, block_max_out=self.bmax)
+                                           out=self.out, block_max_out=self.bmax, **self.knobs)
 
     def topk(self, logits, lengths, k, validate=True, **_):
         return topk_triton(logits, lengths, k, validate=validate, block_max=self.bmax)
@@ -90,13 +91,13 @@ def _step(idx, slots, table, lens, q, cache, w, layers=(0,)):
         idx.run(layer, q, cache, w)
 
 
-def step_calls(point: LogitsPoint, sparsity: float, wiring: str):
+def step_calls(point: LogitsPoint, sparsity: float, wiring: str, knobs: dict | None = None):
     """One-layer SPIN step callables over the point's (dense) tables; the indexer is warmed up so every
     block has been observed once (the first step of a request scores everything)."""
     batch, next_n, width = point.batch, point.next_n, point.tables[0].shape[1]
     idx, slots = make_indexer(batch, width, next_n, sparsity)
     lens = point.lens[0]
-    fused = FusedOps(batch * next_n, width)
+    fused = FusedOps(batch * next_n, width, knobs)
     with patched_ops(fused.logits, fused.topk):
         for _ in range(2):
             _step(idx, slots, point.tables[0], lens, point.q, point.pool.cache, point.w)

@@ -26,13 +26,13 @@ except ImportError:  # pragma: no cover
     triton = None
 
 # Blocks per program (a runtime argument: no recompiles), from request count x table width; picked on the
-# H200 (benchmarks/NOTES.md).
-_TARGET_PROGRAMS = 2048
+# H200 (benchmarks/NOTES.md, run 2: 16 blocks best up to ~8K programs, 64 for 96 x 8192 blocks).
+_TARGET_PROGRAMS = 16384
 
 
 def _pick_chunk(batch: int, width: int) -> int:
-    """Blocks per program: enough programs to fill 132 SMs a few times over, never fewer than 4 blocks."""
-    chunk = 4
+    """Blocks per program: at least 16, doubled while the grid has more than 16K programs."""
+    chunk = 16
     while chunk < 256 and batch * -(-width // chunk) > _TARGET_PROGRAMS:
         chunk *= 2
     return chunk
@@ -49,7 +49,7 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
                                 seq_lens: torch.Tensor, block_table: torch.Tensor, validate: bool = True,
                                 out: torch.Tensor | None = None, block_max_out: torch.Tensor | None = None,
                                 chunk: int | None = None, use_tma: bool = True, prefetch: int = 2,
-                                split: bool = False, precise: bool = True,
+                                split: bool = False, precise: bool = False, fuse_block_max: bool = True,
                                 num_stages: int = 3, num_warps: int = 4) -> torch.Tensor:
     """Paged indexer logits, same arguments and meaning as `paged_indexer_logits_ref`.
 
@@ -57,9 +57,11 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     weights: float32 [B*next_n, H]; seq_lens: int32 [B, next_n]; block_table: int32 [B, W].
     out: optional float32 [B*next_n, W*T] to write into; block_max_out: optional float32 [B*next_n, W],
     receives the max of each block's valid logits (-inf for a block with none).
-    chunk / use_tma / prefetch / split / num_stages / num_warps: tuning knobs (benchmarks only).
-    precise: add the FP8 MMA partial sums in fp32 every 32 of D (Hopper's FP8 MMA accumulates with a
-    reduced-precision adder: ~3e-4 relative error over D = 128 without this; with it, fp32-like).
+    chunk / use_tma / prefetch / split / num_stages / num_warps: tuning knobs (benchmarks only);
+    fuse_block_max=False leaves block_max_out unwritten (diagnostic: the cost of the fused max).
+    precise: add the FP8 MMA partial sums in fp32 every 32 of D. Off by default, like the production
+    kernel: Hopper's FP8 MMA accumulates with a reduced-precision adder, ~2-3e-4 relative error against
+    fp32 math over D = 128 (measured on the H200); precise=True gives ~1e-4 at 1.5-1.7x the time.
     returns out: float32 [B*next_n, W*T], -inf at and after each row's length.
     Shapes the kernel does not take (next_n not in {1, 2, 4}, H or D not powers of two, D < 32) are
     computed by the reference into the same buffers.
@@ -107,7 +109,7 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
         q, k_arg, scales_f32, w, lens, block_table, out, block_max_out,
         width, block_table.stride(0), chunk,
         NEXT_N=next_n, H=heads, D=dim, T=tokens, RB=rows_per_block, USE_TMA=use_tma,
-        PREFETCH=int(prefetch), SPLIT=split, MNIA=min(32, dim) if precise else dim, num_warps=num_warps, num_stages=num_stages)
+        PREFETCH=int(prefetch), SPLIT=split, MNIA=min(32, dim) if precise else dim, BMAX=fuse_block_max, num_warps=num_warps, num_stages=num_stages)
     return out
 
 
@@ -124,7 +126,8 @@ if triton is not None:
 
     @triton.jit
     def _score_block(k, q, w, lens, out_ptr, bmax_ptr, rows64, blk, scale, width,
-                     NEXT_N: tl.constexpr, H: tl.constexpr, T: tl.constexpr, MNIA: tl.constexpr):
+                     NEXT_N: tl.constexpr, H: tl.constexpr, T: tl.constexpr, MNIA: tl.constexpr,
+                     BMAX: tl.constexpr):
         # k [T, D] fp8, q [NEXT_N*H, D] fp8, w [NEXT_N, H], lens [NEXT_N], scale [T]
         s = tl.dot(k, tl.trans(q), max_num_imprecise_acc=MNIA)  # [T, NEXT_N*H]: k[t] . q[j, h]; T on the MMA M axis
         s = tl.maximum(s, 0.0)
@@ -136,36 +139,40 @@ if triton is not None:
         cols = blk * T + tl.arange(0, T)
         logit = tl.where(cols[:, None] < lens[None, :], logit, float("-inf"))
         tl.store(out_ptr + rows64[None, :] * width * T + cols[:, None], logit)
-        tl.store(bmax_ptr + rows64 * width + blk, tl.max(logit, axis=0))
+        if BMAX:
+            tl.store(bmax_ptr + rows64 * width + blk, tl.max(logit, axis=0))
 
     @triton.jit
     def _score_row(k, q, w, row_len, out_ptr, bmax_ptr, row64, blk, scale, width, T: tl.constexpr,
-                   MNIA: tl.constexpr):
+                   MNIA: tl.constexpr, BMAX: tl.constexpr):
         # one next_n row: k [T, D] fp8, q [H, D] fp8, w [H]; the key tile k is shared by the rows
         s = tl.maximum(tl.dot(k, tl.trans(q), max_num_imprecise_acc=MNIA), 0.0)  # [T, H]
         logit = tl.sum(s * w[None, :], axis=1) * scale  # [T]
         cols = blk * T + tl.arange(0, T)
         logit = tl.where(cols < row_len, logit, float("-inf"))
         tl.store(out_ptr + row64 * width * T + cols, logit)
-        tl.store(bmax_ptr + row64 * width + blk, tl.max(logit, axis=0))
+        if BMAX:
+            tl.store(bmax_ptr + row64 * width + blk, tl.max(logit, axis=0))
 
     @triton.jit
     def _score_block_split(k, q0, q1, q2, q3, w0, w1, w2, w3, lens_ptr, out_ptr, bmax_ptr, row0, blk, scale,
-                           width, NEXT_N: tl.constexpr, T: tl.constexpr, MNIA: tl.constexpr):
+                           width, NEXT_N: tl.constexpr, T: tl.constexpr, MNIA: tl.constexpr,
+                           BMAX: tl.constexpr):
         r = row0.to(tl.int64)
-        _score_row(k, q0, w0, tl.load(lens_ptr + row0), out_ptr, bmax_ptr, r, blk, scale, width, T, MNIA)
+        _score_row(k, q0, w0, tl.load(lens_ptr + row0), out_ptr, bmax_ptr, r, blk, scale, width, T, MNIA, BMAX)
         if NEXT_N >= 2:
-            _score_row(k, q1, w1, tl.load(lens_ptr + row0 + 1), out_ptr, bmax_ptr, r + 1, blk, scale, width, T, MNIA)
+            _score_row(k, q1, w1, tl.load(lens_ptr + row0 + 1), out_ptr, bmax_ptr, r + 1, blk, scale, width, T, MNIA, BMAX)
         if NEXT_N >= 4:
-            _score_row(k, q2, w2, tl.load(lens_ptr + row0 + 2), out_ptr, bmax_ptr, r + 2, blk, scale, width, T, MNIA)
-            _score_row(k, q3, w3, tl.load(lens_ptr + row0 + 3), out_ptr, bmax_ptr, r + 3, blk, scale, width, T, MNIA)
+            _score_row(k, q2, w2, tl.load(lens_ptr + row0 + 2), out_ptr, bmax_ptr, r + 2, blk, scale, width, T, MNIA, BMAX)
+            _score_row(k, q3, w3, tl.load(lens_ptr + row0 + 3), out_ptr, bmax_ptr, r + 3, blk, scale, width, T, MNIA, BMAX)
 
     @triton.jit
     def _paged_indexer_logits_kernel(q_ptr, k_arg, scale_ptr, w_ptr, lens_ptr, table_ptr, out_ptr, bmax_ptr,
                                      width, stride_table, chunk,
                                      NEXT_N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, T: tl.constexpr,
                                      RB: tl.constexpr, USE_TMA: tl.constexpr,
-                                     PREFETCH: tl.constexpr, SPLIT: tl.constexpr, MNIA: tl.constexpr):
+                                     PREFETCH: tl.constexpr, SPLIT: tl.constexpr, MNIA: tl.constexpr,
+                                     BMAX: tl.constexpr):
         b = tl.program_id(0)
         blk0 = tl.program_id(1) * chunk
         row0 = b * NEXT_N
@@ -223,9 +230,9 @@ if triton is not None:
                     k = _load_keys(k_arg, id_cur, USE_TMA, D, T, RB)
                     if SPLIT:
                         _score_block_split(k, q0, q1, q2, q3, w0, w1, w2, w3, lens_ptr, out_ptr, bmax_ptr, row0, blk,
-                                           sc_cur, width, NEXT_N, T, MNIA)
+                                           sc_cur, width, NEXT_N, T, MNIA, BMAX)
                     else:
-                        _score_block(k, q, w, lens, out_ptr, bmax_ptr, rows64, blk, sc_cur, width, NEXT_N, H, T, MNIA)
+                        _score_block(k, q, w, lens, out_ptr, bmax_ptr, rows64, blk, sc_cur, width, NEXT_N, H, T, MNIA, BMAX)
                     id_cur = id_nxt
                     id_nxt = id_nn
                     sc_cur = sc_nxt
@@ -240,9 +247,9 @@ if triton is not None:
                     k = _load_keys(k_arg, phys, USE_TMA, D, T, RB)
                     if SPLIT:
                         _score_block_split(k, q0, q1, q2, q3, w0, w1, w2, w3, lens_ptr, out_ptr, bmax_ptr, row0, blk,
-                                           sc_cur, width, NEXT_N, T, MNIA)
+                                           sc_cur, width, NEXT_N, T, MNIA, BMAX)
                     else:
-                        _score_block(k, q, w, lens, out_ptr, bmax_ptr, rows64, blk, sc_cur, width, NEXT_N, H, T, MNIA)
+                        _score_block(k, q, w, lens, out_ptr, bmax_ptr, rows64, blk, sc_cur, width, NEXT_N, H, T, MNIA, BMAX)
                     sc_cur = sc_nxt
             else:
                 for blk in range(blk0, blk_end):
@@ -251,9 +258,9 @@ if triton is not None:
                     k = _load_keys(k_arg, phys, USE_TMA, D, T, RB)
                     if SPLIT:
                         _score_block_split(k, q0, q1, q2, q3, w0, w1, w2, w3, lens_ptr, out_ptr, bmax_ptr, row0, blk,
-                                           sc, width, NEXT_N, T, MNIA)
+                                           sc, width, NEXT_N, T, MNIA, BMAX)
                     else:
-                        _score_block(k, q, w, lens, out_ptr, bmax_ptr, rows64, blk, sc, width, NEXT_N, H, T, MNIA)
+                        _score_block(k, q, w, lens, out_ptr, bmax_ptr, rows64, blk, sc, width, NEXT_N, H, T, MNIA, BMAX)
         # Blocks of this chunk past the longest row: -inf logits and block max, no key reads.
         neg = tl.full([NEXT_N, T], float("-inf"), tl.float32)
         for blk in range(tl.maximum(blk_end, blk0), chunk_end):

@@ -49,7 +49,7 @@ def _pick_group(cols: int, k: int) -> int:
 
 def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: bool = True,
                 block_max: torch.Tensor | None = None, cap: int | None = None,
-                stats: torch.Tensor | None = None) -> torch.Tensor:
+                stats: torch.Tensor | None = None, _stages: int = 4) -> torch.Tensor:
     """Top-k positions per row, same meaning as `topk_ref`.
 
     logits: float32 [R, C]; columns >= lengths[r] are ignored. lengths: int32 [R] in [0, C]. k: int >= 1.
@@ -58,6 +58,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     blocks, so the top-k reads only the blocks that can hold a winner.
     cap: candidate buffer size (tests use a small one to exercise the overflow path).
     stats: optional int32 [R] receiving the candidate count of each row (benchmarks, diagnostics).
+    _stages: run only the first launches (benchmark breakdown: 2 = group max + threshold, 3 = + gather).
     returns int32 [R, k]: positions, best first, ties to the lower position, -1 past lengths[r].
     """
     check_topk_args(logits, lengths, k, validate)
@@ -94,12 +95,18 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     count = torch.zeros(rows, dtype=torch.int32, device=dev) if stats is None else stats.zero_()
     cand = torch.empty(rows, cap, dtype=torch.int64, device=dev)
     sum_block = min(_next_pow2(num_groups), 8192)
+    if _stages < 2:
+        return out
     _threshold_kernel[(rows,)](summary, lengths, thresh, num_groups, summary.stride(0), k,
                                G=group, SB=sum_block, num_warps=8)
+    if _stages < 3:
+        return out
     gp = max(1, GATHER_COLS // group)
     _gather_kernel[(rows, triton.cdiv(num_groups, gp))](
         logits, lengths, summary, thresh, count, cand, cols, num_groups, logits.stride(0), summary.stride(0),
         G=group, GP=gp, CAP=cap, num_warps=4)
+    if _stages < 4:
+        return out
     _select_kernel[(rows,)](logits, lengths, count, cand, out, logits.stride(0), k,
                             K_POW=k_pow, CAP=cap, num_warps=8)
     return out

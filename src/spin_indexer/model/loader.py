@@ -8,7 +8,9 @@ HF_HUB_OFFLINE=1 so nothing is fetched.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 import math
 import os
 from pathlib import Path
@@ -58,12 +60,32 @@ def yarn_factor_for(max_len: int, trained: int = 8192) -> float:
     return float(2 ** math.ceil(math.log2(max_len / trained)))
 
 
+def cache_dir(path: Path) -> Path | None:
+    """Where the de-quantized weights and the tokenizer of `path` are cached, or None when disabled.
+
+    SPIN_INDEXER_CACHE=0 disables the cache; SPIN_INDEXER_CACHE=/dir moves it (default
+    ~/.cache/spin_indexer). The folder name carries the GGUF's size and mtime, so a changed file misses.
+    """
+    root = os.environ.get("SPIN_INDEXER_CACHE", str(Path.home() / ".cache" / "spin_indexer"))
+    if root in ("0", ""):
+        return None
+    st = path.stat()
+    return Path(root) / f"{path.stem}-{st.st_size}-{st.st_mtime_ns}"
+
+
 def load_tokenizer(path: Path | None = None):
+    """The GGUF's tokenizer (cached as tokenizer.json after the first, slow, conversion)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
 
     path = path or _require_gguf()
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    cache = cache_dir(path)
+    if cache is not None and (cache / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(str(cache))
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    if cache is not None:
+        _try(lambda: tok.save_pretrained(str(cache)))
+    return tok
 
 
 def load_model(device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, max_len: int = 8192,
@@ -73,22 +95,59 @@ def load_model(device: str | torch.device = "cpu", dtype: torch.dtype = torch.fl
 
     max_len: longest sequence (prompt + generated) the rotary tables must cover;
     yarn_factor: None picks `yarn_factor_for(max_len)` (1.0 up to 8K, 2 up to 16K, 4 up to 32K).
+    The first load de-quantizes through transformers (~25 s) and caches float32 weights (540 MB, see
+    cache_dir); later loads read the cache in about a second.
     """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM
-
     path = path or _require_gguf()
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     factor = yarn_factor_for(max_len) if yarn_factor is None else float(yarn_factor)
-    cfg = LlamaConfig.from_hf(hf.config, yarn_factor=factor)
+    state, base = _cached_weights(path)
+    cfg = LlamaConfig(**{**base, "yarn_factor": factor})
     with torch.device("meta"):
         model = Llama(cfg, max_len=1)
     model = model.to_empty(device="cpu")
     model.rope = type(model.rope)(cfg.head_dim, cfg.rope_theta, max_len, factor, cfg.max_position)
-    model.load_hf_state_dict(hf.state_dict())
-    del hf
+    model.load_state_dict(state, strict=True)
+    del state
     tok = load_tokenizer(path) if tokenizer else None
     return model.to(device=device, dtype=dtype).eval().requires_grad_(False), tok
+
+
+def _cached_weights(path: Path) -> tuple[dict, dict]:
+    """(state dict in our names, LlamaConfig fields) from the cache, else de-quantized and cached."""
+    from safetensors.torch import load_file, save_file
+
+    cache = cache_dir(path)
+    if cache is not None and (cache / "model.safetensors").is_file() and (cache / "llama_config.json").is_file():
+        return load_file(str(cache / "model.safetensors")), json.loads((cache / "llama_config.json").read_text())
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    cfg = LlamaConfig.from_hf(hf.config)
+    with torch.device("meta"):
+        model = Llama(cfg, max_len=1)
+    model = model.to_empty(device="cpu")
+    model.load_hf_state_dict(hf.state_dict())
+    del hf
+    state = {name: t.contiguous() for name, t in model.state_dict().items()}
+    base = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "yarn_factor"}
+    if cache is not None:
+        def write():
+            cache.mkdir(parents=True, exist_ok=True)
+            tmp = cache / "model.safetensors.tmp"
+            save_file(state, str(tmp))
+            tmp.replace(cache / "model.safetensors")  # atomic: a concurrent reader never sees half a file
+            (cache / "llama_config.json").write_text(json.dumps(base))
+        _try(write)
+    return state, base
+
+
+def _try(fn) -> None:
+    """Caching is an optimisation: a read-only or full disk must not stop the load."""
+    try:
+        fn()
+    except OSError:
+        pass
 
 
 def _require_gguf() -> Path:

@@ -106,3 +106,19 @@ def test_rope_matches_complex_rotation():
     z = torch.complex(x[..., :4].double(), x[..., 4:].double()) * torch.polar(torch.ones(3, 1, 4, dtype=torch.float64),
                                                                              pos.double()[:, None, None] * inv)
     torch.testing.assert_close(got.double(), torch.cat([z.real, z.imag], -1), rtol=1e-5, atol=1e-5)
+
+
+def test_pad_heads_keeps_scores():
+    from spin_indexer.model.indexer_head import pad_heads
+    q, w = torch.randn(2, 1, 4, 64), torch.randn(2, 1, 4)
+    q_fp8, weights = quantize_queries(q, w)
+    cache = new_kv_cache(2, 64)
+    ops.quantize_and_write(cache, torch.randn(100, 64), torch.arange(100))
+    table = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32)
+    lens = torch.tensor([[100], [37]], dtype=torch.int32)
+    qp, wp = pad_heads(q_fp8, weights)
+    assert qp.shape == (2, 1, 8, 64) and wp.shape == (2, 8) and qp.dtype == q_fp8.dtype
+    assert (qp[:, :, 4:].float() == 0).all() and (wp[:, 4:] == 0).all()
+    torch.testing.assert_close(ops.paged_indexer_logits(qp, cache, wp, lens, table),
+                               ops.paged_indexer_logits(q_fp8, cache, weights, lens, table))
+    assert pad_heads(qp, wp)[0] is qp

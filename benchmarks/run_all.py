@@ -134,7 +134,7 @@ def run_checks(pool, long_rows, env):
 
 
 # -------------------------------------------------------------------------------------------------- tune
-def run_tune(pool, long_rows, env):
+def run_tune(pool, long_rows, env, logits: bool = True, topk: bool = True):
     """Chunk sweep and kernel variants of the logits kernel; stage breakdown of the top-k."""
     import torch
     import bench_topk
@@ -143,7 +143,7 @@ def run_tune(pool, long_rows, env):
 
     from spin_indexer.ops.topk_triton import topk_triton
 
-    for batch, ctx, n in [(32, 1 << 18, 1), (32, 1 << 18, 2), (96, 1 << 19, 2)]:
+    for batch, ctx, n in [(32, 1 << 18, 1), (32, 1 << 18, 2), (96, 1 << 19, 2)] if logits else []:
         point = LogitsPoint(pool, batch, ctx, n)
         keys = batch * ctx * 132
         res = []
@@ -171,7 +171,7 @@ def run_tune(pool, long_rows, env):
                     TUNED[n], TUNED_US[n] = {k: v for k, v in knobs.items()}, t.p50_us
         del point
         torch.cuda.empty_cache()
-    for batch, ctx, n in [(1, 1 << 20, 1), (8, 1 << 20, 2), (96, 1 << 20, 2), (32, 1 << 16, 1)]:
+    for batch, ctx, n in [(1, 1 << 20, 1), (8, 1 << 20, 2), (96, 1 << 20, 2), (32, 1 << 16, 1)] if topk else []:
         point = LogitsPoint(pool, batch, ctx, n)
         for call in point.calls():
             call()
@@ -364,7 +364,7 @@ def print_table(rows):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(HERE, "results"))
-    p.add_argument("--phases", default="check,grid,graph61", help="comma list of check,tune,grid,graph61")
+    p.add_argument("--phases", default="check,grid,graph61", help="comma list of check,tune (= tune-logits + tune-topk),grid,graph61")
     p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 96])
     p.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")],
                    default=[65536, 131072, 262144, 524288, 1048576])
@@ -395,8 +395,9 @@ def main(argv=None) -> int:
     long_rows = []
     if "check" in phases:
         run_checks(pool, long_rows, env)
-    if "tune" in phases:
-        run_tune(pool, long_rows, env)
+    if phases & {"tune", "tune-logits", "tune-topk"}:
+        run_tune(pool, long_rows, env, logits=bool(phases & {"tune", "tune-logits"}),
+                 topk=bool(phases & {"tune", "tune-topk"}))
         env["tuned_logits_knobs"] = {str(k): v for k, v in TUNED.items()}
         log(f"tuned logits knobs per next_n: {TUNED}")
     rows = []

@@ -99,3 +99,13 @@ def test_bad_block_max_shape_raises(gen, triton_device):
                     block_max=torch.zeros(2, 3, device=triton_device))
     with pytest.raises(ValueError, match="lengths"):
         topk_triton(logits.to(triton_device), (lengths + 500).to(triton_device), 4)
+
+
+def test_sort_select_for_many_rows(gen, triton_device, monkeypatch):
+    """Above RANK_MAX_ROWS rows the candidates are sorted per row instead of ranked: same results."""
+    import spin_indexer.ops.topk_triton as topk_module
+    monkeypatch.setattr(topk_module, "RANK_MAX_ROWS", 2)
+    logits, lengths = masked_logits(5, 3000, gen)
+    _check(logits, lengths, 40, triton_device, use_block_max=True)
+    ties, tie_lengths = masked_logits(3, 700, gen, ties=True)
+    _check(ties, tie_lengths, 6, triton_device)

@@ -5,8 +5,9 @@ One program per (request, chunk of CHUNK blocks). For each block it loads the [T
 on the tensor cores (`dot(k, q^T)`: T on the MMA's M axis, so the head sum stays inside a thread quad),
 applies ReLU, the per-head weights, the head sum and the per-token scale, and stores the T logits and
 their max. Programs whose chunk starts past the request's longest row only write -inf: the cost
-follows the row lengths, not the table width W. The next block's scales are loaded one iteration
-ahead and block ids two ahead (REFERENCE.md sec. 6: the pipeliner never prefetches the scales).
+follows the row lengths, not the table width W. prefetch=1/2 load the next block's scales (and ids) by
+hand one iteration ahead (REFERENCE.md sec. 6); on Triton 3.6 the pipeliner alone (prefetch=0, the
+default) measured 4-9% faster (benchmarks/NOTES.md).
 
 Cache bytes, viewed as a 2D fp8 array [num_blocks * RB, D] with RB = T * (D + 4) / D rows per block
 (66 for T=64, D=128): rows [b*RB, b*RB + T) of block b are its keys, the rest hold its T fp32 scales.
@@ -54,7 +55,7 @@ def _kernel_supports(next_n: int, heads: int, dim: int, tokens: int) -> bool:
 def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                                 seq_lens: torch.Tensor, block_table: torch.Tensor, validate: bool = True,
                                 out: torch.Tensor | None = None, block_max_out: torch.Tensor | None = None,
-                                chunk: int | None = None, use_tma: bool = True, prefetch: int = 2,
+                                chunk: int | None = None, use_tma: bool = True, prefetch: int = 0,
                                 split: bool | None = None, precise: bool = False, fuse_block_max: bool = True,
                                 num_stages: int = 3, num_warps: int = 4) -> torch.Tensor:
     """Paged indexer logits, same arguments and meaning as `paged_indexer_logits_ref`.
@@ -63,7 +64,8 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     weights: float32 [B*next_n, H]; seq_lens: int32 [B, next_n]; block_table: int32 [B, W].
     out: optional float32 [B*next_n, W*T] to write into; block_max_out: optional float32 [B*next_n, W],
     receives the max of each block's valid logits (-inf for a block with none).
-    chunk / use_tma / prefetch / split / num_stages / num_warps: tuning knobs (benchmarks only; split=None
+    chunk / use_tma / prefetch / split / num_stages / num_warps: tuning knobs (benchmarks only; prefetch 0
+    = Triton's pipeliner alone, 4-9% faster on Triton 3.6 than the hand prefetch 1/2 in runs 2-3; split=None
     means one MMA per next_n row when next_n >= 2, 9% faster than one wide MMA + reshape in run 2);
     fuse_block_max=False leaves block_max_out unwritten (diagnostic: the cost of the fused max).
     precise: add the FP8 MMA partial sums in fp32 every 32 of D. Off by default, like the production

@@ -8,12 +8,14 @@ Four launches, no host sync:
      so that a row has >= 4k groups; with G = 64 the logits kernel's fused block max is used directly.
   2. `_threshold_kernel` (one program per row): tau = lower edge of the 16-bit key bucket holding the
      k-th largest S_g (two 256-bin histograms); tau = -inf when the row has fewer than k groups.
-  3. `_gather_kernel` (row x column chunk): elements >= tau of the groups with S_g >= tau (the others are
-     never read) are appended to a per-row candidate buffer of CAP = 2 * next_pow2(k) 64-bit sort keys.
-  4. `_rank_select_kernel` (row x 64 candidates): the rank of a candidate is the number of larger
-     keys among the row's candidates; out[r, rank] = position when rank < k (parallel over candidates:
-     a one-program sort of 4096 keys took ~70 us on the H200). Rows with more than CAP candidates (massive
-     ties) go to `_select_kernel`: an exact streaming merge over the whole row (slow, never wrong).
+     The same program lists the groups with S_g >= tau (at most CAP, else the row overflows).
+  3. `_gather_kernel` (row x 16 listed groups): their elements >= tau (no other group is read) are
+     appended to a per-row candidate buffer of CAP = 2 * next_pow2(k) 64-bit sort keys.
+  4. Up to 48 rows, `_rank_select_kernel` (row x 64 candidates): a candidate's rank is the number of
+     larger keys; out[r, rank] = position when rank < k (parallel: a one-program sort of 4096 keys takes
+     ~70 us on the H200). More rows: `_select_kernel` sorts each row's candidates in one program. Rows
+     with more than CAP candidates (massive ties) get an exact streaming merge over the whole row in
+     `_select_kernel` (slow, never wrong).
 Sort key: the fp32 value mapped to an order-preserving uint32 (upper half) and 0xFFFFFFFF - position
 (lower half): sorting descending puts larger values first and, among equal values, lower positions
 first, exactly as the stable reference. -0.0 is folded into +0.0 (the reference sorts them as equal).
@@ -33,8 +35,8 @@ except ImportError:  # pragma: no cover
 
 TOKENS_PER_GROUP_MAX = 64  # block_max granularity (T)
 MAX_TRITON_K = 4096  # larger k goes to the reference (sort tile of 2 * next_pow2(k) keys)
-GATHER_COLS = 8192  # columns per gather program
 RANK_BI, RANK_BJ = 64, 256  # rank-select tile: candidates ranked per program x compared per step
+RANK_MAX_ROWS = 48  # more rows: one sort per row (ranking costs n^2 compares per row; run 3 on the H200)
 
 
 def _next_pow2(x: int) -> int:
@@ -96,25 +98,29 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
                      device_of="logits", contiguous=True)
     count = torch.zeros(rows, dtype=torch.int32, device=dev) if stats is None else stats.zero_()
     cand = torch.empty(rows, cap, dtype=torch.int64, device=dev)
+    live = torch.empty(rows, cap, dtype=torch.int32, device=dev)
+    num_live = torch.empty(rows, dtype=torch.int32, device=dev)
     sum_block = min(_next_pow2(num_groups), 8192)
     if _stages < 2:
         return out
-    _threshold_kernel[(rows,)](summary, lengths, thresh, num_groups, summary.stride(0), k,
-                               G=group, SB=sum_block, num_warps=8)
+    _threshold_kernel[(rows,)](summary, lengths, thresh, live, num_live, count, num_groups, summary.stride(0), k,
+                               G=group, SB=sum_block, CAP=cap, num_warps=8)
     if _stages < 3:
         return out
-    gp = max(1, GATHER_COLS // group)
-    _gather_kernel[(rows, triton.cdiv(num_groups, gp))](
-        logits, lengths, summary, thresh, count, cand, cols, num_groups, logits.stride(0), summary.stride(0),
-        G=group, GP=gp, CAP=cap, num_warps=8)
+    lb = max(16, 1024 // group)
+    _gather_kernel[(rows, triton.cdiv(cap, lb))](logits, lengths, live, num_live, thresh, count, cand,
+                                                 logits.stride(0), G=group, LB=lb, CAP=cap, num_warps=4)
     if _stages < 4:
         return out
-    out.fill_(-1)  # ranks >= the candidate count stay -1
-    _rank_select_kernel[(rows, triton.cdiv(cap, RANK_BI))](count, cand, out, k, CAP=cap, BI=RANK_BI, BJ=RANK_BJ,
-                                                          num_warps=4)
-    # rows with more than CAP candidates (massive ties): exact streaming merge over the whole row
+    sort = rows > RANK_MAX_ROWS
+    if not sort:
+        out.fill_(-1)  # ranks >= the candidate count stay -1
+        _rank_select_kernel[(rows, triton.cdiv(cap, RANK_BI))](count, cand, out, k, CAP=cap, BI=RANK_BI,
+                                                              BJ=RANK_BJ, num_warps=4)
+    # SORT: one sort per row; always: rows with more than CAP candidates (massive ties) get an exact
+    # streaming merge over the whole row
     _select_kernel[(rows,)](logits, lengths, count, cand, out, logits.stride(0), k,
-                            K_POW=k_pow, CAP=cap, num_warps=8)
+                            K_POW=k_pow, CAP=cap, SORT=sort, num_warps=8)
     return out
 
 
@@ -155,7 +161,8 @@ if triton is not None:
         return b, above
 
     @triton.jit
-    def _threshold_kernel(s_ptr, len_ptr, thresh_ptr, num_groups, stride_s, k, G: tl.constexpr, SB: tl.constexpr):
+    def _threshold_kernel(s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
+                          G: tl.constexpr, SB: tl.constexpr, CAP: tl.constexpr):
         r = tl.program_id(0)
         length = tl.load(len_ptr + r)
         n_valid = (length + G - 1) // G
@@ -183,32 +190,43 @@ if triton is not None:
             d2, _ = _bucket(hist, k - above)
             tau = (d1 << 24) | (d2 << 16)
         tl.store(thresh_ptr + r, tau)
+        # the groups that can hold a winner, compacted: the gather reads only these
+        tau_u = tau.to(tl.uint32, bitcast=True)
+        n_live = length * 0
+        for s0 in range(0, n_valid, SB):
+            g = s0 + tl.arange(0, SB)
+            u = _ukey(tl.load(base + g, mask=g < n_valid, other=0.0))
+            li = ((g < n_valid) & (u >= tau_u)).to(tl.int32)
+            idx = n_live + tl.cumsum(li, axis=0) - li
+            tl.store(live_ptr + r.to(tl.int64) * CAP + idx, g, mask=(li != 0) & (idx < CAP))
+            n_live += tl.sum(li, axis=0)
+        tl.store(nlive_ptr + r, n_live)
+        if n_live > CAP:  # each live group holds >= 1 candidate: the buffer would overflow anyway
+            tl.store(count_ptr + r, CAP + 1)
 
     @triton.jit
-    def _gather_kernel(x_ptr, len_ptr, s_ptr, thresh_ptr, count_ptr, cand_ptr, cols, num_groups, stride_x, stride_s,
-                       G: tl.constexpr, GP: tl.constexpr, CAP: tl.constexpr):
+    def _gather_kernel(x_ptr, len_ptr, live_ptr, nlive_ptr, thresh_ptr, count_ptr, cand_ptr, stride_x,
+                       G: tl.constexpr, LB: tl.constexpr, CAP: tl.constexpr):
         r = tl.program_id(0)
-        g0 = tl.program_id(1) * GP
-        length = tl.load(len_ptr + r)
-        if g0 * G < length:
+        i0 = tl.program_id(1) * LB
+        n_live = tl.load(nlive_ptr + r)
+        if (i0 < n_live) & (n_live <= CAP):
+            length = tl.load(len_ptr + r)
             tau = tl.load(thresh_ptr + r).to(tl.uint32, bitcast=True)
-            g = g0 + tl.arange(0, GP)
-            s = tl.load(s_ptr + r.to(tl.int64) * stride_s + g, mask=g * G < length, other=float("-inf"))
-            live = (g * G < length) & (_ukey(s) >= tau)
-            if tl.sum(live.to(tl.int32), axis=0) > 0:
-                c = g[:, None] * G + tl.arange(0, G)[None, :]  # [GP, G]
-                ok = live[:, None] & (c < length)
-                # groups that cannot hold a winner are masked off: their columns are never read
-                x = tl.load(x_ptr + r.to(tl.int64) * stride_x + c, mask=ok, other=float("-inf"))
-                u = _ukey(x)
-                sel = (ok & (u >= tau)).to(tl.int32)
-                per_group = tl.sum(sel, axis=1)  # [GP]
-                n_sel = tl.sum(per_group, axis=0)
-                if n_sel > 0:
-                    start = tl.atomic_add(count_ptr + r, n_sel)  # one slot range per program
-                    group_start = start + tl.cumsum(per_group, axis=0) - per_group
-                    slot = group_start[:, None] + tl.cumsum(sel, axis=1) - sel  # [GP, G]
-                    tl.store(cand_ptr + r.to(tl.int64) * CAP + slot, _sort_key(u, c), mask=(sel != 0) & (slot < CAP))
+            i = i0 + tl.arange(0, LB)
+            g = tl.load(live_ptr + r.to(tl.int64) * CAP + i, mask=i < n_live, other=0)
+            c = g[:, None] * G + tl.arange(0, G)[None, :]  # [LB, G]
+            ok = (i < n_live)[:, None] & (c < length)
+            x = tl.load(x_ptr + r.to(tl.int64) * stride_x + c, mask=ok, other=float("-inf"))
+            u = _ukey(x)
+            sel = (ok & (u >= tau)).to(tl.int32)
+            per_group = tl.sum(sel, axis=1)  # [LB]
+            n_sel = tl.sum(per_group, axis=0)
+            if n_sel > 0:
+                start = tl.atomic_add(count_ptr + r, n_sel)  # one slot range per program
+                group_start = start + tl.cumsum(per_group, axis=0) - per_group
+                slot = group_start[:, None] + tl.cumsum(sel, axis=1) - sel  # [LB, G]
+                tl.store(cand_ptr + r.to(tl.int64) * CAP + slot, _sort_key(u, c), mask=(sel != 0) & (slot < CAP))
 
     @triton.jit
     def _rank_select_kernel(count_ptr, cand_ptr, out_ptr, k, CAP: tl.constexpr, BI: tl.constexpr,
@@ -232,13 +250,17 @@ if triton is not None:
 
     @triton.jit
     def _select_kernel(x_ptr, len_ptr, count_ptr, cand_ptr, out_ptr, stride_x, k,
-                       K_POW: tl.constexpr, CAP: tl.constexpr):
+                       K_POW: tl.constexpr, CAP: tl.constexpr, SORT: tl.constexpr):
         r = tl.program_id(0)
         length = tl.load(len_ptr + r)
         n = tl.load(count_ptr + r)
         i = tl.arange(0, CAP)
         cbase = cand_ptr + r.to(tl.int64) * CAP
         MIN_KEY: tl.constexpr = -9223372036854775807 - 1
+        if SORT and n <= CAP:  # many rows: one sort per row beats ranking (n^2 compares per row)
+            key = tl.sort(tl.load(cbase + i, mask=i < n, other=MIN_KEY), descending=True)
+            pos = (4294967295 - (key & 4294967295)).to(tl.int32)
+            tl.store(out_ptr + r.to(tl.int64) * k + i, tl.where(i < tl.minimum(n, k), pos, -1), mask=i < k)
         if n > CAP:
             # Exact fallback: stream the row in position order, keeping the best K_POW keys so far in
             # cand[r, :K_POW] and merging CAP - K_POW new elements per step.

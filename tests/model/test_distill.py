@@ -80,3 +80,18 @@ def test_recall_and_perplexity_report_shapes():
     dense = decode_perplexity(model, tokens, 80, "dense", 0)
     same = decode_perplexity(model, tokens, 80, "oracle", 4096)
     assert abs(dense - same) < 1e-3 * dense
+
+
+def test_max_target_is_renormalised_head_max():
+    b, s, hq, hkv, d = 1, 7, 4, 2, 8
+    q, k = torch.randn(b, s, hq, d) * 3, torch.randn(b, s, hkv, d)
+    got = attention_target(q, k, "max")
+    probs = []
+    for h in range(hq):
+        logits = (q[0, :, h] @ k[0, :, h // 2].T) / d ** 0.5
+        probs.append(torch.softmax(logits.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf")), -1))
+    top = torch.stack(probs).amax(0)
+    torch.testing.assert_close(got[0], top / top.sum(-1, keepdim=True), rtol=1e-5, atol=1e-6)
+    import pytest
+    with pytest.raises(ValueError, match="reduce"):
+        attention_target(q, k, "median")

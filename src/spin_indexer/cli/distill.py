@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--target", choices=("mean", "max"), default="mean",
+                   help="attention reduced over query heads: mean (DeepSeek) or max (retrieval heads weigh more)")
     p.add_argument("--heads", type=int, default=4, help="indexer heads H_I")
     p.add_argument("--head-dim", type=int, default=64, help="indexer head dim D_I")
     p.add_argument("--q-rank", type=int, default=128)
@@ -104,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     indexer = Indexer(icfg, max_len=max_len).to(dev)
     say(f"indexer: {indexer.num_parameters()} parameters")
     cfg = DistillConfig(seq_len=args.seq_len, batch=args.batch, lr=args.lr, time_budget_s=args.minutes * 60,
-                        seed=args.seed)
+                        seed=args.seed, target=args.target)
     args.out.mkdir(parents=True, exist_ok=True)
     log = train(model, indexer, corpus["train"].long(), cfg, log_fn=say)
     say(f"trained {log.steps} steps, {log.tokens} tokens in {log.seconds:.1f}s")

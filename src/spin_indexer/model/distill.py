@@ -35,6 +35,7 @@ class DistillConfig:
     min_row: int = 128
     seed: int = 0
     log_every: int = 20
+    target: str = "mean"  # attention_target reduce: "mean" or "max"
 
 
 @dataclass
@@ -45,18 +46,28 @@ class DistillLog:
     history: list[dict] = field(default_factory=list)  # {"step", "t_s", "lr", "kl", "kl_per_layer"(periodic)}
 
 
-def attention_target(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Head-averaged causal attention distribution.
+TARGETS = ("mean", "max")
 
-    q: [B, S, Hq, d]; k: [B, S, Hkv, d] (RoPE applied). returns float32 [B, S, S], rows sum to 1, zero above
-    the diagonal.
+
+def attention_target(q: torch.Tensor, k: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
+    """Causal attention distribution reduced over the query heads.
+
+    q: [B, S, Hq, d]; k: [B, S, Hkv, d] (RoPE applied); reduce: "mean" (DeepSeek's L1-normalised head sum)
+    or "max" (per position the largest head probability, renormalised: sharp retrieval heads count as much
+    as broad ones). returns float32 [B, S, S], rows sum to 1, zero above the diagonal.
     """
+    if reduce not in TARGETS:
+        raise ValueError(f"reduce: expected one of {', '.join(TARGETS)}, got {reduce!r}")
     b, s, hq, d = q.shape
     groups = hq // k.shape[2]
     logits = torch.einsum("bthgd,bshd->bhgts", q.view(b, s, -1, groups, d).float(), k.float()) * d ** -0.5
     causal = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
     logits = logits.masked_fill(~causal, float("-inf"))
-    return torch.softmax(logits, dim=-1).mean(dim=(1, 2))
+    probs = torch.softmax(logits, dim=-1)
+    if reduce == "mean":
+        return probs.mean(dim=(1, 2))
+    top = probs.flatten(1, 2).amax(dim=1)
+    return top / top.sum(-1, keepdim=True)
 
 
 def indexer_scores(indexer: Indexer, layer: int, h: torch.Tensor) -> torch.Tensor:
@@ -111,7 +122,7 @@ def train(model: Llama, indexer: Indexer, tokens: torch.Tensor, cfg: DistillConf
         per_layer = []
         for i, (h, q, k) in enumerate(saved):
             with torch.no_grad():
-                target = attention_target(q, k)
+                target = attention_target(q, k, cfg.target)
             loss = kl_loss(target, indexer_scores(indexer, i, h.float()), cfg.min_row) / num_layers
             loss.backward()
             per_layer.append(loss.detach() * num_layers)

@@ -86,7 +86,8 @@ def run_checks(pool, long_rows, env):
                 got = topk_triton(out, flat, k, block_max=bmax, stats=stats)
                 want = topk_ref(out, flat, k)
                 if not torch.equal(got, want):
-                    raise AssertionError(f"topk k={k} next_n={next_n} {label}: {(got != want).any(1).sum()} rows differ")
+                    bad = int((got != want).any(1).sum())
+                    raise AssertionError(f"topk k={k} next_n={next_n} {label}: {bad} rows differ")
             log(f"check topk next_n={next_n} {label} k=512,2048 exact; candidates/row {stats.tolist()}")
     gen = torch.Generator(device=harness_device()).manual_seed(5)
     cases = ((4, 1 << 20, 2048, False), (4, 1 << 20, 512, False), (6, 65536, 2048, False),
@@ -338,7 +339,8 @@ def write_report(out_dir, anchor_path, command):
               "columns, and the real SpinIndexer (plan + run, one layer) for plan_update_us and step_us.", ""]
     if env.get("graph61"):
         g = env["graph61"]
-        lines += [f"- {g['layers']}-layer SPIN step in one CUDA graph (B={g['batch']}, ctx={g['ctx']}, next_n={g['next_n']}, "
+        lines += [f"- {g['layers']}-layer SPIN step in one CUDA graph (B={g['batch']}, ctx={g['ctx']}, "
+                  f"next_n={g['next_n']}, "
                   f"s={g['sparsity']}, realized {g['realized_sparsity']:.3f}): {g['spin_step_us']:.0f} us per step "
                   f"vs dense Triton {g['dense_step_us']:.0f} us and dense + torch.topk "
                   f"{g['dense_torch_topk_step_us']:.0f} us.", ""]
@@ -388,7 +390,8 @@ def print_table(rows):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(HERE, "results"))
-    p.add_argument("--phases", default="check,grid,graph61", help="comma list of check,tune (= tune-logits + tune-topk),grid,graph61")
+    p.add_argument("--phases", default="check,grid,graph61",
+                   help="comma list of check,tune (= tune-logits + tune-topk),grid,graph61")
     p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 96])
     p.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")],
                    default=[65536, 131072, 262144, 524288, 1048576])

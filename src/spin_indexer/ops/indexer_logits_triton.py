@@ -120,7 +120,8 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
         q, k_arg, scales_f32, w, lens, block_table, out, block_max_out,
         width, block_table.stride(0), chunk,
         NEXT_N=next_n, H=heads, D=dim, T=tokens, RB=rows_per_block, USE_TMA=use_tma,
-        PREFETCH=int(prefetch), SPLIT=split, MNIA=min(32, dim) if precise else dim, BMAX=fuse_block_max, num_warps=num_warps, num_stages=num_stages)
+        PREFETCH=int(prefetch), SPLIT=split, MNIA=min(32, dim) if precise else dim, BMAX=fuse_block_max,
+        num_warps=num_warps, num_stages=num_stages)
     return out
 
 
@@ -170,12 +171,16 @@ if triton is not None:
                            width, NEXT_N: tl.constexpr, T: tl.constexpr, MNIA: tl.constexpr,
                            BMAX: tl.constexpr):
         r = row0.to(tl.int64)
-        _score_row(k, q0, w0, tl.load(lens_ptr + row0), out_ptr, bmax_ptr, r, blk, scale, width, T, MNIA, BMAX)
+        _score_row(k, q0, w0, tl.load(lens_ptr + row0), out_ptr, bmax_ptr, r, blk, scale, width,
+                       T, MNIA, BMAX)
         if NEXT_N >= 2:
-            _score_row(k, q1, w1, tl.load(lens_ptr + row0 + 1), out_ptr, bmax_ptr, r + 1, blk, scale, width, T, MNIA, BMAX)
+            _score_row(k, q1, w1, tl.load(lens_ptr + row0 + 1), out_ptr, bmax_ptr, r + 1, blk, scale, width,
+                           T, MNIA, BMAX)
         if NEXT_N >= 4:
-            _score_row(k, q2, w2, tl.load(lens_ptr + row0 + 2), out_ptr, bmax_ptr, r + 2, blk, scale, width, T, MNIA, BMAX)
-            _score_row(k, q3, w3, tl.load(lens_ptr + row0 + 3), out_ptr, bmax_ptr, r + 3, blk, scale, width, T, MNIA, BMAX)
+            _score_row(k, q2, w2, tl.load(lens_ptr + row0 + 2), out_ptr, bmax_ptr, r + 2, blk, scale, width,
+                           T, MNIA, BMAX)
+            _score_row(k, q3, w3, tl.load(lens_ptr + row0 + 3), out_ptr, bmax_ptr, r + 3, blk, scale, width,
+                           T, MNIA, BMAX)
 
     @triton.jit
     def _paged_indexer_logits_kernel(q_ptr, k_arg, scale_ptr, w_ptr, lens_ptr, table_ptr, out_ptr, bmax_ptr,
@@ -243,7 +248,8 @@ if triton is not None:
                         _score_block_split(k, q0, q1, q2, q3, w0, w1, w2, w3, lens_ptr, out_ptr, bmax_ptr, row0, blk,
                                            sc_cur, width, NEXT_N, T, MNIA, BMAX)
                     else:
-                        _score_block(k, q, w, lens, out_ptr, bmax_ptr, rows64, blk, sc_cur, width, NEXT_N, H, T, MNIA, BMAX)
+                        _score_block(k, q, w, lens, out_ptr, bmax_ptr, rows64, blk, sc_cur, width, NEXT_N, H, T, MNIA,
+                                     BMAX)
                     id_cur = id_nxt
                     id_nxt = id_nn
                     sc_cur = sc_nxt
@@ -260,7 +266,8 @@ if triton is not None:
                         _score_block_split(k, q0, q1, q2, q3, w0, w1, w2, w3, lens_ptr, out_ptr, bmax_ptr, row0, blk,
                                            sc_cur, width, NEXT_N, T, MNIA, BMAX)
                     else:
-                        _score_block(k, q, w, lens, out_ptr, bmax_ptr, rows64, blk, sc_cur, width, NEXT_N, H, T, MNIA, BMAX)
+                        _score_block(k, q, w, lens, out_ptr, bmax_ptr, rows64, blk, sc_cur, width, NEXT_N, H, T, MNIA,
+                                     BMAX)
                     sc_cur = sc_nxt
             else:
                 for blk in range(blk0, blk_end):
@@ -271,7 +278,8 @@ if triton is not None:
                         _score_block_split(k, q0, q1, q2, q3, w0, w1, w2, w3, lens_ptr, out_ptr, bmax_ptr, row0, blk,
                                            sc, width, NEXT_N, T, MNIA, BMAX)
                     else:
-                        _score_block(k, q, w, lens, out_ptr, bmax_ptr, rows64, blk, sc, width, NEXT_N, H, T, MNIA, BMAX)
+                        _score_block(k, q, w, lens, out_ptr, bmax_ptr, rows64, blk, sc, width, NEXT_N, H, T, MNIA,
+                                     BMAX)
         # Blocks of this chunk past the longest row: -inf logits and block max, no key reads.
         neg = tl.full([NEXT_N, T], float("-inf"), tl.float32)
         for blk in range(tl.maximum(blk_end, blk0), chunk_end):

@@ -65,3 +65,23 @@ def test_stage_one_takes_the_best_blocks_and_exploration_the_rest():
                          torch.tensor([[0, 3, 0, 3, 3, 0]]))
     # equal ages among candidates 1, 3, 4: the best predicted (block 3, score 3) wins
     assert keep[0].nonzero().flatten().tolist() == [0, 2, 3, 5]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_exploration_by_top_k_equals_the_sort(seed):
+    g = torch.Generator().manual_seed(seed)
+    batch, width = 4, 48
+    n = torch.randint(1, width + 1, (batch,), generator=g)
+    valid = torch.arange(width)[None, :] < n[:, None]
+    forced = valid & (torch.arange(width)[None, :] == (n - 1)[:, None])
+    budget = torch.clamp(n - n // 2, min=1)
+    explore = torch.floor(budget * 0.25 + 0.5).long()
+    scores = torch.randn(batch, 1, width, generator=g)
+    hashes = torch.randint(0, 2**31, (batch, width), generator=g)
+    u = hashes.float() / 2**31
+    age = torch.zeros(batch, width, dtype=torch.long)
+    by_sort = select_blocks(scores, valid, forced, budget, explore, Exploration.RANDOM, u, age, return_explored=True)
+    by_topk = select_blocks(scores, valid, forced, budget, explore, Exploration.RANDOM, u, age, return_explored=True,
+                            hashes=hashes, max_explore=int(0.25 * width + 0.5))
+    assert torch.equal(by_sort[0], by_topk[0]) and torch.equal(by_sort[1], by_topk[1])
+    assert (by_topk[1].sum(1) <= explore).all() and by_topk[1].any()

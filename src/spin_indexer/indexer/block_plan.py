@@ -36,15 +36,17 @@ class BlockPlan:
     @classmethod
     def from_keep_mask(cls, keep: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor,
                        num_blocks: torch.Tensor, tokens_per_block: int) -> "BlockPlan":
-        width = keep.shape[1]
-        blocks = torch.arange(width, device=keep.device)
-        ordered = torch.where(keep, blocks, width + blocks).sort(dim=1).values  # kept first, ascending
-        kept = torch.where(ordered < width, ordered, -1)
-        table = torch.where(kept >= 0, torch.gather(block_table.long(), 1, kept.clamp_min(0)), 0)
+        batch, width = keep.shape
+        blocks = torch.arange(width, device=keep.device, dtype=torch.int32)
+        rank = keep.to(torch.int32).cumsum(dim=1, dtype=torch.int32) - 1  # compact index of each kept block
+        # Kept block ids land at their compact index (ascending by construction); the rest hit column W.
+        kept = torch.full((batch, width + 1), -1, dtype=torch.int32, device=keep.device)
+        kept.scatter_(1, torch.where(keep, rank, width).long(), blocks.expand(batch, -1))
+        kept = kept[:, :width]
+        table = torch.where(kept >= 0, torch.gather(block_table, 1, kept.long().clamp_min(0)), 0)
         lens = seq_lens.long()
         last_block = (lens - 1).clamp_min(0) // tokens_per_block  # [B, N]; always kept (newest blocks)
-        rank = keep.long().cumsum(dim=1) - 1  # compact index of each kept block
-        compact = torch.gather(rank, 1, last_block) * tokens_per_block + (lens - 1) % tokens_per_block + 1
+        compact = torch.gather(rank, 1, last_block).long() * tokens_per_block + (lens - 1) % tokens_per_block + 1
         compact = torch.where(lens > 0, compact, 0)
         return cls(keep, kept.to(torch.int32), keep.sum(dim=1).to(torch.int32), num_blocks.to(torch.int32),
                    table.to(torch.int32), compact.to(torch.int32), tokens_per_block)

@@ -21,12 +21,12 @@ import torch
 from .. import ops
 from ..checks import check_int, check_tensor, check_values_in_range
 from ..layout import FP8_DTYPE
-from ..predictor.config import Pooling, Reduce, SpinConfig
+from ..predictor.config import Exploration, Pooling, Reduce, SpinConfig
 from ..predictor.mtp import prediction_rows, update_rows
 from ..predictor.score import block_scores
 from ..predictor.adaptive import audit_mask, prediction_miss, probe_miss, update_levels_
 from ..predictor.hybrid import hybrid_scores
-from ..predictor.select import budget_blocks, explore_blocks, select_blocks, uniform_hash
+from ..predictor.select import budget_blocks, explore_blocks, layer_hash, select_blocks, step_hash
 from ..predictor.state import SpinState
 from ..predictor.update import mark_seen, update_history
 from ..dispatch import triton_twin
@@ -48,6 +48,8 @@ class _Step:
     budget: torch.Tensor  # int64 [B]
     explore: torch.Tensor  # int64 [B]
     update_rows: torch.Tensor  # bool [B, N]
+    hash: torch.Tensor  # int64 [B, W]: per-step exploration hash, mixed with the layer in run()
+    max_explore: int  # static bound on any request's exploration count (a top-k size, never a sync)
 
 
 class SpinIndexer:
@@ -111,8 +113,9 @@ class SpinIndexer:
         self.state.step.index_add_(0, slots, torch.ones_like(slots, dtype=torch.int32))
         step = self.state.step[slots]
         rows = update_rows(cfg.mtp, num_accepted, batch, self.next_n, dev)
+        max_explore = int(cfg.gamma * width + 0.5) if cfg.exploration is not Exploration.NONE else 0
         self._step = _Step(block_table, seq_lens, slots, step, num_blocks, valid, newest, keep_all, budget, explore,
-                           rows)
+                           rows, step_hash(cfg.seed, slots, step, width), max_explore)
         self.block_plan = None
         self._previous_blocks = None  # the previous layer's block scores of this step (hybrid mode)
 
@@ -187,9 +190,10 @@ class SpinIndexer:
         last = self.state.last_seen[layer, st.slot_ids, :width]
         forced = st.newest | (st.valid & (last < 0)) | (st.valid & st.keep_all[:, None])
         age = st.step.long()[:, None] - last.long()
-        uniforms = uniform_hash(cfg.seed, layer, st.slot_ids, st.step, width)
+        hashes = layer_hash(st.hash, layer)
+        uniforms = hashes.to(torch.float32) / float(2**31)
         predicted, explored = select_blocks(scores, st.valid, forced, budget, explore, cfg.exploration, uniforms, age,
-                                            return_explored=True)
+                                            return_explored=True, hashes=hashes, max_explore=st.max_explore)
         keep = predicted if audit is None else predicted | (audit[:, None] & st.valid)
         plan = BlockPlan.from_keep_mask(keep, st.block_table, st.seq_lens, st.num_blocks, t)
         plan.predicted_mask, plan.audit, plan.explored = predicted, audit, explored

@@ -7,12 +7,17 @@ cached token against the indexer's 132. A0, A2 and top4 stay on the torch path.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from .config import Combine, Reduce
 
+# Blocks per program: more work per program amortises the per-program setup (slot, lengths, masks).
+# SPIN_SCORE_BLOCKS overrides it for benchmarking (a power of two).
+BLOCKS_PER_PROGRAM = int(os.environ.get("SPIN_SCORE_BLOCKS", "32"))
 _COMBINE = {Combine.MAX: 0, Combine.SUM: 1, Combine.VERTICAL: 2, Combine.DIAGONAL: 3}
 _REDUCE = {Reduce.MAX: 0, Reduce.MEAN: 1}
 
@@ -62,12 +67,13 @@ def supports(pooling, reduce) -> bool:
 
 def block_scores_triton(vertical: torch.Tensor, diagonal: torch.Tensor, slot_ids: torch.Tensor,
                         query_pos: torch.Tensor, lengths: torch.Tensor, num_blocks: int, combine: Combine,
-                        reduce: Reduce, tokens_per_block: int, blocks_per_program: int = 16) -> torch.Tensor:
+                        reduce: Reduce, tokens_per_block: int, blocks_per_program: int | None = None) -> torch.Tensor:
     """A1 block scores float32 [B, P, num_blocks] straight from the state tables.
 
     vertical, diagonal: one layer's tables [S, C + 1] (row stride C + 1); slot_ids: int64 [B];
     query_pos, lengths: int64 [B, P]. Same values as score.block_scores(..., Pooling.A1, ...).
     """
+    blocks_per_program = blocks_per_program or BLOCKS_PER_PROGRAM
     batch, rows = query_pos.shape
     out = torch.empty(batch, rows, num_blocks, dtype=torch.float32, device=vertical.device)
     if batch == 0 or num_blocks == 0:

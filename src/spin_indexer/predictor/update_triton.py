@@ -7,9 +7,15 @@ reads T compact logits and reads + writes T cells of V and of D.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+
+
+# Kept blocks per program (SPIN_EMA_BLOCKS overrides it for benchmarking; a power of two).
+BLOCKS_PER_PROGRAM = int(os.environ.get("SPIN_EMA_BLOCKS", "32"))
 
 
 @triton.jit
@@ -45,8 +51,9 @@ def _ema_update_kernel(v_ptr, d_ptr, logits_ptr, kept_ptr, slot_ptr, clen_ptr, q
 def ema_update_triton(vertical: torch.Tensor, diagonal: torch.Tensor, slot_ids: torch.Tensor, logits: torch.Tensor,
                       kept_blocks: torch.Tensor, compact_lens: torch.Tensor, query_pos: torch.Tensor,
                       update_rows: torch.Tensor, alpha: float, tokens_per_block: int,
-                      blocks_per_program: int = 8) -> None:
+                      blocks_per_program: int | None = None) -> None:
     """In place: update.update_history with kept_blocks int32 [B, W] in place of positions (logits float32 [B, N, X])."""
+    blocks_per_program = blocks_per_program or BLOCKS_PER_PROGRAM
     batch, next_n, cols = logits.shape
     width = kept_blocks.shape[1]
     if batch == 0 or width == 0:

@@ -136,19 +136,23 @@ def _table1_md(t1: list[dict]) -> list[str]:
     cols = sorted({(r["trace_set"], r["indexer"], r.get("context", "all")) for r in t1
                    if r.get("context", "all") == "all" or nbins.get((r["trace_set"], r["indexer"]), 0) > 1},
                   key=lambda c: (c[0], c[1], c[2] != "all", _ctx_key(c[2])))
-    head = " | ".join(f"{s} / {i}{'' if c == 'all' else ' @' + c}" for s, i, c in cols)
+    preds = list(PREDICTOR_LABELS)
     out = ["## Table 1: predictors of the current indexer scores (Pearson / top-k recall)", "",
-           f"| Predictor | {head} | paper V3.2 summ (9.7K) | paper V4 summ |",
-           "|---" * (len(cols) + 3) + "|"]
-    for pred, label in PREDICTOR_LABELS.items():
+           "| trace set | indexer | context | " + " | ".join(PREDICTOR_LABELS.values()) + " |",
+           "|---" * (len(preds) + 3) + "|"]
+    for s, i, c in cols:
         cells = []
-        for s, i, c in cols:
+        for pred in preds:
             hit = [r for r in t1 if (r["trace_set"], r["indexer"], r.get("context", "all"), r["predictor"])
                    == (s, i, c, pred)]
             cells.append(f"{hit[0]['pearson']:.3f} / {hit[0]['topk_recall']:.3f}" if hit else "-")
-        paper = [PAPER_TABLE1[pred][k] for k in ("V3.2 summ 9.7K", "V4 summ")]
-        cells += ["-" if p is None else f"{p[0]:.3f} / {p[1]:.3f}" for p in paper]
-        out.append(f"| {label} | " + " | ".join(cells) + " |")
+        out.append(f"| {s} | {i} | {c} | " + " | ".join(cells) + " |")
+    for column, label in (("V3.2 summ 9.7K", "V3.2 summscreenfd"), ("V3.2 AA-LCR 94K", "V3.2 AA-LCR"),
+                          ("V4 summ", "V4 Flash summscreenfd"), ("V4 AA-LCR", "V4 Flash AA-LCR")):
+        paper = [PAPER_TABLE1[pred][column] for pred in preds]
+        ctx = "94K" if "AA-LCR" in column else "9.7K"
+        out.append(f"| *paper* {label} | - | {ctx} | "
+                   + " | ".join("-" if p is None else f"{p[0]:.3f} / {p[1]:.3f}" for p in paper) + " |")
     return out + ["", "Random recall is k / L by construction. Ours: averaged over eligible rows (context > k), "
                   "all layers and decode steps of every prompt.", ""]
 

@@ -111,16 +111,20 @@ def miss_by_step(rows: list[dict], trace_set: str, target: float, policies: tupl
                  path: str | Path) -> Path | None:
     """Mean miss per decode step (all layers and prompts) for each policy at one target sparsity: shows how
     fast each exploration policy recovers after a sudden shift."""
+    wanted = None if policies is None else set(policies) | {ALIASES[p] for p in policies if p in ALIASES}
     rows = [r for r in rows if r["context"] == "all" and r["trace_set"] == trace_set
             and abs(r["sparsity_target"] - target) < 1e-9 and r.get("miss_by_step")
-            and (policies is None or r["policy"] in policies)]
+            and (wanted is None or r["policy"] in wanted)]
     if not rows:
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    for i, r in enumerate(rows):
+    indexers = sorted({r["indexer"] for r in rows})
+    for i, r in enumerate(sorted(rows, key=lambda r: (r["indexer"], r["policy"]))):
         ys = [None if v is None else 100 * v for v in r["miss_by_step"]]
-        ax.plot(range(len(ys)), ys, color=f"C{i}", lw=1.2, label=r["policy"])
+        label = r["policy"] + (f" ({r['indexer']})" if len(indexers) > 1 else "")
+        style = ("-", "--", ":", "-.")[indexers.index(r["indexer"]) % 4]
+        ax.plot(range(len(ys)), ys, style, color=f"C{i % 10}", lw=1.2, label=label)
     ax.set_xlabel("decode step")
     ax.set_ylabel("mean miss (%)")
     ax.set_title(f"{trace_set}: miss per step at {target:.0%} target sparsity", fontsize=9)

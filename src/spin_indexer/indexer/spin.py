@@ -50,6 +50,8 @@ class _Step:
     update_rows: torch.Tensor  # bool [B, N]
     hash: torch.Tensor  # int64 [B, W]: per-step exploration hash, mixed with the layer in run()
     max_explore: int  # static bound on any request's exploration count (a top-k size, never a sync)
+    first_new: torch.Tensor  # int64 [B]: first block holding a query token of any row
+    update_any: torch.Tensor  # bool [B]: some row of the request updates the history
 
 
 class SpinIndexer:
@@ -115,7 +117,7 @@ class SpinIndexer:
         rows = update_rows(cfg.mtp, num_accepted, batch, self.next_n, dev)
         max_explore = int(cfg.gamma * width + 0.5) if cfg.exploration is not Exploration.NONE else 0
         self._step = _Step(block_table, seq_lens, slots, step, num_blocks, valid, newest, keep_all, budget, explore,
-                           rows, step_hash(cfg.seed, slots, step, width), max_explore)
+                           rows, step_hash(cfg.seed, slots, step, width), max_explore, first_new, rows.any(dim=1))
         self.block_plan = None
         self._previous_blocks = None  # the previous layer's block scores of this step (hybrid mode)
 
@@ -187,6 +189,17 @@ class SpinIndexer:
             audit = (audit | self.state.audit_next[layer, st.slot_ids]) & ~st.keep_all
         if cfg.hybrid > 0 and self._previous_blocks is not None:
             scores = hybrid_scores(scores, self._previous_blocks, st.valid, cfg.hybrid)
+        fused = None
+        if cfg.adaptive is None and scores.shape[1] == 1 and cfg.exploration in (Exploration.NONE, Exploration.RANDOM):
+            fused = triton_twin("spin_indexer.predictor.select_triton", "select_compact_triton", scores)
+        if fused is not None:  # one kernel: select, compact, mark last_seen
+            keep, kept, table, clen, num_kept = fused(
+                scores[:, 0], self.state.last_seen[layer], st.slot_ids, st.step, st.hash, layer, st.num_blocks,
+                st.first_new, st.keep_all, budget, explore, st.block_table, st.seq_lens, st.update_any,
+                cfg.exploration is Exploration.RANDOM, t)
+            plan = BlockPlan(keep, kept, num_kept, st.num_blocks.to(torch.int32), table, clen, t)
+            plan.predicted_mask, plan.seen_marked = keep, True
+            return plan
         last = self.state.last_seen[layer, st.slot_ids, :width]
         forced = st.newest | (st.valid & (last < 0)) | (st.valid & st.keep_all[:, None])
         age = st.step.long()[:, None] - last.long()
@@ -218,7 +231,8 @@ class SpinIndexer:
             update_history(self.state.vertical[layer], self.state.diagonal[layer], st.slot_ids, rows,
                            plan.positions(), plan.compact_seq_lens.long(), st.seq_lens.long() - 1, st.update_rows,
                            cfg.alpha)
-        mark_seen(self.state.last_seen[layer], st.slot_ids, st.step, plan.kept_blocks.long(), st.update_rows)
+        if not plan.seen_marked:
+            mark_seen(self.state.last_seen[layer], st.slot_ids, st.step, plan.kept_blocks.long(), st.update_rows)
         if cfg.adaptive is not None:  # audited rows scored every block: their top-k is the dense one
             miss = prediction_miss(topk, plan.predicted_mask, self.next_n, t)
             update_levels_(self.state.level[layer], self.state.calm[layer], st.slot_ids, plan.audit, miss, cfg.adaptive)

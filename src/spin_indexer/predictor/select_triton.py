@@ -7,10 +7,9 @@ or no exploration, fixed budget). One program per request replaces ~100 small to
     compact  = kept blocks ascending -> kept_blocks, compact block table, compact row lengths
     seen     = last_seen[slot, kept] = step (when a row of the request updates the history)
 
-Top-r selection without sorting: the keys are staged once in an int64 workspace, then the r-th largest
-is found by bisection over its bits (scores mapped to order-preserving int32), each probe a chunked count
-over the W keys; equal keys are taken in block order with a running prefix count. Work per request:
-~85 passes over W int64 keys (64 KB at W = 8K, cache-resident), nothing O(context).
+Top-r selection without sorting: the r-th largest key is found by bisection over its bits (scores mapped
+to order-preserving int32), each probe a chunked count over the W blocks; equal keys are then taken in
+block order with a running prefix count. Work per request: ~80 passes over W block scores, no O(context).
 Semantics equal `select.select_blocks` + `BlockPlan.from_keep_mask` + `update.mark_seen` (tested).
 """
 from __future__ import annotations
@@ -48,27 +47,11 @@ def _keys(scores_ptr, seen_ptr, hash_ptr, b, blk, width, n, first_new, keep_all,
 
 
 @triton.jit
-def _top_threshold(key_ptr, row, width, r, offs, BITS: tl.constexpr, LOW: tl.constexpr, CHUNK: tl.constexpr):
-    """Largest t with count(key >= t) >= r over one workspace row (keys below LOW + 1 never count)."""
-    t = tl.full((), LOW, tl.int64)
-    for i in range(0, BITS):
-        probe = t + (tl.full((), 1, tl.int64) << (BITS - 1 - i))
-        count = tl.zeros((), tl.int64)
-        for start in range(0, width, CHUNK):
-            blk = start + offs
-            key = tl.load(key_ptr + row + blk, mask=blk < width, other=LOW)
-            count += tl.sum((key >= probe).to(tl.int64))
-        t = tl.where(count >= r, probe, t)
-    return t
-
-
-@triton.jit
 def _select_compact_kernel(scores_ptr, seen_ptr, seen_stride, slot_ptr, step_ptr, hash_ptr, layer_mix, n_ptr,
                            first_new_ptr, keep_all_ptr, budget_ptr, explore_ptr, table_ptr, lens_ptr, upd_ptr,
-                           key1_ptr, key2_ptr, keep_ptr, kept_ptr, ctable_ptr, clen_ptr, nkept_ptr, width, next_n,
+                           keep_ptr, kept_ptr, ctable_ptr, clen_ptr, nkept_ptr, width, next_n,
                            T: tl.constexpr, CHUNK: tl.constexpr, EXPLORE: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
-    row = b * width
     n = tl.load(n_ptr + b)
     first_new = tl.load(first_new_ptr + b)
     keep_all = tl.load(keep_all_ptr + b).to(tl.int32)
@@ -77,61 +60,80 @@ def _select_compact_kernel(scores_ptr, seen_ptr, seen_stride, slot_ptr, step_ptr
     slot = tl.load(slot_ptr + b).to(tl.int64)
     base_seen = slot * seen_stride
     offs = tl.arange(0, CHUNK).to(tl.int64)
-    NONE: tl.constexpr = -(2 ** 40)  # below every real key
 
-    # Pass A: keys into the workspace once (the bisections below read one int64 per block per probe).
+    # Pass A: forced count and stage-1 candidates.
     n_forced = tl.zeros((), tl.int64)
     n_cand = tl.zeros((), tl.int64)
     for start in range(0, width, CHUNK):
         blk = start + offs
         valid, forced, cand1, key1, key2 = _keys(scores_ptr, seen_ptr, hash_ptr, b, blk, width, n, first_new,
                                                  keep_all, base_seen, layer_mix)
-        tl.store(key1_ptr + row + blk, key1, mask=blk < width)
-        tl.store(keep_ptr + row + blk, forced.to(tl.int8), mask=blk < width)
-        tl.store(key2_ptr + row + blk, tl.where(valid & ~forced, key2, NONE), mask=blk < width)
         n_forced += tl.sum(forced.to(tl.int64))
         n_cand += tl.sum(cand1.to(tl.int64))
-    tl.debug_barrier()
     r1 = tl.minimum(tl.maximum(budget - explore - n_forced, 0), n_cand)
     k1 = tl.maximum(n_forced, budget - explore)
 
-    # Stage 1: the r1 best candidates; equal keys in block order.
-    t1 = _top_threshold(key1_ptr, row, width, r1, offs, 33, -(2 ** 32), CHUNK)
+    # Stage-1 threshold: the largest t with count(key1 >= t) >= r1 (bisection over 33 bits).
+    t1 = tl.full((), -(2 ** 32), tl.int64)
+    for bit in range(32, -1, -1):
+        probe = t1 + (tl.full((), 1, tl.int64) << bit)
+        count = tl.zeros((), tl.int64)
+        for start in range(0, width, CHUNK):
+            blk = start + offs
+            valid, forced, cand1, key1, key2 = _keys(scores_ptr, seen_ptr, hash_ptr, b, blk, width, n, first_new,
+                                                     keep_all, base_seen, layer_mix)
+            count += tl.sum((cand1 & (key1 >= probe)).to(tl.int64))
+        t1 = tl.where(count >= r1, probe, t1)
     above = tl.zeros((), tl.int64)
     for start in range(0, width, CHUNK):
         blk = start + offs
-        key = tl.load(key1_ptr + row + blk, mask=blk < width, other=NONE)
-        above += tl.sum((key > t1).to(tl.int64))
+        valid, forced, cand1, key1, key2 = _keys(scores_ptr, seen_ptr, hash_ptr, b, blk, width, n, first_new,
+                                                 keep_all, base_seen, layer_mix)
+        above += tl.sum((cand1 & (key1 > t1)).to(tl.int64))
     need_eq = r1 - above
+
+    # Pass B: stage-1 keep = forced | above | the first need_eq equal keys in block order.
     eq_before = tl.zeros((), tl.int64)
-    n_cand2 = tl.zeros((), tl.int64)
+    n_keep1 = tl.zeros((), tl.int64)
     for start in range(0, width, CHUNK):
         blk = start + offs
-        inb = blk < width
-        key = tl.load(key1_ptr + row + blk, mask=inb, other=NONE)
-        forced = tl.load(keep_ptr + row + blk, mask=inb, other=0) != 0
-        eq = (key == t1) & (r1 > 0) & (key > NONE)
+        valid, forced, cand1, key1, key2 = _keys(scores_ptr, seen_ptr, hash_ptr, b, blk, width, n, first_new,
+                                                 keep_all, base_seen, layer_mix)
+        eq = cand1 & (key1 == t1) & (r1 > 0)
         eq_rank = eq_before + tl.cumsum(eq.to(tl.int64), 0)
-        keep1 = forced | ((key > t1) & (r1 > 0)) | (eq & (eq_rank <= need_eq))
+        keep1 = forced | (cand1 & (key1 > t1) & (r1 > 0)) | (eq & (eq_rank <= need_eq))
         eq_before += tl.sum(eq.to(tl.int64))
-        tl.store(keep_ptr + row + blk, keep1.to(tl.int8), mask=inb)
-        key2 = tl.load(key2_ptr + row + blk, mask=inb, other=NONE)
-        key2 = tl.where(keep1, NONE, key2)  # stage-2 candidates: valid and not kept yet
-        tl.store(key2_ptr + row + blk, key2, mask=inb)
-        n_cand2 += tl.sum((key2 > NONE).to(tl.int64))
-    tl.debug_barrier()
+        n_keep1 += tl.sum(keep1.to(tl.int64))
+        tl.store(keep_ptr + b * width + blk, keep1.to(tl.int8), mask=blk < width)
+    tl.debug_barrier()  # later passes read keep back, possibly through other threads
 
-    # Stage 2: random exploration; keys are unique (hash, then the lower block), no tie pass needed.
+    # Stage 2: random exploration among the valid blocks not kept yet.
     if EXPLORE:
-        extra = tl.minimum(tl.maximum(tl.minimum(explore, budget - k1), 0), n_cand2)
-        t2 = _top_threshold(key2_ptr, row, width, extra, offs, 48, -1, CHUNK)
+        extra = tl.maximum(tl.minimum(explore, budget - k1), 0)
+        n_cand2 = tl.zeros((), tl.int64)
         for start in range(0, width, CHUNK):
             blk = start + offs
-            inb = blk < width
-            key2 = tl.load(key2_ptr + row + blk, mask=inb, other=NONE)
-            kept1 = tl.load(keep_ptr + row + blk, mask=inb, other=0) != 0
-            pick = (key2 >= t2) & (key2 > NONE) & (extra > 0)
-            tl.store(keep_ptr + row + blk, (kept1 | pick).to(tl.int8), mask=inb)
+            kept1 = tl.load(keep_ptr + b * width + blk, mask=blk < width, other=0) != 0
+            n_cand2 += tl.sum(((blk < width) & (blk < n) & ~kept1).to(tl.int64))
+        extra = tl.minimum(extra, n_cand2)
+        t2 = tl.zeros((), tl.int64)
+        for bit in range(46, -1, -1):
+            probe = t2 + (tl.full((), 1, tl.int64) << bit)
+            count = tl.zeros((), tl.int64)
+            for start in range(0, width, CHUNK):
+                blk = start + offs
+                valid, forced, cand1, key1, key2 = _keys(scores_ptr, seen_ptr, hash_ptr, b, blk, width, n,
+                                                         first_new, keep_all, base_seen, layer_mix)
+                kept1 = tl.load(keep_ptr + b * width + blk, mask=blk < width, other=0) != 0
+                count += tl.sum((valid & ~kept1 & (key2 >= probe)).to(tl.int64))
+            t2 = tl.where(count >= extra, probe, t2)
+        for start in range(0, width, CHUNK):
+            blk = start + offs
+            valid, forced, cand1, key1, key2 = _keys(scores_ptr, seen_ptr, hash_ptr, b, blk, width, n, first_new,
+                                                     keep_all, base_seen, layer_mix)
+            kept1 = tl.load(keep_ptr + b * width + blk, mask=blk < width, other=0) != 0
+            pick = valid & ~kept1 & (key2 >= t2) & (extra > 0)
+            tl.store(keep_ptr + b * width + blk, (kept1 | pick).to(tl.int8), mask=blk < width)
         tl.debug_barrier()
 
     # Compaction (ascending), the compact block table, and last_seen of the kept blocks.
@@ -141,18 +143,18 @@ def _select_compact_kernel(scores_ptr, seen_ptr, seen_stride, slot_ptr, step_ptr
     for start in range(0, width, CHUNK):
         blk = start + offs
         inb = blk < width
-        kept = (tl.load(keep_ptr + row + blk, mask=inb, other=0) != 0) & inb
+        kept = (tl.load(keep_ptr + b * width + blk, mask=inb, other=0) != 0) & inb
         rank = done + tl.cumsum(kept.to(tl.int64), 0) - 1
-        phys = tl.load(table_ptr + row + blk, mask=kept, other=0)
-        tl.store(kept_ptr + row + rank, blk.to(tl.int32), mask=kept)
-        tl.store(ctable_ptr + row + rank, phys, mask=kept)
+        phys = tl.load(table_ptr + b * width + blk, mask=kept, other=0)
+        tl.store(kept_ptr + b * width + rank, blk.to(tl.int32), mask=kept)
+        tl.store(ctable_ptr + b * width + rank, phys, mask=kept)
         tl.store(seen_ptr + base_seen + blk, step, mask=kept & ((blk * 0 + mark) != 0))
         done += tl.sum(kept.to(tl.int64))
     for start in range(0, width, CHUNK):
         pos = start + offs
         pad = (pos >= done) & (pos < width)
-        tl.store(kept_ptr + row + pos, tl.full((CHUNK,), -1, tl.int32), mask=pad)
-        tl.store(ctable_ptr + row + pos, tl.zeros((CHUNK,), tl.int32), mask=pad)
+        tl.store(kept_ptr + b * width + pos, tl.full((CHUNK,), -1, tl.int32), mask=pad)
+        tl.store(ctable_ptr + b * width + pos, tl.zeros((CHUNK,), tl.int32), mask=pad)
     tl.store(nkept_ptr + b, done.to(tl.int32))
     # Every block from a row's last block to the newest is kept (forced), so the rank of row j's last
     # block is done - n + last_block.
@@ -167,7 +169,7 @@ def select_compact_triton(scores: torch.Tensor, last_seen: torch.Tensor, slot_id
                           step_hash: torch.Tensor, layer: int, num_blocks: torch.Tensor, first_new: torch.Tensor,
                           keep_all: torch.Tensor, budget: torch.Tensor, explore: torch.Tensor,
                           block_table: torch.Tensor, seq_lens: torch.Tensor, update_any: torch.Tensor,
-                          random_exploration: bool, tokens_per_block: int, chunk: int = 4096):
+                          random_exploration: bool, tokens_per_block: int, chunk: int = 1024):
     """Fused select + compact + mark-seen for one layer.
 
     scores: float32 [B, W] block scores (one prediction row); last_seen: int32 [S, W' + 1] this layer's
@@ -186,8 +188,6 @@ def select_compact_triton(scores: torch.Tensor, last_seen: torch.Tensor, slot_id
     ctable = torch.empty(batch, width, dtype=torch.int32, device=dev)
     clen = torch.empty(batch, next_n, dtype=torch.int32, device=dev)
     nkept = torch.empty(batch, dtype=torch.int32, device=dev)
-    key1 = torch.empty(batch, width, dtype=torch.int64, device=dev)  # workspace: stage-1 keys
-    key2 = torch.empty(batch, width, dtype=torch.int64, device=dev)  # workspace: stage-2 keys
     if batch == 0 or width == 0:
         return keep.bool(), kept, ctable, clen.zero_(), nkept.zero_()
     chunk = min(chunk, triton.next_power_of_2(width))
@@ -196,6 +196,6 @@ def select_compact_triton(scores: torch.Tensor, last_seen: torch.Tensor, slot_id
         scores.contiguous(), last_seen, last_seen.stride(0), slot_ids.contiguous(), step.contiguous(),
         step_hash.contiguous(), layer_mix, num_blocks.contiguous(), first_new.contiguous(),
         keep_all.to(torch.int8), budget.contiguous(), explore.contiguous(), block_table.contiguous(),
-        seq_lens.contiguous(), update_any.to(torch.int8), key1, key2, keep, kept, ctable, clen, nkept, width,
-        next_n, T=tokens_per_block, CHUNK=chunk, EXPLORE=bool(random_exploration), num_warps=8)
+        seq_lens.contiguous(), update_any.to(torch.int8), keep, kept, ctable, clen, nkept, width, next_n,
+        T=tokens_per_block, CHUNK=chunk, EXPLORE=bool(random_exploration))
     return keep.view(torch.bool), kept, ctable, clen, nkept

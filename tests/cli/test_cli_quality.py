@@ -107,3 +107,17 @@ def test_quality_report_only(fake_model, tmp_path, capsys):
 def test_quality_report_only_without_samples(tmp_path, capsys):
     assert cli.main(["quality", "--report-only", "--out", str(tmp_path)]) == 1
     assert "no samples" in capsys.readouterr().err
+
+
+def test_quality_refuses_mixed_settings(fake_model, tmp_path, capsys):
+    out = tmp_path / "q"
+    base = ["quality", "--tasks", "niah_single_1", "--contexts", "300", "--samples", "1", "--indexer", "oracle",
+            "--configs", "all-keep", "--out", str(out), "--quiet"]
+    assert cli.main(base + ["--topk", "64"]) == 0
+    assert cli.main(base + ["--topk", "32"]) == 1  # same folder, another top-k: refused before any work
+    assert "mixes settings" in capsys.readouterr().err and len(fake_model) == 1
+    with open(out / "samples-z.jsonl", "w") as f:  # a foreign row makes the report refuse too
+        f.write(json.dumps({"task": "vt", "context": 300, "seed": 0, "config": "dense", "indexer": "lightning",
+                            "topk": 64, "score": 0.0, "steps": 1}) + "\n")
+    assert cli.main(["quality", "--report-only", "--out", str(out)]) == 1
+    assert "mixes settings" in capsys.readouterr().err

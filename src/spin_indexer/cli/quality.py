@@ -81,6 +81,7 @@ def run(args) -> int:
     mode = args.indexer
     if mode == "auto":
         mode = "lightning" if loader.INDEXER_WEIGHTS.is_file() else "oracle"
+    done = _done_keys(out, mode, args.topk)  # before loading anything: refuses a folder of another setting
     max_len = max(args.contexts) + 64
     t0 = time.perf_counter()
     # YaRN from the nominal context (prompt + answer fit in it); the tables cover a few extra positions
@@ -94,7 +95,6 @@ def run(args) -> int:
 
     runner = QualityRunner(model, lambda ids: tok.decode(ids, skip_special_tokens=True), mode, indexer, args.topk,
                            tok.eos_token_id, args.seed)
-    done = _done_keys(out)
     # seed-major order: stopping early leaves every task with about the same number of samples
     jobs = [(t, c, args.first_seed + i) for c in args.contexts for i in range(args.samples) for t in args.tasks]
     jobs = [j for j in jobs if not all((*j, cfg.name) in done for cfg in configs)]
@@ -156,8 +156,18 @@ def _lines(out: Path):
                 yield line
 
 
-def _done_keys(out: Path) -> set:
-    return {(r["task"], r["context"], r["seed"], r["config"]) for r in map(json.loads, _lines(out))}
+def _done_keys(out: Path, indexer: str, topk: int) -> set:
+    """Cells already in <out>; a folder holds one (indexer, top-k) setting, anything else is refused."""
+    rows = list(map(json.loads, _lines(out)))
+    _check_one_setting(out, rows, (indexer, topk))
+    return {(r["task"], r["context"], r["seed"], r["config"]) for r in rows}
+
+
+def _check_one_setting(out: Path, rows: list[dict], expected: tuple | None = None) -> None:
+    settings = {(r.get("indexer"), r.get("topk")) for r in rows} | ({expected} if expected else set())
+    if len(settings) > 1:
+        found = ", ".join(f"{i} indexer / top-k {k}" for i, k in sorted(settings, key=str))
+        raise ValueError(f"--out: {out} mixes settings ({found}); use one folder per indexer and top-k")
 
 
 def _load(out: Path) -> list[dict]:
@@ -179,6 +189,7 @@ def _report(out: Path, command: str, meta: dict | None, quiet: bool) -> int:
     samples = _load(out)
     if not samples:
         raise RuntimeError(f"{out}: no samples*.jsonl rows to summarize")
+    _check_one_setting(out, samples)
     pooled = [dict(s, task="all") for s in samples]
     rows = summarize(samples) + summarize(pooled)
     order = {c: i for i, c in enumerate(DEFAULT_CONFIGS)}

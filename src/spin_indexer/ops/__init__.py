@@ -4,26 +4,18 @@ reference everywhere (for debugging a kernel).
 """
 from __future__ import annotations
 
-import importlib
-import os
-
 import torch
 
 from ..checks import check_tensor
+from ..dispatch import triton_twin
 from .indexer_logits import block_max_ref, check_paged_indexer_args, paged_indexer_logits_ref
 from .kv_cache import dequantize_blocks, quantize_and_write, quantize_keys, read_kv_cache, write_kv_cache
 from .topk import topk_ref
 
 
-def _triton_twin(module: str, name: str, t: torch.Tensor):
-    """The Triton twin `name` from `.module`, or None when t is not on CUDA or Triton is unavailable."""
-    # Not a tensor: let the reference's validation name the argument rather than fail here.
-    if not isinstance(t, torch.Tensor) or t.device.type != "cuda" or os.environ.get("SPIN_INDEXER_FORCE_REF") == "1":
-        return None
-    try:
-        return getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    except (ImportError, AttributeError):
-        return None
+def _triton_twin(module: str, name: str, t):
+    """The Triton twin `name` from `spin_indexer.ops.<module>`, or None (see spin_indexer.dispatch)."""
+    return triton_twin(f"{__name__}.{module}", name, t)
 
 
 def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, validate: bool = True,

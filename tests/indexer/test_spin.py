@@ -269,3 +269,23 @@ def test_misuse_raises_with_the_argument_named(gen):
         idx.run(0, q, torch.zeros(1, 64, 1, 36, dtype=torch.uint8), torch.zeros(2, 8))
     with pytest.raises(TypeError, match="config"):
         SpinIndexer({"sparsity": 0.3}, 1, 1, 1)
+
+
+def test_a0_keeps_every_block_holding_a_selected_slot(gen):
+    """A0's block count is indirect: top m*T slots spread over more than m blocks are all kept."""
+    width = 64
+    seq_lens, scores = _scores([4000], 1, width, gen)
+    table = torch.arange(width, dtype=torch.int32)[None]
+    kept = {}
+    for pooling in ("a1", "a0"):
+        idx, slots = _indexer(SpinConfig(sparsity=0.5, topk=64, pooling=pooling, exploration="none"), 1, width)
+        for _ in range(2):
+            idx.plan(table, seq_lens, slots)
+            idx.run_from_scores(0, scores)
+        kept[pooling] = idx.block_plan
+    n = -(-4000 // T)
+    assert kept["a1"].num_kept.item() == n - int(n * 0.5)
+    # random scores: the best half of the slots touch nearly every block
+    assert kept["a0"].num_kept.item() > kept["a1"].num_kept.item()
+    v = kept["a0"]
+    assert torch.equal(v.keep_mask, v.predicted_mask)

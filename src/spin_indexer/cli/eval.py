@@ -102,7 +102,8 @@ def _print_table(rows: list[dict]) -> None:
         if r["context"] != "all":
             continue
         print(f"{r['trace_set'][:28]:<28} {r['indexer'][:10]:<10} {r['policy'][:18]:<18} "
-              f"{r['sparsity_target']:>6.0%} {r['realized_sparsity']:>6.1%} {r['mean_miss']:>7.2%} {r['p99_miss']:>7.2%}")
+              f"{r['sparsity_target']:>6.0%} {r['realized_sparsity']:>6.1%} {r['mean_miss']:>7.2%} "
+              f"{r['p99_miss']:>7.2%}")
 
 
 def run(args) -> int:

@@ -156,6 +156,7 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", default="adaptive,hybrid,c4a")
     ap.add_argument("--out", default="results/beyond")
     args = ap.parse_args(argv)
+    torch.set_num_threads(1)  # many small tensors: see cli/main.py --threads
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows, start = [], time.time()

@@ -194,7 +194,8 @@ def _miss_md(trace_set: str, indexer: str, rows: list[dict]) -> list[str]:
     mtp = [r for r in allctx if r["policy"].startswith("mtp-")]
     if mtp and max(r.get("next_n", 1) for r in mtp) > 1:
         out += ["### Table 7: MTP row policies", "",
-                "| policy | target | realized sparsity | mean miss | p99 miss | acceptance |", "|---|---|---|---|---|---|"]
+                "| policy | target | realized sparsity | mean miss | p99 miss | acceptance |",
+                "|---|---|---|---|---|---|"]
         for r in sorted(mtp, key=lambda r: (r["policy"], r["sparsity_target"])):
             out.append(f"| {r['policy']} | {r['sparsity_target']:.0%} | {_fmt(r['realized_sparsity'], True)} | "
                        f"{_fmt(r['mean_miss'], True)} | {_fmt(r['p99_miss'], True)} | "

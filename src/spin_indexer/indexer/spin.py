@@ -189,6 +189,10 @@ class SpinIndexer:
             audit = (audit | self.state.audit_next[layer, st.slot_ids]) & ~st.keep_all
         if cfg.hybrid > 0 and self._previous_blocks is not None:
             scores = hybrid_scores(scores, self._previous_blocks, st.valid, cfg.hybrid)
+        if cfg.pooling is Pooling.A0:
+            # A0 keeps every block holding a selected slot (finite score), however many: its block count
+            # follows the slot budget only indirectly. Exploration keeps its own share on top.
+            budget = st.num_blocks + explore
         fused = None
         if cfg.adaptive is None and scores.shape[1] == 1 and cfg.exploration in (Exploration.NONE, Exploration.RANDOM):
             fused = triton_twin("spin_indexer.predictor.select_triton", "select_compact_triton", scores)

@@ -5,10 +5,10 @@ Reading of the paper's variants (REFERENCE.md sec. 3):
      64-slot block with `reduce`; the selector keeps the top-m blocks, so the block count is exact.
   A2: pool V and the query-aligned D to blocks *separately*, then combine the two block scores: a block
      where the vertical peak and the diagonal peak sit on different slots scores as if they coincided.
-  A0: rank slots by their prediction and select the best m*T slots; a block is kept when it holds a
-     selected slot, so several selected slots sharing a block leave budget unused (the block count is
-     controlled only indirectly). Here its block score is the block max, masked to -inf for blocks with
-     no selected slot.
+  A0: rank slots by their prediction and select the best m*T slots; every block holding a selected slot
+     is kept (SpinIndexer lifts the block budget for A0), so the block count follows the slot budget only
+     indirectly: spread-out slots touch more than m blocks, clustered ones fewer. Its block score is the
+     block max, -inf for blocks with no selected slot.
 All functions are pure, batched, and free of host syncs. -inf marks "no information".
 """
 from __future__ import annotations

@@ -9,6 +9,6 @@ OUT=results/fidelity/real
 EVAL="python -m spin_indexer.cli.eval --traces $TR --name ruler-smollm2 --quiet $*"
 $EVAL --sweep main --out $OUT/main
 $EVAL --sweep exploration --policy explore-none explore-staleness explore-block-age --no-table1 --out $OUT/exploration &
-$EVAL --sweep pooling --policy a1-mean a1-top4 a2-max-sum --no-table1 --no-plots --out $OUT/pooling &
+$EVAL --sweep pooling --policy a0 a1-mean a1-top4 a2-max-sum --no-table1 --no-plots --out $OUT/pooling &
 wait
 python -m spin_indexer.cli.report results/fidelity

@@ -146,3 +146,14 @@ def test_eval_cli_on_saved_traces_with_subsampling(tmp_path, capsys):
     rows = json.loads((out / "rows.json").read_text())["summary"]
     assert {(r["trace_set"], r["indexer"]) for r in rows} == {("real", "oracle"), ("real", "lightning")}
     assert all(r["layers"] == 2 and r["steps"] == 4 for r in rows)  # layers 0 and 2 of 4, first 4 steps
+
+
+def test_later_run_wins_by_date_not_path(tmp_path):
+    row = {"trace_set": "s", "indexer": "i", "context": "all", "sparsity_target": 0.3, "policy": "a0",
+           "mean_miss": 0.1, "p99_miss": 0.2, "realized_sparsity": 0.3, "rows": 1}
+    write_run(tmp_path / "b", [row], [], {"command": "old", "seconds": 1.0, "throughput": 1.0,
+                                          "date": "2026-11-29 12:00 UTC"})
+    write_run(tmp_path / "a", [dict(row, mean_miss=0.05)], [], {"command": "new", "seconds": 1.0,
+                                                                 "throughput": 1.0, "date": "2026-11-29 13:00 UTC"})
+    summary, _, _ = load_runs(tmp_path)
+    assert len(summary) == 1 and summary[0]["mean_miss"] == 0.05

@@ -83,13 +83,15 @@ def write_run(out_dir: Path, summary: list[dict], t1: list[dict], run_info: dict
 
 
 def load_runs(results_dir: Path) -> tuple[list[dict], list[dict], list[dict]]:
-    """Every rows.json under results_dir merged: (summary rows, table1 rows, run infos)."""
+    """Every rows.json under results_dir merged, oldest run first (by its recorded date), so a rerun's row
+    replaces the older one with the same key: (summary rows, table1 rows, run infos)."""
     summary, t1, runs = [], [], []
     files = sorted(Path(results_dir).rglob("rows.json"))
     if not files:
         raise FileNotFoundError(f"{results_dir}: no rows.json found (run `spin-indexer eval --out ...` first)")
-    for f in files:
-        data = json.loads(f.read_text())
+    loaded = [(f, json.loads(f.read_text())) for f in files]
+    loaded.sort(key=lambda fd: (fd[1].get("run", {}).get("date", ""), str(fd[0])))  # older runs first
+    for f, data in loaded:
         summary += data.get("summary", [])
         t1 += data.get("table1", [])
         runs.append({**data.get("run", {}), "file": str(f.relative_to(results_dir))})

@@ -141,3 +141,23 @@ def test_hybrid_lets_the_previous_layer_steer_this_one():
         keep[w] = idx.block_plan.keep_mask[0]
     assert keep[0.0][2] and keep[0.0][9] and not keep[0.0][40]
     assert keep[0.9][40]
+
+
+def test_curve_controller_measures_every_level_and_picks_the_sparsest_within_target():
+    from spin_indexer.predictor.adaptive import curve_miss, update_curve_
+    # top-k in blocks 0, 1, 2, 5; predicted order: block 5 first, then 0, 1, 2, 3, 4
+    topk = torch.tensor([[0, 70, 130, 330]], dtype=torch.int32)
+    pred_rank = torch.tensor([[1, 2, 3, 4, 5, 0]])
+    budgets = torch.tensor([[1, 2, 3, 6]])
+    miss = curve_miss(topk, pred_rank, budgets, 1, T)
+    assert miss.tolist() == [[0.75, 0.5, 0.25, 0.0]]
+    cfg = AdaptiveConfig(target_miss=0.3, menu=(0.0, 0.2, 0.4, 0.6), controller="curve", decay=0.5)
+    level = torch.zeros(2, dtype=torch.int32)
+    curve = torch.zeros(2, 4)
+    update_curve_(level, curve, torch.tensor([1]), torch.tensor([True]), miss.flip(1), cfg)
+    # levels ordered dense -> sparse: misses [0, .25, .5, .75] -> sparsest within 0.3 is level 1
+    assert level.tolist() == [0, 1] and curve[1].tolist() == [0.0, 0.25, 0.5, 0.75]
+    update_curve_(level, curve, torch.tensor([1]), torch.tensor([True]), torch.zeros(1, 4), cfg)
+    assert curve[1].tolist() == [0.0, 0.125, 0.25, 0.375] and level.tolist() == [0, 2]  # decayed max
+    with pytest.raises(ValueError, match="AdaptiveConfig.controller"):
+        AdaptiveConfig(controller="pid")

@@ -51,16 +51,18 @@ def adaptive_vs_fixed(set_name: str, traces: list[Trace], log=print) -> list[dic
     xs = np.array([r["realized_sparsity"] for r in fixed])
     order = np.argsort(xs)
     rows = list(fixed)
-    for target in TARGETS:
-        cfg = dataclasses.replace(get_policy("spin-default", 0.2, topk=k), adaptive=AdaptiveConfig(target_miss=target))
-        row = _row(set_name, traces, f"adaptive-t{target:g}", 0.2, replay(traces, cfg))
+    for controller, target in [(c, t) for c in ("step", "curve") for t in TARGETS]:
+        adaptive = AdaptiveConfig(target_miss=target, controller=controller)
+        cfg = dataclasses.replace(get_policy("spin-default", 0.2, topk=k), adaptive=adaptive)
+        name = f"adaptive-t{target:g}" if controller == "step" else f"adaptive-curve-t{target:g}"
+        row = _row(set_name, traces, name, 0.2, replay(traces, cfg))
         at = row["realized_sparsity"]
         for metric in ("p99_miss", "mean_miss"):
             ys = np.array([r[metric] for r in fixed])
             row[f"fixed_{metric}_at_same_sparsity"] = float(np.interp(at, xs[order], ys[order]))
         ref = row["fixed_p99_miss_at_same_sparsity"]
         row["p99_reduction"] = 1.0 - row["p99_miss"] / ref if ref > 0 else float("nan")
-        log(f"  adaptive target {target:g}: sparsity {at:.3f} p99 {row['p99_miss']:.4f} "
+        log(f"  {name}: sparsity {at:.3f} p99 {row['p99_miss']:.4f} "
             f"(fixed at same sparsity {ref:.4f}, {100 * row['p99_reduction']:+.0f}%)")
         rows.append(row)
     return rows

@@ -32,6 +32,7 @@ class BlockPlan:
     predicted_mask: torch.Tensor | None = None  # bool [B, W]: the prediction before audits (adaptive mode)
     audit: torch.Tensor | None = None  # bool [B]: requests this layer scored fully to measure its miss
     explored: torch.Tensor | None = None  # bool [B, W]: blocks kept by exploration (stage 2)
+    pred_rank: torch.Tensor | None = None  # int64 [B, W]: predicted keep order (adaptive "curve" controller)
     seen_marked: bool = False  # the fused selection kernel already stamped last_seen of the kept blocks
 
     @classmethod

@@ -24,9 +24,11 @@ from ..layout import FP8_DTYPE
 from ..predictor.config import Exploration, Pooling, Reduce, SpinConfig
 from ..predictor.mtp import prediction_rows, update_rows
 from ..predictor.score import block_scores
-from ..predictor.adaptive import audit_mask, prediction_miss, probe_miss, update_levels_
+from ..predictor.adaptive import (audit_mask, curve_miss, prediction_miss, probe_miss, update_curve_,
+                                  update_levels_)
 from ..predictor.hybrid import hybrid_scores
-from ..predictor.select import budget_blocks, explore_blocks, layer_hash, select_blocks, step_hash
+from ..predictor.select import (budget_blocks, explore_blocks, layer_hash, rank_of, select_blocks,
+                                step_hash)
 from ..predictor.state import SpinState
 from ..predictor.update import mark_seen, update_history
 from ..dispatch import triton_twin
@@ -214,6 +216,10 @@ class SpinIndexer:
         keep = predicted if audit is None else predicted | (audit[:, None] & st.valid)
         plan = BlockPlan.from_keep_mask(keep, st.block_table, st.seq_lens, st.num_blocks, t)
         plan.predicted_mask, plan.audit, plan.explored = predicted, audit, explored
+        if cfg.adaptive is not None and cfg.adaptive.controller == "curve":
+            # The predicted keep order (forced first, then by block score), for the per-level miss curve.
+            key = torch.where(forced, float("inf"), torch.where(st.valid, scores.amax(dim=1), float("-inf")))
+            plan.pred_rank = rank_of(key)
         return plan
 
     def _finish(self, layer: int, st: _Step, plan: BlockPlan, logits: torch.Tensor,
@@ -238,8 +244,17 @@ class SpinIndexer:
         if not plan.seen_marked:
             mark_seen(self.state.last_seen[layer], st.slot_ids, st.step, plan.kept_blocks.long(), st.update_rows)
         if cfg.adaptive is not None:  # audited rows scored every block: their top-k is the dense one
-            miss = prediction_miss(topk, plan.predicted_mask, self.next_n, t)
-            update_levels_(self.state.level[layer], self.state.calm[layer], st.slot_ids, plan.audit, miss, cfg.adaptive)
+            if cfg.adaptive.controller == "curve":
+                menu = torch.tensor(cfg.adaptive.menu, dtype=torch.float64, device=self.device)
+                budgets = budget_blocks(st.num_blocks[:, None], menu[None, :], cfg.topk, t, st.keep_all[:, None])
+                budgets = budgets - explore_blocks(budgets, cfg.gamma, cfg.exploration, st.keep_all[:, None])
+                miss = curve_miss(topk, plan.pred_rank, budgets, self.next_n, t)
+                update_curve_(self.state.level[layer], self.state.curve[layer], st.slot_ids, plan.audit, miss,
+                              cfg.adaptive)
+            else:
+                miss = prediction_miss(topk, plan.predicted_mask, self.next_n, t)
+                update_levels_(self.state.level[layer], self.state.calm[layer], st.slot_ids, plan.audit, miss,
+                               cfg.adaptive)
             if cfg.adaptive.probe:  # a surprise in the exploration sample: audit this layer next step
                 est = probe_miss(topk, plan.explored, plan.predicted_mask & ~plan.explored, st.valid, self.next_n, t)
                 self.state.audit_next[layer, st.slot_ids] = (est > cfg.adaptive.target_miss) & ~plan.audit

@@ -32,6 +32,10 @@ class AdaptiveConfig:
     audit_every: steps between audits of one (layer, request); raise_below, patience: when to go sparser;
     probe: audit next step when the exploration sample suggests a miss above target (off by default: on
     synthetic traces it spent more budget on audits than it saved, see results/beyond).
+    controller: "step" moves one menu level per audit by the rule above; "curve" measures at each audit
+    the miss the prediction would have at *every* menu level (one prefix count over the predicted block
+    order), keeps a decaying maximum per level (q = max(miss, decay * q)) and picks the sparsest level
+    whose q is within the target.
     Start conservative (SpinConfig.sparsity 0.1-0.2) and let the controller climb: a p99 target is
     broken by the steps spent too sparse before the first audits, not by those spent too dense."""
 
@@ -41,6 +45,8 @@ class AdaptiveConfig:
     raise_below: float = 0.5
     patience: int = 1
     probe: bool = False
+    controller: str = "step"
+    decay: float = 0.7
 
     def __post_init__(self):
         check_range("AdaptiveConfig.target_miss", self.target_miss, low=0.0, high=1.0)
@@ -49,6 +55,9 @@ class AdaptiveConfig:
         check_int("AdaptiveConfig.audit_every", self.audit_every, low=2)
         check_range("AdaptiveConfig.raise_below", self.raise_below, low=0.0, high=1.0)
         check_int("AdaptiveConfig.patience", self.patience, low=1)
+        if self.controller not in ("step", "curve"):
+            raise ValueError(f"AdaptiveConfig.controller: expected one of step, curve, got {self.controller!r}")
+        check_range("AdaptiveConfig.decay", self.decay, low=0.0, high=1.0)
 
     def start_level(self, sparsity: float) -> int:
         """Menu index closest to the configured starting sparsity."""
@@ -91,6 +100,37 @@ def probe_miss(topk: torch.Tensor, explored: torch.Tensor, predicted: torch.Tens
     unpredicted = (valid & ~predicted).sum(dim=1, keepdim=True).float()  # explored blocks included
     est = hits * unpredicted / sampled.clamp_min(1) / live.sum(dim=-1).clamp_min(1).float()
     return torch.where(sampled > 0, est, 0.0).amax(dim=1)
+
+
+def curve_miss(topk: torch.Tensor, pred_rank: torch.Tensor, budgets: torch.Tensor, next_n: int,
+               tokens_per_block: int) -> torch.Tensor:
+    """Miss float32 [B, I] the prediction would have with each budget: share of the (dense) top-k whose
+    block ranks at or past the budget in the predicted order (worst row).
+
+    topk: int32 [B*next_n, K]; pred_rank: int64 [B, W] rank of each block in the predicted keep order
+    (forced blocks first); budgets: int64 [B, I] predicted (non-exploration) blocks per menu level.
+    """
+    batch = pred_rank.shape[0]
+    pos = topk.long().view(batch, next_n, -1)
+    valid = pos >= 0
+    blocks = (pos.clamp_min(0) // tokens_per_block).view(batch, -1)
+    rank = torch.gather(pred_rank, 1, blocks).view(batch, next_n, -1, 1)  # [B, N, K, 1]
+    outside = (rank >= budgets[:, None, None, :]) & valid[..., None]  # [B, N, K, I]
+    miss = outside.sum(dim=2).float() / valid.sum(dim=-1, keepdim=True).clamp_min(1).float()
+    return miss.amax(dim=1)
+
+
+def update_curve_(level: torch.Tensor, curve: torch.Tensor, slot_ids: torch.Tensor, audited: torch.Tensor,
+                  miss: torch.Tensor, cfg: AdaptiveConfig) -> None:
+    """In place on one layer's level int32 [S] and curve float32 [S, I], for audited requests only."""
+    old = curve[slot_ids]
+    new = torch.maximum(miss, cfg.decay * old)
+    new = torch.where(audited[:, None], new, old)
+    curve[slot_ids] = new
+    ok = new <= cfg.target_miss  # [B, I]
+    idx = torch.arange(ok.shape[1], device=ok.device)
+    best = torch.where(ok, idx, 0).amax(dim=1)  # sparsest level within target (0 when none is)
+    level[slot_ids] = torch.where(audited, best, level[slot_ids].long()).to(level.dtype)
 
 
 def update_levels_(level: torch.Tensor, calm: torch.Tensor, slot_ids: torch.Tensor, audited: torch.Tensor,

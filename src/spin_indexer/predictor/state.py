@@ -48,6 +48,8 @@ class SpinState:
         self.level = torch.full((num_layers, max_requests), self._start_level, dtype=torch.int32, device=self.device)
         self.calm = torch.zeros(num_layers, max_requests, dtype=torch.int32, device=self.device)
         self.audit_next = torch.zeros(num_layers, max_requests, dtype=torch.bool, device=self.device)
+        levels = len(adaptive.menu) if adaptive else 1
+        self.curve = torch.zeros(num_layers, max_requests, levels, dtype=torch.float32, device=self.device)
         self._free = list(range(max_requests - 1, -1, -1))
         self._in_use = [False] * max_requests
 
@@ -79,6 +81,7 @@ class SpinState:
         self.level[:, slot] = self._start_level
         self.calm[:, slot] = 0
         self.audit_next[:, slot] = False
+        self.curve[:, slot] = 0.0
 
     def is_allocated(self, slot: int) -> bool:
         self._check_slot(slot)
@@ -94,7 +97,8 @@ class SpinState:
         return 2 * elem + 4 / self.config.tokens_per_block
 
     def nbytes(self) -> int:
-        tensors = (self.vertical, self.diagonal, self.last_seen, self.step, self.level, self.calm, self.audit_next)
+        tensors = (self.vertical, self.diagonal, self.last_seen, self.step, self.level, self.calm, self.audit_next,
+                   self.curve)
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def _check_slot(self, slot: int) -> None:

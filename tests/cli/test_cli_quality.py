@@ -121,3 +121,14 @@ def test_quality_refuses_mixed_settings(fake_model, tmp_path, capsys):
                             "topk": 64, "score": 0.0, "steps": 1}) + "\n")
     assert cli.main(["quality", "--report-only", "--out", str(out)]) == 1
     assert "mixes settings" in capsys.readouterr().err
+
+
+def test_paired_table():
+    from spin_indexer.cli.quality import paired_table
+
+    def s(seed, cfg, text, score):
+        return {"task": "vt", "context": 300, "seed": seed, "config": cfg, "text": text, "score": score}
+    rows = [s(0, "all-keep", "a", 1.0), s(0, "spin-0.4", "a", 1.0), s(1, "all-keep", "b", 0.0),
+            s(1, "spin-0.4", "c", 0.5), s(2, "all-keep", "d", 1.0), s(2, "spin-0.4", "e", 0.0), s(3, "spin-0.4", "f", 1.0)]
+    table = paired_table(rows, ["all-keep", "spin-0.4"])
+    assert "| spin-0.4 | 3 | 1 | 1 | 1 | -16.7 |" in table and "| all-keep |" not in table

@@ -197,7 +197,7 @@ def _report(out: Path, command: str, meta: dict | None, quiet: bool) -> int:
     _write_csv(out / "ruler.csv", rows, CSV_COLUMNS)
     _write_csv(out / "ruler_detail.csv", rows, CSV_COLUMNS + ("ci_low", "ci_high", "sparsity", "acceptance", "steps"))
     meta = meta or {k: samples[-1].get(k) for k in ("indexer", "topk", "threads", "device", "torch", "cpu")}
-    table = format_table(rows)
+    table = format_table(rows) + "\n\n" + paired_table(samples, [r["config"] for r in rows if r["task"] == "all"])
     _write_readme(out / "README.md", command, meta, samples, table)
     if not quiet:
         print(table)
@@ -227,6 +227,27 @@ def format_table(rows: list[dict]) -> str:
         lines.append(f"| {r['task']} | {r['context']} | {r['config']} | {r['samples']} | {_fmt(r['score'], '.1f')} | "
                      f"{_fmt(r['ci_low'], '.1f')}-{_fmt(r['ci_high'], '.1f')} | {_fmt(r['mean_miss'], '.2%')} | "
                      f"{_fmt(r['p99_miss'], '.2%')} | {_fmt(r['sparsity'], '.1%')} | {_fmt(r['acceptance'], '.3f')} |")
+    return "\n".join(lines)
+
+
+def paired_table(samples: list[dict], configs: list[str], base: str = "all-keep") -> str:
+    """Markdown: every config against `base` on the same prompts (all tasks pooled): prompts compared, outputs
+    identical to the base's, prompts scored higher / lower, mean score difference x 100."""
+    by_prompt = {(s["task"], s["context"], s["seed"], s["config"]): s for s in samples}
+    lines = [f"Paired with {base} (same prompts, all tasks):", "",
+             "| config | prompts | identical output | better | worse | mean diff |", "|---|---|---|---|---|---|"]
+    for cfg in configs:
+        if cfg == base:
+            continue
+        pairs = [(s, by_prompt.get((s["task"], s["context"], s["seed"], base))) for s in samples if s["config"] == cfg]
+        pairs = [(a, b) for a, b in pairs if b is not None]
+        if not pairs:
+            continue
+        same = sum(a["text"] == b["text"] for a, b in pairs)
+        better = sum(a["score"] > b["score"] for a, b in pairs)
+        worse = sum(a["score"] < b["score"] for a, b in pairs)
+        diff = 100 * sum(a["score"] - b["score"] for a, b in pairs) / len(pairs)
+        lines.append(f"| {cfg} | {len(pairs)} | {same} | {better} | {worse} | {diff:+.1f} |")
     return "\n".join(lines)
 
 

@@ -173,11 +173,5 @@ def cache_view(kv_cache: torch.Tensor) -> tuple[torch.Tensor, int] | None:
 
 def reset_slots_(state, slots: torch.Tensor) -> None:
     """SpinState.reset for a tensor of slots, on the device (no host sync). slots: int64 [n]; repeats are
-    fine (callers send non-fresh rows to the trash slot). Mirrors SpinState.reset field by field."""
-    state.vertical.index_fill_(1, slots, float("-inf"))
-    state.diagonal.index_fill_(1, slots, float("-inf"))
-    state.last_seen.index_fill_(1, slots, -1)
-    state.step.index_fill_(0, slots, 0)
-    state.level.index_fill_(1, slots, getattr(state, "_start_level", 0))
-    state.calm.index_fill_(1, slots, 0)
-    state.audit_next.index_fill_(1, slots, False)
+    fine (callers send non-fresh rows to the trash slot)."""
+    state.reset_rows_(slots)

@@ -74,14 +74,20 @@ class SpinState:
     def reset(self, slot: int) -> None:
         """Forget every observation of `slot` (all layers)."""
         self._check_slot(slot)
-        self.vertical[:, slot].fill_(float("-inf"))
-        self.diagonal[:, slot].fill_(float("-inf"))
-        self.last_seen[:, slot].fill_(-1)
-        self.step[slot] = 0
-        self.level[:, slot] = self._start_level
-        self.calm[:, slot] = 0
-        self.audit_next[:, slot] = False
-        self.curve[:, slot] = 0.0
+        self.reset_rows_(torch.tensor([slot], device=self.device))
+
+    def reset_rows_(self, slots: torch.Tensor) -> None:
+        """Forget every observation of the slots in `slots` (int64 [n], repeats allowed), on the device:
+        no host sync, so an engine can reset recycled slots inside a captured step. The one place that
+        knows every state field."""
+        self.vertical.index_fill_(1, slots, float("-inf"))
+        self.diagonal.index_fill_(1, slots, float("-inf"))
+        self.last_seen.index_fill_(1, slots, -1)
+        self.step.index_fill_(0, slots, 0)
+        self.level.index_fill_(1, slots, self._start_level)
+        self.calm.index_fill_(1, slots, 0)
+        self.audit_next.index_fill_(1, slots, False)
+        self.curve.index_fill_(1, slots, 0.0)
 
     def is_allocated(self, slot: int) -> bool:
         self._check_slot(slot)

@@ -46,6 +46,13 @@ def seed_of(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little") & 0x7FFFFFFF
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread():
+    """One intra-op thread: the suite runs many small tensors, where a second thread spin-waits (replay
+    tests went from 44 s to 3.3 s on a busy 2-core machine)."""
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything(request):
     """Every test starts from a seed derived from its own id: reruns reproduce, tests stay independent."""

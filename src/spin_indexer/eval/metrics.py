@@ -18,6 +18,7 @@ import torch
 
 from ..checks import check_int, check_range, check_tensor
 from ..layout import TOKENS_PER_BLOCK
+from ..ops.topk import order_keys, topk_ref
 
 TABLE1_PREDICTORS = ("random", "prev-layer", "prev-layer-best5", "prev-iteration")
 
@@ -126,31 +127,10 @@ def topk_recall_rows(pred: torch.Tensor, cur_topk: torch.Tensor, lengths: torch.
     return torch.where(count > 0, hits / count.clamp(min=1).float(), torch.full_like(hits, float("nan")))
 
 
-def order_keys(scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """int64 [R, C] keys whose descending order is: higher score first, ties to the lower position, columns
-    >= lengths[r] last. Lets torch.topk (6x faster than a stable sort on CPU) give `ops.topk_ref`'s order.
-
-    The float32 bit pattern is made monotone (negative floats flipped), shifted up 32 bits, and the low 32
-    bits hold (2^32 - 1 - position). NaN ranks as the largest magnitude of its sign (never produced here).
-    """
-    x = scores.float() + 0.0  # -0.0 + 0.0 = +0.0, so the two zeros tie as they do in topk_ref
-    bits = x.contiguous().view(torch.int32)
-    mono = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip all but the sign bit -> monotone int32
-    cols = torch.arange(x.shape[1], device=x.device)
-    key = (mono.long() << 32) | (0xFFFFFFFF - cols)[None, :]
-    return key.masked_fill_(cols[None, :] >= lengths.long()[:, None], torch.iinfo(torch.int64).min)
-
-
 def dense_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
-    """Dense top-k of float scores [R, C] with lengths [R] -> int32 [R, k]: best first, ties to the lower
-    position, -1 past lengths[r] (the same result as ops.topk_ref, computed faster)."""
-    rows, cols = scores.shape
-    take = min(k, cols)
-    order = torch.topk(order_keys(scores, lengths), take, dim=1).indices
-    keep = torch.arange(take, device=scores.device)[None, :] < lengths.long()[:, None]
-    out = torch.full((rows, k), -1, dtype=torch.int32, device=scores.device)
-    out[:, :take] = torch.where(keep, order, -1).to(torch.int32)
-    return out
+    """Dense top-k of float scores [R, C] with lengths [R] -> int32 [R, k]: ops.topk_ref without the
+    argument checks (best first, ties to the lower position, -1 past lengths[r])."""
+    return topk_ref(scores.float(), lengths.to(torch.int32), k, validate=False)
 
 
 def table1_rows(scores: torch.Tensor, seq_lens: torch.Tensor, k: int, topk: torch.Tensor | None = None,

@@ -17,7 +17,8 @@ PROG = "spin-indexer"
 
 # name -> one-line help. The module is spin_indexer.cli.<name>; listed here even before it exists.
 SUBCOMMANDS: dict[str, str] = {
-    "demo": "synthetic end-to-end run of the reference ops (and SPIN when available); no arguments needed",
+    "demo": "real-model demo: SmolLM2 + a RULER needle at ~4K, all-keep vs SPIN 30/40%, report + plot in "
+            "./spin-demo; no arguments needed",
     "bench": "time the indexer kernels and the decode step on the GPU; write benchmarks/results",
     "eval": "replay SPIN policies over traces; write fidelity tables and plots",
     "report": "merge evaluation runs into one summary page",

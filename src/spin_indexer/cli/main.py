@@ -17,7 +17,7 @@ PROG = "spin-indexer"
 
 # name -> one-line help. The module is spin_indexer.cli.<name>; listed here even before it exists.
 SUBCOMMANDS: dict[str, str] = {
-    "demo": "real-model demo: SmolLM2 + a RULER needle at ~4K, all-keep vs SPIN 30/40%, report + plot in "
+    "demo": "real-model demo: SmolLM2 + a RULER needle at ~4K, all-keep vs SPIN 30/40%%, report + plot in "
             "./spin-demo; no arguments needed",
     "bench": "time the indexer kernels and the decode step on the GPU; write benchmarks/results",
     "eval": "replay SPIN policies over traces; write fidelity tables and plots",

@@ -102,7 +102,7 @@ def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
     sub = root.add_subparsers(dest="command", metavar="COMMAND")
     chosen = chosen_command(argv)
     for name, text in SUBCOMMANDS.items():
-        parser = sub.add_parser(name, help=text, description=text)
+        parser = sub.add_parser(name, help=text, description=text.replace("%%", "%"))
         if name == chosen:
             load(name).add_arguments(parser)
         _add_shared(parser, suppress=True)

@@ -9,15 +9,6 @@ from spin_indexer.eval.metrics import (block_sparsity, dense_topk, eligible_rows
                                        pearson_rows, summarize_miss, table1_rows, topk_recall_rows)
 from spin_indexer.ops.topk import topk_ref
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small CPU ops run ~10x faster on one intra-op thread on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 
 def test_miss_hand_case():
     # request 0: blocks 0 and 2 kept of 3; request 1: only block 0 kept. next_n = 2 rows each.

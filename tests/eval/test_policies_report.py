@@ -16,15 +16,6 @@ from spin_indexer.traces.replay import ReplayResult
 from spin_indexer.traces.synthetic import generate
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small CPU ops run ~10x faster on one intra-op thread on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_policies_map_to_configs():
     d = get_policy("spin-default", 0.4, topk=512)
     assert (d.pooling, d.reduce, d.exploration, d.gamma, d.sparsity, d.topk) == (

@@ -15,15 +15,6 @@ QUIET = dict(background=0.0, segment=0.0, noise=0.0, drift=0.0, num_verticals=0,
              death_rate=0.0, local_window=0)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small CPU ops run ~10x faster on one intra-op thread on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _cat(d):
     return torch.cat([v.reshape(-1) for v in d.values()])
 

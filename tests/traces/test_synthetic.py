@@ -10,15 +10,6 @@ SMALL = dict(context_len=1500, num_steps=8, num_layers=3, k=128)
 QUIET = dict(background=0.0, segment=0.0, noise=0.0, drift=0.0, num_verticals=0, sink_tokens=0, birth_rate=0.0,
              death_rate=0.0, local_window=0)
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small CPU ops run ~10x faster on one intra-op thread on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 
 def test_deterministic_by_seed():
     a = generate("v4-like", seed=5, **SMALL)

@@ -18,11 +18,7 @@ WIDTH = MAX_MODEL_LEN // vh.T
 
 @pytest.fixture(autouse=True)
 def _vllm_cpu(monkeypatch):
-    for name in ("SPIN_ENABLE", "SPIN_SPARSITY", "SPIN_EXPLORATION", "SPIN_POLICY", "SPIN_GAMMA", "SPIN_SEED"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(vh.sai, "fp8_fp4_paged_mqa_logits", vh.flattened_paged_logits)
-    from spin_indexer.integrations.vllm import register
-    assert register()
+    vh.isolate(monkeypatch)
 
 
 def _tables(lens, num_blocks, gen):

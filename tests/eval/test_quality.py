@@ -29,6 +29,32 @@ def test_parse_config_rejects(bad):
         q.parse_config(bad)
 
 
+@pytest.mark.parametrize("name, s, exp, n, w, target", [
+    ("spin-0.4-hybrid0.3", 0.4, True, 1, 0.3, None), ("spin-0.3-hybrid1-noexp", 0.3, False, 1, 1.0, None),
+    ("mtp3-spin-0.4-hybrid.6", 0.4, True, 3, 0.6, None), ("adaptive-0.1", 0.2, True, 1, 0.0, 0.1),
+    ("mtp2-adaptive-0.05", 0.2, True, 2, 0.0, 0.05), ("adaptive-0", 0.2, True, 1, 0.0, 0.0)])
+def test_parse_beyond_paper_configs(name, s, exp, n, w, target):
+    """hybrid / adaptive names map onto the SpinConfig the runner builds (start sparsity from PRESETS)."""
+    from spin_indexer.predictor.config import PRESETS
+
+    c = q.parse_config(name)
+    assert (c.kind, c.sparsity, c.exploration, c.next_n, c.hybrid, c.adaptive) == ("spin", s, exp, n, w, target)
+    sc = c.spin_config(topk=64, seed=3)
+    assert (sc.sparsity, sc.hybrid, sc.topk, sc.seed, sc.gamma) == (s, w, 64, 3, 0.05 if exp else 0.0)
+    if target is None:
+        assert sc.adaptive is None
+    else:
+        assert sc.adaptive.target_miss == target and sc.adaptive.menu == PRESETS["adaptive"].adaptive.menu
+        assert s == PRESETS["adaptive"].sparsity
+
+
+@pytest.mark.parametrize("bad", ["spin-0.4-hybrid", "spin-0.4-hybrid1.5", "spin-0.4-noexp-hybrid0.3", "adaptive",
+                                 "adaptive-1.2", "adaptive-0.1-noexp", "mtp1-adaptive-0.1", "hybrid0.3"])
+def test_parse_beyond_paper_rejects(bad):
+    with pytest.raises(ValueError, match=r"config.*spin-<s>-hybrid<w>.*adaptive-<t>"):
+        q.parse_config(bad)
+
+
 def test_default_configs_parse():
     names = [q.parse_config(c).name for c in q.DEFAULT_CONFIGS]
     assert len(set(names)) == len(names) and "dense" in names and any(q.parse_config(c).next_n > 1 for c in names)
@@ -176,3 +202,26 @@ def test_runner_block_records_and_step_callback():
     for (step, layer), (keep, hits) in row["blocks"].items():
         assert hits.sum() == 64 and keep.dtype == torch.bool
         assert float(hits[~keep].sum()) / 64 == pytest.approx(row["grid"][(step, layer)], abs=1e-6)
+
+
+def test_runner_adaptive_and_hybrid():
+    """adaptive-<t> moves its budget off the start (0.2) both ways; spin-0.4-hybrid0 is spin-0.4 exactly and a
+    nonzero weight changes the plans; every miss stays in [0, 1] and the summary keeps the realized sparsity."""
+    runner = q.QualityRunner(_tiny(5), _text, mode="oracle", k=64, seed=0, stop_when_scored=False)
+    names = ["spin-0.2", "adaptive-1", "adaptive-0", "spin-0.4", "spin-0.4-hybrid0", "spin-0.4-hybrid1"]
+    rows = runner.run(_prompt(6, length=900, max_new=24), [q.parse_config(c) for c in names], _score)
+    by = {r["config"]: r for r in rows}
+    for r in rows:
+        assert r["tokens"] == 24 and r["miss_rows"] > 0 and r["miss_values"].numel() == r["miss_rows"]
+        assert 0.0 <= r["miss_values"].min() and r["miss_values"].max() <= 1.0
+        assert 0.0 <= r["mean_miss"] <= r["p99_miss"] <= 1.0 and 0.0 <= r["sparsity"] < 1.0
+    start = by["spin-0.2"]["sparsity"]
+    assert by["adaptive-1"]["sparsity"] > start + 0.03  # every audit is quiet: climbs the menu
+    assert by["adaptive-0"]["sparsity"] < start - 0.05  # any miss is over target: falls to dense
+    same, other = by["spin-0.4-hybrid0"], by["spin-0.4-hybrid1"]
+    assert same["text"] == by["spin-0.4"]["text"] and torch.equal(same["miss_values"], by["spin-0.4"]["miss_values"])
+    assert not torch.equal(other["miss_values"], by["spin-0.4"]["miss_values"])
+    cells = {c["config"]: c for c in q.summarize([dict(r, task="t", context=900) for r in rows])}
+    for name in names:
+        assert cells[name]["sparsity"] == pytest.approx(by[name]["sparsity"])
+        assert cells[name]["mean_miss"] == pytest.approx(by[name]["mean_miss"])

@@ -6,8 +6,12 @@ greedily decodes from a copy of that cache:
     all-keep            each layer attends to the top-k of the full indexer (every block scored)
     spin-<s>            SpinIndexer at target block sparsity s, 5% random exploration (paper default)
     spin-<s>-noexp      the same without exploration
+    spin-<s>-hybrid<w>  SPIN with the hybrid predictor (SpinConfig.hybrid = w, previous layer's same-step scores)
+    adaptive-<t>        SPIN with adaptive per-(layer, request) budgets, per-audit (p99) miss target t, starting
+                        at PRESETS["adaptive"]'s sparsity and menu (predictor/adaptive.py); sparsity = realized
     mtp<N>-all-keep     next_n = N rows per step; drafts = the all-keep greedy continuation of the sample
-    mtp<N>-spin-<s>     the same drafts verified with SPIN (row-0 sharing + row-0 update)
+    mtp<N>-spin-<s>     the same drafts verified with SPIN (row-0 sharing + row-0 update); mtp<N>- also
+                        prefixes spin-<s>-hybrid<w> and adaptive-<t>
 The indexer is the distilled lightning indexer when its weights ship in spin_indexer/weights/, else the
 oracle (the layer's own attention logits, max over heads): `indexer_mode()` says which.
 
@@ -35,8 +39,11 @@ _SPARSITIES = (0.2, 0.3, 0.4, 0.5)
 DEFAULT_CONFIGS = (("dense", "all-keep") + tuple(f"spin-{s}" for s in _SPARSITIES)
                    + tuple(f"spin-{s}-noexp" for s in _SPARSITIES) + ("mtp3-all-keep", "mtp3-spin-0.4"))
 DEFAULT_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "vt")
-_NAME = re.compile(r"^(?:mtp(?P<n>[2-8])-)?(?:(?P<dense>dense)|(?P<allkeep>all-keep)|"
-                   r"spin-(?P<s>0?\.\d+|0)(?P<noexp>-noexp)?)$")
+_NUM = r"0?\.\d+|0|1(?:\.0*)?"  # range-checked after parsing
+_NAME = re.compile(rf"^(?:mtp(?P<n>[2-8])-)?(?:(?P<dense>dense)|(?P<allkeep>all-keep)|"
+                   rf"spin-(?P<s>{_NUM})(?:-hybrid(?P<w>{_NUM}))?(?P<noexp>-noexp)?|adaptive-(?P<t>{_NUM}))$")
+_FORMS = ("dense, all-keep, spin-<s>, spin-<s>-noexp, spin-<s>-hybrid<w>[-noexp], adaptive-<t>, mtp<N>-all-keep, "
+          "mtp<N>-spin-<s>[...], mtp<N>-adaptive-<t> (0 <= s < 1, 0 <= w <= 1, 0 <= t <= 1, 2 <= N <= 8)")
 CSV_COLUMNS = ("task", "context", "config", "samples", "score", "mean_miss", "p99_miss")
 
 
@@ -45,27 +52,48 @@ class QualityConfig:
     """One evaluated configuration, parsed from its name (see the module docstring)."""
 
     name: str
-    kind: str  # "dense" | "all-keep" | "spin"
-    sparsity: float = 0.0
+    kind: str  # "dense" | "all-keep" | "spin" (hybrid and adaptive are spin kinds)
+    sparsity: float = 0.0  # the starting sparsity when adaptive
     exploration: bool = True
     next_n: int = 1
+    hybrid: float = 0.0  # SpinConfig.hybrid
+    adaptive: float | None = None  # AdaptiveConfig.target_miss; None = fixed budget
+
+    def spin_config(self, topk: int, seed: int):
+        """The SpinConfig of a spin kind: 5% random exploration (or none), hybrid weight, adaptive budgets."""
+        from ..predictor import SpinConfig
+        from ..predictor.config import PRESETS
+
+        adaptive = None
+        if self.adaptive is not None:
+            adaptive = dataclasses.replace(PRESETS["adaptive"].adaptive, target_miss=self.adaptive)
+        return SpinConfig(sparsity=self.sparsity, topk=topk, exploration="random" if self.exploration else "none",
+                          gamma=0.05 if self.exploration else 0.0, seed=seed, hybrid=self.hybrid, adaptive=adaptive)
 
 
 def parse_config(name: str) -> QualityConfig:
-    """'spin-0.4-noexp' -> QualityConfig(kind='spin', sparsity=0.4, exploration=False); unknown names raise
-    ValueError listing the accepted forms."""
+    """'spin-0.4-noexp' -> QualityConfig(kind='spin', sparsity=0.4, exploration=False); 'adaptive-0.1' ->
+    kind 'spin', adaptive=0.1, sparsity = PRESETS['adaptive'].sparsity; unknown names raise ValueError
+    listing the accepted forms."""
     m = _NAME.match(name) if isinstance(name, str) else None
     if m is None or (m["dense"] and m["n"]):
-        raise ValueError(f"config: expected one of dense, all-keep, spin-<s>, spin-<s>-noexp, mtp<N>-all-keep, "
-                         f"mtp<N>-spin-<s>[-noexp] (0 <= s < 1, 2 <= N <= 8), got {name!r}")
+        raise ValueError(f"config: expected one of {_FORMS}, got {name!r}")
     n = int(m["n"] or 1)
     if m["dense"]:
         return QualityConfig(name, "dense")
     if m["allkeep"]:
         return QualityConfig(name, "all-keep", next_n=n)
+    if m["t"] is not None:
+        from ..predictor.config import PRESETS
+
+        t = float(m["t"])
+        check_range(f"config {name!r}: miss target", t, low=0.0, high=1.0)
+        return QualityConfig(name, "spin", PRESETS["adaptive"].sparsity, True, n, adaptive=t)
     s = float(m["s"])
     check_range(f"config {name!r}: sparsity", s, low=0.0, high=1.0, high_open=True)
-    return QualityConfig(name, "spin", s, m["noexp"] is None, n)
+    w = 0.0 if m["w"] is None else float(m["w"])
+    check_range(f"config {name!r}: hybrid weight", w, low=0.0, high=1.0)
+    return QualityConfig(name, "spin", s, m["noexp"] is None, n, hybrid=w)
 
 
 def wilson_interval(p: float, n: int, z: float = 1.959964) -> tuple[float, float]:
@@ -207,11 +235,8 @@ class QualityRunner:
 
     def _selector(self, cfg: QualityConfig, caches) -> MissRecorder:
         from ..indexer import SpinIndexer
-        from ..predictor import SpinConfig
 
-        spin_cfg = SpinConfig(sparsity=cfg.sparsity, topk=self.k, exploration="random" if cfg.exploration else "none",
-                              gamma=0.05 if cfg.exploration else 0.0, seed=self.seed)
-        spin = SpinIndexer(spin_cfg, num_layers=self.model.cfg.num_layers, max_batch=1,
+        spin = SpinIndexer(cfg.spin_config(self.k, self.seed), num_layers=self.model.cfg.num_layers, max_batch=1,
                            max_blocks=caches.block_table.shape[1], next_n=cfg.next_n,
                            device=caches.block_table.device)
         caches.slot_ids[0] = spin.state.allocate()

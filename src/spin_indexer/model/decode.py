@@ -114,12 +114,13 @@ def prefill(model: Llama, caches: Caches, request: int, tokens: torch.Tensor, in
 @torch.no_grad()
 def decode_one_step(model: Llama, caches: Caches, tokens: torch.Tensor, mode: str = "lightning", k: int = 256,
                     indexer: Indexer | None = None, selector=None, observer: Observer | None = None,
-                    num_accepted: torch.Tensor | None = None) -> torch.Tensor:
+                    num_accepted: torch.Tensor | None = None, validate: bool = True) -> torch.Tensor:
     """Append next_n tokens per request and return their logits; each layer attends to its top-k tokens.
 
     tokens: int64 [B, N]; mode: dense | oracle | lightning; k: top-k per layer and row;
     selector: None (all-keep top-k) or an object with the SpinIndexer surface (plan/run/run_from_scores);
-    observer: called with every layer's dense indexer scores (all-keep only).
+    observer: called with every layer's dense indexer scores (all-keep only);
+    validate: let the selector's plan() check its data (a host sync: False when capturing a CUDA graph).
     returns float32 logits [B, N, vocab]. caches.lengths advance by N.
     """
     check_mode(mode)
@@ -134,7 +135,7 @@ def decode_one_step(model: Llama, caches: Caches, tokens: torch.Tensor, mode: st
     pos = caches.lengths[:, None] + torch.arange(n, device=dev)[None, :]  # [B, N]
     seq_lens = (pos + 1).to(torch.int32)  # row j sees L_b + j + 1 tokens
     if selector is not None and mode != "dense":
-        selector.plan(caches.block_table, seq_lens, caches.slot_ids, num_accepted=num_accepted)
+        selector.plan(caches.block_table, seq_lens, caches.slot_ids, num_accepted=num_accepted, validate=validate)
     rows = torch.arange(b, device=dev)[:, None]
     cfg = model.cfg
     x = model.embed(tokens)

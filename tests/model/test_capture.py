@@ -93,9 +93,11 @@ def test_capture_mtp_shapes_lengths_and_tokens(next_n):
         assert trace.accepted.dtype == torch.int32 and trace.accepted.shape == (steps,)
         assert 0 <= int(trace.accepted.min()) and int(trace.accepted.max()) <= next_n - 1
         assert trace.meta.extra["draft"].startswith("greedy all-keep")
-        assert trace.meta.extra["acceptance_rate"] == pytest.approx(float(trace.accepted.double().mean()) / (next_n - 1))
-    # speculative decoding emits exactly the plain greedy tokens
-    assert generated.numel() == int(trace.seq_lens[-1, 0]) - 150 + int(0 if trace.accepted is None else trace.accepted[-1])
+        mean_accepted = float(trace.accepted.double().mean())
+        assert trace.meta.extra["acceptance_rate"] == pytest.approx(mean_accepted / (next_n - 1))
+    # speculative decoding emits exactly the plain greedy tokens; the valid rows consumed sum(accepted + 1)
+    last_accepted = 0 if trace.accepted is None else int(trace.accepted[-1])
+    assert generated.numel() == int(trace.seq_lens[-1, 0]) - 150 + last_accepted
     assert torch.equal(generated, greedy[:generated.numel()])
 
 

@@ -200,3 +200,21 @@ def test_cli_rejects_bad_next_n(capsys):
     from spin_indexer.cli.capture import main
     assert main(["--next-n", "0", "--device", "cpu"]) == 2
     assert "--next-n: expected >= 1, got 0" in capsys.readouterr().err
+
+
+def test_capture_mtp_draft_noise_rejects_and_still_decodes_greedily():
+    from spin_indexer.traces.capture import corrupt_draft
+
+    draft = torch.arange(400) % 97
+    noisy = corrupt_draft(draft, 0.3, 97, seed=5)
+    changed = noisy != draft
+    assert 0.2 < float(changed.float().mean()) < 0.4 and bool((noisy >= 0).all() & (noisy < 97).all())
+    assert torch.equal(corrupt_draft(draft, 0.3, 97, seed=5), noisy)  # seeded
+    assert torch.equal(corrupt_draft(draft, 0.0, 97, seed=5), draft)
+    model, _, prompt = _setup("oracle")
+    plain, greedy = capture_trace(model, prompt, 24, "oracle", 16, prompt_id="plain")
+    trace, generated = capture_trace(model, prompt, 8, "oracle", 16, prompt_id="noisy", next_n=3, draft_noise=0.5)
+    assert trace.meta.extra["acceptance_rate"] < 1.0 and "probability 0.5" in trace.meta.extra["draft"]
+    assert torch.equal(generated, greedy[:generated.numel()])  # rejections never change what is emitted
+    with pytest.raises(ValueError, match="draft_noise"):
+        capture_trace(model, prompt, 2, "oracle", 16, prompt_id="bad", next_n=2, draft_noise=1.5)

@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--next-n", type=int, default=1,
                    help="query rows per decode step: 1 + draft tokens verified (MTP / speculative decoding); the "
                         "draft is the model's own greedy continuation")
+    p.add_argument("--draft-noise", type=float, default=0.0,
+                   help="with --next-n > 1: probability that a draft token is replaced by a random one (the "
+                        "model's own draft is accepted almost always; an MTP head is not), default 0")
     p.add_argument("--k", type=int, default=256, help="top-k of the sparse attention (and the recorded top-k)")
     p.add_argument("--prompts", type=int, default=1, help="prompts (seeds seed, seed+1, ...)")
     p.add_argument("--weights", type=Path, default=None, help="indexer weights (default: the shipped ones)")
@@ -52,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
     indexers = [name.strip() for name in args.indexer.split(",") if name.strip()]
     if not indexers or any(name not in ("lightning", "oracle") for name in indexers):
         print(f"error: --indexer: expected lightning, oracle or both, got {args.indexer!r}", file=sys.stderr)
+        return 2
+    if not 0.0 <= args.draft_noise <= 1.0:
+        print(f"error: --draft-noise: expected a probability in [0, 1], got {args.draft_noise}", file=sys.stderr)
         return 2
     if args.next_n < 1:
         print(f"error: --next-n: expected >= 1, got {args.next_n}", file=sys.stderr)
@@ -88,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
             t = time.time()
             trace, generated = capture_trace(model, ids, args.steps, mode, args.k, indexer, prompt_id=name,
                                              task=args.task, progress=not args.quiet, layers=layers,
-                                             extra={"seed": seed, "answers": answers}, next_n=args.next_n)
+                                             extra={"seed": seed, "answers": answers}, next_n=args.next_n,
+                                             draft_noise=args.draft_noise, noise_seed=seed)
             text = tok.decode(generated.tolist(), skip_special_tokens=True)
             score = ruler.score_answer(args.task, text, answers)
             trace.meta.extra.update({"generated": text, "score": score, "yarn_factor": model.cfg.yarn_factor,

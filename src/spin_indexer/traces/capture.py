@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import check_int, check_tensor
+from ..checks import check_int, check_range, check_tensor
 from ..model.decode import Caches, check_mode, decode_one_step, prefill
 from .schema import Trace, TraceMeta
 
@@ -37,7 +37,8 @@ FP16_MAX = 65504.0
 def capture_trace(model, prompt: torch.Tensor, steps: int, mode: str, k: int, indexer=None, *, prompt_id: str,
                   task: str = "", model_name: str = "SmolLM2-135M-Instruct", eos_id: int | None = None,
                   progress: bool = False, layers: list[int] | None = None, extra: dict | None = None,
-                  next_n: int = 1, draft: torch.Tensor | None = None) -> tuple[Trace, torch.Tensor]:
+                  next_n: int = 1, draft: torch.Tensor | None = None, draft_noise: float = 0.0,
+                  noise_seed: int = 0) -> tuple[Trace, torch.Tensor]:
     """Decode `steps` greedy steps after `prompt` and record the trace.
 
     prompt: int64 [S0] token ids; mode: "oracle" or "lightning" (the indexer whose scores are recorded);
@@ -46,13 +47,17 @@ def capture_trace(model, prompt: torch.Tensor, steps: int, mode: str, k: int, in
     trace's layer axis then holds them in order and meta.extra["layers"] names them), default all.
     next_n: query rows per step (1 + drafts); draft: int64 [T] proposed continuation, draft[i] for
     generated token i (draft[0] is unused: the prompt's logits give token 0; positions past T propose
-    token 0); default the model's own greedy continuation. returns (trace, generated int64 [G]): the
+    token 0); default the model's own greedy continuation. draft_noise: probability that a draft token is
+    replaced by another (seeded by noise_seed): the model's own continuation is accepted almost always,
+    while an MTP head accepts less; noise makes rejections, and so the row-local policy, show up in the
+    trace. returns (trace, generated int64 [G]): the
     tokens the valid rows consumed, G = steps at next_n = 1, sum(accepted + 1) otherwise.
     """
     check_tensor("prompt", prompt, dtype=torch.int64, ndim=1)
     check_int("steps", steps, low=1)
     check_int("k", k, low=1)
     check_int("next_n", next_n, low=1)
+    check_range("draft_noise", draft_noise, low=0.0, high=1.0)
     if check_mode(mode) == "dense":
         raise ValueError("mode: expected 'oracle' or 'lightning' (dense attention has no indexer), got 'dense'")
     if draft is not None:
@@ -74,6 +79,9 @@ def capture_trace(model, prompt: torch.Tensor, steps: int, mode: str, k: int, in
                         progress_desc=f"draft {prompt_id}" if progress else None).tokens
         caches.lengths.fill_(context)
         draft_source = f"greedy all-keep continuation ({mode}, k={k}, next_n=1)"
+    if next_n > 1 and draft_noise > 0:
+        draft = corrupt_draft(draft, draft_noise, model.cfg.vocab_size, noise_seed)
+        draft_source += f", each token replaced with probability {draft_noise:g} (seed {noise_seed})"
     scores = torch.full((steps, len(layers), next_n, max_len), float("-inf"), dtype=torch.float16, device=dev)
     topk = torch.full((steps, len(layers), next_n, k), -1, dtype=torch.int32, device=dev)
     step = [0]
@@ -105,6 +113,14 @@ def capture_trace(model, prompt: torch.Tensor, steps: int, mode: str, k: int, in
     cols = int(seq_lens.max())  # the longest row: drop the columns no row reached
     trace = Trace(scores[:done, ..., :cols].cpu(), seq_lens, meta, topk[:done].cpu(), accepted)
     return trace, run.generated(eos_id)
+
+
+def corrupt_draft(draft: torch.Tensor, p: float, vocab: int, seed: int) -> torch.Tensor:
+    """draft with each token replaced, with probability p, by a different random token id."""
+    gen = torch.Generator().manual_seed(seed)
+    hit = torch.rand(draft.shape, generator=gen) < p
+    shift = torch.randint(1, vocab, draft.shape, generator=gen)  # never 0: the token always changes
+    return torch.where(hit.to(draft.device), (draft + shift.to(draft.device)) % vocab, draft)
 
 
 @dataclass

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# The H200 runs of the model-level results, one stage per device call on one warm machine.
+#
+# The GPU box has no registry, lacks `gguf` and the RULER generators, and takes at most 64 MiB per call
+# (the working tree counts), so the 94 MiB SmolLM2 GGUF travels in three parts over the first three calls
+# (each copied to /tmp, which lives as long as the warm machine) and the RULER prompts come pre-generated
+# (SPIN_INDEXER_PROMPT_CACHE, made here with `ruler.cache_prompts`). Prepare on the CPU machine:
+#   G=$(python -c "from spin_indexer.model import loader; print(loader.find_gguf())")
+#   mkdir -p runs/x3/p0 runs/x3/p1 runs/x3/p2 && split -n 3 -d "$G" runs/x3/gguf_part_
+#   mv runs/x3/gguf_part_00 runs/x3/p0/; mv runs/x3/gguf_part_01 runs/x3/p1/; mv runs/x3/gguf_part_02 runs/x3/p2/
+#   pip download --no-deps gguf==0.19.0 -d runs/x3/p2
+#   SPIN_INDEXER_PROMPT_CACHE=runs/prompts python -c "...ruler.cache_prompts(tasks, contexts, seeds, tok)"
+# Then, as device calls (carry in brackets), back to back so the machine stays warm:
+#   1. [runs/x3/p0, runs/prompts]  benchmarks/h200_session.sh v32        V3.2-shape step (no model needed)
+#   2. [runs/x3/p1]                benchmarks/h200_session.sh gputests   CUDA test suite
+#   3. [runs/x3/p2]                benchmarks/h200_session.sh traces     traces 8K-32K + GPU replay
+#   4. []                          benchmarks/h200_session.sh e2e        tokens/s and ITL
+#   5. []                          benchmarks/h200_session.sh quality    RULER 8K-32K
+# Every stage writes under $OUT (what comes back) and tolerates a missing earlier stage where it can.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export SPIN_INDEXER_GGUF=/tmp/smol.gguf SPIN_INDEXER_PROMPT_CACHE=/tmp/prompts
+export PYTHONPATH=/tmp/site:src:benchmarks
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+
+take_part() {  # copy carried GGUF parts and prompts to /tmp (kept while the machine is warm)
+    for f in runs/x3/p*/gguf_part_*; do [ -f "$f" ] && cp "$f" /tmp/; done
+    if [ -d runs/prompts ]; then mkdir -p /tmp/prompts && cp runs/prompts/*.json /tmp/prompts/; fi
+    ls -l /tmp/gguf_part_* 2>/dev/null; echo "prompts: $(ls /tmp/prompts 2>/dev/null | wc -l)"
+}
+
+assemble() {  # the GGUF from its parts (checked) and the gguf wheel
+    if [ ! -f /tmp/smol.gguf ]; then
+        cat /tmp/gguf_part_00 /tmp/gguf_part_01 /tmp/gguf_part_02 > /tmp/smol.gguf || return 1
+    fi
+    echo "$GGUF_SHA  /tmp/smol.gguf" | sha256sum -c - || { rm -f /tmp/smol.gguf; return 1; }
+    if [ ! -d /tmp/site/gguf ]; then
+        python3 -m pip install -q --no-index --no-deps --target /tmp/site runs/x3/p2/gguf-*.whl || return 1
+    fi
+}
+
+stage=${1:?usage: h200_session.sh v32|gputests|traces|e2e|quality}
+take_part
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+case $stage in
+v32)
+    timeout 420 python3 benchmarks/bench_v32_step.py --out "$OUT/v32" 2>&1 | tee "$OUT/v32.log"
+    ;;
+gputests)
+    timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/indexer/test_spin_cuda.py tests/ops \
+        tests/predictor/test_predictor_triton.py 2>&1 | tail -25 | tee "$OUT/gputests.log"
+    ;;
+traces)
+    assemble || exit 1
+    T=/tmp/traces
+    for ctx in 8192 16384 32768; do
+        timeout 200 python3 -m spin_indexer.cli.capture --task niah_single_2 --context $ctx --steps 64 --k 256 \
+            --indexer lightning,oracle --prompts 3 --device cuda --quiet --out $T/$ctx 2>&1 | tail -9
+    done
+    timeout 120 python3 -m spin_indexer.cli.capture --task niah_single_2 --context 8192 --steps 48 --k 256 \
+        --indexer lightning --prompts 3 --next-n 3 --draft-noise 0.2 --device cuda --quiet --out $T/mtp8192 2>&1 | tail -5
+    du -sh $T/* | tee "$OUT/trace_sizes.txt"
+    E="python3 -m spin_indexer.cli.eval --device cuda --name ruler-smollm2 --quiet"
+    for ctx in 8192 16384 32768; do
+        [ -d $T/$ctx ] || continue
+        timeout 150 $E --traces $T/$ctx --sweep main --out /tmp/fid/$ctx/main 2>&1 | tail -3
+        timeout 100 $E --traces $T/$ctx --sweep exploration --policy explore-none explore-staleness \
+            explore-block-age --no-table1 --out /tmp/fid/$ctx/exploration 2>&1 | tail -2
+        timeout 100 $E --traces $T/$ctx --sweep pooling --policy a0 a1-mean a1-top4 a2-max-sum --no-table1 \
+            --no-plots --out /tmp/fid/$ctx/pooling 2>&1 | tail -2
+    done
+    [ -d $T/mtp8192 ] && timeout 100 $E --traces $T/mtp8192 --sweep mtp --no-table1 --out /tmp/fid/mtp8192/mtp \
+        2>&1 | tail -3
+    tar czf "$OUT/fidelity_real.tgz" -C /tmp fid && ls -l "$OUT"
+    ;;
+e2e)
+    assemble || exit 1
+    timeout 560 python3 benchmarks/bench_e2e.py --out "$OUT/e2e" 2>&1 | tee "$OUT/e2e.log"
+    ;;
+quality)
+    assemble || exit 1
+    Q="python3 -m spin_indexer.cli.quality --device cuda --topk 512 --quiet"
+    CONFIGS=${QUALITY_CONFIGS:-"dense all-keep spin-0.2 spin-0.3 spin-0.4 spin-0.5 spin-0.2-noexp spin-0.3-noexp \
+spin-0.4-noexp spin-0.5-noexp mtp3-all-keep mtp3-spin-0.4"}
+    # one process per context length: B = 1 decoding is launch-bound, so three share the GPU well
+    for ctx in 8192 16384 32768; do
+        timeout ${QUALITY_SECONDS:-480} $Q --contexts $ctx --samples ${QUALITY_SAMPLES:-4} --configs $CONFIGS \
+            --shard h200-$ctx --out /tmp/quality/$ctx > "$OUT/quality_$ctx.log" 2>&1 &
+    done
+    wait
+    cp /tmp/quality/*/samples-*.jsonl "$OUT/" ; tail -3 "$OUT"/quality_*.log
+    ;;
+*)
+    echo "unknown stage $stage"; exit 2
+    ;;
+esac

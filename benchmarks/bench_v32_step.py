@@ -1,0 +1,251 @@
+"""A synthetic-weight decode step at DeepSeek-V3.2 shapes: indexer + sparse MLA attention over the top-k, for
+all 61 indexer layers, each configuration captured in ONE CUDA graph (issue #7).
+
+    PYTHONPATH=src:benchmarks python3 benchmarks/bench_v32_step.py --out $OUT/v32
+
+Per (batch, context) point, random weights and caches, next_n = 1:
+- one FP8 indexer key pool (engine layout, 132 B/token) and one MLA latent pool (fp8 576 dims + fp32 scale,
+  580 B/token), each B * context tokens, shared by all layers. Every layer has its own random queries. Sharing
+  the caches across layers does not flatter the timing: one layer already reads far more than the 60 MB L2
+  (B = 96 at 128K: 1.7 GB of indexer keys), so nothing survives in L2 from one layer to the next.
+- configs: dense = Triton paged logits (fused block max) + our Triton top-k + sparse MLA, per layer;
+  spin-s = SpinIndexer.plan once + run per layer (fused logits/top-k wiring of bench_step) + sparse MLA;
+  attention alone (61 layers of sparse MLA over fixed random top-k) gives attention_ms, and
+  indexer_ms = step_ms - attention_ms.
+Writes <out>/h200_v32_step.csv, .md (command, environment, table) and .json (environment + rows).
+The sparse attention is plain torch (benchmarks/sparse_mla.py), not FlashMLA: attention_ms is an upper bound.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+from bench_step import FusedOps, make_indexer, patched_ops  # noqa: E402
+from harness import DEVICE, KeyPool, decode_lens, environment, random_queries, time_graph  # noqa: E402
+from sparse_mla import MLA_HEADS, QK_DIM, T, sparse_mla_decode  # noqa: E402
+
+COLUMNS = ["model_shape", "batch", "context", "config", "layers", "step_ms", "indexer_ms", "attention_ms",
+           "realized_sparsity", "tokens_per_s_indexer_attention"]
+AUTO_BATCHES = (96, 64, 32, 16, 8)
+DEVICE_GIB = 139.0  # H200 as lent; the CPU dry run sizes "auto" points against it too
+MLA_BYTES_PER_TOKEN = QK_DIM + 4
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+# ------------------------------------------------------------------------------------------ memory plan
+def bytes_needed(batch: int, ctx: int, layers: int, topk: int, index_bytes: int = 132) -> int:
+    """Device bytes one point needs: the two pools, one SpinState (V and D fp16 tables per layer, plus
+    last_seen), the logits + block-max buffers, the MLA queries, the attention temporaries, 4 GiB slack."""
+    tokens, rows = batch * ctx, batch
+    pools = tokens * (index_bytes + MLA_BYTES_PER_TOKEN)
+    state = 2 * layers * batch * (ctx + 1) * 2 + layers * batch * (ctx // T + 1) * 4
+    logits = tokens * 4 + tokens // T * 4
+    queries = layers * rows * MLA_HEADS * QK_DIM * 2
+    attention = rows * topk * (QK_DIM * 2 * 2 + 8 * 3) + rows * MLA_HEADS * topk * (4 * 2 + 2)
+    return pools + state + logits + queries + attention + (4 << 30)
+
+
+def auto_batch(ctx: int, layers: int, topk: int, capacity: int, index_bytes: int = 132,
+               candidates=AUTO_BATCHES) -> int | None:
+    """The largest of `candidates` whose point fits in `capacity` bytes, or None."""
+    return next((b for b in sorted(candidates, reverse=True)
+                 if bytes_needed(b, ctx, layers, topk, index_bytes) <= capacity), None)
+
+
+def parse_points(text: str) -> list[tuple[int | None, int]]:
+    """"96x131072,autox1048576" -> [(96, 131072), (None, 1048576)]; None = choose the batch by memory."""
+    points = []
+    for item in text.split(","):
+        b, _, c = item.strip().lower().replace(" ", "").partition("x")
+        points.append((None if b == "auto" else int(b), int(c)))
+    return points
+
+
+# ------------------------------------------------------------------------------------------ latent pool
+class LatentPool:
+    """The MLA cache: kv_latent float8_e4m3fn [num_blocks * 64, 576] of random finite values, kv_scale float32
+    [num_blocks * 64] powers of two. Filled in chunks so no full-size temporary is ever allocated."""
+
+    def __init__(self, num_slots: int, seed: int = 1):
+        gen = torch.Generator(device=DEVICE).manual_seed(seed)
+        raw = torch.empty(num_slots, QK_DIM, dtype=torch.uint8, device=DEVICE)
+        self.kv_scale = torch.empty(num_slots, dtype=torch.float32, device=DEVICE)
+        step = 1 << 22
+        for s0 in range(0, num_slots, step):
+            part = raw[s0:s0 + step]
+            part.random_(0, 256, generator=gen)
+            part.copy_(torch.where((part & 0x7F) == 0x7F, part ^ 1, part))  # no fp8 NaN bytes
+            exps = torch.randint(-8, -4, (part.shape[0],), device=DEVICE, generator=gen)
+            self.kv_scale[s0:s0 + step] = torch.exp2(exps.float())
+        self.kv_latent = raw.view(torch.float8_e4m3fn)
+
+
+# ------------------------------------------------------------------------------------------ one point
+def run_point(batch: int, ctx: int, args) -> list[dict]:
+    """Time attention alone, dense and every SPIN sparsity at one (batch, context); rows in COLUMNS order."""
+    layers, k = args.layers, args.topk
+    width = ctx // T
+    t0 = time.time()
+    keys = KeyPool(batch * width, seed=0, dim=args.index_dim)
+    table = keys.tables(batch, width, 1)[0]  # one table addresses both pools (same block ids)
+    latent = LatentPool(batch * width * T)
+    lens = decode_lens(batch, 1, ctx)
+    flat_lens = lens.view(-1)
+    gen = torch.Generator(device=DEVICE).manual_seed(3)
+    index_q = [random_queries(batch, 1, heads=args.index_heads, dim=args.index_dim, seed=100 + i)
+               for i in range(layers)]
+    mla_q = [torch.randn(batch, args.mla_heads, QK_DIM, device=DEVICE, generator=gen).to(torch.bfloat16)
+             for _ in range(layers)]
+    fused = FusedOps(batch, width)  # logits + block-max buffers, shared by dense and SPIN
+    log(f"  pools ready ({time.time() - t0:.1f} s)")
+
+    def attend(layer, topk_indices):
+        return sparse_mla_decode(mla_q[layer], latent.kv_latent, latent.kv_scale, table, topk_indices)
+
+    fixed_topk = torch.randint(0, ctx, (batch, k), device=DEVICE, generator=gen, dtype=torch.int32)
+
+    def attention_step():
+        for layer in range(layers):
+            attend(layer, fixed_topk)
+
+    def dense_step():
+        for layer in range(layers):
+            q, w = index_q[layer]
+            logits = fused.logits(q, keys.cache, w, lens, table, validate=False)
+            attend(layer, fused.topk(logits, flat_lens, k, validate=False))
+
+    timing = dict(target_s=args.target_s, min_reps=3, max_reps=10)
+    attention_ms = time_graph([attention_step], **timing).p50_us / 1e3
+    log(f"  attention alone {attention_ms:.2f} ms")
+    results = [("dense", time_graph([dense_step], **timing).p50_us / 1e3, 0.0)]
+    log(f"  dense {results[-1][1]:.2f} ms")
+    for s in args.sparsity:
+        idx, slots = make_indexer(batch, width, 1, s, num_layers=layers, topk=k)
+
+        def spin_step(per_layer_sparsity=None):
+            idx.plan(table, lens, slots, validate=False)
+            for layer in range(layers):
+                q, w = index_q[layer]
+                attend(layer, idx.run(layer, q, keys.cache, w))
+                if per_layer_sparsity is not None:
+                    per_layer_sparsity.append(idx.block_plan.sparsity().mean())
+
+        with patched_ops(fused.logits, fused.topk):
+            spin_step()  # the first step of a request scores every block
+            seen = []
+            spin_step(seen)  # a steady-state step: its plans give the realized sparsity
+            realized = float(torch.stack(seen).mean())
+            step_ms = time_graph([spin_step], **timing).p50_us / 1e3
+        results.append((f"spin-{s:g}", step_ms, realized))
+        log(f"  spin-{s:g} {step_ms:.2f} ms, realized sparsity {realized:.3f}")
+        del idx, slots, spin_step
+        _free_memory()
+    shape = (f"v3.2-synthetic L{layers} idx{args.index_heads}x{args.index_dim} k{k} "
+             f"mla{args.mla_heads}x{QK_DIM}")
+    return [dict(model_shape=shape, batch=batch, context=ctx, config=name, layers=layers, step_ms=round(step, 4),
+                 indexer_ms=round(step - attention_ms, 4), attention_ms=round(attention_ms, 4),
+                 realized_sparsity=round(realized, 4), tokens_per_s_indexer_attention=round(batch / (step / 1e3), 1))
+            for name, step, realized in results]
+
+
+def _free_memory():
+    gc.collect()
+    if DEVICE != "cpu":
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------ output
+def markdown(rows: list[dict], env: dict, command: str) -> str:
+    lines = ["# DeepSeek-V3.2-shaped decode step: indexer + sparse MLA (synthetic weights)", "",
+             f"- GPU {env.get('gpu')}, torch {env.get('torch')}, triton {env.get('triton')}, CUDA {env.get('cuda')}, "
+             f"commit {env.get('commit')}, {env.get('date')}",
+             f"- command: `{command}`",
+             "- one CUDA graph per config over all layers (median of replays); next_n = 1; caches shared by the "
+             "layers (each far larger than L2); sparse MLA is a plain torch gather + bmm (benchmarks/sparse_mla.py), "
+             "not FlashMLA, so attention_ms is an upper bound; indexer_ms = step_ms - attention_ms "
+             "(attention alone over fixed random top-k).", "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(str(r[c]) for c in COLUMNS) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def print_table(rows: list[dict]) -> None:
+    log(f"\n{'batch':>6} {'context':>8} {'config':>9} {'step_ms':>9} {'indexer_ms':>10} {'attn_ms':>8} "
+        f"{'sparsity':>8} {'tok/s':>9}")
+    for r in rows:
+        log(f"{r['batch']:>6} {r['context']:>8} {r['config']:>9} {r['step_ms']:>9.3f} {r['indexer_ms']:>10.3f} "
+            f"{r['attention_ms']:>8.3f} {r['realized_sparsity']:>8.3f} {r['tokens_per_s_indexer_attention']:>9.0f}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--points", default="96x131072,96x262144,autox1048576",
+                   help="comma list of BATCHxCONTEXT; auto = the largest of 96/64/32/16/8 that fits in memory")
+    p.add_argument("--auto-batches", type=lambda s: [int(x) for x in s.split(",")], default=list(AUTO_BATCHES),
+                   help="batches an auto point may take, largest first")
+    p.add_argument("--sparsity", type=lambda s: [float(x) for x in s.split(",")], default=[0.4, 0.5])
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--layers", type=int, default=61)
+    p.add_argument("--topk", type=int, default=2048)
+    p.add_argument("--index-heads", type=int, default=64)
+    p.add_argument("--index-dim", type=int, default=128)
+    p.add_argument("--mla-heads", type=int, default=MLA_HEADS)
+    p.add_argument("--target-s", type=float, default=0.5, help="time_graph: seconds of replays per config")
+    args = p.parse_args(argv)
+    command = "python3 benchmarks/bench_v32_step.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    os.makedirs(args.out, exist_ok=True)
+    env = environment()
+    log(json.dumps(env))
+    capacity = int(DEVICE_GIB * 2**30) if DEVICE == "cpu" else torch.cuda.mem_get_info()[0]
+    csv_path = os.path.join(args.out, "h200_v32_step.csv")
+    with open(csv_path, "w", newline="") as f:
+        csv.writer(f).writerow(COLUMNS)
+    rows, skipped, t0 = [], [], time.time()
+    for batch, ctx in parse_points(args.points):
+        index_bytes = args.index_dim + 4
+        if batch is None:
+            batch = auto_batch(ctx, args.layers, args.topk, int(0.9 * capacity), index_bytes,
+                               args.auto_batches)
+            log(f"auto batch at context {ctx}: {batch} (free {capacity / 2**30:.1f} GiB)")
+            if batch is None:
+                skipped.append(f"{ctx}: no batch of {args.auto_batches} fits")
+                continue
+        need = bytes_needed(batch, ctx, args.layers, args.topk, index_bytes)
+        log(f"point B={batch} context={ctx}: ~{need / 2**30:.1f} GiB planned")
+        try:
+            point_rows = run_point(batch, ctx, args)
+        except torch.OutOfMemoryError as exc:
+            log(f"  OUT OF MEMORY at B={batch} context={ctx}, skipped: {str(exc).splitlines()[0]}")
+            skipped.append(f"{batch}x{ctx}: out of memory")
+            point_rows = []
+        _free_memory()
+        rows += point_rows
+        with open(csv_path, "a", newline="") as f:  # after every point: a later failure keeps these rows
+            csv.DictWriter(f, fieldnames=COLUMNS).writerows(point_rows)
+    env["skipped"] = skipped
+    with open(os.path.join(args.out, "h200_v32_step.json"), "w") as f:
+        json.dump(dict(env=env, command=command, rows=rows), f, indent=1)
+    with open(os.path.join(args.out, "h200_v32_step.md"), "w") as f:
+        f.write(markdown(rows, env, command))
+    print_table(rows)
+    for s in skipped:
+        log(f"skipped {s}")
+    log(f"total {time.time() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

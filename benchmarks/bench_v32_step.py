@@ -227,7 +227,7 @@ def main(argv=None) -> int:
         log(f"point B={batch} context={ctx}: ~{need / 2**30:.1f} GiB planned")
         try:
             point_rows = run_point(batch, ctx, args)
-        except torch.OutOfMemoryError as exc:
+        except torch.cuda.OutOfMemoryError as exc:  # the same class as torch.OutOfMemoryError
             log(f"  OUT OF MEMORY at B={batch} context={ctx}, skipped: {str(exc).splitlines()[0]}")
             skipped.append(f"{batch}x{ctx}: out of memory")
             point_rows = []

@@ -203,7 +203,7 @@ def main(argv=None) -> int:
     p.add_argument("--index-heads", type=int, default=64)
     p.add_argument("--index-dim", type=int, default=128)
     p.add_argument("--mla-heads", type=int, default=MLA_HEADS)
-    p.add_argument("--target-s", type=float, default=0.5, help="time_graph: seconds of replays per config")
+    p.add_argument("--target-s", type=float, default=0.3, help="time_graph: seconds of replays per config")
     args = p.parse_args(argv)
     command = "python3 benchmarks/bench_v32_step.py " + " ".join(argv if argv is not None else sys.argv[1:])
     os.makedirs(args.out, exist_ok=True)

@@ -148,3 +148,18 @@ def test_later_run_wins_by_date_not_path(tmp_path):
                                                                  "throughput": 1.0, "date": "2026-11-29 13:00 UTC"})
     summary, _, _ = load_runs(tmp_path)
     assert len(summary) == 1 and summary[0]["mean_miss"] == 0.05
+
+
+def test_pooled_rows_dropped_when_runs_cover_several_contexts(tmp_path):
+    base = {"trace_set": "s", "indexer": "i", "sparsity_target": 0.3, "policy": "a0", "p99_miss": 0.2,
+            "realized_sparsity": 0.3, "rows": 1}
+    info = {"command": "c", "seconds": 1.0, "throughput": 1.0, "date": "2026-11-29 12:00 UTC"}
+    write_run(tmp_path / "4k", [dict(base, context="4K", mean_miss=0.1), dict(base, context="all", mean_miss=0.1)],
+              [], info)
+    summary, _, _ = load_runs(tmp_path)
+    assert sorted(r["context"] for r in summary) == ["4K", "all"]  # one context: its pool stays
+    write_run(tmp_path / "8k", [dict(base, context="8K", mean_miss=0.3), dict(base, context="all", mean_miss=0.3)],
+              [], dict(info, date="2026-11-29 13:00 UTC"))
+    summary, _, _ = load_runs(tmp_path)
+    # the 8K run's 'all' (0.3) is not the pool of 4K + 8K: no pooled row rather than a wrong one
+    assert sorted(r["context"] for r in summary) == ["4K", "8K"]

@@ -197,7 +197,7 @@ def _report(out: Path, command: str, meta: dict | None, quiet: bool) -> int:
     _write_csv(out / "ruler.csv", rows, CSV_COLUMNS)
     _write_csv(out / "ruler_detail.csv", rows, CSV_COLUMNS + ("ci_low", "ci_high", "sparsity", "acceptance", "steps"))
     meta = meta or {k: samples[-1].get(k) for k in ("indexer", "topk", "threads", "device", "torch", "cpu")}
-    table = format_table(rows) + "\n\n" + paired_table(samples, [r["config"] for r in rows if r["task"] == "all"])
+    table = format_table(rows) + "\n\n" + paired_table(samples, list(dict.fromkeys(r["config"] for r in rows if r["task"] == "all")))
     _write_readme(out / "README.md", command, meta, samples, table)
     if not quiet:
         print(table)

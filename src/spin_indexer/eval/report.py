@@ -85,18 +85,40 @@ def write_run(out_dir: Path, summary: list[dict], t1: list[dict], run_info: dict
 def load_runs(results_dir: Path) -> tuple[list[dict], list[dict], list[dict]]:
     """Every rows.json under results_dir merged, oldest run first (by its recorded date), so a rerun's row
     replaces the older one with the same key: (summary rows, table1 rows, run infos)."""
-    summary, t1, runs = [], [], []
+    summary, t1, runs = [], [], []  # summary and t1: one list of rows per run
     files = sorted(Path(results_dir).rglob("rows.json"))
     if not files:
         raise FileNotFoundError(f"{results_dir}: no rows.json found (run `spin-indexer eval --out ...` first)")
     loaded = [(f, json.loads(f.read_text())) for f in files]
     loaded.sort(key=lambda fd: (fd[1].get("run", {}).get("date", ""), str(fd[0])))  # older runs first
     for f, data in loaded:
-        summary += data.get("summary", [])
-        t1 += data.get("table1", [])
+        summary.append(data.get("summary", []))
+        t1.append(data.get("table1", []))
         runs.append({**data.get("run", {}), "file": str(f.relative_to(results_dir))})
-    return _dedupe(summary, ("trace_set", "indexer", "context", "sparsity_target", "policy")), \
-        _dedupe(t1, ("trace_set", "indexer", "predictor", "context")), runs
+    return _dedupe(_drop_stale_pools(summary), ("trace_set", "indexer", "context", "sparsity_target", "policy")), \
+        _dedupe(_drop_stale_pools(t1), ("trace_set", "indexer", "predictor", "context")), runs
+
+
+def _drop_stale_pools(per_run: list[list[dict]]) -> list[dict]:
+    """Rows of every run, in order, less the pooled context 'all' rows of a run that does not cover every
+    context of its (trace set, indexer): a run pools only its own traces, so its 'all' would misstate the
+    merged set (and, being the last written, silently win)."""
+    def key(r):
+        return r.get("trace_set"), r.get("indexer")
+
+    union: dict[tuple, set] = {}
+    for rows in per_run:
+        for r in rows:
+            if r.get("context") != "all":
+                union.setdefault(key(r), set()).add(r.get("context"))
+    out = []
+    for rows in per_run:
+        own: dict[tuple, set] = {}
+        for r in rows:
+            if r.get("context") != "all":
+                own.setdefault(key(r), set()).add(r.get("context"))
+        out += [r for r in rows if r.get("context") != "all" or own.get(key(r), set()) >= union.get(key(r), set())]
+    return out
 
 
 def _dedupe(rows: list[dict], key: tuple[str, ...]) -> list[dict]:

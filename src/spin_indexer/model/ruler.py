@@ -11,6 +11,16 @@ import-time code sets them), with three substitutions and nothing else changed:
 We call the scripts' own `generate_input_output` and fit the haystack size to the requested context
 ourselves (largest size whose prompt + tokens_to_generate fits), seeding `random`/`numpy` per prompt.
 variable tracking runs without the in-context example the full RULER pipeline prepends.
+qa reads its dataset at import (`--dataset`), so it is executed once per dataset (qa_1 = squad,
+qa_2 = hotpotqa); seed s asks question s mod the number of questions, and the number of documents (the
+question's own, then the same article's, then random ones, shuffled) is fitted like a haystack size.
+fwe (freq_words_extraction) fits itself: as the package's sample loop does, a first call sizes the number of
+words for max_len = context - tokens_to_generate and a second call with that number (shrunk until it fits)
+makes the prompt; vocab_size = context // 50 and incremental = max_len // 32, as in the package.
+
+Scoring as RULER's evaluator: qa_* with string_match_part (1 when ANY reference answer occurs in the
+output, case-insensitive: the references are alternative annotations), every other task with
+string_match_all (fraction of the references found).
 
 make_prompt(task, context_tokens, seed, tokenizer) -> (prompt, answers); score_answer(task, text, answers).
 
@@ -44,8 +54,14 @@ TASKS = {
     "niah_multiquery": ("niah", dict(_NIAH, num_needle_q=4)),
     "vt": ("variable_tracking", {"num_chains": 1, "num_hops": 4}),
     "cwe": ("common_words_extraction", {"freq_cw": 30, "freq_ucw": 3, "num_cw": 10}),
+    "fwe": ("freq_words_extraction", {"alpha": 2.0}),
+    "qa_1": ("qa", {"dataset": "squad"}),
+    "qa_2": ("qa", {"dataset": "hotpotqa"}),
 }
-TOKENS_TO_GENERATE = {"niah": 128, "variable_tracking": 30, "common_words_extraction": 120}
+# per generator script, from the package's data/synthetic/constants.py
+TOKENS_TO_GENERATE = {"niah": 128, "variable_tracking": 30, "common_words_extraction": 120,
+                      "freq_words_extraction": 50, "qa": 32}
+PART_MATCH_SCRIPTS = ("qa",)  # scored with string_match_part, the others with string_match_all
 
 
 def package_dir() -> Path | None:
@@ -154,27 +170,30 @@ def _patched(argv: list[str], tokenizer):
 
 
 @lru_cache(maxsize=None)
-def _script(script: str, tokenizer) -> dict:
-    """The live globals of one generator script, executed once (niah with the essay haystack)."""
+def _script(script: str, tokenizer, extra_argv: tuple[str, ...] = ()) -> dict:
+    """The live globals of one generator script, executed once per (script, tokenizer, extra_argv)
+    (niah with the essay haystack; qa once per --dataset, which it reads at import)."""
     base = _require()
     with _patched([script], tokenizer) as constants:
         spec = constants.TASKS[script]
         argv = [script, "--save_dir", "/nonexistent", "--save_name", script, "--tokenizer_path", "-",
                 "--tokenizer_type", "hf", "--max_seq_length", "4096", "--tokens_to_generate",
                 str(TOKENS_TO_GENERATE[script]), "--num_samples", "1",
-                "--template", spec["template"] + spec["answer_prefix"]]
+                "--template", spec["template"] + spec["answer_prefix"], *extra_argv]
         sys.argv = argv
         module_globals = runpy.run_path(str(base / "data" / "synthetic" / f"{script}.py"), run_name="ruler_generator")
     g = module_globals["generate_input_output"].__globals__  # the live dict the functions read
     if script == "niah":
         g["_essay_haystack"] = g["haystack"]
+    if script == "qa":  # generate_input_output shuffles DOCS itself when asked for all of them
+        g["_all_docs"] = tuple(g["DOCS"])
     return g
 
 
 def _generator(task: str, tokenizer) -> dict:
     """The task's generator script with the task's arguments set, as its import-time code would set them."""
     script, args = TASKS[task]
-    g = _script(script, tokenizer)
+    g = _script(script, tokenizer, ("--dataset", args["dataset"]) if script == "qa" else ())
     for key, val in args.items():
         setattr(g["args"], key, val)
     if script == "niah":
@@ -196,6 +215,16 @@ def _generate(task: str, size: int, seed: int, context_tokens: int, g: dict) -> 
         return g["generate_input_output"](size)
     if script == "variable_tracking":
         text, answer = g["generate_input_output"](size, args["num_chains"], args["num_hops"], is_icl=False)
+        return text, list(answer)
+    if script == "qa":  # size = number of documents; seed picks the question
+        g["DOCS"] = list(g["_all_docs"])
+        text, answer = g["generate_input_output"](seed % len(g["QAS"]), size)
+        return text, [str(a) for a in answer]
+    if script == "freq_words_extraction":  # size = max_len (tokens of the prompt); fits itself
+        kw = dict(coded_wordlen=g["args"].coded_wordlen, vocab_size=context_tokens // 50,
+                  incremental=max(1, size // 32), alpha=args["alpha"])
+        _, _, num_words = g["generate_input_output"](size, **kw)
+        text, answer, _ = g["generate_input_output"](size, num_words=num_words, **kw)
         return text, list(answer)
     text, answer = g["generate_input_output"](size)  # common words: size = number of distinct words
     return text, list(answer)
@@ -241,31 +270,49 @@ def _fit_and_generate(task: str, context_tokens: int, seed: int, tokenizer) -> t
     g = _generator(task, tokenizer)
     budget = context_tokens - TOKENS_TO_GENERATE[TASKS[task][0]]
     count = g["TOKENIZER"].text_to_tokens
+    if TASKS[task][0] == "freq_words_extraction":
+        return _generate(task, budget, seed, context_tokens, g)
 
     def fits(size: int) -> bool:
         return len(count(_generate(task, size, seed, context_tokens, g)[0])) <= budget
 
-    lo, hi = 1, 16
+    lo, hi, limit = 1, 16, None
+    if TASKS[task][1].get("type_haystack") == "essay":
+        limit = len(g["haystack"])
+    elif TASKS[task][0] == "qa":  # at least the question's own documents, at most all of them
+        limit = len(g["DOCS"])
+        lo = len(g["QAS"][seed % len(g["QAS"])]["context"])
+        hi = min(max(16, 2 * lo), limit)
     while fits(hi):
         lo, hi = hi, hi * 2
-        if TASKS[task][1].get("type_haystack") == "essay" and hi > len(g["haystack"]):
-            hi = len(g["haystack"])
+        if limit is not None and hi > limit:
+            hi = limit
             if fits(hi):
                 lo = hi
                 break
     while hi - lo > max(1, lo // 64):  # within ~1.5% of the largest size that fits
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return _generate(task, lo, seed, context_tokens, g)
+    text, answers = _generate(task, lo, seed, context_tokens, g)
+    if TASKS[task][0] == "qa" and len(count(text)) > budget:  # the question's own documents alone overflow
+        raise ValueError(f"context_tokens: {task} seed {seed} needs {len(count(text))} prompt tokens for its "
+                         f"own {lo} documents, more than the {budget} left of {context_tokens}; use a larger context")
+    return text, answers
 
 
 def score_answer(task: str, text: str, answers: list[str]) -> float:
-    """RULER's string-match score: fraction of the expected answers found in the generated text."""
+    """RULER's string-match score in [0, 1], case-insensitive, as its evaluator scores the task:
+    qa_* (string_match_part): 1.0 when ANY expected answer occurs in the generated text (the answers are
+    alternative annotations of one answer); every other task (string_match_all): the fraction of the
+    expected answers found. No answers: 0.0."""
     check_task(task)
     if not answers:
         return 0.0
     low = text.lower()
-    return sum(a.lower() in low for a in answers) / len(answers)
+    found = [a.lower() in low for a in answers]
+    if TASKS[task][0] in PART_MATCH_SCRIPTS:
+        return float(any(found))
+    return sum(found) / len(answers)
 
 
 def _require() -> Path:

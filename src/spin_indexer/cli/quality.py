@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=4, help="prompts per (task, context) (default 4)")
     p.add_argument("--first-seed", type=int, default=0, help="RULER seed of the first prompt (seeds n, n+1, ...)")
     p.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS),
-                   help="dense, all-keep, spin-<s>[-noexp], mtp<N>-all-keep, mtp<N>-spin-<s> (default: all)")
+                   help="dense, all-keep, spin-<s>[-noexp], spin-<s>-hybrid<w>[-noexp], adaptive-<t>, "
+                        "mtp<N>-all-keep, mtp<N>-spin-<s>, mtp<N>-adaptive-<t> (default: the paper's set)")
     p.add_argument("--topk", type=int, default=512,
                    help="tokens each layer attends to (default 512; at 256 the distilled indexer misses 4K needles)")
     p.add_argument("--indexer", choices=("auto", "oracle", "lightning"), default="auto",
@@ -257,7 +258,11 @@ def _write_readme(path: Path, command: str, meta: dict, samples: list[dict], tab
         notes = path.read_text().split(NOTES_MARK, 1)[1]
     seeds = sorted({(s["task"], s["context"], s["seed"]) for s in samples})
     secs = {(s["task"], s["context"], s["seed"]): s.get("prompt_seconds", 0) for s in samples}
-    text = f"""# RULER quality: dense vs all-keep vs SPIN (SmolLM2-135M-Instruct, CPU)
+    devices = {}
+    for smp in samples:
+        devices.setdefault(smp.get("device") or "?", set()).add(smp["context"])
+    where = "; ".join(f"{d} at {', '.join(map(str, sorted(c)))} tokens" for d, c in sorted(devices.items()))
+    text = f"""# RULER quality: dense vs all-keep vs SPIN (SmolLM2-135M-Instruct)
 
 Regenerate (resumes from samples.jsonl; delete it to start over):
 
@@ -266,7 +271,7 @@ Regenerate (resumes from samples.jsonl; delete it to start over):
 - Model: SmolLM2-135M-Instruct (Q4_1 GGUF de-quantized to fp32), own Llama forward (model/llama.py).
 - Indexer: **{meta.get('indexer')}** ({_INDEXER_TEXT.get(meta.get('indexer'), '?')}),
   top-k = {meta.get('topk')} tokens per layer and row, block = 64 tokens; prefill dense, decode sparse.
-- Device {meta.get('device')}, torch {meta.get('torch')}, {meta.get('threads')} thread(s);
+- Devices: {where} (last run: torch {meta.get('torch')}, {meta.get('threads')} CPU thread(s));
   {len(seeds)} prompts, {sum(secs.values()):.0f} s of decoding (prefill + all configs).
 - Score = RULER string match (fraction of expected strings in the output) x 100, mean over samples;
   95% Wilson interval over the n samples. task `all` pools every task's samples.

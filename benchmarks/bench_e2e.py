@@ -54,8 +54,8 @@ def parse_points(text: str) -> list[tuple[int, int]]:
     return points
 
 
-def load(args, max_len: int):
-    """(model, indexer, tokenizer or None, model name)."""
+def load(args, max_len: int, context: int):
+    """(model, indexer, tokenizer or None, model name); YaRN from the nominal context, as the quality runs."""
     dev = torch.device(DEVICE)
     if args.tiny:
         from spin_indexer.model.indexer_head import Indexer, IndexerConfig
@@ -76,7 +76,7 @@ def load(args, max_len: int):
     if reason:
         raise SystemExit(reason)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    model, tok = loader.load_model(dev, dtype, max_len=max_len)
+    model, tok = loader.load_model(dev, dtype, max_len=max_len, yarn_factor=loader.yarn_factor_for(context))
     indexer = Indexer.load(loader.INDEXER_WEIGHTS, max_len, model.cfg.yarn_factor, dev)
     return model, indexer, tok, "SmolLM2-135M-Instruct+lightning"
 
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
     env = environment()
     log(json.dumps(env))
     t0 = time.perf_counter()
-    model, indexer, tok, name = load(args, max_len)
+    model, indexer, tok, name = load(args, max_len, max(c for _, c in points))
     log(f"loaded {name} in {time.perf_counter() - t0:.1f}s (YaRN {model.cfg.yarn_factor:g})")
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []

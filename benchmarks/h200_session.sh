@@ -13,9 +13,11 @@
 # Then, as device calls (carry in brackets), back to back so the machine stays warm:
 #   1. [runs/x3/p0, runs/prompts]  benchmarks/h200_session.sh v32        V3.2-shape step (no model needed)
 #   2. [runs/x3/p1]                benchmarks/h200_session.sh gputests   CUDA test suite
-#   3. [runs/x3/p2]                benchmarks/h200_session.sh traces     traces 8K-32K + GPU replay
-#   4. []                          benchmarks/h200_session.sh e2e        tokens/s and ITL
-#   5. []                          benchmarks/h200_session.sh quality    RULER 8K-32K
+#   3. [runs/x3/p2]                benchmarks/h200_session.sh traces     traces 8K-32K (+ MTP 8K), kept in /tmp
+#   4. []                          benchmarks/h200_session.sh replay     GPU replay of /tmp/traces -> fidelity tgz
+#   5. []                          benchmarks/h200_session.sh e2e        tokens/s and ITL
+#   6. []                          benchmarks/h200_session.sh quality    RULER 8K-32K (QUALITY_SECONDS each)
+# Measured 2026-11-29: v32 52 s, gputests 34 s, traces ~420 s, replay ~220 s, e2e 86 s, quality as allowed.
 # Every stage writes under $OUT (what comes back) and tolerates a missing earlier stage where it can.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,7 +44,7 @@ assemble() {  # the GGUF from its parts (checked) and the gguf wheel
     fi
 }
 
-stage=${1:?usage: h200_session.sh v32|gputests|traces|e2e|quality}
+stage=${1:?usage: h200_session.sh v32|gputests|traces|replay|e2e|quality}
 take_part
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 case $stage in
@@ -63,6 +65,9 @@ traces)
     timeout 120 python3 -m spin_indexer.cli.capture --task niah_single_2 --context 8192 --steps 48 --k 256 \
         --indexer lightning --prompts 3 --next-n 3 --draft-noise 0.2 --device cuda --quiet --out $T/mtp8192 2>&1 | tail -5
     du -sh $T/* | tee "$OUT/trace_sizes.txt"
+    ;;
+replay)
+    T=/tmp/traces
     E="python3 -m spin_indexer.cli.eval --device cuda --name ruler-smollm2 --quiet"
     for ctx in 8192 16384 32768; do
         [ -d $T/$ctx ] || continue
@@ -71,6 +76,7 @@ traces)
             explore-block-age --no-table1 --out /tmp/fid/$ctx/exploration 2>&1 | tail -2
         timeout 100 $E --traces $T/$ctx --sweep pooling --policy a0 a1-mean a1-top4 a2-max-sum --no-table1 \
             --no-plots --out /tmp/fid/$ctx/pooling 2>&1 | tail -2
+        tar czf "$OUT/fidelity_real.tgz" -C /tmp fid  # after every bin: a timeout keeps what finished
     done
     [ -d $T/mtp8192 ] && timeout 100 $E --traces $T/mtp8192 --sweep mtp --no-table1 --out /tmp/fid/mtp8192/mtp \
         2>&1 | tail -3
@@ -78,11 +84,12 @@ traces)
     ;;
 e2e)
     assemble || exit 1
-    timeout 560 python3 benchmarks/bench_e2e.py --out "$OUT/e2e" 2>&1 | tee "$OUT/e2e.log"
+    timeout 560 python3 benchmarks/bench_e2e.py --points 32x16384,96x16384,32x32768,96x32768 --steps 32 \
+        --out "$OUT/e2e" 2>&1 | grep -v clean_up | tee "$OUT/e2e.log"
     ;;
 quality)
     assemble || exit 1
-    Q="python3 -m spin_indexer.cli.quality --device cuda --topk 512 --quiet"
+    Q="python3 -m spin_indexer.cli.main quality --device cuda --topk 512 --quiet"
     CONFIGS=${QUALITY_CONFIGS:-"dense all-keep spin-0.2 spin-0.3 spin-0.4 spin-0.5 spin-0.2-noexp spin-0.3-noexp \
 spin-0.4-noexp spin-0.5-noexp mtp3-all-keep mtp3-spin-0.4"}
     # one process per context length: B = 1 decoding is launch-bound, so three share the GPU well
@@ -91,7 +98,7 @@ spin-0.4-noexp spin-0.5-noexp mtp3-all-keep mtp3-spin-0.4"}
             --shard h200-$ctx --out /tmp/quality/$ctx > "$OUT/quality_$ctx.log" 2>&1 &
     done
     wait
-    cp /tmp/quality/*/samples-*.jsonl "$OUT/" ; tail -3 "$OUT"/quality_*.log
+    cp /tmp/quality/*/samples-*.jsonl "$OUT/"; wc -l "$OUT"/*.jsonl
     ;;
 *)
     echo "unknown stage $stage"; exit 2

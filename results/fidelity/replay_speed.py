@@ -1,7 +1,8 @@
 """Replay throughput (rows x layers x steps / s) of `traces.replay` on this machine, and where it goes.
 
     python results/fidelity/replay_speed.py   -> results/fidelity/replay_speed.csv (+ a printed table)
-Synthetic v4-like traces (k = 512), spin-default at 40%, 4 traces x 6 layers, 12 timed decode steps.
+Synthetic v4-like traces (k = 512), spin-default at 40%, 4 traces x 6 layers, 12 timed decode steps; then
+a 4-config sweep (spin-default at 20-50%) at 32K with 1 and 2 worker processes (`eval --jobs`).
 """
 import cProfile
 import csv
@@ -34,8 +35,26 @@ def main() -> None:
                      "seconds": round(best.seconds, 3), "throughput": round(best.throughput, 1),
                      "ms_per_step": round(1000 * best.seconds / 12, 1), "load_avg_1min": round(load, 2)})
         print(rows[-1], flush=True)
+    from spin_indexer.eval.ablations import run_sweep
+
+    sets = {"s": [generate("v4-like", seed=i, prompt_id=f"p{i}", context_len=32768, num_steps=12, num_layers=6)
+                  for i in range(4)]}
+    pairs = [("spin-default", s) for s in (0.2, 0.3, 0.4, 0.5)]
+    work = sum(t.num_steps * t.num_layers for t in sets["s"]) * len(pairs)
+    torch.set_num_threads(1)
+    for jobs in (1, 2):
+        t = time.perf_counter()
+        run_sweep(sets, pairs, jobs=jobs)
+        dt = time.perf_counter() - t
+        rows.append({"context": 32768, "threads": 1, "fold_layers": True, "rows_layers_steps": work,
+                     "seconds": round(dt, 3), "throughput": round(work / dt, 1),
+                     "ms_per_step": round(1000 * dt / 12 / len(pairs), 1), "load_avg_1min": round(load, 2),
+                     "jobs": jobs})
+        print(rows[-1], flush=True)
+    for r in rows:
+        r.setdefault("jobs", 1)
     with open(OUT, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=list(rows[-1]))
         w.writeheader()
         w.writerows(rows)
     torch.set_num_threads(1)

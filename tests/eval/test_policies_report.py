@@ -163,3 +163,19 @@ def test_pooled_rows_dropped_when_runs_cover_several_contexts(tmp_path):
     summary, _, _ = load_runs(tmp_path)
     # the 8K run's 'all' (0.3) is not the pool of 4K + 8K: no pooled row rather than a wrong one
     assert sorted(r["context"] for r in summary) == ["4K", "8K"]
+
+
+def test_run_sweep_parallel_jobs_equal_serial():
+    sets = _tiny_sets()
+    pairs = [("spin-default", 0.3), ("a1-max", 0.3), ("a1-mean", 0.5), ("explore-none", 0.4)]  # a1-max aliases
+    seen = []
+    serial = run_sweep(sets, pairs)
+    parallel = run_sweep(sets, pairs, jobs=2, on_step=seen.append)
+    drop = ("seconds", "throughput")
+    assert [{k: v for k, v in r.items() if k not in drop} for r in parallel] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in serial]
+    # progress: one report per distinct config (3 here), each the config's full rows x layers x steps
+    work = sum(t.num_steps * t.num_layers * t.next_n for t in sets["tiny"])
+    assert seen == [work] * 3
+    with pytest.raises(ValueError, match="jobs"):
+        run_sweep(sets, pairs, jobs=0)

@@ -18,6 +18,7 @@ import torch
 
 from ..traces.replay import ReplayResult, replay
 from ..traces.schema import Trace, context_bin
+from ..checks import check_int
 from .metrics import nearest_rank, table1_rows
 from .policies import get_policy
 
@@ -101,20 +102,29 @@ def _bins(traces: list[Trace]) -> dict[tuple[str, str], list[str]]:
 def run_sweep(trace_sets: dict[str, list[Trace]], pairs: list[tuple[str, float]], device: str = "cpu",
               max_batch: int = 4, seed: int = 0,
               on_step: Callable[[int], None] | None = None,
-              on_run: Callable[[dict], None] | None = None) -> list[dict]:
+              on_run: Callable[[dict], None] | None = None, jobs: int = 1) -> list[dict]:
     """Replay every (policy, sparsity) over every trace set; one row per (set, indexer, context bin).
 
     on_step(n): progress in rows x layers; on_run(row): called with each finished 'all'-context row.
+    jobs: CPU worker processes, one distinct config each at a time (configs are independent; one torch
+    thread per worker). 1 = in this process; ignored on a GPU.
     """
+    check_int("jobs", jobs, low=1)
     rows = []
     for set_name, traces in trace_sets.items():
         if not traces:
             continue
         k = traces[0].meta.k
         bins = _bins(traces)
-        cache: dict[str, ReplayResult] = {}
+        cfgs = {pair: get_policy(pair[0], pair[1], topk=k, seed=seed) for pair in pairs}
+        unique = list(dict.fromkeys(cfg.to_json() for cfg in cfgs.values()))
+        if jobs > 1 and torch.device(device).type == "cpu" and len(unique) > 1:
+            cache = _replay_parallel(traces, {c.to_json(): c for c in cfgs.values()}, unique, max_batch, jobs,
+                                     on_step)
+        else:
+            cache = {}
         for policy, sparsity in pairs:
-            cfg = get_policy(policy, sparsity, topk=k, seed=seed)
+            cfg = cfgs[(policy, sparsity)]
             key = cfg.to_json()
             if key not in cache:
                 cache[key] = replay(traces, cfg, device=device, max_batch=max_batch, progress=on_step)
@@ -131,6 +141,37 @@ def run_sweep(trace_sets: dict[str, list[Trace]], pairs: list[tuple[str, float]]
                 if on_run is not None and ctx == "all":
                     on_run(row)
     return rows
+
+
+_WORKER_TRACES: list[Trace] = []  # set in the parent before forking: workers inherit the traces, no copy
+
+
+def _replay_job(cfg, max_batch: int) -> ReplayResult:
+    torch.set_num_threads(1)
+    return replay(_WORKER_TRACES, cfg, max_batch=max_batch)
+
+
+def _replay_parallel(traces: list[Trace], by_key: dict, keys: list[str], max_batch: int, jobs: int,
+                     on_step) -> dict[str, ReplayResult]:
+    """Each distinct config replayed in a forked worker; progress reported per finished config."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    global _WORKER_TRACES
+    if "fork" not in multiprocessing.get_all_start_methods():  # no fork (macOS spawn, Windows): serial
+        return {}
+    _WORKER_TRACES = traces
+    out = {}
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            futures = {pool.submit(_replay_job, by_key[key], max_batch): key for key in keys}
+            for fut in futures:  # in submission order; each result arrives when its worker is done
+                out[futures[fut]] = res = fut.result()
+                if on_step is not None:
+                    on_step(res.row_layer_steps)
+    finally:
+        _WORKER_TRACES = []
+    return out
 
 
 def table1(trace_sets: dict[str, list[Trace]], max_steps: int | None = 32, seed: int = 0) -> list[dict]:

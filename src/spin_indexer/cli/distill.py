@@ -103,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
     icfg = IndexerConfig(dim=model.cfg.dim, num_layers=model.cfg.num_layers, num_heads=args.heads,
                          head_dim=args.head_dim, q_rank=args.q_rank, rope_dim=args.rope_dim,
                          rope_theta=model.cfg.rope_theta, max_position=model.cfg.max_position)
-    indexer = Indexer(icfg, max_len=max_len).to(dev)
+    # the indexer's RoPE takes the model's YaRN factor, as at inference (Indexer.load(..., yarn_factor))
+    indexer = Indexer(icfg, max_len=max_len, yarn_factor=model.cfg.yarn_factor).to(dev)
     say(f"indexer: {indexer.num_parameters()} parameters")
     cfg = DistillConfig(seq_len=args.seq_len, batch=args.batch, lr=args.lr, time_budget_s=args.minutes * 60,
                         seed=args.seed, target=args.target)

@@ -17,6 +17,7 @@
 #   4. []                          benchmarks/h200_session.sh replay     GPU replay of /tmp/traces -> fidelity tgz
 #   5. []                          benchmarks/h200_session.sh e2e        tokens/s and ITL
 #   6. []                          benchmarks/h200_session.sh quality    RULER 8K-32K (QUALITY_SECONDS each)
+#   (next) [runs/x3/p2, runs/distill16k] after calls 1-2: benchmarks/h200_session.sh distill16k   long-context head
 # Measured 2026-11-29: v32 52 s, gputests 34 s, traces ~420 s, replay ~220 s, e2e 86 s, quality as allowed.
 # Every stage writes under $OUT (what comes back) and tolerates a missing earlier stage where it can.
 set -uo pipefail
@@ -44,7 +45,7 @@ assemble() {  # the GGUF from its parts (checked) and the gguf wheel
     fi
 }
 
-stage=${1:?usage: h200_session.sh v32|gputests|traces|replay|e2e|quality}
+stage=${1:?usage: h200_session.sh v32|gputests|traces|replay|distill16k|e2e|quality}
 take_part
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 case $stage in
@@ -81,6 +82,14 @@ replay)
     [ -d $T/mtp8192 ] && timeout 100 $E --traces $T/mtp8192 --sweep mtp --no-table1 --out /tmp/fid/mtp8192/mtp \
         2>&1 | tail -3
     tar czf "$OUT/fidelity_real.tgz" -C /tmp fid && ls -l "$OUT"
+    ;;
+distill16k)
+    # the shipped head was distilled at 4K and fails RULER from 8K on; corpus: spin-indexer distill
+    # --data runs/distill16k/corpus.pt --corpus-only --seq-len 16384 (CPU, 30 s)
+    assemble || exit 1
+    timeout 580 python3 -m spin_indexer.cli.distill --data runs/distill16k/corpus.pt --seq-len 16384 --batch 1 \
+        --target max --minutes 4 --eval-docs 2 --device cuda --out "$OUT/distill16k" 2>&1 | grep -v clean_up \
+        | tee "$OUT/distill16k.log"
     ;;
 e2e)
     assemble || exit 1

@@ -289,3 +289,23 @@ def test_a0_keeps_every_block_holding_a_selected_slot(gen):
     assert kept["a0"].num_kept.item() > kept["a1"].num_kept.item()
     v = kept["a0"]
     assert torch.equal(v.keep_mask, v.predicted_mask)
+
+
+@pytest.mark.parametrize("case", [c for c in ODD_SHAPES if c.batch > 0][:4], ids=ODD_IDS[:4])
+def test_replay_path_matches_paged_path_and_state(case, gen):
+    """run_from_scores (CPU: compact columns cut at the most kept blocks) and run (paged kernel, full W*T
+    compact width) give the same top-k and leave the same V/D/last_seen state, step after step."""
+    x = make_case_inputs(case, gen)
+    cfg = SpinConfig(sparsity=0.5, topk=case.k)
+    width = x.block_table.shape[1]
+    paged, slots = _indexer(cfg, case.batch, width, case.next_n)
+    replayed, _ = _indexer(cfg, case.batch, width, case.next_n)
+    scores = paged_indexer_logits_ref(*x.args())
+    for _ in range(4):
+        for idx in (paged, replayed):
+            idx.plan(x.block_table, x.seq_lens, slots)
+        for layer in range(2):
+            assert torch.equal(paged.run(layer, x.q_fp8, x.kv_cache, x.weights),
+                               replayed.run_from_scores(layer, scores))
+    for name in ("vertical", "diagonal", "last_seen"):  # the last column is each slot's trash cell (unread)
+        assert torch.equal(getattr(paged.state, name)[..., :-1], getattr(replayed.state, name)[..., :-1]), name

@@ -53,10 +53,11 @@ class BlockPlan:
         return cls(keep, kept.to(torch.int32), keep.sum(dim=1).to(torch.int32), num_blocks.to(torch.int32),
                    table.to(torch.int32), compact.to(torch.int32), tokens_per_block)
 
-    def positions(self) -> torch.Tensor:
-        """int64 [B, W*T]: the logical position of every compact column, -1 past the kept blocks."""
+    def positions(self, max_blocks: int | None = None) -> torch.Tensor:
+        """int64 [B, M*T]: the logical position of every compact column, -1 past the kept blocks; M = W, or
+        max_blocks (the first M compact blocks: enough when no request keeps more)."""
         t = self.tokens_per_block
-        kept = self.kept_blocks.long()[:, :, None]  # [B, W, 1]
+        kept = self.kept_blocks.long()[:, :max_blocks, None]  # [B, M, 1]
         pos = kept * t + torch.arange(t, device=kept.device)  # [B, W, T]
         return torch.where(kept >= 0, pos, -1).flatten(1)
 

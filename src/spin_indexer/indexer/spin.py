@@ -157,12 +157,17 @@ class SpinIndexer:
         check_tensor("scores", scores, dtype=torch.float32, shape=(batch * self.next_n, width * t),
                      shape_names="[B*next_n, W*T]", device=self.device, device_of="SpinIndexer")
         plan = self._select(layer, st)
-        pos = plan.positions()  # [B, W*T]
+        blocks = width
+        if not scores.is_cuda and batch > 0:
+            # Off the GPU nothing is captured in a graph, so the compact columns can stop at the most
+            # blocks any request kept (one host read): the gather, top-k and EMA update skip the padding.
+            blocks = max(1, int(plan.num_kept.max()))
+        pos = plan.positions(blocks)  # [B, M*T]
         rows = scores.view(batch, self.next_n, width * t)
         gathered = torch.gather(rows, 2, pos.clamp_min(0)[:, None, :].expand(-1, self.next_n, -1))
-        cols = torch.arange(width * t, device=self.device)
+        cols = torch.arange(blocks * t, device=self.device)
         live = cols[None, None, :] < plan.compact_seq_lens.long()[:, :, None]
-        logits = torch.where(live, gathered, float("-inf")).view(batch * self.next_n, width * t)
+        logits = torch.where(live, gathered, float("-inf")).view(batch * self.next_n, blocks * t)
         return self._finish(layer, st, plan, logits)
 
     # -- the per-layer steps -------------------------------------------------------------------------
@@ -239,8 +244,8 @@ class SpinIndexer:
                   plan.compact_seq_lens, st.seq_lens - 1, st.update_rows, cfg.alpha, t)
         else:
             update_history(self.state.vertical[layer], self.state.diagonal[layer], st.slot_ids, rows,
-                           plan.positions(), plan.compact_seq_lens.long(), st.seq_lens.long() - 1, st.update_rows,
-                           cfg.alpha)
+                           plan.positions(rows.shape[2] // t), plan.compact_seq_lens.long(), st.seq_lens.long() - 1,
+                           st.update_rows, cfg.alpha)
         if not plan.seen_marked:
             mark_seen(self.state.last_seen[layer], st.slot_ids, st.step, plan.kept_blocks.long(), st.update_rows)
         if cfg.adaptive is not None:  # audited rows scored every block: their top-k is the dense one
@@ -270,7 +275,7 @@ class SpinIndexer:
             block_max = ops.block_max(logits, self.config.tokens_per_block)
         per_request = block_max.view(batch, self.next_n, -1).amax(dim=1)[:, :width]  # [B, compact blocks]
         out = torch.full((batch, width + 1), float("-inf"), device=self.device)
-        kept = plan.kept_blocks.long()
+        kept = plan.kept_blocks.long()[:, :per_request.shape[1]]
         out.scatter_(1, torch.where(kept >= 0, kept, width), per_request)
         return out[:, :width]
 

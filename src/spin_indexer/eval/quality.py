@@ -269,7 +269,7 @@ class QualityRunner:
         reference continuation at the same output positions; drafts are accepted while they equal the
         verifier's greedy token. The output equals the verifier's own greedy decoding. returns (ids, steps,
         mean tokens emitted per step = acceptance length)."""
-        from ..model.decode import decode_one_step
+        from ..model.decode import verify_step
 
         ids = [int(logits.argmax(-1))]
         emitted = []
@@ -277,13 +277,9 @@ class QualityRunner:
             p = len(ids)
             draft = [reference[i] if i < len(reference) else ids[-1] for i in range(p, p + n - 1)]
             tok = torch.tensor([[ids[-1]] + draft], dtype=torch.int64, device=logits.device)
-            out = decode_one_step(self.model, caches, tok, mode, self.k, self.indexer, selector)[0]  # [n, vocab]
-            greedy = out.argmax(-1).tolist()
-            acc = 0
-            while acc < n - 1 and greedy[acc] == draft[acc]:
-                acc += 1
-            ids += draft[:acc] + [greedy[acc]]
-            caches.lengths -= n - 1 - acc  # rejected drafts: their cache rows are overwritten next step
+            greedy, accepted = verify_step(self.model, caches, tok, mode, self.k, self.indexer, selector)
+            acc = int(accepted)
+            ids += draft[:acc] + [int(greedy[acc])]
             emitted.append(acc + 1)
             if self.on_step is not None:
                 self.on_step(self._name)

@@ -159,6 +159,22 @@ def decode_one_step(model: Llama, caches: Caches, tokens: torch.Tensor, mode: st
     return model.logits(x)
 
 
+@torch.no_grad()
+def verify_step(model: Llama, caches: Caches, row_tokens: torch.Tensor, mode: str, k: int,
+                indexer: Indexer | None = None, selector=None, observer: Observer | None = None):
+    """One speculative-decoding step of request 0: row 0 is the last emitted token, rows 1..N-1 drafts.
+
+    A draft is accepted while it equals the greedy token of the row before and every draft before it was;
+    the cache keeps the accepted rows only (lengths roll back; rejected entries are overwritten later).
+    row_tokens: int64 [1, N]. returns (greedy int64 [N], accepted int64 0-dim in [0, N-1]) on the device.
+    """
+    drafts = row_tokens.shape[1] - 1
+    greedy = decode_one_step(model, caches, row_tokens, mode, k, indexer, selector, observer)[0].argmax(-1)
+    accepted = (greedy[:drafts] == row_tokens[0, 1:]).cumprod(0).sum()
+    caches.lengths -= drafts - accepted
+    return greedy, accepted
+
+
 def _oracle_topk(layer, q, keys, seq_lens, k, selector, observer):
     """Scores = attention logits of the new query, max over the query heads; -inf past each row."""
     b, n, hq, d = q.shape

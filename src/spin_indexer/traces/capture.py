@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ..checks import check_int, check_range, check_tensor
-from ..model.decode import Caches, check_mode, decode_one_step, prefill
+from ..model.decode import Caches, check_mode, prefill, verify_step
 from .schema import Trace, TraceMeta
 
 FP16_MAX = 65504.0
@@ -169,10 +169,7 @@ def _decode(model, caches, first_logits, steps, next_n, draft, mode, k, indexer,
             step[0] = s
         row_tokens = torch.cat([tokens[emitted - 1], proposals[emitted + rows[:num_drafts]]]).view(1, next_n)
         seq_lens[s] = (caches.lengths[0] + 1 + rows).to(torch.int32)
-        greedy = decode_one_step(model, caches, row_tokens, mode, k, indexer, observer=observer)[0].argmax(-1)
-        # a draft is accepted while it equals the greedy token of the row before, and every draft before it was
-        num_accepted = (greedy[:num_drafts] == row_tokens[0, 1:]).cumprod(0).sum()
-        caches.lengths -= num_drafts - num_accepted  # rejected rows: their cache entries are overwritten later
+        greedy, num_accepted = verify_step(model, caches, row_tokens, mode, k, indexer, observer=observer)
         tokens[emitted + rows] = greedy  # only emitted .. emitted + num_accepted stay: later steps overwrite the rest
         accepted[s] = num_accepted
         emitted = emitted + num_accepted + 1

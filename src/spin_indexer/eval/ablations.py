@@ -16,9 +16,9 @@ from typing import Callable
 
 import torch
 
+from ..checks import check_int
 from ..traces.replay import ReplayResult, replay
 from ..traces.schema import Trace, context_bin
-from ..checks import check_int
 from .metrics import nearest_rank, table1_rows
 from .policies import get_policy
 

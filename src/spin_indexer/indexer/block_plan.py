@@ -58,7 +58,7 @@ class BlockPlan:
         max_blocks (the first M compact blocks: enough when no request keeps more)."""
         t = self.tokens_per_block
         kept = self.kept_blocks.long()[:, :max_blocks, None]  # [B, M, 1]
-        pos = kept * t + torch.arange(t, device=kept.device)  # [B, W, T]
+        pos = kept * t + torch.arange(t, device=kept.device)  # [B, M, T]
         return torch.where(kept >= 0, pos, -1).flatten(1)
 
     def sparsity(self) -> torch.Tensor:

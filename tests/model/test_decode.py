@@ -137,3 +137,20 @@ def test_generate_with_spin_selector_reuses_slots(model, indexer):
     want = generate(model, prompt, 4, "lightning", 32, indexer)
     for _ in range(2):  # one state slot: the second call only works if the first freed it
         assert generate(model, prompt, 4, "lightning", 32, indexer, selector).tolist() == want.tolist()
+
+
+def test_verify_step_accepts_a_prefix_and_rolls_back(model):
+    from spin_indexer.model.decode import verify_step
+
+    prompt = torch.randint(0, 97, (100,))
+    greedy = generate(model, prompt, 4, mode="dense")  # the model's own continuation g0 g1 g2 g3
+    for wrong_at, accepted in ((None, 2), (1, 0), (2, 1)):
+        caches = Caches.allocate(model, 1, 120)
+        prefill(model, caches, 0, prompt)
+        rows = greedy[:3].clone()  # row 0 = g0 (emitted), drafts g1, g2
+        if wrong_at is not None:
+            rows[wrong_at] = (rows[wrong_at] + 1) % 97
+        out, acc = verify_step(model, caches, rows.view(1, 3), "dense", 16)
+        assert int(acc) == accepted
+        assert int(caches.lengths[0]) == 100 + 1 + accepted  # row 0 and the accepted drafts stay cached
+        assert torch.equal(out[:accepted + 1], greedy[1:accepted + 2])  # the tokens it emits are greedy's

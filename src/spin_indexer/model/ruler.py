@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import os
 import random
 import re
 import runpy
@@ -74,8 +75,6 @@ PROMPT_CACHE_ENV = "SPIN_INDEXER_PROMPT_CACHE"
 
 
 def prompt_cache_dir() -> Path | None:
-    import os
-
     value = os.environ.get(PROMPT_CACHE_ENV)
     return Path(value) if value else None
 
@@ -83,7 +82,8 @@ def prompt_cache_dir() -> Path | None:
 def missing_reason() -> str | None:
     """Why prompts cannot be made here, or None. With a prompt cache the generators are needed only for
     prompts the cache lacks (make_prompt then says which)."""
-    if prompt_cache_dir() is not None and prompt_cache_dir().is_dir():
+    cache = prompt_cache_dir()
+    if cache is not None and cache.is_dir():
         return None
     return generators_missing()
 
@@ -242,9 +242,10 @@ def make_prompt(task: str, context_tokens: int, seed: int, tokenizer) -> tuple[s
     if cached is not None and cached.is_file():
         rec = json.loads(cached.read_text())
         return rec["text"], list(rec["answers"])
-    if generators_missing():
+    missing = generators_missing()
+    if missing:
         where = f" and {cached} does not exist" if cached is not None else ""
-        raise RuntimeError(generators_missing() + where)
+        raise RuntimeError(missing + where)
     text, answers = _fit_and_generate(task, context_tokens, seed, tokenizer)
     if cached is not None:
         cached.parent.mkdir(parents=True, exist_ok=True)

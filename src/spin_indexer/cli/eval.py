@@ -147,7 +147,7 @@ def run(args) -> int:
                 "threads": torch.get_num_threads(), "device": args.device, "torch": torch.__version__,
                 "throughput": _throughput(unique), "runs": len(unique), "jobs": args.jobs,
                 # work over the sweep's wall time: with --jobs N, up to N x the per-process throughput
-                "sweep_throughput": sum(r["throughput"] * r["seconds"] for r in unique) / max(sweep_s, 1e-9),
+                "sweep_throughput": _work(unique) / max(sweep_s, 1e-9),
                 "trace_sets": {k: [t.name for t in v] for k, v in sets.items()}}
         write_run(out, rows, t1, info)
         if not args.no_plots:
@@ -180,11 +180,15 @@ def _unique_runs(rows: list[dict]) -> list[dict]:
     return list(runs.values())
 
 
+def _work(runs: list[dict]) -> float:
+    """rows x layers x steps replayed by these runs."""
+    return sum(r["throughput"] * r["seconds"] for r in runs)
+
+
 def _throughput(runs: list[dict]) -> float:
-    """rows x layers x steps per second of replay, over all runs."""
-    done = sum(r["throughput"] * r["seconds"] for r in runs)
+    """rows x layers x steps per second of replay, over all runs (per process: each run's own time)."""
     secs = sum(r["seconds"] for r in runs)
-    return done / secs if secs else float("nan")
+    return _work(runs) / secs if secs else float("nan")
 
 
 def main(argv=None) -> int:

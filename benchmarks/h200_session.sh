@@ -17,7 +17,8 @@
 #   4. []                          benchmarks/h200_session.sh replay     GPU replay of /tmp/traces -> fidelity tgz
 #   5. []                          benchmarks/h200_session.sh e2e        tokens/s and ITL
 #   6. []                          benchmarks/h200_session.sh quality    RULER 8K-32K (QUALITY_SECONDS each)
-#   (next) [runs/x3/p2, runs/distill16k] after calls 1-2: benchmarks/h200_session.sh distill16k   long-context head
+#   3'. [runs/x3/p2, runs/distill16k]  benchmarks/h200_session.sh distill16k   long-context head -> /tmp/head16k
+#   6'. []  QUALITY_WEIGHTS=/tmp/head16k.safetensors benchmarks/h200_session.sh quality   (with that head)
 # Measured 2026-11-29: v32 52 s, gputests 34 s, traces ~420 s, replay ~220 s, e2e 86 s, quality as allowed.
 # Every stage writes under $OUT (what comes back) and tolerates a missing earlier stage where it can.
 set -uo pipefail
@@ -31,7 +32,8 @@ GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
 take_part() {  # copy carried GGUF parts and prompts to /tmp (kept while the machine is warm)
     for f in runs/x3/p*/gguf_part_*; do [ -f "$f" ] && cp "$f" /tmp/; done
-    if [ -d runs/prompts ]; then mkdir -p /tmp/prompts && cp runs/prompts/*.json /tmp/prompts/; fi
+    mkdir -p /tmp/prompts
+    for d in runs/prompts*/; do [ -d "$d" ] && cp "$d"*.json /tmp/prompts/; done
     ls -l /tmp/gguf_part_* 2>/dev/null; echo "prompts: $(ls /tmp/prompts 2>/dev/null | wc -l)"
 }
 
@@ -45,10 +47,12 @@ assemble() {  # the GGUF from its parts (checked) and the gguf wheel
     fi
 }
 
-stage=${1:?usage: h200_session.sh v32|gputests|traces|replay|distill16k|e2e|quality}
+stage=${1:?usage: h200_session.sh parts|v32|gputests|traces|replay|distill16k|e2e|quality}
 take_part
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 case $stage in
+parts)  # only the copy above: a call that carries one more GGUF part or prompt folder
+    ;;
 v32)
     timeout 420 python3 benchmarks/bench_v32_step.py --out "$OUT/v32" 2>&1 | tee "$OUT/v32.log"
     ;;
@@ -84,12 +88,15 @@ replay)
     tar czf "$OUT/fidelity_real.tgz" -C /tmp fid && ls -l "$OUT"
     ;;
 distill16k)
-    # the shipped head was distilled at 4K and fails RULER from 8K on; corpus: spin-indexer distill
-    # --data runs/distill16k/corpus.pt --corpus-only --seq-len 16384 (CPU, 30 s)
+    # the shipped head was distilled at 4K and fails RULER from 8K on: fine-tune it on 16K windows with plain
+    # RoPE (the same rotation at every length); corpus: spin-indexer distill --data runs/distill16k/corpus.pt
+    # --corpus-only --seq-len 16384 (CPU, 30 s). Evaluated by the quality stage and on the CPU, not here.
     assemble || exit 1
     timeout 580 python3 -m spin_indexer.cli.distill --data runs/distill16k/corpus.pt --seq-len 16384 --batch 1 \
-        --target max --minutes 4 --eval-docs 2 --device cuda --out "$OUT/distill16k" 2>&1 | grep -v clean_up \
-        | tee "$OUT/distill16k.log"
+        --target max --init src/spin_indexer/weights/smollm2_indexer.safetensors --indexer-rope plain \
+        --lr ${DISTILL_LR:-1e-3} --minutes ${DISTILL_MINUTES:-5} --no-eval --device cuda --out "$OUT/distill16k" \
+        2>&1 | grep -v clean_up | tee "$OUT/distill16k.log"
+    cp "$OUT/distill16k/smollm2_indexer.safetensors" /tmp/head16k.safetensors && ls -l /tmp/head16k.safetensors
     ;;
 e2e)
     assemble || exit 1
@@ -99,15 +106,23 @@ e2e)
 quality)
     assemble || exit 1
     Q="python3 -m spin_indexer.cli.main quality --device cuda --topk 512 --quiet"
+    [ -n "${QUALITY_WEIGHTS:-}" ] && Q="$Q --indexer-weights $QUALITY_WEIGHTS"
     CONFIGS=${QUALITY_CONFIGS:-"dense all-keep spin-0.2 spin-0.3 spin-0.4 spin-0.5 spin-0.2-noexp spin-0.3-noexp \
 spin-0.4-noexp spin-0.5-noexp mtp3-all-keep mtp3-spin-0.4"}
-    # one process per context length: B = 1 decoding is launch-bound, so three share the GPU well
-    for ctx in 8192 16384 32768; do
-        timeout ${QUALITY_SECONDS:-480} $Q --contexts $ctx --samples ${QUALITY_SAMPLES:-4} --configs $CONFIGS \
-            --shard h200-$ctx --out /tmp/quality/$ctx > "$OUT/quality_$ctx.log" 2>&1 &
+    # QUALITY_PROCS processes per context length, each QUALITY_SAMPLES seeds from QUALITY_SEED0 on: B = 1
+    # decoding is launch-bound, so several processes share the GPU well (16 CPU cores)
+    S=${QUALITY_SAMPLES:-2}
+    for ctx in ${QUALITY_CONTEXTS:-8192 16384 32768}; do
+        for j in $(seq 0 $((${QUALITY_PROCS:-3} - 1))); do
+            seed=$((${QUALITY_SEED0:-0} + j * S))
+            timeout ${QUALITY_SECONDS:-480} $Q --contexts $ctx --samples $S --first-seed $seed --configs $CONFIGS \
+                --shard h200-$ctx-s$seed --out /tmp/quality/$ctx-s$seed > /tmp/quality_$ctx-s$seed.log 2>&1 &
+        done
     done
     wait
-    cp /tmp/quality/*/samples-*.jsonl "$OUT/"; wc -l "$OUT"/*.jsonl
+    tail -n 3 /tmp/quality_*.log
+    wc -l /tmp/quality/*/samples-*.jsonl
+    tar czf "$OUT/quality.tgz" -C /tmp quality $(cd /tmp && ls quality_*.log)
     ;;
 *)
     echo "unknown stage $stage"; exit 2

@@ -132,3 +132,35 @@ def test_paired_table():
             s(1, "spin-0.4", "c", 0.5), s(2, "all-keep", "d", 1.0), s(2, "spin-0.4", "e", 0.0), s(3, "spin-0.4", "f", 1.0)]
     table = paired_table(rows, ["all-keep", "spin-0.4"])
     assert "| spin-0.4 | 3 | 1 | 1 | 1 | -16.7 |" in table and "| all-keep |" not in table
+
+
+def test_quality_with_named_indexer_weights(fake_model, tmp_path, capsys):
+    """--indexer-weights: the rows name the file (and hash); a folder of the shipped head refuses them."""
+    from spin_indexer.model.indexer_head import Indexer, IndexerConfig
+
+    torch.manual_seed(1)
+    head = Indexer(IndexerConfig(dim=32, num_layers=2, num_heads=2, head_dim=16, q_rank=8, rope_dim=8,
+                                 rope_yarn=False), max_len=400)
+    weights = tmp_path / "long.safetensors"
+    head.save(weights)
+    out = tmp_path / "q"
+    base = ["quality", "--tasks", "niah_single_1", "--contexts", "300", "--samples", "1", "--topk", "64",
+            "--indexer", "lightning", "--configs", "all-keep", "spin-0.5", "--quiet"]
+    assert cli.main(base + ["--indexer-weights", str(weights), "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and {r["indexer"] for r in rows} == {"lightning"}
+    assert {r["indexer_weights"] for r in rows} == {f"long.safetensors@{_sha12(weights)}"}
+    readme = (out / "README.md").read_text()
+    assert "long.safetensors@" in readme and "--indexer-weights" in readme
+    # the same folder with the shipped head (another setting) is refused before any work
+    calls = len(fake_model)
+    assert cli.main(base + ["--out", str(out)]) == 1
+    assert "mixes settings" in capsys.readouterr().err and len(fake_model) == calls
+    assert cli.main(base + ["--indexer-weights", str(tmp_path / "none.safetensors"), "--out", str(out)]) == 1
+    assert "--indexer-weights: no file" in capsys.readouterr().err
+
+
+def _sha12(path):
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:12]

@@ -1,6 +1,8 @@
 """Distillation pieces on a tiny random model: targets, the KL loss, a few steps that lower it, recall."""
 from __future__ import annotations
 
+import json
+
 import torch
 
 from helpers import tiny_indexer, tiny_model
@@ -95,3 +97,32 @@ def test_max_target_is_renormalised_head_max():
     import pytest
     with pytest.raises(ValueError, match="reduce"):
         attention_target(q, k, "median")
+
+
+def test_distill_cli_fine_tunes_from_init_with_plain_rope(tmp_path, monkeypatch):
+    """`spin-indexer distill --init W --indexer-rope plain`: starts from W's weights and shape (not the
+    --heads default), trains with plain RoPE even though the model runs YaRN x2, saves rope_yarn=False."""
+    from spin_indexer.cli import distill as cli_distill
+    from spin_indexer.model import loader
+    from spin_indexer.model.indexer_head import Indexer
+
+    model = tiny_model(max_len=300, yarn_factor=2.0)
+    monkeypatch.setattr(loader, "load_model", lambda *a, **kw: (model, None))
+    torch.manual_seed(0)
+    data = tmp_path / "corpus.pt"
+    torch.save({"train": torch.randint(0, 97, (3000,), dtype=torch.int32),
+                "heldout": torch.randint(0, 97, (1, 128), dtype=torch.int32)}, data)
+    init = tmp_path / "init.safetensors"
+    tiny_indexer(max_len=300).save(init)
+    common = ["--data", str(data), "--seq-len", "256", "--batch", "1", "--device", "cpu", "--no-eval", "--quiet",
+              "--init", str(init), "--indexer-rope", "plain"]
+    assert cli_distill.main(common + ["--max-steps", "0", "--out", str(tmp_path / "zero")]) == 0
+    start, zero = Indexer.load(init), Indexer.load(tmp_path / "zero" / "smollm2_indexer.safetensors")
+    assert zero.cfg.num_heads == 2 and zero.cfg.rope_yarn is False and start.cfg.rope_yarn is True
+    for (name, a), b in zip(start.state_dict().items(), zero.state_dict().values()):
+        torch.testing.assert_close(b, a, msg=name)  # no step: the init comes back unchanged
+    assert cli_distill.main(common + ["--max-steps", "3", "--lr", "0.5", "--out", str(tmp_path / "three")]) == 0
+    three = Indexer.load(tmp_path / "three" / "smollm2_indexer.safetensors")
+    assert any(not torch.equal(a, b) for a, b in zip(start.state_dict().values(), three.state_dict().values()))
+    log = json.loads((tmp_path / "three" / "training_log.json").read_text())
+    assert log["steps"] == 3 and "--init" in log["command"]

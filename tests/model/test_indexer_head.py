@@ -122,3 +122,23 @@ def test_pad_heads_keeps_scores():
     torch.testing.assert_close(ops.paged_indexer_logits(qp, cache, wp, lens, table),
                                ops.paged_indexer_logits(q_fp8, cache, weights, lens, table))
     assert pad_heads(qp, wp)[0] is qp
+
+
+def test_rope_yarn_flag_picks_the_rotary_table(tmp_path):
+    """rope_yarn=True follows the model's YaRN factor; False keeps plain RoPE at every length. Files saved
+    before the field existed load as rope_yarn=True (how they were trained and run)."""
+    cfg = IndexerConfig(dim=48, num_layers=1, num_heads=2, head_dim=32, q_rank=8, rope_dim=16)
+    plain = Indexer(cfg, max_len=300, yarn_factor=1.0).rope
+    follows = Indexer(cfg, max_len=300, yarn_factor=4.0).rope
+    fixed = Indexer(IndexerConfig(**{**cfg.__dict__, "rope_yarn": False}), max_len=300, yarn_factor=4.0).rope
+    torch.testing.assert_close(fixed.cos, plain.cos)
+    torch.testing.assert_close(fixed.sin, plain.sin)
+    assert not torch.allclose(follows.cos, plain.cos)
+    import json
+
+    from safetensors.torch import save_file
+    old_cfg = {k: v for k, v in cfg.__dict__.items() if k != "rope_yarn"}
+    idx = Indexer(cfg, max_len=10)
+    save_file({k: v.contiguous() for k, v in idx.state_dict().items()}, str(tmp_path / "old.safetensors"),
+              metadata={"indexer_config": json.dumps(old_cfg)})
+    assert Indexer.load(tmp_path / "old.safetensors").cfg.rope_yarn is True

@@ -11,9 +11,11 @@ of the essays are held out for the report (top-k recall per layer, sparse vs den
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -28,6 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=Path, default=Path("runs/distill/corpus.pt"),
                    help="token corpus (.pt); built from the RULER haystacks when missing")
     p.add_argument("--minutes", type=float, default=3.5, help="training wall-clock budget")
+    p.add_argument("--max-steps", type=int, default=100000, help="training steps at most (the clock usually stops first)")
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -37,6 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--head-dim", type=int, default=64, help="indexer head dim D_I")
     p.add_argument("--q-rank", type=int, default=128)
     p.add_argument("--rope-dim", type=int, default=32)
+    p.add_argument("--indexer-rope", choices=("plain", "model"), default="plain",
+                   help="the indexer's RoPE: plain at every length (default) or YaRN-scaled like the model's")
+    p.add_argument("--init", type=Path, default=None,
+                   help="start from these indexer weights (e.g. the shipped 4K head); their shape wins over "
+                        "--heads/--head-dim/--q-rank/--rope-dim")
     p.add_argument("--ruler-prompts", type=int, default=2, help="RULER prompts per task added to the corpus")
     p.add_argument("--eval-docs", type=int, default=4, help="held-out 4096-token documents in the report")
     p.add_argument("--eval-len", type=int, default=4096, help="tokens of each held-out document used")
@@ -100,18 +108,30 @@ def run(args: argparse.Namespace) -> int:
     model, _ = load_model(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32, max_len=max_len,
                           tokenizer=False)
     say(f"model loaded in {time.time() - t0:.1f}s on {dev}")
-    icfg = IndexerConfig(dim=model.cfg.dim, num_layers=model.cfg.num_layers, num_heads=args.heads,
-                         head_dim=args.head_dim, q_rank=args.q_rank, rope_dim=args.rope_dim,
-                         rope_theta=model.cfg.rope_theta, max_position=model.cfg.max_position)
-    # the indexer's RoPE takes the model's YaRN factor, as at inference (Indexer.load(..., yarn_factor))
-    indexer = Indexer(icfg, max_len=max_len, yarn_factor=model.cfg.yarn_factor).to(dev)
-    say(f"indexer: {indexer.num_parameters()} parameters")
+    rope_yarn = args.indexer_rope == "model"
+    if args.init is not None:
+        start = Indexer.load(args.init)
+        if (start.cfg.dim, start.cfg.num_layers) != (model.cfg.dim, model.cfg.num_layers):
+            raise ValueError(f"--init: {args.init} has dim {start.cfg.dim} x {start.cfg.num_layers} layers, the model "
+                             f"{model.cfg.dim} x {model.cfg.num_layers}")
+        icfg = dataclasses.replace(start.cfg, rope_yarn=rope_yarn)
+    else:
+        icfg = IndexerConfig(dim=model.cfg.dim, num_layers=model.cfg.num_layers, num_heads=args.heads,
+                             head_dim=args.head_dim, q_rank=args.q_rank, rope_dim=args.rope_dim,
+                             rope_theta=model.cfg.rope_theta, max_position=model.cfg.max_position,
+                             rope_yarn=rope_yarn)
+    # training and inference build the rotary table the same way (Indexer.load(..., yarn_factor))
+    indexer = Indexer(icfg, max_len=max_len, yarn_factor=model.cfg.yarn_factor)
+    if args.init is not None:
+        indexer.load_state_dict(start.state_dict(), strict=True)
+    indexer = indexer.to(dev)
+    say(f"indexer: {indexer.num_parameters()} parameters" + (f", from {args.init}" if args.init else ""))
     cfg = DistillConfig(seq_len=args.seq_len, batch=args.batch, lr=args.lr, time_budget_s=args.minutes * 60,
-                        seed=args.seed, target=args.target)
+                        max_steps=args.max_steps, seed=args.seed, target=args.target)
     args.out.mkdir(parents=True, exist_ok=True)
     log = train(model, indexer, corpus["train"].long(), cfg, log_fn=say)
     say(f"trained {log.steps} steps, {log.tokens} tokens in {log.seconds:.1f}s")
-    command = "spin-indexer distill " + " ".join(sys.argv[1:])
+    command = "spin-indexer " + " ".join(shlex.quote(a) for a in args.argv)
     env = {"torch": torch.__version__, "python": platform.python_version(),
            "gpu": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu", "commit": _commit(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -176,7 +196,9 @@ def _commit() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="spin-indexer distill", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    args.argv = ["distill", *(sys.argv[1:] if argv is None else argv)]
+    return run(args)
 
 
 if __name__ == "__main__":

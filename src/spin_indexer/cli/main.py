@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         return _fail(chosen_command(argv), str(err), 2)
     args = parser.parse_args(argv)  # exits 2 with argparse's own message on bad usage
+    args.argv = argv  # the command line as typed, for commands that record how their output was made
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2

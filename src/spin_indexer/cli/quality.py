@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 NOTES_MARK = "<!-- notes -->"
-_INDEXER_TEXT = {"lightning": "the distilled lightning indexer shipped in spin_indexer/weights/, FP8 paged cache",
+_INDEXER_TEXT = {"lightning": "the distilled lightning indexer (the shipped weights unless named), FP8 paged cache",
                  "oracle": "oracle = the layer's own attention logits of the new query, max over its heads; "
                            "no distilled indexer weights were shipped"}
 
@@ -41,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens each layer attends to (default 512; at 256 the distilled indexer misses 4K needles)")
     p.add_argument("--indexer", choices=("auto", "oracle", "lightning"), default="auto",
                    help="lightning = the shipped distilled indexer; auto uses it when its weights exist")
+    p.add_argument("--indexer-weights", type=Path, default=None,
+                   help="lightning weights other than the shipped ones (e.g. a long-context distillation)")
     p.add_argument("--max-new", type=int, default=None,
                    help="answer token budget cap (default: min(RULER's, answer tokens + 16))")
     p.add_argument("--shard", default=None, help="write samples-<shard>.jsonl (parallel processes, one file each)")
@@ -80,9 +82,13 @@ def run(args) -> int:
     from .main import device_of
     device = device_of(args)
     mode = args.indexer
+    weights_path = args.indexer_weights or loader.INDEXER_WEIGHTS
+    if args.indexer_weights is not None and not args.indexer_weights.is_file():
+        raise FileNotFoundError(f"--indexer-weights: no file {args.indexer_weights}")
     if mode == "auto":
-        mode = "lightning" if loader.INDEXER_WEIGHTS.is_file() else "oracle"
-    done = _done_keys(out, mode, args.topk)  # before loading anything: refuses a folder of another setting
+        mode = "lightning" if weights_path.is_file() else "oracle"
+    weights_id = _weights_id(args.indexer_weights) if mode == "lightning" else None
+    done = _done_keys(out, mode, args.topk, weights_id)  # before loading anything: refuses another setting
     max_len = max(args.contexts) + 64
     t0 = time.perf_counter()
     # YaRN from the nominal context (prompt + answer fit in it); the tables cover a few extra positions
@@ -90,7 +96,7 @@ def run(args) -> int:
     model, tok = loader.load_model(device=device, max_len=max_len, yarn_factor=yarn)
     indexer = None
     if mode == "lightning":
-        indexer = Indexer.load(loader.INDEXER_WEIGHTS, max_len=max_len, yarn_factor=yarn, device=device)
+        indexer = Indexer.load(weights_path, max_len=max_len, yarn_factor=yarn, device=device)
     load_s = time.perf_counter() - t0
     from ..eval.quality import Prompt, QualityRunner
 
@@ -99,7 +105,7 @@ def run(args) -> int:
     # seed-major order: stopping early leaves every task with about the same number of samples
     jobs = [(t, c, args.first_seed + i) for c in args.contexts for i in range(args.samples) for t in args.tasks]
     jobs = [j for j in jobs if not all((*j, cfg.name) in done for cfg in configs)]
-    meta = {"indexer": mode, "topk": args.topk, "threads": torch.get_num_threads(), "device": device,
+    meta = {"indexer": mode, "topk": args.topk, "indexer_weights": weights_id, "threads": torch.get_num_threads(), "device": device,
             "torch": torch.__version__,
             "cpu": platform.processor() or platform.machine(), "load_s": round(load_s, 1)}
     bar = tqdm(jobs, desc="quality", unit="prompt", disable=args.quiet)
@@ -143,6 +149,8 @@ def _command(args) -> str:
     parts = ["spin-indexer", "quality", "--tasks", *args.tasks, "--contexts", *map(str, args.contexts), "--samples",
              str(args.samples), "--first-seed", str(args.first_seed), "--configs", *args.configs, "--topk",
              str(args.topk), "--indexer", args.indexer, "--out", str(args.out)]
+    if args.indexer_weights:
+        parts += ["--indexer-weights", str(args.indexer_weights)]
     if args.max_new:
         parts += ["--max-new", str(args.max_new)]
     if args.shard:
@@ -157,18 +165,29 @@ def _lines(out: Path):
                 yield line
 
 
-def _done_keys(out: Path, indexer: str, topk: int) -> set:
-    """Cells already in <out>; a folder holds one (indexer, top-k) setting, anything else is refused."""
+def _weights_id(path: Path | None) -> str | None:
+    """None for the shipped lightning weights, else '<file name>@<sha256 prefix>' (the rows say which head)."""
+    if path is None:
+        return None
+    import hashlib
+
+    return f"{path.name}@{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
+
+
+def _done_keys(out: Path, indexer: str, topk: int, weights_id: str | None = None) -> set:
+    """Cells already in <out>; a folder holds one (indexer, top-k, weights) setting, anything else is refused."""
     rows = list(map(json.loads, _lines(out)))
-    _check_one_setting(out, rows, (indexer, topk))
+    _check_one_setting(out, rows, (indexer, topk, weights_id))
     return {(r["task"], r["context"], r["seed"], r["config"]) for r in rows}
 
 
 def _check_one_setting(out: Path, rows: list[dict], expected: tuple | None = None) -> None:
-    settings = {(r.get("indexer"), r.get("topk")) for r in rows} | ({expected} if expected else set())
+    settings = {(r.get("indexer"), r.get("topk"), r.get("indexer_weights")) for r in rows}
+    settings |= {expected} if expected else set()
     if len(settings) > 1:
-        found = ", ".join(f"{i} indexer / top-k {k}" for i, k in sorted(settings, key=str))
-        raise ValueError(f"--out: {out} mixes settings ({found}); use one folder per indexer and top-k")
+        found = ", ".join(f"{i} indexer / top-k {k} / weights {w or 'shipped'}"
+                          for i, k, w in sorted(settings, key=str))
+        raise ValueError(f"--out: {out} mixes settings ({found}); use one folder per indexer, top-k and weights")
 
 
 def _load(out: Path) -> list[dict]:
@@ -197,7 +216,8 @@ def _report(out: Path, command: str, meta: dict | None, quiet: bool) -> int:
     rows.sort(key=lambda r: (r["task"] == "all", r["task"], r["context"], order.get(r["config"], 99), r["config"]))
     _write_csv(out / "ruler.csv", rows, CSV_COLUMNS)
     _write_csv(out / "ruler_detail.csv", rows, CSV_COLUMNS + ("ci_low", "ci_high", "sparsity", "acceptance", "steps"))
-    meta = meta or {k: samples[-1].get(k) for k in ("indexer", "topk", "threads", "device", "torch", "cpu")}
+    meta = meta or {k: samples[-1].get(k) for k in ("indexer", "topk", "indexer_weights", "threads", "device",
+                                                    "torch", "cpu")}
     table = format_table(rows) + "\n\n" + paired_table(samples, list(dict.fromkeys(r["config"] for r in rows if r["task"] == "all")))
     _write_readme(out / "README.md", command, meta, samples, table)
     if not quiet:
@@ -262,6 +282,7 @@ def _write_readme(path: Path, command: str, meta: dict, samples: list[dict], tab
     for smp in samples:
         devices.setdefault(smp.get("device") or "?", set()).add(smp["context"])
     where = "; ".join(f"{d} at {', '.join(map(str, sorted(c)))} tokens" for d, c in sorted(devices.items()))
+    weights = f"; weights {meta['indexer_weights']}" if meta.get("indexer_weights") else ""
     text = f"""# RULER quality: dense vs all-keep vs SPIN (SmolLM2-135M-Instruct)
 
 Regenerate (resumes from samples.jsonl; delete it to start over):
@@ -269,7 +290,7 @@ Regenerate (resumes from samples.jsonl; delete it to start over):
     {command}
 
 - Model: SmolLM2-135M-Instruct (Q4_1 GGUF de-quantized to fp32), own Llama forward (model/llama.py).
-- Indexer: **{meta.get('indexer')}** ({_INDEXER_TEXT.get(meta.get('indexer'), '?')}),
+- Indexer: **{meta.get('indexer')}** ({_INDEXER_TEXT.get(meta.get('indexer'), '?')}{weights}),
   top-k = {meta.get('topk')} tokens per layer and row, block = 64 tokens; prefill dense, decode sparse.
 - Devices: {where} (last run: torch {meta.get('torch')}, {meta.get('threads')} CPU thread(s));
   {len(seeds)} prompts, {sum(secs.values()):.0f} s of decoding (prefill + all configs).

@@ -39,6 +39,9 @@ class IndexerConfig:
     rope_dim: int = 32
     rope_theta: float = 100000.0
     max_position: int = 8192
+    # True: the rotary table takes the model's YaRN factor (heads trained before 2026-11-29 evening);
+    # False: plain RoPE at every length, so a head distilled at one length sees the same rotation at all
+    rope_yarn: bool = True
 
     def __post_init__(self):
         for name in ("dim", "num_layers", "num_heads", "head_dim", "q_rank"):
@@ -84,7 +87,8 @@ def _rope_part(x: torch.Tensor, positions: torch.Tensor, rope: Rope, rope_dim: i
 
 
 class Indexer(nn.Module):
-    """All layers' indexers plus their rotary table (rope_dim wide, YaRN-scaled like the model's)."""
+    """All layers' indexers plus their rotary table (rope_dim wide; YaRN-scaled like the model's when
+    cfg.rope_yarn, else plain)."""
 
     def __init__(self, cfg: IndexerConfig, max_len: int = 8192, yarn_factor: float = 1.0):
         super().__init__()
@@ -93,8 +97,11 @@ class Indexer(nn.Module):
         self.set_rope(max_len, yarn_factor)
 
     def set_rope(self, max_len: int, yarn_factor: float = 1.0) -> None:
-        """(Re)build the rotary table for sequences up to max_len (YaRN factor as the model's)."""
+        """(Re)build the rotary table for sequences up to max_len (yarn_factor: the model's; ignored unless
+        cfg.rope_yarn)."""
         dev = next(self.parameters()).device
+        if not self.cfg.rope_yarn:
+            yarn_factor = 1.0
         self.rope = Rope(max(self.cfg.rope_dim, 2), self.cfg.rope_theta, max_len, yarn_factor,
                          self.cfg.max_position).to(dev)
 

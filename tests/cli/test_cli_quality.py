@@ -131,7 +131,15 @@ def test_paired_table():
     rows = [s(0, "all-keep", "a", 1.0), s(0, "spin-0.4", "a", 1.0), s(1, "all-keep", "b", 0.0),
             s(1, "spin-0.4", "c", 0.5), s(2, "all-keep", "d", 1.0), s(2, "spin-0.4", "e", 0.0), s(3, "spin-0.4", "f", 1.0)]
     table = paired_table(rows, ["all-keep", "spin-0.4"])
-    assert "| spin-0.4 | 3 | 1 | 1 | 1 | -16.7 |" in table and "| all-keep |" not in table
+    diffs = [0.0, 50.0, -100.0]  # spin-0.4 minus all-keep on seeds 0-2 (seed 3 has no pair)
+    mean = sum(diffs) / 3
+    half = 1.959964 * (sum((d - mean) ** 2 for d in diffs) / 2 / 3) ** 0.5
+    assert f"| spin-0.4 | 300 | 3 | 1 | 1 | 1 | -16.7 | {mean - half:+.1f} to {mean + half:+.1f} |" in table
+    assert "| all-keep |" not in table
+    one = paired_table(rows[:2], ["all-keep", "spin-0.4"])  # one pair: no interval
+    assert "| spin-0.4 | 300 | 1 | 1 | 0 | 0 | +0.0 | - |" in one
+    other = paired_table(rows + [dict(r, context=600) for r in rows[:2]], ["all-keep", "spin-0.4"])
+    assert "| spin-0.4 | 600 | 1 | 1 | 0 | 0 | +0.0 | - |" in other  # each length paired on its own
 
 
 def test_quality_with_named_indexer_weights(fake_model, tmp_path, capsys):
@@ -149,9 +157,9 @@ def test_quality_with_named_indexer_weights(fake_model, tmp_path, capsys):
     assert cli.main(base + ["--indexer-weights", str(weights), "--out", str(out)]) == 0
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and {r["indexer"] for r in rows} == {"lightning"}
-    assert {r["indexer_weights"] for r in rows} == {f"long.safetensors@{_sha12(weights)}"}
+    assert {r["indexer_weights"] for r in rows} == {f"sha256:{_sha12(weights)}"}
     readme = (out / "README.md").read_text()
-    assert "long.safetensors@" in readme and "--indexer-weights" in readme
+    assert f"sha256:{_sha12(weights)}" in readme and "--indexer-weights" in readme
     # the same folder with the shipped head (another setting) is refused before any work
     calls = len(fake_model)
     assert cli.main(base + ["--out", str(out)]) == 1

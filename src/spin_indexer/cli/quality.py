@@ -87,7 +87,7 @@ def run(args) -> int:
         raise FileNotFoundError(f"--indexer-weights: no file {args.indexer_weights}")
     if mode == "auto":
         mode = "lightning" if weights_path.is_file() else "oracle"
-    weights_id = _weights_id(args.indexer_weights) if mode == "lightning" else None
+    weights_id = _weights_id(weights_path) if mode == "lightning" else None
     done = _done_keys(out, mode, args.topk, weights_id)  # before loading anything: refuses another setting
     max_len = max(args.contexts) + 64
     t0 = time.perf_counter()
@@ -165,13 +165,12 @@ def _lines(out: Path):
                 yield line
 
 
-def _weights_id(path: Path | None) -> str | None:
-    """None for the shipped lightning weights, else '<file name>@<sha256 prefix>' (the rows say which head)."""
-    if path is None:
-        return None
+def _weights_id(path: Path) -> str:
+    """'sha256:<prefix>' of the weights file: the rows say which head made them, whatever the file is called
+    (rows without it came from the head shipped before 2026-11-29 evening, distilled at 4K)."""
     import hashlib
 
-    return f"{path.name}@{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
+    return f"sha256:{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
 
 
 def _done_keys(out: Path, indexer: str, topk: int, weights_id: str | None = None) -> set:
@@ -185,7 +184,7 @@ def _check_one_setting(out: Path, rows: list[dict], expected: tuple | None = Non
     settings = {(r.get("indexer"), r.get("topk"), r.get("indexer_weights")) for r in rows}
     settings |= {expected} if expected else set()
     if len(settings) > 1:
-        found = ", ".join(f"{i} indexer / top-k {k} / weights {w or 'shipped'}"
+        found = ", ".join(f"{i} indexer / top-k {k} / weights {w or 'the 4K head'}"
                           for i, k, w in sorted(settings, key=str))
         raise ValueError(f"--out: {out} mixes settings ({found}); use one folder per indexer, top-k and weights")
 
@@ -253,22 +252,31 @@ def format_table(rows: list[dict]) -> str:
 
 def paired_table(samples: list[dict], configs: list[str], base: str = "all-keep") -> str:
     """Markdown: every config against `base` on the same prompts (all tasks pooled): prompts compared, outputs
-    identical to the base's, prompts scored higher / lower, mean score difference x 100."""
+    identical to the base's, prompts scored higher / lower, mean score difference x 100 with its 95% interval
+    (normal approximation over the per-prompt differences: pairing removes the prompt-to-prompt spread that
+    makes the per-config intervals wide)."""
     by_prompt = {(s["task"], s["context"], s["seed"], s["config"]): s for s in samples}
-    lines = [f"Paired with {base} (same prompts, all tasks):", "",
-             "| config | prompts | identical output | better | worse | mean diff |", "|---|---|---|---|---|---|"]
-    for cfg in configs:
+    lines = [f"Paired with {base} (same prompts, all tasks, per context length):", "",
+             "| config | context | prompts | identical output | better | worse | mean diff | 95% CI |",
+             "|---|---|---|---|---|---|---|---|"]
+    for cfg, context in ((c, n) for c in configs for n in sorted({s["context"] for s in samples})):
         if cfg == base:
             continue
-        pairs = [(s, by_prompt.get((s["task"], s["context"], s["seed"], base))) for s in samples if s["config"] == cfg]
+        pairs = [(s, by_prompt.get((s["task"], s["context"], s["seed"], base))) for s in samples
+                 if s["config"] == cfg and s["context"] == context]
         pairs = [(a, b) for a, b in pairs if b is not None]
         if not pairs:
             continue
         same = sum(a["text"] == b["text"] for a, b in pairs)
         better = sum(a["score"] > b["score"] for a, b in pairs)
         worse = sum(a["score"] < b["score"] for a, b in pairs)
-        diff = 100 * sum(a["score"] - b["score"] for a, b in pairs) / len(pairs)
-        lines.append(f"| {cfg} | {len(pairs)} | {same} | {better} | {worse} | {diff:+.1f} |")
+        diffs = [100 * (a["score"] - b["score"]) for a, b in pairs]
+        diff = sum(diffs) / len(diffs)
+        ci = "-"
+        if len(diffs) > 1:
+            half = 1.959964 * math.sqrt(sum((d - diff) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs))
+            ci = f"{diff - half:+.1f} to {diff + half:+.1f}"
+        lines.append(f"| {cfg} | {context} | {len(pairs)} | {same} | {better} | {worse} | {diff:+.1f} | {ci} |")
     return "\n".join(lines)
 
 

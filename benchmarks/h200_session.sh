@@ -17,9 +17,13 @@
 #   4. []                          benchmarks/h200_session.sh replay     GPU replay of /tmp/traces -> fidelity tgz
 #   5. []                          benchmarks/h200_session.sh e2e        tokens/s and ITL
 #   6. []                          benchmarks/h200_session.sh quality    RULER 8K-32K (QUALITY_SECONDS each)
-#   3'. [runs/x3/p2, runs/distill16k]  benchmarks/h200_session.sh distill16k   long-context head -> /tmp/head16k
-#   6'. []  QUALITY_WEIGHTS=/tmp/head16k.safetensors benchmarks/h200_session.sh quality   (with that head)
-# Measured 2026-11-29: v32 52 s, gputests 34 s, traces ~420 s, replay ~220 s, e2e 86 s, quality as allowed.
+# The long-context head (second session, 2026-11-29 16:36-17:02 UTC; 26 of the 30 device minutes):
+#   1. [runs/x3/p0, runs/prompts] gputests    2. [runs/x3/p1, runs/prompts2] parts (prompts2: seeds 4-9)
+#   3. [runs/x3/p2, runs/distill16k] distill16k  -> /tmp/head16k.safetensors (329 s)
+#   4. [] QUALITY_WEIGHTS=/tmp/head16k.safetensors QUALITY_SECONDS=530 QUALITY_PROCS=3 QUALITY_SAMPLES=2 ... quality
+#   5. [] the same with QUALITY_SECONDS=520 QUALITY_PROCS=4 QUALITY_SAMPLES=1 QUALITY_SEED0=6 (74 prompts in all)
+# Measured 2026-11-29: v32 52 s, gputests 34 s, traces ~420 s, replay ~220 s, e2e 86 s, distill16k 329 s,
+# quality as allowed (9-12 processes: ~4 prompts x 12 configs each in 530 s, B = 1 decoding).
 # Every stage writes under $OUT (what comes back) and tolerates a missing earlier stage where it can.
 set -uo pipefail
 cd "$(dirname "$0")/.."

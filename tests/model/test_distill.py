@@ -126,3 +126,31 @@ def test_distill_cli_fine_tunes_from_init_with_plain_rope(tmp_path, monkeypatch)
     assert any(not torch.equal(a, b) for a, b in zip(start.state_dict().values(), three.state_dict().values()))
     log = json.loads((tmp_path / "three" / "training_log.json").read_text())
     assert log["steps"] == 3 and "--init" in log["command"]
+
+
+def test_distill_cli_eval_only_reports_the_init_weights(tmp_path, monkeypatch):
+    """--eval-only: no training, no weights written; the report names the evaluated file and keeps its
+    rotary setting. Without --init it is refused with the argument named."""
+    import hashlib
+
+    from spin_indexer.cli import distill as cli_distill
+    from spin_indexer.model import loader
+
+    model = tiny_model(max_len=300)
+    monkeypatch.setattr(loader, "load_model", lambda *a, **kw: (model, None))
+    monkeypatch.setattr(cli_distill, "REPORT_K", (8, 16))  # the real 64 / 256 need longer documents
+    data = tmp_path / "corpus.pt"
+    torch.save({"train": torch.randint(0, 97, (1000,), dtype=torch.int32),
+                "heldout": torch.randint(0, 97, (1, 160), dtype=torch.int32)}, data)
+    init = tmp_path / "init.safetensors"
+    tiny_indexer(max_len=300).save(init)
+    argv = ["--data", str(data), "--eval-len", "160", "--eval-docs", "1", "--ppl-tokens", "8", "--device", "cpu",
+            "--quiet", "--out", str(tmp_path / "ev")]
+    assert cli_distill.main(argv + ["--eval-only", "--init", str(init)]) == 0
+    report = json.loads((tmp_path / "ev" / "distill_report.json").read_text())
+    assert report["weights_sha256"] == hashlib.sha256(init.read_bytes()).hexdigest()
+    assert report["eval_len"] == 160 and 0.0 <= report["recall_mean_lightning_k8"] <= 1.0
+    assert report["ppl_dense"] > 1.0 and not (tmp_path / "ev" / "smollm2_indexer.safetensors").exists()
+    import pytest
+    with pytest.raises(ValueError, match="--eval-only"):
+        cli_distill.main(argv + ["--eval-only"])

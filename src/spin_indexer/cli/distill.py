@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import platform
@@ -50,6 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-len", type=int, default=4096, help="tokens of each held-out document used")
     p.add_argument("--ppl-tokens", type=int, default=256, help="decoded tokens per document for perplexity")
     p.add_argument("--no-eval", action="store_true")
+    p.add_argument("--eval-only", action="store_true",
+                   help="no training: evaluate the --init weights as they are (recall, perplexity) into --out")
     p.add_argument("--corpus-only", action="store_true", help="build --data and stop (CPU is enough)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
@@ -100,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     say(f"corpus: {corpus['train'].numel()} training tokens, held-out {tuple(corpus['heldout'].shape)}")
     if args.corpus_only:
         return 0
+    if args.eval_only and (args.init is None or args.no_eval):
+        raise ValueError("--eval-only: needs --init WEIGHTS (the head to evaluate) and no --no-eval")
     dev = torch.device(args.device)
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -114,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
         if (start.cfg.dim, start.cfg.num_layers) != (model.cfg.dim, model.cfg.num_layers):
             raise ValueError(f"--init: {args.init} has dim {start.cfg.dim} x {start.cfg.num_layers} layers, the model "
                              f"{model.cfg.dim} x {model.cfg.num_layers}")
-        icfg = dataclasses.replace(start.cfg, rope_yarn=rope_yarn)
+        # evaluation keeps the file's own rotary setting; training takes --indexer-rope
+        icfg = start.cfg if args.eval_only else dataclasses.replace(start.cfg, rope_yarn=rope_yarn)
     else:
         icfg = IndexerConfig(dim=model.cfg.dim, num_layers=model.cfg.num_layers, num_heads=args.heads,
                              head_dim=args.head_dim, q_rank=args.q_rank, rope_dim=args.rope_dim,
@@ -126,23 +132,27 @@ def run(args: argparse.Namespace) -> int:
         indexer.load_state_dict(start.state_dict(), strict=True)
     indexer = indexer.to(dev)
     say(f"indexer: {indexer.num_parameters()} parameters" + (f", from {args.init}" if args.init else ""))
-    cfg = DistillConfig(seq_len=args.seq_len, batch=args.batch, lr=args.lr, time_budget_s=args.minutes * 60,
-                        max_steps=args.max_steps, seed=args.seed, target=args.target)
     args.out.mkdir(parents=True, exist_ok=True)
-    log = train(model, indexer, corpus["train"].long(), cfg, log_fn=say)
-    say(f"trained {log.steps} steps, {log.tokens} tokens in {log.seconds:.1f}s")
     command = "spin-indexer " + " ".join(shlex.quote(a) for a in args.argv)
     env = {"torch": torch.__version__, "python": platform.python_version(),
            "gpu": torch.cuda.get_device_name(0) if dev.type == "cuda" else "cpu", "commit": _commit(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    meta = {"command": command, "distill_config": vars(cfg), "env": env, "steps": log.steps,
-            "tokens": log.tokens, "seconds": round(log.seconds, 1), "corpus": corpus.get("sources", "")}
-    weights = args.out / INDEXER_WEIGHTS.name
-    indexer.save(weights, extra=meta)
-    (args.out / "training_log.json").write_text(json.dumps(dict(meta, history=log.history), indent=1))
-    say(f"wrote {weights} ({weights.stat().st_size / 2**20:.2f} MiB)")
-    if args.no_eval:
-        return 0
+    if args.eval_only:
+        meta = {"command": command, "env": env, "weights": str(args.init),
+                "weights_sha256": hashlib.sha256(args.init.read_bytes()).hexdigest()}
+    else:
+        cfg = DistillConfig(seq_len=args.seq_len, batch=args.batch, lr=args.lr, time_budget_s=args.minutes * 60,
+                            max_steps=args.max_steps, seed=args.seed, target=args.target)
+        log = train(model, indexer, corpus["train"].long(), cfg, log_fn=say)
+        say(f"trained {log.steps} steps, {log.tokens} tokens in {log.seconds:.1f}s")
+        meta = {"command": command, "distill_config": vars(cfg), "env": env, "steps": log.steps,
+                "tokens": log.tokens, "seconds": round(log.seconds, 1), "corpus": corpus.get("sources", "")}
+        weights = args.out / INDEXER_WEIGHTS.name
+        indexer.save(weights, extra=meta)
+        (args.out / "training_log.json").write_text(json.dumps(dict(meta, history=log.history), indent=1))
+        say(f"wrote {weights} ({weights.stat().st_size / 2**20:.2f} MiB)")
+        if args.no_eval:
+            return 0
     try:
         report = evaluate(model, indexer, corpus["heldout"].long()[:args.eval_docs, :args.eval_len].to(dev), args.ppl_tokens, say)
     except Exception as err:  # the weights are already saved: report what failed, keep them

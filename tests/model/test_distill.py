@@ -99,21 +99,28 @@ def test_max_target_is_renormalised_head_max():
         attention_target(q, k, "median")
 
 
-def test_distill_cli_fine_tunes_from_init_with_plain_rope(tmp_path, monkeypatch):
-    """`spin-indexer distill --init W --indexer-rope plain`: starts from W's weights and shape (not the
-    --heads default), trains with plain RoPE even though the model runs YaRN x2, saves rope_yarn=False."""
+def _distill_cli_setup(tmp_path, monkeypatch, yarn_factor=1.0, heldout=128):
+    """The distill CLI on the tiny model (loader patched), a random token corpus and tiny init weights."""
     from spin_indexer.cli import distill as cli_distill
     from spin_indexer.model import loader
-    from spin_indexer.model.indexer_head import Indexer
 
-    model = tiny_model(max_len=300, yarn_factor=2.0)
+    model = tiny_model(max_len=300, yarn_factor=yarn_factor)
     monkeypatch.setattr(loader, "load_model", lambda *a, **kw: (model, None))
     torch.manual_seed(0)
     data = tmp_path / "corpus.pt"
     torch.save({"train": torch.randint(0, 97, (3000,), dtype=torch.int32),
-                "heldout": torch.randint(0, 97, (1, 128), dtype=torch.int32)}, data)
+                "heldout": torch.randint(0, 97, (1, heldout), dtype=torch.int32)}, data)
     init = tmp_path / "init.safetensors"
     tiny_indexer(max_len=300).save(init)
+    return cli_distill, data, init
+
+
+def test_distill_cli_fine_tunes_from_init_with_plain_rope(tmp_path, monkeypatch):
+    """`spin-indexer distill --init W --indexer-rope plain`: starts from W's weights and shape (not the
+    --heads default), trains with plain RoPE even though the model runs YaRN x2, saves rope_yarn=False."""
+    from spin_indexer.model.indexer_head import Indexer
+
+    cli_distill, data, init = _distill_cli_setup(tmp_path, monkeypatch, yarn_factor=2.0)
     common = ["--data", str(data), "--seq-len", "256", "--batch", "1", "--device", "cpu", "--no-eval", "--quiet",
               "--init", str(init), "--indexer-rope", "plain"]
     assert cli_distill.main(common + ["--max-steps", "0", "--out", str(tmp_path / "zero")]) == 0
@@ -133,17 +140,10 @@ def test_distill_cli_eval_only_reports_the_init_weights(tmp_path, monkeypatch):
     rotary setting. Without --init it is refused with the argument named."""
     import hashlib
 
-    from spin_indexer.cli import distill as cli_distill
-    from spin_indexer.model import loader
+    import pytest
 
-    model = tiny_model(max_len=300)
-    monkeypatch.setattr(loader, "load_model", lambda *a, **kw: (model, None))
+    cli_distill, data, init = _distill_cli_setup(tmp_path, monkeypatch, heldout=160)
     monkeypatch.setattr(cli_distill, "REPORT_K", (8, 16))  # the real 64 / 256 need longer documents
-    data = tmp_path / "corpus.pt"
-    torch.save({"train": torch.randint(0, 97, (1000,), dtype=torch.int32),
-                "heldout": torch.randint(0, 97, (1, 160), dtype=torch.int32)}, data)
-    init = tmp_path / "init.safetensors"
-    tiny_indexer(max_len=300).save(init)
     argv = ["--data", str(data), "--eval-len", "160", "--eval-docs", "1", "--ppl-tokens", "8", "--device", "cpu",
             "--quiet", "--out", str(tmp_path / "ev")]
     assert cli_distill.main(argv + ["--eval-only", "--init", str(init)]) == 0
@@ -151,6 +151,5 @@ def test_distill_cli_eval_only_reports_the_init_weights(tmp_path, monkeypatch):
     assert report["weights_sha256"] == hashlib.sha256(init.read_bytes()).hexdigest()
     assert report["eval_len"] == 160 and 0.0 <= report["recall_mean_lightning_k8"] <= 1.0
     assert report["ppl_dense"] > 1.0 and not (tmp_path / "ev" / "smollm2_indexer.safetensors").exists()
-    import pytest
     with pytest.raises(ValueError, match="--eval-only"):
         cli_distill.main(argv + ["--eval-only"])

@@ -22,9 +22,8 @@ import time
 from pathlib import Path
 
 NOTES_MARK = "<!-- notes -->"
-_INDEXER_TEXT = {"lightning": "the distilled lightning indexer (the shipped weights unless named), FP8 paged cache",
-                 "oracle": "oracle = the layer's own attention logits of the new query, max over its heads; "
-                           "no distilled indexer weights were shipped"}
+_INDEXER_TEXT = {"lightning": "the distilled lightning indexer, FP8 paged cache",
+                 "oracle": "oracle = the layer's own attention logits of the new query, max over its heads"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -290,7 +289,9 @@ def _write_readme(path: Path, command: str, meta: dict, samples: list[dict], tab
     for smp in samples:
         devices.setdefault(smp.get("device") or "?", set()).add(smp["context"])
     where = "; ".join(f"{d} at {', '.join(map(str, sorted(c)))} tokens" for d, c in sorted(devices.items()))
-    weights = f"; weights {meta['indexer_weights']}" if meta.get("indexer_weights") else ""
+    weights = ""
+    if meta.get("indexer") == "lightning":  # rows without the hash predate it: the first, 4K-distilled head
+        weights = f"; weights {meta.get('indexer_weights') or 'sha256:5ed1d61dbd79 (the 4K head)'}"
     text = f"""# RULER quality: dense vs all-keep vs SPIN (SmolLM2-135M-Instruct)
 
 Regenerate (resumes from samples.jsonl; delete it to start over):

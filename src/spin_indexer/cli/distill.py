@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=Path, default=Path("runs/distill/corpus.pt"),
                    help="token corpus (.pt); built from the RULER haystacks when missing")
     p.add_argument("--minutes", type=float, default=3.5, help="training wall-clock budget")
-    p.add_argument("--max-steps", type=int, default=100000, help="training steps at most (the clock usually stops first)")
+    p.add_argument("--max-steps", type=int, default=100000,
+                   help="training steps at most (the clock usually stops first)")
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--lr", type=float, default=2e-3)

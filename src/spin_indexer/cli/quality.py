@@ -104,8 +104,8 @@ def run(args) -> int:
     # seed-major order: stopping early leaves every task with about the same number of samples
     jobs = [(t, c, args.first_seed + i) for c in args.contexts for i in range(args.samples) for t in args.tasks]
     jobs = [j for j in jobs if not all((*j, cfg.name) in done for cfg in configs)]
-    meta = {"indexer": mode, "topk": args.topk, "indexer_weights": weights_id, "threads": torch.get_num_threads(), "device": device,
-            "torch": torch.__version__,
+    meta = {"indexer": mode, "topk": args.topk, "indexer_weights": weights_id, "threads": torch.get_num_threads(),
+            "device": device, "torch": torch.__version__,
             "cpu": platform.processor() or platform.machine(), "load_s": round(load_s, 1)}
     bar = tqdm(jobs, desc="quality", unit="prompt", disable=args.quiet)
     for task, context, seed in bar:

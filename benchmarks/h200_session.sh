@@ -17,7 +17,7 @@
 #   4. []                          benchmarks/h200_session.sh replay     GPU replay of /tmp/traces -> fidelity tgz
 #   5. []                          benchmarks/h200_session.sh e2e        tokens/s and ITL
 #   6. []                          benchmarks/h200_session.sh quality    RULER 8K-32K (QUALITY_SECONDS each)
-# The long-context head (second session, 2026-11-29 16:36-17:02 UTC; 26 of the 30 device minutes):
+# The long-context head (second session, 2026-11-29 16:36-17:02 UTC; 27 of the 30 device minutes):
 #   1. [runs/x3/p0, runs/prompts] gputests    2. [runs/x3/p1, runs/prompts2] parts (prompts2: seeds 4-9)
 #   3. [runs/x3/p2, runs/distill16k] distill16k  -> /tmp/head16k.safetensors (329 s)
 #   4. [] QUALITY_WEIGHTS=/tmp/head16k.safetensors QUALITY_SECONDS=530 QUALITY_PROCS=3 QUALITY_SAMPLES=2 ... quality
@@ -92,12 +92,14 @@ replay)
     tar czf "$OUT/fidelity_real.tgz" -C /tmp fid && ls -l "$OUT"
     ;;
 distill16k)
-    # the shipped head was distilled at 4K and fails RULER from 8K on: fine-tune it on 16K windows with plain
-    # RoPE (the same rotation at every length); corpus: spin-indexer distill --data runs/distill16k/corpus.pt
-    # --corpus-only --seq-len 16384 (CPU, 30 s). Evaluated by the quality stage and on the CPU, not here.
+    # fine-tune a head on 16K windows with plain RoPE (the same rotation at every length). The 2026-11-29 run
+    # started from the 4K head then shipped (git show 4bcf7af:src/spin_indexer/weights/smollm2_indexer.safetensors
+    # > runs/head4k.safetensors; carry it and set DISTILL_INIT to reproduce); its result is the head shipped now.
+    # Corpus: spin-indexer distill --data runs/distill16k/corpus.pt --corpus-only --seq-len 16384 (CPU, 30 s).
+    # Evaluated by the quality stage and on the CPU (distill --eval-only), not here.
     assemble || exit 1
     timeout 580 python3 -m spin_indexer.cli.distill --data runs/distill16k/corpus.pt --seq-len 16384 --batch 1 \
-        --target max --init src/spin_indexer/weights/smollm2_indexer.safetensors --indexer-rope plain \
+        --target max --init ${DISTILL_INIT:-src/spin_indexer/weights/smollm2_indexer.safetensors} --indexer-rope plain \
         --lr ${DISTILL_LR:-1e-3} --minutes ${DISTILL_MINUTES:-5} --no-eval --device cuda --out "$OUT/distill16k" \
         2>&1 | grep -v clean_up | tee "$OUT/distill16k.log"
     cp "$OUT/distill16k/smollm2_indexer.safetensors" /tmp/head16k.safetensors && ls -l /tmp/head16k.safetensors

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 
 NOTES_MARK = "<!-- notes -->"
+# what rows without `indexer_weights` mean: they predate the field and came from the first, 4K-distilled head
+FIRST_HEAD = "sha256:5ed1d61dbd79 (the 4K head)"
 _INDEXER_TEXT = {"lightning": "the distilled lightning indexer, FP8 paged cache",
                  "oracle": "oracle = the layer's own attention logits of the new query, max over its heads"}
 
@@ -166,7 +168,7 @@ def _lines(out: Path):
 
 def _weights_id(path: Path) -> str:
     """'sha256:<prefix>' of the weights file: the rows say which head made them, whatever the file is called
-    (rows without it came from the head shipped before 2026-11-29 evening, distilled at 4K)."""
+    (rows without it: FIRST_HEAD)."""
     import hashlib
 
     return f"sha256:{hashlib.sha256(path.read_bytes()).hexdigest()[:12]}"
@@ -183,7 +185,7 @@ def _check_one_setting(out: Path, rows: list[dict], expected: tuple | None = Non
     settings = {(r.get("indexer"), r.get("topk"), r.get("indexer_weights")) for r in rows}
     settings |= {expected} if expected else set()
     if len(settings) > 1:
-        found = ", ".join(f"{i} indexer / top-k {k} / weights {w or 'the 4K head'}"
+        found = ", ".join(f"{i} indexer / top-k {k} / weights {w or FIRST_HEAD}"
                           for i, k, w in sorted(settings, key=str))
         raise ValueError(f"--out: {out} mixes settings ({found}); use one folder per indexer, top-k and weights")
 
@@ -290,8 +292,8 @@ def _write_readme(path: Path, command: str, meta: dict, samples: list[dict], tab
         devices.setdefault(smp.get("device") or "?", set()).add(smp["context"])
     where = "; ".join(f"{d} at {', '.join(map(str, sorted(c)))} tokens" for d, c in sorted(devices.items()))
     weights = ""
-    if meta.get("indexer") == "lightning":  # rows without the hash predate it: the first, 4K-distilled head
-        weights = f"; weights {meta.get('indexer_weights') or 'sha256:5ed1d61dbd79 (the 4K head)'}"
+    if meta.get("indexer") == "lightning":
+        weights = f"; weights {meta.get('indexer_weights') or FIRST_HEAD}"
     text = f"""# RULER quality: dense vs all-keep vs SPIN (SmolLM2-135M-Instruct)
 
 Regenerate (resumes from samples.jsonl; delete it to start over):

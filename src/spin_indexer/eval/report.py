@@ -106,17 +106,19 @@ def _drop_stale_pools(per_run: list[list[dict]]) -> list[dict]:
     def key(r):
         return r.get("trace_set"), r.get("indexer")
 
-    union: dict[tuple, set] = {}
-    for rows in per_run:
-        for r in rows:
-            if r.get("context") != "all":
-                union.setdefault(key(r), set()).add(r.get("context"))
-    out = []
+    owns = []  # per run: (trace set, indexer) -> the contexts it has rows for
     for rows in per_run:
         own: dict[tuple, set] = {}
         for r in rows:
             if r.get("context") != "all":
                 own.setdefault(key(r), set()).add(r.get("context"))
+        owns.append(own)
+    union: dict[tuple, set] = {}
+    for own in owns:
+        for k, contexts in own.items():
+            union.setdefault(k, set()).update(contexts)
+    out = []
+    for rows, own in zip(per_run, owns):
         out += [r for r in rows if r.get("context") != "all" or own.get(key(r), set()) >= union.get(key(r), set())]
     return out
 

@@ -168,7 +168,7 @@ class SpinIndexer:
         cols = torch.arange(blocks * t, device=self.device)
         live = cols[None, None, :] < plan.compact_seq_lens.long()[:, :, None]
         logits = torch.where(live, gathered, float("-inf")).view(batch * self.next_n, blocks * t)
-        return self._finish(layer, st, plan, logits)
+        return self._finish(layer, st, plan, logits, positions=pos)
 
     # -- the per-layer steps -------------------------------------------------------------------------
     def _select(self, layer: int, st: _Step) -> BlockPlan:
@@ -228,7 +228,9 @@ class SpinIndexer:
         return plan
 
     def _finish(self, layer: int, st: _Step, plan: BlockPlan, logits: torch.Tensor,
-                block_max: torch.Tensor | None = None) -> torch.Tensor:
+                block_max: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Top-k, EMA update and bookkeeping of one layer. positions: plan.positions() matching the logits'
+        width when the caller already built it (run_from_scores), else built here for the torch update."""
         cfg = self.config
         batch = st.block_table.shape[0]
         cols = ops.topk(logits, plan.compact_seq_lens.view(-1), cfg.topk, validate=False, block_max=block_max)
@@ -243,9 +245,10 @@ class SpinIndexer:
             fused(self.state.vertical[layer], self.state.diagonal[layer], st.slot_ids, rows, plan.kept_blocks,
                   plan.compact_seq_lens, st.seq_lens - 1, st.update_rows, cfg.alpha, t)
         else:
-            update_history(self.state.vertical[layer], self.state.diagonal[layer], st.slot_ids, rows,
-                           plan.positions(rows.shape[2] // t), plan.compact_seq_lens.long(), st.seq_lens.long() - 1,
-                           st.update_rows, cfg.alpha)
+            if positions is None:
+                positions = plan.positions(rows.shape[2] // t)
+            update_history(self.state.vertical[layer], self.state.diagonal[layer], st.slot_ids, rows, positions,
+                           plan.compact_seq_lens.long(), st.seq_lens.long() - 1, st.update_rows, cfg.alpha)
         if not plan.seen_marked:
             mark_seen(self.state.last_seen[layer], st.slot_ids, st.step, plan.kept_blocks.long(), st.update_rows)
         if cfg.adaptive is not None:  # audited rows scored every block: their top-k is the dense one

@@ -10,7 +10,7 @@ from ..checks import check_tensor
 from ..dispatch import triton_twin
 from .indexer_logits import block_max_ref, check_paged_indexer_args, paged_indexer_logits_ref
 from .kv_cache import dequantize_blocks, quantize_and_write, quantize_keys, read_kv_cache, write_kv_cache
-from .topk import topk_ref
+from .topk import topk_positions_ref, topk_ref
 
 
 def _triton_twin(module: str, name: str, t):
@@ -53,6 +53,16 @@ def topk(logits, lengths, k: int, validate: bool = True, block_max=None):
     return out
 
 
+def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, next_n: int = 1,
+                   tokens_per_block: int = 64, out=None, validate: bool = True):
+    """The top-k set per row as ascending positions, int32 [R, k], -1 padded; see `topk_positions_ref`.
+    One Triton launch on CUDA (block_max lets it read only the blocks that can hold a winner)."""
+    twin = _triton_twin("topk_select_triton", "topk_positions_triton", logits)
+    fn = twin if twin is not None else topk_positions_ref
+    return fn(logits, lengths, k, block_max=block_max, kept_blocks=kept_blocks, next_n=next_n,
+              tokens_per_block=tokens_per_block, out=out, validate=validate)
+
+
 def _check_outputs(logits, width, dev, out, block_max_out) -> None:
     rows, cols = logits.shape
     if out is not None:
@@ -70,6 +80,7 @@ def block_max(logits, tokens_per_block: int = 64):
 
 __all__ = [
     "paged_indexer_logits", "paged_indexer_logits_ref", "check_paged_indexer_args", "topk", "topk_ref",
+    "topk_positions", "topk_positions_ref",
     "block_max", "block_max_ref", "quantize_keys", "write_kv_cache", "quantize_and_write", "read_kv_cache",
     "dequantize_blocks",
 ]

@@ -14,8 +14,10 @@ import dataclasses
 
 from ..predictor.config import SpinConfig
 
+# dense_below=0: evaluation measures the predictor itself, so the speed guard (which scores every block of
+# short contexts) is off.
 DEFAULT = SpinConfig(pooling="a1", reduce="max", exploration="random", gamma=0.05, alpha=0.5, combine="max",
-                     mtp="row0")
+                     mtp="row0", dense_below=0)
 
 # name -> (fields replaced on DEFAULT, one-line description for reports)
 POLICIES: dict[str, tuple[dict, str]] = {

@@ -68,7 +68,8 @@ class QualityConfig:
         if self.adaptive is not None:
             adaptive = dataclasses.replace(PRESETS["adaptive"].adaptive, target_miss=self.adaptive)
         return SpinConfig(sparsity=self.sparsity, topk=topk, exploration="random" if self.exploration else "none",
-                          gamma=0.05 if self.exploration else 0.0, seed=seed, hybrid=self.hybrid, adaptive=adaptive)
+                          gamma=0.05 if self.exploration else 0.0, seed=seed, hybrid=self.hybrid, adaptive=adaptive,
+                          dense_below=0)  # quality measures the predictor: the speed guard is off
 
 
 def parse_config(name: str) -> QualityConfig:

@@ -1,16 +1,19 @@
 """SpinIndexer: the SPIN decode step. plan() once per step, run() per layer.
 
-    plan(block_table, seq_lens, slot_ids)        budgets, newest blocks, step counters  (all layers)
-    run(layer, q_fp8, kv_cache, weights)          per layer:
-        predict   block scores from this layer's V/D history         predictor/score.py
-        select    budget + always-keep + exploration -> keep mask    predictor/select.py
-        compact   kept blocks -> compact block table and lengths     indexer/block_plan.py
-        score     paged indexer logits on the compact table          ops.paged_indexer_logits
-        top-k     over compact columns, mapped back to positions     ops.topk
-        update    EMA of V/D at the scored slots only                predictor/update.py
-run_from_scores() replaces "score" by a gather from precomputed scores (offline replay of traces), so
-replay and live decoding share every other line. No host sync, no data-dependent shape inside plan/run
-(validate=False), so a whole step can be captured in a CUDA graph.
+    plan(block_table, seq_lens, slot_ids)      every layer's plan, from each layer's own history:
+        predict   block scores from the paged vertical history and the diagonal window
+        select    budget + forced blocks + exploration -> kept blocks
+        compact   kept blocks -> compact block table and row lengths                 (predictor/plan*.py)
+    run(layer, q_fp8, kv_cache, weights)       per layer:
+        score     paged indexer logits on the compact table, the EMA update of this
+                  layer's history and the block maxima done where the scores are     (ops, predictor/update*)
+        top-k     over the compact columns, written as logical positions             (ops.topk_positions)
+
+On CUDA with the paper's step (A1 pooling, random or no exploration) plan() is two kernels and run() two
+or three, with no host sync and no data-dependent shape (validate=False): a whole step captures in one CUDA
+graph. Everything else (A0/A2 pooling, age-based exploration, the extensions in extensions.py, the CPU)
+runs the torch reference of the same step. run_from_scores() replaces "score" by a gather from
+precomputed scores (offline replay of traces), so replay and live decoding share every other line.
 """
 from __future__ import annotations
 
@@ -21,39 +24,26 @@ import torch
 from .. import ops
 from ..checks import check_int, check_tensor, check_values_in_range
 from ..layout import FP8_DTYPE
-from ..predictor.config import Exploration, Pooling, Reduce, SpinConfig
-from ..predictor.mtp import prediction_rows, update_rows
-from ..predictor.score import block_scores
-from ..predictor.adaptive import (audit_mask, curve_miss, prediction_miss, probe_miss, update_curve_,
-                                  update_levels_)
-from ..predictor.hybrid import hybrid_scores
-from ..predictor.select import (budget_blocks, explore_blocks, layer_hash, rank_of, select_blocks,
-                                step_hash)
+from ..predictor import plan as plan_ref
+from ..predictor.config import MtpPolicy, SpinConfig
 from ..predictor.state import SpinState
-from ..predictor.update import mark_seen, update_history
 from ..dispatch import triton_twin
 from .block_plan import BlockPlan
+from .extensions import Extensions
+from .workspace import Workspace
 
 
 @dataclasses.dataclass
 class _Step:
-    """What plan() computed for the current step; shared by every layer's run()."""
+    """What plan() fixed for the current step; shared by every layer's run()."""
 
     block_table: torch.Tensor  # int32 [B, W]
     seq_lens: torch.Tensor  # int32 [B, N]
     slot_ids: torch.Tensor  # int64 [B]
-    step: torch.Tensor  # int32 [B]
-    num_blocks: torch.Tensor  # int64 [B]
-    valid: torch.Tensor  # bool [B, W]
-    newest: torch.Tensor  # bool [B, W]: blocks holding any row's query token
-    keep_all: torch.Tensor  # bool [B]: context <= K, everything is selected
-    budget: torch.Tensor  # int64 [B]
-    explore: torch.Tensor  # int64 [B]
-    update_rows: torch.Tensor  # bool [B, N]
-    hash: torch.Tensor  # int64 [B, W]: per-step exploration hash, mixed with the layer in run()
-    max_explore: int  # static bound on any request's exploration count (a top-k size, never a sync)
-    first_new: torch.Tensor  # int64 [B]: first block holding a query token of any row
-    update_any: torch.Tensor  # bool [B]: some row of the request updates the history
+    clock: torch.Tensor  # int32 [1]
+    plans: list  # BlockPlan per layer (views into the workspace); None until selected (hybrid)
+    meta: object = None  # predictor.plan.StepMeta on the torch path, None on the fused path
+    done: set = dataclasses.field(default_factory=set)  # layers already run this step
 
 
 class SpinIndexer:
@@ -61,18 +51,33 @@ class SpinIndexer:
 
     config: SpinConfig; num_layers: indexer layers; max_batch: B at most; max_blocks: W at most (the
     engine's block-table width); next_n: query rows per request; max_requests: state slots (default
-    max_batch). State lives in `self.state` (allocate() a slot per request, free() it when done).
+    max_batch); num_cache_blocks: physical blocks of the key cache the history sits beside (default
+    max_requests * max_blocks, enough when every request owns its blocks).
+    State lives in `self.state` (allocate() a slot per request, free() it when done); plans of the last
+    step in `self.plans(layer)`, the last run layer's in `self.block_plan`.
     """
 
     def __init__(self, config: SpinConfig, num_layers: int, max_batch: int, max_blocks: int, next_n: int = 1,
-                 device: torch.device | str = "cpu", max_requests: int | None = None):
+                 device: torch.device | str = "cpu", max_requests: int | None = None,
+                 num_cache_blocks: int | None = None):
         if not isinstance(config, SpinConfig):
             raise TypeError(f"config: expected a SpinConfig, got {type(config).__name__}")
+        check_int("num_layers", num_layers, low=1)
         check_int("max_batch", max_batch, low=1)
+        check_int("max_blocks", max_blocks, low=1)
         check_int("next_n", next_n, low=1, high=8)
-        self.config, self.max_batch, self.next_n = config, max_batch, next_n
+        if max_requests is not None:
+            check_int("max_requests", max_requests, low=1)
+        if num_cache_blocks is not None:
+            check_int("num_cache_blocks", num_cache_blocks, low=1)
+        self.config, self.max_batch, self.max_blocks, self.next_n = config, max_batch, max_blocks, next_n
         self.device = torch.device(device)
-        self.state = SpinState(config, num_layers, max_requests or max_batch, max_blocks, self.device)
+        t = config.tokens_per_block
+        slots = max_requests or max_batch
+        self.state = SpinState(config, num_layers, slots, num_cache_blocks or slots * max_blocks, max_blocks * t,
+                               self.device)
+        self.workspace = Workspace(num_layers, max_batch, max_blocks, next_n, t, config.topk, self.device)
+        self.extensions = Extensions(config, self.state, next_n) if (config.adaptive or config.hybrid) else None
         self._step: _Step | None = None
         self.block_plan: BlockPlan | None = None
 
@@ -80,20 +85,33 @@ class SpinIndexer:
     def num_layers(self) -> int:
         return self.state.num_layers
 
+    def plans(self, layer: int) -> BlockPlan:
+        """The block plan of `layer` for the current step."""
+        st = self._current(layer)
+        if st.plans[layer] is None:
+            raise RuntimeError(f"SpinIndexer.plans: layer {layer} is selected when it runs (hybrid mode)")
+        return st.plans[layer]
+
+    # -- plan ------------------------------------------------------------------------------------------
     def plan(self, block_table: torch.Tensor, seq_lens: torch.Tensor, slot_ids: torch.Tensor,
              num_accepted: torch.Tensor | None = None, validate: bool = True) -> None:
-        """Prepare one decode step for every layer.
+        """Plan one decode step for every layer.
 
-        block_table: int32 [B, W] with W <= max_blocks; seq_lens: int32 [B, next_n], row j of request b
-        has length L_b - next_n + j + 1 (0 for padding requests); slot_ids: int32/int64 [B] allocated,
-        distinct state slots; num_accepted: int32 [B] in [0, next_n - 1] or None (see predictor/mtp.py).
-        validate: check the data too (a host sync; turn off when capturing a CUDA graph).
+        block_table: int32 [B, W] with W <= max_blocks, physical ids < num_cache_blocks; seq_lens: int32
+        [B, next_n], row j of request b has length L_b - next_n + j + 1 (0 for padding requests);
+        slot_ids: int32/int64 [B] allocated, distinct state slots; num_accepted: int32 [B] in
+        [0, next_n - 1] or None (see predictor/mtp.py).
+        validate: check the data too (a host sync; turn off when capturing a CUDA graph). Skipped with
+        validate=False: length ranges and row increments, slot ids allocated and distinct, block ids of the
+        used blocks inside the cache (kernels clamp them into the trash block instead of reading outside).
+        A rejected call changes no state.
         """
-        cfg, t, dev = self.config, self.config.tokens_per_block, self.device
+        cfg, dev = self.config, self.device
+        self._step = None  # a rejected plan must not leave the previous step runnable
         check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=dev, device_of="SpinIndexer")
         batch, width = block_table.shape
         check_int("block_table.shape[0] (B)", batch, high=self.max_batch)
-        check_int("block_table.shape[1] (W)", width, high=self.state.max_blocks)
+        check_int("block_table.shape[1] (W)", width, high=self.max_blocks)
         check_tensor("seq_lens", seq_lens, dtype=torch.int32, shape=(batch, self.next_n), shape_names="[B, next_n]",
                      device=dev, device_of="SpinIndexer")
         check_tensor("slot_ids", slot_ids, dtype=(torch.int32, torch.int64), shape=(batch,), shape_names="[B]",
@@ -102,48 +120,66 @@ class SpinIndexer:
             check_tensor("num_accepted", num_accepted, dtype=torch.int32, shape=(batch,), shape_names="[B]",
                          device=dev, device_of="SpinIndexer")
         if validate:
-            self._validate_data(seq_lens, slot_ids, num_accepted, width * t)
-        lens = seq_lens.long()
-        slots = slot_ids.long()
-        longest = lens.amax(dim=1) if self.next_n else lens.new_zeros(batch)
-        num_blocks = (longest + t - 1) // t
-        blocks = torch.arange(width, device=dev)[None, :]
-        valid = blocks < num_blocks[:, None]
-        first_new = (lens.amin(dim=1) - 1).clamp_min(0) // t
-        newest = valid & (blocks >= first_new[:, None])
-        keep_all = longest <= cfg.topk
-        budget = budget_blocks(num_blocks, cfg.sparsity, cfg.topk, t, keep_all)
-        explore = explore_blocks(budget, cfg.gamma, cfg.exploration, keep_all)
-        self.state.step.index_add_(0, slots, torch.ones_like(slots, dtype=torch.int32))
-        step = self.state.step[slots]
-        rows = update_rows(cfg.mtp, num_accepted, batch, self.next_n, dev)
-        max_explore = int(cfg.gamma * width + 0.5) if cfg.exploration is not Exploration.NONE else 0
-        self._step = _Step(block_table, seq_lens, slots, step, num_blocks, valid, newest, keep_all, budget, explore,
-                           rows, step_hash(cfg.seed, slots, step, width), max_explore, first_new, rows.any(dim=1))
-        self.block_plan = None
-        self._previous_blocks = None  # the previous layer's block scores of this step (hybrid mode)
+            self._validate_data(block_table, seq_lens, slot_ids, num_accepted)
+        ws, slots = self.workspace, slot_ids.long()
+        plans = [BlockPlan(ws.kept_blocks[layer, :batch, :width], ws.num_kept[layer, :batch], ws.num_blocks[:batch],
+                           ws.compact_table[layer, :batch, :width], ws.compact_lens[layer, :batch],
+                           cfg.tokens_per_block, ws.guarded[:batch]) for layer in range(self.num_layers)]
+        fused = self._fused_plan(block_table)
+        if fused is not None:
+            fused(cfg, self.state, ws, block_table, seq_lens, slots, num_accepted)
+            self._step = _Step(block_table, seq_lens, slots, self.state.clock.clone(), plans)
+            return
+        meta = plan_ref.step_meta(cfg, self.state, block_table, seq_lens, slots, num_accepted)
+        plan_ref.reset_entered_(self.state, meta)
+        ws.num_blocks[:batch] = meta.num_blocks.to(torch.int32)
+        ws.guarded[:batch] = meta.guarded
+        ws.update_rows[:batch] = meta.update_rows
+        if self.extensions is not None:
+            self.extensions.begin_step()
+        for layer in range(self.num_layers):
+            if self.extensions is not None:
+                if self.extensions.selects_per_layer:
+                    plans[layer] = None  # selected in run(layer), after the previous layer's scores exist
+                else:
+                    plans[layer] = self.extensions.select(layer, meta, plans[layer])
+                continue
+            keep = plan_ref.select_layer(cfg, self.state, layer, meta)[0]
+            BlockPlan.from_keep_mask(keep, block_table, seq_lens, meta.num_blocks, cfg.tokens_per_block, meta.guarded,
+                                     out=plans[layer])
+        plan_ref.finish_step_(self.state, meta)
+        self._step = _Step(block_table, seq_lens, slots, meta.clock, plans, meta)
 
+    # -- run -------------------------------------------------------------------------------------------
     def run(self, layer: int, q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Top-k positions int32 [B*next_n, K] (-1 padded) for `layer`, then that layer's state update.
+        """Top-k positions int32 [B*next_n, K] for `layer` (ascending, -1 padded), then that layer's update.
 
-        q_fp8: float8_e4m3fn [B, next_n, H, D]; kv_cache: uint8 [num_blocks, T, 1, D + 4];
-        weights: float32 [B*next_n, H].
+        q_fp8: float8_e4m3fn [B, next_n, H, D]; kv_cache: uint8 [num_blocks, T, 1, D + 4] with num_blocks <=
+        num_cache_blocks; weights: float32 [B*next_n, H]. The result is a view of the workspace, valid until
+        this layer runs again.
         """
         st = self._current(layer)
-        batch = st.block_table.shape[0]
+        batch, width = st.block_table.shape
         check_tensor("q_fp8", q_fp8, dtype=FP8_DTYPE, ndim=4, device=self.device, device_of="SpinIndexer")
         if tuple(q_fp8.shape[:2]) != (batch, self.next_n):
             raise ValueError(f"q_fp8: expected shape [B, next_n, H, D] with [B, next_n] = [{batch}, {self.next_n}] "
                              f"(from plan()), got {list(q_fp8.shape)}")
-        plan = self._select(layer, st)
-        # On CUDA the logits kernel writes the per-block max for free; top-k prunes with it.
-        block_max = None
-        if q_fp8.is_cuda:
-            block_max = torch.empty(batch * self.next_n, plan.compact_block_table.shape[1], dtype=torch.float32,
-                                    device=self.device)
-        logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
-                                          validate=False, block_max_out=block_max)
-        return self._finish(layer, st, plan, logits, block_max)
+        check_tensor("kv_cache", kv_cache, dtype=torch.uint8, ndim=4, device=self.device, device_of="SpinIndexer")
+        if kv_cache.shape[0] > self.state.num_cache_blocks:
+            raise ValueError(f"kv_cache: expected at most num_cache_blocks = {self.state.num_cache_blocks} blocks "
+                             f"(the SpinState size), got {kv_cache.shape[0]}")
+        if kv_cache.shape[1] != self.config.tokens_per_block:
+            raise ValueError(f"kv_cache: expected T = SpinConfig.tokens_per_block = {self.config.tokens_per_block} "
+                             f"tokens per block, got shape {list(kv_cache.shape)}")
+        plan = self._plan_of(layer, st)
+        rows, cols = batch * self.next_n, width * self.config.tokens_per_block
+        logits = self.workspace.logits[:rows, :cols]
+        block_max = self.workspace.block_max[:rows, :width]
+        history = self._history_args(layer, st, plan)
+        ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
+                                 validate=False, out=logits, block_max_out=block_max,
+                                 fill_tail=self.extensions is not None, history=history)
+        return self._topk(layer, st, plan, logits, block_max)
 
     def run_from_scores(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
         """Replay: like run(), with the indexer scores of every logical position given.
@@ -156,7 +192,7 @@ class SpinIndexer:
         t = self.config.tokens_per_block
         check_tensor("scores", scores, dtype=torch.float32, shape=(batch * self.next_n, width * t),
                      shape_names="[B*next_n, W*T]", device=self.device, device_of="SpinIndexer")
-        plan = self._select(layer, st)
+        plan = self._plan_of(layer, st)
         blocks = width
         if not scores.is_cuda and batch > 0:
             # Off the GPU nothing is captured in a graph, so the compact columns can stop at the most
@@ -168,119 +204,61 @@ class SpinIndexer:
         cols = torch.arange(blocks * t, device=self.device)
         live = cols[None, None, :] < plan.compact_seq_lens.long()[:, :, None]
         logits = torch.where(live, gathered, float("-inf")).view(batch * self.next_n, blocks * t)
-        return self._finish(layer, st, plan, logits, positions=pos)
+        block_max = ops.block_max(logits, t)
+        self._update(layer, st, plan, logits)
+        return self._topk(layer, st, plan, logits, block_max)
 
     # -- the per-layer steps -------------------------------------------------------------------------
-    def _select(self, layer: int, st: _Step) -> BlockPlan:
-        cfg, t = self.config, self.config.tokens_per_block
-        width = st.block_table.shape[1]
-        cols = width * t
-        rows = prediction_rows(cfg.mtp, self.next_n)
-        lens = st.seq_lens.long()[:, rows]
-        fused = triton_twin("spin_indexer.predictor.score_triton", "block_scores_triton", st.block_table)
-        if fused is not None and cfg.pooling is Pooling.A1 and cfg.reduce in (Reduce.MAX, Reduce.MEAN):
-            scores = fused(self.state.vertical[layer], self.state.diagonal[layer], st.slot_ids, lens - 1, lens,
-                           width, cfg.combine, cfg.reduce, t)
-        else:
-            vertical = self.state.vertical[layer, st.slot_ids, :cols]
-            diagonal = self.state.diagonal[layer, st.slot_ids, :cols]
-            scores = block_scores(vertical, diagonal, lens - 1, lens, st.budget * t, cfg.pooling, cfg.reduce,
-                                  cfg.combine, t)
-        budget, explore, audit = st.budget, st.explore, None
-        if cfg.adaptive is not None:
-            menu = torch.tensor(cfg.adaptive.menu, dtype=torch.float64, device=self.device)
-            sparsity = menu[self.state.level[layer, st.slot_ids].long()]
-            budget = budget_blocks(st.num_blocks, sparsity, cfg.topk, t, st.keep_all)
-            explore = explore_blocks(budget, cfg.gamma, cfg.exploration, st.keep_all)
-            audit = audit_mask(st.step, st.slot_ids, layer, cfg.adaptive.audit_every)
-            audit = (audit | self.state.audit_next[layer, st.slot_ids]) & ~st.keep_all
-        if cfg.hybrid > 0 and self._previous_blocks is not None:
-            scores = hybrid_scores(scores, self._previous_blocks, st.valid, cfg.hybrid)
-        if cfg.pooling is Pooling.A0:
-            # A0 keeps every block holding a selected slot (finite score), however many: its block count
-            # follows the slot budget only indirectly. Exploration keeps its own share on top.
-            budget = st.num_blocks + explore
-        fused = None
-        if cfg.adaptive is None and scores.shape[1] == 1 and cfg.exploration in (Exploration.NONE, Exploration.RANDOM):
-            fused = triton_twin("spin_indexer.predictor.select_triton", "select_compact_triton", scores)
-        if fused is not None:  # one kernel: select, compact, mark last_seen
-            keep, kept, table, clen, num_kept = fused(
-                scores[:, 0], self.state.last_seen[layer], st.slot_ids, st.step, st.hash, layer, st.num_blocks,
-                st.first_new, st.keep_all, budget, explore, st.block_table, st.seq_lens, st.update_any,
-                cfg.exploration is Exploration.RANDOM, t)
-            plan = BlockPlan(keep, kept, num_kept, st.num_blocks.to(torch.int32), table, clen, t)
-            plan.predicted_mask, plan.seen_marked = keep, True
-            return plan
-        last = self.state.last_seen[layer, st.slot_ids, :width]
-        forced = st.newest | (st.valid & (last < 0)) | (st.valid & st.keep_all[:, None])
-        age = st.step.long()[:, None] - last.long()
-        hashes = layer_hash(st.hash, layer)
-        uniforms = hashes.to(torch.float32) / float(2**31)
-        predicted, explored = select_blocks(scores, st.valid, forced, budget, explore, cfg.exploration, uniforms, age,
-                                            return_explored=True, hashes=hashes, max_explore=st.max_explore)
-        keep = predicted if audit is None else predicted | (audit[:, None] & st.valid)
-        plan = BlockPlan.from_keep_mask(keep, st.block_table, st.seq_lens, st.num_blocks, t)
-        plan.predicted_mask, plan.audit, plan.explored = predicted, audit, explored
-        if cfg.adaptive is not None and cfg.adaptive.controller == "curve":
-            # The predicted keep order (forced first, then by block score), for the per-level miss curve.
-            key = torch.where(forced, float("inf"), torch.where(st.valid, scores.amax(dim=1), float("-inf")))
-            plan.pred_rank = rank_of(key)
+    def _plan_of(self, layer: int, st: _Step) -> BlockPlan:
+        if layer in st.done:
+            raise RuntimeError(f"SpinIndexer.run: layer {layer} already ran this step; call plan() for the next step")
+        plan = st.plans[layer]
+        if plan is None:  # hybrid: this layer selects now, after the previous layer's scores
+            ws, (batch, width) = self.workspace, st.block_table.shape
+            out = BlockPlan(ws.kept_blocks[layer, :batch, :width], ws.num_kept[layer, :batch], ws.num_blocks[:batch],
+                            ws.compact_table[layer, :batch, :width], ws.compact_lens[layer, :batch],
+                            self.config.tokens_per_block, ws.guarded[:batch])
+            plan = st.plans[layer] = self.extensions.select(layer, st.meta, out)
+        st.done.add(layer)
         return plan
 
-    def _finish(self, layer: int, st: _Step, plan: BlockPlan, logits: torch.Tensor,
-                block_max: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Top-k, EMA update and bookkeeping of one layer. positions: plan.positions() matching the logits'
-        width when the caller already built it (run_from_scores), else built here for the torch update."""
-        cfg = self.config
-        batch = st.block_table.shape[0]
-        cols = ops.topk(logits, plan.compact_seq_lens.view(-1), cfg.topk, validate=False, block_max=block_max)
-        # Compact column c of row (b, j) is logical position kept[b, c // T] * T + c % T: O(K) per row.
-        t = cfg.tokens_per_block
-        kept_rows = plan.kept_blocks.long().repeat_interleave(self.next_n, dim=0)  # [B*N, W]
-        c = cols.long().clamp_min(0)
-        topk = torch.where(cols >= 0, torch.gather(kept_rows, 1, c // t) * t + c % t, -1).to(torch.int32)
-        rows = logits.view(batch, self.next_n, logits.shape[1])
-        fused = triton_twin("spin_indexer.predictor.update_triton", "ema_update_triton", logits)
-        if fused is not None:
-            fused(self.state.vertical[layer], self.state.diagonal[layer], st.slot_ids, rows, plan.kept_blocks,
-                  plan.compact_seq_lens, st.seq_lens - 1, st.update_rows, cfg.alpha, t)
-        else:
-            if positions is None:
-                positions = plan.positions(rows.shape[2] // t)
-            update_history(self.state.vertical[layer], self.state.diagonal[layer], st.slot_ids, rows, positions,
-                           plan.compact_seq_lens.long(), st.seq_lens.long() - 1, st.update_rows, cfg.alpha)
-        if not plan.seen_marked:
-            mark_seen(self.state.last_seen[layer], st.slot_ids, st.step, plan.kept_blocks.long(), st.update_rows)
-        if cfg.adaptive is not None:  # audited rows scored every block: their top-k is the dense one
-            if cfg.adaptive.controller == "curve":
-                menu = torch.tensor(cfg.adaptive.menu, dtype=torch.float64, device=self.device)
-                budgets = budget_blocks(st.num_blocks[:, None], menu[None, :], cfg.topk, t, st.keep_all[:, None])
-                budgets = budgets - explore_blocks(budgets, cfg.gamma, cfg.exploration, st.keep_all[:, None])
-                miss = curve_miss(topk, plan.pred_rank, budgets, self.next_n, t)
-                update_curve_(self.state.level[layer], self.state.curve[layer], st.slot_ids, plan.audit, miss,
-                              cfg.adaptive)
-            else:
-                miss = prediction_miss(topk, plan.predicted_mask, self.next_n, t)
-                update_levels_(self.state.level[layer], self.state.calm[layer], st.slot_ids, plan.audit, miss,
-                               cfg.adaptive)
-            if cfg.adaptive.probe:  # a surprise in the exploration sample: audit this layer next step
-                est = probe_miss(topk, plan.explored, plan.predicted_mask & ~plan.explored, st.valid, self.next_n, t)
-                self.state.audit_next[layer, st.slot_ids] = (est > cfg.adaptive.target_miss) & ~plan.audit
-        if cfg.hybrid > 0:
-            self._previous_blocks = self._logical_block_max(plan, logits, block_max)
-        self.block_plan = plan
-        return topk
+    def _history_args(self, layer: int, st: _Step, plan: BlockPlan):
+        """What a logits kernel needs to fold this layer's EMA update into its epilogue (None: the update is
+        done by `_update` after the logits)."""
+        cfg, batch = self.config, st.block_table.shape[0]
+        return ops.HistoryUpdate(self.state.vertical[layer], self.state.block_max[:, layer],
+                                 self.state.diagonal[layer], st.slot_ids, plan.kept_blocks, st.seq_lens,
+                                 self.workspace.update_rows[:batch], cfg.alpha, self.state.window,
+                                 self.state.last_seen[:, layer] if self.state.last_seen is not None else None,
+                                 st.clock, 1 if cfg.mtp is MtpPolicy.ROW0 else self.next_n)
 
-    def _logical_block_max(self, plan: BlockPlan, logits: torch.Tensor, block_max: torch.Tensor | None):
-        """float32 [B, W]: per logical block, the max score any row of the request saw; -inf if skipped."""
-        batch, width = plan.kept_blocks.shape
-        if block_max is None:
-            block_max = ops.block_max(logits, self.config.tokens_per_block)
-        per_request = block_max.view(batch, self.next_n, -1).amax(dim=1)[:, :width]  # [B, compact blocks]
-        out = torch.full((batch, width + 1), float("-inf"), device=self.device)
-        kept = plan.kept_blocks.long()[:, :per_request.shape[1]]
-        out.scatter_(1, torch.where(kept >= 0, kept, width), per_request)
-        return out[:, :width]
+    def _update(self, layer: int, st: _Step, plan: BlockPlan, logits: torch.Tensor) -> None:
+        """The EMA update from compact logits float32 [B*N, X] (replay; the live path folds it into the logits)."""
+        batch = st.block_table.shape[0]
+        ops.update_history(self._history_args(layer, st, plan), logits.view(batch, self.next_n, -1),
+                           plan.compact_block_table, plan.compact_seq_lens)
+
+    def _topk(self, layer: int, st: _Step, plan: BlockPlan, logits: torch.Tensor,
+              block_max: torch.Tensor) -> torch.Tensor:
+        rows = logits.shape[0]
+        out = self.workspace.topk[layer, :rows]
+        ops.topk_positions(logits, plan.compact_seq_lens.view(-1), self.config.topk, block_max=block_max,
+                           kept_blocks=plan.kept_blocks, next_n=self.next_n,
+                           tokens_per_block=self.config.tokens_per_block, out=out, validate=False)
+        if self.extensions is not None:
+            self.extensions.after_layer(layer, st.meta, plan, out, block_max)
+        self.block_plan = plan
+        return out
+
+    def _fused_plan(self, block_table: torch.Tensor):
+        """The fused planning launcher when it covers this config on this device, else None."""
+        if self.extensions is not None:
+            return None
+        fn = triton_twin("spin_indexer.predictor.plan_triton", "plan_step_triton", block_table)
+        if fn is None:
+            return None
+        from ..predictor.plan_triton import supports
+        return fn if supports(self.config) else None
 
     def _current(self, layer: int) -> _Step:
         if self._step is None:
@@ -288,8 +266,10 @@ class SpinIndexer:
         check_int("layer", layer, low=0, high=self.num_layers - 1)
         return self._step
 
-    def _validate_data(self, seq_lens, slot_ids, num_accepted, max_len) -> None:
-        check_values_in_range("seq_lens", seq_lens, 0, max_len, "lengths (at most W*T)")
+    def _validate_data(self, block_table, seq_lens, slot_ids, num_accepted) -> None:
+        t = self.config.tokens_per_block
+        width = block_table.shape[1]
+        check_values_in_range("seq_lens", seq_lens, 0, width * t, "lengths (at most W*T)")
         if seq_lens.shape[1] > 1 and seq_lens.numel():
             steps = seq_lens[:, 1:] - seq_lens[:, :-1]
             check_values_in_range("seq_lens", steps, 0, 1, "row-to-row increments (row j = L - next_n + j + 1)")
@@ -302,3 +282,8 @@ class SpinIndexer:
             raise ValueError(f"slot_ids: expected allocated slots (SpinState.allocate()), got free slots {free}")
         if num_accepted is not None:
             check_values_in_range("num_accepted", num_accepted, 0, self.next_n - 1, "accepted draft counts")
+        if block_table.shape[0]:
+            used = (seq_lens.amax(dim=1).long() + t - 1) // t
+            in_use = torch.arange(width, device=block_table.device)[None, :] < used[:, None]
+            check_values_in_range("block_table", torch.where(in_use, block_table, 0), 0,
+                                  self.state.num_cache_blocks - 1, "block ids of used blocks (the cache's blocks)")

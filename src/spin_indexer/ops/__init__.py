@@ -8,6 +8,7 @@ import torch
 
 from ..checks import check_tensor
 from ..dispatch import triton_twin
+from .history import HistoryUpdate, update_history_ref
 from .indexer_logits import block_max_ref, check_paged_indexer_args, paged_indexer_logits_ref
 from .kv_cache import dequantize_blocks, quantize_and_write, quantize_keys, read_kv_cache, write_kv_cache
 from .topk import topk_positions_ref, topk_ref
@@ -19,16 +20,34 @@ def _triton_twin(module: str, name: str, t):
 
 
 def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, validate: bool = True,
-                         out=None, block_max_out=None):
+                         out=None, block_max_out=None, fill_tail: bool = True, history: HistoryUpdate | None = None):
     """Paged indexer logits float32 [B*next_n, W*T]; see `paged_indexer_logits_ref` for shapes.
 
     out: optional float32 [B*next_n, W*T] written in place; block_max_out: optional float32 [B*next_n, W]
     receiving the per-block max (fused into the kernel on CUDA: pass it on to `topk(..., block_max=)`).
+    fill_tail: write -inf past each row's length (and into block_max_out past its used blocks); False
+    leaves those entries unspecified, as the production kernel does, so the cost follows the lengths.
+    history: a HistoryUpdate: also apply SPIN's EMA update from these logits (block_table is then the
+    compact table of history.kept_blocks), folded into the kernel's epilogue where the kernel can.
+    Backends (one place decides, `logits_backend`): DeepGEMM where it imports and covers the shape, else
+    the Triton kernel on CUDA, else the torch reference.
     """
-    twin = _triton_twin("indexer_logits_triton", "paged_indexer_logits_triton", q_fp8)
-    if twin is not None:
-        return twin(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate, out=out,
-                    block_max_out=block_max_out)
+    backend = logits_backend(q_fp8, kv_cache)
+    if backend == "deepgemm":
+        from . import deepgemm
+        logits = deepgemm.paged_indexer_logits_deepgemm(q_fp8, kv_cache, weights, seq_lens, block_table,
+                                                        validate=validate, out=out)
+        if block_max_out is not None or history is not None:
+            # The production kernel writes logits only: one pass over them gives the block max and the update.
+            bmax = block_max_out if block_max_out is not None else torch.empty(
+                logits.shape[0], block_table.shape[1], dtype=torch.float32, device=logits.device)
+            update_history(history, logits.view(q_fp8.shape[0], q_fp8.shape[1], -1), block_table, seq_lens,
+                           block_max_out=bmax)
+        return logits
+    if backend == "triton":
+        from .indexer_logits_triton import paged_indexer_logits_triton
+        return paged_indexer_logits_triton(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate,
+                                           out=out, block_max_out=block_max_out, fill_tail=fill_tail, history=history)
     logits = paged_indexer_logits_ref(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate)
     _check_outputs(logits, block_table.shape[1], q_fp8.device, out, block_max_out)  # as the twin checks them
     if out is not None:
@@ -36,7 +55,39 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
         logits = out
     if block_max_out is not None:
         block_max_out.copy_(block_max_ref(logits, kv_cache.shape[1]))
+    if history is not None:
+        update_history_ref(history, logits.view(q_fp8.shape[0], q_fp8.shape[1], -1), block_table, seq_lens)
     return logits
+
+
+def logits_backend(q_fp8, kv_cache) -> str:
+    """"deepgemm", "triton" or "reference": which kernel computes paged indexer logits for these inputs.
+
+    DeepGEMM (deepgemm.py) where `deep_gemm` imports, on SM90, for next_n in {1, 2} and its shapes, unless
+    SPIN_INDEXER_LOGITS=triton; the Triton twin on other CUDA inputs; the reference elsewhere (and
+    everywhere under SPIN_INDEXER_FORCE_REF=1)."""
+    if _triton_twin("indexer_logits_triton", "paged_indexer_logits_triton", q_fp8) is None:
+        return "reference"
+    from . import deepgemm
+    if deepgemm.supports(q_fp8, kv_cache):
+        return "deepgemm"
+    return "triton"
+
+
+def update_history(history: HistoryUpdate, logits, compact_table, compact_lens, block_max_out=None) -> None:
+    """SPIN's EMA update of one layer from compact logits float32 [B, N, X] (see ops/history.py);
+    block_max_out: optional float32 [B*N, W] receiving each compact block's max (one pass for both)."""
+    twin = _triton_twin("history_triton", "update_history_triton", logits)
+    if twin is not None:
+        return twin(history, logits, compact_table, compact_lens, block_max_out=block_max_out)
+    if block_max_out is not None:
+        flat = logits.reshape(-1, logits.shape[-1])
+        cols = torch.arange(flat.shape[1], device=flat.device)
+        masked = torch.where(cols[None, :] < compact_lens.reshape(-1, 1).long(), flat, float("-inf"))
+        bm = block_max_ref(masked, history.vertical.shape[1])
+        block_max_out[:, :bm.shape[1]].copy_(bm)
+    if history is not None:
+        update_history_ref(history, logits, compact_table, compact_lens)
 
 
 def topk(logits, lengths, k: int, validate: bool = True, block_max=None):
@@ -79,6 +130,7 @@ def block_max(logits, tokens_per_block: int = 64):
 
 
 __all__ = [
+    "HistoryUpdate", "update_history", "logits_backend",
     "paged_indexer_logits", "paged_indexer_logits_ref", "check_paged_indexer_args", "topk", "topk_ref",
     "topk_positions", "topk_positions_ref",
     "block_max", "block_max_ref", "quantize_keys", "write_kv_cache", "quantize_and_write", "read_kv_cache",

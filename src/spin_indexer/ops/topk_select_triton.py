@@ -2,7 +2,7 @@
 
 One launch, one program per row, no host sync, no data-dependent shape. Keys are the fp32 bits made
 monotone as uint32 (`_ukey`, the order of `order_keys`: -0.0 folded into +0.0, NaN by its bits).
-  a. Threshold tau, a lower bound of the k-th largest key. With block maxima and nb = ceil(len / T) >= k
+  a. Threshold tau, a lower bound of the k-th largest key. With block maxima and nb = ceil(len / T) >= 4k
      blocks: the lower edge of the 16-bit bucket holding the k-th largest block max (two 256-bin histogram
      passes over the nb maxima). Exact because the k best blocks each hold their max, so >= k elements are
      >= tau: every top-k element is >= tau and sits in a block whose max is >= tau. The blocks with max
@@ -35,6 +35,9 @@ except ImportError:  # pragma: no cover
 
 # (largest CAP, streaming chunk CH, block-max chunk SB, num_warps): bigger buffers get wider programs.
 _BLOCK_TABLE = ((1024, 1024, 1024, 4), (8192, 2048, 2048, 8), (1 << 62, 4096, 4096, 16))
+
+
+PRUNE_MIN_BLOCKS_PER_K = 4  # block maxima prune a row of >= 4k blocks (as in topk_triton)
 
 
 def _next_pow2(x: int) -> int:
@@ -74,7 +77,8 @@ def topk_positions_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, b
     _topk_positions_kernel[(rows,)](
         logits, lengths, bmax, kept, out, scratch, count,
         logits.stride(0), bmax.stride(0), kept.stride(0) if has_kb else 0, k, next_n, rows * cap,
-        T=tokens_per_block, CAP=cap, CH=ch, SB=sb, HAS_BMAX=has_bmax, HAS_KB=has_kb, num_warps=warps)
+        T=tokens_per_block, CAP=cap, CH=ch, SB=sb, HAS_BMAX=has_bmax, HAS_KB=has_kb,
+        PRUNE_MIN=PRUNE_MIN_BLOCKS_PER_K, num_warps=warps)
     return out
 
 
@@ -135,7 +139,8 @@ if triton is not None:
     def _topk_positions_kernel(x_ptr, len_ptr, bmax_ptr, kept_ptr, out_ptr, scratch_ptr, count_ptr,
                                stride_x, stride_b, stride_kb, k, next_n, plane,
                                T: tl.constexpr, CAP: tl.constexpr, CH: tl.constexpr, SB: tl.constexpr,
-                               HAS_BMAX: tl.constexpr, HAS_KB: tl.constexpr):
+                               HAS_BMAX: tl.constexpr, HAS_KB: tl.constexpr,
+                               PRUNE_MIN: tl.constexpr):
         r = tl.program_id(0)
         length = tl.load(len_ptr + r)
         need = tl.minimum(length, k)
@@ -148,9 +153,9 @@ if triton is not None:
 
         # a. threshold (and, with block maxima, the list of blocks that can hold a winner)
         tau = tl.zeros([], tl.uint32)
-        prune = nb < 0  # false; true below when the row has block maxima and at least k blocks
-        if HAS_BMAX:
-            prune = nb >= k
+        prune = nb < 0  # false; true below when the row has block maxima and at least PRUNE_MIN x k blocks
+        if HAS_BMAX:  # (with fewer, the k-th block max is near the row's bottom and prunes little)
+            prune = nb >= PRUNE_MIN * k
         n_live = nb
         if prune:
             b_row = bmax_ptr + r.to(tl.int64) * stride_b

@@ -46,6 +46,10 @@ class MtpPolicy(str, enum.Enum):
     ROW_LOCAL = "row-local"  # union of per-row predictions; rows 0..num_accepted update (prefix-valid)
 
 
+# Contexts (tokens) below which the guard scores every block: SPIN's saving there is smaller than what
+# its own work costs. Set from the measured grid (benchmarks/NOTES.md, "guard").
+AUTO_DENSE_BELOW = 16384
+
 _ENUMS = {"pooling": Pooling, "reduce": Reduce, "combine": Combine, "exploration": Exploration, "mtp": MtpPolicy}
 
 
@@ -67,6 +71,12 @@ class SpinConfig:
     hybrid: weight in [0, 1] of the previous layer's scores from the same step (what that layer's indexer
         just computed) against this layer's own history, mixed as block-score percentiles
         (predictor/hybrid.py). 0 = the paper's history-only predictor.
+    diagonal_window: offsets from the query (tokens) that keep diagonal history; the diagonal patterns
+        live near the query, and a bounded window keeps a request's state the same size at any context.
+        None = every offset (the paper's unbounded table; sized to the indexer's maximum context).
+    dense_below: the guard. Requests whose context is shorter than this many tokens score every block
+        (the dense path) and keep no history, decided on the device per request; the block plan says so
+        (BlockPlan.guarded). None = AUTO_DENSE_BELOW, measured on the H200 (benchmarks/NOTES.md); 0 = off.
     """
 
     sparsity: float = 0.3
@@ -83,6 +93,8 @@ class SpinConfig:
     state_dtype: torch.dtype = torch.float16
     adaptive: AdaptiveConfig | None = None
     hybrid: float = 0.0
+    diagonal_window: int | None = 8192
+    dense_below: int | None = None
 
     def __post_init__(self):
         for name, cls in _ENUMS.items():
@@ -107,8 +119,17 @@ class SpinConfig:
         check_int("SpinConfig.topk", self.topk, low=1)
         check_int("SpinConfig.seed", self.seed, low=0, high=2**31 - 1)
         check_int("SpinConfig.tokens_per_block", self.tokens_per_block, low=1)
+        if self.diagonal_window is not None:
+            check_int("SpinConfig.diagonal_window", self.diagonal_window, low=1)
+        if self.dense_below is not None:
+            check_int("SpinConfig.dense_below", self.dense_below, low=0)
         if self.state_dtype not in (torch.float16, torch.bfloat16, torch.float32):
             raise TypeError(f"SpinConfig.state_dtype: expected torch.float16, bfloat16 or float32, got {self.state_dtype}")
+
+    @property
+    def guard_tokens(self) -> int:
+        """The guard's threshold in tokens (dense_below, with None resolved to AUTO_DENSE_BELOW)."""
+        return AUTO_DENSE_BELOW if self.dense_below is None else self.dense_below
 
     def to_dict(self) -> dict:
         """JSON-ready dict (every results file embeds it)."""

@@ -1,47 +1,64 @@
-"""SpinState: the per-request, per-layer history SPIN predicts from, in a pool of request slots.
+"""SpinState: the history SPIN predicts from, laid out so that its memory follows the cached tokens.
 
-Per layer and slot:
-  vertical[i]   EMA of the indexer score of logical position i          (state_dtype, C + 1 entries)
-  diagonal[d]   EMA of the score at offset d = q - i from the query q   (state_dtype, C + 1 entries)
-  last_seen[k]  step at which block k was last scored, -1 = never       (int32, W + 1 entries)
-and per slot a step counter. -inf in vertical/diagonal means "no observation yet". The last entry of each
-table is a trash cell: updates of padding lanes are redirected there so every scatter has static shape and
-no two live lanes collide.
+Per layer, beside the key cache (addressed through the same block table, one entry per physical KV slot):
+  vertical[l, p, t]   EMA of the indexer score of the token in slot t of physical block p   fp16 [L, P, T]
+  block_max[p, l]     max of vertical[l, p, :], -inf = the block was never scored            fp16 [P, L]
+  last_seen[p, l]     clock value at which block p was last scored (block_age / staleness)   int32 [P, L]
+Per request slot (a bounded window, so a slot costs the same at 4K and at 1M):
+  diagonal[l, s, d]   EMA of the score at offset d = q - i from the query q, d < window      fp16 [L, S, DW]
+  step[s]             decode steps the slot has planned (keys its exploration hash)          int32 [S]
+  seen_len[s]         context length at its last plan: blocks past it are new to the slot    int32 [S]
+and one `clock` (plans so far). -inf means "no observation yet". Each table has one extra trash entry
+(block P, offset DW): fixed-shape updates send their dead lanes there, and nothing ever reads it.
 
-Memory per cached token per layer: 2 x sizeof(state_dtype) + 4 / T bytes; 4.06 B in float16, against
-the 132 B the key cache holds for the same token (3.1%).
+Sharing, by design: two requests that hold the same physical block (a shared prefix) share its vertical
+history, which is a property of the token in that slot; the diagonal history is per request and never
+shared. A block that enters a request (a new decode block, or every block of a new request's first step)
+is reset for that request in plan(), so a reused physical block never carries a previous owner's history:
+reset cost is O(blocks that entered), never O(maximum context).
+
+Memory per cached token per layer: 2 + 2/T (+ 4/T with last_seen) bytes of vertical history, about 2.03 B
+against the key cache's 132, plus DW x 2 B per request slot and layer for the diagonal window.
 """
 from __future__ import annotations
 
 import torch
 
 from ..checks import check_int
-from .config import SpinConfig
+from .config import Exploration, SpinConfig
 
 
 class SpinState:
-    """A pool of `max_requests` request slots, each with history for `num_layers` layers.
+    """History for `num_layers` layers over a cache of `num_cache_blocks` physical blocks, and
+    `max_requests` request slots (allocate() a slot per request, free() it when the request ends).
 
-    allocate() -> slot id (cleared); free(slot) clears it and returns it to the pool; reset(slot) clears
-    it in place. Slots are host-side bookkeeping done between steps, never inside a decode step.
+    max_context: longest context a request may have (tokens); bounds the diagonal window.
     """
 
-    def __init__(self, config: SpinConfig, num_layers: int, max_requests: int, max_blocks: int,
-                 device: torch.device | str = "cpu"):
+    def __init__(self, config: SpinConfig, num_layers: int, max_requests: int, num_cache_blocks: int,
+                 max_context: int, device: torch.device | str = "cpu"):
+        if not isinstance(config, SpinConfig):
+            raise TypeError(f"config: expected a SpinConfig, got {type(config).__name__}")
         check_int("num_layers", num_layers, low=1)
         check_int("max_requests", max_requests, low=1)
-        check_int("max_blocks", max_blocks, low=1)
+        check_int("num_cache_blocks", num_cache_blocks, low=1)
+        check_int("max_context", max_context, low=1)
         self.config = config
-        self.num_layers, self.max_requests, self.max_blocks = num_layers, max_requests, max_blocks
+        self.num_layers, self.max_requests, self.num_cache_blocks = num_layers, max_requests, num_cache_blocks
         self.device = torch.device(device)
-        cols = max_blocks * config.tokens_per_block
-        self.max_context = cols
-        shape = (num_layers, max_requests, cols + 1)
-        self.vertical = torch.full(shape, float("-inf"), dtype=config.state_dtype, device=self.device)
-        self.diagonal = torch.full(shape, float("-inf"), dtype=config.state_dtype, device=self.device)
-        self.last_seen = torch.full((num_layers, max_requests, max_blocks + 1), -1, dtype=torch.int32,
-                                    device=self.device)
+        t, dtype = config.tokens_per_block, config.state_dtype
+        self.window = min(config.diagonal_window or max_context, max_context)  # DW offsets of diagonal history
+        neg = float("-inf")
+        blocks = num_cache_blocks + 1  # + the trash block
+        self.vertical = torch.full((num_layers, blocks, t), neg, dtype=dtype, device=self.device)
+        self.block_max = torch.full((blocks, num_layers), neg, dtype=dtype, device=self.device)
+        self.diagonal = torch.full((num_layers, max_requests, self.window + 1), neg, dtype=dtype, device=self.device)
+        ages = config.exploration in (Exploration.STALENESS, Exploration.BLOCK_AGE)
+        self.last_seen = (torch.full((blocks, num_layers), -1, dtype=torch.int32, device=self.device)
+                          if ages else None)
         self.step = torch.zeros(max_requests, dtype=torch.int32, device=self.device)
+        self.seen_len = torch.zeros(max_requests, dtype=torch.int32, device=self.device)
+        self.clock = torch.zeros(1, dtype=torch.int32, device=self.device)
         # Adaptive budgets: a menu level and a count of calm audits per (layer, slot); see adaptive.py.
         adaptive = config.adaptive
         self._start_level = adaptive.start_level(config.sparsity) if adaptive else 0
@@ -53,6 +70,12 @@ class SpinState:
         self._free = list(range(max_requests - 1, -1, -1))
         self._in_use = [False] * max_requests
 
+    @property
+    def trash_block(self) -> int:
+        """Index of the trash block (= num_cache_blocks)."""
+        return self.num_cache_blocks
+
+    # -- request slots (host bookkeeping between steps, never inside one) ------------------------------
     def allocate(self) -> int:
         """A cleared slot id for a new request; raises RuntimeError when the pool is exhausted."""
         if not self._free:
@@ -63,31 +86,39 @@ class SpinState:
         return slot
 
     def free(self, slot: int) -> None:
-        """Clear `slot` and return it to the pool (a finished or preempted request)."""
+        """Return `slot` to the pool (a finished or preempted request); it is cleared when reallocated."""
         self._check_slot(slot)
         if not self._in_use[slot]:
             raise ValueError(f"slot: expected an allocated slot, got {slot} which is free")
-        self.reset(slot)
         self._in_use[slot] = False
         self._free.append(slot)
 
     def reset(self, slot: int) -> None:
-        """Forget every observation of `slot` (all layers)."""
+        """Forget the request history of `slot` (all layers); its blocks are reset at its next plan()."""
         self._check_slot(slot)
         self.reset_rows_(torch.tensor([slot], device=self.device))
 
     def reset_rows_(self, slots: torch.Tensor) -> None:
-        """Forget every observation of the slots in `slots` (int64 [n], repeats allowed), on the device:
-        no host sync, so an engine can reset recycled slots inside a captured step. The one place that
-        knows every state field."""
-        self.vertical.index_fill_(1, slots, float("-inf"))
+        """Forget the per-request history of `slots` (int64 [n], repeats allowed) on the device, without a
+        host sync (an engine may reset recycled slots inside a captured step). seen_len = 0 makes the slot's
+        next plan() reset the vertical history of every block it brings. The one place that knows every
+        per-slot field."""
         self.diagonal.index_fill_(1, slots, float("-inf"))
-        self.last_seen.index_fill_(1, slots, -1)
         self.step.index_fill_(0, slots, 0)
+        self.seen_len.index_fill_(0, slots, 0)
         self.level.index_fill_(1, slots, self._start_level)
         self.calm.index_fill_(1, slots, 0)
         self.audit_next.index_fill_(1, slots, False)
         self.curve.index_fill_(1, slots, 0.0)
+
+    def reset_blocks_(self, blocks: torch.Tensor) -> None:
+        """Forget the vertical history of physical blocks `blocks` (int64 [n], all layers), on the device.
+        plan() calls it for the blocks that entered a request; an engine may call it when it refills a block
+        behind the indexer's back (a KV connector, say)."""
+        self.vertical.index_fill_(1, blocks, float("-inf"))
+        self.block_max.index_fill_(0, blocks, float("-inf"))
+        if self.last_seen is not None:
+            self.last_seen.index_fill_(0, blocks, -1)
 
     def is_allocated(self, slot: int) -> bool:
         self._check_slot(slot)
@@ -97,15 +128,21 @@ class SpinState:
         """bool [max_requests] on the CPU: which slots are in use."""
         return torch.tensor(self._in_use, dtype=torch.bool)
 
+    # -- sizes -----------------------------------------------------------------------------------------
     def bytes_per_token(self) -> float:
-        """State bytes per cached token per layer (compare with the key cache's 132)."""
+        """Vertical-history bytes per cached token per layer (compare with the key cache's 132)."""
         elem = torch.empty((), dtype=self.config.state_dtype).element_size()
-        return 2 * elem + 4 / self.config.tokens_per_block
+        t = self.config.tokens_per_block
+        return elem + elem / t + (4 / t if self.last_seen is not None else 0.0)
+
+    def bytes_per_request(self) -> int:
+        """Per-request bytes over all layers (the diagonal window and counters)."""
+        return self.num_layers * self.window * self.diagonal.element_size() + 8
 
     def nbytes(self) -> int:
-        tensors = (self.vertical, self.diagonal, self.last_seen, self.step, self.level, self.calm, self.audit_next,
-                   self.curve)
-        return sum(t.numel() * t.element_size() for t in tensors)
+        tensors = (self.vertical, self.block_max, self.diagonal, self.last_seen, self.step, self.seen_len,
+                   self.clock, self.level, self.calm, self.audit_next, self.curve)
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def _check_slot(self, slot: int) -> None:
         check_int("slot", slot, low=0, high=self.max_requests - 1)

@@ -1,0 +1,37 @@
+"""Every buffer the decode step writes, allocated once per (layers, max batch, max blocks) and reused.
+
+plan() fills the per-layer plans of all layers at once (selection reads only a layer's own history from
+earlier steps, so nothing in a step changes it before that layer runs); run(layer) reads that layer's
+plan and writes the shared logits buffers and that layer's top-k. A smaller batch or table uses the
+leading slices: shapes never change inside a captured step.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class Workspace:
+    """Buffers of a SpinIndexer (L layers, B <= max_batch requests, N rows each, W <= max_blocks).
+
+    kept_blocks, compact_table: int32 [L, B, W]; num_kept: int32 [L, B]; compact_lens: int32 [L, B, N];
+    num_blocks: int32 [B]; guarded: bool [B]; update_rows: bool [B, N];
+    logits: float32 [B*N, W*T]; block_max: float32 [B*N, W]; topk: int32 [L, B*N, K].
+    """
+
+    def __init__(self, num_layers: int, max_batch: int, max_blocks: int, next_n: int, tokens_per_block: int,
+                 topk: int, device: torch.device):
+        L, B, W, N, T = num_layers, max_batch, max_blocks, next_n, tokens_per_block
+        i32 = dict(dtype=torch.int32, device=device)
+        self.kept_blocks = torch.full((L, B, W), -1, **i32)
+        self.compact_table = torch.zeros((L, B, W), **i32)
+        self.num_kept = torch.zeros((L, B), **i32)
+        self.compact_lens = torch.zeros((L, B, N), **i32)
+        self.num_blocks = torch.zeros((B,), **i32)
+        self.guarded = torch.zeros((B,), dtype=torch.bool, device=device)
+        self.update_rows = torch.zeros((B, N), dtype=torch.bool, device=device)
+        self.logits = torch.empty((B * N, W * T), dtype=torch.float32, device=device)
+        self.block_max = torch.empty((B * N, W), dtype=torch.float32, device=device)
+        self.topk = torch.empty((L, B * N, topk), **i32)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))

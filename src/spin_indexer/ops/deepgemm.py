@@ -1,0 +1,69 @@
+"""DeepGEMM's `fp8_paged_mqa_logits` as a logits backend (the production dense indexer kernel on Hopper).
+
+Serving installs on SM90 have `deep_gemm` (vLLM calls it for the dense indexer). It reads the same
+uint8 [num_blocks, 64, 1, 132] cache, int32 block table and int32 [B, next_n] lengths, so a compacted
+table from SPIN's plan goes straight in: its cost follows the lengths passed (work in 256-token pieces).
+It writes fp32 logits only; columns past a row's length are not cleaned. Covered: next_n in {1, 2},
+T = 64, D = 128, 64 heads, SM90. Nothing here is DeepGEMM's code: the module is imported when present.
+
+SPIN_INDEXER_LOGITS=triton turns this backend off (the project's own kernel then runs), e.g. to compare.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from ..checks import check_tensor
+from .indexer_logits import check_paged_indexer_args
+
+
+@functools.lru_cache(maxsize=1)
+def _module():
+    """deep_gemm, or None when it does not import here."""
+    try:
+        import deep_gemm  # noqa: F401
+    except Exception:  # absent, or built for another torch / CUDA: the Triton kernel serves instead
+        return None
+    return deep_gemm
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def available() -> bool:
+    return _module() is not None
+
+
+def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """True when DeepGEMM can compute these logits (and the backend is not turned off)."""
+    if os.environ.get("SPIN_INDEXER_LOGITS", "") in ("triton", "reference") or not q_fp8.is_cuda:
+        return False
+    if _module() is None or torch.cuda.get_device_capability(q_fp8.device) != (9, 0):
+        return False
+    _, next_n, heads, dim = q_fp8.shape
+    return next_n in (1, 2) and heads == 64 and dim == 128 and kv_cache.shape[1] == 64
+
+
+def paged_indexer_logits_deepgemm(q_fp8, kv_cache, weights, seq_lens, block_table, validate: bool = True,
+                                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 [B*next_n, W*T] logits through DeepGEMM; columns past a row's length are unspecified.
+
+    Same arguments as `paged_indexer_logits_ref`. DeepGEMM allocates its own output; `out`, when given,
+    receives a copy (the decode step passes none and uses the returned tensor)."""
+    check_paged_indexer_args(q_fp8, kv_cache, weights, seq_lens, block_table, validate)
+    dg = _module()
+    batch, next_n = q_fp8.shape[:2]
+    width = block_table.shape[1]
+    max_len = width * kv_cache.shape[1]
+    meta = dg.get_paged_mqa_logits_metadata(seq_lens, kv_cache.shape[1], _num_sms(q_fp8.device.index or 0))
+    logits = dg.fp8_paged_mqa_logits(q_fp8, kv_cache, weights, seq_lens, block_table, meta, max_len, False)
+    if out is not None:
+        check_tensor("out", out, dtype=torch.float32, shape=(batch * next_n, max_len), shape_names="[B*next_n, W*T]",
+                     device=q_fp8.device, device_of="q_fp8")
+        out.copy_(logits)
+        return out
+    return logits

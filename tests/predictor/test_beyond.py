@@ -69,7 +69,7 @@ def _drive(cfg, scores_of_step, steps, width=64, layers=1):
         idx.plan(torch.arange(width, dtype=torch.int32)[None], torch.tensor([[length]], dtype=torch.int32), slots)
         for layer in range(layers):
             idx.run_from_scores(layer, scores)
-            plans.append(idx.block_plan)
+            plans.append(idx.block_plan.clone())
     return idx, plans
 
 

@@ -17,7 +17,8 @@ import torch
 
 @dataclasses.dataclass
 class BlockPlan:
-    """Fixed-shape plan of one layer for one step (B requests, N rows, W table width).
+    """Fixed-shape plan of one layer for one step (B requests, N rows, W table width). Its tensors are
+    views of the indexer's workspace, valid until the next plan(): clone() keeps one.
 
     kept_blocks: int32 [B, W] ascending logical block ids (valid below num_kept); num_kept: int32 [B];
     num_blocks: int32 [B] blocks of each request's context; compact_block_table: int32 [B, W] physical ids
@@ -61,6 +62,12 @@ class BlockPlan:
         for dst, src in zip((out.kept_blocks, out.num_kept, out.compact_block_table, out.compact_seq_lens), fields):
             dst.copy_(src)
         return out
+
+    def clone(self) -> "BlockPlan":
+        """A copy that outlives the step (a live plan's tensors are workspace views, rewritten by the next
+        plan())."""
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name).clone() for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), torch.Tensor)})
 
     @property
     def keep_mask(self) -> torch.Tensor:

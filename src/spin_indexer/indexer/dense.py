@@ -27,20 +27,29 @@ class DenseIndexer:
                      shape_names="[B, next_n]", device=self.device, device_of="DenseIndexer")
         t = self.tokens_per_block
         num_blocks = (seq_lens.long().amax(dim=1) + t - 1) // t
-        keep = torch.arange(block_table.shape[1], device=self.device)[None, :] < num_blocks[:, None]
-        self.block_plan = BlockPlan.from_keep_mask(keep, block_table, seq_lens, num_blocks, t)
+        width = block_table.shape[1]
+        kept = torch.arange(width, dtype=torch.int32, device=self.device)[None, :].expand(block_table.shape[0], -1)
+        # Every block kept: the plan is the table itself (O(1) work per step; keep_mask is derived on demand).
+        self.block_plan = BlockPlan(kept, num_blocks.to(torch.int32), num_blocks.to(torch.int32), block_table,
+                                    seq_lens, t)
         self._meta = (block_table, seq_lens)
 
     def run(self, layer: int, q_fp8, kv_cache, weights) -> torch.Tensor:
-        """Dense top-k int32 [B*next_n, K]; `layer` is accepted for API symmetry."""
+        """Dense top-k int32 [B*next_n, K] (ascending positions, -1 padded, as SpinIndexer.run); `layer` is
+        accepted for API symmetry. Logits and top-k go through the same backends as SPIN's step."""
         block_table, seq_lens = self._current()
-        logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, validate=False)
-        return ops.topk(logits, seq_lens.view(-1), self.topk, validate=False)
+        rows, width = q_fp8.shape[0] * q_fp8.shape[1], block_table.shape[1]
+        block_max = torch.empty(rows, width, dtype=torch.float32, device=q_fp8.device)
+        logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, validate=False,
+                                          block_max_out=block_max, fill_tail=False)
+        return ops.topk_positions(logits, seq_lens.view(-1), self.topk, block_max=block_max,
+                                  tokens_per_block=self.tokens_per_block, validate=False)
 
     def run_from_scores(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
-        """Dense top-k of precomputed scores float32 [B*next_n, W*T]."""
+        """Dense top-k of precomputed scores float32 [B*next_n, W*T] (ascending positions)."""
         block_table, seq_lens = self._current()
-        return ops.topk(scores, seq_lens.reshape(-1), self.topk, validate=False)
+        return ops.topk_positions(scores, seq_lens.reshape(-1), self.topk, tokens_per_block=self.tokens_per_block,
+                                  validate=False)
 
     def _current(self):
         if self._meta is None:

@@ -74,9 +74,10 @@ class SpinConfig:
     diagonal_window: offsets from the query (tokens) that keep diagonal history; the diagonal patterns
         live near the query, and a bounded window keeps a request's state the same size at any context.
         None = every offset (the paper's unbounded table; sized to the indexer's maximum context).
-    dense_below: the guard. Requests whose context is shorter than this many tokens score every block
-        (the dense path) and keep no history, decided on the device per request; the block plan says so
-        (BlockPlan.guarded). None = AUTO_DENSE_BELOW, measured on the H200 (benchmarks/NOTES.md); 0 = off.
+    dense_below: the speed guard. Requests whose context is shorter than this many tokens score every
+        block (the dense path) and keep no history, decided on the device per request; the block plan says
+        so (BlockPlan.guarded). "auto" = AUTO_DENSE_BELOW, measured on the H200 (benchmarks/NOTES.md);
+        0 = off (the default: the paper's predictor at every length, what evaluation measures).
     """
 
     sparsity: float = 0.3
@@ -94,7 +95,7 @@ class SpinConfig:
     adaptive: AdaptiveConfig | None = None
     hybrid: float = 0.0
     diagonal_window: int | None = 8192
-    dense_below: int | None = None
+    dense_below: int | str = 0
 
     def __post_init__(self):
         for name, cls in _ENUMS.items():
@@ -121,15 +122,17 @@ class SpinConfig:
         check_int("SpinConfig.tokens_per_block", self.tokens_per_block, low=1)
         if self.diagonal_window is not None:
             check_int("SpinConfig.diagonal_window", self.diagonal_window, low=1)
-        if self.dense_below is not None:
+        if self.dense_below != "auto":
+            if isinstance(self.dense_below, str):
+                raise ValueError(f"SpinConfig.dense_below: expected an int >= 0 or 'auto', got {self.dense_below!r}")
             check_int("SpinConfig.dense_below", self.dense_below, low=0)
         if self.state_dtype not in (torch.float16, torch.bfloat16, torch.float32):
             raise TypeError(f"SpinConfig.state_dtype: expected torch.float16, bfloat16 or float32, got {self.state_dtype}")
 
     @property
     def guard_tokens(self) -> int:
-        """The guard's threshold in tokens (dense_below, with None resolved to AUTO_DENSE_BELOW)."""
-        return AUTO_DENSE_BELOW if self.dense_below is None else self.dense_below
+        """The guard's threshold in tokens (dense_below, with "auto" resolved to AUTO_DENSE_BELOW)."""
+        return AUTO_DENSE_BELOW if self.dense_below == "auto" else self.dense_below
 
     def to_dict(self) -> dict:
         """JSON-ready dict (every results file embeds it)."""
@@ -156,4 +159,5 @@ PRESETS: dict[str, SpinConfig] = {
     "no-explore": SpinConfig(exploration=Exploration.NONE, gamma=0.0),
     "adaptive": SpinConfig(sparsity=0.2, adaptive=AdaptiveConfig()),
     "hybrid": SpinConfig(hybrid=0.3),
+    "serving": SpinConfig(sparsity=0.4, dense_below="auto"),  # the guard on: never slower than dense
 }

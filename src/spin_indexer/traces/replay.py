@@ -5,8 +5,9 @@ compaction, top-k and EMA update as live decoding; only the paged-logits kernel 
 from the trace, and SPIN sees the scores of the blocks it kept and nothing else. Fidelity is then read
 from `idx.block_plan.keep_mask` against the trace's dense top-k.
 
-Batching: several traces with the same (layers, next_n, k) form the batch dimension; the block table
-is the identity (logical block w lives in physical block w: the cache itself is never read).
+Batching: several traces with the same (layers, next_n, k) form the batch dimension; request r's block
+table is [r*W, (r+1)*W) (the cache itself is never read, but the vertical history lives per physical
+block, so every request gets blocks of its own).
 
 Layers folded into the batch (the default unless the config couples layers): SPIN keeps independent state
 per (request, layer), and nothing in plan/run couples two layers (except the hybrid predictor, which is
@@ -118,7 +119,7 @@ def _replay_batch(batch: list[Trace], config: SpinConfig, device: torch.device, 
     # Folded: request r = b * L + l, one indexer layer. Unfolded: request b, L indexer layers.
     per_req = layers if fold else 1
     idx = SpinIndexer(cfg, num_layers=1 if fold else layers, max_batch=num_req * per_req, max_blocks=width,
-                      next_n=next_n, device=device)
+                      next_n=next_n, device=device, num_cache_blocks=num_req * per_req * width)
     slots = torch.tensor([idx.state.allocate() for _ in range(num_req * per_req)], dtype=torch.int64,
                          device=device)
     res = ReplayResult(cfg)
@@ -127,7 +128,7 @@ def _replay_batch(batch: list[Trace], config: SpinConfig, device: torch.device, 
     n_blocks = torch.zeros(num_req, steps, layers, dtype=torch.int32)
     n_kept = torch.zeros(num_req, steps, layers, dtype=torch.int32)
     buf = torch.empty(num_req, layers, next_n, width * t, dtype=torch.float32, device=device)
-    table_row = torch.arange(width, dtype=torch.int32, device=device)
+    tables = torch.arange(num_req * per_req * width, dtype=torch.int32, device=device).view(-1, width)
     start = time.perf_counter()
     for s in range(steps):
         live = [b for b, tr in enumerate(batch) if s < tr.num_steps]  # traces that still decode
@@ -144,7 +145,7 @@ def _replay_batch(batch: list[Trace], config: SpinConfig, device: torch.device, 
         if fold:
             req = (live_t[:, None] * layers + torch.arange(layers, device=device)[None, :]).reshape(-1)  # [B'*L]
             rep = lambda x: x.repeat_interleave(layers, dim=0)  # noqa: E731  per-trace -> per-(trace, layer)
-            idx.plan(table_row.expand(req.numel(), -1), rep(lens).contiguous(), slots[req],
+            idx.plan(tables[req], rep(lens).contiguous(), slots[req],
                      None if acc is None else rep(acc), validate=(s == 0))
             scores = buf[live_t].reshape(len(live) * layers * next_n, width * t)
             idx.run_from_scores(0, scores)
@@ -155,7 +156,7 @@ def _replay_batch(batch: list[Trace], config: SpinConfig, device: torch.device, 
             nb, nk = plan.num_blocks.view(len(live), layers), plan.num_kept.view(len(live), layers)
             del keep
         else:
-            idx.plan(table_row.expand(len(live), -1), lens.contiguous(), slots[live_t], acc, validate=(s == 0))
+            idx.plan(tables[live_t], lens.contiguous(), slots[live_t], acc, validate=(s == 0))
             ms, sps, nbs, nks = [], [], [], []
             for layer in range(layers):
                 scores = buf[live_t, layer].reshape(len(live) * next_n, width * t)

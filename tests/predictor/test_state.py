@@ -1,39 +1,102 @@
+"""SpinState: slot pool (allocate / free / reset), per-block vertical history reset, and its memory, which
+follows the cache (blocks) and a bounded per-request diagonal window, never the maximum context."""
 import pytest
 import torch
 
 from spin_indexer.predictor import SpinConfig, SpinState
 
 
+def _state(cfg=None, layers=2, requests=2, blocks=3, context=3 * 64):
+    return SpinState(cfg or SpinConfig(), num_layers=layers, max_requests=requests, num_cache_blocks=blocks,
+                     max_context=context)
+
+
+def test_layout_has_a_trash_block_and_a_trash_offset():
+    st = _state(SpinConfig(exploration="block_age", diagonal_window=100), layers=2, requests=3, blocks=5,
+                context=1000)
+    assert st.vertical.shape == (2, 6, 64) and st.block_max.shape == (6, 2) and st.last_seen.shape == (6, 2)
+    assert st.diagonal.shape == (2, 3, 101) and st.window == 100 and st.trash_block == 5
+    assert torch.isneginf(st.vertical).all() and torch.isneginf(st.block_max).all()
+    assert torch.isneginf(st.diagonal).all() and (st.last_seen == -1).all()
+    assert st.step.shape == st.seen_len.shape == (3,) and st.clock.shape == (1,)
+    assert _state(SpinConfig(), context=1000).last_seen is None  # random exploration needs no ages
+    assert _state(SpinConfig(diagonal_window=4096), context=1000).window == 1000  # never past the context
+    assert _state(SpinConfig(diagonal_window=None), context=1000).window == 1000
+
+
 def test_allocate_free_reset_and_reuse_is_clean():
-    st = SpinState(SpinConfig(), num_layers=2, max_requests=2, max_blocks=3)
+    st = _state(SpinConfig(exploration="staleness"))
     a = st.allocate()
-    st.vertical[:, a].fill_(1.0)
+    st.vertical[:, 1].fill_(1.0)  # physical block 1: a property of the cache, not of the slot
     st.diagonal[:, a].fill_(2.0)
-    st.last_seen[:, a].fill_(5)
-    st.step[a] = 9
+    st.step[a], st.seen_len[a] = 9, 150
     b = st.allocate()
+    st.diagonal[:, b].fill_(3.0)
+    st.step[b] = 4
     with pytest.raises(RuntimeError, match="all 2 request slots"):
         st.allocate()
     st.free(a)
+    assert (st.diagonal[:, a] == 2.0).all()  # free() does not clear (allocate() does)
     c = st.allocate()
-    assert c == a  # reused, and clean
-    assert torch.isneginf(st.vertical[:, c]).all() and torch.isneginf(st.diagonal[:, c]).all()
-    assert (st.last_seen[:, c] == -1).all() and st.step[c] == 0
+    assert c == a  # reused, and its per-request history is clean
+    assert torch.isneginf(st.diagonal[:, c]).all() and st.step[c] == 0 and st.seen_len[c] == 0
+    assert (st.diagonal[:, b] == 3.0).all() and st.step[b] == 4  # the other slot is untouched
+    assert (st.vertical[:, 1] == 1.0).all()  # block history waits for the block to enter a request
     assert st.is_allocated(b) and st.allocated_mask().tolist() == [True, True]
 
 
+def test_reset_blocks_forgets_only_those_blocks():
+    st = _state(SpinConfig(exploration="block_age"), blocks=4)
+    st.vertical.fill_(1.0)
+    st.block_max.fill_(1.0)
+    st.last_seen.fill_(7)
+    st.reset_blocks_(torch.tensor([2, 0, 2]))
+    for p in range(5):
+        gone = p in (0, 2)
+        assert torch.isneginf(st.vertical[:, p]).all() == gone and (st.vertical[:, p] == 1.0).all() != gone
+        assert torch.isneginf(st.block_max[p]).all() == gone and (st.last_seen[p] == -1).all() == gone
+
+
+def test_reset_rows_forgets_only_those_slots():
+    st = _state(requests=3)
+    st.diagonal.fill_(1.0)
+    st.step.fill_(5)
+    st.seen_len.fill_(64)
+    st.reset_rows_(torch.tensor([1, 1]))
+    assert torch.isneginf(st.diagonal[:, 1]).all() and st.step.tolist() == [5, 0, 5]
+    assert st.seen_len.tolist() == [64, 0, 64] and (st.diagonal[:, [0, 2]] == 1.0).all()
+
+
 def test_free_errors_name_the_slot():
-    st = SpinState(SpinConfig(), num_layers=1, max_requests=2, max_blocks=1)
+    st = _state(layers=1, blocks=1)
     with pytest.raises(ValueError, match="slot"):
         st.free(1)
     with pytest.raises(ValueError, match="slot"):
         st.free(7)
     with pytest.raises(TypeError, match="slot"):
         st.free(1.0)
+    with pytest.raises(ValueError, match="num_cache_blocks"):
+        SpinState(SpinConfig(), 1, 1, 0, 64)
+    with pytest.raises(TypeError, match="config"):
+        SpinState({}, 1, 1, 1, 64)
 
 
 def test_memory_per_token_is_a_few_bytes():
-    st = SpinState(SpinConfig(), num_layers=3, max_requests=2, max_blocks=4)
-    assert st.bytes_per_token() == pytest.approx(4 + 4 / 64)
-    per_token_layer = st.nbytes() / (3 * 2 * 4 * 64)
+    st = _state(layers=3, requests=2, blocks=4, context=4 * 64)
+    assert st.bytes_per_token() == pytest.approx(2 + 2 / 64)
+    aged = _state(SpinConfig(exploration="block_age"), layers=3, requests=2, blocks=4, context=4 * 64)
+    assert aged.bytes_per_token() == pytest.approx(2 + 2 / 64 + 4 / 64)
+    full = _state(layers=3, requests=2, blocks=8, context=4 * 64)  # the default: each request owns 4 blocks
+    per_token_layer = full.nbytes() / (3 * 8 * 64)  # cache tokens x layers
     assert per_token_layer < 5.0 < 132 / 20
+
+
+def test_memory_follows_the_cache_not_the_context():
+    """For a fixed cache, nbytes() stops growing with max_context once it exceeds the diagonal window: the
+    vertical history lives per cached block, the diagonal one in a window per request."""
+    cfg = SpinConfig(diagonal_window=1024)
+    sizes = [_state(cfg, layers=2, requests=4, blocks=16, context=c).nbytes() for c in (1024, 8192, 1 << 20)]
+    assert sizes[0] == sizes[1] == sizes[2]
+    assert _state(cfg, blocks=32).nbytes() > _state(cfg, blocks=16).nbytes()  # but it follows the cache
+    st = _state(cfg, layers=2, requests=4, blocks=16, context=1 << 20)
+    assert st.bytes_per_request() == 2 * 1024 * 2 + 8

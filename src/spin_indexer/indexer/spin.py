@@ -173,12 +173,13 @@ class SpinIndexer:
                              f"tokens per block, got shape {list(kv_cache.shape)}")
         plan = self._plan_of(layer, st)
         rows, cols = batch * self.next_n, width * self.config.tokens_per_block
-        logits = self.workspace.logits[:rows, :cols]
+        # DeepGEMM allocates its own logits: handing it the workspace would cost a copy of every logit.
+        out = None if ops.logits_backend(q_fp8, kv_cache) == "deepgemm" else self.workspace.logits[:rows, :cols]
         block_max = self.workspace.block_max[:rows, :width]
         history = self._history_args(layer, st, plan)
-        ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
-                                 validate=False, out=logits, block_max_out=block_max,
-                                 fill_tail=self.extensions is not None, history=history)
+        logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
+                                          validate=False, out=out, block_max_out=block_max,
+                                          fill_tail=self.extensions is not None, history=history)
         return self._topk(layer, st, plan, logits, block_max)
 
     def run_from_scores(self, layer: int, scores: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,8 @@ Per (batch, context) point, random weights and caches, next_n = 1:
   580 B/token), each B * context tokens, shared by all layers. Every layer has its own random queries. Sharing
   the caches across layers does not flatter the timing: one layer already reads far more than the 60 MB L2
   (B = 96 at 128K: 1.7 GB of indexer keys), so nothing survives in L2 from one layer to the next.
-- configs: dense = Triton paged logits (fused block max) + our Triton top-k + sparse MLA, per layer;
-  spin-s = SpinIndexer.plan once + run per layer (fused logits/top-k wiring of bench_step) + sparse MLA;
+- configs: dense = DenseIndexer.run (logits + top-k through the step's backends) + sparse MLA, per layer;
+  spin-s = SpinIndexer.plan once (every layer) + run per layer + sparse MLA, from a random steady-state history;
   attention alone (61 layers of sparse MLA over fixed random top-k) gives attention_ms, and
   indexer_ms = step_ms - attention_ms.
 Writes <out>/h200_v32_step.csv, .md (command, environment, table) and .json (environment + rows).
@@ -30,8 +30,10 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 
-from bench_step import FusedOps, make_indexer, patched_ops  # noqa: E402
 from harness import DEVICE, KeyPool, decode_lens, environment, random_queries, time_graph  # noqa: E402
+
+from spin_indexer.indexer import DenseIndexer, SpinIndexer  # noqa: E402
+from spin_indexer.predictor import SpinConfig  # noqa: E402
 from sparse_mla import MLA_HEADS, QK_DIM, T, sparse_mla_decode  # noqa: E402
 
 COLUMNS = ["model_shape", "batch", "context", "config", "layers", "step_ms", "indexer_ms", "attention_ms",
@@ -47,11 +49,13 @@ def log(*a):
 
 # ------------------------------------------------------------------------------------------ memory plan
 def bytes_needed(batch: int, ctx: int, layers: int, topk: int, index_bytes: int = 132) -> int:
-    """Device bytes one point needs: the two pools, one SpinState (V and D fp16 tables per layer, plus
-    last_seen), the logits + block-max buffers, the MLA queries, the attention temporaries, 4 GiB slack."""
+    """Device bytes one point needs: the two pools, one SpinState (V per cached token and layer, the
+    diagonal windows), the workspace (per-layer plans and top-k), the logits + block-max buffers, the MLA
+    queries, the attention temporaries, 4 GiB slack."""
     tokens, rows = batch * ctx, batch
     pools = tokens * (index_bytes + MLA_BYTES_PER_TOKEN)
-    state = 2 * layers * batch * (ctx + 1) * 2 + layers * batch * (ctx // T + 1) * 4
+    state = layers * (tokens * 2 + tokens // T * 2 + batch * min(ctx, 8192) * 2)
+    state += layers * batch * (ctx // T) * 8 + layers * rows * topk * 4
     logits = tokens * 4 + tokens // T * 4
     queries = layers * rows * MLA_HEADS * QK_DIM * 2
     attention = rows * topk * (QK_DIM * 2 * 2 + 8 * 3) + rows * MLA_HEADS * topk * (4 * 2 + 2)
@@ -103,13 +107,11 @@ def run_point(batch: int, ctx: int, args) -> list[dict]:
     table = keys.tables(batch, width, 1)[0]  # one table addresses both pools (same block ids)
     latent = LatentPool(batch * width * T)
     lens = decode_lens(batch, 1, ctx)
-    flat_lens = lens.view(-1)
     gen = torch.Generator(device=DEVICE).manual_seed(3)
     index_q = [random_queries(batch, 1, heads=args.index_heads, dim=args.index_dim, seed=100 + i)
                for i in range(layers)]
     mla_q = [torch.randn(batch, args.mla_heads, QK_DIM, device=DEVICE, generator=gen).to(torch.bfloat16)
              for _ in range(layers)]
-    fused = FusedOps(batch, width)  # logits + block-max buffers, shared by dense and SPIN
     log(f"  pools ready ({time.time() - t0:.1f} s)")
 
     def attend(layer, topk_indices):
@@ -121,11 +123,13 @@ def run_point(batch: int, ctx: int, args) -> list[dict]:
         for layer in range(layers):
             attend(layer, fixed_topk)
 
+    dense = DenseIndexer(k, 1, device=DEVICE)
+
     def dense_step():
+        dense.plan(table, lens, validate=False)
         for layer in range(layers):
             q, w = index_q[layer]
-            logits = fused.logits(q, keys.cache, w, lens, table, validate=False)
-            attend(layer, fused.topk(logits, flat_lens, k, validate=False))
+            attend(layer, dense.run(layer, q, keys.cache, w))
 
     timing = dict(target_s=args.target_s, min_reps=3, max_reps=10)
     attention_ms = time_graph([attention_step], **timing).p50_us / 1e3
@@ -133,22 +137,20 @@ def run_point(batch: int, ctx: int, args) -> list[dict]:
     results = [("dense", time_graph([dense_step], **timing).p50_us / 1e3, 0.0)]
     log(f"  dense {results[-1][1]:.2f} ms")
     for s in args.sparsity:
-        idx, slots = make_indexer(batch, width, 1, s, num_layers=layers, topk=k)
+        idx = SpinIndexer(SpinConfig(sparsity=s, topk=k), num_layers=layers, max_batch=batch, max_blocks=width,
+                          device=DEVICE, num_cache_blocks=keys.num_blocks)
+        slots = torch.tensor([idx.state.allocate() for _ in range(batch)], dtype=torch.int64, device=DEVICE)
+        steady_history(idx, ctx)
 
-        def spin_step(per_layer_sparsity=None):
+        def spin_step():
             idx.plan(table, lens, slots, validate=False)
             for layer in range(layers):
                 q, w = index_q[layer]
                 attend(layer, idx.run(layer, q, keys.cache, w))
-                if per_layer_sparsity is not None:
-                    per_layer_sparsity.append(idx.block_plan.sparsity().mean())
 
-        with patched_ops(fused.logits, fused.topk):
-            spin_step()  # the first step of a request scores every block
-            seen = []
-            spin_step(seen)  # a steady-state step: its plans give the realized sparsity
-            realized = float(torch.stack(seen).mean())
-            step_ms = time_graph([spin_step], **timing).p50_us / 1e3
+        spin_step()
+        realized = float(torch.stack([idx.plans(layer).sparsity().mean() for layer in range(layers)]).mean())
+        step_ms = time_graph([spin_step], **timing).p50_us / 1e3
         results.append((f"spin-{s:g}", step_ms, realized))
         log(f"  spin-{s:g} {step_ms:.2f} ms, realized sparsity {realized:.3f}")
         del idx, slots, spin_step
@@ -159,6 +161,17 @@ def run_point(batch: int, ctx: int, args) -> list[dict]:
                  indexer_ms=round(step - attention_ms, 4), attention_ms=round(attention_ms, 4),
                  realized_sparsity=round(realized, 4), tokens_per_s_indexer_attention=round(batch / (step / 1e3), 1))
             for name, step, realized in results]
+
+
+def steady_history(idx, ctx: int) -> None:
+    """A random history as after many decode steps: every block scored before, diagonal windows full."""
+    st = idx.state
+    gen = torch.Generator(device=st.vertical.device).manual_seed(5)
+    st.vertical.copy_(torch.randn(st.vertical.shape, device=st.vertical.device, generator=gen).to(st.vertical.dtype))
+    st.block_max.copy_(st.vertical.amax(dim=2).transpose(0, 1))
+    st.diagonal.copy_(torch.randn(st.diagonal.shape, device=st.diagonal.device, generator=gen).to(st.diagonal.dtype))
+    st.seen_len.fill_(ctx)
+    st.step.fill_(100)
 
 
 def _free_memory():

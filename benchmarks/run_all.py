@@ -1,15 +1,32 @@
-"""The one GPU entry point: check every kernel against its reference on large random shapes, measure copy
-bandwidth, time the grid (CUDA graphs, rotated inputs), write results, print the table last.
+"""The one GPU entry point for the indexer step: check, time the grid, write results, print the table last.
 
-    PYTHONPATH=src python benchmarks/run_all.py --out benchmarks/results          # everything
-    python benchmarks/run_all.py --report-only --anchor ../shared/anchors/dense_indexer_h200.csv
+    PYTHONPATH=src python benchmarks/run_all.py --out $OUT                 # check + grid
+    bash .dg/build_on_gpu.sh .dg && PYTHONPATH=/tmp/dg/dg:src LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6 \
+        python benchmarks/run_all.py --out $OUT                           # the same, DeepGEMM side by side
 
-Writes <out>/h200_indexer.csv (one row per grid point, the issue's columns), h200_indexer_long.csv (long
-format, STYLE.md rule 12), h200_env.json, and h200_indexer.md (with ratios to the anchor CSV when found).
+Per grid point (B requests x context L x next_n, CUDA graphs, median of replays, every layer on its own
+random key cache so no replay hits L2), per layer:
+  deepgemm_logits_us   DeepGEMM fp8_paged_mqa_logits, dense (empty where deep_gemm does not import)
+  dense_logits_us      the project's Triton logits, dense (block max fused, tail unwritten)
+  torch_topk_us        torch.topk(logits, K) over full rows
+  own_topk_us          ops.topk_positions over the dense logits (with their block maxima)
+  dense_step_us        DenseIndexer.run: logits + top-k through the step's backends (the "own dense step")
+  spin_logits_us       the SPIN step's logits alone, on layer 0's compact table (same backend as the step)
+  topk_us              ops.topk_positions alone on those compact logits
+  plan_us              SpinIndexer.plan (every layer) / 61 layers
+  step_us              SpinIndexer step per layer: plan_us + run(layer) (logits + EMA update + top-k)
+  spin_own_us          step_us - spin_logits_us - topk_us: prediction, selection, compaction, update
+  step_triton_us       step_us with the Triton logits backend (SPIN_INDEXER_LOGITS=triton), when DeepGEMM runs
+  guard_step_us        step_us with dense_below="auto" (the guard on)
+SPIN's history is a random steady state (every block scored before, diagonal windows full), so realized
+sparsity is the target. Writes <out>/h200_indexer.csv (one row per point and sparsity), h200_env.json and
+h200_indexer.md (command, environment, table, targets). A CPU dry run (SPIN_BENCH_DEVICE=cpu,
+TRITON_INTERPRET=1, tiny shapes) exercises the same code.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
@@ -22,436 +39,342 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
-COLUMNS = ["batch", "ctx", "next_n", "sparsity", "dense_logits_us", "spin_logits_us", "topk_us", "torch_topk_us",
-           "plan_update_us", "step_us", "key_GBps", "copy_GBps"]
-LONG_COLUMNS = ["suite", "case", "provider", "metric", "unit", "p50", "p20", "p80", "config_json", "gpu", "torch",
-                "triton", "commit", "date"]
-DEFAULT_ANCHOR = os.path.join(HERE, "..", "..", "shared", "anchors", "dense_indexer_h200.csv")
+COLUMNS = ["batch", "ctx", "next_n", "sparsity", "deepgemm_logits_us", "dense_logits_us", "torch_topk_us",
+           "own_topk_us", "dense_step_us", "spin_logits_us", "topk_us", "plan_us", "step_us", "spin_own_us",
+           "step_triton_us", "guard_step_us", "realized_sparsity", "spin_own_bytes", "spin_own_pct_copy_bw",
+           "key_GBps", "copy_GBps"]
 TOPK = 2048
-TUNED = {}  # next_n -> logits kernel knobs that beat the defaults by > 3% in the tune phase (used by the grid)
-TUNED_US = {}
-
-
-def harness_device():
-    from harness import DEVICE
-    return DEVICE
+PLAN_LAYERS = 61  # DeepSeek-V3.2's indexer layers: plan() covers them all, its cost is shared by them
+ROTATE_BYTES = 512 << 20  # each replay reads at least this many key bytes (L2: 60 MB)
 
 
 def log(*a):
     print(*a, flush=True)
 
 
-# ------------------------------------------------------------------------------------------------ checks
-def run_checks(pool, long_rows, env):
-    """Kernels vs references on large random shapes; raises on any mismatch."""
-    import torch
-    from bench_indexer_logits import LogitsPoint, compact
-    from harness import decode_lens, random_queries, rel_err
+@contextlib.contextmanager
+def logits_backend(name: str | None):
+    """SPIN_INDEXER_LOGITS for the duration (read when a graph is captured)."""
+    old = os.environ.get("SPIN_INDEXER_LOGITS")
+    if name is None:
+        os.environ.pop("SPIN_INDEXER_LOGITS", None)
+    else:
+        os.environ["SPIN_INDEXER_LOGITS"] = name
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("SPIN_INDEXER_LOGITS", None)
+        else:
+            os.environ["SPIN_INDEXER_LOGITS"] = old
 
-    from spin_indexer.ops.indexer_logits import block_max_ref, paged_indexer_logits_ref
-    from spin_indexer.ops.indexer_logits_triton import paged_indexer_logits_triton
-    from spin_indexer.ops.topk import topk_ref
-    from spin_indexer.ops.topk_triton import topk_triton
+
+class Point:
+    """Inputs of one (B, L, next_n) point: `layers` key caches (distinct memory), one block table shared by
+    them (as in a model: one table, one cache per layer), queries and weights per layer."""
+
+    def __init__(self, batch: int, ctx: int, next_n: int, dry: bool):
+        import torch
+        from harness import DEVICE, KeyPool, decode_lens, random_queries
+
+        self.batch, self.ctx, self.next_n = batch, ctx, next_n
+        self.width = -(-ctx // 64)
+        blocks = batch * self.width
+        self.layers = 2 if dry else max(2, min(8, math.ceil(ROTATE_BYTES / (blocks * 64 * 132))))
+        self.pool = KeyPool(blocks * self.layers, seed=batch * 7 + ctx)
+        self.caches = [self.pool.cache[i * blocks:(i + 1) * blocks] for i in range(self.layers)]
+        self.table = torch.randperm(blocks, device=DEVICE).to(torch.int32).view(batch, self.width)
+        self.lens = decode_lens(batch, next_n, ctx)
+        self.q = [random_queries(batch, next_n, seed=100 + i) for i in range(self.layers)]
+        self.num_cache_blocks = blocks
+
+
+def steady_state(idx, point) -> None:
+    """A random history as after many decode steps: every block of the context scored, windows full."""
+    import torch
+
+    st = idx.state
+    gen = torch.Generator(device=st.vertical.device).manual_seed(5)
+    st.vertical.copy_(torch.randn(st.vertical.shape, device=st.vertical.device, generator=gen).to(st.vertical.dtype))
+    st.block_max.copy_(st.vertical.amax(dim=2).transpose(0, 1))
+    st.diagonal.copy_(torch.randn(st.diagonal.shape, device=st.diagonal.device, generator=gen).to(st.diagonal.dtype))
+    st.seen_len.fill_(point.ctx)
+    st.step.fill_(100)
+
+
+def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bool) -> list[dict]:
+    import torch
+    from harness import time_graph
+
+    from spin_indexer import ops
+    from spin_indexer.indexer import DenseIndexer, SpinIndexer
+    from spin_indexer.ops import deepgemm
+    from spin_indexer.predictor.config import AUTO_DENSE_BELOW
 
     t0 = time.time()
-    torch.backends.cuda.matmul.allow_tf32 = False  # the reference must run in true fp32
-    small = harness_device() == "cpu"  # dry run: same code, tiny shapes
-    width = 40 if small else 1600
-    variants = [{}, dict(use_tma=False), dict(prefetch=0), dict(prefetch=1), dict(split=True), dict(chunk=7),
-                dict(precise=True)]
-    tol = {True: 2e-5, False: 1e-3}  # precise (fp32 partial sums every 32 of D) / Hopper's FP8 MMA accumulator
-    for next_n in (1, 2, 4):
-        table = pool.tables(3, width, 1)[0]
-        q, w = random_queries(3, next_n, seed=next_n)
-        lens = decode_lens(3, next_n, width * 64)
-        lens[1] -= 500 if small else 20_000
-        lens[2] = (lens[2] - width * 64 + 777).clamp_min(0)
-        for label, (tab, ln) in {"dense": (table, lens), "compact-0.5": compact(table, lens, 0.5, 3)}.items():
-            ref = paged_indexer_logits_ref(q, pool.cache, w, ln, tab)
-            for knobs in variants if label == "dense" else [{}]:
-                out = torch.full_like(ref, float("nan"))
-                bmax = torch.full((3 * next_n, width), float("nan"), device=harness_device())
-                paged_indexer_logits_triton(q, pool.cache, w, ln, tab, out=out, block_max_out=bmax, **knobs)
-                err = rel_err(out, ref)
-                env.setdefault("logits_rel_err", {})[f"n{next_n}-{label}-{knobs}"] = err
-                bm_ok = torch.equal(bmax, block_max_ref(out, 64))
-                if not err < 1e-3 or not bm_ok:  # masks differ (inf), wrong values, or block max not fused right
-                    raise AssertionError(f"logits next_n={next_n} {label} {knobs}: rel err {err}, block max ok {bm_ok}")
-                if not err < tol[knobs.get("precise", False)]:
-                    log(f"WARN logits rel err {err:.2e} above {tol[knobs.get('precise', False)]:.0e}")
-                log(f"check logits next_n={next_n} {label:11s} {str(knobs):20s} rel err {err:.2e}  ok")
-            flat = ln.reshape(-1).contiguous()
-            for k in ((64, 256) if small else (512, 2048)):
-                stats = torch.zeros(3 * next_n, dtype=torch.int32, device=harness_device())
-                got = topk_triton(out, flat, k, block_max=bmax, stats=stats)
-                want = topk_ref(out, flat, k)
-                if not torch.equal(got, want):
-                    bad = int((got != want).any(1).sum())
-                    raise AssertionError(f"topk k={k} next_n={next_n} {label}: {bad} rows differ")
-            log(f"check topk next_n={next_n} {label} k=512,2048 exact; candidates/row {stats.tolist()}")
-    gen = torch.Generator(device=harness_device()).manual_seed(5)
-    cases = ((4, 1 << 20, 2048, False), (4, 1 << 20, 512, False), (6, 65536, 2048, False),
-             (3, 300_000, 2048, False), (2, 65536, 2048, True))
-    if small:
-        cases = ((2, 9000, 64, False), (2, 3000, 64, True))
-    for rows, cols, k, ties in cases:
-        x = torch.randn(rows, cols, device=harness_device(), generator=gen)
-        if ties:
-            x = torch.round(x * 2) / 2
-        lens = torch.randint(cols // 2, cols + 1, (rows,), device=harness_device(), generator=gen).to(torch.int32)
-        lens[0] = cols
-        valid = torch.arange(cols, device=harness_device())[None, :] < lens[:, None]
-        bm = block_max_ref(torch.where(valid, x, float("-inf")), 64)
-        stats = torch.zeros(rows, dtype=torch.int32, device=harness_device())
-        for use_bm in (True, False):
-            got = topk_triton(x, lens, k, block_max=bm if use_bm else None, stats=stats)
-            want = topk_ref(x, lens, k)
-            if not torch.equal(got, want):
-                raise AssertionError(f"topk rows={rows} cols={cols} k={k} ties={ties} block_max={use_bm}")
-        log(f"check topk {rows}x{cols} k={k} ties={ties}: exact; candidates/row {stats.tolist()}")
-    # SpinIndexer: the fused wiring (block max handed to the top-k) gives the same top-k as the plain ops.
-    from bench_step import FusedOps, make_indexer, patched_ops, spin_available
-    if spin_available():
-        point = LogitsPoint(pool, 2 if small else 4, 4096 if small else 131072, 2, rotations=1)
-        results = []
-        for wiring in ("plain", "fused"):
-            idx, slots = make_indexer(point.batch, point.tables[0].shape[1], 2, 0.4, topk=256 if small else 2048)
-            fused = FusedOps(point.batch * 2, point.tables[0].shape[1])
-            outs = []
-            for _ in range(3):
-                idx.plan(point.tables[0], point.lens[0], slots)
-                if wiring == "fused":
-                    with patched_ops(fused.logits, fused.topk):
-                        outs.append(idx.run(0, point.q, pool.cache, point.w))
+    p = Point(batch, ctx, next_n, dry)
+    rows, width, k = batch * next_n, p.width, min(TOPK, ctx)
+    lens_flat = p.lens.view(-1)
+    timing = dict(max_reps=8) if not dry else {}
+    have_dg = (not dry) and deepgemm.available()
+
+    def each_layer(fn):
+        return [lambda i=i: fn(i) for i in range(p.layers)]
+
+    out = {}
+    if have_dg:
+        out["deepgemm_logits_us"] = time_graph(each_layer(lambda i: deepgemm.paged_indexer_logits_deepgemm(
+            p.q[i][0], p.caches[i], p.q[i][1], p.lens, p.table, validate=False)), **timing).p50_us
+    logits = torch.empty(rows, width * 64, device=p.table.device)
+    bmax = torch.empty(rows, width, device=p.table.device)
+    with logits_backend("triton"):
+        out["dense_logits_us"] = time_graph(each_layer(lambda i: ops.paged_indexer_logits(
+            p.q[i][0], p.caches[i], p.q[i][1], p.lens, p.table, validate=False, out=logits, block_max_out=bmax,
+            fill_tail=False)), **timing).p50_us
+    out["torch_topk_us"] = time_graph([lambda: torch.topk(logits[:, :ctx], k, dim=1)], **timing).p50_us
+    out["own_topk_us"] = time_graph([lambda: ops.topk_positions(logits, lens_flat, k, block_max=bmax,
+                                                                validate=False)], **timing).p50_us
+    dense = DenseIndexer(k, next_n, device=p.table.device)
+    dense.plan(p.table, p.lens, validate=False)
+    out["dense_step_us"] = time_graph(each_layer(lambda i: dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])),
+                                      **timing).p50_us
+    del logits, bmax
+    results = []
+    for s in sparsities:
+        row = dict(batch=batch, ctx=ctx, next_n=next_n, sparsity=s, **out)
+        # The guard only acts below AUTO_DENSE_BELOW tokens; above it the guarded step is the same step.
+        guards = (0, "auto") if ctx < AUTO_DENSE_BELOW else (0,)
+        for guard in guards:
+            backends = [(None, "")] + ([("triton", "_triton")] if have_dg and guard == 0 else [])
+            for backend, suffix in backends:
+                with logits_backend(backend):
+                    times = spin_step(p, s, k, guard, time_graph, timing)
+                if guard == 0 and not suffix:
+                    row.update(times)
+                elif guard == 0:
+                    row["step_triton_us"] = times["step_us"]
                 else:
-                    outs.append(idx.run(0, point.q, pool.cache, point.w))
-            results.append(outs)
-        if not all(torch.equal(a, b) for a, b in zip(*results)):
-            raise AssertionError("SpinIndexer: fused wiring changed the top-k")
-        log("check SpinIndexer 3 steps, plain ops == fused block-max wiring: ok")
-    if not small:
-        torch.cuda.synchronize()
-    log(f"checks passed in {time.time() - t0:.1f} s")
+                    row["guard_step_us"] = times["step_us"]
+        row.setdefault("guard_step_us", row["step_us"])
+        row["spin_own_us"] = row["step_us"] - row["spin_logits_us"] - row["topk_us"]
+        kept = (1 - row["realized_sparsity"]) * batch * ctx
+        # SPIN's own bytes: block_max (2 B) + table entry (4 B) per block read, compact table + kept ids
+        # written (8 B per kept block), V read + written at kept slots (4 B), the diagonal window (2 x 2 B
+        # per offset read in prediction and updated), all per layer.
+        window = min(ctx, 8192)
+        own_bytes = batch * width * 6 + kept / 64 * 8 + kept * 4 + batch * window * 6
+        row["spin_own_bytes"] = own_bytes
+        row["spin_own_pct_copy_bw"] = 100 * own_bytes / max(row["spin_own_us"], 1e-3) / 1e3 / env["copy_GBps"]
+        row["key_GBps"] = batch * ctx * 132 / row["dense_logits_us"] / 1e3
+        row["copy_GBps"] = env["copy_GBps"]
+        results.append(row)
+    log(f"point B={batch} L={ctx} n={next_n} ({time.time() - t0:.0f} s): " + "; ".join(
+        f"s={r['sparsity']}: step {r['step_us']:.1f} vs dense {r['dense_step_us']:.1f} us "
+        f"({r['dense_step_us'] / r['step_us']:.2f}x), own {r['spin_own_us']:.1f}" for r in results))
+    del p
+    torch.cuda.empty_cache() if not dry else None
+    return results
 
 
-# -------------------------------------------------------------------------------------------------- tune
-def run_tune(pool, long_rows, env, logits: bool = True, topk: bool = True):
-    """Chunk sweep and kernel variants of the logits kernel; stage breakdown of the top-k."""
+def spin_step(p, sparsity: float, k: int, guard, time_graph, timing) -> dict:
+    """SPIN's step at one sparsity: plan (61 layers) + run per layer, and its logits and top-k alone."""
     import torch
-    import bench_topk
-    from bench_indexer_logits import LogitsPoint
-    from harness import long_row, time_graph
 
-    from spin_indexer.ops.topk_triton import topk_triton
+    from spin_indexer import ops
+    from spin_indexer.indexer import SpinIndexer
+    from spin_indexer.predictor import SpinConfig
 
-    for batch, ctx, n in [(32, 1 << 18, 1), (32, 1 << 18, 2), (96, 1 << 19, 2)] if logits else []:
-        point = LogitsPoint(pool, batch, ctx, n)
-        keys = batch * ctx * 132
-        res = []
-        for chunk in (16, 32, 64, 128):
-            t = time_graph(point.calls(chunk=chunk), target_s=0.03)
-            res.append((t.p50_us, chunk))
-            long_rows.append(long_row("tune_logits", dict(batch=batch, ctx=ctx, next_n=n, chunk=chunk), "triton",
-                                      "time", "us", t, env))
-        best = min(res)
-        log(f"tune B={batch:3d} ctx={ctx:8d} n={n} chunk->us " + " ".join(f"{c}:{u:.1f}" for u, c in res)
-            + f"  best {best[1]} = {keys / best[0] / 1e3:.0f} GB/s")
-        if batch == 32:
-            for name, knobs in (("precise", dict(precise=True)), ("pointer", dict(use_tma=False)),
-                                ("no-prefetch", dict(prefetch=0)), ("prefetch-all", dict(prefetch=1)),
-                                ("split", dict(split=True)), ("stages2", dict(num_stages=2)),
-                                ("stages4", dict(num_stages=4)), ("split+prefetch-all", dict(split=True, prefetch=1)),
-                                ("no-block-max", dict(fuse_block_max=False))):
-                if name.startswith("split") and n == 1:
-                    continue
-                t = time_graph(point.calls(chunk=best[1], **knobs), target_s=0.03)
-                long_rows.append(long_row("tune_logits", dict(batch=batch, ctx=ctx, next_n=n, chunk=best[1],
-                                                              variant=name), "triton", "time", "us", t, env))
-                log(f"   variant {name:18s} {t.p50_us:8.1f} us ({best[0] / t.p50_us:.3f}x of default)")
-                if name not in ("precise", "no-block-max") and t.p50_us < 0.97 * TUNED_US.get(n, best[0]):
-                    TUNED[n], TUNED_US[n] = {k: v for k, v in knobs.items()}, t.p50_us
-        del point
-        torch.cuda.empty_cache()
-    for batch, ctx, n in [(1, 1 << 20, 1), (8, 1 << 20, 2), (96, 1 << 20, 2), (32, 1 << 16, 1)] if topk else []:
-        point = LogitsPoint(pool, batch, ctx, n)
-        for call in point.calls():
-            call()
-        parts = []
-        for stages in (2, 3, 4):
-            calls = [lambda out=out, i=i: topk_triton(out, point.row_lengths(i), bench_topk.TOPK, validate=False,
-                                                      block_max=point.bmax[i], _stages=stages)
-                     for i, out in enumerate(point.outs)]
-            t = time_graph(calls, target_s=0.03)
-            parts.append(t.p50_us)
-            long_rows.append(long_row("tune_topk", dict(batch=batch, ctx=ctx, next_n=n, stages=stages), "triton",
-                                      "time", "us", t, env))
-        t = time_graph(bench_topk.PROVIDERS["triton-no-block-max"](point), target_s=0.03)
-        log(f"topk breakdown B={batch} ctx={ctx} n={n}: threshold {parts[0]:.1f} us, +gather {parts[1]:.1f}, "
-            f"+select {parts[2]:.1f}; without block max {t.p50_us:.1f}")
-        del point
-        torch.cuda.empty_cache()
+    cfg = SpinConfig(sparsity=sparsity, topk=k, dense_below=guard)
+    idx = SpinIndexer(cfg, num_layers=PLAN_LAYERS, max_batch=p.batch, max_blocks=p.width, next_n=p.next_n,
+                      device=p.table.device, num_cache_blocks=p.num_cache_blocks)
+    slots = torch.tensor([idx.state.allocate() for _ in range(p.batch)], dtype=torch.int64, device=p.table.device)
+    steady_state(idx, p)
+
+    def plan():
+        idx.plan(p.table, p.lens, slots, validate=False)
+
+    def step():
+        plan()
+        for i in range(p.layers):
+            idx.run(i, p.q[i][0], p.caches[i], p.q[i][1])
+
+    t_plan = time_graph([plan], **timing).p50_us
+    t_step = time_graph([step], **timing).p50_us
+    step()
+    plan0 = idx.plans(0)
+    realized = float(plan0.sparsity().mean())
+    rows = p.batch * p.next_n
+    logits = torch.empty(rows, p.width * 64, device=p.table.device)
+    bmax = torch.empty(rows, p.width, device=p.table.device)
+    backend = ops.logits_backend(p.q[0][0], p.caches[0])
+    buf = None if backend == "deepgemm" else logits
+    t_logits = time_graph(
+        [lambda i=i: ops.paged_indexer_logits(p.q[i][0], p.caches[i], p.q[i][1], plan0.compact_seq_lens,
+                                              plan0.compact_block_table, validate=False, out=buf,
+                                              block_max_out=bmax, fill_tail=False) for i in range(p.layers)],
+        **timing).p50_us
+    result = ops.paged_indexer_logits(p.q[0][0], p.caches[0], p.q[0][1], plan0.compact_seq_lens,
+                                      plan0.compact_block_table, validate=False, out=buf, block_max_out=bmax,
+                                      fill_tail=False)
+    clens = plan0.compact_seq_lens.reshape(-1)
+    t_topk = time_graph([lambda: ops.topk_positions(result, clens, k, block_max=bmax, kept_blocks=plan0.kept_blocks,
+                                                    next_n=p.next_n, validate=False)], **timing).p50_us
+    per_layer = t_plan / PLAN_LAYERS + (t_step - t_plan) / p.layers
+    del idx, logits, bmax, result
+    return dict(plan_us=t_plan / PLAN_LAYERS, step_us=per_layer, spin_logits_us=t_logits, topk_us=t_topk,
+                realized_sparsity=realized)
 
 
-# -------------------------------------------------------------------------------------------------- grid
-def run_grid(pool, args, copy_gbps, long_rows, env, csv_path):
+# ------------------------------------------------------------------------------------------------ checks
+def run_checks(env: dict, dry: bool) -> None:
+    """Each backend against the torch reference on one mid-size random point; raises on a mismatch."""
     import torch
-    import bench_topk
-    from bench_indexer_logits import LogitsPoint, bytes_moved, kept_blocks
-    from bench_step import spin_available, step_calls
-    from harness import long_row, time_graph
+    from harness import rel_err
 
-    from spin_indexer.ops.indexer_logits_triton import paged_indexer_logits_triton  # noqa: F401
-    from spin_indexer.ops.topk_triton import topk_triton
+    from spin_indexer import ops
+    from spin_indexer.ops import deepgemm
+    from spin_indexer.ops.topk import topk_positions_ref
 
-    rows = []
-    have_spin = spin_available()
-    with open(csv_path, "w", newline="") as f:
-        csv.writer(f).writerow(COLUMNS)
-    for batch in args.batches:
-        for ctx in args.contexts:
-            for n in args.next_ns:
-                case = dict(batch=batch, ctx=ctx, next_n=n)
-                try:
-                    rows += _grid_point(pool, case, args, copy_gbps, long_rows, env, have_spin, csv_path)
-                except Exception as exc:  # keep going: one failed point must not cost the whole run
-                    log(f"FAILED {case}: {exc!r}")
-                    traceback.print_exc()
-                torch.cuda.empty_cache()
-    return rows
-
-
-def _grid_point(pool, case, args, copy_gbps, long_rows, env, have_spin, csv_path):
-    import torch
-    import bench_topk
-    from bench_indexer_logits import LogitsPoint, kept_blocks
-    from bench_step import step_calls
-    from harness import long_row, time_graph
-
-    from spin_indexer.ops.topk_triton import topk_triton
-
-    batch, ctx, n = case["batch"], case["ctx"], case["next_n"]
-    t_start = time.time()
-    knobs = TUNED.get(n, {})
-    dense = LogitsPoint(pool, batch, ctx, n)
-    t_dense = time_graph(dense.calls(**knobs))
-    t_topk_dense = time_graph(bench_topk.PROVIDERS["triton"](dense))
-    t_torch = time_graph(bench_topk.PROVIDERS["torch"](dense), max_reps=10)
-    pairs = list(zip(dense.calls(**knobs), bench_topk.PROVIDERS["triton"](dense)))
-    t_dense_step = time_graph([(lambda a=a, b=b: (a(), b())) for a, b in pairs])
-    for name, t in (("dense_logits", t_dense), ("topk", t_topk_dense), ("torch_topk", t_torch),
-                    ("dense_step", t_dense_step)):
-        long_rows.append(long_row("grid", dict(case, sparsity=0.0), "triton" if "torch" not in name else "torch",
-                                  name, "us", t, env))
-    keys0 = batch * ctx * 132
-    out_rows = [dict(case, sparsity=0.0, dense_logits_us=t_dense.p50_us, spin_logits_us=t_dense.p50_us,
-                     topk_us=t_topk_dense.p50_us, torch_topk_us=t_torch.p50_us, plan_update_us=0.0,
-                     step_us=t_dense_step.p50_us, key_GBps=keys0 / t_dense.p50_us / 1e3, copy_GBps=copy_gbps)]
-    del dense
-    for s in args.sparsities:
-        if s == 0:
-            continue
-        spin = LogitsPoint(pool, batch, ctx, n, sparsity=s)
-        t_spin = time_graph(spin.calls(**knobs))
-        t_topk = time_graph(bench_topk.PROVIDERS["triton"](spin))
-        keys = batch * kept_blocks(ctx, s) * 64 * 132
-        t_plan = t_step = None
-        if have_spin:
-            rot = min(len(spin.tables), 8)
-            base = LogitsPoint(pool, batch, ctx, n, rotations=rot)
-            calls, _ = step_calls(base, s, "bookkeeping", knobs)
-            t_plan = time_graph(calls, max_reps=10)
-            calls, idx = step_calls(base, s, "fused", knobs)
-            t_step = time_graph(calls, max_reps=10)
-            realized = float(idx.block_plan.sparsity().mean())
-            del base, calls, idx
-        else:
-            realized = float("nan")
-        for name, t in (("spin_logits", t_spin), ("topk", t_topk), ("plan_update", t_plan), ("step", t_step)):
-            if t is not None:
-                long_rows.append(long_row("grid", dict(case, sparsity=s), "triton", name, "us", t, env))
-        out_rows.append(dict(case, sparsity=s, dense_logits_us=t_dense.p50_us, spin_logits_us=t_spin.p50_us,
-                             topk_us=t_topk.p50_us, torch_topk_us=t_torch.p50_us,
-                             plan_update_us=t_plan.p50_us if t_plan else float("nan"),
-                             step_us=t_step.p50_us if t_step else float("nan"),
-                             key_GBps=keys / t_spin.p50_us / 1e3, copy_GBps=copy_gbps))
-        long_rows.append(long_row("grid", dict(case, sparsity=s), "spin", "realized_sparsity", "1", realized, env))
-        del spin
-    with open(csv_path, "a", newline="") as f:
-        w = csv.writer(f)
-        for r in out_rows:
-            w.writerow([_fmt(r[c]) for c in COLUMNS])
-    log(f"point B={batch} ctx={ctx} n={n}: dense {t_dense.p50_us:.1f} us ({keys0 / t_dense.p50_us / 1e3:.0f} GB/s), "
-        f"topk {t_topk_dense.p50_us:.1f} vs torch {t_torch.p50_us:.1f}; "
-        + ", ".join(f"s={r['sparsity']}: logits {r['spin_logits_us']:.1f} step {r['step_us']:.1f} "
-                    f"plan+upd {r['plan_update_us']:.1f}" for r in out_rows[1:])
-        + f"  [{time.time() - t_start:.1f} s]")
-    return out_rows
+    torch.backends.cuda.matmul.allow_tf32 = False
+    batch, ctx = (2, 300) if dry else (4, 20000)
+    for n in (1, 2):
+        p = Point(batch, ctx, n, dry)
+        q, w = p.q[0]
+        ref = ops.paged_indexer_logits_ref(q, p.caches[0], w, p.lens, p.table)
+        backends = ["triton"] + (["deepgemm"] if deepgemm.available() and not dry else [])
+        for name in backends:
+            with logits_backend(name):
+                got = ops.paged_indexer_logits(q, p.caches[0], w, p.lens, p.table)
+            live = torch.isfinite(ref)
+            err = rel_err(torch.where(live, got, float("-inf")), ref)
+            env.setdefault("checks", {})[f"logits_{name}_n{n}_rel_err"] = err
+            if not err < 5e-3:
+                raise AssertionError(f"{name} logits n={n}: relative error {err:.2e}")
+            k = min(TOPK, ctx // 2)
+            want = topk_positions_ref(ref, p.lens.view(-1), k)
+            bmax = ops.block_max(ref, 64)
+            got_k = ops.topk_positions(ref, p.lens.view(-1), k, block_max=bmax)
+            if not torch.equal(got_k, want):
+                raise AssertionError(f"topk_positions differs from its reference (n={n})")
+        log(f"check n={n}: " + ", ".join(f"{k}={v:.2e}" for k, v in env["checks"].items() if f"_n{n}_" in k))
 
 
-def _fmt(v):
+# ---------------------------------------------------------------------------------------------- report
+def fmt(v):
     if isinstance(v, float):
         return "" if math.isnan(v) else f"{v:.2f}"
     return str(v)
 
 
-# ---------------------------------------------------------------------------------------------- report
-WHY = """\
-- Dense logits, next_n = 1: 0.97-0.98x of the anchor where B x L >= 8M tokens (3.9-4.0 TB/s of keys, 95% of
-  the copy bandwidth measured in the same run): target met. Small problems (B=1, 64K-256K) run 0.7-0.9x:
-  a few hundred programs and a fixed launch cost.
-- Dense logits, next_n = 2: 0.55-0.63x. Both rows share one key load, so the bytes grow by 3% only, but the
-  time doubles: the loop is bound by the per-block chain TMA wait -> FP8 MMA -> wait -> ReLU/weights/head sum
-  -> cross-warp block max -> stores, not by memory. Evidence (tune, B=32, 256K): n=2 takes 1.9x n=1; the
-  fused block max alone costs 6% (n=1) / 16% (n=2); 8 warps 0.67x; one MMA per row 1.09x (now the default).
-  REFERENCE.md sec. 6 saw 0.72-0.75x with a similar kernel; a warp-specialized producer/consumer kernel
-  (Triton 3.6 could not compile it there) or CUDA would be the next step.
-- SPIN step (plan_update_us, step_us): the predictor bookkeeping inside SpinIndexer.plan/run (torch code of
-  the predictor issue: positions() and repeat_interleave build [B*N, W*T] int64 maps every layer, sorts over W
-  for selection, the EMA update) costs 340-480 us at B=1 and 0.5-2.4 ms at B=96, i.e. 40-135% of the dense
-  logits instead of <= 5%. The two kernels alone (SPIN logits + our top-k) meet the step targets at B=96,
-  512K, n=1 (see kernels_speedup_vs_anchor: ~2.3x at s=0.5, ~2.0x at s=0.4); the whole step does not.
-- Top-k at 1M columns: 0.14-0.17x of torch.topk at B=96 (target met), 0.28x at B=32, 0.45-0.5x at B=1-8: with
-  few rows the time is the latency of four dependent launches (threshold pass ~38 us: two 256-bin histograms
-  and a compaction over 16K block maxima in one program per row), not bandwidth.
-"""
+def targets(rows: list[dict]) -> list[str]:
+    """The issue's targets, each beside its measured value."""
+    out = []
+
+    def find(b, c, n, s):
+        return next((r for r in rows if (r["batch"], r["ctx"], r["next_n"], r["sparsity"]) == (b, c, n, s)), None)
+
+    def ratio(a, b):
+        return a / b if a == a and b == b and b > 0 else float("nan")
+
+    for c in (524288, 1048576):
+        r = find(96, c, 1, 0.5)
+        if r:
+            dg = ratio(r["deepgemm_logits_us"] + r["torch_topk_us"], r["step_us"])
+            out.append(f"B=96 L={c} n=1 s=0.5: vs DeepGEMM+torch.topk {dg:.2f}x (target >= 2.0), "
+                       f"vs own dense step {ratio(r['dense_step_us'], r['step_us']):.2f}x (target >= 1.7)")
+    r = find(96, 131072, 1, 0.5)
+    if r:
+        out.append(f"B=96 L=131072 n=1 s=0.5: vs own dense step {ratio(r['dense_step_us'], r['step_us']):.2f}x "
+                   "(target >= 1.6)")
+    r = find(96, 524288, 1, 0.4)
+    if r:
+        out.append(f"B=96 L=524288 n=1 s=0.4: vs own dense step {ratio(r['dense_step_us'], r['step_us']):.2f}x "
+                   "(target >= 1.5)")
+    for b, c in ((32, 524288), (96, 131072)):
+        r = find(b, c, 2, 0.5)
+        if r:
+            out.append(f"B={b} L={c} n=2 s=0.5: vs DeepGEMM+torch.topk "
+                       f"{ratio(r['deepgemm_logits_us'] + r['torch_topk_us'], r['step_us']):.2f}x (target >= 1.6)")
+    worst = min(rows, key=lambda r: ratio(r["dense_step_us"], r["step_us"]), default=None)
+    if worst:
+        out.append(f"every point: worst SPIN step vs own dense step {ratio(worst['dense_step_us'], worst['step_us']):.2f}x "
+                   f"at B={worst['batch']} L={worst['ctx']} n={worst['next_n']} s={worst['sparsity']} (target >= 1.0); "
+                   f"with the guard: {min(ratio(r['dense_step_us'], r['guard_step_us']) for r in rows):.2f}x")
+    long = [r for r in rows if r["ctx"] >= 131072]
+    if long:
+        w = max(long, key=lambda r: r["spin_own_us"] / r["dense_logits_us"])
+        out.append(f"SPIN own work at L >= 128K: worst {100 * w['spin_own_us'] / w['dense_logits_us']:.1f}% of dense "
+                   f"logits at B={w['batch']} L={w['ctx']} n={w['next_n']} s={w['sparsity']} (target <= 8%)")
+    return out
 
 
-def load_anchor(path):
-    if not path or not os.path.exists(path):
-        return {}
-    with open(path) as f:
-        return {(int(r["batch"]), int(r["ctx_tokens"]), int(r["next_n"])): r for r in csv.DictReader(f)}
-
-
-def write_report(out_dir, anchor_path, command):
-    with open(os.path.join(out_dir, "h200_indexer.csv")) as f:
-        rows = [{k: (float(v) if v not in ("",) else float("nan")) for k, v in r.items()} for r in csv.DictReader(f)]
-    env_path = os.path.join(out_dir, "h200_env.json")
-    env = json.load(open(env_path)) if os.path.exists(env_path) else {}
-    anchor = load_anchor(anchor_path)
-    lines = ["# SPIN indexer kernels on one H200", ""]
-    lines += [f"- GPU: {env.get('gpu')} ({env.get('sms')} SMs), date {env.get('date')}, torch {env.get('torch')}, "
-              f"triton {env.get('triton')}, CUDA {env.get('cuda')}, commit {env.get('commit')}",
-              f"- command: `{command}`",
-              f"- copy bandwidth (same run, read + written): {env.get('copy_GBps', float('nan')):.0f} GB/s",
-              "- timings: CUDA graphs, median of replays, inputs rotated over >= 256 MiB; random FP8 keys, random "
-              "block tables; SPIN rows use a random kept set (newest block always kept) for the logits/top-k "
-              "columns, and the real SpinIndexer (plan + run, one layer) for plan_update_us and step_us.", ""]
-    if env.get("graph61"):
-        g = env["graph61"]
-        lines += [f"- {g['layers']}-layer SPIN step in one CUDA graph (B={g['batch']}, ctx={g['ctx']}, "
-                  f"next_n={g['next_n']}, "
-                  f"s={g['sparsity']}, realized {g['realized_sparsity']:.3f}): {g['spin_step_us']:.0f} us per step "
-                  f"vs dense Triton {g['dense_step_us']:.0f} us and dense + torch.topk "
-                  f"{g['dense_torch_topk_step_us']:.0f} us.", ""]
-    hdr = COLUMNS + ["anchor_logits_us", "dense_vs_anchor_bw", "step_speedup_vs_anchor", "kernels_speedup_vs_anchor",
-                     "plan_update_pct", "topk_vs_torch"]
-    lines += ["| " + " | ".join(hdr) + " |", "|" + "---|" * len(hdr)]
-    misses = []
-    for r in rows:
-        key = (int(r["batch"]), int(r["ctx"]), int(r["next_n"]))
-        a = anchor.get(key)
-        a_us = float(a["dense_logits_us"]) if a else float("nan")
-        a_topk = float(a["torch_topk2048_us"]) if a else float("nan")
-        bw_ratio = a_us / r["dense_logits_us"] if a else float("nan")
-        speed = (a_us + a_topk) / r["step_us"] if a and r["step_us"] == r["step_us"] else float("nan")
-        # the two kernels alone (SPIN logits + our top-k), i.e. the step without SpinIndexer's bookkeeping
-        kernels = (a_us + a_topk) / (r["spin_logits_us"] + r["topk_us"]) if a else float("nan")
-        pu = 100 * r["plan_update_us"] / r["dense_logits_us"] if r["sparsity"] > 0 else 0.0
-        tk = r["topk_us"] / r["torch_topk_us"]
-        vals = [int(r["batch"]), int(r["ctx"]), int(r["next_n"]), r["sparsity"]] + \
-               [r[c] for c in COLUMNS[4:]] + [a_us, bw_ratio, speed, kernels, pu, tk]
-        lines.append("| " + " | ".join(_fmt(v) if isinstance(v, float) else str(v) for v in vals) + " |")
-        b, ctx, n, s = key + (r["sparsity"],)
-        if s == 0 and b * ctx >= 8 << 20 and bw_ratio == bw_ratio and bw_ratio < 0.9:
-            misses.append(f"dense logits B={b} ctx={ctx} n={n}: {bw_ratio:.2f}x of the anchor's bandwidth (target 0.9)")
-        if (b, ctx) == (96, 524288) and s in (0.4, 0.5):
-            target = 2.2 if s == 0.5 else 1.8
-            if not speed >= target:
-                misses.append(f"step B=96 512K n={n} s={s}: {speed:.2f}x faster than anchor logits + torch.topk "
-                              f"(target {target}x); the two kernels alone: {kernels:.2f}x")
-        if s > 0 and ctx >= 131072 and not pu <= 5:
-            misses.append(f"plan+update B={b} ctx={ctx} n={n} s={s}: {pu:.1f}% of dense logits (target <= 5%)")
-        if s == 0 and ctx == 1048576 and not tk <= 0.25:
-            misses.append(f"top-k B={b} 1M n={n}: {tk:.2f}x of torch.topk (target <= 0.25x)")
-    lines += ["", "## Why targets are missed", "", WHY, "", "## Targets missed", ""] + \
-        ([f"- {m}" for m in misses] or ["- none"])
+def write_report(out_dir: str, rows: list[dict], env: dict, command: str) -> list[str]:
+    lines = ["# SPIN indexer step on one H200", "",
+             f"- GPU: {env.get('gpu')} ({env.get('sms')} SMs), {env.get('date')}, torch {env.get('torch')}, triton "
+             f"{env.get('triton')}, CUDA {env.get('cuda')}, commit {env.get('commit')}, DeepGEMM "
+             f"{'yes' if env.get('deepgemm') else 'no'}",
+             f"- command: `{command}`",
+             f"- copy bandwidth (same run, read + written): {env.get('copy_GBps', float('nan')):.0f} GB/s",
+             f"- checks: {json.dumps(env.get('checks', {}))}",
+             "- per layer, CUDA graphs, median of replays; each layer its own random key cache; SPIN history a random "
+             "steady state; plan_us = plan() of 61 layers / 61. Columns: see benchmarks/run_all.py.", "",
+             "## Targets (issue: the fused step)", ""] + [f"- {t}" for t in targets(rows)] + ["",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(fmt(r.get(c, float("nan"))) for c in COLUMNS) + " |" for r in rows]
     with open(os.path.join(out_dir, "h200_indexer.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return lines
 
 
-def print_table(rows):
-    log("\n" + ",".join(COLUMNS))
-    for r in rows:
-        log(",".join(_fmt(r[c]) for c in COLUMNS))
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(HERE, "results"))
-    p.add_argument("--phases", default="check,grid,graph61",
-                   help="comma list of check,tune (= tune-logits + tune-topk),grid,graph61")
+    p.add_argument("--phases", default="check,grid", help="comma list of check,grid")
     p.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32, 96])
     p.add_argument("--contexts", type=lambda s: [int(x) for x in s.split(",")],
                    default=[65536, 131072, 262144, 524288, 1048576])
     p.add_argument("--next-ns", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
-    p.add_argument("--sparsities", type=lambda s: [float(x) for x in s.split(",")], default=[0, 0.2, 0.3, 0.4, 0.5])
-    p.add_argument("--graph61", default="8,131072,1,0.4,61", help="batch,ctx,next_n,sparsity,layers")
-    p.add_argument("--pool-gib", type=float, default=14.0, help="random key pool size")
-    p.add_argument("--anchor", default=DEFAULT_ANCHOR)
-    p.add_argument("--report-only", action="store_true", help="rebuild the .md from the CSV (no GPU)")
+    p.add_argument("--sparsities", type=lambda s: [float(x) for x in s.split(",")], default=[0.2, 0.3, 0.4, 0.5])
+    p.add_argument("--max-tokens", type=int, default=96 * 1048576, help="skip points with B x L above this")
+    p.add_argument("--budget-s", type=float, default=1e9, help="stop starting new points after this many seconds")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     command = "python benchmarks/run_all.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    if args.report_only:
-        for line in write_report(args.out, args.anchor, command):
-            log(line)
-        return 0
-    import torch
-    from harness import KeyPool, copy_bandwidth_gbps, environment
+    from harness import DEVICE, copy_bandwidth_gbps, environment
 
-    phases = set(args.phases.split(","))
+    from spin_indexer.ops import deepgemm
+
+    dry = DEVICE == "cpu"
     env = environment()
-    log(json.dumps(env))
+    env["deepgemm"] = deepgemm.available()
     t0 = time.time()
-    env["copy_GBps"] = copy_gbps = copy_bandwidth_gbps()
-    log(f"copy bandwidth {copy_gbps:.0f} GB/s")
-    pool = KeyPool(int(args.pool_gib * 2**30 // (64 * 132)))
-    log(f"key pool {pool.num_blocks} blocks ready in {time.time() - t0:.1f} s")
-    long_rows = []
+    env["copy_GBps"] = copy_bandwidth_gbps() if not dry else 4250.0
+    log(json.dumps(env))
+    phases = set(args.phases.split(","))
     if "check" in phases:
-        run_checks(pool, long_rows, env)
-    if phases & {"tune", "tune-logits", "tune-topk"}:
-        run_tune(pool, long_rows, env, logits=bool(phases & {"tune", "tune-logits"}),
-                 topk=bool(phases & {"tune", "tune-topk"}))
-        env["tuned_logits_knobs"] = {str(k): v for k, v in TUNED.items()}
-        log(f"tuned logits knobs per next_n: {TUNED}")
+        run_checks(env, dry)
     rows = []
     csv_path = os.path.join(args.out, "h200_indexer.csv")
     if "grid" in phases:
-        rows = run_grid(pool, args, copy_gbps, long_rows, env, csv_path)
-    if "graph61" in phases:
-        from bench_step import graph61, spin_available
-        from harness import time_graph
-        if spin_available():
-            try:
-                b, c, n, s, layers = args.graph61.split(",")
-                env["graph61"] = graph61(pool, int(b), int(c), int(n), float(s), time_graph, layers=int(layers))
-                log(f"graph61: {env['graph61']}")
-            except Exception as exc:
-                log(f"graph61 FAILED: {exc!r}")
-                traceback.print_exc()
+        for n in args.next_ns:
+            for b in args.batches:
+                for c in args.contexts:
+                    if b * c > args.max_tokens or time.time() - t0 > args.budget_s:
+                        continue
+                    try:
+                        rows += grid_point(b, c, n, args.sparsities, env, dry)
+                    except Exception as exc:  # one failed point must not cost the whole run
+                        log(f"FAILED B={b} L={c} n={n}: {exc!r}")
+                        traceback.print_exc()
+                    with open(csv_path, "w", newline="") as f:
+                        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+                        w.writeheader()
+                        w.writerows([{c: fmt(r.get(c, float("nan"))) for c in COLUMNS} for r in rows])
     with open(os.path.join(args.out, "h200_env.json"), "w") as f:
         json.dump(env, f, indent=1)
-    if long_rows:
-        with open(os.path.join(args.out, "h200_indexer_long.csv"), "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=LONG_COLUMNS)
-            w.writeheader()
-            w.writerows(long_rows)
     if rows:
-        write_report(args.out, args.anchor, command)
-        print_table(rows)
+        for line in write_report(args.out, rows, env, command):
+            log(line)
     log(f"total {time.time() - t0:.1f} s")
     return 0
 

@@ -101,7 +101,7 @@ class SpinVllmRuntime:
                 self.tracker.forget_writes(meta.slot_mapping.to(self.tracker.device))
             return False
         self._ensure(kv, kv_cache.shape[0], batch.block_table)
-        if batch.block_table.shape[1] > self.indexer.state.max_blocks:
+        if batch.block_table.shape[1] > self.indexer.max_blocks:
             self.tracker.forget_writes(meta.slot_mapping)
             return False
         slots, fresh = self.tracker.assign(batch.block_table, batch.seq_lens, meta.slot_mapping)
@@ -140,7 +140,7 @@ class SpinVllmRuntime:
         num_slots = 2 * self.max_batch  # room for requests that skip a step; slot num_slots is the trash
         self.indexer = SpinIndexer(config, num_layers=len(self.layer_names), max_batch=self.max_batch,
                                    max_blocks=width, next_n=self.next_n, device=kv.device,
-                                   max_requests=num_slots + 1)
+                                   max_requests=num_slots + 1, num_cache_blocks=kv.shape[0])
         for _ in range(num_slots + 1):  # the tracker owns slot assignment; the pool just has to agree
             self.indexer.state.allocate()
         self.tracker = RequestTracker(num_slots, num_kv_blocks, tokens, kv.device)

@@ -1,0 +1,461 @@
+"""Triton twin of SpinIndexer.plan()'s torch path (plan.py): step metadata, reset of the blocks that entered
+a request, every layer's block selection and compaction, and the per-slot counters, in two launches with no
+host sync and no data-dependent shape (CUDA-graph capturable).
+
+Launch 1, `_plan_reset_kernel`, grid (B, L): program (b, l) resets layer l of request b's entered blocks
+  (w in [ceil(seen_len / T), n): vertical[l, p, :] and block_max[p, l] = -inf, O(entered blocks)); program
+  (b, 0) also writes ws.num_blocks / guarded / update_rows and stashes (step + 1, first entered block) for
+  launch 2. Every reset lands before any selection reads the history, as in the torch path, so a physical
+  block entering one request is "never scored" for every request holding it.
+Launch 2, `_plan_select_kernel`, grid (max(B, 1), L): program (b, l) does the selection of layer l for b:
+  A. score pass: block scores of prediction row 0, forced blocks (+inf key), both staged in scratch
+     (float32 key and int8 flag per block);
+  B. per prediction row (1 for row0, next_n for row-local): a radix select of the k1-th largest key
+     (4 passes of 8 bits over order-preserving uint32 keys, tl.histogram), then a pass that marks the
+     k1 best (keys above, then the first ties in block order: ties to the lower block) in the flags.
+     Rows past the first re-score only the blocks their diagonal window reaches (the rest equal row 0's);
+  C. random exploration: the same radix select over the inline hash of (seed, slot, step, block, layer)
+     among the valid unmarked blocks (hash desc, lower block on ties, as select_blocks with `hashes`);
+  D. compaction in ascending block order: only kept entries of kept_blocks / compact_table, num_kept,
+     compact_lens; program (b, 0) then writes step and seen_len of the slot, (0, 0) the clock.
+Bytes per program (W' = n blocks of the request, DW the diagonal window, reduce=max with combine max /
+vertical / diagonal): A reads 4 B (table) + 2 B (block_max) per block + 2 B x DW of diagonal and writes
+5 B per block; B reads 4 B per block per radix pass + 5 B in the mark pass (~21 B x W'); C reads 1 B per
+block per pass (~4 B x W'); D 1 B per block + 12 B per kept block. About 35 B x W' + 2 B x DW, mostly L1/L2
+hits on its own scratch, never O(context) (W' = 16384: ~0.6 MB). reduce=mean or combine=sum read each
+block's 64 vertical slots once in pass A (2 B per token).
+Semantics: bit-identical to the torch path. reduce=mean sums a block's slot scores in another order than
+torch, so it is identical when those sums are exact in float32 (the tests use such values) and otherwise
+within float32 rounding. Block ids outside [0, num_cache_blocks) read as the trash block, treated as
+never scored (forced) and never read or written (the torch path reads whatever the trash holds: plan()
+with validate=True rejects such tables).
+"""
+from __future__ import annotations
+
+import struct
+
+import torch
+
+from .config import Combine, Exploration, MtpPolicy, Pooling, Reduce, SpinConfig
+
+try:  # the package imports this module only for CUDA tensors; without triton the reference is used
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+_MASK31 = 0x7FFFFFFF
+_COMBINE = {Combine.MAX: 0, Combine.SUM: 1, Combine.VERTICAL: 2, Combine.DIAGONAL: 3}
+
+
+def supports(config: SpinConfig) -> bool:
+    """Whether the fused planner covers `config`: A1 pooling with max or mean, any combine rule, no or random
+    exploration, no adaptive budgets, no hybrid scores (everything else runs the torch path)."""
+    return (config.pooling is Pooling.A1 and config.reduce in (Reduce.MAX, Reduce.MEAN)
+            and config.exploration in (Exploration.NONE, Exploration.RANDOM)
+            and config.adaptive is None and config.hybrid == 0)
+
+
+def _f64_bits(x: float) -> int:
+    """The IEEE bits of float64 x as an int64 (Triton passes Python floats as float32)."""
+    return struct.unpack("<q", struct.pack("<d", float(x)))[0]
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, (int(x) - 1).bit_length())
+
+
+def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, seq_lens: torch.Tensor,
+                     slot_ids: torch.Tensor, num_accepted: torch.Tensor | None, block: int = 1024,
+                     score_block: int = 64) -> None:
+    """The fused plan(): writes ws (kept_blocks, compact_table, num_kept, compact_lens of every layer, and
+    num_blocks, guarded, update_rows) and advances the state exactly as the torch path of SpinIndexer.plan().
+
+    config: a SpinConfig with supports(config); state: SpinState; ws: Workspace (leading [:B, :W] slices are
+    written); block_table: int32 [B, W]; seq_lens: int32 [B, N]; slot_ids: int32/int64 [B] distinct;
+    num_accepted: int32 [B] or None. block / score_block: blocks per tile of the flat passes / of the
+    scoring passes (powers of two; tests pass small ones to cross tiles).
+    """
+    batch, width = block_table.shape
+    next_n = seq_lens.shape[1]
+    layers = state.num_layers
+    t = config.tokens_per_block
+    dev = block_table.device
+    table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
+    lens = seq_lens.contiguous()
+    slots = slot_ids.contiguous()
+    acc = num_accepted.contiguous() if num_accepted is not None else lens
+    rows_b = max(batch, 1)
+    stash = torch.empty(rows_b, 2, dtype=torch.int32, device=dev)
+    scratch = torch.empty(rows_b * layers, max(width, 1), dtype=torch.float32, device=dev)
+    flags = torch.empty(rows_b * layers, max(width, 1), dtype=torch.int8, device=dev)
+    guarded = ws.guarded.view(torch.uint8)
+    upd = ws.update_rows.view(torch.uint8)
+    vert, bmax, diag = state.vertical, state.block_max, state.diagonal
+    sb = min(_next_pow2(block), _next_pow2(max(width, 1)))
+    sbs = min(_next_pow2(score_block), sb)
+    tp, np_ = _next_pow2(t), _next_pow2(next_n)
+    common = dict(T=t, TP=tp, NP=np_)
+    if batch > 0:
+        _plan_reset_kernel[(batch, layers)](
+            table, table.stride(0), lens, slots, state.step, state.seen_len, acc,
+            vert, vert.stride(0), vert.stride(1), bmax, bmax.stride(0), bmax.stride(1),
+            ws.num_blocks, guarded, upd, upd.stride(0), stash,
+            next_n, state.num_cache_blocks, config.topk, config.guard_tokens,
+            SB=min(32, sb), ROW0=config.mtp is MtpPolicy.ROW0, HAS_ACC=num_accepted is not None, **common)
+    explore = config.exploration is Exploration.RANDOM
+    mean = config.reduce is Reduce.MEAN
+    combine = _COMBINE[config.combine]
+    _plan_select_kernel[(rows_b, layers)](
+        table, table.stride(0), lens, slots, stash,
+        vert, vert.stride(0), vert.stride(1), bmax, bmax.stride(0), bmax.stride(1),
+        diag, diag.stride(0), diag.stride(1), scratch, flags, scratch.stride(0),
+        ws.kept_blocks, ws.compact_table, ws.kept_blocks.stride(0), ws.kept_blocks.stride(1),
+        ws.compact_table.stride(0), ws.compact_table.stride(1), ws.num_kept, ws.num_kept.stride(0),
+        ws.compact_lens, ws.compact_lens.stride(0), ws.compact_lens.stride(1),
+        state.step, state.seen_len, state.clock,
+        batch, next_n, 1 if config.mtp is MtpPolicy.ROW0 else next_n, state.num_cache_blocks, state.window,
+        config.topk, config.guard_tokens, -(-config.topk // t) + 1,
+        _f64_bits(config.sparsity), _f64_bits(config.gamma), (config.seed * 0x9E3779B1) & _MASK31,
+        SB=sb, SBS=sbs, SLOT=mean or config.combine is Combine.SUM, COMBINE=combine, MEAN=mean,
+        EXPLORE=explore, enable_fp_fusion=False, **common)
+
+
+if triton is not None:
+    NEG_INF = float("-inf")
+
+    @triton.jit
+    def _mix(h):
+        """select._mix on int64 (every intermediate < 2**61)."""
+        h = (h * 0x45D9F3B) & 0x7FFFFFFF
+        h = h ^ (h >> 15)
+        return ((h * 0x2C1B3C6D) & 0x7FFFFFFF) ^ (h >> 13)
+
+    @triton.jit
+    def _ukey(x):
+        """fp32 -> uint32 with the same order (-0.0 folded into +0.0, as torch's sort treats them equal)."""
+        x = tl.where(x == 0.0, 0.0, x)
+        bits = x.to(tl.uint32, bitcast=True)
+        flip = tl.where((bits >> 31) != 0, 0xFFFFFFFF, 0x80000000).to(tl.uint32)
+        return bits ^ flip
+
+    @triton.jit
+    def _digit_hist(key, ok, prefix, SHIFT: tl.constexpr):
+        """256-bin histogram of digit (key >> SHIFT) & 255 over the ok keys whose digits above SHIFT equal
+        prefix's. Masked lanes go to bin 0 and are subtracted."""
+        hit = ok & (((key ^ prefix) >> SHIFT) < 256)
+        d = tl.where(hit, (key >> SHIFT) & 255, 0).to(tl.int32)
+        miss = tl.sum((~hit).to(tl.int32), axis=0)
+        return tl.histogram(d, 256) - tl.where(tl.arange(0, 256) == 0, miss, 0)
+
+    @triton.jit
+    def _pick_digit(hist, need):
+        """Largest bin b with (count in bins >= b) >= need, and the count in bins > b."""
+        bins = tl.arange(0, 256)
+        ge = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+        b = tl.max(tl.where(ge >= need, bins, -1), axis=0)
+        return b, tl.sum(tl.where(bins > b, hist, 0), axis=0)
+
+    @triton.jit
+    def _meta(lens_ptr, b, next_n, topk, guard_tokens, T: tl.constexpr, NP: tl.constexpr):
+        """(longest, n blocks, first new block, keep_all 0/1, guarded 0/1) of request b (plan.step_meta)."""
+        j = tl.arange(0, NP)
+        lens = tl.load(lens_ptr + b * next_n + j, mask=j < next_n, other=0).to(tl.int64)
+        longest = tl.max(lens, axis=0)
+        shortest = tl.min(tl.where(j < next_n, lens, 1 << 40), axis=0)
+        n = (longest + T - 1) // T
+        first_new = tl.maximum(shortest - 1, 0) // T
+        keep_all = (longest <= topk).to(tl.int32)
+        guarded = (longest < guard_tokens).to(tl.int32) * (1 - keep_all)
+        return longest, n, first_new, keep_all, guarded
+
+    @triton.jit
+    def _phys_bm(tb, blk, m, bmax_l, stride_bp, num_cache_blocks):
+        """Physical block (trash ids outside the cache) and its block max (-inf for trash: never scored)."""
+        phys = tl.load(tb + blk, mask=m, other=-1).to(tl.int64)
+        inside = m & (phys >= 0) & (phys < num_cache_blocks)
+        bm = tl.load(bmax_l + phys * stride_bp, mask=inside, other=NEG_INF).to(tl.float32)
+        return phys, inside, bm
+
+    @triton.jit
+    def _score_tile(blk, ok, phys, bm, q, in_win, vert_l, stride_vp, diag_row, window,
+                    T: tl.constexpr, TP: tl.constexpr, SBS: tl.constexpr, SLOT: tl.constexpr,
+                    COMBINE: tl.constexpr, MEAN: tl.constexpr):
+        """A1 block scores float32 [SBS] of query position q for the ok blocks (valid, not forced: every slot
+        of them lies inside every row, so no length mask), -inf elsewhere. The diagonal is read only when
+        the tile reaches the window (in_win), and only at offsets q - i in [0, window)."""
+        t = tl.arange(0, TP)[None, :]
+        cell_ok = ok[:, None] & (t < T)
+        d = tl.full([SBS, TP], NEG_INF, tl.float32)
+        if in_win:
+            off = q - blk[:, None] * T - t
+            dm = cell_ok & (off >= 0) & (off < window)
+            d = tl.load(diag_row + off, mask=dm, other=NEG_INF).to(tl.float32)
+        if SLOT:  # per-slot combine, then pool (reduce=mean, or combine=sum)
+            v = tl.full([SBS, TP], NEG_INF, tl.float32)
+            if COMBINE != 3:
+                v = tl.load(vert_l + phys[:, None] * stride_vp + t, mask=cell_ok, other=NEG_INF).to(tl.float32)
+            if COMBINE == 0:
+                x = tl.maximum(v, d)
+            elif COMBINE == 1:  # both: v + d; one missing: twice the other (score.combine)
+                hv = (v > NEG_INF) & (v < float("inf"))
+                hd = (d > NEG_INF) & (d < float("inf"))
+                x = tl.where(hv & hd, v + d, tl.where(hv, 2 * v, tl.where(hd, 2 * d, NEG_INF)))
+            elif COMBINE == 2:
+                x = v
+            else:
+                x = d
+            if MEAN:  # mean over the finite slots, -inf if none (score.pool_blocks)
+                fin = (x > NEG_INF) & (x < float("inf"))
+                cnt = tl.sum(fin.to(tl.int32), axis=1)
+                tot = tl.sum(tl.where(fin, x, 0.0), axis=1)
+                s = tl.where(cnt > 0, tl.math.div_rn(tot, tl.maximum(cnt, 1).to(tl.float32)), NEG_INF)
+            else:
+                s = tl.max(x, axis=1)
+        else:  # reduce=max: the vertical part of a block is its block max (one fp16 read per block)
+            dpart = tl.max(d, axis=1)
+            if COMBINE == 2:
+                s = bm
+            elif COMBINE == 3:
+                s = dpart
+            else:
+                s = tl.maximum(bm, dpart)
+        return tl.where(ok, s, NEG_INF)
+
+    @triton.jit
+    def _wlo(q, window, T: tl.constexpr):
+        """First block holding an offset q - i < window (the blocks the diagonal window reaches)."""
+        x = q - window + 1
+        return tl.where(x > 0, x // T, 0)
+
+    @triton.jit
+    def _flat_key(scr, flg, blk, mm):
+        s = tl.load(scr + blk, mask=mm, other=NEG_INF)
+        return _ukey(s), mm & (s > NEG_INF)
+
+    @triton.jit
+    def _rescored_key(flg, blk, m, start, tb, bmax_l, stride_bp, num_cache_blocks, q, wlo, vert_l, stride_vp,
+                      diag_row, window, T: tl.constexpr, TP: tl.constexpr, SBS: tl.constexpr,
+                      SLOT: tl.constexpr, COMBINE: tl.constexpr, MEAN: tl.constexpr):
+        """Keys of a tile re-scored for another prediction row (forced blocks read from the flags)."""
+        phys, inside, bm = _phys_bm(tb, blk, m, bmax_l, stride_bp, num_cache_blocks)
+        f = tl.load(flg + blk, mask=m, other=1)
+        forced = f == 1
+        s = _score_tile(blk, m & ~forced, phys, bm, q, start + SBS > wlo, vert_l, stride_vp, diag_row, window,
+                        T, TP, SBS, SLOT, COMBINE, MEAN)
+        s = tl.where(forced, float("inf"), s)
+        return _ukey(s), m & (s > NEG_INF)
+
+    @triton.jit
+    def _plan_reset_kernel(table_ptr, stride_tb, lens_ptr, slot_ptr, step_ptr, seen_ptr, acc_ptr,
+                           vert_ptr, stride_vl, stride_vp, bmax_ptr, stride_bp, stride_bl,
+                           nblk_ptr, guard_ptr, upd_ptr, stride_upd, stash_ptr,
+                           next_n, num_cache_blocks, topk, guard_tokens,
+                           T: tl.constexpr, TP: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr,
+                           ROW0: tl.constexpr, HAS_ACC: tl.constexpr):
+        b = tl.program_id(0).to(tl.int64)
+        pl = tl.program_id(1)
+        l = pl.to(tl.int64)
+        longest, n, first_new, keep_all, guarded = _meta(lens_ptr, b, next_n, topk, guard_tokens, T, NP)
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        first_entered = (tl.load(seen_ptr + slot).to(tl.int64) + T - 1) // T
+        offs = tl.arange(0, SB).to(tl.int64)
+        t = tl.arange(0, TP)[None, :]
+        for start in range(first_entered, n, SB):  # only the entered blocks: O(entered), not O(W)
+            blk = start + offs
+            m = blk < n
+            phys = tl.load(table_ptr + b * stride_tb + blk, mask=m, other=-1).to(tl.int64)
+            inside = m & (phys >= 0) & (phys < num_cache_blocks)
+            tl.store(bmax_ptr + phys * stride_bp + l * stride_bl,
+                     tl.full([SB], NEG_INF, tl.float32).to(bmax_ptr.dtype.element_ty), mask=inside)
+            tl.store(vert_ptr + l * stride_vl + phys[:, None] * stride_vp + t,
+                     tl.full([SB, TP], NEG_INF, tl.float32).to(vert_ptr.dtype.element_ty),
+                     mask=inside[:, None] & (t < T))
+        if pl == 0:
+            j = tl.arange(0, NP)
+            if ROW0:
+                rows = j == 0
+            elif HAS_ACC:
+                rows = j <= tl.load(acc_ptr + b)
+            else:
+                rows = j >= 0
+            rows = rows & ((j * 0 + guarded) == 0)
+            tl.store(upd_ptr + b * stride_upd + j, rows.to(tl.uint8), mask=j < next_n)
+            tl.store(nblk_ptr + b, n.to(tl.int32))
+            tl.store(guard_ptr + b, guarded.to(tl.uint8))
+            tl.store(stash_ptr + b * 2, tl.load(step_ptr + slot) + 1)
+            tl.store(stash_ptr + b * 2 + 1, first_entered.to(tl.int32))
+
+    @triton.jit
+    def _plan_select_kernel(table_ptr, stride_tb, lens_ptr, slot_ptr, stash_ptr,
+                            vert_ptr, stride_vl, stride_vp, bmax_ptr, stride_bp, stride_bl,
+                            diag_ptr, stride_dl, stride_ds, scr_ptr, flg_ptr, stride_scr,
+                            kept_ptr, ctab_ptr, stride_kl, stride_kb, stride_tl, stride_tbb, nkept_ptr, stride_nl,
+                            clen_ptr, stride_cl, stride_cb, step_ptr, seen_ptr, clock_ptr,
+                            batch, next_n, num_rows, num_cache_blocks, window, topk, guard_tokens, cover,
+                            sparsity_bits, gamma_bits, hash0,
+                            T: tl.constexpr, TP: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr,
+                            SBS: tl.constexpr, SLOT: tl.constexpr, COMBINE: tl.constexpr, MEAN: tl.constexpr,
+                            EXPLORE: tl.constexpr):
+        pb = tl.program_id(0)
+        pl = tl.program_id(1)
+        if pb < batch:
+            b = pb.to(tl.int64)
+            l = pl.to(tl.int64)
+            longest, n, first_new, keep_all, guarded = _meta(lens_ptr, b, next_n, topk, guard_tokens, T, NP)
+            dense = keep_all + guarded  # 0 or 1
+            step = tl.load(stash_ptr + b * 2)
+            first_entered = tl.load(stash_ptr + b * 2 + 1).to(tl.int64)
+            slot = tl.load(slot_ptr + b).to(tl.int64)
+            # budget_blocks / explore_blocks in float64 (no FMA: enable_fp_fusion=False at launch)
+            sparsity = (tl.zeros([], tl.int64) + sparsity_bits).to(tl.float64, bitcast=True)
+            skipped = (n.to(tl.float64) * sparsity + tl.full([], 1e-9, tl.float64)).to(tl.int64)
+            budget = tl.minimum(n, tl.maximum(n - skipped, cover))
+            budget = tl.where(dense > 0, n, budget)
+            explore = budget * 0
+            if EXPLORE:
+                gamma = (tl.zeros([], tl.int64) + gamma_bits).to(tl.float64, bitcast=True)
+                share = (budget.to(tl.float64) * gamma + tl.full([], 0.5, tl.float64)).to(tl.int64)
+                explore = tl.where(dense > 0, 0, share)
+            tb = table_ptr + b * stride_tb
+            vert_l = vert_ptr + l * stride_vl
+            bmax_l = bmax_ptr + l * stride_bl
+            diag_row = diag_ptr + l * stride_dl + slot * stride_ds
+            row = b * tl.num_programs(1) + l
+            scr = scr_ptr + row * stride_scr
+            flg = flg_ptr + row * stride_scr
+            offs = tl.arange(0, SB).to(tl.int64)
+            offs_s = tl.arange(0, SBS).to(tl.int64)
+
+            # A. row 0's block scores and the forced blocks, staged (forced: key +inf and flag 1)
+            j_all = tl.arange(0, NP)
+            row_lens = tl.load(lens_ptr + b * next_n + j_all, mask=j_all < num_rows, other=0).to(tl.int64)
+            q0 = tl.load(lens_ptr + b * next_n).to(tl.int64) - 1
+            wlo0 = _wlo(q0, window, T)
+            wmin = tl.min(tl.where(j_all < num_rows, _wlo(row_lens - 1, window, T), 1 << 40), axis=0)
+            num_forced = tl.zeros([], tl.int64)
+            for start in range(0, n, SBS):
+                blk = start + offs_s
+                m = blk < n
+                phys, inside, bm = _phys_bm(tb, blk, m, bmax_l, stride_bp, num_cache_blocks)
+                forced = m & ((blk >= first_new) | (bm == NEG_INF) | (blk >= first_entered) | ((blk * 0 + dense) > 0))
+                s = _score_tile(blk, m & ~forced, phys, bm, q0, start + SBS > wlo0, vert_l, stride_vp, diag_row,
+                                window, T, TP, SBS, SLOT, COMBINE, MEAN)
+                tl.store(scr + blk, tl.where(forced, float("inf"), s), mask=m)
+                tl.store(flg + blk, forced.to(tl.int8), mask=m)
+                num_forced += tl.sum(forced.to(tl.int64), axis=0)
+            tl.debug_barrier()  # the staged keys and flags are read back by other threads
+            k1 = tl.maximum(num_forced, budget - explore)
+
+            # B. stage 1 per prediction row: the k1 best keys (forced = +inf), ties to the lower block
+            for j in range(0, num_rows):
+                qj = tl.load(lens_ptr + b * next_n + j).to(tl.int64) - 1
+                wloj = _wlo(qj, window, T)
+                rec_lo = tl.where(j > 0, tl.minimum(wmin, n), n)  # rows past 0 re-score the window blocks
+                prefix = tl.zeros([], tl.uint32)
+                need = k1
+                need0 = k1
+                for p in tl.static_range(4):
+                    hist = tl.zeros([256], tl.int32)
+                    for start in range(0, rec_lo, SB):
+                        blk = start + offs
+                        key, ok = _flat_key(scr, flg, blk, blk < rec_lo)
+                        hist += _digit_hist(key, ok, prefix, 24 - 8 * p)
+                    for start in range(rec_lo, n, SBS):
+                        blk = start + offs_s
+                        key, ok = _rescored_key(flg, blk, blk < n, start, tb, bmax_l, stride_bp, num_cache_blocks,
+                                                qj, wloj, vert_l, stride_vp, diag_row, window, T, TP, SBS, SLOT,
+                                                COMBINE, MEAN)
+                        hist += _digit_hist(key, ok, prefix, 24 - 8 * p)
+                    if p == 0:
+                        need = tl.minimum(need, tl.sum(hist, axis=0).to(tl.int64))
+                        need0 = need
+                    digit, above = _pick_digit(hist, need)
+                    need -= above
+                    prefix = prefix | (digit.to(tl.uint32) << (24 - 8 * p))
+                # mark: keys above the threshold, then the first `need` ties in block order (flag 2)
+                ties = tl.zeros([], tl.int64)
+                for start in range(0, rec_lo, SB):
+                    blk = start + offs
+                    mm = blk < rec_lo
+                    key, ok = _flat_key(scr, flg, blk, mm)
+                    f = tl.load(flg + blk, mask=mm, other=1)
+                    eq = (ok & (key == prefix)).to(tl.int64)
+                    sel = ok & ((key > prefix) | ((eq != 0) & (ties + tl.cumsum(eq, 0) - eq < need)))
+                    sel = sel & (f == 0) & ((blk * 0 + need0) > 0)
+                    tl.store(flg + blk, tl.full([SB], 2, tl.int8), mask=sel)
+                    ties += tl.sum(eq, axis=0)
+                for start in range(rec_lo, n, SBS):
+                    blk = start + offs_s
+                    mm = blk < n
+                    key, ok = _rescored_key(flg, blk, mm, start, tb, bmax_l, stride_bp, num_cache_blocks, qj, wloj,
+                                            vert_l, stride_vp, diag_row, window, T, TP, SBS, SLOT, COMBINE, MEAN)
+                    f = tl.load(flg + blk, mask=mm, other=1)
+                    eq = (ok & (key == prefix)).to(tl.int64)
+                    sel = ok & ((key > prefix) | ((eq != 0) & (ties + tl.cumsum(eq, 0) - eq < need)))
+                    sel = sel & (f == 0) & ((blk * 0 + need0) > 0)
+                    tl.store(flg + blk, tl.full([SBS], 2, tl.int8), mask=sel)
+                    ties += tl.sum(eq, axis=0)
+            tl.debug_barrier()  # stage 2 and compaction read the final flags
+
+            # C. stage 2, random exploration: the `extra` best hashes among valid unmarked blocks
+            hp = _mix(tl.zeros([], tl.int64) + hash0 ^ (slot & 0x7FFFFFFF))
+            hp = _mix(hp ^ (step.to(tl.int64) & 0x7FFFFFFF))
+            lmix = (l * tl.full([], 0x9E3779B1, tl.int64) + 0x7F4A7C15) & 0x7FFFFFFF
+            prefix2 = tl.zeros([], tl.uint32)
+            need2 = tl.zeros([], tl.int64)
+            need2_0 = need2
+            if EXPLORE:
+                need2 = tl.maximum(tl.minimum(explore, budget - k1), 0)
+                for p in tl.static_range(4):
+                    hist = tl.zeros([256], tl.int32)
+                    for start in range(0, n, SB):
+                        blk = start + offs
+                        m = blk < n
+                        f = tl.load(flg + blk, mask=m, other=1)
+                        h = _mix(_mix(hp ^ blk) ^ lmix).to(tl.uint32)
+                        hist += _digit_hist(h, m & (f == 0), prefix2, 24 - 8 * p)
+                    if p == 0:
+                        need2 = tl.minimum(need2, tl.sum(hist, axis=0).to(tl.int64))
+                        need2_0 = need2
+                    digit, above = _pick_digit(hist, need2)
+                    need2 -= above
+                    prefix2 = prefix2 | (digit.to(tl.uint32) << (24 - 8 * p))
+
+            # D. compaction, ascending: only the kept entries are written
+            kept_row = kept_ptr + l * stride_kl + b * stride_kb
+            ctab_row = ctab_ptr + l * stride_tl + b * stride_tbb
+            done = tl.zeros([], tl.int64)
+            ties2 = tl.zeros([], tl.int64)
+            for start in range(0, n, SB):
+                blk = start + offs
+                m = blk < n
+                f = tl.load(flg + blk, mask=m, other=0)
+                keep = m & (f != 0)
+                if EXPLORE:
+                    cand = m & (f == 0)
+                    h = _mix(_mix(hp ^ blk) ^ lmix).to(tl.uint32)
+                    eq = (cand & (h == prefix2)).to(tl.int64)
+                    pick = cand & ((h > prefix2) | ((eq != 0) & (ties2 + tl.cumsum(eq, 0) - eq < need2)))
+                    keep = keep | (pick & ((blk * 0 + need2_0) > 0))
+                    ties2 += tl.sum(eq, axis=0)
+                ki = keep.to(tl.int64)
+                rank = done + tl.cumsum(ki, 0) - 1
+                tl.store(kept_row + rank, blk.to(tl.int32), mask=keep)
+                tl.store(ctab_row + rank, tl.load(tb + blk, mask=keep, other=0), mask=keep)
+                done += tl.sum(ki, axis=0)
+            tl.store(nkept_ptr + l * stride_nl + b, done.to(tl.int32))
+            # Every block from a row's last block to the newest is forced, so the compact rank of row j's
+            # last block is done - n + last_block (length 130, kept [0, 2]: rank 1, compact length 66).
+            jn = tl.arange(0, NP)
+            lens = tl.load(lens_ptr + b * next_n + jn, mask=jn < next_n, other=0).to(tl.int64)
+            last = tl.maximum(lens - 1, 0)
+            clen = (done - n + last // T) * T + last % T + 1
+            tl.store(clen_ptr + l * stride_cl + b * stride_cb + jn, tl.where(lens > 0, clen, 0).to(tl.int32),
+                     mask=jn < next_n)
+            if pl == 0:  # finish_step_: every program of this request read the stash, not the state
+                tl.store(step_ptr + slot, step)
+                tl.store(seen_ptr + slot, longest.to(tl.int32))
+        if pb == 0:
+            if pl == 0:
+                tl.store(clock_ptr, tl.load(clock_ptr) + 1)

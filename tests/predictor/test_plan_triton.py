@@ -1,0 +1,198 @@
+"""The fused planning kernels (predictor/plan_triton.py) against the torch path of SpinIndexer.plan(), under
+TRITON_INTERPRET=1 on the CPU or on CUDA: several steps over random but valid states (fp16 vertical history
+with never-scored blocks, block maxima consistent with it, diagonal windows with holes, new and old
+requests), every config the kernel supports on one axis at a time, odd shapes (keep_all, guarded, one
+block, partial last block, W not a power of two, next_n 1/2/4, empty batch) and out-of-range block ids.
+Workspace outputs are poisoned before the kernel; kept entries are compared below num_kept only."""
+import dataclasses
+
+import pytest
+import torch
+
+from spin_indexer.indexer import SpinIndexer
+from spin_indexer.predictor import SpinConfig
+
+pytestmark = pytest.mark.interpreter
+T = 64
+NEG = float("-inf")
+BASE = SpinConfig(sparsity=0.45, topk=128, gamma=0.2, diagonal_window=200, dense_below=640, seed=7)
+STATE = ("vertical", "block_max", "diagonal", "step", "seen_len", "clock")
+
+
+def _values(shape, gen, grid):
+    """fp16 values: on a 1/8 grid (sums exact in float32: reduce=mean compares bit for bit, many ties)
+    or normal ones; about 20% -inf holes."""
+    if grid:
+        x = torch.randint(-64, 65, shape, generator=gen).float() / 8
+    else:
+        x = torch.randn(shape, generator=gen) * 4
+    return torch.where(torch.rand(shape, generator=gen) < 0.2, NEG, x).half()
+
+
+def _randomize(state, gen, grid, touched=None):
+    """A random valid history: vertical with never-scored blocks, block_max = its max over the block,
+    diagonal windows with holes, random step counters. The trash block stays -inf. touched: physical
+    blocks to rewrite (an EMA update between steps), None = all."""
+    blocks = state.num_cache_blocks
+    ids = torch.arange(blocks) if touched is None else touched
+    v = _values((state.num_layers, len(ids), T), gen, grid)
+    never = torch.rand(state.num_layers, len(ids), 1, generator=gen) < 0.15
+    v = torch.where(never, NEG, v.float()).half()
+    state.vertical[:, ids] = v
+    state.block_max[ids] = v.amax(dim=2).t()
+    state.vertical[:, blocks] = NEG
+    state.block_max[blocks] = NEG
+    state.diagonal.copy_(_values(tuple(state.diagonal.shape), gen, grid))
+    if touched is None:
+        state.step.copy_(torch.randint(0, 1000, state.step.shape, generator=gen).int())
+
+
+def _copy_state(dst, src):
+    for name in STATE:
+        getattr(dst, name).copy_(getattr(src, name))
+
+
+def _poison(ws):
+    for name in ("kept_blocks", "compact_table", "num_kept", "compact_lens", "num_blocks"):
+        getattr(ws, name).fill_(-7)
+    ws.guarded.view(torch.uint8).fill_(7)
+    ws.update_rows.view(torch.uint8).fill_(7)
+
+
+def _table(final_lens, width, num_cache_blocks, gen, bad=False):
+    """int32 [B, W]: distinct physical ids per request for its final length; bad: some used ids outside."""
+    perm = torch.randperm(num_cache_blocks, generator=gen)
+    table = torch.full((len(final_lens), width), -1, dtype=torch.int32)
+    at = 0
+    for b, length in enumerate(final_lens):
+        used = -(-length // T)
+        table[b, :used] = perm[at:at + used].int()
+        at += used
+        if bad and used:
+            cols = torch.randint(0, used, (2,), generator=gen)
+            table[b, cols[0]] = num_cache_blocks + int(torch.randint(0, 3, (1,), generator=gen))
+            table[b, cols[1]] = [-3, 2**31 - 1, -(2**31)][b % 3]
+    return table
+
+
+def _step_table(table, lens):
+    """The table of one step: columns past each request's used blocks hold garbage."""
+    out = table.clone()
+    junk = torch.tensor([-1, 2**31 - 1, -(2**31), 10**6], dtype=torch.int32)
+    for b, length in enumerate(lens):
+        used = -(-length // T)
+        out[b, used:] = junk[torch.arange(out.shape[1] - used) % 4]
+    return out
+
+
+def _rows(lens, next_n):
+    j = torch.arange(next_n)
+    return (torch.tensor(lens, dtype=torch.int64)[:, None] - next_n + j + 1).clamp_min(0).int().reshape(-1, next_n)
+
+
+def _check(ref, got, batch, width, layers):
+    wr, wg = ref.workspace, got.workspace
+    assert torch.equal(wg.num_blocks[:batch], wr.num_blocks[:batch])
+    assert torch.equal(wg.guarded[:batch].view(torch.uint8), wr.guarded[:batch].to(torch.uint8))
+    assert torch.equal(wg.update_rows[:batch].view(torch.uint8), wr.update_rows[:batch].to(torch.uint8))
+    for layer in range(layers):
+        nk = wr.num_kept[layer, :batch]
+        assert torch.equal(wg.num_kept[layer, :batch], nk), f"layer {layer}: num_kept"
+        live = torch.arange(width)[None, :] < nk[:, None].long()
+        for name in ("kept_blocks", "compact_table"):
+            a, e = getattr(wg, name)[layer, :batch, :width], getattr(wr, name)[layer, :batch, :width]
+            assert torch.equal(torch.where(live, a, 0), torch.where(live, e, 0)), f"layer {layer}: {name}"
+        assert torch.equal(wg.compact_lens[layer, :batch], wr.compact_lens[layer, :batch]), f"layer {layer}: lens"
+    for name in STATE:
+        assert torch.equal(getattr(got.state, name), getattr(ref.state, name)), f"state.{name}"
+
+
+def _run(cfg, final_lens, next_n, gen, steps=3, layers=2, grow=None, accepted=False, bad=False, seen=None):
+    """Plan `steps` steps with both paths from the same random state and compare everything each step."""
+    from spin_indexer.predictor.plan_triton import plan_step_triton, supports
+    assert supports(cfg)
+    batch = len(final_lens)
+    grow = [0] * (steps - 1) + [0] if grow is None else grow
+    width = max([-(-x // T) for x in final_lens], default=1) + 2
+    slots = batch + 3
+    cache = sum(-(-x // T) for x in final_lens) + 4
+    kw = dict(num_layers=layers, max_batch=max(batch, 1), max_blocks=width, next_n=next_n, max_requests=slots,
+              num_cache_blocks=cache)
+    ref, got = SpinIndexer(cfg, **kw), SpinIndexer(cfg, **kw)
+    for _ in range(slots):
+        ref.state.allocate(), got.state.allocate()
+    grid = cfg.reduce.value == "mean"
+    _randomize(ref.state, gen, grid)
+    slot_ids = torch.randperm(slots, generator=gen)[:batch]
+    table = _table(final_lens, width, cache, gen, bad=bad)
+    lens = [max(0, x - sum(grow)) for x in final_lens]
+    start = seen if seen is not None else [int(torch.randint(0, x + 1, (1,), generator=gen)) if b % 3 else 0
+                                          for b, x in enumerate(lens)]
+    for b in range(batch):
+        ref.state.seen_len[slot_ids[b]] = min(start[b], lens[b])
+    _copy_state(got.state, ref.state)
+    for s in range(steps):
+        seq_lens = _rows(lens, next_n)
+        step_table = _step_table(table, lens)
+        acc = torch.randint(0, next_n, (batch,), generator=gen).int() if accepted else None
+        ref.plan(step_table, seq_lens, slot_ids, num_accepted=acc, validate=not bad)
+        _poison(got.workspace)
+        plan_step_triton(cfg, got.state, got.workspace, step_table, seq_lens, slot_ids.long(), acc,
+                         block=16, score_block=8)
+        _check(ref, got, batch, width, layers)
+        # an EMA update between steps, the same on both sides
+        touched = torch.randperm(cache, generator=gen)[:cache // 3]
+        _randomize(ref.state, gen, grid, touched)
+        for name in ("vertical", "block_max", "diagonal"):
+            getattr(got.state, name).copy_(getattr(ref.state, name))
+        lens = [x + grow[s] if x else 0 for x in lens]
+
+
+# lengths: long (W not a power of two, partial last block), guarded (< 640), keep_all (<= 128), one block,
+# a long one whose window covers several blocks, an empty padding request
+LENS = (37 * T + 5, 400, 100, 64, 20 * T, 0)
+
+
+@pytest.mark.parametrize("cfg", [
+    BASE,
+    dataclasses.replace(BASE, exploration="none", gamma=0.0),
+    dataclasses.replace(BASE, combine="sum"),
+    dataclasses.replace(BASE, combine="vertical", sparsity=0.7),
+    dataclasses.replace(BASE, combine="diagonal", sparsity=0.3),
+    dataclasses.replace(BASE, reduce="mean"),
+    dataclasses.replace(BASE, reduce="mean", combine="sum", exploration="none", gamma=0.0),
+    dataclasses.replace(BASE, reduce="mean", combine="diagonal", diagonal_window=None),
+], ids=["max-max-random", "none", "sum", "vertical", "diagonal", "mean", "mean-sum-none", "mean-diag-full"])
+def test_row0_matches_torch(cfg, gen, triton_device):
+    _run(cfg, LENS, 1, gen, grow=[1, 70, 0])
+
+
+@pytest.mark.parametrize("next_n,mtp,accepted,reduce", [
+    (2, "row-local", True, "max"), (4, "row-local", False, "mean"), (2, "row0", False, "max"),
+    (4, "row0", True, "mean")])
+def test_next_n_matches_torch(next_n, mtp, accepted, reduce, gen, triton_device):
+    cfg = dataclasses.replace(BASE, mtp=mtp, reduce=reduce, combine="sum" if reduce == "mean" else "max")
+    _run(cfg, LENS[:4] + (3,), next_n, gen, grow=[next_n, 1, 0], accepted=accepted)
+
+
+def test_short_contexts_and_empty_batch(gen, triton_device):
+    # contexts all <= K (keep_all) or one block, a guard off; then B = 0 (only the clock advances)
+    cfg = dataclasses.replace(BASE, dense_below=0, topk=64)
+    _run(cfg, (64, 1, 63, 65, 130), 2, gen, steps=2, grow=[1, 0])
+    _run(cfg, (), 1, gen, steps=2)
+
+
+def test_ties_and_sparsity_edges(gen, triton_device):
+    # grid values (many tied block scores), sparsity where floor(s * n) sits on an integer
+    for s in (0.3, 0.5, 0.95, 0.0):
+        cfg = dataclasses.replace(BASE, sparsity=s, reduce="mean", dense_below=0)
+        _run(cfg, (50 * T, 10 * T + 1, 12 * T), 1, gen, steps=2, grow=[T, 0], layers=1)
+
+
+def test_out_of_range_block_ids(gen, triton_device):
+    # used blocks with ids outside the cache (plan(validate=False)): read as the all--inf trash block,
+    # never read or written outside the state's tensors; same plan as the torch path
+    _run(BASE, LENS[:4], 2, gen, steps=2, grow=[1, 0], bad=True,
+         seen=[10 * T, 0, 0, 0])
+    _run(dataclasses.replace(BASE, reduce="mean", combine="sum"), LENS[:2], 1, gen, steps=1, bad=True,
+         seen=[0, 100])

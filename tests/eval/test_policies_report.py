@@ -9,7 +9,7 @@ import torch
 from spin_indexer.cli import eval as eval_cli
 from spin_indexer.cli import report as report_cli
 from spin_indexer.eval.ablations import SUMMARY_COLUMNS, TABLE1_COLUMNS, get_sweep, run_sweep, summarize, table1
-from spin_indexer.eval.policies import POLICIES, get_policy
+from spin_indexer.predictor.policies import POLICIES, get_policy
 from spin_indexer.eval.report import load_runs, markdown, write_run
 from spin_indexer.predictor.config import Exploration, MtpPolicy, Pooling, Reduce
 from spin_indexer.traces.replay import ReplayResult

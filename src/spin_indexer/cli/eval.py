@@ -122,7 +122,7 @@ def run(args) -> int:
         sets = _load_sets(args)
         out = Path(args.out)
         t1 = [] if args.no_table1 else table1(sets, seed=args.seed)
-        from ..eval.policies import get_policy
+        from ..predictor.policies import get_policy
 
         configs = {get_policy(p, s).to_json() for p, s in pairs}  # aliases replay once
         work = sum(t.num_steps * t.num_layers * t.next_n for v in sets.values() for t in v) * len(configs)

@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from ..eval.ablations import SUMMARY_COLUMNS, TABLE1_COLUMNS
-    from ..eval.policies import POLICIES
+    from ..predictor.policies import POLICIES
     from ..eval.report import load_runs, markdown, table1_csv_rows, write_csv
 
     try:

@@ -20,7 +20,7 @@ from ..checks import check_int
 from ..traces.replay import ReplayResult, replay
 from ..traces.schema import Trace, context_bin
 from .metrics import nearest_rank, table1_rows
-from .policies import get_policy
+from ..predictor.policies import get_policy
 
 SPARSITIES = (0.2, 0.3, 0.4, 0.5)
 SUMMARY_COLUMNS = ("trace_set", "indexer", "context", "sparsity_target", "policy", "mean_miss", "p99_miss",

@@ -26,7 +26,7 @@ from ..traces.schema import Trace, list_traces, load_trace
 from ..traces.synthetic import generate_set
 from .ablations import summarize
 from .metrics import nearest_rank
-from .policies import get_policy
+from ..predictor.policies import get_policy
 
 FIXED = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 TARGETS = (0.05, 0.1, 0.2, 0.3)

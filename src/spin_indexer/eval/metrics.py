@@ -19,29 +19,9 @@ import torch
 from ..checks import check_int, check_range, check_tensor
 from ..layout import TOKENS_PER_BLOCK
 from ..ops.topk import order_keys, topk_ref
+from ..predictor.miss import miss_per_row  # noqa: F401  (re-exported: the one miss computation)
 
 TABLE1_PREDICTORS = ("random", "prev-layer", "prev-layer-best5", "prev-iteration")
-
-
-def miss_per_row(keep_mask: torch.Tensor, topk: torch.Tensor, next_n: int = 1,
-                 tokens_per_block: int = TOKENS_PER_BLOCK) -> torch.Tensor:
-    """Fraction of each row's dense top-k positions that lie in skipped blocks.
-
-    keep_mask: bool [B, W] (logical blocks kept, one set per request, shared by its next_n rows);
-    topk: int [B*next_n, K] request-local positions, -1 padded (row r belongs to request r // next_n).
-    returns float32 [B*next_n]; 0 for a row with no valid top-k entry.
-    """
-    check_tensor("keep_mask", keep_mask, dtype=torch.bool, ndim=2)
-    batch, width = keep_mask.shape
-    check_tensor("topk", topk, dtype=(torch.int32, torch.int64), shape=(batch * next_n, None),
-                 shape_names="[B*next_n, K]", device=keep_mask.device, device_of="keep_mask")
-    valid = topk >= 0
-    block = torch.where(valid, topk.long() // tokens_per_block, 0).clamp(max=max(width - 1, 0))
-    rows_mask = keep_mask.repeat_interleave(next_n, dim=0)  # [B*N, W]
-    kept = torch.gather(rows_mask, 1, block) if width else torch.zeros_like(valid)
-    missed = (valid & ~kept).sum(dim=1).float()
-    count = valid.sum(dim=1).float()
-    return torch.where(count > 0, missed / count.clamp(min=1), torch.zeros_like(count))
 
 
 def block_sparsity(keep_mask: torch.Tensor, num_blocks: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 
 from .ablations import SUMMARY_COLUMNS, TABLE1_COLUMNS
-from .policies import POLICIES
+from ..predictor.policies import POLICIES
 
 # REFERENCE.md sec. 3 (DeepSeek-V4 Flash): target sparsity -> (mean, p99) miss in percent.
 PAPER_MISS = {

@@ -5,7 +5,7 @@ Sources, highest precedence first:
      "policy": "spin-default", "gamma": 0.05, "seed": 0}}  (vLLM's --additional-config JSON)
   2. environment variables SPIN_ENABLE, SPIN_SPARSITY, SPIN_EXPLORATION, SPIN_POLICY, SPIN_GAMMA, SPIN_SEED
   3. the defaults below: SPIN is OFF unless enabled.
-The policy names are those of spin_indexer.eval.policies (the paper's variants); top-k always comes from
+The policy names are those of spin_indexer.predictor.policies (the paper's variants); top-k always comes from
 the model (the layer's index_topk), and the MTP policy is forced to "row0" because vLLM's indexer metadata
 carries no accepted-draft counts.
 """
@@ -26,7 +26,7 @@ _ENV = {"enable": "SPIN_ENABLE", "sparsity": "SPIN_SPARSITY", "exploration": "SP
 @dataclasses.dataclass(frozen=True)
 class SpinVllmSettings:
     """enable: run SPIN on decode rows; sparsity: target block sparsity in [0, 1); policy: a name from
-    spin_indexer.eval.policies; exploration/gamma: override the policy's (None keeps the policy's);
+    spin_indexer.predictor.policies; exploration/gamma: override the policy's (None keeps the policy's);
     seed: exploration randomness."""
 
     enable: bool = False
@@ -43,7 +43,7 @@ class SpinVllmSettings:
 
     def spin_config(self, topk: int, tokens_per_block: int = 64):
         """The SpinConfig for a layer with top-k `topk` (raises ValueError naming a bad policy)."""
-        from ..eval.policies import get_policy
+        from ..predictor.policies import get_policy
         cfg = get_policy(self.policy, sparsity=float(self.sparsity), topk=topk, seed=self.seed)
         changes: dict[str, Any] = {"mtp": "row0", "tokens_per_block": tokens_per_block}
         if self.exploration is not None:

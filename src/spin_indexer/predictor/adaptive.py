@@ -24,6 +24,7 @@ import dataclasses
 import torch
 
 from ..checks import check_int, check_range
+from .miss import miss_per_row, topk_in_blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,13 +75,7 @@ def prediction_miss(topk: torch.Tensor, predicted: torch.Tensor, next_n: int, to
 
     topk: int32 [B*next_n, K] positions (-1 padded); predicted: bool [B, W] would-be kept blocks.
     """
-    batch = predicted.shape[0]
-    pos = topk.long().view(batch, next_n, -1)
-    valid = pos >= 0
-    blocks = (pos.clamp_min(0) // tokens_per_block).view(batch, -1)
-    inside = torch.gather(predicted, 1, blocks).view_as(pos)
-    missed = (valid & ~inside).sum(dim=-1).float() / valid.sum(dim=-1).clamp_min(1).float()
-    return missed.amax(dim=1)
+    return miss_per_row(predicted, topk, next_n, tokens_per_block).view(predicted.shape[0], next_n).amax(dim=1)
 
 
 def probe_miss(topk: torch.Tensor, explored: torch.Tensor, predicted: torch.Tensor, valid: torch.Tensor,
@@ -92,10 +87,9 @@ def probe_miss(topk: torch.Tensor, explored: torch.Tensor, predicted: torch.Tens
     valid: bool [B, W]. 0 where nothing was explored.
     """
     batch = explored.shape[0]
-    pos = topk.long().view(batch, next_n, -1)
-    live = pos >= 0
-    blocks = (pos.clamp_min(0) // tokens_per_block).view(batch, -1)
-    hits = (torch.gather(explored, 1, blocks).view_as(pos) & live).sum(dim=-1).float()  # [B, N]
+    inside, live = topk_in_blocks(explored, topk, next_n, tokens_per_block)
+    hits = inside.sum(dim=-1).float().view(batch, next_n)  # [B, N]
+    live = live.view(batch, next_n, -1)
     sampled = explored.sum(dim=1, keepdim=True).float()
     unpredicted = (valid & ~predicted).sum(dim=1, keepdim=True).float()  # explored blocks included
     est = hits * unpredicted / sampled.clamp_min(1) / live.sum(dim=-1).clamp_min(1).float()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..predictor.config import SpinConfig
+from .config import SpinConfig
 
 # dense_below=0: evaluation measures the predictor itself, so the speed guard (which scores every block of
 # short contexts) is off.

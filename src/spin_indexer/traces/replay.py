@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..checks import check_int
-from ..eval.metrics import dense_topk, miss_per_row
+from ..ops.topk import topk_ref
+from ..predictor.miss import miss_per_row
 from ..predictor.config import SpinConfig
 from .schema import Trace
 
@@ -194,4 +195,4 @@ def _dense_topk(trace: Trace, step: int, scores: torch.Tensor, k: int) -> torch.
         return trace.topk[step].to(scores.device)
     layers, next_n, cols = scores.shape
     lens = trace.seq_lens[step].to(scores.device).repeat(layers)
-    return dense_topk(scores.reshape(layers * next_n, cols), lens, k).view(layers, next_n, k)
+    return topk_ref(scores.reshape(layers * next_n, cols).float(), lens.to(torch.int32), k, validate=False).view(layers, next_n, k)

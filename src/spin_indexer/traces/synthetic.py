@@ -32,7 +32,7 @@ import torch
 
 from ..checks import check_int, check_range
 from ..layout import TOKENS_PER_BLOCK
-from ..eval.metrics import dense_topk
+from ..ops.topk import topk_ref
 from .schema import Trace, TraceMeta
 
 
@@ -262,7 +262,7 @@ def generate(preset: str | SyntheticSpec = "v4-like", seed: int = 0, prompt_id: 
         scores[s] = step
         rows = step.float().reshape(L * N, max_len)
         lens = seq_lens[s].repeat(L)  # row (l, j) -> seq_lens[s, j]
-        topk[s] = dense_topk(rows, lens, spec.k).view(L, N, spec.k)
+        topk[s] = topk_ref(rows.float(), lens.to(torch.int32), spec.k, validate=False).view(L, N, spec.k)
     meta = TraceMeta(model=f"synthetic-{preset if isinstance(preset, str) else 'custom'}", indexer="synthetic",
                      prompt_id=prompt_id or f"synthetic-{seed}", task="synthetic",
                      context_len=spec.context_len, k=spec.k, next_n=N, tokens_per_block=spec.tokens_per_block,

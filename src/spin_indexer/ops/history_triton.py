@@ -82,7 +82,9 @@ if triton is not None:
         bool [T] columns inside the row's compact length; phys: physical block id; kb: logical block id;
         row: b * N + j. Writes V, its block max, D inside the window and last_seen."""
         upd = tl.load(upd_ptr + row).to(tl.int32) != 0
-        live = live & upd & (obs > float("-inf")) & (obs < float("inf")) & (kb >= 0)
+        # Scalar conditions go through a where: `block & scalar` of int1 yields an int32 mask in the
+        # interpreter (Triton 3.9), which tl.store rejects.
+        live = tl.where(upd & (kb >= 0), live & (obs > float("-inf")) & (obs < float("inf")), False)
         inside = (phys >= 0) & (phys < trash)
         phys = tl.where(inside, phys, trash).to(tl.int64)
         offs = tl.arange(0, T)

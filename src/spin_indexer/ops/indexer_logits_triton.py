@@ -8,8 +8,9 @@ pipeliner prefetches the next tile (hand prefetching measured 4-9% slower on Tri
 
 With a HistoryUpdate (SPIN's step, row-0 MTP policy) the epilogue also applies the EMA update of the
 block's history from row 0's scores, still in registers (history_triton.ema_block): the update costs its
-V / D bytes only, never a second pass over the logits. Without fill_tail, columns past each row's length
-are not written (as the production kernel leaves them), so the cost follows the lengths, not W.
+V / D bytes only, never a second pass over the logits. Without fill_tail, blocks past each request's
+longest row are not written, logits nor block max (as the production kernel leaves them), so the cost
+follows the lengths, not W; inside the blocks it scores, columns past a row's length still get -inf.
 
 Cache bytes, viewed as a 2D fp8 array [num_blocks * RB, D] with RB = T * (D + 4) / D rows per block
 (66 for T=64, D=128): rows [b*RB, b*RB + T) of block b are its keys, the rest hold its T fp32 scales.
@@ -68,8 +69,8 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     weights: float32 [B*next_n, H]; seq_lens: int32 [B, next_n]; block_table: int32 [B, W].
     out: optional float32 [B*next_n, W*T] to write into; block_max_out: optional float32 [B*next_n, W],
     receives the max of each block's valid logits (-inf for a block with none).
-    fill_tail: write -inf past each row's length (False: leave those entries, and block maxima of blocks
-    past the longest row, unwritten). history: also apply SPIN's EMA update (ops/history.py), fused into
+    fill_tail: write -inf past each row's length (False: leave the logits and block maxima of blocks past
+    the request's longest row unwritten; columns past a row's length inside its scored blocks are -inf). history: also apply SPIN's EMA update (ops/history.py), fused into
     the epilogue when only row 0 updates, else by the standalone update kernel after the logits.
     chunk: blocks per program (default from the grid size, `_pick_chunk`).
     The FP8 MMA accumulates with Hopper's reduced-precision adder, ~2-3e-4 relative error against fp32 math

@@ -1,5 +1,9 @@
 """SpinIndexer end to end on the CPU reference ops: s = 0 is dense, budgets hold, remapping is right,
-the update touches only scored slots, MTP row policies, slot reuse, and every misuse error."""
+the update touches only scored slots, MTP row policies, slot reuse, the history paged beside the cache
+(reused and shared physical blocks), the speed guard, one run per layer per step, and every misuse error.
+
+run() returns the top-k SET in ascending position order: expectations are topk_ref's picks, sorted.
+The vertical history lives per physical block: tests read it through the block table."""
 import dataclasses
 
 import pytest
@@ -13,10 +17,24 @@ from spin_indexer.predictor import SpinConfig
 T = 64
 
 
-def _indexer(cfg, batch, width, next_n=1, layers=2):
-    idx = SpinIndexer(cfg, num_layers=layers, max_batch=max(batch, 1), max_blocks=max(width, 1), next_n=next_n)
+def _indexer(cfg, batch, width, next_n=1, layers=2, **kw):
+    idx = SpinIndexer(cfg, num_layers=layers, max_batch=max(batch, 1), max_blocks=max(width, 1), next_n=next_n,
+                      **kw)
     slots = torch.tensor([idx.state.allocate() for _ in range(batch)], dtype=torch.int32)
     return idx, slots
+
+
+def ascending(topk: torch.Tensor) -> torch.Tensor:
+    """topk_ref's best-first picks as run() returns them: the same set, ascending, -1 padded."""
+    big = torch.iinfo(torch.int32).max
+    vals = torch.where(topk < 0, big, topk).sort(dim=1).values
+    return torch.where(vals == big, -1, vals).to(torch.int32)
+
+
+def vertical_of(idx, layer, table_row, length=None):
+    """float32 [W*T] vertical history of one request's logical positions, read through its block table."""
+    v = idx.state.vertical[layer][table_row.long()].reshape(-1).float()
+    return v if length is None else v[:length]
 
 
 def _scores(lengths, next_n, width, gen, hot_blocks=None):
@@ -35,8 +53,9 @@ def _scores(lengths, next_n, width, gen, hot_blocks=None):
 @pytest.mark.parametrize("case", ODD_SHAPES, ids=ODD_IDS)
 def test_sparsity_zero_equals_dense_reference(case, gen):
     x = make_case_inputs(case, gen)
-    idx, slots = _indexer(SpinConfig(sparsity=0.0, topk=case.k), case.batch, x.block_table.shape[1], case.next_n)
-    expected = topk_ref(paged_indexer_logits_ref(*x.args()), x.seq_lens.view(-1), case.k)
+    idx, slots = _indexer(SpinConfig(sparsity=0.0, topk=case.k), case.batch, x.block_table.shape[1], case.next_n,
+                          num_cache_blocks=x.kv_cache.shape[0])
+    expected = ascending(topk_ref(paged_indexer_logits_ref(*x.args()), x.seq_lens.view(-1), case.k))
     for _ in range(3):  # later steps run with history, exploration and all
         idx.plan(x.block_table, x.seq_lens, slots)
         for layer in range(2):
@@ -54,7 +73,7 @@ def test_sparse_output_is_the_topk_of_the_kept_blocks(next_n, gen):
         out = idx.run_from_scores(1, scores)
         plan = idx.block_plan
         mask = plan.token_mask().repeat_interleave(next_n, 0)
-        expected = topk_ref(torch.where(mask, scores, float("-inf")), seq_lens.view(-1), k)
+        expected = ascending(topk_ref(torch.where(mask, scores, float("-inf")), seq_lens.view(-1), k))
         # rows longer than k: every selected position lies in a kept block and below the row length
         assert torch.equal(out, expected)
         assert ((out < seq_lens.view(-1, 1)) | (out == -1)).all()
@@ -68,9 +87,10 @@ def test_budget_newest_and_never_seen_blocks(gen):
     cfg = SpinConfig(sparsity=0.4, topk=256, gamma=0.1)
     idx, slots = _indexer(cfg, 3, width)
     n = torch.tensor([-(-L // T) for L in lengths])
+    table = torch.arange(3 * width, dtype=torch.int32).view(3, width)
     for step in range(3):
         seq_lens, scores = _scores(lengths, 1, width, gen)
-        idx.plan(torch.zeros(3, width, dtype=torch.int32), seq_lens, slots)
+        idx.plan(table, seq_lens, slots)
         idx.run_from_scores(0, scores)
         plan = idx.block_plan
         if step == 0:  # no history anywhere: every block is scored
@@ -87,9 +107,9 @@ def test_context_not_longer_than_k_selects_everything(gen):
     seq_lens, scores = _scores((500, 64), 1, 8, gen)
     idx, slots = _indexer(SpinConfig(sparsity=0.9, topk=512), 2, 8)
     for _ in range(2):
-        idx.plan(torch.zeros(2, 8, dtype=torch.int32), seq_lens, slots)
+        idx.plan(torch.arange(16, dtype=torch.int32).view(2, 8), seq_lens, slots)
         out = idx.run_from_scores(0, scores)
-        assert torch.equal(out, topk_ref(scores, seq_lens.view(-1), 512))
+        assert torch.equal(out, ascending(topk_ref(scores, seq_lens.view(-1), 512)))
         assert idx.block_plan.sparsity().tolist() == [0.0, 0.0]
 
 
@@ -111,61 +131,82 @@ def test_stationary_concentrated_pattern_has_no_miss(gen):
 
 
 def test_update_touches_only_scored_slots_with_the_ema_rule(gen):
-    width, alpha = 40, 0.5
-    idx, slots = _indexer(SpinConfig(sparsity=0.5, topk=64, alpha=alpha), 1, width)
+    """V: kept slots get the EMA rule, the rest keep their value; D: the same rule at offsets q - i inside
+    the diagonal window, nothing else written; last_seen stamps the kept blocks with the clock."""
+    width, alpha, window = 40, 0.5, 1000
+    cfg = SpinConfig(sparsity=0.5, topk=64, alpha=alpha, exploration="staleness", diagonal_window=window)
+    idx, slots = _indexer(cfg, 1, width)
     table = torch.arange(width, dtype=torch.int32)[None]
+    slot = int(slots[0])
     seq_lens, s0 = _scores([2500], 1, width, gen)
     idx.plan(table, seq_lens, slots)
     idx.run_from_scores(0, s0)
-    v0 = idx.state.vertical[0, 0, :width * T].float().clone()
-    d0 = idx.state.diagonal[0, 0, :width * T].float().clone()
-    assert torch.allclose(v0[:2500], s0[0, :2500].half().float())  # first observation is taken as is
+    v0 = vertical_of(idx, 0, table[0]).clone()
+    d0 = idx.state.diagonal[0, slot, :window].float().clone()
+    assert torch.equal(v0[:2500], s0[0, :2500].half().float())  # first observation is taken as is
+    assert torch.isneginf(v0[2500:]).all()
+    assert torch.equal(d0, s0[0, 2499 - torch.arange(window)].half().float())  # offset d <- position 2499 - d
     seq_lens, s1 = _scores([2501], 1, width, gen)
     idx.plan(table, seq_lens, slots)
     idx.run_from_scores(0, s1)
     kept = idx.block_plan.token_mask()[0] & (torch.arange(width * T) < 2501)
-    v1 = idx.state.vertical[0, 0, :width * T].float()
+    assert 0 < kept.sum() < 2501
+    v1 = vertical_of(idx, 0, table[0])
     assert torch.equal(v1[~kept], v0[~kept])
     expected = (alpha * s1[0] + (1 - alpha) * v0).half().float()
     expected[2500] = s1[0, 2500].half().float()  # new slot: no history
     assert torch.allclose(v1[kept], expected[kept], rtol=2e-3, atol=2e-3)
-    d1 = idx.state.diagonal[0, 0, :width * T].float()
+    d1 = idx.state.diagonal[0, slot, :window].float()
     offsets = 2500 - torch.arange(width * T)[kept]
-    assert torch.allclose(d1[offsets], (alpha * s1[0][kept] + (1 - alpha) * d0[offsets].nan_to_num(neginf=0.0))
-                          .where(torch.isfinite(d0[offsets]), s1[0][kept]), rtol=2e-3, atol=2e-3)
-    assert (idx.state.last_seen[0, 0, :width][idx.block_plan.keep_mask[0]] == 2).all()
-    assert idx.state.vertical[1].isneginf().all()  # the other layer saw nothing
+    inside = offsets < window
+    hit = torch.zeros(window, dtype=torch.bool)
+    hit[offsets[inside]] = True
+    assert torch.equal(d1[~hit], d0[~hit])  # offsets of skipped positions keep their value
+    off, obs = offsets[inside], s1[0][kept][inside]
+    assert torch.allclose(d1[off], (alpha * obs + (1 - alpha) * d0[off].nan_to_num(neginf=0.0))
+                          .where(torch.isfinite(d0[off]), obs), rtol=2e-3, atol=2e-3)
+    kept_blocks = idx.block_plan.keep_mask[0]
+    seen = idx.state.last_seen[table[0].long(), 0]
+    assert (seen[kept_blocks] == 2).all() and (seen[~kept_blocks] == 1).all()
+    assert idx.state.vertical[1].isneginf().all() and idx.state.diagonal[1].isneginf().all()  # layer 1 saw nothing
 
 
 def _mtp_step(mtp, num_accepted, gen, next_n=3):
     width = 30
     idx, slots = _indexer(SpinConfig(sparsity=0.3, topk=64, mtp=mtp), 1, width, next_n)
     seq_lens, scores = _scores([1500], next_n, width, gen)
-    idx.plan(torch.arange(width, dtype=torch.int32)[None], seq_lens, slots, num_accepted=num_accepted)
+    table = torch.arange(width, dtype=torch.int32)[None]
+    idx.plan(table, seq_lens, slots, num_accepted=num_accepted)
     idx.run_from_scores(0, scores)
-    return idx, scores, seq_lens
+    return idx, scores, seq_lens, table
 
 
 def test_mtp_row0_updates_from_row_zero_only(gen):
-    idx, scores, seq_lens = _mtp_step("row0", None, gen)
-    v = idx.state.vertical[0, 0, :1500].float()
-    assert torch.allclose(v, scores[0, :1500].half().float())  # row 0's scores, not rows 1-2
-    assert torch.isneginf(idx.state.vertical[0, 0, 1500:1502]).all()  # rows 1-2's own new tokens unseen
+    idx, scores, seq_lens, table = _mtp_step("row0", None, gen)
+    v = vertical_of(idx, 0, table[0])
+    assert torch.equal(v[:1498], scores[0, :1498].half().float())  # row 0's scores, not rows 1-2
+    assert torch.isneginf(v[1498:]).all()  # rows 1-2's own new tokens unseen
 
 
 @pytest.mark.parametrize("accepted", [0, 1, 2])
 def test_mtp_row_local_prefix_valid_update(accepted, gen):
-    idx, scores, seq_lens = _mtp_step("row-local", torch.tensor([accepted], dtype=torch.int32), gen)
-    v = idx.state.vertical[0, 0, :1502].float()
-    expected = scores[0, :1502].clone()
+    idx, scores, seq_lens, table = _mtp_step("row-local", torch.tensor([accepted], dtype=torch.int32), gen)
+    v = vertical_of(idx, 0, table[0], 1500)
+    expected = scores[0, :1500].clone()
     for j in range(1, accepted + 1):  # later accepted rows fold in with the EMA rule, in order
-        live = torch.arange(1502) < int(seq_lens[0, j])
+        live = torch.arange(1500) < int(seq_lens[0, j])
         fresh = torch.isneginf(expected)
-        expected = torch.where(live, torch.where(fresh, scores[j, :1502], 0.5 * scores[j, :1502] + 0.5 * expected),
+        expected = torch.where(live, torch.where(fresh, scores[j, :1500], 0.5 * scores[j, :1500] + 0.5 * expected),
                                expected)
     assert torch.equal(torch.isneginf(v), torch.isneginf(expected))
     assert torch.allclose(v, expected.half().float(), rtol=3e-3, atol=3e-3)
-    assert torch.isneginf(v[1500 + accepted:]).all()
+    assert torch.isneginf(v[1498 + accepted:]).all()
+
+
+def _seen_before(idx, slot, seen_len):
+    """As if the slot had planned a step of `seen_len` tokens and scored every block (no block enters)."""
+    idx.state.seen_len[slot] = seen_len
+    idx.state.block_max.fill_(0.0)
 
 
 def test_mtp_row_local_keeps_the_union_of_row_predictions():
@@ -174,10 +215,10 @@ def test_mtp_row_local_keeps_the_union_of_row_predictions():
     width, next_n = 40, 2
     cfg = SpinConfig(sparsity=0.9, topk=64, exploration="none", combine="diagonal", mtp="row-local")
     idx, slots = _indexer(cfg, 1, width, next_n)
-    idx.state.last_seen.fill_(0)
-    diag = torch.full((width * T + 1,), -10.0)
+    _seen_before(idx, int(slots[0]), 2024)
+    diag = torch.full((idx.state.window + 1,), -10.0)
     diag[1000] = 50.0
-    idx.state.diagonal[0, 0] = diag.half()
+    idx.state.diagonal[0, int(slots[0])] = diag.half()
     seq_lens = torch.tensor([[2024, 2025]], dtype=torch.int32)  # queries 2023 -> pos 1023 (block 15), 2024 -> 1024 (16)
     idx.plan(torch.arange(width, dtype=torch.int32)[None], seq_lens, slots)
     idx.run_from_scores(0, torch.randn(next_n, width * T))
@@ -185,8 +226,8 @@ def test_mtp_row_local_keeps_the_union_of_row_predictions():
     assert keep[15] and keep[16]
     row0 = SpinIndexer(dataclasses.replace(cfg, mtp="row0"), 1, 1, width, next_n)
     s0 = torch.tensor([row0.state.allocate()], dtype=torch.int32)
-    row0.state.last_seen.fill_(0)
-    row0.state.diagonal[0, 0] = diag.half()
+    _seen_before(row0, int(s0[0]), 2024)
+    row0.state.diagonal[0, int(s0[0])] = diag.half()
     row0.plan(torch.arange(width, dtype=torch.int32)[None], seq_lens, s0)
     row0.run_from_scores(0, torch.randn(next_n, width * T))
     keep0 = row0.block_plan.keep_mask[0]
@@ -212,6 +253,185 @@ def test_slot_reuse_starts_from_scratch(gen):
     assert idx.block_plan.sparsity().item() == 0.0  # no history: every block scored again
 
 
+def test_reused_physical_block_never_carries_the_previous_owners_history(gen):
+    """Request A scores its blocks and ends; request B (another slot) is given the same physical blocks, in
+    another order: B's first plan treats every one as never scored (all kept) and their V is reset before
+    B's own scores land. Later, a decode block B grows into that A had scored is reset on entry too."""
+    width = 30
+    cfg = SpinConfig(sparsity=0.5, topk=64, exploration="none")
+    idx = SpinIndexer(cfg, num_layers=2, max_batch=1, max_blocks=width, max_requests=2, num_cache_blocks=2 * width)
+    a = torch.tensor([idx.state.allocate()], dtype=torch.int32)
+    table_a = torch.arange(width, dtype=torch.int32)[None]
+    seq_lens, scores = _scores([1800], 1, width, gen)
+    for _ in range(2):
+        idx.plan(table_a, seq_lens, a)
+        for layer in range(2):
+            idx.run_from_scores(layer, scores)
+    assert idx.block_plan.sparsity().item() > 0 and torch.isfinite(idx.state.vertical[:, :29]).any()
+    b = torch.tensor([idx.state.allocate()], dtype=torch.int32)
+    assert b.item() != a.item()
+    idx.state.free(int(a[0]))
+    n_b = 20  # B: 20 of A's blocks, reversed, then fresh blocks; its newest (block 19) is A's block 10
+    table_b = torch.cat([torch.arange(29, 9, -1), torch.arange(30, 40)]).to(torch.int32)[None]
+    lens_b = torch.tensor([[n_b * T - 30]], dtype=torch.int32)
+    idx.plan(table_b, lens_b, b)
+    assert idx.plans(0).num_kept.item() == n_b and idx.plans(1).num_kept.item() == n_b  # never scored: all kept
+    for layer in range(2):
+        assert torch.isneginf(idx.state.vertical[layer, table_b[0, :n_b].long()]).all()
+        assert torch.isneginf(idx.state.block_max[table_b[0, :n_b].long(), layer]).all()
+    assert torch.isfinite(idx.state.vertical[0, :10]).any()  # blocks B does not hold are left alone
+    _, sb = _scores([n_b * T - 30], 1, width, gen)
+    idx.run_from_scores(0, sb)
+    assert torch.equal(vertical_of(idx, 0, table_b[0], n_b * T - 30), sb[0, :n_b * T - 30].half().float())
+    # B's next decode block (logical 20) is A's old physical block 5: reset when it enters
+    table_b[0, n_b] = 5
+    assert torch.isfinite(idx.state.vertical[0, 5]).all()
+    idx.plan(table_b, torch.tensor([[n_b * T + 1]], dtype=torch.int32), b)
+    assert torch.isneginf(idx.state.vertical[:, 5]).all() and torch.isneginf(idx.state.block_max[5]).all()
+    assert idx.plans(0).keep_mask[0, n_b]
+
+
+def _shared_prefix_run(share: bool, gen):
+    """A and B start together; A alone then scores the prefix block 2 very low; B's next plan reads block 2.
+    returns (the indexer, slots, B's keep mask at its last plan, B's diagonal before / after A's step)."""
+    width, n = 24, 20
+    length = n * T - 10
+    cfg = SpinConfig(sparsity=0.5, topk=64, exploration="none", combine="vertical")
+    idx = SpinIndexer(cfg, num_layers=1, max_batch=2, max_blocks=width, num_cache_blocks=64)
+    slots = torch.tensor([idx.state.allocate(), idx.state.allocate()], dtype=torch.int32)
+    table = torch.stack([torch.arange(width), torch.arange(width) + 32]).to(torch.int32)
+    table[1, :4] = table[0, :4]  # B's first four logical blocks are A's physical blocks 0-3
+    if not share:
+        table[0, 2] = 30  # control: A holds a private copy of logical block 2
+    seq_lens, scores = _scores([length, length], 1, width, gen)
+    scores[1, :4 * T] = scores[0, :4 * T]  # the shared tokens score the same for both
+    scores[:, 2 * T:3 * T] += 20.0  # block 2 is hot for both
+    idx.plan(table, seq_lens, slots)
+    idx.run_from_scores(0, scores)
+    d_b = idx.state.diagonal[0, int(slots[1])].clone()
+    d_a = idx.state.diagonal[0, int(slots[0])].clone()
+    lens_a, s_a = _scores([length + 1], 1, width, gen)
+    s_a[0, 2 * T:3 * T] = -1000.0  # A now finds block 2 worthless
+    idx.plan(table[:1], lens_a, slots[:1])
+    assert idx.plans(0).keep_mask[0, 2]  # A kept (and scored) it: it was hot
+    idx.run_from_scores(0, s_a)
+    assert not torch.equal(idx.state.diagonal[0, int(slots[0])], d_a)  # A's own window moved
+    d_b_after = idx.state.diagonal[0, int(slots[1])].clone()
+    idx.plan(table[1:], lens_a, slots[1:])
+    return idx, slots, idx.plans(0).keep_mask[0].clone(), d_b, d_b_after, table
+
+
+def test_shared_prefix_block_shares_vertical_history_not_diagonal(gen):
+    """Two requests holding the same physical block share its vertical history by design: what A scored
+    there is what B's prediction reads. Their diagonal windows stay their own."""
+    idx, slots, keep_b, d_b, d_b_after, table = _shared_prefix_run(True, gen)
+    assert not keep_b[2]  # B drops block 2: it reads A's -1000 although its own score there was +20
+    assert idx.state.vertical[0, int(table[1, 2])].float().max() < -400  # 0.5 * -1000 + 0.5 * (~20)
+    assert torch.equal(d_b_after, d_b)  # A's step wrote nothing into B's window
+    _, _, keep_private, _, _, _ = _shared_prefix_run(False, gen)
+    assert keep_private[2]  # control: with its own copy of the block, B still keeps it
+
+
+def test_run_twice_in_one_step_raises(gen):
+    x = make_case_inputs(ODD_SHAPES[2], gen)
+    idx, slots = _indexer(SpinConfig(sparsity=0.5, topk=32), 2, x.block_table.shape[1], 2,
+                          num_cache_blocks=x.kv_cache.shape[0])
+    idx.plan(x.block_table, x.seq_lens, slots)
+    first = idx.run(0, x.q_fp8, x.kv_cache, x.weights).clone()
+    state = idx.state.vertical.clone()
+    with pytest.raises(RuntimeError, match="layer 0 already ran"):
+        idx.run(0, x.q_fp8, x.kv_cache, x.weights)
+    with pytest.raises(RuntimeError, match="layer 0 already ran"):
+        idx.run_from_scores(0, paged_indexer_logits_ref(*x.args()))
+    assert torch.equal(idx.state.vertical, state)  # the refused run folded nothing into the history
+    idx.run(1, x.q_fp8, x.kv_cache, x.weights)  # other layers still run
+    idx.plan(x.block_table, x.seq_lens, slots)  # and a new step runs layer 0 again
+    assert idx.run(0, x.q_fp8, x.kv_cache, x.weights).shape == first.shape
+
+
+def _state_snapshot(st):
+    return {name: getattr(st, name).clone() for name in ("vertical", "block_max", "diagonal", "step", "seen_len",
+                                                          "clock", "last_seen") if getattr(st, name) is not None}
+
+
+@pytest.mark.parametrize("bad", ["lengths", "block-id", "free-slot", "dtype"])
+def test_rejected_plan_leaves_run_unusable_and_state_unchanged(bad, gen):
+    width = 20
+    cfg = SpinConfig(sparsity=0.5, topk=64, exploration="block_age")
+    idx, slots = _indexer(cfg, 2, width, num_cache_blocks=2 * width, max_requests=3)
+    table = torch.arange(2 * width, dtype=torch.int32).view(2, width)
+    seq_lens, scores = _scores([1000, 700], 1, width, gen)
+    idx.plan(table, seq_lens, slots)
+    idx.run_from_scores(0, scores)
+    before = _state_snapshot(idx.state)
+    lens2 = seq_lens + 1
+    with pytest.raises((ValueError, TypeError)):
+        if bad == "lengths":
+            idx.plan(table, lens2 + width * T, slots)
+        elif bad == "block-id":
+            bad_table = table.clone()
+            bad_table[1, 3] = 2 * width  # outside the cache
+            idx.plan(bad_table, lens2, slots)
+        elif bad == "free-slot":
+            idx.plan(table, lens2, torch.tensor([0, 2], dtype=torch.int32))
+        else:
+            idx.plan(table.long(), lens2, slots)
+    for name, t in _state_snapshot(idx.state).items():
+        assert torch.equal(t, before[name]), name
+    with pytest.raises(RuntimeError, match="plan"):
+        idx.run_from_scores(1, scores)  # the previous step is not runnable any more
+    with pytest.raises(RuntimeError, match="plan"):
+        idx.run(1, torch.zeros(2, 1, 8, 32).to(torch.float8_e4m3fn), torch.zeros(1, T, 1, 36, dtype=torch.uint8),
+                torch.zeros(2, 8))
+
+
+def test_guard_scores_every_block_and_keeps_no_history(gen):
+    """dense_below above a request's context (longer than K): every block kept, BlockPlan.guarded, no history
+    written for it, step after step. A longer request in the same batch runs SPIN as usual."""
+    width, k = 80, 64
+    cfg = SpinConfig(sparsity=0.5, topk=k, dense_below=3000)
+    idx, slots = _indexer(cfg, 2, width)
+    table = torch.arange(2 * width, dtype=torch.int32).view(2, width)
+    n = [-(-2000 // T), -(-5000 // T)]
+    for step in range(3):
+        seq_lens, scores = _scores([2000 + step, 5000 + step], 1, width, gen)
+        idx.plan(table, seq_lens, slots)
+        for layer in range(2):
+            out = idx.run_from_scores(layer, scores)
+            plan = idx.plans(layer)
+            assert plan.guarded.tolist() == [True, False]
+            assert plan.num_kept[0].item() == n[0] and plan.sparsity()[0].item() == 0.0
+            if step:
+                assert plan.num_kept[1].item() < n[1]  # the long request is sparse once it has history
+            mask = plan.token_mask()
+            assert torch.equal(out, ascending(topk_ref(torch.where(mask, scores, float("-inf")), seq_lens.view(-1), k)))
+            assert torch.equal(out[0], ascending(topk_ref(scores[:1], seq_lens[0], k))[0])  # request 0: dense
+    guarded_blocks = table[0, :n[0] + 1].long()
+    assert torch.isneginf(idx.state.vertical[:, guarded_blocks]).all()
+    assert torch.isneginf(idx.state.block_max[guarded_blocks]).all()
+    assert torch.isneginf(idx.state.diagonal[:, int(slots[0]), :-1]).all()  # (the last offset is trash)
+    assert torch.isfinite(idx.state.vertical[:, table[1, :n[1]].long()]).any()  # request 1 keeps history
+    everything = SpinConfig(sparsity=0.5, topk=k, dense_below=10**6)
+    idx, slots = _indexer(everything, 2, width)
+    for _ in range(2):
+        seq_lens, scores = _scores([2000, 5000], 1, width, gen)
+        idx.plan(table, seq_lens, slots)
+        idx.run_from_scores(0, scores)
+        assert idx.plans(0).guarded.all() and idx.plans(0).num_kept.tolist() == n
+    assert torch.isneginf(idx.state.vertical[:, :-1]).all() and torch.isneginf(idx.state.diagonal[..., :-1]).all()
+
+
+def test_state_memory_follows_the_cache_not_the_context():
+    """For a given cache (num_cache_blocks) the state does not grow with the longest context (max_blocks)
+    once that exceeds the diagonal window."""
+    cfg = SpinConfig(diagonal_window=2048)
+    sizes = [SpinIndexer(cfg, 2, max_batch=4, max_blocks=w, num_cache_blocks=256).state.nbytes()
+             for w in (32, 256, 4096)]
+    assert sizes[0] == sizes[1] == sizes[2]
+    bigger = SpinIndexer(cfg, 2, max_batch=4, max_blocks=32, num_cache_blocks=512).state.nbytes()
+    assert bigger > sizes[0]
+
+
 def test_same_seed_same_plan_other_seed_other_exploration(gen):
     width = 80
     seq_lens, scores = _scores([5000], 1, width, gen)
@@ -227,10 +447,12 @@ def test_same_seed_same_plan_other_seed_other_exploration(gen):
 
 
 def test_empty_batch(gen):
-    idx = SpinIndexer(SpinConfig(topk=8), num_layers=1, max_batch=2, max_blocks=4, next_n=2)
+    idx = SpinIndexer(SpinConfig(topk=8), num_layers=2, max_batch=2, max_blocks=4, next_n=2)
     idx.plan(torch.zeros(0, 4, dtype=torch.int32), torch.zeros(0, 2, dtype=torch.int32),
              torch.zeros(0, dtype=torch.int32))
     assert idx.run_from_scores(0, torch.zeros(0, 4 * T)).shape == (0, 8)
+    q = torch.zeros(0, 2, 8, 32).to(torch.float8_e4m3fn)
+    assert idx.run(1, q, torch.zeros(2, T, 1, 36, dtype=torch.uint8), torch.zeros(0, 8)).shape == (0, 8)
 
 
 def test_misuse_raises_with_the_argument_named(gen):
@@ -253,6 +475,8 @@ def test_misuse_raises_with_the_argument_named(gen):
         idx.plan(table, lens.flip(1), slots)
     with pytest.raises(ValueError, match="distinct"):
         idx.plan(table, lens, torch.tensor([0, 0], dtype=torch.int32))
+    with pytest.raises(ValueError, match="block_table"):
+        idx.plan(table + idx.state.num_cache_blocks, lens, slots)
     idx.state.free(1)
     with pytest.raises(ValueError, match="free slots"):
         idx.plan(table, lens, slots)
@@ -267,6 +491,10 @@ def test_misuse_raises_with_the_argument_named(gen):
     q = torch.zeros(2, 1, 8, 32).to(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match=r"q_fp8: expected shape"):
         idx.run(0, q, torch.zeros(1, 64, 1, 36, dtype=torch.uint8), torch.zeros(2, 8))
+    q = torch.zeros(2, 2, 8, 32).to(torch.float8_e4m3fn)
+    too_many = idx.state.num_cache_blocks + 1
+    with pytest.raises(ValueError, match="kv_cache: expected at most num_cache_blocks"):
+        idx.run(0, q, torch.zeros(too_many, 64, 1, 36, dtype=torch.uint8), torch.zeros(4, 8))
     with pytest.raises(TypeError, match="config"):
         SpinIndexer({"sparsity": 0.3}, 1, 1, 1)
 
@@ -284,22 +512,32 @@ def test_a0_keeps_every_block_holding_a_selected_slot(gen):
             idx.run_from_scores(0, scores)
         kept[pooling] = idx.block_plan
     n = -(-4000 // T)
-    assert kept["a1"].num_kept.item() == n - int(n * 0.5)
+    m = n - int(n * 0.5)
+    assert kept["a1"].num_kept.item() == m
     # random scores: the best half of the slots touch nearly every block
     assert kept["a0"].num_kept.item() > kept["a1"].num_kept.item()
-    v = kept["a0"]
-    assert torch.equal(v.keep_mask, v.predicted_mask)
+    # Step 2 predicts each slot from step 1's scores (V and D both hold them): the kept blocks are exactly
+    # those holding one of the m*T best predictions (ties at the threshold included), plus the newest.
+    pred = scores[0, :4000].half().float()
+    threshold = pred.sort(descending=True).values[m * T - 1]
+    holds = torch.zeros(width, dtype=torch.bool)
+    holds[:n] = torch.nn.functional.pad(pred >= threshold, (0, n * T - 4000)).view(n, T).any(dim=1)
+    holds[n - 1] = True
+    assert torch.equal(kept["a0"].keep_mask[0], holds)
 
 
 @pytest.mark.parametrize("case", [c for c in ODD_SHAPES if c.batch > 0][:4], ids=ODD_IDS[:4])
 def test_replay_path_matches_paged_path_and_state(case, gen):
     """run_from_scores (CPU: compact columns cut at the most kept blocks) and run (paged kernel, full W*T
-    compact width) give the same top-k and leave the same V/D/last_seen state, step after step."""
+    compact width, EMA folded into the logits op) give the same top-k and leave the same V/block max/D/
+    last_seen state, step after step."""
     x = make_case_inputs(case, gen)
-    cfg = SpinConfig(sparsity=0.5, topk=case.k)
+    aged = ODD_SHAPES.index(case) % 2 == 1  # every other case explores by block age (keeps last_seen)
+    cfg = SpinConfig(sparsity=0.5, topk=case.k, exploration="block_age" if aged else "random")
     width = x.block_table.shape[1]
-    paged, slots = _indexer(cfg, case.batch, width, case.next_n)
-    replayed, _ = _indexer(cfg, case.batch, width, case.next_n)
+    blocks = x.kv_cache.shape[0]
+    paged, slots = _indexer(cfg, case.batch, width, case.next_n, num_cache_blocks=blocks)
+    replayed, _ = _indexer(cfg, case.batch, width, case.next_n, num_cache_blocks=blocks)
     scores = paged_indexer_logits_ref(*x.args())
     for _ in range(4):
         for idx in (paged, replayed):
@@ -307,5 +545,12 @@ def test_replay_path_matches_paged_path_and_state(case, gen):
         for layer in range(2):
             assert torch.equal(paged.run(layer, x.q_fp8, x.kv_cache, x.weights),
                                replayed.run_from_scores(layer, scores))
-    for name in ("vertical", "diagonal", "last_seen"):  # the last column is each slot's trash cell (unread)
-        assert torch.equal(getattr(paged.state, name)[..., :-1], getattr(replayed.state, name)[..., :-1]), name
+    assert (paged.state.last_seen is not None) == aged
+    assert torch.isfinite(paged.state.vertical[:, :-1]).any()
+    # the trash block (last row) and each slot's trash offset (last column) are never read
+    for name in ("vertical", "block_max", "last_seen"):
+        if getattr(paged.state, name) is not None:
+            assert torch.equal(getattr(paged.state, name)[..., :-1, :] if name == "vertical" else
+                               getattr(paged.state, name)[:-1], getattr(replayed.state, name)[..., :-1, :]
+                               if name == "vertical" else getattr(replayed.state, name)[:-1]), name
+    assert torch.equal(paged.state.diagonal[..., :-1], replayed.state.diagonal[..., :-1])

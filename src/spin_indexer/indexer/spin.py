@@ -236,8 +236,8 @@ class SpinIndexer:
     def _update(self, layer: int, st: _Step, plan: BlockPlan, logits: torch.Tensor) -> None:
         """The EMA update from compact logits float32 [B*N, X] (replay; the live path folds it into the logits)."""
         batch = st.block_table.shape[0]
-        ops.update_history(self._history_args(layer, st, plan), logits.view(batch, self.next_n, -1),
-                           plan.compact_block_table, plan.compact_seq_lens)
+        rows = logits.view(batch, self.next_n, logits.shape[1])  # not -1: ambiguous for an empty batch
+        ops.update_history(self._history_args(layer, st, plan), rows, plan.compact_block_table, plan.compact_seq_lens)
 
     def _topk(self, layer: int, st: _Step, plan: BlockPlan, logits: torch.Tensor,
               block_max: torch.Tensor) -> torch.Tensor:

@@ -41,8 +41,9 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
             # The production kernel writes logits only: one pass over them gives the block max and the update.
             bmax = block_max_out if block_max_out is not None else torch.empty(
                 logits.shape[0], block_table.shape[1], dtype=torch.float32, device=logits.device)
-            update_history(history, logits.view(q_fp8.shape[0], q_fp8.shape[1], -1), block_table, seq_lens,
-                           block_max_out=bmax)
+            # an explicit last dim: view(B, N, -1) is ambiguous for an empty batch
+            update_history(history, logits.view(q_fp8.shape[0], q_fp8.shape[1], logits.shape[1]), block_table,
+                           seq_lens, block_max_out=bmax)
         return logits
     if backend == "triton":
         from .indexer_logits_triton import paged_indexer_logits_triton
@@ -56,7 +57,8 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     if block_max_out is not None:
         block_max_out.copy_(block_max_ref(logits, kv_cache.shape[1]))
     if history is not None:
-        update_history_ref(history, logits.view(q_fp8.shape[0], q_fp8.shape[1], -1), block_table, seq_lens)
+        update_history_ref(history, logits.view(q_fp8.shape[0], q_fp8.shape[1], logits.shape[1]), block_table,
+                           seq_lens)
     return logits
 
 

@@ -83,9 +83,9 @@ def test_dispatch_and_out_on_cpu(gen):
 
 
 # ------------------------------------------------------------------------------------------ triton twin
-@pytest.fixture(params=[0, 64], ids=["one-program", "multi-seg64"])
+@pytest.fixture(params=[0, 128], ids=["one-program", "multi-seg128"])
 def seg(request):
-    """The twin's path: 0 = the one-program kernel, 64 = the three-launch path with 64 columns per program
+    """The twin's path: 0 = the one-program kernel, 128 = the three-launch path with 128 columns per program
     (so that a few hundred columns span several programs under the interpreter)."""
     return request.param
 
@@ -242,7 +242,7 @@ def test_multi_winners_in_one_segment_and_overflow(gen, triton_device):
     stats = _twin(logits, lengths, 64, triton_device, True, seg=64, cap=128)
     assert stats[0] <= 128 and stats[1] == 600, stats
     _twin(logits, lengths, 64, triton_device, False, seg=64, cap=128)
-    _twin(logits, lengths, 100, triton_device, True, seg=16, cap=64)  # overflow on every row
+    _twin(logits, lengths, 100, triton_device, True, seg=64, cap=64)  # overflow on every row
 
 
 @pytest.mark.interpreter

@@ -95,7 +95,7 @@ def _collect_kernel(x_ptr, len_ptr, bmax_ptr, hist_ptr, reg_ptr, cnt_ptr, stride
 def _select_kernel(x_ptr, len_ptr, kept_ptr, hist_ptr, reg_ptr, cnt_ptr, buf_ptr, out_ptr, stats_ptr,
                    stride_x, stride_kb, k, next_n, num_seg,
                    SEG: tl.constexpr, REG: tl.constexpr, CAP: tl.constexpr, T: tl.constexpr, CH: tl.constexpr,
-                   NB: tl.constexpr, HAS_KB: tl.constexpr):
+                   SCH: tl.constexpr, NB: tl.constexpr, HAS_KB: tl.constexpr):
     r = tl.program_id(0)
     length = tl.load(len_ptr + r)
     need = tl.minimum(length, k)
@@ -144,8 +144,8 @@ def _select_kernel(x_ptr, len_ptr, kept_ptr, hist_ptr, reg_ptr, cnt_ptr, buf_ptr
         rest = need
         for p in tl.static_range(4):
             hist = tl.zeros([256], tl.int32)
-            for i0 in range(0, length, CH):
-                c = i0 + tl.arange(0, CH)
+            for i0 in range(0, length, SCH):
+                c = i0 + tl.arange(0, SCH)
                 key = _ukey(tl.load(x_row + c, mask=c < length, other=0.0))
                 hist += _digit_hist(key, (c < length) & (key >= tau), t_star, 24 - 8 * p)
             b, above = _pick_digit(hist, rest)
@@ -153,8 +153,8 @@ def _select_kernel(x_ptr, len_ptr, kept_ptr, hist_ptr, reg_ptr, cnt_ptr, buf_ptr
             t_star = t_star | (b.to(tl.uint32) << (24 - 8 * p))
         written = tl.zeros([], tl.int32)
         ties = tl.zeros([], tl.int32)
-        for i0 in range(0, length, CH):
-            c = i0 + tl.arange(0, CH)
+        for i0 in range(0, length, SCH):
+            c = i0 + tl.arange(0, SCH)
             key = _ukey(tl.load(x_row + c, mask=c < length, other=0.0))
             ok = c < length
             eq = (ok & (key == t_star)).to(tl.int32)

@@ -100,7 +100,8 @@ def _topk_positions_multi(logits, lengths, k, block_max, kept_blocks, next_n, to
     parts._select_kernel[(rows,)](
         logits, lengths, kept, hist, regions, counts, buf, out, stats,
         logits.stride(0), kept.stride(0) if has_kb else 0, k, next_n, num_seg,
-        SEG=seg, REG=reg, CAP=cap, T=tokens, CH=min(1024, cap), NB=nb, HAS_KB=has_kb,
+        SEG=seg, REG=reg, CAP=cap, T=tokens, CH=min(1024, cap), SCH=4096 if cap >= 4096 else 1024, NB=nb,
+        HAS_KB=has_kb,
         num_warps=16 if cap >= 4096 else 8)
     return out
 

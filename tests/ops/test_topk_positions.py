@@ -249,12 +249,12 @@ def test_multi_winners_in_one_segment_and_overflow(gen, triton_device):
 def test_multi_auto_path_and_clean_workspace(gen, triton_device):
     """seg=None takes the multi-program path once C > CAP; the histogram workspace is zero after every call
     (the next call adds into it); rows of different lengths in one batch."""
-    from spin_indexer.ops import topk_select_triton as mod
+    from spin_indexer.ops import topk_select_parts as parts, topk_select_triton as mod
     logits, lengths = masked_logits(5, 300, gen)
     for _ in range(2):
         _twin(logits, lengths, 7, triton_device, True)
-        assert all(int(ws.abs().sum()) == 0 for ws in mod._HIST_WORKSPACE.values())
-    assert mod._auto_seg(1, 128 * 1024) == 2048 and mod._auto_seg(96, 256 * 1024) == 8192
+        assert all(int(ws.abs().sum()) == 0 for ws in parts._HIST_WORKSPACE.values())
+    assert mod.auto_seg(1, 128 * 1024) == 2048 and mod.auto_seg(96, 256 * 1024) == 8192
 
 
 @pytest.mark.parametrize("bad", [dict(seg=48), dict(seg=8), dict(seg=65536), dict(cap=24), dict(cap=8)])

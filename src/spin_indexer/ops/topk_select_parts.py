@@ -31,13 +31,58 @@ regions (about 2 B x C when SEG <= CAP), 4 B x CAP buffer.
 """
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
 from .topk_select_triton import _digit_hist, _pick_digit, _ukey
 
-NUM_BUCKETS = 4096  # key >> BUCKET_SHIFT
-BUCKET_SHIFT = 20
+NUM_BUCKETS = 4096  # key >> 20
+
+
+_HIST_WORKSPACE: dict = {}  # (device, stream) -> int32 histogram rows, all zero between calls
+
+
+def _hist_workspace(dev: torch.device, rows: int, bins: int) -> torch.Tensor:
+    """int32 [rows, bins] of zeros. The select kernel zeroes the rows it used, so a cached buffer is zero
+    again when the next call on the same stream starts (stream order); it grows (torch.zeros, a memset) only
+    when a larger batch comes. Keyed by stream so that two streams never share one."""
+    stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
+    key = (str(dev), stream)
+    ws = _HIST_WORKSPACE.get(key)
+    if ws is None or ws.numel() < rows * bins:
+        ws = torch.zeros(rows * bins, dtype=torch.int32, device=dev)
+        _HIST_WORKSPACE[key] = ws
+    return ws[:rows * bins].view(rows, bins)
+
+
+def topk_positions_multi(logits, lengths, k, block_max, kept_blocks, next_n, tokens, out, cap, stats, seg):
+    """The three launches (module docstring); arguments checked and made row-contiguous by the caller, R > 0."""
+    rows, cols = logits.shape
+    dev = logits.device
+    num_seg = max(1, -(-cols // seg))
+    reg = min(seg, cap)
+    nb = NUM_BUCKETS
+    hist = _hist_workspace(dev, rows, nb)
+    regions = torch.empty(rows, num_seg, reg, dtype=torch.int16, device=dev)
+    counts = torch.empty(rows, num_seg, dtype=torch.int32, device=dev)
+    buf = torch.empty(rows, cap, dtype=torch.int32, device=dev)
+    stats = torch.empty(rows, dtype=torch.int32, device=dev) if stats is None else stats
+    has_bmax, has_kb = block_max is not None, kept_blocks is not None
+    bmax = block_max if has_bmax else logits  # dummy pointers when absent (never read)
+    kept = kept_blocks if has_kb else lengths
+    seg_warps = 4 if seg <= 2048 else 8
+    _bucket_hist_kernel[(rows, num_seg)](logits, lengths, hist, logits.stride(0), SEG=seg, NB=nb,
+                                         num_warps=seg_warps)
+    _collect_kernel[(rows, num_seg)](
+        logits, lengths, bmax, hist, regions, counts, logits.stride(0), bmax.stride(0), k, num_seg,
+        SEG=seg, REG=reg, T=tokens, NB=nb, HAS_BMAX=has_bmax, num_warps=seg_warps)
+    _select_kernel[(rows,)](
+        logits, lengths, kept, hist, regions, counts, buf, out, stats,
+        logits.stride(0), kept.stride(0) if has_kb else 0, k, next_n, num_seg,
+        SEG=seg, REG=reg, CAP=cap, T=tokens, CH=min(1024, cap), SCH=4096 if cap >= 4096 else 1024, NB=nb,
+        HAS_KB=has_kb, num_warps=16 if cap >= 4096 else 8)
+    return out
 
 
 @triton.jit
@@ -101,6 +146,7 @@ def _select_kernel(x_ptr, len_ptr, kept_ptr, hist_ptr, reg_ptr, cnt_ptr, buf_ptr
     need = tl.minimum(length, k)
     hist_row = hist_ptr + r.to(tl.int64) * NB
     tau, n_cand = _bucket_threshold(tl.load(hist_row + tl.arange(0, NB)), need, NB)
+    tl.debug_barrier()  # every thread has read the histogram before any zeroes it
     tl.store(hist_row + tl.arange(0, NB), tl.zeros([NB], tl.int32))  # leave the workspace zeroed
     tl.store(stats_ptr + r, n_cand)
     x_row = x_ptr + r.to(tl.int64) * stride_x

@@ -1,6 +1,12 @@
 """Triton twin of `topk_positions_ref`: the exact top-k SET per row, positions ascending, no sort.
 
-One launch, one program per row, no host sync, no data-dependent shape. Keys are the fp32 bits made
+Two paths, both without host sync or data-dependent shapes (CUDA-graph safe), picked from static shapes:
+rows longer than CAP (or any row with seg > 0) take the three-launch multi-program path of
+`topk_select_parts` (every pass over the columns spread over R x ceil(C / SEG) programs; see its docstring
+for bytes and predicted times); shorter rows (or seg = 0) take the one-program-per-row kernel below, which
+streams a row at only ~3-5 GB/s on the H200 (128K columns, k = 2048: 330-380 us for one row).
+
+The one-program path: one launch, one program per row. Keys are the fp32 bits made
 monotone as uint32 (`_ukey`, the order of `order_keys`: -0.0 folded into +0.0, NaN by its bits).
   a. Threshold tau, a lower bound of the k-th largest key. With block maxima and nb = ceil(len / T) >= 4k
      blocks: the lower edge of the 16-bit bucket holding the k-th largest block max (two 256-bin histogram
@@ -50,60 +56,13 @@ SEG_CHOICES = (2048, 4096, 8192)  # columns per program of the multi-program pat
 PROGRAMS_TARGET = 264  # two programs per H200 SM in the first two passes
 
 
-def _auto_seg(rows: int, cols: int) -> int:
+def auto_seg(rows: int, cols: int) -> int:
     """The largest SEG that still gives about PROGRAMS_TARGET programs (fewer, longer programs when R is large)."""
     seg = SEG_CHOICES[0]
     for bigger in SEG_CHOICES[1:]:
         if rows * -(-cols // bigger) >= PROGRAMS_TARGET:
             seg = bigger
     return seg
-
-
-_HIST_WORKSPACE: dict = {}  # (device, stream) -> int32 histogram rows, all zero between calls
-
-
-def _hist_workspace(dev: torch.device, rows: int, bins: int) -> torch.Tensor:
-    """int32 [rows, bins] of zeros. The select kernel zeroes the rows it used, so a cached buffer is zero
-    again when the next call on the same stream starts (stream order); it grows (torch.zeros, a memset) only
-    when a larger batch comes. Keyed by stream so that two streams never share one."""
-    stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
-    key = (str(dev), stream)
-    ws = _HIST_WORKSPACE.get(key)
-    if ws is None or ws.numel() < rows * bins:
-        ws = torch.zeros(rows * bins, dtype=torch.int32, device=dev)
-        _HIST_WORKSPACE[key] = ws
-    return ws[:rows * bins].view(rows, bins)
-
-
-def _topk_positions_multi(logits, lengths, k, block_max, kept_blocks, next_n, tokens, out, cap, stats, seg):
-    """The three-launch path (see topk_select_parts); arguments already checked, rows > 0."""
-    from . import topk_select_parts as parts
-    rows, cols = logits.shape
-    dev = logits.device
-    num_seg = max(1, -(-cols // seg))
-    reg = min(seg, cap)
-    nb = parts.NUM_BUCKETS
-    hist = _hist_workspace(dev, rows, nb)
-    regions = torch.empty(rows, num_seg, reg, dtype=torch.int16, device=dev)
-    counts = torch.empty(rows, num_seg, dtype=torch.int32, device=dev)
-    buf = torch.empty(rows, cap, dtype=torch.int32, device=dev)
-    stats = torch.empty(rows, dtype=torch.int32, device=dev) if stats is None else stats
-    has_bmax, has_kb = block_max is not None, kept_blocks is not None
-    bmax = block_max if has_bmax else logits  # dummy pointers when absent (never read)
-    kept = kept_blocks if has_kb else lengths
-    seg_warps = 4 if seg <= 2048 else 8
-    parts._bucket_hist_kernel[(rows, num_seg)](logits, lengths, hist, logits.stride(0), SEG=seg, NB=nb,
-                                                num_warps=seg_warps)
-    parts._collect_kernel[(rows, num_seg)](
-        logits, lengths, bmax, hist, regions, counts, logits.stride(0), bmax.stride(0), k, num_seg,
-        SEG=seg, REG=reg, T=tokens, NB=nb, HAS_BMAX=has_bmax, num_warps=seg_warps)
-    parts._select_kernel[(rows,)](
-        logits, lengths, kept, hist, regions, counts, buf, out, stats,
-        logits.stride(0), kept.stride(0) if has_kb else 0, k, next_n, num_seg,
-        SEG=seg, REG=reg, CAP=cap, T=tokens, CH=min(1024, cap), SCH=4096 if cap >= 4096 else 1024, NB=nb,
-        HAS_KB=has_kb,
-        num_warps=16 if cap >= 4096 else 8)
-    return out
 
 
 def topk_positions_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, block_max=None, kept_blocks=None,
@@ -116,7 +75,7 @@ def topk_positions_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, b
     overflow path. stats: optional int32 [R] receiving each row's candidate count (CAP + 1 or more when the
     row overflowed), for tests and diagnostics. seg: columns per program of the multi-program path
     (`topk_select_parts`, a power of two in [16, 32768]); 0 = the one-program kernel; None = the one-program
-    kernel when C <= CAP (every column fits the buffer), else the multi-program path with `_auto_seg`.
+    kernel when C <= CAP (every column fits the buffer), else the multi-program path with `auto_seg`.
     """
     check_topk_positions_args(logits, lengths, k, block_max, kept_blocks, next_n, tokens_per_block, out, validate)
     if seg is not None and (not isinstance(seg, int) or (seg and (seg & (seg - 1) or not 16 <= seg <= 32768))):
@@ -132,7 +91,7 @@ def topk_positions_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, b
         return out
     cap = cap or 2 * _next_pow2(max(k, 16))
     if seg is None:
-        seg = 0 if cols <= cap else _auto_seg(rows, cols)
+        seg = 0 if cols <= cap else auto_seg(rows, cols)
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
     has_bmax, has_kb = block_max is not None, kept_blocks is not None
     if has_bmax and block_max.stride(1) != 1:
@@ -140,8 +99,9 @@ def topk_positions_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, b
     if has_kb and kept_blocks.stride(1) != 1:
         kept_blocks = kept_blocks.contiguous()
     if seg:
-        return _topk_positions_multi(logits, lengths, k, block_max, kept_blocks, next_n, tokens_per_block, out,
-                                     cap, stats, seg)
+        from .topk_select_parts import topk_positions_multi
+        return topk_positions_multi(logits, lengths, k, block_max, kept_blocks, next_n, tokens_per_block, out,
+                                    cap, stats, seg)
     ch, sb, warps = next((c, s, w) for top, c, s, w in _BLOCK_TABLE if cap <= top)
     ch = max(ch, tokens_per_block)
     scratch = torch.empty(3, rows, cap, dtype=torch.int32, device=dev)  # buffer keys, buffer columns, block list

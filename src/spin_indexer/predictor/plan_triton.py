@@ -247,6 +247,16 @@ if triton is not None:
         return _ukey(s), m & (s > NEG_INF)
 
     @triton.jit
+    def _mark(flg, blk, key, ok, f, prefix, ties, need, need0, all_in, S: tl.constexpr):
+        """Flag 2 on the selected unforced blocks of a tile (keys > prefix, then the ties while fewer than
+        `need` came before); returns the running tie count."""
+        eq = (ok & (key == prefix)).to(tl.int64)
+        sel = ok & ((key > prefix) | ((eq != 0) & (ties + tl.cumsum(eq, 0) - eq < need)) | ((blk * 0 + all_in) != 0))
+        sel = sel & (f == 0) & ((blk * 0 + need0) > 0)
+        tl.store(flg + blk, tl.full([S], 2, tl.int8), mask=sel)
+        return ties + tl.sum(eq, axis=0)
+
+    @triton.jit
     def _plan_reset_kernel(table_ptr, stride_tb, lens_ptr, slot_ptr, step_ptr, seen_ptr, acc_ptr,
                            vert_ptr, stride_vl, stride_vp, bmax_ptr, stride_bp, stride_bl,
                            nblk_ptr, guard_ptr, upd_ptr, stride_upd, stash_ptr,
@@ -348,31 +358,36 @@ if triton is not None:
             k1 = tl.maximum(num_forced, budget - explore)
 
             # B. stage 1 per prediction row: the k1 best keys (forced = +inf), ties to the lower block
-            for j in range(0, num_rows):
+            # (keep_all / guarded: every valid block is forced and k1 = n, nothing to select)
+            for j in range(0, num_rows * (1 - dense)):
                 qj = tl.load(lens_ptr + b * next_n + j).to(tl.int64) - 1
                 wloj = _wlo(qj, window, T)
                 rec_lo = tl.where(j > 0, tl.minimum(wmin, n), n)  # rows past 0 re-score the window blocks
                 prefix = tl.zeros([], tl.uint32)
                 need = k1
                 need0 = k1
+                all_in = tl.zeros([], tl.int32)  # 1: every candidate is taken (no threshold needed)
                 for p in tl.static_range(4):
-                    hist = tl.zeros([256], tl.int32)
-                    for start in range(0, rec_lo, SB):
-                        blk = start + offs
-                        key, ok = _flat_key(scr, flg, blk, blk < rec_lo)
-                        hist += _digit_hist(key, ok, prefix, 24 - 8 * p)
-                    for start in range(rec_lo, n, SBS):
-                        blk = start + offs_s
-                        key, ok = _rescored_key(flg, blk, blk < n, start, tb, bmax_l, stride_bp, num_cache_blocks,
-                                                qj, wloj, vert_l, stride_vp, diag_row, window, T, TP, SBS, SLOT,
-                                                COMBINE, MEAN)
-                        hist += _digit_hist(key, ok, prefix, 24 - 8 * p)
-                    if p == 0:
-                        need = tl.minimum(need, tl.sum(hist, axis=0).to(tl.int64))
-                        need0 = need
-                    digit, above = _pick_digit(hist, need)
-                    need -= above
-                    prefix = prefix | (digit.to(tl.uint32) << (24 - 8 * p))
+                    if all_in == 0:
+                        hist = tl.zeros([256], tl.int32)
+                        for start in range(0, rec_lo, SB):
+                            blk = start + offs
+                            key, ok = _flat_key(scr, flg, blk, blk < rec_lo)
+                            hist += _digit_hist(key, ok, prefix, 24 - 8 * p)
+                        for start in range(rec_lo, n, SBS):
+                            blk = start + offs_s
+                            key, ok = _rescored_key(flg, blk, blk < n, start, tb, bmax_l, stride_bp,
+                                                    num_cache_blocks, qj, wloj, vert_l, stride_vp, diag_row, window,
+                                                    T, TP, SBS, SLOT, COMBINE, MEAN)
+                            hist += _digit_hist(key, ok, prefix, 24 - 8 * p)
+                        if p == 0:
+                            count = tl.sum(hist, axis=0).to(tl.int64)
+                            need = tl.minimum(need, count)
+                            need0 = need
+                            all_in = (need == count).to(tl.int32)
+                        digit, above = _pick_digit(hist, need)
+                        need -= above
+                        prefix = prefix | (digit.to(tl.uint32) << (24 - 8 * p))
                 # mark: keys above the threshold, then the first `need` ties in block order (flag 2)
                 ties = tl.zeros([], tl.int64)
                 for start in range(0, rec_lo, SB):
@@ -380,22 +395,14 @@ if triton is not None:
                     mm = blk < rec_lo
                     key, ok = _flat_key(scr, flg, blk, mm)
                     f = tl.load(flg + blk, mask=mm, other=1)
-                    eq = (ok & (key == prefix)).to(tl.int64)
-                    sel = ok & ((key > prefix) | ((eq != 0) & (ties + tl.cumsum(eq, 0) - eq < need)))
-                    sel = sel & (f == 0) & ((blk * 0 + need0) > 0)
-                    tl.store(flg + blk, tl.full([SB], 2, tl.int8), mask=sel)
-                    ties += tl.sum(eq, axis=0)
+                    ties = _mark(flg, blk, key, ok, f, prefix, ties, need, need0, all_in, SB)
                 for start in range(rec_lo, n, SBS):
                     blk = start + offs_s
                     mm = blk < n
                     key, ok = _rescored_key(flg, blk, mm, start, tb, bmax_l, stride_bp, num_cache_blocks, qj, wloj,
                                             vert_l, stride_vp, diag_row, window, T, TP, SBS, SLOT, COMBINE, MEAN)
                     f = tl.load(flg + blk, mask=mm, other=1)
-                    eq = (ok & (key == prefix)).to(tl.int64)
-                    sel = ok & ((key > prefix) | ((eq != 0) & (ties + tl.cumsum(eq, 0) - eq < need)))
-                    sel = sel & (f == 0) & ((blk * 0 + need0) > 0)
-                    tl.store(flg + blk, tl.full([SBS], 2, tl.int8), mask=sel)
-                    ties += tl.sum(eq, axis=0)
+                    ties = _mark(flg, blk, key, ok, f, prefix, ties, need, need0, all_in, SBS)
             tl.debug_barrier()  # stage 2 and compaction read the final flags
 
             # C. stage 2, random exploration: the `extra` best hashes among valid unmarked blocks

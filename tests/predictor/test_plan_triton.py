@@ -92,7 +92,16 @@ def _rows(lens, next_n):
     return (torch.tensor(lens, dtype=torch.int64)[:, None] - next_n + j + 1).clamp_min(0).int().reshape(-1, next_n)
 
 
+class _Host:
+    """CPU copies of an indexer's workspace and state (the kernel may run on CUDA)."""
+
+    def __init__(self, idx):
+        self.workspace = type("W", (), {k: v.cpu() for k, v in vars(idx.workspace).items()})
+        self.state = type("S", (), {k: getattr(idx.state, k).cpu() for k in STATE})
+
+
 def _check(ref, got, batch, width, layers):
+    got = _Host(got)
     wr, wg = ref.workspace, got.workspace
     assert torch.equal(wg.num_blocks[:batch], wr.num_blocks[:batch])
     assert torch.equal(wg.guarded[:batch].view(torch.uint8), wr.guarded[:batch].to(torch.uint8))
@@ -109,8 +118,8 @@ def _check(ref, got, batch, width, layers):
         assert torch.equal(getattr(got.state, name), getattr(ref.state, name)), f"state.{name}"
 
 
-def _run(cfg, final_lens, next_n, gen, steps=2, layers=2, grow=None, accepted=False, bad=False, seen=None,
-         grid=None):
+def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accepted=False, bad=False, seen=None,
+         grid=None, graph=False):
     """Plan `steps` steps with both paths from the same random state and compare everything each step."""
     from spin_indexer.predictor.plan_triton import plan_step_triton, supports
     assert supports(cfg)
@@ -121,7 +130,7 @@ def _run(cfg, final_lens, next_n, gen, steps=2, layers=2, grow=None, accepted=Fa
     cache = sum(-(-x // T) for x in final_lens) + 4
     kw = dict(num_layers=layers, max_batch=max(batch, 1), max_blocks=width, next_n=next_n, max_requests=slots,
               num_cache_blocks=cache)
-    ref, got = SpinIndexer(cfg, **kw), SpinIndexer(cfg, **kw)
+    ref, got = SpinIndexer(cfg, **kw), SpinIndexer(cfg, device=dev, **kw)
     for _ in range(slots):
         ref.state.allocate(), got.state.allocate()
     grid = grid or ("fine" if cfg.reduce.value == "mean" else None)
@@ -141,8 +150,19 @@ def _run(cfg, final_lens, next_n, gen, steps=2, layers=2, grow=None, accepted=Fa
         acc = torch.randint(0, next_n, (batch,), generator=gen).int() if accepted else None
         ref.plan(step_table, seq_lens, slot_ids, num_accepted=acc, validate=not bad)
         _poison(got.workspace)
-        plan_step_triton(cfg, got.state, got.workspace, step_table, seq_lens, slot_ids.long(), acc,
-                         block=16, score_block=8)
+        args = [x.to(dev) if x is not None else None for x in (step_table, seq_lens, slot_ids.long(), acc)]
+        if graph:  # capture the step in a CUDA graph (no host sync, fixed shapes), replay it once
+            saved = {k: getattr(got.state, k).clone() for k in STATE}
+            plan_step_triton(cfg, got.state, got.workspace, *args)  # compile outside the capture
+            for k, v in saved.items():
+                getattr(got.state, k).copy_(v)
+            _poison(got.workspace)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                plan_step_triton(cfg, got.state, got.workspace, *args)
+            g.replay()
+        else:
+            plan_step_triton(cfg, got.state, got.workspace, *args, block=16, score_block=8)
         _check(ref, got, batch, width, layers)
         # an EMA update between steps, the same on both sides
         touched = torch.randperm(cache, generator=gen)[:2 * cache // 3]
@@ -168,7 +188,7 @@ LENS = (37 * T + 5, 400, 100, 64, 0)
     dataclasses.replace(BASE, reduce="mean", combine="diagonal", diagonal_window=None),
 ], ids=["max-max-random", "none", "sum", "vertical", "diagonal", "mean", "mean-sum-none", "mean-diag-full"])
 def test_row0_matches_torch(cfg, gen, triton_device):
-    _run(cfg, LENS, 1, gen, grow=[70, 0])
+    _run(cfg, LENS, 1, gen, triton_device, grow=[70, 0])
 
 
 @pytest.mark.parametrize("next_n,mtp,accepted,reduce,combine,window", [
@@ -178,27 +198,34 @@ def test_row0_matches_torch(cfg, gen, triton_device):
 def test_next_n_matches_torch(next_n, mtp, accepted, reduce, combine, window, gen, triton_device):
     # row-local + mean over the whole diagonal: every row ranks the blocks differently, so the union matters
     cfg = dataclasses.replace(BASE, mtp=mtp, reduce=reduce, combine=combine, diagonal_window=window)
-    _run(cfg, LENS[:4] + (3,), next_n, gen, grow=[next_n, 0], accepted=accepted)
+    _run(cfg, LENS[:4] + (3,), next_n, gen, triton_device, grow=[next_n, 0], accepted=accepted)
 
 
 def test_short_contexts_and_empty_batch(gen, triton_device):
     # contexts all <= K (keep_all) or one block, a guard off; then B = 0 (only the clock advances)
     cfg = dataclasses.replace(BASE, dense_below=0, topk=64)
-    _run(cfg, (64, 1, 63, 65, 130), 2, gen, steps=2, grow=[1, 0])
-    _run(cfg, (), 1, gen, steps=2)
+    _run(cfg, (64, 1, 63, 65, 130), 2, gen, triton_device, steps=2, grow=[1, 0])
+    _run(cfg, (), 1, gen, triton_device, steps=2)
 
 
 def test_ties_and_sparsity_edges(gen, triton_device):
     # grid values (many tied block scores), sparsity where floor(s * n) sits on an integer
     for s, reduce in ((0.3, "max"), (0.5, "mean"), (0.95, "max"), (0.0, "mean")):
         cfg = dataclasses.replace(BASE, sparsity=s, reduce=reduce, dense_below=0)
-        _run(cfg, (50 * T, 10 * T + 1, 12 * T), 1, gen, grow=[T, 0], layers=1, grid="coarse")
+        _run(cfg, (50 * T, 10 * T + 1, 12 * T), 1, gen, triton_device, grow=[T, 0], layers=1, grid="coarse")
 
 
 def test_out_of_range_block_ids(gen, triton_device):
     # used blocks with ids outside the cache (plan(validate=False)): read as the all--inf trash block,
     # never read or written outside the state's tensors; same plan as the torch path
-    _run(BASE, LENS[:4], 2, gen, steps=2, grow=[1, 0], bad=True,
+    _run(BASE, LENS[:4], 2, gen, triton_device, steps=2, grow=[1, 0], bad=True,
          seen=[10 * T, 0, 0, 0])
-    _run(dataclasses.replace(BASE, reduce="mean", combine="sum"), LENS[:2], 1, gen, steps=1, bad=True,
+    _run(dataclasses.replace(BASE, reduce="mean", combine="sum"), LENS[:2], 1, gen, triton_device, steps=1,
+         bad=True,
          seen=[0, 100])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_step_captures_in_a_cuda_graph(gen):
+    cfg = dataclasses.replace(BASE, mtp="row-local")
+    _run(cfg, LENS[:4] + (300 * T,), 2, gen, "cuda", grow=[2, 0], graph=True)

@@ -122,7 +122,7 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
 
 
 if triton is not None:
-    NEG_INF = float("-inf")
+    NEG_INF = tl.constexpr(float("-inf"))
 
     @triton.jit
     def _mix(h):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The H200 runs of the step redesign, one device call each (carry: .dg, the DeepGEMM kit from ../shared/deepgemm):
-#   bash benchmarks/h200_step.sh tests          CUDA test subset (kernels vs references on the device)
+#   bash benchmarks/h200_step.sh tests [PATHS]  CUDA test subset (kernels vs references on the device)
 #   bash benchmarks/h200_step.sh grid [ARGS]    benchmarks/run_all.py, DeepGEMM side by side; ARGS go to it
 #   bash benchmarks/h200_step.sh v32 [ARGS]     benchmarks/bench_v32_step.py (61 layers, one CUDA graph)
 # Everything lands under $OUT (what comes back from the device).
@@ -19,8 +19,9 @@ export SPIN_COMMIT=${SPIN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || ec
 stage=${1:-grid}
 shift || true
 case "$stage" in
-    tests)
-        python3 -m pytest -q -p no:cacheprovider -x tests/ops tests/predictor tests/indexer "$@" 2>&1 | tee "$OUT/gputests.log" | tail -25 ;;
+    tests)  # the CUDA subset, or the test paths given
+        [ $# -gt 0 ] || set -- tests/ops tests/predictor tests/indexer
+        python3 -m pytest -q -p no:cacheprovider "$@" 2>&1 | tee "$OUT/gputests.log" | tail -25 ;;
     grid)
         python3 benchmarks/run_all.py --out "$OUT" "$@" 2>&1 | tee "$OUT/run_all.log" | tail -60 ;;
     v32)

@@ -335,6 +335,8 @@ def main(argv=None) -> int:
                    default=[65536, 131072, 262144, 524288, 1048576])
     p.add_argument("--next-ns", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2])
     p.add_argument("--sparsities", type=lambda s: [float(x) for x in s.split(",")], default=[0.2, 0.3, 0.4, 0.5])
+    p.add_argument("--points", default=None,
+                   help="comma list of BxLxN points run in this order instead of the batches x contexts x next_ns grid")
     p.add_argument("--max-tokens", type=int, default=96 * 1048576, help="skip points with B x L above this")
     p.add_argument("--budget-s", type=float, default=1e9, help="stop starting new points after this many seconds")
     args = p.parse_args(argv)
@@ -356,20 +358,23 @@ def main(argv=None) -> int:
     rows = []
     csv_path = os.path.join(args.out, "h200_indexer.csv")
     if "grid" in phases:
-        for n in args.next_ns:
-            for b in args.batches:
-                for c in args.contexts:
-                    if b * c > args.max_tokens or time.time() - t0 > args.budget_s:
-                        continue
-                    try:
-                        rows += grid_point(b, c, n, args.sparsities, env, dry)
-                    except Exception as exc:  # one failed point must not cost the whole run
-                        log(f"FAILED B={b} L={c} n={n}: {exc!r}")
-                        traceback.print_exc()
-                    with open(csv_path, "w", newline="") as f:
-                        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-                        w.writeheader()
-                        w.writerows([{c: fmt(r.get(c, float("nan"))) for c in COLUMNS} for r in rows])
+        if args.points:
+            points = [tuple(int(x) for x in item.split("x")) for item in args.points.split(",")]
+        else:
+            points = [(b, c, n) for n in args.next_ns for b in args.batches for c in args.contexts]
+        for b, c, n in points:
+            if b * c > args.max_tokens or time.time() - t0 > args.budget_s:
+                log(f"skipped B={b} L={c} n={n} (size or time budget)")
+                continue
+            try:
+                rows += grid_point(b, c, n, args.sparsities, env, dry)
+            except Exception as exc:  # one failed point must not cost the whole run
+                log(f"FAILED B={b} L={c} n={n}: {exc!r}")
+                traceback.print_exc()
+            with open(csv_path, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+                w.writeheader()
+                w.writerows([{c: fmt(r.get(c, float("nan"))) for c in COLUMNS} for r in rows])
     with open(os.path.join(args.out, "h200_env.json"), "w") as f:
         json.dump(env, f, indent=1)
     if rows:

@@ -16,7 +16,8 @@ random key cache so no replay hits L2), per layer:
   plan_us              SpinIndexer.plan (every layer) / 61 layers
   step_us              SpinIndexer step per layer: plan_us + run(layer) (logits + EMA update + top-k)
   spin_own_us          step_us - spin_logits_us - topk_us: prediction, selection, compaction, update
-  step_triton_us       step_us with the Triton logits backend (SPIN_INDEXER_LOGITS=triton), when DeepGEMM runs
+  step_other_backend_us  step_us with the other logits backend (DeepGEMM at next_n = 1, Triton at 2; the
+                       step picks Triton at 1 and DeepGEMM at 2, ops/deepgemm.py), when DeepGEMM runs
   guard_step_us        step_us with dense_below="auto" (the guard on)
 SPIN's history is a random steady state (every block scored before, diagonal windows full), so realized
 sparsity is the target. Writes <out>/h200_indexer.csv (one row per point and sparsity), h200_env.json and
@@ -41,7 +42,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 COLUMNS = ["batch", "ctx", "next_n", "sparsity", "deepgemm_logits_us", "dense_logits_us", "torch_topk_us",
            "own_topk_us", "dense_step_us", "spin_logits_us", "topk_us", "plan_us", "step_us", "spin_own_us",
-           "step_triton_us", "guard_step_us", "realized_sparsity", "spin_own_bytes", "spin_own_pct_copy_bw",
+           "step_other_backend_us", "guard_step_us", "realized_sparsity", "spin_own_bytes", "spin_own_pct_copy_bw",
            "key_GBps", "copy_GBps"]
 TOPK = 2048
 PLAN_LAYERS = 61  # DeepSeek-V3.2's indexer layers: plan() covers them all, its cost is shared by them
@@ -145,14 +146,15 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
         # The guard only acts below AUTO_DENSE_BELOW tokens; above it the guarded step is the same step.
         guards = (0, "auto") if ctx < AUTO_DENSE_BELOW else (0,)
         for guard in guards:
-            backends = [(None, "")] + ([("triton", "_triton")] if have_dg and guard == 0 else [])
+            other = "deepgemm" if next_n == 1 else "triton"
+            backends = [(None, "")] + ([(other, "_other")] if have_dg and guard == 0 else [])
             for backend, suffix in backends:
                 with logits_backend(backend):
                     times = spin_step(p, s, k, guard, time_graph, timing)
                 if guard == 0 and not suffix:
                     row.update(times)
                 elif guard == 0:
-                    row["step_triton_us"] = times["step_us"]
+                    row["step_other_backend_us"] = times["step_us"]
                 else:
                     row["guard_step_us"] = times["step_us"]
         row.setdefault("guard_step_us", row["step_us"])

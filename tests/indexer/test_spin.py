@@ -2,8 +2,9 @@
 the update touches only scored slots, MTP row policies, slot reuse, the history paged beside the cache
 (reused and shared physical blocks), the speed guard, one run per layer per step, and every misuse error.
 
-run() returns the top-k SET in ascending position order: expectations are topk_ref's picks, sorted.
-The vertical history lives per physical block: tests read it through the block table."""
+run() returns topk_ref's picks (best first, ties to the lower position) as logical positions: the
+expectations are topk_ref itself. The vertical history lives per physical block: tests read it through the
+block table."""
 import dataclasses
 
 import pytest
@@ -22,13 +23,6 @@ def _indexer(cfg, batch, width, next_n=1, layers=2, **kw):
                       **kw)
     slots = torch.tensor([idx.state.allocate() for _ in range(batch)], dtype=torch.int32)
     return idx, slots
-
-
-def ascending(topk: torch.Tensor) -> torch.Tensor:
-    """topk_ref's best-first picks as run() returns them: the same set, ascending, -1 padded."""
-    big = torch.iinfo(torch.int32).max
-    vals = torch.where(topk < 0, big, topk).sort(dim=1).values
-    return torch.where(vals == big, -1, vals).to(torch.int32)
 
 
 def vertical_of(idx, layer, table_row, length=None):
@@ -55,7 +49,7 @@ def test_sparsity_zero_equals_dense_reference(case, gen):
     x = make_case_inputs(case, gen)
     idx, slots = _indexer(SpinConfig(sparsity=0.0, topk=case.k), case.batch, x.block_table.shape[1], case.next_n,
                           num_cache_blocks=x.kv_cache.shape[0])
-    expected = ascending(topk_ref(paged_indexer_logits_ref(*x.args()), x.seq_lens.view(-1), case.k))
+    expected = (topk_ref(paged_indexer_logits_ref(*x.args()), x.seq_lens.view(-1), case.k))
     for _ in range(3):  # later steps run with history, exploration and all
         idx.plan(x.block_table, x.seq_lens, slots)
         for layer in range(2):
@@ -73,7 +67,7 @@ def test_sparse_output_is_the_topk_of_the_kept_blocks(next_n, gen):
         out = idx.run_from_scores(1, scores)
         plan = idx.block_plan
         mask = plan.token_mask().repeat_interleave(next_n, 0)
-        expected = ascending(topk_ref(torch.where(mask, scores, float("-inf")), seq_lens.view(-1), k))
+        expected = (topk_ref(torch.where(mask, scores, float("-inf")), seq_lens.view(-1), k))
         # rows longer than k: every selected position lies in a kept block and below the row length
         assert torch.equal(out, expected)
         assert ((out < seq_lens.view(-1, 1)) | (out == -1)).all()
@@ -109,7 +103,7 @@ def test_context_not_longer_than_k_selects_everything(gen):
     for _ in range(2):
         idx.plan(torch.arange(16, dtype=torch.int32).view(2, 8), seq_lens, slots)
         out = idx.run_from_scores(0, scores)
-        assert torch.equal(out, ascending(topk_ref(scores, seq_lens.view(-1), 512)))
+        assert torch.equal(out, (topk_ref(scores, seq_lens.view(-1), 512)))
         assert idx.block_plan.sparsity().tolist() == [0.0, 0.0]
 
 
@@ -404,8 +398,8 @@ def test_guard_scores_every_block_and_keeps_no_history(gen):
             if step:
                 assert plan.num_kept[1].item() < n[1]  # the long request is sparse once it has history
             mask = plan.token_mask()
-            assert torch.equal(out, ascending(topk_ref(torch.where(mask, scores, float("-inf")), seq_lens.view(-1), k)))
-            assert torch.equal(out[0], ascending(topk_ref(scores[:1], seq_lens[0], k))[0])  # request 0: dense
+            assert torch.equal(out, (topk_ref(torch.where(mask, scores, float("-inf")), seq_lens.view(-1), k)))
+            assert torch.equal(out[0], (topk_ref(scores[:1], seq_lens[0], k))[0])  # request 0: dense
     guarded_blocks = table[0, :n[0] + 1].long()
     assert torch.isneginf(idx.state.vertical[:, guarded_blocks]).all()
     assert torch.isneginf(idx.state.block_max[guarded_blocks]).all()

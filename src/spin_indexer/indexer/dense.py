@@ -35,7 +35,7 @@ class DenseIndexer:
         self._meta = (block_table, seq_lens)
 
     def run(self, layer: int, q_fp8, kv_cache, weights) -> torch.Tensor:
-        """Dense top-k int32 [B*next_n, K] (ascending positions, -1 padded, as SpinIndexer.run); `layer` is
+        """Dense top-k int32 [B*next_n, K] (best first, -1 padded, as SpinIndexer.run); `layer` is
         accepted for API symmetry. Logits and top-k go through the same backends as SPIN's step."""
         block_table, seq_lens = self._current()
         rows, width = q_fp8.shape[0] * q_fp8.shape[1], block_table.shape[1]
@@ -46,7 +46,7 @@ class DenseIndexer:
                                   tokens_per_block=self.tokens_per_block, validate=False)
 
     def run_from_scores(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
-        """Dense top-k of precomputed scores float32 [B*next_n, W*T] (ascending positions)."""
+        """Dense top-k of precomputed scores float32 [B*next_n, W*T] (best first)."""
         block_table, seq_lens = self._current()
         return ops.topk_positions(scores, seq_lens.reshape(-1), self.topk, tokens_per_block=self.tokens_per_block,
                                   validate=False)

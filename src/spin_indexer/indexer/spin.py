@@ -152,7 +152,7 @@ class SpinIndexer:
 
     # -- run -------------------------------------------------------------------------------------------
     def run(self, layer: int, q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Top-k positions int32 [B*next_n, K] for `layer` (ascending, -1 padded), then that layer's update.
+        """Top-k positions int32 [B*next_n, K] for `layer` (best first, -1 padded), then that layer's update.
 
         q_fp8: float8_e4m3fn [B, next_n, H, D]; kv_cache: uint8 [num_blocks, T, 1, D + 4] with num_blocks <=
         num_cache_blocks; weights: float32 [B*next_n, H]. The result is a view of the workspace, valid until

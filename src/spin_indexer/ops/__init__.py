@@ -108,12 +108,17 @@ def topk(logits, lengths, k: int, validate: bool = True, block_max=None):
 
 def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, next_n: int = 1,
                    tokens_per_block: int = 64, out=None, validate: bool = True):
-    """The top-k set per row as ascending positions, int32 [R, k], -1 padded; see `topk_positions_ref`.
-    One Triton launch on CUDA (block_max lets it read only the blocks that can hold a winner)."""
-    twin = _triton_twin("topk_select_triton", "topk_positions_triton", logits)
-    fn = twin if twin is not None else topk_positions_ref
-    return fn(logits, lengths, k, block_max=block_max, kept_blocks=kept_blocks, next_n=next_n,
-              tokens_per_block=tokens_per_block, out=out, validate=validate)
+    """Top-k positions int32 [R, k], best first, -1 padded, through SPIN's compact-to-logical map; see
+    `topk_positions_ref`. On CUDA the Triton top-k (block_max lets it read only the blocks that can hold a
+    winner) writes the mapped positions in its final pass."""
+    twin = _triton_twin("topk_triton", "topk_triton", logits)
+    if twin is None or tokens_per_block != 64:
+        return topk_positions_ref(logits, lengths, k, block_max=block_max, kept_blocks=kept_blocks, next_n=next_n,
+                                  tokens_per_block=tokens_per_block, out=out, validate=validate)
+    from .topk import check_topk_positions_args
+    check_topk_positions_args(logits, lengths, k, block_max, kept_blocks, next_n, tokens_per_block, out, validate)
+    return twin(logits, lengths, k, validate=False, block_max=block_max, kept_blocks=kept_blocks, next_n=next_n,
+                out=out)
 
 
 def _check_outputs(logits, width, dev, out, block_max_out) -> None:

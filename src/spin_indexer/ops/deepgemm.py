@@ -6,7 +6,10 @@ table from SPIN's plan goes straight in: its cost follows the lengths passed (wo
 It writes fp32 logits only; columns past a row's length are not cleaned. Covered: next_n in {1, 2},
 T = 64, D = 128, 64 heads, SM90. Nothing here is DeepGEMM's code: the module is imported when present.
 
-SPIN_INDEXER_LOGITS=triton turns this backend off (the project's own kernel then runs), e.g. to compare.
+Used for next_n = 2 only: there it is 1.7x faster than the project's kernel (benchmarks/results, run 8),
+while at next_n = 1 the project's kernel, which fuses the block max and SPIN's EMA update into its epilogue,
+beats DeepGEMM plus the pass over the logits those need. SPIN_INDEXER_LOGITS=triton turns this backend off,
+SPIN_INDEXER_LOGITS=deepgemm uses it for next_n = 1 too (benchmarks compare both).
 """
 from __future__ import annotations
 
@@ -40,12 +43,14 @@ def available() -> bool:
 
 def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """True when DeepGEMM can compute these logits (and the backend is not turned off)."""
-    if os.environ.get("SPIN_INDEXER_LOGITS", "") in ("triton", "reference") or not q_fp8.is_cuda:
+    choice = os.environ.get("SPIN_INDEXER_LOGITS", "")
+    if choice in ("triton", "reference") or not q_fp8.is_cuda:
         return False
     if _module() is None or torch.cuda.get_device_capability(q_fp8.device) != (9, 0):
         return False
     _, next_n, heads, dim = q_fp8.shape
-    return next_n in (1, 2) and heads == 64 and dim == 128 and kv_cache.shape[1] == 64
+    rows = (1, 2) if choice == "deepgemm" else (2,)
+    return next_n in rows and heads == 64 and dim == 128 and kv_cache.shape[1] == 64
 
 
 def paged_indexer_logits_deepgemm(q_fp8, kv_cache, weights, seq_lens, block_table, validate: bool = True,

@@ -1,6 +1,6 @@
 """Triton twin of `history.update_history_ref`, and the per-block EMA step the logits kernel's epilogue shares.
 
-`ema_block` updates one kept block for one query row from its T scores (already in registers): V and its
+`ema_tile` updates kept blocks for one query row from their scores (already in registers): V and its
 block max through the physical block id, D at the row's offsets inside the diagonal window, last_seen.
 The standalone kernel (replay, and after the DeepGEMM backend) runs it over compact logits: one program
 per (request, BLOCKS compact blocks), one launch per updating row so rows fold in strictly in order
@@ -25,7 +25,7 @@ try:  # the package imports this module only for CUDA tensors; without triton th
 except ImportError:  # pragma: no cover
     triton = None
 
-BLOCKS_PER_PROGRAM = 8  # compact blocks per program (the H200 best for this access pattern, run 5)
+BLOCKS_PER_PROGRAM = 8  # compact blocks per program, one [8, T] tile (loads issued together)
 
 
 def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, compact_table: torch.Tensor,
@@ -60,7 +60,7 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
 
 
 def _history_args(h: HistoryUpdate, like: torch.Tensor):
-    """The history arguments every kernel that updates takes, in order (see ema_block)."""
+    """The history arguments every kernel that updates takes, in order (see ema_tile)."""
     finfo = torch.finfo(h.vertical.dtype)
     seen = h.last_seen if h.last_seen is not None else h.block_max
     return (h.vertical, h.block_max, h.block_max.stride(0), h.diagonal, h.diagonal.stride(0), seen,
@@ -75,38 +75,45 @@ def _no_history(like: torch.Tensor):
 
 if triton is not None:
     @triton.jit
-    def ema_block(obs, live, phys, kb, row, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
-                  clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi,
-                  b, T: tl.constexpr, HAS_SEEN: tl.constexpr):
-        """EMA update of one block for one query row. obs: float32 [T] scores of the block's slots; live:
-        bool [T] columns inside the row's compact length; phys: physical block id; kb: logical block id;
-        row: b * N + j. Writes V, its block max, D inside the window and last_seen."""
+    def load_vertical(v_ptr, phys, trash, T: tl.constexpr):
+        """(safe physical ids int64 [BB], float32 [BB, T] V of those blocks) for ids int [BB]: ids outside the
+        cache read the trash block. A kernel issues this load early (before its MMA) so the update's read
+        latency hides under it."""
+        inside = (phys >= 0) & (phys < trash)
+        pv = tl.where(inside, phys, trash).to(tl.int64)
+        return pv, tl.load(v_ptr + pv[:, None] * T + tl.arange(0, T)[None, :]).to(tl.float32)
+
+    @triton.jit
+    def ema_tile(obs, live, pv, old, kb, row, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
+                 clock_ptr, slot_ptr, lens_ptr, upd_ptr, alpha, window, lo, hi, b, T: tl.constexpr,
+                 HAS_SEEN: tl.constexpr):
+        """EMA update of BB blocks for one query row. obs: float32 [BB, T] scores of the blocks' slots; live:
+        bool [BB, T] columns inside the row's compact length; pv, old: from load_vertical; kb: int [BB] logical
+        block ids (-1: not a kept block); row: b * N + j. Writes V, the blocks' max, D inside the window and
+        last_seen, with masked stores only (no branch in the caller's loop)."""
         upd = tl.load(upd_ptr + row).to(tl.int32) != 0
+        kb64 = kb.to(tl.int64)
         # Scalar conditions go through a where: `block & scalar` of int1 yields an int32 mask in the
         # interpreter (Triton 3.9), which tl.store rejects.
-        live = tl.where(upd & (kb >= 0), live & (obs > float("-inf")) & (obs < float("inf")), False)
-        inside = (phys >= 0) & (phys < trash)
-        phys = tl.where(inside, phys, trash).to(tl.int64)
-        offs = tl.arange(0, T)
-        if tl.sum(live.to(tl.int32), axis=0) > 0:
-            v_cells = v_ptr + phys * T + offs
-            old = tl.load(v_cells).to(tl.float32)
-            new = tl.where(old > float("-inf"), alpha * obs + (1.0 - alpha) * old, obs)
-            new = tl.minimum(tl.maximum(new, lo), hi)
-            v = tl.where(live, new, old)
-            tl.store(v_cells, v.to(v_ptr.dtype.element_ty), mask=live)
-            tl.store(vb_ptr + phys * vb_stride, tl.max(v, axis=0).to(vb_ptr.dtype.element_ty))
-            if HAS_SEEN:
-                tl.store(seen_ptr + phys * seen_stride, tl.load(clock_ptr))
-            q = tl.load(lens_ptr + row).to(tl.int64) - 1
-            off = q - (kb.to(tl.int64) * T + offs)
-            in_window = live & (off >= 0) & (off < window)
-            slot = tl.load(slot_ptr + b).to(tl.int64)
-            d_cells = d_ptr + slot * d_stride + tl.where(in_window, off, 0)
-            old_d = tl.load(d_cells, mask=in_window, other=0.0).to(tl.float32)
-            new_d = tl.where(old_d > float("-inf"), alpha * obs + (1.0 - alpha) * old_d, obs)
-            new_d = tl.minimum(tl.maximum(new_d, lo), hi)
-            tl.store(d_cells, new_d.to(d_ptr.dtype.element_ty), mask=in_window)
+        live = tl.where(upd, live & (kb64[:, None] >= 0) & (obs > float("-inf")) & (obs < float("inf")), False)
+        any_live = tl.max(live.to(tl.int32), axis=1) > 0  # [BB]
+        offs = tl.arange(0, T)[None, :]
+        new = tl.where(old > float("-inf"), alpha * obs + (1.0 - alpha) * old, obs)
+        new = tl.minimum(tl.maximum(new, lo), hi)
+        v = tl.where(live, new, old)
+        tl.store(v_ptr + pv[:, None] * T + offs, v.to(v_ptr.dtype.element_ty), mask=live)
+        tl.store(vb_ptr + pv * vb_stride, tl.max(v, axis=1).to(vb_ptr.dtype.element_ty), mask=any_live)
+        if HAS_SEEN:
+            tl.store(seen_ptr + pv * seen_stride, tl.load(clock_ptr) + pv * 0, mask=any_live)
+        q = tl.load(lens_ptr + row).to(tl.int64) - 1
+        off = q - (kb64[:, None] * T + offs)
+        in_window = live & (off >= 0) & (off < window)
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        d_cells = d_ptr + slot * d_stride + tl.where(in_window, off, 0)
+        old_d = tl.load(d_cells, mask=in_window, other=0.0).to(tl.float32)
+        new_d = tl.where(old_d > float("-inf"), alpha * obs + (1.0 - alpha) * old_d, obs)
+        new_d = tl.minimum(tl.maximum(new_d, lo), hi)
+        tl.store(d_cells, new_d.to(d_ptr.dtype.element_ty), mask=in_window)
 
     @triton.jit
     def _update_history_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
@@ -114,26 +121,25 @@ if triton is not None:
                                clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
                                lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
                                HIST: tl.constexpr, HAS_SEEN: tl.constexpr, BMAX: tl.constexpr):
+        """One program per (request, BLOCKS compact blocks), all loaded as one [BLOCKS, T] tile."""
         b = tl.program_id(0)
-        m0 = tl.program_id(1) * BLOCKS
-        offs = tl.arange(0, T)
+        m = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
         b64 = b.to(tl.int64)
-        for m in range(m0, tl.minimum(m0 + BLOCKS, num_blocks)):
-            cols = m * T + offs
+        cols = m[:, None] * T + tl.arange(0, T)[None, :]  # [BLOCKS, T] compact columns
+        in_table = m < num_blocks
+        if HIST:  # the history's reads first
+            phys = tl.load(table_ptr + b64 * table_stride + m, mask=in_table, other=-1)
+            kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=in_table, other=-1)
+            pv, old = load_vertical(v_ptr, phys, trash, T)
+        for r in range(0, next_n):
+            clen = tl.load(clen_ptr + b * next_n + r)
+            live = (cols < clen) & in_table[:, None]
+            x = tl.load(x_ptr + b64 * x_stride_b + r * x_stride_n + cols, mask=live, other=float("-inf"))
             if BMAX:  # the compact block max of every row (first launch only)
-                for r in range(0, next_n):
-                    clen = tl.load(clen_ptr + b * next_n + r)
-                    x = tl.load(x_ptr + b64 * x_stride_b + r * x_stride_n + cols, mask=cols < clen,
-                                other=float("-inf"))
-                    tl.store(bmax_ptr + (b64 * next_n + r) * bmax_stride + m, tl.max(x, axis=0), mask=m * T < clen)
+                tl.store(bmax_ptr + (b64 * next_n + r) * bmax_stride + m, tl.max(x, axis=1),
+                         mask=in_table & (m * T < clen))
             if HIST:
-                row = b * next_n + j
-                clen = tl.load(clen_ptr + row)
-                if m * T < clen:
-                    live = cols < clen
-                    obs = tl.load(x_ptr + b64 * x_stride_b + j * x_stride_n + cols, mask=live, other=float("-inf"))
-                    phys = tl.load(table_ptr + b64 * table_stride + m)
-                    kb = tl.load(kept_ptr + b64 * kept_stride + m)
-                    ema_block(obs, live, phys, kb, row, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr,
-                              seen_stride, clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha,
-                              window, trash, lo, hi, b, T, HAS_SEEN)
+                if r == j:
+                    ema_tile(x, live, pv, old, kb, b * next_n + j, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride,
+                             seen_ptr, seen_stride, clock_ptr, slot_ptr, lens_ptr, upd_ptr, alpha, window, lo, hi,
+                             b, T, HAS_SEEN)

@@ -7,7 +7,7 @@ per-head weights, the head sum and the per-token scale, and stores the T logits 
 pipeliner prefetches the next tile (hand prefetching measured 4-9% slower on Triton 3.6, NOTES.md run 2).
 
 With a HistoryUpdate (SPIN's step, row-0 MTP policy) the epilogue also applies the EMA update of the
-block's history from row 0's scores, still in registers (history_triton.ema_block): the update costs its
+block's history from row 0's scores, still in registers (history_triton.ema_tile): the update costs its
 V / D bytes only, never a second pass over the logits. Without fill_tail, blocks past each request's
 longest row are not written, logits nor block max (as the production kernel leaves them), so the cost
 follows the lengths, not W; inside the blocks it scores, columns past a row's length still get -inf.
@@ -28,7 +28,7 @@ try:  # the package imports this module only for CUDA tensors; without triton th
     import triton
     import triton.language as tl
 
-    from .history_triton import _history_args, _no_history, ema_block, update_history_triton
+    from .history_triton import _history_args, _no_history, ema_tile, load_vertical, update_history_triton
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -189,6 +189,12 @@ if triton is not None:
         BLOCK_F32: tl.constexpr = RB * D // 4
         for blk in range(blk0, blk_end):
             phys = tl.load(ids + blk)
+            kb = tl.zeros([1], tl.int32) + phys
+            pv = tl.zeros([1], tl.int64) + phys
+            old_v = tl.zeros([1, T], tl.float32)
+            if HIST:  # the history's reads first, so their latency hides under the key load and the MMA
+                kb = tl.load(kept_ptr + b.to(tl.int64) * kept_stride + blk + tl.zeros([1], tl.int32))
+                pv, old_v = load_vertical(v_ptr, tl.zeros([1], tl.int32) + phys, trash, T)
             sc = tl.load(scale_ptr + phys.to(tl.int64) * BLOCK_F32 + SCALE_OFF + offs_t)
             k = k_arg.load([phys * RB, 0])  # [T, D] fp8 through the TMA descriptor
             # One [T, H] MMA per next_n row (9% faster than one wide MMA + reshape, NOTES.md run 2).
@@ -203,10 +209,9 @@ if triton is not None:
                 _store_row(_score_row(k, q3, w3, sc), tl.load(lens_ptr + row0 + 3), out_ptr, out_stride, bmax_ptr,
                            bmax_stride, r64 + 3, blk, T)
             if HIST:  # row 0's scores are still in registers: SPIN's EMA update of this block
-                kb = tl.load(kept_ptr + b.to(tl.int64) * kept_stride + blk)
-                ema_block(logit0, blk * T + offs_t < len0, phys, kb, row0, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride,
-                          seen_ptr, seen_stride, clock_ptr, slot_ptr, kept_ptr, kept_stride, hlens_ptr, upd_ptr,
-                          alpha, window, trash, lo, hi, b, T, HAS_SEEN)
+                ema_tile(logit0[None, :], (blk * T + offs_t < len0)[None, :], pv, old_v, kb, row0, v_ptr, vb_ptr,
+                         vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr, slot_ptr, hlens_ptr, upd_ptr,
+                         alpha, window, lo, hi, b, T, HAS_SEEN)
         if FILL_TAIL:  # blocks of this chunk past the longest row: -inf logits and block max, no key reads
             neg = tl.full([NEXT_N, T], float("-inf"), tl.float32)
             for blk in range(tl.maximum(blk_end, blk0), chunk_end):

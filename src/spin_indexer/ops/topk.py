@@ -82,30 +82,29 @@ def check_topk_positions_args(logits, lengths, k, block_max=None, kept_blocks=No
 
 def topk_positions_ref(logits: torch.Tensor, lengths: torch.Tensor, k: int, block_max=None, kept_blocks=None,
                        next_n: int = 1, tokens_per_block: int = 64, out=None, validate: bool = True) -> torch.Tensor:
-    """The top-k SET per row, as positions in ascending order (sparse attention needs no value order).
+    """`topk_ref` of compact logits, written as logical positions: the decode step's top-k.
 
     logits: float32 [R, C]; columns >= lengths[r] are ignored (whatever they hold).
     lengths: int32 [R] in [0, C].  k: int >= 1 (may exceed C or a row's length).
     block_max: optional float32 [R, ceil(C / T)], the exact max of each T-column block of valid logits; only
       checked here (the Triton twin uses it to skip blocks).
     kept_blocks: optional int32 [R // next_n, M >= ceil(C / T)]: column c of row r is position
-      kept_blocks[r // next_n, c // T] * T + c % T (rows ascending, so column order is position order);
-      None = identity. Example: T = 64, kept [0, 2]: columns 0-63 -> 0-63, 64-65 -> 128-129.
+      kept_blocks[r // next_n, c // T] * T + c % T; None = identity. Example: T = 64, kept [0, 2]: columns
+      0-63 -> positions 0-63, 64-65 -> 128-129.
     out: optional int32 [R, k] written in place and returned.
-    returns int32 [R, k]: the same set of min(k, lengths[r]) columns `topk_ref` picks (order_keys: higher value
-      first, ties to the lower column), mapped to positions, ascending, then -1.
+    returns int32 [R, k]: the columns `topk_ref` picks (higher value first, ties to the lower column), mapped
+      to positions, best first, then -1.
     raises ValueError or TypeError naming the argument.
     """
     check_topk_positions_args(logits, lengths, k, block_max, kept_blocks, next_n, tokens_per_block, out, validate)
     rows, cols = logits.shape
-    take = min(k, cols)
-    picked = torch.topk(order_keys(logits, lengths), take, dim=1).indices  # [R, take] columns, best first
-    valid = torch.arange(take, device=logits.device)[None, :] < lengths.long()[:, None]
-    picked = torch.where(valid, picked, cols).sort(dim=1).values  # invalid slots (= C) sort last
-    picked = picked.clamp_max(max(cols - 1, 0))
-    if kept_blocks is not None:
+    picked = topk_ref(logits, lengths, k, validate=False)  # [R, k] columns, best first, -1 padded
+    if kept_blocks is not None and rows:
         kept = kept_blocks.long().repeat_interleave(next_n, dim=0)  # [R, M]
-        picked = kept.gather(1, picked // tokens_per_block) * tokens_per_block + picked % tokens_per_block
-    result = torch.full((rows, k), -1, dtype=torch.int32, device=logits.device) if out is None else out.fill_(-1)
-    result[:, :take] = torch.where(valid, picked, -1).to(torch.int32)
-    return result
+        c = picked.long().clamp_min(0)
+        mapped = kept.gather(1, c // tokens_per_block) * tokens_per_block + c % tokens_per_block
+        picked = torch.where(picked >= 0, mapped, -1).to(torch.int32)
+    if out is None:
+        return picked
+    out.copy_(picked)
+    return out

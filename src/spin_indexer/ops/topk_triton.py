@@ -53,7 +53,8 @@ def _pick_group(cols: int, k: int) -> int:
 
 def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: bool = True,
                 block_max: torch.Tensor | None = None, cap: int | None = None,
-                stats: torch.Tensor | None = None, _stages: int = 4) -> torch.Tensor:
+                stats: torch.Tensor | None = None, _stages: int = 4, kept_blocks: torch.Tensor | None = None,
+                next_n: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
     """Top-k positions per row, same meaning as `topk_ref`.
 
     logits: float32 [R, C]; columns >= lengths[r] are ignored. lengths: int32 [R] in [0, C]. k: int >= 1.
@@ -63,18 +64,24 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     cap: candidate buffer size (tests use a small one to exercise the overflow path).
     stats: optional int32 [R] receiving the candidate count of each row (benchmarks, diagnostics).
     _stages: run only the first launches (benchmark breakdown: 2 = group max + threshold, 3 = + gather).
+    kept_blocks, next_n: optional int32 [R // next_n, M]: column c of row r is written as position
+    kept_blocks[r // next_n, c // 64] * 64 + c % 64 (the compact-to-logical map of SPIN's plan), in the
+    final write. out: optional int32 [R, k] to write into.
     returns int32 [R, k]: positions, best first, ties to the lower position, -1 past lengths[r].
     """
     check_topk_args(logits, lengths, k, validate)
     rows, cols = logits.shape
     dev = logits.device
     if k > MAX_TRITON_K:
-        return topk_ref(logits, lengths, k, validate=False)
+        from .topk import topk_positions_ref
+        return topk_positions_ref(logits, lengths, k, kept_blocks=kept_blocks, next_n=next_n, out=out,
+                                  validate=False)
     if block_max is not None:
         check_tensor("block_max", block_max, dtype=torch.float32,
                      shape=(rows, -(-cols // TOKENS_PER_GROUP_MAX)), shape_names="[R, ceil(C / 64)]",
                      device=dev, device_of="logits")
-    out = torch.empty(rows, k, dtype=torch.int32, device=dev)
+    if out is None:
+        out = torch.empty(rows, k, dtype=torch.int32, device=dev)
     if rows == 0:
         return out
     if cols == 0:
@@ -113,14 +120,18 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     if _stages < 4:
         return out
     sort = rows > RANK_MAX_ROWS
+    mapped = kept_blocks is not None
+    kept = kept_blocks if mapped else out  # dummy pointer when unmapped
+    kept_stride = kept_blocks.stride(0) if mapped else 0
     if not sort:
         out.fill_(-1)  # ranks >= the candidate count stay -1
-        _rank_select_kernel[(rows, triton.cdiv(cap, RANK_BI))](count, cand, out, k, CAP=cap, BI=RANK_BI,
-                                                              BJ=RANK_BJ, num_warps=4)
+        _rank_select_kernel[(rows, triton.cdiv(cap, RANK_BI))](count, cand, out, k, kept, kept_stride, next_n,
+                                                              CAP=cap, BI=RANK_BI, BJ=RANK_BJ, MAP=mapped,
+                                                              num_warps=4)
     # SORT: one sort per row; always: rows with more than CAP candidates (massive ties) get an exact
     # streaming merge over the whole row
-    _select_kernel[(rows,)](logits, lengths, count, cand, out, logits.stride(0), k,
-                            K_POW=k_pow, CAP=cap, SORT=sort, num_warps=8)
+    _select_kernel[(rows,)](logits, lengths, count, cand, out, logits.stride(0), k, kept, kept_stride, next_n,
+                            K_POW=k_pow, CAP=cap, SORT=sort, MAP=mapped, num_warps=8)
     return out
 
 
@@ -138,6 +149,15 @@ if triton is not None:
         """int64 key: ukey in the upper half (shifted to signed), 0xFFFFFFFF - pos in the lower half."""
         hi = u.to(tl.int64) - 2147483648
         return (hi << 32) | (4294967295 - pos.to(tl.int64))
+
+    @triton.jit
+    def _map_pos(pos, r, kept_ptr, kept_stride, next_n, MAP: tl.constexpr):
+        """Compact column -> logical position through SPIN's kept blocks (identity without MAP)."""
+        if MAP:
+            kb = tl.load(kept_ptr + (r // next_n).to(tl.int64) * kept_stride + tl.maximum(pos, 0) // 64,
+                         mask=pos >= 0, other=0)
+            pos = tl.where(pos >= 0, kb * 64 + pos % 64, pos)
+        return pos
 
     @triton.jit
     def _group_max_kernel(x_ptr, len_ptr, s_ptr, cols, num_groups, stride_x, stride_s,
@@ -229,8 +249,8 @@ if triton is not None:
                 tl.store(cand_ptr + r.to(tl.int64) * CAP + slot, _sort_key(u, c), mask=(sel != 0) & (slot < CAP))
 
     @triton.jit
-    def _rank_select_kernel(count_ptr, cand_ptr, out_ptr, k, CAP: tl.constexpr, BI: tl.constexpr,
-                            BJ: tl.constexpr):
+    def _rank_select_kernel(count_ptr, cand_ptr, out_ptr, k, kept_ptr, kept_stride, next_n, CAP: tl.constexpr,
+                            BI: tl.constexpr, BJ: tl.constexpr, MAP: tl.constexpr):
         """out[r, rank(key)] = position, rank = number of larger candidate keys (keys are distinct)."""
         r = tl.program_id(0)
         i0 = tl.program_id(1) * BI
@@ -245,12 +265,12 @@ if triton is not None:
                 j = j0 + tl.arange(0, BJ)
                 kj = tl.load(cbase + j, mask=j < n, other=MIN_KEY)
                 rank += tl.sum((kj[None, :] > ki[:, None]).to(tl.int32), axis=1)
-            pos = (4294967295 - (ki & 4294967295)).to(tl.int32)
+            pos = _map_pos((4294967295 - (ki & 4294967295)).to(tl.int32), r, kept_ptr, kept_stride, next_n, MAP)
             tl.store(out_ptr + r.to(tl.int64) * k + rank, pos, mask=(i < n) & (rank < k))
 
     @triton.jit
-    def _select_kernel(x_ptr, len_ptr, count_ptr, cand_ptr, out_ptr, stride_x, k,
-                       K_POW: tl.constexpr, CAP: tl.constexpr, SORT: tl.constexpr):
+    def _select_kernel(x_ptr, len_ptr, count_ptr, cand_ptr, out_ptr, stride_x, k, kept_ptr, kept_stride, next_n,
+                       K_POW: tl.constexpr, CAP: tl.constexpr, SORT: tl.constexpr, MAP: tl.constexpr):
         r = tl.program_id(0)
         length = tl.load(len_ptr + r)
         n = tl.load(count_ptr + r)
@@ -259,7 +279,7 @@ if triton is not None:
         MIN_KEY: tl.constexpr = -9223372036854775807 - 1
         if SORT and n <= CAP:  # many rows: one sort per row beats ranking (n^2 compares per row)
             key = tl.sort(tl.load(cbase + i, mask=i < n, other=MIN_KEY), descending=True)
-            pos = (4294967295 - (key & 4294967295)).to(tl.int32)
+            pos = _map_pos((4294967295 - (key & 4294967295)).to(tl.int32), r, kept_ptr, kept_stride, next_n, MAP)
             tl.store(out_ptr + r.to(tl.int64) * k + i, tl.where(i < tl.minimum(n, k), pos, -1), mask=i < k)
         if n > CAP:
             # Exact fallback: stream the row in position order, keeping the best K_POW keys so far in
@@ -280,5 +300,5 @@ if triton is not None:
             key = tl.load(cbase + i, mask=i < K_POW, other=MIN_KEY)
             n_out = tl.minimum(length, k)
             pos = (4294967295 - (key & 4294967295)).to(tl.int32)
-            pos = tl.where(i < n_out, pos, -1)
+            pos = _map_pos(tl.where(i < n_out, pos, -1), r, kept_ptr, kept_stride, next_n, MAP)
             tl.store(out_ptr + r.to(tl.int64) * k + i, pos, mask=i < k)

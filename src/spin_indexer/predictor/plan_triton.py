@@ -348,7 +348,25 @@ if triton is not None:
             wlo0 = _wlo(q0, window, T)
             wmin = tl.min(tl.where(j_all < num_rows, _wlo(row_lens - 1, window, T), 1 << 40), axis=0)
             num_forced = tl.zeros([], tl.int64)
-            for start in range(0, n, SBS):
+            # reduce=max reads one block max per block: blocks before the diagonal window go in wide 1-D
+            # tiles (a [SBS, T] tile per 64 blocks made this pass latency-bound: 128 dependent gathers at
+            # W = 8K); the window's blocks, and every block of a per-slot rule, take the [SBS, T] tiles.
+            lo = tl.minimum(wlo0, n)
+            if SLOT:
+                lo = n * 0
+            for start in range(0, lo, SB):
+                blk = start + offs
+                m = blk < lo
+                phys, inside, bm = _phys_bm(tb, blk, m, bmax_l, stride_bp, num_cache_blocks)
+                forced = m & ((blk >= first_new) | (bm == NEG_INF) | (blk >= first_entered) | ((blk * 0 + dense) > 0))
+                s = bm
+                if COMBINE == 3:  # diagonal only, and no diagonal history before the window
+                    s = tl.full([SB], NEG_INF, tl.float32)
+                s = tl.where(m & ~forced, s, NEG_INF)
+                tl.store(scr + blk, tl.where(forced, float("inf"), s), mask=m)
+                tl.store(flg + blk, forced.to(tl.int8), mask=m)
+                num_forced += tl.sum(forced.to(tl.int64), axis=0)
+            for start in range(lo, n, SBS):
                 blk = start + offs_s
                 m = blk < n
                 phys, inside, bm = _phys_bm(tb, blk, m, bmax_l, stride_bp, num_cache_blocks)

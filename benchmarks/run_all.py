@@ -16,8 +16,8 @@ random key cache so no replay hits L2), per layer:
   plan_us              SpinIndexer.plan (every layer) / 61 layers
   step_us              SpinIndexer step per layer: plan_us + run(layer) (logits + EMA update + top-k)
   spin_own_us          step_us - spin_logits_us - topk_us: prediction, selection, compaction, update
-  step_other_backend_us  step_us with the other logits backend (DeepGEMM at next_n = 1, Triton at 2; the
-                       step picks Triton at 1 and DeepGEMM at 2, ops/deepgemm.py), when DeepGEMM runs
+  step_other_backend_us  step_us with the Triton logits backend (EMA update fused into its epilogue) where
+                       the step runs DeepGEMM (ops.logits_backend), when DeepGEMM imports
   guard_step_us        step_us with dense_below="auto" (the guard on)
 SPIN's history is a random steady state (every block scored before, diagonal windows full), so realized
 sparsity is the target. Writes <out>/h200_indexer.csv (one row per point and sparsity), h200_env.json and
@@ -146,7 +146,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
         # The guard only acts below AUTO_DENSE_BELOW tokens; above it the guarded step is the same step.
         guards = (0, "auto") if ctx < AUTO_DENSE_BELOW else (0,)
         for guard in guards:
-            other = "deepgemm" if next_n == 1 else "triton"
+            other = "triton"
             backends = [(None, "")] + ([(other, "_other")] if have_dg and guard == 0 else [])
             for backend, suffix in backends:
                 with logits_backend(backend):
@@ -208,16 +208,21 @@ def spin_step(p, sparsity: float, k: int, guard, time_graph, timing) -> dict:
     rows = p.batch * p.next_n
     logits = torch.empty(rows, p.width * 64, device=p.table.device)
     bmax = torch.empty(rows, p.width, device=p.table.device)
-    backend = ops.logits_backend(p.q[0][0], p.caches[0])
-    buf = None if backend == "deepgemm" else logits
-    t_logits = time_graph(
-        [lambda i=i: ops.paged_indexer_logits(p.q[i][0], p.caches[i], p.q[i][1], plan0.compact_seq_lens,
-                                              plan0.compact_block_table, validate=False, out=buf,
-                                              block_max_out=bmax, fill_tail=False) for i in range(p.layers)],
-        **timing).p50_us
-    result = ops.paged_indexer_logits(p.q[0][0], p.caches[0], p.q[0][1], plan0.compact_seq_lens,
-                                      plan0.compact_block_table, validate=False, out=buf, block_max_out=bmax,
-                                      fill_tail=False)
+    from spin_indexer.ops import deepgemm
+    if ops.logits_backend(p.q[0][0], p.caches[0], True) == "deepgemm":  # the step's backend, logits only
+        calls = [lambda i=i: deepgemm.paged_indexer_logits_deepgemm(
+            p.q[i][0], p.caches[i], p.q[i][1], plan0.compact_seq_lens, plan0.compact_block_table, validate=False)
+            for i in range(p.layers)]
+    else:
+        calls = [lambda i=i: ops.paged_indexer_logits(p.q[i][0], p.caches[i], p.q[i][1], plan0.compact_seq_lens,
+                                                      plan0.compact_block_table, validate=False, out=logits,
+                                                      block_max_out=bmax, fill_tail=False) for i in range(p.layers)]
+    t_logits = time_graph(calls, **timing).p50_us
+    buf = logits
+    with logits_backend("triton"):  # the same logits; this backend also writes the block max top-k reads
+        result = ops.paged_indexer_logits(p.q[0][0], p.caches[0], p.q[0][1], plan0.compact_seq_lens,
+                                          plan0.compact_block_table, validate=False, out=buf, block_max_out=bmax,
+                                          fill_tail=False)
     clens = plan0.compact_seq_lens.reshape(-1)
     t_topk = time_graph([lambda: ops.topk_positions(result, clens, k, block_max=bmax, kept_blocks=plan0.kept_blocks,
                                                     next_n=p.next_n, validate=False)], **timing).p50_us

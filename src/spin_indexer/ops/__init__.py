@@ -32,7 +32,7 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     Backends (one place decides, `logits_backend`): DeepGEMM where it imports and covers the shape, else
     the Triton kernel on CUDA, else the torch reference.
     """
-    backend = logits_backend(q_fp8, kv_cache)
+    backend = logits_backend(q_fp8, kv_cache, history is not None)
     if backend == "deepgemm":
         from . import deepgemm
         logits = deepgemm.paged_indexer_logits_deepgemm(q_fp8, kv_cache, weights, seq_lens, block_table,
@@ -62,16 +62,18 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     return logits
 
 
-def logits_backend(q_fp8, kv_cache) -> str:
+def logits_backend(q_fp8, kv_cache, history: bool = False) -> str:
     """"deepgemm", "triton" or "reference": which kernel computes paged indexer logits for these inputs.
 
-    DeepGEMM (deepgemm.py) where `deep_gemm` imports, on SM90, for next_n in {1, 2} and its shapes, unless
-    SPIN_INDEXER_LOGITS=triton; the Triton twin on other CUDA inputs; the reference elsewhere (and
-    everywhere under SPIN_INDEXER_FORCE_REF=1)."""
+    DeepGEMM (deepgemm.py) where `deep_gemm` imports, on SM90, for its shapes: at next_n = 2 always, at
+    next_n = 1 for SPIN's step (history: DeepGEMM + one pass for block max and EMA update beat the Triton
+    kernel with both fused, run 9), not for the dense step (the Triton kernel's fused block max wins);
+    SPIN_INDEXER_LOGITS=triton / deepgemm forces one. The Triton twin on other CUDA inputs; the reference
+    elsewhere (and everywhere under SPIN_INDEXER_FORCE_REF=1)."""
     if _triton_twin("indexer_logits_triton", "paged_indexer_logits_triton", q_fp8) is None:
         return "reference"
     from . import deepgemm
-    if deepgemm.supports(q_fp8, kv_cache):
+    if deepgemm.supports(q_fp8, kv_cache, history):
         return "deepgemm"
     return "triton"
 

@@ -6,10 +6,10 @@ table from SPIN's plan goes straight in: its cost follows the lengths passed (wo
 It writes fp32 logits only; columns past a row's length are not cleaned. Covered: next_n in {1, 2},
 T = 64, D = 128, 64 heads, SM90. Nothing here is DeepGEMM's code: the module is imported when present.
 
-Used for next_n = 2 only: there it is 1.7x faster than the project's kernel (benchmarks/results, run 8),
-while at next_n = 1 the project's kernel, which fuses the block max and SPIN's EMA update into its epilogue,
-beats DeepGEMM plus the pass over the logits those need. SPIN_INDEXER_LOGITS=triton turns this backend off,
-SPIN_INDEXER_LOGITS=deepgemm uses it for next_n = 1 too (benchmarks compare both).
+Used at next_n = 2 (1.7x faster than the project's kernel, benchmarks/results run 8) and for SPIN's step at
+next_n = 1 (DeepGEMM + one pass for the block max and EMA update beat the project's kernel with both fused
+into its epilogue, run 9); the dense step at next_n = 1 keeps the project's kernel (its fused block max
+wins). SPIN_INDEXER_LOGITS=triton turns this backend off, =deepgemm forces it (benchmarks compare both).
 """
 from __future__ import annotations
 
@@ -41,15 +41,16 @@ def available() -> bool:
     return _module() is not None
 
 
-def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-    """True when DeepGEMM can compute these logits (and the backend is not turned off)."""
+def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history: bool = False) -> bool:
+    """True when DeepGEMM should compute these logits: it covers the shape, the backend is not turned off,
+    and the step is one it wins (next_n = 2; next_n = 1 with SPIN's history update, see ops.logits_backend)."""
     choice = os.environ.get("SPIN_INDEXER_LOGITS", "")
     if choice in ("triton", "reference") or not q_fp8.is_cuda:
         return False
     if _module() is None or torch.cuda.get_device_capability(q_fp8.device) != (9, 0):
         return False
     _, next_n, heads, dim = q_fp8.shape
-    rows = (1, 2) if choice == "deepgemm" else (2,)
+    rows = (1, 2) if choice == "deepgemm" or history else (2,)
     return next_n in rows and heads == 64 and dim == 128 and kv_cache.shape[1] == 64
 
 

@@ -25,7 +25,7 @@ try:  # the package imports this module only for CUDA tensors; without triton th
 except ImportError:  # pragma: no cover
     triton = None
 
-BLOCKS_PER_PROGRAM = 8  # compact blocks per program, one [8, T] tile (loads issued together)
+BLOCKS_PER_PROGRAM = 32  # compact blocks per program, one [32, T] tile (loads issued together)
 
 
 def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, compact_table: torch.Tensor,
@@ -56,6 +56,7 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
             *(_history_args(h, logits) if h is not None else _no_history(logits)),
             next_n, blocks, j,
             T=t, BLOCKS=BLOCKS_PER_PROGRAM, HIST=h is not None, HAS_SEEN=h is not None and h.last_seen is not None,
+            NP=triton.next_power_of_2(next_n),
             BMAX=(block_max_out is not None) and j == 0, num_warps=4)
 
 
@@ -120,13 +121,16 @@ if triton is not None:
                                bmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                                clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
                                lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
-                               HIST: tl.constexpr, HAS_SEEN: tl.constexpr, BMAX: tl.constexpr):
+                               HIST: tl.constexpr, HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr):
         """One program per (request, BLOCKS compact blocks), all loaded as one [BLOCKS, T] tile."""
         b = tl.program_id(0)
         m = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
         b64 = b.to(tl.int64)
         cols = m[:, None] * T + tl.arange(0, T)[None, :]  # [BLOCKS, T] compact columns
-        in_table = m < num_blocks
+        rows_n = tl.arange(0, NP)
+        clens = tl.load(clen_ptr + b * next_n + rows_n, mask=rows_n < next_n, other=0)
+        used = (tl.max(clens, axis=0) + T - 1) // T  # compact blocks the request uses (the rest: no reads)
+        in_table = (m < num_blocks) & (m < used)
         if HIST:  # the history's reads first
             phys = tl.load(table_ptr + b64 * table_stride + m, mask=in_table, other=-1)
             kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=in_table, other=-1)

@@ -16,6 +16,7 @@ random key cache so no replay hits L2), per layer:
   plan_us              SpinIndexer.plan (every layer) / 61 layers
   step_us              SpinIndexer step per layer: plan_us + run(layer) (logits + EMA update + top-k)
   spin_own_us          step_us - spin_logits_us - topk_us: prediction, selection, compaction, update
+  plan_update_us       the same as spin_own_us, under the column name of the earlier runs
   step_other_backend_us  step_us with the Triton logits backend (EMA update fused into its epilogue) where
                        the step runs DeepGEMM (ops.logits_backend), when DeepGEMM imports
   guard_step_us        step_us with dense_below="auto" (the guard on)
@@ -41,7 +42,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 COLUMNS = ["batch", "ctx", "next_n", "sparsity", "deepgemm_logits_us", "dense_logits_us", "torch_topk_us",
-           "own_topk_us", "dense_step_us", "spin_logits_us", "topk_us", "plan_us", "step_us", "spin_own_us",
+           "own_topk_us", "dense_step_us", "spin_logits_us", "topk_us", "plan_us", "plan_update_us", "step_us",
+           "spin_own_us",
            "step_other_backend_us", "guard_step_us", "realized_sparsity", "spin_own_bytes", "spin_own_pct_copy_bw",
            "key_GBps", "copy_GBps"]
 TOPK = 2048
@@ -158,7 +160,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
                 else:
                     row["guard_step_us"] = times["step_us"]
         row.setdefault("guard_step_us", row["step_us"])
-        row["spin_own_us"] = row["step_us"] - row["spin_logits_us"] - row["topk_us"]
+        row["spin_own_us"] = row["plan_update_us"] = row["step_us"] - row["spin_logits_us"] - row["topk_us"]
         kept = (1 - row["realized_sparsity"]) * batch * ctx
         # SPIN's own bytes: block_max (2 B) + table entry (4 B) per block read, compact table + kept ids
         # written (8 B per kept block), V read + written at kept slots (4 B), the diagonal window (2 x 2 B

@@ -45,6 +45,8 @@ from .config import Combine, Exploration, MtpPolicy, Pooling, Reduce, SpinConfig
 try:  # the package imports this module only for CUDA tensors; without triton the reference is used
     import triton
     import triton.language as tl
+
+    from ..ops.topk_triton import _ukey  # fp32 -> order-preserving uint32, the top-k's own key
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -134,14 +136,6 @@ if triton is not None:
         h = (h * 0x45D9F3B) & 0x7FFFFFFF
         h = h ^ (h >> 15)
         return ((h * 0x2C1B3C6D) & 0x7FFFFFFF) ^ (h >> 13)
-
-    @triton.jit
-    def _ukey(x):
-        """fp32 -> uint32 with the same order (-0.0 folded into +0.0, as torch's sort treats them equal)."""
-        x = tl.where(x == 0.0, 0.0, x)
-        bits = x.to(tl.uint32, bitcast=True)
-        flip = tl.where((bits >> 31) != 0, 0xFFFFFFFF, 0x80000000).to(tl.uint32)
-        return bits ^ flip
 
     @triton.jit
     def _digit_hist(key, ok, prefix, SHIFT: tl.constexpr):

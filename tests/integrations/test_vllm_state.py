@@ -179,7 +179,7 @@ def test_tracker_mtp_rows_and_duplicate_claims():
 def test_reset_slots_matches_spinstate_reset(gen):
     """The device-side reset of the runtime equals SpinState.reset on every tensor of the state."""
     cfg = SpinConfig(sparsity=0.3, topk=512)
-    base = SpinState(cfg, num_layers=2, max_requests=5, max_blocks=6)
+    base = SpinState(cfg, num_layers=2, max_requests=5, num_cache_blocks=6, max_context=6 * 64)
     for name, value in vars(base).items():
         if isinstance(value, torch.Tensor):
             if value.dtype == torch.bool:

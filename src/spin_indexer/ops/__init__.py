@@ -29,10 +29,12 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     leaves those entries unspecified, as the production kernel does, so the cost follows the lengths.
     history: a HistoryUpdate: also apply SPIN's EMA update from these logits (block_table is then the
     compact table of history.kept_blocks), folded into the kernel's epilogue where the kernel can.
-    Backends (one place decides, `logits_backend`): DeepGEMM where it imports and covers the shape, else
-    the Triton kernel on CUDA, else the torch reference.
+    Backends (one place decides, `logits_backend`): DeepGEMM where it imports and covers the shape (only
+    with fill_tail=False: it does not clean the tail), else the Triton kernel on CUDA, else the reference.
     """
     backend = logits_backend(q_fp8, kv_cache, history is not None)
+    if backend == "deepgemm" and fill_tail:  # DeepGEMM leaves the tail as it is: the Triton kernel fills it
+        backend = "triton"
     if backend == "deepgemm":
         from . import deepgemm
         logits = deepgemm.paged_indexer_logits_deepgemm(q_fp8, kv_cache, weights, seq_lens, block_table,

@@ -252,8 +252,11 @@ def run_checks(env: dict, dry: bool) -> None:
         ref = ops.paged_indexer_logits_ref(q, p.caches[0], w, p.lens, p.table)
         backends = ["triton"] + (["deepgemm"] if deepgemm.available() and not dry else [])
         for name in backends:
-            with logits_backend(name):
-                got = ops.paged_indexer_logits(q, p.caches[0], w, p.lens, p.table)
+            if name == "deepgemm":
+                got = deepgemm.paged_indexer_logits_deepgemm(q, p.caches[0], w, p.lens, p.table)
+            else:
+                with logits_backend(name):
+                    got = ops.paged_indexer_logits(q, p.caches[0], w, p.lens, p.table)
             live = torch.isfinite(ref)
             err = rel_err(torch.where(live, got, float("-inf")), ref)
             env.setdefault("checks", {})[f"logits_{name}_n{n}_rel_err"] = err

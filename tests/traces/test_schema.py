@@ -164,3 +164,41 @@ def test_constructor_checks_shapes():
 def test_context_bin():
     got = [context_bin(n) for n in (1000, 3900, 4096, 4150, 5700, 5900, 9700, 32768, 0)]
     assert got == ["1K", "4K", "4K", "4K", "4K", "8K", "8K", "32K", "0"]
+
+
+@pytest.mark.parametrize("layers", [[99], [0, 3], [-1], range(2, 5)])
+def test_out_of_range_layers_are_rejected(tmp_path, layers):
+    make_trace(layers=3).save(tmp_path)
+    with pytest.raises(TraceFormatError, match=r"layers: expected indices in \[0, 3\)") as info:
+        load_trace(tmp_path / "p0", layers=layers)
+    assert "p0.safetensors" in str(info.value)
+
+
+def test_layers_must_be_ints(tmp_path):
+    make_trace().save(tmp_path)
+    with pytest.raises(TypeError, match="layers: expected int"):
+        load_trace(tmp_path / "p0", layers=["0"])
+    with pytest.raises(TypeError, match="layers: expected a list or range"):
+        load_trace(tmp_path / "p0", layers="0,1")
+
+
+def test_strided_steps_are_rejected(tmp_path):
+    make_trace(steps=4).save(tmp_path)
+    with pytest.raises(ValueError, match=r"steps: expected a range with step 1.*range\(0, 4, 2\)"):
+        load_trace(tmp_path / "p0", steps=range(0, 4, 2))
+    with pytest.raises(TypeError, match="steps: expected a range"):
+        load_trace(tmp_path / "p0", steps=slice(0, 2))
+
+
+@pytest.mark.parametrize("steps", [range(4, 6), range(2, 2), range(-1, 2)])
+def test_out_of_range_steps_are_rejected(tmp_path, steps):
+    make_trace(steps=4).save(tmp_path)
+    with pytest.raises(TraceFormatError, match=r"steps: expected a non-empty range starting in \[0, 4\)"):
+        load_trace(tmp_path / "p0", steps=steps)
+
+
+def test_steps_past_the_end_are_clipped(tmp_path):
+    t = make_trace(steps=4)
+    back = load_trace(t.save(tmp_path), steps=range(1, 100))
+    assert back.num_steps == 3 and torch.equal(back.scores, t.scores[1:])
+    assert torch.equal(back.accepted, t.accepted[1:])

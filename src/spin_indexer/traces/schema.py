@@ -207,12 +207,19 @@ def load_trace(path: str | Path, layers: list[int] | range | None = None, steps:
                validate: bool = True, dtype: torch.dtype | None = None) -> Trace:
     """Load `<name>.safetensors` + `<name>.json` (path may name either file or the common stem).
 
-    layers: indices to keep (default all); steps: a contiguous range (default all); dtype: cast scores
-    (e.g. torch.float32) after loading. Validates shapes always, and data when `validate`.
-    raises TraceFormatError naming the file and the problem.
+    layers: layer indices to keep, in the order given (default all); each must lie in [0, L) of the file,
+    else ValueError naming `layers`. steps: a range with step 1 (default all): replay needs consecutive
+    decode steps (SPIN's history carries from one step to the next), so a strided range such as
+    range(0, 4, 2) is rejected (ValueError naming `steps`), never silently read as range(0, 4); the start
+    must lie in [0, S) and a stop past S is clipped to S (so `range(0, n)` means "at most n steps").
+    dtype: cast scores (e.g. torch.float32) after loading. Validates shapes always, and data when `validate`.
+    raises TraceFormatError naming the file and the problem (a ValueError too).
     """
     from safetensors import SafetensorError, safe_open
 
+    _check_steps_type(steps)
+    if layers is not None:
+        layers = _check_layers_type(layers)
     tensors_path, _ = _paths(path)
     meta, accepted = load_meta(path)
     if not tensors_path.is_file():
@@ -223,6 +230,9 @@ def load_trace(path: str | Path, layers: list[int] | range | None = None, steps:
             for need in ("scores", "seq_lens"):
                 if need not in names:
                     raise TraceFormatError(f"{tensors_path}: missing tensor '{need}' (has {sorted(names)})")
+            shape = f.get_slice("scores").get_shape()
+            if len(shape) == 4:  # other ranks fail the shape validation below, naming the tensor
+                _check_bounds(tensors_path, shape, layers, steps)
             tensors = {name: _read(f, name, layers, steps) for name in TENSOR_NAMES if name in names}
     except SafetensorError as err:
         raise TraceFormatError(f"{tensors_path}: unreadable safetensors file ({err})") from None
@@ -236,6 +246,38 @@ def load_trace(path: str | Path, layers: list[int] | range | None = None, steps:
     if validate:
         validate_trace(trace, read_data=True, source=str(tensors_path))
     return trace
+
+
+def _check_steps_type(steps) -> None:
+    if steps is None:
+        return
+    if not isinstance(steps, range):
+        raise TypeError(f"steps: expected a range (or None for all), got {type(steps).__name__}")
+    if steps.step != 1:
+        raise ValueError(f"steps: expected a range with step 1 (replay needs consecutive decode steps), got {steps}")
+
+
+def _check_layers_type(layers) -> list[int]:
+    if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+        raise TypeError(f"layers: expected a list or range of layer indices, got {type(layers).__name__}")
+    layers = list(layers)
+    bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int)]
+    if bad:
+        raise TypeError(f"layers: expected int layer indices, got {bad[0]!r}")
+    return layers
+
+
+def _check_bounds(tensors_path: Path, shape, layers: list[int] | None, steps: range | None) -> None:
+    """Layers in [0, L), steps starting in [0, S) and not ending before they start (shape = [S, L, N, C])."""
+    num_steps, num_layers = shape[0], shape[1]
+    if layers is not None:
+        bad = [i for i in layers if not 0 <= i < num_layers]
+        if bad:
+            raise TraceFormatError(f"{tensors_path}: layers: expected indices in [0, {num_layers}) (the trace has "
+                                   f"{num_layers} layers), got {bad[:5]}")
+    if steps is not None and not (0 <= steps.start < num_steps and steps.stop > steps.start):
+        raise TraceFormatError(f"{tensors_path}: steps: expected a non-empty range starting in [0, {num_steps}) "
+                               f"(the trace has {num_steps} steps), got {steps}")
 
 
 def _read(f, name: str, layers, steps) -> torch.Tensor:

@@ -103,15 +103,18 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     if stats is not None:
         check_tensor("stats", stats, dtype=torch.int32, shape=(rows,), shape_names="[R]", device=dev,
                      device_of="logits", contiguous=True)
-    count = torch.zeros(rows, dtype=torch.int32, device=dev) if stats is None else stats.zero_()
+    count = torch.empty(rows, dtype=torch.int32, device=dev) if stats is None else stats  # zeroed in-kernel
     cand = torch.empty(rows, cap, dtype=torch.int64, device=dev)
     live = torch.empty(rows, cap, dtype=torch.int32, device=dev)
     num_live = torch.empty(rows, dtype=torch.int32, device=dev)
     sum_block = min(_next_pow2(num_groups), 8192)
     if _stages < 2:
         return out
+    sort = rows > RANK_MAX_ROWS
+    # The threshold program also zeroes the candidate count and, for the rank path (which writes only the
+    # ranks it finds), fills the row's output with -1: no memset launches on the per-layer path.
     _threshold_kernel[(rows,)](summary, lengths, thresh, live, num_live, count, num_groups, summary.stride(0), k,
-                               G=group, SB=sum_block, CAP=cap, num_warps=8)
+                               out, G=group, SB=sum_block, CAP=cap, FILL=not sort, num_warps=8)
     if _stages < 3:
         return out
     lb = max(16, 1024 // group)
@@ -119,12 +122,10 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
                                                  logits.stride(0), G=group, LB=lb, CAP=cap, num_warps=4)
     if _stages < 4:
         return out
-    sort = rows > RANK_MAX_ROWS
     mapped = kept_blocks is not None
     kept = kept_blocks if mapped else out  # dummy pointer when unmapped
     kept_stride = kept_blocks.stride(0) if mapped else 0
-    if not sort:
-        out.fill_(-1)  # ranks >= the candidate count stay -1
+    if not sort:  # ranks >= the candidate count stay -1 (filled by the threshold program)
         _rank_select_kernel[(rows, triton.cdiv(cap, RANK_BI))](count, cand, out, k, kept, kept_stride, next_n,
                                                               CAP=cap, BI=RANK_BI, BJ=RANK_BJ, MAP=mapped,
                                                               num_warps=4)
@@ -182,8 +183,14 @@ if triton is not None:
 
     @triton.jit
     def _threshold_kernel(s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
-                          G: tl.constexpr, SB: tl.constexpr, CAP: tl.constexpr):
+                          out_ptr, G: tl.constexpr, SB: tl.constexpr, CAP: tl.constexpr, FILL: tl.constexpr):
         r = tl.program_id(0)
+        tl.store(count_ptr + r, 0)  # the gather launch appends to it
+        if FILL:
+            for c0 in range(0, k, 1024):
+                c = c0 + tl.arange(0, 1024)
+                tl.store(out_ptr + r.to(tl.int64) * k + c, tl.full([1024], -1, tl.int32), mask=c < k)
+        tl.debug_barrier()  # the overflow mark below must land after the zero
         length = tl.load(len_ptr + r)
         n_valid = (length + G - 1) // G
         base = s_ptr + r.to(tl.int64) * stride_s

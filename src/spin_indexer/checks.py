@@ -7,6 +7,8 @@ caller asked for validation (see `SpinIndexer.plan(..., validate=True)`).
 """
 from __future__ import annotations
 
+import enum
+import math
 from typing import Sequence
 
 import torch
@@ -58,18 +60,80 @@ def _named(shape, names) -> str:
 
 
 def check_int(name: str, value, *, low: int | None = None, high: int | None = None) -> int:
-    """A Python int with low <= value <= high (either bound optional)."""
+    """A Python int with low <= value <= high (either bound optional); bool and float are refused, never
+    truncated: `SpinConfig.seed: expected an int, got float 1.7`."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected an int, got {type(value).__name__}")
+        raise TypeError(f"{name}: expected an int, got {describe(value)}")
     check_range(name, value, low=low, high=high)
+    return int(value)
+
+
+def check_float(name: str, value, *, low: float | None = None, high: float | None = None,
+                low_open: bool = False, high_open: bool = False) -> float:
+    """A real number (int or float, never bool or str) with low <= value <= high (< or > when open),
+    returned as a float. NaN fails every bound; with no bounds, inf and NaN are refused too."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected a float, got {describe(value)}")
+    value = float(value)
+    if low is None and high is None and not math.isfinite(value):
+        raise ValueError(f"{name}: expected a finite float, got {value}")
+    check_range(name, value, low=low, high=high, low_open=low_open, high_open=high_open)
     return value
 
 
-def check_range(name: str, value, *, low=None, high=None, high_open: bool = False) -> None:
-    """low <= value <= high (or < high when high_open)."""
-    ok = (low is None or value >= low) and (high is None or (value < high if high_open else value <= high))
+def check_bool(name: str, value) -> bool:
+    """True or False exactly: no truthy strings ('false' is a str), no 0/1 ints."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {describe(value)}")
+    return value
+
+
+def check_choice(name: str, value, choices: Sequence[str], what: str = "one of") -> str:
+    """A str among `choices`: TypeError for a non-str, ValueError listing the known ones."""
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected a str, {what} {', '.join(choices)}, got {describe(value)}")
+    if value not in choices:
+        raise ValueError(f"{name}: expected {what} {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def check_enum(name: str, value, cls: type[enum.Enum]):
+    """A member of the str enum `cls`, or its value as a string ("a1-max" -> Pooling.A1_MAX)."""
+    if isinstance(value, cls):
+        return value
+    known = ", ".join(m.value for m in cls)
+    if not isinstance(value, str):
+        raise TypeError(f"{name}: expected a {cls.__name__} or one of {known}, got {describe(value)}")
+    try:
+        return cls(value)
+    except ValueError:
+        raise ValueError(f"{name}: expected one of {known}, got {value!r}") from None
+
+
+def check_sequence(name: str, value, check_item) -> tuple:
+    """A tuple or list (never a str), each item passed through check_item(f"{name}[i]", item); returns a
+    tuple, so a frozen config holding it stays hashable."""
+    if not isinstance(value, (tuple, list)):
+        raise TypeError(f"{name}: expected a tuple or list, got {describe(value)}")
+    return tuple(check_item(f"{name}[{i}]", item) for i, item in enumerate(value))
+
+
+def describe(value) -> str:
+    """`float 1.7`, `str '0.3'`, `None`: the type and a short repr, for the `got ...` half of a message."""
+    if value is None:
+        return "None"
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def check_range(name: str, value, *, low=None, high=None, low_open: bool = False, high_open: bool = False) -> None:
+    """low <= value <= high (or low < value when low_open, value < high when high_open)."""
+    ok = (low is None or (value > low if low_open else value >= low)) and \
+         (high is None or (value < high if high_open else value <= high))
     if not ok:
-        lo = "" if low is None else f"{low} <= "
+        lo = "" if low is None else (f"{low} < " if low_open else f"{low} <= ")
         hi = "" if high is None else (f" < {high}" if high_open else f" <= {high}")
         raise ValueError(f"{name}: expected {lo}{name.split('.')[-1]}{hi}, got {value}")
 

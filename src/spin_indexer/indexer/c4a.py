@@ -17,7 +17,7 @@ import dataclasses
 
 import torch
 
-from ..checks import check_int, check_tensor
+from ..checks import check_int, check_sequence, check_tensor, describe
 from ..predictor.config import SpinConfig
 from .spin import SpinIndexer
 
@@ -34,17 +34,32 @@ class C4AConfig:
     window: int = 128
 
     def __post_init__(self):
-        check_int("C4AConfig.num_layers", self.num_layers, low=1)
-        check_int("C4AConfig.ratio", self.ratio, low=1)
-        check_int("C4AConfig.window", self.window, low=0)
+        # Types first (TypeError naming the field: layer ids are ints, never 0.5 or True), then the ranges;
+        # the sequences are stored as tuples so role() and the frozen config's hash work on any input.
+        def pair(name, value):
+            value = check_sequence(name, value, check_int)
+            if len(value) != 2:
+                raise ValueError(f"{name}: expected a (layer, source) pair, got {value}")
+            return value
+
+        def put(name, value):
+            object.__setattr__(self, name, value)  # frozen: the checked value replaces the given one
+
+        put("num_layers", check_int("C4AConfig.num_layers", self.num_layers, low=1))
+        put("indexer_layers", check_sequence("C4AConfig.indexer_layers", self.indexer_layers, check_int))
+        put("reuse", check_sequence("C4AConfig.reuse", self.reuse, pair))
+        put("ratio", check_int("C4AConfig.ratio", self.ratio, low=1))
+        put("window", check_int("C4AConfig.window", self.window, low=0))
         layers = list(self.indexer_layers)
         if not layers or layers != sorted(set(layers)) or layers[0] < 0 or layers[-1] >= self.num_layers:
             raise ValueError(f"C4AConfig.indexer_layers: expected ascending distinct layers in [0, {self.num_layers}), "
                              f"got {self.indexer_layers}")
+        seen = set()
         for layer, source in self.reuse:
-            if layer in layers or source not in layers or source >= layer:
-                raise ValueError(f"C4AConfig.reuse: expected (layer without indexer, earlier indexer layer), "
-                                 f"got ({layer}, {source})")
+            if layer in layers or layer >= self.num_layers or source not in layers or source >= layer or layer in seen:
+                raise ValueError(f"C4AConfig.reuse: expected distinct (layer without indexer < {self.num_layers}, "
+                                 f"earlier indexer layer), got ({layer}, {source})")
+            seen.add(layer)
 
     def role(self, layer: int) -> str:
         """'indexer', 'reuse' or 'dense' (no indexer, no reuse: SPIN does nothing there)."""
@@ -70,6 +85,10 @@ class C4AIndexer:
 
     def __init__(self, spin: SpinConfig, c4a: C4AConfig, max_batch: int, max_blocks: int, next_n: int = 1,
                  device: torch.device | str = "cpu", max_requests: int | None = None):
+        if not isinstance(spin, SpinConfig):
+            raise TypeError(f"spin: expected a SpinConfig, got {describe(spin)}")
+        if not isinstance(c4a, C4AConfig):
+            raise TypeError(f"c4a: expected a C4AConfig, got {describe(c4a)}")
         self.c4a = c4a
         self.spin = SpinIndexer(spin, len(c4a.indexer_layers), max_batch, max_blocks, next_n, device, max_requests)
         self._slot = {layer: i for i, layer in enumerate(c4a.indexer_layers)}

@@ -15,10 +15,14 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
-from ..checks import check_range
+from ..checks import check_bool, check_choice, check_float, check_int, describe
+from ..predictor.config import Exploration
+from ..predictor.policies import get_policy, policy_names
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+# The only spellings an environment variable may use for a bool (any case, surrounding blanks ignored);
+# anything else, the empty string included, is an error naming the variable: never "truthy".
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 _ENV = {"enable": "SPIN_ENABLE", "sparsity": "SPIN_SPARSITY", "exploration": "SPIN_EXPLORATION",
         "policy": "SPIN_POLICY", "gamma": "SPIN_GAMMA", "seed": "SPIN_SEED"}
 
@@ -37,13 +41,11 @@ class SpinVllmSettings:
     seed: int = 0
 
     def __post_init__(self):
-        check_range("SpinVllmSettings.sparsity", self.sparsity, low=0.0, high=1.0, high_open=True)
-        if self.gamma is not None:
-            check_range("SpinVllmSettings.gamma", self.gamma, low=0.0, high=1.0, high_open=True)
+        for key in _ENV:
+            object.__setattr__(self, key, _check(key, getattr(self, key)))  # frozen: store the checked value
 
     def spin_config(self, topk: int, tokens_per_block: int = 64):
-        """The SpinConfig for a layer with top-k `topk` (raises ValueError naming a bad policy)."""
-        from ..predictor.policies import get_policy
+        """The SpinConfig for a layer with top-k `topk` (the policy name was checked at construction)."""
         cfg = get_policy(self.policy, sparsity=float(self.sparsity), topk=topk, seed=self.seed)
         changes: dict[str, Any] = {"mtp": "row0", "tokens_per_block": tokens_per_block}
         if self.exploration is not None:
@@ -57,39 +59,68 @@ def load_settings(additional_config: Mapping[str, Any] | None = None,
                   environ: Mapping[str, str] | None = None) -> SpinVllmSettings:
     """Settings from additional_config["spin"] (first) and the environment (second).
 
-    raises ValueError naming the key and the source when a value does not parse.
+    additional_config values are JSON values of the field's own type (true, 0.4, "random", null for the
+    optional ones): no strings for numbers or bools. Environment variables are text: SPIN_ENABLE takes
+    1/0, true/false, yes/no, on/off (any case), the numbers take what int() / float() parse.
+    raises TypeError (wrong JSON type) or ValueError (unparsable text, unknown key or name, out of range),
+    naming the field and the key or variable it came from.
     """
     environ = os.environ if environ is None else environ
     spin = {}
     if additional_config:
+        # vLLM's additional_config may also be a platform's own object: only a mapping can hold "spin".
         spin = additional_config.get("spin", {}) if isinstance(additional_config, Mapping) else {}
         if not isinstance(spin, Mapping):
-            raise ValueError(f"additional_config['spin']: expected a mapping, got {type(spin).__name__}")
+            raise TypeError(f"additional_config['spin']: expected a mapping, got {describe(spin)}")
         unknown = sorted(set(spin) - set(_ENV))
         if unknown:
             raise ValueError(f"additional_config['spin']: expected keys among {', '.join(_ENV)}, got {unknown}")
     values: dict[str, Any] = {}
     for key, env in _ENV.items():
         if key in spin:
-            values[key] = _parse(key, spin[key], f"additional_config['spin']['{key}']")
+            where, value = f"additional_config['spin']['{key}']", spin[key]
         elif env in environ:
-            values[key] = _parse(key, environ[env], env)
+            where, value = env, _parse_env(env, key, environ[env])
+        else:
+            continue
+        try:
+            values[key] = _check(key, value)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{e} (from {where})") from None
     return SpinVllmSettings(**values)
 
 
-def _parse(key: str, raw: Any, where: str):
+def _check(key: str, value):
+    """One field's value, checked for type and range; messages name SpinVllmSettings.<key>."""
+    name = f"SpinVllmSettings.{key}"
+    if key == "enable":
+        return check_bool(name, value)
+    if key == "sparsity":
+        return check_float(name, value, low=0, high=1, high_open=True)
+    if key == "gamma":
+        return None if value is None else check_float(name, value, low=0, high=1, high_open=True)
+    if key == "seed":
+        return check_int(name, value, low=0, high=2**31 - 1)
+    if key == "policy":
+        return check_choice(name, value, policy_names(), what="a policy, one of")
+    if key == "exploration":
+        return None if value is None else check_choice(name, value, [m.value for m in Exploration])
+    raise AssertionError(key)  # _ENV and this function list the same keys
+
+
+def _parse_env(env: str, key: str, raw: str):
+    """The text of environment variable `env` as the type of field `key` (ValueError naming `env`)."""
+    text = raw.strip()
+    if key == "enable":
+        if text.lower() in _TRUE or text.lower() in _FALSE:
+            return text.lower() in _TRUE
+        raise ValueError(f"{env}: expected one of {', '.join(_TRUE + _FALSE)} (any case), got {raw!r}")
     try:
-        if key == "enable":
-            if isinstance(raw, bool):
-                return raw
-            text = str(raw).strip().lower()
-            if text in _TRUE or text in _FALSE:
-                return text in _TRUE
-            raise ValueError(raw)
         if key in ("sparsity", "gamma"):
-            return float(raw)
+            return float(text)
         if key == "seed":
-            return int(raw)
-        return str(raw).strip()
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: expected a valid {key}, got {raw!r}") from None
+            return int(text)
+    except ValueError:
+        want = "an int" if key == "seed" else "a float"
+        raise ValueError(f"{env}: expected {want}, got {raw!r}") from None
+    return text

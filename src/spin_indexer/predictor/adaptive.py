@@ -23,7 +23,7 @@ import dataclasses
 
 import torch
 
-from ..checks import check_int, check_range
+from ..checks import check_bool, check_choice, check_float, check_int, check_sequence
 from .miss import miss_per_row, topk_in_blocks
 
 
@@ -50,15 +50,24 @@ class AdaptiveConfig:
     decay: float = 0.7
 
     def __post_init__(self):
-        check_range("AdaptiveConfig.target_miss", self.target_miss, low=0.0, high=1.0)
-        if not self.menu or any(not 0.0 <= s < 1.0 for s in self.menu) or list(self.menu) != sorted(set(self.menu)):
+        # Types first (TypeError naming the field), then ranges (ValueError); stored as exact float / int,
+        # and the menu as a tuple so the frozen config stays hashable.
+        def menu_item(name, value):
+            return check_float(name, value, low=0, high=1, high_open=True)
+
+        def put(name, value):
+            object.__setattr__(self, name, value)  # frozen: the checked value replaces the given one
+
+        put("target_miss", check_float("AdaptiveConfig.target_miss", self.target_miss, low=0, high=1))
+        put("menu", check_sequence("AdaptiveConfig.menu", self.menu, menu_item))
+        if not self.menu or list(self.menu) != sorted(set(self.menu)):
             raise ValueError(f"AdaptiveConfig.menu: expected strictly ascending sparsities in [0, 1), got {self.menu}")
-        check_int("AdaptiveConfig.audit_every", self.audit_every, low=2)
-        check_range("AdaptiveConfig.raise_below", self.raise_below, low=0.0, high=1.0)
-        check_int("AdaptiveConfig.patience", self.patience, low=1)
-        if self.controller not in ("step", "curve"):
-            raise ValueError(f"AdaptiveConfig.controller: expected one of step, curve, got {self.controller!r}")
-        check_range("AdaptiveConfig.decay", self.decay, low=0.0, high=1.0)
+        put("audit_every", check_int("AdaptiveConfig.audit_every", self.audit_every, low=2))
+        put("raise_below", check_float("AdaptiveConfig.raise_below", self.raise_below, low=0, high=1))
+        put("patience", check_int("AdaptiveConfig.patience", self.patience, low=1))
+        check_bool("AdaptiveConfig.probe", self.probe)
+        check_choice("AdaptiveConfig.controller", self.controller, ("step", "curve"))
+        put("decay", check_float("AdaptiveConfig.decay", self.decay, low=0, high=1))
 
     def start_level(self, sparsity: float) -> int:
         """Menu index closest to the configured starting sparsity."""

@@ -11,7 +11,7 @@ import json
 
 import torch
 
-from ..checks import check_int, check_range
+from ..checks import check_enum, check_float, check_int, describe
 from .adaptive import AdaptiveConfig
 
 
@@ -98,36 +98,37 @@ class SpinConfig:
     dense_below: int | str = 0
 
     def __post_init__(self):
+        # Every field is checked for its type first (TypeError naming it), then its range (ValueError);
+        # numbers are stored as exact int / float, so nothing is truncated and to_json() always works.
         for name, cls in _ENUMS.items():
-            value = getattr(self, name)
-            if not isinstance(value, cls):
-                try:
-                    object.__setattr__(self, name, cls(value))
-                except ValueError:
-                    known = ", ".join(m.value for m in cls)
-                    raise ValueError(f"SpinConfig.{name}: expected one of {known}, got {value!r}") from None
-        for name in ("sparsity", "alpha", "gamma", "hybrid"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"SpinConfig.{name}: expected a float, got {type(value).__name__}")
-        check_range("SpinConfig.sparsity", self.sparsity, low=0.0, high=1.0, high_open=True)
-        if not 0.0 < self.alpha <= 1.0:
-            raise ValueError(f"SpinConfig.alpha: expected 0 < alpha <= 1, got {self.alpha}")
-        check_range("SpinConfig.gamma", self.gamma, low=0.0, high=1.0, high_open=True)
-        check_range("SpinConfig.hybrid", self.hybrid, low=0.0, high=1.0)
+            self._set(name, check_enum(f"SpinConfig.{name}", getattr(self, name), cls))
+        self._set("sparsity", check_float("SpinConfig.sparsity", self.sparsity, low=0, high=1, high_open=True))
+        self._set("alpha", check_float("SpinConfig.alpha", self.alpha, low=0, high=1, low_open=True))
+        self._set("gamma", check_float("SpinConfig.gamma", self.gamma, low=0, high=1, high_open=True))
+        self._set("hybrid", check_float("SpinConfig.hybrid", self.hybrid, low=0, high=1))
+        self._set("topk", check_int("SpinConfig.topk", self.topk, low=1))
+        self._set("seed", check_int("SpinConfig.seed", self.seed, low=0, high=2**31 - 1))
+        self._set("tokens_per_block", check_int("SpinConfig.tokens_per_block", self.tokens_per_block, low=1))
         if self.adaptive is not None and not isinstance(self.adaptive, AdaptiveConfig):
-            raise TypeError(f"SpinConfig.adaptive: expected an AdaptiveConfig or None, got {type(self.adaptive).__name__}")
-        check_int("SpinConfig.topk", self.topk, low=1)
-        check_int("SpinConfig.seed", self.seed, low=0, high=2**31 - 1)
-        check_int("SpinConfig.tokens_per_block", self.tokens_per_block, low=1)
+            raise TypeError(f"SpinConfig.adaptive: expected an AdaptiveConfig or None, got {describe(self.adaptive)}")
         if self.diagonal_window is not None:
+            if isinstance(self.diagonal_window, bool) or not isinstance(self.diagonal_window, int):
+                raise TypeError(f"SpinConfig.diagonal_window: expected an int or None, got {describe(self.diagonal_window)}")
             check_int("SpinConfig.diagonal_window", self.diagonal_window, low=1)
-        if self.dense_below != "auto":
-            if isinstance(self.dense_below, str):
+        if isinstance(self.dense_below, str):
+            if self.dense_below != "auto":
                 raise ValueError(f"SpinConfig.dense_below: expected an int >= 0 or 'auto', got {self.dense_below!r}")
+        elif isinstance(self.dense_below, bool) or not isinstance(self.dense_below, int):
+            raise TypeError(f"SpinConfig.dense_below: expected an int >= 0 or 'auto', got {describe(self.dense_below)}")
+        else:
             check_int("SpinConfig.dense_below", self.dense_below, low=0)
-        if self.state_dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            raise TypeError(f"SpinConfig.state_dtype: expected torch.float16, bfloat16 or float32, got {self.state_dtype}")
+        if not isinstance(self.state_dtype, torch.dtype) or \
+                self.state_dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise TypeError(f"SpinConfig.state_dtype: expected torch.float16, bfloat16 or float32, "
+                            f"got {describe(self.state_dtype)}")
+
+    def _set(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)  # frozen: the normalized (checked) value replaces the given one
 
     @property
     def guard_tokens(self) -> int:

@@ -19,16 +19,18 @@ from pathlib import Path
 
 import torch
 
+NUM_LAYERS = 30  # SmolLM2-135M's layers: --layers is checked against it before the model loads
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", default="niah_single_1", help="RULER task (see spin_indexer.model.ruler.TASKS)")
-    p.add_argument("--context", type=int, default=4096, help="prompt + answer budget in tokens")
-    p.add_argument("--steps", type=int, default=64, help="decode steps recorded")
+    p.add_argument("--context", type=int, default=4096, help="prompt + answer budget in tokens (>= 256)")
+    p.add_argument("--steps", type=int, default=64, help="decode steps recorded (>= 1)")
     p.add_argument("--indexer", default="lightning",
                    help="lightning, oracle, or both comma-separated (one prefill per prompt and indexer)")
     p.add_argument("--layers", default=None,
-                   help="record only these layers, e.g. '0,8,16,24' or '0-29:4' (default all 30); the trace's "
-                        "meta.extra['layers'] names them")
+                   help=f"record only these layers, e.g. '0,8,16,24' or '0-29:4' (default all {NUM_LAYERS}); the "
+                        "trace's meta.extra['layers'] names them")
     p.add_argument("--next-n", type=int, default=1,
                    help="query rows per decode step: 1 + draft tokens verified (MTP / speculative decoding); the "
                         "draft is the model's own greedy continuation")
@@ -36,12 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --next-n > 1: probability that a draft token is replaced by a random one (the "
                         "model's own draft is accepted almost always; an MTP head is not), default 0")
     p.add_argument("--k", type=int, default=256, help="top-k of the sparse attention (and the recorded top-k)")
-    p.add_argument("--prompts", type=int, default=1, help="prompts (seeds seed, seed+1, ...)")
+    p.add_argument("--prompts", type=int, default=1, help="prompts (seeds seed, seed+1, ...; >= 1)")
     p.add_argument("--weights", type=Path, default=None, help="indexer weights (default: the shipped ones)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("runs/traces"))
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="torch device of the model (cuda when available, else cpu)")
+    p.add_argument("--seed", type=int, default=0, help="RULER seed of the first prompt")
+    p.add_argument("--out", type=Path, default=Path("runs/traces"), metavar="DIR",
+                   help="folder for the <name>.safetensors + <name>.json traces")
+    p.add_argument("--quiet", action="store_true", help="no progress bars, only the final table")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,25 +53,15 @@ def run(args: argparse.Namespace) -> int:
     from ..model.indexer_head import Indexer
     from ..model.loader import INDEXER_WEIGHTS, load_model, missing_reason, yarn_factor_for
     from ..traces.capture import capture_trace
+    from .main import loading_line
 
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
-    ruler.check_task(args.task)
-    indexers = [name.strip() for name in args.indexer.split(",") if name.strip()]
-    if not indexers or any(name not in ("lightning", "oracle") for name in indexers):
-        print(f"error: --indexer: expected lightning, oracle or both, got {args.indexer!r}", file=sys.stderr)
-        return 2
-    if not 0.0 <= args.draft_noise <= 1.0:
-        print(f"error: --draft-noise: expected a probability in [0, 1], got {args.draft_noise}", file=sys.stderr)
-        return 2
-    if args.next_n < 1:
-        print(f"error: --next-n: expected >= 1, got {args.next_n}", file=sys.stderr)
-        return 2
-    layers = _parse_layers(args.layers)
+    indexers, layers, dev = check_args(args)  # every argument before the ~26-50 s model load
     for reason in (missing_reason(), ruler.missing_reason()):
         if reason:
-            print(f"error: {reason}", file=sys.stderr)
-            return 2
-    dev = torch.device(args.device)
+            print(f"spin-indexer capture: needs the real model: {reason}", file=sys.stderr)
+            return 1
+    say(loading_line())
     # rows reach context + steps * next_n at full acceptance; the YaRN factor stays the one of a next_n = 1
     # capture of the same prompt so both see the same model
     max_len = args.context + args.steps * args.next_n
@@ -77,11 +71,9 @@ def run(args: argparse.Namespace) -> int:
                             yarn_factor=factor)
     indexer = None
     if "lightning" in indexers:
-        path = args.weights or INDEXER_WEIGHTS
-        if not Path(path).is_file():
-            print(f"error: indexer weights not found at {path} (run spin-indexer distill)", file=sys.stderr)
-            return 2
-        indexer = Indexer.load(path, max_len, factor, dev)
+        indexer = Indexer.load(args.weights or INDEXER_WEIGHTS, max_len, factor, dev)  # checked in check_args
+    if layers is not None and layers[-1] >= model.cfg.num_layers:  # a GGUF other than SmolLM2-135M
+        raise ValueError(f"--layers: expected indices in [0, {model.cfg.num_layers - 1}], got {layers}")
     say(f"model loaded in {time.time() - t0:.1f}s (YaRN factor {model.cfg.yarn_factor:g})")
     rows = []
     for i in range(args.prompts):
@@ -111,16 +103,60 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_layers(text: str | None) -> list[int] | None:
-    """'0,8,16' -> [0, 8, 16]; '0-29:4' -> [0, 4, ..., 28]; None -> None (all layers)."""
+def check_args(args) -> tuple[list[str], list[int] | None, torch.device]:
+    """(indexers, layers, device) from valid arguments, else ValueError naming the option; touches nothing."""
+    from ..checks import check_int, check_range
+    from ..model import ruler
+    from .main import check_out_dir
+
+    ruler.check_task(args.task)
+    indexers = [name.strip() for name in args.indexer.split(",") if name.strip()]
+    if not indexers or any(name not in ("lightning", "oracle") for name in indexers):
+        raise ValueError(f"--indexer: expected lightning, oracle or both, got {args.indexer!r}")
+    check_range("--draft-noise", args.draft_noise, low=0.0, high=1.0)
+    check_int("--next-n", args.next_n, low=1)
+    check_int("--context", args.context, low=256)
+    check_int("--steps", args.steps, low=1)
+    check_int("--k", args.k, low=1)
+    check_int("--prompts", args.prompts, low=1)
+    layers = _parse_layers(args.layers)
+    if "lightning" in indexers:
+        from ..model.loader import INDEXER_WEIGHTS
+
+        weights = Path(args.weights or INDEXER_WEIGHTS)
+        if not weights.is_file():
+            raise ValueError(f"--weights: indexer weights not found at {weights} (run spin-indexer distill, or "
+                             f"use --indexer oracle)")
+    try:
+        dev = torch.device(args.device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"--device: expected a torch device such as cpu or cuda, got {args.device!r}") from err
+    check_out_dir("--out", args.out)
+    return indexers, layers, dev
+
+
+def _parse_layers(text: str | None, num_layers: int = NUM_LAYERS) -> list[int] | None:
+    """'0,8,16' -> [0, 8, 16]; '0-29:4' -> [0, 4, ..., 28]; None -> None (all layers). Sorted, without
+    repeats (the order capture_trace records them in); ValueError naming --layers on anything else."""
     if not text:
         return None
+    form = "comma-separated layers or ranges such as '0,8,16' or '0-29:4'"
     out = []
     for part in text.split(","):
-        rng, _, step = part.partition(":")
+        rng, _, step = part.strip().partition(":")
         lo, _, hi = rng.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1, int(step or 1)))
-    return out
+        try:
+            lo_i, hi_i, step_i = int(lo), int(hi or lo), int(step or 1)
+        except ValueError:
+            raise ValueError(f"--layers: expected {form}, got {text!r}") from None
+        if step_i < 1 or hi_i < lo_i:
+            raise ValueError(f"--layers: expected ranges lo-hi with lo <= hi and a step >= 1, got {part.strip()!r}")
+        out.extend(range(lo_i, hi_i + 1, step_i))
+    bad = [i for i in out if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(f"--layers: expected indices in [0, {num_layers - 1}] (SmolLM2-135M has {num_layers} "
+                         f"layers), got {bad[0]} in {text!r}")
+    return sorted(set(out))
 
 
 def main(argv: list[str] | None = None) -> int:

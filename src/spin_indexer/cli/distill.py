@@ -30,18 +30,18 @@ REPORT_K = (64, 256)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=Path, default=Path("runs/distill/corpus.pt"),
                    help="token corpus (.pt); built from the RULER haystacks when missing")
-    p.add_argument("--minutes", type=float, default=3.5, help="training wall-clock budget")
+    p.add_argument("--minutes", type=float, default=3.5, help="training wall-clock budget in minutes")
     p.add_argument("--max-steps", type=int, default=100000,
                    help="training steps at most (the clock usually stops first)")
-    p.add_argument("--seq-len", type=int, default=4096)
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--seq-len", type=int, default=4096, help="tokens per training sequence")
+    p.add_argument("--batch", type=int, default=2, help="sequences per training step")
+    p.add_argument("--lr", type=float, default=2e-3, help="learning rate of the indexer head")
     p.add_argument("--target", choices=("mean", "max"), default="mean",
                    help="attention reduced over query heads: mean (DeepSeek) or max (retrieval heads weigh more)")
     p.add_argument("--heads", type=int, default=4, help="indexer heads H_I")
     p.add_argument("--head-dim", type=int, default=64, help="indexer head dim D_I")
-    p.add_argument("--q-rank", type=int, default=128)
-    p.add_argument("--rope-dim", type=int, default=32)
+    p.add_argument("--q-rank", type=int, default=128, help="rank of the indexer's low-rank query projection")
+    p.add_argument("--rope-dim", type=int, default=32, help="dims of each indexer head that get RoPE")
     p.add_argument("--indexer-rope", choices=("plain", "model"), default="plain",
                    help="the indexer's RoPE: plain at every length (default) or YaRN-scaled like the model's")
     p.add_argument("--init", type=Path, default=None,
@@ -51,14 +51,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-docs", type=int, default=4, help="held-out 4096-token documents in the report")
     p.add_argument("--eval-len", type=int, default=4096, help="tokens of each held-out document used")
     p.add_argument("--ppl-tokens", type=int, default=256, help="decoded tokens per document for perplexity")
-    p.add_argument("--no-eval", action="store_true")
+    p.add_argument("--no-eval", action="store_true", help="save the weights, skip the held-out report")
     p.add_argument("--eval-only", action="store_true",
                    help="no training: evaluate the --init weights as they are (recall, perplexity) into --out")
     p.add_argument("--corpus-only", action="store_true", help="build --data and stop (CPU is enough)")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=Path("runs/distill"))
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="torch device (cuda when available, else cpu)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the head's initialisation and batch order")
+    p.add_argument("--out", type=Path, default=Path("runs/distill"), metavar="DIR",
+                   help="folder for the weights, training_log.json and distill_report.json")
+    p.add_argument("--quiet", action="store_true", help="no progress lines, only errors")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every option in range and every path usable, before the corpus is built or the model loads."""
+    from ..checks import check_int
+    from .main import check_out_dir
+
+    if not args.minutes > 0:
+        raise ValueError(f"--minutes: expected a positive number of minutes, got {args.minutes}")
+    for name, value, low in (("--max-steps", args.max_steps, 0), ("--seq-len", args.seq_len, 2),
+                             ("--batch", args.batch, 1), ("--heads", args.heads, 1), ("--head-dim", args.head_dim, 1),
+                             ("--q-rank", args.q_rank, 1), ("--rope-dim", args.rope_dim, 0),
+                             ("--ruler-prompts", args.ruler_prompts, 0), ("--eval-docs", args.eval_docs, 1),
+                             ("--eval-len", args.eval_len, 2)):
+        check_int(name, value, low=low)
+    check_int("--ppl-tokens", args.ppl_tokens, low=1, high=args.eval_len - 1)
+    if not args.lr > 0:
+        raise ValueError(f"--lr: expected a positive learning rate, got {args.lr}")
+    if args.rope_dim > args.head_dim or args.rope_dim % 2:
+        raise ValueError(f"--rope-dim: expected an even number <= --head-dim ({args.head_dim}), got {args.rope_dim}")
+    if args.init is not None and not args.init.is_file():
+        raise ValueError(f"--init: no file {args.init}")
+    if args.eval_only and (args.init is None or args.no_eval):
+        raise ValueError("--eval-only: needs --init WEIGHTS (the head to evaluate) and no --no-eval")
+    if not args.data.is_file():
+        check_out_dir("--data", args.data.parent)
+    if not args.corpus_only:
+        check_out_dir("--out", args.out)
 
 
 def build_corpus(path: Path, ruler_prompts: int = 2, seq_len: int = 4096) -> dict:
@@ -93,7 +123,9 @@ def run(args: argparse.Namespace) -> int:
     from ..model.distill import DistillConfig, decode_perplexity, topk_recall, train
     from ..model.indexer_head import Indexer, IndexerConfig
     from ..model.loader import INDEXER_WEIGHTS, load_model
+    from .main import loading_line
 
+    check_args(args)
     say = (lambda *a: None) if args.quiet else (lambda *a: print(*a, flush=True))
     torch.manual_seed(args.seed)
     if args.data.is_file():
@@ -104,13 +136,12 @@ def run(args: argparse.Namespace) -> int:
     say(f"corpus: {corpus['train'].numel()} training tokens, held-out {tuple(corpus['heldout'].shape)}")
     if args.corpus_only:
         return 0
-    if args.eval_only and (args.init is None or args.no_eval):
-        raise ValueError("--eval-only: needs --init WEIGHTS (the head to evaluate) and no --no-eval")
     dev = torch.device(args.device)
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     t0 = time.time()
     max_len = max(args.seq_len, args.eval_len)
+    say(loading_line())
     model, _ = load_model(dev, torch.bfloat16 if dev.type == "cuda" else torch.float32, max_len=max_len,
                           tokenizer=False)
     say(f"model loaded in {time.time() - t0:.1f}s on {dev}")

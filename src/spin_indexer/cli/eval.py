@@ -32,28 +32,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "(default: the directory name / synthetic-PRESET)")
     syn = parser.add_argument_group("synthetic traces")
     syn.add_argument("--prompts", type=int, default=3, help="synthetic prompts per context (default 3)")
-    syn.add_argument("--context", type=int, nargs="+", default=None, help="synthetic context lengths")
-    syn.add_argument("--steps", type=int, default=None, help="synthetic decode steps")
-    syn.add_argument("--num-layers", type=int, default=None, help="synthetic indexer layers")
-    syn.add_argument("--next-n", type=int, default=None, help="synthetic query rows per step (MTP: 4)")
+    syn.add_argument("--context", type=int, nargs="+", default=None,
+                     help="synthetic context lengths (default: the preset's)")
+    syn.add_argument("--steps", type=int, default=None, help="synthetic decode steps (default: the preset's)")
+    syn.add_argument("--num-layers", type=int, default=None, help="synthetic indexer layers (default: the preset's)")
+    syn.add_argument("--next-n", type=int, default=None,
+                     help="synthetic query rows per step (MTP: 4; default: the preset's)")
     sw = parser.add_argument_group("sweep")
     sw.add_argument("--sweep", default="main", help="smoke, main, pooling, exploration, mtp, history, all")
     sw.add_argument("--sparsity", type=float, nargs="+", default=None, help="override the sweep's targets")
     sw.add_argument("--policy", nargs="+", default=None, help="override the sweep's policies")
-    sw.add_argument("--layer-stride", type=int, default=1, help="replay every n-th layer of real traces")
-    sw.add_argument("--max-steps", type=int, default=None, help="replay only the first n decode steps")
+    sw.add_argument("--layer-stride", type=int, default=1, help="replay every n-th layer of real traces (>= 1)")
+    sw.add_argument("--max-steps", type=int, default=None,
+                    help="replay only the first n (>= 1) decode steps (default: all)")
     sw.add_argument("--batch", type=int, default=4, help="traces per replay batch")
     sw.add_argument("--jobs", type=int, default=1,
                     help="CPU worker processes replaying distinct configs in parallel (default 1); ignored on a GPU")
     sw.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (default 1: the policy's many small ops lose to thread sync)")
     sw.add_argument("--no-table1", action="store_true", help="skip the Table-1 predictor statistics")
-    sw.add_argument("--no-plots", action="store_true")
-    _add(parser, "--out", default="runs/eval", help="output directory")
-    _add(parser, "--device", default="cpu")
-    _add(parser, "--seed", type=int, default=0)
-    _add(parser, "--quiet", action="store_true")
+    sw.add_argument("--no-plots", action="store_true", help="skip plots/*.png")
+    _add(parser, "--out", default="runs/eval", metavar="DIR",
+         help="output directory (rows.json, summary.csv, table1.csv, report.md, plots/)")
+    _add(parser, "--device", default="cpu", help="torch device of the replay")
+    _add(parser, "--seed", type=int, default=0, help="seed of the synthetic traces and the policies' randomness")
+    _add(parser, "--quiet", action="store_true", help="no progress bar or table, only the final line")
     _add(parser, "--debug", action="store_true", help="show tracebacks")
+
+
+def check_args(args) -> None:
+    """Every numeric option in range and --out creatable, before any trace is read or generated."""
+    from ..checks import check_int
+    from .main import check_out_dir
+
+    if args.max_steps is not None:
+        check_int("--max-steps", args.max_steps, low=1)
+    for name, value in (("--prompts", args.prompts), ("--layer-stride", args.layer_stride),
+                        ("--batch", args.batch), ("--jobs", args.jobs), ("--threads", args.threads)):
+        check_int(name, value, low=1)
+    for name, value in (("--steps", args.steps), ("--num-layers", args.num_layers), ("--next-n", args.next_n)):
+        if value is not None:
+            check_int(name, value, low=1)
+    for ctx in args.context or []:
+        check_int("--context", ctx, low=1)
+    sets = len(args.traces) + len(args.synthetic)
+    if len(args.name) > sets:
+        raise ValueError(f"--name: expected at most one per --traces/--synthetic ({sets}), got {len(args.name)}")
+    check_out_dir("--out", args.out)
 
 
 def _load_sets(args) -> dict:
@@ -115,6 +140,7 @@ def run(args) -> int:
     from ..eval.report import write_run
 
     try:
+        check_args(args)
         torch.set_num_threads(max(1, args.threads))
         pairs = get_sweep(args.sweep, tuple(args.sparsity) if args.sparsity else None,
                           tuple(args.policy) if args.policy else None)

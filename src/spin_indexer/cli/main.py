@@ -3,15 +3,20 @@
 `spin-indexer demo` never imports the model or plotting stacks).
 
 Shared options, accepted before or after the subcommand: --device --seed --out --threads --quiet --debug.
-A subcommand may define one of them itself (with its own default); the root adds the rest.
+A subcommand may define one of them itself (with its own default); the root adds the rest, or only those
+named in the module's `SHARED_OPTIONS` tuple (so `report --help` lists no option it would ignore).
 Failures print one line `spin-indexer <command>: error: ...` and exit non-zero; --debug shows the traceback.
+Commands check their arguments (and that --out can be created) before loading any model.
+There is no `bench` command: the GPU benchmarks run from benchmarks/run_all.py.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import traceback
+from pathlib import Path
 
 PROG = "spin-indexer"
 
@@ -19,7 +24,6 @@ PROG = "spin-indexer"
 SUBCOMMANDS: dict[str, str] = {
     "demo": "real-model demo: SmolLM2 + a RULER needle at ~4K, all-keep vs SPIN 30/40%%, report + plot in "
             "./spin-demo; no arguments needed",
-    "bench": "time the indexer kernels and the decode step on the GPU; write benchmarks/results",
     "eval": "replay SPIN policies over traces; write fidelity tables and plots",
     "report": "merge evaluation runs into one summary page",
     "capture": "run the proxy model and record per-step indexer logits and top-k traces",
@@ -81,11 +85,56 @@ def chosen_command(argv: list[str]) -> str | None:
     return None
 
 
-def _add_shared(parser: argparse.ArgumentParser, suppress: bool) -> None:
-    """Shared options the parser does not define yet; suppress=True leaves them unset unless given, so a
-    value given before the subcommand survives."""
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default after its help, unless the help already states it or there is none to
+    show (None, False, suppressed)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if (not action.option_strings or "default" in text or action.default is None or action.default is False
+                or action.default == argparse.SUPPRESS or action.default == []):
+            return text
+        return f"{text} (default: %(default)s)" if text else "(default: %(default)s)"
+
+
+def check_out_dir(name: str, path) -> Path:
+    """`path` is, or can be created as, a writable folder: checked before any work, so a bad --out fails
+    in a second rather than after the model load. Raises ValueError naming the option."""
+    path = Path(path)
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        what = path if probe == path else f"{path} (its parent {probe})"
+        raise ValueError(f"{name}: expected a folder that can be created, got {what}: not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}: {path} is not writable (no write permission on {probe})")
+    return path
+
+
+def loading_line(where: str = "") -> str:
+    """The progress line printed before the SmolLM2 load (silent for ~26-50 s on the first one); `where`
+    (e.g. " on cpu") goes before the dots."""
+    from ..model import loader
+
+    gguf = loader.find_gguf()
+    cache = loader.cache_dir(gguf) if gguf is not None else None
+    cold = cache is None or not (cache / "model.safetensors").is_file()
+    name = gguf.name if gguf is not None else loader.GGUF_NAME
+    note = (" (first load converts the GGUF, ~50 s; later loads read the cache in ~1 s)" if cold
+            and cache is not None else " (cache off: converting the GGUF, ~50 s)" if cold else "")
+    return f"loading SmolLM2-135M-Instruct from {name}{where} ...{note}"
+
+
+def _add_shared(parser: argparse.ArgumentParser, suppress: bool, only: tuple[str, ...] | None = None) -> None:
+    """Shared options the parser does not define yet (only those in `only` when given); suppress=True leaves
+    them unset unless given, so a value given before the subcommand survives."""
     for flags, kw in SHARED:
         if any(f in parser._option_string_actions for f in flags):
+            continue
+        if only is not None and not any(f in only for f in flags):
             continue
         kw = dict(kw, default=argparse.SUPPRESS) if suppress else kw
         parser.add_argument(*flags, **kw)
@@ -97,15 +146,19 @@ def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, str | None]:
     returns (parser, chosen name); raises NotAvailable when the chosen module cannot be loaded.
     """
     root = argparse.ArgumentParser(prog=PROG, description="SPIN: shadow predictive indexer for DeepSeek-style "
-                                   "sparse attention decoding.")
+                                   "sparse attention decoding.", formatter_class=HelpFormatter,
+                                   epilog="GPU benchmarks: python benchmarks/run_all.py (see benchmarks/).")
     _add_shared(root, suppress=False)
     sub = root.add_subparsers(dest="command", metavar="COMMAND")
     chosen = chosen_command(argv)
     for name, text in SUBCOMMANDS.items():
-        parser = sub.add_parser(name, help=text, description=text.replace("%%", "%"))
+        parser = sub.add_parser(name, help=text, description=text.replace("%%", "%"), formatter_class=HelpFormatter)
+        only = None
         if name == chosen:
-            load(name).add_arguments(parser)
-        _add_shared(parser, suppress=True)
+            mod = load(name)
+            mod.add_arguments(parser)
+            only = getattr(mod, "SHARED_OPTIONS", None)
+        _add_shared(parser, suppress=True, only=only)
     return root, (chosen if chosen in SUBCOMMANDS else None)
 
 

@@ -57,14 +57,13 @@ def test_every_option_has_help_and_the_module_exists(name):
 @pytest.mark.parametrize("name, option, default", [
     ("eval", "--out", "runs/eval"), ("eval", "--sweep", "main"), ("capture", "--k", "256"),
     ("capture", "--steps", "64"), ("capture", "--context", "4096"), ("distill", "--minutes", "3.5"),
-    ("capture", "--seed", "0")])
+    ("capture", "--seed", "0"), ("quality", "--out", "results/quality"), ("quality", "--out", "runs/quality-report")])
 def test_defaults_are_shown(name, option, default):
     parser, _ = cli.build_parser([name])
     sub = next(a for a in parser._actions if a.dest == "command").choices[name]
-    text = " ".join(sub.format_help().split())
-    start = text.index(f" {option} ")
-    following = text[start:start + 400]
-    assert f"default: {default})" in following or f"default {default})" in following, following
+    entry = re.search(rf"\n  {option}[ ,].*?(?=\n  -|\Z)", sub.format_help(), re.S).group(0)  # the option's help
+    entry = " ".join(entry.split())
+    assert f"default: {default})" in entry or f"default {default})" in entry, entry
 
 
 def test_report_lists_no_ignored_option():

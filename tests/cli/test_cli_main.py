@@ -27,8 +27,9 @@ def test_parser_lazy_and_shared_options():
     assert args.out == "spin-demo" and args.sparsity == [0.3, 0.4] and args.context == 4096  # demo's own defaults
     parser, _ = cli.build_parser(["quality", "--seed", "7", "--tasks", "vt", "--configs", "dense", "spin-0.3"])
     args = parser.parse_args(["quality", "--seed", "7", "--tasks", "vt", "--configs", "dense", "spin-0.3"])
+    # --out is resolved in run(): results/quality for a run, runs/quality-report for --report-only
     assert (args.seed, args.tasks, args.configs, args.out, args.contexts) == (7, ["vt"], ["dense", "spin-0.3"],
-                                                                              "results/quality", [4096])
+                                                                              None, [4096])
 
 
 def test_every_listed_subcommand_builds():

@@ -99,14 +99,51 @@ def test_quality_report_only(fake_model, tmp_path, capsys):
             "--indexer", "oracle", "--configs", "all-keep", "--out", str(out), "--quiet", "--shard", "x"]
     assert cli.main(argv) == 0 and (out / "samples-x.jsonl").is_file()
     (out / "ruler.csv").unlink()
-    assert cli.main(["quality", "--report-only", "--out", str(out)]) == 0
-    assert _csv(out / "ruler.csv")[1][:4] == ["niah_single_1", "300", "all-keep", "1"]
+    readme = (out / "README.md").read_text()
+    (out / "README.md").write_text(readme + "\nmy note\n")
+    before = {f.name: f.read_text() for f in out.iterdir()}
+    # by default --report-only writes elsewhere and leaves the samples folder (the committed results) alone
+    report = tmp_path / "report"
+    assert cli.main(["quality", "--report-only", "--from", str(out), "--out", str(report)]) == 0
+    assert _csv(report / "ruler.csv")[1][:4] == ["niah_single_1", "300", "all-keep", "1"]
     assert "| all-keep |" in capsys.readouterr().out
+    assert {f.name: f.read_text() for f in out.iterdir()} == before
+    text = (report / "README.md").read_text()
+    assert "my note" in text and f"--report-only --from {out} --out {report}" in text  # notes carried over
+    # the old spelling (--out = the samples folder) is refused instead of mixing folders
+    assert cli.main(["quality", "--report-only", "--from", str(report), "--out", str(out)]) == 1
+    assert "holds samples" in capsys.readouterr().err
+    assert cli.main(["quality", "--report-only", "--from", str(out), "--out", str(out)]) == 1
+    assert "--update-results" in capsys.readouterr().err
+    # rewriting the committed tables takes --update-results
+    assert cli.main(["quality", "--report-only", "--from", str(out), "--update-results"]) == 0
+    assert _csv(out / "ruler.csv")[1][:4] == ["niah_single_1", "300", "all-keep", "1"]
+    assert "my note" in (out / "README.md").read_text()
+
+
+def test_quality_report_only_default_out(tmp_path, monkeypatch, capsys):
+    from spin_indexer.cli import quality
+
+    monkeypatch.chdir(tmp_path)
+    src = tmp_path / "samples"
+    src.mkdir()
+    (src / "samples.jsonl").write_text(json.dumps({"task": "vt", "context": 300, "seed": 0, "config": "dense",
+                                                   "indexer": "oracle", "topk": 64, "score": 1.0, "steps": 1,
+                                                   "text": "w7"}) + "\n")
+    assert cli.main(["quality", "--report-only", "--from", str(src), "--quiet"]) == 0
+    assert (tmp_path / quality.REPORT_OUT / "ruler.csv").is_file() and not (src / "ruler.csv").exists()
 
 
 def test_quality_report_only_without_samples(tmp_path, capsys):
-    assert cli.main(["quality", "--report-only", "--out", str(tmp_path)]) == 1
+    assert cli.main(["quality", "--report-only", "--from", str(tmp_path), "--out", str(tmp_path / "r")]) == 1
     assert "no samples" in capsys.readouterr().err
+    assert cli.main(["quality", "--report-only", "--from", str(tmp_path / "none")]) == 1
+    assert "--from" in capsys.readouterr().err
+
+
+def test_quality_report_options_need_report_only(tmp_path, capsys):
+    assert cli.main(["quality", "--update-results", "--out", str(tmp_path)]) == 1
+    assert "--update-results: only with --report-only" in capsys.readouterr().err
 
 
 def test_quality_refuses_mixed_settings(fake_model, tmp_path, capsys):
@@ -119,7 +156,7 @@ def test_quality_refuses_mixed_settings(fake_model, tmp_path, capsys):
     with open(out / "samples-z.jsonl", "w") as f:  # a foreign row makes the report refuse too
         f.write(json.dumps({"task": "vt", "context": 300, "seed": 0, "config": "dense", "indexer": "lightning",
                             "topk": 64, "score": 0.0, "steps": 1}) + "\n")
-    assert cli.main(["quality", "--report-only", "--out", str(out)]) == 1
+    assert cli.main(["quality", "--report-only", "--from", str(out), "--out", str(out.parent / "r")]) == 1
     assert "mixes settings" in capsys.readouterr().err
 
 

@@ -7,7 +7,11 @@ what is already there (resume; several processes may share one file). At the end
 are summarized into <out>/ruler.csv (task,context,config,samples,score,mean_miss,p99_miss; score = RULER
 string match x 100; task "all" pools every task), <out>/ruler_detail.csv (+ 95% Wilson interval, realized
 sparsity, MTP acceptance length, decode steps) and <out>/README.md (command, settings, tables). Text of
-README.md after the line `<!-- notes -->` is kept across reruns. `--report-only` rewrites the summaries.
+README.md after the line `<!-- notes -->` is kept across reruns.
+
+`--report-only` summarizes the samples of `--from` (default results/quality) into `--out` (default
+runs/quality-report), leaving the committed tables alone; `--update-results` rewrites the tables of the
+`--from` folder itself (what a finished run does).
 """
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ import time
 from pathlib import Path
 
 NOTES_MARK = "<!-- notes -->"
+RESULTS = "results/quality"  # where runs append samples (the committed tables)
+REPORT_OUT = "runs/quality-report"  # where --report-only writes unless --update-results
 # what rows without `indexer_weights` mean: they predate the field and came from the first, 4K-distilled head
 FIRST_HEAD = "sha256:5ed1d61dbd79 (the 4K head)"
 _INDEXER_TEXT = {"lightning": "the distilled lightning indexer, FP8 paged cache",
@@ -47,8 +53,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new", type=int, default=None,
                    help="answer token budget cap (default: min(RULER's, answer tokens + 16))")
     p.add_argument("--shard", default=None, help="write samples-<shard>.jsonl (parallel processes, one file each)")
-    p.add_argument("--report-only", action="store_true", help="only summarize <out>/samples.jsonl")
-    p.add_argument("--out", default="results/quality", help="output folder (results/quality)")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: summarize the samples*.jsonl of --from into --out")
+    p.add_argument("--from", dest="source", default=None, metavar="DIR",
+                   help=f"with --report-only: the folder whose samples*.jsonl are summarized (default: {RESULTS})")
+    p.add_argument("--update-results", action="store_true",
+                   help="with --report-only: rewrite ruler.csv, ruler_detail.csv and README.md of the --from folder "
+                        "itself (the committed results) instead of writing to --out")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help=f"samples and tables of a run (default: {RESULTS}); with --report-only, where the tables go "
+                        f"(default: {REPORT_OUT})")
 
 
 def run(args) -> int:
@@ -57,12 +71,18 @@ def run(args) -> int:
     from ..checks import check_int
     from ..eval.quality import parse_config
 
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    from .main import check_out_dir
+
+    if args.report_only:
+        source, dest = _report_paths(args)
+        return _report(source, _command(args), None, args.quiet, dest=dest)
+    if args.source is not None or args.update_results:
+        raise ValueError(f"{'--from' if args.source is not None else '--update-results'}: only with --report-only "
+                         f"(a run writes its tables beside its samples, in --out)")
+    args.out = args.out or RESULTS
+    out = check_out_dir("--out", args.out)
     samples_path = out / (f"samples-{args.shard}.jsonl" if args.shard else "samples.jsonl")
     command = _command(args)
-    if args.report_only:
-        return _report(out, command, None, args.quiet)
     configs = [parse_config(c) for c in args.configs]
     check_int("--samples", args.samples, low=1)
     check_int("--topk", args.topk, low=1)
@@ -75,6 +95,9 @@ def run(args) -> int:
 
     for task in args.tasks:
         ruler.check_task(task)
+    if args.max_new is not None:
+        check_int("--max-new", args.max_new, low=1)
+    out.mkdir(parents=True, exist_ok=True)
     reason = loader.missing_reason() or ruler.missing_reason()
     if reason:
         raise RuntimeError(reason)
@@ -143,10 +166,35 @@ def run(args) -> int:
     return _report(out, command, meta, args.quiet)
 
 
+def _report_paths(args) -> tuple[Path, Path]:
+    """(samples folder, tables folder) of --report-only; refuses an --out that holds another folder's samples
+    (the old `--report-only --out DIR` meant "summarize DIR", and must not overwrite DIR's tables from
+    another folder)."""
+    from .main import check_out_dir
+
+    source = Path(args.source or RESULTS)
+    if not source.is_dir():
+        raise FileNotFoundError(f"--from: {source}: not a directory")
+    if args.update_results:
+        if args.out is not None and Path(args.out).resolve() != source.resolve():
+            raise ValueError(f"--update-results: writes into --from ({source}); drop --out {args.out}")
+        return source, source
+    dest = Path(args.out or REPORT_OUT)
+    if dest.resolve() == source.resolve():
+        raise ValueError(f"--out: {dest} is the --from folder; add --update-results to rewrite its tables")
+    if dest.is_dir() and any(dest.glob("samples*.jsonl")):
+        raise ValueError(f"--out: {dest} holds samples*.jsonl of its own; to summarize it use --from {dest} "
+                         f"(tables to {REPORT_OUT}) or --from {dest} --update-results (rewrites its tables)")
+    return source, check_out_dir("--out", dest)
+
+
 def _command(args) -> str:
     """The canonical command line of this run (every option spelled out, so it regenerates the same cells)."""
     if args.report_only:
-        return f"spin-indexer quality --report-only --out {shlex.quote(str(args.out))}"
+        source = shlex.quote(str(args.source or RESULTS))
+        if args.update_results:
+            return f"spin-indexer quality --report-only --from {source} --update-results"
+        return f"spin-indexer quality --report-only --from {source} --out {shlex.quote(str(args.out or REPORT_OUT))}"
     parts = ["spin-indexer", "quality", "--tasks", *args.tasks, "--contexts", *map(str, args.contexts), "--samples",
              str(args.samples), "--first-seed", str(args.first_seed), "--configs", *args.configs, "--topk",
              str(args.topk), "--indexer", args.indexer, "--out", str(args.out)]
@@ -203,13 +251,16 @@ def _load(out: Path) -> list[dict]:
     return rows
 
 
-def _report(out: Path, command: str, meta: dict | None, quiet: bool) -> int:
+def _report(out: Path, command: str, meta: dict | None, quiet: bool, dest: Path | None = None) -> int:
+    """Summarize the samples of `out` into dest (default: out itself)."""
     from ..eval.quality import CSV_COLUMNS, DEFAULT_CONFIGS, summarize
 
-    samples = _load(out)
+    source, out = out, dest or out
+    samples = _load(source)
     if not samples:
-        raise RuntimeError(f"{out}: no samples*.jsonl rows to summarize")
-    _check_one_setting(out, samples)
+        raise RuntimeError(f"{source}: no samples*.jsonl rows to summarize")
+    _check_one_setting(source, samples)
+    out.mkdir(parents=True, exist_ok=True)
     pooled = [dict(s, task="all") for s in samples]
     rows = summarize(samples) + summarize(pooled)
     order = {c: i for i, c in enumerate(DEFAULT_CONFIGS)}
@@ -219,11 +270,11 @@ def _report(out: Path, command: str, meta: dict | None, quiet: bool) -> int:
     meta = meta or {k: samples[-1].get(k) for k in ("indexer", "topk", "indexer_weights", "threads", "device",
                                                     "torch", "cpu")}
     table = format_table(rows) + "\n\n" + paired_table(samples, list(dict.fromkeys(r["config"] for r in rows if r["task"] == "all")))
-    _write_readme(out / "README.md", command, meta, samples, table)
+    _write_readme(out / "README.md", command, meta, samples, table, notes_from=source / "README.md")
     if not quiet:
         print(table)
     print(f"wrote {out / 'ruler.csv'}, {out / 'ruler_detail.csv'}, {out / 'README.md'} "
-          f"({len(samples)} rows in {out}/samples*.jsonl)")
+          f"({len(samples)} rows in {source}/samples*.jsonl)")
     return 0
 
 
@@ -281,10 +332,15 @@ def paired_table(samples: list[dict], configs: list[str], base: str = "all-keep"
     return "\n".join(lines)
 
 
-def _write_readme(path: Path, command: str, meta: dict, samples: list[dict], table: str) -> None:
+def _write_readme(path: Path, command: str, meta: dict, samples: list[dict], table: str,
+                  notes_from: Path | None = None) -> None:
+    """README.md with the tables; the notes after NOTES_MARK survive from `path`, else from `notes_from`
+    (the samples folder's README, when the tables go elsewhere)."""
     notes = ""
-    if path.is_file() and NOTES_MARK in path.read_text():
-        notes = path.read_text().split(NOTES_MARK, 1)[1]
+    for src in (path, notes_from):
+        if src is not None and src.is_file() and NOTES_MARK in src.read_text():
+            notes = src.read_text().split(NOTES_MARK, 1)[1]
+            break
     seeds = sorted({(s["task"], s["context"], s["seed"]) for s in samples})
     secs = {(s["task"], s["context"], s["seed"]): s.get("prompt_seconds", 0) for s in samples}
     devices = {}

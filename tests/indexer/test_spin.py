@@ -344,8 +344,17 @@ def test_run_twice_in_one_step_raises(gen):
 
 
 def _state_snapshot(st):
-    return {name: getattr(st, name).clone() for name in ("vertical", "block_max", "diagonal", "step", "seen_len",
-                                                          "clock", "last_seen") if getattr(st, name) is not None}
+    """Every tensor of a SpinState and its host counters (slot pool, generations, epoch)."""
+    snap = {name: t.clone() for name, t in vars(st).items() if isinstance(t, torch.Tensor)}
+    snap["counters"] = (st.epoch, st.generations(), list(st._free), list(st._in_use))
+    return snap
+
+
+def _assert_same_state(st, before):
+    after = _state_snapshot(st)
+    assert after.keys() == before.keys()
+    for name, t in after.items():
+        assert (torch.equal(t, before[name]) if isinstance(t, torch.Tensor) else t == before[name]), name
 
 
 @pytest.mark.parametrize("bad", ["lengths", "block-id", "free-slot", "dtype"])
@@ -370,8 +379,7 @@ def test_rejected_plan_leaves_run_unusable_and_state_unchanged(bad, gen):
             idx.plan(table, lens2, torch.tensor([0, 2], dtype=torch.int32))
         else:
             idx.plan(table.long(), lens2, slots)
-    for name, t in _state_snapshot(idx.state).items():
-        assert torch.equal(t, before[name]), name
+    _assert_same_state(idx.state, before)
     with pytest.raises(RuntimeError, match="plan"):
         idx.run_from_scores(1, scores)  # the previous step is not runnable any more
     with pytest.raises(RuntimeError, match="plan"):
@@ -548,3 +556,98 @@ def test_replay_path_matches_paged_path_and_state(case, gen):
                                getattr(paged.state, name)[:-1], getattr(replayed.state, name)[..., :-1, :]
                                if name == "vertical" else getattr(replayed.state, name)[:-1]), name
     assert torch.equal(paged.state.diagonal[..., :-1], replayed.state.diagonal[..., :-1])
+
+
+def _paged_step(gen, cfg=None, **kw):
+    """A two-request step on a random paged cache: (inputs, indexer, slots), planned."""
+    x = make_case_inputs(ODD_SHAPES[2], gen)
+    idx, slots = _indexer(cfg or SpinConfig(sparsity=0.5, topk=32, exploration="block_age"), 2,
+                          x.block_table.shape[1], 2, num_cache_blocks=x.kv_cache.shape[0], max_requests=3, **kw)
+    idx.plan(x.block_table, x.seq_lens, slots)
+    return x, idx, slots
+
+
+def _used_max(x):
+    used = (x.seq_lens.amax(dim=1).long() + T - 1) // T
+    return max(int(x.block_table[b, :int(n)].max()) for b, n in enumerate(used))
+
+
+def test_run_checks_used_block_ids_against_the_kv_cache_when_the_plan_validated(gen):
+    x, idx, slots = _paged_step(gen)
+    small = x.kv_cache[:_used_max(x)].contiguous()  # one block short of the largest used id
+    before = _state_snapshot(idx.state)
+    with pytest.raises(ValueError, match=r"block_table: expected block ids of used blocks in \[0, "):
+        idx.run(0, x.q_fp8, small, x.weights)
+    _assert_same_state(idx.state, before)
+    idx.run(0, x.q_fp8, x.kv_cache, x.weights)  # the rejected run did not use up the layer
+    idx.plan(x.block_table, x.seq_lens, slots, validate=False)  # unchecked: no host int to compare against
+    idx.run(0, x.q_fp8, small, x.weights)  # (the kernels clamp; correctness is the caller's)
+
+
+def test_run_checks_the_kv_cache_tokens_per_block(gen):
+    x, idx, slots = _paged_step(gen)
+    half = x.kv_cache.view(-1, 32, 1, x.kv_cache.shape[3])[: x.kv_cache.shape[0]]
+    with pytest.raises(ValueError, match="kv_cache: expected T = SpinConfig.tokens_per_block = 64"):
+        idx.run(0, x.q_fp8, half, x.weights)
+
+
+def test_a_rejected_run_changes_no_state_and_leaves_the_layer_runnable(gen):
+    x, idx, slots = _paged_step(gen)
+    before = _state_snapshot(idx.state)
+    with pytest.raises(ValueError, match="weights"):
+        idx.run(0, x.q_fp8, x.kv_cache, x.weights[:1])
+    with pytest.raises(TypeError, match="weights"):
+        idx.run(0, x.q_fp8, x.kv_cache, x.weights.double())
+    _assert_same_state(idx.state, before)
+    idx.run(0, x.q_fp8, x.kv_cache, x.weights)
+
+
+@pytest.mark.parametrize("change", ["free-and-reallocate", "free"])
+def test_a_slot_that_changed_owner_after_plan_is_refused(change, gen):
+    """Freeing (and re-allocating) a slot between plan() and run() must not hand the old request's plan and
+    history update to the new owner: run() and run_from_scores() raise naming slot_ids, and change nothing."""
+    x, idx, slots = _paged_step(gen)
+    idx.run(0, x.q_fp8, x.kv_cache, x.weights)
+    victim = int(slots[1])
+    idx.state.free(victim)
+    if change == "free-and-reallocate":
+        assert idx.state.allocate() == victim  # a new request, same slot
+    before = _state_snapshot(idx.state)
+    with pytest.raises(RuntimeError, match=rf"slot_ids: slots \[{victim}\] were freed or re-allocated"):
+        idx.run(1, x.q_fp8, x.kv_cache, x.weights)
+    with pytest.raises(RuntimeError, match="slot_ids"):
+        idx.run_from_scores(1, paged_indexer_logits_ref(*x.args()))
+    _assert_same_state(idx.state, before)
+    if change == "free":
+        idx.state.allocate()
+    idx.plan(x.block_table, x.seq_lens, slots)  # a new plan adopts the new owner
+    idx.run(1, x.q_fp8, x.kv_cache, x.weights)
+
+
+def test_other_slots_may_change_owner_mid_step(gen):
+    x, idx, slots = _paged_step(gen)
+    idx.run(0, x.q_fp8, x.kv_cache, x.weights)
+    spare = idx.state.allocate()  # the third slot, not in this step
+    idx.state.free(spare)
+    idx.run(1, x.q_fp8, x.kv_cache, x.weights)
+
+
+@pytest.mark.parametrize("cfg", [SpinConfig(sparsity=0.5, topk=32, exploration="block_age"),
+                                 SpinConfig(sparsity=0.5, topk=32, hybrid=0.5)], ids=["spin", "hybrid"])
+def test_requires_grad_inputs_never_attach_a_graph_to_the_state(cfg, gen):
+    x, idx, slots = _paged_step(gen, cfg)
+    weights = x.weights.clone().requires_grad_()
+    for step in range(2):
+        for layer in range(2):
+            out = idx.run(layer, x.q_fp8, x.kv_cache, weights)
+            assert not out.requires_grad
+        scores = paged_indexer_logits_ref(*x.args()).requires_grad_()
+        idx.plan(x.block_table, x.seq_lens, slots)
+        idx.run_from_scores(0, scores)
+        idx.plan(x.block_table, x.seq_lens, slots)
+    for name, t in vars(idx.state).items():
+        if isinstance(t, torch.Tensor):
+            assert not t.requires_grad and t.grad_fn is None, name
+    for name, t in vars(idx.workspace).items():
+        if isinstance(t, torch.Tensor):
+            assert not t.requires_grad and t.grad_fn is None, name

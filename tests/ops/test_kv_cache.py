@@ -301,3 +301,34 @@ def test_read_errors_name_block_ids(fn, bad, exc, fragment):
     assert str(info.value).startswith("block_ids: expected") and fragment in str(info.value)
     with pytest.raises(TypeError, match="^kv_cache: expected"):
         fn(torch.zeros(2, T, 1, 12), torch.tensor([0]))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), -float("nan")])
+def test_validate_rejects_non_finite_keys_and_writes_nothing(bad):
+    cache = sentinel_cache(2, 16)
+    keys = torch.randn(3, 16)
+    keys[1, 5] = bad
+    slots = torch.tensor([0, 70, 3])
+    with pytest.raises(ValueError, match=r"keys: expected finite values, got 1 bad row\(s\), the first at row 1"):
+        quantize_and_write(cache, keys, slots)
+    assert (cache == SENTINEL).all()
+    quantize_and_write(cache, keys, slots, validate=False)  # unchecked: stored as it quantizes
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("nan")])
+def test_validate_rejects_non_finite_scales_and_nan_fp8_and_writes_nothing(bad):
+    cache = sentinel_cache(2, 16)
+    k_fp8, k_scale = quantize_keys(torch.randn(3, 16))
+    slots = torch.tensor([0, 70, 3])
+    scales = k_scale.clone()
+    scales[2] = bad
+    with pytest.raises(ValueError, match=r"k_scale: expected scales \(finite\), got 1 bad row\(s\), the first at row 2"):
+        write_kv_cache(cache, k_fp8, scales, slots)
+    for nan_byte in (0x7F, 0xFF):  # e4m3fn's two NaNs
+        values = k_fp8.view(torch.uint8).clone()
+        values[0, 3] = nan_byte
+        with pytest.raises(ValueError, match=r"k_fp8: expected values \(no NaN\).*first at row 0"):
+            write_kv_cache(cache, values.view(torch.float8_e4m3fn), k_scale, slots)
+    assert (cache == SENTINEL).all()
+    write_kv_cache(cache, k_fp8, scales, slots, validate=False)  # unchecked
+    write_kv_cache(cache, k_fp8, k_scale, slots)  # finite fp8 values include +-448

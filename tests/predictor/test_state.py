@@ -100,3 +100,24 @@ def test_memory_follows_the_cache_not_the_context():
     assert _state(cfg, blocks=32).nbytes() > _state(cfg, blocks=16).nbytes()  # but it follows the cache
     st = _state(cfg, layers=2, requests=4, blocks=16, context=1 << 20)
     assert st.bytes_per_request() == 2 * 1024 * 2 + 8
+
+
+def test_generation_counts_every_change_of_owner():
+    """allocate() and free() bump the slot's generation and the pool's epoch; a refused free() bumps neither;
+    reset() (same owner) bumps nothing."""
+    st = _state()
+    a = st.allocate()
+    assert st.generation(a) == 1 and st.epoch == 1
+    b = st.allocate()
+    st.reset(a)
+    assert st.generations() == [1, 1] and st.epoch == 2
+    st.free(a)
+    with pytest.raises(ValueError, match="free"):
+        st.free(a)
+    assert st.generation(a) == 2 and st.generation(b) == 1 and st.epoch == 3
+    assert st.allocate() == a and st.generation(a) == 3 and st.epoch == 4
+    copy = st.generations()
+    copy[a] = 99  # a host copy: editing it changes nothing
+    assert st.generation(a) == 3
+    with pytest.raises(ValueError, match="slot"):
+        st.generation(2)

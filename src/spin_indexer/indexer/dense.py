@@ -4,50 +4,93 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from ..checks import check_int, check_tensor
+from ..checks import check_int, check_tensor, check_values_in_range
+from ..layout import FP8_DTYPE
+from ..ops.indexer_logits import check_paged_indexer_args
 from .block_plan import BlockPlan
 
 
 class DenseIndexer:
-    """All-keep indexer: full paged logits and top-k. plan() stores the step's metadata, run() per layer."""
+    """All-keep indexer: full paged logits and top-k. plan() stores the step's metadata, run() per layer.
+
+    topk: K >= 1; next_n: query rows per request in [1, 8]; tokens_per_block: T >= 1, a power of two, the
+    kv_cache's T (run() checks it).
+    """
 
     def __init__(self, topk: int, next_n: int = 1, tokens_per_block: int = 64, device: torch.device | str = "cpu"):
         check_int("topk", topk, low=1)
         check_int("next_n", next_n, low=1, high=8)
+        check_int("tokens_per_block", tokens_per_block, low=1)
+        if tokens_per_block & (tokens_per_block - 1):
+            raise ValueError(f"tokens_per_block: expected a power of two, got {tokens_per_block}")
         self.topk, self.next_n, self.tokens_per_block = topk, next_n, tokens_per_block
         self.device = torch.device(device)
         self.block_plan: BlockPlan | None = None
-        self._meta = None
+        self._meta = None  # (block_table, seq_lens, max_block_id or None) of the current step
 
     def plan(self, block_table: torch.Tensor, seq_lens: torch.Tensor, slot_ids=None, num_accepted=None,
              validate: bool = True) -> None:
-        """block_table int32 [B, W]; seq_lens int32 [B, next_n]; slot_ids and num_accepted are ignored."""
+        """block_table int32 [B, W]; seq_lens int32 [B, next_n] in [0, W*T]; slot_ids and num_accepted are
+        ignored.
+
+        validate: check the data too (a host sync). Skipped with validate=False: the seq_lens range, block
+        ids of the used blocks >= 0, and in every run() of the step the check of those ids against
+        kv_cache.shape[0] (the paged kernels clamp out-of-range ids instead of reading outside). Shape,
+        dtype and device checks always run. A rejected call changes no state (block_plan keeps the previous
+        step's) and leaves run() unusable until the next plan().
+        """
+        self._meta = None  # a rejected plan must not leave the previous step runnable
         check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=self.device, device_of="DenseIndexer")
         check_tensor("seq_lens", seq_lens, dtype=torch.int32, shape=(block_table.shape[0], self.next_n),
                      shape_names="[B, next_n]", device=self.device, device_of="DenseIndexer")
         t = self.tokens_per_block
-        num_blocks = (seq_lens.long().amax(dim=1) + t - 1) // t
         width = block_table.shape[1]
+        max_block_id = None
+        if validate:
+            check_values_in_range("seq_lens", seq_lens, 0, width * t, "lengths (at most W*T)")
+            max_block_id = -1
+            if block_table.shape[0]:
+                used = (seq_lens.amax(dim=1).long() + t - 1) // t
+                in_use = torch.arange(width, device=block_table.device)[None, :] < used[:, None]
+                check_values_in_range("block_table", torch.where(in_use, block_table, 0), 0, 2**31 - 1,
+                                      "block ids of used blocks")
+                if in_use.any():
+                    max_block_id = int(torch.where(in_use, block_table, -1).max())
+        num_blocks = (seq_lens.long().amax(dim=1) + t - 1) // t
         kept = torch.arange(width, dtype=torch.int32, device=self.device)[None, :].expand(block_table.shape[0], -1)
         # Every block kept: the plan is the table itself (O(1) work per step; keep_mask is derived on demand).
         self.block_plan = BlockPlan(kept, num_blocks.to(torch.int32), num_blocks.to(torch.int32), block_table,
                                     seq_lens, t)
-        self._meta = (block_table, seq_lens)
+        self._meta = (block_table, seq_lens, max_block_id)
 
     def run(self, layer: int, q_fp8, kv_cache, weights) -> torch.Tensor:
         """Dense top-k int32 [B*next_n, K] (best first, -1 padded, as SpinIndexer.run); `layer` is
-        accepted for API symmetry. Logits and top-k go through the same backends as SPIN's step."""
-        block_table, seq_lens = self._current()
-        rows, width = q_fp8.shape[0] * q_fp8.shape[1], block_table.shape[1]
-        block_max = torch.empty(rows, width, dtype=torch.float32, device=q_fp8.device)
-        logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, validate=False,
-                                          block_max_out=block_max, fill_tail=False)
-        return ops.topk_positions(logits, seq_lens.view(-1), self.topk, block_max=block_max,
-                                  tokens_per_block=self.tokens_per_block, validate=False)
+        accepted for API symmetry. Logits and top-k go through the same backends as SPIN's step.
+
+        q_fp8: float8_e4m3fn [B, next_n, H, D]; kv_cache: uint8 [num_blocks, T, 1, D + 4] with T =
+        tokens_per_block; weights: float32 [B*next_n, H]. When the step's plan() validated, the block ids of
+        the used blocks are checked against kv_cache.shape[0] (a host int kept by plan(): no device read).
+        """
+        block_table, seq_lens, max_block_id = self._current()
+        check_tensor("q_fp8", q_fp8, dtype=FP8_DTYPE, ndim=4, device=self.device, device_of="DenseIndexer")
+        check_paged_indexer_args(q_fp8, kv_cache, weights, seq_lens, block_table, validate=False)
+        if kv_cache.shape[1] != self.tokens_per_block:
+            raise ValueError(f"kv_cache: expected T = tokens_per_block = {self.tokens_per_block} tokens per block, "
+                             f"got shape {list(kv_cache.shape)}")
+        if max_block_id is not None and max_block_id >= kv_cache.shape[0]:
+            raise ValueError(f"block_table: expected block ids of used blocks in [0, {kv_cache.shape[0] - 1}] "
+                             f"(kv_cache.shape[0] = {kv_cache.shape[0]}), got max {max_block_id}")
+        with torch.no_grad():
+            rows, width = q_fp8.shape[0] * q_fp8.shape[1], block_table.shape[1]
+            block_max = torch.empty(rows, width, dtype=torch.float32, device=q_fp8.device)
+            logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, validate=False,
+                                              block_max_out=block_max, fill_tail=False)
+            return ops.topk_positions(logits, seq_lens.view(-1), self.topk, block_max=block_max,
+                                      tokens_per_block=self.tokens_per_block, validate=False)
 
     def run_from_scores(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
         """Dense top-k of precomputed scores float32 [B*next_n, W*T] (best first)."""
-        block_table, seq_lens = self._current()
+        block_table, seq_lens, _ = self._current()
         return ops.topk_positions(scores, seq_lens.reshape(-1), self.topk, tokens_per_block=self.tokens_per_block,
                                   validate=False)
 

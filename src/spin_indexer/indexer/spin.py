@@ -24,6 +24,7 @@ import torch
 from .. import ops
 from ..checks import check_int, check_tensor, check_values_in_range
 from ..layout import FP8_DTYPE
+from ..ops.indexer_logits import check_paged_indexer_args
 from ..predictor import plan as plan_ref
 from ..predictor.config import MtpPolicy, SpinConfig
 from ..predictor.state import SpinState
@@ -44,6 +45,9 @@ class _Step:
     plans: list  # BlockPlan per layer (views into the workspace); None until selected (hybrid)
     meta: object = None  # predictor.plan.StepMeta on the torch path, None on the fused path
     done: set = dataclasses.field(default_factory=set)  # layers already run this step
+    epoch: int = 0  # SpinState.epoch at plan(): unchanged = no slot was allocated or freed since
+    generations: list = dataclasses.field(default_factory=list)  # SpinState.generations() at plan()
+    max_block_id: int | None = None  # largest block id of a used block (validated plans only, else None)
 
 
 class SpinIndexer:
@@ -103,10 +107,12 @@ class SpinIndexer:
         [0, next_n - 1] or None (see predictor/mtp.py).
         validate: check the data too (a host sync; turn off when capturing a CUDA graph). Skipped with
         validate=False: length ranges and row increments, slot ids allocated and distinct, block ids of the
-        used blocks inside the cache (kernels clamp them into the trash block instead of reading outside).
-        A rejected call changes no state.
+        used blocks inside the cache (kernels clamp them into the trash block instead of reading outside),
+        and in every run() of the step the check of those block ids against kv_cache.shape[0]. Shape, dtype
+        and device checks always run. A rejected call changes no state and leaves run() unusable until the
+        next plan().
         """
-        cfg, dev = self.config, self.device
+        dev = self.device
         self._step = None  # a rejected plan must not leave the previous step runnable
         check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=dev, device_of="SpinIndexer")
         batch, width = block_table.shape
@@ -119,8 +125,14 @@ class SpinIndexer:
         if num_accepted is not None:
             check_tensor("num_accepted", num_accepted, dtype=torch.int32, shape=(batch,), shape_names="[B]",
                          device=dev, device_of="SpinIndexer")
-        if validate:
-            self._validate_data(block_table, seq_lens, slot_ids, num_accepted)
+        max_block_id = self._validate_data(block_table, seq_lens, slot_ids, num_accepted) if validate else None
+        with torch.no_grad():  # weights/q requiring grad must never attach a graph to the state
+            self._plan(block_table, seq_lens, slot_ids, num_accepted)
+        self._step.epoch, self._step.generations = self.state.epoch, self.state.generations()
+        self._step.max_block_id = max_block_id
+
+    def _plan(self, block_table, seq_lens, slot_ids, num_accepted) -> None:
+        cfg, (batch, width) = self.config, block_table.shape
         ws, slots = self.workspace, slot_ids.long()
         plans = [BlockPlan(ws.kept_blocks[layer, :batch, :width], ws.num_kept[layer, :batch], ws.num_blocks[:batch],
                            ws.compact_table[layer, :batch, :width], ws.compact_lens[layer, :batch],
@@ -157,6 +169,11 @@ class SpinIndexer:
         q_fp8: float8_e4m3fn [B, next_n, H, D]; kv_cache: uint8 [num_blocks, T, 1, D + 4] with num_blocks <=
         num_cache_blocks; weights: float32 [B*next_n, H]. The result is a view of the workspace, valid until
         this layer runs again.
+        When the step's plan() validated, the block ids of the used blocks are also checked against
+        kv_cache.shape[0] (a host int plan() kept: no device read here); plan(validate=False) skips that
+        check. Always raised: run() before plan() or after a rejected plan(), a layer run twice in a step, a
+        slot of slot_ids freed or re-allocated since plan() (`_check_owners`), bad shapes, dtypes, devices.
+        A rejected call changes no state (the layer may still run this step).
         """
         st = self._current(layer)
         batch, width = st.block_table.shape
@@ -171,6 +188,17 @@ class SpinIndexer:
         if kv_cache.shape[1] != self.config.tokens_per_block:
             raise ValueError(f"kv_cache: expected T = SpinConfig.tokens_per_block = {self.config.tokens_per_block} "
                              f"tokens per block, got shape {list(kv_cache.shape)}")
+        # every remaining argument check before the layer counts as run (free: shapes, dtypes, devices)
+        check_paged_indexer_args(q_fp8, kv_cache, weights, st.seq_lens, st.block_table, validate=False)
+        if st.max_block_id is not None and st.max_block_id >= kv_cache.shape[0]:
+            raise ValueError(f"block_table: expected block ids of used blocks in [0, {kv_cache.shape[0] - 1}] "
+                             f"(kv_cache.shape[0] = {kv_cache.shape[0]}), got max {st.max_block_id}")
+        self._check_owners(st)
+        with torch.no_grad():  # weights/q requiring grad must never attach a graph to the state
+            return self._run(layer, st, q_fp8, kv_cache, weights)
+
+    def _run(self, layer: int, st: _Step, q_fp8, kv_cache, weights) -> torch.Tensor:
+        batch, width = st.block_table.shape
         plan = self._plan_of(layer, st)
         rows, cols = batch * self.next_n, width * self.config.tokens_per_block
         # DeepGEMM allocates its own logits: handing it the workspace would cost a copy of every logit.
@@ -193,6 +221,13 @@ class SpinIndexer:
         t = self.config.tokens_per_block
         check_tensor("scores", scores, dtype=torch.float32, shape=(batch * self.next_n, width * t),
                      shape_names="[B*next_n, W*T]", device=self.device, device_of="SpinIndexer")
+        self._check_owners(st)
+        with torch.no_grad():
+            return self._run_from_scores(layer, st, scores)
+
+    def _run_from_scores(self, layer: int, st: _Step, scores: torch.Tensor) -> torch.Tensor:
+        batch, width = st.block_table.shape
+        t = self.config.tokens_per_block
         plan = self._plan_of(layer, st)
         blocks = width
         if not scores.is_cuda and batch > 0:
@@ -267,7 +302,22 @@ class SpinIndexer:
         check_int("layer", layer, low=0, high=self.num_layers - 1)
         return self._step
 
-    def _validate_data(self, block_table, seq_lens, slot_ids, num_accepted) -> None:
+    def _check_owners(self, st: _Step) -> None:
+        """Refuse to run a step whose slots changed owner since plan(): the plan and the history update
+        belong to the old owner. No device work unless a slot was allocated or freed mid-step (then one host
+        read of slot_ids, to tell the step's slots from the others)."""
+        if self.state.epoch == st.epoch:
+            return
+        now = self.state.generations()
+        changed = {s for s, (a, b) in enumerate(zip(st.generations, now)) if a != b}
+        hit = sorted(changed.intersection(st.slot_ids.cpu().tolist()))
+        if hit:
+            raise RuntimeError(f"slot_ids: slots {hit} were freed or re-allocated since plan(); call plan() for "
+                               f"this decode step again")
+        st.epoch, st.generations = self.state.epoch, now  # only other slots changed: nothing to refuse
+
+    def _validate_data(self, block_table, seq_lens, slot_ids, num_accepted) -> int:
+        """The data checks of plan(validate=True); returns the largest block id of a used block (-1: none)."""
         t = self.config.tokens_per_block
         width = block_table.shape[1]
         check_values_in_range("seq_lens", seq_lens, 0, width * t, "lengths (at most W*T)")
@@ -288,3 +338,6 @@ class SpinIndexer:
             in_use = torch.arange(width, device=block_table.device)[None, :] < used[:, None]
             check_values_in_range("block_table", torch.where(in_use, block_table, 0), 0,
                                   self.state.num_cache_blocks - 1, "block ids of used blocks (the cache's blocks)")
+            if in_use.any():
+                return int(torch.where(in_use, block_table, -1).max())
+        return -1

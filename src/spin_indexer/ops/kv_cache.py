@@ -36,7 +36,9 @@ def write_kv_cache(kv_cache: torch.Tensor, k_fp8: torch.Tensor, k_scale: torch.T
 
     kv_cache: uint8 [num_blocks, T, 1, D + 4]; k_fp8: float8_e4m3fn [N, D]; k_scale: float32 [N];
     slot_mapping: int64 or int32 [N], negative entries are padding and are skipped (vLLM's -1).
-    validate: check slots < num_blocks * T (reads slot_mapping: a host sync).
+    validate: check the data too (a host sync): slots < num_blocks * T, no NaN in k_fp8 and k_scale finite.
+    Skipped with validate=False: those three (a bad slot is then an index error or a wrong write, a
+    non-finite key or scale is stored as is). A rejected call writes nothing.
     """
     _check_cache(kv_cache)
     num_blocks, tokens, _, row_bytes = kv_cache.shape
@@ -50,6 +52,9 @@ def write_kv_cache(kv_cache: torch.Tensor, k_fp8: torch.Tensor, k_scale: torch.T
                  device=kv_cache.device, device_of="kv_cache")
     if validate:
         check_values_in_range("slot_mapping", slot_mapping, -(2**62), num_blocks * tokens - 1, "slots")
+        # e4m3fn has no inf; its NaN is every bit pattern S.1111.111
+        _check_finite("k_fp8", (k_fp8.view(torch.uint8) & 0x7F) != 0x7F, "values (no NaN)")
+        _check_finite("k_scale", torch.isfinite(k_scale), "scales (finite)")
     if n == 0:  # nothing to write (and an empty k_scale may have stride 0, which .view(uint8) rejects)
         return
     slots = slot_mapping.long()
@@ -74,10 +79,16 @@ def write_kv_cache(kv_cache: torch.Tensor, k_fp8: torch.Tensor, k_scale: torch.T
 
 def quantize_and_write(kv_cache: torch.Tensor, keys: torch.Tensor, slot_mapping: torch.Tensor,
                        validate: bool = True) -> None:
-    """quantize_keys(keys) then write_kv_cache(...): keys [N, D] float, slot_mapping [N] int."""
+    """quantize_keys(keys) then write_kv_cache(...): keys [N, D] float, slot_mapping [N] int.
+
+    validate: as write_kv_cache, and keys finite (a NaN or inf key would make the row's scale non-finite
+    or its values NaN); validate=False skips these data checks and stores whatever the keys quantize to.
+    """
     _check_cache(kv_cache)  # keys are checked against the cache here, so errors name `keys`, not `k_fp8`
     check_tensor("keys", keys, ndim=2, shape=(None, kv_cache.shape[3] - SCALE_BYTES), shape_names="[N, D]",
                  device=kv_cache.device, device_of="kv_cache")
+    if validate and keys.is_floating_point():
+        _check_finite("keys", torch.isfinite(keys), "finite values")
     k_fp8, k_scale = quantize_keys(keys)
     write_kv_cache(kv_cache, k_fp8, k_scale, slot_mapping, validate=validate)
 
@@ -101,6 +112,14 @@ def dequantize_blocks(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> torch.
     """Keys as float32 [n, T, D] = fp8 value * scale, for the blocks `block_ids` [n]."""
     k_fp8, k_scale = read_kv_cache(kv_cache, block_ids)
     return k_fp8.float() * k_scale[..., None]
+
+
+def _check_finite(name: str, ok: torch.Tensor, what: str) -> None:
+    """ok: bool [N, ...] per element; raises naming the first bad row. Reads the data: validate only."""
+    if ok.numel() and not bool(ok.all()):
+        rows = ok.reshape(ok.shape[0], -1).all(dim=1)
+        first = int((~rows).to(torch.uint8).argmax())
+        raise ValueError(f"{name}: expected {what}, got {int((~rows).sum())} bad row(s), the first at row {first}")
 
 
 def _check_cache(kv_cache: torch.Tensor) -> None:

@@ -25,9 +25,12 @@ def order_keys(scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 
     The float32 bit pattern is made monotone (negative floats flipped), shifted up 32 bits, and the low 32
     bits hold (2^32 - 1 - position), so every key is distinct and torch.topk (no stable sort needed, ~6x
-    faster on the CPU) returns the exact order. -0.0 is folded into +0.0 so the two zeros tie.
+    faster on the CPU) returns the exact order. -0.0 is folded into +0.0 so the two zeros tie, and every NaN
+    (either sign, any payload) into +NaN (0x7FC00000), above +inf: torch.topk's order, where NaN is the
+    largest value and NaNs tie (to the lower position).
     """
     x = scores.float() + 0.0
+    x = torch.where(torch.isnan(x), float("nan"), x)  # torch's NaN constant is +NaN, 0x7FC00000
     bits = x.contiguous().view(torch.int32)
     mono = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip all but the sign bit -> monotone int32
     cols = torch.arange(x.shape[1], device=x.device)

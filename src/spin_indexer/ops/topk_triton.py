@@ -139,9 +139,9 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
 if triton is not None:
     @triton.jit
     def _ukey(x):
-        """fp32 -> uint32 with the same order (-0.0 folded into +0.0)."""
+        """fp32 -> uint32 with the same order (-0.0 folded into +0.0, every NaN into +NaN, as topk_ref)."""
         x = tl.where(x == 0.0, 0.0, x)
-        bits = x.to(tl.uint32, bitcast=True)
+        bits = tl.where(x != x, 0x7FC00000, x.to(tl.uint32, bitcast=True)).to(tl.uint32)
         flip = tl.where((bits >> 31) != 0, 0xFFFFFFFF, 0x80000000).to(tl.uint32)
         return bits ^ flip
 

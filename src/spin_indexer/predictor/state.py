@@ -69,6 +69,11 @@ class SpinState:
         self.curve = torch.zeros(num_layers, max_requests, levels, dtype=torch.float32, device=self.device)
         self._free = list(range(max_requests - 1, -1, -1))
         self._in_use = [False] * max_requests
+        # Host counters of ownership changes: generation[s] is bumped by every allocate()/free() of slot s,
+        # epoch by every allocate()/free() at all. A step records them in plan() and run() refuses to
+        # hand the plan to a slot whose owner changed in between (see SpinIndexer.run).
+        self._generation = [0] * max_requests
+        self.epoch = 0
 
     @property
     def trash_block(self) -> int:
@@ -83,6 +88,7 @@ class SpinState:
         slot = self._free.pop()
         self.reset(slot)
         self._in_use[slot] = True
+        self._bump(slot)
         return slot
 
     def free(self, slot: int) -> None:
@@ -92,6 +98,20 @@ class SpinState:
             raise ValueError(f"slot: expected an allocated slot, got {slot} which is free")
         self._in_use[slot] = False
         self._free.append(slot)
+        self._bump(slot)
+
+    def generation(self, slot: int) -> int:
+        """How many times `slot` was allocated or freed: a changed value means a new owner (or none)."""
+        self._check_slot(slot)
+        return self._generation[slot]
+
+    def generations(self) -> list[int]:
+        """Every slot's generation (a host copy, no device work)."""
+        return list(self._generation)
+
+    def _bump(self, slot: int) -> None:
+        self._generation[slot] += 1
+        self.epoch += 1
 
     def reset(self, slot: int) -> None:
         """Forget the request history of `slot` (all layers); its blocks are reset at its next plan()."""

@@ -121,7 +121,7 @@ def loading_line(where: str = "") -> str:
 
     gguf = loader.find_gguf()
     cache = loader.cache_dir(gguf) if gguf is not None else None
-    cold = cache is None or not (cache / "model.safetensors").is_file()
+    cold = gguf is not None and (cache is None or not (cache / "model.safetensors").is_file())
     name = gguf.name if gguf is not None else loader.GGUF_NAME
     note = (" (first load converts the GGUF, ~50 s; later loads read the cache in ~1 s)" if cold
             and cache is not None else " (cache off: converting the GGUF, ~50 s)" if cold else "")

@@ -43,13 +43,13 @@ def check_rows_files(root: Path) -> list[Path]:
         except OSError as err:
             raise ValueError(f"{f}: unreadable ({err.strerror or err})") from None
         if not isinstance(data, dict):
-            raise ValueError(f"{f}: expected a JSON object with 'summary', 'table1' and 'run', got "
-                             f"{type(data).__name__}")
+            raise ValueError(f"{f}: expected a JSON object with 'summary', 'table1' and 'run' (as spin-indexer eval "
+                             f"writes), got a {type(data).__name__}; rename a file that is not an eval run")
         if "summary" not in data:
             raise ValueError(f"{f}: missing 'summary' (not a rows.json written by spin-indexer eval)")
         if not isinstance(data.get("run", {}), dict):
             raise ValueError(f"{f}: run: expected an object, got {type(data['run']).__name__}")
-        for key, columns in (("summary", SUMMARY_COLUMNS + ("rows",)), ("table1", TABLE1_COLUMNS)):
+        for key, columns in (("summary", SUMMARY_COLUMNS), ("table1", TABLE1_COLUMNS)):
             rows = data.get(key, [])
             if not isinstance(rows, list):
                 raise ValueError(f"{f}: {key}: expected a list of rows, got {type(rows).__name__}")

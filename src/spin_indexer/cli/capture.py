@@ -114,7 +114,8 @@ def check_args(args) -> tuple[list[str], list[int] | None, torch.device]:
     if not indexers or any(name not in ("lightning", "oracle") for name in indexers):
         raise ValueError(f"--indexer: expected lightning, oracle or both, got {args.indexer!r}")
     check_range("--draft-noise", args.draft_noise, low=0.0, high=1.0)
-    check_int("--next-n", args.next_n, low=1)
+    if args.next_n < 1:
+        raise ValueError(f"--next-n: expected >= 1, got {args.next_n}")
     check_int("--context", args.context, low=256)
     check_int("--steps", args.steps, low=1)
     check_int("--k", args.k, low=1)
@@ -162,7 +163,11 @@ def _parse_layers(text: str | None, num_layers: int = NUM_LAYERS) -> list[int] |
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="spin-indexer capture", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    try:
+        return run(parser.parse_args(argv))
+    except ValueError as err:  # the root CLI does the same (exit 1 there)
+        print(f"spin-indexer capture: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

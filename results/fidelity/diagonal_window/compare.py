@@ -18,4 +18,4 @@ for preset in ("v4-like", "v32-like"):
                        realized=float(torch.cat([v.flatten() for v in res.sparsity.values()]).mean()), seconds=round(time.time()-t0, 1))
             print(json.dumps(row), flush=True)
             rows.append(row)
-json.dump(rows, open("results/fidelity/diagonal_window/rows.json", "w"), indent=1)
+json.dump(rows, open("results/fidelity/diagonal_window/window_rows.json", "w"), indent=1)

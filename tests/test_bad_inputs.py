@@ -15,6 +15,8 @@ from conftest import make_paged_inputs
 from spin_indexer.layout import cache_views, new_kv_cache, num_blocks_for
 from spin_indexer.ops import (block_max, dequantize_blocks, paged_indexer_logits, quantize_and_write, quantize_keys,
                               read_kv_cache, topk, write_kv_cache)
+from spin_indexer.indexer import DenseIndexer, SpinIndexer
+from spin_indexer.predictor import SpinConfig, SpinState
 
 FP8 = torch.float8_e4m3fn
 ALL_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, FP8, torch.float8_e5m2, torch.uint8,
@@ -225,3 +227,23 @@ def test_one_bad_argument_raises_a_clear_error(name, data):
         pytest.fail(f"{name} accepted a bad {names[0]}")
     if "kv_cache" in snapshot and name in ("write_kv_cache", "quantize_and_write"):
         assert torch.equal(tensors["kv_cache"], snapshot["kv_cache"]), "a rejected write changed the cache"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
+@pytest.mark.parametrize("make", [
+    lambda: SpinState(SpinConfig(), 2, 2, 10, 640, device="cuda"),
+    lambda: SpinIndexer(SpinConfig(), 2, 2, 10, device="cuda"),
+    lambda: DenseIndexer(16, device="cuda"),
+], ids=["SpinState", "SpinIndexer", "DenseIndexer"])
+def test_cuda_device_without_cuda_names_the_argument(make):
+    with pytest.raises(ValueError, match=r"device: expected an available device, got cuda"):
+        make()
+
+
+@pytest.mark.parametrize("make, what", [
+    (lambda: SpinState(SpinConfig(), 61, 2, 2**40, 640), "SpinState"),
+    (lambda: SpinIndexer(SpinConfig(), 2, 2**16, 2**16, max_requests=1, num_cache_blocks=8), "SpinIndexer workspace"),
+], ids=["state", "workspace"])
+def test_sizes_that_cannot_fit_get_a_memory_error_naming_them(make, what):
+    with pytest.raises(MemoryError, match=rf"{what}: [0-9.]+ GiB for .*does not fit"):
+        make()

@@ -145,3 +145,24 @@ def check_values_in_range(name: str, t: torch.Tensor, low: int, high: int, what:
     lo, hi = int(t.min()), int(t.max())
     if lo < low or hi > high:
         raise ValueError(f"{name}: expected {what} in [{low}, {high}], got min {lo}, max {hi}")
+
+
+def check_device(name: str, device) -> torch.device:
+    """A torch.device this build can use: a CUDA device needs CUDA (not an AssertionError from deep inside
+    torch on a CPU build), with its index below the device count."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{name}: expected a device such as 'cpu' or 'cuda:0', got {describe(device)}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name}: expected an available device, got {dev} (this torch build or machine has "
+                             "no CUDA: torch.cuda.is_available() is False)")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{name}: expected a CUDA index below {torch.cuda.device_count()}, got {dev}")
+    return dev
+
+
+def allocation_error(what: str, nbytes: int, device, sizes: str) -> MemoryError:
+    """The MemoryError raised when a sized structure does not fit (instead of a bare allocator error)."""
+    return MemoryError(f"{what}: {nbytes / 2**30:.2f} GiB for {sizes} does not fit on {device}; lower those sizes")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from ..checks import check_int, check_tensor, check_values_in_range
+from ..checks import check_device, check_int, check_tensor, check_values_in_range
 from ..layout import FP8_DTYPE
 from ..ops.indexer_logits import check_paged_indexer_args
 from .block_plan import BlockPlan
@@ -24,7 +24,7 @@ class DenseIndexer:
         if tokens_per_block & (tokens_per_block - 1):
             raise ValueError(f"tokens_per_block: expected a power of two, got {tokens_per_block}")
         self.topk, self.next_n, self.tokens_per_block = topk, next_n, tokens_per_block
-        self.device = torch.device(device)
+        self.device = check_device("device", device)
         self.block_plan: BlockPlan | None = None
         self._meta = None  # (block_table, seq_lens, max_block_id or None) of the current step
 

@@ -22,7 +22,7 @@ import dataclasses
 import torch
 
 from .. import ops
-from ..checks import check_int, check_tensor, check_values_in_range
+from ..checks import allocation_error, check_device, check_int, check_tensor, check_values_in_range
 from ..layout import FP8_DTYPE
 from ..ops.indexer_logits import check_paged_indexer_args
 from ..predictor import plan as plan_ref
@@ -75,12 +75,18 @@ class SpinIndexer:
         if num_cache_blocks is not None:
             check_int("num_cache_blocks", num_cache_blocks, low=1)
         self.config, self.max_batch, self.max_blocks, self.next_n = config, max_batch, max_blocks, next_n
-        self.device = torch.device(device)
+        self.device = check_device("device", device)
         t = config.tokens_per_block
         slots = max_requests or max_batch
         self.state = SpinState(config, num_layers, slots, num_cache_blocks or slots * max_blocks, max_blocks * t,
                                self.device)
-        self.workspace = Workspace(num_layers, max_batch, max_blocks, next_n, t, config.topk, self.device)
+        try:
+            self.workspace = Workspace(num_layers, max_batch, max_blocks, next_n, t, config.topk, self.device)
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            need = Workspace.bytes_needed(num_layers, max_batch, max_blocks, next_n, t, config.topk)
+            raise allocation_error("SpinIndexer workspace", need, self.device,
+                                   f"num_layers={num_layers}, max_batch={max_batch}, max_blocks={max_blocks}, "
+                                   f"next_n={next_n}") from exc
         self.extensions = Extensions(config, self.state, next_n) if (config.adaptive or config.hybrid) else None
         self._step: _Step | None = None
         self.block_plan: BlockPlan | None = None

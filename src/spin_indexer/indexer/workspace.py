@@ -33,5 +33,12 @@ class Workspace:
         self.block_max = torch.empty((B * N, W), dtype=torch.float32, device=device)
         self.topk = torch.empty((L, B * N, topk), **i32)
 
+    @staticmethod
+    def bytes_needed(num_layers: int, max_batch: int, max_blocks: int, next_n: int, tokens_per_block: int,
+                     topk: int) -> int:
+        """Bytes the buffers take (what __init__ allocates)."""
+        L, B, W, N, T = num_layers, max_batch, max_blocks, next_n, tokens_per_block
+        return 4 * (2 * L * B * W + L * B + L * B * N + B + B * N * W * T + B * N * W + L * B * N * topk) + B + B * N
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))

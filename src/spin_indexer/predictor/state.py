@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_int
+from ..checks import allocation_error, check_device, check_int
 from .config import Exploration, SpinConfig
 
 
@@ -45,14 +45,22 @@ class SpinState:
         check_int("max_context", max_context, low=1)
         self.config = config
         self.num_layers, self.max_requests, self.num_cache_blocks = num_layers, max_requests, num_cache_blocks
-        self.device = torch.device(device)
+        self.device = check_device("device", device)
         t, dtype = config.tokens_per_block, config.state_dtype
         self.window = min(config.diagonal_window or max_context, max_context)  # DW offsets of diagonal history
         neg = float("-inf")
         blocks = num_cache_blocks + 1  # + the trash block
-        self.vertical = torch.full((num_layers, blocks, t), neg, dtype=dtype, device=self.device)
-        self.block_max = torch.full((blocks, num_layers), neg, dtype=dtype, device=self.device)
-        self.diagonal = torch.full((num_layers, max_requests, self.window + 1), neg, dtype=dtype, device=self.device)
+        elem = torch.empty((), dtype=dtype).element_size()
+        need = num_layers * (blocks * (t + 1) + max_requests * (self.window + 1)) * elem
+        try:
+            self.vertical = torch.full((num_layers, blocks, t), neg, dtype=dtype, device=self.device)
+            self.block_max = torch.full((blocks, num_layers), neg, dtype=dtype, device=self.device)
+            self.diagonal = torch.full((num_layers, max_requests, self.window + 1), neg, dtype=dtype,
+                                       device=self.device)
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            raise allocation_error("SpinState", need, self.device,
+                                   f"num_layers={num_layers}, num_cache_blocks={num_cache_blocks}, "
+                                   f"max_requests={max_requests}, window={self.window}") from exc
         ages = config.exploration in (Exploration.STALENESS, Exploration.BLOCK_AGE)
         self.last_seen = (torch.full((blocks, num_layers), -1, dtype=torch.int32, device=self.device)
                           if ages else None)

@@ -144,13 +144,7 @@ def test_every_nan_is_the_largest_value_as_in_torch_topk():
     assert topk_ref(both, torch.tensor([2, 2], dtype=torch.int32), 2).tolist() == [[0, 1], [0, 1]]
 
 
-_GROUP_MAX_DROPS_NAN = pytest.mark.xfail(
-    strict=True, reason="known gap in topk_triton.py (not _ukey): the group maxima (tl.max) drop NaN, so a group "
-    "whose winners are NaN can be pruned before the gather")
-
-
-@pytest.mark.parametrize("cols, k, cap", [(40, 8, None), pytest.param(256, 4, None, marks=_GROUP_MAX_DROPS_NAN),
-                                          pytest.param(256, 4, 16, marks=_GROUP_MAX_DROPS_NAN)],
+@pytest.mark.parametrize("cols, k, cap", [(40, 8, None), (256, 4, None), (256, 4, 16)],
                          ids=["all-candidates", "threshold", "small-cap"])
 def test_triton_twin_orders_every_nan_as_the_reference(cols, k, cap, gen, triton_device):
     """topk_triton's key (_ukey) folds every NaN into +NaN too: same picks as topk_ref on rows mixing

@@ -169,7 +169,11 @@ if triton is not None:
         g = g0 + tl.arange(0, GP)
         c = g[:, None] * G + tl.arange(0, G)[None, :]  # [GP, G]
         x = tl.load(x_ptr + r.to(tl.int64) * stride_x + c, mask=c < length, other=float("-inf"))
-        tl.store(s_ptr + r.to(tl.int64) * stride_s + g, tl.max(x, axis=1), mask=g < num_groups)
+        # A NaN ranks above everything (order_keys): a group holding one must not be pruned, so its max is
+        # NaN (a plain max may return the other operand of a NaN comparison).
+        has_nan = tl.max((x != x).to(tl.int32), axis=1) > 0
+        gmax = tl.where(has_nan, float("nan"), tl.max(x, axis=1))
+        tl.store(s_ptr + r.to(tl.int64) * stride_s + g, gmax, mask=g < num_groups)
 
     @triton.jit
     def _bucket(hist, need):

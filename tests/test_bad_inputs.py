@@ -146,6 +146,117 @@ ENTRIES = {
 }
 
 
+# -- the indexers: plan() and run() on their own state; a rejected call must leave every state tensor as it was
+T_IDX = 64
+LENS = torch.tensor([[130, 131], [64, 65]], dtype=torch.int32)  # B = 2, next_n = 2; W = 3 blocks
+
+
+def _spin():
+    idx = SpinIndexer(SpinConfig(sparsity=0.5, topk=16), num_layers=2, max_batch=8, max_blocks=3, next_n=2,
+                      max_requests=4, num_cache_blocks=8)
+    slots = [idx.state.allocate() for _ in range(2)]
+    return idx, torch.tensor(slots, dtype=torch.int64)
+
+
+def _state_tensors(idx):
+    st = idx.state
+    return {k: v.clone() for k, v in vars(st).items() if isinstance(v, torch.Tensor)}
+
+
+def _unchanged(idx, before):
+    after = _state_tensors(idx)
+    for k, v in before.items():
+        assert torch.equal(v, after[k]), f"a rejected call changed SpinState.{k}"
+
+
+def spin_plan(block_table, seq_lens, slot_ids):
+    idx, _ = _spin()
+    before = _state_tensors(idx)
+    try:
+        idx.plan(block_table, seq_lens, slot_ids)
+    except Exception:
+        _unchanged(idx, before)
+        with pytest.raises(RuntimeError, match="plan"):  # a rejected plan leaves run() unusable
+            idx.run(0, PAGED_RUN["q_fp8"], PAGED_RUN["kv_cache"], PAGED_RUN["weights"])
+        raise
+
+
+def _run_inputs():
+    x = make_paged_inputs((131, 65), 2, 8, 16, torch.Generator().manual_seed(1), extra_width=0, spare_blocks=2)
+    return dict(q_fp8=x.q_fp8, kv_cache=x.kv_cache, weights=x.weights)
+
+
+PAGED_RUN = _run_inputs()
+RUN_TABLE = torch.tensor([[0, 1, 2], [3, 0, 0]], dtype=torch.int32)
+
+
+def spin_run(q_fp8, kv_cache, weights, layer=0):
+    idx, slots = _spin()
+    idx.plan(RUN_TABLE, LENS, slots)
+    before = _state_tensors(idx)
+    try:
+        out = idx.run(layer, q_fp8, kv_cache, weights)
+    except Exception:
+        _unchanged(idx, before)
+        raise
+    return out
+
+
+def dense_run(q_fp8, kv_cache, weights, layer=0):
+    dense = DenseIndexer(16, next_n=2)
+    dense.plan(RUN_TABLE, LENS)
+    return dense.run(layer, q_fp8, kv_cache, weights)
+
+
+def _bad_spin_table(t, draw):
+    out = t.clone()
+    out[0, draw % 3] = [8, -1, 2**31 - 1][draw % 3]  # request 0 uses all 3 blocks; the cache holds 8
+    return out
+
+
+def _bad_spin_slots(t, draw):
+    out = t.clone()
+    out[draw % 2] = [2, 3, 4, -1, 2**40][draw % 5]  # 2, 3: free slots; 4: past the pool; -1
+    return out
+
+
+def _dup_or_bad_lens(t, draw):
+    out = t.clone()
+    kind = draw % 3
+    if kind == 0:
+        out[0, 0] = 3 * T_IDX + 1  # past W * T
+    elif kind == 1:
+        out[1, 1] = out[1, 0] + 2  # rows must grow by one
+    else:
+        out[0, 1] = -5
+    return out
+
+
+INDEXER_ENTRIES = {
+    "SpinIndexer.plan": Entry(spin_plan, {
+        "block_table": Arg(lambda: RUN_TABLE.clone(), (torch.int32,), (FIXED, None), _bad_spin_table,
+                           ("seq_lens", "slot_ids")),
+        "seq_lens": Arg(lambda: LENS.clone(), (torch.int32,), (FIXED, FIXED), _dup_or_bad_lens),
+        "slot_ids": Arg(lambda: torch.tensor([0, 1]), INDEX, (FIXED,), _bad_spin_slots),
+    }, anchor="block_table"),
+    "SpinIndexer.run": Entry(spin_run, {
+        "q_fp8": Arg(lambda: PAGED_RUN["q_fp8"].clone(), (FP8,), (FIXED, FIXED, FIXED, FIXED),
+                     size_blames=("kv_cache", "weights")),
+        "kv_cache": Arg(lambda: PAGED_RUN["kv_cache"].clone(), (torch.uint8,), (None, FIXED, FIXED, FIXED),
+                        size_blames=("q_fp8", "block_table"), contiguous=True),
+        "weights": Arg(lambda: PAGED_RUN["weights"].clone(), (torch.float32,), (FIXED, FIXED)),
+    }, anchor="q_fp8", scalars={"layer": (0, [-1, 2, 0.5, None, "0", True])}),
+    "DenseIndexer.run": Entry(dense_run, {
+        "q_fp8": Arg(lambda: PAGED_RUN["q_fp8"].clone(), (FP8,), (FIXED, FIXED, FIXED, FIXED),
+                     size_blames=("kv_cache", "weights")),
+        "kv_cache": Arg(lambda: PAGED_RUN["kv_cache"].clone(), (torch.uint8,), (None, FIXED, FIXED, FIXED),
+                        size_blames=("q_fp8", "block_table"), contiguous=True),
+        "weights": Arg(lambda: PAGED_RUN["weights"].clone(), (torch.float32,), (FIXED, FIXED)),
+    }, anchor="q_fp8"),
+}
+ENTRIES.update(INDEXER_ENTRIES)
+
+
 @st.composite
 def corruption(draw, entry: Entry):
     """(tensor args, scalar kwargs, names the error may start with: the corrupted argument first)."""

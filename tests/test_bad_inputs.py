@@ -345,7 +345,8 @@ def test_one_bad_argument_raises_a_clear_error(name, data):
     lambda: SpinState(SpinConfig(), 2, 2, 10, 640, device="cuda"),
     lambda: SpinIndexer(SpinConfig(), 2, 2, 10, device="cuda"),
     lambda: DenseIndexer(16, device="cuda"),
-], ids=["SpinState", "SpinIndexer", "DenseIndexer"])
+    lambda: new_kv_cache(2, 16, device="cuda"),
+], ids=["SpinState", "SpinIndexer", "DenseIndexer", "new_kv_cache"])
 def test_cuda_device_without_cuda_names_the_argument(make):
     with pytest.raises(ValueError, match=r"device: expected an available device, got cuda"):
         make()
@@ -354,7 +355,8 @@ def test_cuda_device_without_cuda_names_the_argument(make):
 @pytest.mark.parametrize("make, what", [
     (lambda: SpinState(SpinConfig(), 61, 2, 2**40, 640), "SpinState"),
     (lambda: SpinIndexer(SpinConfig(), 2, 2**16, 2**16, max_requests=1, num_cache_blocks=8), "SpinIndexer workspace"),
-], ids=["state", "workspace"])
+    (lambda: new_kv_cache(10**13, 128), "new_kv_cache"),
+], ids=["state", "workspace", "kv_cache"])
 def test_sizes_that_cannot_fit_get_a_memory_error_naming_them(make, what):
     with pytest.raises(MemoryError, match=rf"{what}: [0-9.]+ GiB for .*does not fit"):
         make()

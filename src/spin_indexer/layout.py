@@ -17,7 +17,7 @@ import numbers
 
 import torch
 
-from .checks import check_int, check_tensor
+from .checks import allocation_error, check_device, check_int, check_tensor
 
 TOKENS_PER_BLOCK = 64  # T: tokens per KV page
 HEAD_DIM = 128  # D
@@ -58,7 +58,13 @@ def new_kv_cache(num_blocks: int, head_dim: int = HEAD_DIM, device: torch.device
     num_blocks = _count("num_blocks", num_blocks, 0)
     head_dim = _count("head_dim", head_dim, 1)
     tokens_per_block = _count("tokens_per_block", tokens_per_block, 1)
-    return torch.zeros(num_blocks, tokens_per_block, 1, head_dim + SCALE_BYTES, dtype=torch.uint8, device=device)
+    device = check_device("device", device)
+    try:
+        return torch.zeros(num_blocks, tokens_per_block, 1, head_dim + SCALE_BYTES, dtype=torch.uint8, device=device)
+    except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+        need = num_blocks * tokens_per_block * (head_dim + SCALE_BYTES)
+        raise allocation_error("new_kv_cache", need, device, f"num_blocks={num_blocks}, head_dim={head_dim}, "
+                               f"tokens_per_block={tokens_per_block}") from exc
 
 
 def num_blocks_for(num_tokens: int, tokens_per_block: int = TOKENS_PER_BLOCK) -> int:

@@ -105,3 +105,32 @@ def test_unsupported_shape_falls_back_to_reference(gen, triton_device):
     expected, magnitude = logits_f64(*inputs.args())
     assert_logits_close(out, expected, magnitude)
     _check_block_max(bmax, expected, magnitude)
+
+
+def test_unchecked_bad_block_ids_never_read_outside_the_cache(gen, triton_device):
+    """validate=False skips the id check: ids past the cache (or negative) are clamped into it, so the kernel
+    computes something for them but never reads outside (the interpreter raises on any such read)."""
+    x = make_paged_inputs([130, 64], 1, 8, 32, gen)
+    table = x.block_table.clone()
+    table[0, 0], table[0, 1] = x.kv_cache.shape[0] + 1000, -7
+    d = x.to(triton_device)
+    out = paged_indexer_logits_triton(d.q_fp8, d.kv_cache, d.weights, d.seq_lens, table.to(triton_device),
+                                      validate=False)
+    expected, magnitude = logits_f64(*x.args())
+    assert torch.isfinite(out[0, :130]).all()  # clamped ids: some block's keys, finite
+    assert_logits_close(out[1:2, :64], expected[1:2, :64], magnitude[1:2, :64])  # the untouched request
+
+
+@pytest.mark.parametrize("what", ["weights", "q_fp8"])
+def test_non_finite_inputs_are_rejected_when_validating(what, gen):
+    x = make_paged_inputs([130], 1, 8, 32, gen)
+    args = dict(zip(["q_fp8", "kv_cache", "weights", "seq_lens", "block_table"], x.args()))
+    if what == "weights":
+        args["weights"] = args["weights"].clone()
+        args["weights"][0, 3] = float("nan")
+    else:
+        q = args["q_fp8"].clone().view(torch.uint8)
+        q[0, 0, 1, 5] = 0xFF  # an fp8 e4m3 NaN
+        args["q_fp8"] = q.view(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=rf"{what}: expected finite values"):
+        paged_indexer_logits_ref(**args)

@@ -32,6 +32,11 @@ def check_paged_indexer_args(q_fp8, kv_cache, weights, seq_lens, block_table, va
     check_tensor("block_table", block_table, dtype=torch.int32, shape=(batch, None), shape_names="[B, W]",
                  device=dev, device_of="q_fp8")
     if validate:
+        if weights.numel() and not bool(torch.isfinite(weights).all()):
+            raise ValueError("weights: expected finite values, got NaN or inf")
+        nan_bytes = q_fp8.view(torch.uint8) & 0x7F
+        if q_fp8.numel() and bool((nan_bytes == 0x7F).any()):
+            raise ValueError("q_fp8: expected finite values, got NaN bytes (0x7F / 0xFF)")
         tokens = kv_cache.shape[1]
         width = block_table.shape[1]
         check_values_in_range("seq_lens", seq_lens, 0, width * tokens, "lengths (at most W*T)")

@@ -120,7 +120,7 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     grid = (batch, triton.cdiv(width, chunk))
     _paged_indexer_logits_kernel[grid](
         q, k_arg, scales_f32, w, lens, block_table, out, block_max_out,
-        width, block_table.stride(0), out.stride(0), block_max_out.stride(0), chunk, *hist,
+        width, block_table.stride(0), out.stride(0), block_max_out.stride(0), chunk, num_blocks, *hist,
         NEXT_N=next_n, H=heads, D=dim, T=tokens, RB=rows_per_block, SPLIT=next_n >= 2, FILL_TAIL=fill_tail,
         HIST=fused, HAS_SEEN=fused and history.last_seen is not None, num_warps=4, num_stages=3)
     if history is not None and not fused:
@@ -145,7 +145,7 @@ if triton is not None:
 
     @triton.jit
     def _paged_indexer_logits_kernel(q_ptr, k_arg, scale_ptr, w_ptr, lens_ptr, table_ptr, out_ptr, bmax_ptr,
-                                     width, stride_table, out_stride, bmax_stride, chunk,
+                                     width, stride_table, out_stride, bmax_stride, chunk, num_cache_blocks,
                                      v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr,
                                      slot_ptr, kept_ptr, kept_stride, hlens_ptr, upd_ptr, alpha, window, trash, lo,
                                      hi, NEXT_N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, T: tl.constexpr,
@@ -188,7 +188,9 @@ if triton is not None:
         SCALE_OFF: tl.constexpr = T * D // 4  # scales follow the T*D key bytes of a block, in fp32 units
         BLOCK_F32: tl.constexpr = RB * D // 4
         for blk in range(blk0, blk_end):
-            phys = tl.load(ids + blk)
+            # Ids are clamped into the cache: with validate=False a bad table gives wrong logits, never a read
+            # outside the cache (the key tile's TMA load is bounds-checked; the scales' pointer load is not).
+            phys = tl.minimum(tl.maximum(tl.load(ids + blk), 0), num_cache_blocks - 1)
             kb = tl.zeros([1], tl.int32) + phys
             pv = tl.zeros([1], tl.int64) + phys
             old_v = tl.zeros([1, T], tl.float32)

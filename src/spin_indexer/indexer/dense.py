@@ -4,10 +4,11 @@ from __future__ import annotations
 import torch
 
 from .. import ops
-from ..checks import check_device, check_int, check_tensor, check_values_in_range
+from ..checks import check_device, check_int, check_tensor
 from ..layout import FP8_DTYPE
 from ..ops.indexer_logits import check_paged_indexer_args
 from .block_plan import BlockPlan
+from .step_checks import check_lengths_and_blocks
 
 
 class DenseIndexer:
@@ -47,15 +48,7 @@ class DenseIndexer:
         width = block_table.shape[1]
         max_block_id = None
         if validate:
-            check_values_in_range("seq_lens", seq_lens, 0, width * t, "lengths (at most W*T)")
-            max_block_id = -1
-            if block_table.shape[0]:
-                used = (seq_lens.amax(dim=1).long() + t - 1) // t
-                in_use = torch.arange(width, device=block_table.device)[None, :] < used[:, None]
-                check_values_in_range("block_table", torch.where(in_use, block_table, 0), 0, 2**31 - 1,
-                                      "block ids of used blocks")
-                if in_use.any():
-                    max_block_id = int(torch.where(in_use, block_table, -1).max())
+            max_block_id = check_lengths_and_blocks(block_table, seq_lens, t, 2**31 - 1, "block ids of used blocks")
         num_blocks = (seq_lens.long().amax(dim=1) + t - 1) // t
         kept = torch.arange(width, dtype=torch.int32, device=self.device)[None, :].expand(block_table.shape[0], -1)
         # Every block kept: the plan is the table itself (O(1) work per step; keep_mask is derived on demand).

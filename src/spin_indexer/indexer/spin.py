@@ -22,7 +22,7 @@ import dataclasses
 import torch
 
 from .. import ops
-from ..checks import allocation_error, check_device, check_int, check_tensor, check_values_in_range
+from ..checks import allocation_error, check_device, check_int, check_tensor
 from ..layout import FP8_DTYPE
 from ..ops.indexer_logits import check_paged_indexer_args
 from ..predictor import plan as plan_ref
@@ -31,6 +31,7 @@ from ..predictor.state import SpinState
 from ..dispatch import triton_twin
 from .block_plan import BlockPlan
 from .extensions import Extensions
+from .step_checks import check_lengths_and_blocks, check_rows_and_slots
 from .workspace import Workspace
 
 
@@ -131,7 +132,12 @@ class SpinIndexer:
         if num_accepted is not None:
             check_tensor("num_accepted", num_accepted, dtype=torch.int32, shape=(batch,), shape_names="[B]",
                          device=dev, device_of="SpinIndexer")
-        max_block_id = self._validate_data(block_table, seq_lens, slot_ids, num_accepted) if validate else None
+        max_block_id = None
+        if validate:
+            max_block_id = check_lengths_and_blocks(block_table, seq_lens, self.config.tokens_per_block,
+                                                    self.state.num_cache_blocks - 1,
+                                                    "block ids of used blocks (the cache's blocks)")
+            check_rows_and_slots(self.state, seq_lens, slot_ids, num_accepted, self.next_n)
         with torch.no_grad():  # weights/q requiring grad must never attach a graph to the state
             self._plan(block_table, seq_lens, slot_ids, num_accepted)
         self._step.epoch, self._step.generations = self.state.epoch, self.state.generations()
@@ -321,29 +327,3 @@ class SpinIndexer:
             raise RuntimeError(f"slot_ids: slots {hit} were freed or re-allocated since plan(); call plan() for "
                                f"this decode step again")
         st.epoch, st.generations = self.state.epoch, now  # only other slots changed: nothing to refuse
-
-    def _validate_data(self, block_table, seq_lens, slot_ids, num_accepted) -> int:
-        """The data checks of plan(validate=True); returns the largest block id of a used block (-1: none)."""
-        t = self.config.tokens_per_block
-        width = block_table.shape[1]
-        check_values_in_range("seq_lens", seq_lens, 0, width * t, "lengths (at most W*T)")
-        if seq_lens.shape[1] > 1 and seq_lens.numel():
-            steps = seq_lens[:, 1:] - seq_lens[:, :-1]
-            check_values_in_range("seq_lens", steps, 0, 1, "row-to-row increments (row j = L - next_n + j + 1)")
-        check_values_in_range("slot_ids", slot_ids, 0, self.state.max_requests - 1, "slot ids")
-        ids = slot_ids.cpu().tolist()
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"slot_ids: expected distinct slots, got {ids}")
-        free = [s for s in ids if not self.state.is_allocated(s)]
-        if free:
-            raise ValueError(f"slot_ids: expected allocated slots (SpinState.allocate()), got free slots {free}")
-        if num_accepted is not None:
-            check_values_in_range("num_accepted", num_accepted, 0, self.next_n - 1, "accepted draft counts")
-        if block_table.shape[0]:
-            used = (seq_lens.amax(dim=1).long() + t - 1) // t
-            in_use = torch.arange(width, device=block_table.device)[None, :] < used[:, None]
-            check_values_in_range("block_table", torch.where(in_use, block_table, 0), 0,
-                                  self.state.num_cache_blocks - 1, "block ids of used blocks (the cache's blocks)")
-            if in_use.any():
-                return int(torch.where(in_use, block_table, -1).max())
-        return -1

@@ -152,7 +152,8 @@ class SpinIndexer:
         fused = self._fused_plan(block_table)
         if fused is not None:
             fused(cfg, self.state, ws, block_table, seq_lens, slots, num_accepted)
-            self._step = _Step(block_table, seq_lens, slots, self.state.clock.clone(), plans)
+            # the state's clock itself (plan() alone advances it): no copy, plan() stays at its two launches
+            self._step = _Step(block_table, seq_lens, slots, self.state.clock, plans)
             return
         meta = plan_ref.step_meta(cfg, self.state, block_table, seq_lens, slots, num_accepted)
         plan_ref.reset_entered_(self.state, meta)

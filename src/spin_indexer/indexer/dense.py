@@ -8,7 +8,7 @@ from ..checks import check_device, check_int, check_tensor
 from ..layout import FP8_DTYPE
 from ..ops.indexer_logits import check_paged_indexer_args
 from .block_plan import BlockPlan
-from .step_checks import check_lengths_and_blocks
+from .step_checks import check_ids_fit_cache, check_lengths_and_blocks
 
 
 class DenseIndexer:
@@ -70,9 +70,7 @@ class DenseIndexer:
         if kv_cache.shape[1] != self.tokens_per_block:
             raise ValueError(f"kv_cache: expected T = tokens_per_block = {self.tokens_per_block} tokens per block, "
                              f"got shape {list(kv_cache.shape)}")
-        if max_block_id is not None and max_block_id >= kv_cache.shape[0]:
-            raise ValueError(f"block_table: expected block ids of used blocks in [0, {kv_cache.shape[0] - 1}] "
-                             f"(kv_cache.shape[0] = {kv_cache.shape[0]}), got max {max_block_id}")
+        check_ids_fit_cache(max_block_id, kv_cache)
         with torch.no_grad():
             rows, width = q_fp8.shape[0] * q_fp8.shape[1], block_table.shape[1]
             block_max = torch.empty(rows, width, dtype=torch.float32, device=q_fp8.device)

@@ -31,7 +31,7 @@ from ..predictor.state import SpinState
 from ..dispatch import triton_twin
 from .block_plan import BlockPlan
 from .extensions import Extensions
-from .step_checks import check_lengths_and_blocks, check_rows_and_slots
+from .step_checks import check_ids_fit_cache, check_lengths_and_blocks, check_rows_and_slots
 from .workspace import Workspace
 
 
@@ -146,9 +146,7 @@ class SpinIndexer:
     def _plan(self, block_table, seq_lens, slot_ids, num_accepted) -> None:
         cfg, (batch, width) = self.config, block_table.shape
         ws, slots = self.workspace, slot_ids.long()
-        plans = [BlockPlan(ws.kept_blocks[layer, :batch, :width], ws.num_kept[layer, :batch], ws.num_blocks[:batch],
-                           ws.compact_table[layer, :batch, :width], ws.compact_lens[layer, :batch],
-                           cfg.tokens_per_block, ws.guarded[:batch]) for layer in range(self.num_layers)]
+        plans = [self._workspace_plan(layer, batch, width) for layer in range(self.num_layers)]
         fused = self._fused_plan(block_table)
         if fused is not None:
             fused(cfg, self.state, ws, block_table, seq_lens, slots, num_accepted)
@@ -203,9 +201,7 @@ class SpinIndexer:
                              f"tokens per block, got shape {list(kv_cache.shape)}")
         # every remaining argument check before the layer counts as run (free: shapes, dtypes, devices)
         check_paged_indexer_args(q_fp8, kv_cache, weights, st.seq_lens, st.block_table, validate=False)
-        if st.max_block_id is not None and st.max_block_id >= kv_cache.shape[0]:
-            raise ValueError(f"block_table: expected block ids of used blocks in [0, {kv_cache.shape[0] - 1}] "
-                             f"(kv_cache.shape[0] = {kv_cache.shape[0]}), got max {st.max_block_id}")
+        check_ids_fit_cache(st.max_block_id, kv_cache)
         self._check_owners(st)
         with torch.no_grad():  # weights/q requiring grad must never attach a graph to the state
             return self._run(layer, st, q_fp8, kv_cache, weights)
@@ -263,17 +259,21 @@ class SpinIndexer:
             raise RuntimeError(f"SpinIndexer.run: layer {layer} already ran this step; call plan() for the next step")
         plan = st.plans[layer]
         if plan is None:  # hybrid: this layer selects now, after the previous layer's scores
-            ws, (batch, width) = self.workspace, st.block_table.shape
-            out = BlockPlan(ws.kept_blocks[layer, :batch, :width], ws.num_kept[layer, :batch], ws.num_blocks[:batch],
-                            ws.compact_table[layer, :batch, :width], ws.compact_lens[layer, :batch],
-                            self.config.tokens_per_block, ws.guarded[:batch])
+            out = self._workspace_plan(layer, *st.block_table.shape)
             plan = st.plans[layer] = self.extensions.select(layer, st.meta, out)
         st.done.add(layer)
         return plan
 
-    def _history_args(self, layer: int, st: _Step, plan: BlockPlan):
-        """What a logits kernel needs to fold this layer's EMA update into its epilogue (None: the update is
-        done by `_update` after the logits)."""
+    def _workspace_plan(self, layer: int, batch: int, width: int) -> BlockPlan:
+        """Layer `layer`'s plan as views of the workspace's leading [:B, :W] slices."""
+        ws = self.workspace
+        return BlockPlan(ws.kept_blocks[layer, :batch, :width], ws.num_kept[layer, :batch], ws.num_blocks[:batch],
+                         ws.compact_table[layer, :batch, :width], ws.compact_lens[layer, :batch],
+                         self.config.tokens_per_block, ws.guarded[:batch])
+
+    def _history_args(self, layer: int, st: _Step, plan: BlockPlan) -> ops.HistoryUpdate:
+        """Where this layer's EMA update reads and writes (the logits op folds it into its epilogue where the
+        kernel can; replay hands it to `_update`)."""
         cfg, batch = self.config, st.block_table.shape[0]
         return ops.HistoryUpdate(self.state.vertical[layer], self.state.block_max[:, layer],
                                  self.state.diagonal[layer], st.slot_ids, plan.kept_blocks, st.seq_lens,

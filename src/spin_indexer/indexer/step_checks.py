@@ -21,6 +21,14 @@ def check_lengths_and_blocks(block_table: torch.Tensor, seq_lens: torch.Tensor, 
     return int(torch.where(in_use, block_table, -1).max()) if bool(in_use.any()) else -1
 
 
+def check_ids_fit_cache(max_block_id: int | None, kv_cache: torch.Tensor) -> None:
+    """run()'s half of the block-id check: the largest used id plan(validate=True) kept (None: plan did not
+    validate) against this layer's cache; a host int, no device read."""
+    if max_block_id is not None and max_block_id >= kv_cache.shape[0]:
+        raise ValueError(f"block_table: expected block ids of used blocks in [0, {kv_cache.shape[0] - 1}] "
+                         f"(kv_cache.shape[0] = {kv_cache.shape[0]}), got max {max_block_id}")
+
+
 def check_rows_and_slots(state, seq_lens: torch.Tensor, slot_ids: torch.Tensor, num_accepted, next_n: int) -> None:
     """SPIN's own: rows one token apart, distinct allocated slots, accepted draft counts in range."""
     if seq_lens.shape[1] > 1 and seq_lens.numel():

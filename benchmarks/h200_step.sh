@@ -2,6 +2,7 @@
 # The H200 runs of the step redesign, one device call each (carry: .dg, the DeepGEMM kit from ../shared/deepgemm):
 #   bash benchmarks/h200_step.sh tests [PATHS]  CUDA test subset (kernels vs references on the device)
 #   bash benchmarks/h200_step.sh grid [ARGS]    benchmarks/run_all.py, DeepGEMM side by side; ARGS go to it
+#   bash benchmarks/h200_step.sh profile [ARGS] benchmarks/profile_step.py (kernel breakdown, stage timings)
 #   bash benchmarks/h200_step.sh v32 [ARGS]     benchmarks/bench_v32_step.py (61 layers, one CUDA graph)
 # Everything lands under $OUT (what comes back from the device).
 set -uo pipefail
@@ -24,8 +25,10 @@ case "$stage" in
         python3 -m pytest -q -p no:cacheprovider "$@" 2>&1 | tee "$OUT/gputests.log" | tail -25 ;;
     grid)
         python3 benchmarks/run_all.py --out "$OUT" "$@" 2>&1 | tee "$OUT/run_all.log" | tail -60 ;;
+    profile)
+        python3 benchmarks/profile_step.py --out "$OUT" "$@" 2>&1 | tee "$OUT/profile.log" | tail -80 ;;
     v32)
         python3 benchmarks/bench_v32_step.py --out "$OUT" "$@" 2>&1 | tee "$OUT/v32.log" | tail -30 ;;
     *)
-        echo "unknown stage $stage (tests, grid, v32)"; exit 2 ;;
+        echo "unknown stage $stage (tests, grid, profile, v32)"; exit 2 ;;
 esac

@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover
     triton = None
 
 BLOCKS_PER_PROGRAM = 32  # compact blocks per program, one [32, T] tile (loads issued together)
+NUM_WARPS = 4
 
 
 def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, compact_table: torch.Tensor,
@@ -57,7 +58,7 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
             next_n, blocks, j,
             T=t, BLOCKS=BLOCKS_PER_PROGRAM, HIST=h is not None, HAS_SEEN=h is not None and h.last_seen is not None,
             NP=triton.next_power_of_2(next_n),
-            BMAX=(block_max_out is not None) and j == 0, num_warps=4)
+            BMAX=(block_max_out is not None) and j == 0, num_warps=NUM_WARPS)
 
 
 def _history_args(h: HistoryUpdate, like: torch.Tensor):

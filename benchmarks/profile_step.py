@@ -1,0 +1,153 @@
+"""Where the time of one indexer step goes, per layer: torch.profiler over SpinIndexer and DenseIndexer
+(eager, after warm-up, kernels grouped by name), then CUDA-graph timings of the top-k's stages and of the
+EMA update pass alone (with tile variants). Complements run_all.py, whose columns are whole-step times.
+
+    PYTHONPATH=src:benchmarks python benchmarks/profile_step.py --points 96x524288x1,1x131072x1 --out $OUT
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "src"))
+
+
+def kernel_table(fn, iters: int = 3) -> list[tuple[float, float, str]]:
+    """(device us per call, launches per call, kernel name) of fn(), profiled eagerly after a warm-up."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:
+            t = getattr(e, "self_cuda_time_total", 0)
+        if t > 0:
+            rows.append((t / iters, e.count / iters, e.key))
+    return sorted(rows, reverse=True)
+
+
+def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: list[str]) -> dict:
+    import torch
+    from harness import time_graph
+    from run_all import PLAN_LAYERS, TOPK, Point, steady_state
+
+    from spin_indexer import ops
+    from spin_indexer.indexer import DenseIndexer, SpinIndexer
+    from spin_indexer.ops import history_triton
+    from spin_indexer.ops.topk_triton import topk_triton
+    from spin_indexer.predictor import SpinConfig
+
+    p = Point(batch, ctx, next_n, dry=False)
+    k = min(TOPK, ctx)
+    cfg = SpinConfig(sparsity=sparsity, topk=k)
+    idx = SpinIndexer(cfg, num_layers=PLAN_LAYERS, max_batch=batch, max_blocks=p.width, next_n=next_n,
+                      device=p.table.device, num_cache_blocks=p.num_cache_blocks)
+    slots = torch.tensor([idx.state.allocate() for _ in range(batch)], dtype=torch.int64, device=p.table.device)
+    steady_state(idx, p)
+
+    def spin_step():
+        idx.plan(p.table, p.lens, slots, validate=False)
+        for i in range(p.layers):
+            idx.run(i, p.q[i][0], p.caches[i], p.q[i][1])
+
+    dense = DenseIndexer(k, next_n, device=p.table.device)
+
+    def dense_step():
+        dense.plan(p.table, p.lens, validate=False)
+        for i in range(p.layers):
+            dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])
+
+    out = {"batch": batch, "ctx": ctx, "next_n": next_n, "sparsity": sparsity, "layers": p.layers}
+    for name, fn in (("spin", spin_step), ("dense", dense_step)):
+        rows = kernel_table(fn)
+        total = sum(r[0] for r in rows) / p.layers
+        launches = sum(r[1] for r in rows) / p.layers
+        lines.append(f"\n== {name} B={batch} L={ctx} n={next_n} s={sparsity}: {total:.1f} us of kernels per layer "
+                     f"(plan of {PLAN_LAYERS} layers included once per step), {launches:.1f} launches per layer")
+        for t, n, kname in rows[:14]:
+            lines.append(f"{t / p.layers:9.1f} us/layer {n / p.layers:5.2f}x  {kname[:120]}")
+        out[f"{name}_kernels"] = [(round(t / p.layers, 2), round(n / p.layers, 2), kname[:160]) for t, n, kname in rows]
+
+    # The top-k's stages alone on the step's compact logits (graph timings, cumulative stages).
+    spin_step()
+    plan = idx.plans(0)
+    rows_n = batch * next_n
+    logits = torch.empty(rows_n, p.width * 64, device=p.table.device)
+    bmax = torch.empty(rows_n, p.width, device=p.table.device)
+    ops.paged_indexer_logits(p.q[0][0], p.caches[0], p.q[0][1], plan.compact_seq_lens, plan.compact_block_table,
+                             validate=False, out=logits, block_max_out=bmax, fill_tail=False)
+    clens = plan.compact_seq_lens.reshape(-1)
+    for stages in (2, 3, 4):
+        t = time_graph([lambda: topk_triton(logits, clens, k, validate=False, block_max=bmax,
+                                            kept_blocks=plan.kept_blocks, next_n=next_n, _stages=stages)],
+                       max_reps=10).p50_us
+        out[f"topk_stages{stages}_us"] = t
+    lines.append("top-k stages (cumulative, compact logits): " +
+                 ", ".join(f"{s}: {out[f'topk_stages{s}_us']:.1f} us" for s in (2, 3, 4)))
+
+    # The EMA update pass alone (history + block max), tile variants.
+    st = idx._step
+    hist = idx._history_args(0, st, plan)
+    view = logits.view(batch, next_n, logits.shape[1])
+    base = (history_triton.BLOCKS_PER_PROGRAM, history_triton.NUM_WARPS)
+    variants = {}
+    for blocks, warps in ((32, 4), (16, 4), (8, 4), (8, 2), (16, 8), (64, 8), (4, 1)):
+        history_triton.BLOCKS_PER_PROGRAM, history_triton.NUM_WARPS = blocks, warps
+        try:
+            t = time_graph([lambda: ops.update_history(hist, view, plan.compact_block_table, plan.compact_seq_lens,
+                                                       block_max_out=bmax)], max_reps=10).p50_us
+        except Exception as exc:  # a variant that does not compile must not cost the run
+            t = float("nan")
+            lines.append(f"update variant {blocks}x{warps} failed: {exc!r}")
+        variants[f"{blocks}x{warps}"] = t
+    history_triton.BLOCKS_PER_PROGRAM, history_triton.NUM_WARPS = base
+    out["update_us"] = variants
+    kept = float((1 - plan.sparsity().mean()) * batch * ctx)
+    out["update_bytes"] = kept * (4 + 4) + kept / 64 * (4 + 4 + 2)
+    lines.append(f"update pass (blocks x warps: us): {variants}; bytes {out['update_bytes'] / 1e6:.1f} MB")
+    del p, idx, dense, logits, bmax
+    torch.cuda.empty_cache()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--points", default="1x131072x1,8x131072x1,96x131072x1,96x524288x1,32x524288x2")
+    ap.add_argument("--sparsity", type=float, default=0.5)
+    ap.add_argument("--out", default="/tmp/out")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    from harness import environment
+    env = environment()
+    lines = [f"# step profile: {json.dumps(env)}"]
+    results = []
+    for item in args.points.split(","):
+        b, c, n = (int(x) for x in item.split("x"))
+        try:
+            results.append(profile_point(b, c, n, args.sparsity, lines))
+        except Exception as exc:  # one failed point must not cost the run
+            import traceback
+            traceback.print_exc()
+            lines.append(f"FAILED {item}: {exc!r}")
+        print("\n".join(lines[-40:]), flush=True)
+    with open(os.path.join(args.out, "profile_step.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(args.out, "profile_step.json"), "w") as f:
+        json.dump({"env": env, "points": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -42,6 +42,19 @@ def test_random_matches_reference(rows, cols, k, use_block_max, gen, triton_devi
     _check(logits, lengths, k, triton_device, use_block_max)
 
 
+@pytest.mark.parametrize("tile", [16, 64])
+def test_threshold_chunked_passes(tile, gen, triton_device, monkeypatch):
+    """More group maxima than the threshold program holds in registers: its bisection re-reads them in
+    chunks and must pick the same threshold (same top-k, same candidate count as the one-tile path)."""
+    from spin_indexer.ops import topk_triton as mod
+    logits, lengths = masked_logits(3, 64 * 80, gen)
+    lengths[0] = 64 * 80
+    one_tile = _check(logits, lengths, 8, triton_device, use_block_max=True)
+    monkeypatch.setattr(mod, "THRESHOLD_TILE_MAX", tile)
+    chunked = _check(logits, lengths, 8, triton_device, use_block_max=True)
+    assert torch.equal(one_tile, chunked)
+
+
 def test_block_max_path_reads_few_candidates(gen, triton_device):
     """A row with >= 4k blocks is pruned by the block maxima: far fewer candidates than columns."""
     k, cols = 8, 64 * 64

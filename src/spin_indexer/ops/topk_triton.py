@@ -7,7 +7,7 @@ Four launches, no host sync:
   1. (only without usable group maxima) `_group_max_kernel`: S = max over G columns, G picked from C and k
      so that a row has >= 4k groups; with G = 64 the logits kernel's fused block max is used directly.
   2. `_threshold_kernel` (one program per row): tau = lower edge of the 16-bit key bucket holding the
-     k-th largest S_g (two 256-bin histograms); tau = -inf when the row has fewer than k groups.
+     k-th largest S_g (a 16-step bisection by counting); tau = -inf when the row has fewer than k groups.
      The same program lists the groups with S_g >= tau (at most CAP, else the row overflows).
   3. `_gather_kernel` (row x 16 listed groups): their elements >= tau (no other group is read) are
      appended to a per-row candidate buffer of CAP = 2 * next_pow2(k) 64-bit sort keys.
@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover
 TOKENS_PER_GROUP_MAX = 64  # block_max granularity (T)
 MAX_TRITON_K = 4096  # larger k goes to the reference (sort tile of 2 * next_pow2(k) keys)
 RANK_BI, RANK_BJ = 64, 256  # rank-select tile: candidates ranked per program x compared per step
+THRESHOLD_TILE_MAX = 16384  # group maxima held in registers by the threshold program (more: chunked passes)
 RANK_MAX_ROWS = 48  # more rows: one sort per row (ranking costs n^2 compares per row; run 3 on the H200)
 
 
@@ -107,7 +108,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     cand = torch.empty(rows, cap, dtype=torch.int64, device=dev)
     live = torch.empty(rows, cap, dtype=torch.int32, device=dev)
     num_live = torch.empty(rows, dtype=torch.int32, device=dev)
-    sum_block = min(_next_pow2(num_groups), 8192)
+    sum_block = min(_next_pow2(num_groups), THRESHOLD_TILE_MAX)
     if _stages < 2:
         return out
     sort = rows > RANK_MAX_ROWS
@@ -176,14 +177,14 @@ if triton is not None:
         tl.store(s_ptr + r.to(tl.int64) * stride_s + g, gmax, mask=g < num_groups)
 
     @triton.jit
-    def _bucket(hist, need):
-        """Largest bin b with (count of bins >= b) >= need, and the count strictly above b."""
-        bins = tl.arange(0, 256)
-        total = tl.sum(hist, axis=0)
-        ge = total - tl.cumsum(hist, axis=0) + hist
-        b = tl.max(tl.where(ge >= need, bins, -1), axis=0)
-        above = tl.sum(tl.where(bins > b, hist, 0), axis=0)
-        return b, above
+    def _count_hi_ge(base, n_valid, t16, SB: tl.constexpr):
+        """Number of group maxima whose key's upper 16 bits are >= t16 (a pass over base[:n_valid])."""
+        cnt = n_valid * 0
+        for s0 in range(0, n_valid, SB):
+            g = s0 + tl.arange(0, SB)
+            u = _ukey(tl.load(base + g, mask=g < n_valid, other=0.0))
+            cnt += tl.sum(((g < n_valid) & ((u >> 16).to(tl.int32) >= t16)).to(tl.int32), axis=0)
+        return cnt
 
     @triton.jit
     def _threshold_kernel(s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
@@ -200,26 +201,27 @@ if triton is not None:
         base = s_ptr + r.to(tl.int64) * stride_s
         tau = length * 0  # 0 = the smallest key: every valid element is a candidate
         if n_valid >= k:
-            # pass 1: top 8 bits of the group maxima
-            hist = tl.zeros([256], tl.int32)
-            for s0 in range(0, n_valid, SB):
-                g = s0 + tl.arange(0, SB)
+            # The 16-bit bucket of the k-th largest group max: the largest t with count(hi16 >= t) >= k,
+            # by bisection (16 counting steps). A 256-bin tl.histogram over 8K keys costs ~10 us in one
+            # program on the H200; a counting step over keys held in registers is a compare and a sum.
+            lo = length * 0
+            hi = lo + 65535
+            if n_valid <= SB:  # one tile: the keys stay in registers across the steps
+                g = tl.arange(0, SB)
                 u = _ukey(tl.load(base + g, mask=g < n_valid, other=0.0))
-                d = tl.where(g < n_valid, (u >> 24).to(tl.int32), 0)
-                hist += tl.histogram(d, 256)
-                hist -= tl.where(tl.arange(0, 256) == 0, tl.sum((g >= n_valid).to(tl.int32), axis=0), 0)
-            d1, above = _bucket(hist, k)
-            # pass 2: next 8 bits among the maxima in bucket d1
-            hist = tl.zeros([256], tl.int32)
-            for s0 in range(0, n_valid, SB):
-                g = s0 + tl.arange(0, SB)
-                u = _ukey(tl.load(base + g, mask=g < n_valid, other=0.0))
-                hit = (g < n_valid) & ((u >> 24).to(tl.int32) == d1)
-                d = tl.where(hit, ((u >> 16) & 255).to(tl.int32), 0)
-                hist += tl.histogram(d, 256)
-                hist -= tl.where(tl.arange(0, 256) == 0, tl.sum((~hit).to(tl.int32), axis=0), 0)
-            d2, _ = _bucket(hist, k - above)
-            tau = (d1 << 24) | (d2 << 16)
+                top = tl.where(g < n_valid, (u >> 16).to(tl.int32), -1)
+                for _ in range(16):
+                    mid = (lo + hi + 1) // 2
+                    ok = tl.sum((top >= mid).to(tl.int32), axis=0) >= k
+                    lo = tl.where(ok, mid, lo)
+                    hi = tl.where(ok, hi, mid - 1)
+            else:
+                for _ in range(16):
+                    mid = (lo + hi + 1) // 2
+                    ok = _count_hi_ge(base, n_valid, mid, SB) >= k
+                    lo = tl.where(ok, mid, lo)
+                    hi = tl.where(ok, hi, mid - 1)
+            tau = lo << 16
         tl.store(thresh_ptr + r, tau)
         # the groups that can hold a winner, compacted: the gather reads only these
         tau_u = tau.to(tl.uint32, bitcast=True)

@@ -122,3 +122,10 @@ def test_sort_select_for_many_rows(gen, triton_device, monkeypatch):
     _check(logits, lengths, 40, triton_device, use_block_max=True)
     ties, tie_lengths = masked_logits(3, 700, gen, ties=True)
     _check(ties, tie_lengths, 6, triton_device)
+    # The k-th key found before the sort: distinct values, then a k-th value shared by many candidates
+    # (the position half of the bisection decides), with a buffer large enough that nothing overflows.
+    coarse = torch.randint(0, 40, (4, 900), generator=gen).float() / 4
+    coarse_lengths = torch.tensor([900, 899, 640, 65], dtype=torch.int32)
+    for k in (1, 37, 64):
+        stats = _check(coarse, coarse_lengths, k, triton_device, cap=1024)
+        assert ((stats > k) & (stats <= 1024)).any(), stats

@@ -13,7 +13,8 @@ Four launches, no host sync:
      appended to a per-row candidate buffer of CAP = 2 * next_pow2(k) 64-bit sort keys.
   4. Up to 48 rows, `_rank_select_kernel` (row x 64 candidates): a candidate's rank is the number of
      larger keys; out[r, rank] = position when rank < k (parallel: a one-program sort of 4096 keys takes
-     ~70 us on the H200). More rows: `_select_kernel` sorts each row's candidates in one program. Rows
+     ~80 us on the H200). More rows: `_select_kernel` finds each row's k-th candidate key (counting
+     bisection), keeps the k best and sorts those (next_pow2(k) keys, not the whole buffer). Rows
      with more than CAP candidates (massive ties) get an exact streaming merge over the whole row in
      `_select_kernel` (slow, never wrong).
 Sort key: the fp32 value mapped to an order-preserving uint32 (upper half) and 0xFFFFFFFF - position
@@ -274,12 +275,40 @@ if triton is not None:
             i = i0 + tl.arange(0, BI)
             ki = tl.load(cbase + i, mask=i < n, other=MIN_KEY)
             rank = tl.zeros([BI], tl.int32)
-            for j0 in range(0, n, BJ):
+            for j0 in tl.range(0, n, BJ, num_stages=3):  # pipelined: the chunk loads are L2 round trips
                 j = j0 + tl.arange(0, BJ)
                 kj = tl.load(cbase + j, mask=j < n, other=MIN_KEY)
                 rank += tl.sum((kj[None, :] > ki[:, None]).to(tl.int32), axis=1)
             pos = _map_pos((4294967295 - (ki & 4294967295)).to(tl.int32), r, kept_ptr, kept_stride, next_n, MAP)
             tl.store(out_ptr + r.to(tl.int64) * k + rank, pos, mask=(i < n) & (rank < k))
+
+    @triton.jit
+    def _kth_largest(key, k):
+        """The k-th largest of distinct int64 sort keys [N] (MIN_KEY lanes are padding; 1 <= k < valid count):
+        the upper half (value) by a 32-step counting bisection, then, only when that value is shared by more
+        keys than are still needed, the lower half (position) the same way."""
+        hi = key >> 32  # in [-2^31, 2^31): the value's order key
+        lo_v = tl.min(hi, axis=0)
+        hi_v = tl.max(hi, axis=0)
+        for _ in range(32):  # largest v with count(hi >= v) >= k
+            mid = lo_v + (hi_v - lo_v + 1) // 2
+            ok = tl.sum((hi >= mid).to(tl.int32), axis=0) >= k
+            lo_v = tl.where(ok, mid, lo_v)
+            hi_v = tl.where(ok, hi_v, mid - 1)
+        tie = hi == lo_v
+        need = k - tl.sum((hi > lo_v).to(tl.int32), axis=0)  # >= 1 keys of value lo_v
+        low = key & 4294967295
+        result = tl.min(tl.where(tie, key, 9223372036854775807), axis=0)  # every tie taken
+        if tl.sum(tie.to(tl.int32), axis=0) > need:
+            a = tl.min(tl.where(tie, low, 4294967295), axis=0)
+            b = tl.max(tl.where(tie, low, 0), axis=0)
+            for _ in range(32):  # largest p with count(tie & low >= p) >= need
+                mid = a + (b - a + 1) // 2
+                ok = tl.sum((tie & (low >= mid)).to(tl.int32), axis=0) >= need
+                a = tl.where(ok, mid, a)
+                b = tl.where(ok, b, mid - 1)
+            result = (lo_v << 32) | a
+        return result
 
     @triton.jit
     def _select_kernel(x_ptr, len_ptr, count_ptr, cand_ptr, out_ptr, stride_x, k, kept_ptr, kept_stride, next_n,
@@ -291,9 +320,21 @@ if triton is not None:
         cbase = cand_ptr + r.to(tl.int64) * CAP
         MIN_KEY: tl.constexpr = -9223372036854775807 - 1
         if SORT and n <= CAP:  # many rows: one sort per row beats ranking (n^2 compares per row)
-            key = tl.sort(tl.load(cbase + i, mask=i < n, other=MIN_KEY), descending=True)
+            # Only the k best candidates need an order: find the k-th key (counting bisection over the keys
+            # in registers), move the k best to the buffer's front, sort K_POW keys instead of CAP (a
+            # bitonic sort costs n log^2 n: 2.4x less for 2048 of 4096 keys).
+            if n > k:
+                key = tl.load(cbase + i, mask=i < n, other=MIN_KEY)
+                kth = _kth_largest(key, k)
+                sel = key >= kth  # exactly k: keys are distinct
+                dst = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+                tl.debug_barrier()  # every thread holds its keys before the front is overwritten
+                tl.store(cbase + dst, key, mask=sel)
+                tl.debug_barrier()
+            ik = tl.arange(0, K_POW)
+            key = tl.sort(tl.load(cbase + ik, mask=ik < tl.minimum(n, k), other=MIN_KEY), descending=True)
             pos = _map_pos((4294967295 - (key & 4294967295)).to(tl.int32), r, kept_ptr, kept_stride, next_n, MAP)
-            tl.store(out_ptr + r.to(tl.int64) * k + i, tl.where(i < tl.minimum(n, k), pos, -1), mask=i < k)
+            tl.store(out_ptr + r.to(tl.int64) * k + ik, tl.where(ik < tl.minimum(n, k), pos, -1), mask=ik < k)
         if n > CAP:
             # Exact fallback: stream the row in position order, keeping the best K_POW keys so far in
             # cand[r, :K_POW] and merging CAP - K_POW new elements per step.

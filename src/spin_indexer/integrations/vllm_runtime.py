@@ -13,12 +13,15 @@ is r whole blocks, the storage is viewed as r-times more contiguous blocks and b
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import torch
 
 from ..layout import FP8_DTYPE, SCALE_BYTES
 from .request_tracker import RequestTracker
 from .settings import SpinVllmSettings
+
+logger = logging.getLogger("spin_indexer.vllm")
 
 
 @dataclasses.dataclass
@@ -49,6 +52,7 @@ class SpinVllmRuntime:
         self._step_meta = None  # the metadata object the current plan was made for
         self.step_batch: DecodeBatch | None = None  # its decode rows
         self._block_scale = 1
+        self._logged: set = set()
 
     def add_layer(self, name: str) -> int:
         """Index of layer `name` in execution order (registration order)."""
@@ -57,8 +61,10 @@ class SpinVllmRuntime:
         return self.layer_names.index(name)
 
     # -- per step ------------------------------------------------------------------------------------
-    def decode_support(self, meta, q_quant, weights) -> DecodeBatch | str:
-        """The decode rows if SPIN can handle them, else a short reason (host-side fields only)."""
+    def decode_support(self, meta, q_quant, weights, capturing: bool = False) -> DecodeBatch | str:
+        """The decode rows if SPIN can handle them, else a short reason. Reads host-side fields only, and
+        when `capturing` (a CUDA graph records this step) only the structural ones that every replay of the
+        graph shares (row counts, flags, shapes): never the lengths, which at capture are vLLM's dummies."""
         dec = getattr(meta, "decode", None)
         if getattr(meta, "num_decodes", 0) <= 0 or dec is None:
             return "no decode rows"
@@ -72,7 +78,7 @@ class SpinVllmRuntime:
             return f"decode rows per request {tokens}/{batch}, expected next_n = {self.next_n}"
         if batch > self.max_batch:
             return f"decode batch {batch} > max_batch {self.max_batch}"
-        if self.delegate_short and meta.max_seq_len <= self.topk:
+        if self.delegate_short and not capturing and meta.max_seq_len <= self.topk:
             return "every context <= top-k"
         if q_quant.dtype != FP8_DTYPE or weights.dtype != torch.float32:
             return f"q dtype {q_quant.dtype} / weights dtype {weights.dtype}"
@@ -111,6 +117,21 @@ class SpinVllmRuntime:
         self.last_slots, self.last_fresh = slots, fresh
         self._step_meta, self.step_batch, self._block_scale = meta, batch, scale
         return True
+
+    def log_once(self, entry: str, capturing: bool, reason: str) -> None:
+        """Say once per distinct situation what is active (entry point, graph capture) or why a step was
+        handed back to vLLM."""
+        key = (entry, capturing, reason)
+        if key in self._logged or len(self._logged) >= 64:  # reasons carry numbers: bound the log
+            return
+        self._logged.add(key)
+        mode = "while capturing a CUDA graph" if capturing else "eagerly"
+        if reason:
+            logger.info("spin-indexer: a step via %s (%s) went to vLLM's indexer: %s", entry, mode, reason)
+        else:
+            logger.info("spin-indexer: SPIN active on decode rows via %s (%s): %d layers, sparsity %.2f, "
+                        "next_n %d, top-k %d", entry, mode, len(self.layer_names), self.settings.sparsity,
+                        self.next_n, self.topk)
 
     def planned_for(self, meta) -> bool:
         return self._step_meta is not None and self._step_meta is meta

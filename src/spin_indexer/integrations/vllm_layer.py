@@ -133,8 +133,11 @@ class SpinSparseAttnIndexer(SparseAttnIndexer):
             # nothing data-dependent may decide, or the graph would freeze the dummy batch's choice.
             capturing = _capturing(ctx)
             batch = runtime.decode_support(meta, q_quant, weights, capturing=capturing)
-            spin = runtime.begin_step(meta, None if isinstance(batch, str) else batch, self.k_cache.kv_cache)
-            runtime.log_once(self.spin_entry, capturing, batch if isinstance(batch, str) else "")
+            reason = runtime.begin_step(meta, None if isinstance(batch, str) else batch, self.k_cache.kv_cache)
+            if isinstance(batch, str) and not reason.startswith("indexer cache"):
+                reason = batch
+            runtime.log_once(self.spin_entry, capturing, reason)
+            spin = not reason
         else:  # later layers follow the first layer's decision for this step's metadata
             spin = runtime.planned_for(meta)
             batch = runtime.step_batch

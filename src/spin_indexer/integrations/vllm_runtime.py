@@ -18,6 +18,7 @@ import logging
 import torch
 
 from ..layout import FP8_DTYPE, SCALE_BYTES
+from ..predictor.config import MtpPolicy
 from .request_tracker import RequestTracker
 from .settings import SpinVllmSettings
 
@@ -49,6 +50,7 @@ class SpinVllmRuntime:
         self.delegate_short = True  # steps whose longest context is <= top-k go to vLLM (SPIN would keep all)
         self.last_fresh: torch.Tensor | None = None  # bool [B] of the last plan (for tests and stats)
         self.last_slots: torch.Tensor | None = None
+        self.last_accepted: torch.Tensor | None = None  # int32 [B] accepted drafts of each row's last step
         self._step_meta = None  # the metadata object the current plan was made for
         self.step_batch: DecodeBatch | None = None  # its decode rows
         self._block_scale = 1
@@ -95,28 +97,33 @@ class SpinVllmRuntime:
             table = table.to(torch.int32)
         return DecodeBatch(table, seq_lens.to(torch.int32).contiguous(), batch * self.next_n)
 
-    def begin_step(self, meta, batch: DecodeBatch | None, kv_cache: torch.Tensor) -> bool:
-        """First SPIN layer of a step: track requests, plan. Returns whether SPIN handles this step."""
+    def begin_step(self, meta, batch: DecodeBatch | None, kv_cache: torch.Tensor) -> str:
+        """First SPIN layer of a step: track requests, plan. Returns "" when SPIN handles this step's decode
+        rows, else why not (the caller hands the step to vLLM). The SpinIndexer is built at the first step
+        with metadata whatever the decision, so that vLLM's eager warm-up step (dummy lengths, handed back)
+        builds it before a FULL graph capture: allocated inside a capture, its initial fills would be
+        recorded and replayed."""
         self._step_meta, self.step_batch = None, None
-        view = cache_view(kv_cache)
+        view, why = cache_view_or_reason(kv_cache)
         if view is None:
-            return False
+            return why
         kv, scale = view
+        self._ensure(kv, kv_cache.shape[0], None if batch is None else batch.block_table)
         if batch is None:
-            if self.tracker is not None:
-                self.tracker.forget_writes(meta.slot_mapping.to(self.tracker.device))
-            return False
-        self._ensure(kv, kv_cache.shape[0], batch.block_table)
+            self.tracker.forget_writes(meta.slot_mapping.to(self.tracker.device))
+            return "no decode batch"
         if batch.block_table.shape[1] > self.indexer.max_blocks:
             self.tracker.forget_writes(meta.slot_mapping)
-            return False
-        slots, fresh = self.tracker.assign(batch.block_table, batch.seq_lens, meta.slot_mapping)
+            return f"block table width {batch.block_table.shape[1]} > {self.indexer.max_blocks}"
+        slots, fresh, accepted = self.tracker.assign(batch.block_table, batch.seq_lens, meta.slot_mapping)
         reset_slots_(self.indexer.state, torch.where(fresh, slots, self.tracker.trash_slot))
         table = batch.block_table if scale == 1 else batch.block_table * scale
-        self.indexer.plan(table, batch.seq_lens, slots, validate=False)
-        self.last_slots, self.last_fresh = slots, fresh
+        row_local = self.indexer.config.mtp is MtpPolicy.ROW_LOCAL and self.next_n > 1
+        self.indexer.plan(table, batch.seq_lens, slots, num_accepted=accepted if row_local else None,
+                          validate=False)
+        self.last_slots, self.last_fresh, self.last_accepted = slots, fresh, accepted
         self._step_meta, self.step_batch, self._block_scale = meta, batch, scale
-        return True
+        return ""
 
     def log_once(self, entry: str, capturing: bool, reason: str) -> None:
         """Say once per distinct situation what is active (entry point, graph capture) or why a step was
@@ -151,12 +158,12 @@ class SpinVllmRuntime:
         out[:rows, : self.topk] = topk
         return True
 
-    def _ensure(self, kv: torch.Tensor, num_kv_blocks: int, block_table: torch.Tensor) -> None:
+    def _ensure(self, kv: torch.Tensor, num_kv_blocks: int, block_table: torch.Tensor | None) -> None:
         if self.indexer is not None:
             return
         from ..indexer import SpinIndexer
         tokens = kv.shape[1]
-        width = max(block_table.shape[1], -(-self.max_model_len // tokens))
+        width = max(0 if block_table is None else block_table.shape[1], -(-self.max_model_len // tokens))
         config = self.settings.spin_config(self.topk, tokens_per_block=tokens)
         num_slots = 2 * self.max_batch  # room for requests that skip a step; slot num_slots is the trash
         self.indexer = SpinIndexer(config, num_layers=len(self.layer_names), max_batch=self.max_batch,
@@ -164,32 +171,42 @@ class SpinVllmRuntime:
                                    max_requests=num_slots + 1, num_cache_blocks=kv.shape[0])
         for _ in range(num_slots + 1):  # the tracker owns slot assignment; the pool just has to agree
             self.indexer.state.allocate()
-        self.tracker = RequestTracker(num_slots, num_kv_blocks, tokens, kv.device)
+        self.tracker = RequestTracker(num_slots, num_kv_blocks, tokens, kv.device, next_n=self.next_n)
 
 
 def cache_view(kv_cache: torch.Tensor) -> tuple[torch.Tensor, int] | None:
-    """(contiguous uint8 [blocks, T, 1, D + 4] view, block-id scale r) of vLLM's indexer cache, or None.
+    """(contiguous uint8 [blocks, T, 1, D + 4] view, block-id scale r) of vLLM's indexer cache, or None
+    (see cache_view_or_reason)."""
+    return cache_view_or_reason(kv_cache)[0]
+
+
+def cache_view_or_reason(kv_cache: torch.Tensor) -> tuple[tuple[torch.Tensor, int] | None, str]:
+    """((view, r), "") or (None, why not) for vLLM's indexer cache.
 
     kv_cache: uint8 [num_blocks, T, D + 4] (vLLM's binding) or [num_blocks, T, 1, D + 4]; rows inside a
-    block must be contiguous; the block stride must be a whole number r of blocks.
+    block must be contiguous; the block stride must be a whole number r of pages (T * (D + 4) bytes).
+    DeepSeek-V4 pads each page to a 576-byte (fp8_ds_mla) or 512-byte multiple: 8640 or 8704 bytes for a
+    64 x 132 = 8448-byte page. No whole-page view of that exists, and SPIN's kernels read contiguous pages, so
+    such a cache is reported (and the step handed back) instead of misread.
     """
     if kv_cache.dtype != torch.uint8 or kv_cache.dim() not in (3, 4) or kv_cache.shape[-1] <= SCALE_BYTES:
-        return None
+        return None, f"indexer cache {kv_cache.dtype} {list(kv_cache.shape)} is not uint8 [blocks, T, D + 4]"
     if kv_cache.dim() == 4:
         if kv_cache.shape[2] != 1:
-            return None
+            return None, f"indexer cache shape {list(kv_cache.shape)}: expected one head"
         kv_cache = kv_cache.squeeze(2)
     num_blocks, tokens, row = kv_cache.shape
     page = tokens * row
     if num_blocks == 0 or kv_cache.stride(2) != 1 or (tokens > 1 and kv_cache.stride(1) != row):
-        return None
+        return None, f"indexer cache strides {kv_cache.stride()}: rows inside a block are not contiguous"
     stride = kv_cache.stride(0) if num_blocks > 1 else page
     if stride % page:
-        return None
+        return None, (f"indexer cache pages are padded ({stride} bytes apart for a {page}-byte page, as "
+                      f"DeepSeek-V4's aligned layout does); SPIN's kernels read unpadded pages")
     scale = stride // page
     blocks = (num_blocks - 1) * scale + 1
     view = torch.as_strided(kv_cache, (blocks, tokens, 1, row), (page, row, row, 1))
-    return view, scale
+    return (view, scale), ""
 
 
 def reset_slots_(state, slots: torch.Tensor) -> None:

@@ -152,3 +152,48 @@ def test_v4_padded_indexer_page_is_reported_and_handed_back(caplog, gen):
         assert torch.equal(got, vh.reference(cfg, layers[0], step, buffer))
         said = [r.getMessage() for r in caplog.records if "padded" in r.getMessage()]
         assert len(said) == 1, said
+
+
+@pytest.mark.parametrize("sparsity", [0.0, 0.5])
+def test_shadow_mode_dense_decides_and_spin_is_measured(sparsity, gen):
+    """Shadow mode: the top-k buffer is exactly vLLM's on every step (dense decides), while SPIN plans, scores
+    and updates beside it; the per-layer miss and realized sparsity equal an independent recount from the
+    dense top-k and SPIN's kept blocks."""
+    from spin_indexer.integrations.shadow import BINS
+
+    cfg, layers, buffer = _model(gen, 140, {"enable": True, "sparsity": sparsity, "shadow": True,
+                                            "policy": "explore-none"}, layers=2)
+    runtime = layers[0].spin_runtime
+    tables = [list(range(0, 60)), list(range(60, 100)), list(range(100, 110))]
+    lens = [3500, 2400, 500]  # the last is never eligible (length <= top-k)
+    want_rows, want_miss, want_total, want_skipped, misses = [0, 0], [0.0, 0.0], [0, 0], [0, 0], [[], []]
+    for s in range(4):
+        lens = [L + 1 for L in lens]
+        step = vh.make_step(lens, tables, 1, WIDTH, gen)
+        for i, layer in enumerate(layers):
+            got = vh.run_layer(cfg, layers, layer, step)
+            assert runtime.planned_for(step.meta)
+            assert torch.equal(got, vh.reference(cfg, layer, step, buffer)), "shadow mode changed the top-k"
+            plan = runtime.indexer.block_plan
+            keep = plan.token_mask()
+            want_total[i] += int(plan.num_blocks.sum())
+            want_skipped[i] += int((plan.num_blocks - plan.num_kept).sum())
+            for r, L in enumerate(lens):
+                pos = got[r, :512]
+                pos = pos[pos >= 0].long()
+                if L > 512:
+                    m = float((~keep[r, pos]).sum()) / pos.numel()
+                    want_rows[i] += 1
+                    want_miss[i] += m
+                    misses[i].append(m)
+    snap = runtime.shadow.snapshot()
+    for i in range(2):
+        assert snap[i]["rows"] == want_rows[i]
+        assert snap[i]["miss_mean"] == pytest.approx(want_miss[i] / want_rows[i], abs=1e-9)
+        assert snap[i]["realized_sparsity"] == pytest.approx(want_skipped[i] / want_total[i])
+        ranked = sorted(misses[i])
+        assert snap[i]["miss_p99"] == pytest.approx(int(ranked[-(-99 * len(ranked) // 100) - 1] * BINS) / BINS)
+        if sparsity == 0.0:
+            assert snap[i]["miss_mean"] == 0 and snap[i]["realized_sparsity"] == 0
+    if sparsity > 0:
+        assert any(s["realized_sparsity"] > 0 for s in snap), "SPIN never skipped a block in shadow mode"

@@ -144,6 +144,11 @@ class SpinSparseAttnIndexer(SparseAttnIndexer):
         if not spin:
             delegate(hidden_states, q_quant, k, weights)
             return
+        if runtime.settings.shadow:  # vLLM's dense indexer decides; SPIN predicts beside it and is measured
+            delegate(hidden_states, q_quant, k, weights)
+            runtime.shadow_layer(self.spin_layer, batch, self.k_cache.kv_cache, q_quant, weights,
+                                 self.topk_indices_buffer)
+            return
         # vLLM's own path for everything but the decode rows: K insert, buffer clear, prefill rows.
         attn[prefix] = dataclasses.replace(meta, num_decodes=0, decode=None)
         try:

@@ -20,6 +20,7 @@ import torch
 from ..layout import FP8_DTYPE, SCALE_BYTES
 from ..predictor.config import MtpPolicy
 from .request_tracker import RequestTracker
+from .shadow import ShadowStats
 from .settings import SpinVllmSettings
 
 logger = logging.getLogger("spin_indexer.vllm")
@@ -55,6 +56,7 @@ class SpinVllmRuntime:
         self.step_batch: DecodeBatch | None = None  # its decode rows
         self._block_scale = 1
         self._logged: set = set()
+        self.shadow: ShadowStats | None = None  # shadow mode's counters (settings.shadow), built with the indexer
 
     def add_layer(self, name: str) -> int:
         """Index of layer `name` in execution order (registration order)."""
@@ -136,9 +138,10 @@ class SpinVllmRuntime:
         if reason:
             logger.info("spin-indexer: a step via %s (%s) went to vLLM's indexer: %s", entry, mode, reason)
         else:
-            logger.info("spin-indexer: SPIN active on decode rows via %s (%s): %d layers, sparsity %.2f, "
-                        "next_n %d, top-k %d", entry, mode, len(self.layer_names), self.settings.sparsity,
-                        self.next_n, self.topk)
+            logger.info("spin-indexer: SPIN %s on decode rows via %s (%s): %d layers, sparsity %.2f, "
+                        "next_n %d (mtp %s), top-k %d", "in shadow mode (dense decides)" if self.settings.shadow
+                        else "active", entry, mode, len(self.layer_names), self.settings.sparsity, self.next_n,
+                        self.settings.mtp, self.topk)
 
     def planned_for(self, meta) -> bool:
         return self._step_meta is not None and self._step_meta is meta
@@ -158,6 +161,23 @@ class SpinVllmRuntime:
         out[:rows, : self.topk] = topk
         return True
 
+    def shadow_layer(self, layer: int, batch: DecodeBatch, kv_cache: torch.Tensor, q_quant: torch.Tensor,
+                     weights: torch.Tensor, dense: torch.Tensor) -> bool:
+        """Shadow mode: vLLM's dense top-k (dense[:B*N, :K], already written, deciding) against SPIN's plan
+        for `layer`; SPIN scores its kept blocks and updates its history as if it decided, and writes nothing
+        that attention reads. False if this layer cannot (nothing recorded)."""
+        view = cache_view(kv_cache)
+        if view is None or view[1] != self._block_scale or layer >= self.indexer.num_layers:
+            return False
+        rows = batch.num_rows
+        heads, dim = q_quant.shape[-2:]
+        q = q_quant[:rows].reshape(rows // self.next_n, self.next_n, heads, dim)
+        self.indexer.run(layer, q, view[0], weights[:rows].contiguous())
+        plan = self.indexer.block_plan
+        self.shadow.record(layer, dense[:rows], plan.kept_blocks, plan.num_kept, plan.num_blocks, batch.seq_lens,
+                           self.topk, self.indexer.config.tokens_per_block)
+        return True
+
     def _ensure(self, kv: torch.Tensor, num_kv_blocks: int, block_table: torch.Tensor | None) -> None:
         if self.indexer is not None:
             return
@@ -172,6 +192,8 @@ class SpinVllmRuntime:
         for _ in range(num_slots + 1):  # the tracker owns slot assignment; the pool just has to agree
             self.indexer.state.allocate()
         self.tracker = RequestTracker(num_slots, num_kv_blocks, tokens, kv.device, next_n=self.next_n)
+        if self.settings.shadow:
+            self.shadow = ShadowStats(len(self.layer_names), kv.device)
 
 
 def cache_view(kv_cache: torch.Tensor) -> tuple[torch.Tensor, int] | None:

@@ -181,19 +181,36 @@ class SpinVllmRuntime:
     def _ensure(self, kv: torch.Tensor, num_kv_blocks: int, block_table: torch.Tensor | None) -> None:
         if self.indexer is not None:
             return
-        from ..indexer import SpinIndexer
-        tokens = kv.shape[1]
-        width = max(0 if block_table is None else block_table.shape[1], -(-self.max_model_len // tokens))
-        config = self.settings.spin_config(self.topk, tokens_per_block=tokens)
-        num_slots = 2 * self.max_batch  # room for requests that skip a step; slot num_slots is the trash
-        self.indexer = SpinIndexer(config, num_layers=len(self.layer_names), max_batch=self.max_batch,
-                                   max_blocks=width, next_n=self.next_n, device=kv.device,
-                                   max_requests=num_slots + 1, num_cache_blocks=kv.shape[0])
-        for _ in range(num_slots + 1):  # the tracker owns slot assignment; the pool just has to agree
-            self.indexer.state.allocate()
-        self.tracker = RequestTracker(num_slots, num_kv_blocks, tokens, kv.device, next_n=self.next_n)
+        width = 0 if block_table is None else block_table.shape[1]
+        self.indexer, self.tracker = build_state(self.settings, self.topk, len(self.layer_names), self.max_batch,
+                                                 self.max_model_len, self.next_n, kv.shape[1], kv.shape[0],
+                                                 num_kv_blocks, kv.device, width)
         if self.settings.shadow:
             self.shadow = ShadowStats(len(self.layer_names), kv.device)
+
+
+def build_state(settings: SpinVllmSettings, topk: int, num_layers: int, max_batch: int, max_model_len: int,
+                next_n: int, tokens: int, num_cache_blocks: int, num_kv_blocks: int, device, width: int = 0):
+    """(SpinIndexer, RequestTracker) as the runtime allocates them (device "meta" sizes them without memory):
+    max_batch = max_num_seqs, width = max(table width, ceil(max_model_len / T)), 2 * max_batch + 1 state
+    slots (the last is the trash slot for padding rows), the history beside `num_cache_blocks` blocks."""
+    from ..indexer import SpinIndexer
+    width = max(width, -(-max_model_len // tokens))
+    config = settings.spin_config(topk, tokens_per_block=tokens)
+    num_slots = 2 * max_batch  # room for requests that skip a step; slot num_slots is the trash
+    indexer = SpinIndexer(config, num_layers=num_layers, max_batch=max_batch, max_blocks=width, next_n=next_n,
+                          device=device, max_requests=num_slots + 1, num_cache_blocks=num_cache_blocks)
+    for _ in range(num_slots + 1):  # the tracker owns slot assignment; the pool just has to agree
+        indexer.state.allocate()
+    return indexer, RequestTracker(num_slots, num_kv_blocks, tokens, device, next_n=next_n)
+
+
+def state_bytes(indexer, tracker) -> dict:
+    """Bytes of every tensor the runtime allocated: {"history": SpinState, "workspace": the step's buffers,
+    "tracker": RequestTracker}."""
+    def total(obj):
+        return sum(v.numel() * v.element_size() for v in vars(obj).values() if isinstance(v, torch.Tensor))
+    return {"history": total(indexer.state), "workspace": total(indexer.workspace), "tracker": total(tracker)}
 
 
 def cache_view(kv_cache: torch.Tensor) -> tuple[torch.Tensor, int] | None:

@@ -56,7 +56,7 @@ fi
 echo "vllm-step: environment ready in $(( $(date +%s) - start )) s"
 
 rc=0
-env -u SPIN_ENABLE -u SPIN_SPARSITY -u SPIN_EXPLORATION -u SPIN_POLICY -u SPIN_GAMMA -u SPIN_SEED \
+env -u SPIN_ENABLE -u SPIN_SPARSITY -u SPIN_EXPLORATION -u SPIN_POLICY -u SPIN_GAMMA -u SPIN_SEED -u SPIN_MTP -u SPIN_SHADOW \
   VLLM_TARGET_DEVICE=cpu "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m vllm tests/integrations || rc=$?
 echo "vllm-step: finished in $(( $(date +%s) - start )) s (pytest exit $rc)"
 if [ "$rc" -eq 5 ]; then

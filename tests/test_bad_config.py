@@ -63,9 +63,10 @@ C4A = {"num_layers": "int", "indexer_layers": "int_seq", "reuse": "pair_seq", "r
 C4A_OK = {"num_layers": [6, 61], "indexer_layers": [(0, 2), [0, 2, 4]], "reuse": [(), ((3, 2),), [[3, 2], [5, 0]]],
           "ratio": [1, 4], "window": [0, 128]}
 VLLM = {"enable": "bool", "sparsity": "float01", "policy": "choice", "exploration": "opt_choice",
-        "gamma": "opt_float01", "seed": "int"}
+        "gamma": "opt_float01", "seed": "int", "mtp": "choice", "shadow": "bool"}
 VLLM_OK = {"enable": [True, False], "sparsity": [0, 0.4], "policy": ["spin-default", "a1-mean"],
-           "exploration": [None, "none", "block_age"], "gamma": [None, 0, 0.05], "seed": [0, 7]}
+           "exploration": [None, "none", "block_age"], "gamma": [None, 0, 0.05], "seed": [0, 7],
+           "mtp": ["row0", "row-local"], "shadow": [True, False]}
 
 CONFIGS = {
     "SpinConfig": (SpinConfig, SPIN, SPIN_OK),

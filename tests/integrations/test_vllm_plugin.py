@@ -13,7 +13,7 @@ from spin_indexer.integrations import settings as st  # noqa: E402
 from spin_indexer.integrations import vllm as plugin  # noqa: E402
 
 pytestmark = pytest.mark.vllm
-SPIN_ENV = ("SPIN_ENABLE", "SPIN_SPARSITY", "SPIN_EXPLORATION", "SPIN_POLICY", "SPIN_GAMMA", "SPIN_SEED")
+SPIN_ENV = ("SPIN_ENABLE", "SPIN_SPARSITY", "SPIN_EXPLORATION", "SPIN_POLICY", "SPIN_GAMMA", "SPIN_SEED", "SPIN_MTP", "SPIN_SHADOW")
 
 
 @pytest.fixture(autouse=True)

@@ -141,7 +141,7 @@ def test_tracker_reclaims_lru_slot_and_double_link_rejects_stale_owner():
         for b, (ids, _) in enumerate(rows):
             table[b, :len(ids)] = torch.tensor(ids, dtype=torch.int32)
         lens = torch.tensor([[L] for _, L in rows], dtype=torch.int32)
-        slots, fresh = t.assign(table, lens, none)
+        slots, fresh, _ = t.assign(table, lens, none)
         return slots.tolist(), fresh.tolist()
 
     assert go([([1, 2], 6)]) == ([0], [True])  # A
@@ -162,17 +162,24 @@ def test_tracker_reclaims_lru_slot_and_double_link_rejects_stale_owner():
 
 
 def test_tracker_mtp_rows_and_duplicate_claims():
-    t = RequestTracker(num_slots=4, num_kv_blocks=32, tokens_per_block=4)
+    t = RequestTracker(num_slots=4, num_kv_blocks=32, tokens_per_block=4, next_n=3)
     written = torch.empty(0, dtype=torch.int64)
     table = torch.tensor([[1, 2, 3, 0]], dtype=torch.int32)
     rows = lambda L: torch.tensor([[L - 2, L - 1, L]], dtype=torch.int32)  # next_n = 3
-    s0, f0 = t.assign(table, rows(6), written)  # positions 3..5 (blocks 0 and 1)
-    for L in (7, 10, 11):  # 1, 3, 1 accepted: the previous token is always in a block written last step
-        s, f = t.assign(table, rows(L), written)
-        assert (s.tolist(), f.tolist()) == (s0.tolist(), [False])
+    s0, f0, a0 = t.assign(table, rows(6), written)  # positions 3..5 (blocks 0 and 1)
+    assert a0.tolist() == [0]
+    # 0, 2, 0 drafts accepted (L grows by 1 + accepted): the previous token is always in a block written
+    # last step, and the accepted count of the previous step comes from the length change, on the device
+    for L, accepted in ((7, 0), (10, 2), (11, 0)):
+        s, f, a = t.assign(table, rows(L), written)
+        assert (s.tolist(), f.tolist(), a.tolist()) == (s0.tolist(), [False], [accepted])
+    # A length that no decode step produces (shrank, or grew by more than next_n): restart, not inherit.
+    s, f, a = t.assign(table, rows(15), written)
+    assert (f.tolist(), a.tolist()) == ([True], [0])
     # Two rows that claim one slot (cannot happen in vLLM): the first keeps it, the second starts fresh.
     dup = torch.tensor([[1, 2, 3, 0], [1, 2, 3, 0]], dtype=torch.int32)
-    s, f = t.assign(dup, torch.tensor([[10, 11, 12]] * 2, dtype=torch.int32), written)
+    s0 = s
+    s, f, a = t.assign(dup, torch.tensor([[14, 15, 16]] * 2, dtype=torch.int32), written)
     assert s.tolist()[0] == s0.tolist()[0] and f.tolist() == [False, True]
 
 

@@ -27,7 +27,7 @@ H, D, T = 64, 128, 64
 ROW = D + 4
 
 
-SPIN_ENV = ("SPIN_ENABLE", "SPIN_SPARSITY", "SPIN_EXPLORATION", "SPIN_POLICY", "SPIN_GAMMA", "SPIN_SEED")
+SPIN_ENV = ("SPIN_ENABLE", "SPIN_SPARSITY", "SPIN_EXPLORATION", "SPIN_POLICY", "SPIN_GAMMA", "SPIN_SEED", "SPIN_MTP", "SPIN_SHADOW")
 
 
 def isolate(monkeypatch) -> None:
@@ -151,11 +151,13 @@ def build_layers(cfg: VllmConfig, kv_caches, topk: int, max_model_len: int, rows
     return layers, buffer
 
 
-def run_layer(cfg: VllmConfig, layers, layer, step: Step) -> torch.Tensor:
-    """layer.forward under a forward context holding `step` for every layer; returns a copy of the buffer."""
+def run_layer(cfg: VllmConfig, layers, layer, step: Step, mode=None) -> torch.Tensor:
+    """layer.forward under a forward context holding `step` for every layer; returns a copy of the buffer.
+    mode: the forward context's CUDAGraphMode (FULL: what vLLM sets while it captures a full graph)."""
+    from vllm.config import CUDAGraphMode
     attn = {lyr.k_cache.prefix: step.meta for lyr in layers}
     hidden = torch.empty(step.q.shape[0], 8)
-    with set_current_vllm_config(cfg), set_forward_context(attn, cfg):
+    with set_current_vllm_config(cfg), set_forward_context(attn, cfg, cudagraph_runtime_mode=mode or CUDAGraphMode.NONE):
         out = layer(hidden, step.q, None, step.weights)
     return out.clone()
 

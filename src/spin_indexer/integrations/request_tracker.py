@@ -41,17 +41,20 @@ class RequestTracker:
     """
 
     def __init__(self, num_slots: int, num_kv_blocks: int, tokens_per_block: int = 64,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", next_n: int = 1):
         check_int("num_slots", num_slots, low=1)
         check_int("num_kv_blocks", num_kv_blocks, low=1)
         check_int("tokens_per_block", tokens_per_block, low=1)
+        check_int("next_n", next_n, low=1)
         self.num_slots, self.num_kv_blocks, self.tokens_per_block = num_slots, num_kv_blocks, tokens_per_block
+        self.next_n = next_n
         self.device = torch.device(device)
         self.trash_slot = num_slots
         self.owner = torch.full((num_kv_blocks + 1,), -1, dtype=torch.int64, device=self.device)  # last: trash
         self.slot_blocks = torch.full((num_slots + 1, 2), -2, dtype=torch.int64, device=self.device)
         self.last_used = torch.full((num_slots + 1,), -1, dtype=torch.int64, device=self.device)
         self.clock = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.last_len = torch.zeros((num_slots + 1,), dtype=torch.int64, device=self.device)  # L at last step
 
     def assign(self, block_table: torch.Tensor, seq_lens: torch.Tensor, written_slots: torch.Tensor):
         """Slots for this step's decode rows, then this step's bookkeeping.
@@ -60,7 +63,11 @@ class RequestTracker:
         L - N + j + 1; 0 marks a padding row); written_slots: int [n] every KV slot written this step
         (vLLM's slot_mapping, -1 = padding).
         returns (slot_ids int64 [B] (trash slot for padding rows), fresh bool [B]: rows that got a new
-        slot whose SPIN state must be reset before use).
+        slot whose SPIN state must be reset before use, num_accepted int32 [B]: draft tokens accepted in the
+        row's previous step, from the length change: L_now - L_prev - 1 in [0, N - 1]; 0 for fresh rows).
+        A slot found through its blocks is kept only if the request grew by 1..N tokens since that slot's last
+        step (what one decode step does): a request whose blocks were refilled behind the tracker's back (a
+        KV connector load, say) rarely continues the old owner's length exactly, and otherwise restarts.
         """
         check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=self.device,
                      device_of="RequestTracker")
@@ -78,7 +85,8 @@ class RequestTracker:
         has_prev = live & (prev_pos >= 0)
         cand = self.owner[torch.where(has_prev, prev_blk, self.num_kv_blocks)]
         linked = (self.slot_blocks[cand.clamp_min(0)] == prev_blk[:, None]).any(dim=1)
-        found = has_prev & (cand >= 0) & linked
+        grew = lens[:, -1] - self.last_len[cand.clamp_min(0)]
+        found = has_prev & (cand >= 0) & linked & (grew >= 1) & (grew <= self.next_n)
         # Two rows can never claim one slot legitimately; if they do, the first keeps it.
         rows = torch.arange(batch, device=self.device)
         claim = torch.where(found, cand, self.trash_slot)
@@ -95,14 +103,16 @@ class RequestTracker:
         rank = (fresh.long().cumsum(0) - 1).clamp(0, self.num_slots - 1)
         slot = torch.where(found, cand, torch.where(fresh, order[rank], self.trash_slot))
 
+        accepted = torch.where(found, (grew - 1).clamp(0, self.next_n - 1), 0).to(torch.int32)
         self.last_used.scatter_(0, slot, now.expand(batch))
+        self.last_len.scatter_(0, slot, lens[:, -1])
         self.forget_writes(written_slots)
         self.slot_blocks.index_copy_(0, slot, torch.stack([first_blk, last_blk], dim=1))
         for blk in (first_blk, last_blk):
             self.owner.scatter_(0, torch.where(live, blk, self.num_kv_blocks), slot)
         self._clean_trash()
         self.clock.copy_(now)
-        return slot, fresh
+        return slot, fresh, accepted
 
     def forget_writes(self, written_slots: torch.Tensor) -> None:
         """Clear owner[] of every block that a token was written into (a step SPIN did not handle, or the
@@ -117,6 +127,7 @@ class RequestTracker:
         self.owner[self.num_kv_blocks] = -1
         self.slot_blocks[self.trash_slot] = -2
         self.last_used[self.trash_slot] = -1
+        self.last_len[self.trash_slot] = 0
 
     @staticmethod
     def _block_of_impl(block_table, pos, tokens_per_block):

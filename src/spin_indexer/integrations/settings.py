@@ -2,12 +2,14 @@
 
 Sources, highest precedence first:
   1. additional_config={"spin": {"enable": true, "sparsity": 0.4, "exploration": "random",
-     "policy": "spin-default", "gamma": 0.05, "seed": 0}}  (vLLM's --additional-config JSON)
-  2. environment variables SPIN_ENABLE, SPIN_SPARSITY, SPIN_EXPLORATION, SPIN_POLICY, SPIN_GAMMA, SPIN_SEED
+     "policy": "spin-default", "gamma": 0.05, "seed": 0, "mtp": "row0", "shadow": false}}
+     (vLLM's --additional-config JSON)
+  2. environment variables SPIN_ENABLE, SPIN_SPARSITY, SPIN_EXPLORATION, SPIN_POLICY, SPIN_GAMMA, SPIN_SEED,
+     SPIN_MTP, SPIN_SHADOW
   3. the defaults below: SPIN is OFF unless enabled.
 The policy names are those of spin_indexer.predictor.policies (the paper's variants); top-k always comes from
-the model (the layer's index_topk), and the MTP policy is forced to "row0" because vLLM's indexer metadata
-carries no accepted-draft counts.
+the model (the layer's index_topk). MTP "row-local" takes the accepted-draft counts that the request tracker
+infers on the device from consecutive steps' seq_lens (vLLM's metadata carries none).
 """
 from __future__ import annotations
 
@@ -24,14 +26,17 @@ from ..predictor.policies import get_policy, policy_names
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _ENV = {"enable": "SPIN_ENABLE", "sparsity": "SPIN_SPARSITY", "exploration": "SPIN_EXPLORATION",
-        "policy": "SPIN_POLICY", "gamma": "SPIN_GAMMA", "seed": "SPIN_SEED"}
+        "policy": "SPIN_POLICY", "gamma": "SPIN_GAMMA", "seed": "SPIN_SEED", "mtp": "SPIN_MTP",
+        "shadow": "SPIN_SHADOW"}
 
 
 @dataclasses.dataclass(frozen=True)
 class SpinVllmSettings:
     """enable: run SPIN on decode rows; sparsity: target block sparsity in [0, 1); policy: a name from
     spin_indexer.predictor.policies; exploration/gamma: override the policy's (None keeps the policy's);
-    seed: exploration randomness."""
+    seed: exploration randomness; mtp: "row0" or "row-local" (num_accepted inferred on the device from
+    consecutive steps' seq_lens); shadow: SPIN predicts and records its miss and realized sparsity against the
+    dense indexer, which still decides (integrations/shadow.py)."""
 
     enable: bool = False
     sparsity: float = 0.3
@@ -39,6 +44,8 @@ class SpinVllmSettings:
     exploration: str | None = None
     gamma: float | None = None
     seed: int = 0
+    mtp: str = "row0"
+    shadow: bool = False
 
     def __post_init__(self):
         for key in _ENV:
@@ -47,7 +54,7 @@ class SpinVllmSettings:
     def spin_config(self, topk: int, tokens_per_block: int = 64):
         """The SpinConfig for a layer with top-k `topk` (the policy name was checked at construction)."""
         cfg = get_policy(self.policy, sparsity=float(self.sparsity), topk=topk, seed=self.seed)
-        changes: dict[str, Any] = {"mtp": "row0", "tokens_per_block": tokens_per_block}
+        changes: dict[str, Any] = {"mtp": self.mtp, "tokens_per_block": tokens_per_block}
         if self.exploration is not None:
             changes["exploration"] = self.exploration
         if self.gamma is not None:
@@ -93,8 +100,10 @@ def load_settings(additional_config: Mapping[str, Any] | None = None,
 def _check(key: str, value):
     """One field's value, checked for type and range; messages name SpinVllmSettings.<key>."""
     name = f"SpinVllmSettings.{key}"
-    if key == "enable":
+    if key in ("enable", "shadow"):
         return check_bool(name, value)
+    if key == "mtp":
+        return check_choice(name, value, ["row0", "row-local"])
     if key == "sparsity":
         return check_float(name, value, low=0, high=1, high_open=True)
     if key == "gamma":
@@ -111,7 +120,7 @@ def _check(key: str, value):
 def _parse_env(env: str, key: str, raw: str):
     """The text of environment variable `env` as the type of field `key` (ValueError naming `env`)."""
     text = raw.strip()
-    if key == "enable":
+    if key in ("enable", "shadow"):
         if text.lower() in _TRUE or text.lower() in _FALSE:
             return text.lower() in _TRUE
         raise ValueError(f"{env}: expected one of {', '.join(_TRUE + _FALSE)} (any case), got {raw!r}")

@@ -17,11 +17,12 @@ import weakref
 from typing import Optional
 
 import torch
-from vllm.config import get_current_vllm_config
+from vllm.config import CUDAGraphMode, get_current_vllm_config
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
 
 from .settings import SpinVllmSettings, load_settings
+from .vllm_hooks import install_v32_hook
 from .vllm_runtime import SpinVllmRuntime
 
 logger = logging.getLogger("spin_indexer.vllm")
@@ -75,6 +76,7 @@ class SpinSparseAttnIndexer(SparseAttnIndexer):
         self.spin_runtime: SpinVllmRuntime | None = None
         self.spin_layer = -1
         self.spin_reason = ""
+        self.spin_entry = "SparseAttnIndexer.forward"  # where vLLM called SPIN from (for the log)
         self._spin_attach()
 
     def dispatch_forward(self, compile_native: bool = False):
@@ -103,6 +105,8 @@ class SpinSparseAttnIndexer(SparseAttnIndexer):
         self.spin_runtime = runtime
         self.spin_layer = runtime.add_layer(self.k_cache.prefix)
         _LAYERS[self.k_cache.prefix] = self
+        # DeepSeek-V3.2 / GLM-5 on CUDA never call this layer's forward: hook the function they call.
+        install_v32_hook(_LAYERS.get)
 
     # -- forward -------------------------------------------------------------------------------------
     def _spin_forward(self, hidden_states, q_quant, k, weights):
@@ -112,31 +116,55 @@ class SpinSparseAttnIndexer(SparseAttnIndexer):
                                                     q_quant, k, weights, self.topk_indices_buffer)
         return self.topk_indices_buffer
 
-    def _spin_forward_eager(self, hidden_states, q_quant, k, weights) -> None:
+    def _spin_forward_eager(self, hidden_states, q_quant, k, weights, delegate=None) -> None:
+        """One layer's step. delegate(hidden_states, q_quant, k, weights): vLLM's own indexer for this call
+        site (default: the layer's dispatched forward; the V3.2 CUDA hook passes vLLM's function with the
+        arguments it was called with)."""
+        delegate = delegate or self._vllm_forward
         runtime, prefix = self.spin_runtime, self.k_cache.prefix
-        attn = get_forward_context().attn_metadata
+        ctx = get_forward_context()
+        attn = ctx.attn_metadata
         meta = attn.get(prefix) if isinstance(attn, dict) else None
         if meta is None:  # profiling / dummy run: vLLM reserves its workspaces
-            self._vllm_forward(hidden_states, q_quant, k, weights)
+            delegate(hidden_states, q_quant, k, weights)
             return
         if self.spin_layer == 0:
-            batch = runtime.decode_support(meta, q_quant, weights)
-            spin = runtime.begin_step(meta, None if isinstance(batch, str) else batch, self.k_cache.kv_cache)
+            # Python here under FULL graph mode means the step is being captured (a replay runs no Python):
+            # nothing data-dependent may decide, or the graph would freeze the dummy batch's choice.
+            capturing = _capturing(ctx)
+            batch = runtime.decode_support(meta, q_quant, weights, capturing=capturing)
+            reason = runtime.begin_step(meta, None if isinstance(batch, str) else batch, self.k_cache.kv_cache)
+            if isinstance(batch, str) and not reason.startswith("indexer cache"):
+                reason = batch
+            runtime.log_once(self.spin_entry, capturing, reason)
+            spin = not reason
         else:  # later layers follow the first layer's decision for this step's metadata
             spin = runtime.planned_for(meta)
             batch = runtime.step_batch
         if not spin:
-            self._vllm_forward(hidden_states, q_quant, k, weights)
+            delegate(hidden_states, q_quant, k, weights)
+            return
+        if runtime.settings.shadow:  # vLLM's dense indexer decides; SPIN predicts beside it and is measured
+            delegate(hidden_states, q_quant, k, weights)
+            runtime.shadow_layer(self.spin_layer, batch, self.k_cache.kv_cache, q_quant, weights,
+                                 self.topk_indices_buffer)
             return
         # vLLM's own path for everything but the decode rows: K insert, buffer clear, prefill rows.
         attn[prefix] = dataclasses.replace(meta, num_decodes=0, decode=None)
         try:
-            self._vllm_forward(hidden_states, q_quant, k, weights)
+            delegate(hidden_states, q_quant, k, weights)
         finally:
             attn[prefix] = meta
         if not runtime.run_layer(self.spin_layer, batch, self.k_cache.kv_cache, q_quant, weights,
                                  self.topk_indices_buffer):
-            self._vllm_forward(hidden_states, q_quant, k, weights)
+            delegate(hidden_states, q_quant, k, weights)
+
+
+def _capturing(ctx) -> bool:
+    """Whether this step is being recorded into a CUDA graph (FULL mode, or a stream capture)."""
+    if getattr(ctx, "cudagraph_runtime_mode", None) == CUDAGraphMode.FULL:
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _unsupported(layer: SparseAttnIndexer, settings: SpinVllmSettings) -> str:

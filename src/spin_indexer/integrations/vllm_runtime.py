@@ -13,12 +13,17 @@ is r whole blocks, the storage is viewed as r-times more contiguous blocks and b
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import torch
 
 from ..layout import FP8_DTYPE, SCALE_BYTES
+from ..predictor.config import MtpPolicy
 from .request_tracker import RequestTracker
+from .shadow import ShadowStats
 from .settings import SpinVllmSettings
+
+logger = logging.getLogger("spin_indexer.vllm")
 
 
 @dataclasses.dataclass
@@ -46,9 +51,12 @@ class SpinVllmRuntime:
         self.delegate_short = True  # steps whose longest context is <= top-k go to vLLM (SPIN would keep all)
         self.last_fresh: torch.Tensor | None = None  # bool [B] of the last plan (for tests and stats)
         self.last_slots: torch.Tensor | None = None
+        self.last_accepted: torch.Tensor | None = None  # int32 [B] accepted drafts of each row's last step
         self._step_meta = None  # the metadata object the current plan was made for
         self.step_batch: DecodeBatch | None = None  # its decode rows
         self._block_scale = 1
+        self._logged: set = set()
+        self.shadow: ShadowStats | None = None  # shadow mode's counters (settings.shadow), built with the indexer
 
     def add_layer(self, name: str) -> int:
         """Index of layer `name` in execution order (registration order)."""
@@ -57,8 +65,10 @@ class SpinVllmRuntime:
         return self.layer_names.index(name)
 
     # -- per step ------------------------------------------------------------------------------------
-    def decode_support(self, meta, q_quant, weights) -> DecodeBatch | str:
-        """The decode rows if SPIN can handle them, else a short reason (host-side fields only)."""
+    def decode_support(self, meta, q_quant, weights, capturing: bool = False) -> DecodeBatch | str:
+        """The decode rows if SPIN can handle them, else a short reason. Reads host-side fields only, and
+        when `capturing` (a CUDA graph records this step) only the structural ones that every replay of the
+        graph shares (row counts, flags, shapes): never the lengths, which at capture are vLLM's dummies."""
         dec = getattr(meta, "decode", None)
         if getattr(meta, "num_decodes", 0) <= 0 or dec is None:
             return "no decode rows"
@@ -72,7 +82,7 @@ class SpinVllmRuntime:
             return f"decode rows per request {tokens}/{batch}, expected next_n = {self.next_n}"
         if batch > self.max_batch:
             return f"decode batch {batch} > max_batch {self.max_batch}"
-        if self.delegate_short and meta.max_seq_len <= self.topk:
+        if self.delegate_short and not capturing and meta.max_seq_len <= self.topk:
             return "every context <= top-k"
         if q_quant.dtype != FP8_DTYPE or weights.dtype != torch.float32:
             return f"q dtype {q_quant.dtype} / weights dtype {weights.dtype}"
@@ -89,28 +99,49 @@ class SpinVllmRuntime:
             table = table.to(torch.int32)
         return DecodeBatch(table, seq_lens.to(torch.int32).contiguous(), batch * self.next_n)
 
-    def begin_step(self, meta, batch: DecodeBatch | None, kv_cache: torch.Tensor) -> bool:
-        """First SPIN layer of a step: track requests, plan. Returns whether SPIN handles this step."""
+    def begin_step(self, meta, batch: DecodeBatch | None, kv_cache: torch.Tensor) -> str:
+        """First SPIN layer of a step: track requests, plan. Returns "" when SPIN handles this step's decode
+        rows, else why not (the caller hands the step to vLLM). The SpinIndexer is built at the first step
+        with metadata whatever the decision, so that vLLM's eager warm-up step (dummy lengths, handed back)
+        builds it before a FULL graph capture: allocated inside a capture, its initial fills would be
+        recorded and replayed."""
         self._step_meta, self.step_batch = None, None
-        view = cache_view(kv_cache)
+        view, why = cache_view_or_reason(kv_cache)
         if view is None:
-            return False
+            return why
         kv, scale = view
+        self._ensure(kv, kv_cache.shape[0], None if batch is None else batch.block_table)
         if batch is None:
-            if self.tracker is not None:
-                self.tracker.forget_writes(meta.slot_mapping.to(self.tracker.device))
-            return False
-        self._ensure(kv, kv_cache.shape[0], batch.block_table)
+            self.tracker.forget_writes(meta.slot_mapping.to(self.tracker.device))
+            return "no decode batch"
         if batch.block_table.shape[1] > self.indexer.max_blocks:
             self.tracker.forget_writes(meta.slot_mapping)
-            return False
-        slots, fresh = self.tracker.assign(batch.block_table, batch.seq_lens, meta.slot_mapping)
+            return f"block table width {batch.block_table.shape[1]} > {self.indexer.max_blocks}"
+        slots, fresh, accepted = self.tracker.assign(batch.block_table, batch.seq_lens, meta.slot_mapping)
         reset_slots_(self.indexer.state, torch.where(fresh, slots, self.tracker.trash_slot))
         table = batch.block_table if scale == 1 else batch.block_table * scale
-        self.indexer.plan(table, batch.seq_lens, slots, validate=False)
-        self.last_slots, self.last_fresh = slots, fresh
+        row_local = self.indexer.config.mtp is MtpPolicy.ROW_LOCAL and self.next_n > 1
+        self.indexer.plan(table, batch.seq_lens, slots, num_accepted=accepted if row_local else None,
+                          validate=False)
+        self.last_slots, self.last_fresh, self.last_accepted = slots, fresh, accepted
         self._step_meta, self.step_batch, self._block_scale = meta, batch, scale
-        return True
+        return ""
+
+    def log_once(self, entry: str, capturing: bool, reason: str) -> None:
+        """Say once per distinct situation what is active (entry point, graph capture) or why a step was
+        handed back to vLLM."""
+        key = (entry, capturing, reason)
+        if key in self._logged or len(self._logged) >= 64:  # reasons carry numbers: bound the log
+            return
+        self._logged.add(key)
+        mode = "while capturing a CUDA graph" if capturing else "eagerly"
+        if reason:
+            logger.info("spin-indexer: a step via %s (%s) went to vLLM's indexer: %s", entry, mode, reason)
+        else:
+            logger.info("spin-indexer: SPIN %s on decode rows via %s (%s): %d layers, sparsity %.2f, "
+                        "next_n %d (mtp %s), top-k %d", "in shadow mode (dense decides)" if self.settings.shadow
+                        else "active", entry, mode, len(self.layer_names), self.settings.sparsity, self.next_n,
+                        self.settings.mtp, self.topk)
 
     def planned_for(self, meta) -> bool:
         return self._step_meta is not None and self._step_meta is meta
@@ -130,45 +161,91 @@ class SpinVllmRuntime:
         out[:rows, : self.topk] = topk
         return True
 
-    def _ensure(self, kv: torch.Tensor, num_kv_blocks: int, block_table: torch.Tensor) -> None:
+    def shadow_layer(self, layer: int, batch: DecodeBatch, kv_cache: torch.Tensor, q_quant: torch.Tensor,
+                     weights: torch.Tensor, dense: torch.Tensor) -> bool:
+        """Shadow mode: vLLM's dense top-k (dense[:B*N, :K], already written, deciding) against SPIN's plan
+        for `layer`; SPIN scores its kept blocks and updates its history as if it decided, and writes nothing
+        that attention reads. False if this layer cannot (nothing recorded)."""
+        view = cache_view(kv_cache)
+        if view is None or view[1] != self._block_scale or layer >= self.indexer.num_layers:
+            return False
+        rows = batch.num_rows
+        heads, dim = q_quant.shape[-2:]
+        q = q_quant[:rows].reshape(rows // self.next_n, self.next_n, heads, dim)
+        self.indexer.run(layer, q, view[0], weights[:rows].contiguous())
+        plan = self.indexer.block_plan
+        self.shadow.record(layer, dense[:rows], plan.kept_blocks, plan.num_kept, plan.num_blocks, batch.seq_lens,
+                           self.topk, self.indexer.config.tokens_per_block)
+        return True
+
+    def _ensure(self, kv: torch.Tensor, num_kv_blocks: int, block_table: torch.Tensor | None) -> None:
         if self.indexer is not None:
             return
-        from ..indexer import SpinIndexer
-        tokens = kv.shape[1]
-        width = max(block_table.shape[1], -(-self.max_model_len // tokens))
-        config = self.settings.spin_config(self.topk, tokens_per_block=tokens)
-        num_slots = 2 * self.max_batch  # room for requests that skip a step; slot num_slots is the trash
-        self.indexer = SpinIndexer(config, num_layers=len(self.layer_names), max_batch=self.max_batch,
-                                   max_blocks=width, next_n=self.next_n, device=kv.device,
-                                   max_requests=num_slots + 1, num_cache_blocks=kv.shape[0])
-        for _ in range(num_slots + 1):  # the tracker owns slot assignment; the pool just has to agree
-            self.indexer.state.allocate()
-        self.tracker = RequestTracker(num_slots, num_kv_blocks, tokens, kv.device)
+        width = 0 if block_table is None else block_table.shape[1]
+        self.indexer, self.tracker = build_state(self.settings, self.topk, len(self.layer_names), self.max_batch,
+                                                 self.max_model_len, self.next_n, kv.shape[1], kv.shape[0],
+                                                 num_kv_blocks, kv.device, width)
+        if self.settings.shadow:
+            self.shadow = ShadowStats(len(self.layer_names), kv.device)
+
+
+def build_state(settings: SpinVllmSettings, topk: int, num_layers: int, max_batch: int, max_model_len: int,
+                next_n: int, tokens: int, num_cache_blocks: int, num_kv_blocks: int, device, width: int = 0):
+    """(SpinIndexer, RequestTracker) as the runtime allocates them (device "meta" sizes them without memory):
+    max_batch = max_num_seqs, width = max(table width, ceil(max_model_len / T)), 2 * max_batch + 1 state
+    slots (the last is the trash slot for padding rows), the history beside `num_cache_blocks` blocks."""
+    from ..indexer import SpinIndexer
+    width = max(width, -(-max_model_len // tokens))
+    config = settings.spin_config(topk, tokens_per_block=tokens)
+    num_slots = 2 * max_batch  # room for requests that skip a step; slot num_slots is the trash
+    indexer = SpinIndexer(config, num_layers=num_layers, max_batch=max_batch, max_blocks=width, next_n=next_n,
+                          device=device, max_requests=num_slots + 1, num_cache_blocks=num_cache_blocks)
+    for _ in range(num_slots + 1):  # the tracker owns slot assignment; the pool just has to agree
+        indexer.state.allocate()
+    return indexer, RequestTracker(num_slots, num_kv_blocks, tokens, device, next_n=next_n)
+
+
+def state_bytes(indexer, tracker) -> dict:
+    """Bytes of every tensor the runtime allocated: {"history": SpinState, "workspace": the step's buffers,
+    "tracker": RequestTracker}."""
+    def total(obj):
+        return sum(v.numel() * v.element_size() for v in vars(obj).values() if isinstance(v, torch.Tensor))
+    return {"history": total(indexer.state), "workspace": total(indexer.workspace), "tracker": total(tracker)}
 
 
 def cache_view(kv_cache: torch.Tensor) -> tuple[torch.Tensor, int] | None:
-    """(contiguous uint8 [blocks, T, 1, D + 4] view, block-id scale r) of vLLM's indexer cache, or None.
+    """(contiguous uint8 [blocks, T, 1, D + 4] view, block-id scale r) of vLLM's indexer cache, or None
+    (see cache_view_or_reason)."""
+    return cache_view_or_reason(kv_cache)[0]
+
+
+def cache_view_or_reason(kv_cache: torch.Tensor) -> tuple[tuple[torch.Tensor, int] | None, str]:
+    """((view, r), "") or (None, why not) for vLLM's indexer cache.
 
     kv_cache: uint8 [num_blocks, T, D + 4] (vLLM's binding) or [num_blocks, T, 1, D + 4]; rows inside a
-    block must be contiguous; the block stride must be a whole number r of blocks.
+    block must be contiguous; the block stride must be a whole number r of pages (T * (D + 4) bytes).
+    DeepSeek-V4 pads each page to a 576-byte (fp8_ds_mla) or 512-byte multiple: 8640 or 8704 bytes for a
+    64 x 132 = 8448-byte page. No whole-page view of that exists, and SPIN's kernels read contiguous pages, so
+    such a cache is reported (and the step handed back) instead of misread.
     """
     if kv_cache.dtype != torch.uint8 or kv_cache.dim() not in (3, 4) or kv_cache.shape[-1] <= SCALE_BYTES:
-        return None
+        return None, f"indexer cache {kv_cache.dtype} {list(kv_cache.shape)} is not uint8 [blocks, T, D + 4]"
     if kv_cache.dim() == 4:
         if kv_cache.shape[2] != 1:
-            return None
+            return None, f"indexer cache shape {list(kv_cache.shape)}: expected one head"
         kv_cache = kv_cache.squeeze(2)
     num_blocks, tokens, row = kv_cache.shape
     page = tokens * row
     if num_blocks == 0 or kv_cache.stride(2) != 1 or (tokens > 1 and kv_cache.stride(1) != row):
-        return None
+        return None, f"indexer cache strides {kv_cache.stride()}: rows inside a block are not contiguous"
     stride = kv_cache.stride(0) if num_blocks > 1 else page
     if stride % page:
-        return None
+        return None, (f"indexer cache pages are padded ({stride} bytes apart for a {page}-byte page, as "
+                      f"DeepSeek-V4's aligned layout does); SPIN's kernels read unpadded pages")
     scale = stride // page
     blocks = (num_blocks - 1) * scale + 1
     view = torch.as_strided(kv_cache, (blocks, tokens, 1, row), (page, row, row, 1))
-    return view, scale
+    return (view, scale), ""
 
 
 def reset_slots_(state, slots: torch.Tensor) -> None:

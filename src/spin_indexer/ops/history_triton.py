@@ -103,19 +103,27 @@ if triton is not None:
         new = tl.where(old > float("-inf"), alpha * obs + (1.0 - alpha) * old, obs)
         new = tl.minimum(tl.maximum(new, lo), hi)
         v = tl.where(live, new, old)
-        tl.store(v_ptr + pv[:, None] * T + offs, v.to(v_ptr.dtype.element_ty), mask=live)
+        # Whole rows under a per-block mask: v holds the old value in the cells not updated, so the bytes
+        # written are the same, and a mask constant along T lets the store vectorize. A per-cell mask made
+        # it 2-byte stores: 73 of the pass's ~180 us at B = 96 x 512K (benchmarks/update_variants.py).
+        row_mask = tl.broadcast_to(any_live[:, None], obs.shape)
+        tl.store(v_ptr + pv[:, None] * T + offs, v.to(v_ptr.dtype.element_ty), mask=row_mask)
         tl.store(vb_ptr + pv * vb_stride, tl.max(v, axis=1).to(vb_ptr.dtype.element_ty), mask=any_live)
         if HAS_SEEN:
             tl.store(seen_ptr + pv * seen_stride, tl.load(clock_ptr) + pv * 0, mask=any_live)
         q = tl.load(lens_ptr + row).to(tl.int64) - 1
-        off = q - (kb64[:, None] * T + offs)
-        in_window = live & (off >= 0) & (off < window)
-        slot = tl.load(slot_ptr + b).to(tl.int64)
-        d_cells = d_ptr + slot * d_stride + tl.where(in_window, off, 0)
-        old_d = tl.load(d_cells, mask=in_window, other=0.0).to(tl.float32)
-        new_d = tl.where(old_d > float("-inf"), alpha * obs + (1.0 - alpha) * old_d, obs)
-        new_d = tl.minimum(tl.maximum(new_d, lo), hi)
-        tl.store(d_cells, new_d.to(d_ptr.dtype.element_ty), mask=in_window)
+        # The diagonal window covers the request's last `window` positions: only the tiles that reach it
+        # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
+        last = tl.max(tl.where(any_live, kb64 * T + T - 1, -1), axis=0)
+        if last > q - window:
+            off = q - (kb64[:, None] * T + offs)
+            in_window = live & (off >= 0) & (off < window)
+            slot = tl.load(slot_ptr + b).to(tl.int64)
+            d_cells = d_ptr + slot * d_stride + tl.where(in_window, off, 0)
+            old_d = tl.load(d_cells, mask=in_window, other=0.0).to(tl.float32)
+            new_d = tl.where(old_d > float("-inf"), alpha * obs + (1.0 - alpha) * old_d, obs)
+            new_d = tl.minimum(tl.maximum(new_d, lo), hi)
+            tl.store(d_cells, new_d.to(d_ptr.dtype.element_ty), mask=in_window)
 
     @triton.jit
     def _update_history_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
@@ -139,7 +147,11 @@ if triton is not None:
         for r in range(0, next_n):
             clen = tl.load(clen_ptr + b * next_n + r)
             live = (cols < clen) & in_table[:, None]
-            x = tl.load(x_ptr + b64 * x_stride_b + r * x_stride_n + cols, mask=live, other=float("-inf"))
+            # whole blocks loaded (a mask constant along T vectorizes; the columns past clen inside the last
+            # block are in the buffer, their values unspecified), then masked
+            x = tl.load(x_ptr + b64 * x_stride_b + r * x_stride_n + cols,
+                        mask=tl.broadcast_to(in_table[:, None], [BLOCKS, T]), other=float("-inf"))
+            x = tl.where(live, x, float("-inf"))
             if BMAX:  # the compact block max of every row (first launch only)
                 tl.store(bmax_ptr + (b64 * next_n + r) * bmax_stride + m, tl.max(x, axis=1),
                          mask=in_table & (m * T < clen))

@@ -3,7 +3,10 @@ TRITON_INTERPRET=1 on the CPU or on CUDA: several steps over random but valid st
 with never-scored blocks, block maxima consistent with it, diagonal windows with holes, new and old
 requests), every config the kernel supports on one axis at a time, odd shapes (keep_all, guarded, one
 block, partial last block, W not a power of two, next_n 1/2/4, empty batch) and out-of-range block ids.
-Workspace outputs are poisoned before the kernel; kept entries are compared below num_kept only."""
+Both selection paths run: the register tile (one [next_pow2(W)] tile per request, bisection by counting)
+and the chunked scratch path (forced with register_tile=0, tiles of 16 blocks). The register path's
+threshold helpers are also checked alone against a sort. Workspace outputs are poisoned before the kernel;
+kept entries are compared below num_kept only."""
 import dataclasses
 
 import pytest
@@ -21,7 +24,10 @@ STATE = ("vertical", "block_max", "diagonal", "step", "seen_len", "clock")
 
 def _values(shape, gen, grid):
     """fp16 values with about 20% -inf holes: on a 1/8 grid ("fine": sums exact in float32, so reduce=mean
-    compares bit for bit), small integers ("coarse": many tied block scores) or normal ones (None)."""
+    compares bit for bit), small integers ("coarse": many tied block scores), one value ("flat": every
+    scored block ties) or normal ones (None)."""
+    if grid == "flat":
+        return torch.full(shape, 0.5).half()
     if grid == "coarse":
         x = torch.randint(-3, 4, shape, generator=gen).float()
     elif grid:
@@ -119,13 +125,15 @@ def _check(ref, got, batch, width, layers):
 
 
 def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accepted=False, bad=False, seen=None,
-         grid=None, graph=False):
-    """Plan `steps` steps with both paths from the same random state and compare everything each step."""
+         grid=None, graph=False, path="register", extra_width=2):
+    """Plan `steps` steps with the torch path and the kernel from the same random state and compare everything
+    each step. path: the kernel's selection path ("register" or "chunked"); extra_width: table columns past
+    the longest request."""
     from spin_indexer.predictor.plan_triton import plan_step_triton, supports
     assert supports(cfg)
     batch = len(final_lens)
     grow = [0] * (steps - 1) + [0] if grow is None else grow
-    width = max([-(-x // T) for x in final_lens], default=1) + 2
+    width = max([-(-x // T) for x in final_lens], default=1) + extra_width
     slots = batch + 3
     cache = sum(-(-x // T) for x in final_lens) + 4
     kw = dict(num_layers=layers, max_batch=max(batch, 1), max_blocks=width, next_n=next_n, max_requests=slots,
@@ -162,7 +170,8 @@ def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accept
                 plan_step_triton(cfg, got.state, got.workspace, *args)
             g.replay()
         else:
-            plan_step_triton(cfg, got.state, got.workspace, *args, block=16, score_block=8)
+            plan_step_triton(cfg, got.state, got.workspace, *args, block=16, score_block=8,
+                             register_tile=0 if path == "chunked" else 1 << 14)
         _check(ref, got, batch, width, layers)
         # an EMA update between steps, the same on both sides
         touched = torch.randperm(cache, generator=gen)[:2 * cache // 3]
@@ -170,6 +179,12 @@ def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accept
         for name in ("vertical", "block_max", "diagonal"):
             getattr(got.state, name).copy_(getattr(ref.state, name))
         lens = [x + grow[s] if x else 0 for x in lens]
+
+
+@pytest.fixture(params=["register", "chunked"])
+def plan_path(request) -> str:
+    """The select kernel's path: one register tile per request, or the chunked scratch fallback."""
+    return request.param
 
 
 # lengths: long (W not a power of two, partial last block), guarded (< 640), keep_all (<= 128), one block,
@@ -187,45 +202,130 @@ LENS = (37 * T + 5, 400, 100, 64, 0)
     dataclasses.replace(BASE, reduce="mean", combine="sum", exploration="none", gamma=0.0),
     dataclasses.replace(BASE, reduce="mean", combine="diagonal", diagonal_window=None),
 ], ids=["max-max-random", "none", "sum", "vertical", "diagonal", "mean", "mean-sum-none", "mean-diag-full"])
-def test_row0_matches_torch(cfg, gen, triton_device):
-    _run(cfg, LENS, 1, gen, triton_device, grow=[70, 0])
+def test_row0_matches_torch(cfg, gen, triton_device, plan_path):
+    _run(cfg, LENS, 1, gen, triton_device, grow=[70, 0], path=plan_path)
 
 
 @pytest.mark.parametrize("next_n,mtp,accepted,reduce,combine,window", [
     (2, "row-local", True, "max", "max", 200), (4, "row-local", False, "mean", "diagonal", None),
     (4, "row-local", True, "mean", "diagonal", 300), (2, "row0", False, "max", "max", 200),
     (4, "row0", True, "mean", "sum", 200)])
-def test_next_n_matches_torch(next_n, mtp, accepted, reduce, combine, window, gen, triton_device):
+def test_next_n_matches_torch(next_n, mtp, accepted, reduce, combine, window, gen, triton_device, plan_path):
     # row-local + mean over the whole diagonal: every row ranks the blocks differently, so the union matters
     cfg = dataclasses.replace(BASE, mtp=mtp, reduce=reduce, combine=combine, diagonal_window=window)
-    _run(cfg, LENS[:4] + (3,), next_n, gen, triton_device, grow=[next_n, 0], accepted=accepted)
+    _run(cfg, LENS[:4] + (3,), next_n, gen, triton_device, grow=[next_n, 0], accepted=accepted, path=plan_path)
 
 
-def test_short_contexts_and_empty_batch(gen, triton_device):
+def test_short_contexts_and_empty_batch(gen, triton_device, plan_path):
     # contexts all <= K (keep_all) or one block, a guard off; then B = 0 (only the clock advances)
     cfg = dataclasses.replace(BASE, dense_below=0, topk=64)
-    _run(cfg, (64, 1, 63, 65, 130), 2, gen, triton_device, steps=2, grow=[1, 0])
-    _run(cfg, (), 1, gen, triton_device, steps=2)
+    _run(cfg, (64, 1, 63, 65, 130), 2, gen, triton_device, steps=2, grow=[1, 0], path=plan_path)
+    _run(cfg, (), 1, gen, triton_device, steps=2, path=plan_path)
 
 
-def test_ties_and_sparsity_edges(gen, triton_device):
+def test_ties_and_sparsity_edges(gen, triton_device, plan_path):
     # grid values (many tied block scores), sparsity where floor(s * n) sits on an integer
     for s, reduce in ((0.3, "max"), (0.5, "mean"), (0.95, "max"), (0.0, "mean")):
         cfg = dataclasses.replace(BASE, sparsity=s, reduce=reduce, dense_below=0)
-        _run(cfg, (50 * T, 10 * T + 1, 12 * T), 1, gen, triton_device, grow=[T, 0], layers=1, grid="coarse")
+        _run(cfg, (50 * T, 10 * T + 1, 12 * T), 1, gen, triton_device, grow=[T, 0], layers=1, grid="coarse",
+             path=plan_path)
 
 
-def test_out_of_range_block_ids(gen, triton_device):
+def test_out_of_range_block_ids(gen, triton_device, plan_path):
     # used blocks with ids outside the cache (plan(validate=False)): read as the all--inf trash block,
     # never read or written outside the state's tensors; same plan as the torch path
     _run(BASE, LENS[:4], 2, gen, triton_device, steps=2, grow=[1, 0], bad=True,
-         seen=[10 * T, 0, 0, 0])
+         seen=[10 * T, 0, 0, 0], path=plan_path)
     _run(dataclasses.replace(BASE, reduce="mean", combine="sum"), LENS[:2], 1, gen, triton_device, steps=1,
-         bad=True,
-         seen=[0, 100])
+         bad=True, seen=[0, 100], path=plan_path)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 def test_step_captures_in_a_cuda_graph(gen):
     cfg = dataclasses.replace(BASE, mtp="row-local")
     _run(cfg, LENS[:4] + (300 * T,), 2, gen, "cuda", grow=[2, 0], graph=True)
+
+
+@pytest.mark.parametrize("lens,extra_width", [
+    ((32 * T, 20 * T + 3), 0),  # W = 32 = the tile: every lane holds a block of the longest request
+    ((32 * T, 33 * T - 5, 31 * T + 1), 0),  # n = 32, 33 (just above: tile 64) and 31 in one batch
+], ids=["w-pow2", "w-pow2-plus-1"])
+def test_power_of_two_widths(lens, extra_width, gen, triton_device, plan_path):
+    cfg = dataclasses.replace(BASE, mtp="row-local")
+    _run(cfg, lens, 2, gen, triton_device, steps=1, grow=[0], path=plan_path, extra_width=extra_width)
+
+
+@pytest.mark.parametrize("cfg,grid", [
+    # every scored block ties (one value everywhere): stage B keeps the lowest blocks among equals
+    (dataclasses.replace(BASE, dense_below=0, reduce="mean"), "flat"),
+    (dataclasses.replace(BASE, dense_below=0, combine="vertical"), "flat"),
+    # random exploration with gamma = 0: stage C has need = 0
+    (dataclasses.replace(BASE, dense_below=0, gamma=0.0), None),
+    # gamma near 1: k1 = the forced blocks, stage B takes no unforced block (need = count of +inf keys)
+    (dataclasses.replace(BASE, dense_below=0, gamma=0.99), None),
+    # sparsity 0 without exploration: need = count (every candidate taken)
+    (dataclasses.replace(BASE, dense_below=0, sparsity=0.0, exploration="none", gamma=0.0), None),
+    # diagonal only, small window: blocks before it score -inf (not candidates) beside the forced +inf ones
+    (dataclasses.replace(BASE, dense_below=0, combine="diagonal", diagonal_window=70, sparsity=0.2), "coarse"),
+], ids=["flat-mean", "flat-vertical", "explore-need-0", "stage1-forced-only", "need-eq-count", "inf-mix"])
+def test_selection_edges(cfg, grid, gen, triton_device, plan_path):
+    _run(cfg, (24 * T + 7, 9 * T, 40 * T), 1, gen, triton_device, steps=2, grow=[T, 0], layers=1, grid=grid,
+         path=plan_path)
+
+
+try:
+    import triton
+    import triton.language as tl
+
+    from spin_indexer.predictor.plan_triton import _take, _threshold
+
+    @triton.jit
+    def _threshold_probe(key_ptr, ok_ptr, need_ptr, out_ptr, S: tl.constexpr):
+        """out int8 [S]: the lanes _threshold + _take select for keys uint32 (given as int64) and ok int8."""
+        i = tl.arange(0, S)
+        key = tl.load(key_ptr + i).to(tl.uint32)
+        ok = tl.load(ok_ptr + i) != 0
+        t, ties = _threshold(key, ok, tl.load(need_ptr))
+        tl.store(out_ptr + i, _take(key, ok, t, ties).to(tl.int8))
+except ImportError:  # pragma: no cover
+    triton = None
+
+
+def _ukey_ref(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> order-preserving uint32 as int64 (the kernel's _ukey, -0.0 folded into +0.0)."""
+    bits = torch.where(x == 0, torch.zeros_like(x), x).view(torch.int32).long() & 0xFFFFFFFF
+    return torch.where(bits >= 2**31, bits ^ 0xFFFFFFFF, bits ^ 0x80000000)
+
+
+def _cases(gen, size):
+    """(name, keys int64 [size] in [0, 2**32), ok bool [size]) edge cases for the threshold search."""
+    rnd = torch.randint(0, 2**32, (size,), generator=gen, dtype=torch.int64)
+    some = torch.rand(size, generator=gen) < 0.7
+    scores = torch.randn(size, generator=gen)
+    scores[torch.rand(size, generator=gen) < 0.25] = float("inf")  # forced
+    scores[torch.rand(size, generator=gen) < 0.25] = float("-inf")  # unscored: not a candidate
+    yield "random", rnd, some
+    yield "all-equal", torch.full((size,), 12345), torch.ones(size, dtype=torch.bool)
+    yield "two-values", torch.randint(0, 2, (size,), generator=gen) * (2**32 - 1), some
+    yield "extremes", torch.tensor([0, 2**32 - 1] * (size // 2)), torch.ones(size, dtype=torch.bool)
+    yield "inf-mix", _ukey_ref(scores), torch.isfinite(scores) | (scores > 0)
+    yield "few-ok", rnd, torch.rand(size, generator=gen) < 0.05
+    yield "none-ok", rnd, torch.zeros(size, dtype=torch.bool)
+
+
+def test_threshold_matches_a_sort(gen, triton_device):
+    # the register path's k-th largest search: every need from 0 to past the count on each case
+    if triton is None:
+        pytest.skip("triton")
+    size = 32
+    for name, keys, ok in _cases(gen, size):
+        count = int(ok.sum())
+        for need in sorted({0, 1, count // 2, max(count - 1, 0), count, count + 3}):
+            # expected: the need largest ok keys, ties to the lower lane (a stable descending sort)
+            order = sorted((i for i in range(size) if ok[i]), key=lambda i: (-int(keys[i]), i))
+            want = torch.zeros(size, dtype=torch.int8)
+            want[order[:need]] = 1
+            out = torch.full((size,), 7, dtype=torch.int8, device=triton_device)
+            _threshold_probe[(1,)](keys.to(triton_device), ok.to(torch.int8).to(triton_device),
+                                   torch.tensor([need], device=triton_device), out, S=size)
+            assert torch.equal(out.cpu(), want), f"{name}, need {need} of {count}"

@@ -7,27 +7,47 @@ Launch 1, `_plan_reset_kernel`, grid (B, L): program (b, l) resets layer l of re
   (b, 0) also writes ws.num_blocks / guarded / update_rows and stashes (step + 1, first entered block) for
   launch 2. Every reset lands before any selection reads the history, as in the torch path, so a physical
   block entering one request is "never scored" for every request holding it.
-Launch 2, `_plan_select_kernel`, grid (max(B, 1), L): program (b, l) does the selection of layer l for b:
-  A. score pass: block scores of prediction row 0, forced blocks (+inf key), both staged in scratch
-     (float32 key and int8 flag per block);
-  B. per prediction row (1 for row0, next_n for row-local): a radix select of the k1-th largest key
-     (4 passes of 8 bits over order-preserving uint32 keys, tl.histogram), then a pass that marks the
-     k1 best (keys above, then the first ties in block order: ties to the lower block) in the flags.
-     Rows past the first re-score only the blocks their diagonal window reaches (the rest equal row 0's);
-  C. random exploration: the same radix select over the inline hash of (seed, slot, step, block, layer)
-     among the valid unmarked blocks (hash desc, lower block on ties, as select_blocks with `hashes`);
-  D. compaction in ascending block order: only kept entries of kept_blocks / compact_table, num_kept,
-     compact_lens; program (b, 0) then writes step and seen_len of the slot, (0, 0) the clock.
-Bytes per program (W' = n blocks of the request, DW the diagonal window, reduce=max with combine max /
-vertical / diagonal): A reads 4 B (table) + 2 B (block_max) per block + 2 B x DW of diagonal and writes
-5 B per block; B reads 4 B per block per radix pass + 5 B in the mark pass (~21 B x W'); C reads 1 B per
-block per pass (~4 B x W'); D 1 B per block + 12 B per kept block. About 35 B x W' + 2 B x DW, mostly L1/L2
-hits on its own scratch, never O(context) (W' = 16384: ~0.6 MB). reduce=mean or combine=sum read each
-block's 64 vertical slots once in pass A (2 B per token).
-Measured on the H200 (triton 3.6, one CUDA graph, s = 0.5, K = 2048, 61 layers, random history): 200 us per
-step at B = 8 x 128K, 1.9 ms at B = 96 x 128K, 5.3 ms at B = 96 x 512K (9.9 ms with reduce=mean), 1.6 ms at
-B = 8 x 1M row-local next_n = 2; the tile table (block 512-4096, 4-16 warps) had 1024 / 64 / 4 warps best
-or within 10%. The passes are serial per program, so latency, not bytes, bounds it.
+Launch 2, `_plan_select_kernel`, grid (max(B, 1), L): program (b, l) does the selection of layer l for b.
+  Register path (next_pow2(W) <= register_tile, at most MAX_TILE = 16384 blocks; 4 warps up to 2048 blocks,
+  8 up to 8192, 16 above): the request's blocks are the lanes of one [SB = next_pow2(W)] tile, and the keys
+  of row 0, the candidate mask and the kept mask stay in registers from A to D:
+  A. one gather of every block's id and block max; forced blocks (+inf key); row 0's scores: reduce=max
+     takes the block max before the diagonal window, the window's blocks (every block of a per-slot rule)
+     are scored in [score_block, T] tiles written to a float32 scratch row and read back once;
+  B. per prediction row (1 for row0, next_n for row-local): the exact k1-th largest key t by bisection on
+     the uint32 key value (count(ok & key >= mid) per step, from [min, max] of the keys, at most 32 steps,
+     early exit when a count equals k1), then keys > t and the first k1 - count(key > t) ties in block
+     order (ties to the lower block), OR-ed into the kept mask. Rows past the first re-score only the
+     blocks their diagonal window reaches (the rest keep row 0's keys), through the scratch as in A;
+  C. random exploration: the same search over the inline hash of (seed, slot, step, block, layer) among
+     the valid unkept blocks (hash desc, lower block on ties, as select_blocks with `hashes`);
+  D. compaction in ascending block order from the register mask (one scan): only kept entries of
+     kept_blocks / compact_table, num_kept, compact_lens; program (b, 0) then writes step and seen_len of
+     the slot, (0, 0) the clock.
+  Chunked path (wider tables, or register_tile=0): tiles of `block` blocks, keys and flags staged in the
+  scratch (float32 key and int8 flag per block) and re-read by every pass: B and C are radix selects (4
+  passes of 8 bits, tl.histogram) with a mark pass writing flag 2; D reads the flags back.
+Bytes per program (W' = n blocks of the request, DW the diagonal window, K' the kept blocks, reduce=max with
+combine max / vertical / diagonal): register path: A reads 4 B (table) + 2 B (block_max) per block, the
+window's blocks again plus 2 B x DW of diagonal and 8 B of scratch each; B re-scores the window per row
+past the first; C reads nothing; D reads 4 B and writes 8 B per kept block: about 6 B x W' + 12 B x K' +
+O(DW), never O(context). Chunked path: A writes 5 B per block, B reads 4 B per block per radix pass + 5 B
+in the mark pass (~21 B x W'), C 1 B per block per pass, D 1 B per block + 12 B per kept block: about
+35 B x W' + 2 B x DW, mostly L1/L2 hits on its own scratch (W' = 16384: ~0.6 MB). reduce=mean or
+combine=sum read each block's 64 vertical slots once in pass A (2 B per token) on both paths.
+Prediction (register path, not yet measured on a GPU). The chunked kernel was measured at 3.9 ms per step
+at B = 96 x 512K (W' = 8192, 61 layers: 64 us per layer), with a serial chain per row0 program of ~80
+dependent chunk passes over 1024 blocks: per B row 4 radix passes + 1 mark pass over 8 chunks, 4 x 8 for
+exploration, 8 for D, each a scratch reload, 64 of them with a 256-bin histogram (8 x 8192 elements; one
+8192-element histogram alone was measured at ~10 us in one program). At W' = 8192 the register path runs
+8 warps (32 blocks per thread) and its chain is: ~6 dependent global round trips (table -> block max, the
+window's tiles -> scratch -> read-back, the table in D), then per threshold search 3 reductions + at most
+32 bisection steps (typically ~log2(candidates) + a few with the early exit on distinct float keys and
+hashes), each 32 compares and adds per thread and one block reduction, then a scan for the ties and one
+for the ranks: ~70 block reductions for B + C, no histogram. At a few hundred ns per block reduction and
+~1 us per round trip that is ~15-30 us per program, so I expect the selection launch 2-4x shorter at 512K
+(more at 128K: fewer steps, 4 warps). Unknowns: spills at 16 warps x 32 blocks (int64 hash and key
+temporaries), and how many programs share an SM (registers per thread set it), which sets step time.
 Semantics: bit-identical to the torch path. reduce=mean sums a block's slot scores in another order than
 torch, so it is identical when those sums are exact in float32 (the tests use such values) and otherwise
 within float32 rounding. Block ids outside [0, num_cache_blocks) read as the trash block, treated as
@@ -51,6 +71,7 @@ except ImportError:  # pragma: no cover
     triton = None
 
 _MASK31 = 0x7FFFFFFF
+MAX_TILE = 16384  # widest register tile (blocks): 32 per thread at 16 warps
 _COMBINE = {Combine.MAX: 0, Combine.SUM: 1, Combine.VERTICAL: 2, Combine.DIAGONAL: 3}
 
 
@@ -73,14 +94,17 @@ def _next_pow2(x: int) -> int:
 
 def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      slot_ids: torch.Tensor, num_accepted: torch.Tensor | None, block: int = 1024,
-                     score_block: int = 64, num_warps: int = 4) -> None:
+                     score_block: int = 64, num_warps: int | None = None, register_tile: int = MAX_TILE) -> None:
     """The fused plan(): writes ws (kept_blocks, compact_table, num_kept, compact_lens of every layer, and
     num_blocks, guarded, update_rows) and advances the state exactly as the torch path of SpinIndexer.plan().
 
     config: a SpinConfig with supports(config); state: SpinState; ws: Workspace (leading [:B, :W] slices are
     written); block_table: int32 [B, W]; seq_lens: int32 [B, N]; slot_ids: int32/int64 [B] distinct;
-    num_accepted: int32 [B] or None. block / score_block: blocks per tile of the flat passes / of the
-    scoring passes (powers of two; tests pass small ones to cross tiles); num_warps: of the select kernel.
+    num_accepted: int32 [B] or None. block / score_block: blocks per tile of the chunked path's flat passes
+    (and of the reset kernel, at most 32) / of the scoring passes (powers of two; tests pass small ones to
+    cross tiles); num_warps: of the select kernel, None = chosen from the tile. register_tile: the largest
+    register tile (capped at MAX_TILE); a table whose next_pow2(W) exceeds it takes the chunked path (tests
+    pass 0 to force it).
     """
     batch, width = block_table.shape
     next_n = seq_lens.shape[1]
@@ -92,14 +116,25 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
     slots = slot_ids.contiguous()
     acc = num_accepted.contiguous() if num_accepted is not None else lens
     rows_b = max(batch, 1)
+    wp = _next_pow2(max(width, 1))
+    reg = wp <= min(register_tile, MAX_TILE)
+    if reg:  # one tile holds every block of a request (SB >= n)
+        sb = wp
+        # 32 blocks per thread at most (4 warps to 2048 blocks, 8 to 8192, 16 to 16384): each thread
+        # holds a few [SB] tensors (key, candidate and kept masks), about 4 registers per block it owns;
+        # more warps would make every bisection step's block reduction wider for no fewer dependent steps.
+        warps = num_warps or (4 if sb <= 2048 else 8 if sb <= 8192 else 16)
+    else:  # chunked: the measured best of the tile table (1024 blocks, 4 warps)
+        sb = min(_next_pow2(block), wp)
+        warps = num_warps or 4
+    sbs = min(_next_pow2(score_block), sb)
     stash = torch.empty(rows_b, 2, dtype=torch.int32, device=dev)
     scratch = torch.empty(rows_b * layers, max(width, 1), dtype=torch.float32, device=dev)
-    flags = torch.empty(rows_b * layers, max(width, 1), dtype=torch.int8, device=dev)
+    # the register path keeps its flags in registers: no flag scratch
+    flags = torch.empty(1 if reg else rows_b * layers, 1 if reg else max(width, 1), dtype=torch.int8, device=dev)
     guarded = ws.guarded.view(torch.uint8)
     upd = ws.update_rows.view(torch.uint8)
     vert, bmax, diag = state.vertical, state.block_max, state.diagonal
-    sb = min(_next_pow2(block), _next_pow2(max(width, 1)))
-    sbs = min(_next_pow2(score_block), sb)
     tp, np_ = _next_pow2(t), _next_pow2(next_n)
     common = dict(T=t, TP=tp, NP=np_)
     if batch > 0:
@@ -108,7 +143,8 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
             vert, vert.stride(0), vert.stride(1), bmax, bmax.stride(0), bmax.stride(1),
             ws.num_blocks, guarded, upd, upd.stride(0), stash,
             next_n, state.num_cache_blocks, config.topk, config.guard_tokens,
-            SB=min(32, sb), ROW0=config.mtp is MtpPolicy.ROW0, HAS_ACC=num_accepted is not None, **common)
+            SB=min(32, _next_pow2(block), wp), ROW0=config.mtp is MtpPolicy.ROW0, HAS_ACC=num_accepted is not None,
+            **common)
     explore = config.exploration is Exploration.RANDOM
     mean = config.reduce is Reduce.MEAN
     combine = _COMBINE[config.combine]
@@ -124,7 +160,7 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
         config.topk, config.guard_tokens, -(-config.topk // t) + 1,
         _f64_bits(config.sparsity), _f64_bits(config.gamma), (config.seed * 0x9E3779B1) & _MASK31,
         SB=sb, SBS=sbs, SLOT=mean or config.combine is Combine.SUM, COMBINE=combine, MEAN=mean,
-        EXPLORE=explore, enable_fp_fusion=False, num_warps=num_warps, **common)
+        EXPLORE=explore, REG=reg, enable_fp_fusion=False, num_warps=warps, **common)
 
 
 if triton is not None:
@@ -254,6 +290,81 @@ if triton is not None:
         tl.store(flg + blk, tl.full([S], 2, tl.int8), mask=sel)
         return ties + tl.sum(eq, axis=0)
 
+    # ---- register path (one [SB] tile per request): keys, candidates and kept blocks stay in registers
+
+    @triton.jit
+    def _forced_tile(blk, m, bm, first_new, first_entered, dense):
+        """bool [S]: valid blocks kept whatever their score (plan.forced_blocks): a query row's block, never
+        scored (block max -inf, trash ids included), entered, or every block of a keep_all / guarded request.
+        blk: int [S]; m: bool [S] (blk < n); bm: float32 [S]; the rest int64 scalars."""
+        return m & ((blk >= first_new) | (bm == NEG_INF) | (blk >= first_entered) | ((blk * 0 + dense) > 0))
+
+    @triton.jit
+    def _tile_key(s, forced, m):
+        """(key uint32 [S], ok bool [S]) of scores s float32 [S]: forced blocks +inf, the unforced valid blocks
+        with a finite score are candidates too; the same keys the chunked path stages (_flat_key)."""
+        sk = tl.where(forced, float("inf"), tl.where(m & ~forced, s, NEG_INF))
+        return _ukey(sk), m & (sk > NEG_INF)
+
+    @triton.jit
+    def _scores_via_scratch(scr, blk, lo, n, tb, bmax_l, stride_bp, num_cache_blocks, first_new, first_entered,
+                            dense, q, wlo, vert_l, stride_vp, diag_row, window, T: tl.constexpr,
+                            TP: tl.constexpr, SBS: tl.constexpr, SLOT: tl.constexpr, COMBINE: tl.constexpr,
+                            MEAN: tl.constexpr):
+        """float32 [SB] (the shape of blk, int32 [SB]): A1 scores of query position q for blocks [lo, n),
+        -inf elsewhere (and on forced blocks: the caller keys those +inf). They are computed in [SBS, TP]
+        tiles, which cannot be placed into the [SB] register tile directly (no register indexing), so each
+        tile goes to the program's scratch row and the [SB] tile is read back in one load. The barrier
+        before the writes orders them after the previous read-back of the same row (write after read)."""
+        tl.debug_barrier()
+        offs_s = tl.arange(0, SBS)
+        for start in range(lo, n, SBS):
+            sblk = start + offs_s
+            sm = sblk < n
+            phys, inside, bm = _phys_bm(tb, sblk, sm, bmax_l, stride_bp, num_cache_blocks)
+            forced = _forced_tile(sblk, sm, bm, first_new, first_entered, dense)
+            sc = _score_tile(sblk, sm & ~forced, phys, bm, q, start + SBS > wlo, vert_l, stride_vp, diag_row,
+                             window, T, TP, SBS, SLOT, COMBINE, MEAN)
+            tl.store(scr + sblk, sc, mask=sm)
+        tl.debug_barrier()  # the read-back below takes other threads' tiles
+        return tl.load(scr + blk, mask=(blk >= lo) & (blk < n), other=NEG_INF)
+
+    @triton.jit
+    def _threshold(key, ok, need):
+        """(t uint32, ties int64) scalars such that the ok lanes with key > t, then the first `ties` ok lanes
+        with key == t in lane order, are the min(need, count(ok)) largest ok keys, ties to the lower lane:
+        the (prefix, need) the radix select of the chunked path ends with. key: uint32 [S]; ok: bool [S];
+        need: int64 scalar.
+
+        t is the need-th largest ok key, by bisection on the key value with one count per step (a compare
+        per element and a block reduction, no histogram): lo keeps count(key >= lo) >= need, hi keeps
+        count(key > hi) < need. It starts from [min, max] of the ok keys (at most bit_length(max - min) <= 32
+        steps) and stops early when a count hits need exactly: every key >= mid is then taken and no tie is
+        cut, which the returned (t, ties) still say exactly. need >= count: t = min (all); need <= 0: t =
+        max and no ties (none)."""
+        count = tl.sum(ok.to(tl.int32), axis=0).to(tl.int64)
+        need = tl.maximum(tl.minimum(need, count), 0)
+        k64 = key.to(tl.int64)
+        lo = tl.min(tl.where(ok, k64, 0xFFFFFFFF), axis=0)
+        hi = tl.max(tl.where(ok, k64, 0), axis=0)
+        lo = tl.where(need == 0, hi, lo)
+        hi = tl.where(need >= count, lo, hi)
+        while lo < hi:
+            mid = hi - (hi - lo) // 2  # upper middle: lo < mid <= hi
+            c = tl.sum((ok & (key >= mid.to(tl.uint32))).to(tl.int32), axis=0)
+            lo = tl.where(c >= need, mid, lo)
+            hi = tl.where(c > need, hi, tl.where(c == need, mid, mid - 1))
+        t = lo.to(tl.uint32)
+        above = tl.sum((ok & (key > t)).to(tl.int32), axis=0)
+        return t, need - above
+
+    @triton.jit
+    def _take(key, ok, t, ties):
+        """bool [S]: the ok lanes with key > t, then the first `ties` ok lanes with key == t in lane (block)
+        order. key: uint32 [S]; ok: bool [S]; t: uint32 scalar; ties: int64 scalar."""
+        eq = (ok & (key == t)).to(tl.int32)
+        return ok & ((key > t) | ((eq != 0) & (tl.cumsum(eq, 0) - eq < ties)))
+
     @triton.jit
     def _plan_reset_kernel(table_ptr, stride_tb, lens_ptr, slot_ptr, step_ptr, seen_ptr, acc_ptr,
                            vert_ptr, stride_vl, stride_vp, bmax_ptr, stride_bp, stride_bl,
@@ -304,7 +415,7 @@ if triton is not None:
                             sparsity_bits, gamma_bits, hash0,
                             T: tl.constexpr, TP: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr,
                             SBS: tl.constexpr, SLOT: tl.constexpr, COMBINE: tl.constexpr, MEAN: tl.constexpr,
-                            EXPLORE: tl.constexpr):
+                            EXPLORE: tl.constexpr, REG: tl.constexpr):
         pb = tl.program_id(0)
         pl = tl.program_id(1)
         if pb < batch:
@@ -332,141 +443,201 @@ if triton is not None:
             row = b * tl.num_programs(1) + l
             scr = scr_ptr + row * stride_scr
             flg = flg_ptr + row * stride_scr
-            offs = tl.arange(0, SB).to(tl.int64)
-            offs_s = tl.arange(0, SBS).to(tl.int64)
-
-            # A. row 0's block scores and the forced blocks, staged (forced: key +inf and flag 1)
+            # both paths: the prediction rows' queries and windows, the exploration hash, the output rows
             j_all = tl.arange(0, NP)
             row_lens = tl.load(lens_ptr + b * next_n + j_all, mask=j_all < num_rows, other=0).to(tl.int64)
             q0 = tl.load(lens_ptr + b * next_n).to(tl.int64) - 1
             wlo0 = _wlo(q0, window, T)
             wmin = tl.min(tl.where(j_all < num_rows, _wlo(row_lens - 1, window, T), 1 << 40), axis=0)
-            num_forced = tl.zeros([], tl.int64)
-            # reduce=max reads one block max per block: blocks before the diagonal window go in wide 1-D
-            # tiles (a [SBS, T] tile per 64 blocks made this pass latency-bound: 128 dependent gathers at
-            # W = 8K); the window's blocks, and every block of a per-slot rule, take the [SBS, T] tiles.
-            lo = tl.minimum(wlo0, n)
-            if SLOT:
-                lo = n * 0
-            for start in range(0, lo, SB):
-                blk = start + offs
-                m = blk < lo
-                phys, inside, bm = _phys_bm(tb, blk, m, bmax_l, stride_bp, num_cache_blocks)
-                forced = m & ((blk >= first_new) | (bm == NEG_INF) | (blk >= first_entered) | ((blk * 0 + dense) > 0))
-                s = bm
-                if COMBINE == 3:  # diagonal only, and no diagonal history before the window
-                    s = tl.full([SB], NEG_INF, tl.float32)
-                s = tl.where(m & ~forced, s, NEG_INF)
-                tl.store(scr + blk, tl.where(forced, float("inf"), s), mask=m)
-                tl.store(flg + blk, forced.to(tl.int8), mask=m)
-                num_forced += tl.sum(forced.to(tl.int64), axis=0)
-            for start in range(lo, n, SBS):
-                blk = start + offs_s
-                m = blk < n
-                phys, inside, bm = _phys_bm(tb, blk, m, bmax_l, stride_bp, num_cache_blocks)
-                forced = m & ((blk >= first_new) | (bm == NEG_INF) | (blk >= first_entered) | ((blk * 0 + dense) > 0))
-                s = _score_tile(blk, m & ~forced, phys, bm, q0, start + SBS > wlo0, vert_l, stride_vp, diag_row,
-                                window, T, TP, SBS, SLOT, COMBINE, MEAN)
-                tl.store(scr + blk, tl.where(forced, float("inf"), s), mask=m)
-                tl.store(flg + blk, forced.to(tl.int8), mask=m)
-                num_forced += tl.sum(forced.to(tl.int64), axis=0)
-            tl.debug_barrier()  # the staged keys and flags are read back by other threads
-            k1 = tl.maximum(num_forced, budget - explore)
-
-            # B. stage 1 per prediction row: the k1 best keys (forced = +inf), ties to the lower block
-            # (keep_all / guarded: every valid block is forced and k1 = n, nothing to select)
-            for j in range(0, num_rows * (1 - dense)):
-                qj = tl.load(lens_ptr + b * next_n + j).to(tl.int64) - 1
-                wloj = _wlo(qj, window, T)
-                rec_lo = tl.where(j > 0, tl.minimum(wmin, n), n)  # rows past 0 re-score the window blocks
-                prefix = tl.zeros([], tl.uint32)
-                need = k1
-                need0 = k1
-                all_in = tl.zeros([], tl.int32)  # 1: every candidate is taken (no threshold needed)
-                for p in tl.static_range(4):
-                    if all_in == 0:
-                        hist = tl.zeros([256], tl.int32)
-                        for start in range(0, rec_lo, SB):
-                            blk = start + offs
-                            key, ok = _flat_key(scr, flg, blk, blk < rec_lo)
-                            hist += _digit_hist(key, ok, prefix, 24 - 8 * p)
-                        for start in range(rec_lo, n, SBS):
-                            blk = start + offs_s
-                            key, ok = _rescored_key(flg, blk, blk < n, start, tb, bmax_l, stride_bp,
-                                                    num_cache_blocks, qj, wloj, vert_l, stride_vp, diag_row, window,
-                                                    T, TP, SBS, SLOT, COMBINE, MEAN)
-                            hist += _digit_hist(key, ok, prefix, 24 - 8 * p)
-                        if p == 0:
-                            count = tl.sum(hist, axis=0).to(tl.int64)
-                            need = tl.minimum(need, count)
-                            need0 = need
-                            all_in = (need == count).to(tl.int32)
-                        digit, above = _pick_digit(hist, need)
-                        need -= above
-                        prefix = prefix | (digit.to(tl.uint32) << (24 - 8 * p))
-                # mark: keys above the threshold, then the first `need` ties in block order (flag 2)
-                ties = tl.zeros([], tl.int64)
-                for start in range(0, rec_lo, SB):
-                    blk = start + offs
-                    mm = blk < rec_lo
-                    key, ok = _flat_key(scr, flg, blk, mm)
-                    f = tl.load(flg + blk, mask=mm, other=1)
-                    ties = _mark(flg, blk, key, ok, f, prefix, ties, need, need0, all_in, SB)
-                for start in range(rec_lo, n, SBS):
-                    blk = start + offs_s
-                    mm = blk < n
-                    key, ok = _rescored_key(flg, blk, mm, start, tb, bmax_l, stride_bp, num_cache_blocks, qj, wloj,
-                                            vert_l, stride_vp, diag_row, window, T, TP, SBS, SLOT, COMBINE, MEAN)
-                    f = tl.load(flg + blk, mask=mm, other=1)
-                    ties = _mark(flg, blk, key, ok, f, prefix, ties, need, need0, all_in, SBS)
-            tl.debug_barrier()  # stage 2 and compaction read the final flags
-
-            # C. stage 2, random exploration: the `extra` best hashes among valid unmarked blocks
             hp = _mix(tl.zeros([], tl.int64) + hash0 ^ (slot & 0x7FFFFFFF))
             hp = _mix(hp ^ (step.to(tl.int64) & 0x7FFFFFFF))
             lmix = (l * tl.full([], 0x9E3779B1, tl.int64) + 0x7F4A7C15) & 0x7FFFFFFF
-            prefix2 = tl.zeros([], tl.uint32)
-            need2 = tl.zeros([], tl.int64)
-            need2_0 = need2
-            if EXPLORE:
-                need2 = tl.maximum(tl.minimum(explore, budget - k1), 0)
-                for p in tl.static_range(4):
-                    hist = tl.zeros([256], tl.int32)
-                    for start in range(0, n, SB):
-                        blk = start + offs
-                        m = blk < n
-                        f = tl.load(flg + blk, mask=m, other=1)
-                        h = _mix(_mix(hp ^ blk) ^ lmix).to(tl.uint32)
-                        hist += _digit_hist(h, m & (f == 0), prefix2, 24 - 8 * p)
-                    if p == 0:
-                        need2 = tl.minimum(need2, tl.sum(hist, axis=0).to(tl.int64))
-                        need2_0 = need2
-                    digit, above = _pick_digit(hist, need2)
-                    need2 -= above
-                    prefix2 = prefix2 | (digit.to(tl.uint32) << (24 - 8 * p))
-
-            # D. compaction, ascending: only the kept entries are written
             kept_row = kept_ptr + l * stride_kl + b * stride_kb
             ctab_row = ctab_ptr + l * stride_tl + b * stride_tbb
-            done = tl.zeros([], tl.int64)
-            ties2 = tl.zeros([], tl.int64)
-            for start in range(0, n, SB):
-                blk = start + offs
+            if REG:
+                # Register path: every block of the request is one lane of an [SB] tile (SB >= n); the keys of
+                # row 0, the candidate mask and the kept mask stay in registers from pass A to pass D, so no
+                # pass re-reads a staged key or flag. Only the scores made in [SBS, TP] tiles (the diagonal
+                # window's blocks; every block of a per-slot rule) go through the scratch, read back once.
+                blk = tl.arange(0, SB)
                 m = blk < n
-                f = tl.load(flg + blk, mask=m, other=0)
-                keep = m & (f != 0)
+                # A. row 0's scores; forced blocks (key +inf). One gather of every block's id and block max.
+                phys, inside, bm = _phys_bm(tb, blk, m, bmax_l, stride_bp, num_cache_blocks)
+                forced = _forced_tile(blk, m, bm, first_new, first_entered, dense)
+                num_forced = tl.sum(forced.to(tl.int32), axis=0).to(tl.int64)
+                lo = tl.minimum(wlo0, n)  # reduce=max before the window: the block max is the score
+                if SLOT:
+                    lo = n * 0
+                s = bm
+                if COMBINE == 3:  # diagonal only, and no diagonal history before the window
+                    s = tl.full([SB], NEG_INF, tl.float32)
+                sw = _scores_via_scratch(scr, blk, lo, n, tb, bmax_l, stride_bp, num_cache_blocks, first_new,
+                                         first_entered, dense, q0, wlo0, vert_l, stride_vp, diag_row, window,
+                                         T, TP, SBS, SLOT, COMBINE, MEAN)
+                key0, ok0 = _tile_key(tl.where(blk >= lo, sw, s), forced, m)
+                k1 = tl.maximum(num_forced, budget - explore)
+
+                # B. stage 1 per prediction row: the k1 best keys (forced = +inf), ties to the lower block.
+                # Rows past 0 re-score only the blocks from the first one a row's window reaches (the same
+                # rec_lo as the chunked path); the blocks before keep row 0's keys.
+                kept = forced
+                for j in range(0, num_rows * (1 - dense)):
+                    key = key0
+                    ok = ok0
+                    if j > 0:
+                        qj = tl.load(lens_ptr + b * next_n + j).to(tl.int64) - 1
+                        rec_lo = tl.minimum(wmin, n)
+                        sj = _scores_via_scratch(scr, blk, rec_lo, n, tb, bmax_l, stride_bp, num_cache_blocks,
+                                                 first_new, first_entered, dense, qj, _wlo(qj, window, T), vert_l,
+                                                 stride_vp, diag_row, window, T, TP, SBS, SLOT, COMBINE, MEAN)
+                        keyj, okj = _tile_key(sj, forced, m)
+                        key = tl.where(blk >= rec_lo, keyj, key0)
+                        ok = tl.where(blk >= rec_lo, okj, ok0)
+                    t1, ties1 = _threshold(key, ok, k1)
+                    kept = kept | _take(key, ok, t1, ties1)
+
+                # C. random exploration: the `need2` largest hashes among valid unkept blocks, lower block on ties
                 if EXPLORE:
-                    cand = m & (f == 0)
+                    need2 = tl.maximum(tl.minimum(explore, budget - k1), 0)
                     h = _mix(_mix(hp ^ blk) ^ lmix).to(tl.uint32)
-                    eq = (cand & (h == prefix2)).to(tl.int64)
-                    pick = cand & ((h > prefix2) | ((eq != 0) & (ties2 + tl.cumsum(eq, 0) - eq < need2)))
-                    keep = keep | (pick & ((blk * 0 + need2_0) > 0))
-                    ties2 += tl.sum(eq, axis=0)
-                ki = keep.to(tl.int64)
-                rank = done + tl.cumsum(ki, 0) - 1
-                tl.store(kept_row + rank, blk.to(tl.int32), mask=keep)
-                tl.store(ctab_row + rank, tl.load(tb + blk, mask=keep, other=0), mask=keep)
-                done += tl.sum(ki, axis=0)
+                    cand = m & ~kept
+                    t2, ties2 = _threshold(h, cand, need2)
+                    kept = kept | _take(h, cand, t2, ties2)
+
+                # D. compaction, ascending, from the register flags (no scratch: they never left this
+                # program's registers). The table is read again for the kept blocks rather than holding phys
+                # through B and C (registers are the tighter resource here; the reads are L1/L2 hits).
+                ki = kept.to(tl.int32)
+                rank = tl.cumsum(ki, 0) - 1
+                tl.store(kept_row + rank, blk, mask=kept)
+                tl.store(ctab_row + rank, tl.load(tb + blk, mask=kept, other=0), mask=kept)
+                done = tl.sum(ki, axis=0).to(tl.int64)
+            else:  # chunked path (next_pow2(W) > the register tile): keys and flags staged in the scratch
+                offs = tl.arange(0, SB).to(tl.int64)
+                offs_s = tl.arange(0, SBS).to(tl.int64)
+
+                # A. row 0's block scores and the forced blocks, staged (forced: key +inf and flag 1)
+                num_forced = tl.zeros([], tl.int64)
+                # reduce=max reads one block max per block: blocks before the diagonal window go in wide 1-D
+                # tiles (a [SBS, T] tile per 64 blocks made this pass latency-bound: 128 dependent gathers at
+                # W = 8K); the window's blocks, and every block of a per-slot rule, take the [SBS, T] tiles.
+                lo = tl.minimum(wlo0, n)
+                if SLOT:
+                    lo = n * 0
+                for start in range(0, lo, SB):
+                    blk = start + offs
+                    m = blk < lo
+                    phys, inside, bm = _phys_bm(tb, blk, m, bmax_l, stride_bp, num_cache_blocks)
+                    forced = m & ((blk >= first_new) | (bm == NEG_INF) | (blk >= first_entered) | ((blk * 0 + dense) > 0))
+                    s = bm
+                    if COMBINE == 3:  # diagonal only, and no diagonal history before the window
+                        s = tl.full([SB], NEG_INF, tl.float32)
+                    s = tl.where(m & ~forced, s, NEG_INF)
+                    tl.store(scr + blk, tl.where(forced, float("inf"), s), mask=m)
+                    tl.store(flg + blk, forced.to(tl.int8), mask=m)
+                    num_forced += tl.sum(forced.to(tl.int64), axis=0)
+                for start in range(lo, n, SBS):
+                    blk = start + offs_s
+                    m = blk < n
+                    phys, inside, bm = _phys_bm(tb, blk, m, bmax_l, stride_bp, num_cache_blocks)
+                    forced = m & ((blk >= first_new) | (bm == NEG_INF) | (blk >= first_entered) | ((blk * 0 + dense) > 0))
+                    s = _score_tile(blk, m & ~forced, phys, bm, q0, start + SBS > wlo0, vert_l, stride_vp, diag_row,
+                                    window, T, TP, SBS, SLOT, COMBINE, MEAN)
+                    tl.store(scr + blk, tl.where(forced, float("inf"), s), mask=m)
+                    tl.store(flg + blk, forced.to(tl.int8), mask=m)
+                    num_forced += tl.sum(forced.to(tl.int64), axis=0)
+                tl.debug_barrier()  # the staged keys and flags are read back by other threads
+                k1 = tl.maximum(num_forced, budget - explore)
+
+                # B. stage 1 per prediction row: the k1 best keys (forced = +inf), ties to the lower block
+                # (keep_all / guarded: every valid block is forced and k1 = n, nothing to select)
+                for j in range(0, num_rows * (1 - dense)):
+                    qj = tl.load(lens_ptr + b * next_n + j).to(tl.int64) - 1
+                    wloj = _wlo(qj, window, T)
+                    rec_lo = tl.where(j > 0, tl.minimum(wmin, n), n)  # rows past 0 re-score the window blocks
+                    prefix = tl.zeros([], tl.uint32)
+                    need = k1
+                    need0 = k1
+                    all_in = tl.zeros([], tl.int32)  # 1: every candidate is taken (no threshold needed)
+                    for p in tl.static_range(4):
+                        if all_in == 0:
+                            hist = tl.zeros([256], tl.int32)
+                            for start in range(0, rec_lo, SB):
+                                blk = start + offs
+                                key, ok = _flat_key(scr, flg, blk, blk < rec_lo)
+                                hist += _digit_hist(key, ok, prefix, 24 - 8 * p)
+                            for start in range(rec_lo, n, SBS):
+                                blk = start + offs_s
+                                key, ok = _rescored_key(flg, blk, blk < n, start, tb, bmax_l, stride_bp,
+                                                        num_cache_blocks, qj, wloj, vert_l, stride_vp, diag_row, window,
+                                                        T, TP, SBS, SLOT, COMBINE, MEAN)
+                                hist += _digit_hist(key, ok, prefix, 24 - 8 * p)
+                            if p == 0:
+                                count = tl.sum(hist, axis=0).to(tl.int64)
+                                need = tl.minimum(need, count)
+                                need0 = need
+                                all_in = (need == count).to(tl.int32)
+                            digit, above = _pick_digit(hist, need)
+                            need -= above
+                            prefix = prefix | (digit.to(tl.uint32) << (24 - 8 * p))
+                    # mark: keys above the threshold, then the first `need` ties in block order (flag 2)
+                    ties = tl.zeros([], tl.int64)
+                    for start in range(0, rec_lo, SB):
+                        blk = start + offs
+                        mm = blk < rec_lo
+                        key, ok = _flat_key(scr, flg, blk, mm)
+                        f = tl.load(flg + blk, mask=mm, other=1)
+                        ties = _mark(flg, blk, key, ok, f, prefix, ties, need, need0, all_in, SB)
+                    for start in range(rec_lo, n, SBS):
+                        blk = start + offs_s
+                        mm = blk < n
+                        key, ok = _rescored_key(flg, blk, mm, start, tb, bmax_l, stride_bp, num_cache_blocks, qj, wloj,
+                                                vert_l, stride_vp, diag_row, window, T, TP, SBS, SLOT, COMBINE, MEAN)
+                        f = tl.load(flg + blk, mask=mm, other=1)
+                        ties = _mark(flg, blk, key, ok, f, prefix, ties, need, need0, all_in, SBS)
+                tl.debug_barrier()  # stage 2 and compaction read the final flags
+
+                # C. stage 2, random exploration: the `extra` best hashes among valid unmarked blocks
+                prefix2 = tl.zeros([], tl.uint32)
+                need2 = tl.zeros([], tl.int64)
+                need2_0 = need2
+                if EXPLORE:
+                    need2 = tl.maximum(tl.minimum(explore, budget - k1), 0)
+                    for p in tl.static_range(4):
+                        hist = tl.zeros([256], tl.int32)
+                        for start in range(0, n, SB):
+                            blk = start + offs
+                            m = blk < n
+                            f = tl.load(flg + blk, mask=m, other=1)
+                            h = _mix(_mix(hp ^ blk) ^ lmix).to(tl.uint32)
+                            hist += _digit_hist(h, m & (f == 0), prefix2, 24 - 8 * p)
+                        if p == 0:
+                            need2 = tl.minimum(need2, tl.sum(hist, axis=0).to(tl.int64))
+                            need2_0 = need2
+                        digit, above = _pick_digit(hist, need2)
+                        need2 -= above
+                        prefix2 = prefix2 | (digit.to(tl.uint32) << (24 - 8 * p))
+
+                # D. compaction, ascending: only the kept entries are written
+                done = tl.zeros([], tl.int64)
+                ties2 = tl.zeros([], tl.int64)
+                for start in range(0, n, SB):
+                    blk = start + offs
+                    m = blk < n
+                    f = tl.load(flg + blk, mask=m, other=0)
+                    keep = m & (f != 0)
+                    if EXPLORE:
+                        cand = m & (f == 0)
+                        h = _mix(_mix(hp ^ blk) ^ lmix).to(tl.uint32)
+                        eq = (cand & (h == prefix2)).to(tl.int64)
+                        pick = cand & ((h > prefix2) | ((eq != 0) & (ties2 + tl.cumsum(eq, 0) - eq < need2)))
+                        keep = keep | (pick & ((blk * 0 + need2_0) > 0))
+                        ties2 += tl.sum(eq, axis=0)
+                    ki = keep.to(tl.int64)
+                    rank = done + tl.cumsum(ki, 0) - 1
+                    tl.store(kept_row + rank, blk.to(tl.int32), mask=keep)
+                    tl.store(ctab_row + rank, tl.load(tb + blk, mask=keep, other=0), mask=keep)
+                    done += tl.sum(ki, axis=0)
             tl.store(nkept_ptr + l * stride_nl + b, done.to(tl.int32))
             # Every block from a row's last block to the newest is forced, so the compact rank of row j's
             # last block is done - n + last_block (length 130, kept [0, 2]: rank 1, compact length 66).

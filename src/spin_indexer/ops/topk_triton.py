@@ -3,7 +3,7 @@
 Exactness argument. Split a row into groups of G columns and let S_g be the max of group g (over valid
 columns). Any threshold tau <= (k-th largest S_g) has at least k elements >= tau (each of the k best
 groups holds its max), so the top k elements are all >= tau, and they sit in groups with S_g >= tau.
-Four launches, no host sync:
+At most four launches, three with usable group maxima, no host sync:
   1. (only without usable group maxima) `_group_max_kernel`: S = max over G columns, G picked from C and k
      so that a row has >= 4k groups; with G = 64 the logits kernel's fused block max is used directly.
   2. `_threshold_kernel` (one program per row): tau = lower edge of the 16-bit key bucket holding the
@@ -15,8 +15,8 @@ Four launches, no host sync:
      larger keys; out[r, rank] = position when rank < k (parallel: a one-program sort of 4096 keys takes
      ~80 us on the H200). More rows: `_select_kernel` finds each row's k-th candidate key (counting
      bisection), keeps the k best and sorts those (next_pow2(k) keys, not the whole buffer). Rows
-     with more than CAP candidates (massive ties) get an exact streaming merge over the whole row in
-     `_select_kernel` (slow, never wrong).
+     with more than CAP candidates (massive ties) get an exact streaming merge over the whole row
+     (`_merge_overflow`, slow, never wrong) in whichever of the two runs.
 Sort key: the fp32 value mapped to an order-preserving uint32 (upper half) and 0xFFFFFFFF - position
 (lower half): sorting descending puts larger values first and, among equal values, lower positions
 first, exactly as the stable reference. -0.0 is folded into +0.0 (the reference sorts them as equal).
@@ -100,7 +100,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
         groups_per_prog = max(1, 2048 // group)
         _group_max_kernel[(rows, triton.cdiv(num_groups, groups_per_prog))](
             logits, lengths, summary, cols, num_groups, logits.stride(0), summary.stride(0),
-            G=group, GP=groups_per_prog, num_warps=4)
+            G=group, GP=groups_per_prog, EVEN=cols % group == 0, num_warps=4)
     thresh = torch.empty(rows, dtype=torch.int32, device=dev)
     if stats is not None:
         check_tensor("stats", stats, dtype=torch.int32, shape=(rows,), shape_names="[R]", device=dev,
@@ -121,20 +121,21 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
         return out
     lb = max(16, 1024 // group)
     _gather_kernel[(rows, triton.cdiv(cap, lb))](logits, lengths, live, num_live, thresh, count, cand,
-                                                 logits.stride(0), G=group, LB=lb, CAP=cap, num_warps=4)
+                                                 logits.stride(0), G=group, LB=lb, CAP=cap, EVEN=cols % group == 0,
+                                                 num_warps=4)
     if _stages < 4:
         return out
     mapped = kept_blocks is not None
     kept = kept_blocks if mapped else out  # dummy pointer when unmapped
     kept_stride = kept_blocks.stride(0) if mapped else 0
+    # Either launch also runs the exact streaming merge for rows with more than CAP candidates (massive ties).
     if not sort:  # ranks >= the candidate count stay -1 (filled by the threshold program)
-        _rank_select_kernel[(rows, triton.cdiv(cap, RANK_BI))](count, cand, out, k, kept, kept_stride, next_n,
-                                                              CAP=cap, BI=RANK_BI, BJ=RANK_BJ, MAP=mapped,
-                                                              num_warps=4)
-    # SORT: one sort per row; always: rows with more than CAP candidates (massive ties) get an exact
-    # streaming merge over the whole row
-    _select_kernel[(rows,)](logits, lengths, count, cand, out, logits.stride(0), k, kept, kept_stride, next_n,
-                            K_POW=k_pow, CAP=cap, SORT=sort, MAP=mapped, num_warps=8)
+        _rank_select_kernel[(rows, triton.cdiv(cap, RANK_BI))](logits, lengths, count, cand, out, logits.stride(0), k,
+                                                              kept, kept_stride, next_n, K_POW=k_pow, CAP=cap,
+                                                              BI=RANK_BI, BJ=RANK_BJ, MAP=mapped, num_warps=4)
+    else:  # one sort per row
+        _select_kernel[(rows,)](logits, lengths, count, cand, out, logits.stride(0), k, kept, kept_stride, next_n,
+                                K_POW=k_pow, CAP=cap, MAP=mapped, num_warps=8)
     return out
 
 
@@ -164,13 +165,20 @@ if triton is not None:
 
     @triton.jit
     def _group_max_kernel(x_ptr, len_ptr, s_ptr, cols, num_groups, stride_x, stride_s,
-                          G: tl.constexpr, GP: tl.constexpr):
+                          G: tl.constexpr, GP: tl.constexpr, EVEN: tl.constexpr):
         r = tl.program_id(0)
         g0 = tl.program_id(1) * GP
         length = tl.load(len_ptr + r)
         g = g0 + tl.arange(0, GP)
         c = g[:, None] * G + tl.arange(0, G)[None, :]  # [GP, G]
-        x = tl.load(x_ptr + r.to(tl.int64) * stride_x + c, mask=c < length, other=float("-inf"))
+        # whole groups loaded where they lie inside the row (a mask constant along G vectorizes: per-element
+        # masks made scalar loads), the columns past the length masked after the load
+        if EVEN:  # C % G == 0: every group lies inside the row
+            x = tl.load(x_ptr + r.to(tl.int64) * stride_x + c,
+                        mask=tl.broadcast_to((g * G < length)[:, None], [GP, G]), other=float("-inf"))
+            x = tl.where(c < length, x, float("-inf"))
+        else:
+            x = tl.load(x_ptr + r.to(tl.int64) * stride_x + c, mask=c < length, other=float("-inf"))
         # A NaN ranks above everything (order_keys): a group holding one must not be pruned, so its max is
         # NaN (a plain max may return the other operand of a NaN comparison).
         has_nan = tl.max((x != x).to(tl.int32), axis=1) > 0
@@ -240,7 +248,7 @@ if triton is not None:
 
     @triton.jit
     def _gather_kernel(x_ptr, len_ptr, live_ptr, nlive_ptr, thresh_ptr, count_ptr, cand_ptr, stride_x,
-                       G: tl.constexpr, LB: tl.constexpr, CAP: tl.constexpr):
+                       G: tl.constexpr, LB: tl.constexpr, CAP: tl.constexpr, EVEN: tl.constexpr):
         r = tl.program_id(0)
         i0 = tl.program_id(1) * LB
         n_live = tl.load(nlive_ptr + r)
@@ -251,7 +259,13 @@ if triton is not None:
             g = tl.load(live_ptr + r.to(tl.int64) * CAP + i, mask=i < n_live, other=0)
             c = g[:, None] * G + tl.arange(0, G)[None, :]  # [LB, G]
             ok = (i < n_live)[:, None] & (c < length)
-            x = tl.load(x_ptr + r.to(tl.int64) * stride_x + c, mask=ok, other=float("-inf"))
+            # whole groups under a per-group mask where they lie inside the row (vectorized), then the length mask
+            if EVEN:
+                x = tl.load(x_ptr + r.to(tl.int64) * stride_x + c,
+                            mask=tl.broadcast_to((i < n_live)[:, None], [LB, G]), other=float("-inf"))
+                x = tl.where(ok, x, float("-inf"))
+            else:
+                x = tl.load(x_ptr + r.to(tl.int64) * stride_x + c, mask=ok, other=float("-inf"))
             u = _ukey(x)
             sel = (ok & (u >= tau)).to(tl.int32)
             per_group = tl.sum(sel, axis=1)  # [LB]
@@ -263,12 +277,17 @@ if triton is not None:
                 tl.store(cand_ptr + r.to(tl.int64) * CAP + slot, _sort_key(u, c), mask=(sel != 0) & (slot < CAP))
 
     @triton.jit
-    def _rank_select_kernel(count_ptr, cand_ptr, out_ptr, k, kept_ptr, kept_stride, next_n, CAP: tl.constexpr,
-                            BI: tl.constexpr, BJ: tl.constexpr, MAP: tl.constexpr):
-        """out[r, rank(key)] = position, rank = number of larger candidate keys (keys are distinct)."""
+    def _rank_select_kernel(x_ptr, len_ptr, count_ptr, cand_ptr, out_ptr, stride_x, k, kept_ptr, kept_stride,
+                            next_n, K_POW: tl.constexpr, CAP: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr,
+                            MAP: tl.constexpr):
+        """out[r, rank(key)] = position, rank = number of larger candidate keys (keys are distinct); program
+        (r, 0) of a row with more than CAP candidates runs the exact streaming fallback instead."""
         r = tl.program_id(0)
         i0 = tl.program_id(1) * BI
         n = tl.load(count_ptr + r)
+        if (n > CAP) & (i0 == 0):
+            _merge_overflow(x_ptr, r, tl.load(len_ptr + r), stride_x, cand_ptr + r.to(tl.int64) * CAP, out_ptr, k,
+                            kept_ptr, kept_stride, next_n, K_POW, CAP, MAP)
         if (n <= CAP) & (i0 < n):
             MIN_KEY: tl.constexpr = -9223372036854775807 - 1
             cbase = cand_ptr + r.to(tl.int64) * CAP
@@ -312,14 +331,14 @@ if triton is not None:
 
     @triton.jit
     def _select_kernel(x_ptr, len_ptr, count_ptr, cand_ptr, out_ptr, stride_x, k, kept_ptr, kept_stride, next_n,
-                       K_POW: tl.constexpr, CAP: tl.constexpr, SORT: tl.constexpr, MAP: tl.constexpr):
+                       K_POW: tl.constexpr, CAP: tl.constexpr, MAP: tl.constexpr):
         r = tl.program_id(0)
         length = tl.load(len_ptr + r)
         n = tl.load(count_ptr + r)
         i = tl.arange(0, CAP)
         cbase = cand_ptr + r.to(tl.int64) * CAP
         MIN_KEY: tl.constexpr = -9223372036854775807 - 1
-        if SORT and n <= CAP:  # many rows: one sort per row beats ranking (n^2 compares per row)
+        if n <= CAP:  # many rows: one sort per row beats ranking (n^2 compares per row)
             # Only the k best candidates need an order: find the k-th key (counting bisection over the keys
             # in registers), move the k best to the buffer's front, sort K_POW keys instead of CAP (a
             # bitonic sort costs n log^2 n: 2.4x less for 2048 of 4096 keys).
@@ -336,23 +355,32 @@ if triton is not None:
             pos = _map_pos((4294967295 - (key & 4294967295)).to(tl.int32), r, kept_ptr, kept_stride, next_n, MAP)
             tl.store(out_ptr + r.to(tl.int64) * k + ik, tl.where(ik < tl.minimum(n, k), pos, -1), mask=ik < k)
         if n > CAP:
-            # Exact fallback: stream the row in position order, keeping the best K_POW keys so far in
-            # cand[r, :K_POW] and merging CAP - K_POW new elements per step.
+            _merge_overflow(x_ptr, r, length, stride_x, cbase, out_ptr, k, kept_ptr, kept_stride, next_n, K_POW, CAP,
+                            MAP)
+
+    @triton.jit
+    def _merge_overflow(x_ptr, r, length, stride_x, cbase, out_ptr, k, kept_ptr, kept_stride, next_n,
+                        K_POW: tl.constexpr, CAP: tl.constexpr, MAP: tl.constexpr):
+        """Exact fallback for a row with more than CAP candidates (massive ties): stream the row in position
+        order, keeping the best K_POW keys so far in cand[r, :K_POW] and merging CAP - K_POW new elements per
+        step (slow, never wrong)."""
+        i = tl.arange(0, CAP)
+        MIN_KEY: tl.constexpr = -9223372036854775807 - 1
+        tl.debug_barrier()
+        tl.store(cbase + i, tl.full([CAP], MIN_KEY, tl.int64), mask=i < K_POW)
+        tl.debug_barrier()
+        for c0 in range(0, length, CAP - K_POW):
+            c = c0 + i - K_POW
+            fresh = (i >= K_POW) & (c < length)
+            x = tl.load(x_ptr + r.to(tl.int64) * stride_x + c, mask=fresh, other=0.0)
+            kept = tl.load(cbase + i, mask=i < K_POW, other=MIN_KEY)
+            key = tl.where(fresh, _sort_key(_ukey(x), c), kept)
+            key = tl.sort(key, descending=True)
             tl.debug_barrier()
-            tl.store(cbase + i, tl.full([CAP], MIN_KEY, tl.int64), mask=i < K_POW)
+            tl.store(cbase + i, key, mask=i < K_POW)
             tl.debug_barrier()
-            for c0 in range(0, length, CAP - K_POW):
-                c = c0 + i - K_POW
-                fresh = (i >= K_POW) & (c < length)
-                x = tl.load(x_ptr + r.to(tl.int64) * stride_x + c, mask=fresh, other=0.0)
-                kept = tl.load(cbase + i, mask=i < K_POW, other=MIN_KEY)
-                key = tl.where(fresh, _sort_key(_ukey(x), c), kept)
-                key = tl.sort(key, descending=True)
-                tl.debug_barrier()
-                tl.store(cbase + i, key, mask=i < K_POW)
-                tl.debug_barrier()
-            key = tl.load(cbase + i, mask=i < K_POW, other=MIN_KEY)
-            n_out = tl.minimum(length, k)
-            pos = (4294967295 - (key & 4294967295)).to(tl.int32)
-            pos = _map_pos(tl.where(i < n_out, pos, -1), r, kept_ptr, kept_stride, next_n, MAP)
-            tl.store(out_ptr + r.to(tl.int64) * k + i, pos, mask=i < k)
+        key = tl.load(cbase + i, mask=i < K_POW, other=MIN_KEY)
+        n_out = tl.minimum(length, k)
+        pos = (4294967295 - (key & 4294967295)).to(tl.int32)
+        pos = _map_pos(tl.where(i < n_out, pos, -1), r, kept_ptr, kept_stride, next_n, MAP)
+        tl.store(out_ptr + r.to(tl.int64) * k + i, pos, mask=i < k)

@@ -140,9 +140,10 @@ if triton is not None:
         clens = tl.load(clen_ptr + b * next_n + rows_n, mask=rows_n < next_n, other=0)
         used = (tl.max(clens, axis=0) + T - 1) // T  # compact blocks the request uses (the rest: no reads)
         in_table = (m < num_blocks) & (m < used)
-        if HIST:  # the history's reads first
-            phys = tl.load(table_ptr + b64 * table_stride + m, mask=in_table, other=-1)
-            kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=in_table, other=-1)
+        if HIST:  # the history's reads first; a row that does not update (guarded) reads no history
+            upd = tl.where(tl.load(upd_ptr + b * next_n + j).to(tl.int32) != 0, in_table, False)
+            phys = tl.load(table_ptr + b64 * table_stride + m, mask=upd, other=-1)
+            kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=upd, other=-1)
             pv, old = load_vertical(v_ptr, phys, trash, T)
         for r in range(0, next_n):
             clen = tl.load(clen_ptr + b * next_n + r)

@@ -17,8 +17,9 @@ random key cache so no replay hits L2), per layer:
   step_us              SpinIndexer step per layer: plan_us + run(layer) (logits + EMA update + top-k)
   spin_own_us          step_us - spin_logits_us - topk_us: prediction, selection, compaction, update
   plan_update_us       the same as spin_own_us, under the column name of the earlier runs
-  step_other_backend_us  step_us with the Triton logits backend (EMA update fused into its epilogue) where
-                       the step runs DeepGEMM (ops.logits_backend), when DeepGEMM imports
+  step_other_backend_us  step_us with the logits backend the step does not choose at this point (Triton with
+                       the EMA update fused into its epilogue, or DeepGEMM + the update pass; ops.logits_backend),
+                       when DeepGEMM imports
   guard_step_us        step_us with dense_below="auto" (the guard on)
 SPIN's history is a random steady state (every block scored before, diagonal windows full), so realized
 sparsity is the target. Writes <out>/h200_indexer.csv (one row per point and sparsity), h200_env.json and
@@ -148,7 +149,8 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
         # The guard only acts below AUTO_DENSE_BELOW tokens; above it the guarded step is the same step.
         guards = (0, "auto") if ctx < AUTO_DENSE_BELOW else (0,)
         for guard in guards:
-            other = "triton"
+            # the backend the step does not choose here (ops.logits_backend), forced
+            other = "triton" if ops.logits_backend(p.q[0][0], p.caches[0], True, p.table) == "deepgemm" else "deepgemm"
             backends = [(None, "")] + ([(other, "_other")] if have_dg and guard == 0 else [])
             for backend, suffix in backends:
                 with logits_backend(backend):
@@ -211,7 +213,8 @@ def spin_step(p, sparsity: float, k: int, guard, time_graph, timing) -> dict:
     logits = torch.empty(rows, p.width * 64, device=p.table.device)
     bmax = torch.empty(rows, p.width, device=p.table.device)
     from spin_indexer.ops import deepgemm
-    if ops.logits_backend(p.q[0][0], p.caches[0], True) == "deepgemm":  # the step's backend, logits only
+    # the step's backend, logits only
+    if ops.logits_backend(p.q[0][0], p.caches[0], True, plan0.compact_block_table) == "deepgemm":
         calls = [lambda i=i: deepgemm.paged_indexer_logits_deepgemm(
             p.q[i][0], p.caches[i], p.q[i][1], plan0.compact_seq_lens, plan0.compact_block_table, validate=False)
             for i in range(p.layers)]

@@ -211,7 +211,8 @@ class SpinIndexer:
         plan = self._plan_of(layer, st)
         rows, cols = batch * self.next_n, width * self.config.tokens_per_block
         # DeepGEMM allocates its own logits: handing it the workspace would cost a copy of every logit.
-        out = None if ops.logits_backend(q_fp8, kv_cache, True) == "deepgemm" else self.workspace.logits[:rows, :cols]
+        backend = ops.logits_backend(q_fp8, kv_cache, True, plan.compact_block_table)
+        out = None if backend == "deepgemm" else self.workspace.logits[:rows, :cols]
         block_max = self.workspace.block_max[:rows, :width]
         history = self._history_args(layer, st, plan)
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,

@@ -32,7 +32,7 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     Backends (one place decides, `logits_backend`): DeepGEMM where it imports and covers the shape (only
     with fill_tail=False: it does not clean the tail), else the Triton kernel on CUDA, else the reference.
     """
-    backend = logits_backend(q_fp8, kv_cache, history is not None)
+    backend = logits_backend(q_fp8, kv_cache, history is not None, block_table)
     if backend == "deepgemm" and fill_tail:  # DeepGEMM leaves the tail as it is: the Triton kernel fills it
         backend = "triton"
     if backend == "deepgemm":
@@ -64,18 +64,21 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     return logits
 
 
-def logits_backend(q_fp8, kv_cache, history: bool = False) -> str:
+def logits_backend(q_fp8, kv_cache, history: bool = False, block_table=None) -> str:
     """"deepgemm", "triton" or "reference": which kernel computes paged indexer logits for these inputs.
 
     DeepGEMM (deepgemm.py) where `deep_gemm` imports, on SM90, for its shapes: at next_n = 2 always, at
-    next_n = 1 for SPIN's step (history: DeepGEMM + one pass for block max and EMA update beat the Triton
-    kernel with both fused, run 9), not for the dense step (the Triton kernel's fused block max wins);
+    next_n = 1 for SPIN's step (history) when the table spans at least deepgemm.SPIN_MIN_TOKENS
+    (B x W x T: static shapes, so a captured graph keeps its choice): there DeepGEMM + one pass for block
+    max and EMA update beat the Triton kernel with both fused; below it the fused kernel saves the launches.
+    Not for the dense step at next_n = 1 (the Triton kernel's fused block max wins).
     SPIN_INDEXER_LOGITS=triton / deepgemm forces one. The Triton twin on other CUDA inputs; the reference
     elsewhere (and everywhere under SPIN_INDEXER_FORCE_REF=1)."""
     if _triton_twin("indexer_logits_triton", "paged_indexer_logits_triton", q_fp8) is None:
         return "reference"
     from . import deepgemm
-    if deepgemm.supports(q_fp8, kv_cache, history):
+    tokens = None if block_table is None else block_table.shape[0] * block_table.shape[1] * kv_cache.shape[1]
+    if deepgemm.supports(q_fp8, kv_cache, history, tokens):
         return "deepgemm"
     return "triton"
 

@@ -7,8 +7,9 @@ It writes fp32 logits only; columns past a row's length are not cleaned. Covered
 T = 64, D = 128, 64 heads, SM90. Nothing here is DeepGEMM's code: the module is imported when present.
 
 Used at next_n = 2 (1.7x faster than the project's kernel, benchmarks/results run 8) and for SPIN's step at
-next_n = 1 (DeepGEMM + one pass for the block max and EMA update beat the project's kernel with both fused
-into its epilogue, run 9); the dense step at next_n = 1 keeps the project's kernel (its fused block max
+next_n = 1 on tables of at least SPIN_MIN_TOKENS tokens (DeepGEMM + one pass for the block max and EMA
+update beat the project's kernel with both fused into its epilogue, run 9; smaller steps are launch-bound
+and keep the fused kernel); the dense step at next_n = 1 keeps the project's kernel (its fused block max
 wins). SPIN_INDEXER_LOGITS=triton turns this backend off, =deepgemm forces it (benchmarks compare both).
 """
 from __future__ import annotations
@@ -41,17 +42,27 @@ def available() -> bool:
     return _module() is not None
 
 
-def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history: bool = False) -> bool:
+# SPIN's step at next_n = 1 goes to DeepGEMM from this many table tokens (B x W x T) on; below, the Triton
+# kernel with the EMA update and block max fused saves two launches per layer. Set from the H200 grid
+# (benchmarks/results/h200_indexer.md: step_us vs step_other_backend_us).
+SPIN_MIN_TOKENS = 4 << 20
+
+
+def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history: bool = False, tokens: int | None = None) -> bool:
     """True when DeepGEMM should compute these logits: it covers the shape, the backend is not turned off,
-    and the step is one it wins (next_n = 2; next_n = 1 with SPIN's history update, see ops.logits_backend)."""
+    and the step is one it wins (next_n = 2; next_n = 1 with SPIN's history update on a table of at least
+    SPIN_MIN_TOKENS tokens, or of unknown size; see ops.logits_backend)."""
     choice = os.environ.get("SPIN_INDEXER_LOGITS", "")
     if choice in ("triton", "reference") or not q_fp8.is_cuda:
         return False
     if _module() is None or torch.cuda.get_device_capability(q_fp8.device) != (9, 0):
         return False
     _, next_n, heads, dim = q_fp8.shape
-    rows = (1, 2) if choice == "deepgemm" or history else (2,)
-    return next_n in rows and heads == 64 and dim == 128 and kv_cache.shape[1] == 64
+    if not (heads == 64 and dim == 128 and kv_cache.shape[1] == 64 and next_n in (1, 2)):
+        return False
+    if choice == "deepgemm" or next_n == 2:
+        return True
+    return history and (tokens is None or tokens >= SPIN_MIN_TOKENS)
 
 
 def paged_indexer_logits_deepgemm(q_fp8, kv_cache, weights, seq_lens, block_table, validate: bool = True,

@@ -20,6 +20,30 @@ def test_backend_choice_without_deepgemm_on_cpu(monkeypatch):
     assert not deepgemm.supports(q, kv)
 
 
+def test_backend_choice_rules_on_sm90(monkeypatch):
+    """Where DeepGEMM imports on SM90 (simulated): next_n = 2 always; next_n = 1 only for SPIN's step and only
+    from SPIN_MIN_TOKENS table tokens on (unknown size counts as large); the environment forces either way."""
+    from types import SimpleNamespace
+    monkeypatch.setattr(deepgemm, "_module", lambda: object())
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.delenv("SPIN_INDEXER_LOGITS", raising=False)
+    kv = SimpleNamespace(shape=(8, 64, 1, 132))
+
+    def q(next_n, heads=64):
+        return SimpleNamespace(is_cuda=True, device="cuda:0", shape=(4, next_n, heads, 128))
+
+    big, small = deepgemm.SPIN_MIN_TOKENS, deepgemm.SPIN_MIN_TOKENS - 1
+    assert deepgemm.supports(q(2), kv) and deepgemm.supports(q(2), kv, True, small)
+    assert not deepgemm.supports(q(1), kv) and not deepgemm.supports(q(1), kv, False, big)
+    assert deepgemm.supports(q(1), kv, True, big) and deepgemm.supports(q(1), kv, True, None)
+    assert not deepgemm.supports(q(1), kv, True, small)
+    assert not deepgemm.supports(q(3), kv, True, big) and not deepgemm.supports(q(1, heads=32), kv, True, big)
+    monkeypatch.setenv("SPIN_INDEXER_LOGITS", "deepgemm")
+    assert deepgemm.supports(q(1), kv, False, small)
+    monkeypatch.setenv("SPIN_INDEXER_LOGITS", "triton")
+    assert not deepgemm.supports(q(2), kv)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not (torch.cuda.is_available() and deepgemm.available()), reason="needs CUDA and deep_gemm")
 @pytest.mark.parametrize("next_n", [1, 2])

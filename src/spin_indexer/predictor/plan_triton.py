@@ -45,9 +45,13 @@ window's tiles -> scratch -> read-back, the table in D), then per threshold sear
 32 bisection steps (typically ~log2(candidates) + a few with the early exit on distinct float keys and
 hashes), each 32 compares and adds per thread and one block reduction, then a scan for the ties and one
 for the ranks: ~70 block reductions for B + C, no histogram. At a few hundred ns per block reduction and
-~1 us per round trip that is ~15-30 us per program, so I expect the selection launch 2-4x shorter at 512K
-(more at 128K: fewer steps, 4 warps). Unknowns: spills at 16 warps x 32 blocks (int64 hash and key
-temporaries), and how many programs share an SM (registers per thread set it), which sets step time.
+~1 us per round trip that is ~15-30 us per program, 2-4x shorter than the chunked chain. Occupancy eats
+part of it: compiled here for sm_90a (triton 3.9, ptxas -v, compile only, reduce=max, row0, random
+exploration) the register path uses 255 registers at SB = 8192 / 8 warps without spills (1 program per
+SM) where the chunked kernel uses 255 at 4 warps (2 per SM); 168 at SB = 2048 / 4 warps (3 per SM); and
+128 plus ~350 B of spills at SB = 16384 / 16 warps. So I expect the step ~1-2x shorter at 512K (per-
+program gain halved by half the programs per SM) and ~2-4x at 128K. The registers are not the [SB] keys
+alone (folding the masks into the keys did not lower them); finding what holds them is the next step.
 Semantics: bit-identical to the torch path. reduce=mean sums a block's slot scores in another order than
 torch, so it is identical when those sums are exact in float32 (the tests use such values) and otherwise
 within float32 rounding. Block ids outside [0, num_cache_blocks) read as the trash block, treated as

@@ -121,3 +121,53 @@ def test_generation_counts_every_change_of_owner():
     assert st.generation(a) == 3
     with pytest.raises(ValueError, match="slot"):
         st.generation(2)
+
+
+def test_bind_history_uses_caller_memory_and_keeps_the_step_identical():
+    """An engine's allocation (one flat buffer: layer regions of n blocks x T, block max after them) serves
+    as the vertical history; a plan + run over it equals one over the state's own tensors, bit for bit."""
+    from spin_indexer.indexer import SpinIndexer
+    cfg = SpinConfig(sparsity=0.5, topk=64, exploration="block_age")
+    layers, n, t = 2, 12, 64
+    flat = torch.zeros(layers * n * t + t + layers * (n + 1), dtype=torch.float16)
+    vertical = flat.as_strided((layers, n + 1, t), (n * t, t, 1))  # layer l's trash row = layer l+1's row 0
+    block_max = flat.as_strided((n + 1, layers), (1, n + 1), layers * n * t + t)
+    own = SpinIndexer(cfg, num_layers=layers, max_batch=2, max_blocks=6, device="cpu", num_cache_blocks=n)
+    bound = SpinIndexer(cfg, num_layers=layers, max_batch=2, max_blocks=6, device="cpu", num_cache_blocks=1)
+    bound.state.bind_history_(vertical, block_max)
+    assert bound.state.vertical.data_ptr() == flat.data_ptr() and bound.state.num_cache_blocks == n
+    assert bound.state.trash_block == n and bound.state.last_seen.shape == (n + 1, layers)
+    assert torch.isneginf(flat[: layers * n * t]).all() and torch.isneginf(block_max).all()
+    gen = torch.Generator().manual_seed(3)
+    kv = torch.randint(0, 255, (n, t, 1, 132), dtype=torch.uint8, generator=gen)
+    kv.view(n, t * 132)[:, t * 128:] = torch.ones(n, t, dtype=torch.float32).view(torch.uint8).view(n, -1)
+    kv.view(n, t * 132)[:, : t * 128] &= 0x77  # finite fp8 values
+    table = torch.tensor([[1, 3, 5, 7, 9, 11], [2, 4, 6, 8, 10, 0]], dtype=torch.int32)  # 0: padding past the 2nd request's 4 blocks
+    slots = torch.tensor([own.state.allocate(), own.state.allocate()])
+    assert slots.tolist() == [bound.state.allocate(), bound.state.allocate()]
+    for step in range(4):
+        lens = torch.tensor([[300 + step], [250 + step]], dtype=torch.int32)
+        q = (torch.randn(2, 1, 64, 128, generator=gen)).to(torch.float8_e4m3fn)
+        w = torch.randn(2, 64, generator=gen)
+        for ix in (own, bound):
+            ix.plan(table, lens, slots)
+        for layer in range(layers):
+            assert torch.equal(own.run(layer, q, kv, w), bound.run(layer, q, kv, w)), (step, layer)
+    # Row 0 (never in a table here) of layer l + 1 is layer l's trash in the bound layout; the rest is equal.
+    assert torch.equal(own.state.vertical[:, 1:n], bound.state.vertical[:, 1:n])
+    assert torch.equal(own.state.block_max[1:n], bound.state.block_max[1:n])
+    assert torch.isfinite(own.state.block_max[1:n]).any()  # the steps did record history
+
+
+def test_bind_history_errors_name_the_argument():
+    st = _state(layers=2)
+    good_v, good_b = torch.empty(2, 5, 64, dtype=torch.float16), torch.empty(5, 2, dtype=torch.float16)
+    with pytest.raises(TypeError, match="vertical: expected dtype"):
+        st.bind_history_(good_v.float(), good_b)
+    with pytest.raises(ValueError, match="vertical: expected shape"):
+        st.bind_history_(good_v[:1], good_b)
+    with pytest.raises(ValueError, match="vertical: expected each layer's rows contiguous"):
+        st.bind_history_(torch.empty(2, 5, 128, dtype=torch.float16)[:, :, :64], good_b)
+    with pytest.raises(ValueError, match="block_max: expected shape"):
+        st.bind_history_(good_v, good_b[:4])
+    assert st.num_cache_blocks == 3  # nothing changed

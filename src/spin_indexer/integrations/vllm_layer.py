@@ -22,6 +22,7 @@ from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
 
 from .settings import SpinVllmSettings, load_settings
+from .vllm_history import attach_history
 from .vllm_hooks import install_v32_hook
 from .vllm_runtime import SpinVllmRuntime
 
@@ -104,6 +105,9 @@ class SpinSparseAttnIndexer(SparseAttnIndexer):
             setattr(self.topk_indices_buffer, _RUNTIME_ATTR, runtime)
         self.spin_runtime = runtime
         self.spin_layer = runtime.add_layer(self.k_cache.prefix)
+        # The per-block history as KV-cache layers of its own (vllm_history.py): vLLM sizes and allocates it.
+        dtype = settings.spin_config(self.topk_tokens).state_dtype
+        runtime.history_caches += attach_history(self.k_cache.prefix, self.spin_layer, dtype)
         _LAYERS[self.k_cache.prefix] = self
         # DeepSeek-V3.2 / GLM-5 on CUDA never call this layer's forward: hook the function they call.
         install_v32_hook(_LAYERS.get)

@@ -57,6 +57,9 @@ class SpinVllmRuntime:
         self._block_scale = 1
         self._logged: set = set()
         self.shadow: ShadowStats | None = None  # shadow mode's counters (settings.shadow), built with the indexer
+        self.history_caches: list = []  # SpinHistoryCache regions vLLM allocates (vllm_history.py)
+        self.history_in_kv_cache = False  # whether the SpinState's per-block history lives in them
+        self.history_reason = ""  # why not, when it does not
 
     def add_layer(self, name: str) -> int:
         """Index of layer `name` in execution order (registration order)."""
@@ -110,7 +113,7 @@ class SpinVllmRuntime:
         if view is None:
             return why
         kv, scale = view
-        self._ensure(kv, kv_cache.shape[0], None if batch is None else batch.block_table)
+        self._ensure(kv, kv_cache.shape[0], None if batch is None else batch.block_table, scale)
         if batch is None:
             self.tracker.forget_writes(meta.slot_mapping.to(self.tracker.device))
             return "no decode batch"
@@ -178,39 +181,67 @@ class SpinVllmRuntime:
                            self.topk, self.indexer.config.tokens_per_block)
         return True
 
-    def _ensure(self, kv: torch.Tensor, num_kv_blocks: int, block_table: torch.Tensor | None) -> None:
+    def _ensure(self, kv: torch.Tensor, num_kv_blocks: int, block_table: torch.Tensor | None,
+                scale: int = 1) -> None:
         if self.indexer is not None:
             return
         width = 0 if block_table is None else block_table.shape[1]
+        history, why = None, "no history caches registered"
+        if scale != 1:
+            why = f"key cache block ids scaled by {scale}"
+        elif self.history_caches:
+            from .vllm_history import bound_history
+            history, why = bound_history(self.history_caches, len(self.layer_names), kv.shape[1], kv.shape[0])
         self.indexer, self.tracker = build_state(self.settings, self.topk, len(self.layer_names), self.max_batch,
                                                  self.max_model_len, self.next_n, kv.shape[1], kv.shape[0],
-                                                 num_kv_blocks, kv.device, width)
+                                                 num_kv_blocks, kv.device, width, history=history)
+        self.history_in_kv_cache, self.history_reason = history is not None, "" if history is not None else why
+        if history is not None:
+            logger.info("spin-indexer: SPIN's block history lives in vLLM's KV cache (%d regions of %d blocks)",
+                        len(self.history_caches), kv.shape[0])
+        else:
+            logger.info("spin-indexer: SPIN's block history is allocated outside vLLM's KV cache: %s", why)
         if self.settings.shadow:
             self.shadow = ShadowStats(len(self.layer_names), kv.device)
 
 
 def build_state(settings: SpinVllmSettings, topk: int, num_layers: int, max_batch: int, max_model_len: int,
-                next_n: int, tokens: int, num_cache_blocks: int, num_kv_blocks: int, device, width: int = 0):
+                next_n: int, tokens: int, num_cache_blocks: int, num_kv_blocks: int, device, width: int = 0,
+                history=None):
     """(SpinIndexer, RequestTracker) as the runtime allocates them (device "meta" sizes them without memory):
     max_batch = max_num_seqs, width = max(table width, ceil(max_model_len / T)), 2 * max_batch + 1 state
-    slots (the last is the trash slot for padding rows), the history beside `num_cache_blocks` blocks."""
+    slots (the last is the trash slot for padding rows), the history beside `num_cache_blocks` blocks.
+    history: (vertical, block_max) in vLLM's KV cache (vllm_history.bound_history), or None to allocate it
+    here; with it only the per-slot tables and the step workspace are allocated."""
     from ..indexer import SpinIndexer
     width = max(width, -(-max_model_len // tokens))
     config = settings.spin_config(topk, tokens_per_block=tokens)
     num_slots = 2 * max_batch  # room for requests that skip a step; slot num_slots is the trash
     indexer = SpinIndexer(config, num_layers=num_layers, max_batch=max_batch, max_blocks=width, next_n=next_n,
-                          device=device, max_requests=num_slots + 1, num_cache_blocks=num_cache_blocks)
+                          device=device, max_requests=num_slots + 1,
+                          num_cache_blocks=1 if history is not None else num_cache_blocks)
+    if history is not None:  # the one-block tables above are dropped for vLLM's memory
+        indexer.state.bind_history_(*history)
     for _ in range(num_slots + 1):  # the tracker owns slot assignment; the pool just has to agree
         indexer.state.allocate()
     return indexer, RequestTracker(num_slots, num_kv_blocks, tokens, device, next_n=next_n)
 
 
-def state_bytes(indexer, tracker) -> dict:
+def state_bytes(indexer, tracker, history_caches=None) -> dict:
     """Bytes of every tensor the runtime allocated: {"history": SpinState, "workspace": the step's buffers,
-    "tracker": RequestTracker}."""
+    "tracker": RequestTracker}; with history_caches (the SpinHistoryCache regions the state is bound to) also
+    "kv_cache_history": what vLLM allocated for them, and "history" counts only the state's own tensors."""
+    skip = set()
+    if history_caches:
+        skip = {id(indexer.state.vertical), id(indexer.state.block_max)}
+
     def total(obj):
-        return sum(v.numel() * v.element_size() for v in vars(obj).values() if isinstance(v, torch.Tensor))
-    return {"history": total(indexer.state), "workspace": total(indexer.workspace), "tracker": total(tracker)}
+        return sum(v.numel() * v.element_size() for v in vars(obj).values()
+                   if isinstance(v, torch.Tensor) and id(v) not in skip)
+    out = {"history": total(indexer.state), "workspace": total(indexer.workspace), "tracker": total(tracker)}
+    if history_caches:
+        out["kv_cache_history"] = sum(c.kv_cache.numel() * c.kv_cache.element_size() for c in history_caches)
+    return out
 
 
 def cache_view(kv_cache: torch.Tensor) -> tuple[torch.Tensor, int] | None:

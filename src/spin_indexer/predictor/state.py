@@ -148,6 +148,41 @@ class SpinState:
         if self.last_seen is not None:
             self.last_seen.index_fill_(0, blocks, -1)
 
+    def bind_history_(self, vertical: torch.Tensor, block_max: torch.Tensor) -> None:
+        """Keep the per-block history in caller-provided memory (an engine's KV-cache allocation) instead of
+        this state's own tensors, which are dropped; both are filled with -inf (nothing observed yet).
+
+        vertical: [L, P + 1, T] of config.state_dtype, each layer's [P + 1, T] contiguous (the kernels address
+        vertical[l] as rows of T), any layer stride; block_max: [P + 1, L], same dtype and device, any strides.
+        Row P is the trash block: it may alias memory nobody reads (an engine's null block). P becomes
+        num_cache_blocks; last_seen (staleness / block-age exploration) is reallocated for P + 1 blocks here.
+        Raises TypeError / ValueError naming the argument.
+        """
+        t, dtype = self.config.tokens_per_block, self.config.state_dtype
+        for name, x in (("vertical", vertical), ("block_max", block_max)):
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+            if x.dtype != dtype:
+                raise TypeError(f"{name}: expected dtype {dtype}, got {x.dtype}")
+            if x.device != self.device:
+                raise ValueError(f"{name}: expected device {self.device}, got {x.device}")
+        if vertical.dim() != 3 or vertical.shape[0] != self.num_layers or vertical.shape[1] < 2 \
+                or vertical.shape[2] != t:
+            raise ValueError(f"vertical: expected shape [L, P + 1, T] = [{self.num_layers}, >= 2, {t}], "
+                             f"got {list(vertical.shape)}")
+        if vertical.stride(2) != 1 or vertical.stride(1) != t:
+            raise ValueError(f"vertical: expected each layer's rows contiguous (strides [*, {t}, 1]), "
+                             f"got {list(vertical.stride())}")
+        blocks = vertical.shape[1]
+        if list(block_max.shape) != [blocks, self.num_layers]:
+            raise ValueError(f"block_max: expected shape [P + 1, L] = [{blocks}, {self.num_layers}], "
+                             f"got {list(block_max.shape)}")
+        vertical.fill_(float("-inf"))
+        block_max.fill_(float("-inf"))
+        self.vertical, self.block_max, self.num_cache_blocks = vertical, block_max, blocks - 1
+        if self.last_seen is not None:
+            self.last_seen = torch.full((blocks, self.num_layers), -1, dtype=torch.int32, device=self.device)
+
     def is_allocated(self, slot: int) -> bool:
         self._check_slot(slot)
         return self._in_use[slot]

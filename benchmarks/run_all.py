@@ -20,7 +20,8 @@ random key cache so no replay hits L2), per layer:
   step_other_backend_us  step_us with the logits backend the step does not choose at this point (Triton with
                        the EMA update fused into its epilogue, or DeepGEMM + the update pass; ops.logits_backend),
                        when DeepGEMM imports
-  guard_step_us        step_us with dense_below="auto" (the guard on)
+  guard_step_us        step_us with dense_below="auto" and dense_batch_below="auto" (the guards on; the same
+                       as step_us where neither acts)
 SPIN's history is a random steady state (every block scored before, diagonal windows full), so realized
 sparsity is the target. Writes <out>/h200_indexer.csv (one row per point and sparsity), h200_env.json and
 h200_indexer.md (command, environment, table, targets). A CPU dry run (SPIN_BENCH_DEVICE=cpu,
@@ -113,7 +114,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
     from spin_indexer import ops
     from spin_indexer.indexer import DenseIndexer, SpinIndexer
     from spin_indexer.ops import deepgemm
-    from spin_indexer.predictor.config import AUTO_DENSE_BELOW
+    from spin_indexer.predictor.config import AUTO_DENSE_BATCH_TOKENS, AUTO_DENSE_BELOW
 
     t0 = time.time()
     p = Point(batch, ctx, next_n, dry)
@@ -146,8 +147,9 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
     results = []
     for s in sparsities:
         row = dict(batch=batch, ctx=ctx, next_n=next_n, sparsity=s, **out)
-        # The guard only acts below AUTO_DENSE_BELOW tokens; above it the guarded step is the same step.
-        guards = (0, "auto") if ctx < AUTO_DENSE_BELOW else (0,)
+        # The guards act below AUTO_DENSE_BELOW tokens per request or AUTO_DENSE_BATCH_TOKENS per step;
+        # elsewhere the guarded step is the same step.
+        guards = (0, "auto") if ctx < AUTO_DENSE_BELOW or batch * ctx < AUTO_DENSE_BATCH_TOKENS else (0,)
         for guard in guards:
             # the backend the step does not choose here (ops.logits_backend), forced
             other = "triton" if ops.logits_backend(p.q[0][0], p.caches[0], True, p.table) == "deepgemm" else "deepgemm"
@@ -190,7 +192,7 @@ def spin_step(p, sparsity: float, k: int, guard, time_graph, timing) -> dict:
     from spin_indexer.indexer import SpinIndexer
     from spin_indexer.predictor import SpinConfig
 
-    cfg = SpinConfig(sparsity=sparsity, topk=k, dense_below=guard)
+    cfg = SpinConfig(sparsity=sparsity, topk=k, dense_below=guard, dense_batch_below=guard)
     idx = SpinIndexer(cfg, num_layers=PLAN_LAYERS, max_batch=p.batch, max_blocks=p.width, next_n=p.next_n,
                       device=p.table.device, num_cache_blocks=p.num_cache_blocks)
     slots = torch.tensor([idx.state.allocate() for _ in range(p.batch)], dtype=torch.int64, device=p.table.device)

@@ -185,6 +185,8 @@ if triton is not None:
             q3 = tl.load(qb + 3 * H * D, mask=offs_hp[:, None] < H, other=0.0)
             w3 = tl.load(w_ptr + (row0 + 3) * H + offs_hp, mask=offs_hp < H, other=0.0)
         len0 = tl.load(lens_ptr + row0)
+        if HIST:  # a request that does not update (guarded) reads and writes no history: the dense loop
+            upd0 = tl.load(upd_ptr + row0).to(tl.int32) != 0
         SCALE_OFF: tl.constexpr = T * D // 4  # scales follow the T*D key bytes of a block, in fp32 units
         BLOCK_F32: tl.constexpr = RB * D // 4
         for blk in range(blk0, blk_end):
@@ -195,8 +197,9 @@ if triton is not None:
             pv = tl.zeros([1], tl.int64) + phys
             old_v = tl.zeros([1, T], tl.float32)
             if HIST:  # the history's reads first, so their latency hides under the key load and the MMA
-                kb = tl.load(kept_ptr + b.to(tl.int64) * kept_stride + blk + tl.zeros([1], tl.int32))
-                pv, old_v = load_vertical(v_ptr, tl.zeros([1], tl.int32) + phys, trash, T)
+                if upd0:
+                    kb = tl.load(kept_ptr + b.to(tl.int64) * kept_stride + blk + tl.zeros([1], tl.int32))
+                    pv, old_v = load_vertical(v_ptr, tl.zeros([1], tl.int32) + phys, trash, T)
             sc = tl.load(scale_ptr + phys.to(tl.int64) * BLOCK_F32 + SCALE_OFF + offs_t)
             k = k_arg.load([phys * RB, 0])  # [T, D] fp8 through the TMA descriptor
             # One [T, H] MMA per next_n row (9% faster than one wide MMA + reshape, NOTES.md run 2).
@@ -211,9 +214,10 @@ if triton is not None:
                 _store_row(_score_row(k, q3, w3, sc), tl.load(lens_ptr + row0 + 3), out_ptr, out_stride, bmax_ptr,
                            bmax_stride, r64 + 3, blk, T)
             if HIST:  # row 0's scores are still in registers: SPIN's EMA update of this block
-                ema_tile(logit0[None, :], (blk * T + offs_t < len0)[None, :], pv, old_v, kb, row0, v_ptr, vb_ptr,
-                         vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr, slot_ptr, hlens_ptr, upd_ptr,
-                         alpha, window, lo, hi, b, T, HAS_SEEN)
+                if upd0:
+                    ema_tile(logit0[None, :], (blk * T + offs_t < len0)[None, :], pv, old_v, kb, row0, v_ptr,
+                             vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr, slot_ptr, hlens_ptr,
+                             upd_ptr, alpha, window, lo, hi, b, T, HAS_SEEN)
         if FILL_TAIL:  # blocks of this chunk past the longest row: -inf logits and block max, no key reads
             neg = tl.full([NEXT_N, T], float("-inf"), tl.float32)
             for blk in range(tl.maximum(blk_end, blk0), chunk_end):

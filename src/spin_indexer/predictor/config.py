@@ -46,9 +46,25 @@ class MtpPolicy(str, enum.Enum):
     ROW_LOCAL = "row-local"  # union of per-row predictions; rows 0..num_accepted update (prefix-valid)
 
 
-# Contexts (tokens) below which the guard scores every block: SPIN's saving there is smaller than what
-# its own work costs. Set from the measured grid (benchmarks/NOTES.md, "guard").
+# Contexts (tokens) below which the guard scores every block of a request: its few blocks save less than
+# their share of SPIN's work. A placeholder, not a measured crossover (benchmarks/NOTES.md, "guard").
 AUTO_DENSE_BELOW = 16384
+# Cached tokens per step (the sum over requests of their longest row) below which the guard scores every
+# block of every request: SPIN's step is launch- and latency-bound there. From the H200 grid (run 11,
+# benchmarks/results/run11_fixes): SPIN lost at 1M tokens per step (B = 8 x 128K 0.96x, B = 1 x 1M 0.97x
+# of the dense step) and won at 4M (B = 32 x 128K 1.13x, B = 8 x 512K 1.20x); 2M lies between, unmeasured.
+AUTO_DENSE_BATCH_TOKENS = 2 << 20
+
+def _check_threshold(name: str, value) -> None:
+    """A guard threshold: an int >= 0 or "auto" (TypeError / ValueError naming the field)."""
+    if isinstance(value, str):
+        if value != "auto":
+            raise ValueError(f"{name}: expected an int >= 0 or 'auto', got {value!r}")
+    elif isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: expected an int >= 0 or 'auto', got {describe(value)}")
+    else:
+        check_int(name, value, low=0)
+
 
 _ENUMS = {"pooling": Pooling, "reduce": Reduce, "combine": Combine, "exploration": Exploration, "mtp": MtpPolicy}
 
@@ -74,10 +90,14 @@ class SpinConfig:
     diagonal_window: offsets from the query (tokens) that keep diagonal history; the diagonal patterns
         live near the query, and a bounded window keeps a request's state the same size at any context.
         None = every offset (the paper's unbounded table; sized to the indexer's maximum context).
-    dense_below: the speed guard. Requests whose context is shorter than this many tokens score every
-        block (the dense path) and keep no history, decided on the device per request; the block plan says
-        so (BlockPlan.guarded). "auto" = AUTO_DENSE_BELOW, measured on the H200 (benchmarks/NOTES.md);
-        0 = off (the default: the paper's predictor at every length, what evaluation measures).
+    dense_below: the speed guard per request. Requests whose context is shorter than this many tokens
+        score every block (the dense path) and keep no history, decided on the device per request; the
+        block plan says so (BlockPlan.guarded). "auto" = AUTO_DENSE_BELOW; 0 = off (the default: the
+        paper's predictor at every length, what evaluation measures).
+    dense_batch_below: the speed guard per step. When the step's cached tokens (sum over requests of the
+        longest row) are fewer than this, every request is guarded as above, decided on the device (every
+        program of plan() sums the lengths: no host sync). "auto" = AUTO_DENSE_BATCH_TOKENS, from the H200
+        grid; 0 = off (the default).
     """
 
     sparsity: float = 0.3
@@ -96,6 +116,7 @@ class SpinConfig:
     hybrid: float = 0.0
     diagonal_window: int | None = 8192
     dense_below: int | str = 0
+    dense_batch_below: int | str = 0
 
     def __post_init__(self):
         # Every field is checked for its type first (TypeError naming it), then its range (ValueError);
@@ -115,13 +136,8 @@ class SpinConfig:
             if isinstance(self.diagonal_window, bool) or not isinstance(self.diagonal_window, int):
                 raise TypeError(f"SpinConfig.diagonal_window: expected an int or None, got {describe(self.diagonal_window)}")
             check_int("SpinConfig.diagonal_window", self.diagonal_window, low=1)
-        if isinstance(self.dense_below, str):
-            if self.dense_below != "auto":
-                raise ValueError(f"SpinConfig.dense_below: expected an int >= 0 or 'auto', got {self.dense_below!r}")
-        elif isinstance(self.dense_below, bool) or not isinstance(self.dense_below, int):
-            raise TypeError(f"SpinConfig.dense_below: expected an int >= 0 or 'auto', got {describe(self.dense_below)}")
-        else:
-            check_int("SpinConfig.dense_below", self.dense_below, low=0)
+        for name in ("dense_below", "dense_batch_below"):
+            _check_threshold(f"SpinConfig.{name}", getattr(self, name))
         if not isinstance(self.state_dtype, torch.dtype) or \
                 self.state_dtype not in (torch.float16, torch.bfloat16, torch.float32):
             raise TypeError(f"SpinConfig.state_dtype: expected torch.float16, bfloat16 or float32, "
@@ -132,8 +148,14 @@ class SpinConfig:
 
     @property
     def guard_tokens(self) -> int:
-        """The guard's threshold in tokens (dense_below, with "auto" resolved to AUTO_DENSE_BELOW)."""
+        """The per-request guard's threshold in tokens (dense_below, "auto" resolved to AUTO_DENSE_BELOW)."""
         return AUTO_DENSE_BELOW if self.dense_below == "auto" else self.dense_below
+
+    @property
+    def guard_batch_tokens(self) -> int:
+        """The per-step guard's threshold in cached tokens (dense_batch_below, "auto" resolved to
+        AUTO_DENSE_BATCH_TOKENS)."""
+        return AUTO_DENSE_BATCH_TOKENS if self.dense_batch_below == "auto" else self.dense_batch_below
 
     def to_dict(self) -> dict:
         """JSON-ready dict (every results file embeds it)."""
@@ -160,5 +182,6 @@ PRESETS: dict[str, SpinConfig] = {
     "no-explore": SpinConfig(exploration=Exploration.NONE, gamma=0.0),
     "adaptive": SpinConfig(sparsity=0.2, adaptive=AdaptiveConfig()),
     "hybrid": SpinConfig(hybrid=0.3),
-    "serving": SpinConfig(sparsity=0.4, dense_below="auto"),  # the guard on: never slower than dense
+    # the guards on: dense where SPIN measured slower (short requests, small steps)
+    "serving": SpinConfig(sparsity=0.4, dense_below="auto", dense_batch_below="auto"),
 }

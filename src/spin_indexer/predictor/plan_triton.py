@@ -146,7 +146,7 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
             table, table.stride(0), lens, slots, state.step, state.seen_len, acc,
             vert, vert.stride(0), vert.stride(1), bmax, bmax.stride(0), bmax.stride(1),
             ws.num_blocks, guarded, upd, upd.stride(0), stash,
-            next_n, state.num_cache_blocks, config.topk, config.guard_tokens,
+            next_n, state.num_cache_blocks, config.topk, config.guard_tokens, batch, config.guard_batch_tokens,
             SB=min(32, _next_pow2(block), wp), ROW0=config.mtp is MtpPolicy.ROW0, HAS_ACC=num_accepted is not None,
             **common)
     explore = config.exploration is Exploration.RANDOM
@@ -161,7 +161,7 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
         ws.compact_lens, ws.compact_lens.stride(0), ws.compact_lens.stride(1),
         state.step, state.seen_len, state.clock,
         batch, next_n, 1 if config.mtp is MtpPolicy.ROW0 else next_n, state.num_cache_blocks, state.window,
-        config.topk, config.guard_tokens, -(-config.topk // t) + 1,
+        config.topk, config.guard_tokens, config.guard_batch_tokens, -(-config.topk // t) + 1,
         _f64_bits(config.sparsity), _f64_bits(config.gamma), (config.seed * 0x9E3779B1) & _MASK31,
         SB=sb, SBS=sbs, SLOT=mean or config.combine is Combine.SUM, COMBINE=combine, MEAN=mean,
         EXPLORE=explore, REG=reg, enable_fp_fusion=False, num_warps=warps, **common)
@@ -195,8 +195,10 @@ if triton is not None:
         return b, tl.sum(tl.where(bins > b, hist, 0), axis=0)
 
     @triton.jit
-    def _meta(lens_ptr, b, next_n, topk, guard_tokens, T: tl.constexpr, NP: tl.constexpr):
-        """(longest, n blocks, first new block, keep_all 0/1, guarded 0/1) of request b (plan.step_meta)."""
+    def _meta(lens_ptr, b, batch, next_n, topk, guard_tokens, guard_batch, T: tl.constexpr, NP: tl.constexpr):
+        """(longest, n blocks, first new block, keep_all 0/1, guarded 0/1) of request b (plan.step_meta).
+        With the per-step guard on (guard_batch > 0) every program sums the batch's longest rows itself
+        (B x N int32 reads from L2): the step's decision needs no host sync and no extra launch."""
         j = tl.arange(0, NP)
         lens = tl.load(lens_ptr + b * next_n + j, mask=j < next_n, other=0).to(tl.int64)
         longest = tl.max(lens, axis=0)
@@ -204,7 +206,16 @@ if triton is not None:
         n = (longest + T - 1) // T
         first_new = tl.maximum(shortest - 1, 0) // T
         keep_all = (longest <= topk).to(tl.int32)
-        guarded = (longest < guard_tokens).to(tl.int32) * (1 - keep_all)
+        small = (longest < guard_tokens).to(tl.int32)
+        if guard_batch > 0:
+            total = tl.zeros([], tl.int64)
+            for b0 in range(0, batch, 256):
+                i = b0 + tl.arange(0, 256)
+                rows = tl.load(lens_ptr + i[:, None] * next_n + j[None, :],
+                               mask=(i[:, None] < batch) & (j[None, :] < next_n), other=0)
+                total += tl.sum(tl.max(rows, axis=1).to(tl.int64), axis=0)
+            small = tl.maximum(small, (total < guard_batch).to(tl.int32))
+        guarded = small * (1 - keep_all)
         return longest, n, first_new, keep_all, guarded
 
     @triton.jit
@@ -373,13 +384,14 @@ if triton is not None:
     def _plan_reset_kernel(table_ptr, stride_tb, lens_ptr, slot_ptr, step_ptr, seen_ptr, acc_ptr,
                            vert_ptr, stride_vl, stride_vp, bmax_ptr, stride_bp, stride_bl,
                            nblk_ptr, guard_ptr, upd_ptr, stride_upd, stash_ptr,
-                           next_n, num_cache_blocks, topk, guard_tokens,
+                           next_n, num_cache_blocks, topk, guard_tokens, batch, guard_batch,
                            T: tl.constexpr, TP: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr,
                            ROW0: tl.constexpr, HAS_ACC: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
         pl = tl.program_id(1)
         l = pl.to(tl.int64)
-        longest, n, first_new, keep_all, guarded = _meta(lens_ptr, b, next_n, topk, guard_tokens, T, NP)
+        longest, n, first_new, keep_all, guarded = _meta(lens_ptr, b, batch, next_n, topk, guard_tokens, guard_batch,
+                                                         T, NP)
         slot = tl.load(slot_ptr + b).to(tl.int64)
         first_entered = (tl.load(seen_ptr + slot).to(tl.int64) + T - 1) // T
         offs = tl.arange(0, SB).to(tl.int64)
@@ -415,7 +427,7 @@ if triton is not None:
                             diag_ptr, stride_dl, stride_ds, scr_ptr, flg_ptr, stride_scr,
                             kept_ptr, ctab_ptr, stride_kl, stride_kb, stride_tl, stride_tbb, nkept_ptr, stride_nl,
                             clen_ptr, stride_cl, stride_cb, step_ptr, seen_ptr, clock_ptr,
-                            batch, next_n, num_rows, num_cache_blocks, window, topk, guard_tokens, cover,
+                            batch, next_n, num_rows, num_cache_blocks, window, topk, guard_tokens, guard_batch, cover,
                             sparsity_bits, gamma_bits, hash0,
                             T: tl.constexpr, TP: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr,
                             SBS: tl.constexpr, SLOT: tl.constexpr, COMBINE: tl.constexpr, MEAN: tl.constexpr,
@@ -425,7 +437,8 @@ if triton is not None:
         if pb < batch:
             b = pb.to(tl.int64)
             l = pl.to(tl.int64)
-            longest, n, first_new, keep_all, guarded = _meta(lens_ptr, b, next_n, topk, guard_tokens, T, NP)
+            longest, n, first_new, keep_all, guarded = _meta(lens_ptr, b, batch, next_n, topk, guard_tokens,
+                                                             guard_batch, T, NP)
             dense = keep_all + guarded  # 0 or 1
             step = tl.load(stash_ptr + b * 2)
             first_entered = tl.load(stash_ptr + b * 2 + 1).to(tl.int64)

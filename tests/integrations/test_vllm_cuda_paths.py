@@ -23,14 +23,6 @@ def _vllm_cpu(monkeypatch):
     vh.isolate(monkeypatch)
 
 
-def _tables(lens, num_blocks, gen):
-    need = [-(-L // vh.T) for L in lens]
-    perm = torch.randperm(num_blocks, generator=gen).tolist()
-    out, at = [], 0
-    for n in need:
-        out.append(perm[at:at + n])
-        at += n
-    return out
 
 
 def _v32_attention_self(layer, buffer):
@@ -89,7 +81,7 @@ def test_v32_cuda_attention_reaches_spin(sparsity, monkeypatch, gen):
     run_layer = layer.spin_runtime.run_layer
     monkeypatch.setattr(layer.spin_runtime, "run_layer", lambda *a: calls.append(1) or run_layer(*a))
     fake = _v32_attention_self(layer, buffer)
-    tables = _tables([L + 8 for L in lens], num_blocks, gen)
+    tables = vh.random_tables([L + 8 for L in lens], num_blocks, gen)
     skipped = 0
     for s in range(3):
         step = vh.make_step([L + s for L in lens], tables, 1, WIDTH, gen)

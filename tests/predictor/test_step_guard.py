@@ -1,6 +1,6 @@
 """The per-step speed guard (SpinConfig.dense_batch_below): when a step's cached tokens (sum over requests
-of the longest row) are below the threshold, every request is guarded (every block kept, no history), on
-the device; at or above it, nothing changes. The fused plan kernel agrees with the torch path bit for bit."""
+of the longest row) are below the threshold, every request is guarded (every block kept, no history, keep_all
+requests included), on the device; at or above it, nothing changes. The fused plan kernel agrees with the torch path bit for bit."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,8 +29,8 @@ def test_small_step_guards_every_request_and_a_large_one_none():
     total = sum(LENS)
     below = SpinConfig(sparsity=0.5, topk=128, dense_batch_below=total + 1)
     guarded, updates = _guarded(below, LENS)
-    assert guarded == [True, True, False, False]  # keep_all (<= K) and padding requests are not "guarded"
-    assert updates[:3] == [False, False, True]  # a guarded request keeps no history
+    assert guarded == [True, True, True, True]  # keep_all (<= K) and padding requests too: a small step
+    assert updates == [False, False, False, False]  # keeps no history at all
     at = dataclasses.replace(below, dense_batch_below=total)
     guarded, updates = _guarded(at, LENS)
     assert guarded == [False, False, False, False] and updates[:3] == [True, True, True]
@@ -41,3 +41,34 @@ def test_small_step_guards_every_request_and_a_large_one_none():
 def test_fused_plan_matches_torch_with_the_step_guard(threshold, gen, triton_device):
     cfg = dataclasses.replace(BASE, dense_below=0, dense_batch_below=threshold)
     _run(cfg, LENS, 1, gen, triton_device, steps=2)
+
+
+@pytest.mark.parametrize("next_n", [1, 2])
+def test_a_guarded_step_equals_the_dense_step_and_keeps_no_history(next_n, gen):
+    """Guarded by the lengths (the SPIN path over every block) and guarded by the table's shape alone (the
+    dense kernels, SpinIndexer._run_dense): both return the dense step's top-k and write no history."""
+    from conftest import make_paged_inputs
+    from spin_indexer.indexer import DenseIndexer
+
+    k = 64
+    x = make_paged_inputs((5 * T + 3, 9 * T, 40), next_n, 8, 32, gen)
+    batch, width = x.block_table.shape
+    dense = DenseIndexer(k, next_n)
+    dense.plan(x.block_table, x.seq_lens)
+    want = [dense.run(layer, x.q_fp8, x.kv_cache, x.weights).clone() for layer in range(2)]
+    for threshold in (int(x.seq_lens.amax(dim=1).sum()) + 1, batch * width * T + 1):
+        cfg = SpinConfig(sparsity=0.5, topk=k, dense_batch_below=threshold)
+        idx = SpinIndexer(cfg, num_layers=2, max_batch=batch, max_blocks=width, next_n=next_n,
+                          num_cache_blocks=x.kv_cache.shape[0])
+        assert idx._guarded_by_shape(batch, width) == (threshold > batch * width * T)
+        slots = torch.tensor([idx.state.allocate() for _ in range(batch)])
+        before = idx.state.vertical.clone(), idx.state.diagonal.clone()
+        for step in range(2):
+            idx.plan(x.block_table, x.seq_lens, slots)
+            for layer in range(2):
+                got = idx.run(layer, x.q_fp8, x.kv_cache, x.weights)
+                assert torch.equal(got, want[layer]), (threshold, step, layer)
+                assert idx.block_plan.guarded[:2].all()
+        # (the trash block P and the trash offset are scratch: kernels may write there)
+        assert torch.equal(idx.state.vertical[:, :-1], before[0][:, :-1])
+        assert torch.equal(idx.state.diagonal[..., :-1], before[1][..., :-1])

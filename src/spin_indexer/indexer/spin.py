@@ -11,7 +11,8 @@
 
 On CUDA with the paper's step (A1 pooling, random or no exploration) plan() is two kernels and run() two
 or three, with no host sync and no data-dependent shape (validate=False): a whole step captures in one CUDA
-graph. Everything else (A0/A2 pooling, age-based exploration, the extensions in extensions.py, the CPU)
+graph. A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards
+every request) runs the dense step's kernels on the full table instead (`_run_dense`). Everything else (A0/A2 pooling, age-based exploration, the extensions in extensions.py, the CPU)
 runs the torch reference of the same step. run_from_scores() replaces "score" by a gather from
 precomputed scores (offline replay of traces), so replay and live decoding share every other line.
 """
@@ -210,6 +211,8 @@ class SpinIndexer:
         batch, width = st.block_table.shape
         plan = self._plan_of(layer, st)
         rows, cols = batch * self.next_n, width * self.config.tokens_per_block
+        if self._guarded_by_shape(batch, width):
+            return self._run_dense(layer, st, plan, q_fp8, kv_cache, weights)
         # DeepGEMM allocates its own logits: handing it the workspace would cost a copy of every logit.
         backend = ops.logits_backend(q_fp8, kv_cache, True, plan.compact_block_table)
         out = None if backend == "deepgemm" else self.workspace.logits[:rows, :cols]
@@ -219,6 +222,27 @@ class SpinIndexer:
                                           validate=False, out=out, block_max_out=block_max,
                                           fill_tail=self.extensions is not None, history=history)
         return self._topk(layer, st, plan, logits, block_max)
+
+    def _guarded_by_shape(self, batch: int, width: int) -> bool:
+        """True when the table's shape alone guards the whole step: B x W x T tokens at most, fewer than the
+        per-step guard's threshold, so plan() guarded every request whatever its length (a host decision
+        on static shapes: a captured graph keeps it)."""
+        return self.extensions is None and batch * width * self.config.tokens_per_block < self.config.guard_batch_tokens
+
+    def _run_dense(self, layer: int, st: _Step, plan: BlockPlan, q_fp8, kv_cache, weights) -> torch.Tensor:
+        """The dense step's kernels on the full table (every block kept, no history: what plan() decided for
+        every request), so a guarded step costs the dense step plus plan()."""
+        batch, width = st.block_table.shape
+        rows, cols = batch * self.next_n, width * self.config.tokens_per_block
+        block_max = self.workspace.block_max[:rows, :width]
+        dense_out = None if ops.logits_backend(q_fp8, kv_cache) == "deepgemm" else self.workspace.logits[:rows, :cols]
+        logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, st.seq_lens, st.block_table, validate=False,
+                                          out=dense_out, block_max_out=block_max, fill_tail=False)
+        out = self.workspace.topk[layer, :rows]
+        ops.topk_positions(logits, st.seq_lens.view(-1), self.config.topk, block_max=block_max,
+                           tokens_per_block=self.config.tokens_per_block, out=out, validate=False)
+        self.block_plan = plan
+        return out
 
     def run_from_scores(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
         """Replay: like run(), with the indexer scores of every logical position given.

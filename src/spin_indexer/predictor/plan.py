@@ -3,8 +3,8 @@ block selection of every layer. The ground truth of the fused Triton kernel in p
 
 Per request b (longest row length L, n = ceil(L / T) blocks):
   keep_all   L <= K: every token is selected anyway, so every block is kept (history still updates)
-  guarded    L < config.guard_tokens, or the step's sum of L below config.guard_batch_tokens: the speed
-             guard scores every block and keeps no history
+  guarded    L < config.guard_tokens (and L > K), or the step's sum of L below config.guard_batch_tokens
+             (every request): the speed guard scores every block and keeps no history
   budget     m = ceil((1 - s) n), raised to cover K tokens + the partial block, capped at n
   explore    e = round(gamma m) (random / staleness / block_age exploration)
   entered    blocks w with w * T >= seen_len[slot]: new to this request; their vertical history is reset
@@ -64,8 +64,10 @@ def step_meta(config: SpinConfig, state: SpinState, block_table: torch.Tensor, s
     first_new = (lens.amin(dim=1) - 1).clamp_min(0) // t if batch else lens.new_zeros(0)
     first_entered = (state.seen_len[slots].long() + t - 1) // t
     keep_all = longest <= config.topk
-    small_step = longest.sum() < config.guard_batch_tokens  # the per-step guard (0-dim, stays on the device)
-    guarded = ((longest < config.guard_tokens) | small_step) & ~keep_all
+    # the per-step guard (0-dim, stays on the device) covers keep_all requests too: a small step keeps no
+    # history at all, so it is the dense step whichever kernels run it (SpinIndexer._run_dense)
+    small_step = longest.sum() < config.guard_batch_tokens
+    guarded = ((longest < config.guard_tokens) & ~keep_all) | small_step
     dense = keep_all | guarded
     budget = budget_blocks(num_blocks, config.sparsity, config.topk, t, dense)
     explore = explore_blocks(budget, config.gamma, config.exploration, dense)

@@ -226,8 +226,8 @@ if triton is not None:
         n = (longest + T - 1) // T
         first_new = tl.maximum(shortest - 1, 0) // T
         keep_all = (longest <= topk).to(tl.int32)
-        small = (longest < guard_tokens).to(tl.int32)
-        if guard_batch > 0:
+        small = (longest < guard_tokens).to(tl.int32) * (1 - keep_all)
+        if guard_batch > 0:  # the per-step guard covers keep_all requests too (plan.step_meta)
             total = tl.zeros([], tl.int64)
             for b0 in range(0, batch, 256):
                 i = b0 + tl.arange(0, 256)
@@ -235,7 +235,7 @@ if triton is not None:
                                mask=(i[:, None] < batch) & (j[None, :] < next_n), other=0)
                 total += tl.sum(tl.max(rows, axis=1).to(tl.int64), axis=0)
             small = tl.maximum(small, (total < guard_batch).to(tl.int32))
-        guarded = small * (1 - keep_all)
+        guarded = small
         return longest, n, first_new, keep_all, guarded
 
     @triton.jit
@@ -544,7 +544,7 @@ if triton is not None:
             l = pl.to(tl.int64)
             longest, n, first_new, keep_all, guarded = _meta(lens_ptr, b, batch, next_n, topk, guard_tokens,
                                                              guard_batch, T, NP)
-            dense = keep_all + guarded  # 0 or 1
+            dense = tl.maximum(keep_all, guarded)  # 0 or 1 (a small step guards keep_all requests too)
             step = tl.load(stash_ptr + b * 2)
             first_entered = tl.load(stash_ptr + b * 2 + 1).to(tl.int64)
             slot = tl.load(slot_ptr + b).to(tl.int64)

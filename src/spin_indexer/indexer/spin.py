@@ -12,9 +12,10 @@
 On CUDA with the paper's step (A1 pooling, random or no exploration) plan() is two kernels and run() two
 or three, with no host sync and no data-dependent shape (validate=False): a whole step captures in one CUDA
 graph. A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards
-every request) runs the dense step's kernels on the full table instead (`_run_dense`). Everything else (A0/A2 pooling, age-based exploration, the extensions in extensions.py, the CPU)
-runs the torch reference of the same step. run_from_scores() replaces "score" by a gather from
-precomputed scores (offline replay of traces), so replay and live decoding share every other line.
+every request) runs the dense step's kernels on the full table instead (`_run_dense`). Everything else
+(A0/A2 pooling, age-based exploration, the extensions in extensions.py, the CPU) runs the torch reference
+of the same step. run_from_scores() replaces "score" by a gather from precomputed scores (offline replay
+of traces), so replay and live decoding share every other line.
 """
 from __future__ import annotations
 
@@ -227,7 +228,8 @@ class SpinIndexer:
         """True when the table's shape alone guards the whole step: B x W x T tokens at most, fewer than the
         per-step guard's threshold, so plan() guarded every request whatever its length (a host decision
         on static shapes: a captured graph keeps it)."""
-        return self.extensions is None and batch * width * self.config.tokens_per_block < self.config.guard_batch_tokens
+        tokens = batch * width * self.config.tokens_per_block
+        return self.extensions is None and tokens < self.config.guard_batch_tokens
 
     def _run_dense(self, layer: int, st: _Step, plan: BlockPlan, q_fp8, kv_cache, weights) -> torch.Tensor:
         """The dense step's kernels on the full table (every block kept, no history: what plan() decided for

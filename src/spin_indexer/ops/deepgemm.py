@@ -45,7 +45,7 @@ def available() -> bool:
 # SPIN's step at next_n = 1 goes to DeepGEMM from this many table tokens (B x W x T) on; below, the Triton
 # kernel with the EMA update and block max fused saves two launches per layer. From the H200 grid (run 11,
 # benchmarks/results/run11_fixes, step_us vs step_other_backend_us): the fused kernel won at 64K-512K
-# tokens (B = 1 x 64K / 128K, 8 x 64K: 4.4-5.6 us per layer), DeepGEMM at 1M (8 x 128K, 1 x 1M: 3.7-5.3 us).
+# tokens (B = 1 x 64K / 128K, 8 x 64K: 2.4-5.6 us per layer), DeepGEMM at 1M (8 x 128K, 1 x 1M: 3.7-5.3 us).
 SPIN_MIN_TOKENS = 1 << 20
 
 

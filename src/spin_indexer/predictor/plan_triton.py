@@ -41,8 +41,9 @@ O(DW), never O(context). Chunked path: A writes 5 B per block, B reads 4 B per b
 in the mark pass (~21 B x W'), C 1 B per block per pass, D 1 B per block + 12 B per kept block: about
 35 B x W' + 2 B x DW, mostly L1/L2 hits on its own scratch (W' = 16384: ~0.6 MB). reduce=mean or
 combine=sum read each block's 64 vertical slots once in pass A (2 B per token) on both paths.
-Prediction (register path at commit plan-regs, not yet measured on a GPU). Measured at 3b65e13 (H200,
-triton 3.6): 4.3 ms per step at B = 96 x 512K (W' = 8192, 61 layers: 70 us per layer, worse than the
+Measured (register path, commit a7cf093, H200, run 12): 1.64 ms per step at B = 96 x 512K (26.8 us per
+layer; predicted below: ~1.5 ms) and 0.45 ms at 96 x 128K (7.4 us per layer; predicted ~0.4 ms).
+The prediction, as written before that run. Measured at 3b65e13 (H200, triton 3.6): 4.3 ms per step at B = 96 x 512K (W' = 8192, 61 layers: 70 us per layer, worse than the
 chunked kernel's 64), 0.52 ms at 96 x 128K (W' = 2048). At 8192 blocks / 8 warps that kernel compiled to
 255 registers (1 program per SM: 5856 programs in ~44 waves of ~100 us) with a chain of ~50-70 dependent
 block reductions (bisections on 32-bit keys reaching +inf, a [SB] cumsum per tie cut). ptxas -v here

@@ -675,9 +675,12 @@ def test_step_on_padded_pages_equals_the_contiguous_copy(next_n, pad, triton_log
         pytest.importorskip("triton")
         from spin_indexer.ops import indexer_logits_triton
         real = ops._triton_twin
-        # CPU tensors take the reference: let only the logits kernel (its history update fused) run, interpreted
-        monkeypatch.setattr(ops, "_triton_twin", lambda module, name, t: indexer_logits_triton.paged_indexer_logits_triton
-                            if name == "paged_indexer_logits_triton" else real(module, name, t))
+
+        def twin(module, name, t):  # CPU tensors take the reference: only the logits kernel runs, interpreted
+            if name == "paged_indexer_logits_triton":
+                return indexer_logits_triton.paged_indexer_logits_triton
+            return real(module, name, t)
+        monkeypatch.setattr(ops, "_triton_twin", twin)
     x = make_paged_inputs((10 * T + 5, 6 * T, 2 * T + 1), next_n, 64, 128, gen, garbage=False)
     kv = _padded_cache(x.kv_cache, pad)
     cfg = SpinConfig(sparsity=0.5, topk=256)

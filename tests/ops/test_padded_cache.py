@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ODD_IDS, ODD_SHAPES, T, assert_logits_close, logits_f64, make_case_inputs, make_paged_inputs
+from conftest import (ODD_IDS, ODD_SHAPES, T, assert_logits_close, logits_f64, make_case_inputs, make_paged_inputs,
+                      random_cache, random_fp8, row_lengths)
 from spin_indexer.layout import cache_views, page_stride_bytes
 from spin_indexer.ops import paged_indexer_logits, paged_indexer_logits_ref
 
@@ -134,3 +135,18 @@ def test_one_block_cache_ignores_its_stride(gen):
     odd = torch.as_strided(kv, kv.shape, (7, *kv.stride()[1:]))
     assert page_stride_bytes(odd) == kv.shape[1] * kv.shape[3]
     assert torch.equal(paged_indexer_logits_ref(*_args(inputs, odd, "cpu")), paged_indexer_logits_ref(*inputs.args()))
+
+
+@pytest.mark.parametrize("pad", [0, 64])
+def test_pages_of_a_fractional_number_of_key_rows(pad, gen, triton_device):
+    """T = 16, D = 128: a contiguous page is 2112 B = 16.5 rows of 128 B, which takes the kernel's 3D
+    descriptor (before the page stride, the launcher's 2D view of 16 rows per page raised a RuntimeError);
+    padded by 64 it is 17 rows, the 2D one."""
+    from spin_indexer.ops.indexer_logits_triton import paged_indexer_logits_triton
+    tokens, dim = 16, 128
+    kv = padded(random_cache(9, dim, gen, tokens=tokens), pad) if pad else random_cache(9, dim, gen, tokens=tokens)
+    table = torch.tensor([[3, 0, 7, 1, 5, 8], [2, 6, 0, 0, 0, 0]], dtype=torch.int32)
+    args = (random_fp8((2, 1, 8, dim), gen), kv, torch.randn(2, 8, generator=gen),
+            row_lengths((5 * tokens + 3, 2 * tokens), 1), table)
+    expected, magnitude = logits_f64(*args)
+    assert_logits_close(paged_indexer_logits_triton(*[t.to(triton_device) for t in args]), expected, magnitude)

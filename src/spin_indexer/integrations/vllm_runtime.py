@@ -200,8 +200,8 @@ class SpinVllmRuntime:
         page = kv.shape[1] * kv.shape[3]
         if kv.shape[0] > 1 and kv.stride(0) != page:
             logger.info("spin-indexer: the indexer cache pages are padded (%d bytes apart for %d bytes of keys and "
-                        "scales, DeepSeek-V4's aligned layout): SPIN's kernels read them in place with that page stride",
-                        kv.stride(0), page)
+                        "scales, DeepSeek-V4's aligned layout): SPIN's kernels read them in place with that "
+                        "page stride", kv.stride(0), page)
         if history is not None:
             logger.info("spin-indexer: SPIN's block history lives in vLLM's KV cache (%d regions of %d blocks)",
                         len(self.history_caches), kv.shape[0])

@@ -4,7 +4,8 @@ Serving installs on SM90 have `deep_gemm` (vLLM calls it for the dense indexer).
 uint8 [num_blocks, 64, 1, 132] cache, int32 block table and int32 [B, next_n] lengths, so a compacted
 table from SPIN's plan goes straight in: its cost follows the lengths passed (work in 256-token pieces).
 It writes fp32 logits only; columns past a row's length are not cleaned. Covered: next_n in {1, 2},
-T = 64, D = 128, 64 heads, SM90, contiguous pages (padded ones go to the Triton kernel). Nothing here is DeepGEMM's code: the module is imported when present.
+T = 64, D = 128, 64 heads, SM90, contiguous pages (padded ones go to the Triton kernel). Nothing here is
+DeepGEMM's code: the module is imported when present.
 
 Used at next_n = 2 (1.7x faster than the project's kernel, benchmarks/results run 8) and for SPIN's step at
 next_n = 1 on tables of at least SPIN_MIN_TOKENS tokens (DeepGEMM + one pass for the block max and EMA

@@ -119,8 +119,9 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     grid = (batch, triton.cdiv(width, chunk))
     _paged_indexer_logits_kernel[grid](
         q, k_arg, scales_f32, w, lens, block_table, out, block_max_out,
-        width, block_table.stride(0), out.stride(0), block_max_out.stride(0), chunk, kv_cache.shape[0], page_bytes,
-        *hist, NEXT_N=next_n, H=heads, D=dim, T=tokens, RB=rows_per_block, SPLIT=next_n >= 2, FILL_TAIL=fill_tail,
+        width, block_table.stride(0), out.stride(0), block_max_out.stride(0), chunk, kv_cache.shape[0], *hist,
+        NEXT_N=next_n, H=heads, D=dim, T=tokens, PAGE_BYTES=page_bytes, RB=rows_per_block, SPLIT=next_n >= 2,
+        FILL_TAIL=fill_tail,
         HIST=fused, HAS_SEEN=fused and history.last_seen is not None, num_warps=4, num_stages=3)
     if history is not None and not fused:
         update_history_triton(history, out.view(batch, next_n, -1), block_table, seq_lens)
@@ -173,12 +174,12 @@ if triton is not None:
 
     @triton.jit
     def _paged_indexer_logits_kernel(q_ptr, k_arg, scale_ptr, w_ptr, lens_ptr, table_ptr, out_ptr, bmax_ptr,
-                                     width, stride_table, out_stride, bmax_stride, chunk, num_cache_blocks, page_bytes,
+                                     width, stride_table, out_stride, bmax_stride, chunk, num_cache_blocks,
                                      v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr,
                                      slot_ptr, kept_ptr, kept_stride, hlens_ptr, upd_ptr, alpha, window, trash, lo,
                                      hi, NEXT_N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, T: tl.constexpr,
-                                     RB: tl.constexpr, SPLIT: tl.constexpr, FILL_TAIL: tl.constexpr,
-                                     HIST: tl.constexpr, HAS_SEEN: tl.constexpr):
+                                     PAGE_BYTES: tl.constexpr, RB: tl.constexpr, SPLIT: tl.constexpr,
+                                     FILL_TAIL: tl.constexpr, HIST: tl.constexpr, HAS_SEEN: tl.constexpr):
         b = tl.program_id(0)
         blk0 = tl.program_id(1) * chunk
         row0 = b * NEXT_N
@@ -216,7 +217,9 @@ if triton is not None:
         if HIST:  # a request that does not update (guarded) reads and writes no history: the dense loop
             upd0 = tl.load(upd_ptr + row0).to(tl.int32) != 0
         SCALE_OFF: tl.constexpr = T * D // 4  # scales follow the T*D key bytes of a block, in fp32 units
-        page_f32 = page_bytes.to(tl.int64) // 4  # pages are page_bytes apart (padded on DeepSeek-V4)
+        # Pages are PAGE_BYTES apart (padded on DeepSeek-V4). A constexpr (fixed for a run, like T and D): the
+        # compiler sees the scales' 16-byte alignment, as it did with the contiguous page size.
+        PAGE_F32: tl.constexpr = PAGE_BYTES // 4
         for blk in range(blk0, blk_end):
             # Ids are clamped into the cache: with validate=False a bad table gives wrong logits, never a read
             # outside the cache (the key tile's TMA load is bounds-checked; the scales' pointer load is not).
@@ -228,7 +231,7 @@ if triton is not None:
                 if upd0:
                     kb = tl.load(kept_ptr + b.to(tl.int64) * kept_stride + blk + tl.zeros([1], tl.int32))
                     pv, old_v = load_vertical(v_ptr, tl.zeros([1], tl.int32) + phys, trash, T)
-            sc = tl.load(scale_ptr + phys.to(tl.int64) * page_f32 + SCALE_OFF + offs_t)
+            sc = tl.load(scale_ptr + phys.to(tl.int64) * PAGE_F32 + SCALE_OFF + offs_t)
             if RB > 0:  # pages a whole number RB of D-byte rows apart: block phys starts at row phys * RB
                 k = k_arg.load([phys * RB, 0])  # [T, D] fp8 through the TMA descriptor
             else:  # other padded strides (8640 = 67.5 rows): the 3D descriptor's page index

@@ -73,7 +73,7 @@ def test_num_blocks_for(tokens, want):
     (lambda: cache_views(torch.zeros(2, 64, 2, 132, dtype=torch.uint8)), ValueError, "^kv_cache: expected shape"),
     (lambda: cache_views(torch.zeros(2, 64, 1, 3, dtype=torch.uint8)), ValueError, "^kv_cache: expected shape"),
     (lambda: cache_views(torch.zeros(64, 2, 1, 132, dtype=torch.uint8).transpose(0, 1)), ValueError,
-     "^kv_cache: expected a contiguous"),
+     "^kv_cache: expected each page.s .* contiguous"),
 ])
 def test_errors_name_the_argument(call, exc, match):
     with pytest.raises(exc, match=match):

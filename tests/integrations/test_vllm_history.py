@@ -1,6 +1,6 @@
 """Histories stay right across what vLLM does between steps: MTP with accepted counts inferred from seq_lens
 (row-local), chunked prefill before an MTP decode, a block filled by a KV connector (no slot_mapping write),
-and DeepSeek-V4's padded indexer pages (reported and handed back, never misread)."""
+and DeepSeek-V4's padded indexer pages (read in place with their page stride, the padding never read)."""
 from __future__ import annotations
 
 import logging
@@ -112,16 +112,12 @@ def test_kv_connector_filled_blocks_do_not_inherit(gen):
     assert int(plan.num_kept[0]) < int(plan.num_blocks[0]), "B lost its history"
 
 
-def test_v4_padded_indexer_page_is_reported_and_handed_back(caplog, gen):
-    """DeepSeek-V4's indexer page is padded to a 576- or 512-byte multiple (vLLM's own spec says how much).
-    SPIN's kernels read unpadded pages, so such a cache is never misread: the step goes to vLLM (same top-k)
-    and the log says why, once."""
+def _v4_page_sizes():
+    """{cache dtype: indexer page bytes} from vLLM's own DeepseekV4IndexerCache.get_kv_cache_spec."""
     from vllm.config import set_current_vllm_config
     from vllm.models.deepseek_v4.attention import DeepseekV4IndexerCache
 
-    from spin_indexer.integrations.vllm_runtime import cache_view_or_reason
-
-    cfg = vh.vllm_config({"enable": True, "sparsity": 0.5})
+    cfg = vh.vllm_config({"enable": True})
     pages = {}
     for dtype in ("fp8_ds_mla", "auto"):
         cfg.cache_config.cache_dtype = dtype
@@ -130,28 +126,54 @@ def test_v4_padded_indexer_page_is_reported_and_handed_back(caplog, gen):
             cache = DeepseekV4IndexerCache(head_dim=vh.ROW, dtype=torch.uint8, prefix=f"v4.{dtype}.k_cache",
                                            cache_config=cfg.cache_config, compress_ratio=4)
             pages[dtype] = cache.get_kv_cache_spec(cfg).page_size_bytes
+    return pages
+
+
+def _padded_like(dense: torch.Tensor, page: int) -> torch.Tensor:
+    """dense's pages `page` bytes apart, as vLLM binds V4's indexer cache (uint8 [num_blocks, T, D + 4]); the
+    padding holds 0xFF (NaN as an fp8 key and as an fp32 scale), so reading it shows."""
+    num_blocks = dense.shape[0]
+    store = torch.full((num_blocks * page,), 0xFF, dtype=torch.uint8)
+    kv = torch.as_strided(store, (num_blocks, vh.T, vh.ROW), (page, vh.ROW, 1))
+    kv.copy_(dense)
+    return kv
+
+
+def test_v4_padded_indexer_page_engages_spin(caplog, gen):
+    """DeepSeek-V4's indexer page is padded to a 576- or 512-byte multiple (vLLM's own spec says how much:
+    8640 / 8704 B for 64 x 132 = 8448). SPIN reads it in place: at s = 0 every step's top-k equals vLLM's
+    own, at s = 0.5 it equals SPIN's on the same cache unpadded; the padding (poisoned) is never read, and
+    the log says once that the padded pages are read with their stride."""
+    from spin_indexer.integrations.vllm_runtime import cache_view_or_reason
+
+    pages = _v4_page_sizes()
     assert pages == {"fp8_ds_mla": 8640, "auto": 8704}, pages
-    cfg.cache_config.cache_dtype = "auto"
+    num_blocks, tables = 30, [list(range(0, 24)), list(range(24, 30))]
     for page in pages.values():
-        num_blocks = 30
-        store = torch.zeros(num_blocks * page, dtype=torch.uint8)
-        kv = torch.as_strided(store, (num_blocks, vh.T, vh.ROW), (page, vh.ROW, 1))
         dense = vh.make_cache(num_blocks, gen)
-        for b in range(num_blocks):
-            kv[b].copy_(dense[b])
+        kv = _padded_like(dense, page)
         view, why = cache_view_or_reason(kv)
-        assert view is None and "padded" in why and str(page) in why
+        assert why == "" and view[1] == 1 and view[0].stride(0) == page, why
+        steps = [vh.make_step([1500 + s, 900 + s], tables, 1, WIDTH, gen) for s in range(3)]
+        cfg = vh.vllm_config({"enable": True, "sparsity": 0.0})
         layers, buffer = vh.build_layers(cfg, [kv], 512, MAX_MODEL_LEN)
-        lens = [1500, 900]
-        step = vh.make_step(lens, [list(range(0, 24)), list(range(24, 30))], 1, WIDTH, gen)
         with caplog.at_level(logging.INFO, logger="spin_indexer.vllm"):
             caplog.clear()
-            got = vh.run_layer(cfg, layers, layers[0], step)
-            vh.run_layer(cfg, layers, layers[0], step)
-        assert not layers[0].spin_runtime.planned_for(step.meta)
-        assert torch.equal(got, vh.reference(cfg, layers[0], step, buffer))
-        said = [r.getMessage() for r in caplog.records if "padded" in r.getMessage()]
-        assert len(said) == 1, said
+            for step in steps:
+                got = vh.run_layer(cfg, layers, layers[0], step)
+                assert layers[0].spin_runtime.planned_for(step.meta)
+                want = vh.reference(cfg, layers[0], step, buffer)
+                vh.assert_same_topk(got[:2], want[:2], vh.dense_logits(layers[0], step), 512)
+        said = [r.getMessage() for r in caplog.records]
+        assert len([m for m in said if "padded" in m and str(page) in m]) == 1, said
+        assert any("SPIN active" in m for m in said) and not any("went to vLLM" in m for m in said), said
+        outs = []  # s = 0.5: the padded cache and its unpadded copy give the same top-k, step by step
+        for cache in (kv, dense):
+            cfg = vh.vllm_config({"enable": True, "sparsity": 0.5})
+            layers, _ = vh.build_layers(cfg, [cache], 512, MAX_MODEL_LEN)
+            outs.append([vh.run_layer(cfg, layers, layers[0], step)[:2] for step in steps])
+            assert layers[0].spin_runtime.planned_for(steps[-1].meta)
+        assert all(torch.equal(a, b) for a, b in zip(*outs))
 
 
 @pytest.mark.parametrize("sparsity", [0.0, 0.5])

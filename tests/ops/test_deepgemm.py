@@ -22,12 +22,14 @@ def test_backend_choice_without_deepgemm_on_cpu(monkeypatch):
 
 def test_backend_choice_rules_on_sm90(monkeypatch):
     """Where DeepGEMM imports on SM90 (simulated): next_n = 2 always; next_n = 1 only for SPIN's step and only
-    from SPIN_MIN_TOKENS table tokens on (unknown size counts as large); the environment forces either way."""
+    from SPIN_MIN_TOKENS table tokens on (unknown size counts as large); the environment forces either way.
+    Padded pages (DeepSeek-V4's 8704-byte stride) never go to DeepGEMM, even when forced."""
     from types import SimpleNamespace
     monkeypatch.setattr(deepgemm, "_module", lambda: object())
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.delenv("SPIN_INDEXER_LOGITS", raising=False)
-    kv = SimpleNamespace(shape=(8, 64, 1, 132))
+    kv = torch.empty(8, 64, 1, 132, dtype=torch.uint8, device="meta")
+    padded = torch.empty_strided((8, 64, 1, 132), (8704, 132, 132, 1), dtype=torch.uint8, device="meta")
 
     def q(next_n, heads=64):
         return SimpleNamespace(is_cuda=True, device="cuda:0", shape=(4, next_n, heads, 128))
@@ -38,8 +40,10 @@ def test_backend_choice_rules_on_sm90(monkeypatch):
     assert deepgemm.supports(q(1), kv, True, big) and deepgemm.supports(q(1), kv, True, None)
     assert not deepgemm.supports(q(1), kv, True, small)
     assert not deepgemm.supports(q(3), kv, True, big) and not deepgemm.supports(q(1, heads=32), kv, True, big)
+    assert not deepgemm.supports(q(2), padded) and not deepgemm.supports(q(1), padded, True, big)
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "deepgemm")
     assert deepgemm.supports(q(1), kv, False, small)
+    assert not deepgemm.supports(q(2), padded)
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "triton")
     assert not deepgemm.supports(q(2), kv)
 

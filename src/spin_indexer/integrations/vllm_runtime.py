@@ -6,9 +6,10 @@ layer then calls SpinIndexer.run() and writes its top-k into vLLM's top-k buffer
 handle stays with vLLM (the caller delegates); tokens written in such steps still reach the tracker.
 
 Cache view: vLLM binds each layer's indexer cache as uint8 [num_blocks, T, D + 4], possibly a strided
-view into a larger allocation. The ops want a contiguous [num_blocks, T, 1, D + 4]; when the block stride
-is r whole blocks, the storage is viewed as r-times more contiguous blocks and block ids are scaled by r
-(block 3 with r = 2 -> block 6).
+view into a larger allocation. The ops want [num_blocks, T, 1, D + 4] with contiguous pages, or padded
+pages (block stride a multiple of 16 bytes above T * (D + 4), as DeepSeek-V4's 8640 / 8704-byte pages);
+when the block stride is r whole blocks, the storage is viewed as r-times more contiguous blocks and block
+ids are scaled by r (block 3 with r = 2 -> block 6).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import logging
 
 import torch
 
-from ..layout import FP8_DTYPE, SCALE_BYTES
+from ..layout import FP8_DTYPE, PAGE_ALIGN_BYTES, SCALE_BYTES
 from ..predictor.config import MtpPolicy
 from .request_tracker import RequestTracker
 from .shadow import ShadowStats
@@ -196,6 +197,11 @@ class SpinVllmRuntime:
                                                  self.max_model_len, self.next_n, kv.shape[1], kv.shape[0],
                                                  num_kv_blocks, kv.device, width, history=history)
         self.history_in_kv_cache, self.history_reason = history is not None, "" if history is not None else why
+        page = kv.shape[1] * kv.shape[3]
+        if kv.shape[0] > 1 and kv.stride(0) != page:
+            logger.info("spin-indexer: the indexer cache pages are padded (%d bytes apart for %d bytes of keys and "
+                        "scales, DeepSeek-V4's aligned layout): SPIN's kernels read them in place with that "
+                        "page stride", kv.stride(0), page)
         if history is not None:
             logger.info("spin-indexer: SPIN's block history lives in vLLM's KV cache (%d regions of %d blocks)",
                         len(self.history_caches), kv.shape[0])
@@ -254,10 +260,11 @@ def cache_view_or_reason(kv_cache: torch.Tensor) -> tuple[tuple[torch.Tensor, in
     """((view, r), "") or (None, why not) for vLLM's indexer cache.
 
     kv_cache: uint8 [num_blocks, T, D + 4] (vLLM's binding) or [num_blocks, T, 1, D + 4]; rows inside a
-    block must be contiguous; the block stride must be a whole number r of pages (T * (D + 4) bytes).
-    DeepSeek-V4 pads each page to a 576-byte (fp8_ds_mla) or 512-byte multiple: 8640 or 8704 bytes for a
-    64 x 132 = 8448-byte page. No whole-page view of that exists, and SPIN's kernels read contiguous pages, so
-    such a cache is reported (and the step handed back) instead of misread.
+    block must be contiguous; the block stride must be a whole number r of pages (T * (D + 4) bytes), or a
+    multiple of 16 bytes above one page: DeepSeek-V4 pads each page to a 576-byte (fp8_ds_mla) or 512-byte
+    multiple, 8640 or 8704 bytes for a 64 x 132 = 8448-byte page. Such a cache is handed to the ops as it is
+    (r = 1, stride(0) = the padded stride): they read each page's 8448 bytes and never the padding.
+    Other strides are reported (and the step handed back) instead of misread.
     """
     if kv_cache.dtype != torch.uint8 or kv_cache.dim() not in (3, 4) or kv_cache.shape[-1] <= SCALE_BYTES:
         return None, f"indexer cache {kv_cache.dtype} {list(kv_cache.shape)} is not uint8 [blocks, T, D + 4]"
@@ -271,8 +278,11 @@ def cache_view_or_reason(kv_cache: torch.Tensor) -> tuple[tuple[torch.Tensor, in
         return None, f"indexer cache strides {kv_cache.stride()}: rows inside a block are not contiguous"
     stride = kv_cache.stride(0) if num_blocks > 1 else page
     if stride % page:
-        return None, (f"indexer cache pages are padded ({stride} bytes apart for a {page}-byte page, as "
-                      f"DeepSeek-V4's aligned layout does); SPIN's kernels read unpadded pages")
+        if stride < page or stride % PAGE_ALIGN_BYTES:
+            return None, (f"indexer cache pages are {stride} bytes apart for a {page}-byte page: SPIN's kernels "
+                          f"need whole pages apart or a multiple of {PAGE_ALIGN_BYTES} bytes above one page")
+        # padded pages (DeepSeek-V4): the ops take the page stride, block ids stay vLLM's
+        return (torch.as_strided(kv_cache, (num_blocks, tokens, 1, row), (stride, row, row, 1)), 1), ""
     scale = stride // page
     blocks = (num_blocks - 1) * scale + 1
     view = torch.as_strided(kv_cache, (blocks, tokens, 1, row), (page, row, row, 1))

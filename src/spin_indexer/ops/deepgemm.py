@@ -4,7 +4,8 @@ Serving installs on SM90 have `deep_gemm` (vLLM calls it for the dense indexer).
 uint8 [num_blocks, 64, 1, 132] cache, int32 block table and int32 [B, next_n] lengths, so a compacted
 table from SPIN's plan goes straight in: its cost follows the lengths passed (work in 256-token pieces).
 It writes fp32 logits only; columns past a row's length are not cleaned. Covered: next_n in {1, 2},
-T = 64, D = 128, 64 heads, SM90. Nothing here is DeepGEMM's code: the module is imported when present.
+T = 64, D = 128, 64 heads, SM90, contiguous pages (padded ones go to the Triton kernel). Nothing here is
+DeepGEMM's code: the module is imported when present.
 
 Used at next_n = 2 (1.7x faster than the project's kernel, benchmarks/results run 8) and for SPIN's step at
 next_n = 1 on tables of at least SPIN_MIN_TOKENS tokens (DeepGEMM + one pass for the block max and EMA
@@ -61,6 +62,8 @@ def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history: bool = False,
     _, next_n, heads, dim = q_fp8.shape
     if not (heads == 64 and dim == 128 and kv_cache.shape[1] == 64 and next_n in (1, 2)):
         return False
+    if kv_cache.shape[0] > 1 and kv_cache.stride(0) != kv_cache.shape[1] * kv_cache.shape[3]:
+        return False  # padded pages (DeepSeek-V4) go to the Triton kernel, which takes a page stride
     if choice == "deepgemm" or next_n == 2:
         return True
     return history and (tokens is None or tokens >= SPIN_MIN_TOKENS)

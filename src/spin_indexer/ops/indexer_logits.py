@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..checks import check_int, check_tensor, check_values_in_range
-from ..layout import FP8_DTYPE, SCALE_BYTES, cache_views
+from ..layout import FP8_DTYPE, SCALE_BYTES, cache_views, page_stride_bytes
 
 
 def check_paged_indexer_args(q_fp8, kv_cache, weights, seq_lens, block_table, validate: bool = True) -> None:
@@ -22,9 +22,10 @@ def check_paged_indexer_args(q_fp8, kv_cache, weights, seq_lens, block_table, va
         raise ValueError(f"q_fp8: expected shape [B, next_n, H, D] with next_n >= 1, got {list(q_fp8.shape)}")
     dev = q_fp8.device
     check_tensor("kv_cache", kv_cache, dtype=torch.uint8, shape=(None, None, 1, dim + SCALE_BYTES),
-                 shape_names="[num_blocks, T, 1, D + 4]", device=dev, device_of="q_fp8", contiguous=True)
+                 shape_names="[num_blocks, T, 1, D + 4]", device=dev, device_of="q_fp8")
     if kv_cache.shape[1] < 1:
         raise ValueError(f"kv_cache: expected T >= 1 tokens per block, got shape {list(kv_cache.shape)}")
+    page_stride_bytes(kv_cache)  # contiguous pages, or padded ones (DeepSeek-V4) read without their padding
     check_tensor("weights", weights, dtype=torch.float32, shape=(batch * next_n, heads),
                  shape_names="[B*next_n, H]", device=dev, device_of="q_fp8")
     check_tensor("seq_lens", seq_lens, dtype=torch.int32, shape=(batch, next_n), shape_names="[B, next_n]",
@@ -52,7 +53,8 @@ def paged_indexer_logits_ref(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weight
                              validate: bool = True) -> torch.Tensor:
     """Dense indexer logits over a paged cache (full or compacted block table).
 
-    q_fp8: float8_e4m3fn [B, next_n, H, D]; kv_cache: uint8 [num_blocks, T, 1, D + 4];
+    q_fp8: float8_e4m3fn [B, next_n, H, D]; kv_cache: uint8 [num_blocks, T, 1, D + 4], pages contiguous
+    or padded (stride(0) a multiple of 16 bytes >= T * (D + 4), layout.page_stride_bytes);
     weights: float32 [B*next_n, H] (q scale and softmax scales folded in);
     seq_lens: int32 [B, next_n], row lengths in [0, W*T]; block_table: int32 [B, W].
     returns float32 [B*next_n, W*T]; column c of row (b, j) scores logical position c of request b,

@@ -12,15 +12,19 @@ V / D bytes only, never a second pass over the logits. Without fill_tail, blocks
 longest row are not written, logits nor block max (as the production kernel leaves them), so the cost
 follows the lengths, not W; inside the blocks it scores, columns past a row's length still get -inf.
 
-Cache bytes, viewed as a 2D fp8 array [num_blocks * RB, D] with RB = T * (D + 4) / D rows per block
-(66 for T=64, D=128): rows [b*RB, b*RB + T) of block b are its keys, the rest hold its T fp32 scales.
+Cache bytes: pages P bytes apart (P = T * (D + 4) = 8448 contiguous, or padded: DeepSeek-V4's 8640 /
+8704), each T*D fp8 key bytes then T fp32 scales; the padding is never read. Where P is a whole number RB
+of D-byte rows (66 for contiguous T=64, D=128; 68 for 8704) the keys are a 2D fp8 array [rows, D] and rows
+[b*RB, b*RB + T) are block b's keys (the layout the H200 runs measured). Otherwise (8640 = 67.5 rows) a 3D
+descriptor [num_blocks, T, D] with strides [P, D, 1] loads the tile. Block b's scales start at byte
+b*P + T*D. TMA needs 16-byte-multiple strides and a 16-byte-aligned base (checked in the launcher).
 """
 from __future__ import annotations
 
 import torch
 
 from ..checks import check_tensor
-from ..layout import FP8_DTYPE, SCALE_BYTES
+from ..layout import FP8_DTYPE, PAGE_ALIGN_BYTES, SCALE_BYTES, page_stride_bytes
 from .history import HistoryUpdate, update_history_ref
 from .indexer_logits import block_max_ref, check_paged_indexer_args, paged_indexer_logits_ref
 
@@ -65,7 +69,8 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
                                 chunk: int | None = None) -> torch.Tensor:
     """Paged indexer logits, same arguments and meaning as `paged_indexer_logits_ref`.
 
-    q_fp8: float8_e4m3fn [B, next_n, H, D]; kv_cache: uint8 [num_blocks, T, 1, D + 4] (contiguous);
+    q_fp8: float8_e4m3fn [B, next_n, H, D]; kv_cache: uint8 [num_blocks, T, 1, D + 4] (pages contiguous or
+    padded to a 16-byte-multiple stride, its data pointer 16-byte aligned);
     weights: float32 [B*next_n, H]; seq_lens: int32 [B, next_n]; block_table: int32 [B, W].
     out: optional float32 [B*next_n, W*T] to write into; block_max_out: optional float32 [B*next_n, W],
     receives the max of each block's valid logits (-inf for a block with none).
@@ -102,13 +107,7 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
         if history is not None:
             update_history_ref(history, out.view(batch, next_n, -1), block_table, seq_lens)
         return out
-    rows_per_block = tokens * (dim + SCALE_BYTES) // dim
-    num_blocks = kv_cache.shape[0]
-    flat = kv_cache.view(-1)
-    keys2d = flat.view(FP8_DTYPE).view(num_blocks * rows_per_block, dim)  # [num_blocks*RB, D]
-    scales_f32 = flat.view(torch.float32)  # block b's scales at [b*RB*D/4 + T*D/4, + T)
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    k_arg = TensorDescriptor(base=keys2d, shape=list(keys2d.shape), strides=[dim, 1], block_shape=[tokens, dim])
+    k_arg, scales_f32, page_bytes, rows_per_block = _cache_args(kv_cache, tokens, dim)
     q = q_fp8 if q_fp8.is_contiguous() else q_fp8.contiguous()
     w = weights if weights.is_contiguous() else weights.contiguous()
     lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
@@ -120,12 +119,42 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     grid = (batch, triton.cdiv(width, chunk))
     _paged_indexer_logits_kernel[grid](
         q, k_arg, scales_f32, w, lens, block_table, out, block_max_out,
-        width, block_table.stride(0), out.stride(0), block_max_out.stride(0), chunk, num_blocks, *hist,
-        NEXT_N=next_n, H=heads, D=dim, T=tokens, RB=rows_per_block, SPLIT=next_n >= 2, FILL_TAIL=fill_tail,
+        width, block_table.stride(0), out.stride(0), block_max_out.stride(0), chunk, kv_cache.shape[0], *hist,
+        NEXT_N=next_n, H=heads, D=dim, T=tokens, PAGE_BYTES=page_bytes, RB=rows_per_block, SPLIT=next_n >= 2,
+        FILL_TAIL=fill_tail,
         HIST=fused, HAS_SEEN=fused and history.last_seen is not None, num_warps=4, num_stages=3)
     if history is not None and not fused:
         update_history_triton(history, out.view(batch, next_n, -1), block_table, seq_lens)
     return out
+
+
+def _cache_args(kv_cache: torch.Tensor, tokens: int, dim: int):
+    """(key descriptor, fp32 view of the cache bytes, page stride P in bytes, RB) for the kernel. RB = P / D
+    rows per page when P is a whole number of D-byte rows (a 2D descriptor, block b's keys at row b*RB),
+    else 0 (a 3D descriptor [num_blocks, T, D] with strides [P, D, 1]). Raises ValueError naming kv_cache
+    where TMA cannot take the layout."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    num_blocks = kv_cache.shape[0]
+    page_bytes = page_stride_bytes(kv_cache)
+    if page_bytes % PAGE_ALIGN_BYTES or kv_cache.data_ptr() % PAGE_ALIGN_BYTES:
+        raise ValueError(f"kv_cache: expected a page stride and data pointer that are multiples of "
+                         f"{PAGE_ALIGN_BYTES} bytes (TMA), got stride {page_bytes}, pointer offset "
+                         f"{kv_cache.data_ptr() % PAGE_ALIGN_BYTES}")
+    # Every byte from the first page's start to the last page's scales: the padding after the last page
+    # may not exist (a view into a tighter allocation), and no load reaches past the last scale.
+    span = max((num_blocks - 1) * page_bytes + tokens * (dim + SCALE_BYTES), 0)
+    flat = torch.as_strided(kv_cache, (span,), (1,))
+    scales_f32 = flat.view(torch.float32)  # block b's scales at [(b*P + T*D) / 4, + T)
+    keys = flat.view(FP8_DTYPE)
+    if page_bytes % dim == 0:
+        rows_per_block = page_bytes // dim
+        keys2d = keys[: span // dim * dim].view(span // dim, dim)  # [rows, D]; block b's keys at row b*RB
+        desc = TensorDescriptor(base=keys2d, shape=list(keys2d.shape), strides=[dim, 1], block_shape=[tokens, dim])
+        return desc, scales_f32, page_bytes, rows_per_block
+    keys3d = torch.as_strided(keys, (num_blocks, tokens, dim), (page_bytes, dim, 1))
+    desc = TensorDescriptor(base=keys3d, shape=[num_blocks, tokens, dim], strides=[page_bytes, dim, 1],
+                            block_shape=[1, tokens, dim])
+    return desc, scales_f32, page_bytes, 0
 
 
 if triton is not None:
@@ -149,8 +178,8 @@ if triton is not None:
                                      v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr,
                                      slot_ptr, kept_ptr, kept_stride, hlens_ptr, upd_ptr, alpha, window, trash, lo,
                                      hi, NEXT_N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, T: tl.constexpr,
-                                     RB: tl.constexpr, SPLIT: tl.constexpr, FILL_TAIL: tl.constexpr,
-                                     HIST: tl.constexpr, HAS_SEEN: tl.constexpr):
+                                     PAGE_BYTES: tl.constexpr, RB: tl.constexpr, SPLIT: tl.constexpr,
+                                     FILL_TAIL: tl.constexpr, HIST: tl.constexpr, HAS_SEEN: tl.constexpr):
         b = tl.program_id(0)
         blk0 = tl.program_id(1) * chunk
         row0 = b * NEXT_N
@@ -188,7 +217,9 @@ if triton is not None:
         if HIST:  # a request that does not update (guarded) reads and writes no history: the dense loop
             upd0 = tl.load(upd_ptr + row0).to(tl.int32) != 0
         SCALE_OFF: tl.constexpr = T * D // 4  # scales follow the T*D key bytes of a block, in fp32 units
-        BLOCK_F32: tl.constexpr = RB * D // 4
+        # Pages are PAGE_BYTES apart (padded on DeepSeek-V4). A constexpr (fixed for a run, like T and D): the
+        # compiler sees the scales' 16-byte alignment, as it did with the contiguous page size.
+        PAGE_F32: tl.constexpr = PAGE_BYTES // 4
         for blk in range(blk0, blk_end):
             # Ids are clamped into the cache: with validate=False a bad table gives wrong logits, never a read
             # outside the cache (the key tile's TMA load is bounds-checked; the scales' pointer load is not).
@@ -200,8 +231,11 @@ if triton is not None:
                 if upd0:
                     kb = tl.load(kept_ptr + b.to(tl.int64) * kept_stride + blk + tl.zeros([1], tl.int32))
                     pv, old_v = load_vertical(v_ptr, tl.zeros([1], tl.int32) + phys, trash, T)
-            sc = tl.load(scale_ptr + phys.to(tl.int64) * BLOCK_F32 + SCALE_OFF + offs_t)
-            k = k_arg.load([phys * RB, 0])  # [T, D] fp8 through the TMA descriptor
+            sc = tl.load(scale_ptr + phys.to(tl.int64) * PAGE_F32 + SCALE_OFF + offs_t)
+            if RB > 0:  # pages a whole number RB of D-byte rows apart: block phys starts at row phys * RB
+                k = k_arg.load([phys * RB, 0])  # [T, D] fp8 through the TMA descriptor
+            else:  # other padded strides (8640 = 67.5 rows): the 3D descriptor's page index
+                k = tl.reshape(k_arg.load([phys, 0, 0]), (T, D))
             # One [T, H] MMA per next_n row (9% faster than one wide MMA + reshape, NOTES.md run 2).
             logit0 = _store_row(_score_row(k, q0, w0, sc), len0, out_ptr, out_stride, bmax_ptr, bmax_stride, r64,
                                 blk, T)

@@ -12,15 +12,18 @@ from ..checks import check_tensor, check_values_in_range
 from ..layout import FP8_DTYPE, FP8_MAX, SCALE_BYTES, SCALE_FLOOR, cache_views
 
 
+KEY_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)  # what quantize_keys takes
+
+
 def quantize_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token FP8 quantization with a power-of-two scale.
 
-    keys: [N, D] float (any float dtype).
+    keys: [N, D] float32 / float16 / bfloat16 / float64 (KEY_DTYPES).
     returns (k_fp8 [N, D] float8_e4m3fn, k_scale [N] float32) with
     k_scale = 2 ** ceil(log2(max(amax, 1e-4) / 448)) and k_fp8 = keys / k_scale (exact division: the
     scale is a power of two, so k_fp8 * k_scale differs from keys only by FP8 rounding).
     """
-    check_tensor("keys", keys, dtype=(torch.float32, torch.float16, torch.bfloat16, torch.float64), ndim=2)
+    check_tensor("keys", keys, dtype=KEY_DTYPES, ndim=2)
     if keys.shape[1] < 1:  # amax over an empty row is undefined
         raise ValueError(f"keys: expected shape [N, D] with D >= 1, got {list(keys.shape)}")
     k32 = keys.float()
@@ -85,9 +88,9 @@ def quantize_and_write(kv_cache: torch.Tensor, keys: torch.Tensor, slot_mapping:
     or its values NaN); validate=False skips these data checks and stores whatever the keys quantize to.
     """
     _check_cache(kv_cache)  # keys are checked against the cache here, so errors name `keys`, not `k_fp8`
-    check_tensor("keys", keys, ndim=2, shape=(None, kv_cache.shape[3] - SCALE_BYTES), shape_names="[N, D]",
-                 device=kv_cache.device, device_of="kv_cache")
-    if validate and keys.is_floating_point():
+    check_tensor("keys", keys, dtype=KEY_DTYPES, ndim=2, shape=(None, kv_cache.shape[3] - SCALE_BYTES),
+                 shape_names="[N, D]", device=kv_cache.device, device_of="kv_cache")
+    if validate:
         _check_finite("keys", torch.isfinite(keys), "finite values")
     k_fp8, k_scale = quantize_keys(keys)
     write_kv_cache(kv_cache, k_fp8, k_scale, slot_mapping, validate=validate)

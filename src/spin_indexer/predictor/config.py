@@ -95,9 +95,10 @@ class SpinConfig:
         block plan says so (BlockPlan.guarded). "auto" = AUTO_DENSE_BELOW; 0 = off (the default: the
         paper's predictor at every length, what evaluation measures).
     dense_batch_below: the speed guard per step. When the step's cached tokens (sum over requests of the
-        longest row) are fewer than this, every request is guarded as above, decided on the device (every
-        program of plan() sums the lengths: no host sync). "auto" = AUTO_DENSE_BATCH_TOKENS, from the H200
-        grid; 0 = off (the default).
+        longest row) are fewer than this, every request is guarded as above (those with L <= topk too: a
+        small step keeps no history), decided on the device (every program of plan() sums the lengths: no
+        host sync); a table whose B x W x T is already below it runs the dense kernels
+        (SpinIndexer._run_dense). "auto" = AUTO_DENSE_BATCH_TOKENS, from the H200 grid; 0 = off (the default).
     """
 
     sparsity: float = 0.3

@@ -320,3 +320,16 @@ def masked_logits(rows: int, cols: int, gen: torch.Generator, ties: bool = False
     tail = torch.arange(cols)[None, :] >= lengths.long()[:, None]
     logits = torch.where(tail, poison[pick], logits)
     return logits, lengths
+
+
+def tiny_llama(max_len: int = 1024, seed: int = 0):
+    """A tiny random SmolLM2-shaped Llama (vocab 40, 2 layers, 4 heads) for model-path tests: weights
+    N(0, 0.3) after torch.manual_seed(seed), eval mode, no grad."""
+    from spin_indexer.model.llama import Llama, LlamaConfig
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=40, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, ffn_dim=48)
+    model = Llama(cfg, max_len=max_len).eval().requires_grad_(False)
+    for p in model.parameters():
+        p.normal_(0, 0.3)
+    return model

@@ -7,8 +7,8 @@ import hashlib
 import json
 
 import pytest
-import torch
 
+from conftest import tiny_llama
 from spin_indexer.cli import main as cli
 from spin_indexer.traces.schema import list_traces, load_trace
 
@@ -28,13 +28,8 @@ class CharTokenizer:
 def tiny(monkeypatch):
     """The model 'is installed': load_model returns a tiny random Llama and the character tokenizer."""
     from spin_indexer.model import loader, ruler
-    from spin_indexer.model.llama import Llama, LlamaConfig
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=40, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, ffn_dim=48)
-    model = Llama(cfg, max_len=1024).eval().requires_grad_(False)
-    for p in model.parameters():
-        p.normal_(0, 0.3)
+    model = tiny_llama(max_len=1024)
     loads = []
     monkeypatch.setattr(loader, "missing_reason", lambda: None)
     monkeypatch.setattr(ruler, "missing_reason", lambda: "RULER generators absent (test)")  # files need none

@@ -1,6 +1,7 @@
 """`spin-indexer demo` without the model: one line naming what to install, exit 1, nothing written."""
 from __future__ import annotations
 
+from conftest import tiny_llama
 from spin_indexer.cli import main as cli
 
 
@@ -27,11 +28,8 @@ def test_demo_end_to_end_on_a_tiny_model(monkeypatch, capsys, tmp_path):
     bytes, that speed is a GPU measurement, and why realized sparsity is below target."""
     import json
 
-    import torch
-
     import spin_indexer.cli.demo as demo
     from spin_indexer.model import loader, ruler
-    from spin_indexer.model.llama import Llama, LlamaConfig
 
     class FakeTokenizer:  # words 'w<i>' <-> ids i (vocab 40); id 39 is EOS
         eos_token_id = 39
@@ -42,11 +40,7 @@ def test_demo_end_to_end_on_a_tiny_model(monkeypatch, capsys, tmp_path):
         def decode(self, ids, skip_special_tokens=True):
             return " ".join(f"w{i}" for i in ids)
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=40, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, ffn_dim=48)
-    model = Llama(cfg, max_len=2048).eval().requires_grad_(False)
-    for p in model.parameters():
-        p.normal_(0, 0.3)
+    model = tiny_llama(max_len=2048)
     monkeypatch.setattr(demo, "missing", lambda: None)
     monkeypatch.setattr(loader, "load_model", lambda **kw: (model, FakeTokenizer()))
     monkeypatch.setattr(loader, "INDEXER_WEIGHTS", tmp_path / "none.safetensors")  # the oracle indexer

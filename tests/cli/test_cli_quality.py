@@ -8,10 +8,10 @@ import json
 import pytest
 import torch
 
+from conftest import tiny_llama
 from spin_indexer.cli import main as cli
 from spin_indexer.eval.quality import CSV_COLUMNS
 from spin_indexer.model import loader, ruler
-from spin_indexer.model.llama import Llama, LlamaConfig
 
 
 class FakeTokenizer:
@@ -29,11 +29,7 @@ class FakeTokenizer:
 
 @pytest.fixture
 def fake_model(monkeypatch):
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=40, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, ffn_dim=48)
-    model = Llama(cfg, max_len=2048).eval().requires_grad_(False)
-    for p in model.parameters():
-        p.normal_(0, 0.3)
+    model = tiny_llama(max_len=2048)
     calls = []
 
     def make_prompt(task, context, seed, tok):

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from conftest import tiny_llama
 from spin_indexer.eval import quality as q
-from spin_indexer.model.llama import Llama, LlamaConfig
 from spin_indexer.model.ruler import score_answer
 
 
@@ -117,12 +117,7 @@ def test_summarize_cells():
 
 # -- the runner on a tiny random Llama -----------------------------------------------------------
 def _tiny(seed=0):
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=40, dim=32, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, ffn_dim=48)
-    model = Llama(cfg, max_len=1024).eval().requires_grad_(False)
-    for p in model.parameters():
-        p.normal_(0, 0.3)
-    return model
+    return tiny_llama(max_len=1024, seed=seed)
 
 
 def _text(ids):

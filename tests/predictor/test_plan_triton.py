@@ -315,6 +315,19 @@ def _cases(gen, size):
     yield "none-ok", rnd, torch.zeros(size, dtype=torch.bool)
 
 
+def _check_threshold(keys, ok, need, uniform, dev, what):
+    """The kernel's selection of the `need` largest ok keys against a stable descending sort (ties to the
+    lower lane); its output is poisoned before the launch."""
+    size = keys.shape[0]
+    order = sorted((i for i in range(size) if ok[i]), key=lambda i: (-int(keys[i]), i))
+    want = torch.zeros(size, dtype=torch.int8)
+    want[order[:need]] = 1
+    out = torch.full((size,), 7, dtype=torch.int8, device=dev)
+    _threshold_probe[(1,)](keys.to(dev), ok.to(torch.int8).to(dev), torch.tensor([need], device=dev), out, S=size,
+                           UNIFORM=uniform)
+    assert torch.equal(out.cpu(), want), what
+
+
 @pytest.mark.parametrize("uniform", [False, True], ids=["bisect", "bracketed"])
 def test_threshold_matches_a_sort(uniform, gen, triton_device):
     # the register path's k-th largest search: every need from 0 to past the count on each case; the
@@ -325,14 +338,7 @@ def test_threshold_matches_a_sort(uniform, gen, triton_device):
     for name, keys, ok in _cases(gen, size):
         count = int(ok.sum())
         for need in sorted({0, 1, count // 2, max(count - 1, 0), count, count + 3}):
-            # expected: the need largest ok keys, ties to the lower lane (a stable descending sort)
-            order = sorted((i for i in range(size) if ok[i]), key=lambda i: (-int(keys[i]), i))
-            want = torch.zeros(size, dtype=torch.int8)
-            want[order[:need]] = 1
-            out = torch.full((size,), 7, dtype=torch.int8, device=triton_device)
-            _threshold_probe[(1,)](keys.to(triton_device), ok.to(torch.int8).to(triton_device),
-                                   torch.tensor([need], device=triton_device), out, S=size, UNIFORM=uniform)
-            assert torch.equal(out.cpu(), want), f"{name}, need {need} of {count}"
+            _check_threshold(keys, ok, need, uniform, triton_device, f"{name}, need {need} of {count}")
 
 
 @pytest.mark.parametrize("uniform", [False, True], ids=["bisect", "bracketed"])
@@ -346,11 +352,5 @@ def test_threshold_on_wide_hash_tiles(uniform, gen, triton_device):
     keys[::97] = keys[5]  # a few equal hashes
     ok = torch.rand(size, generator=gen) < 0.8
     count = int(ok.sum())
-    order = sorted((i for i in range(size) if ok[i]), key=lambda i: (-int(keys[i]), i))
     for need in (1, 7, count // 20, count // 2, count - 2, count):
-        want = torch.zeros(size, dtype=torch.int8)
-        want[order[:need]] = 1
-        out = torch.full((size,), 7, dtype=torch.int8, device=triton_device)
-        _threshold_probe[(1,)](keys.to(triton_device), ok.to(torch.int8).to(triton_device),
-                               torch.tensor([need], device=triton_device), out, S=size, UNIFORM=uniform)
-        assert torch.equal(out.cpu(), want), f"need {need} of {count}"
+        _check_threshold(keys, ok, need, uniform, triton_device, f"need {need} of {count}")

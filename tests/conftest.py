@@ -333,3 +333,17 @@ def tiny_llama(max_len: int = 1024, seed: int = 0):
     for p in model.parameters():
         p.normal_(0, 0.3)
     return model
+
+
+def run_benchmark_dry(script: str, args: list, timeout: int):
+    """benchmarks/<script> as a CPU dry run (SPIN_BENCH_DEVICE=cpu, Triton interpreted, src and benchmarks
+    on the path), in a subprocess: the CompletedProcess, stdout and stderr captured as text."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, SPIN_BENCH_DEVICE="cpu", TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([str(root / "src"), str(root / "benchmarks")]))
+    return subprocess.run([sys.executable, str(root / "benchmarks" / script), *map(str, args)], env=env,
+                          capture_output=True, text=True, timeout=timeout)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from conftest import run_benchmark_dry
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -66,12 +66,9 @@ def test_sparse_mla_rejects_bad_inputs(gen):
 def test_bench_v32_step_dry_run(tmp_path):
     """The whole benchmark on CPU at tiny shapes: a fixed and an auto point, dense + one SPIN sparsity."""
     pytest.importorskip("triton")
-    env = dict(os.environ, SPIN_BENCH_DEVICE="cpu", TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "benchmarks")]))
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_v32_step.py"), "--out", str(tmp_path),
-           "--points", "2x2048,autox1024", "--auto-batches", "1,3", "--layers", "2", "--topk", "128",
-           "--index-heads", "8", "--index-dim", "32", "--mla-heads", "4", "--sparsity", "0.5"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    proc = run_benchmark_dry("bench_v32_step.py", [
+        "--out", tmp_path, "--points", "2x2048,autox1024", "--auto-batches", "1,3", "--layers", "2", "--topk", "128",
+        "--index-heads", "8", "--index-dim", "32", "--mla-heads", "4", "--sparsity", "0.5"], timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "auto batch at context 1024: 3" in proc.stdout
     with open(tmp_path / "h200_v32_step.csv") as f:

@@ -3,24 +3,17 @@ the step benchmark runs, and the CSV carries the columns the step issue names.""
 from __future__ import annotations
 
 import csv
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from conftest import run_benchmark_dry
 
 
 @pytest.mark.interpreter
 def test_run_all_dry_run(tmp_path):
     pytest.importorskip("triton")
-    env = dict(os.environ, SPIN_BENCH_DEVICE="cpu", TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "benchmarks")]))
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--out", str(tmp_path),
-           "--points", "2x2000x1,1x3000x2", "--sparsities", "0.5"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_benchmark_dry("run_all.py", ["--out", tmp_path, "--points", "2x2000x1,1x3000x2",
+                                            "--sparsities", "0.5"], timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     with open(tmp_path / "h200_indexer.csv") as f:
         reader = csv.DictReader(f)

@@ -11,6 +11,22 @@ from .block_plan import BlockPlan
 from .step_checks import check_ids_fit_cache, check_lengths_and_blocks
 
 
+def dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, topk: int, tokens_per_block: int,
+               block_max: torch.Tensor, logits_out: torch.Tensor | None = None,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """The dense step's kernels: paged logits over the whole table (block max fused) and their top-k.
+
+    Shapes as DenseIndexer.run; block_max: float32 [B*N, W] written; logits_out: optional float32 [B*N, W*T]
+    for the logits, unused when DeepGEMM computes them (it allocates its own: a copy would cost every logit);
+    out: optional int32 [B*N, K]. returns the top-k int32 [B*N, K] (out when given)."""
+    if logits_out is not None and ops.logits_backend(q_fp8, kv_cache) == "deepgemm":
+        logits_out = None
+    logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, validate=False,
+                                      out=logits_out, block_max_out=block_max, fill_tail=False)
+    return ops.topk_positions(logits, seq_lens.view(-1), topk, block_max=block_max,
+                              tokens_per_block=tokens_per_block, out=out, validate=False)
+
+
 class DenseIndexer:
     """All-keep indexer: full paged logits and top-k. plan() stores the step's metadata, run() per layer.
 
@@ -74,10 +90,8 @@ class DenseIndexer:
         with torch.no_grad():
             rows, width = q_fp8.shape[0] * q_fp8.shape[1], block_table.shape[1]
             block_max = torch.empty(rows, width, dtype=torch.float32, device=q_fp8.device)
-            logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, validate=False,
-                                              block_max_out=block_max, fill_tail=False)
-            return ops.topk_positions(logits, seq_lens.view(-1), self.topk, block_max=block_max,
-                                      tokens_per_block=self.tokens_per_block, validate=False)
+            return dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, self.topk, self.tokens_per_block,
+                              block_max)
 
     def run_from_scores(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
         """Dense top-k of precomputed scores float32 [B*next_n, W*T] (best first)."""

@@ -32,6 +32,7 @@ from ..predictor.config import MtpPolicy, SpinConfig
 from ..predictor.state import SpinState
 from ..dispatch import triton_twin
 from .block_plan import BlockPlan
+from .dense import dense_topk
 from .extensions import Extensions
 from .step_checks import check_ids_fit_cache, check_lengths_and_blocks, check_rows_and_slots
 from .workspace import Workspace
@@ -236,13 +237,10 @@ class SpinIndexer:
         every request), so a guarded step costs the dense step plus plan()."""
         batch, width = st.block_table.shape
         rows, cols = batch * self.next_n, width * self.config.tokens_per_block
-        block_max = self.workspace.block_max[:rows, :width]
-        dense_out = None if ops.logits_backend(q_fp8, kv_cache) == "deepgemm" else self.workspace.logits[:rows, :cols]
-        logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, st.seq_lens, st.block_table, validate=False,
-                                          out=dense_out, block_max_out=block_max, fill_tail=False)
-        out = self.workspace.topk[layer, :rows]
-        ops.topk_positions(logits, st.seq_lens.view(-1), self.config.topk, block_max=block_max,
-                           tokens_per_block=self.config.tokens_per_block, out=out, validate=False)
+        ws = self.workspace
+        out = dense_topk(q_fp8, kv_cache, weights, st.seq_lens, st.block_table, self.config.topk,
+                         self.config.tokens_per_block, ws.block_max[:rows, :width], logits_out=ws.logits[:rows, :cols],
+                         out=ws.topk[layer, :rows])
         self.block_plan = plan
         return out
 

@@ -18,6 +18,8 @@ import math
 
 import torch
 
+from ..predictor.miss import topk_in_blocks
+
 BINS = 1000
 
 
@@ -33,19 +35,13 @@ class ShadowStats:
         self.blocks_total = torch.zeros(num_layers, dtype=torch.int64, device=dev)
         self.blocks_skipped = torch.zeros(num_layers, dtype=torch.int64, device=dev)
 
-    def record(self, layer: int, dense_topk: torch.Tensor, kept_blocks: torch.Tensor, num_kept: torch.Tensor,
+    def record(self, layer: int, dense_topk: torch.Tensor, keep_mask: torch.Tensor, num_kept: torch.Tensor,
                num_blocks: torch.Tensor, seq_lens: torch.Tensor, topk: int, tokens_per_block: int) -> None:
-        """dense_topk: int32 [B*N, K] logical positions (-1 padded) that decided; kept_blocks: int32 [B, W]
-        SPIN's kept logical blocks (-1 padded); num_kept, num_blocks: [B]; seq_lens: int32 [B, N]."""
-        batch, next_n = seq_lens.shape
-        width = kept_blocks.shape[1]
-        keep = torch.zeros(batch, width + 1, dtype=torch.bool, device=kept_blocks.device)
-        keep.scatter_(1, torch.where(kept_blocks >= 0, kept_blocks.long(), width), True)
-        keep = keep[:, :width].repeat_interleave(next_n, dim=0)  # [B*N, W]
-        pos = dense_topk[:, :topk].long()
-        valid = pos >= 0
-        blk = (pos.clamp_min(0) // tokens_per_block).clamp_max(width - 1)
-        missed = valid & ~torch.gather(keep, 1, blk)
+        """dense_topk: int32 [B*N, K] logical positions (-1 padded) that decided; keep_mask: bool [B, W]
+        SPIN's kept logical blocks (BlockPlan.keep_mask); num_kept, num_blocks: [B]; seq_lens: int32 [B, N]."""
+        next_n = seq_lens.shape[1]
+        inside, valid = topk_in_blocks(keep_mask, dense_topk[:, :topk], next_n, tokens_per_block)
+        missed = valid & ~inside
         n_valid = valid.sum(1)
         miss = missed.sum(1).double() / n_valid.clamp_min(1).double()
         eligible = (seq_lens.reshape(-1).long() > topk) & (n_valid > 0)

@@ -178,7 +178,7 @@ class SpinVllmRuntime:
         q = q_quant[:rows].reshape(rows // self.next_n, self.next_n, heads, dim)
         self.indexer.run(layer, q, view[0], weights[:rows].contiguous())
         plan = self.indexer.block_plan
-        self.shadow.record(layer, dense[:rows], plan.kept_blocks, plan.num_kept, plan.num_blocks, batch.seq_lens,
+        self.shadow.record(layer, dense[:rows], plan.keep_mask, plan.num_kept, plan.num_blocks, batch.seq_lens,
                            self.topk, self.indexer.config.tokens_per_block)
         return True
 

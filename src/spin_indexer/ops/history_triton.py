@@ -86,14 +86,25 @@ if triton is not None:
         return pv, tl.load(v_ptr + pv[:, None] * T + tl.arange(0, T)[None, :]).to(tl.float32)
 
     @triton.jit
-    def ema_tile(obs, live, pv, old, kb, row, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
-                 clock_ptr, slot_ptr, lens_ptr, upd_ptr, alpha, window, lo, hi, b, T: tl.constexpr,
-                 HAS_SEEN: tl.constexpr):
+    def row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, row, b, HAS_SEEN: tl.constexpr):
+        """(updates: bool, q: int64 query position, slot: int64, clock: int32) of query row `row` = b * N + j:
+        what ema_tile needs per row, loaded once per program, outside the caller's block loop (four dependent
+        scalar loads per block cost their latency in every iteration)."""
+        upd = tl.load(upd_ptr + row).to(tl.int32) != 0
+        q = tl.load(lens_ptr + row).to(tl.int64) - 1
+        slot = tl.load(slot_ptr + b).to(tl.int64)
+        clock = tl.zeros([], tl.int32)
+        if HAS_SEEN:
+            clock = tl.load(clock_ptr)
+        return upd, q, slot, clock
+
+    @triton.jit
+    def ema_tile(obs, live, pv, old, kb, upd, q, slot, clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr,
+                 seen_stride, alpha, window, lo, hi, T: tl.constexpr, HAS_SEEN: tl.constexpr):
         """EMA update of BB blocks for one query row. obs: float32 [BB, T] scores of the blocks' slots; live:
         bool [BB, T] columns inside the row's compact length; pv, old: from load_vertical; kb: int [BB] logical
-        block ids (-1: not a kept block); row: b * N + j. Writes V, the blocks' max, D inside the window and
-        last_seen, with masked stores only (no branch in the caller's loop)."""
-        upd = tl.load(upd_ptr + row).to(tl.int32) != 0
+        block ids (-1: not a kept block); upd, q, slot, clock: the row's constants (row_constants). Writes V,
+        the blocks' max, D inside the window and last_seen, with masked stores only."""
         kb64 = kb.to(tl.int64)
         # Scalar conditions go through a where: `block & scalar` of int1 yields an int32 mask in the
         # interpreter (Triton 3.9), which tl.store rejects.
@@ -110,15 +121,13 @@ if triton is not None:
         tl.store(v_ptr + pv[:, None] * T + offs, v.to(v_ptr.dtype.element_ty), mask=row_mask)
         tl.store(vb_ptr + pv * vb_stride, tl.max(v, axis=1).to(vb_ptr.dtype.element_ty), mask=any_live)
         if HAS_SEEN:
-            tl.store(seen_ptr + pv * seen_stride, tl.load(clock_ptr) + pv * 0, mask=any_live)
-        q = tl.load(lens_ptr + row).to(tl.int64) - 1
+            tl.store(seen_ptr + pv * seen_stride, clock + pv * 0, mask=any_live)
         # The diagonal window covers the request's last `window` positions: only the tiles that reach it
         # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
         last = tl.max(tl.where(any_live, kb64 * T + T - 1, -1), axis=0)
         if last > q - window:
             off = q - (kb64[:, None] * T + offs)
             in_window = live & (off >= 0) & (off < window)
-            slot = tl.load(slot_ptr + b).to(tl.int64)
             d_cells = d_ptr + slot * d_stride + tl.where(in_window, off, 0)
             old_d = tl.load(d_cells, mask=in_window, other=0.0).to(tl.float32)
             new_d = tl.where(old_d > float("-inf"), alpha * obs + (1.0 - alpha) * old_d, obs)
@@ -158,6 +167,7 @@ if triton is not None:
                          mask=in_table & (m * T < clen))
             if HIST:
                 if r == j:
-                    ema_tile(x, live, pv, old, kb, b * next_n + j, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride,
-                             seen_ptr, seen_stride, clock_ptr, slot_ptr, lens_ptr, upd_ptr, alpha, window, lo, hi,
-                             b, T, HAS_SEEN)
+                    upd_j, q_j, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b,
+                                                            HAS_SEEN)
+                    ema_tile(x, live, pv, old, kb, upd_j, q_j, slot, clock, v_ptr, vb_ptr, vb_stride, d_ptr,
+                             d_stride, seen_ptr, seen_stride, alpha, window, lo, hi, T, HAS_SEEN)

@@ -32,7 +32,7 @@ try:  # the package imports this module only for CUDA tensors; without triton th
     import triton
     import triton.language as tl
 
-    from .history_triton import _history_args, _no_history, ema_tile, load_vertical, update_history_triton
+    from .history_triton import _history_args, _no_history, ema_tile, row_constants, update_history_triton
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -214,8 +214,9 @@ if triton is not None:
             q3 = tl.load(qb + 3 * H * D, mask=offs_hp[:, None] < H, other=0.0)
             w3 = tl.load(w_ptr + (row0 + 3) * H + offs_hp, mask=offs_hp < H, other=0.0)
         len0 = tl.load(lens_ptr + row0)
+        kept_row = kept_ptr + b.to(tl.int64) * kept_stride
         if HIST:  # a request that does not update (guarded) reads and writes no history: the dense loop
-            upd0 = tl.load(upd_ptr + row0).to(tl.int32) != 0
+            upd0, qpos0, slot0, clock = row_constants(upd_ptr, hlens_ptr, slot_ptr, clock_ptr, row0, b, HAS_SEEN)
         SCALE_OFF: tl.constexpr = T * D // 4  # scales follow the T*D key bytes of a block, in fp32 units
         # Pages are PAGE_BYTES apart (padded on DeepSeek-V4). A constexpr (fixed for a run, like T and D): the
         # compiler sees the scales' 16-byte alignment, as it did with the contiguous page size.
@@ -224,13 +225,13 @@ if triton is not None:
             # Ids are clamped into the cache: with validate=False a bad table gives wrong logits, never a read
             # outside the cache (the key tile's TMA load is bounds-checked; the scales' pointer load is not).
             phys = tl.minimum(tl.maximum(tl.load(ids + blk), 0), num_cache_blocks - 1)
-            kb = tl.zeros([1], tl.int32) + phys
-            pv = tl.zeros([1], tl.int64) + phys
-            old_v = tl.zeros([1, T], tl.float32)
             if HIST:  # the history's reads first, so their latency hides under the key load and the MMA
-                if upd0:
-                    kb = tl.load(kept_ptr + b.to(tl.int64) * kept_stride + blk + tl.zeros([1], tl.int32))
-                    pv, old_v = load_vertical(v_ptr, tl.zeros([1], tl.int32) + phys, trash, T)
+                # (masked, not under a branch; the row's constants were loaded once, above the loop)
+                on = (tl.zeros([1], tl.int32) + upd0.to(tl.int32)) != 0  # [1]: a tensor mask (the interpreter)
+                kb = tl.load(kept_row + blk + tl.zeros([1], tl.int32), mask=on, other=-1)
+                pv = tl.where(on & (phys < trash), tl.zeros([1], tl.int64) + phys, trash)  # as load_vertical
+                old_v = tl.load(v_ptr + pv[:, None] * T + offs_t[None, :], mask=tl.broadcast_to(on[:, None], [1, T]),
+                                other=0.0)
             sc = tl.load(scale_ptr + phys.to(tl.int64) * PAGE_F32 + SCALE_OFF + offs_t)
             if RB > 0:  # pages a whole number RB of D-byte rows apart: block phys starts at row phys * RB
                 k = k_arg.load([phys * RB, 0])  # [T, D] fp8 through the TMA descriptor
@@ -249,9 +250,9 @@ if triton is not None:
                            bmax_stride, r64 + 3, blk, T)
             if HIST:  # row 0's scores are still in registers: SPIN's EMA update of this block
                 if upd0:
-                    ema_tile(logit0[None, :], (blk * T + offs_t < len0)[None, :], pv, old_v, kb, row0, v_ptr,
-                             vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr, slot_ptr, hlens_ptr,
-                             upd_ptr, alpha, window, lo, hi, b, T, HAS_SEEN)
+                    ema_tile(logit0[None, :], (blk * T + offs_t < len0)[None, :], pv, old_v.to(tl.float32), kb, upd0,
+                             qpos0, slot0, clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
+                             alpha, window, lo, hi, T, HAS_SEEN)
         if FILL_TAIL:  # blocks of this chunk past the longest row: -inf logits and block max, no key reads
             neg = tl.full([NEXT_N, T], float("-inf"), tl.float32)
             for blk in range(tl.maximum(blk_end, blk0), chunk_end):

@@ -4,7 +4,8 @@
 #   bash benchmarks/h200_step.sh grid [ARGS]    benchmarks/run_all.py, DeepGEMM side by side; ARGS go to it
 #   bash benchmarks/h200_step.sh profile [ARGS] benchmarks/profile_step.py (kernel breakdown, stage timings)
 #   bash benchmarks/h200_step.sh v32 [ARGS]     benchmarks/bench_v32_step.py (61 layers, one CUDA graph)
-#   bash benchmarks/h200_step.sh all            tests of the step's kernels + grid + v32 in one call, packed into
+#   bash benchmarks/h200_step.sh all            tests of the step's kernels + grid + v32 (+ profile, + a command:
+#                                               ALL_* variables, see the stage) in one call, packed into
 #                                               $OUT/h200_all.tgz (one file: a call brings back at most 8)
 # Everything lands under $OUT (what comes back from the device). SPIN_COMMIT names the commit in the results
 # (the device copy's git HEAD can be stale: pass it explicitly).
@@ -32,22 +33,33 @@ case "$stage" in
         python3 benchmarks/profile_step.py --out "$OUT" "$@" 2>&1 | tee "$OUT/profile.log" | tail -80 ;;
     v32)
         python3 benchmarks/bench_v32_step.py --out "$OUT" "$@" 2>&1 | tee "$OUT/v32.log" | tail -30 ;;
-    all)
-        mkdir -p "$OUT/all/grid" "$OUT/all/v32"
+    all)  # environment overrides: ALL_TESTS (test paths), ALL_POINTS / ALL_BUDGET_S (grid), ALL_V32 (v32 points),
+          # ALL_PROFILE (profile points; empty = no profile), ALL_EXTRA (a command run last, output under all/)
+        mkdir -p "$OUT/all/grid" "$OUT/all/v32" "$OUT/all/profile"
         cp "$OUT/deepgemm_build.log" "$OUT/all/" 2>/dev/null
-        python3 -m pytest -q -p no:cacheprovider tests/ops/test_history.py tests/ops/test_indexer_logits_triton.py \
-            tests/ops/test_topk_triton.py tests/ops/test_topk_positions.py tests/ops/test_deepgemm.py \
-            tests/predictor/test_plan_triton.py tests/predictor/test_step_guard.py tests/indexer/test_spin.py \
-            > "$OUT/all/gputests.log" 2>&1
+        python3 -m pytest -q -p no:cacheprovider ${ALL_TESTS:-tests/ops/test_history.py \
+            tests/ops/test_indexer_logits_triton.py tests/ops/test_topk_triton.py tests/ops/test_topk_positions.py \
+            tests/ops/test_deepgemm.py tests/predictor/test_plan_triton.py tests/predictor/test_step_guard.py \
+            tests/indexer/test_spin.py} > "$OUT/all/gputests.log" 2>&1
         tail -2 "$OUT/all/gputests.log"
-        python3 benchmarks/run_all.py --out "$OUT/all/grid" --sparsities 0.5,0.4 --budget-s 170 --points \
-            96x524288x1,96x1048576x1,96x131072x1,96x262144x1,32x524288x2,96x131072x2,8x131072x1,1x131072x1,\
-32x131072x1,8x524288x1,1x1048576x1,1x65536x1,8x65536x1,96x65536x1,8x131072x2,1x131072x2 \
+        python3 benchmarks/run_all.py --out "$OUT/all/grid" --sparsities 0.5,0.4 --budget-s "${ALL_BUDGET_S:-170}" \
+            --points "${ALL_POINTS:-96x524288x1,96x1048576x1,96x131072x1,96x262144x1,32x524288x2,96x131072x2,\
+8x131072x1,1x131072x1,32x131072x1,8x524288x1,1x1048576x1,1x65536x1,8x65536x1,96x65536x1,8x131072x2,1x131072x2}" \
             > "$OUT/all/grid/run_all.log" 2>&1
         grep -E "^point|^- |^total" "$OUT/all/grid/run_all.log" | cut -c1-400
-        python3 benchmarks/bench_v32_step.py --out "$OUT/all/v32" --points 96x131072,96x262144,autox1048576 \
+        python3 benchmarks/bench_v32_step.py --out "$OUT/all/v32" --points "${ALL_V32:-96x131072,96x262144,autox1048576}" \
             --sparsity 0.5 > "$OUT/all/v32/v32.log" 2>&1
         tail -12 "$OUT/all/v32/v32.log" | cut -c1-300
+        if [ -n "${ALL_PROFILE:-}" ]; then
+            python3 benchmarks/profile_step.py --out "$OUT/all/profile" --points "$ALL_PROFILE" \
+                > "$OUT/all/profile/profile.log" 2>&1
+            grep -E "top-k stages|us/layer" "$OUT/all/profile/profile.log" | head -40 | cut -c1-200
+        fi
+        if [ -n "${ALL_EXTRA:-}" ]; then
+            mkdir -p "$OUT/all/extra"
+            OUT="$OUT/all/extra" bash -c "$ALL_EXTRA" > "$OUT/all/extra/extra.log" 2>&1
+            tail -30 "$OUT/all/extra/extra.log" | cut -c1-300
+        fi
         tar czf "$OUT/h200_all.tgz" -C "$OUT" all && rm -rf "$OUT/all" "$OUT/deepgemm_build.log" ;;
     *)
         echo "unknown stage $stage (tests, grid, profile, v32, all)"; exit 2 ;;

@@ -89,13 +89,24 @@ def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: lis
     ops.paged_indexer_logits(p.q[0][0], p.caches[0], p.q[0][1], plan.compact_seq_lens, plan.compact_block_table,
                              validate=False, out=logits, block_max_out=bmax, fill_tail=False)
     clens = plan.compact_seq_lens.reshape(-1)
-    for stages in (2, 3, 4):
+    for stages in (2, 3, 4, 5):
         t = time_graph([lambda: topk_triton(logits, clens, k, validate=False, block_max=bmax,
                                             kept_blocks=plan.kept_blocks, next_n=next_n, _stages=stages)],
                        max_reps=10).p50_us
         out[f"topk_stages{stages}_us"] = t
     lines.append("top-k stages (cumulative, compact logits): " +
-                 ", ".join(f"{s}: {out[f'topk_stages{s}_us']:.1f} us" for s in (2, 3, 4)))
+                 ", ".join(f"{s}: {out[f'topk_stages{s}_us']:.1f} us" for s in (2, 3, 4, 5)))
+    # The sort-chunk size of the rank stage (a module constant read at each call; restored after)
+    from spin_indexer.ops import topk_triton as topk_module
+    chosen = topk_module.SORT_CHUNK
+    for ch in (256, 512, 1024, 2048):
+        topk_module.SORT_CHUNK = ch
+        out[f"topk_chunk{ch}_us"] = time_graph([lambda: topk_triton(logits, clens, k, validate=False, block_max=bmax,
+                                                                     kept_blocks=plan.kept_blocks, next_n=next_n)],
+                                               max_reps=10).p50_us
+    topk_module.SORT_CHUNK = chosen
+    lines.append(f"top-k by sort chunk (production {chosen}): " +
+                 ", ".join(f"{ch}: {out[f'topk_chunk{ch}_us']:.1f} us" for ch in (256, 512, 1024, 2048)))
 
     # The EMA update pass alone (history + block max), tile variants.
     st = idx._step

@@ -658,39 +658,44 @@ def _padded_cache(kv_cache, pad):
     (NaN as an fp8 key and as an fp32 scale)."""
     num_blocks, tokens, _, row = kv_cache.shape
     page = tokens * row
-    store = torch.full((num_blocks * (page + pad),), 0xFF, dtype=torch.uint8)
+    store = torch.full((num_blocks * (page + pad),), 0xFF, dtype=torch.uint8, device=kv_cache.device)
     torch.as_strided(store, (num_blocks, page), (page + pad, 1)).copy_(kv_cache.reshape(num_blocks, page))
     return torch.as_strided(store, kv_cache.shape, (page + pad, row, row, 1))
 
 
 @pytest.mark.parametrize("triton_logits", [False, True], ids=["reference", "triton-logits"])
 @pytest.mark.parametrize("next_n,pad", [(1, 192), (2, 256)])
-def test_step_on_padded_pages_equals_the_contiguous_copy(next_n, pad, triton_logits, gen, monkeypatch):
+def test_step_on_padded_pages_equals_the_contiguous_copy(next_n, pad, triton_logits, gen, monkeypatch, request):
     """SpinIndexer.run on V4's padded pages (8640 / 8704 B for 8448) gives the top-k and the history of the
     same step on the contiguous cache, step after step at s = 0.5. triton-logits: the logits (and their fused
-    history update) come from the Triton twin under the interpreter instead of the reference."""
+    history update) come from the Triton kernel: on CUDA the whole step runs there (both caches through the
+    Triton logits backend, so the two runs round alike), else the kernel alone runs in the interpreter."""
     from conftest import make_paged_inputs
     from spin_indexer import ops
+    dev = "cpu"
     if triton_logits:
-        pytest.importorskip("triton")
-        from spin_indexer.ops import indexer_logits_triton
-        real = ops._triton_twin
+        dev = request.getfixturevalue("triton_device")
+        if dev == "cuda":
+            monkeypatch.setenv("SPIN_INDEXER_LOGITS", "triton")  # DeepGEMM takes contiguous pages only
+        else:
+            from spin_indexer.ops import indexer_logits_triton
+            real = ops._triton_twin
 
-        def twin(module, name, t):  # CPU tensors take the reference: only the logits kernel runs, interpreted
-            if name == "paged_indexer_logits_triton":
-                return indexer_logits_triton.paged_indexer_logits_triton
-            return real(module, name, t)
-        monkeypatch.setattr(ops, "_triton_twin", twin)
-    x = make_paged_inputs((10 * T + 5, 6 * T, 2 * T + 1), next_n, 64, 128, gen, garbage=False)
+            def twin(module, name, t):  # CPU tensors take the reference: only the logits kernel, interpreted
+                if name == "paged_indexer_logits_triton":
+                    return indexer_logits_triton.paged_indexer_logits_triton
+                return real(module, name, t)
+            monkeypatch.setattr(ops, "_triton_twin", twin)
+    x = make_paged_inputs((10 * T + 5, 6 * T, 2 * T + 1), next_n, 64, 128, gen, garbage=False).to(dev)
     kv = _padded_cache(x.kv_cache, pad)
     cfg = SpinConfig(sparsity=0.5, topk=256)
     width = x.block_table.shape[1]
-    pair = [_indexer(cfg, 3, width, next_n, num_cache_blocks=x.kv_cache.shape[0]) for _ in range(2)]
+    pair = [_indexer(cfg, 3, width, next_n, num_cache_blocks=x.kv_cache.shape[0], device=dev) for _ in range(2)]
     for step in range(3):
-        w = torch.randn(x.weights.shape, generator=gen)  # the query side moves every step
+        w = torch.randn(x.weights.shape, generator=gen).to(dev)  # the query side moves every step
         outs = []
         for (idx, slots), cache in zip(pair, (x.kv_cache, kv)):
-            idx.plan(x.block_table, x.seq_lens, slots)
+            idx.plan(x.block_table, x.seq_lens, slots.to(dev))
             outs.append([idx.run(layer, x.q_fp8, cache, w) for layer in range(2)])
         assert all(torch.equal(a, b) for a, b in zip(*outs)), step
         assert torch.equal(pair[0][0].block_plan.keep_mask, pair[1][0].block_plan.keep_mask)

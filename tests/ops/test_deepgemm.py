@@ -58,3 +58,31 @@ def test_deepgemm_matches_reference(next_n, gen):
     live = torch.isfinite(want)
     err = (got[live] - want[live]).norm() / want[live].norm()
     assert err < 5e-3, err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and deepgemm.available()), reason="needs CUDA and deep_gemm")
+def test_spin_step_on_deepgemm_prunes_with_the_update_pass_group_maxima(gen, monkeypatch):
+    """SPIN's step on the DeepGEMM backend at a top-k group finer than a block: the update pass writes the
+    group maxima the top-k prunes with (no group-max launch), and the step's top-k equals the reference
+    top-k of the same DeepGEMM logits (they are deterministic: recomputed here)."""
+    from spin_indexer.indexer import SpinIndexer
+    from spin_indexer.predictor import SpinConfig
+    monkeypatch.setenv("SPIN_INDEXER_LOGITS", "deepgemm")
+    x = make_paged_inputs([64 * 90 + 17, 64 * 70, 64 * 33 + 5], 1, 64, 128, gen).to("cuda")
+    k = 96
+    batch, width = x.block_table.shape
+    assert 8 <= ops.topk_group(width * 64, k) < 64
+    cfg = SpinConfig(sparsity=0.5, topk=k)
+    idx = SpinIndexer(cfg, num_layers=1, max_batch=batch, max_blocks=width, device="cuda",
+                      num_cache_blocks=x.kv_cache.shape[0])
+    slots = torch.tensor([idx.state.allocate() for _ in range(batch)], device="cuda")
+    for step in range(2):
+        idx.plan(x.block_table, x.seq_lens, slots)
+        plan = idx.plans(0)
+        idx.workspace.group_max.fill_(float("nan"))  # poisoned: only what the update pass writes may be read
+        got = idx.run(0, x.q_fp8, x.kv_cache, x.weights).clone()
+        logits = deepgemm.paged_indexer_logits_deepgemm(x.q_fp8, x.kv_cache, x.weights, plan.compact_seq_lens,
+                                                        plan.compact_block_table, validate=False)
+        want = ops.topk_positions_ref(logits.float(), plan.compact_seq_lens.view(-1), k, kept_blocks=plan.kept_blocks)
+        assert torch.equal(got, want), step

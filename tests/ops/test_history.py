@@ -301,6 +301,53 @@ def test_triton_twin_block_max_only_and_empty(gen, triton_device):
     assert torch.equal(h.vertical, before)
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("group", [8, 16, 32])
+def test_triton_twin_group_max_with_the_update(group, gen, triton_device):
+    """group_max_out: the max of every `group` columns below each row's compact length (a NaN wins its
+    group; past the length nothing is written), from the same pass that applies the update and the block
+    max; the update itself is unchanged."""
+    pytest.importorskip("triton")
+    from spin_indexer.ops.history_triton import update_history_triton
+    from spin_indexer.ops.topk import group_max_ref
+    plan = make_plan((5 * T + 3, 2 * T - 7), 2, 16, gen)
+    width = plan.kept.shape[1]
+    logits = make_logits(plan, width * T, gen)
+    logits[0, 1, 5] = float("nan")  # request 0, row 1: its first group holds a NaN
+    h = make_history(plan, 16, 3, 100, gen)
+    ref = clone_history(h)
+    update_history_ref(ref, logits, plan.table, plan.lens)
+    dev = torch.device(triton_device)
+    moved = dataclasses.replace(h, **{f: getattr(h, f).to(dev) for f in
+                                      ("vertical", "block_max", "diagonal", "slot_ids", "kept_blocks", "seq_lens",
+                                       "update_rows", "last_seen", "clock")})
+    gmax = torch.full((4, width * T // group + 3), 123.0, device=dev)
+    update_history_triton(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev), group_max_out=gmax,
+                          group=group)
+    want = group_max_ref(logits.reshape(4, -1), plan.lens.reshape(-1), group)
+    defined = torch.arange(want.shape[1])[None, :] * group < plan.lens.reshape(-1, 1).long()
+    got = gmax.cpu()
+    assert torch.equal(got[:, :want.shape[1]][defined].nan_to_num(7.0), want[defined].nan_to_num(7.0))
+    assert torch.isnan(got[1, 0]) and not torch.isnan(want[defined]).sum() > 1
+    assert (got[:, :want.shape[1]][~defined] == 123.0).all() and (got[:, want.shape[1]:] == 123.0).all()
+    exp = tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen))
+    assert_state_equal(moved, exp, exact=not dev.type == "cuda")
+    with pytest.raises(ValueError, match="group"):
+        update_history_triton(None, logits.to(dev), plan.table.to(dev), plan.lens.to(dev), group_max_out=gmax,
+                              group=24)
+
+
+def test_public_op_group_max_out_on_the_reference(gen):
+    """ops.update_history(None, ..., group_max_out=) on the CPU equals group_max_ref of the masked logits."""
+    from spin_indexer.ops.topk import group_max_ref
+    plan = make_plan((5 * T + 3, 2 * T), 2, 16, gen)
+    width = plan.kept.shape[1]
+    logits = make_logits(plan, width * T, gen)
+    gmax = torch.full((4, width * T // 16), 123.0)
+    update_history(None, logits, plan.table, plan.lens, group_max_out=gmax, group=16)
+    assert torch.equal(gmax, group_max_ref(logits.reshape(4, -1), plan.lens.reshape(-1), 16))
+
+
 def _strided_to(t, dev):
     if t is None:
         return None

@@ -13,7 +13,8 @@ from conftest import masked_logits
 pytest.importorskip("triton")
 from spin_indexer.ops.indexer_logits import block_max_ref  # noqa: E402
 from spin_indexer.ops.topk import topk_ref  # noqa: E402
-from spin_indexer.ops.topk_triton import _pick_group, topk_triton  # noqa: E402
+from spin_indexer.ops.topk import topk_group  # noqa: E402
+from spin_indexer.ops.topk_triton import topk_triton  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
 
@@ -58,7 +59,7 @@ def test_threshold_chunked_passes(tile, gen, triton_device, monkeypatch):
 def test_block_max_path_reads_few_candidates(gen, triton_device):
     """A row with >= 4k blocks is pruned by the block maxima: far fewer candidates than columns."""
     k, cols = 8, 64 * 64
-    assert _pick_group(cols, k) == 64
+    assert topk_group(cols, k) == 64
     logits = torch.randn(2, cols, generator=gen)
     lengths = torch.tensor([cols, cols - 100], dtype=torch.int32)
     stats = _check(logits, lengths, k, triton_device, use_block_max=True)
@@ -114,18 +115,41 @@ def test_bad_block_max_shape_raises(gen, triton_device):
         topk_triton(logits.to(triton_device), (lengths + 500).to(triton_device), 4)
 
 
-def test_sort_select_for_many_rows(gen, triton_device, monkeypatch):
-    """Above RANK_MAX_ROWS rows the candidates are sorted per row instead of ranked: same results."""
+@pytest.mark.parametrize("chunk", [16, 64])
+def test_ranks_across_several_sorted_chunks(chunk, gen, triton_device, monkeypatch):
+    """With small sort chunks a row's candidates span many chunks (some partly filled, the last ones empty),
+    and every rank is a sum of binary searches over them: same results as the reference, ties included."""
     import spin_indexer.ops.topk_triton as topk_module
-    monkeypatch.setattr(topk_module, "RANK_MAX_ROWS", 2)
+    monkeypatch.setattr(topk_module, "SORT_CHUNK", chunk)
     logits, lengths = masked_logits(5, 3000, gen)
     _check(logits, lengths, 40, triton_device, use_block_max=True)
     ties, tie_lengths = masked_logits(3, 700, gen, ties=True)
     _check(ties, tie_lengths, 6, triton_device)
-    # The k-th key found before the sort: distinct values, then a k-th value shared by many candidates
-    # (the position half of the bisection decides), with a buffer large enough that nothing overflows.
+    # a value shared by many candidates (the position half of the keys orders them), nothing overflowing
     coarse = torch.randint(0, 40, (4, 900), generator=gen).float() / 4
     coarse_lengths = torch.tensor([900, 899, 640, 65], dtype=torch.int32)
-    for k in (1, 37, 64):
-        stats = _check(coarse, coarse_lengths, k, triton_device, cap=1024)
-        assert ((stats > k) & (stats <= 1024)).any(), stats
+    counts = torch.cat([_check(coarse, coarse_lengths, k, triton_device, cap=1024) for k in (1, 37, 64)])
+    assert ((counts > chunk) & (counts <= 1024)).any(), counts  # some row spanned several chunks
+
+
+def test_group_max_from_the_caller_replaces_the_group_max_pass(gen, triton_device):
+    """group_max (the update pass's group maxima at G = topk_group(C, k) < 64) is what the top-k prunes with:
+    exact ones give the reference's result, a wrong shape is refused naming it, and a group whose given max
+    is -inf is skipped (the maxima are read, not recomputed)."""
+    from spin_indexer.ops.topk import group_max_ref
+    logits, lengths = masked_logits(3, 2000, gen)
+    k = 40
+    group = topk_group(2000, k)
+    assert group < 64
+    gm = group_max_ref(logits, lengths, group)
+    dev = triton_device
+    got = topk_triton(logits.to(dev), lengths.to(dev), k, group_max=gm.to(dev)).cpu()
+    want = topk_ref(logits, lengths, k)
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="group_max"):
+        topk_triton(logits.to(dev), lengths.to(dev), k, group_max=gm[:, :-1].contiguous().to(dev))
+    best = int(want[0, 0])
+    hidden = gm.clone()
+    hidden[0, best // group] = float("-inf")
+    got = topk_triton(logits.to(dev), lengths.to(dev), k, group_max=hidden.to(dev)).cpu()
+    assert best not in got[0].tolist() and torch.equal(got[1:], want[1:])

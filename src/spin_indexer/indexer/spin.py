@@ -220,10 +220,17 @@ class SpinIndexer:
         out = None if backend == "deepgemm" else self.workspace.logits[:rows, :cols]
         block_max = self.workspace.block_max[:rows, :width]
         history = self._history_args(layer, st, plan)
+        # The top-k prunes at G columns (topk_group); finer than a block, DeepGEMM's update pass writes those
+        # maxima as it reads the logits anyway (the top-k's own group-max launch cost ~10 us at 96 x 128K).
+        group = ops.topk_group(cols, self.config.topk)
+        group_max = None
+        if backend == "deepgemm" and self.workspace.GROUP_MIN <= group < self.config.tokens_per_block:
+            group_max = self.workspace.group_max[:rows, :-(-cols // group)]
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
                                           validate=False, out=out, block_max_out=block_max,
-                                          fill_tail=self.extensions is not None, history=history)
-        return self._topk(layer, st, plan, logits, block_max)
+                                          fill_tail=self.extensions is not None, history=history,
+                                          group_max_out=group_max, group=group)
+        return self._topk(layer, st, plan, logits, block_max, group_max)
 
     def _guarded_by_shape(self, batch: int, width: int) -> bool:
         """True when the table's shape alone guards the whole step: B x W x T tokens at most, fewer than the
@@ -313,12 +320,13 @@ class SpinIndexer:
         ops.update_history(self._history_args(layer, st, plan), rows, plan.compact_block_table, plan.compact_seq_lens)
 
     def _topk(self, layer: int, st: _Step, plan: BlockPlan, logits: torch.Tensor,
-              block_max: torch.Tensor) -> torch.Tensor:
+              block_max: torch.Tensor, group_max: torch.Tensor | None = None) -> torch.Tensor:
         rows = logits.shape[0]
         out = self.workspace.topk[layer, :rows]
         ops.topk_positions(logits, plan.compact_seq_lens.view(-1), self.config.topk, block_max=block_max,
                            kept_blocks=plan.kept_blocks, next_n=self.next_n,
-                           tokens_per_block=self.config.tokens_per_block, out=out, validate=False)
+                           tokens_per_block=self.config.tokens_per_block, out=out, validate=False,
+                           group_max=group_max)
         if self.extensions is not None:
             self.extensions.after_layer(layer, st.meta, plan, out, block_max)
         self.block_plan = plan

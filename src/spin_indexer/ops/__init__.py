@@ -11,7 +11,7 @@ from ..dispatch import triton_twin
 from .history import HistoryUpdate, update_history_ref
 from .indexer_logits import block_max_ref, check_paged_indexer_args, paged_indexer_logits_ref
 from .kv_cache import dequantize_blocks, quantize_and_write, quantize_keys, read_kv_cache, write_kv_cache
-from .topk import topk_positions_ref, topk_ref
+from .topk import group_max_ref, topk_group, topk_positions_ref, topk_ref
 
 
 def _triton_twin(module: str, name: str, t):
@@ -20,7 +20,8 @@ def _triton_twin(module: str, name: str, t):
 
 
 def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, validate: bool = True,
-                         out=None, block_max_out=None, fill_tail: bool = True, history: HistoryUpdate | None = None):
+                         out=None, block_max_out=None, fill_tail: bool = True, history: HistoryUpdate | None = None,
+                         group_max_out=None, group: int = 64):
     """Paged indexer logits float32 [B*next_n, W*T]; see `paged_indexer_logits_ref` for shapes.
 
     out: optional float32 [B*next_n, W*T] written in place; block_max_out: optional float32 [B*next_n, W]
@@ -29,6 +30,9 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     leaves those entries unspecified, as the production kernel does, so the cost follows the lengths.
     history: a HistoryUpdate: also apply SPIN's EMA update from these logits (block_table is then the
     compact table of history.kept_blocks), folded into the kernel's epilogue where the kernel can.
+    group_max_out: optional float32 [B*next_n, >= W*T / group] receiving the max of every `group` columns
+    (group_max_ref; a power of two dividing T): the top-k's group maxima (topk_positions(group_max=)). On
+    the DeepGEMM backend the pass that applies the update writes them; elsewhere one pass after the logits.
     Backends (one place decides, `logits_backend`): DeepGEMM where it imports and covers the shape (only
     with fill_tail=False: it does not clean the tail), else the Triton kernel on CUDA, else the reference.
     """
@@ -39,18 +43,24 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
         from . import deepgemm
         logits = deepgemm.paged_indexer_logits_deepgemm(q_fp8, kv_cache, weights, seq_lens, block_table,
                                                         validate=validate, out=out)
-        if block_max_out is not None or history is not None:
-            # The production kernel writes logits only: one pass over them gives the block max and the update.
+        if block_max_out is not None or history is not None or group_max_out is not None:
+            # The production kernel writes logits only: one pass over them gives the block max, the group
+            # maxima and the update.
             bmax = block_max_out if block_max_out is not None else torch.empty(
                 logits.shape[0], block_table.shape[1], dtype=torch.float32, device=logits.device)
             # an explicit last dim: view(B, N, -1) is ambiguous for an empty batch
             update_history(history, logits.view(q_fp8.shape[0], q_fp8.shape[1], logits.shape[1]), block_table,
-                           seq_lens, block_max_out=bmax)
+                           seq_lens, block_max_out=bmax, group_max_out=group_max_out, group=group)
         return logits
     if backend == "triton":
         from .indexer_logits_triton import paged_indexer_logits_triton
-        return paged_indexer_logits_triton(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate,
-                                           out=out, block_max_out=block_max_out, fill_tail=fill_tail, history=history)
+        logits = paged_indexer_logits_triton(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate,
+                                             out=out, block_max_out=block_max_out, fill_tail=fill_tail,
+                                             history=history)
+        if group_max_out is not None:
+            update_history(None, logits.view(q_fp8.shape[0], q_fp8.shape[1], logits.shape[1]), block_table,
+                           seq_lens, group_max_out=group_max_out, group=group)
+        return logits
     logits = paged_indexer_logits_ref(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate)
     _check_outputs(logits, block_table.shape[1], q_fp8.device, out, block_max_out)  # as the twin checks them
     if out is not None:
@@ -58,10 +68,20 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
         logits = out
     if block_max_out is not None:
         block_max_out.copy_(block_max_ref(logits, kv_cache.shape[1]))
+    if group_max_out is not None:
+        _group_max_into(group_max_out, logits, seq_lens, group)
     if history is not None:
         update_history_ref(history, logits.view(q_fp8.shape[0], q_fp8.shape[1], logits.shape[1]), block_table,
                            seq_lens)
     return logits
+
+
+def _group_max_into(group_max_out, logits, seq_lens, group: int) -> None:
+    """The reference of the group maxima the kernels write (group_max_out [R, >= C / group])."""
+    check_tensor("group_max_out", group_max_out, dtype=torch.float32, ndim=2, device=logits.device,
+                 device_of="logits")
+    gm = group_max_ref(logits, seq_lens.reshape(-1), group)
+    group_max_out[:, :gm.shape[1]].copy_(gm)
 
 
 def logits_backend(q_fp8, kv_cache, history: bool = False, block_table=None) -> str:
@@ -83,12 +103,17 @@ def logits_backend(q_fp8, kv_cache, history: bool = False, block_table=None) -> 
     return "triton"
 
 
-def update_history(history: HistoryUpdate, logits, compact_table, compact_lens, block_max_out=None) -> None:
-    """SPIN's EMA update of one layer from compact logits float32 [B, N, X] (see ops/history.py);
-    block_max_out: optional float32 [B*N, W] receiving each compact block's max (one pass for both)."""
+def update_history(history: HistoryUpdate | None, logits, compact_table, compact_lens, block_max_out=None,
+                   group_max_out=None, group: int = 64) -> None:
+    """SPIN's EMA update of one layer from compact logits float32 [B, N, X] (see ops/history.py; None: no
+    update); block_max_out: optional float32 [B*N, W] receiving each compact block's max; group_max_out:
+    optional float32 [B*N, >= X / group], the same per `group` columns (one pass for all three)."""
     twin = _triton_twin("history_triton", "update_history_triton", logits)
     if twin is not None:
-        return twin(history, logits, compact_table, compact_lens, block_max_out=block_max_out)
+        return twin(history, logits, compact_table, compact_lens, block_max_out=block_max_out,
+                    group_max_out=group_max_out, group=group)
+    if group_max_out is not None:
+        _group_max_into(group_max_out, logits.reshape(-1, logits.shape[-1]), compact_lens, group)
     if block_max_out is not None:
         flat = logits.reshape(-1, logits.shape[-1])
         cols = torch.arange(flat.shape[1], device=flat.device)
@@ -114,18 +139,19 @@ def topk(logits, lengths, k: int, validate: bool = True, block_max=None):
 
 
 def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, next_n: int = 1,
-                   tokens_per_block: int = 64, out=None, validate: bool = True):
+                   tokens_per_block: int = 64, out=None, validate: bool = True, group_max=None):
     """Top-k positions int32 [R, k], best first, -1 padded, through SPIN's compact-to-logical map; see
-    `topk_positions_ref`. On CUDA the Triton top-k (block_max lets it read only the blocks that can hold a
-    winner) writes the mapped positions in its final pass."""
+    `topk_positions_ref`. On CUDA the Triton top-k (block_max / group_max let it read only the groups that
+    can hold a winner) writes the mapped positions in its final pass."""
     twin = _triton_twin("topk_triton", "topk_triton", logits)
     if twin is None or tokens_per_block != 64:
         return topk_positions_ref(logits, lengths, k, block_max=block_max, kept_blocks=kept_blocks, next_n=next_n,
-                                  tokens_per_block=tokens_per_block, out=out, validate=validate)
+                                  tokens_per_block=tokens_per_block, out=out, validate=validate, group_max=group_max)
     from .topk import check_topk_positions_args
-    check_topk_positions_args(logits, lengths, k, block_max, kept_blocks, next_n, tokens_per_block, out, validate)
+    check_topk_positions_args(logits, lengths, k, block_max, kept_blocks, next_n, tokens_per_block, out, validate,
+                              group_max)
     return twin(logits, lengths, k, validate=False, block_max=block_max, kept_blocks=kept_blocks, next_n=next_n,
-                out=out)
+                out=out, group_max=group_max)
 
 
 def _check_outputs(logits, width, dev, out, block_max_out) -> None:
@@ -146,7 +172,7 @@ def block_max(logits, tokens_per_block: int = 64):
 __all__ = [
     "HistoryUpdate", "update_history", "logits_backend",
     "paged_indexer_logits", "paged_indexer_logits_ref", "check_paged_indexer_args", "topk", "topk_ref",
-    "topk_positions", "topk_positions_ref",
+    "topk_positions", "topk_positions_ref", "topk_group", "group_max_ref",
     "block_max", "block_max_ref", "quantize_keys", "write_kv_cache", "quantize_and_write", "read_kv_cache",
     "dequantize_blocks",
 ]

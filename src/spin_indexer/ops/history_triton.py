@@ -30,35 +30,46 @@ NUM_WARPS = 4
 
 
 def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, compact_table: torch.Tensor,
-                          compact_lens: torch.Tensor, block_max_out: torch.Tensor | None = None) -> None:
+                          compact_lens: torch.Tensor, block_max_out: torch.Tensor | None = None,
+                          group_max_out: torch.Tensor | None = None, group: int = 64) -> None:
     """Same as update_history_ref (history may be None when only block_max_out is wanted).
 
     logits: float32 [B, N, X]; compact_table: int32 [B, W]; compact_lens: int32 [B, N];
     block_max_out: optional float32 [B*N, >= X/T], entry [r, m] = max of row r's valid logits in compact
-    block m (written for the blocks below the row's compact length; the rest are left as they are)."""
+    block m (written for the blocks below the row's compact length; the rest are left as they are).
+    group_max_out: optional float32 [B*N, >= X/group], the same at `group` columns (a power of two dividing
+    T): the top-k's group maxima when it prunes at a finer grain than a block (ops.topk.topk_group),
+    from the same pass over the logits instead of a launch of its own."""
     batch, next_n, cols = logits.shape
     t = 64 if history is None else history.vertical.shape[1]
     blocks = cols // t
     if block_max_out is not None:
         check_tensor("block_max_out", block_max_out, dtype=torch.float32, ndim=2, device=logits.device,
                      device_of="logits")
-    if batch == 0 or blocks == 0 or (history is None and block_max_out is None):
+    if group_max_out is not None:
+        check_tensor("group_max_out", group_max_out, dtype=torch.float32, ndim=2, device=logits.device,
+                     device_of="logits")
+        if group < 1 or group > t or t % group or group & (group - 1):
+            raise ValueError(f"group: expected a power of two dividing T = {t}, got {group}")
+    if batch == 0 or blocks == 0 or (history is None and block_max_out is None and group_max_out is None):
         return
     if logits.stride(2) != 1:
         logits = logits.contiguous()
     grid = (batch, triton.cdiv(blocks, BLOCKS_PER_PROGRAM))
-    bmax = block_max_out if block_max_out is not None else logits  # dummy pointer when unused
+    bmax = block_max_out if block_max_out is not None else logits  # dummy pointers when unused
+    gmax = group_max_out if group_max_out is not None else logits
     h = history
     rows = 1 if h is None else h.rows
     for j in range(max(rows, 1)):
         _update_history_kernel[grid](
             logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
-            bmax, bmax.stride(0),
+            bmax, bmax.stride(0), gmax, gmax.stride(0),
             *(_history_args(h, logits) if h is not None else _no_history(logits)),
             next_n, blocks, j,
             T=t, BLOCKS=BLOCKS_PER_PROGRAM, HIST=h is not None, HAS_SEEN=h is not None and h.last_seen is not None,
             NP=triton.next_power_of_2(next_n),
-            BMAX=(block_max_out is not None) and j == 0, num_warps=NUM_WARPS)
+            BMAX=(block_max_out is not None) and j == 0, GMAX=(group_max_out is not None) and j == 0, G=group,
+            num_warps=NUM_WARPS)
 
 
 def _history_args(h: HistoryUpdate, like: torch.Tensor):
@@ -136,10 +147,11 @@ if triton is not None:
 
     @triton.jit
     def _update_history_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
-                               bmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
+                               bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                                clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
                                lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
-                               HIST: tl.constexpr, HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr):
+                               HIST: tl.constexpr, HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
+                               GMAX: tl.constexpr, G: tl.constexpr):
         """One program per (request, BLOCKS compact blocks), all loaded as one [BLOCKS, T] tile."""
         b = tl.program_id(0)
         m = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
@@ -165,6 +177,13 @@ if triton is not None:
             if BMAX:  # the compact block max of every row (first launch only)
                 tl.store(bmax_ptr + (b64 * next_n + r) * bmax_stride + m, tl.max(x, axis=1),
                          mask=in_table & (m * T < clen))
+            if GMAX:  # the same at G columns; a NaN wins its group (topk_triton's group max: never pruned)
+                xg = tl.reshape(x, [BLOCKS, T // G, G])
+                has_nan = tl.max((xg != xg).to(tl.int32), axis=2) > 0
+                gm = tl.where(has_nan, float("nan"), tl.max(xg, axis=2))  # [BLOCKS, T // G]
+                gi = m[:, None] * (T // G) + tl.arange(0, T // G)[None, :]
+                tl.store(gmax_ptr + (b64 * next_n + r) * gmax_stride + gi, gm,
+                         mask=tl.broadcast_to(in_table[:, None], [BLOCKS, T // G]) & (gi * G < clen))
             if HIST:
                 if r == j:
                     upd_j, q_j, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b,

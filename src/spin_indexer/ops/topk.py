@@ -10,6 +10,31 @@ import torch
 from ..checks import check_int, check_tensor, check_values_in_range
 
 
+TOKENS_PER_GROUP_MAX = 64  # the coarsest group: one block of the logits kernel's fused block max
+
+
+def topk_group(cols: int, k: int) -> int:
+    """The group size G (a power of two <= 64) at which the Triton top-k prunes a row of `cols` columns for
+    this k: the largest with >= 4k groups in a full row, so that the k-th largest group max is a tight
+    threshold. A caller that already reads the logits (the EMA update pass) can write these group maxima
+    for it (`group_max=` of topk_positions): the top-k then launches no group-max pass of its own."""
+    g = TOKENS_PER_GROUP_MAX
+    while g > 1 and cols // g < 4 * k:
+        g //= 2
+    return g
+
+
+def group_max_ref(logits: torch.Tensor, lengths: torch.Tensor, group: int) -> torch.Tensor:
+    """float32 [R, ceil(C / group)]: the max of each group of `group` columns over the columns < lengths[r]
+    (-inf for a group with none; NaN for a group holding a NaN, which a pruning top-k must never skip)."""
+    rows, cols = logits.shape
+    pad = -cols % group
+    x = torch.nn.functional.pad(logits, (0, pad), value=float("-inf"))
+    c = torch.arange(cols + pad, device=logits.device)
+    x = torch.where(c[None, :] < lengths.long()[:, None], x, float("-inf")).view(rows, -1, group)
+    return torch.where(torch.isnan(x).any(dim=2), float("nan"), x.amax(dim=2))
+
+
 def check_topk_args(logits, lengths, k, validate: bool = True) -> None:
     check_tensor("logits", logits, dtype=torch.float32, ndim=2)
     check_tensor("lengths", lengths, dtype=torch.int32, shape=(logits.shape[0],), shape_names="[R]",
@@ -57,7 +82,8 @@ def topk_ref(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: bool
 
 
 def check_topk_positions_args(logits, lengths, k, block_max=None, kept_blocks=None, next_n: int = 1,
-                              tokens_per_block: int = 64, out=None, validate: bool = True) -> None:
+                              tokens_per_block: int = 64, out=None, validate: bool = True,
+                              group_max=None) -> None:
     """The argument checks shared by `topk_positions_ref` and its Triton twin (same messages)."""
     check_topk_args(logits, lengths, k, validate)
     rows, cols = logits.shape
@@ -70,6 +96,10 @@ def check_topk_positions_args(logits, lengths, k, block_max=None, kept_blocks=No
     if block_max is not None:
         check_tensor("block_max", block_max, dtype=torch.float32, shape=(rows, width),
                      shape_names="[R, ceil(C / T)]", device=dev, device_of="logits")
+    if group_max is not None:
+        g = topk_group(cols, k)
+        check_tensor("group_max", group_max, dtype=torch.float32, shape=(rows, -(-cols // g)),
+                     shape_names=f"[R, ceil(C / G)] with G = topk_group(C, k) = {g}", device=dev, device_of="logits")
     if kept_blocks is not None:
         if rows % next_n:
             raise ValueError(f"next_n: expected a divisor of R = {rows} (kept_blocks has one row per request), "
@@ -84,13 +114,16 @@ def check_topk_positions_args(logits, lengths, k, block_max=None, kept_blocks=No
 
 
 def topk_positions_ref(logits: torch.Tensor, lengths: torch.Tensor, k: int, block_max=None, kept_blocks=None,
-                       next_n: int = 1, tokens_per_block: int = 64, out=None, validate: bool = True) -> torch.Tensor:
+                       next_n: int = 1, tokens_per_block: int = 64, out=None, validate: bool = True,
+                       group_max=None) -> torch.Tensor:
     """`topk_ref` of compact logits, written as logical positions: the decode step's top-k.
 
     logits: float32 [R, C]; columns >= lengths[r] are ignored (whatever they hold).
     lengths: int32 [R] in [0, C].  k: int >= 1 (may exceed C or a row's length).
     block_max: optional float32 [R, ceil(C / T)], the exact max of each T-column block of valid logits; only
       checked here (the Triton twin uses it to skip blocks).
+    group_max: optional float32 [R, ceil(C / G)], G = topk_group(C, k): the same at the top-k's group size
+      (group_max_ref); only checked here, the twin prunes with it instead of computing it.
     kept_blocks: optional int32 [R // next_n, M >= ceil(C / T)]: column c of row r is position
       kept_blocks[r // next_n, c // T] * T + c % T; None = identity. Example: T = 64, kept [0, 2]: columns
       0-63 -> positions 0-63, 64-65 -> 128-129.
@@ -99,7 +132,8 @@ def topk_positions_ref(logits: torch.Tensor, lengths: torch.Tensor, k: int, bloc
       to positions, best first, then -1.
     raises ValueError or TypeError naming the argument.
     """
-    check_topk_positions_args(logits, lengths, k, block_max, kept_blocks, next_n, tokens_per_block, out, validate)
+    check_topk_positions_args(logits, lengths, k, block_max, kept_blocks, next_n, tokens_per_block, out, validate,
+                              group_max)
     rows, cols = logits.shape
     picked = topk_ref(logits, lengths, k, validate=False)  # [R, k] columns, best first, -1 padded
     if kept_blocks is not None and rows:

@@ -3,20 +3,24 @@
 Exactness argument. Split a row into groups of G columns and let S_g be the max of group g (over valid
 columns). Any threshold tau <= (k-th largest S_g) has at least k elements >= tau (each of the k best
 groups holds its max), so the top k elements are all >= tau, and they sit in groups with S_g >= tau.
-At most four launches, three with usable group maxima, no host sync:
-  1. (only without usable group maxima) `_group_max_kernel`: S = max over G columns, G picked from C and k
-     so that a row has >= 4k groups; with G = 64 the logits kernel's fused block max is used directly.
+At most five launches, four with usable group maxima, no host sync:
+  1. (only without usable group maxima) `_group_max_kernel`: S = max over G columns, G = topk_group(C, k)
+     so that a row has >= 4k groups; with G = 64 the logits kernel's fused block max is used directly, below
+     it group maxima a caller wrote (SPIN's update pass after DeepGEMM).
   2. `_threshold_kernel` (one program per row): tau = lower edge of the 16-bit key bucket holding the
      k-th largest S_g (a 16-step bisection by counting); tau = -inf when the row has fewer than k groups.
      The same program lists the groups with S_g >= tau (at most CAP, else the row overflows).
   3. `_gather_kernel` (row x 16 listed groups): their elements >= tau (no other group is read) are
      appended to a per-row candidate buffer of CAP = 2 * next_pow2(k) 64-bit sort keys.
-  4. Up to 48 rows, `_rank_select_kernel` (row x 64 candidates): a candidate's rank is the number of
-     larger keys; out[r, rank] = position when rank < k (parallel: a one-program sort of 4096 keys takes
-     ~80 us on the H200). More rows: `_select_kernel` finds each row's k-th candidate key (counting
-     bisection), keeps the k best and sorts those (next_pow2(k) keys, not the whole buffer). Rows
-     with more than CAP candidates (massive ties) get an exact streaming merge over the whole row
-     (`_merge_overflow`, slow, never wrong) in whichever of the two runs.
+  4. `_chunk_sort_kernel` (row x CAP / SORT_CHUNK): each chunk of SORT_CHUNK candidates is sorted in place
+     (descending; slots past the count padded with the smallest key). Small sorts, many programs: one
+     program's bitonic sort of the 2048 best keys of a row took 47 us on the H200 (run 12), ranking every
+     candidate against every other n^2 / 64 compares per program.
+  5. `_rank_kernel` (row x CAP / RANK_BI): a candidate's rank = the number of larger keys = the sum over the
+     sorted chunks of a binary search (log2(SORT_CHUNK) + 1 cached loads per chunk); out[r, rank] = its
+     position when rank < k (the threshold program filled the row with -1). Rows with more than CAP
+     candidates (massive ties) get an exact streaming merge over the whole row instead (`_merge_overflow`,
+     slow, never wrong), run by the row's first rank program.
 Sort key: the fp32 value mapped to an order-preserving uint32 (upper half) and 0xFFFFFFFF - position
 (lower half): sorting descending puts larger values first and, among equal values, lower positions
 first, exactly as the stable reference. -0.0 is folded into +0.0 (the reference sorts them as equal).
@@ -26,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from ..checks import check_tensor
-from .topk import check_topk_args, topk_ref
+from .topk import TOKENS_PER_GROUP_MAX, check_topk_args, topk_group, topk_ref
 
 try:  # the package imports this module only for CUDA tensors; without triton the reference is used
     import triton
@@ -34,29 +38,25 @@ try:  # the package imports this module only for CUDA tensors; without triton th
 except ImportError:  # pragma: no cover
     triton = None
 
-TOKENS_PER_GROUP_MAX = 64  # block_max granularity (T)
 MAX_TRITON_K = 4096  # larger k goes to the reference (sort tile of 2 * next_pow2(k) keys)
-RANK_BI, RANK_BJ = 64, 256  # rank-select tile: candidates ranked per program x compared per step
+SORT_CHUNK = 512  # candidates per sort program (the buffer holds CAP = 2 * next_pow2(k): 8 chunks at k = 2048)
+RANK_BI = 128  # candidates ranked per program (one per thread at 4 warps)
+# The rank path needs 18 registers (ptxas, sm_90a); the overflow merge it may run sorts CAP keys in registers
+# and would take the whole kernel to 250 (2 programs per SM instead of 16). Capped, only the merge (rare,
+# "slow, never wrong") spills.
+RANK_MAXNREG = 32
 THRESHOLD_TILE_MAX = 16384  # group maxima held in registers by the threshold program (more: chunked passes)
-RANK_MAX_ROWS = 48  # more rows: one sort per row (ranking costs n^2 compares per row; run 3 on the H200)
 
 
 def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
-def _pick_group(cols: int, k: int) -> int:
-    """Group size G (power of two <= 64) so that a full row has >= 4k groups."""
-    g = TOKENS_PER_GROUP_MAX
-    while g > 1 and cols // g < 4 * k:
-        g //= 2
-    return g
-
-
 def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: bool = True,
                 block_max: torch.Tensor | None = None, cap: int | None = None,
-                stats: torch.Tensor | None = None, _stages: int = 4, kept_blocks: torch.Tensor | None = None,
-                next_n: int = 1, out: torch.Tensor | None = None) -> torch.Tensor:
+                stats: torch.Tensor | None = None, _stages: int = 5, kept_blocks: torch.Tensor | None = None,
+                next_n: int = 1, out: torch.Tensor | None = None,
+                group_max: torch.Tensor | None = None) -> torch.Tensor:
     """Top-k positions per row, same meaning as `topk_ref`.
 
     logits: float32 [R, C]; columns >= lengths[r] are ignored. lengths: int32 [R] in [0, C]. k: int >= 1.
@@ -65,10 +65,14 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     blocks, so the top-k reads only the blocks that can hold a winner.
     cap: candidate buffer size (tests use a small one to exercise the overflow path).
     stats: optional int32 [R] receiving the candidate count of each row (benchmarks, diagnostics).
-    _stages: run only the first launches (benchmark breakdown: 2 = group max + threshold, 3 = + gather).
+    _stages: run only the first launches (benchmark breakdown: 2 = group max + threshold, 3 = + gather,
+    4 = + chunk sort).
     kept_blocks, next_n: optional int32 [R // next_n, M]: column c of row r is written as position
     kept_blocks[r // next_n, c // 64] * 64 + c % 64 (the compact-to-logical map of SPIN's plan), in the
     final write. out: optional int32 [R, k] to write into.
+    group_max: optional float32 [R, ceil(C / G)], G = topk_group(C, k): the exact max of every G columns of
+    valid logits (NaN for a group holding a NaN), written by a pass that read the logits anyway (SPIN's
+    update pass): used instead of the group-max launch when G < 64.
     returns int32 [R, k]: positions, best first, ties to the lower position, -1 past lengths[r].
     """
     check_topk_args(logits, lengths, k, validate)
@@ -91,10 +95,16 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
     k_pow = _next_pow2(max(k, 16))
     cap = cap or 2 * k_pow
-    group = _pick_group(cols, k)
+    group = topk_group(cols, k)
     num_groups = -(-cols // group)
+    if group_max is not None:
+        check_tensor("group_max", group_max, dtype=torch.float32, shape=(rows, num_groups),
+                     shape_names=f"[R, ceil(C / G)] with G = topk_group(C, k) = {group}", device=dev,
+                     device_of="logits")
     if group == TOKENS_PER_GROUP_MAX and block_max is not None:
         summary = block_max if block_max.stride(1) == 1 else block_max.contiguous()
+    elif group_max is not None:
+        summary = group_max if group_max.stride(1) == 1 else group_max.contiguous()
     else:
         summary = torch.empty(rows, num_groups, dtype=torch.float32, device=dev)
         groups_per_prog = max(1, 2048 // group)
@@ -112,11 +122,10 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     sum_block = min(_next_pow2(num_groups), THRESHOLD_TILE_MAX)
     if _stages < 2:
         return out
-    sort = rows > RANK_MAX_ROWS
-    # The threshold program also zeroes the candidate count and, for the rank path (which writes only the
-    # ranks it finds), fills the row's output with -1: no memset launches on the per-layer path.
+    # The threshold program also zeroes the candidate count and fills the row's output with -1 (the rank
+    # launch writes only the ranks it finds): no memset launches on the per-layer path.
     _threshold_kernel[(rows,)](summary, lengths, thresh, live, num_live, count, num_groups, summary.stride(0), k,
-                               out, G=group, SB=sum_block, CAP=cap, FILL=not sort, num_warps=8)
+                               out, G=group, SB=sum_block, CAP=cap, num_warps=8)
     if _stages < 3:
         return out
     lb = max(16, 1024 // group)
@@ -125,17 +134,17 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
                                                  num_warps=4)
     if _stages < 4:
         return out
+    chunk = min(SORT_CHUNK, cap)
+    _chunk_sort_kernel[(rows, cap // chunk)](count, cand, CAP=cap, CH=chunk, num_warps=4)
+    if _stages < 5:
+        return out
     mapped = kept_blocks is not None
     kept = kept_blocks if mapped else out  # dummy pointer when unmapped
     kept_stride = kept_blocks.stride(0) if mapped else 0
-    # Either launch also runs the exact streaming merge for rows with more than CAP candidates (massive ties).
-    if not sort:  # ranks >= the candidate count stay -1 (filled by the threshold program)
-        _rank_select_kernel[(rows, triton.cdiv(cap, RANK_BI))](logits, lengths, count, cand, out, logits.stride(0), k,
-                                                              kept, kept_stride, next_n, K_POW=k_pow, CAP=cap,
-                                                              BI=RANK_BI, BJ=RANK_BJ, MAP=mapped, num_warps=4)
-    else:  # one sort per row
-        _select_kernel[(rows,)](logits, lengths, count, cand, out, logits.stride(0), k, kept, kept_stride, next_n,
-                                K_POW=k_pow, CAP=cap, MAP=mapped, num_warps=8)
+    _rank_kernel[(rows, triton.cdiv(cap, RANK_BI))](logits, lengths, count, cand, out, logits.stride(0), k, kept,
+                                                    kept_stride, next_n, K_POW=k_pow, CAP=cap, CH=chunk,
+                                                    LOG_CH=chunk.bit_length() - 1, BI=RANK_BI, MAP=mapped,
+                                                    num_warps=4, maxnreg=RANK_MAXNREG)
     return out
 
 
@@ -197,13 +206,12 @@ if triton is not None:
 
     @triton.jit
     def _threshold_kernel(s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
-                          out_ptr, G: tl.constexpr, SB: tl.constexpr, CAP: tl.constexpr, FILL: tl.constexpr):
+                          out_ptr, G: tl.constexpr, SB: tl.constexpr, CAP: tl.constexpr):
         r = tl.program_id(0)
         tl.store(count_ptr + r, 0)  # the gather launch appends to it
-        if FILL:
-            for c0 in range(0, k, 1024):
-                c = c0 + tl.arange(0, 1024)
-                tl.store(out_ptr + r.to(tl.int64) * k + c, tl.full([1024], -1, tl.int32), mask=c < k)
+        for c0 in range(0, k, 1024):
+            c = c0 + tl.arange(0, 1024)
+            tl.store(out_ptr + r.to(tl.int64) * k + c, tl.full([1024], -1, tl.int32), mask=c < k)
         tl.debug_barrier()  # the overflow mark below must land after the zero
         length = tl.load(len_ptr + r)
         n_valid = (length + G - 1) // G
@@ -277,11 +285,27 @@ if triton is not None:
                 tl.store(cand_ptr + r.to(tl.int64) * CAP + slot, _sort_key(u, c), mask=(sel != 0) & (slot < CAP))
 
     @triton.jit
-    def _rank_select_kernel(x_ptr, len_ptr, count_ptr, cand_ptr, out_ptr, stride_x, k, kept_ptr, kept_stride,
-                            next_n, K_POW: tl.constexpr, CAP: tl.constexpr, BI: tl.constexpr, BJ: tl.constexpr,
-                            MAP: tl.constexpr):
-        """out[r, rank(key)] = position, rank = number of larger candidate keys (keys are distinct); program
-        (r, 0) of a row with more than CAP candidates runs the exact streaming fallback instead."""
+    def _chunk_sort_kernel(count_ptr, cand_ptr, CAP: tl.constexpr, CH: tl.constexpr):
+        """Sort chunk c of row r's candidates in place, descending; slots past the count get MIN_KEY (below
+        every real key: a real key's position half is 0xFFFFFFFF - pos with pos < 2^31). Chunks past the
+        count, and rows that overflowed (the merge rewrites them), are not touched."""
+        r = tl.program_id(0)
+        i0 = tl.program_id(1) * CH
+        n = tl.load(count_ptr + r)
+        if (n <= CAP) & (i0 < n):
+            MIN_KEY: tl.constexpr = -9223372036854775807 - 1
+            i = i0 + tl.arange(0, CH)
+            cbase = cand_ptr + r.to(tl.int64) * CAP
+            key = tl.sort(tl.load(cbase + i, mask=i < n, other=MIN_KEY), descending=True)
+            tl.store(cbase + i, key)
+
+    @triton.jit
+    def _rank_kernel(x_ptr, len_ptr, count_ptr, cand_ptr, out_ptr, stride_x, k, kept_ptr, kept_stride, next_n,
+                     K_POW: tl.constexpr, CAP: tl.constexpr, CH: tl.constexpr, LOG_CH: tl.constexpr,
+                     BI: tl.constexpr, MAP: tl.constexpr):
+        """out[r, rank(key)] = position for BI candidates, rank = number of larger keys (keys are distinct),
+        summed over the sorted chunks by binary search; program (r, 0) of a row with more than CAP candidates
+        runs the exact streaming fallback instead."""
         r = tl.program_id(0)
         i0 = tl.program_id(1) * BI
         n = tl.load(count_ptr + r)
@@ -292,71 +316,19 @@ if triton is not None:
             MIN_KEY: tl.constexpr = -9223372036854775807 - 1
             cbase = cand_ptr + r.to(tl.int64) * CAP
             i = i0 + tl.arange(0, BI)
-            ki = tl.load(cbase + i, mask=i < n, other=MIN_KEY)
+            key = tl.load(cbase + i, mask=i < n, other=MIN_KEY)
             rank = tl.zeros([BI], tl.int32)
-            for j0 in tl.range(0, n, BJ, num_stages=3):  # pipelined: the chunk loads are L2 round trips
-                j = j0 + tl.arange(0, BJ)
-                kj = tl.load(cbase + j, mask=j < n, other=MIN_KEY)
-                rank += tl.sum((kj[None, :] > ki[:, None]).to(tl.int32), axis=1)
-            pos = _map_pos((4294967295 - (ki & 4294967295)).to(tl.int32), r, kept_ptr, kept_stride, next_n, MAP)
-            tl.store(out_ptr + r.to(tl.int64) * k + rank, pos, mask=(i < n) & (rank < k))
-
-    @triton.jit
-    def _kth_largest(key, k):
-        """The k-th largest of distinct int64 sort keys [N] (MIN_KEY lanes are padding; 1 <= k < valid count):
-        the upper half (value) by a 32-step counting bisection, then, only when that value is shared by more
-        keys than are still needed, the lower half (position) the same way."""
-        hi = key >> 32  # in [-2^31, 2^31): the value's order key
-        lo_v = tl.min(hi, axis=0)
-        hi_v = tl.max(hi, axis=0)
-        for _ in range(32):  # largest v with count(hi >= v) >= k
-            mid = lo_v + (hi_v - lo_v + 1) // 2
-            ok = tl.sum((hi >= mid).to(tl.int32), axis=0) >= k
-            lo_v = tl.where(ok, mid, lo_v)
-            hi_v = tl.where(ok, hi_v, mid - 1)
-        tie = hi == lo_v
-        need = k - tl.sum((hi > lo_v).to(tl.int32), axis=0)  # >= 1 keys of value lo_v
-        low = key & 4294967295
-        result = tl.min(tl.where(tie, key, 9223372036854775807), axis=0)  # every tie taken
-        if tl.sum(tie.to(tl.int32), axis=0) > need:
-            a = tl.min(tl.where(tie, low, 4294967295), axis=0)
-            b = tl.max(tl.where(tie, low, 0), axis=0)
-            for _ in range(32):  # largest p with count(tie & low >= p) >= need
-                mid = a + (b - a + 1) // 2
-                ok = tl.sum((tie & (low >= mid)).to(tl.int32), axis=0) >= need
-                a = tl.where(ok, mid, a)
-                b = tl.where(ok, b, mid - 1)
-            result = (lo_v << 32) | a
-        return result
-
-    @triton.jit
-    def _select_kernel(x_ptr, len_ptr, count_ptr, cand_ptr, out_ptr, stride_x, k, kept_ptr, kept_stride, next_n,
-                       K_POW: tl.constexpr, CAP: tl.constexpr, MAP: tl.constexpr):
-        r = tl.program_id(0)
-        length = tl.load(len_ptr + r)
-        n = tl.load(count_ptr + r)
-        i = tl.arange(0, CAP)
-        cbase = cand_ptr + r.to(tl.int64) * CAP
-        MIN_KEY: tl.constexpr = -9223372036854775807 - 1
-        if n <= CAP:  # many rows: one sort per row beats ranking (n^2 compares per row)
-            # Only the k best candidates need an order: find the k-th key (counting bisection over the keys
-            # in registers), move the k best to the buffer's front, sort K_POW keys instead of CAP (a
-            # bitonic sort costs n log^2 n: 2.4x less for 2048 of 4096 keys).
-            if n > k:
-                key = tl.load(cbase + i, mask=i < n, other=MIN_KEY)
-                kth = _kth_largest(key, k)
-                sel = key >= kth  # exactly k: keys are distinct
-                dst = tl.cumsum(sel.to(tl.int32), axis=0) - 1
-                tl.debug_barrier()  # every thread holds its keys before the front is overwritten
-                tl.store(cbase + dst, key, mask=sel)
-                tl.debug_barrier()
-            ik = tl.arange(0, K_POW)
-            key = tl.sort(tl.load(cbase + ik, mask=ik < tl.minimum(n, k), other=MIN_KEY), descending=True)
+            for c0 in range(0, n, CH):  # the chunks holding candidates, each sorted descending
+                # count of chunk keys > key: the chunk's keys > key are a prefix; grow it by halving steps
+                # (after the steps, every index below `at` is larger, and index `at` itself is checked last)
+                at = tl.zeros([BI], tl.int32)
+                for s in tl.static_range(LOG_CH):
+                    step = CH >> (s + 1)
+                    larger = tl.load(cbase + c0 + at + step - 1) > key
+                    at = tl.where(larger, at + step, at)
+                rank += at + (tl.load(cbase + c0 + at) > key).to(tl.int32)
             pos = _map_pos((4294967295 - (key & 4294967295)).to(tl.int32), r, kept_ptr, kept_stride, next_n, MAP)
-            tl.store(out_ptr + r.to(tl.int64) * k + ik, tl.where(ik < tl.minimum(n, k), pos, -1), mask=ik < k)
-        if n > CAP:
-            _merge_overflow(x_ptr, r, length, stride_x, cbase, out_ptr, k, kept_ptr, kept_stride, next_n, K_POW, CAP,
-                            MAP)
+            tl.store(out_ptr + r.to(tl.int64) * k + rank, pos, mask=(i < n) & (rank < k))
 
     @triton.jit
     def _merge_overflow(x_ptr, r, length, stride_x, cbase, out_ptr, k, kept_ptr, kept_stride, next_n,

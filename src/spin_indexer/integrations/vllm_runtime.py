@@ -26,6 +26,7 @@ from ..predictor.config import MtpPolicy
 from .request_tracker import RequestTracker
 from .settings import SpinVllmSettings
 from .shadow import ShadowStats
+from .shadow_export import ShadowPublisher
 from .vllm_memory import attach_history, build_state, state_bytes
 
 logger = logging.getLogger("spin_indexer.vllm")
@@ -62,6 +63,7 @@ class SpinVllmRuntime:
         self._block_scale = 1
         self._logged: set = set()
         self.shadow: ShadowStats | None = None  # shadow mode's counters (settings.shadow), built with the indexer
+        self.publisher: ShadowPublisher | None = None  # publishes them for vLLM's stat logging
         self.history_caches: list = []  # SpinHistoryCache regions vLLM allocates (vllm_history.py)
         self.history_in_kv_cache = False  # whether the SpinState's per-block history lives in them
         self.history_reason = ""  # why not, when it does not
@@ -207,6 +209,11 @@ class SpinVllmRuntime:
         self.indexer, self.tracker = build_state(self.settings, self.topk, len(self.layer_names), self.max_batch,
                                                  self.max_model_len, self.next_n, tokens, device, width)
         self.shadow = ShadowStats(len(self.layer_names), device) if self.settings.shadow else None
+        if self.shadow is not None:  # vLLM's stat logging reads what it publishes (vllm_stats.py)
+            if self.publisher is not None:
+                self.publisher.stop()
+            self.publisher = ShadowPublisher(self.shadow, f"{id(self):x}")
+            self.publisher.start()
         self._history_ready = False
 
     def _ensure(self, kv: torch.Tensor, block_table: torch.Tensor | None, scale: int = 1) -> None:

@@ -151,10 +151,13 @@ class SpinVllmRuntime:
         if reason:
             logger.info("spin-indexer: a step via %s (%s) went to vLLM's indexer: %s", entry, mode, reason)
         else:
-            logger.info("spin-indexer: SPIN %s on decode rows via %s (%s): %d layers, sparsity %.2f, "
-                        "next_n %d (mtp %s), top-k %d", "in shadow mode (dense decides)" if self.settings.shadow
-                        else "active", entry, mode, len(self.layer_names), self.settings.sparsity, self.next_n,
-                        self.settings.mtp, self.topk)
+            history = "in vLLM's KV cache" if self.history_in_kv_cache else f"SPIN's own ({self.history_reason})"
+            state = "reserved at vLLM's profile run" if self.reserved_at_profile else "built at the first step"
+            logger.info("spin-indexer: SPIN %s on decode rows via %s (%s): %d layers, policy %s, sparsity %.2f, "
+                        "next_n %d (mtp %s), top-k %d; block history %s; per-server state %s",
+                        "in shadow mode (dense decides)" if self.settings.shadow else "active", entry, mode,
+                        len(self.layer_names), self.settings.policy, self.settings.sparsity, self.next_n,
+                        self.settings.mtp, self.topk, history, state)
 
     def planned_for(self, meta) -> bool:
         return self._step_meta is not None and self._step_meta is meta

@@ -74,6 +74,11 @@ def test_history_is_sized_allocated_and_bound_by_vllms_kv_cache_machinery(gen):
     history = [n for n in specs if "spin_history" in n]
     assert len(history) == LAYERS + 1 and sum("spare" in n for n in history) == 1
     assert len(kv_config.kv_cache_groups) == 1, "history and keys must share one block table"
+    # fp16 history beside uint8 keys: vLLM calls the cache mixed-precision and wants new blocks zeroed, but
+    # the group's spec is no AttentionSpec, so its manager records no new block ids: nothing gets zeroed
+    from vllm.v1.kv_cache_interface import AttentionSpec
+    assert kv_config.needs_kv_cache_zeroing
+    assert not isinstance(kv_config.kv_cache_groups[0].kv_cache_spec, AttentionSpec)
     assert set(kv_config.kv_cache_groups[0].layer_names) == set(specs)
     assert kv_config.num_blocks == 300
     without = available // (LAYERS * PAGE_KEYS)  # what the same memory gives without SPIN's spec

@@ -146,3 +146,25 @@ def test_full_graph_capture_with_dummy_lengths_takes_spin(next_n, gen):
     rows = batch * next_n
     for out in outs:  # every token of a short context (any order), -1 padded, as vLLM's
         assert torch.equal(out[:rows].sort(dim=1).values, eager[:rows].sort(dim=1).values)
+
+
+def test_what_is_active_is_logged_once(monkeypatch, caplog, gen):
+    """One line says what is active (entry point, graph mode, layers, policy, sparsity, MTP, shadow or live,
+    where the block history lives, when the state was built), once per situation however many steps run."""
+    import logging
+
+    from vllm.config import CUDAGraphMode
+
+    caplog.set_level(logging.INFO, logger="spin_indexer.vllm")
+    cfg = vh.vllm_config({"enable": True, "sparsity": 0.4, "mtp": "row-local"})
+    cfg.speculative_config = type("Spec", (), {"num_speculative_tokens": 1})()
+    layers, _ = vh.build_layers(cfg, [vh.make_cache(40, gen)], 512, MAX_MODEL_LEN)
+    for s in range(3):
+        vh.run_layer(cfg, layers, layers[0], vh.make_step([1500 + 2 * s], [list(range(24))], 2, WIDTH, gen))
+    vh.run_layer(cfg, layers, layers[0], vh.make_step([2] * 2, [[0]] * 2, 2, WIDTH, gen), mode=CUDAGraphMode.FULL)
+    said = [r.getMessage() for r in caplog.records if "on decode rows via" in r.getMessage()]
+    assert len(said) == 2, said
+    assert "SPIN active on decode rows via SparseAttnIndexer.forward (eagerly): 1 layers, policy spin-default, " \
+           "sparsity 0.40, next_n 2 (mtp row-local), top-k 512; block history SPIN's own" in said[0], said[0]
+    assert "per-server state built at the first step" in said[0]
+    assert "(while capturing a CUDA graph)" in said[1]

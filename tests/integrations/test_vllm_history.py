@@ -219,21 +219,3 @@ def test_shadow_mode_dense_decides_and_spin_is_measured(sparsity, gen):
             assert snap[i]["miss_mean"] == 0 and snap[i]["realized_sparsity"] == 0
     if sparsity > 0:
         assert any(s["realized_sparsity"] > 0 for s in snap), "SPIN never skipped a block in shadow mode"
-
-
-def test_state_memory_is_sized_by_cached_blocks_and_meta_sizing_is_exact():
-    """The docs' memory table is computed on the meta device by build_state (what the runtime allocates);
-    here the same sizes on the CPU are real allocations, and the history grows by L x (T + 1) x 2 bytes per
-    cache block (2.03 B per cached token per layer), nothing per max_model_len."""
-    from spin_indexer.integrations.settings import SpinVllmSettings
-    from spin_indexer.integrations.vllm_runtime import build_state, state_bytes
-
-    s = SpinVllmSettings(enable=True, sparsity=0.4)
-    sizes = {}
-    for device in ("meta", "cpu"):
-        for blocks in (100, 300):
-            ix, tr = build_state(s, 512, 3, 4, 8192, 1, vh.T, blocks, blocks, device)
-            sizes[device, blocks] = state_bytes(ix, tr)
-    assert sizes["meta", 100] == sizes["cpu", 100] and sizes["meta", 300] == sizes["cpu", 300]
-    grow = sizes["cpu", 300]["history"] - sizes["cpu", 100]["history"]
-    assert grow == 200 * 3 * (vh.T + 1) * 2

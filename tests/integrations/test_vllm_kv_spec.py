@@ -74,6 +74,11 @@ def test_history_is_sized_allocated_and_bound_by_vllms_kv_cache_machinery(gen):
     history = [n for n in specs if "spin_history" in n]
     assert len(history) == LAYERS + 1 and sum("spare" in n for n in history) == 1
     assert len(kv_config.kv_cache_groups) == 1, "history and keys must share one block table"
+    # fp16 history beside uint8 keys: vLLM calls the cache mixed-precision and wants new blocks zeroed, but
+    # the group's spec is no AttentionSpec, so its manager records no new block ids: nothing gets zeroed
+    from vllm.v1.kv_cache_interface import AttentionSpec
+    assert kv_config.needs_kv_cache_zeroing
+    assert not isinstance(kv_config.kv_cache_groups[0].kv_cache_spec, AttentionSpec)
     assert set(kv_config.kv_cache_groups[0].layer_names) == set(specs)
     assert kv_config.num_blocks == 300
     without = available // (LAYERS * PAGE_KEYS)  # what the same memory gives without SPIN's spec
@@ -93,14 +98,14 @@ def test_history_is_sized_allocated_and_bound_by_vllms_kv_cache_machinery(gen):
     for t in (state.vertical, state.block_max):
         assert t.untyped_storage().data_ptr() == lo and lo <= t.data_ptr() < hi
     assert state.num_cache_blocks == n and state.trash_block == n
-    from spin_indexer.integrations.vllm_runtime import state_bytes
+    from spin_indexer.integrations.vllm_memory import state_bytes
     sizes = state_bytes(runtime.indexer, runtime.tracker, runtime.history_caches)
     assert sizes["kv_cache_history"] == (LAYERS + 1) * n * PAGE_HISTORY
     per_token_layer = sizes["kv_cache_history"] / (n * vh.T * LAYERS)
     assert per_token_layer == pytest.approx(2 * (LAYERS + 1) / LAYERS) and per_token_layer <= 4
     # The state's own tensors no longer hold the per-block history (only per-slot tables remain there).
     per_block = (state.vertical.numel() + state.block_max.numel()) * state.vertical.element_size()
-    assert sizes["history"] == state.nbytes() - per_block
+    assert sizes["per_slot"] == state.nbytes() - per_block and sizes["per_block"] == 0
 
 
 def test_history_in_vllms_kv_cache_steps_exactly_like_its_own_allocation(gen):

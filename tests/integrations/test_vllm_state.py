@@ -12,7 +12,7 @@ import torch  # noqa: E402
 
 import vllm_harness as vh  # noqa: E402
 from spin_indexer.indexer import SpinIndexer  # noqa: E402
-from spin_indexer.integrations.request_tracker import RequestTracker  # noqa: E402
+from spin_indexer.integrations.request_tracker import NO_BLOCK, RequestTracker  # noqa: E402
 from spin_indexer.integrations.vllm_runtime import reset_slots_  # noqa: E402
 from spin_indexer.predictor import SpinConfig, SpinState  # noqa: E402
 
@@ -132,37 +132,43 @@ def test_preempted_request_restarts_fresh(gen):
     assert int(plan.num_kept[0]) == int(plan.num_blocks[0])
 
 
-def test_tracker_reclaims_lru_slot_and_double_link_rejects_stale_owner():
-    t = RequestTracker(num_slots=2, num_kv_blocks=64, tokens_per_block=4)
+def test_tracker_reclaims_lru_slot_and_drops_records_of_rewritten_blocks():
+    """Identity comes from the block of each row's previous token, its length and the step's writes only
+    (no table sized by the KV cache): LRU reclaim, a record dropped by any write into its blocks, padding."""
+    t = RequestTracker(num_slots=2, tokens_per_block=4)
     none = torch.empty(0, dtype=torch.int64)
 
-    def go(rows):  # rows: (physical blocks, L)
+    def go(rows, written=none):  # rows: (physical blocks, L)
         table = torch.zeros(len(rows), 8, dtype=torch.int32)
         for b, (ids, _) in enumerate(rows):
             table[b, :len(ids)] = torch.tensor(ids, dtype=torch.int32)
         lens = torch.tensor([[L] for _, L in rows], dtype=torch.int32)
-        slots, fresh, _ = t.assign(table, lens, none)
+        slots, fresh, _ = t.assign(table, lens, written)
         return slots.tolist(), fresh.tolist()
 
     assert go([([1, 2], 6)]) == ([0], [True])  # A
     assert go([([1, 2], 7)]) == ([0], [False])
     assert go([([3], 2), ([4], 2)]) == ([1, 0], [True, True])  # B, C: LRU hands C A's idle slot 0
-    # A comes back: slot 0 is C's now (the double link fails), so A starts over in the LRU slot (a tie of
-    # two slots used in the same step goes to the lower id); then C finds its slot taken and starts over.
+    # A comes back: slot 0 records C's block now, so A starts over in the LRU slot (a tie of two slots used
+    # in the same step goes to the lower id); then C finds no slot holding its block and starts over.
     assert go([([1, 2], 8)]) == ([0], [True])
     assert go([([4], 3)]) == ([1], [True])
-    # A grows into block 9 whose owner entry is stale (it names C's slot 1); A keeps slot 0 through its
-    # previous token (block 2), and block 9 is re-owned by slot 0.
-    t.owner[9] = 1
+    # A grows into block 9: found through its previous token (block 2); slot 0 then records block 9.
     assert go([([1, 2, 9], 9)]) == ([0], [False])
-    assert int(t.owner[9]) == 0
+    assert t.slot_blocks[0].tolist() == [9, 9]
+    # Someone else writes into block 9 (a prefill there, say): A's record is gone, A restarts.
+    t.forget_writes(torch.tensor([-1, 9 * 4 + 2, 5], dtype=torch.int64))
+    assert t.slot_blocks[0].tolist() == [NO_BLOCK, NO_BLOCK]
+    assert go([([1, 2, 9], 10)]) == ([1], [True])  # the LRU slot: C's, whose request is displaced
+    # the same request's own write in a step does not drop the record it sets in that step
+    assert go([([1, 2, 9], 11)], torch.tensor([9 * 4 + 2])) == ([1], [False])
     # padding rows (length 0) get the trash slot and leave no trace
-    assert go([([5], 0), ([4], 4)]) == ([2, 1], [False, False])
-    assert int(t.owner[-1]) == -1 and int(t.slot_blocks[2, 0]) == -2
+    assert go([([5], 0), ([1, 2, 9], 12)]) == ([2, 1], [False, False])
+    assert t.slot_blocks[2].tolist() == [NO_BLOCK, NO_BLOCK] and int(t.last_len[2]) == 0
 
 
 def test_tracker_mtp_rows_and_duplicate_claims():
-    t = RequestTracker(num_slots=4, num_kv_blocks=32, tokens_per_block=4, next_n=3)
+    t = RequestTracker(num_slots=4, tokens_per_block=4, next_n=3)
     written = torch.empty(0, dtype=torch.int64)
     table = torch.tensor([[1, 2, 3, 0]], dtype=torch.int32)
     rows = lambda L: torch.tensor([[L - 2, L - 1, L]], dtype=torch.int32)  # next_n = 3

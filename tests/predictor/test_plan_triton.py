@@ -125,10 +125,11 @@ def _check(ref, got, batch, width, layers):
 
 
 def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accepted=False, bad=False, seen=None,
-         grid=None, graph=False, path="register", extra_width=2):
+         grid=None, graph=False, path="register", extra_width=2, shared=0):
     """Plan `steps` steps with the torch path and the kernel from the same random state and compare everything
     each step. path: the kernel's selection path ("register" or "chunked"); extra_width: table columns past
-    the longest request."""
+    the longest request; shared: the first `shared` blocks of every request are request 0's (a prefix-cache
+    hit)."""
     from spin_indexer.predictor.plan_triton import plan_step_triton, supports
     assert supports(cfg)
     batch = len(final_lens)
@@ -145,6 +146,7 @@ def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accept
     _randomize(ref.state, gen, grid)
     slot_ids = torch.randperm(slots, generator=gen)[:batch]
     table = _table(final_lens, width, cache, gen, bad=bad)
+    table[1:, :shared] = table[:1, :shared]
     lens = [max(0, x - sum(grow)) for x in final_lens]
     # seen_len: every third request is new (0), the others saw between half and all of their context
     start = seen if seen is not None else [int(torch.randint(x // 2, x + 1, (1,), generator=gen)) if b % 3 != 2 else 0
@@ -179,6 +181,14 @@ def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accept
         for name in ("vertical", "block_max", "diagonal"):
             getattr(got.state, name).copy_(getattr(ref.state, name))
         lens = [x + grow[s] if x else 0 for x in lens]
+
+
+@pytest.mark.parametrize("seen", [[0, 30 * T], [30 * T, 0]], ids=["first-enters", "second-enters"])
+def test_shared_prefix_blocks_reset_when_one_sharer_enters(seen, gen, triton_device):
+    """Two requests share their first 8 blocks (a prefix-cache hit); one of them is new: the shared blocks
+    entered it, so both paths reset them for everybody, whichever row comes first (the torch path once
+    kept the row order's last write)."""
+    _run(BASE, [30 * T + 7, 20 * T + 1], 1, gen, triton_device, seen=seen, shared=8)
 
 
 @pytest.fixture(params=["register", "chunked"])

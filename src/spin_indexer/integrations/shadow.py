@@ -10,7 +10,8 @@ decided). Per layer, on the device, with fixed shapes (it records inside a captu
 
 Worked example (T = 64, top-k 4): dense top-k [5, 70, 130, 200], SPIN kept logical blocks [0, 2] of 4 ->
 positions 70 (block 1) and 200 (block 3) are misses: miss 0.5; realized sparsity 2/4.
-snapshot() copies the counters to the host (one sync: call it between steps, never inside one).
+snapshot() copies the counters to the host (one sync: call it between steps, never inside one);
+shadow_export.py publishes them from a side thread for vLLM's stat logging (vllm_stats.py).
 """
 from __future__ import annotations
 
@@ -52,18 +53,31 @@ class ShadowStats:
         self.blocks_total[layer] += num_blocks.long().sum()
         self.blocks_skipped[layer] += (num_blocks.long() - num_kept.long()).sum()
 
+    def counters(self) -> dict:
+        """The raw device counters by name (what summarize() reads)."""
+        return {"rows": self.rows, "miss_sum": self.miss_sum, "hist": self.hist, "blocks_total": self.blocks_total,
+                "blocks_skipped": self.blocks_skipped}
+
     def snapshot(self) -> list[dict]:
         """Per layer: rows (eligible), miss_mean, miss_p99, realized_sparsity (None where nothing counted)."""
-        rows, miss, hist = self.rows.tolist(), self.miss_sum.tolist(), self.hist[:, :BINS + 1].cpu()
-        total, skipped = self.blocks_total.tolist(), self.blocks_skipped.tolist()
-        out = []
-        for layer in range(self.num_layers):
-            n = rows[layer]
-            p99 = None
-            if n:
-                cum = hist[layer].cumsum(0)
-                rank = math.ceil(0.99 * n)  # p99: the miss of the row at this rank, ascending (99% of rows are <= it)
-                p99 = int(torch.searchsorted(cum, torch.tensor(rank, dtype=cum.dtype))) / BINS
-            out.append({"layer": layer, "rows": n, "miss_mean": miss[layer] / n if n else None, "miss_p99": p99,
-                        "realized_sparsity": skipped[layer] / total[layer] if total[layer] else None})
-        return out
+        return summarize({k: v.cpu() for k, v in self.counters().items()})
+
+
+def summarize(counters: dict) -> list[dict]:
+    """ShadowStats.snapshot() from host copies of counters(): per layer rows, miss_sum, blocks_total,
+    blocks_skipped (the raw sums, so that several processes' snapshots add up exactly) and miss_mean,
+    miss_p99, realized_sparsity (None where nothing counted)."""
+    rows, miss, hist = counters["rows"].tolist(), counters["miss_sum"].tolist(), counters["hist"][:, :BINS + 1]
+    total, skipped = counters["blocks_total"].tolist(), counters["blocks_skipped"].tolist()
+    out = []
+    for layer in range(len(rows)):
+        n = rows[layer]
+        p99 = None
+        if n:
+            cum = hist[layer].cumsum(0)
+            rank = math.ceil(0.99 * n)  # p99: the miss of the row at this rank, ascending (99% of rows are <= it)
+            p99 = int(torch.searchsorted(cum, torch.tensor(rank, dtype=cum.dtype))) / BINS
+        out.append({"layer": layer, "rows": n, "miss_sum": miss[layer], "blocks_total": total[layer],
+                    "blocks_skipped": skipped[layer], "miss_mean": miss[layer] / n if n else None, "miss_p99": p99,
+                    "realized_sparsity": skipped[layer] / total[layer] if total[layer] else None})
+    return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import tempfile
 
 logger = logging.getLogger("spin_indexer.vllm")
 
@@ -97,6 +98,10 @@ def register() -> bool:
         SparseAttnIndexer.register_oot(SpinSparseAttnIndexer)
     elif current is not SpinSparseAttnIndexer:
         raise RuntimeError(f"spin-indexer: another plugin already replaced SparseAttnIndexer with {current!r}")
+    # Shadow-mode counters go from the workers to the API process's stat logger through files in one directory:
+    # the first process (the API server) names it, the engine and workers it starts inherit the name.
+    from .shadow_export import ENV_DIR
+    os.environ.setdefault(ENV_DIR, os.path.join(tempfile.gettempdir(), f"spin-indexer-stats-{os.getpid()}"))
     _registered = True
     logger.info("spin-indexer: SPIN indexer layer registered for vLLM %s", vllm_version())
     return True

@@ -129,8 +129,10 @@ class SpinSparseAttnIndexer(SparseAttnIndexer):
         ctx = get_forward_context()
         attn = ctx.attn_metadata
         meta = attn.get(prefix) if isinstance(attn, dict) else None
-        if meta is None:  # profiling / dummy run: vLLM reserves its workspaces
+        if meta is None:  # profiling / dummy run: vLLM reserves its workspaces, SPIN its per-server state
             delegate(hidden_states, q_quant, k, weights)
+            if self.spin_layer == 0:
+                runtime.reserve(hidden_states.device)
             return
         if self.spin_layer == 0:
             # Python here under FULL graph mode means the step is being captured (a replay runs no Python):

@@ -10,6 +10,9 @@ view into a larger allocation. The ops want [num_blocks, T, 1, D + 4] with conti
 pages (block stride a multiple of 16 bytes above T * (D + 4), as DeepSeek-V4's 8640 / 8704-byte pages);
 when the block stride is r whole blocks, the storage is viewed as r-times more contiguous blocks and block
 ids are scaled by r (block 3 with r = 2 -> block 6).
+
+Memory (vllm_memory.py): the per-server state (per-slot tables, step workspace, tracker) is built at vLLM's
+profile run, which counts it; the per-block history lives in vLLM's KV cache (vllm_history.py).
 """
 from __future__ import annotations
 
@@ -18,11 +21,13 @@ import logging
 
 import torch
 
-from ..layout import FP8_DTYPE, PAGE_ALIGN_BYTES, SCALE_BYTES
+from ..layout import FP8_DTYPE, PAGE_ALIGN_BYTES, SCALE_BYTES, TOKENS_PER_BLOCK
 from ..predictor.config import MtpPolicy
 from .request_tracker import RequestTracker
-from .shadow import ShadowStats
 from .settings import SpinVllmSettings
+from .shadow import ShadowStats
+from .shadow_export import ShadowPublisher
+from .vllm_memory import attach_history, build_state, state_bytes
 
 logger = logging.getLogger("spin_indexer.vllm")
 
@@ -58,9 +63,12 @@ class SpinVllmRuntime:
         self._block_scale = 1
         self._logged: set = set()
         self.shadow: ShadowStats | None = None  # shadow mode's counters (settings.shadow), built with the indexer
+        self.publisher: ShadowPublisher | None = None  # publishes them for vLLM's stat logging
         self.history_caches: list = []  # SpinHistoryCache regions vLLM allocates (vllm_history.py)
         self.history_in_kv_cache = False  # whether the SpinState's per-block history lives in them
         self.history_reason = ""  # why not, when it does not
+        self.reserved_at_profile = False  # the per-server state was built at vLLM's profile run
+        self._history_ready = False  # the per-block history is attached (vLLM's or SPIN's own)
 
     def add_layer(self, name: str) -> int:
         """Index of layer `name` in execution order (registration order)."""
@@ -105,16 +113,17 @@ class SpinVllmRuntime:
 
     def begin_step(self, meta, batch: DecodeBatch | None, kv_cache: torch.Tensor) -> str:
         """First SPIN layer of a step: track requests, plan. Returns "" when SPIN handles this step's decode
-        rows, else why not (the caller hands the step to vLLM). The SpinIndexer is built at the first step
-        with metadata whatever the decision, so that vLLM's eager warm-up step (dummy lengths, handed back)
-        builds it before a FULL graph capture: allocated inside a capture, its initial fills would be
+        rows, else why not (the caller hands the step to vLLM). The per-server state is built at vLLM's
+        profile run (reserve) or else here, and the per-block history attached here, at the first step with
+        metadata whatever the decision: vLLM's eager warm-up step (dummy lengths, handed back) runs before a
+        FULL graph capture, and allocated or filled inside a capture, the state's initial fills would be
         recorded and replayed."""
         self._step_meta, self.step_batch = None, None
         view, why = cache_view_or_reason(kv_cache)
         if view is None:
             return why
         kv, scale = view
-        self._ensure(kv, kv_cache.shape[0], None if batch is None else batch.block_table, scale)
+        self._ensure(kv, None if batch is None else batch.block_table, scale)
         if batch is None:
             self.tracker.forget_writes(meta.slot_mapping.to(self.tracker.device))
             return "no decode batch"
@@ -142,10 +151,13 @@ class SpinVllmRuntime:
         if reason:
             logger.info("spin-indexer: a step via %s (%s) went to vLLM's indexer: %s", entry, mode, reason)
         else:
-            logger.info("spin-indexer: SPIN %s on decode rows via %s (%s): %d layers, sparsity %.2f, "
-                        "next_n %d (mtp %s), top-k %d", "in shadow mode (dense decides)" if self.settings.shadow
-                        else "active", entry, mode, len(self.layer_names), self.settings.sparsity, self.next_n,
-                        self.settings.mtp, self.topk)
+            history = "in vLLM's KV cache" if self.history_in_kv_cache else f"SPIN's own ({self.history_reason})"
+            state = "reserved at vLLM's profile run" if self.reserved_at_profile else "built at the first step"
+            logger.info("spin-indexer: SPIN %s on decode rows via %s (%s): %d layers, policy %s, sparsity %.2f, "
+                        "next_n %d (mtp %s), top-k %d; block history %s; per-server state %s",
+                        "in shadow mode (dense decides)" if self.settings.shadow else "active", entry, mode,
+                        len(self.layer_names), self.settings.policy, self.settings.sparsity, self.next_n,
+                        self.settings.mtp, self.topk, history, state)
 
     def planned_for(self, meta) -> bool:
         return self._step_meta is not None and self._step_meta is meta
@@ -182,20 +194,51 @@ class SpinVllmRuntime:
                            self.topk, self.indexer.config.tokens_per_block)
         return True
 
-    def _ensure(self, kv: torch.Tensor, num_kv_blocks: int, block_table: torch.Tensor | None,
-                scale: int = 1) -> None:
-        if self.indexer is not None:
+    def reserve(self, device, tokens: int = TOKENS_PER_BLOCK) -> None:
+        """Build the per-server state (vllm_memory.build_state) now: called from vLLM's profile run (the dummy
+        forward without attention metadata), so that vLLM's memory profile counts it. Idempotent; never inside
+        a CUDA graph capture."""
+        if self.indexer is not None or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            return
+        self._build(torch.device(device), tokens, 0)
+        self.reserved_at_profile = True
+        sizes = state_bytes(self.indexer, self.tracker)
+        logger.info("spin-indexer: reserved SPIN's per-server state at vLLM's profile run (counted by its memory "
+                    "profile): %.3f GiB (per-slot tables %.3f, step workspace %.3f, tracker %.4f GiB)",
+                    (sizes["per_slot"] + sizes["workspace"] + sizes["tracker"]) / 2**30, sizes["per_slot"] / 2**30,
+                    sizes["workspace"] / 2**30, sizes["tracker"] / 2**30)
+
+    def _build(self, device, tokens: int, width: int) -> None:
+        self.indexer, self.tracker = build_state(self.settings, self.topk, len(self.layer_names), self.max_batch,
+                                                 self.max_model_len, self.next_n, tokens, device, width)
+        self.shadow = ShadowStats(len(self.layer_names), device) if self.settings.shadow else None
+        if self.shadow is not None:  # vLLM's stat logging reads what it publishes (vllm_stats.py)
+            if self.publisher is not None:
+                self.publisher.stop()
+            self.publisher = ShadowPublisher(self.shadow, f"{id(self):x}")
+            self.publisher.start()
+        self._history_ready = False
+
+    def _ensure(self, kv: torch.Tensor, block_table: torch.Tensor | None, scale: int = 1) -> None:
+        if self._history_ready:
             return
         width = 0 if block_table is None else block_table.shape[1]
+        ix = self.indexer
+        same_device = ix is not None and torch.empty(0, device=ix.device).device == kv.device
+        if not same_device or ix.config.tokens_per_block != kv.shape[1] or width > ix.max_blocks:
+            if ix is not None:
+                logger.warning("spin-indexer: the state reserved at the profile run does not fit the bound cache (T %d, "
+                               "%s, width %d): rebuilt, outside vLLM's memory profile", kv.shape[1], kv.device, width)
+            self._build(kv.device, kv.shape[1], width)
+            self.reserved_at_profile = False
         history, why = None, "no history caches registered"
         if scale != 1:
             why = f"key cache block ids scaled by {scale}"
         elif self.history_caches:
             from .vllm_history import bound_history
             history, why = bound_history(self.history_caches, len(self.layer_names), kv.shape[1], kv.shape[0])
-        self.indexer, self.tracker = build_state(self.settings, self.topk, len(self.layer_names), self.max_batch,
-                                                 self.max_model_len, self.next_n, kv.shape[1], kv.shape[0],
-                                                 num_kv_blocks, kv.device, width, history=history)
+        attach_history(self.indexer, history, kv.shape[0])
+        self._history_ready = True
         self.history_in_kv_cache, self.history_reason = history is not None, "" if history is not None else why
         page = kv.shape[1] * kv.shape[3]
         if kv.shape[0] > 1 and kv.stride(0) != page:
@@ -206,48 +249,11 @@ class SpinVllmRuntime:
             logger.info("spin-indexer: SPIN's block history lives in vLLM's KV cache (%d regions of %d blocks)",
                         len(self.history_caches), kv.shape[0])
         else:
-            logger.info("spin-indexer: SPIN's block history is allocated outside vLLM's KV cache: %s", why)
-        if self.settings.shadow:
-            self.shadow = ShadowStats(len(self.layer_names), kv.device)
-
-
-def build_state(settings: SpinVllmSettings, topk: int, num_layers: int, max_batch: int, max_model_len: int,
-                next_n: int, tokens: int, num_cache_blocks: int, num_kv_blocks: int, device, width: int = 0,
-                history=None):
-    """(SpinIndexer, RequestTracker) as the runtime allocates them (device "meta" sizes them without memory):
-    max_batch = max_num_seqs, width = max(table width, ceil(max_model_len / T)), 2 * max_batch + 1 state
-    slots (the last is the trash slot for padding rows), the history beside `num_cache_blocks` blocks.
-    history: (vertical, block_max) in vLLM's KV cache (vllm_history.bound_history), or None to allocate it
-    here; with it only the per-slot tables and the step workspace are allocated."""
-    from ..indexer import SpinIndexer
-    width = max(width, -(-max_model_len // tokens))
-    config = settings.spin_config(topk, tokens_per_block=tokens)
-    num_slots = 2 * max_batch  # room for requests that skip a step; slot num_slots is the trash
-    indexer = SpinIndexer(config, num_layers=num_layers, max_batch=max_batch, max_blocks=width, next_n=next_n,
-                          device=device, max_requests=num_slots + 1,
-                          num_cache_blocks=1 if history is not None else num_cache_blocks)
-    if history is not None:  # the one-block tables above are dropped for vLLM's memory
-        indexer.state.bind_history_(*history)
-    for _ in range(num_slots + 1):  # the tracker owns slot assignment; the pool just has to agree
-        indexer.state.allocate()
-    return indexer, RequestTracker(num_slots, num_kv_blocks, tokens, device, next_n=next_n)
-
-
-def state_bytes(indexer, tracker, history_caches=None) -> dict:
-    """Bytes of every tensor the runtime allocated: {"history": SpinState, "workspace": the step's buffers,
-    "tracker": RequestTracker}; with history_caches (the SpinHistoryCache regions the state is bound to) also
-    "kv_cache_history": what vLLM allocated for them, and "history" counts only the state's own tensors."""
-    skip = set()
-    if history_caches:
-        skip = {id(indexer.state.vertical), id(indexer.state.block_max)}
-
-    def total(obj):
-        return sum(v.numel() * v.element_size() for v in vars(obj).values()
-                   if isinstance(v, torch.Tensor) and id(v) not in skip)
-    out = {"history": total(indexer.state), "workspace": total(indexer.workspace), "tracker": total(tracker)}
-    if history_caches:
-        out["kv_cache_history"] = sum(c.kv_cache.numel() * c.kv_cache.element_size() for c in history_caches)
-    return out
+            logger.info("spin-indexer: SPIN's block history (%.3f GiB) is allocated outside vLLM's KV cache and "
+                        "memory profile: %s", state_bytes(self.indexer, self.tracker)["per_block"] / 2**30, why)
+        if not self.reserved_at_profile:
+            logger.info("spin-indexer: SPIN's per-server state was built at the first step (no profile run seen), "
+                        "outside vLLM's memory profile")
 
 
 def cache_view(kv_cache: torch.Tensor) -> tuple[torch.Tensor, int] | None:

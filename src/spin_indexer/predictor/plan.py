@@ -100,17 +100,16 @@ def physical_blocks(meta: StepMeta, num_cache_blocks: int) -> torch.Tensor:
 
 
 def reset_entered_(state: SpinState, meta: StepMeta, layers: range | None = None) -> None:
-    """Reset the vertical history of the blocks that entered a request (fixed shape: a where over the
-    request's blocks, the reference's way; the Triton kernel writes only the entered blocks)."""
-    entered = entered_mask(meta)
-    phys = physical_blocks(meta, state.num_cache_blocks)
+    """Reset the vertical history of the blocks that entered a request, and only those (as the Triton
+    kernel does): a block shared with another request of the batch (a prefix-cache hit) is reset when it
+    enters one of them, whatever the row order. Fixed shape: other blocks are sent to the trash block."""
+    target = torch.where(entered_mask(meta), physical_blocks(meta, state.num_cache_blocks),
+                         state.num_cache_blocks).reshape(-1)
     for layer in layers if layers is not None else range(state.num_layers):
-        v = state.vertical[layer]
-        v[phys] = torch.where(entered[:, :, None], NEG_INF, v[phys].float()).to(v.dtype)
-        bm = state.block_max[:, layer]
-        state.block_max[phys, layer] = torch.where(entered, NEG_INF, bm[phys].float()).to(bm.dtype)
+        state.vertical[layer].index_fill_(0, target, NEG_INF)
+        state.block_max[:, layer].index_fill_(0, target, NEG_INF)
         if state.last_seen is not None:
-            state.last_seen[phys, layer] = torch.where(entered, -1, state.last_seen[phys, layer])
+            state.last_seen[:, layer].index_fill_(0, target, -1)
 
 
 def layer_scores(config: SpinConfig, state: SpinState, layer: int, meta: StepMeta) -> torch.Tensor:

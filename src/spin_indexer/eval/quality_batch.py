@@ -31,6 +31,8 @@ import torch
 from .quality import MissRecorder, Prompt, QualityConfig, QualityRunner, miss_summary
 from ..predictor.miss import miss_per_row
 
+Score = Callable[[str, list[str]], float]
+
 
 class StepMissRecorder(MissRecorder):
     """A MissRecorder whose bookkeeping captures in a CUDA graph: each step's per-row miss (NaN where the row's
@@ -76,12 +78,13 @@ class BatchedQualityRunner(QualityRunner):
         self.graphs = model.embed.weight.is_cuda if graphs is None else graphs
         self.check_every, self.prefill_group = max(1, check_every), max(1, prefill_group)
 
-    def run_batch(self, prompts: list[Prompt], configs: list[QualityConfig], score: Callable[[str, list[str]], float],
+    def run_batch(self, prompts: list[Prompt], configs: list[QualityConfig], score: Score | list[Score],
                   on_config: Callable[[str], None] | None = None) -> list[list[dict]]:
         """Per prompt, one result dict per config (in `configs` order), as QualityRunner.run returns them.
 
         prompts: one length bin (any lengths; the cache is sized for the longest); configs: next_n = 1 and
-        fixed budgets only (ValueError naming the config otherwise)."""
+        fixed budgets only (ValueError naming the config otherwise); score: score(text, answers) -> [0, 1],
+        one for every prompt or a list with one per prompt (tasks score differently)."""
         from ..model.decode import Caches, prefill_batch
 
         for cfg in configs:
@@ -89,6 +92,7 @@ class BatchedQualityRunner(QualityRunner):
                 raise ValueError(f"configs: {cfg.name!r} is not run batched (MTP and adaptive budgets: use --batch 1)")
         if not prompts:
             return []
+        scores = list(score) if isinstance(score, (list, tuple)) else [score] * len(prompts)
         steps = max(p.max_new for p in prompts) - 1  # decode steps at most: the prefill gives the first token
         idx = self.indexer if self.mode == "lightning" else None
         caches = Caches.allocate(self.model, len(prompts), max(p.ids.shape[0] for p in prompts) + steps + 1, idx)
@@ -99,10 +103,10 @@ class BatchedQualityRunner(QualityRunner):
         out: list[list[dict]] = [[] for _ in prompts]
         for cfg in configs:
             caches.lengths.copy_(lengths0)
-            ids, stops, recorder = self._decode(cfg, caches, first, steps, prompts, score)
+            ids, stops, recorder = self._decode(cfg, caches, first, steps, prompts, scores)
             for b, prompt in enumerate(prompts):
                 t = stops[b]  # tokens up to the stop, as QualityRunner._greedy keeps them
-                row = self._row(cfg, self._trim(ids[b][:t], prompt), prompt, score, t - 1, 1.0)
+                row = self._row(cfg, self._trim(ids[b][:t], prompt), prompt, scores[b], t - 1, 1.0)
                 if recorder is not None:
                     row.update(recorder.summary_of(b, t - 1))
                 out[b].append(row)
@@ -110,7 +114,7 @@ class BatchedQualityRunner(QualityRunner):
                 on_config(cfg.name)
         return out
 
-    def _decode(self, cfg: QualityConfig, caches, first_logits: torch.Tensor, steps: int, prompts, score):
+    def _decode(self, cfg: QualityConfig, caches, first_logits: torch.Tensor, steps: int, prompts, scores):
         """Greedy decoding of every request: (token ids per request [steps + 1 at most], stop lengths,
         StepMissRecorder or None)."""
         from ..model.decode import decode_one_step
@@ -147,10 +151,10 @@ class BatchedQualityRunner(QualityRunner):
             else:
                 step()
             done += 1
-            if done % self.check_every == 0 and self._stopped(tokens[:done + 1].T.tolist(), prompts, score, scan):
+            if done % self.check_every == 0 and self._stopped(tokens[:done + 1].T.tolist(), prompts, scores, scan):
                 break
         ids = tokens[:done + 1].T.tolist()
-        self._stopped(ids, prompts, score, scan)
+        self._stopped(ids, prompts, scores, scan)
         del graph
         return ids, [s[1] if s[1] is not None else len(ids[b]) for b, s in enumerate(scan)], recorder
 
@@ -162,10 +166,10 @@ class BatchedQualityRunner(QualityRunner):
         caches.slot_ids.copy_(torch.tensor([spin.state.allocate() for _ in range(batch)], dtype=torch.int32))
         return spin
 
-    def _stopped(self, ids: list[list[int]], prompts, score, scan) -> bool:
+    def _stopped(self, ids: list[list[int]], prompts, scores, scan) -> bool:
         """Advance every request's stop search over the tokens decoded so far (each prefix tested once);
         True when every request has stopped."""
-        for row, prompt, state in zip(ids, prompts, scan):
+        for row, prompt, score, state in zip(ids, prompts, scores, scan):
             while state[1] is None and state[0] <= len(row):
                 if self._done(row[:state[0]], prompt, score):
                     state[1] = state[0]

@@ -123,7 +123,7 @@ def parse(argv):
     p.add_argument("--weights", type=Path, default=None, help="capture/quality: indexer weights (default the shipped)")
     g = p.add_argument_group("distill32k")
     g.add_argument("--corpus", type=Path, default=Path("runs/h200q/corpus/corpus.pt"), help="the ood corpus (.pt)")
-    g.add_argument("--minutes", default=None, help="per curriculum stage, comma-separated (default 2,2,3.5)")
+    g.add_argument("--minutes", default=None, help="per curriculum stage, comma-separated (default 2,2,3)")
     g.add_argument("--init", type=Path, default=None, help="fine-tune these weights with the 32K stage only")
     g.add_argument("--row-chunk", type=int, default=1024)
     g.add_argument("--rows-per-seq", type=int, default=8192, help="rows trained per 32K sequence (0: all)")
@@ -148,7 +148,7 @@ def parse(argv):
     dry = args.dry_run
     args.device = args.device or ("cpu" if dry else "cuda")
     args.contexts = args.contexts or ([384, 512] if dry else [4096, 8192, 16384, 32768])
-    args.minutes = args.minutes or ("0.05,0.05,0.05" if dry else "2,2,3.5")
+    args.minutes = args.minutes or ("0.05,0.05,0.05" if dry else "2,2,3")
     args.k = args.k or ((32 if dry else 256) if args.stage == "capture" else (64 if dry else 512))
     if dry:
         args.steps, args.samples, args.prompts, args.sweep = min(args.steps, 4), min(args.samples, 2), 2, "smoke"

@@ -7,7 +7,7 @@
 #                                                runs/h200q/p0..p3, each < 34 MiB (a call carries 64 MiB with the
 #                                                29.5 MiB tracked tree): GGUF quarters (98,362,432 B / 4), the gguf
 #                                                wheel, the ood corpus (~7 MB), the RULER prompt cache (.tar.xz)
-#   [carry runs/h200q/p0]  parts                  copy to /tmp; CUDA tests of the batched runner and distillation
+#   [carry runs/h200q/p0]  gputests               copy to /tmp; CUDA tests of the batched runner and distillation
 #   [carry runs/h200q/p1]  parts                  copy (prompts)
 #   [carry runs/h200q/p2]  parts                  copy
 #   [carry runs/h200q/p3]  distill32k             join + check the GGUF; train; $OUT/head32k.safetensors, distill32k.tgz
@@ -17,14 +17,14 @@
 # the shipped one). DRY=1: the CPU dry run of a stage (tiny random model, tests/benchmarks/test_h200_quality.py).
 #
 # GPU time (H200), estimated:
-#   distill32k  training 2 + 2 + 3.5 min (DISTILL_MINUTES) + ~1 min of loads (first GGUF conversion ~40 s) = ~8.5 min.
+#   distill32k  training 2 + 2 + 3 min (DISTILL_MINUTES) + ~1 min of loads (first GGUF conversion ~40 s) = ~8 min.
 #     FLOPs and bytes per 32K step (1 sequence, --rows-per-seq 8192 = 8 random chunks of 1024 rows, mean chunk
 #     end ~16.9K keys): per layer the target is 2 x 9 heads x 64 x 8192 x 16.9K = 0.16 TFLOP plus ~1.25e9 fp32
 #     probabilities (~30 GB of traffic over its passes), the indexer forward + backward ~0.2 TFLOP and ~26 GB;
 #     x 30 layers: ~17 TFLOP (~0.05 s at TF32 rates) and ~1.7 TB (~0.6 s at 3 TB/s); the model's 32K forward
 #     ~44 TFLOP in bf16 (~0.1 s). Bytes bound: ~0.7 s a step. Measured calibration: the unchunked 16K stage
 #     (the same rows x keys: 16K^2/2 = 1.3e8 per layer, vs 8192 x 16.9K = 1.4e8) ran 2.3 s a step on this
-#     H200 (130 steps in 301 s), so plan on ~2.5 s: ~85 steps of 32K in 3.5 min (full rows: ~9 s a step). The
+#     H200 (130 steps in 301 s), so plan on ~2.5 s: ~70 steps of 32K in 3 min (full rows: ~9 s a step). The
 #     4K stage: 0.34 s a step (532 steps in 180 s), 16K: 2.3 s (52 steps in 2 min).
 #   capture     56 traces (4 lengths x (6 RULER + 8 python_stdlib)), 48 steps each, B = 1 eager: ~2-6 s a trace
 #               (prefill <= 1 s, 48 steps x ~20 ms, 127 MB written at 32K) + 4 replays (eval --sweep main, ~10 s
@@ -37,7 +37,7 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-stage=${1:?usage: h200_quality.sh prepare|parts|distill32k|capture|quality}
+stage=${1:?usage: h200_quality.sh prepare|gputests|parts|distill32k|capture|quality}
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 Q="python3 benchmarks/h200_quality.py"
 W=${WEIGHTS:-/tmp/head32k.safetensors}
@@ -63,10 +63,9 @@ if [ "$stage" = prepare ]; then  # on the CPU machine, once
     python3 -m pip download -q --no-deps gguf==0.19.0 -d $R/p0
     PYTHONPATH=src python3 -m spin_indexer.cli.main distill --corpus ood --data $R/corpus/corpus.pt --corpus-only
     cp $R/corpus/corpus.pt $R/corpus/corpus.sources.json $R/p0/
-    SPIN_INDEXER_PROMPT_CACHE=$R/prompts PYTHONPATH=src python3 -c "
+    SPIN_INDEXER_PROMPT_CACHE=$R/prompts PYTHONPATH=src:benchmarks python3 -c "import h200_quality as h
 from spin_indexer.model import loader, ruler
-ruler.cache_prompts($(PYTHONPATH=benchmarks python3 -c 'import h200_quality as h; print(list(h.TASKS))'),
-                    [4096, 8192, 16384, 32768], range(17), loader.load_tokenizer())"
+ruler.cache_prompts(h.TASKS, [4096, 8192, 16384, 32768], range(17), loader.load_tokenizer())"
     tar cJf $R/p1/prompts.tar.xz -C $R prompts
     du -sh $R/p*
     exit 0
@@ -85,14 +84,14 @@ assemble() {  # the GGUF from its quarters (checked) and the gguf wheel
 }
 
 case $stage in
-parts)  # the copy above; with the first part, the CUDA tests of the code these stages run
-    if [ -n "$(ls runs/h200q/p0/gguf_part_* 2>/dev/null)" ]; then
-        timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/eval/test_quality_batch.py \
-            tests/model/test_distill_chunks.py tests/model/test_decode.py 2>&1 | tee "$OUT/gputests.log" | tail -5
-    fi ;;
+parts)  # only the copy above (a call that carries one more part)
+    ;;
+gputests)  # the copy above, then the CUDA tests of the code the stages run (batched runner graphs, distillation)
+    timeout 300 python3 -m pytest -q -p no:cacheprovider tests/eval/test_quality_batch.py \
+        tests/model/test_distill_chunks.py tests/model/test_decode.py 2>&1 | tee "$OUT/gputests.log" | tail -5 ;;
 distill32k)
     assemble || exit 1
-    timeout 570 $Q distill32k --corpus /tmp/corpus.pt --minutes "${DISTILL_MINUTES:-2,2,3.5}" \
+    timeout 570 $Q distill32k --corpus /tmp/corpus.pt --minutes "${DISTILL_MINUTES:-2,2,3}" \
         ${DISTILL_INIT:+--init $DISTILL_INIT} --out /tmp/distill32k 2>&1 | grep -v clean_up | tee /tmp/distill32k.log
     cp /tmp/distill32k/head32k.safetensors /tmp/head32k.safetensors && cp /tmp/head32k.safetensors "$OUT/"
     tar czf "$OUT/distill32k.tgz" -C /tmp distill32k.log $(cd /tmp && ls distill32k/*.json distill32k/*/*.json 2>/dev/null) ;;

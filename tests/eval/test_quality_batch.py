@@ -114,8 +114,8 @@ def test_batched_runner_refuses_mtp_and_adaptive():
 def test_batched_runner_graphs_replay_the_eager_steps(mode):
     """On CUDA: one captured step replayed gives the eager batched decoding (same kernels, same shapes), miss
     records included; and the per-prompt runner's outputs."""
-    model = tiny_llama(max_len=1024).cuda()
-    idx = _indexer(model.cpu()).cuda() if mode == "lightning" else None
+    model = tiny_llama(max_len=1024)
+    idx = _indexer(model).cuda() if mode == "lightning" else None
     model = model.cuda()
     configs = [q.parse_config(c) for c in ("dense", "all-keep", "spin-0.5-noexp", "spin-0.3")]
     prompts = [q.Prompt(p.task, p.context, p.seed, p.ids.cuda(), p.answers, 12) for p in _prompts((700, 523, 640))]

@@ -374,7 +374,8 @@ def paired_table(samples: list[dict], configs: list[str], base: str = "all-keep"
     (normal approximation over the per-prompt differences: pairing removes the prompt-to-prompt spread that
     makes the per-config intervals wide)."""
     by_prompt = {(s["task"], s["context"], s["seed"], s["config"]): s for s in samples}
-    lines = [f"Paired with {base} (same prompts, all tasks, per context length):", "",
+    lines = [f"Paired with {base} (same prompts, all tasks, per context length; 95% CI: normal approximation over "
+             f"the per-prompt score differences):", "",
              "| config | context | prompts | identical output | better | worse | mean diff | 95% CI |",
              "|---|---|---|---|---|---|---|---|"]
     for cfg, context in ((c, n) for c in configs for n in sorted({s["context"] for s in samples})):

@@ -205,3 +205,33 @@ def _sha12(path):
     import hashlib
 
     return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+
+
+def test_quality_batched_equals_per_prompt(fake_model, tmp_path, capsys):
+    """--batch 3 decodes the prompts of a context together: the same samples (text, score, steps) as --batch 1,
+    the rows say the batch size, and the paired table comes out as for a per-prompt run."""
+    common = ["quality", "--tasks", "niah_single_1", "qa_1", "--contexts", "500", "--samples", "2", "--topk", "64",
+              "--indexer", "oracle", "--configs", "all-keep", "dense", "spin-0.5-noexp", "--quiet"]
+    assert cli.main(common + ["--out", str(tmp_path / "one")]) == 0
+    assert cli.main(common + ["--out", str(tmp_path / "three"), "--batch", "3"]) == 0
+
+    def rows(name):
+        lines = (tmp_path / name / "samples.jsonl").read_text().splitlines()
+        return {(r["task"], r["seed"], r["config"]): r for r in map(json.loads, lines)}
+
+    one, three = rows("one"), rows("three")
+    assert set(one) == set(three) and len(one) == 12
+    for key, r in one.items():
+        assert (three[key]["text"], three[key]["score"], three[key]["steps"]) == (r["text"], r["score"], r["steps"])
+        assert three[key]["batch"] in (3, 1) and "batch" not in r  # 4 prompts: a group of 3, then 1
+        if key[2] == "spin-0.5-noexp":
+            assert three[key]["miss_values"] == pytest.approx(r["miss_values"], abs=1e-5)
+    readme = (tmp_path / "three" / "README.md").read_text()
+    assert "--batch 3" in readme and "| spin-0.5-noexp | 500 | 4 |" in readme
+
+
+def test_quality_batch_refuses_mtp(fake_model, tmp_path, capsys):
+    argv = ["quality", "--contexts", "500", "--configs", "all-keep", "mtp3-all-keep", "--batch", "4", "--out",
+            str(tmp_path / "q"), "--quiet"]
+    assert cli.main(argv) == 1
+    assert "--configs: mtp3-all-keep not with --batch > 1" in capsys.readouterr().err

@@ -43,6 +43,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=4096, help="tokens per training sequence")
     p.add_argument("--batch", type=int, default=2, help="sequences per training step")
     p.add_argument("--lr", type=float, default=2e-3, help="learning rate of the indexer head")
+    p.add_argument("--row-chunk", type=int, default=1024,
+                   help="query rows per attention-target chunk: memory O(row-chunk x seq-len) per layer, never a "
+                        "[heads, S, S] map (32K on one H200 needs it)")
+    p.add_argument("--rows-per-seq", type=int, default=0,
+                   help="> 0: train each sequence on random row chunks holding about this many rows (0: every row)")
     p.add_argument("--target", choices=("mean", "max"), default="mean",
                    help="attention reduced over query heads: mean (DeepSeek) or max (retrieval heads weigh more)")
     p.add_argument("--heads", type=int, default=4, help="indexer heads H_I")
@@ -79,7 +84,8 @@ def check_args(args: argparse.Namespace) -> None:
     if not args.minutes > 0:
         raise ValueError(f"--minutes: expected a positive number of minutes, got {args.minutes}")
     for name, value, low in (("--max-steps", args.max_steps, 0), ("--seq-len", args.seq_len, 2),
-                             ("--batch", args.batch, 1), ("--heads", args.heads, 1), ("--head-dim", args.head_dim, 1),
+                             ("--batch", args.batch, 1), ("--row-chunk", args.row_chunk, 1),
+                             ("--rows-per-seq", args.rows_per_seq, 0), ("--heads", args.heads, 1), ("--head-dim", args.head_dim, 1),
                              ("--q-rank", args.q_rank, 1), ("--rope-dim", args.rope_dim, 0),
                              ("--ruler-prompts", args.ruler_prompts, 0), ("--eval-docs", args.eval_docs, 1),
                              ("--eval-len", args.eval_len, 2)):
@@ -212,7 +218,8 @@ def run(args: argparse.Namespace) -> int:
                 "weights_sha256": hashlib.sha256(args.init.read_bytes()).hexdigest()}
     else:
         cfg = DistillConfig(seq_len=args.seq_len, batch=args.batch, lr=args.lr, time_budget_s=args.minutes * 60,
-                            max_steps=args.max_steps, seed=args.seed, target=args.target)
+                            max_steps=args.max_steps, seed=args.seed, target=args.target,
+                            row_chunk=args.row_chunk, rows_per_seq=args.rows_per_seq)
         log = train(model, indexer, corpus["train"].long(), cfg, log_fn=say)
         say(f"trained {log.steps} steps, {log.tokens} tokens in {log.seconds:.1f}s")
         meta = {"command": command, "distill_config": vars(cfg), "env": env, "steps": log.steps,

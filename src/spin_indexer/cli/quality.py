@@ -52,6 +52,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="lightning weights other than the shipped ones (e.g. a long-context distillation)")
     p.add_argument("--max-new", type=int, default=None,
                    help="answer token budget cap (default: min(RULER's, answer tokens + 16))")
+    p.add_argument("--batch", type=int, default=1,
+                   help="prompts of one context decoded together (> 1: eval/quality_batch.py, CUDA graphs on CUDA; "
+                        "configs with one row per step only, no mtp<N>- or adaptive-)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="model weights and KV cache (bfloat16 halves the cache: 0.75 GB per 32K prompt instead of 1.5)")
+    p.add_argument("--no-graphs", action="store_true", help="with --batch > 1 on CUDA: eager steps, no CUDA graphs")
     p.add_argument("--shard", default=None, help="write samples-<shard>.jsonl (parallel processes, one file each)")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: summarize the samples*.jsonl of --from into --out")
@@ -85,6 +91,12 @@ def run(args) -> int:
     command = _command(args)
     configs = [parse_config(c) for c in args.configs]
     check_int("--samples", args.samples, low=1)
+    check_int("--batch", args.batch, low=1)
+    if args.batch > 1:
+        unbatched = [c.name for c in configs if c.next_n > 1 or c.adaptive is not None]
+        if unbatched:
+            raise ValueError(f"--configs: {', '.join(unbatched)} not with --batch > 1 (MTP and adaptive budgets run "
+                             f"per prompt: --batch 1)")
     check_int("--topk", args.topk, low=1)
     for c in args.contexts:
         check_int("--contexts", c, low=256)
@@ -117,12 +129,12 @@ def run(args) -> int:
     t0 = time.perf_counter()
     # YaRN from the nominal context (prompt + answer fit in it); the tables cover a few extra positions
     yarn = loader.yarn_factor_for(max(args.contexts))
-    model, tok = loader.load_model(device=device, max_len=max_len, yarn_factor=yarn)
+    model, tok = loader.load_model(device=device, max_len=max_len, yarn_factor=yarn, dtype=getattr(torch, args.dtype))
     indexer = None
     if mode == "lightning":
         indexer = Indexer.load(weights_path, max_len=max_len, yarn_factor=yarn, device=device)
     load_s = time.perf_counter() - t0
-    from ..eval.quality import Prompt, QualityRunner
+    from ..eval.quality import QualityRunner
 
     runner = QualityRunner(model, lambda ids: tok.decode(ids, skip_special_tokens=True), mode, indexer, args.topk,
                            tok.eos_token_id, args.seed)
@@ -130,40 +142,90 @@ def run(args) -> int:
     jobs = [(t, c, args.first_seed + i) for c in args.contexts for i in range(args.samples) for t in args.tasks]
     jobs = [j for j in jobs if not all((*j, cfg.name) in done for cfg in configs)]
     meta = {"indexer": mode, "topk": args.topk, "indexer_weights": weights_id, "threads": torch.get_num_threads(),
-            "device": device, "torch": torch.__version__,
+            "device": device, "torch": torch.__version__, "dtype": args.dtype,
             "cpu": platform.processor() or platform.machine(), "load_s": round(load_s, 1)}
+    if args.batch > 1:
+        _run_batched(args, model, tok, mode, indexer, jobs, configs, done, samples_path, meta, device)
+        return _report(out, command, meta, args.quiet)
     bar = tqdm(jobs, desc="quality", unit="prompt", disable=args.quiet)
     for task, context, seed in bar:
         bar.set_postfix_str(f"{task} {context} seed {seed}: prompt")
-        text, answers = ruler.make_prompt(task, context, seed, tok)
-        ids = torch.tensor(tok(text, add_special_tokens=False).input_ids, dtype=torch.int64, device=device)
-        budget = ruler.TOKENS_TO_GENERATE[ruler.TASKS[task][0]]
-        answer_tokens = len(tok(" " + ", ".join(answers), add_special_tokens=False).input_ids)
-        max_new = min(budget, answer_tokens + 16, args.max_new or budget)
-        prompt = Prompt(task, context, seed, ids, answers, max_new)
+        prompt = _prompt(task, context, seed, tok, device, args.max_new)
         todo = [cfg for cfg in configs if (task, context, seed, cfg.name) not in done]
         if any(c.next_n > 1 for c in todo) and not any(c.name == "all-keep" for c in todo):
             todo.insert(0, parse_config("all-keep"))  # the MTP draft is the all-keep continuation
-        bar.set_postfix_str(f"{task} {context} seed {seed}: prefill {ids.shape[0]} tokens")
+        bar.set_postfix_str(f"{task} {context} seed {seed}: prefill {prompt.ids.shape[0]} tokens")
         t = time.perf_counter()
         rows = runner.run(prompt, todo, lambda s, a: ruler.score_answer(task, s, a),
                           on_config=lambda name: bar.set_postfix_str(f"{task} {context} seed {seed}: {name} done"))
-        seconds = time.perf_counter() - t
-        with open(samples_path, "a") as f:
-            for r in rows:
-                if (task, context, seed, r["config"]) in done:
-                    continue
-                miss = r.get("miss_values")
-                rec = {"task": task, "context": context, "seed": seed, "prompt_tokens": ids.shape[0],
-                       "max_new": max_new, "answers": answers, **{k: r[k] for k in (
-                           "config", "text", "score", "steps", "tokens", "acceptance", "mean_miss", "p99_miss",
-                           "sparsity", "miss_rows")},
-                       "miss_values": None if miss is None else [round(float(v), 5) for v in miss],
-                       "prompt_seconds": round(seconds, 1), **meta}
-                rec = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in rec.items()}
-                f.write(json.dumps(rec) + "\n")
-                done.add((task, context, seed, r["config"]))
+        _append(samples_path, prompt, rows, time.perf_counter() - t, meta, done)
     return _report(out, command, meta, args.quiet)
+
+
+def _prompt(task: str, context: int, seed: int, tok, device, max_new_cap: int | None):
+    """The RULER prompt (task, context, seed) as an eval.quality.Prompt on `device`; its answer budget is
+    min(RULER's tokens_to_generate, answer tokens + 16, --max-new)."""
+    import torch
+
+    from ..eval.quality import Prompt
+    from ..model import ruler
+
+    text, answers = ruler.make_prompt(task, context, seed, tok)
+    ids = torch.tensor(tok(text, add_special_tokens=False).input_ids, dtype=torch.int64, device=device)
+    budget = ruler.TOKENS_TO_GENERATE[ruler.TASKS[task][0]]
+    answer_tokens = len(tok(" " + ", ".join(answers), add_special_tokens=False).input_ids)
+    return Prompt(task, context, seed, ids, answers, min(budget, answer_tokens + 16, max_new_cap or budget))
+
+
+def _append(samples_path: Path, prompt, rows: list[dict], seconds: float, meta: dict, done: set) -> None:
+    """One samples.jsonl line per result row not yet in `done` (which it then holds)."""
+    with open(samples_path, "a") as f:
+        for r in rows:
+            key = (prompt.task, prompt.context, prompt.seed, r["config"])
+            if key in done:
+                continue
+            miss = r.get("miss_values")
+            rec = {"task": prompt.task, "context": prompt.context, "seed": prompt.seed,
+                   "prompt_tokens": prompt.ids.shape[0], "max_new": prompt.max_new, "answers": prompt.answers,
+                   **{k: r[k] for k in ("config", "text", "score", "steps", "tokens", "acceptance", "mean_miss",
+                                        "p99_miss", "sparsity", "miss_rows")},
+                   "miss_values": None if miss is None else [round(float(v), 5) for v in miss],
+                   "prompt_seconds": round(seconds, 1), **meta}
+            rec = {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in rec.items()}
+            f.write(json.dumps(rec) + "\n")
+            done.add(key)
+
+
+def _run_batched(args, model, tok, mode, indexer, jobs, configs, done, samples_path, meta, device) -> None:
+    """--batch N > 1: the jobs of each context in groups of N, each group decoded together
+    (eval/quality_batch.py); a group's seconds are shared evenly by its prompts in prompt_seconds."""
+    from tqdm import tqdm
+
+    from ..eval.quality_batch import BatchedQualityRunner
+    from ..model import ruler
+
+    runner = BatchedQualityRunner(model, lambda ids: tok.decode(ids, skip_special_tokens=True), mode, indexer,
+                                  args.topk, tok.eos_token_id, args.seed, graphs=False if args.no_graphs else None)
+    groups = []
+    for task, context, seed in jobs:
+        if groups and groups[-1][0][1] == context and len(groups[-1]) < args.batch:
+            groups[-1].append((task, context, seed))
+        else:
+            groups.append([(task, context, seed)])
+    bar = tqdm(total=len(jobs), desc=f"quality (batch {args.batch})", unit="prompt", disable=args.quiet)
+    for group in groups:
+        bar.set_postfix_str(f"{group[0][1]} tokens: {len(group)} prompts")
+        prompts = [_prompt(t, c, s, tok, device, args.max_new) for t, c, s in group]
+        todo = [cfg for cfg in configs if any((t, c, s, cfg.name) not in done for t, c, s in group)]
+        t0 = time.perf_counter()
+        scores = [lambda text, answers, task=p.task: ruler.score_answer(task, text, answers) for p in prompts]
+        rows = runner.run_batch(prompts, todo, scores,
+                                on_config=lambda name: bar.set_postfix_str(f"{group[0][1]} tokens: {name} done"))
+        seconds = (time.perf_counter() - t0) / len(prompts)
+        for prompt, prompt_rows in zip(prompts, rows):
+            _append(samples_path, prompt, prompt_rows, seconds, dict(meta, batch=len(prompts)), done)
+        bar.update(len(group))
+    bar.close()
 
 
 def _report_paths(args) -> tuple[Path, Path]:
@@ -202,6 +264,10 @@ def _command(args) -> str:
         parts += ["--indexer-weights", str(args.indexer_weights)]
     if args.max_new:
         parts += ["--max-new", str(args.max_new)]
+    if args.batch > 1:
+        parts += ["--batch", str(args.batch)]
+    if args.dtype != "float32":
+        parts += ["--dtype", args.dtype]
     if args.shard:
         parts += ["--shard", args.shard]
     return " ".join(shlex.quote(p) for p in parts)
@@ -308,7 +374,8 @@ def paired_table(samples: list[dict], configs: list[str], base: str = "all-keep"
     (normal approximation over the per-prompt differences: pairing removes the prompt-to-prompt spread that
     makes the per-config intervals wide)."""
     by_prompt = {(s["task"], s["context"], s["seed"], s["config"]): s for s in samples}
-    lines = [f"Paired with {base} (same prompts, all tasks, per context length):", "",
+    lines = [f"Paired with {base} (same prompts, all tasks, per context length; 95% CI: normal approximation over "
+             f"the per-prompt score differences):", "",
              "| config | context | prompts | identical output | better | worse | mean diff | 95% CI |",
              "|---|---|---|---|---|---|---|---|"]
     for cfg, context in ((c, n) for c in configs for n in sorted({s["context"] for s in samples})):

@@ -161,9 +161,15 @@ class MissRecorder:
     def summary(self) -> dict:
         miss = torch.cat(self.rows) if self.rows else torch.zeros(0)
         spars = torch.cat(self.sparsity) if self.sparsity else torch.zeros(0)
-        return {"mean_miss": float(miss.double().mean()) if miss.numel() else float("nan"),
-                "p99_miss": nearest_rank(miss, 0.99), "miss_rows": miss.numel(),
-                "sparsity": float(spars.double().mean()) if spars.numel() else float("nan")}
+        return miss_summary(miss, spars)
+
+
+def miss_summary(miss: torch.Tensor, sparsity: torch.Tensor) -> dict:
+    """{mean_miss, p99_miss (nearest rank), miss_rows, sparsity (mean)} of float miss values [n] and realized
+    sparsities [m] (NaN where empty)."""
+    return {"mean_miss": float(miss.double().mean()) if miss.numel() else float("nan"),
+            "p99_miss": nearest_rank(miss, 0.99), "miss_rows": miss.numel(),
+            "sparsity": float(sparsity.double().mean()) if sparsity.numel() else float("nan")}
 
 
 @dataclasses.dataclass
@@ -217,11 +223,7 @@ class QualityRunner:
                 ref = reference if reference is not None else []
                 ids, steps, acc = self._speculative(caches, first_logits, mode, selector, prompt, score, ref,
                                                     cfg.next_n)
-            text = self.decode_text(ids)
-            row = {"config": cfg.name, "text": text, "score": score(text, prompt.answers), "steps": steps,
-                   "tokens": len(ids), "acceptance": acc, "mean_miss": 0.0 if cfg.kind == "all-keep" else float("nan"),
-                   "p99_miss": 0.0 if cfg.kind == "all-keep" else float("nan"), "miss_rows": 0,
-                   "sparsity": 0.0 if cfg.kind == "all-keep" else float("nan"), "grid": {}}
+            row = self._row(cfg, ids, prompt, score, steps, acc)
             if isinstance(selector, MissRecorder):
                 row.update(selector.summary())
                 row["grid"], row["blocks"] = selector.grid, selector.blocks
@@ -233,6 +235,14 @@ class QualityRunner:
                 on_config(cfg.name)
         by_name = {r["config"]: r for r in out}
         return [by_name[c.name] for c in configs]
+
+    def _row(self, cfg: QualityConfig, ids: list[int], prompt: Prompt, score, steps: int, acc: float) -> dict:
+        """The result dict of one (prompt, config) before the miss fields of a SPIN run are filled in."""
+        text = self.decode_text(ids)
+        base = 0.0 if cfg.kind == "all-keep" else float("nan")  # all-keep misses nothing; dense has no plan
+        return {"config": cfg.name, "text": text, "score": score(text, prompt.answers), "steps": steps,
+                "tokens": len(ids), "acceptance": acc, "mean_miss": base, "p99_miss": base, "miss_rows": 0,
+                "sparsity": base, "grid": {}}
 
     def _selector(self, cfg: QualityConfig, caches) -> MissRecorder:
         from ..indexer import SpinIndexer

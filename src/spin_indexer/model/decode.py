@@ -81,34 +81,60 @@ def prefill(model: Llama, caches: Caches, request: int, tokens: torch.Tensor, in
     returns float32 logits [vocab] of the last prompt token.
     """
     check_tensor("tokens", tokens, dtype=torch.int64, ndim=1)
-    s = tokens.shape[0]
-    check_int("len(tokens)", s, low=1, high=caches.capacity)
+    check_int("len(tokens)", tokens.shape[0], low=1, high=caches.capacity)
+    return prefill_batch(model, caches, request, [tokens], indexer, chunk, progress)[0]
+
+
+@torch.no_grad()
+def prefill_batch(model: Llama, caches: Caches, first_request: int, prompts: list[torch.Tensor],
+                  indexer: Indexer | None = None, chunk: int = 1024, progress: bool = False) -> torch.Tensor:
+    """Dense causal prefill of the prompts of requests first_request, first_request + 1, ... in one pass.
+
+    prompts: int64 [S_b] each (lengths may differ; the requests' caches must be empty). Shorter prompts are
+    padded at the end: causal attention keeps the padding out of every real token, and the padded
+    positions (>= S_b) are past caches.lengths[b], so decoding never reads them and overwrites them.
+    returns float32 logits [len(prompts), vocab] of each prompt's last token.
+    """
+    n = len(prompts)
+    check_int("first_request", first_request, low=0, high=caches.block_table.shape[0] - max(n, 1))
+    for b, ids in enumerate(prompts):
+        check_tensor(f"prompts[{b}]", ids, dtype=torch.int64, ndim=1)
+        check_int(f"len(prompts[{b}])", ids.shape[0], low=1, high=caches.capacity)
+    lens = [ids.shape[0] for ids in prompts]
+    dev = prompts[0].device
+    padded = torch.zeros(n, max(lens), dtype=torch.int64, device=dev)
+    for b, ids in enumerate(prompts):
+        padded[b, :lens[b]] = ids
+    rows = slice(first_request, first_request + n)
+    requests = torch.arange(first_request, first_request + n, device=dev)
     cfg = model.cfg
-    x_last = None
-    starts = range(0, s, chunk)
+    x_last: list[torch.Tensor | None] = [None] * n
+    starts = range(0, max(lens), chunk)
     if progress:
         from tqdm import tqdm
-        starts = tqdm(starts, desc=f"prefill {s} tokens", unit="chunk", leave=False)
+        starts = tqdm(starts, desc=f"prefill {n} x {max(lens)} tokens", unit="chunk", leave=False)
     for start in starts:
-        ids = tokens[start:start + chunk][None]  # [1, C]
+        ids = padded[:, start:start + chunk]  # [n, C]
         end = start + ids.shape[1]
-        pos = torch.arange(start, end, device=tokens.device)
+        pos = torch.arange(start, end, device=dev)
         x = model.embed(ids)
         for i, layer in enumerate(model.layers):
             h = rms_norm(x, layer.attn_norm, cfg.norm_eps)
             q, k, v = layer.qkv(h, model.rope, pos)
-            caches.k[i][request, start:end] = k[0]
-            caches.v[i][request, start:end] = v[0]
+            caches.k[i][rows, start:end] = k
+            caches.v[i][rows, start:end] = v
             if caches.index_kv is not None:
-                _write_index_keys(indexer, i, h, pos[None], caches, torch.tensor([request], device=tokens.device))
-            keys = caches.k[i][request:request + 1, :end]  # [1, end, Hkv, d]
-            vals = caches.v[i][request:request + 1, :end]
-            mask = pos[:, None] >= torch.arange(end, device=tokens.device)[None, :]  # [C, end]
+                _write_index_keys(indexer, i, h, pos[None].expand(n, -1), caches, requests)
+            keys = caches.k[i][rows, :end]  # [n, end, Hkv, d]
+            vals = caches.v[i][rows, :end]
+            mask = pos[:, None] >= torch.arange(end, device=dev)[None, :]  # [C, end]
             x = x + layer.wo(_attend(q, keys, vals, mask[None, None]).flatten(2))
             x = x + layer.mlp(x)
-        x_last = x[0, -1]
-    caches.lengths[request] = s
-    return model.logits(x_last)
+        for b, length in enumerate(lens):
+            if start < length <= end:  # this chunk holds prompt b's last token
+                x_last[b] = x[b, length - 1 - start]
+    caches.lengths[rows] = torch.tensor(lens, dtype=torch.int64, device=dev)
+    return model.logits(torch.stack(x_last))
 
 
 @torch.no_grad()

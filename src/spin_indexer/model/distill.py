@@ -5,7 +5,15 @@ L1-normalised, p[t, :] = mean_h softmax(q_h k^T / sqrt(d))[t, :] (causal); the i
 softmax(I[t, :]) over the same positions. The loss is KL(p || softmax(I)), averaged over the rows
 t >= min_row (rows with fewer tokens than any useful top-k teach nothing about selection) and over the
 layers. The model is frozen and every layer's indexer sees only that layer's (detached) input, so the
-layers are trained independently: one backward per layer keeps memory at one [B, S, S] map.
+layers are trained independently.
+
+Row chunks (`DistillConfig.row_chunk`): the rows are taken `row_chunk` at a time; a chunk of rows
+[r0, r1) needs only the keys 0..r1-1 (causal), so its target, its indexer scores and their backward are
+[B, Hq, r1 - r0, r1] at most: memory O(row_chunk x S) per layer instead of O(S^2) (at 32K one [9, S, S]
+float32 map alone is 38.7 GB). The indexer's keys are computed once per layer; every chunk's backward
+adds into the gradient of a detached copy, which is sent through the key projection once at the end, so
+the gradient is the unchunked one (tested). `rows_per_seq` trains on a random subset of the chunks
+(each costs its own r1 columns): more sequences per GPU second at 32K.
 
 Also here: top-k recall of an indexer against the attention's top-k, per layer, and perplexity of
 decoding with top-k sparse attention (decode.py) against dense decoding.
@@ -36,6 +44,8 @@ class DistillConfig:
     seed: int = 0
     log_every: int = 20
     target: str = "mean"  # attention_target reduce: "mean" or "max"
+    row_chunk: int = 1024  # query rows per target/backward chunk: memory O(row_chunk x seq_len) per layer
+    rows_per_seq: int = 0  # > 0: train on random chunks holding about this many rows per sequence; 0: all rows
 
 
 @dataclass
@@ -49,49 +59,113 @@ class DistillLog:
 TARGETS = ("mean", "max")
 
 
-def attention_target(q: torch.Tensor, k: torch.Tensor, reduce: str = "mean") -> torch.Tensor:
+def _span(rows: slice | None, s: int) -> tuple[int, int]:
+    if rows is None:
+        return 0, s
+    start, stop, _ = rows.indices(s)
+    return start, max(start, stop)
+
+
+def _causal(start: int, stop: int, device) -> torch.Tensor:
+    """bool [stop - start, stop]: query row start + i sees key j <= start + i."""
+    return torch.arange(start, stop, device=device)[:, None] >= torch.arange(stop, device=device)[None, :]
+
+
+def attention_target(q: torch.Tensor, k: torch.Tensor, reduce: str = "mean", rows: slice | None = None) -> torch.Tensor:
     """Causal attention distribution reduced over the query heads.
 
     q: [B, S, Hq, d]; k: [B, S, Hkv, d] (RoPE applied); reduce: "mean" (DeepSeek's L1-normalised head sum)
     or "max" (per position the largest head probability, renormalised: sharp retrieval heads count as much
-    as broad ones). returns float32 [B, S, S], rows sum to 1, zero above the diagonal.
+    as broad ones); rows: query rows r0:r1 (default all). returns float32 [B, r1 - r0, r1] over the keys
+    0..r1-1 (the keys a causal row of the chunk can see), rows sum to 1, zero above the diagonal; with
+    rows=None [B, S, S]. Largest intermediate: the logits, float32 [B, Hq, r1 - r0, r1].
     """
     if reduce not in TARGETS:
         raise ValueError(f"reduce: expected one of {', '.join(TARGETS)}, got {reduce!r}")
     b, s, hq, d = q.shape
+    start, stop = _span(rows, s)
     groups = hq // k.shape[2]
-    logits = torch.einsum("bthgd,bshd->bhgts", q.view(b, s, -1, groups, d).float(), k.float()) * d ** -0.5
-    causal = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
-    logits = logits.masked_fill(~causal, float("-inf"))
+    qs = q[:, start:stop].reshape(b, stop - start, -1, groups, d).float()
+    logits = torch.einsum("bthgd,bshd->bhgts", qs, k[:, :stop].float()) * d ** -0.5
+    logits = logits.masked_fill(~_causal(start, stop, q.device), float("-inf"))
     probs = torch.softmax(logits, dim=-1)
+    del logits
     if reduce == "mean":
         return probs.mean(dim=(1, 2))
     top = probs.flatten(1, 2).amax(dim=1)
     return top / top.sum(-1, keepdim=True)
 
 
-def indexer_scores(indexer: Indexer, layer: int, h: torch.Tensor) -> torch.Tensor:
-    """Float indexer scores of every (query, key) pair of whole sequences, causal.
+def indexer_scores(indexer: Indexer, layer: int, h: torch.Tensor, rows: slice | None = None,
+                   keys: torch.Tensor | None = None) -> torch.Tensor:
+    """Float indexer scores of (query, key) pairs of whole sequences, causal.
 
-    h: [B, S, dim] the layer's normed input. returns float32 [B, S, S], -inf above the diagonal.
+    h: [B, S, dim] the layer's normed input; rows: query rows r0:r1 (default all); keys: the layer's
+    indexer keys float32 [B, >= r1, D_I] when already computed (else from h). returns float32
+    [B, r1 - r0, r1], -inf above the diagonal ([B, S, S] with rows=None).
     """
     s = h.shape[1]
+    start, stop = _span(rows, s)
     pos = torch.arange(s, device=h.device)
-    q, w = indexer.layers[layer].queries(h, pos, indexer.rope)  # [B, S, H, D], [B, S, H]
-    k = indexer.layers[layer].keys(h, pos, indexer.rope)  # [B, S, D]
-    per_head = torch.relu(torch.einsum("bthd,bsd->bths", q, k))
+    q, w = indexer.layers[layer].queries(h[:, start:stop], pos[start:stop], indexer.rope)  # [B, R, H, D], [B, R, H]
+    if keys is None:
+        keys = indexer.layers[layer].keys(h[:, :stop], pos[:stop], indexer.rope)  # [B, r1, D]
+    per_head = torch.relu(torch.einsum("bthd,bsd->bths", q, keys[:, :stop]))
     scores = torch.einsum("bths,bth->bts", per_head, w)
-    causal = torch.ones(s, s, dtype=torch.bool, device=h.device).tril()
-    return scores.masked_fill(~causal, float("-inf"))
+    return scores.masked_fill(~_causal(start, stop, h.device), float("-inf"))
+
+
+def kl_rows(target: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """KL(target || softmax(scores)) of every row: target/scores [B, R, C] -> float32 [B, R]."""
+    logq = torch.log_softmax(scores, dim=-1)
+    plogp = torch.where(target > 0, target * torch.log(target.clamp_min(1e-30)), 0.0)
+    cross = torch.where(target > 0, target * logq.clamp_min(-1e4), 0.0)
+    return (plogp - cross).sum(-1)
 
 
 def kl_loss(target: torch.Tensor, scores: torch.Tensor, min_row: int) -> torch.Tensor:
     """KL(target || softmax(scores)) per row, averaged over rows t >= min_row. target/scores [B, S, S]."""
-    logq = torch.log_softmax(scores[:, min_row:], dim=-1)
-    p = target[:, min_row:]
-    plogp = torch.where(p > 0, p * torch.log(p.clamp_min(1e-30)), 0.0)
-    cross = torch.where(p > 0, p * logq.clamp_min(-1e4), 0.0)
-    return (plogp - cross).sum(-1).mean()
+    return kl_rows(target[:, min_row:], scores[:, min_row:]).mean()
+
+
+def row_chunks(seq_len: int, min_row: int, chunk: int, rows_per_seq: int = 0,
+               gen: torch.Generator | None = None) -> list[slice]:
+    """The query-row chunks a step trains on: [min_row, seq_len) cut every `chunk` rows, in order; with
+    rows_per_seq > 0 a random subset of ceil(rows_per_seq / chunk) of them (drawn with gen), still in order.
+    Example: seq_len 10, min_row 2, chunk 4 -> [2:6, 6:10]."""
+    chunks = [slice(r, min(r + chunk, seq_len)) for r in range(min_row, seq_len, chunk)]
+    if rows_per_seq > 0:
+        keep = min(len(chunks), -(-rows_per_seq // chunk))
+        pick = torch.randperm(len(chunks), generator=gen)[:keep].sort().values.tolist()
+        chunks = [chunks[i] for i in pick]
+    return chunks
+
+
+def layer_kl_backward(indexer: Indexer, layer: int, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                      chunks: list[slice], reduce: str = "mean", scale: float = 1.0) -> torch.Tensor:
+    """Backward of scale x (mean KL over the rows of `chunks`) for one layer, one chunk at a time.
+
+    h: [B, S, dim] normed layer input; q [B, S, Hq, d], k [B, S, Hkv, d]: the model's attention inputs
+    (no grad). Gradients accumulate in the indexer's parameters. Peak memory: one chunk's target and
+    scores ([B, Hq, R, r1] float32 logits) plus the keys [B, S, D_I]. returns the mean KL (0-dim, detached).
+    """
+    h = h.float()
+    s = h.shape[1]
+    pos = torch.arange(s, device=h.device)
+    keys = indexer.layers[layer].keys(h, pos, indexer.rope)  # [B, S, D_I], graph through the key projection
+    leaf = keys.detach().requires_grad_(True)
+    num_rows = h.shape[0] * sum(c.stop - c.start for c in chunks)
+    total = torch.zeros((), device=h.device)
+    for rows in chunks:
+        with torch.no_grad():
+            target = attention_target(q, k, reduce, rows)
+        kl = kl_rows(target, indexer_scores(indexer, layer, h, rows, keys=leaf)).sum() / num_rows
+        (kl * scale).backward()
+        total += kl.detach()
+        del target, kl
+    if leaf.grad is not None:
+        keys.backward(leaf.grad)
+    return total
 
 
 def train(model: Llama, indexer: Indexer, tokens: torch.Tensor, cfg: DistillConfig, log_fn=print) -> DistillLog:
@@ -116,17 +190,12 @@ def train(model: Llama, indexer: Indexer, tokens: torch.Tensor, cfg: DistillConf
             group["lr"] = lr
         starts = torch.randint(0, tokens.numel() - cfg.seq_len, (cfg.batch,), generator=gen)
         batch = torch.stack([tokens[s:s + cfg.seq_len] for s in starts.tolist()]).to(dev)
-        with torch.no_grad():
-            _, saved = model.forward_dense(batch, return_attn_inputs=True)
+        saved = model.attention_inputs(batch)
+        chunks = row_chunks(cfg.seq_len, cfg.min_row, cfg.row_chunk, cfg.rows_per_seq, gen)
         opt.zero_grad(set_to_none=True)
-        per_layer = []
-        for i, (h, q, k) in enumerate(saved):
-            with torch.no_grad():
-                target = attention_target(q, k, cfg.target)
-            loss = kl_loss(target, indexer_scores(indexer, i, h.float()), cfg.min_row) / num_layers
-            loss.backward()
-            per_layer.append(loss.detach() * num_layers)
-            del target
+        per_layer = [layer_kl_backward(indexer, i, h, q, k, chunks, cfg.target, 1.0 / num_layers)
+                     for i, (h, q, k) in enumerate(saved)]
+        del saved
         torch.nn.utils.clip_grad_norm_(indexer.parameters(), 1.0)
         opt.step()
         log.steps += 1
@@ -170,8 +239,7 @@ def _oracle_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     b, s, hq, d = q.shape
     groups = hq // k.shape[2]
     logits = torch.einsum("bthgd,bshd->bhgts", q.view(b, s, -1, groups, d).float(), k.float())
-    causal = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
-    return logits.flatten(1, 2).amax(1).masked_fill(~causal, float("-inf"))
+    return logits.flatten(1, 2).amax(1).masked_fill(~_causal(0, s, q.device), float("-inf"))
 
 
 @torch.no_grad()

@@ -161,19 +161,33 @@ class Llama(nn.Module):
         tokens: int64 [B, S]. returns float32 logits [B, S, vocab]; with return_attn_inputs also the list of
         (h [B, S, dim] normed layer input, q [B, S, Hq, d], k [B, S, Hkv, d]) per layer.
         """
+        saved = [] if return_attn_inputs else None
+        logits = self.logits(self._layers(tokens, saved))
+        return (logits, saved) if return_attn_inputs else logits
+
+    @torch.no_grad()
+    def attention_inputs(self, tokens: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """forward_dense's per-layer (h, q, k) without the LM head: distillation at 32K would otherwise
+        materialise float32 logits [B, S, vocab] (6.4 GB per sequence) it never reads."""
+        saved: list = []
+        self._layers(tokens, saved, last_layer=len(self.layers) - 1)
+        return saved
+
+    def _layers(self, tokens: torch.Tensor, saved: list | None, last_layer: int | None = None) -> torch.Tensor:
+        """Residual stream [B, S, dim] after the layers (up to last_layer's attention inputs, when given)."""
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.embed(tokens)
-        saved = []
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, self.cfg.norm_eps)
             q, k, v = layer.qkv(h, self.rope, positions)
-            if return_attn_inputs:
+            if saved is not None:
                 saved.append((h, q, k))
+            if i == last_layer:
+                break
             out = causal_attention(q, k, v)
             x = x + layer.wo(out.flatten(2))
             x = x + layer.mlp(x)
-        logits = self.logits(x)
-        return (logits, saved) if return_attn_inputs else logits
+        return x
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

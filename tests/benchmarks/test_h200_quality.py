@@ -1,0 +1,74 @@
+"""CPU dry runs of the issue-18 H200 stages (benchmarks/h200_quality.py and .sh): distill32k (curriculum with
+the row-chunked long stage), capture (traces on two domains + replay) and quality (batched runner), each on the
+tiny random model through the real CLI code paths."""
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from spin_indexer.model import loader, ruler
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import h200_quality  # noqa: E402
+
+
+@pytest.fixture
+def dry(monkeypatch):
+    """Run a stage in this process; dry_run.install's patches are undone afterwards."""
+    for mod, names in ((loader, ("load_model", "load_tokenizer", "missing_reason")),
+                       (ruler, ("missing_reason", "make_prompt"))):
+        for name in names:
+            monkeypatch.setattr(mod, name, getattr(mod, name))
+    monkeypatch.setenv("SPIN_BENCH_DEVICE", "cpu")
+    return lambda stage, out, *extra: h200_quality.main([stage, "--dry-run", "--out", str(out), *extra])
+
+
+def test_distill32k_dry_run_trains_every_stage_from_the_one_before(dry, tmp_path):
+    assert dry("distill32k", tmp_path) == 0
+    summary = json.loads((tmp_path / "distill_summary.json").read_text())
+    assert [s["seq_len"] for s in summary] == [128, 256, 512] and all(s["steps"] == 2 for s in summary)
+    last = json.loads((tmp_path / "s512" / "training_log.json").read_text())
+    assert "--init" in last["command"] and "s256" in last["command"]
+    assert last["distill_config"]["row_chunk"] == 32 and last["distill_config"]["rows_per_seq"] == 96
+    assert (tmp_path / "head32k.safetensors").read_bytes() == (tmp_path / "s512" / "smollm2_indexer.safetensors").read_bytes()
+
+
+def test_capture_dry_run_traces_two_domains_and_replays_them(dry, tmp_path):
+    assert dry("capture", tmp_path) == 0
+    for ctx in (384, 512):
+        ruler_traces = sorted((tmp_path / "traces" / f"ruler-{ctx}").glob("*.json"))
+        file_traces = sorted((tmp_path / "traces" / f"python_stdlib-{ctx}").glob("*.json"))
+        assert len(ruler_traces) == 2 and len(file_traces) == 2
+        assert json.loads(file_traces[0].read_text())["extra"]["domain"] == "python_stdlib"
+        assert (tmp_path / "fid" / str(ctx)).is_dir() and any((tmp_path / "fid" / str(ctx)).rglob("*.csv"))
+
+
+def test_quality_dry_run_batches_prompts_and_pairs_configs(dry, tmp_path):
+    assert dry("quality", tmp_path) == 0
+    rows = [json.loads(line) for line in (tmp_path / "quality" / "samples-h200-384.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 2 * 3 and {r["batch"] for r in rows} == {3, 1}  # 4 prompts: batches of 3 and 1
+    with open(tmp_path / "quality" / "ruler.csv") as f:
+        assert {r["config"] for r in csv.DictReader(f)} == {"dense", "all-keep", "spin-0.4"}
+    assert "Paired with all-keep" in (tmp_path / "quality" / "README.md").read_text()
+
+
+def test_shell_dry_run_packs_one_tgz(tmp_path):
+    """DRY=1 bash benchmarks/h200_quality.sh quality: the stage's log and tables come back in one .tgz."""
+    import os
+
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # python3 = this one
+    env = {"DRY": "1", "OUT": str(tmp_path), "PATH": path}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "h200_quality.sh"), "quality"], cwd=ROOT,
+                          env=dict(os.environ, **env), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    with tarfile.open(tmp_path / "quality.tgz") as tar:
+        names = tar.getnames()
+    assert "quality.log" in names and any(n.endswith("ruler.csv") for n in names)

@@ -4,6 +4,8 @@
 #   bash benchmarks/h200_step.sh grid [ARGS]    benchmarks/run_all.py, DeepGEMM side by side; ARGS go to it
 #   bash benchmarks/h200_step.sh profile [ARGS] benchmarks/profile_step.py (kernel breakdown, stage timings)
 #   bash benchmarks/h200_step.sh v32 [ARGS]     benchmarks/bench_v32_step.py (61 layers, one CUDA graph)
+#   bash benchmarks/h200_step.sh mtp [ARGS]     benchmarks/bench_mtp_logits.py (next_n 1-4 configs vs DeepGEMM and
+#                                               the floors) after the logits tests, ptxas counts in registers.log
 #   bash benchmarks/h200_step.sh all            tests of the step's kernels + grid + v32 in one call, packed into
 #                                               $OUT/h200_all.tgz (one file: a call brings back at most 8)
 # Everything lands under $OUT (what comes back from the device). SPIN_COMMIT names the commit in the results
@@ -32,6 +34,12 @@ case "$stage" in
         python3 benchmarks/profile_step.py --out "$OUT" "$@" 2>&1 | tee "$OUT/profile.log" | tail -80 ;;
     v32)
         python3 benchmarks/bench_v32_step.py --out "$OUT" "$@" 2>&1 | tee "$OUT/v32.log" | tail -30 ;;
+    mtp)  # kernel tests first (the compiled kernel vs float64), then the sweep; the table is the last output
+        python3 -m pytest -q -p no:cacheprovider tests/ops/test_indexer_logits_triton.py tests/ops/test_history.py \
+            > "$OUT/gputests.log" 2>&1
+        tail -2 "$OUT/gputests.log"
+        python3 benchmarks/logits_registers.py > "$OUT/registers.log" 2>&1
+        python3 benchmarks/bench_mtp_logits.py --out "$OUT" "$@" 2>&1 | tee "$OUT/mtp.log" | tail -45 | cut -c1-400 ;;
     all)
         mkdir -p "$OUT/all/grid" "$OUT/all/v32"
         cp "$OUT/deepgemm_build.log" "$OUT/all/" 2>/dev/null
@@ -50,5 +58,5 @@ case "$stage" in
         tail -12 "$OUT/all/v32/v32.log" | cut -c1-300
         tar czf "$OUT/h200_all.tgz" -C "$OUT" all && rm -rf "$OUT/all" "$OUT/deepgemm_build.log" ;;
     *)
-        echo "unknown stage $stage (tests, grid, profile, v32, all)"; exit 2 ;;
+        echo "unknown stage $stage (tests, grid, profile, v32, mtp, all)"; exit 2 ;;
 esac

@@ -58,7 +58,7 @@ def compile_counts(next_n: int, cfg: "L.LogitsConfig", hist: bool = False, heads
     missing = set(consts) - set(fn.arg_names)
     if missing:
         raise SystemExit(f"the kernel has no constexpr {sorted(missing)}: update benchmarks/logits_registers.py")
-    k = triton.compile(ASTSource(fn, sig, constexprs=cidx), target=GPUTarget("cuda", 90, 64),
+    k = triton.compile(ASTSource(fn, sig, constexprs=cidx), target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                                     **({"maxnreg": cfg.max_registers} if cfg.max_registers else {})))
     with tempfile.TemporaryDirectory() as tmp:

@@ -176,7 +176,10 @@ def test_mtp_production_heads_match_float64(next_n, gen, triton_device):
 
 
 def test_config_groups_and_table():
-    """group_rows cuts next_n into at most 4 groups; the table has a config for every next_n the kernel takes."""
+    """group_rows cuts next_n into at most 4 groups; the table has a config for every next_n the kernel takes
+    (next_n 3 included: on CUDA it runs the kernel, not the reference; DeepGEMM takes only 1 and 2)."""
+    from spin_indexer.ops.indexer_logits_triton import _kernel_supports
+    assert all(_kernel_supports(n, 64, 128, 64) for n in (1, 2, 3, 4)) and not _kernel_supports(5, 64, 128, 64)
     assert LogitsConfig(2).group_rows(3) == (2, 1, 0, 0)
     assert LogitsConfig(4).group_rows(3) == (3, 0, 0, 0)
     assert LogitsConfig(1).group_rows(4) == (1, 1, 1, 1)

@@ -5,7 +5,8 @@
 #   bash benchmarks/h200_step.sh profile [ARGS] benchmarks/profile_step.py (kernel breakdown, stage timings)
 #   bash benchmarks/h200_step.sh v32 [ARGS]     benchmarks/bench_v32_step.py (61 layers, one CUDA graph)
 #   bash benchmarks/h200_step.sh mtp [ARGS]     benchmarks/bench_mtp_logits.py (next_n 1-4 configs vs DeepGEMM and
-#                                               the floors) after the logits tests, ptxas counts in registers.log
+#                                               the floors; ARGS go to it) after the logits kernel's CUDA tests,
+#                                               ptxas counts of the device's triton in registers.log (7 files back)
 #   bash benchmarks/h200_step.sh all            tests of the step's kernels + grid + v32 in one call, packed into
 #                                               $OUT/h200_all.tgz (one file: a call brings back at most 8)
 # Everything lands under $OUT (what comes back from the device). SPIN_COMMIT names the commit in the results
@@ -35,8 +36,10 @@ case "$stage" in
     v32)
         python3 benchmarks/bench_v32_step.py --out "$OUT" "$@" 2>&1 | tee "$OUT/v32.log" | tail -30 ;;
     mtp)  # kernel tests first (the compiled kernel vs float64), then the sweep; the table is the last output
-        python3 -m pytest -q -p no:cacheprovider tests/ops/test_indexer_logits_triton.py tests/ops/test_history.py \
-            > "$OUT/gputests.log" 2>&1
+        python3 -m pytest -q -p no:cacheprovider tests/ops/test_indexer_logits_triton.py \
+            tests/ops/test_history.py::test_logits_with_history_leave_the_reference_state \
+            tests/ops/test_history.py::test_fill_tail_false_leaves_blocks_past_the_lengths_unwritten \
+            tests/ops/test_padded_cache.py::test_v4_page_strides_with_next_n > "$OUT/gputests.log" 2>&1
         tail -2 "$OUT/gputests.log"
         python3 benchmarks/logits_registers.py > "$OUT/registers.log" 2>&1
         python3 benchmarks/bench_mtp_logits.py --out "$OUT" "$@" 2>&1 | tee "$OUT/mtp.log" | tail -45 | cut -c1-400 ;;

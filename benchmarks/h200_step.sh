@@ -4,6 +4,9 @@
 #   bash benchmarks/h200_step.sh grid [ARGS]    benchmarks/run_all.py, DeepGEMM side by side; ARGS go to it
 #   bash benchmarks/h200_step.sh profile [ARGS] benchmarks/profile_step.py (kernel breakdown, stage timings)
 #   bash benchmarks/h200_step.sh v32 [ARGS]     benchmarks/bench_v32_step.py (61 layers, one CUDA graph)
+#   bash benchmarks/h200_step.sh mtp [ARGS]     benchmarks/bench_mtp_logits.py (next_n 1-4 configs vs DeepGEMM and
+#                                               the floors; ARGS go to it) after the logits kernel's CUDA tests,
+#                                               ptxas counts of the device's triton in registers.log (7 files back)
 #   bash benchmarks/h200_step.sh all            tests of the step's kernels + grid + v32 (+ profile, + a command:
 #                                               ALL_* variables, see the stage) in one call, packed into
 #                                               $OUT/h200_all.tgz (one file: a call brings back at most 8)
@@ -33,6 +36,14 @@ case "$stage" in
         python3 benchmarks/profile_step.py --out "$OUT" "$@" 2>&1 | tee "$OUT/profile.log" | tail -80 ;;
     v32)
         python3 benchmarks/bench_v32_step.py --out "$OUT" "$@" 2>&1 | tee "$OUT/v32.log" | tail -30 ;;
+    mtp)  # kernel tests first (the compiled kernel vs float64), then the sweep; the table is the last output
+        python3 -m pytest -q -p no:cacheprovider tests/ops/test_indexer_logits_triton.py \
+            tests/ops/test_history.py::test_logits_with_history_leave_the_reference_state \
+            tests/ops/test_history.py::test_fill_tail_false_leaves_blocks_past_the_lengths_unwritten \
+            tests/ops/test_padded_cache.py::test_v4_page_strides_with_next_n > "$OUT/gputests.log" 2>&1
+        tail -2 "$OUT/gputests.log"
+        python3 benchmarks/logits_registers.py > "$OUT/registers.log" 2>&1
+        python3 benchmarks/bench_mtp_logits.py --out "$OUT" "$@" 2>&1 | tee "$OUT/mtp.log" | tail -45 | cut -c1-400 ;;
     all)  # environment overrides: ALL_TESTS (test paths), ALL_POINTS / ALL_BUDGET_S (grid), ALL_V32 (v32 points),
           # ALL_PROFILE (profile points; empty = no profile), ALL_EXTRA (a command run last, output under all/)
         mkdir -p "$OUT/all/grid" "$OUT/all/v32" "$OUT/all/profile"
@@ -62,5 +73,5 @@ case "$stage" in
         fi
         tar czf "$OUT/h200_all.tgz" -C "$OUT" all && rm -rf "$OUT/all" "$OUT/deepgemm_build.log" ;;
     *)
-        echo "unknown stage $stage (tests, grid, profile, v32, all)"; exit 2 ;;
+        echo "unknown stage $stage (tests, grid, profile, v32, mtp, all)"; exit 2 ;;
 esac

@@ -108,6 +108,7 @@ ODD_SHAPES = [
     Case("next_n-2-h64", (300,), next_n=2, heads=64, k=100),
     Case("exact-blocks-h64", (128, 192), heads=64, dim=64, k=200, extra_width=0),
     Case("empty-batch", (), next_n=2, k=8),
+    Case("next_n-3", (129, 64, 1), next_n=3, dim=32, k=40),  # MTP draft 2; the 1-token request has empty rows
 ]
 ODD_IDS = [c.name for c in ODD_SHAPES]
 

@@ -358,14 +358,16 @@ def _strided_to(t, dev):
 
 # --------------------------------------------------------------------------- fused logits epilogue
 @pytest.mark.interpreter
-@pytest.mark.parametrize("next_n,rows", [(1, 1), (2, 1), (4, 1), (2, 2)],
-                         ids=["n1-fused", "n2-row0-fused", "n4-row0-fused", "n2-rows2-after"])
-def test_logits_with_history_leave_the_reference_state(next_n, rows, gen, triton_device):
+@pytest.mark.parametrize("next_n,rows,group", [(1, 1, 0), (2, 1, 0), (3, 1, 0), (4, 1, 0), (3, 1, 4), (4, 1, 1),
+                                               (2, 2, 0)],
+                         ids=["n1-fused", "n2-row0-fused", "n3-row0-fused", "n4-row0-fused", "n3-row0-fused-g4",
+                              "n4-row0-fused-g1", "n2-rows2-after"])
+def test_logits_with_history_leave_the_reference_state(next_n, rows, group, gen, triton_device):
     """paged_indexer_logits_triton(history=h) on a compact table: the logits are right and the state equals
-    update_history_ref applied to those logits (rows == 1: folded into the kernel's epilogue; rows > 1:
-    the standalone update after it)."""
+    update_history_ref applied to those logits (rows == 1: folded into the kernel's epilogue, row 0 taken from
+    its group's MMA: the production config or `group` rows per MMA; rows > 1: the standalone update after it)."""
     pytest.importorskip("triton")
-    from spin_indexer.ops.indexer_logits_triton import paged_indexer_logits_triton
+    from spin_indexer.ops.indexer_logits_triton import LogitsConfig, paged_indexer_logits_triton
     lengths = (5 * T + 17, 2 * T + 9)
     full = make_paged_inputs(lengths, next_n, 8, 32, gen, spare_blocks=3)
     num_blocks = full.kv_cache.shape[0]
@@ -386,7 +388,8 @@ def test_logits_with_history_leave_the_reference_state(next_n, rows, gen, triton
                                       ("vertical", "diagonal", "slot_ids", "kept_blocks", "seq_lens",
                                        "update_rows", "clock")},
                                 block_max=_strided_to(h.block_max, dev), last_seen=_strided_to(h.last_seen, dev))
-    paged_indexer_logits_triton(*args, out=out, block_max_out=bmax, history=moved)
+    paged_indexer_logits_triton(*args, out=out, block_max_out=bmax, history=moved,
+                                config=LogitsConfig(group) if group else None)
     expected, magnitude = logits_f64(full.q_fp8, full.kv_cache, full.weights, plan.lens, plan.table)
     assert_logits_close(out, expected, magnitude)
     logits = out.cpu().view(len(lengths), next_n, -1)
@@ -397,7 +400,7 @@ def test_logits_with_history_leave_the_reference_state(next_n, rows, gen, triton
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("next_n", [1, 2])
+@pytest.mark.parametrize("next_n", [1, 2, 3])
 def test_fill_tail_false_leaves_blocks_past_the_lengths_unwritten(next_n, gen, triton_device):
     """fill_tail=False: whole blocks past a request's longest row keep their poison (logits and block max),
     valid columns are right; fill_tail=True writes -inf into every column past a row's length."""

@@ -14,7 +14,7 @@ from conftest import ODD_IDS, ODD_SHAPES, T, assert_logits_close, logits_f64, ma
 
 pytest.importorskip("triton")
 from spin_indexer.ops.indexer_logits import block_max_ref, paged_indexer_logits_ref  # noqa: E402
-from spin_indexer.ops.indexer_logits_triton import paged_indexer_logits_triton  # noqa: E402
+from spin_indexer.ops.indexer_logits_triton import CONFIGS, LogitsConfig, paged_indexer_logits_triton  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
 
@@ -62,9 +62,10 @@ def test_chunks_match_float64(chunk, next_n, heads, gen, triton_device):
     _check_block_max(bmax, expected, magnitude)
 
 
-def test_compacted_table_matches_reference(gen, triton_device):
+@pytest.mark.parametrize("next_n", [2, 3, 4])
+def test_compacted_table_matches_reference(next_n, gen, triton_device):
     """SPIN's call: a table listing only kept blocks (newest last) and lengths (n_kept - 1) * T + tail."""
-    full = make_paged_inputs((9 * T + 5, 6 * T + 40), 2, 16, 32, gen, garbage=False)
+    full = make_paged_inputs((9 * T + 5, 6 * T + 40), next_n, 16, 32, gen, garbage=False)
     table = full.block_table
     kept = [[0, 2, 3, 6, 9], [1, 4, 6]]  # logical blocks kept per request (newest block included)
     width = table.shape[1]
@@ -80,7 +81,7 @@ def test_compacted_table_matches_reference(gen, triton_device):
     expected, magnitude = logits_f64(*compacted.args())
     assert_logits_close(out, expected, magnitude)
     assert torch.equal(torch.isfinite(bmax.cpu()), torch.isfinite(block_max_ref(ref, T)))
-    assert out.shape == (4, width * T)
+    assert out.shape == (2 * next_n, width * T)
 
 
 def test_returns_new_buffers_and_validates(gen, triton_device):
@@ -98,9 +99,11 @@ def test_returns_new_buffers_and_validates(gen, triton_device):
         paged_indexer_logits_triton(args[0], args[1], args[2], bad_lens, args[4])
 
 
-def test_unsupported_shape_falls_back_to_reference(gen, triton_device):
-    """next_n = 3 and D = 16 have no MMA tile: same results through the reference, into the given buffers."""
-    inputs = make_paged_inputs((70, 130), 3, 8, 16, gen)
+@pytest.mark.parametrize("next_n,dim", [(3, 16), (5, 32)])
+def test_unsupported_shape_falls_back_to_reference(next_n, dim, gen, triton_device):
+    """D = 16 has no MMA tile, next_n > 4 no group split: same results through the reference, into the given
+    buffers."""
+    inputs = make_paged_inputs((70, 130), next_n, 8, dim, gen)
     out, bmax = _run(inputs, triton_device)
     expected, magnitude = logits_f64(*inputs.args())
     assert_logits_close(out, expected, magnitude)
@@ -134,3 +137,53 @@ def test_non_finite_inputs_are_rejected_when_validating(what, gen):
         args["q_fp8"] = q.view(torch.float8_e4m3fn)
     with pytest.raises(ValueError, match=rf"{what}: expected finite values"):
         paged_indexer_logits_ref(**args)
+
+
+# ------------------------------------------------------------------------------------------- MTP rows
+# Launch configurations that take different code paths: rows per MMA (one group, groups of 2 with a shorter last
+# group, one group of 4 padded with a zero row at next_n = 3), the hand prefetch of the next block's scales.
+# Warps, register caps and chunk targets change only the compiled schedule (the GPU run covers them).
+# (The production configs, CONFIGS[n], run in every test that passes no config.)
+MTP_CONFIGS = [(n, LogitsConfig(g, prefetch=p)) for n, g, p in (
+    (1, 1, True), (2, 1, False), (2, 2, False), (2, 2, True), (3, 1, False), (3, 2, False), (3, 4, False),
+    (3, 2, True), (4, 1, False), (4, 2, False), (4, 4, False), (4, 4, True))]
+
+
+def _config_id(n, cfg):
+    return f"n{n}-g{cfg.group}" + ("-prefetch" if cfg.prefetch else "")
+
+
+@pytest.mark.parametrize("next_n,config", MTP_CONFIGS, ids=[_config_id(*c) for c in MTP_CONFIGS])
+def test_mtp_configs_match_float64(next_n, config, gen, triton_device):
+    """Every next_n in 1..4 under each group split: a partial last block, a request ending on a block edge, a
+    request shorter than next_n (empty rows), garbage table entries, H = 8 padded to 16-column MMA tiles, and
+    3 blocks per program (programs that start mid-request); outputs NaN-poisoned."""
+    inputs = make_paged_inputs((5 * T + 17, 2 * T, 2), next_n, 8, 32, gen, extra_width=2)
+    out, bmax = _run(inputs, triton_device, chunk=3, config=config)
+    expected, magnitude = logits_f64(*inputs.args())
+    assert_logits_close(out, expected, magnitude)
+    _check_block_max(bmax, expected, magnitude)
+
+
+@pytest.mark.parametrize("next_n", [3, 4])
+def test_mtp_production_heads_match_float64(next_n, gen, triton_device):
+    """H = 64 (the N = 2H / 4H MMA tiles of the production configs), D = 64, the default config and chunk."""
+    inputs = make_paged_inputs((2 * T + 9, T - 1), next_n, 64, 64, gen)
+    out, bmax = _run(inputs, triton_device)
+    expected, magnitude = logits_f64(*inputs.args())
+    assert_logits_close(out, expected, magnitude)
+    _check_block_max(bmax, expected, magnitude)
+
+
+def test_config_groups_and_table():
+    """group_rows cuts next_n into at most 4 groups; the table has a config for every next_n the kernel takes
+    (next_n 3 included: on CUDA it runs the kernel, not the reference; DeepGEMM takes only 1 and 2)."""
+    from spin_indexer.ops.indexer_logits_triton import _kernel_supports
+    assert all(_kernel_supports(n, 64, 128, 64) for n in (1, 2, 3, 4)) and not _kernel_supports(5, 64, 128, 64)
+    assert LogitsConfig(2).group_rows(3) == (2, 1, 0, 0)
+    assert LogitsConfig(4).group_rows(3) == (3, 0, 0, 0)
+    assert LogitsConfig(1).group_rows(4) == (1, 1, 1, 1)
+    assert sorted(CONFIGS) == [1, 2, 3, 4]
+    assert all(sum(CONFIGS[n].group_rows(n)) == n for n in CONFIGS)
+    with pytest.raises(ValueError, match="config: expected group"):
+        LogitsConfig(3).group_rows(3)

@@ -72,7 +72,7 @@ def test_triton_on_padded_pages_matches_float64_and_unpadded(case, pad, gen, tri
     assert torch.equal(outs[1][0], outs[0][0]) and torch.equal(outs[1][1], outs[0][1])
 
 
-@pytest.mark.parametrize("next_n", [1, 2])
+@pytest.mark.parametrize("next_n", [1, 2, 3, 4])
 @pytest.mark.parametrize("pad", [192, 256])
 def test_v4_page_strides_with_next_n(next_n, pad, gen, triton_device):
     """V4's shape (H = 64, D = 128, 8640 / 8704-byte pages), a partial last block, garbage table entries, the

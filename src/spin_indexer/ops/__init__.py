@@ -92,8 +92,10 @@ def logits_backend(q_fp8, kv_cache, history: bool = False, block_table=None) -> 
     (B x W x T: static shapes, so a captured graph keeps its choice): there DeepGEMM + one pass for block
     max and EMA update beat the Triton kernel with both fused; below it the fused kernel saves the launches.
     Not for the dense step at next_n = 1 (the Triton kernel's fused block max wins).
-    SPIN_INDEXER_LOGITS=triton / deepgemm forces one. The Triton twin on other CUDA inputs; the reference
-    elsewhere (and everywhere under SPIN_INDEXER_FORCE_REF=1)."""
+    SPIN_INDEXER_LOGITS=triton / deepgemm forces one. The Triton twin on other CUDA inputs, among them
+    next_n = 3 and 4 (DeepGEMM takes 1 and 2; the twin's one-MMA-per-row-group configs, CONFIGS in
+    indexer_logits_triton.py, read each key tile once for all rows); the reference elsewhere (and everywhere
+    under SPIN_INDEXER_FORCE_REF=1)."""
     if _triton_twin("indexer_logits_triton", "paged_indexer_logits_triton", q_fp8) is None:
         return "reference"
     from . import deepgemm

@@ -1,10 +1,13 @@
 """Triton twin of `paged_indexer_logits_ref`: paged FP8 indexer logits with the per-block max fused.
 
 One program per (request, chunk of CHUNK blocks). For each block it loads the [T, D] fp8 key tile once
-(TMA descriptor), multiplies it with the [H, D] query tile of every next_n row on the tensor cores
-(`dot(k, q^T)`: T on the MMA's M axis, so the head sum stays inside a thread quad), applies ReLU, the
-per-head weights, the head sum and the per-token scale, and stores the T logits and their max. Triton's
-pipeliner prefetches the next tile (hand prefetching measured 4-9% slower on Triton 3.6, NOTES.md run 2).
+(TMA descriptor) and feeds it to one MMA per group of next_n rows: `dot(k, q^T)` with the group's [G*H, D]
+queries, T on the MMA's M axis and the G*H (row, head) pairs on N, so each row's head sum stays inside a
+thread quad. Then ReLU, the per-head weights, the head sum per row and the per-token scale, and the stores
+of the T logits and the block max of every row of the group at once. Groups (LogitsConfig.group): 1 row per
+MMA is the n = 1 kernel; 2 or 4 rows per MMA read the key tile from shared memory once for all of them and
+share the mask / store / block-max work (next_n = 3: rows {0, 1} + {2}, or one group padded to 4). Triton's
+pipeliner prefetches the next key tile; the next block's scales optionally by hand (LogitsConfig.prefetch).
 
 With a HistoryUpdate (SPIN's step, row-0 MTP policy) the epilogue also applies the EMA update of the
 block's history from row 0's scores, still in registers (history_triton.ema_tile): the update costs its
@@ -20,6 +23,8 @@ descriptor [num_blocks, T, D] with strides [P, D, 1] loads the tile. Block b's s
 b*P + T*D. TMA needs 16-byte-multiple strides and a 16-byte-aligned base (checked in the launcher).
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -41,24 +46,75 @@ except ImportError:  # pragma: no cover
 _TARGET_PROGRAMS = 16384
 
 
-def _pick_chunk(batch: int, width: int) -> int:
+def _pick_chunk(batch: int, width: int, target_programs: int = _TARGET_PROGRAMS) -> int:
     """Blocks per program: 16, halved (down to 4) while the grid has < 1K programs, doubled (up to 256)
-    while it has > 16K (run 2 on the H200: 16 best at 1-8K programs, 64 at 96 x 8192 blocks; B=1 x 64K with
-    16 left 64 programs for 132 SMs)."""
+    while it has > target_programs (run 2 on the H200: 16 best at 1-8K programs, 64 at 96 x 8192 blocks;
+    B=1 x 64K with 16 left 64 programs for 132 SMs)."""
     def programs(c):
         return batch * -(-width // c)
     chunk = 16
     while chunk > 4 and programs(chunk) < 1024:
         chunk //= 2
-    while chunk < 256 and programs(chunk) > _TARGET_PROGRAMS:
+    while chunk < 256 and programs(chunk) > target_programs:
         chunk *= 2
     return chunk
+
+
+@dataclasses.dataclass(frozen=True)
+class LogitsConfig:
+    """A launch configuration of the kernel.
+
+    group: next_n rows per MMA (N = group * H); the rows are cut into groups of `group`, the last one
+    shorter (next_n = 3, group 2 -> rows {0, 1} and {2}; group 4 -> one group padded with a zero row).
+    num_warps: 4 (one warpgroup: N whole in each thread quad) or 8 (two warpgroups split N; with group >= 2
+    each holds whole rows, so the head sum stays inside a warp). num_stages: the pipeliner's stages.
+    max_registers: ptxas's cap per thread (None: its own choice); a cap trades a few spills for resident
+    programs (64K registers per SM: 4 warps at <= 128 -> 4 programs, <= 168 -> 3).
+    target_programs: the chunk rule doubles blocks per program while the grid has more programs (each
+    program loads next_n x 8 KB of queries before its loop: more rows argue for longer chunks).
+    prefetch: load the next block's id and scales one block ahead by hand (Triton 3.6's pipeliner prefetches
+    the id and the key tile but loads the scales in the iteration that uses them: a DRAM round trip per block
+    that only other resident programs hide; at n = 1 with 8 resident programs hand prefetch was 4-9% slower).
+    """
+    group: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+    max_registers: int | None = None
+    target_programs: int = _TARGET_PROGRAMS
+    prefetch: bool = False
+
+    def group_rows(self, next_n: int) -> tuple[int, int, int, int]:
+        """Rows of each of the (at most 4) groups, 0 for absent ones: next_n 3, group 2 -> (2, 1, 0, 0)."""
+        rows = [min(self.group, next_n - g * self.group) for g in range(-(-next_n // self.group))]
+        if len(rows) > 4 or self.group not in (1, 2, 4):
+            raise ValueError(f"config: expected group in (1, 2, 4) with at most 4 groups, got group "
+                             f"{self.group} for next_n {next_n}")
+        return tuple(rows + [0] * (4 - len(rows)))
+
+
+# The production configuration per next_n: predictions from counts (benchmarks/NOTES.md, "MTP-native paged
+# logits"), to be replaced by the best of benchmarks/bench_mtp_logits.py's sweep on the H200. Counts from
+# benchmarks/logits_registers.py (ptxas for sm_90a, Triton 3.6), per key block: a block must cost <= ~480 SM
+# cycles to read keys at copy bandwidth; the FP8 MMA of one row is 128 cycles at the nominal peak; the
+# loop's instructions per warp are the issue cycles per block of each of the SM's 4 schedulers (4 warps).
+# - n 1: one [T, H] MMA; 64 registers (8 resident programs), ~200 instructions: at copy bandwidth (run 4).
+# - n 2: both rows in one [T, 2H] MMA: the key tile read from shared memory once, one mask/store/block-max
+#   pass for both rows; ~320 instructions (two row MMAs: ~350); capped at 128 registers for 4 resident
+#   programs (159 uncapped: 3; a few spills outside the FMA chains).
+# - n 3: rows {0, 1} in one MMA, row 2 in a second: MMA work for 3 rows (a padded group of 4 does 4/3 of it,
+#   and n = 3 is near the MMA ridge); ~470 instructions; 168 registers for 3 resident programs (247: 2).
+# - n 4: one [T, 4H] MMA (wgmma N = 256: the most MMA work per key-tile read, ~490 instructions against ~610
+#   for four row MMAs); 255 registers, 2 resident programs, which alternate MMA and epilogue. 8 warps (two
+#   [T, 2H] halves) need a 128 cap for 2 residents and issue ~680 instructions per block.
+# The register cap is dropped when the EMA update is fused (its extra live values spill under the cap).
+CONFIGS = {1: LogitsConfig(1, 4, 3), 2: LogitsConfig(2, 4, 3, max_registers=128),
+           3: LogitsConfig(2, 4, 3, max_registers=168), 4: LogitsConfig(4, 4, 3)}
 
 
 def _kernel_supports(next_n: int, heads: int, dim: int, tokens: int) -> bool:
     def pow2(x):
         return x > 0 and x & (x - 1) == 0
-    return next_n in (1, 2, 4) and pow2(heads) and heads >= 8 and pow2(dim) and dim >= 32 and pow2(tokens) \
+    return 1 <= next_n <= 4 and pow2(heads) and heads >= 8 and pow2(dim) and dim >= 32 and pow2(tokens) \
         and tokens >= 16
 
 
@@ -66,7 +122,7 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
                                 seq_lens: torch.Tensor, block_table: torch.Tensor, validate: bool = True,
                                 out: torch.Tensor | None = None, block_max_out: torch.Tensor | None = None,
                                 fill_tail: bool = True, history: HistoryUpdate | None = None,
-                                chunk: int | None = None) -> torch.Tensor:
+                                chunk: int | None = None, config: LogitsConfig | None = None) -> torch.Tensor:
     """Paged indexer logits, same arguments and meaning as `paged_indexer_logits_ref`.
 
     q_fp8: float8_e4m3fn [B, next_n, H, D]; kv_cache: uint8 [num_blocks, T, 1, D + 4] (pages contiguous or
@@ -77,10 +133,11 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     fill_tail: write -inf past each row's length (False: leave the logits and block maxima of blocks past
     the request's longest row unwritten; columns past a row's length inside its scored blocks are -inf). history: also apply SPIN's EMA update (ops/history.py), fused into
     the epilogue when only row 0 updates, else by the standalone update kernel after the logits.
-    chunk: blocks per program (default from the grid size, `_pick_chunk`).
+    chunk: blocks per program (default from the grid size, `_pick_chunk`). config: the launch configuration
+    (default CONFIGS[next_n]; benchmarks pass others to compare them).
     The FP8 MMA accumulates with Hopper's reduced-precision adder, ~2-3e-4 relative error against fp32 math
-    over D = 128 (as the production kernel). Shapes the kernel does not take (next_n not in {1, 2, 4}, H or
-    D not powers of two, D < 32) are computed by the reference into the same buffers.
+    over D = 128 (as the production kernel). Shapes the kernel does not take (next_n > 4, H or D not powers of
+    two, D < 32) are computed by the reference into the same buffers.
     returns out: float32 [B*next_n, W*T].
     """
     check_paged_indexer_args(q_fp8, kv_cache, weights, seq_lens, block_table, validate)
@@ -101,7 +158,7 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     if batch == 0 or width == 0:
         return out
     if not _kernel_supports(next_n, heads, dim, tokens):
-        # Shapes the MMA tiles cannot take (next_n 3, D < 32, non-powers of two): the reference, same outputs.
+        # Shapes the MMA tiles cannot take (next_n > 4, D < 32, non-powers of two): the reference, same outputs.
         out.copy_(paged_indexer_logits_ref(q_fp8, kv_cache, weights, seq_lens, block_table, validate=False))
         block_max_out.copy_(block_max_ref(out, tokens))
         if history is not None:
@@ -113,16 +170,19 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
-    chunk = chunk or _pick_chunk(batch, width)
     fused = history is not None and history.rows == 1
     hist = _history_args(history, out) if fused else _no_history(out)
+    cfg = config or CONFIGS[next_n]
+    chunk = chunk or _pick_chunk(batch, width, cfg.target_programs)
+    r0, r1, r2, r3 = cfg.group_rows(next_n)
     grid = (batch, triton.cdiv(width, chunk))
     _paged_indexer_logits_kernel[grid](
         q, k_arg, scales_f32, w, lens, block_table, out, block_max_out,
         width, block_table.stride(0), out.stride(0), block_max_out.stride(0), chunk, kv_cache.shape[0], *hist,
-        NEXT_N=next_n, H=heads, D=dim, T=tokens, PAGE_BYTES=page_bytes, RB=rows_per_block, SPLIT=next_n >= 2,
-        FILL_TAIL=fill_tail,
-        HIST=fused, HAS_SEEN=fused and history.last_seen is not None, num_warps=4, num_stages=3)
+        NEXT_N=next_n, H=heads, D=dim, T=tokens, PAGE_BYTES=page_bytes, RB=rows_per_block, G=cfg.group,
+        R0=r0, R1=r1, R2=r2, R3=r3, PREFETCH=cfg.prefetch, FILL_TAIL=fill_tail, HIST=fused,
+        HAS_SEEN=fused and history.last_seen is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        maxnreg=None if fused else cfg.max_registers)
     if history is not None and not fused:
         update_history_triton(history, out.view(batch, next_n, -1), block_table, seq_lens)
     return out
@@ -159,18 +219,49 @@ def _cache_args(kv_cache: torch.Tensor, tokens: int, dim: int):
 
 if triton is not None:
     @triton.jit
-    def _score_row(k, q, w, scale):
-        """One next_n row: k [T, D] fp8, q [H, D] fp8, w [H] -> logits float32 [T] (the key tile is shared)."""
-        s = tl.maximum(tl.dot(k, tl.trans(q)), 0.0)  # [T, H]: k[t] . q[h]; T on the MMA M axis
-        return tl.sum(s * w[None, :], axis=1) * scale
+    def _load_group(q_ptr, w_ptr, row, ROWS: tl.constexpr, GP: tl.constexpr, H: tl.constexpr, HP: tl.constexpr,
+                    D: tl.constexpr):
+        """q^T float8 [D, GP*HP] and weights float32 [GP*HP] of rows row .. row + ROWS - 1, column g*HP + h =
+        head h of row row + g; zero for padded heads (h >= H) and padded rows (g >= ROWS): relu(0) * 0 adds
+        nothing. Transposed here, outside the block loop, so the MMA's shared-memory copy of q is made once
+        (a tl.trans inside the loop re-stored q byte by byte every block on Triton 3.9)."""
+        n = tl.arange(0, GP * HP)
+        live = (n // HP < ROWS) & (n % HP < H)
+        src = (row + n // HP).to(tl.int64) * H + n % HP  # [GP*HP] row-major index into [R, H]
+        q = tl.load(q_ptr + src[:, None] * D + tl.arange(0, D)[None, :], mask=live[:, None], other=0.0)
+        return tl.trans(q), tl.load(w_ptr + src, mask=live, other=0.0)
 
     @triton.jit
-    def _store_row(logit, row_len, out_ptr, out_stride, bmax_ptr, bmax_stride, row64, blk, T: tl.constexpr):
+    def _score_group(k, qt, w, sc, T: tl.constexpr, GP: tl.constexpr, HP: tl.constexpr):
+        """GP rows at once: k [T, D] fp8, qt [D, GP*HP] fp8, w [GP*HP], sc [T] -> logits float32 [T, GP].
+        One MMA with N = GP*HP (T on the M axis): the key tile is read from shared memory once for the GP
+        rows, and each row's head sum stays inside a thread quad (the reshape splits N, not M)."""
+        s = tl.maximum(tl.dot(k, qt), 0.0) * w[None, :]  # [T, GP*HP]: relu(k[t] . q[g, h]) * w[g, h]
+        return tl.sum(tl.reshape(s, (T, GP, HP)), axis=2) * sc[:, None]
+
+    @triton.jit
+    def _store_group(x, lens, rows64, out_ptr, out_stride, bmax_ptr, bmax_stride, blk, ROWS: tl.constexpr,
+                     GP: tl.constexpr, T: tl.constexpr):
+        """Masks x [T, GP] past each row's length (lens [GP]), stores the ROWS live rows' logits and block
+        maxima, returns the masked x."""
         cols = blk * T + tl.arange(0, T)
-        logit = tl.where(cols < row_len, logit, float("-inf"))
-        tl.store(out_ptr + row64 * out_stride + cols, logit)
-        tl.store(bmax_ptr + row64 * bmax_stride + blk, tl.max(logit, axis=0))
-        return logit
+        x = tl.where(cols[:, None] < lens[None, :], x, float("-inf"))
+        ptrs = out_ptr + rows64[None, :] * out_stride + cols[:, None]
+        bptrs = bmax_ptr + rows64 * bmax_stride + blk
+        if ROWS < GP:  # next_n = 3 in one group of 4: the padded row is not stored
+            live = tl.arange(0, GP) < ROWS
+            tl.store(ptrs, x, mask=live[None, :])
+            tl.store(bptrs, tl.max(x, axis=0), mask=live)
+        else:
+            tl.store(ptrs, x)
+            tl.store(bptrs, tl.max(x, axis=0))
+        return x
+
+    @triton.jit
+    def _group_rows(lens_ptr, row, ROWS: tl.constexpr, GP: tl.constexpr):
+        """(lengths int32 [GP], row ids int64 [GP]) of a group; padded rows get length 0 (all -inf)."""
+        g = tl.arange(0, GP)
+        return tl.load(lens_ptr + row + g, mask=g < ROWS, other=0), (row + g).to(tl.int64)
 
     @triton.jit
     def _paged_indexer_logits_kernel(q_ptr, k_arg, scale_ptr, w_ptr, lens_ptr, table_ptr, out_ptr, bmax_ptr,
@@ -178,41 +269,44 @@ if triton is not None:
                                      v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr,
                                      slot_ptr, kept_ptr, kept_stride, hlens_ptr, upd_ptr, alpha, window, trash, lo,
                                      hi, NEXT_N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, T: tl.constexpr,
-                                     PAGE_BYTES: tl.constexpr, RB: tl.constexpr, SPLIT: tl.constexpr,
-                                     FILL_TAIL: tl.constexpr, HIST: tl.constexpr, HAS_SEEN: tl.constexpr):
+                                     PAGE_BYTES: tl.constexpr, RB: tl.constexpr, G: tl.constexpr,
+                                     R0: tl.constexpr, R1: tl.constexpr, R2: tl.constexpr, R3: tl.constexpr,
+                                     PREFETCH: tl.constexpr, FILL_TAIL: tl.constexpr, HIST: tl.constexpr,
+                                     HAS_SEEN: tl.constexpr):
+        """One program per (request, CHUNK blocks). The next_n rows are cut into groups of G (R0..R3 rows,
+        0 = no such group; R0 + R1 + R2 + R3 = NEXT_N): one MMA per group and block (_score_group)."""
         b = tl.program_id(0)
         blk0 = tl.program_id(1) * chunk
         row0 = b * NEXT_N
-        offs_n = tl.arange(0, NEXT_N)
-        lens = tl.load(lens_ptr + row0 + offs_n)
+        NP: tl.constexpr = 4 if NEXT_N == 3 else NEXT_N  # arange needs a power of two
+        offs_n = tl.arange(0, NP)
+        lens = tl.load(lens_ptr + row0 + offs_n, mask=offs_n < NEXT_N, other=0)
         used = (tl.max(lens, axis=0) + T - 1) // T  # blocks the longest row touches
         blk_end = tl.minimum(blk0 + chunk, used)
         chunk_end = tl.minimum(blk0 + chunk, width)
         ids = table_ptr + b.to(tl.int64) * stride_table
         offs_t = tl.arange(0, T)
-        rows64 = (row0 + offs_n).to(tl.int64)
-        r64 = row0.to(tl.int64)
         # MMA tiles need >= 16 columns: H < 16 is padded with zero-weight heads (relu(0) * 0 adds nothing).
         HP: tl.constexpr = 16 if H < 16 else H
-        offs_hp = tl.arange(0, HP)
-        offs_d = tl.arange(0, D)
-        qb = q_ptr + r64 * H * D + offs_hp[:, None] * D + offs_d[None, :]
-        q0 = tl.load(qb, mask=offs_hp[:, None] < H, other=0.0)
-        w0 = tl.load(w_ptr + row0 * H + offs_hp, mask=offs_hp < H, other=0.0)
-        q1 = q0
-        q2 = q0
-        q3 = q0
-        w1 = w0
-        w2 = w0
-        w3 = w0
-        if NEXT_N >= 2:
-            q1 = tl.load(qb + H * D, mask=offs_hp[:, None] < H, other=0.0)
-            w1 = tl.load(w_ptr + (row0 + 1) * H + offs_hp, mask=offs_hp < H, other=0.0)
-        if NEXT_N >= 4:
-            q2 = tl.load(qb + 2 * H * D, mask=offs_hp[:, None] < H, other=0.0)
-            w2 = tl.load(w_ptr + (row0 + 2) * H + offs_hp, mask=offs_hp < H, other=0.0)
-            q3 = tl.load(qb + 3 * H * D, mask=offs_hp[:, None] < H, other=0.0)
-            w3 = tl.load(w_ptr + (row0 + 3) * H + offs_hp, mask=offs_hp < H, other=0.0)
+        # Groups of G rows, each padded to a power of two (only R = 3 needs it: next_n = 3 with G = 4).
+        GP0: tl.constexpr = 4 if R0 == 3 else R0
+        GP1: tl.constexpr = 4 if R1 == 3 else (R1 if R1 > 0 else 1)
+        GP2: tl.constexpr = R2 if R2 > 0 else 1
+        GP3: tl.constexpr = R3 if R3 > 0 else 1
+        qt0, w0 = _load_group(q_ptr, w_ptr, row0, R0, GP0, H, HP, D)
+        lens0, rows0 = _group_rows(lens_ptr, row0, R0, GP0)
+        qt1, w1, lens1, rows1 = qt0, w0, lens0, rows0  # placeholders for absent groups (never used)
+        qt2, w2, lens2, rows2 = qt0, w0, lens0, rows0
+        qt3, w3, lens3, rows3 = qt0, w0, lens0, rows0
+        if R1 > 0:
+            qt1, w1 = _load_group(q_ptr, w_ptr, row0 + G, R1, GP1, H, HP, D)
+            lens1, rows1 = _group_rows(lens_ptr, row0 + G, R1, GP1)
+        if R2 > 0:
+            qt2, w2 = _load_group(q_ptr, w_ptr, row0 + 2 * G, R2, GP2, H, HP, D)
+            lens2, rows2 = _group_rows(lens_ptr, row0 + 2 * G, R2, GP2)
+        if R3 > 0:
+            qt3, w3 = _load_group(q_ptr, w_ptr, row0 + 3 * G, R3, GP3, H, HP, D)
+            lens3, rows3 = _group_rows(lens_ptr, row0 + 3 * G, R3, GP3)
         len0 = tl.load(lens_ptr + row0)
         kept_row = kept_ptr + b.to(tl.int64) * kept_stride
         if HIST:  # a request that does not update (guarded) reads and writes no history: the dense loop
@@ -221,10 +315,22 @@ if triton is not None:
         # Pages are PAGE_BYTES apart (padded on DeepSeek-V4). A constexpr (fixed for a run, like T and D): the
         # compiler sees the scales' 16-byte alignment, as it did with the contiguous page size.
         PAGE_F32: tl.constexpr = PAGE_BYTES // 4
+        # Ids are clamped into the cache: with validate=False a bad table gives wrong logits, never a read
+        # outside the cache (the key tile's TMA load is bounds-checked; the scales' pointer load is not).
+        if PREFETCH:
+            phys_next = tl.minimum(tl.maximum(tl.load(ids + blk0, mask=blk0 < blk_end, other=0), 0),
+                                   num_cache_blocks - 1)
+            sc_next = tl.load(scale_ptr + phys_next.to(tl.int64) * PAGE_F32 + SCALE_OFF + offs_t)
         for blk in range(blk0, blk_end):
-            # Ids are clamped into the cache: with validate=False a bad table gives wrong logits, never a read
-            # outside the cache (the key tile's TMA load is bounds-checked; the scales' pointer load is not).
-            phys = tl.minimum(tl.maximum(tl.load(ids + blk), 0), num_cache_blocks - 1)
+            if PREFETCH:  # this block's id and scales were loaded one block ahead; load the next block's now
+                phys = phys_next
+                sc = sc_next
+                nxt = tl.minimum(blk + 1, blk_end - 1)
+                phys_next = tl.minimum(tl.maximum(tl.load(ids + nxt), 0), num_cache_blocks - 1)
+                sc_next = tl.load(scale_ptr + phys_next.to(tl.int64) * PAGE_F32 + SCALE_OFF + offs_t)
+            else:  # the pipeliner prefetches the id; the scales load here, after it
+                phys = tl.minimum(tl.maximum(tl.load(ids + blk), 0), num_cache_blocks - 1)
+                sc = tl.load(scale_ptr + phys.to(tl.int64) * PAGE_F32 + SCALE_OFF + offs_t)
             if HIST:  # the history's reads first, so their latency hides under the key load and the MMA
                 # (masked, not under a branch; the row's constants were loaded once, above the loop)
                 on = (tl.zeros([1], tl.int32) + upd0.to(tl.int32)) != 0  # [1]: a tensor mask (the interpreter)
@@ -232,29 +338,32 @@ if triton is not None:
                 pv = tl.where(on & (phys < trash), tl.zeros([1], tl.int64) + phys, trash)  # as load_vertical
                 old_v = tl.load(v_ptr + pv[:, None] * T + offs_t[None, :], mask=tl.broadcast_to(on[:, None], [1, T]),
                                 other=0.0)
-            sc = tl.load(scale_ptr + phys.to(tl.int64) * PAGE_F32 + SCALE_OFF + offs_t)
             if RB > 0:  # pages a whole number RB of D-byte rows apart: block phys starts at row phys * RB
                 k = k_arg.load([phys * RB, 0])  # [T, D] fp8 through the TMA descriptor
             else:  # other padded strides (8640 = 67.5 rows): the 3D descriptor's page index
                 k = tl.reshape(k_arg.load([phys, 0, 0]), (T, D))
-            # One [T, H] MMA per next_n row (9% faster than one wide MMA + reshape, NOTES.md run 2).
-            logit0 = _store_row(_score_row(k, q0, w0, sc), len0, out_ptr, out_stride, bmax_ptr, bmax_stride, r64,
-                                blk, T)
-            if NEXT_N >= 2:
-                _store_row(_score_row(k, q1, w1, sc), tl.load(lens_ptr + row0 + 1), out_ptr, out_stride, bmax_ptr,
-                           bmax_stride, r64 + 1, blk, T)
-            if NEXT_N >= 4:
-                _store_row(_score_row(k, q2, w2, sc), tl.load(lens_ptr + row0 + 2), out_ptr, out_stride, bmax_ptr,
-                           bmax_stride, r64 + 2, blk, T)
-                _store_row(_score_row(k, q3, w3, sc), tl.load(lens_ptr + row0 + 3), out_ptr, out_stride, bmax_ptr,
-                           bmax_stride, r64 + 3, blk, T)
+            # The key tile, loaded once, feeds every group's MMA.
+            x0 = _store_group(_score_group(k, qt0, w0, sc, T, GP0, HP), lens0, rows0, out_ptr, out_stride,
+                              bmax_ptr, bmax_stride, blk, R0, GP0, T)
+            if R1 > 0:
+                _store_group(_score_group(k, qt1, w1, sc, T, GP1, HP), lens1, rows1, out_ptr, out_stride,
+                             bmax_ptr, bmax_stride, blk, R1, GP1, T)
+            if R2 > 0:
+                _store_group(_score_group(k, qt2, w2, sc, T, GP2, HP), lens2, rows2, out_ptr, out_stride,
+                             bmax_ptr, bmax_stride, blk, R2, GP2, T)
+            if R3 > 0:
+                _store_group(_score_group(k, qt3, w3, sc, T, GP3, HP), lens3, rows3, out_ptr, out_stride,
+                             bmax_ptr, bmax_stride, blk, R3, GP3, T)
             if HIST:  # row 0's scores are still in registers: SPIN's EMA update of this block
                 if upd0:
+                    logit0 = tl.sum(tl.where(tl.arange(0, GP0)[None, :] == 0, x0, 0.0), axis=1)  # [T]: row 0
                     ema_tile(logit0[None, :], (blk * T + offs_t < len0)[None, :], pv, old_v.to(tl.float32), kb, upd0,
                              qpos0, slot0, clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                              alpha, window, lo, hi, T, HAS_SEEN)
         if FILL_TAIL:  # blocks of this chunk past the longest row: -inf logits and block max, no key reads
-            neg = tl.full([NEXT_N, T], float("-inf"), tl.float32)
+            neg = tl.full([NP, T], float("-inf"), tl.float32)
+            rows64 = (row0 + offs_n).to(tl.int64)
+            live = offs_n < NEXT_N
             for blk in range(tl.maximum(blk_end, blk0), chunk_end):
-                tl.store(out_ptr + rows64[:, None] * out_stride + blk * T + offs_t[None, :], neg)
-                tl.store(bmax_ptr + rows64 * bmax_stride + blk, tl.full([NEXT_N], float("-inf"), tl.float32))
+                tl.store(out_ptr + rows64[:, None] * out_stride + blk * T + offs_t[None, :], neg, mask=live[:, None])
+                tl.store(bmax_ptr + rows64 * bmax_stride + blk, tl.full([NP], float("-inf"), tl.float32), mask=live)

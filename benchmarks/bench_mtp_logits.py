@@ -1,0 +1,318 @@
+"""MTP-native paged logits (issue #17): the own kernel's candidate configurations at next_n = 1..4 against
+DeepGEMM and against the floors, all measured in one run on one GPU.
+
+    PYTHONPATH=src:benchmarks python3 benchmarks/bench_mtp_logits.py --out $OUT/mtp
+    bash benchmarks/h200_step.sh mtp                  # the same on the H200, DeepGEMM built from .dg
+
+Per point (B requests x context L x next_n; H = 64, D = 128, T = 64; one random paged key cache of B x L
+tokens: each call reads >= 1.6 GB, far past the 60 MB L2), CUDA graphs, median of replays:
+  own:<config>        paged_indexer_logits_triton(..., config=<config>), block max fused, tail unwritten, for
+                      every candidate in CANDIDATES[next_n] (the first is the production one, CONFIGS[next_n])
+  deepgemm            DeepGEMM fp8_paged_mqa_logits at this next_n (n <= 2, where deep_gemm imports)
+  deepgemm_per_row    DeepGEMM at next_n = 1 over the B x next_n rows as requests (each row reads its own
+                      keys: the cost of an engine that flattens MTP rows)
+Same run: copy bandwidth (4 GiB device-to-device, read + written) and the FP8 MMA peak (torch._scaled_mm,
+fast accumulation, the best of two large shapes). Floor of a point = max(key bytes / copy bandwidth, MMA
+FLOPs / FP8 peak), key bytes = B x L x 132, MMA FLOPs = 2 x H x D x (sum of the rows' lengths).
+Every provider is first checked against paged_indexer_logits_ref on a small odd shape (rel. error < 5e-3,
+block max = max of the written logits). Writes <out>/mtp_logits.csv (one row per point and provider),
+<out>/mtp_logits.md (environment, floors, table, targets). A CPU dry run (SPIN_BENCH_DEVICE=cpu,
+TRITON_INTERPRET=1) runs every provider and config at tiny shapes; nothing is timed there.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "src"))
+
+import torch  # noqa: E402
+
+from harness import DEVICE, KeyPool, copy_bandwidth_gbps, decode_lens, environment, random_queries, rel_err, time_graph  # noqa: E402,E501
+
+from spin_indexer.ops import deepgemm  # noqa: E402
+from spin_indexer.ops.indexer_logits import block_max_ref, paged_indexer_logits_ref  # noqa: E402
+from spin_indexer.ops.indexer_logits_triton import CONFIGS, LogitsConfig, paged_indexer_logits_triton  # noqa: E402
+
+H, D, T = 64, 128, 64
+C = LogitsConfig
+# Candidates per next_n, the production config first. Register counts (Triton 3.6, logits_registers.py) in
+# benchmarks/NOTES.md; group 1 at n >= 2 is the earlier kernel (one [T, H] MMA per row).
+CANDIDATES = {
+    1: [CONFIGS[1], C(1, 4, 3, prefetch=True)],
+    2: [CONFIGS[2], C(2, 4, 3), C(2, 4, 3, prefetch=True), C(2, 8, 3), C(1, 4, 3),
+        C(2, 4, 3, max_registers=128, target_programs=4096)],
+    3: [CONFIGS[3], C(2, 4, 3), C(2, 4, 3, max_registers=168, prefetch=True), C(4, 4, 3), C(4, 8, 3, max_registers=128),
+        C(1, 4, 3)],
+    4: [CONFIGS[4], C(4, 4, 3, prefetch=True), C(4, 8, 3, max_registers=128), C(4, 8, 3, max_registers=128, prefetch=True),
+        C(2, 8, 3, max_registers=128), C(1, 4, 3), C(4, 4, 3, target_programs=4096)],
+}
+CASES = [dict(batch=b, ctx=c, next_n=n) for b, c, n in (
+    (96, 131072, 2), (32, 524288, 2), (96, 131072, 3), (48, 393216, 4), (96, 131072, 4), (32, 524288, 3),
+    (32, 524288, 4), (96, 131072, 1))]
+DRY_CASES = [dict(batch=1, ctx=70, next_n=n) for n in (2, 3, 4, 1)]
+COLUMNS = ["batch", "ctx", "next_n", "provider", "config", "us", "p20_us", "p80_us", "key_GBps", "pct_copy_bw",
+           "floor_us", "x_floor", "production"]
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def config_name(cfg: LogitsConfig) -> str:
+    """g<rows per MMA>w<warps>s<stages>[r<register cap>][p = scale prefetch][t<target programs>]."""
+    name = f"g{cfg.group}w{cfg.num_warps}s{cfg.num_stages}"
+    name += f"r{cfg.max_registers}" if cfg.max_registers else ""
+    name += "p" if cfg.prefetch else ""
+    return name + (f"t{cfg.target_programs}" if cfg.target_programs != C().target_programs else "")
+
+
+def key_bytes(case: dict) -> int:
+    return case["batch"] * case["ctx"] * (D + 4)
+
+
+def bytes_moved(case: dict) -> int:
+    """Keys read + logits and block maxima written (over the blocks the rows touch)."""
+    rows, width = case["batch"] * case["next_n"], -(-case["ctx"] // T)
+    return key_bytes(case) + rows * width * (T + 1) * 4
+
+
+def mma_flops(case: dict) -> int:
+    """2 H D per (row, token): row j of a request has L - next_n + j + 1 tokens."""
+    n, ctx = case["next_n"], case["ctx"]
+    return 2 * H * D * case["batch"] * sum(ctx - n + j + 1 for j in range(n))
+
+
+def fp8_mma_peak_tflops() -> float:
+    """Best median TFLOP/s of torch._scaled_mm (fp8 e4m3, fast accumulation, bf16 out) over two shapes."""
+    if DEVICE == "cpu":
+        return float("nan")
+    best = float("nan")
+    one = torch.ones((), device=DEVICE, dtype=torch.float32)
+    for m, n, k in ((8192, 8192, 8192), (16384, 8192, 8192)):
+        a = torch.randn(m, k, device=DEVICE).to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device=DEVICE).to(torch.float8_e4m3fn)  # b.t() is column-major, as cuBLAS wants
+        try:
+            t = time_graph([lambda: torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                                     use_fast_accum=True)], min_reps=10, max_reps=40)
+        except Exception as exc:  # an unsupported build: the MMA floor is then unknown, not made up
+            log(f"fp8 peak {m}x{n}x{k}: {exc!r}")
+            continue
+        tflops = 2 * m * n * k / t.p50_us / 1e6
+        best = tflops if math.isnan(best) else max(best, tflops)
+        del a, b
+    return best
+
+
+class Inputs:
+    """Queries, weights, lengths and block table of one point over a key pool of B x W blocks."""
+
+    def __init__(self, pool: KeyPool, batch: int, ctx: int, next_n: int):
+        self.batch, self.ctx, self.next_n = batch, ctx, next_n
+        self.width = -(-ctx // T)
+        self.cache = pool.cache
+        self.table = pool.tables(batch, self.width, 1)[0]
+        self.q, self.w = random_queries(batch, next_n, H, D, seed=next_n)
+        self.lens = decode_lens(batch, next_n, ctx)
+        rows = batch * next_n
+        self.out = torch.empty(rows, self.width * T, device=DEVICE)
+        self.bmax = torch.empty(rows, self.width, device=DEVICE)
+
+    def own(self, cfg: LogitsConfig):
+        return lambda: paged_indexer_logits_triton(self.q, self.cache, self.w, self.lens, self.table, validate=False,
+                                                   out=self.out, block_max_out=self.bmax, fill_tail=False, config=cfg)
+
+    def deepgemm(self):
+        return lambda: deepgemm.paged_indexer_logits_deepgemm(self.q, self.cache, self.w, self.lens, self.table,
+                                                              validate=False)
+
+    def deepgemm_per_row(self):
+        rows, n = self.batch * self.next_n, self.next_n
+        q = self.q.reshape(rows, 1, H, D)
+        lens = self.lens.reshape(rows, 1)
+        table = self.table.repeat_interleave(n, dim=0)  # [B*n, W]: every row its request's table
+        return lambda: deepgemm.paged_indexer_logits_deepgemm(q, self.cache, self.w, lens, table, validate=False)
+
+
+def providers(next_n: int, have_dg: bool) -> list[tuple[str, LogitsConfig | None]]:
+    """(provider, config) pairs timed at this next_n (PROVIDERS of STYLE.md rule 11, config-parametrized)."""
+    out = [("own", cfg) for cfg in CANDIDATES[next_n]]
+    if have_dg and next_n <= 2:
+        out.append(("deepgemm", None))
+    if have_dg and next_n >= 2:
+        out.append(("deepgemm_per_row", None))
+    return out
+
+
+def run(inputs: Inputs, provider: str, cfg: LogitsConfig | None):
+    if provider == "own":
+        return inputs.own(cfg)
+    return getattr(inputs, provider)()
+
+
+def check(have_dg: bool, env: dict) -> None:
+    """Every provider and config against the torch reference on a small odd shape; raises on a mismatch."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    batch, ctx = (2, 100) if DEVICE == "cpu" else (3, 3001)
+    for n in sorted(CANDIDATES):
+        pool = KeyPool(batch * -(-ctx // T) + 3, seed=n)
+        x = Inputs(pool, batch, ctx, n)
+        x.lens[-1] -= 70  # a shorter request: a partial last block and a block past its length
+        ref = paged_indexer_logits_ref(x.q, x.cache, x.w, x.lens, x.table)
+        live = torch.isfinite(ref)
+        for provider, cfg in providers(n, have_dg):
+            got = run(x, provider, cfg)()
+            if provider == "own":
+                got = x.out
+                want_bmax = block_max_ref(torch.where(live, got, float("-inf")), T)
+                used = torch.isfinite(want_bmax)
+                if not torch.equal(x.bmax[used], want_bmax[used]):
+                    raise AssertionError(f"own {config_name(cfg)} n={n}: block max differs from the written logits")
+            err = rel_err(torch.where(live, got, float("-inf")), ref)
+            name = provider + (":" + config_name(cfg) if cfg else "")
+            env.setdefault("checks", {})[f"{name}_n{n}_rel_err"] = err
+            if not err < 5e-3:
+                raise AssertionError(f"{name} n={n}: relative error {err:.2e}")
+        del pool, x
+    log(f"checks passed ({len(env['checks'])} provider x next_n)")
+
+
+def time_case(case: dict, pool: KeyPool, have_dg: bool, env: dict, timing: dict) -> list[dict]:
+    x = Inputs(pool, case["batch"], case["ctx"], case["next_n"])
+    floor_us = max(key_bytes(case) / env["copy_GBps"] / 1e3, mma_flops(case) / env["fp8_peak_tflops"] / 1e6
+                   if env["fp8_peak_tflops"] == env["fp8_peak_tflops"] else 0.0)
+    rows = []
+    for provider, cfg in providers(case["next_n"], have_dg):
+        t = time_graph([run(x, provider, cfg)], **timing)
+        rows.append(dict(case, provider=provider, config=config_name(cfg) if cfg else "", us=t.p50_us,
+                         p20_us=t.p20_us, p80_us=t.p80_us, key_GBps=key_bytes(case) / t.p50_us / 1e3,
+                         pct_copy_bw=100 * bytes_moved(case) / t.p50_us / 1e3 / env["copy_GBps"], floor_us=floor_us,
+                         x_floor=t.p50_us / floor_us if floor_us else float("nan"),
+                         production=bool(cfg is not None and cfg == CONFIGS[case["next_n"]])))
+    del x
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- report
+def fmt(v):
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+    return str(v)
+
+
+def targets(rows: list[dict]) -> list[str]:
+    """The issue's targets, each beside its measured value (best candidate, and the production config)."""
+    out = []
+    points = sorted({(r["batch"], r["ctx"], r["next_n"]) for r in rows}, key=lambda p: (p[2], p[0] * p[1]))
+    for b, c, n in points:
+        here = [r for r in rows if (r["batch"], r["ctx"], r["next_n"]) == (b, c, n)]
+        own = [r for r in here if r["provider"] == "own"]
+        if not own:
+            continue
+        best = min(own, key=lambda r: r["us"])
+        prod = next((r for r in own if r["production"]), best)
+        dg = next((r["us"] for r in here if r["provider"] == "deepgemm"), float("nan"))
+        per_row = next((r["us"] for r in here if r["provider"] == "deepgemm_per_row"), float("nan"))
+        head = f"B={b} L={c} n={n}: best own {best['config']} {best['us']:.1f} us, production {prod['config']} " \
+               f"{prod['us']:.1f} us, floor {best['floor_us']:.1f} us"
+        if n == 2:
+            goal = " (target <= 1.11)" if b * c >= 8 << 20 else " (B x L < 8M: no target)"
+            out.append(f"{head}; own / DeepGEMM: best {best['us'] / dg:.3f}x, production {prod['us'] / dg:.3f}x{goal}")
+        elif n >= 3:
+            out.append(f"{head}; own / floor: best {best['x_floor']:.2f}x, production {prod['x_floor']:.2f}x "
+                       f"(target <= 1.3); DeepGEMM per row / own: best {per_row / best['us']:.2f}x, production "
+                       f"{per_row / prod['us']:.2f}x (target >= 1.6)")
+        else:
+            out.append(f"{head}; own / floor {best['x_floor']:.2f}x (control)")
+    return out
+
+
+def write_report(out_dir: str, rows: list[dict], env: dict, command: str) -> list[str]:
+    with open(os.path.join(out_dir, "mtp_logits.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS + ["gpu", "torch", "triton", "commit", "date"], extrasaction="ignore")
+        w.writeheader()
+        w.writerows([{**{c: fmt(r.get(c, float("nan"))) for c in COLUMNS},
+                      **{k: env.get(k) for k in ("gpu", "torch", "triton", "commit", "date")}} for r in rows])
+    floors = sorted({(r["batch"], r["ctx"], r["next_n"], r["floor_us"]) for r in rows})
+    lines = ["# MTP-native paged logits on one GPU (issue #17)", "",
+             f"- GPU: {env.get('gpu')} ({env.get('sms')} SMs), {env.get('date')}, torch {env.get('torch')}, triton "
+             f"{env.get('triton')}, CUDA {env.get('cuda')}, commit {env.get('commit')}, DeepGEMM "
+             f"{'yes' if env.get('deepgemm') else 'no'}",
+             f"- command: `{command}`",
+             f"- copy bandwidth (read + written): {env.get('copy_GBps', float('nan')):.0f} GB/s; FP8 MMA peak "
+             f"(torch._scaled_mm, fast accumulation): {env.get('fp8_peak_tflops', float('nan')):.0f} TFLOP/s",
+             f"- checks vs paged_indexer_logits_ref: worst rel. error "
+             f"{max(env.get('checks', {0: 0.0}).values()):.2e} over {len(env.get('checks', {}))} provider x next_n",
+             "- floor = max(B x L x 132 B / copy bandwidth, 2 H D x row tokens / FP8 peak): "
+             + "; ".join(f"{b}x{c} n={n} {fl:.1f} us" for b, c, n, fl in floors),
+             "- CUDA graphs, median of replays; configs: g<rows per MMA>w<warps>s<stages>[r<register cap>]"
+             "[p: scale prefetch][t<target programs>]; production = CONFIGS[next_n]", "",
+             "## Targets", ""] + [f"- {t}" for t in targets(rows)] + ["",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(fmt(r.get(c, float("nan"))) for c in COLUMNS) + " |" for r in rows]
+    with open(os.path.join(out_dir, "mtp_logits.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=os.path.join(HERE, "results", "mtp"))
+    p.add_argument("--points", default=None, help="comma list of BxLxN points instead of CASES")
+    p.add_argument("--budget-s", type=float, default=120, help="start no new point after this many seconds")
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    command = "python benchmarks/bench_mtp_logits.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    dry = DEVICE == "cpu"
+    t0 = time.time()
+    env = environment()
+    env["deepgemm"] = have_dg = (not dry) and deepgemm.available()
+    env["copy_GBps"] = copy_bandwidth_gbps() if not dry else 4170.0
+    env["fp8_peak_tflops"] = fp8_mma_peak_tflops()
+    log(json.dumps(env))
+    check(have_dg, env)
+    log(f"check done at {time.time() - t0:.0f} s")
+    if args.points:
+        cases = [dict(zip(("batch", "ctx", "next_n"), map(int, s.split("x")))) for s in args.points.split(",")]
+    else:
+        cases = DRY_CASES if dry else CASES
+    timing = {} if dry else dict(max_reps=20)
+    rows, pool, pool_key = [], None, None
+    for case in cases:
+        if time.time() - t0 > args.budget_s:
+            log(f"skipped {case} (time budget)")
+            continue
+        key = (case["batch"], case["ctx"])
+        if key != pool_key:  # one key pool per (B, L), shared by its next_n points
+            pool = None
+            torch.cuda.empty_cache() if not dry else None
+            pool, pool_key = KeyPool(case["batch"] * -(-case["ctx"] // T), seed=case["batch"] + case["ctx"]), key
+        t1 = time.time()
+        try:
+            got = time_case(case, pool, have_dg, env, timing)
+        except Exception as exc:  # one failed point must not cost the whole run
+            log(f"FAILED {case}: {exc!r}")
+            continue
+        rows += got
+        best = min((r for r in got if r["provider"] == "own"), key=lambda r: r["us"])
+        log(f"point {case} ({time.time() - t1:.0f} s): " + ", ".join(
+            f"{r['provider']}{':' + r['config'] if r['config'] else ''} {r['us']:.1f}" for r in got)
+            + f"; best own {best['config']} {best['x_floor']:.2f}x floor")
+        write_report(args.out, rows, env, command)  # after every point: a stopped run keeps what it measured
+    with open(os.path.join(args.out, "mtp_env.json"), "w") as f:
+        json.dump(env, f, indent=1)
+    for line in write_report(args.out, rows, env, command)[:40]:
+        log(line)
+    log(f"total {time.time() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

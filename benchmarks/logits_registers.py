@@ -1,0 +1,120 @@
+"""Registers, spills, shared memory and instructions per key block of the paged logits kernel
+(ops/indexer_logits_triton.py) for each launch configuration, without a GPU.
+
+Compiles `_paged_indexer_logits_kernel` for sm_90a with the local triton (compile only), runs ptxas -v and
+disassembles the cubin. `instr/block` counts the SASS of the block loop's body (the longest loop: one
+iteration per key block), per warp; with 4 warps one warp of each program sits on each of the SM's 4
+schedulers, so it is also the issue cycles per block each scheduler spends on that program (8 warps: twice).
+A block must take <= ~500 SM cycles to read keys at copy bandwidth (8448 B x 132 SMs / ~4.1 TB/s at
+~1.8 GHz). The counts are indicative: run it with the triton of the GPU host (3.6 on the H200 runs) to match
+it, e.g. a wheel unpacked into /tmp/t36: `PYTHONPATH=/tmp/t36:src python benchmarks/logits_registers.py`.
+
+    PYTHONPATH=src python benchmarks/logits_registers.py                  # every config the benchmark sweeps
+    PYTHONPATH=src python benchmarks/logits_registers.py --next-n 4 --hist
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from plan_registers import _tool  # noqa: E402
+from spin_indexer.ops import indexer_logits_triton as L  # noqa: E402
+
+PTR = {"q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "w_ptr": "*fp32", "lens_ptr": "*i32", "table_ptr": "*i32",
+       "out_ptr": "*fp32", "bmax_ptr": "*fp32", "v_ptr": "*fp16", "vb_ptr": "*fp16", "d_ptr": "*fp16",
+       "seen_ptr": "*i32", "clock_ptr": "*i32", "slot_ptr": "*i64", "kept_ptr": "*i32", "hlens_ptr": "*i32",
+       "upd_ptr": "*i8"}
+FLOATS = ("alpha", "lo", "hi")
+OPS = ("QGMMA", "FMNMX", "FFMA", "SHFL", "BAR", "STS", "LDS", "STG", "LDG", "LDL", "STL")
+
+
+def compile_counts(next_n: int, cfg: "L.LogitsConfig", hist: bool = False, heads: int = 64, dim: int = 128) -> dict:
+    fn = L._paged_indexer_logits_kernel
+    r = cfg.group_rows(next_n)
+    consts = dict(NEXT_N=next_n, H=heads, D=dim, T=64, PAGE_BYTES=64 * (dim + 4), RB=(64 * (dim + 4)) // dim,
+                  PREFETCH=cfg.prefetch,
+                  G=cfg.group, R0=r[0], R1=r[1], R2=r[2], R3=r[3], FILL_TAIL=False, HIST=hist, HAS_SEEN=hist)
+    sig, cidx = {}, {}
+    for name in fn.arg_names:
+        if name in consts:
+            sig[name] = "constexpr"
+            cidx[(fn.arg_names.index(name),)] = consts[name]
+        elif name == "k_arg":
+            sig[name] = f"tensordesc<fp8e4nv[64, {dim}]>"
+        else:
+            sig[name] = PTR.get(name, "fp32" if name in FLOATS else "i32")
+    missing = set(consts) - set(fn.arg_names)
+    if missing:
+        raise SystemExit(f"the kernel has no constexpr {sorted(missing)}: update benchmarks/logits_registers.py")
+    k = triton.compile(ASTSource(fn, sig, constexprs=cidx), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                                    # the launcher drops the cap when the EMA update is fused
+                                    **({"maxnreg": cfg.max_registers} if cfg.max_registers and not hist else {})))
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(ptx, "w") as f:
+            f.write(k.asm["ptx"])
+        res = subprocess.run([_tool("ptxas"), "-v", "--gpu-name", "sm_90a", ptx, "-o", cubin],
+                             capture_output=True, text=True)
+        sass = subprocess.run([_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True).stdout
+    regs = re.search(r"Used (\d+) registers", res.stderr)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", res.stderr)
+    body = _block_loop(sass)
+    return dict(regs=int(regs.group(1)) if regs else None, spill=(int(spill.group(1)) + int(spill.group(2)))
+                if spill else None, smem=k.metadata.shared, instr=sum(body.values()), ops=body,
+                log="" if regs else res.stderr[-300:])
+
+
+def _block_loop(sass: str) -> collections.Counter:
+    """Opcode counts of the longest loop of the SASS (a label, then a branch back to it)."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\.L_x_\d+):", line))}
+    best = (0, 0)
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA\s+`?\(?(\.L_x_\d+)", line)
+        if m and m.group(1) in labels and labels[m.group(1)] < i and i - labels[m.group(1)] > best[1] - best[0]:
+            best = (labels[m.group(1)], i)
+    ops = collections.Counter()
+    for line in lines[best[0]:best[1] + 1]:
+        m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
+        if m:
+            ops[m.group(1)] += 1
+    return ops
+
+
+def sweep_configs():
+    """(next_n, config, name) of every candidate bench_mtp_logits.py sweeps."""
+    from bench_mtp_logits import CANDIDATES, config_name
+    return [(n, c, config_name(c)) for n, cs in sorted(CANDIDATES.items()) for c in cs]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--next-n", type=int, nargs="*", help="only these next_n")
+    ap.add_argument("--hist", action="store_true", help="with the fused history update (row 0)")
+    a = ap.parse_args()
+    print(f"triton {triton.__version__}")
+    print(f"{'n':>2} {'config':>18} {'regs':>5} {'spill B':>7} {'smem B':>7} {'instr/block':>11}  "
+          + " ".join(f"{o:>5}" for o in OPS))
+    for n, cfg, name in sweep_configs():
+        if a.next_n and n not in a.next_n:
+            continue
+        c = compile_counts(n, cfg, hist=a.hist)
+        print(f"{n:>2} {name:>18} {str(c['regs']):>5} {str(c['spill']):>7} {c['smem']:>7} {c['instr']:>11}  "
+              + " ".join(f"{c['ops'][o]:>5}" for o in OPS) + c["log"])
+
+
+if __name__ == "__main__":
+    main()

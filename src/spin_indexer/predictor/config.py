@@ -50,10 +50,11 @@ class MtpPolicy(str, enum.Enum):
 # their share of SPIN's work. A placeholder, not a measured crossover (benchmarks/NOTES.md, "guard").
 AUTO_DENSE_BELOW = 16384
 # Cached tokens per step (the sum over requests of their longest row) below which the guard scores every
-# block of every request: SPIN's step is launch- and latency-bound there. From the H200 grid (run 11,
-# benchmarks/results/run11_fixes): SPIN lost at 1M tokens per step (B = 8 x 128K 0.96x, B = 1 x 1M 0.97x
-# of the dense step) and won at 4M (B = 32 x 128K 1.13x, B = 8 x 512K 1.20x); 2M lies between, unmeasured.
-AUTO_DENSE_BATCH_TOKENS = 2 << 20
+# block of every request: SPIN's step is launch- and latency-bound there. From the H200 grids: run 14
+# (benchmarks/results/run14_chunk_rank, the chunk-rank top-k) SPIN won at 1M tokens per step (B = 8 x 128K:
+# 1.09x / 1.03x of the dense step at s = 0.5 / 0.4, where the guard at 2M cost it 0.99x) and lost below
+# (B = 1 x 128K 0.97x, B = 1 x 64K 0.99-1.00x; run 12: B = 8 x 64K = 512K tokens 0.96x): 1M is the crossover.
+AUTO_DENSE_BATCH_TOKENS = 1 << 20
 
 def _check_threshold(name: str, value) -> None:
     """A guard threshold: an int >= 0 or "auto" (TypeError / ValueError naming the field)."""

@@ -47,12 +47,12 @@ C = LogitsConfig
 # benchmarks/NOTES.md; group 1 at n >= 2 is the earlier kernel (one [T, H] MMA per row).
 CANDIDATES = {
     1: [CONFIGS[1], C(1, 4, 3, prefetch=True)],
-    2: [CONFIGS[2], C(2, 4, 3), C(2, 4, 3, prefetch=True), C(2, 8, 3), C(1, 4, 3),
-        C(2, 4, 3, max_registers=128, target_programs=4096)],
-    3: [CONFIGS[3], C(2, 4, 3), C(2, 4, 3, max_registers=168, prefetch=True), C(4, 4, 3), C(4, 8, 3, max_registers=128),
-        C(1, 4, 3)],
-    4: [CONFIGS[4], C(4, 4, 3, prefetch=True), C(4, 8, 3, max_registers=128), C(4, 8, 3, max_registers=128, prefetch=True),
-        C(2, 8, 3, max_registers=128), C(1, 4, 3), C(4, 4, 3, target_programs=4096)],
+    2: [CONFIGS[2], C(2, 4, 3, max_registers=128), C(2, 4, 3), C(2, 4, 3, max_registers=128, prefetch=True),
+        C(2, 8, 3, prefetch=True), C(1, 4, 3), C(2, 4, 3, prefetch=True, target_programs=4096)],
+    3: [CONFIGS[3], C(2, 4, 3, max_registers=168), C(2, 4, 3, prefetch=True), C(4, 4, 3, prefetch=True),
+        C(4, 8, 3, max_registers=128, prefetch=True), C(1, 4, 3)],
+    4: [CONFIGS[4], C(4, 4, 3), C(4, 8, 3, max_registers=128, prefetch=True), C(2, 4, 3, prefetch=True),
+        C(2, 8, 3, max_registers=128, prefetch=True), C(1, 4, 3), C(4, 4, 3, prefetch=True, target_programs=4096)],
 }
 CASES = [dict(batch=b, ctx=c, next_n=n) for b, c, n in (
     (96, 131072, 2), (32, 524288, 2), (96, 131072, 3), (48, 393216, 4), (96, 131072, 4), (32, 524288, 3),

@@ -92,23 +92,24 @@ class LogitsConfig:
         return tuple(rows + [0] * (4 - len(rows)))
 
 
-# The production configuration per next_n: predictions from counts (benchmarks/NOTES.md, "MTP-native paged
-# logits"), to be replaced by the best of benchmarks/bench_mtp_logits.py's sweep on the H200. Counts from
-# benchmarks/logits_registers.py (ptxas for sm_90a, Triton 3.6), per key block: a block must cost <= ~480 SM
-# cycles to read keys at copy bandwidth; the FP8 MMA of one row is 128 cycles at the nominal peak; the
-# loop's instructions per warp are the issue cycles per block of each of the SM's 4 schedulers (4 warps).
+# The production configuration per next_n. Counts from benchmarks/logits_registers.py (ptxas for sm_90a,
+# Triton 3.6), per key block: a block must cost <= ~480 SM cycles to read keys at copy bandwidth; the FP8 MMA
+# of one row is 128 cycles at the nominal peak; the loop's instructions per warp are the issue cycles per
+# block of each of the SM's 4 schedulers (4 warps).
 # - n 1: one [T, H] MMA; 64 registers (8 resident programs), ~200 instructions: at copy bandwidth (run 4).
 # - n 2: both rows in one [T, 2H] MMA: the key tile read from shared memory once, one mask/store/block-max
-#   pass for both rows; ~320 instructions (two row MMAs: ~350); capped at 128 registers for 4 resident
-#   programs (159 uncapped: 3; a few spills outside the FMA chains).
-# - n 3: rows {0, 1} in one MMA, row 2 in a second: MMA work for 3 rows (a padded group of 4 does 4/3 of it,
-#   and n = 3 is near the MMA ridge); ~470 instructions; 168 registers for 3 resident programs (247: 2).
-# - n 4: one [T, 4H] MMA (wgmma N = 256: the most MMA work per key-tile read, ~490 instructions against ~610
-#   for four row MMAs); 255 registers, 2 resident programs, which alternate MMA and epilogue. 8 warps (two
-#   [T, 2H] halves) need a 128 cap for 2 residents and issue ~680 instructions per block.
+#   pass for both rows.
+# - n 3: rows {0, 1} in one MMA, row 2 in a second (a padded group of 4 does 4/3 of the MMA work).
+# - n 4: one [T, 4H] MMA (wgmma N = 256: the most MMA work per key-tile read).
+# Measured (bench_mtp_logits.py, H200, commit 32d228a, benchmarks/results/run15_final/mtp): at n >= 2 the
+# scales loaded one block ahead by hand (prefetch) win every point, by 23-27% (n = 2: 572 vs 744 us at
+# 96 x 128K; n = 4: 1154 vs 1570), the scale load's latency being the loop's critical path once the MMA
+# of several rows follows it; the register caps chosen from counts lost to the uncapped + prefetch configs
+# at n = 2 and tied at n = 3. n = 1 keeps the configuration every earlier run measured: its prefetch variant
+# was 2.5% faster there (412 vs 423 us) but was not measured with the fused EMA update (the SPIN step).
 # The register cap is dropped when the EMA update is fused (its extra live values spill under the cap).
-CONFIGS = {1: LogitsConfig(1, 4, 3), 2: LogitsConfig(2, 4, 3, max_registers=128),
-           3: LogitsConfig(2, 4, 3, max_registers=168), 4: LogitsConfig(4, 4, 3)}
+CONFIGS = {1: LogitsConfig(1, 4, 3), 2: LogitsConfig(2, 4, 3, prefetch=True),
+           3: LogitsConfig(2, 4, 3, max_registers=168, prefetch=True), 4: LogitsConfig(4, 4, 3, prefetch=True)}
 
 
 def _kernel_supports(next_n: int, heads: int, dim: int, tokens: int) -> bool:

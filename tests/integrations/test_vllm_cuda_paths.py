@@ -18,11 +18,6 @@ MAX_MODEL_LEN = 4096
 WIDTH = MAX_MODEL_LEN // vh.T
 
 
-@pytest.fixture(autouse=True)
-def _vllm_cpu(monkeypatch):
-    vh.isolate(monkeypatch)
-
-
 
 
 def _v32_attention_self(layer, buffer):

@@ -16,11 +16,6 @@ MAX_MODEL_LEN = 4096
 WIDTH = MAX_MODEL_LEN // vh.T
 
 
-@pytest.fixture(autouse=True)
-def _vllm_cpu(monkeypatch):
-    vh.isolate(monkeypatch)
-
-
 
 
 CASES = [  # (top-k, next_n, lengths): < top-k, partial last block, exact multiple of T, one token

@@ -18,11 +18,6 @@ MAX_MODEL_LEN = 4096
 WIDTH = MAX_MODEL_LEN // vh.T
 
 
-@pytest.fixture(autouse=True)
-def _vllm_cpu(monkeypatch):
-    vh.isolate(monkeypatch)
-
-
 def _model(gen, num_blocks, spin, next_n=1, layers=1, max_num_seqs=4, stride_blocks=1):
     cfg = vh.vllm_config(spin, max_num_seqs=max_num_seqs)
     if next_n > 1:

@@ -20,11 +20,6 @@ WIDTH = MAX_MODEL_LEN // vh.T
 NUM_BLOCKS = 200
 
 
-@pytest.fixture(autouse=True)
-def _vllm_cpu(monkeypatch):
-    vh.isolate(monkeypatch)
-
-
 def _slots(blocks, lo, hi):
     return [blocks[p // vh.T] * vh.T + p % vh.T for p in range(lo, hi)]
 

@@ -18,11 +18,6 @@ LAYERS, TOPK, MAX_MODEL_LEN, WIDTH = 3, 512, 4096, 64  # WIDTH = vLLM's cdiv(max
 PAGE_KEYS, PAGE_HISTORY = vh.T * vh.ROW, vh.T * 2  # bytes per block and layer: 8448 (keys), 128 (history)
 
 
-@pytest.fixture(autouse=True)
-def _vllm_cpu(monkeypatch):
-    vh.isolate(monkeypatch)
-
-
 def _engine(spin: dict, available: int, layout: str = "LBHNC", bind: bool = True):
     """(cfg, SPIN layers, buffer, kv-cache config, raw kv_caches) of a LAYERS-layer model whose KV cache vLLM
     planned and allocated from `available` bytes."""

@@ -20,11 +20,6 @@ MAX_MODEL_LEN = 4096
 WIDTH = MAX_MODEL_LEN // vh.T
 
 
-@pytest.fixture(autouse=True)
-def _vllm_cpu(monkeypatch):
-    vh.isolate(monkeypatch)
-
-
 @pytest.fixture
 def workspace_manager(monkeypatch):
     """vLLM's WorkspaceManager on the CPU, as GPUWorker initializes it before the profile run (its resize

@@ -20,11 +20,6 @@ pytestmark = pytest.mark.vllm
 WIDTH = 64
 
 
-@pytest.fixture(autouse=True)
-def _vllm_cpu(monkeypatch):
-    vh.isolate(monkeypatch)
-
-
 def _model(gen, num_blocks, layers=2, sparsity=0.5, policy="explore-none", max_num_seqs=8):
     cfg = vh.vllm_config({"enable": True, "sparsity": sparsity, "policy": policy}, max_num_seqs=max_num_seqs)
     kvs = [vh.make_cache(num_blocks, gen) for _ in range(layers)]

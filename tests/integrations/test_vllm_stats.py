@@ -20,8 +20,7 @@ WIDTH = 4096 // vh.T
 
 
 @pytest.fixture(autouse=True)
-def _vllm_cpu(monkeypatch, tmp_path):
-    vh.isolate(monkeypatch)
+def _stats_dir(_vllm_cpu, monkeypatch, tmp_path):  # after the isolation (conftest), which clears SPIN_* settings
     monkeypatch.setenv("SPIN_STATS_DIR", str(tmp_path))
 
 

@@ -348,3 +348,15 @@ def run_benchmark_dry(script: str, args: list, timeout: int):
                PYTHONPATH=os.pathsep.join([str(root / "src"), str(root / "benchmarks")]))
     return subprocess.run([sys.executable, str(root / "benchmarks" / script), *map(str, args)], env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+# ------------------------------------------------------------------------------ vLLM tests' isolation
+@pytest.fixture(autouse=True)
+def _vllm_cpu(request, monkeypatch):
+    """Every test of a module that imports the vLLM harness (`import vllm_harness as vh`, tests/integrations)
+    runs with no SPIN_* settings from the environment, vLLM's logits call on the flattened torch fallback and
+    the plugin registered (vllm_harness.isolate). Here, not in a tests/integrations/conftest.py: a second
+    module named conftest would shadow this one for the `from conftest import ...` of the other tests."""
+    harness = getattr(request.module, "vh", None)
+    if harness is not None and getattr(harness, "__name__", "") == "vllm_harness":
+        harness.isolate(monkeypatch)

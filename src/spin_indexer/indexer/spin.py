@@ -220,11 +220,12 @@ class SpinIndexer:
         out = None if backend == "deepgemm" else self.workspace.logits[:rows, :cols]
         block_max = self.workspace.block_max[:rows, :width]
         history = self._history_args(layer, st, plan)
-        # The top-k prunes at G columns (topk_group); finer than a block, DeepGEMM's update pass writes those
-        # maxima as it reads the logits anyway (the top-k's own group-max launch cost ~10 us at 96 x 128K).
+        # The top-k prunes at G columns (topk_group). Finer than a block, the logits op writes those maxima
+        # (DeepGEMM's update pass reads the logits anyway; elsewhere one pass, as the top-k's own would be):
+        # the top-k's group-max launch cost ~10 us at 96 x 128K.
         group = ops.topk_group(cols, self.config.topk)
         group_max = None
-        if backend == "deepgemm" and self.workspace.GROUP_MIN <= group < self.config.tokens_per_block:
+        if self.workspace.GROUP_MIN <= group < self.config.tokens_per_block:
             group_max = self.workspace.group_max[:rows, :-(-cols // group)]
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
                                           validate=False, out=out, block_max_out=block_max,

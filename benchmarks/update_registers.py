@@ -46,7 +46,7 @@ def compile_counts(blocks: int, warps: int, group: int | None = 16, rows: int = 
                    bmax: bool = True, hist: bool = True) -> dict:
     fn = U._update_history_kernel
     cfg = dict(T=64, BLOCKS=blocks, HIST=hist, HAS_SEEN=seen, BMAX=bmax, NP=triton.next_power_of_2(rows),
-               GMAX=group is not None, G=group or 64)
+               GMAX=group is not None, G=group or 64, DB=min(U.DIAGONAL_BLOCKS, blocks))
     missing = set(cfg) - set(fn.arg_names)
     if missing:
         raise SystemExit(f"the kernel has no constexpr {sorted(missing)}: update benchmarks/update_registers.py")

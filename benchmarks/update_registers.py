@@ -5,7 +5,8 @@ Compiles the kernel for sm_90a with the local triton (compile only), runs the pt
 with -v and counts the SASS's global loads/stores and local (spill) traffic. 65536 registers per SM: a
 program of 4 warps at R registers per thread leaves floor(65536 / (128 R)) programs resident (R <= 128: 4,
 <= 64: 8), which is what keeps enough bytes in flight for a memory-bound pass. The production launch is
-BLOCKS_PER_PROGRAM x NUM_WARPS with the block max and the group maxima (G = 16 at 128K) of the DeepGEMM path.
+BLOCKS_PER_PROGRAM x NUM_WARPS under MAX_REGISTERS, with the block max and the group maxima (G = 16 at 128K)
+of the DeepGEMM path; each config prints with the cap and without it (what ptxas picks).
 The counts are indicative: run it with the GPU host's triton (3.6 on the H200 runs) to match it, e.g. a wheel
 unpacked into /tmp/t36: `PYTHONPATH=/tmp/t36:src python benchmarks/update_registers.py`.
 
@@ -43,7 +44,7 @@ OPS = ("LDG", "STG", "LDL", "STL")
 
 
 def compile_counts(blocks: int, warps: int, group: int | None = 16, rows: int = 1, seen: bool = False,
-                   bmax: bool = True, hist: bool = True) -> dict:
+                   bmax: bool = True, hist: bool = True, maxnreg: int | None = None) -> dict:
     fn = U._update_history_kernel
     cfg = dict(T=64, BLOCKS=blocks, HIST=hist, HAS_SEEN=seen, BMAX=bmax, NP=triton.next_power_of_2(rows),
                GMAX=group is not None, G=group or 64, DB=min(U.DIAGONAL_BLOCKS, blocks))
@@ -59,7 +60,8 @@ def compile_counts(blocks: int, warps: int, group: int | None = 16, rows: int = 
             sig[name] = PTR.get(name, "fp32" if name in FLOATS else "i32")
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in DIV16}
     k = triton.compile(ASTSource(fn, sig, constexprs=cidx, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=warps, enable_fp_fusion=True))  # the launch default
+                       options=dict(num_warps=warps, enable_fp_fusion=True,  # the launch's default
+                                    **({"maxnreg": maxnreg} if maxnreg else {})))
     with tempfile.TemporaryDirectory() as tmp:
         ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(ptx, "w") as f:
@@ -82,17 +84,22 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=16, help="G of the group maxima (0: no group max)")
     ap.add_argument("--rows", type=int, default=1, help="next_n of the launch")
     ap.add_argument("--seen", action="store_true", help="with last_seen")
+    ap.add_argument("--maxnreg", type=int, nargs="*",
+                    help="register caps (default: the launcher's MAX_REGISTERS and none; 0 = none)")
     a = ap.parse_args()
     print(f"triton {triton.__version__}")
-    print(f"{'BLOCKS':>6} {'warps':>5} {'GMAX':>5} {'regs':>5} {'spill B':>7} {'progs/SM':>8}  "
+    print(f"{'BLOCKS':>6} {'warps':>5} {'GMAX':>5} {'maxnreg':>7} {'regs':>5} {'spill B':>7} {'progs/SM':>8}  "
           + " ".join(f"{o:>4}" for o in OPS))
     groups = [a.group or None] if a.group != 16 else [16, None]
+    caps = a.maxnreg if a.maxnreg is not None else sorted({U.MAX_REGISTERS, 0}, reverse=True)
     for blocks in a.blocks or [U.BLOCKS_PER_PROGRAM, 16]:
         for g in groups:
-            c = compile_counts(blocks, a.warps, group=g, rows=a.rows, seen=a.seen)
-            progs = min(64 // a.warps, 65536 // (32 * a.warps * (-(-c["regs"] // 8) * 8))) if c["regs"] else 0
-            print(f"{blocks:>6} {a.warps:>5} {str(g or '-'):>5} {str(c['regs']):>5} {str(c['spill']):>7} "
-                  f"{progs:>8}  " + " ".join(f"{c['ops'][o]:>4}" for o in OPS) + c["log"])
+            for cap in caps:
+                c = compile_counts(blocks, a.warps, group=g, rows=a.rows, seen=a.seen, maxnreg=cap or None)
+                # registers are allocated per warp in units of 256 (8 per thread); 64 warps per SM at most
+                progs = min(64 // a.warps, 65536 // (32 * a.warps * (-(-c["regs"] // 8) * 8))) if c["regs"] else 0
+                print(f"{blocks:>6} {a.warps:>5} {str(g or '-'):>5} {str(cap or '-'):>7} {str(c['regs']):>5} "
+                      f"{str(c['spill']):>7} {progs:>8}  " + " ".join(f"{c['ops'][o]:>4}" for o in OPS) + c["log"])
 
 
 if __name__ == "__main__":

@@ -27,6 +27,10 @@ except ImportError:  # pragma: no cover
 
 BLOCKS_PER_PROGRAM = 32  # compact blocks per program, one [32, T] tile (loads issued together)
 NUM_WARPS = 4
+# ptxas's cap per thread (0: its own choice). The pass only moves bytes: resident programs are what keep them in
+# flight. At 32 x 4 it needs ~70 (triton 3.9, sm_90a: 7 programs of 4 warps per SM); 64 fits 8, spill-free
+# (benchmarks/update_registers.py prints both).
+MAX_REGISTERS = 64
 DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a divisor of BLOCKS_PER_PROGRAM)
 
 
@@ -70,7 +74,7 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
             T=t, BLOCKS=BLOCKS_PER_PROGRAM, DB=min(DIAGONAL_BLOCKS, BLOCKS_PER_PROGRAM), HIST=h is not None, HAS_SEEN=h is not None and h.last_seen is not None,
             NP=triton.next_power_of_2(next_n),
             BMAX=(block_max_out is not None) and j == 0, GMAX=(group_max_out is not None) and j == 0, G=group,
-            num_warps=NUM_WARPS)
+            num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS or None)
 
 
 def _history_args(h: HistoryUpdate, like: torch.Tensor):
@@ -228,11 +232,11 @@ if triton is not None:
             clen = tl.load(clen_ptr + b * next_n + j)
             x_row = x_req + j * x_stride_n
             x = _row_logits(x_row, m, in_table, clen, T)
-            _row_maxima(x, m, in_table, clen, bmax_ptr + (out_row + j) * bmax_stride,
-                        gmax_ptr + (out_row + j) * gmax_stride, T, BMAX, GMAX, G)
             live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
             live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
                                           seen_stride, alpha, lo, hi, T, HAS_SEEN)
+            _row_maxima(x, m, in_table, clen, bmax_ptr + (out_row + j) * bmax_stride,
+                        gmax_ptr + (out_row + j) * gmax_stride, T, BMAX, GMAX, G)
             # The diagonal window covers the request's last `window` positions: only the tiles that reach it
             # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
             last = tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0)

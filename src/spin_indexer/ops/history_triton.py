@@ -241,11 +241,15 @@ if triton is not None:
             # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
             last = tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0)
             if last > q - window:
+                # Sub-tiles of DB blocks reload their scores from the logits (just read: L2) rather than keep
+                # the tile's alive through the V update (the whole tile here: 91 registers instead of 70).
                 for s in range(0, BLOCKS // DB):
                     ms = tl.program_id(1) * BLOCKS + s * DB + tl.arange(0, DB)
                     on_s = tl.where(upd, (ms < num_blocks) & (ms < used), False)
                     kb_s = tl.load(kept_ptr + b64 * kept_stride + ms, mask=on_s, other=-1)
                     obs = _row_logits(x_row, ms, on_s, clen, T)
+                    # as ema_vertical's live: a kept block of an updating row, a finite score before clen
+                    # (a branch per sub-tile on whether it reaches the window cost 4-8 registers: none here)
                     live_s = tl.broadcast_to((kb_s >= 0)[:, None], obs.shape) & (obs > float("-inf")) & (
                         obs < float("inf"))
                     ema_diagonal(obs, live_s, kb_s, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T)

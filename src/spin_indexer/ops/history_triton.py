@@ -2,13 +2,13 @@
 
 `ema_tile` updates kept blocks for one query row from their scores (already in registers): V and its
 block max through the physical block id, D at the row's offsets inside the diagonal window, last_seen.
-The standalone kernel (replay, and after the DeepGEMM backend) runs it over compact logits: one program
-per (request, BLOCKS compact blocks), one launch per updating row so rows fold in strictly in order
-(row j+1's diagonal offsets overlap row j's at block edges). It can write the compact block maxima too,
-the one pass over the logits that both need.
+The standalone kernel (replay, and after the DeepGEMM backend) runs its two halves (ema_vertical,
+ema_diagonal) over compact logits: one program per (request, BLOCKS compact blocks), one launch per updating
+row so rows fold in strictly in order (row j+1's diagonal offsets overlap row j's at block edges). It can
+write the compact block maxima and the top-k's group maxima too, the one pass over the logits they all need.
 
-Bytes per kept token: 4 (logits) + 2 + 2 (V read + written) + 4 more for D inside the window; per kept
-block 2 B of block max (and 4 of last_seen). No two programs of a launch write the same V cell (one
+Bytes per kept token: 4 (logits) + 2 + 2 (V read + written) + 4 more for D inside the window (+ 4 of logits
+read again from L2 there); per kept block 2 B of block max (and 4 of last_seen). No two programs of a launch write the same V cell (one
 program per physical block of a request; two requests that share a block by design race benignly: each
 cell ends with one of their updates) or the same D cell (distinct positions of a request).
 """
@@ -223,7 +223,7 @@ if triton is not None:
                     x = _row_logits(x_req + r * x_stride_n, m, in_table, clen, T)
                     _row_maxima(x, m, in_table, clen, bmax_ptr + (out_row + r) * bmax_stride,
                                 gmax_ptr + (out_row + r) * gmax_stride, T, BMAX, GMAX, G)
-        if HIST:  # the history's reads first; a row that does not update (guarded) reads no history
+        if HIST:  # a row that does not update (guarded) reads and writes no history
             upd, q, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, HAS_SEEN)
             on = tl.where(upd, in_table, False)
             phys = tl.load(table_ptr + b64 * table_stride + m, mask=on, other=-1)

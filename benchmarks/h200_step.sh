@@ -2,7 +2,8 @@
 # The H200 runs of the step redesign, one device call each (carry: .dg, the DeepGEMM kit from ../shared/deepgemm):
 #   bash benchmarks/h200_step.sh tests [PATHS]  CUDA test subset (kernels vs references on the device)
 #   bash benchmarks/h200_step.sh grid [ARGS]    benchmarks/run_all.py, DeepGEMM side by side; ARGS go to it
-#   bash benchmarks/h200_step.sh profile [ARGS] benchmarks/profile_step.py (kernel breakdown, stage timings)
+#   bash benchmarks/h200_step.sh profile [ARGS] benchmarks/profile_step.py (kernel breakdown, stage timings), and
+#                                               the update pass's ptxas counts in update_registers.log
 #   bash benchmarks/h200_step.sh v32 [ARGS]     benchmarks/bench_v32_step.py (61 layers, one CUDA graph)
 #   bash benchmarks/h200_step.sh mtp [ARGS]     benchmarks/bench_mtp_logits.py (next_n 1-4 configs vs DeepGEMM and
 #                                               the floors; ARGS go to it) after the logits kernel's CUDA tests,
@@ -32,7 +33,8 @@ case "$stage" in
         python3 -m pytest -q -p no:cacheprovider "$@" 2>&1 | tee "$OUT/gputests.log" | tail -25 ;;
     grid)
         python3 benchmarks/run_all.py --out "$OUT" "$@" 2>&1 | tee "$OUT/run_all.log" | tail -60 ;;
-    profile)
+    profile)  # + the update pass's ptxas counts with the device's triton (update_registers.log)
+        python3 benchmarks/update_registers.py > "$OUT/update_registers.log" 2>&1
         python3 benchmarks/profile_step.py --out "$OUT" "$@" 2>&1 | tee "$OUT/profile.log" | tail -80 ;;
     v32)
         python3 benchmarks/bench_v32_step.py --out "$OUT" "$@" 2>&1 | tee "$OUT/v32.log" | tail -30 ;;

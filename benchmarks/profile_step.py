@@ -108,22 +108,32 @@ def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: lis
     lines.append(f"top-k by sort chunk (production {chosen}): " +
                  ", ".join(f"{ch}: {out[f'topk_chunk{ch}_us']:.1f} us" for ch in (256, 512, 1024, 2048)))
 
-    # The EMA update pass alone (history + block max), tile variants.
+    # The EMA update pass alone (history + block max), tile variants: blocks x warps, "r<N>" a register cap
+    # (MAX_REGISTERS; "r0": ptxas's choice), "+g<G>" with the top-k's group maxima as the DeepGEMM step writes them.
     st = idx._step
     hist = idx._history_args(0, st, plan)
     view = logits.view(batch, next_n, logits.shape[1])
-    base = (history_triton.BLOCKS_PER_PROGRAM, history_triton.NUM_WARPS)
+    base = (history_triton.BLOCKS_PER_PROGRAM, history_triton.NUM_WARPS, history_triton.MAX_REGISTERS)
+    group = ops.topk_group(logits.shape[1], k)
+    gmax = torch.empty(rows_n, -(-logits.shape[1] // group), device=p.table.device) if group < 64 else None
     variants = {}
-    for blocks, warps in ((32, 4), (16, 4), (8, 4), (8, 2), (16, 8), (64, 8), (4, 1)):
-        history_triton.BLOCKS_PER_PROGRAM, history_triton.NUM_WARPS = blocks, warps
+    cap0 = base[2]
+    for blocks, warps, cap, with_g in ((32, 4, cap0, False), (32, 4, 0, False), (32, 4, cap0, True), (32, 4, 0, True),
+                                       (16, 4, cap0, False), (16, 4, 0, False), (64, 8, cap0, False), (8, 4, 0, False),
+                                       (16, 8, 0, False), (4, 1, 0, False)):
+        if with_g and gmax is None:
+            continue
+        history_triton.BLOCKS_PER_PROGRAM, history_triton.NUM_WARPS, history_triton.MAX_REGISTERS = blocks, warps, cap
+        name = f"{blocks}x{warps}r{cap}" + (f"+g{group}" if with_g else "")
         try:
             t = time_graph([lambda: ops.update_history(hist, view, plan.compact_block_table, plan.compact_seq_lens,
-                                                       block_max_out=bmax)], max_reps=10).p50_us
+                                                       block_max_out=bmax, group_max_out=gmax if with_g else None,
+                                                       group=group)], max_reps=10).p50_us
         except Exception as exc:  # a variant that does not compile must not cost the run
             t = float("nan")
-            lines.append(f"update variant {blocks}x{warps} failed: {exc!r}")
-        variants[f"{blocks}x{warps}"] = t
-    history_triton.BLOCKS_PER_PROGRAM, history_triton.NUM_WARPS = base
+            lines.append(f"update variant {name} failed: {exc!r}")
+        variants[name] = t
+    history_triton.BLOCKS_PER_PROGRAM, history_triton.NUM_WARPS, history_triton.MAX_REGISTERS = base
     out["update_us"] = variants
     kept = float((1 - plan.sparsity().mean()) * batch * ctx)
     out["update_bytes"] = kept * (4 + 4) + kept / 64 * (4 + 4 + 2)

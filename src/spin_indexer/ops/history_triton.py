@@ -2,13 +2,13 @@
 
 `ema_tile` updates kept blocks for one query row from their scores (already in registers): V and its
 block max through the physical block id, D at the row's offsets inside the diagonal window, last_seen.
-The standalone kernel (replay, and after the DeepGEMM backend) runs it over compact logits: one program
-per (request, BLOCKS compact blocks), one launch per updating row so rows fold in strictly in order
-(row j+1's diagonal offsets overlap row j's at block edges). It can write the compact block maxima too,
-the one pass over the logits that both need.
+The standalone kernel (replay, and after the DeepGEMM backend) runs its two halves (ema_vertical,
+ema_diagonal) over compact logits: one program per (request, BLOCKS compact blocks), one launch per updating
+row so rows fold in strictly in order (row j+1's diagonal offsets overlap row j's at block edges). It can
+write the compact block maxima and the top-k's group maxima too, the one pass over the logits they all need.
 
-Bytes per kept token: 4 (logits) + 2 + 2 (V read + written) + 4 more for D inside the window; per kept
-block 2 B of block max (and 4 of last_seen). No two programs of a launch write the same V cell (one
+Bytes per kept token: 4 (logits) + 2 + 2 (V read + written) + 4 more for D inside the window (+ 4 of logits
+read again from L2 there); per kept block 2 B of block max (and 4 of last_seen). No two programs of a launch write the same V cell (one
 program per physical block of a request; two requests that share a block by design race benignly: each
 cell ends with one of their updates) or the same D cell (distinct positions of a request).
 """
@@ -27,6 +27,11 @@ except ImportError:  # pragma: no cover
 
 BLOCKS_PER_PROGRAM = 32  # compact blocks per program, one [32, T] tile (loads issued together)
 NUM_WARPS = 4
+# ptxas's cap per thread (0: its own choice). The pass only moves bytes: resident programs are what keep them in
+# flight. At 32 x 4 it needs ~70 (triton 3.9, sm_90a: 7 programs of 4 warps per SM); 64 fits 8, spill-free
+# (benchmarks/update_registers.py prints both).
+MAX_REGISTERS = 64
+DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a divisor of BLOCKS_PER_PROGRAM)
 
 
 def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, compact_table: torch.Tensor,
@@ -66,10 +71,10 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
             bmax, bmax.stride(0), gmax, gmax.stride(0),
             *(_history_args(h, logits) if h is not None else _no_history(logits)),
             next_n, blocks, j,
-            T=t, BLOCKS=BLOCKS_PER_PROGRAM, HIST=h is not None, HAS_SEEN=h is not None and h.last_seen is not None,
+            T=t, BLOCKS=BLOCKS_PER_PROGRAM, DB=min(DIAGONAL_BLOCKS, BLOCKS_PER_PROGRAM), HIST=h is not None, HAS_SEEN=h is not None and h.last_seen is not None,
             NP=triton.next_power_of_2(next_n),
             BMAX=(block_max_out is not None) and j == 0, GMAX=(group_max_out is not None) and j == 0, G=group,
-            num_warps=NUM_WARPS)
+            num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS or None)
 
 
 def _history_args(h: HistoryUpdate, like: torch.Tensor):
@@ -89,12 +94,12 @@ def _no_history(like: torch.Tensor):
 if triton is not None:
     @triton.jit
     def load_vertical(v_ptr, phys, trash, T: tl.constexpr):
-        """(safe physical ids int64 [BB], float32 [BB, T] V of those blocks) for ids int [BB]: ids outside the
+        """(safe physical ids int64 [BB], float16 [BB, T] V of those blocks) for ids int [BB]: ids outside the
         cache read the trash block. A kernel issues this load early (before its MMA) so the update's read
-        latency hides under it."""
+        latency hides under it; V stays fp16 (half the registers of fp32) until the EMA converts it."""
         inside = (phys >= 0) & (phys < trash)
         pv = tl.where(inside, phys, trash).to(tl.int64)
-        return pv, tl.load(v_ptr + pv[:, None] * T + tl.arange(0, T)[None, :]).to(tl.float32)
+        return pv, tl.load(v_ptr + pv[:, None] * T + tl.arange(0, T)[None, :])
 
     @triton.jit
     def row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, row, b, HAS_SEEN: tl.constexpr):
@@ -110,18 +115,16 @@ if triton is not None:
         return upd, q, slot, clock
 
     @triton.jit
-    def ema_tile(obs, live, pv, old, kb, upd, q, slot, clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr,
-                 seen_stride, alpha, window, lo, hi, T: tl.constexpr, HAS_SEEN: tl.constexpr):
-        """EMA update of BB blocks for one query row. obs: float32 [BB, T] scores of the blocks' slots; live:
-        bool [BB, T] columns inside the row's compact length; pv, old: from load_vertical; kb: int [BB] logical
-        block ids (-1: not a kept block); upd, q, slot, clock: the row's constants (row_constants). Writes V,
-        the blocks' max, D inside the window and last_seen, with masked stores only."""
-        kb64 = kb.to(tl.int64)
-        # Scalar conditions go through a where: `block & scalar` of int1 yields an int32 mask in the
-        # interpreter (Triton 3.9), which tl.store rejects.
-        live = tl.where(upd, live & (kb64[:, None] >= 0) & (obs > float("-inf")) & (obs < float("inf")), False)
+    def ema_vertical(obs, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr, seen_stride, alpha,
+                     lo, hi, T: tl.constexpr, HAS_SEEN: tl.constexpr):
+        """The V half of ema_tile (arguments as there): V, the blocks' max and last_seen. Returns (live: bool
+        [BB, T] cells that take the observation, any_live: bool [BB] blocks that take one)."""
+        # Row conditions as a [BB] vector, broadcast once. Scalar conditions go through a where: `block &
+        # scalar` of int1 yields an int32 mask in the interpreter (Triton 3.9), which tl.store rejects.
+        row_ok = tl.where(upd, kb >= 0, False)
+        live = live & row_ok[:, None] & (obs > float("-inf")) & (obs < float("inf"))
         any_live = tl.max(live.to(tl.int32), axis=1) > 0  # [BB]
-        offs = tl.arange(0, T)[None, :]
+        old = old.to(tl.float32)
         new = tl.where(old > float("-inf"), alpha * obs + (1.0 - alpha) * old, obs)
         new = tl.minimum(tl.maximum(new, lo), hi)
         v = tl.where(live, new, old)
@@ -129,21 +132,63 @@ if triton is not None:
         # written are the same, and a mask constant along T lets the store vectorize. A per-cell mask made
         # it 2-byte stores: 73 of the pass's ~180 us at B = 96 x 512K (benchmarks/update_variants.py).
         row_mask = tl.broadcast_to(any_live[:, None], obs.shape)
-        tl.store(v_ptr + pv[:, None] * T + offs, v.to(v_ptr.dtype.element_ty), mask=row_mask)
+        tl.store(v_ptr + pv[:, None] * T + tl.arange(0, T)[None, :], v.to(v_ptr.dtype.element_ty), mask=row_mask)
         tl.store(vb_ptr + pv * vb_stride, tl.max(v, axis=1).to(vb_ptr.dtype.element_ty), mask=any_live)
         if HAS_SEEN:
             tl.store(seen_ptr + pv * seen_stride, clock + pv * 0, mask=any_live)
+        return live, any_live
+
+    @triton.jit
+    def ema_diagonal(obs, live, kb, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T: tl.constexpr):
+        """The D half of ema_tile: the cells of `live` (from ema_vertical) inside the diagonal window. Block kb's
+        slot t sits at offset q - (kb * T + t) from the query: D cells descend along T, so they are per-cell
+        gathers (no vector loads), worth doing only in the few tiles that reach the window."""
+        off = q - (kb.to(tl.int64)[:, None] * T + tl.arange(0, T)[None, :])
+        in_window = live & (off >= 0) & (off < window)
+        d_cells = d_ptr + slot * d_stride + tl.where(in_window, off, 0)
+        old_d = tl.load(d_cells, mask=in_window, other=0.0).to(tl.float32)
+        new_d = tl.where(old_d > float("-inf"), alpha * obs + (1.0 - alpha) * old_d, obs)
+        new_d = tl.minimum(tl.maximum(new_d, lo), hi)
+        tl.store(d_cells, new_d.to(d_ptr.dtype.element_ty), mask=in_window)
+
+    @triton.jit
+    def ema_tile(obs, live, pv, old, kb, upd, q, slot, clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr,
+                 seen_stride, alpha, window, lo, hi, T: tl.constexpr, HAS_SEEN: tl.constexpr):
+        """EMA update of BB blocks for one query row. obs: float32 [BB, T] scores of the blocks' slots; live:
+        bool [BB, T] columns inside the row's compact length; pv, old: from load_vertical (old float16 or
+        float32); kb: int [BB] logical block ids (-1: not a kept block); upd, q, slot, clock: the row's constants
+        (row_constants). Writes V, the blocks' max, D inside the window and last_seen, with masked stores only.
+        For small tiles (the logits kernel's [1, T]); the update kernel runs the two halves itself."""
+        live, any_live = ema_vertical(obs, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
+                                      seen_stride, alpha, lo, hi, T, HAS_SEEN)
         # The diagonal window covers the request's last `window` positions: only the tiles that reach it
         # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
-        last = tl.max(tl.where(any_live, kb64 * T + T - 1, -1), axis=0)
+        last = tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0)
         if last > q - window:
-            off = q - (kb64[:, None] * T + offs)
-            in_window = live & (off >= 0) & (off < window)
-            d_cells = d_ptr + slot * d_stride + tl.where(in_window, off, 0)
-            old_d = tl.load(d_cells, mask=in_window, other=0.0).to(tl.float32)
-            new_d = tl.where(old_d > float("-inf"), alpha * obs + (1.0 - alpha) * old_d, obs)
-            new_d = tl.minimum(tl.maximum(new_d, lo), hi)
-            tl.store(d_cells, new_d.to(d_ptr.dtype.element_ty), mask=in_window)
+            ema_diagonal(obs, live, kb, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T)
+
+    @triton.jit
+    def _row_logits(x_row, m, in_table, clen, T: tl.constexpr):
+        """float32 [BB, T] logits of compact blocks m (int [BB]) of one row (x_row: its first column), -inf
+        past clen. Whole blocks are loaded (a mask constant along T vectorizes; the columns past clen inside
+        the last block are in the buffer, their values unspecified), then masked."""
+        cols = m[:, None] * T + tl.arange(0, T)[None, :]  # int32 compact columns
+        x = tl.load(x_row + cols, mask=tl.broadcast_to(in_table[:, None], cols.shape), other=float("-inf"))
+        return tl.where(cols < clen, x, float("-inf"))
+
+    @triton.jit
+    def _row_maxima(x, m, in_table, clen, bmax_row, gmax_row, T: tl.constexpr, BMAX: tl.constexpr,
+                    GMAX: tl.constexpr, G: tl.constexpr):
+        """The compact block max (BMAX) and the maxima of every G columns (GMAX) of one row's tile x."""
+        BB: tl.constexpr = x.shape[0]
+        if BMAX:
+            tl.store(bmax_row + m, tl.max(x, axis=1), mask=in_table & (m * T < clen))
+        if GMAX:  # a NaN wins its group (topk_triton's group max: never pruned)
+            xg = tl.reshape(x, [BB, T // G, G])
+            has_nan = tl.max((xg != xg).to(tl.int32), axis=2) > 0
+            gm = tl.where(has_nan, float("nan"), tl.max(xg, axis=2))  # [BB, T // G]
+            gi = m[:, None] * (T // G) + tl.arange(0, T // G)[None, :]
+            tl.store(gmax_row + gi, gm, mask=tl.broadcast_to(in_table[:, None], gi.shape) & (gi * G < clen))
 
     @triton.jit
     def _update_history_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
@@ -151,42 +196,60 @@ if triton is not None:
                                clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
                                lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
                                HIST: tl.constexpr, HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
-                               GMAX: tl.constexpr, G: tl.constexpr):
-        """One program per (request, BLOCKS compact blocks), all loaded as one [BLOCKS, T] tile."""
+                               GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr):
+        """One program per (request, BLOCKS compact blocks), loaded as one [BLOCKS, T] tile per row.
+
+        Registers decide this pass's speed (it moves bytes and computes little: more resident programs, more
+        bytes in flight), so the code is straight-line where the history lives: the updating row j runs after
+        the loop over the other rows' maxima (a runtime loop around the update kept its tiles live across
+        every iteration), and the diagonal window runs last, over [DB, T] sub-tiles that reload their scores
+        (from L2) instead of keeping the tile's alive through the V update."""
         b = tl.program_id(0)
         m = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
         b64 = b.to(tl.int64)
-        cols = m[:, None] * T + tl.arange(0, T)[None, :]  # [BLOCKS, T] compact columns
         rows_n = tl.arange(0, NP)
         clens = tl.load(clen_ptr + b * next_n + rows_n, mask=rows_n < next_n, other=0)
         used = (tl.max(clens, axis=0) + T - 1) // T  # compact blocks the request uses (the rest: no reads)
         in_table = (m < num_blocks) & (m < used)
-        if HIST:  # the history's reads first; a row that does not update (guarded) reads no history
-            upd = tl.where(tl.load(upd_ptr + b * next_n + j).to(tl.int32) != 0, in_table, False)
-            phys = tl.load(table_ptr + b64 * table_stride + m, mask=upd, other=-1)
-            kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=upd, other=-1)
-            pv, old = load_vertical(v_ptr, phys, trash, T)
-        for r in range(0, next_n):
-            clen = tl.load(clen_ptr + b * next_n + r)
-            live = (cols < clen) & in_table[:, None]
-            # whole blocks loaded (a mask constant along T vectorizes; the columns past clen inside the last
-            # block are in the buffer, their values unspecified), then masked
-            x = tl.load(x_ptr + b64 * x_stride_b + r * x_stride_n + cols,
-                        mask=tl.broadcast_to(in_table[:, None], [BLOCKS, T]), other=float("-inf"))
-            x = tl.where(live, x, float("-inf"))
-            if BMAX:  # the compact block max of every row (first launch only)
-                tl.store(bmax_ptr + (b64 * next_n + r) * bmax_stride + m, tl.max(x, axis=1),
-                         mask=in_table & (m * T < clen))
-            if GMAX:  # the same at G columns; a NaN wins its group (topk_triton's group max: never pruned)
-                xg = tl.reshape(x, [BLOCKS, T // G, G])
-                has_nan = tl.max((xg != xg).to(tl.int32), axis=2) > 0
-                gm = tl.where(has_nan, float("nan"), tl.max(xg, axis=2))  # [BLOCKS, T // G]
-                gi = m[:, None] * (T // G) + tl.arange(0, T // G)[None, :]
-                tl.store(gmax_ptr + (b64 * next_n + r) * gmax_stride + gi, gm,
-                         mask=tl.broadcast_to(in_table[:, None], [BLOCKS, T // G]) & (gi * G < clen))
+        x_req = x_ptr + b64 * x_stride_b
+        out_row = b64 * next_n  # block / group max rows of the request start here
+        if BMAX or GMAX:  # the maxima of the rows that do not update here (first launch only)
+            skip = -1
             if HIST:
-                if r == j:
-                    upd_j, q_j, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b,
-                                                            HAS_SEEN)
-                    ema_tile(x, live, pv, old, kb, upd_j, q_j, slot, clock, v_ptr, vb_ptr, vb_stride, d_ptr,
-                             d_stride, seen_ptr, seen_stride, alpha, window, lo, hi, T, HAS_SEEN)
+                skip = j
+            for r in range(0, next_n):
+                if r != skip:
+                    clen = tl.load(clen_ptr + b * next_n + r)
+                    x = _row_logits(x_req + r * x_stride_n, m, in_table, clen, T)
+                    _row_maxima(x, m, in_table, clen, bmax_ptr + (out_row + r) * bmax_stride,
+                                gmax_ptr + (out_row + r) * gmax_stride, T, BMAX, GMAX, G)
+        if HIST:  # a row that does not update (guarded) reads and writes no history
+            upd, q, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, HAS_SEEN)
+            on = tl.where(upd, in_table, False)
+            phys = tl.load(table_ptr + b64 * table_stride + m, mask=on, other=-1)
+            kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=on, other=-1)
+            pv, old = load_vertical(v_ptr, phys, trash, T)
+            clen = tl.load(clen_ptr + b * next_n + j)
+            x_row = x_req + j * x_stride_n
+            x = _row_logits(x_row, m, in_table, clen, T)
+            live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
+            live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
+                                          seen_stride, alpha, lo, hi, T, HAS_SEEN)
+            _row_maxima(x, m, in_table, clen, bmax_ptr + (out_row + j) * bmax_stride,
+                        gmax_ptr + (out_row + j) * gmax_stride, T, BMAX, GMAX, G)
+            # The diagonal window covers the request's last `window` positions: only the tiles that reach it
+            # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
+            last = tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0)
+            if last > q - window:
+                # Sub-tiles of DB blocks reload their scores from the logits (just read: L2) rather than keep
+                # the tile's alive through the V update (the whole tile here: 91 registers instead of 70).
+                for s in range(0, BLOCKS // DB):
+                    ms = tl.program_id(1) * BLOCKS + s * DB + tl.arange(0, DB)
+                    on_s = tl.where(upd, (ms < num_blocks) & (ms < used), False)
+                    kb_s = tl.load(kept_ptr + b64 * kept_stride + ms, mask=on_s, other=-1)
+                    obs = _row_logits(x_row, ms, on_s, clen, T)
+                    # as ema_vertical's live: a kept block of an updating row, a finite score before clen
+                    # (a branch per sub-tile on whether it reaches the window cost 4-8 registers: none here)
+                    live_s = tl.broadcast_to((kb_s >= 0)[:, None], obs.shape) & (obs > float("-inf")) & (
+                        obs < float("inf"))
+                    ema_diagonal(obs, live_s, kb_s, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T)

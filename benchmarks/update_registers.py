@@ -1,0 +1,106 @@
+"""Register and spill counts of SPIN's EMA update pass (`_update_history_kernel`, ops/history_triton.py),
+without a GPU.
+
+Compiles the kernel for sm_90a with the local triton (compile only), runs the ptxas that ships with triton
+with -v and counts the SASS's global loads/stores and local (spill) traffic. 65536 registers per SM: a
+program of 4 warps at R registers per thread leaves floor(65536 / (128 R)) programs resident (R <= 128: 4,
+<= 64: 8), which is what keeps enough bytes in flight for a memory-bound pass. The production launch is
+BLOCKS_PER_PROGRAM x NUM_WARPS under MAX_REGISTERS, with the block max and the group maxima (G = 16 at 128K)
+of the DeepGEMM path; each config prints with the cap and without it (what ptxas picks).
+The counts are indicative: run it with the GPU host's triton (3.6 on the H200 runs) to match it, e.g. a wheel
+unpacked into /tmp/t36: `PYTHONPATH=/tmp/t36:src python benchmarks/update_registers.py`.
+
+    PYTHONPATH=src python benchmarks/update_registers.py                    # production, and BLOCKS 16 / no GMAX
+    PYTHONPATH=src python benchmarks/update_registers.py --blocks 32 --warps 4 --group 32 --seen --rows 2
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from plan_registers import _tool  # noqa: E402
+from spin_indexer.ops import history_triton as U  # noqa: E402
+
+PTR = {"x_ptr": "*fp32", "table_ptr": "*i32", "clen_ptr": "*i32", "bmax_ptr": "*fp32", "gmax_ptr": "*fp32",
+       "v_ptr": "*fp16", "vb_ptr": "*fp16", "d_ptr": "*fp16", "seen_ptr": "*i32", "clock_ptr": "*i32",
+       "slot_ptr": "*i64", "kept_ptr": "*i32", "lens_ptr": "*i32", "upd_ptr": "*i1"}
+FLOATS = ("alpha", "lo", "hi")
+# what the launcher's tensors give triton's specialization: 16-byte aligned base pointers, and the strides
+# and sizes that are multiples of 16 at production shapes (W = X / T blocks)
+DIV16 = set(PTR) | {"x_stride_b", "x_stride_n", "table_stride", "bmax_stride", "gmax_stride", "kept_stride",
+                    "num_blocks"}
+OPS = ("LDG", "STG", "LDL", "STL")
+
+
+def compile_counts(blocks: int, warps: int, group: int | None = 16, rows: int = 1, seen: bool = False,
+                   bmax: bool = True, hist: bool = True, maxnreg: int | None = None) -> dict:
+    fn = U._update_history_kernel
+    cfg = dict(T=64, BLOCKS=blocks, HIST=hist, HAS_SEEN=seen, BMAX=bmax, NP=triton.next_power_of_2(rows),
+               GMAX=group is not None, G=group or 64, DB=min(U.DIAGONAL_BLOCKS, blocks))
+    missing = set(cfg) - set(fn.arg_names)
+    if missing:
+        raise SystemExit(f"the kernel has no constexpr {sorted(missing)}: update benchmarks/update_registers.py")
+    sig, cidx = {}, {}
+    for name in fn.arg_names:
+        if name in cfg:
+            sig[name] = "constexpr"
+            cidx[(fn.arg_names.index(name),)] = cfg[name]
+        else:
+            sig[name] = PTR.get(name, "fp32" if name in FLOATS else "i32")
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in DIV16}
+    k = triton.compile(ASTSource(fn, sig, constexprs=cidx, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                       options=dict(num_warps=warps, enable_fp_fusion=True,  # the launch's default
+                                    **({"maxnreg": maxnreg} if maxnreg else {})))
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(ptx, "w") as f:
+            f.write(k.asm["ptx"])
+        res = subprocess.run([_tool("ptxas"), "-v", "--gpu-name", "sm_90a", ptx, "-o", cubin],
+                             capture_output=True, text=True)
+        sass = subprocess.run([_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True).stdout
+    regs = re.search(r"Used (\d+) registers", res.stderr)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", res.stderr)
+    ops = {o: len(re.findall(rf"\b{o}(\.[A-Z0-9.]+)?\b", sass)) for o in OPS}
+    return dict(regs=int(regs.group(1)) if regs else None,
+                spill=(int(spill.group(1)) + int(spill.group(2))) if spill else None, ops=ops,
+                log="" if regs else res.stderr[-300:])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--blocks", type=int, nargs="*", help="blocks per program (default: production and 16)")
+    ap.add_argument("--warps", type=int, default=U.NUM_WARPS)
+    ap.add_argument("--group", type=int, default=16, help="G of the group maxima (0: no group max)")
+    ap.add_argument("--rows", type=int, default=1, help="next_n of the launch")
+    ap.add_argument("--seen", action="store_true", help="with last_seen")
+    ap.add_argument("--maxnreg", type=int, nargs="*",
+                    help="register caps (default: the launcher's MAX_REGISTERS and none; 0 = none)")
+    a = ap.parse_args()
+    print(f"triton {triton.__version__}")
+    print(f"{'BLOCKS':>6} {'warps':>5} {'GMAX':>5} {'maxnreg':>7} {'regs':>5} {'spill B':>7} {'progs/SM':>8}  "
+          + " ".join(f"{o:>4}" for o in OPS))
+    groups = [a.group or None] if a.group != 16 else [16, None]
+    caps = a.maxnreg if a.maxnreg is not None else sorted({U.MAX_REGISTERS, 0}, reverse=True)
+    for blocks in a.blocks or [U.BLOCKS_PER_PROGRAM, 16]:
+        for g in groups:
+            for cap in caps:
+                c = compile_counts(blocks, a.warps, group=g, rows=a.rows, seen=a.seen, maxnreg=cap or None)
+                # registers are allocated per warp in units of 256 (8 per thread); 64 warps per SM at most
+                progs = min(64 // a.warps, 65536 // (32 * a.warps * (-(-c["regs"] // 8) * 8))) if c["regs"] else 0
+                print(f"{blocks:>6} {a.warps:>5} {str(g or '-'):>5} {str(cap or '-'):>7} {str(c['regs']):>5} "
+                      f"{str(c['spill']):>7} {progs:>8}  " + " ".join(f"{c['ops'][o]:>4}" for o in OPS) + c["log"])
+
+
+if __name__ == "__main__":
+    main()

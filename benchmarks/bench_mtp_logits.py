@@ -67,10 +67,11 @@ def log(*a):
 
 
 def config_name(cfg: LogitsConfig) -> str:
-    """g<rows per MMA>w<warps>s<stages>[r<register cap>][p = scale prefetch][t<target programs>]."""
+    """g<rows per MMA>w<warps>s<stages>[r<register cap>][p: scale prefetch one block ahead, p2: two][tma: scales
+    by TMA][t<target programs>]."""
     name = f"g{cfg.group}w{cfg.num_warps}s{cfg.num_stages}"
     name += f"r{cfg.max_registers}" if cfg.max_registers else ""
-    name += "p" if cfg.prefetch else ""
+    name += {0: "", 1: "p", 2: "p2"}[cfg.prefetch] + ("tma" if cfg.scale_tma else "")
     return name + (f"t{cfg.target_programs}" if cfg.target_programs != C().target_programs else "")
 
 
@@ -253,7 +254,8 @@ def write_report(out_dir: str, rows: list[dict], env: dict, command: str) -> lis
              "- floor = max(B x L x 132 B / copy bandwidth, 2 H D x row tokens / FP8 peak): "
              + "; ".join(f"{b}x{c} n={n} {fl:.1f} us" for b, c, n, fl in floors),
              "- CUDA graphs, median of replays; configs: g<rows per MMA>w<warps>s<stages>[r<register cap>]"
-             "[p: scale prefetch][t<target programs>]; production = CONFIGS[next_n]", "",
+             "[p: scale prefetch, p2: two blocks ahead][tma: scales by TMA][t<target programs>]; "
+             "production = CONFIGS[next_n]", "",
              "## Targets", ""] + [f"- {t}" for t in targets(rows)] + ["",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(fmt(r.get(c, float("nan"))) for c in COLUMNS) + " |" for r in rows]

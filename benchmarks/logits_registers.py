@@ -3,8 +3,7 @@
 
 Compiles `_paged_indexer_logits_kernel` for sm_90a with the local triton (compile only), runs ptxas -v and
 disassembles the cubin. `tma` checks the PTX for Triton's pipelining of the TMA loads: `<all>/<in loop>`
-counts of cp.async.bulk.tensor (a pipelined load: num_stages - 1 copies before the loop, one in it; the
-scale descriptor adds its own), `sync!` when an mbarrier is initialised inside the block loop (the pipeliner
+counts of cp.async.bulk.tensor (a pipelined key load: num_stages - 1 copies before the loop, one in it), `sync!` when an mbarrier is initialised inside the block loop (the pipeliner
 gave up: the load waits in the iteration that issues it). `instr/block` counts the SASS of the block loop's
 body (the longest loop: one iteration per key block), per warp; with 4 warps one warp of each program sits
 on each of the SM's 4 schedulers, so it is also the issue cycles per block each scheduler spends on that
@@ -36,7 +35,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from plan_registers import _tool  # noqa: E402
 from spin_indexer.ops import indexer_logits_triton as L  # noqa: E402
 
-PTR = {"q_ptr": "*fp8e4nv", "scale_arg": "*fp32", "w_ptr": "*fp32", "lens_ptr": "*i32", "table_ptr": "*i32",
+PTR = {"q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "w_ptr": "*fp32", "lens_ptr": "*i32", "table_ptr": "*i32",
        "out_ptr": "*fp32", "bmax_ptr": "*fp32", "v_ptr": "*fp16", "vb_ptr": "*fp16", "d_ptr": "*fp16",
        "seen_ptr": "*i32", "clock_ptr": "*i32", "slot_ptr": "*i64", "kept_ptr": "*i32", "hlens_ptr": "*i32",
        "upd_ptr": "*i8"}
@@ -48,7 +47,7 @@ def compile_counts(next_n: int, cfg: "L.LogitsConfig", hist: bool = False, heads
     fn = L._paged_indexer_logits_kernel
     r = cfg.group_rows(next_n)
     consts = dict(NEXT_N=next_n, H=heads, D=dim, T=64, PAGE_BYTES=64 * (dim + 4), RB=(64 * (dim + 4)) // dim,
-                  PREFETCH=cfg.prefetch, SCALE_TMA=cfg.scale_tma,
+                  PREFETCH=cfg.prefetch,
                   G=cfg.group, R0=r[0], R1=r[1], R2=r[2], R3=r[3], FILL_TAIL=False, HIST=hist, HAS_SEEN=hist)
     sig, cidx = {}, {}
     for name in fn.arg_names:
@@ -57,8 +56,6 @@ def compile_counts(next_n: int, cfg: "L.LogitsConfig", hist: bool = False, heads
             cidx[(fn.arg_names.index(name),)] = consts[name]
         elif name == "k_arg":
             sig[name] = f"tensordesc<fp8e4nv[64, {dim}]>"
-        elif name == "scale_arg" and cfg.scale_tma:
-            sig[name] = "tensordesc<fp32[1, 64]>"
         else:
             sig[name] = PTR.get(name, "fp32" if name in FLOATS else "i32")
     missing = set(consts) - set(fn.arg_names)

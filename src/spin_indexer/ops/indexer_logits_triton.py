@@ -8,8 +8,9 @@ of the T logits and the block max of every row of the group at once. Groups (Log
 MMA is the n = 1 kernel; 2 or 4 rows per MMA read the key tile from shared memory once for all of them and
 share the mask / store / block-max work (next_n = 3: rows {0, 1} + {2}, or one group padded to 4). Triton's
 pipeliner prefetches the next key tiles; the block's T fp32 scales come by a pointer load in the iteration that
-uses them, or by hand one or two blocks ahead (LogitsConfig.prefetch), or through a second TMA descriptor that
-the pipeliner prefetches like the keys (LogitsConfig.scale_tma).
+uses them, or by hand one or two blocks ahead (LogitsConfig.prefetch). (A second TMA descriptor for the scales
+was tried: Triton pipelines only loads that feed an MMA operand, so that load waited in its own iteration;
+benchmarks/NOTES.md, #17.)
 
 With a HistoryUpdate (SPIN's step, row-0 MTP policy) the epilogue also applies the EMA update of the
 block's history from row 0's scores, still in registers (history_triton.ema_tile): the update costs its
@@ -22,9 +23,7 @@ Cache bytes: pages P bytes apart (P = T * (D + 4) = 8448 contiguous, or padded: 
 of D-byte rows (66 for contiguous T=64, D=128; 68 for 8704) the keys are a 2D fp8 array [rows, D] and rows
 [b*RB, b*RB + T) are block b's keys (the layout the H200 runs measured). Otherwise (8640 = 67.5 rows) a 3D
 descriptor [num_blocks, T, D] with strides [P, D, 1] loads the tile. Block b's scales start at byte
-b*P + T*D: as a pointer, or (scale_tma) row b of a 2D fp32 descriptor [num_blocks, T] based at byte T*D with
-row stride P / 4 (every legal page stride, padded ones included, is a 16-byte multiple: a legal TMA stride).
-TMA needs 16-byte-multiple strides and a 16-byte-aligned base (checked in the launcher).
+b*P + T*D. TMA needs 16-byte-multiple strides and a 16-byte-aligned base (checked in the launcher).
 """
 from __future__ import annotations
 
@@ -81,9 +80,6 @@ class LogitsConfig:
     Triton 3.6's pipeliner prefetches the id and the key tile but loads the scales in the iteration that uses
     them: a DRAM round trip per block that only other resident programs hide (run 15: prefetch 1 won by 23-27%
     at n >= 2, with <= 4 resident programs; run 2 at n = 1 with 8 resident: 4-9% slower).
-    scale_tma: load the scales through a second TMA descriptor ([num_blocks, T] fp32 rows P / 4 apart), so the
-    pipeliner prefetches them num_stages - 1 blocks ahead as it does the keys (no hand prefetch with it); the
-    launcher falls back to the pointer load where TMA cannot take the row (T > 256: a box dimension's limit).
     """
     group: int = 1
     num_warps: int = 4
@@ -91,15 +87,11 @@ class LogitsConfig:
     max_registers: int | None = None
     target_programs: int = _TARGET_PROGRAMS
     prefetch: int = 0
-    scale_tma: bool = False
 
     def __post_init__(self):
         if self.prefetch not in (0, 1, 2):  # True == 1, False == 0
             raise ValueError(f"LogitsConfig.prefetch: expected 0, 1 or 2 (blocks ahead), got {self.prefetch!r}")
         object.__setattr__(self, "prefetch", int(self.prefetch))  # True -> 1: one spelling, one kernel
-        if self.scale_tma and self.prefetch:
-            raise ValueError(f"LogitsConfig.scale_tma: expected prefetch 0 with it (the pipeliner prefetches the "
-                             f"scales), got prefetch {self.prefetch}")
 
     def group_rows(self, next_n: int) -> tuple[int, int, int, int]:
         """Rows of each of the (at most 4) groups, 0 for absent ones: next_n 3, group 2 -> (2, 1, 0, 0)."""
@@ -183,8 +175,7 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
         if history is not None:
             update_history_ref(history, out.view(batch, next_n, -1), block_table, seq_lens)
         return out
-    cfg = config or CONFIGS[next_n]
-    k_arg, scale_arg, page_bytes, rows_per_block = _cache_args(kv_cache, tokens, dim, cfg.scale_tma)
+    k_arg, scales_f32, page_bytes, rows_per_block = _cache_args(kv_cache, tokens, dim)
     q = q_fp8 if q_fp8.is_contiguous() else q_fp8.contiguous()
     w = weights if weights.is_contiguous() else weights.contiguous()
     lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
@@ -192,15 +183,15 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
         block_table = block_table.contiguous()
     fused = history is not None and history.rows == 1
     hist = _history_args(history, out) if fused else _no_history(out)
+    cfg = config or CONFIGS[next_n]
     chunk = chunk or _pick_chunk(batch, width, cfg.target_programs)
     r0, r1, r2, r3 = cfg.group_rows(next_n)
     grid = (batch, triton.cdiv(width, chunk))
     _paged_indexer_logits_kernel[grid](
-        q, k_arg, scale_arg, w, lens, block_table, out, block_max_out,
+        q, k_arg, scales_f32, w, lens, block_table, out, block_max_out,
         width, block_table.stride(0), out.stride(0), block_max_out.stride(0), chunk, kv_cache.shape[0], *hist,
         NEXT_N=next_n, H=heads, D=dim, T=tokens, PAGE_BYTES=page_bytes, RB=rows_per_block, G=cfg.group,
-        R0=r0, R1=r1, R2=r2, R3=r3, PREFETCH=cfg.prefetch,
-        SCALE_TMA=not isinstance(scale_arg, torch.Tensor), FILL_TAIL=fill_tail, HIST=fused,
+        R0=r0, R1=r1, R2=r2, R3=r3, PREFETCH=cfg.prefetch, FILL_TAIL=fill_tail, HIST=fused,
         HAS_SEEN=fused and history.last_seen is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         maxnreg=None if fused else cfg.max_registers)
     if history is not None and not fused:
@@ -208,20 +199,11 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     return out
 
 
-def _scale_tma_ok(tokens: int, dim: int, page_bytes: int) -> bool:
-    """Whether a TMA descriptor can take block b's T fp32 scales as row b of [num_blocks, T] (base at byte T*D,
-    row stride P / 4): 16-byte-aligned base and row stride, a power-of-two box of >= 16 bytes and <= 256
-    elements (T = 64: 256 bytes, any legal page stride)."""
-    return page_bytes % PAGE_ALIGN_BYTES == 0 and tokens * dim % PAGE_ALIGN_BYTES == 0 and 4 <= tokens <= 256
-
-
-def _cache_args(kv_cache: torch.Tensor, tokens: int, dim: int, scale_tma: bool = False):
-    """(key descriptor, scales, page stride P in bytes, RB) for the kernel. RB = P / D rows per page when P is
-    a whole number of D-byte rows (a 2D descriptor, block b's keys at row b*RB), else 0 (a 3D descriptor
-    [num_blocks, T, D] with strides [P, D, 1]). scales: the fp32 view of the cache bytes (block b's at
-    [(b*P + T*D) / 4, + T)), or with scale_tma where TMA can take it (_scale_tma_ok) a descriptor over
-    [num_blocks, T] fp32, row b = block b's scales. Raises ValueError naming kv_cache where TMA cannot take
-    the layout."""
+def _cache_args(kv_cache: torch.Tensor, tokens: int, dim: int):
+    """(key descriptor, fp32 view of the cache bytes, page stride P in bytes, RB) for the kernel. RB = P / D
+    rows per page when P is a whole number of D-byte rows (a 2D descriptor, block b's keys at row b*RB),
+    else 0 (a 3D descriptor [num_blocks, T, D] with strides [P, D, 1]). Raises ValueError naming kv_cache
+    where TMA cannot take the layout."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     num_blocks = kv_cache.shape[0]
     page_bytes = page_stride_bytes(kv_cache)
@@ -234,11 +216,6 @@ def _cache_args(kv_cache: torch.Tensor, tokens: int, dim: int, scale_tma: bool =
     span = max((num_blocks - 1) * page_bytes + tokens * (dim + SCALE_BYTES), 0)
     flat = torch.as_strided(kv_cache, (span,), (1,))
     scales_f32 = flat.view(torch.float32)  # block b's scales at [(b*P + T*D) / 4, + T)
-    if scale_tma and _scale_tma_ok(tokens, dim, page_bytes):
-        # row b = block b's T scales: P / 4 fp32 apart, from fp32 element T*D / 4 (8704-B pages: 2176 apart)
-        rows = torch.as_strided(scales_f32, (num_blocks, tokens), (page_bytes // 4, 1), tokens * dim // 4)
-        scales_f32 = TensorDescriptor(base=rows, shape=[num_blocks, tokens], strides=[page_bytes // 4, 1],
-                                      block_shape=[1, tokens])
     keys = flat.view(FP8_DTYPE)
     if page_bytes % dim == 0:
         rows_per_block = page_bytes // dim
@@ -298,25 +275,15 @@ if triton is not None:
         return tl.load(lens_ptr + row + g, mask=g < ROWS, other=0), (row + g).to(tl.int64)
 
     @triton.jit
-    def _block_scales(scale_arg, phys, offs_t, SCALE_OFF: tl.constexpr, PAGE_F32: tl.constexpr, T: tl.constexpr,
-                      SCALE_TMA: tl.constexpr):
-        """Block phys's T fp32 scales [T]: row phys of the scale descriptor, or a pointer load."""
-        if SCALE_TMA:
-            sc = tl.reshape(scale_arg.load([phys, 0]), (T,))
-        else:
-            sc = tl.load(scale_arg + phys.to(tl.int64) * PAGE_F32 + SCALE_OFF + offs_t)
-        return sc
-
-    @triton.jit
-    def _paged_indexer_logits_kernel(q_ptr, k_arg, scale_arg, w_ptr, lens_ptr, table_ptr, out_ptr, bmax_ptr,
+    def _paged_indexer_logits_kernel(q_ptr, k_arg, scale_ptr, w_ptr, lens_ptr, table_ptr, out_ptr, bmax_ptr,
                                      width, stride_table, out_stride, bmax_stride, chunk, num_cache_blocks,
                                      v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr,
                                      slot_ptr, kept_ptr, kept_stride, hlens_ptr, upd_ptr, alpha, window, trash, lo,
                                      hi, NEXT_N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, T: tl.constexpr,
                                      PAGE_BYTES: tl.constexpr, RB: tl.constexpr, G: tl.constexpr,
                                      R0: tl.constexpr, R1: tl.constexpr, R2: tl.constexpr, R3: tl.constexpr,
-                                     PREFETCH: tl.constexpr, SCALE_TMA: tl.constexpr, FILL_TAIL: tl.constexpr,
-                                     HIST: tl.constexpr, HAS_SEEN: tl.constexpr):
+                                     PREFETCH: tl.constexpr, FILL_TAIL: tl.constexpr, HIST: tl.constexpr,
+                                     HAS_SEEN: tl.constexpr):
         """One program per (request, CHUNK blocks). The next_n rows are cut into groups of G (R0..R3 rows,
         0 = no such group; R0 + R1 + R2 + R3 = NEXT_N): one MMA per group and block (_score_group)."""
         b = tl.program_id(0)
@@ -360,7 +327,7 @@ if triton is not None:
         # compiler sees the scales' 16-byte alignment, as it did with the contiguous page size.
         PAGE_F32: tl.constexpr = PAGE_BYTES // 4
         # Ids are clamped into the cache: with validate=False a bad table gives wrong logits, never a read
-        # outside the cache (the TMA loads are bounds-checked; the scales' pointer load is not).
+        # outside the cache (the key tile's TMA load is bounds-checked; the scales' pointer load is not).
         # Hand prefetch: the ids and scales of the next PREFETCH blocks in flight, loaded before the loop (masked
         # when the chunk has no block to score), then block blk + PREFETCH's in iteration blk (clamped to the
         # last block: the last iterations reload it, harmlessly). The key tile's coordinate is then a loop-carried
@@ -369,10 +336,10 @@ if triton is not None:
         if PREFETCH >= 1:
             any_blk = blk0 < blk_end
             phys_next = tl.minimum(tl.maximum(tl.load(ids + blk0, mask=any_blk, other=0), 0), num_cache_blocks - 1)
-            sc_next = tl.load(scale_arg + phys_next.to(tl.int64) * PAGE_F32 + SCALE_OFF + offs_t)
+            sc_next = tl.load(scale_ptr + phys_next.to(tl.int64) * PAGE_F32 + SCALE_OFF + offs_t)
         if PREFETCH == 2:
             raw_next2 = tl.load(ids + tl.minimum(blk0 + 1, blk_end - 1), mask=any_blk, other=0)
-            sc_next2 = tl.load(scale_arg + (tl.minimum(tl.maximum(raw_next2, 0), num_cache_blocks - 1)).to(tl.int64)
+            sc_next2 = tl.load(scale_ptr + (tl.minimum(tl.maximum(raw_next2, 0), num_cache_blocks - 1)).to(tl.int64)
                                * PAGE_F32 + SCALE_OFF + offs_t)
         for blk in range(blk0, blk_end):
             if PREFETCH == 2:  # this block's id and scales were loaded two blocks ahead; block blk + 2's now
@@ -385,17 +352,17 @@ if triton is not None:
                 phys_next = tl.minimum(tl.maximum(raw_next2, 0), num_cache_blocks - 1)
                 sc_next = sc_next2 + 0.0
                 raw_next2 = tl.load(ids + tl.minimum(blk + 2, blk_end - 1))
-                sc_next2 = tl.load(scale_arg + (tl.minimum(tl.maximum(raw_next2, 0), num_cache_blocks - 1)).to(
+                sc_next2 = tl.load(scale_ptr + (tl.minimum(tl.maximum(raw_next2, 0), num_cache_blocks - 1)).to(
                     tl.int64) * PAGE_F32 + SCALE_OFF + offs_t)
             elif PREFETCH == 1:  # this block's id and scales were loaded one block ahead; the next block's now
                 phys = phys_next
                 sc = sc_next
                 nxt = tl.minimum(blk + 1, blk_end - 1)
                 phys_next = tl.minimum(tl.maximum(tl.load(ids + nxt), 0), num_cache_blocks - 1)
-                sc_next = tl.load(scale_arg + phys_next.to(tl.int64) * PAGE_F32 + SCALE_OFF + offs_t)
-            else:  # the pipeliner prefetches the id (and with SCALE_TMA the scales' TMA load); a pointer load waits
+                sc_next = tl.load(scale_ptr + phys_next.to(tl.int64) * PAGE_F32 + SCALE_OFF + offs_t)
+            else:  # the pipeliner prefetches the id; the scales load here, after it
                 phys = tl.minimum(tl.maximum(tl.load(ids + blk), 0), num_cache_blocks - 1)
-                sc = _block_scales(scale_arg, phys, offs_t, SCALE_OFF, PAGE_F32, T, SCALE_TMA)
+                sc = tl.load(scale_ptr + phys.to(tl.int64) * PAGE_F32 + SCALE_OFF + offs_t)
             if HIST:  # the history's reads first, so their latency hides under the key load and the MMA
                 # (masked, not under a branch; the row's constants were loaded once, above the loop)
                 on = (tl.zeros([1], tl.int32) + upd0.to(tl.int32)) != 0  # [1]: a tensor mask (the interpreter)

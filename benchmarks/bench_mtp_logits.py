@@ -43,16 +43,22 @@ from spin_indexer.ops.indexer_logits_triton import CONFIGS, LogitsConfig, paged_
 
 H, D, T = 64, 128, 64
 C = LogitsConfig
-# Candidates per next_n, the production config first. Register counts (Triton 3.6, logits_registers.py) in
-# benchmarks/NOTES.md; group 1 at n >= 2 is the earlier kernel (one [T, H] MMA per row).
+# Candidates per next_n, the production config first, at most 8 (the sweep fits ~90 s). Register counts and the
+# PTX check of the key tile's pipelining (logits_registers.py) in benchmarks/NOTES.md. p2: scales two blocks
+# ahead; s4 with a hand prefetch: the key tile three blocks ahead (the pipeliner issues it num_stages - 1 ahead
+# when its coordinate is a carried value). Dropped after run 15 (measured slower than their prefetch twins):
+# g2w4s3r128, g2w4s3 and g1w4s3 at n = 2, g2w4s3r168 and g1w4s3 at n = 3, g4w4s3 and g1w4s3 at n = 4.
 CANDIDATES = {
-    1: [CONFIGS[1], C(1, 4, 3, prefetch=True)],
-    2: [CONFIGS[2], C(2, 4, 3, max_registers=128), C(2, 4, 3), C(2, 4, 3, max_registers=128, prefetch=True),
-        C(2, 8, 3, prefetch=True), C(1, 4, 3), C(2, 4, 3, prefetch=True, target_programs=4096)],
-    3: [CONFIGS[3], C(2, 4, 3, max_registers=168), C(2, 4, 3, prefetch=True), C(4, 4, 3, prefetch=True),
-        C(4, 8, 3, max_registers=128, prefetch=True), C(1, 4, 3)],
-    4: [CONFIGS[4], C(4, 4, 3), C(4, 8, 3, max_registers=128, prefetch=True), C(2, 4, 3, prefetch=True),
-        C(2, 8, 3, max_registers=128, prefetch=True), C(1, 4, 3), C(4, 4, 3, prefetch=True, target_programs=4096)],
+    1: [CONFIGS[1], C(1, 4, 3, prefetch=1), C(1, 4, 3, prefetch=2), C(1, 4, 4, prefetch=1)],
+    2: [CONFIGS[2], C(2, 4, 3, prefetch=2), C(2, 4, 4, prefetch=1), C(2, 4, 4, prefetch=2),
+        C(2, 4, 3, max_registers=128, prefetch=1), C(2, 4, 3, max_registers=128, prefetch=2), C(2, 8, 3, prefetch=1),
+        C(2, 4, 3, prefetch=1, target_programs=4096)],
+    3: [CONFIGS[3], C(2, 4, 3, max_registers=168, prefetch=2), C(2, 4, 4, max_registers=168, prefetch=1),
+        C(2, 4, 3, prefetch=1), C(2, 4, 3, prefetch=2), C(4, 4, 3, prefetch=1),
+        C(4, 8, 3, max_registers=128, prefetch=1)],
+    4: [CONFIGS[4], C(4, 4, 3, prefetch=2), C(4, 4, 4, prefetch=1), C(4, 8, 3, max_registers=128, prefetch=1),
+        C(4, 8, 3, max_registers=128, prefetch=2), C(2, 4, 3, prefetch=1), C(2, 8, 3, max_registers=128, prefetch=1),
+        C(4, 4, 3, prefetch=1, target_programs=4096)],
 }
 CASES = [dict(batch=b, ctx=c, next_n=n) for b, c, n in (
     (96, 131072, 2), (32, 524288, 2), (96, 131072, 3), (48, 393216, 4), (96, 131072, 4), (32, 524288, 3),
@@ -67,10 +73,11 @@ def log(*a):
 
 
 def config_name(cfg: LogitsConfig) -> str:
-    """g<rows per MMA>w<warps>s<stages>[r<register cap>][p = scale prefetch][t<target programs>]."""
+    """g<rows per MMA>w<warps>s<stages>[r<register cap>][p: scale prefetch one block ahead, p2: two]
+    [t<target programs>]."""
     name = f"g{cfg.group}w{cfg.num_warps}s{cfg.num_stages}"
     name += f"r{cfg.max_registers}" if cfg.max_registers else ""
-    name += "p" if cfg.prefetch else ""
+    name += {0: "", 1: "p", 2: "p2"}[cfg.prefetch]
     return name + (f"t{cfg.target_programs}" if cfg.target_programs != C().target_programs else "")
 
 
@@ -253,7 +260,8 @@ def write_report(out_dir: str, rows: list[dict], env: dict, command: str) -> lis
              "- floor = max(B x L x 132 B / copy bandwidth, 2 H D x row tokens / FP8 peak): "
              + "; ".join(f"{b}x{c} n={n} {fl:.1f} us" for b, c, n, fl in floors),
              "- CUDA graphs, median of replays; configs: g<rows per MMA>w<warps>s<stages>[r<register cap>]"
-             "[p: scale prefetch][t<target programs>]; production = CONFIGS[next_n]", "",
+             "[p: scale prefetch, p2: two blocks ahead][t<target programs>]; "
+             "production = CONFIGS[next_n]", "",
              "## Targets", ""] + [f"- {t}" for t in targets(rows)] + ["",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(fmt(r.get(c, float("nan"))) for c in COLUMNS) + " |" for r in rows]

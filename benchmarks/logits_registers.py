@@ -2,9 +2,12 @@
 (ops/indexer_logits_triton.py) for each launch configuration, without a GPU.
 
 Compiles `_paged_indexer_logits_kernel` for sm_90a with the local triton (compile only), runs ptxas -v and
-disassembles the cubin. `instr/block` counts the SASS of the block loop's body (the longest loop: one
-iteration per key block), per warp; with 4 warps one warp of each program sits on each of the SM's 4
-schedulers, so it is also the issue cycles per block each scheduler spends on that program (8 warps: twice).
+disassembles the cubin. `tma` checks the PTX for Triton's pipelining of the TMA loads: `<all>/<in loop>`
+counts of cp.async.bulk.tensor (a pipelined key load: num_stages - 1 copies before the loop, one in it), `sync!` when an mbarrier is initialised inside the block loop (the pipeliner
+gave up: the load waits in the iteration that issues it). `instr/block` counts the SASS of the block loop's
+body (the longest loop: one iteration per key block), per warp; with 4 warps one warp of each program sits
+on each of the SM's 4 schedulers, so it is also the issue cycles per block each scheduler spends on that
+program (8 warps: twice).
 A block must take <= ~500 SM cycles to read keys at copy bandwidth (8448 B x 132 SMs / ~4.1 TB/s at
 ~1.8 GHz). The counts are indicative: run it with the triton of the GPU host (3.6 on the H200 runs) to match
 it, e.g. a wheel unpacked into /tmp/t36: `PYTHONPATH=/tmp/t36:src python benchmarks/logits_registers.py`.
@@ -72,9 +75,24 @@ def compile_counts(next_n: int, cfg: "L.LogitsConfig", hist: bool = False, heads
     regs = re.search(r"Used (\d+) registers", res.stderr)
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", res.stderr)
     body = _block_loop(sass)
+    tma_all, tma_loop, sync = _ptx_tma(k.asm["ptx"])
     return dict(regs=int(regs.group(1)) if regs else None, spill=(int(spill.group(1)) + int(spill.group(2)))
-                if spill else None, smem=k.metadata.shared, instr=sum(body.values()), ops=body,
-                log="" if regs else res.stderr[-300:])
+                if spill else None, tma=f"{tma_all}/{tma_loop}" + (" sync!" if sync else ""),
+                smem=k.metadata.shared, instr=sum(body.values()), ops=body, log="" if regs else res.stderr[-300:])
+
+
+def _ptx_tma(ptx: str) -> tuple[int, int, bool]:
+    """(cp.async.bulk.tensor in the kernel, in its longest loop, whether that loop initialises an mbarrier)."""
+    lines = ptx.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"(\$L__BB\d+_\d+):", line))}
+    best = (0, -1)
+    for i, line in enumerate(lines):
+        m = re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\d+_\d+);", line)
+        if m and m.group(1) in labels and labels[m.group(1)] < i and i - labels[m.group(1)] > best[1] - best[0]:
+            best = (labels[m.group(1)], i)
+    loop = lines[best[0]:best[1] + 1]
+    return (sum("cp.async.bulk.tensor" in x for x in lines), sum("cp.async.bulk.tensor" in x for x in loop),
+            any("mbarrier.init" in x for x in loop))
 
 
 def _block_loop(sass: str) -> collections.Counter:
@@ -104,15 +122,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--next-n", type=int, nargs="*", help="only these next_n")
     ap.add_argument("--hist", action="store_true", help="with the fused history update (row 0)")
+    ap.add_argument("--config", nargs="*", help="only these config names (bench_mtp_logits.config_name)")
     a = ap.parse_args()
     print(f"triton {triton.__version__}")
-    print(f"{'n':>2} {'config':>18} {'regs':>5} {'spill B':>7} {'smem B':>7} {'instr/block':>11}  "
+    print(f"{'n':>2} {'config':>18} {'regs':>5} {'spill B':>7} {'smem B':>7} {'tma':>9} {'instr/block':>11}"
+          "  "
           + " ".join(f"{o:>5}" for o in OPS))
     for n, cfg, name in sweep_configs():
-        if a.next_n and n not in a.next_n:
+        if (a.next_n and n not in a.next_n) or (a.config and name not in a.config):
             continue
         c = compile_counts(n, cfg, hist=a.hist)
-        print(f"{n:>2} {name:>18} {str(c['regs']):>5} {str(c['spill']):>7} {c['smem']:>7} {c['instr']:>11}  "
+        print(f"{n:>2} {name:>18} {str(c['regs']):>5} {str(c['spill']):>7} {c['smem']:>7} {c['tma']:>9} "
+              f"{c['instr']:>11}  "
               + " ".join(f"{c['ops'][o]:>5}" for o in OPS) + c["log"])
 
 

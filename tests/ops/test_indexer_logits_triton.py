@@ -187,3 +187,115 @@ def test_config_groups_and_table():
     assert all(sum(CONFIGS[n].group_rows(n)) == n for n in CONFIGS)
     with pytest.raises(ValueError, match="config: expected group"):
         LogitsConfig(3).group_rows(3)
+
+
+# ------------------------------------------------------------------------- scales two blocks ahead (p2)
+# prefetch=2 carries two blocks' ids and scales through the loop (block blk + 2's loaded in iteration blk,
+# clamped to the chunk's last block): every group split, on the inputs the other MTP tests use.
+PREFETCH2 = [(1, LogitsConfig(1, prefetch=2)), (2, LogitsConfig(2, prefetch=2)), (3, LogitsConfig(2, prefetch=2)),
+             (3, LogitsConfig(4, prefetch=2)), (4, LogitsConfig(4, prefetch=2))]
+def _config_id_p2(n, cfg):
+    return f"n{n}-g{cfg.group}-prefetch{cfg.prefetch}"
+
+
+@pytest.mark.parametrize("next_n,config", PREFETCH2, ids=[_config_id_p2(*c) for c in PREFETCH2])
+def test_prefetch2_matches_float64(next_n, config, gen, triton_device):
+    """Odd lengths (a partial last block, one ending on a block edge, one shorter than next_n), garbage table
+    entries past the lengths, H = 8 padded to 16-column tiles, 3 blocks per program, NaN-poisoned outputs."""
+    inputs = make_paged_inputs((5 * T + 17, 2 * T, 2), next_n, 8, 32, gen, extra_width=2)
+    out, bmax = _run(inputs, triton_device, chunk=3, config=config)
+    expected, magnitude = logits_f64(*inputs.args())
+    assert_logits_close(out, expected, magnitude)
+    _check_block_max(bmax, expected, magnitude)
+
+
+@pytest.mark.parametrize("chunk", [1, 2, None], ids=["chunk-1", "chunk-2", "chunk-default"])
+def test_prefetch2_chunk_edges_match_float64(chunk, gen, triton_device):
+    """Chunks of 1 and 2 blocks: the two prefetched sets point at the chunk's last block (or, in a chunk past
+    the longest row, at nothing: masked), so the clamping of blk + 1 / blk + 2 is what is tested; fill_tail off
+    and on."""
+    inputs = make_paged_inputs((4 * T + 1, T + 63, 64), 2, 8, 32, gen, extra_width=3)
+    expected, magnitude = logits_f64(*inputs.args())
+    out, bmax = _run(inputs, triton_device, chunk=chunk, config=LogitsConfig(2, prefetch=2))
+    assert_logits_close(out, expected, magnitude)
+    _check_block_max(bmax, expected, magnitude)
+
+
+@pytest.mark.parametrize("next_n,group", [(2, 2), (4, 4)])
+def test_prefetch2_compacted_table_matches_float64(next_n, group, gen, triton_device):
+    """SPIN's call with prefetch=2: a table of kept blocks only (garbage -1 past them), lengths (n_kept - 1) * T
+    + the newest block's tail."""
+    full = make_paged_inputs((9 * T + 5, 6 * T + 40), next_n, 16, 32, gen, garbage=False)
+    kept = [[0, 2, 3, 6, 9], [1, 4, 6]]
+    compact = torch.full_like(full.block_table, -1)
+    lens = torch.zeros_like(full.seq_lens)
+    for b, blocks in enumerate(kept):
+        compact[b, : len(blocks)] = full.block_table[b, blocks]
+        lens[b] = (len(blocks) - 1) * T + full.seq_lens[b] - blocks[-1] * T
+    compacted = type(full)(full.q_fp8, full.kv_cache, full.weights, lens, compact)
+    out, bmax = _run(compacted, triton_device, chunk=2, config=LogitsConfig(group, prefetch=2))
+    expected, magnitude = logits_f64(*compacted.args())
+    assert_logits_close(out, expected, magnitude)
+    _check_block_max(bmax, expected, magnitude)
+
+
+@pytest.mark.parametrize("pad", [16, 32], ids=["pad16-3d", "pad32-2d"])
+def test_prefetch2_padded_pages_match_float64(pad, gen, triton_device):
+    """Padded pages (D = 32: 2304-B pages 2320 apart, no whole number of 32-B rows: the 3D key descriptor; 2336
+    apart: 73 rows, the 2D one), padding poisoned with NaN bytes, pages 16 bytes into their allocation: the
+    scales' addresses follow the page stride, and the padding is never read."""
+    from test_padded_cache import padded
+    inputs = make_paged_inputs((3 * T + 7, T + 1), 3, 8, 32, gen, extra_width=1)
+    kv = padded(inputs.kv_cache, pad, lead=16)
+    assert kv.stride(0) == 2304 + pad
+    q, _, w, lens, table = inputs.args()
+    padded_inputs = type(inputs)(q, kv, w, lens, table)
+    out, bmax = _run(padded_inputs, triton_device, chunk=2, config=LogitsConfig(2, prefetch=2))
+    expected, magnitude = logits_f64(*inputs.args())
+    assert_logits_close(out, expected, magnitude)
+    _check_block_max(bmax, expected, magnitude)
+
+
+@pytest.mark.parametrize("next_n,group", [(1, 1), (2, 2), (3, 4)])
+def test_prefetch2_with_fused_history_leaves_the_reference_state(next_n, group, gen, triton_device):
+    """The row-0 EMA update fused into the epilogue (HIST) with prefetch=2: its history reads use the block id
+    carried two blocks ahead; logits right, the state bit-equal to update_history_ref on those logits."""
+    import dataclasses
+
+    from test_history import _strided_to, assert_state_equal, clone_history, make_history, make_plan
+
+    from spin_indexer.ops.history import update_history_ref
+    lengths = (5 * T + 17, 2 * T + 9)
+    full = make_paged_inputs(lengths, next_n, 8, 32, gen, spare_blocks=3)
+    num_blocks = full.kv_cache.shape[0]
+    plan = make_plan(lengths, next_n, num_blocks, gen, width=full.block_table.shape[1])
+    update_rows = torch.zeros(len(lengths), next_n, dtype=torch.bool)
+    update_rows[:, 0] = True  # the row-0 policy: only row 0 updates (the fused path)
+    h = make_history(plan, num_blocks, 3, 150, gen, rows=1, update_rows=update_rows)
+    ref = clone_history(h)
+    dev = torch.device(triton_device)
+    args = [t.to(dev) for t in (full.q_fp8, full.kv_cache, full.weights, plan.lens, plan.table)]
+    rows, width = len(lengths) * next_n, plan.table.shape[1]
+    out = torch.full((rows, width * T), float("nan"), device=dev)
+    bmax = torch.full((rows, width), float("nan"), device=dev)
+    moved = dataclasses.replace(h, **{f: getattr(h, f).to(dev) for f in
+                                      ("vertical", "diagonal", "slot_ids", "kept_blocks", "seq_lens",
+                                       "update_rows", "clock")},
+                                block_max=_strided_to(h.block_max, dev), last_seen=_strided_to(h.last_seen, dev))
+    paged_indexer_logits_triton(*args, out=out, block_max_out=bmax, history=moved, chunk=3,
+                                config=LogitsConfig(group, prefetch=2))
+    expected, magnitude = logits_f64(full.q_fp8, full.kv_cache, full.weights, plan.lens, plan.table)
+    assert_logits_close(out, expected, magnitude)
+    update_history_ref(ref, out.cpu().view(len(lengths), next_n, -1), plan.table, plan.lens)
+    assert_state_equal(moved, tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen)))
+
+
+def test_prefetch_field_takes_depths_0_to_2():
+    """prefetch=True is depth 1 (the run-15 configs), one config and one name; other depths are rejected."""
+    assert LogitsConfig(2, prefetch=True) == LogitsConfig(2, prefetch=1)
+    assert LogitsConfig(2, prefetch=True).prefetch == 1
+    assert hash(LogitsConfig(2, prefetch=True)) == hash(LogitsConfig(2, prefetch=1))
+    assert LogitsConfig(2, prefetch=False).prefetch == 0 and CONFIGS[2].prefetch == 1
+    for bad in (3, -1, 1.5):
+        with pytest.raises(ValueError, match=r"^LogitsConfig.prefetch: expected 0, 1 or 2"):
+            LogitsConfig(2, prefetch=bad)

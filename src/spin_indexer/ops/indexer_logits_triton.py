@@ -7,7 +7,10 @@ thread quad. Then ReLU, the per-head weights, the head sum per row and the per-t
 of the T logits and the block max of every row of the group at once. Groups (LogitsConfig.group): 1 row per
 MMA is the n = 1 kernel; 2 or 4 rows per MMA read the key tile from shared memory once for all of them and
 share the mask / store / block-max work (next_n = 3: rows {0, 1} + {2}, or one group padded to 4). Triton's
-pipeliner prefetches the next key tile; the next block's scales optionally by hand (LogitsConfig.prefetch).
+pipeliner prefetches the next key tiles; the block's T fp32 scales come by a pointer load in the iteration that
+uses them, or by hand one or two blocks ahead (LogitsConfig.prefetch). (A second TMA descriptor for the scales
+was tried: Triton pipelines only loads that feed an MMA operand, so that load waited in its own iteration;
+benchmarks/NOTES.md, #17.)
 
 With a HistoryUpdate (SPIN's step, row-0 MTP policy) the epilogue also applies the EMA update of the
 block's history from row 0's scores, still in registers (history_triton.ema_tile): the update costs its
@@ -72,16 +75,23 @@ class LogitsConfig:
     programs (64K registers per SM: 4 warps at <= 128 -> 4 programs, <= 168 -> 3).
     target_programs: the chunk rule doubles blocks per program while the grid has more programs (each
     program loads next_n x 8 KB of queries before its loop: more rows argue for longer chunks).
-    prefetch: load the next block's id and scales one block ahead by hand (Triton 3.6's pipeliner prefetches
-    the id and the key tile but loads the scales in the iteration that uses them: a DRAM round trip per block
-    that only other resident programs hide; at n = 1 with 8 resident programs hand prefetch was 4-9% slower).
+    prefetch: load the block ids and scales `prefetch` blocks ahead by hand: 0 (none), 1 (the next block's, in
+    the iteration before; True means 1) or 2 (two sets in flight: block blk + 2's issued in iteration blk).
+    Triton 3.6's pipeliner prefetches the id and the key tile but loads the scales in the iteration that uses
+    them: a DRAM round trip per block that only other resident programs hide (run 15: prefetch 1 won by 23-27%
+    at n >= 2, with <= 4 resident programs; run 2 at n = 1 with 8 resident: 4-9% slower).
     """
     group: int = 1
     num_warps: int = 4
     num_stages: int = 3
     max_registers: int | None = None
     target_programs: int = _TARGET_PROGRAMS
-    prefetch: bool = False
+    prefetch: int = 0
+
+    def __post_init__(self):
+        if self.prefetch not in (0, 1, 2):  # True == 1, False == 0
+            raise ValueError(f"LogitsConfig.prefetch: expected 0, 1 or 2 (blocks ahead), got {self.prefetch!r}")
+        object.__setattr__(self, "prefetch", int(self.prefetch))  # True -> 1: one spelling, one kernel
 
     def group_rows(self, next_n: int) -> tuple[int, int, int, int]:
         """Rows of each of the (at most 4) groups, 0 for absent ones: next_n 3, group 2 -> (2, 1, 0, 0)."""
@@ -318,12 +328,33 @@ if triton is not None:
         PAGE_F32: tl.constexpr = PAGE_BYTES // 4
         # Ids are clamped into the cache: with validate=False a bad table gives wrong logits, never a read
         # outside the cache (the key tile's TMA load is bounds-checked; the scales' pointer load is not).
-        if PREFETCH:
-            phys_next = tl.minimum(tl.maximum(tl.load(ids + blk0, mask=blk0 < blk_end, other=0), 0),
-                                   num_cache_blocks - 1)
+        # Hand prefetch: the ids and scales of the next PREFETCH blocks in flight, loaded before the loop (masked
+        # when the chunk has no block to score), then block blk + PREFETCH's in iteration blk (clamped to the
+        # last block: the last iterations reload it, harmlessly). The key tile's coordinate is then a loop-carried
+        # value, not a load of this iteration: the pipeliner issues its TMA num_stages - 1 blocks ahead (with the
+        # id loaded in the loop it splits those stages between the id and the tile: one block ahead each).
+        if PREFETCH >= 1:
+            any_blk = blk0 < blk_end
+            phys_next = tl.minimum(tl.maximum(tl.load(ids + blk0, mask=any_blk, other=0), 0), num_cache_blocks - 1)
             sc_next = tl.load(scale_ptr + phys_next.to(tl.int64) * PAGE_F32 + SCALE_OFF + offs_t)
+        if PREFETCH == 2:
+            raw_next2 = tl.load(ids + tl.minimum(blk0 + 1, blk_end - 1), mask=any_blk, other=0)
+            sc_next2 = tl.load(scale_ptr + (tl.minimum(tl.maximum(raw_next2, 0), num_cache_blocks - 1)).to(tl.int64)
+                               * PAGE_F32 + SCALE_OFF + offs_t)
         for blk in range(blk0, blk_end):
-            if PREFETCH:  # this block's id and scales were loaded one block ahead; load the next block's now
+            if PREFETCH == 2:  # this block's id and scales were loaded two blocks ahead; block blk + 2's now
+                phys = phys_next
+                sc = sc_next
+                # No carried value may be yielded unchanged (a loop-carried distance of 2, which makes Triton's
+                # pipeliner skip the loop: the key tile's TMA then waits in its own iteration): the id is
+                # carried raw and clamped here, the scales pass through an add of +0.0 (not folded: -0.0 + 0.0
+                # is +0.0; a scale is > 0).
+                phys_next = tl.minimum(tl.maximum(raw_next2, 0), num_cache_blocks - 1)
+                sc_next = sc_next2 + 0.0
+                raw_next2 = tl.load(ids + tl.minimum(blk + 2, blk_end - 1))
+                sc_next2 = tl.load(scale_ptr + (tl.minimum(tl.maximum(raw_next2, 0), num_cache_blocks - 1)).to(
+                    tl.int64) * PAGE_F32 + SCALE_OFF + offs_t)
+            elif PREFETCH == 1:  # this block's id and scales were loaded one block ahead; the next block's now
                 phys = phys_next
                 sc = sc_next
                 nxt = tl.minimum(blk + 1, blk_end - 1)

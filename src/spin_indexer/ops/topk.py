@@ -31,7 +31,8 @@ def group_max_ref(logits: torch.Tensor, lengths: torch.Tensor, group: int) -> to
     pad = -cols % group
     x = torch.nn.functional.pad(logits, (0, pad), value=float("-inf"))
     c = torch.arange(cols + pad, device=logits.device)
-    x = torch.where(c[None, :] < lengths.long()[:, None], x, float("-inf")).view(rows, -1, group)
+    # explicit group count: view(rows, -1, ...) is ambiguous for an empty batch
+    x = torch.where(c[None, :] < lengths.long()[:, None], x, float("-inf")).view(rows, (cols + pad) // group, group)
     return torch.where(torch.isnan(x).any(dim=2), float("nan"), x.amax(dim=2))
 
 

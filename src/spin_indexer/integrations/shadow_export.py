@@ -14,6 +14,7 @@ so the engine and worker processes it starts inherit the same directory.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import tempfile
@@ -47,9 +48,16 @@ class ShadowPublisher:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="spin-shadow-publisher", daemon=True)
             self._thread.start()
+            # At interpreter exit a daemon thread killed inside a torch call aborts the process ("terminate
+            # called without an active exception", seen at the end of the vLLM test step): stop it first.
+            atexit.register(self.stop)
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop publishing, waiting for a publish in progress (at most timeout_s)."""
         self._stop.set()
+        thread = self._thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout_s)
 
     def publish_once(self) -> dict:
         """Copy the counters to the host (on a side stream on CUDA) and write them; returns what was written."""

@@ -97,8 +97,9 @@ def test_triton_kept_blocks_mapping(next_n, use_block_max, gen, triton_device):
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("rows", [3, 60])  # the rank path (<= 48 rows) and the sort path
-def test_triton_both_select_paths_with_mapping(rows, gen, triton_device):
+@pytest.mark.parametrize("rows", [3, 60])
+def test_triton_few_and_many_rows_with_mapping(rows, gen, triton_device):
+    """A few rows and many (one selection path since the chunk rank: both must still map exactly)."""
     logits, lengths = masked_logits(rows, 300, gen)
     _triton(logits, lengths, 12, triton_device, kept=_kept(rows, 5, gen))
 

@@ -15,7 +15,9 @@ random key cache so no replay hits L2), per layer:
   topk_us              ops.topk_positions alone on those compact logits
   plan_us              SpinIndexer.plan (every layer) / 61 layers
   step_us              SpinIndexer step per layer: plan_us + run(layer) (logits + EMA update + top-k)
-  spin_own_us          step_us - spin_logits_us - topk_us: prediction, selection, compaction, update
+  spin_own_us          step_us - spin_logits_us - topk_us: prediction, selection, compaction, update (a
+                       difference of three timings: below ~1 us of real work, e.g. B = 1, it can come out
+                       negative, the pieces timed apart costing more than inside the step's graph)
   plan_update_us       the same as spin_own_us, under the column name of the earlier runs
   step_other_backend_us  step_us with the logits backend the step does not choose at this point (Triton with
                        the EMA update fused into its epilogue, or DeepGEMM + the update pass; ops.logits_backend),

@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/h200_quality.sh prepare      CPU, here (needs the model and RULER extras, see README): builds
 #                                                runs/h200q/p0..p3, each < 34 MiB (a call carries 64 MiB with the
-#                                                29.5 MiB tracked tree): GGUF quarters (98,362,432 B / 4), the gguf
+#                                                30.4 MiB tracked tree at 00d6c96; p0 is 29.1 MiB: ~4.5 MiB to spare): GGUF quarters (98,362,432 B / 4), the gguf
 #                                                wheel, the ood corpus (~7 MB), the RULER prompt cache (.tar.xz)
 #   [carry runs/h200q/p0]  gputests               copy to /tmp; CUDA tests of the batched runner and distillation
 #   [carry runs/h200q/p1]  parts                  copy (prompts)

@@ -21,9 +21,7 @@ import argparse
 import collections
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +30,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from plan_registers import _tool  # noqa: E402
+from plan_registers import ptxas_counts  # noqa: E402
 from spin_indexer.ops import indexer_logits_triton as L  # noqa: E402
 
 PTR = {"q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "w_ptr": "*fp32", "lens_ptr": "*i32", "table_ptr": "*i32",
@@ -65,20 +63,13 @@ def compile_counts(next_n: int, cfg: "L.LogitsConfig", hist: bool = False, heads
                        options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                                     # the launcher drops the cap when the EMA update is fused
                                     **({"maxnreg": cfg.max_registers} if cfg.max_registers and not hist else {})))
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
-        with open(ptx, "w") as f:
-            f.write(k.asm["ptx"])
-        res = subprocess.run([_tool("ptxas"), "-v", "--gpu-name", "sm_90a", ptx, "-o", cubin],
-                             capture_output=True, text=True)
-        sass = subprocess.run([_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True).stdout
-    regs = re.search(r"Used (\d+) registers", res.stderr)
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", res.stderr)
-    body = _block_loop(sass)
+    c = ptxas_counts(k)
+    spill = None if c["spill_st"] is None else c["spill_st"] + c["spill_ld"]
+    body = _block_loop(c["sass"])
     tma_all, tma_loop, sync = _ptx_tma(k.asm["ptx"])
-    return dict(regs=int(regs.group(1)) if regs else None, spill=(int(spill.group(1)) + int(spill.group(2)))
-                if spill else None, tma=f"{tma_all}/{tma_loop}" + (" sync!" if sync else ""),
-                smem=k.metadata.shared, instr=sum(body.values()), ops=body, log="" if regs else res.stderr[-300:])
+    return dict(regs=c["regs"], spill=spill, tma=f"{tma_all}/{tma_loop}" + (" sync!" if sync else ""),
+                smem=k.metadata.shared, instr=sum(body.values()), ops=body,
+                log="" if c["regs"] is not None else c["log"][-300:])
 
 
 def _ptx_tma(ptx: str) -> tuple[int, int, bool]:

@@ -38,6 +38,22 @@ def _tool(name: str) -> str:
     return found[-1] if found else name
 
 
+def ptxas_counts(kernel) -> dict:
+    """ptxas -v for sm_90a and nvdisasm of a compiled triton kernel (shared by logits_registers.py and
+    update_registers.py): regs, spill_st / spill_ld bytes (None when ptxas printed none), its log and the SASS."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
+        with open(ptx, "w") as f:
+            f.write(kernel.asm["ptx"])
+        r = subprocess.run([_tool("ptxas"), "-v", "--gpu-name", "sm_90a", ptx, "-o", cubin],
+                           capture_output=True, text=True)
+        sass = subprocess.run([_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True).stdout
+    regs = re.search(r"Used (\d+) registers", r.stderr)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
+    return dict(regs=int(regs.group(1)) if regs else None, spill_st=int(spill.group(1)) if spill else None,
+                spill_ld=int(spill.group(2)) if spill else None, log=r.stderr, sass=sass)
+
+
 def compile_counts(sb: int, warps: int, maxnreg: int | None, rows: int = 1, slot: bool = False,
                    explore: bool = True, combine: int = 0, sbs: int = 64, reg: bool = True) -> dict:
     fn = P._plan_select_kernel
@@ -60,19 +76,9 @@ def compile_counts(sb: int, warps: int, maxnreg: int | None, rows: int = 1, slot
     opts = dict(num_warps=warps, enable_fp_fusion=False)
     if maxnreg:
         opts["maxnreg"] = maxnreg
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
-        with open(ptx, "w") as f:
-            f.write(k.asm["ptx"])
-        r = subprocess.run([_tool("ptxas"), "-v", "--gpu-name", "sm_90a", ptx, "-o", cubin],
-                           capture_output=True, text=True)
-        sass = subprocess.run([_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True).stdout
-    regs = re.search(r"Used (\d+) registers", r.stderr)
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
-    return dict(regs=int(regs.group(1)) if regs else None,
-                spill_st=int(spill.group(1)) if spill else None, spill_ld=int(spill.group(2)) if spill else None,
-                inner=_inner_loop_spills(sass), log=r.stderr if not regs else "")
+    c = ptxas_counts(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts))
+    return dict(regs=c["regs"], spill_st=c["spill_st"], spill_ld=c["spill_ld"], inner=_inner_loop_spills(c["sass"]),
+                log=c["log"] if c["regs"] is None else "")
 
 
 def _inner_loop_spills(sass: str) -> int:

@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -29,7 +27,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from plan_registers import _tool  # noqa: E402
+from plan_registers import ptxas_counts  # noqa: E402
 from spin_indexer.ops import history_triton as U  # noqa: E402
 
 PTR = {"x_ptr": "*fp32", "table_ptr": "*i32", "clen_ptr": "*i32", "bmax_ptr": "*fp32", "gmax_ptr": "*fp32",
@@ -62,19 +60,10 @@ def compile_counts(blocks: int, warps: int, group: int | None = 16, rows: int = 
     k = triton.compile(ASTSource(fn, sig, constexprs=cidx, attrs=attrs), target=GPUTarget("cuda", 90, 32),
                        options=dict(num_warps=warps, enable_fp_fusion=True,  # the launch's default
                                     **({"maxnreg": maxnreg} if maxnreg else {})))
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
-        with open(ptx, "w") as f:
-            f.write(k.asm["ptx"])
-        res = subprocess.run([_tool("ptxas"), "-v", "--gpu-name", "sm_90a", ptx, "-o", cubin],
-                             capture_output=True, text=True)
-        sass = subprocess.run([_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True).stdout
-    regs = re.search(r"Used (\d+) registers", res.stderr)
-    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", res.stderr)
-    ops = {o: len(re.findall(rf"\b{o}(\.[A-Z0-9.]+)?\b", sass)) for o in OPS}
-    return dict(regs=int(regs.group(1)) if regs else None,
-                spill=(int(spill.group(1)) + int(spill.group(2))) if spill else None, ops=ops,
-                log="" if regs else res.stderr[-300:])
+    c = ptxas_counts(k)
+    ops = {o: len(re.findall(rf"\b{o}(\.[A-Z0-9.]+)?\b", c["sass"])) for o in OPS}
+    return dict(regs=c["regs"], spill=None if c["spill_st"] is None else c["spill_st"] + c["spill_ld"], ops=ops,
+                log="" if c["regs"] is not None else c["log"][-300:])
 
 
 def main() -> None:

@@ -35,7 +35,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 import torch  # noqa: E402
 
-from harness import DEVICE, KeyPool, copy_bandwidth_gbps, decode_lens, environment, random_queries, rel_err, time_graph  # noqa: E402,E501
+from harness import (DEVICE, KeyPool, copy_bandwidth_gbps, decode_lens, environment, markdown_table,  # noqa: E402
+                     random_queries, rel_err, time_graph)
 
 from spin_indexer.ops import deepgemm  # noqa: E402
 from spin_indexer.ops.indexer_logits import block_max_ref, paged_indexer_logits_ref  # noqa: E402
@@ -262,9 +263,8 @@ def write_report(out_dir: str, rows: list[dict], env: dict, command: str) -> lis
              "- CUDA graphs, median of replays; configs: g<rows per MMA>w<warps>s<stages>[r<register cap>]"
              "[p: scale prefetch, p2: two blocks ahead][t<target programs>]; "
              "production = CONFIGS[next_n]", "",
-             "## Targets", ""] + [f"- {t}" for t in targets(rows)] + ["",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(fmt(r.get(c, float("nan"))) for c in COLUMNS) + " |" for r in rows]
+             "## Targets", ""] + [f"- {t}" for t in targets(rows)] + [""]
+    lines += markdown_table(COLUMNS, rows, fmt)
     with open(os.path.join(out_dir, "mtp_logits.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return lines

@@ -30,7 +30,7 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 
-from harness import DEVICE, KeyPool, decode_lens, environment, random_queries, time_graph  # noqa: E402
+from harness import DEVICE, KeyPool, decode_lens, environment, markdown_table, random_queries, time_graph  # noqa: E402
 
 from spin_indexer.indexer import DenseIndexer, SpinIndexer  # noqa: E402
 from spin_indexer.predictor import SpinConfig  # noqa: E402
@@ -189,9 +189,8 @@ def markdown(rows: list[dict], env: dict, command: str) -> str:
              "- one CUDA graph per config over all layers (median of replays); next_n = 1; caches shared by the "
              "layers (each far larger than L2); sparse MLA is a plain torch gather + bmm (benchmarks/sparse_mla.py), "
              "not FlashMLA, so attention_ms is an upper bound; indexer_ms = step_ms - attention_ms "
-             "(attention alone over fixed random top-k).", "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(str(r[c]) for c in COLUMNS) + " |" for r in rows]
+             "(attention alone over fixed random top-k).", ""]
+    lines += markdown_table(COLUMNS, rows)
     return "\n".join(lines) + "\n"
 
 

@@ -187,3 +187,9 @@ def long_row(suite: str, case: dict, provider: str, metric: str, unit: str, t: T
             "unit": unit, "p50": round(p50, 3), "p20": round(p20, 3), "p80": round(p80, 3),
             "config_json": json.dumps(case, sort_keys=True), "gpu": env["gpu"], "torch": env["torch"],
             "triton": env["triton"], "commit": env["commit"], "date": env["date"]}
+
+
+def markdown_table(columns, rows: list[dict], fmt=str) -> list[str]:
+    """A results page's table: header, separator, one line per row (row[c] through fmt, NaN for a missing c)."""
+    return (["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+            + ["| " + " | ".join(fmt(r.get(c, float("nan"))) for c in columns) + " |" for r in rows])

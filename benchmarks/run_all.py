@@ -328,6 +328,7 @@ def targets(rows: list[dict]) -> list[str]:
 
 
 def write_report(out_dir: str, rows: list[dict], env: dict, command: str) -> list[str]:
+    from harness import markdown_table
     lines = ["# SPIN indexer step on one H200", "",
              f"- GPU: {env.get('gpu')} ({env.get('sms')} SMs), {env.get('date')}, torch {env.get('torch')}, triton "
              f"{env.get('triton')}, CUDA {env.get('cuda')}, commit {env.get('commit')}, DeepGEMM "
@@ -337,9 +338,8 @@ def write_report(out_dir: str, rows: list[dict], env: dict, command: str) -> lis
              f"- checks: {json.dumps(env.get('checks', {}))}",
              "- per layer, CUDA graphs, median of replays; each layer its own random key cache; SPIN history a random "
              "steady state; plan_us = plan() of 61 layers / 61. Columns: see benchmarks/run_all.py.", "",
-             "## Targets (issue: the fused step)", ""] + [f"- {t}" for t in targets(rows)] + ["",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(fmt(r.get(c, float("nan"))) for c in COLUMNS) + " |" for r in rows]
+             "## Targets (issue: the fused step)", ""] + [f"- {t}" for t in targets(rows)] + [""]
+    lines += markdown_table(COLUMNS, rows, fmt)
     with open(os.path.join(out_dir, "h200_indexer.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return lines

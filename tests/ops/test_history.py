@@ -270,11 +270,7 @@ def test_triton_twin_matches_reference(lengths, next_n, window, seen, gen, trito
     ref = clone_history(h)
     update_history_ref(ref, logits, plan.table, plan.lens)
     dev = torch.device(triton_device)
-    moved = dataclasses.replace(h, **{f: getattr(h, f).to(dev) for f in
-                                      ("vertical", "diagonal", "slot_ids", "kept_blocks", "seq_lens",
-                                       "update_rows", "clock")})
-    moved.block_max = _strided_to(h.block_max, dev)
-    moved.last_seen = _strided_to(h.last_seen, dev)
+    moved = history_on(h, dev)
     bmax = torch.full((len(lengths) * next_n, width), 123.0, device=dev)
     update_history_triton(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev), block_max_out=bmax)
     exp = tuple(None if t is None else t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen))
@@ -318,9 +314,7 @@ def test_triton_twin_group_max_with_the_update(group, gen, triton_device):
     ref = clone_history(h)
     update_history_ref(ref, logits, plan.table, plan.lens)
     dev = torch.device(triton_device)
-    moved = dataclasses.replace(h, **{f: getattr(h, f).to(dev) for f in
-                                      ("vertical", "block_max", "diagonal", "slot_ids", "kept_blocks", "seq_lens",
-                                       "update_rows", "last_seen", "clock")})
+    moved = history_on(h, dev)
     gmax = torch.full((4, width * T // group + 3), 123.0, device=dev)
     update_history_triton(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev), group_max_out=gmax,
                           group=group)
@@ -346,6 +340,16 @@ def test_public_op_group_max_out_on_the_reference(gen):
     gmax = torch.full((4, width * T // 16), 123.0)
     update_history(None, logits, plan.table, plan.lens, group_max_out=gmax, group=16)
     assert torch.equal(gmax, group_max_ref(logits.reshape(4, -1), plan.lens.reshape(-1), 16))
+
+
+def history_on(h, dev):
+    """h's tensors on `dev`, block_max and last_seen as strided views (as SpinState's [P + 1, L] columns)."""
+    moved = dataclasses.replace(h, **{f: getattr(h, f).to(dev) for f in
+                                      ("vertical", "diagonal", "slot_ids", "kept_blocks", "seq_lens",
+                                       "update_rows", "clock")})
+    moved.block_max = _strided_to(h.block_max, dev)
+    moved.last_seen = _strided_to(h.last_seen, dev)
+    return moved
 
 
 def _strided_to(t, dev):
@@ -384,10 +388,7 @@ def test_logits_with_history_leave_the_reference_state(next_n, rows, group, gen,
     batch_rows, width = len(lengths) * next_n, plan.table.shape[1]
     out = torch.full((batch_rows, width * T), float("nan"), device=dev)
     bmax = torch.full((batch_rows, width), float("nan"), device=dev)
-    moved = dataclasses.replace(h, **{f: getattr(h, f).to(dev) for f in
-                                      ("vertical", "diagonal", "slot_ids", "kept_blocks", "seq_lens",
-                                       "update_rows", "clock")},
-                                block_max=_strided_to(h.block_max, dev), last_seen=_strided_to(h.last_seen, dev))
+    moved = history_on(h, dev)
     paged_indexer_logits_triton(*args, out=out, block_max_out=bmax, history=moved,
                                 config=LogitsConfig(group) if group else None)
     expected, magnitude = logits_f64(full.q_fp8, full.kv_cache, full.weights, plan.lens, plan.table)

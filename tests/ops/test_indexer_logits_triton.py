@@ -260,9 +260,7 @@ def test_prefetch2_padded_pages_match_float64(pad, gen, triton_device):
 def test_prefetch2_with_fused_history_leaves_the_reference_state(next_n, group, gen, triton_device):
     """The row-0 EMA update fused into the epilogue (HIST) with prefetch=2: its history reads use the block id
     carried two blocks ahead; logits right, the state bit-equal to update_history_ref on those logits."""
-    import dataclasses
-
-    from test_history import _strided_to, assert_state_equal, clone_history, make_history, make_plan
+    from test_history import assert_state_equal, clone_history, history_on, make_history, make_plan
 
     from spin_indexer.ops.history import update_history_ref
     lengths = (5 * T + 17, 2 * T + 9)
@@ -278,10 +276,7 @@ def test_prefetch2_with_fused_history_leaves_the_reference_state(next_n, group, 
     rows, width = len(lengths) * next_n, plan.table.shape[1]
     out = torch.full((rows, width * T), float("nan"), device=dev)
     bmax = torch.full((rows, width), float("nan"), device=dev)
-    moved = dataclasses.replace(h, **{f: getattr(h, f).to(dev) for f in
-                                      ("vertical", "diagonal", "slot_ids", "kept_blocks", "seq_lens",
-                                       "update_rows", "clock")},
-                                block_max=_strided_to(h.block_max, dev), last_seen=_strided_to(h.last_seen, dev))
+    moved = history_on(h, dev)
     paged_indexer_logits_triton(*args, out=out, block_max_out=bmax, history=moved, chunk=3,
                                 config=LogitsConfig(group, prefetch=2))
     expected, magnitude = logits_f64(full.q_fp8, full.kv_cache, full.weights, plan.lens, plan.table)

@@ -350,6 +350,21 @@ def run_benchmark_dry(script: str, args: list, timeout: int):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def import_benchmark(name: str):
+    """The module benchmarks/<name>.py, imported with benchmarks/ on sys.path only for the import (it stays
+    in sys.modules: a second call returns the same module)."""
+    import importlib
+    import sys
+    from pathlib import Path
+
+    bench = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    sys.path.insert(0, bench)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(bench)
+
+
 # ------------------------------------------------------------------------------ vLLM tests' isolation
 @pytest.fixture(autouse=True)
 def _vllm_cpu(request, monkeypatch):

@@ -4,25 +4,19 @@ from __future__ import annotations
 
 import csv
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from conftest import import_benchmark
+
 if not torch.cuda.is_available():
     os.environ.setdefault("SPIN_BENCH_DEVICE", "cpu")  # harness reads it at import
 
 
 @pytest.fixture(scope="module")
 def bench_e2e():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import bench_e2e
-        yield bench_e2e
-    finally:
-        sys.path.remove(str(BENCH))
+    return import_benchmark("bench_e2e")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU dry run (the GPU run is the benchmark itself)")

@@ -4,12 +4,10 @@ floors and targets."""
 from __future__ import annotations
 
 import csv
-import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import run_benchmark_dry
+from conftest import import_benchmark, run_benchmark_dry
 
 
 @pytest.mark.interpreter
@@ -24,9 +22,8 @@ def test_bench_mtp_logits_dry_run(tmp_path):
     for column in ("batch", "ctx", "next_n", "provider", "config", "us", "floor_us", "x_floor", "production",
                    "gpu", "commit"):
         assert column in reader.fieldnames, column
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from bench_mtp_logits import CANDIDATES, config_name
-
+    bench = import_benchmark("bench_mtp_logits")
+    CANDIDATES, config_name = bench.CANDIDATES, bench.config_name
     for n, configs in CANDIDATES.items():
         got = [r["config"] for r in rows if r["next_n"] == str(n) and r["provider"] == "own"]
         assert got == [config_name(c) for c in configs], n  # every candidate, production first

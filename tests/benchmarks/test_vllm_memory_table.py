@@ -2,22 +2,14 @@
 shapes, no memory) and the history spec's page size; here its numbers against independent formulas."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from conftest import import_benchmark
 
 
 @pytest.fixture(scope="module")
 def vllm_memory():
-    sys.path.insert(0, str(BENCH))
-    try:
-        import vllm_memory
-        yield vllm_memory
-    finally:
-        sys.path.remove(str(BENCH))
+    return import_benchmark("vllm_memory")
 
 
 def test_table_rows_match_the_formulas(vllm_memory, capsys):

@@ -125,11 +125,11 @@ def _check(ref, got, batch, width, layers):
 
 
 def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accepted=False, bad=False, seen=None,
-         grid=None, graph=False, path="register", extra_width=2, shared=0):
+         grid=None, graph=False, path="register", extra_width=2, shared=0, pairs=None):
     """Plan `steps` steps with the torch path and the kernel from the same random state and compare everything
     each step. path: the kernel's selection path ("register" or "chunked"); extra_width: table columns past
     the longest request; shared: the first `shared` blocks of every request are request 0's (a prefix-cache
-    hit)."""
+    hit); pairs: H of the register path's multiway searches (None: the launcher's choice for the tile)."""
     from spin_indexer.predictor.plan_triton import plan_step_triton, supports
     assert supports(cfg)
     batch = len(final_lens)
@@ -173,7 +173,7 @@ def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accept
             g.replay()
         else:
             plan_step_triton(cfg, got.state, got.workspace, *args, block=16, score_block=8,
-                             register_tile=0 if path == "chunked" else 1 << 14)
+                             register_tile=0 if path == "chunked" else 1 << 14, pairs=pairs)
         _check(ref, got, batch, width, layers)
         # an EMA update between steps, the same on both sides
         touched = torch.randperm(cache, generator=gen)[:2 * cache // 3]
@@ -394,7 +394,7 @@ def _tie_cases(gen, size):
     yield "all-forced", torch.full((size,), KEY_INF16), torch.ones(size, dtype=torch.bool)
 
 
-@pytest.mark.parametrize("pairs", [2, 4], ids=["h2", "h4"])
+@pytest.mark.parametrize("pairs", [1, 2, 4], ids=["h1", "h2", "h4"])
 def test_multiway_threshold_cuts_ties_like_a_sort(pairs, gen, triton_device):
     # both widths of a round, with the free probe at the key of +inf (TOP) and without it
     if triton is None:
@@ -408,8 +408,9 @@ def test_multiway_threshold_cuts_ties_like_a_sort(pairs, gen, triton_device):
                                  pairs=pairs, top=top)
 
 
-@pytest.mark.parametrize("est", [None, 1, 10**6], ids=["est-exact", "est-low", "est-high"])
-def test_uniform_threshold_is_exact_with_any_estimate(est, gen, triton_device):
+@pytest.mark.parametrize("est,pairs", [(None, 2), (1, 2), (10**6, 2), (None, 1), (7, 1)],
+                         ids=["est-exact", "est-low", "est-high", "h1", "h1-est-low"])
+def test_uniform_threshold_is_exact_with_any_estimate(est, pairs, gen, triton_device):
     # stage C's first round places its points from an estimate of the count: a wrong estimate (or keys that
     # are not uniform) moves the bracket off the answer and costs rounds, never exactness
     if triton is None:
@@ -418,7 +419,8 @@ def test_uniform_threshold_is_exact_with_any_estimate(est, gen, triton_device):
     for name, keys, ok in list(_cases(gen, size)) + list(_tie_cases(gen, size)):
         count = int(ok.sum())
         for need in sorted({0, 1, count // 10, count // 2, count - 1, count + 1}):
-            _check_threshold(keys, ok, need, True, triton_device, f"{name}, need {need} of {count}", est=est)
+            _check_threshold(keys, ok, need, True, triton_device, f"{name}, need {need} of {count}", est=est,
+                             pairs=pairs)
 
 
 @pytest.mark.parametrize("cfg,lens,extra_width,grid", [
@@ -437,15 +439,18 @@ def test_uniform_threshold_is_exact_with_any_estimate(est, gen, triton_device):
     (dataclasses.replace(BASE, dense_below=0, sparsity=0.8, gamma=0.05), (90 * T + 3, 33 * T), 2, None),
     (dataclasses.replace(BASE, dense_below=0, sparsity=0.2, gamma=0.9), (90 * T + 3, 33 * T), 2, None),
 ], ids=["w1", "w64", "w65", "flat-ties", "a0-unused", "a0-unused-explore", "explore-small", "explore-large"])
-def test_multiway_selection_edges(cfg, lens, extra_width, grid, gen, triton_device):
+@pytest.mark.parametrize("pairs", [None, 1], ids=["h-default", "h1"])
+def test_multiway_selection_edges(cfg, lens, extra_width, grid, pairs, gen, triton_device):
+    # the small tiles here take H = 2; H = 1 is the wide tiles' choice (SB >= 8192), forced here
     _run(cfg, lens, 1, gen, triton_device, steps=2, grow=[0, 0] if lens[0] <= T else [T, 0], layers=1, grid=grid,
-         extra_width=extra_width)
+         extra_width=extra_width, pairs=pairs)
 
 
-@pytest.mark.parametrize("next_n,grid", [(3, "coarse"), (4, "coarse"), (4, None)])
-def test_multiway_row_local_rows(next_n, grid, gen, triton_device):
+@pytest.mark.parametrize("next_n,grid,pairs", [(3, "coarse", None), (4, "coarse", None), (4, None, None),
+                                               (4, "coarse", 1), (2, None, 4)])
+def test_multiway_row_local_rows(next_n, grid, pairs, gen, triton_device):
     # row-local: every row runs its own search on its own keys (tied coarse scores), the union kept; stage
     # C's estimate of its candidates comes from the largest row only
     cfg = dataclasses.replace(BASE, mtp="row-local", dense_below=0, sparsity=0.6, diagonal_window=300)
     _run(cfg, (50 * T + 5, 31 * T, 8 * T), next_n, gen, triton_device, steps=2, grow=[next_n, 0], layers=2,
-         grid=grid, accepted=True)
+         grid=grid, accepted=True, pairs=pairs)

@@ -16,20 +16,25 @@ Launch 2, `_plan_select_kernel`, grid (max(B, 1), L): program (b, l) does the se
   A. one gather of every block's id and block max; forced blocks (+inf key); row 0's scores: reduce=max
      takes the block max before the diagonal window, the window's blocks (every block of a per-slot rule)
      are scored in [score_block, T] tiles written to a float32 scratch row and read back once;
-  B. per prediction row (1 for row0, next_n for row-local): the exact k1-th largest key t by bisection on
-     the key value (count(key >= mid) per step, from [min, max] of the keys, early exit when a count equals
-     k1; the keys are the fp32 order key >> 13 when every score is a 16-bit float, so at most 19 steps,
-     else 32), then keys > t and the first k1 - count(key > t) ties in block order (ties to the lower
-     block; the cut lane by a bisection on the lane index, only when a tie is cut), OR-ed into the kept
-     mask. Rows past the first re-score only the blocks their diagonal window reaches, through the scratch
-     as in A, and read row 0's scores of the blocks before back from it;
+  B. per prediction row (1 for row0, next_n for row-local): the exact k1-th largest key t by multiway
+     counting on the key value (_search: per round 2H evenly spaced points in t's interval, their counts
+     in ONE block reduction, the interval shrinking (2H + 1)-fold where a bisection step halved it; H = 2
+     up to 2048 blocks, 1 above), starting from one tuple reduction (_stats: the count, the keys' range,
+     row 0's forced count, and a free probe at the key of +inf that takes the forced blocks out of the
+     interval), early exit when a count equals k1; the keys are the fp32 order key >> 13 when every score
+     is a 16-bit float (19 bits), else 32. The counts at both ends of the interval stay known, so the keys
+     above and at t need no reduction: keys > t and the first k1 - count(key > t) ties in block order
+     (ties to the lower block; the cut lane by the same multiway counting on the lane index, only when a
+     tie is cut), OR-ed into the kept mask. Rows past the first re-score only the blocks their diagonal
+     window reaches, through the scratch as in A, and read row 0's scores of the blocks before back from it;
   C. random exploration: the same search over the inline 31-bit hash of (seed, slot, step, block, layer)
-     among the valid unkept blocks (hash desc, lower block on ties, as select_blocks with `hashes`), first
-     narrowed by two probes around the hashes' expected quantile (exact counts: the result never depends
-     on the hashes being uniform);
-  D. compaction in ascending block order from the register mask (one scan): only kept entries of
-     kept_blocks / compact_table, num_kept, compact_lens; program (b, 0) then writes step and seen_len of
-     the slot, (0, 0) the clock.
+     among the valid unkept blocks (hash desc, lower block on ties, as select_blocks with `hashes`); its
+     first round counts at 1 (the candidates' count) and at points spread over a bracket around the
+     hashes' expected quantile (the count estimated from stage B's), so it needs no count reduction of its
+     own (exact counts: the result never depends on the hashes being uniform or the estimate right);
+  D. compaction in ascending block order from the register mask (one scan; num_kept from stage C's counts
+     with exploration, else one sum): only kept entries of kept_blocks / compact_table, num_kept,
+     compact_lens; program (b, 0) then writes step and seen_len of the slot, (0, 0) the clock.
   Chunked path (wider tables, or register_tile=0): tiles of `block` blocks, keys and flags staged in the
   scratch (float32 key and int8 flag per block) and re-read by every pass: B and C are radix selects (4
   passes of 8 bits, tl.histogram) with a mark pass writing flag 2; D reads the flags back.
@@ -58,6 +63,25 @@ fewer per search (tuple reductions, no cumsum): ~50 -> ~35 dependent reductions.
 per SM overlap their latency-bound chains (32 compares per thread per step), so ~4.3 x 0.7 / 2 = ~1.5 ms
 per step at 96 x 512K (~2.9x; 1.3-1.7 ms with the unknowns: triton 3.6's ptxas, the spill traffic, how
 well two chains overlap) and ~0.52 x 0.75 = ~0.4 ms at 96 x 128K (same occupancy, fewer steps).
+Multiway counting (helper, branch plan-multiway, UNMEASURED on the H200; predicted as follows). Dependent
+block reductions per row-0 program, simulated on normal fp16 block maxima and 31-bit hashes (budget 50%,
+gamma 0.2; "ties": scores on a 1/4 grid): bisection ~32-39 at 2048 blocks, ~35-42 at 8192 / 16384 (B ~21
+with the forced count and the above/at count, the tie cut 1-9, C + D ~11-13); multiway 13-16 at 2048
+(H = 2: B ~9, cut 1-3, C ~4) and 20-24 at 8192 / 16384 (H = 1: B ~13, cut 2-6, C ~5). A round costs more
+issue than a bisection step (sm_90a SASS per round: 369 instructions at H = 2 / 16 lanes per thread against
+89; 276 at H = 1 / 32 lanes against 140; the same REDUX per sum and 2 barriers), so the saving depends on
+how latency-bound the chain is: with per-reduction latency L = 600-2000 cycles and the co-resident warps'
+issue on top, the chain shrinks ~35-55% at 2048 blocks and ~15-35% at 8192 / 16384. Predicted plan() per
+layer (run 16: 7.4 / 25 / 88 us): 96 x 128K 4.8-6.6 us, 96 x 512K 19.5-23.5 us, 96 x 1M 76-85 us; the low
+ends hold if the reduction chain is most of a program's time, as the byte count suggests, the high ends if
+stage A's gathers and D take more than the brief's model assumes. Wider rounds were measured against the
+register file, not the clock: H = 4 needs a second shared-memory exchange per round in triton 3.9 (4
+barriers, 725 / 1089 instructions) and H = 8 spilled 216 B at 2048 blocks. ptxas -v (sm_90a, triton 3.9,
+benchmarks/plan_registers.py, registers / spill bytes st/ld, before -> after; no spill inside any loop
+before or after): 2048 / 4 warps 168 / 124/132 -> 168 / 68/68, 8192 / 8 warps 128 / 424/512 -> 128 /
+548/552, 16384 / 16 warps 128 / 272/296 -> 128 / 364/372; --rows 4: 116/128 -> 116/120, 480/604 -> 600/656,
+308/416 -> 360/380; --slot: 276/288 -> 332/332, 480/488 -> 560/564, 376/384 -> 380/384 (the extra spills sit
+in code run once per program or per row: ~40 KB of L1 traffic per program at 8192).
 Semantics: bit-identical to the torch path. reduce=mean sums a block's slot scores in another order than
 torch, so it is identical when those sums are exact in float32 (the tests use such values) and otherwise
 within float32 rounding. Block ids outside [0, num_cache_blocks) read as the trash block, treated as
@@ -119,17 +143,20 @@ def _register_maxnreg(warps: int) -> int | None:
 
 
 def _register_pairs(sb: int, warps: int) -> int:
-    """H: point pairs per round of the register path's multiway searches (2H points, a (2H + 1)-fold
-    narrowing per block reduction). 2 at every tile: the pair sums of a round are one [H, SB] block
-    reduction, at H = 2 as cheap as one bisection step in the SASS (sm_90a, triton 3.9: REDUX per value, 2
-    barriers per round), while H = 4 took 4 barriers per round (a second shared-memory exchange) for 3.17
-    bits against 2.32, and costs every thread 8 compares per lane it holds (32 lanes at SB >= 8192)."""
-    return 2
+    """H: point pairs per round of the register path's multiway searches (2H points counted in one block
+    reduction: a (2H + 1)-fold narrowing where a bisection step halves). A round costs every thread 2H
+    compares per lane it holds, so H falls as the lanes per thread grow: 2 (5-fold, 2.32 bits per round) at
+    <= 16 lanes per thread (SB <= 2048 at 4 warps), 1 (3-fold, 1.58 bits) at 32 (SB = 8192 / 8 warps,
+    16384 / 16). sm_90a SASS per search round (triton 3.9): bisection 89 / 140 instructions at 16 / 32
+    lanes per thread, H = 1 191 / 276, H = 2 369 / 547 (one warp REDUX per sum and 2 barriers per round, as
+    a bisection step), H = 4 725 / 1089 with a second shared-memory exchange (4 barriers per round)."""
+    return 2 if sb <= 16 * 32 * warps else 1
 
 
 def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      slot_ids: torch.Tensor, num_accepted: torch.Tensor | None, block: int = 1024,
-                     score_block: int = 64, num_warps: int | None = None, register_tile: int = MAX_TILE) -> None:
+                     score_block: int = 64, num_warps: int | None = None, register_tile: int = MAX_TILE,
+                     pairs: int | None = None) -> None:
     """The fused plan(): writes ws (kept_blocks, compact_table, num_kept, compact_lens of every layer, and
     num_blocks, guarded, update_rows) and advances the state exactly as the torch path of SpinIndexer.plan().
 
@@ -139,7 +166,7 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
     (and of the reset kernel, at most 32) / of the scoring passes (powers of two; tests pass small ones to
     cross tiles); num_warps: of the select kernel, None = chosen from the tile. register_tile: the largest
     register tile (capped at MAX_TILE); a table whose next_pow2(W) exceeds it takes the chunked path (tests
-    pass 0 to force it).
+    pass 0 to force it). pairs: H of the register path's multiway searches (1, 2 or 4; None = _register_pairs).
     """
     batch, width = block_table.shape
     next_n = seq_lens.shape[1]
@@ -192,7 +219,7 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
         config.topk, config.guard_tokens, config.guard_batch_tokens, -(-config.topk // t) + 1,
         _f64_bits(config.sparsity), _f64_bits(config.gamma), (config.seed * 0x9E3779B1) & _MASK31,
         SB=sb, SBS=sbs, SLOT=mean or config.combine is Combine.SUM, COMBINE=combine, MEAN=mean,
-        EXPLORE=explore, REG=reg, H=_register_pairs(sb, warps), enable_fp_fusion=False, num_warps=warps,
+        EXPLORE=explore, REG=reg, H=pairs or _register_pairs(sb, warps), enable_fp_fusion=False, num_warps=warps,
         maxnreg=_register_maxnreg(warps) if reg else None, **common)
 
 
@@ -371,7 +398,7 @@ if triton is not None:
         _ukey >> SHIFT, and 0 on the lanes that are not candidates (-inf). SHIFT = 13 when every score is a
         16-bit float (reduce=max with no per-slot rule over an fp16/bf16 state: block maxima and diagonal
         values, +-inf): the low 13 bits of their fp32 order key are all equal within a sign (zeros, or ones
-        for negatives), so the shifted key keeps the order and every distinction, and the bisection of
+        for negatives), so the shifted key keeps the order and every distinction, and the search of
         _threshold runs on at most 19 bits instead of 32. Every candidate key is >= 1 (the key of -inf is
         0x007FFFFF, of any larger value above it), so 0 marks the non-candidates without a mask tensor."""
         sk = tl.where(_is_forced(s), float("inf"), s)
@@ -446,16 +473,21 @@ if triton is not None:
 
     @triton.jit
     def _sum_pairs(p0, p1, p2, p3, H: tl.constexpr):
-        """The H pair sums (H = 2: p0, p1; H = 4: p0..p3) in ONE block reduction of an [H, S] tensor (every
-        thread holds the H sums: one warp reduction instruction each and one shared-memory exchange)."""
+        """The H pair sums (H = 1: p0; 2: p0, p1; 4: p0..p3; the others unused) in ONE block reduction of an
+        [H, S] tensor (every thread holds the H sums: one warp reduction instruction each and one
+        shared-memory exchange at H <= 2)."""
         i = tl.arange(0, H)[:, None]
-        if H == 2:
+        if H == 1:
+            v = p0[None, :]
+        elif H == 2:
             v = tl.where(i == 0, p0[None, :], p1[None, :])
         else:
             v = tl.where(i == 0, p0[None, :], tl.where(i == 1, p1[None, :], tl.where(i == 2, p2[None, :], p3[None, :])))
         tot = tl.sum(v, axis=1, keep_dims=True)  # [H, 1] in v's layout: the H sums in every thread
         s0 = _pick(tot, i, 0)
-        s1 = _pick(tot, i, 1)
+        s1 = s0 * 0
+        if H >= 2:
+            s1 = _pick(tot, i, 1)
         s2 = s0 * 0
         s3 = s0 * 0
         if H == 4:
@@ -501,9 +533,10 @@ if triton is not None:
         """st narrowed by the 2H points x1 <= x2 <= ... and the pair sums s0.. of their counts (a tree of
         max / min: log2(2H) dependent steps, not 2H)."""
         c1, c2 = _lohi(s0)
-        c3, c4 = _lohi(s1)
-        m = _merge(_merge(_point(st, need, x1, c1), _point(st, need, x2, c2)),
-                   _merge(_point(st, need, x3, c3), _point(st, need, x4, c4)))
+        m = _merge(_point(st, need, x1, c1), _point(st, need, x2, c2))
+        if H >= 2:
+            c3, c4 = _lohi(s1)
+            m = _merge(m, _merge(_point(st, need, x3, c3), _point(st, need, x4, c4)))
         if H == 4:
             c5, c6 = _lohi(s2)
             c7, c8 = _lohi(s3)
@@ -514,9 +547,10 @@ if triton is not None:
     @triton.jit
     def _search(key, st, need, H: tl.constexpr):
         """(t uint32, ties int32) from the interval state st of _point: multiway counting, 2H evenly spaced
-        points in (lo, hi1) per round (H = 2 or 4) counted in one block reduction, so the interval shrinks
-        (2H + 1)-fold per dependent reduction where a bisection step halves it: 19-bit keys in <= 6 rounds
-        at H = 4 (9-fold), <= 9 at H = 2 (5-fold), against ~17-19 steps. The search ends early when a count
+        points in (lo, hi1) per round (H = 1, 2 or 4) counted in one block reduction, so the interval
+        shrinks (2H + 1)-fold per dependent reduction where a bisection step halves it: a 15-bit range of
+        scores in <= 10 rounds at H = 1 (3-fold), <= 7 at H = 2 (5-fold), <= 5 at H = 4 (9-fold), against
+        15 steps. The search ends early when a count
         equals need (every key >= that point is taken, no tie cut). The counts at both ends stay known, so
         the counts above and at t need no reduction: above = chi1, at = clo - chi1 once hi1 = lo + 1."""
         lo, clo, hi1, chi1 = st
@@ -578,12 +612,13 @@ if triton is not None:
         of the _stats reduction; every count is exact, so the result never depends on the keys being uniform
         or on est (a miss costs rounds, not exactness)."""
         if UNIFORM:
+            HB: tl.constexpr = 2 if H == 1 else H  # the bracket round takes 2 pairs at least
             nf = tl.maximum(est, 1).to(tl.float64)
             pf = tl.minimum(tl.maximum(need.to(tl.float64) / nf, 0.0), 1.0)
             span = tl.full([], KMAX, tl.float64)
             half = span * (4.0 * tl.sqrt(pf * (1.0 - pf) / nf) + 1.0 / nf)
             base = span * (1.0 - pf) - half
-            gap = 2.0 * half / (2 * H - 2)
+            gap = 2.0 * half / (2 * HB - 2)
             x1 = tl.full([], 1, tl.int64)
             x2 = _bpt(base, gap, span, 0)
             x3 = _bpt(base, gap, span, 1)
@@ -595,11 +630,11 @@ if triton is not None:
             s0, s1, s2, s3 = _sum_pairs(_pair(key >= 1, key >= x2.to(tl.uint32)),
                                         _pair(key >= x3.to(tl.uint32), key >= x4.to(tl.uint32)),
                                         _pair(key >= x5.to(tl.uint32), key >= x6.to(tl.uint32)),
-                                        _pair(key >= x7.to(tl.uint32), key >= x8.to(tl.uint32)), H)
+                                        _pair(key >= x7.to(tl.uint32), key >= x8.to(tl.uint32)), HB)
             count = (s0 & 0xFFFF).to(tl.int64)
             need = tl.maximum(tl.minimum(need.to(tl.int64), count), 0)
             st = (x1, count, x1 * 0 + KMAX + 1, x1 * 0)
-            st = _narrow8(st, need, x1, x2, x3, x4, x5, x6, x7, x8, s0, s1, s2, s3, H)
+            st = _narrow8(st, need, x1, x2, x3, x4, x5, x6, x7, x8, s0, s1, s2, s3, HB)
             t, ties = _finish(key, st, need, count, H)
         else:
             count, mn, below, top, mx = _stats(key, TOP)
@@ -649,9 +684,10 @@ if triton is not None:
                                         _pair(lk < x5, lk < x6), _pair(lk < x7, lk < x8), H)
             st = (a, b, ties * 0 + ALL_TIES)
             f1, f2 = _lohi(s0)
-            f3, f4 = _lohi(s1)
-            m = _lane_merge(_lane_merge(_lane_point(st, ties, x1, f1), _lane_point(st, ties, x2, f2)),
-                            _lane_merge(_lane_point(st, ties, x3, f3), _lane_point(st, ties, x4, f4)))
+            m = _lane_merge(_lane_point(st, ties, x1, f1), _lane_point(st, ties, x2, f2))
+            if H >= 2:
+                f3, f4 = _lohi(s1)
+                m = _lane_merge(m, _lane_merge(_lane_point(st, ties, x3, f3), _lane_point(st, ties, x4, f4)))
             if H == 4:
                 f5, f6 = _lohi(s2)
                 f7, f8 = _lohi(s3)

@@ -454,3 +454,23 @@ def test_multiway_row_local_rows(next_n, grid, pairs, gen, triton_device):
     cfg = dataclasses.replace(BASE, mtp="row-local", dense_below=0, sparsity=0.6, diagonal_window=300)
     _run(cfg, (50 * T + 5, 31 * T, 8 * T), next_n, gen, triton_device, steps=2, grow=[next_n, 0], layers=2,
          grid=grid, accepted=True, pairs=pairs)
+
+
+@pytest.mark.parametrize("uniform", [False, True], ids=["scores", "hashes"])
+def test_multiway_on_a_production_width_tile(uniform, gen, triton_device):
+    # 8192 lanes at H = 1 (the launcher's choice there): tied keys over the whole tile, so the lane search
+    # runs its ~9 rounds, and forced +inf keys above 19-bit scores (the free probe)
+    if triton is None:
+        pytest.skip("triton")
+    size = 8192
+    if uniform:
+        keys = 1 + torch.randint(0, 2**31, (size,), generator=gen, dtype=torch.int64)
+        keys[::3] = keys[7]  # a third of the lanes share one hash
+    else:
+        keys = 1 + torch.randint(0, 40, (size,), generator=gen) * 3000
+        keys[torch.rand(size, generator=gen) < 0.1] = KEY_INF16
+    ok = torch.rand(size, generator=gen) < 0.9
+    count = int(ok.sum())
+    for need in (1, 333, count // 2, count - 3):
+        _check_threshold(keys, ok, need, uniform, triton_device, f"need {need} of {count}", pairs=1,
+                         top=KEY_INF16)

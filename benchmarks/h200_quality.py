@@ -1,8 +1,9 @@
 """The stages of issue #18 that need the H200, each one device call (benchmarks/h200_quality.sh wraps them):
 
-    distill32k  an indexer head trained from scratch on the out-of-domain corpus (`distill --corpus ood`):
-                4K (mean target), then 16K and 32K (max target, plain RoPE), each stage from the one before;
-                the 32K stage uses row chunks (model/distill.py), never a [heads, S, S] map
+    distill32k  an indexer head trained on the out-of-domain corpus (`distill --corpus ood`): 4K (mean
+                target), then 16K and 32K (max target, plain RoPE, random row chunks: more sequences per
+                minute), each stage from the one before, the first from scratch or --init; the target is
+                computed in row chunks (model/distill.py), never a [heads, S, S] map
     capture     fidelity traces with a head (default the shipped one) on RULER niah_single_2 and on
                 data/prompts/python_stdlib.jsonl at every --contexts length, >= 6 prompts each, then the
                 `eval --sweep main` replay of each (the traces stay on the device: 127 MB each at 32K)
@@ -30,8 +31,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "vt")
 CONFIGS = ("dense", "all-keep", "spin-0.2", "spin-0.3", "spin-0.4", "spin-0.5", "spin-0.4-noexp", "spin-0.5-noexp")
-# distillation curriculum: (seq_len, batch, target, lr); the 32K stage samples rows (--rows-per-seq)
+# distillation curriculum: (seq_len, batch, target, lr); the 16K and 32K stages sample rows (--rows-per-seq)
 CURRICULUM = ((4096, 2, "mean", 2e-3), (16384, 1, "max", 1e-3), (32768, 1, "max", 1e-3))
+# minutes and rows per sequence per stage. Measured on the H200 (1af221f, results/model/distill32k-ood): 4K
+# batch 2 0.54 s a step, 16K all rows 1.86 s, 32K 8192 rows 1.38 s. The chunked target's cost is rows x keys:
+# 4096 rows (4 random chunks of 1024) are ~1/4 of a 16K sequence's rows x keys and ~1/2 of 8192 rows at 32K,
+# so ~0.6-0.8 s a 16K step and ~0.8-1.0 s a 32K one (the model's forward stays): 3 min at 16K ~250 sequences
+# (65 before), 3.5 min at 32K ~230 (131 before). 8 min of training + ~40 s of model loads fit a 570 s call.
+MINUTES = "1.5,3,3.5"
+ROWS_PER_SEQ = "0,4096,4096"
 DRY_CURRICULUM = ((128, 2, "mean", 2e-3), (256, 1, "max", 1e-3), (512, 1, "max", 1e-3))
 
 
@@ -42,30 +50,44 @@ def cli(argv: list[str]) -> int:
     return main([str(a) for a in argv])
 
 
+def _per_stage(text: str, name: str, stages: int) -> list[float]:
+    values = [float(v) for v in str(text).split(",")]
+    if len(values) != stages:
+        raise SystemExit(f"{name}: expected {stages} comma-separated values (one per stage), got {text!r}")
+    return values
+
+
 def distill32k(args) -> int:
-    """The curriculum; writes DIR/s<len>/ per stage and DIR/head32k.safetensors + DIR/distill_summary.json."""
+    """The curriculum; writes DIR/s<len>/ per stage and DIR/head32k.safetensors + DIR/distill_summary.json.
+
+    --minutes and --rows-per-seq hold one value per stage (4K, 16K, 32K); a stage of 0 minutes is skipped.
+    --init: the first stage that runs starts from these weights (else from scratch), every later one from
+    the stage before."""
     plan = DRY_CURRICULUM if args.dry_run else CURRICULUM
-    minutes = [float(m) for m in args.minutes.split(",")]
-    first = 0 if args.init is None else len(plan) - 1  # --init: only the last (longest) stage
-    if len(minutes) != len(plan) - first:
-        raise SystemExit(f"--minutes: expected {len(plan) - first} comma-separated values, got {args.minutes!r}")
+    minutes = _per_stage(args.minutes, "--minutes", len(plan))
+    rows = [int(r) for r in _per_stage(args.rows_per_seq, "--rows-per-seq", len(plan))]
+    if not any(m > 0 for m in minutes) or any(m < 0 for m in minutes):
+        raise SystemExit(f"--minutes: expected values >= 0, at least one > 0, got {args.minutes!r}")
     init, summary = args.init, []
-    for (seq, batch, target, lr), mins in zip(plan[first:], minutes):
+    for (seq, batch, target, lr), mins, rows_per_seq in zip(plan, minutes, rows):
+        if mins == 0:
+            continue
         out = args.out / f"s{seq}"
         argv = ["distill", "--data", args.corpus, "--corpus", "ood", "--seq-len", seq, "--batch", batch,
                 "--target", target, "--lr", lr, "--minutes", mins, "--indexer-rope", "plain", "--row-chunk",
                 args.row_chunk, "--no-eval", "--device", args.device, "--out", out, "--quiet"]
-        if seq == plan[-1][0]:
-            argv += ["--rows-per-seq", args.rows_per_seq]
+        if rows_per_seq:
+            argv += ["--rows-per-seq", rows_per_seq]
         if args.max_steps:
             argv += ["--max-steps", args.max_steps]
         if init is not None:
             argv += ["--init", init]
         if cli(argv):
             return 1
-        init = out / "smollm2_indexer.safetensors"
+        start, init = init, out / "smollm2_indexer.safetensors"
         log = json.loads((out / "training_log.json").read_text())
         summary.append({"seq_len": seq, "steps": log["steps"], "seconds": log["seconds"],
+                        "rows_per_seq": rows_per_seq, "init": None if start is None else str(start),
                         "kl_first": log["history"][0]["kl"], "kl_last": log["history"][-1]["kl"]})
         print(json.dumps(summary[-1]), flush=True)
     shutil.copy(init, args.out / "head32k.safetensors")
@@ -123,10 +145,13 @@ def parse(argv):
     p.add_argument("--weights", type=Path, default=None, help="capture/quality: indexer weights (default the shipped)")
     g = p.add_argument_group("distill32k")
     g.add_argument("--corpus", type=Path, default=Path("runs/h200q/corpus/corpus.pt"), help="the ood corpus (.pt)")
-    g.add_argument("--minutes", default=None, help="per curriculum stage, comma-separated (default 2,2,3)")
-    g.add_argument("--init", type=Path, default=None, help="fine-tune these weights with the 32K stage only")
+    g.add_argument("--minutes", default=None,
+                   help=f"per curriculum stage (4K, 16K, 32K), comma-separated, 0 skips one (default {MINUTES})")
+    g.add_argument("--init", type=Path, default=None,
+                   help="the first stage that runs starts from these weights (default: from scratch)")
     g.add_argument("--row-chunk", type=int, default=1024)
-    g.add_argument("--rows-per-seq", type=int, default=8192, help="rows trained per 32K sequence (0: all)")
+    g.add_argument("--rows-per-seq", default=None,
+                   help=f"rows trained per sequence, per stage, comma-separated, 0: all (default {ROWS_PER_SEQ})")
     g.add_argument("--max-steps", type=int, default=0, help="cap on steps per stage (0: the clock decides)")
     g = p.add_argument_group("capture")
     g.add_argument("--traces", type=Path, default=None, help="where the traces go (default DIR/traces)")
@@ -148,14 +173,15 @@ def parse(argv):
     dry = args.dry_run
     args.device = args.device or ("cpu" if dry else "cuda")
     args.contexts = args.contexts or ([384, 512] if dry else [4096, 8192, 16384, 32768])
-    args.minutes = args.minutes or ("0.05,0.05,0.05" if dry else "2,2,3")
+    args.minutes = args.minutes or ("0.05,0.05,0.05" if dry else MINUTES)
+    args.rows_per_seq = args.rows_per_seq or ("0,96,96" if dry else ROWS_PER_SEQ)
     args.k = args.k or ((32 if dry else 256) if args.stage == "capture" else (64 if dry else 512))
     if dry:
         args.steps, args.samples, args.prompts, args.sweep = min(args.steps, 4), min(args.samples, 2), 2, "smoke"
         args.tasks, args.batch, args.batch_32k, args.dtype = args.tasks[:2], 3, 3, "float32"
         if args.stage == "quality":
             args.contexts, args.configs = args.contexts[:1], ["dense", "all-keep", "spin-0.4"]
-        args.rows_per_seq, args.row_chunk, args.max_steps = 96, 32, args.max_steps or 2
+        args.row_chunk, args.max_steps = 32, args.max_steps or 2
     return args
 
 

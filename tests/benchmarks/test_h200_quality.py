@@ -38,7 +38,22 @@ def test_distill32k_dry_run_trains_every_stage_from_the_one_before(dry, tmp_path
     last = json.loads((tmp_path / "s512" / "training_log.json").read_text())
     assert "--init" in last["command"] and "s256" in last["command"]
     assert last["distill_config"]["row_chunk"] == 32 and last["distill_config"]["rows_per_seq"] == 96
+    assert json.loads((tmp_path / "s256" / "training_log.json").read_text())["distill_config"]["rows_per_seq"] == 96
+    assert json.loads((tmp_path / "s128" / "training_log.json").read_text())["distill_config"]["rows_per_seq"] == 0
+    assert summary[0]["init"] is None and summary[2]["init"].endswith("s256/smollm2_indexer.safetensors")
     assert (tmp_path / "head32k.safetensors").read_bytes() == (tmp_path / "s512" / "smollm2_indexer.safetensors").read_bytes()
+
+
+def test_distill32k_dry_run_from_init_skips_stages_of_zero_minutes(dry, tmp_path):
+    """DISTILL_INIT: the first stage that runs starts from the given head; --minutes 0 skips a stage."""
+    assert dry("distill32k", tmp_path / "a") == 0
+    init = tmp_path / "a" / "head32k.safetensors"
+    assert dry("distill32k", tmp_path / "b", "--init", str(init), "--minutes", "0,0.05,0.05") == 0
+    summary = json.loads((tmp_path / "b" / "distill_summary.json").read_text())
+    assert [s["seq_len"] for s in summary] == [256, 512] and summary[0]["init"] == str(init)
+    assert not (tmp_path / "b" / "s128").exists()
+    with pytest.raises(SystemExit, match="--minutes: expected 3 comma-separated values"):
+        h200_quality.main(["distill32k", "--dry-run", "--out", str(tmp_path / "c"), "--minutes", "1,2"])
 
 
 def test_capture_dry_run_traces_two_domains_and_replays_them(dry, tmp_path):

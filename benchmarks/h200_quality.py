@@ -95,28 +95,135 @@ def distill32k(args) -> int:
     return 0
 
 
-def capture(args) -> int:
-    """Traces under --traces (default DIR/traces), fidelity tables under DIR/fid/<context>/."""
-    traces = args.traces or args.out / "traces"
+# the replays of every (context, domain) trace set, in this order (a chain: the first matters most): the main
+# sweep at every layer (Table-1 statistics on 8 evenly spaced steps: they run on the CPU), the pooling and
+# exploration sweeps at every 3rd layer (10 of 30) without Table 1
+REPLAYS = (("main", ("--table1-steps", "8")), ("pooling", ("--layer-stride", "3", "--no-table1")),
+           ("exploration", ("--layer-stride", "3", "--no-table1")))
+
+
+def capture_chains(args, traces: Path) -> tuple[list, list]:
+    """(captures, replays): per (context, domain) one capture (both indexers, one model load) and one chain of
+    REPLAYS; each item (label, [argv, ...]) runs its argvs in order."""
     weights = ["--weights", args.weights] if args.weights else []
-    common = ["--steps", args.steps, "--k", args.k, "--indexer", "lightning", "--device", args.device, "--quiet"]
+    common = ["--steps", args.steps, "--k", args.k, "--indexer", args.indexers, "--device", args.device]
+    captures, replays = [], []
+    for ctx in sorted(args.contexts, reverse=True):  # the longest first: they take the longest
+        for name, source in (("ruler", ["--task", "niah_single_2", "--prompts", args.prompts]),
+                             (args.domain, ["--prompts", args.prompt_file, "--domain", args.domain])):
+            label, where = f"{name}-{ctx}", traces / f"{name}-{ctx}"
+            captures.append((f"capture {label}", [["capture", *source, "--context", ctx, *common, *weights,
+                                                   "--quiet", "--out", where]]))
+            replays.append((f"replay {label}", [
+                ["eval", "--traces", where, "--name", label, "--sweep", sweep, *extra, "--device", args.device,
+                 "--quiet", "--no-plots", "--out", args.out / "fid" / str(ctx) / f"{sweep}-{name}"]
+                for sweep, extra in REPLAYS]))
+    return captures, replays
+
+
+def run_chains(args, chains: list, deadline: float, log_dir: Path) -> dict:
+    """Run the chains, up to args.jobs at once (args.jobs = 1: in this process, one after another; else each
+    argv in its own `h200_quality.py worker` process, logged to log_dir/<label>.log). No argv starts after
+    `deadline` (time.time()); a process still running at the deadline is killed (the traces it finished
+    stay: each is written when it is done). Returns {label: {"rc", "seconds", "done": argvs finished}}."""
+    import subprocess
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    result = {label: {"rc": None, "seconds": 0.0, "done": 0, "killed": False} for label, _ in chains}
+    if args.jobs == 1:
+        for label, argvs in chains:
+            t = time.time()
+            for argv in argvs:
+                if time.time() > deadline:
+                    print(f"{label}: deadline passed, {len(argvs) - result[label]['done']} step(s) not run", flush=True)
+                    break
+                result[label]["rc"] = cli(argv)
+                if result[label]["rc"]:
+                    break
+                result[label]["done"] += 1
+            result[label]["seconds"] = round(time.time() - t, 1)
+        return result
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "benchmarks"),
+                                                        os.environ.get("PYTHONPATH", "")]))
+    pending = [(label, list(argvs)) for label, argvs in chains]
+    running = {}  # label -> (Popen, log file, argvs left, start)
+    while pending or running:
+        while pending and len(running) < args.jobs and time.time() < deadline:
+            label, argvs = pending.pop(0)
+            running[label] = _start(args, label, argvs, log_dir, env) + (time.time(),)
+        for label in list(running):
+            proc, log, argvs, start = running[label]
+            rc = proc.poll()
+            if rc is None and time.time() > deadline:
+                proc.kill()  # this worker only (its own pid)
+                rc = proc.wait()
+                result[label]["killed"] = True
+                print(f"{label}: killed at the deadline", flush=True)
+            if rc is None:
+                continue
+            log.close()
+            result[label]["rc"], result[label]["seconds"] = rc, round(time.time() - start, 1)
+            del running[label]
+            if rc == 0:
+                result[label]["done"] += 1
+                if argvs[1:] and time.time() < deadline:
+                    running[label] = _start(args, label, argvs[1:], log_dir, env) + (start,)
+                    continue
+                if argvs[1:]:
+                    print(f"{label}: deadline passed, {len(argvs) - 1} step(s) not run", flush=True)
+            print(f"{label}: exit {rc} after {result[label]['seconds']:.0f} s", flush=True)
+        if not pending or len(running) >= args.jobs or time.time() >= deadline:
+            time.sleep(0.2)
+        if pending and time.time() >= deadline and not running:
+            for label, _ in pending:
+                print(f"{label}: deadline passed, not started", flush=True)
+            pending = []
+    return result
+
+
+def _start(args, label: str, argvs: list, log_dir: Path, env: dict) -> tuple:
+    import subprocess
+
+    log = open(log_dir / (label.replace(" ", "_") + ".log"), "a")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "worker", "--out", str(args.out), *(["--dry-run"] if
+           args.dry_run else []), "--", *map(str, argvs[0])]
+    log.write("+ " + " ".join(cmd) + "\n")
+    log.flush()
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT), log, argvs
+
+
+def capture(args) -> int:
+    """Traces under --traces (default DIR/traces)/<domain>-<context>/, replays under DIR/fid/<context>/
+    <sweep>-<domain>/, worker logs under DIR/logs/, DIR/capture_timing.json.
+
+    Every (context, domain) is one capture process (one model load, oracle and lightning traces of each
+    prompt), --jobs of them at once on the one GPU (a B = 1 decode leaves it mostly idle); when all are done
+    (or --budget-s has passed: stragglers are killed, what they wrote stays), the replay chains run the same
+    way until --total-s."""
+    traces = args.traces or args.out / "traces"
+    captures, replays = capture_chains(args, traces)
     t0 = time.time()
-    for ctx in args.contexts:
-        if time.time() - t0 > args.budget_s:
-            print(f"budget of {args.budget_s:.0f} s spent: {ctx} and longer not captured", flush=True)
-            break
-        ruler_dir, file_dir = traces / f"ruler-{ctx}", traces / f"{args.domain}-{ctx}"
-        if cli(["capture", "--task", "niah_single_2", "--prompts", args.prompts, "--context", ctx, *common, *weights,
-                "--out", ruler_dir]):
-            return 1
-        if cli(["capture", "--prompts", args.prompt_file, "--domain", args.domain, "--context", ctx, *common,
-                *weights, "--out", file_dir]):
-            return 1
-        if cli(["eval", "--traces", ruler_dir, "--name", f"ruler-{ctx}", "--traces", file_dir, "--name",
-                f"{args.domain}-{ctx}", "--sweep", args.sweep, "--device", args.device, "--quiet", "--no-plots",
-                "--out", args.out / "fid" / str(ctx)]):
-            return 1
-    return 0
+    timing = {"captures": run_chains(args, captures, t0 + args.budget_s, args.out / "logs")}
+    timing["capture_s"] = round(time.time() - t0, 1)
+    traced = [(label, argvs) for label, argvs in replays if list(Path(argvs[0][2]).glob("*.json"))]
+    for label in sorted({label for label, _ in replays} - {label for label, _ in traced}):
+        print(f"{label}: no traces, not replayed", flush=True)
+    timing["replays"] = run_chains(args, traced, t0 + args.total_s, args.out / "logs")
+    timing["total_s"] = round(time.time() - t0, 1)
+    for label in timing["captures"]:
+        where = traces / label.split(" ", 1)[1]
+        timing["captures"][label]["traces"] = len(list(where.glob("*.json"))) if where.is_dir() else 0
+    (args.out / "capture_timing.json").write_text(json.dumps(timing, indent=1) + "\n")
+    print(json.dumps({k: v for k, v in timing.items() if k.endswith("_s")}), flush=True)
+    # a failure fails the stage; a worker killed at a deadline does not (its timing entry says killed)
+    bad = [label for part in ("captures", "replays") for label, r in timing[part].items()
+           if r["rc"] and not r["killed"]]
+    return 1 if bad else 0
+
+
+def worker(args) -> int:
+    """One CLI call (the argv after --) in this process: a capture or replay of capture()'s chains."""
+    return cli(args.argv)
 
 
 def quality(args) -> int:
@@ -132,7 +239,7 @@ def quality(args) -> int:
     return 0
 
 
-STAGES = {"distill32k": distill32k, "capture": capture, "quality": quality}
+STAGES = {"distill32k": distill32k, "capture": capture, "quality": quality, "worker": worker}
 
 
 def parse(argv):
@@ -158,9 +265,14 @@ def parse(argv):
     g.add_argument("--prompts", type=int, default=6, help="RULER prompts per length")
     g.add_argument("--prompt-file", type=Path, default=ROOT / "data" / "prompts" / "python_stdlib.jsonl")
     g.add_argument("--domain", default="python_stdlib")
-    g.add_argument("--steps", type=int, default=48)
-    g.add_argument("--sweep", default="main")
-    g.add_argument("--budget-s", type=float, default=float("inf"), help="start no new length after this")
+    g.add_argument("--steps", type=int, default=32)
+    g.add_argument("--indexers", default="lightning,oracle", help="traced indexers (capture --indexer)")
+    g.add_argument("--jobs", type=int, default=None,
+                   help="processes at once (1: all in this process, in turn; default 8, 1 with --dry-run)")
+    g.add_argument("--budget-s", type=float, default=float("inf"),
+                   help="seconds after which captures are stopped (killed) and the replays start")
+    g.add_argument("--total-s", type=float, default=float("inf"),
+                   help="seconds (from the start) after which replays are stopped")
     g = p.add_argument_group("quality")
     g.add_argument("--tasks", nargs="+", default=list(TASKS))
     g.add_argument("--samples", type=int, default=17, help="seeds per task (17 x 6 tasks = 102 prompts per length)")
@@ -169,15 +281,20 @@ def parse(argv):
     g.add_argument("--batch-32k", type=int, default=51, help="prompts decoded together at 32K")
     g.add_argument("--dtype", default="bfloat16")
     p.add_argument("--k", type=int, default=None, help="top-k (capture default 256, quality 512)")
+    if argv is None:
+        argv = sys.argv[1:]
+    argv, rest = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = p.parse_args(argv)
+    args.argv = rest
     dry = args.dry_run
     args.device = args.device or ("cpu" if dry else "cuda")
     args.contexts = args.contexts or ([384, 512] if dry else [4096, 8192, 16384, 32768])
     args.minutes = args.minutes or ("0.05,0.05,0.05" if dry else MINUTES)
     args.rows_per_seq = args.rows_per_seq or ("0,96,96" if dry else ROWS_PER_SEQ)
+    args.jobs = args.jobs or (1 if dry else 8)
     args.k = args.k or ((32 if dry else 256) if args.stage == "capture" else (64 if dry else 512))
     if dry:
-        args.steps, args.samples, args.prompts, args.sweep = min(args.steps, 4), min(args.samples, 2), 2, "smoke"
+        args.steps, args.samples, args.prompts = min(args.steps, 4), min(args.samples, 2), 2
         args.tasks, args.batch, args.batch_32k, args.dtype = args.tasks[:2], 3, 3, "float32"
         if args.stage == "quality":
             args.contexts, args.configs = args.contexts[:1], ["dense", "all-keep", "spin-0.4"]
@@ -191,7 +308,7 @@ def main(argv=None) -> int:
     if args.dry_run:
         from dry_run import install
 
-        install(args)
+        install(args, files=args.stage != "worker")  # a worker uses the files its parent wrote
     t0 = time.time()
     code = STAGES[args.stage](args)
     print(f"{args.stage}: exit {code} after {time.time() - t0:.1f} s", flush=True)

@@ -59,11 +59,33 @@ def test_distill32k_dry_run_from_init_skips_stages_of_zero_minutes(dry, tmp_path
 def test_capture_dry_run_traces_two_domains_and_replays_them(dry, tmp_path):
     assert dry("capture", tmp_path) == 0
     for ctx in (384, 512):
-        ruler_traces = sorted((tmp_path / "traces" / f"ruler-{ctx}").glob("*.json"))
-        file_traces = sorted((tmp_path / "traces" / f"python_stdlib-{ctx}").glob("*.json"))
-        assert len(ruler_traces) == 2 and len(file_traces) == 2
-        assert json.loads(file_traces[0].read_text())["extra"]["domain"] == "python_stdlib"
-        assert (tmp_path / "fid" / str(ctx)).is_dir() and any((tmp_path / "fid" / str(ctx)).rglob("*.csv"))
+        for name in ("ruler", "python_stdlib"):
+            traces = sorted((tmp_path / "traces" / f"{name}-{ctx}").glob("*.json"))
+            metas = [json.loads(t.read_text()) for t in traces]
+            assert sorted(m["indexer"] for m in metas) == ["lightning", "lightning", "oracle", "oracle"]
+            assert {m["extra"]["domain"] for m in metas} == {name}
+            for sweep, policies in (("main", {"spin-default"}), ("pooling", {"a0", "a1-top4"}),
+                                    ("exploration", {"explore-none", "explore-random"})):
+                with open(tmp_path / "fid" / str(ctx) / f"{sweep}-{name}" / "summary.csv") as f:
+                    rows = list(csv.DictReader(f))
+                assert policies <= {r["policy"] for r in rows} and {r["indexer"] for r in rows} == {"lightning", "oracle"}
+    timing = json.loads((tmp_path / "capture_timing.json").read_text())
+    assert len(timing["captures"]) == 4 and all(r["traces"] == 4 and r["rc"] == 0 for r in timing["captures"].values())
+    assert all(r["done"] == 3 for r in timing["replays"].values())
+
+
+def test_capture_dry_run_in_worker_processes_stops_at_its_deadlines(dry, tmp_path):
+    """--jobs 2: every capture and replay in its own worker process (logged); the same tables as in one
+    process. --budget-s 0: nothing is captured, so nothing is replayed, and the stage still exits 0."""
+    assert dry("capture", tmp_path / "one", "--contexts", "384") == 0
+    assert dry("capture", tmp_path / "two", "--contexts", "384", "--jobs", "2") == 0
+    for name in ("main-ruler", "pooling-python_stdlib"):
+        one, two = ((tmp_path / d / "fid" / "384" / name / "summary.csv").read_text() for d in ("one", "two"))
+        assert one == two
+    assert "capture --task niah_single_2" in (tmp_path / "two" / "logs" / "capture_ruler-384.log").read_text()
+    assert dry("capture", tmp_path / "late", "--contexts", "384", "--jobs", "2", "--budget-s", "0") == 0
+    timing = json.loads((tmp_path / "late" / "capture_timing.json").read_text())
+    assert all(r["rc"] is None and r["traces"] == 0 for r in timing["captures"].values()) and timing["replays"] == {}
 
 
 def test_quality_dry_run_batches_prompts_and_pairs_configs(dry, tmp_path):

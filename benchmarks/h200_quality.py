@@ -4,19 +4,22 @@
                 target), then 16K and 32K (max target, plain RoPE, random row chunks: more sequences per
                 minute), each stage from the one before, the first from scratch or --init; the target is
                 computed in row chunks (model/distill.py), never a [heads, S, S] map
-    capture     fidelity traces with a head (default the shipped one) on RULER niah_single_2 and on
-                data/prompts/python_stdlib.jsonl at every --contexts length, >= 6 prompts each, then the
-                `eval --sweep main` replay of each (the traces stay on the device: 127 MB each at 32K)
+    capture     fidelity traces with a head (default the shipped one), oracle and lightning, on RULER
+                niah_single_2 (--prompts) and on data/prompts/python_stdlib.jsonl (8 documents) at every
+                --contexts length: one worker process per (length, domain), --jobs at once, then per set the
+                REPLAYS chain (eval --sweep main, pooling, exploration); the traces stay on the device
+    worker      one CLI call of capture's (internal)
     quality     RULER (6 tasks) at every --contexts length, --samples seeds per task (17 x 6 = 102 prompts a
                 bin), all decoded --batch at a time with CUDA graphs; paired SPIN vs all-keep tables per bin
 
     python3 benchmarks/h200_quality.py STAGE --out DIR [options]        (the real model; cuda)
     python3 benchmarks/h200_quality.py STAGE --out DIR --dry-run         (tiny random model on the CPU)
 
-Every stage calls the project's own CLI (spin_indexer.cli.main) in this process, one call per length, so
-a stage stopped by its time limit keeps what finished. --dry-run replaces the model loader, the tokenizer
-and the RULER generator with tiny stand-ins (bench_e2e.load(--tiny), a word tokenizer, random prompts) and
-shrinks every length and count: the same CLI code paths, in seconds (tests/benchmarks/test_h200_quality.py).
+Every stage calls the project's own CLI (spin_indexer.cli.main), one call per length (capture: per length and
+domain, in worker processes unless --jobs 1), so a stage stopped by its time limit keeps what finished.
+--dry-run replaces the model loader, the tokenizer and the RULER generator with tiny stand-ins
+(bench_e2e.load(--tiny), a word tokenizer, random prompts) and shrinks every length and count: the same CLI
+code paths, in seconds (tests/benchmarks/test_h200_quality.py).
 """
 from __future__ import annotations
 
@@ -68,10 +71,18 @@ def distill32k(args) -> int:
     rows = [int(r) for r in _per_stage(args.rows_per_seq, "--rows-per-seq", len(plan))]
     if not any(m > 0 for m in minutes) or any(m < 0 for m in minutes):
         raise SystemExit(f"--minutes: expected values >= 0, at least one > 0, got {args.minutes!r}")
-    init, summary = args.init, []
+    init, summary, t0 = args.init, [], time.time()
     for (seq, batch, target, lr), mins, rows_per_seq in zip(plan, minutes, rows):
         if mins == 0:
             continue
+        # --deadline-s: a stage never trains past it (less its --reserve-s for the model load and the save),
+        # so a slow load shortens the last stage instead of the call's timeout killing it before its save
+        left = (args.deadline_s - (time.time() - t0) - args.reserve_s) / 60
+        if left < mins:
+            print(f"s{seq}: {mins:g} min planned, {max(left, 0):.2f} min left before --deadline-s", flush=True)
+            mins = round(left, 2)
+            if mins <= 0.05:
+                break
         out = args.out / f"s{seq}"
         argv = ["distill", "--data", args.corpus, "--corpus", "ood", "--seq-len", seq, "--batch", batch,
                 "--target", target, "--lr", lr, "--minutes", mins, "--indexer-rope", "plain", "--row-chunk",
@@ -90,6 +101,9 @@ def distill32k(args) -> int:
                         "rows_per_seq": rows_per_seq, "init": None if start is None else str(start),
                         "kl_first": log["history"][0]["kl"], "kl_last": log["history"][-1]["kl"]})
         print(json.dumps(summary[-1]), flush=True)
+    if init is None or init == args.init:
+        print("distill32k: no stage trained", flush=True)
+        return 1
     shutil.copy(init, args.out / "head32k.safetensors")
     (args.out / "distill_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return 0
@@ -256,6 +270,9 @@ def parse(argv):
                    help=f"per curriculum stage (4K, 16K, 32K), comma-separated, 0 skips one (default {MINUTES})")
     g.add_argument("--init", type=Path, default=None,
                    help="the first stage that runs starts from these weights (default: from scratch)")
+    g.add_argument("--deadline-s", type=float, default=540.0,
+                   help="seconds from the start by which the last stage has trained (the shell's timeout is 570)")
+    g.add_argument("--reserve-s", type=float, default=20.0, help="seconds a stage's load and save take")
     g.add_argument("--row-chunk", type=int, default=1024)
     g.add_argument("--rows-per-seq", default=None,
                    help=f"rows trained per sequence, per stage, comma-separated, 0: all (default {ROWS_PER_SEQ})")

@@ -52,6 +52,11 @@ def test_distill32k_dry_run_from_init_skips_stages_of_zero_minutes(dry, tmp_path
     summary = json.loads((tmp_path / "b" / "distill_summary.json").read_text())
     assert [s["seq_len"] for s in summary] == [256, 512] and summary[0]["init"] == str(init)
     assert not (tmp_path / "b" / "s128").exists()
+    # --deadline-s: a stage that would run past it is shortened (here the first), the rest are not started
+    assert dry("distill32k", tmp_path / "d", "--minutes", "0.05,0.05,0.05", "--deadline-s", "5",
+               "--reserve-s", "0.5", "--max-steps", "100000") == 0
+    short = json.loads((tmp_path / "d" / "distill_summary.json").read_text())
+    assert short[0]["seq_len"] == 128 and sum(s["seconds"] for s in short) < 5
     with pytest.raises(SystemExit, match="--minutes: expected 3 comma-separated values"):
         h200_quality.main(["distill32k", "--dry-run", "--out", str(tmp_path / "c"), "--minutes", "1,2"])
 

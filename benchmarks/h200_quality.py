@@ -159,6 +159,7 @@ def run_chains(args, chains: list, deadline: float, log_dir: Path) -> dict:
         return result
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT / "benchmarks"),
                                                         os.environ.get("PYTHONPATH", "")]))
+    env.setdefault("OMP_NUM_THREADS", "2")  # --jobs processes share the host's cores (trace checks run on the CPU)
     pending = [(label, list(argvs)) for label, argvs in chains]
     running = {}  # label -> (Popen, log file, argvs left, start)
     while pending or running:

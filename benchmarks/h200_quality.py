@@ -127,7 +127,7 @@ def capture_chains(args, traces: Path) -> tuple[list, list]:
                              (args.domain, ["--prompts", args.prompt_file, "--domain", args.domain])):
             label, where = f"{name}-{ctx}", traces / f"{name}-{ctx}"
             captures.append((f"capture {label}", [["capture", *source, "--context", ctx, *common, *weights,
-                                                   "--quiet", "--out", where]]))
+                                                   "--out", where]]))  # not --quiet: per-trace seconds in its log
             replays.append((f"replay {label}", [
                 ["eval", "--traces", where, "--name", label, "--sweep", sweep, *extra, "--device", args.device,
                  "--quiet", "--no-plots", "--out", args.out / "fid" / str(ctx) / f"{sweep}-{name}"]
@@ -218,6 +218,10 @@ def capture(args) -> int:
     traces = args.traces or args.out / "traces"
     captures, replays = capture_chains(args, traces)
     t0 = time.time()
+    if args.jobs > 1:  # fill the loader's weight and tokenizer caches once, not from 8 workers racing on them
+        from spin_indexer.model import loader
+
+        loader.load_model("cpu")
     timing = {"captures": run_chains(args, captures, t0 + args.budget_s, args.out / "logs")}
     timing["capture_s"] = round(time.time() - t0, 1)
     traced = [(label, argvs) for label, argvs in replays if list(Path(argvs[0][2]).glob("*.json"))]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue #18 on the H200, second pass (branch quality-v2): an out-of-domain head distilled on corpus v2 (~60%
+# Issue #18 on the H200, second pass (branch quality-v2): an out-of-domain head distilled on corpus v2 (65%
 # Wikipedia prose), its fidelity traces (oracle and lightning, two domains, 4K-32K, three sweeps) and batched
 # RULER quality. One stage per device call on one warm machine (the GGUF pieces and data wait in /tmp between
 # calls; the machine stays warm a while after each).

@@ -52,7 +52,7 @@ case "$stage" in
         cp "$OUT/deepgemm_build.log" "$OUT/all/" 2>/dev/null
         python3 -m pytest -q -p no:cacheprovider ${ALL_TESTS:-tests/ops/test_history.py \
             tests/ops/test_indexer_logits_triton.py tests/ops/test_topk_triton.py tests/ops/test_topk_positions.py \
-            tests/ops/test_deepgemm.py tests/predictor/test_plan_triton.py tests/predictor/test_step_guard.py \
+            tests/ops/test_deepgemm.py tests/ops/test_deepgemm_schedule.py tests/predictor/test_plan_triton.py tests/predictor/test_step_guard.py \
             tests/indexer/test_spin.py} > "$OUT/all/gputests.log" 2>&1
         tail -2 "$OUT/all/gputests.log"
         python3 benchmarks/run_all.py --out "$OUT/all/grid" --sparsities 0.5,0.4 --budget-s "${ALL_BUDGET_S:-170}" \

@@ -9,10 +9,11 @@
                   layer's history and the block maxima done where the scores are     (ops, predictor/update*)
         top-k     over the compact columns, written as logical positions             (ops.topk_positions)
 
-On CUDA with the paper's step (A1 pooling, random or no exploration) plan() is two kernels and run() two
-or three, with no host sync and no data-dependent shape (validate=False): a whole step captures in one CUDA
-graph. A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards
-every request) runs the dense step's kernels on the full table instead (`_run_dense`). Everything else
+On CUDA with the paper's step (A1 pooling, random or no exploration) plan() is two kernels (three where
+DeepGEMM can serve the logits: every layer's SM schedule for it in one launch) and run() two or three,
+with no host sync and no data-dependent shape (validate=False): a whole step captures in one CUDA graph.
+A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards every
+request) runs the dense step's kernels on the full table instead (`_run_dense`). Everything else
 (A0/A2 pooling, age-based exploration, the extensions in extensions.py, the CPU) runs the torch reference
 of the same step. run_from_scores() replaces "score" by a gather from precomputed scores (offline replay
 of traces), so replay and live decoding share every other line.
@@ -26,6 +27,7 @@ import torch
 from .. import ops
 from ..checks import allocation_error, check_device, check_int, check_tensor
 from ..layout import FP8_DTYPE
+from ..ops import deepgemm, deepgemm_schedule
 from ..ops.indexer_logits import check_paged_indexer_args
 from ..predictor import plan as plan_ref
 from ..predictor.config import MtpPolicy, SpinConfig
@@ -82,12 +84,13 @@ class SpinIndexer:
         self.device = check_device("device", device)
         t = config.tokens_per_block
         slots = max_requests or max_batch
+        sms = deepgemm.schedule_sms(self.device)  # > 0: plan() writes every layer's DeepGEMM schedule
         self.state = SpinState(config, num_layers, slots, num_cache_blocks or slots * max_blocks, max_blocks * t,
                                self.device)
         try:
-            self.workspace = Workspace(num_layers, max_batch, max_blocks, next_n, t, config.topk, self.device)
+            self.workspace = Workspace(num_layers, max_batch, max_blocks, next_n, t, config.topk, self.device, sms)
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
-            need = Workspace.bytes_needed(num_layers, max_batch, max_blocks, next_n, t, config.topk)
+            need = Workspace.bytes_needed(num_layers, max_batch, max_blocks, next_n, t, config.topk, sms)
             raise allocation_error("SpinIndexer workspace", need, self.device,
                                    f"num_layers={num_layers}, max_batch={max_batch}, max_blocks={max_blocks}, "
                                    f"next_n={next_n}") from exc
@@ -153,7 +156,8 @@ class SpinIndexer:
         fused = self._fused_plan(block_table)
         if fused is not None:
             fused(cfg, self.state, ws, block_table, seq_lens, slots, num_accepted)
-            # the state's clock itself (plan() alone advances it): no copy, plan() stays at its two launches
+            self._schedule_layers(batch)
+            # the state's clock itself (plan() alone advances it): no copy
             self._step = _Step(block_table, seq_lens, slots, self.state.clock, plans)
             return
         meta = plan_ref.step_meta(cfg, self.state, block_table, seq_lens, slots, num_accepted)
@@ -174,7 +178,16 @@ class SpinIndexer:
             BlockPlan.from_keep_mask(keep, block_table, seq_lens, meta.num_blocks, cfg.tokens_per_block, meta.guarded,
                                      out=plans[layer])
         plan_ref.finish_step_(self.state, meta)
+        self._schedule_layers(batch)
         self._step = _Step(block_table, seq_lens, slots, meta.clock, plans, meta)
+
+    def _schedule_layers(self, batch: int) -> None:
+        """Every layer's DeepGEMM SM schedule from its compact lengths, in one launch (DeepGEMM's own metadata
+        call would be one launch per layer); run() hands it to DeepGEMM for the layers planned here."""
+        ws = self.workspace
+        if ws.deepgemm_schedule is not None:
+            deepgemm_schedule.schedule(ws.compact_lens[:, :batch], ws.deepgemm_schedule.shape[1] - 1,
+                                       out=ws.deepgemm_schedule)
 
     # -- run -------------------------------------------------------------------------------------------
     def run(self, layer: int, q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -211,7 +224,9 @@ class SpinIndexer:
 
     def _run(self, layer: int, st: _Step, q_fp8, kv_cache, weights) -> torch.Tensor:
         batch, width = st.block_table.shape
+        late = st.plans[layer] is None  # hybrid: selected now, after plan() wrote the schedules
         plan = self._plan_of(layer, st)
+        schedule = None if late else self._schedule_of(layer, plan)
         rows, cols = batch * self.next_n, width * self.config.tokens_per_block
         if self._guarded_by_shape(batch, width):
             return self._run_dense(layer, st, plan, q_fp8, kv_cache, weights)
@@ -230,8 +245,16 @@ class SpinIndexer:
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
                                           validate=False, out=out, block_max_out=block_max,
                                           fill_tail=self.extensions is not None, history=history,
-                                          group_max_out=group_max, group=group)
+                                          group_max_out=group_max, group=group, deepgemm_schedule=schedule)
         return self._topk(layer, st, plan, logits, block_max, group_max)
+
+    def _schedule_of(self, layer: int, plan: BlockPlan) -> torch.Tensor | None:
+        """plan()'s DeepGEMM schedule of `layer` when it was computed from this plan's lengths (a plan selected
+        in plan() into the workspace, not one an extension built elsewhere), else None."""
+        ws = self.workspace
+        if ws.deepgemm_schedule is None or plan.compact_seq_lens.data_ptr() != ws.compact_lens[layer].data_ptr():
+            return None
+        return ws.deepgemm_schedule[layer]
 
     def _guarded_by_shape(self, batch: int, width: int) -> bool:
         """True when the table's shape alone guards the whole step: B x W x T tokens at most, fewer than the

@@ -54,6 +54,7 @@ class _Step:
     epoch: int = 0  # SpinState.epoch at plan(): unchanged = no slot was allocated or freed since
     generations: list = dataclasses.field(default_factory=list)  # SpinState.generations() at plan()
     max_block_id: int | None = None  # largest block id of a used block (validated plans only, else None)
+    scheduled: bool = False  # plan() wrote every layer's DeepGEMM schedule (workspace.deepgemm_schedule)
 
 
 class SpinIndexer:
@@ -156,9 +157,9 @@ class SpinIndexer:
         fused = self._fused_plan(block_table)
         if fused is not None:
             fused(cfg, self.state, ws, block_table, seq_lens, slots, num_accepted)
-            self._schedule_layers(batch)
             # the state's clock itself (plan() alone advances it): no copy
-            self._step = _Step(block_table, seq_lens, slots, self.state.clock, plans)
+            self._step = _Step(block_table, seq_lens, slots, self.state.clock, plans,
+                               scheduled=self._schedule_layers(batch, width))
             return
         meta = plan_ref.step_meta(cfg, self.state, block_table, seq_lens, slots, num_accepted)
         plan_ref.reset_entered_(self.state, meta)
@@ -178,16 +179,20 @@ class SpinIndexer:
             BlockPlan.from_keep_mask(keep, block_table, seq_lens, meta.num_blocks, cfg.tokens_per_block, meta.guarded,
                                      out=plans[layer])
         plan_ref.finish_step_(self.state, meta)
-        self._schedule_layers(batch)
-        self._step = _Step(block_table, seq_lens, slots, meta.clock, plans, meta)
+        self._step = _Step(block_table, seq_lens, slots, meta.clock, plans, meta,
+                           scheduled=self._schedule_layers(batch, width))
 
-    def _schedule_layers(self, batch: int) -> None:
+    def _schedule_layers(self, batch: int, width: int) -> bool:
         """Every layer's DeepGEMM SM schedule from its compact lengths, in one launch (DeepGEMM's own metadata
-        call would be one launch per layer); run() hands it to DeepGEMM for the layers planned here."""
+        call would be one launch per layer); run() hands it to DeepGEMM for the layers planned here. False
+        (nothing written) where run() will not call DeepGEMM on this table (static shapes: a graph agrees)."""
         ws = self.workspace
-        if ws.deepgemm_schedule is not None:
-            deepgemm_schedule.schedule(ws.compact_lens[:, :batch], ws.deepgemm_schedule.shape[1] - 1,
-                                       out=ws.deepgemm_schedule)
+        if ws.deepgemm_schedule is None or self._guarded_by_shape(batch, width) or not deepgemm.wins_step(
+                self.next_n, True, batch * width * self.config.tokens_per_block):
+            return False
+        deepgemm_schedule.schedule(ws.compact_lens[:, :batch], ws.deepgemm_schedule.shape[1] - 1,
+                                   out=ws.deepgemm_schedule)
+        return True
 
     # -- run -------------------------------------------------------------------------------------------
     def run(self, layer: int, q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -226,7 +231,7 @@ class SpinIndexer:
         batch, width = st.block_table.shape
         late = st.plans[layer] is None  # hybrid: selected now, after plan() wrote the schedules
         plan = self._plan_of(layer, st)
-        schedule = None if late else self._schedule_of(layer, plan)
+        schedule = None if late or not st.scheduled else self._schedule_of(layer, plan)
         rows, cols = batch * self.next_n, width * self.config.tokens_per_block
         if self._guarded_by_shape(batch, width):
             return self._run_dense(layer, st, plan, q_fp8, kv_cache, weights)

@@ -77,7 +77,14 @@ def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history: bool = False,
         return False
     if kv_cache.shape[0] > 1 and kv_cache.stride(0) != kv_cache.shape[1] * kv_cache.shape[3]:
         return False  # padded pages (DeepSeek-V4) go to the Triton kernel, which takes a page stride
-    if choice == "deepgemm" or next_n == 2:
+    return wins_step(next_n, history, tokens)
+
+
+def wins_step(next_n: int, history: bool, tokens: int | None) -> bool:
+    """supports()' rule for the steps DeepGEMM wins, given that it covers the shape: next_n = 2, or SPIN's
+    step (history) on a table of at least SPIN_MIN_TOKENS tokens (B x W x T; None = unknown size), or
+    forced by SPIN_INDEXER_LOGITS=deepgemm."""
+    if os.environ.get("SPIN_INDEXER_LOGITS", "") == "deepgemm" or next_n == 2:
         return True
     return history and (tokens is None or tokens >= SPIN_MIN_TOKENS)
 

@@ -31,6 +31,7 @@ from ..ops import deepgemm, deepgemm_schedule
 from ..ops.indexer_logits import check_paged_indexer_args
 from ..predictor import plan as plan_ref
 from ..predictor.config import MtpPolicy, SpinConfig
+from ..predictor.select import budget_of
 from ..predictor.state import SpinState
 from ..dispatch import triton_twin
 from .block_plan import BlockPlan
@@ -250,7 +251,9 @@ class SpinIndexer:
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
                                           validate=False, out=out, block_max_out=block_max,
                                           fill_tail=self.extensions is not None, history=history,
-                                          group_max_out=group_max, group=group, deepgemm_schedule=schedule)
+                                          group_max_out=group_max, group=group, deepgemm_schedule=schedule,
+                                          active_width=budget_of(width, self.config.sparsity, self.config.topk,
+                                                                 self.config.tokens_per_block))
         return self._topk(layer, st, plan, logits, block_max, group_max)
 
     def _schedule_of(self, layer: int, plan: BlockPlan) -> torch.Tensor | None:

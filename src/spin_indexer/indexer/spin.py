@@ -256,6 +256,12 @@ class SpinIndexer:
                                                                  self.config.tokens_per_block))
         return self._topk(layer, st, plan, logits, block_max, group_max)
 
+    def deepgemm_schedule(self, layer: int) -> torch.Tensor | None:
+        """int32 [num_sms + 1, 2]: the DeepGEMM SM schedule plan() wrote for `layer` this step (its compact
+        lengths), or None where plan() wrote none (DeepGEMM absent or not serving this table)."""
+        st = self._current(layer)
+        return self._schedule_of(layer, st.plans[layer]) if st.scheduled and st.plans[layer] is not None else None
+
     def _schedule_of(self, layer: int, plan: BlockPlan) -> torch.Tensor | None:
         """plan()'s DeepGEMM schedule of `layer` when it was computed from this plan's lengths (a plan selected
         in plan() into the workspace, not one an extension built elsewhere), else None."""

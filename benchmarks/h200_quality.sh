@@ -21,6 +21,8 @@
 #   3 [carry runs/h200q/p2]  parts            copy                                                  ~0.5 min
 #   4 [carry runs/h200q/p3]  distill32k       join + check the GGUF, train, $OUT/head32k.safetensors ~9.3 min
 #   5 []                     capture+quality  both at once -> $OUT/capture.tgz, $OUT/quality.tgz    ~9.3 min
+#   6 [carry .dg]            e2e, then h200_step.sh all (issue #14: bench_e2e.py on the model in /tmp, the step's
+#                            tests, grid, V3.2 shape; a warm machine from the calls above)          ~8-9 min
 # (capture and quality also run alone; WEIGHTS=path overrides their head, default /tmp/head32k.safetensors.)
 # DRY=1: the CPU dry run of distill32k, capture, quality or capture+quality (tests/benchmarks/test_h200_quality.py).
 #
@@ -52,7 +54,7 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-stage=${1:?usage: h200_quality.sh prepare|gputests|parts|distill32k|capture|quality|capture+quality}
+stage=${1:?usage: h200_quality.sh prepare|gputests|parts|distill32k|capture|quality|capture+quality|e2e}
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 Q="python3 benchmarks/h200_quality.py"
 W=${WEIGHTS:-/tmp/head32k.safetensors}
@@ -174,6 +176,10 @@ capture+quality)  # both at once on the one GPU: quality's batched decode and ca
     run_quality & qpid=$!
     run_capture
     wait $qpid ;;
+e2e)  # issue #14's end-to-end proxy-model decoding (needs the model: after the parts are in /tmp), timed alone
+    assemble || exit 1
+    SPIN_COMMIT=${SPIN_COMMIT:-unknown} timeout 300 python3 benchmarks/bench_e2e.py --points "${E2E_POINTS:-32x32768,96x32768}" \
+        --steps 32 --out "$OUT/e2e" 2>&1 | grep -v clean_up | tee "$OUT/e2e.log" | tail -8 ;;
 *)
     echo "unknown stage $stage"; exit 2 ;;
 esac

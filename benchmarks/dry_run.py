@@ -4,8 +4,8 @@ the tokenizer or the RULER generators.
 `install(args)` patches, for this process only: loader.load_model -> bench_e2e.load's tiny random Llama
 (vocab 97, 2 layers; the same weights every call), loader.load_tokenizer -> WordTokenizer, loader.missing_reason
 and ruler.missing_reason -> None, ruler.make_prompt -> random 'w<i>' words with answer 'w7'. It also writes what
-a stage reads and the real run brings: a random token corpus (args.corpus), a tiny head (args.weights, unless
-given) and a word prompt file (args.prompt_file).
+a stage reads and the real run brings (files=True; a capture worker process reads its parent's): a random token
+corpus (args.corpus), a tiny head (args.weights, unless given) and a word prompt file (args.prompt_file).
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def _words(n: int, seed: int) -> str:
     return " ".join(f"w{i}" for i in torch.randint(0, VOCAB - 1, (n,), generator=g).tolist())
 
 
-def install(args) -> None:
+def install(args, files: bool = True) -> None:
     os.environ.setdefault("SPIN_BENCH_DEVICE", "cpu")
     from bench_e2e import load as tiny_load
 
@@ -51,6 +51,8 @@ def install(args) -> None:
     loader.missing_reason = lambda: None
     ruler.missing_reason = lambda: None
     ruler.make_prompt = lambda task, context, seed, tok: (_words(context - 40, seed), ["w7"])
+    if not files:  # a worker process of capture(): its parent wrote them
+        return
     args.corpus = args.out / "corpus.pt"
     torch.save({"train": torch.randint(0, VOCAB - 1, (4000,), dtype=torch.int32),
                 "heldout": torch.randint(0, VOCAB - 1, (1, 256), dtype=torch.int32), "corpus": "ood",

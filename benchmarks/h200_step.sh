@@ -8,6 +8,8 @@
 #   bash benchmarks/h200_step.sh mtp [ARGS]     benchmarks/bench_mtp_logits.py (next_n 1-4 configs vs DeepGEMM and
 #                                               the floors; ARGS go to it) after the logits kernel's CUDA tests,
 #                                               ptxas counts of the device's triton in registers.log (7 files back)
+#   bash benchmarks/h200_step.sh ncu [ARGS]     Nsight Compute over benchmarks/ncu_kernels.py (one launch of each
+#                                               kernel of the step and of the MTP logits) in $OUT/ncu.txt
 #   bash benchmarks/h200_step.sh all            tests of the step's kernels + grid + v32 (+ profile, + a command:
 #                                               ALL_* variables, see the stage) in one call, packed into
 #                                               $OUT/h200_all.tgz (one file: a call brings back at most 8)
@@ -46,13 +48,21 @@ case "$stage" in
         tail -2 "$OUT/gputests.log"
         python3 benchmarks/logits_registers.py > "$OUT/registers.log" 2>&1
         python3 benchmarks/bench_mtp_logits.py --out "$OUT" "$@" 2>&1 | tee "$OUT/mtp.log" | tail -45 | cut -c1-400 ;;
+    ncu)  # Nsight Compute counters of one launch of each kernel of benchmarks/ncu_kernels.py's parts (ARGS go
+          # to it); works on Firecracker machines only (KINDS.md); the text report in $OUT/ncu.txt
+        ncu --clock-control none --target-processes all --nvtx --nvtx-include "measure/" \
+            --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+            --section SchedulerStats --section MemoryWorkloadAnalysis \
+            python3 benchmarks/ncu_kernels.py "$@" > "$OUT/ncu.txt" 2>&1
+        grep -E "^  [_a-z].*\(|Duration|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|==PROF==|ERR" \
+            "$OUT/ncu.txt" | head -120 | cut -c1-200 ;;
     all)  # environment overrides: ALL_TESTS (test paths), ALL_POINTS / ALL_BUDGET_S (grid), ALL_V32 (v32 points),
           # ALL_PROFILE (profile points; empty = no profile), ALL_EXTRA (a command run last, output under all/)
         mkdir -p "$OUT/all/grid" "$OUT/all/v32" "$OUT/all/profile"
         cp "$OUT/deepgemm_build.log" "$OUT/all/" 2>/dev/null
         python3 -m pytest -q -p no:cacheprovider ${ALL_TESTS:-tests/ops/test_history.py \
             tests/ops/test_indexer_logits_triton.py tests/ops/test_topk_triton.py tests/ops/test_topk_positions.py \
-            tests/ops/test_deepgemm.py tests/predictor/test_plan_triton.py tests/predictor/test_step_guard.py \
+            tests/ops/test_deepgemm.py tests/ops/test_deepgemm_schedule.py tests/predictor/test_plan_triton.py tests/predictor/test_step_guard.py \
             tests/indexer/test_spin.py} > "$OUT/all/gputests.log" 2>&1
         tail -2 "$OUT/all/gputests.log"
         python3 benchmarks/run_all.py --out "$OUT/all/grid" --sparsities 0.5,0.4 --budget-s "${ALL_BUDGET_S:-170}" \
@@ -75,5 +85,5 @@ case "$stage" in
         fi
         tar czf "$OUT/h200_all.tgz" -C "$OUT" all && rm -rf "$OUT/all" "$OUT/deepgemm_build.log" ;;
     *)
-        echo "unknown stage $stage (tests, grid, profile, v32, mtp, all)"; exit 2 ;;
+        echo "unknown stage $stage (tests, grid, profile, v32, mtp, ncu, all)"; exit 2 ;;
 esac

@@ -12,7 +12,8 @@ random key cache so no replay hits L2), per layer:
   own_topk_us          ops.topk_positions over the dense logits (with their block maxima)
   dense_step_us        DenseIndexer.run: logits + top-k through the step's backends (the "own dense step")
   spin_logits_us       the SPIN step's logits alone, on layer 0's compact table (same backend as the step)
-  topk_us              ops.topk_positions alone on those compact logits
+  topk_us              ops.topk_positions alone on those compact logits, with the group maxima the step's
+                       logits op writes (so their cost counts in spin_own_us, where the step pays it)
   plan_us              SpinIndexer.plan (every layer) / 61 layers
   step_us              SpinIndexer step per layer: plan_us + run(layer) (logits + EMA update + top-k)
   spin_own_us          step_us - spin_logits_us - topk_us: prediction, selection, compaction, update (a
@@ -219,9 +220,10 @@ def spin_step(p, sparsity: float, k: int, guard, time_graph, timing) -> dict:
     from spin_indexer.ops import deepgemm
     # the step's backend, logits only
     if ops.logits_backend(p.q[0][0], p.caches[0], True, plan0.compact_block_table) == "deepgemm":
+        # with the SM schedule plan() wrote for layer 0 (as the step calls it: no metadata launch)
         calls = [lambda i=i: deepgemm.paged_indexer_logits_deepgemm(
-            p.q[i][0], p.caches[i], p.q[i][1], plan0.compact_seq_lens, plan0.compact_block_table, validate=False)
-            for i in range(p.layers)]
+            p.q[i][0], p.caches[i], p.q[i][1], plan0.compact_seq_lens, plan0.compact_block_table, validate=False,
+            schedule=idx.deepgemm_schedule(0)) for i in range(p.layers)]
     else:
         calls = [lambda i=i: ops.paged_indexer_logits(p.q[i][0], p.caches[i], p.q[i][1], plan0.compact_seq_lens,
                                                       plan0.compact_block_table, validate=False, out=logits,
@@ -233,8 +235,13 @@ def spin_step(p, sparsity: float, k: int, guard, time_graph, timing) -> dict:
                                           plan0.compact_block_table, validate=False, out=buf, block_max_out=bmax,
                                           fill_tail=False)
     clens = plan0.compact_seq_lens.reshape(-1)
+    # the group maxima the step's logits op writes (the update pass) when the top-k prunes finer than a block:
+    # given here too, so topk_us is the step's top-k and their cost stays in spin_own_us
+    group = ops.topk_group(result.shape[1], k)
+    gmax = ops.group_max_ref(result, clens, group) if group < 64 else None
     t_topk = time_graph([lambda: ops.topk_positions(result, clens, k, block_max=bmax, kept_blocks=plan0.kept_blocks,
-                                                    next_n=p.next_n, validate=False)], **timing).p50_us
+                                                    next_n=p.next_n, validate=False, group_max=gmax)],
+                        **timing).p50_us
     per_layer = t_plan / PLAN_LAYERS + (t_step - t_plan) / p.layers
     del idx, logits, bmax, result
     return dict(plan_us=t_plan / PLAN_LAYERS, step_us=per_layer, spin_logits_us=t_logits, topk_us=t_topk,

@@ -38,17 +38,59 @@ def test_distill32k_dry_run_trains_every_stage_from_the_one_before(dry, tmp_path
     last = json.loads((tmp_path / "s512" / "training_log.json").read_text())
     assert "--init" in last["command"] and "s256" in last["command"]
     assert last["distill_config"]["row_chunk"] == 32 and last["distill_config"]["rows_per_seq"] == 96
+    assert json.loads((tmp_path / "s256" / "training_log.json").read_text())["distill_config"]["rows_per_seq"] == 96
+    assert json.loads((tmp_path / "s128" / "training_log.json").read_text())["distill_config"]["rows_per_seq"] == 0
+    assert summary[0]["init"] is None and summary[2]["init"].endswith("s256/smollm2_indexer.safetensors")
     assert (tmp_path / "head32k.safetensors").read_bytes() == (tmp_path / "s512" / "smollm2_indexer.safetensors").read_bytes()
+
+
+def test_distill32k_dry_run_from_init_skips_stages_of_zero_minutes(dry, tmp_path):
+    """DISTILL_INIT: the first stage that runs starts from the given head; --minutes 0 skips a stage."""
+    assert dry("distill32k", tmp_path / "a") == 0
+    init = tmp_path / "a" / "head32k.safetensors"
+    assert dry("distill32k", tmp_path / "b", "--init", str(init), "--minutes", "0,0.05,0.05") == 0
+    summary = json.loads((tmp_path / "b" / "distill_summary.json").read_text())
+    assert [s["seq_len"] for s in summary] == [256, 512] and summary[0]["init"] == str(init)
+    assert not (tmp_path / "b" / "s128").exists()
+    # --deadline-s: a stage that would run past it is shortened (here the first), the rest are not started
+    assert dry("distill32k", tmp_path / "d", "--minutes", "0.05,0.05,0.05", "--deadline-s", "5",
+               "--reserve-s", "0.5", "--max-steps", "100000") == 0
+    short = json.loads((tmp_path / "d" / "distill_summary.json").read_text())
+    assert short[0]["seq_len"] == 128 and sum(s["seconds"] for s in short) < 5
+    with pytest.raises(SystemExit, match="--minutes: expected 3 comma-separated values"):
+        h200_quality.main(["distill32k", "--dry-run", "--out", str(tmp_path / "c"), "--minutes", "1,2"])
 
 
 def test_capture_dry_run_traces_two_domains_and_replays_them(dry, tmp_path):
     assert dry("capture", tmp_path) == 0
     for ctx in (384, 512):
-        ruler_traces = sorted((tmp_path / "traces" / f"ruler-{ctx}").glob("*.json"))
-        file_traces = sorted((tmp_path / "traces" / f"python_stdlib-{ctx}").glob("*.json"))
-        assert len(ruler_traces) == 2 and len(file_traces) == 2
-        assert json.loads(file_traces[0].read_text())["extra"]["domain"] == "python_stdlib"
-        assert (tmp_path / "fid" / str(ctx)).is_dir() and any((tmp_path / "fid" / str(ctx)).rglob("*.csv"))
+        for name in ("ruler", "python_stdlib"):
+            traces = sorted((tmp_path / "traces" / f"{name}-{ctx}").glob("*.json"))
+            metas = [json.loads(t.read_text()) for t in traces]
+            assert sorted(m["indexer"] for m in metas) == ["lightning", "lightning", "oracle", "oracle"]
+            assert {m["extra"]["domain"] for m in metas} == {name}
+            for sweep, policies in (("main", {"spin-default"}), ("pooling", {"a0", "a1-top4"}),
+                                    ("exploration", {"explore-none", "explore-random"})):
+                with open(tmp_path / "fid" / str(ctx) / f"{sweep}-{name}" / "summary.csv") as f:
+                    rows = list(csv.DictReader(f))
+                assert policies <= {r["policy"] for r in rows} and {r["indexer"] for r in rows} == {"lightning", "oracle"}
+    timing = json.loads((tmp_path / "capture_timing.json").read_text())
+    assert len(timing["captures"]) == 4 and all(r["traces"] == 4 and r["rc"] == 0 for r in timing["captures"].values())
+    assert all(r["done"] == 3 for r in timing["replays"].values())
+
+
+def test_capture_dry_run_in_worker_processes_stops_at_its_deadlines(dry, tmp_path):
+    """--jobs 2: every capture and replay in its own worker process (logged); the same tables as in one
+    process. --budget-s 0: nothing is captured, so nothing is replayed, and the stage still exits 0."""
+    assert dry("capture", tmp_path / "one", "--contexts", "384") == 0
+    assert dry("capture", tmp_path / "two", "--contexts", "384", "--jobs", "2") == 0
+    for name in ("main-ruler", "pooling-python_stdlib"):
+        one, two = ((tmp_path / d / "fid" / "384" / name / "summary.csv").read_text() for d in ("one", "two"))
+        assert one == two
+    assert "capture --task niah_single_2" in (tmp_path / "two" / "logs" / "capture_ruler-384.log").read_text()
+    assert dry("capture", tmp_path / "late", "--contexts", "384", "--jobs", "2", "--budget-s", "0") == 0
+    timing = json.loads((tmp_path / "late" / "capture_timing.json").read_text())
+    assert all(r["rc"] is None and r["traces"] == 0 for r in timing["captures"].values()) and timing["replays"] == {}
 
 
 def test_quality_dry_run_batches_prompts_and_pairs_configs(dry, tmp_path):
@@ -60,15 +102,20 @@ def test_quality_dry_run_batches_prompts_and_pairs_configs(dry, tmp_path):
     assert "Paired with all-keep" in (tmp_path / "quality" / "README.md").read_text()
 
 
-def test_shell_dry_run_packs_one_tgz(tmp_path):
-    """DRY=1 bash benchmarks/h200_quality.sh quality: the stage's log and tables come back in one .tgz."""
+@pytest.mark.parametrize("stage, tgzs", [("quality", ("quality",)), ("capture+quality", ("capture", "quality"))])
+def test_shell_dry_run_packs_one_tgz_per_stage(tmp_path, stage, tgzs):
+    """DRY=1 bash benchmarks/h200_quality.sh STAGE: each stage's log and tables come back in one .tgz;
+    capture+quality runs both at once and packs both."""
     import os
 
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # python3 = this one
     env = {"DRY": "1", "OUT": str(tmp_path), "PATH": path}
-    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "h200_quality.sh"), "quality"], cwd=ROOT,
-                          env=dict(os.environ, **env), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "h200_quality.sh"), stage], cwd=ROOT,
+                          env=dict(os.environ, **env), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    with tarfile.open(tmp_path / "quality.tgz") as tar:
-        names = tar.getnames()
-    assert "quality.log" in names and any(n.endswith("ruler.csv") for n in names)
+    for name in tgzs:
+        with tarfile.open(tmp_path / f"{name}.tgz") as tar:
+            names = tar.getnames()
+        assert f"{name}.log" in names
+        assert any(n.endswith("ruler.csv") for n in names) if name == "quality" else \
+            any(n.endswith("main-python_stdlib/summary.csv") for n in names)

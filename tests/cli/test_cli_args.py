@@ -78,7 +78,7 @@ def test_report_lists_no_ignored_option():
 @pytest.mark.parametrize("argv, option", [
     (["--max-steps", "0"], "--max-steps"), (["--max-steps", "-1"], "--max-steps"), (["--prompts", "0"], "--prompts"),
     (["--layer-stride", "0"], "--layer-stride"), (["--batch", "0"], "--batch"), (["--steps", "0"], "--steps"),
-    (["--name", "a", "--name", "b"], "--name")])
+    (["--name", "a", "--name", "b"], "--name"), (["--table1-steps", "1"], "--table1-steps")])
 def test_eval_rejects_bad_numbers(tmp_path, capsys, argv, option):
     code = cli.main(["eval", "--synthetic", "v4-like", "--out", str(tmp_path / "ev"), "--quiet", *argv])
     assert code != 0

@@ -167,12 +167,15 @@ def test_paired_table():
     diffs = [0.0, 50.0, -100.0]  # spin-0.4 minus all-keep on seeds 0-2 (seed 3 has no pair)
     mean = sum(diffs) / 3
     half = 1.959964 * (sum((d - mean) ** 2 for d in diffs) / 2 / 3) ** 0.5
-    assert f"| spin-0.4 | 300 | 3 | 1 | 1 | 1 | -16.7 | {mean - half:+.1f} to {mean + half:+.1f} |" in table
+    assert f"| 300 | spin-0.4 | 3 | 1 | 1 | 1 | -16.67 | {mean - half:+.2f} to {mean + half:+.2f} | +-2 | no |" in table
     assert "| all-keep |" not in table
-    one = paired_table(rows[:2], ["all-keep", "spin-0.4"])  # one pair: no interval
-    assert "| spin-0.4 | 300 | 1 | 1 | 0 | 0 | +0.0 | - |" in one
+    one = paired_table(rows[:2], ["all-keep", "spin-0.4"])  # one pair: no interval, no verdict
+    assert "| 300 | spin-0.4 | 1 | 1 | 0 | 0 | +0.00 | - | +-2 | - |" in one
     other = paired_table(rows + [dict(r, context=600) for r in rows[:2]], ["all-keep", "spin-0.4"])
-    assert "| spin-0.4 | 600 | 1 | 1 | 0 | 0 | +0.0 | - |" in other  # each length paired on its own
+    assert "| 600 | spin-0.4 | 1 | 1 | 0 | 0 | +0.00 | - | +-2 | - |" in other  # each length paired on its own
+    dense = paired_table([dict(r, config="dense") if r["config"] == "spin-0.4" else r for r in rows],
+                         ["dense", "all-keep"])
+    assert "| 300 | dense | 3 | 1 | 1 | 1 | -16.67 |" in dense and dense.rstrip().endswith("| - | - |")
 
 
 def test_quality_with_named_indexer_weights(fake_model, tmp_path, capsys):
@@ -227,7 +230,7 @@ def test_quality_batched_equals_per_prompt(fake_model, tmp_path, capsys):
         if key[2] == "spin-0.5-noexp":
             assert three[key]["miss_values"] == pytest.approx(r["miss_values"], abs=1e-5)
     readme = (tmp_path / "three" / "README.md").read_text()
-    assert "--batch 3" in readme and "| spin-0.5-noexp | 500 | 4 |" in readme
+    assert "--batch 3" in readme and "| 500 | spin-0.5-noexp | 4 |" in readme
 
 
 def test_quality_batch_refuses_mtp(fake_model, tmp_path, capsys):

@@ -130,3 +130,30 @@ def test_table1_skips_short_rows():
     out = table1_rows(scores, lens, k=512)
     assert set(out) == {"random", "prev-layer", "prev-layer-best5", "prev-iteration"}
     assert all(v["rows"] == 0 and math.isnan(v["pearson"]) for v in out.values())
+
+
+def test_eval_table1_steps_caps_the_steps_table1_reads(tmp_path):
+    """spin-indexer eval --table1-steps N: Table 1 over N evenly spaced steps per trace (the same numbers as
+    ablations.table1(max_steps=N)), the replay itself unchanged."""
+    import csv
+
+    from spin_indexer.cli import main as cli
+    from spin_indexer.eval.ablations import table1
+    from spin_indexer.traces import generate
+
+    out = {}
+    for n in (32, 4):
+        out[n] = tmp_path / f"t{n}"
+        assert cli.main(["eval", "--synthetic", "v4-like", "--prompts", "1", "--steps", "16", "--num-layers", "4",
+                         "--context", "2048", "--sweep", "smoke", "--no-plots", "--quiet", "--table1-steps", str(n),
+                         "--out", str(out[n])]) == 0
+    assert (out[32] / "summary.csv").read_text() == (out[4] / "summary.csv").read_text()
+    trace = generate("v4-like", seed=0, prompt_id="v4-like-2048-0", context_len=2048, num_steps=16, num_layers=4)
+    for n in (32, 4):
+        want = {r["predictor"]: r["pearson"] for r in table1({"synthetic-v4-like": [trace]}, max_steps=n)
+                if r["context"] == "all"}
+        with open(out[n] / "table1.csv") as f:
+            got = {r["predictor"]: float(r["pearson"]) for r in csv.DictReader(f)}
+        assert got == pytest.approx(want, abs=1e-6)
+    with open(out[4] / "table1.csv") as f4, open(out[32] / "table1.csv") as f32:
+        assert f4.read() != f32.read()

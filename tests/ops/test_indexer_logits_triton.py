@@ -84,6 +84,20 @@ def test_compacted_table_matches_reference(next_n, gen, triton_device):
     assert out.shape == (2 * next_n, width * T)
 
 
+def test_active_width_sizes_programs_not_the_grid(gen, triton_device):
+    """active_width (SPIN's kept budget) picks the blocks per program for the columns that hold blocks; the
+    grid still covers the whole table, so a row keeping every block (a first step) is scored in full."""
+    from spin_indexer.ops.indexer_logits_triton import _pick_chunk
+    assert _pick_chunk(8, 1024) == 8 and _pick_chunk(8, 2048) == 16  # 8 x 128K at s = 0.5: twice the programs
+    x = make_paged_inputs((40 * T + 3, 11 * T, 2 * T + 7), 1, 16, 32, gen).to(triton_device)
+    want = paged_indexer_logits_triton(x.q_fp8, x.kv_cache, x.weights, x.seq_lens, x.block_table)
+    for active in (1, 5, 20):  # smaller than the longest row: its blocks past `active` are still scored
+        out = torch.full_like(want, 7.0)  # poisoned
+        got = paged_indexer_logits_triton(x.q_fp8, x.kv_cache, x.weights, x.seq_lens, x.block_table, out=out,
+                                          active_width=active)
+        assert torch.equal(got.cpu(), want.cpu()), active
+
+
 def test_returns_new_buffers_and_validates(gen, triton_device):
     inputs = make_paged_inputs((100,), 1, 8, 32, gen)
     args = [t.to(triton_device) for t in inputs.args()]

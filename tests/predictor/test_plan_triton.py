@@ -102,7 +102,7 @@ class _Host:
     """CPU copies of an indexer's workspace and state (the kernel may run on CUDA)."""
 
     def __init__(self, idx):
-        self.workspace = type("W", (), {k: v.cpu() for k, v in vars(idx.workspace).items()})
+        self.workspace = type("W", (), {k: v.cpu() for k, v in vars(idx.workspace).items() if v is not None})
         self.state = type("S", (), {k: getattr(idx.state, k).cpu() for k in STATE})
 
 

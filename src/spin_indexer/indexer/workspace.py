@@ -16,13 +16,15 @@ class Workspace:
     kept_blocks, compact_table: int32 [L, B, W]; num_kept: int32 [L, B]; compact_lens: int32 [L, B, N];
     num_blocks: int32 [B]; guarded: bool [B]; update_rows: bool [B, N];
     logits: float32 [B*N, W*T]; block_max: float32 [B*N, W]; group_max: float32 [B*N, W*T / GROUP_MIN] (the
-    top-k's group maxima when it prunes finer than a block; leading [:, :W*T / G] used); topk: int32 [L, B*N, K].
+    top-k's group maxima when it prunes finer than a block; leading [:, :W*T / G] used); topk: int32 [L, B*N, K];
+    deepgemm_schedule: int32 [L, S + 1, 2], every layer's SM schedule for DeepGEMM's logits (S = schedule_sms,
+    the GPU's SMs where DeepGEMM serves; None when schedule_sms = 0).
     """
 
     GROUP_MIN = 8  # the finest group the step writes maxima for (topk_group of a wide table is 8-64)
 
     def __init__(self, num_layers: int, max_batch: int, max_blocks: int, next_n: int, tokens_per_block: int,
-                 topk: int, device: torch.device):
+                 topk: int, device: torch.device, schedule_sms: int = 0):
         L, B, W, N, T = num_layers, max_batch, max_blocks, next_n, tokens_per_block
         i32 = dict(dtype=torch.int32, device=device)
         self.kept_blocks = torch.full((L, B, W), -1, **i32)
@@ -36,15 +38,16 @@ class Workspace:
         self.block_max = torch.empty((B * N, W), dtype=torch.float32, device=device)
         self.group_max = torch.empty((B * N, -(-W * T // self.GROUP_MIN)), dtype=torch.float32, device=device)
         self.topk = torch.empty((L, B * N, topk), **i32)
+        self.deepgemm_schedule = torch.zeros((L, schedule_sms + 1, 2), **i32) if schedule_sms else None
 
     @staticmethod
     def bytes_needed(num_layers: int, max_batch: int, max_blocks: int, next_n: int, tokens_per_block: int,
-                     topk: int) -> int:
+                     topk: int, schedule_sms: int = 0) -> int:
         """Bytes the buffers take (what __init__ allocates)."""
         L, B, W, N, T = num_layers, max_batch, max_blocks, next_n, tokens_per_block
         group_max = B * N * -(-W * T // Workspace.GROUP_MIN)
         return 4 * (2 * L * B * W + L * B + L * B * N + B + B * N * W * T + B * N * W + group_max
-                    + L * B * N * topk) + B + B * N
+                    + L * B * N * topk + (L * (schedule_sms + 1) * 2 if schedule_sms else 0)) + B + B * N
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))

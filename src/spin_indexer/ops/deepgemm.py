@@ -12,6 +12,8 @@ next_n = 1 on tables of at least SPIN_MIN_TOKENS tokens (DeepGEMM + one pass for
 update beat the project's kernel with both fused into its epilogue, run 9; smaller steps are launch-bound
 and keep the fused kernel); the dense step at next_n = 1 keeps the project's kernel (its fused block max
 wins). SPIN_INDEXER_LOGITS=triton turns this backend off, =deepgemm forces it (benchmarks compare both).
+DeepGEMM's kernel takes an SM schedule computed from the lengths; SpinIndexer.plan() writes every layer's
+at once (deepgemm_schedule.py) and run() passes it (`schedule=`), instead of one metadata launch per layer.
 """
 from __future__ import annotations
 
@@ -43,6 +45,17 @@ def available() -> bool:
     return _module() is not None
 
 
+def schedule_sms(device: torch.device) -> int:
+    """The SM count DeepGEMM's schedule is computed for on `device` where DeepGEMM can serve it (SM90 with
+    deep_gemm importing, not turned off by SPIN_INDEXER_LOGITS), else 0: SpinIndexer then keeps no
+    per-layer schedule (deepgemm_schedule.py) and a DeepGEMM call computes its own."""
+    if device.type != "cuda" or os.environ.get("SPIN_INDEXER_LOGITS", "") in ("triton", "reference"):
+        return 0
+    if _module() is None or torch.cuda.get_device_capability(device) != (9, 0):
+        return 0
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
 # SPIN's step at next_n = 1 goes to DeepGEMM from this many table tokens (B x W x T) on; below, the Triton
 # kernel with the EMA update and block max fused saves two launches per layer. From the H200 grid (run 11,
 # benchmarks/results/run11_fixes, step_us vs step_other_backend_us): the fused kernel won at 64K-512K
@@ -64,23 +77,39 @@ def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history: bool = False,
         return False
     if kv_cache.shape[0] > 1 and kv_cache.stride(0) != kv_cache.shape[1] * kv_cache.shape[3]:
         return False  # padded pages (DeepSeek-V4) go to the Triton kernel, which takes a page stride
-    if choice == "deepgemm" or next_n == 2:
+    return wins_step(next_n, history, tokens)
+
+
+def wins_step(next_n: int, history: bool, tokens: int | None) -> bool:
+    """supports()' rule for the steps DeepGEMM wins, given that it covers the shape: next_n = 2, or SPIN's
+    step (history) on a table of at least SPIN_MIN_TOKENS tokens (B x W x T; None = unknown size), or
+    forced by SPIN_INDEXER_LOGITS=deepgemm."""
+    if os.environ.get("SPIN_INDEXER_LOGITS", "") == "deepgemm" or next_n == 2:
         return True
     return history and (tokens is None or tokens >= SPIN_MIN_TOKENS)
 
 
 def paged_indexer_logits_deepgemm(q_fp8, kv_cache, weights, seq_lens, block_table, validate: bool = True,
-                                  out: torch.Tensor | None = None) -> torch.Tensor:
+                                  out: torch.Tensor | None = None,
+                                  schedule: torch.Tensor | None = None) -> torch.Tensor:
     """float32 [B*next_n, W*T] logits through DeepGEMM; columns past a row's length are unspecified.
 
     Same arguments as `paged_indexer_logits_ref`. DeepGEMM allocates its own output; `out`, when given,
-    receives a copy (the decode step passes none and uses the returned tensor)."""
+    receives a copy (the decode step passes none and uses the returned tensor).
+    schedule: optional int32 [num_sms + 1, 2], DeepGEMM's SM schedule for exactly these seq_lens
+    (deepgemm_schedule.schedule, computed for every layer in plan()); None: DeepGEMM computes it (a launch)."""
     check_paged_indexer_args(q_fp8, kv_cache, weights, seq_lens, block_table, validate)
     dg = _module()
     batch, next_n = q_fp8.shape[:2]
     width = block_table.shape[1]
     max_len = width * kv_cache.shape[1]
-    meta = dg.get_paged_mqa_logits_metadata(seq_lens, kv_cache.shape[1], _num_sms(q_fp8.device.index or 0))
+    sms = _num_sms(q_fp8.device.index or 0)
+    if schedule is None:
+        meta = dg.get_paged_mqa_logits_metadata(seq_lens, kv_cache.shape[1], sms)
+    else:
+        check_tensor("schedule", schedule, dtype=torch.int32, shape=(sms + 1, 2), shape_names="[num_sms + 1, 2]",
+                     device=q_fp8.device, device_of="q_fp8", contiguous=True)
+        meta = schedule
     logits = dg.fp8_paged_mqa_logits(q_fp8, kv_cache, weights, seq_lens, block_table, meta, max_len, False)
     if out is not None:
         check_tensor("out", out, dtype=torch.float32, shape=(batch * next_n, max_len), shape_names="[B*next_n, W*T]",

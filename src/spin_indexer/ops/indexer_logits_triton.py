@@ -133,7 +133,8 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
                                 seq_lens: torch.Tensor, block_table: torch.Tensor, validate: bool = True,
                                 out: torch.Tensor | None = None, block_max_out: torch.Tensor | None = None,
                                 fill_tail: bool = True, history: HistoryUpdate | None = None,
-                                chunk: int | None = None, config: LogitsConfig | None = None) -> torch.Tensor:
+                                chunk: int | None = None, config: LogitsConfig | None = None,
+                                active_width: int | None = None) -> torch.Tensor:
     """Paged indexer logits, same arguments and meaning as `paged_indexer_logits_ref`.
 
     q_fp8: float8_e4m3fn [B, next_n, H, D]; kv_cache: uint8 [num_blocks, T, 1, D + 4] (pages contiguous or
@@ -145,7 +146,10 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     the request's longest row unwritten; columns past a row's length inside its scored blocks are -inf). history: also apply SPIN's EMA update (ops/history.py), fused into
     the epilogue when only row 0 updates, else by the standalone update kernel after the logits.
     chunk: blocks per program (default from the grid size, `_pick_chunk`). config: the launch configuration
-    (default CONFIGS[next_n]; benchmarks pass others to compare them).
+    (default CONFIGS[next_n]; benchmarks pass others to compare them). active_width: the table columns
+    expected to hold blocks (SPIN's compact tables fill about (1 - s) x W of their W columns): the default
+    chunk is picked for B x active_width blocks, so that the programs that have work fill the GPU (a
+    program past a row's last kept block exits at once); the grid still covers all W columns.
     The FP8 MMA accumulates with Hopper's reduced-precision adder, ~2-3e-4 relative error against fp32 math
     over D = 128 (as the production kernel). Shapes the kernel does not take (next_n > 4, H or D not powers of
     two, D < 32) are computed by the reference into the same buffers.
@@ -184,7 +188,7 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     fused = history is not None and history.rows == 1
     hist = _history_args(history, out) if fused else _no_history(out)
     cfg = config or CONFIGS[next_n]
-    chunk = chunk or _pick_chunk(batch, width, cfg.target_programs)
+    chunk = chunk or _pick_chunk(batch, min(width, active_width or width), cfg.target_programs)
     r0, r1, r2, r3 = cfg.group_rows(next_n)
     grid = (batch, triton.cdiv(width, chunk))
     _paged_indexer_logits_kernel[grid](

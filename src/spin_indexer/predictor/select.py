@@ -12,6 +12,8 @@ Only blocks with a finite stage-1 key are kept in stage 1, so A0 can leave budge
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .config import Exploration
@@ -31,6 +33,12 @@ def budget_blocks(num_blocks: torch.Tensor, sparsity, topk: int, tokens_per_bloc
     cover = -(-topk // tokens_per_block) + 1
     budget = torch.minimum(num_blocks, torch.clamp(num_blocks - skipped, min=cover))
     return torch.where(keep_all, num_blocks, budget)
+
+
+def budget_of(num_blocks: int, sparsity: float, topk: int, tokens_per_block: int) -> int:
+    """budget_blocks for one request of num_blocks > topk tokens' worth, as a host int (a launch-size hint)."""
+    skipped = math.floor(num_blocks * float(sparsity) + 1e-9)  # python floats are float64, as budget_blocks
+    return min(num_blocks, max(num_blocks - skipped, -(-topk // tokens_per_block) + 1))
 
 
 def explore_blocks(budget: torch.Tensor, gamma: float, policy: Exploration, keep_all: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,90 @@
+"""The kernels worth hardware counters, for Nsight Compute (`h200_step.sh ncu`): SPIN's step at 96 x 128K and
+1 x 128K (plan, DeepGEMM or the Triton logits, the update pass, the top-k chain) and the Triton logits
+kernel alone at next_n = 2 and 4 in its production configurations. Each part runs once eagerly (compiles,
+warms), then once more inside an NVTX range "measure" (plan() and two layers of the step; one logits call),
+so `ncu --nvtx --nvtx-include measure/` profiles exactly one launch of each kernel of each part.
+
+    ncu --clock-control none --nvtx --nvtx-include measure/ ... python3 benchmarks/ncu_kernels.py [--parts ...]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "src"))
+
+PARTS = ("step96", "step1", "mtp2", "mtp4")
+
+
+def spin_step(batch: int, ctx: int) -> None:
+    import torch
+    from run_all import PLAN_LAYERS, TOPK, Point, steady_state
+
+    from spin_indexer.indexer import SpinIndexer
+    from spin_indexer.predictor import SpinConfig
+
+    p = Point(batch, ctx, 1, dry=False)
+    idx = SpinIndexer(SpinConfig(sparsity=0.5, topk=min(TOPK, ctx)), num_layers=PLAN_LAYERS, max_batch=batch,
+                      max_blocks=p.width, device=p.table.device, num_cache_blocks=p.num_cache_blocks)
+    slots = torch.tensor([idx.state.allocate() for _ in range(batch)], dtype=torch.int64, device=p.table.device)
+    steady_state(idx, p)
+    for measured, layers in ((False, p.layers), (True, 2)):
+        if measured:
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push("measure")
+        idx.plan(p.table, p.lens, slots, validate=False)
+        for i in range(layers):
+            idx.run(i, p.q[i][0], p.caches[i], p.q[i][1])
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+
+
+def mtp_logits(batch: int, ctx: int, next_n: int) -> None:
+    import torch
+    from harness import KeyPool, decode_lens, random_queries
+
+    from spin_indexer.ops.indexer_logits_triton import paged_indexer_logits_triton
+
+    width = -(-ctx // 64)
+    pool = KeyPool(batch * width, seed=3)
+    table = torch.randperm(batch * width, device="cuda").to(torch.int32).view(batch, width)
+    q, w = random_queries(batch, next_n, seed=1)
+    out = torch.empty(batch * next_n, width * 64, dtype=torch.float32, device="cuda")
+    lens = decode_lens(batch, next_n, ctx)
+    for measured in (False, True):
+        if measured:
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push("measure")
+        paged_indexer_logits_triton(q, pool.cache, w, lens, table, validate=False, out=out, fill_tail=False)
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+
+
+def main(argv=None) -> int:
+    import torch
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)}")
+    args = ap.parse_args(argv)
+    parts = [x for x in args.parts.split(",") if x]
+    for part in parts:
+        if part not in PARTS:
+            raise SystemExit(f"--parts: expected names from {', '.join(PARTS)}, got {part!r}")
+    for part in parts:
+        if part == "step96":
+            spin_step(96, 131072)
+        elif part == "step1":
+            spin_step(1, 131072)
+        elif part == "mtp2":
+            mtp_logits(32, 131072, 2)
+        else:
+            mtp_logits(16, 131072, 4)
+        print(f"{part}: done", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

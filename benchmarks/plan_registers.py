@@ -55,10 +55,11 @@ def ptxas_counts(kernel) -> dict:
 
 
 def compile_counts(sb: int, warps: int, maxnreg: int | None, rows: int = 1, slot: bool = False,
-                   explore: bool = True, combine: int = 0, sbs: int = 64, reg: bool = True) -> dict:
+                   explore: bool = True, combine: int = 0, sbs: int = 64, reg: bool = True,
+                   pairs: int | None = None) -> dict:
     fn = P._plan_select_kernel
     cfg = dict(T=64, TP=64, NP=rows, SB=sb, SBS=sbs, SLOT=slot, COMBINE=combine, MEAN=slot, EXPLORE=explore,
-               REG=reg)
+               REG=reg, H=pairs or P._register_pairs(sb, warps))
     sig, consts = {}, {}
     for name in fn.arg_names:
         if name in cfg:
@@ -102,13 +103,15 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1, help="NP: prediction rows (next_n, a power of two)")
     ap.add_argument("--slot", action="store_true", help="a per-slot rule (reduce=mean)")
     ap.add_argument("--no-explore", action="store_true")
+    ap.add_argument("--pairs", type=int, help="H: point pairs per multiway round (default: the launcher's)")
     a = ap.parse_args()
-    print(f"{'SB':>6} {'warps':>5} {'maxnreg':>7} {'regs':>5} {'spill st/ld B':>14} {'inner loops':>11}")
+    print(f"{'SB':>6} {'warps':>5} {'H':>3} {'maxnreg':>7} {'regs':>5} {'spill st/ld B':>14} {'inner loops':>11}")
     for sb in a.sb or [2048, 8192, 16384]:
         warps = a.warps or P._register_warps(sb)
         cap = P._register_maxnreg(warps) if a.maxnreg is None else (a.maxnreg or None)
-        c = compile_counts(sb, warps, cap, rows=a.rows, slot=a.slot, explore=not a.no_explore)
-        print(f"{sb:>6} {warps:>5} {str(cap):>7} {str(c['regs']):>5} {c['spill_st']:>6}/{c['spill_ld']:<7} "
+        pairs = a.pairs or P._register_pairs(sb, warps)
+        c = compile_counts(sb, warps, cap, rows=a.rows, slot=a.slot, explore=not a.no_explore, pairs=pairs)
+        print(f"{sb:>6} {warps:>5} {pairs:>3} {str(cap):>7} {str(c['regs']):>5} {c['spill_st']:>6}/{c['spill_ld']:<7} "
               f"{c['inner']:>11}" + (f"  {c['log'][-300:]}" if c["log"] else ""))
 
 

@@ -44,8 +44,18 @@ RANK_BI = 128  # candidates ranked per program (one per thread at 4 warps)
 # The rank path needs 40 registers (ptxas, sm_90a); the overflow merge it may run sorts CAP keys in registers
 # and would take the whole kernel to 250 (2 programs per SM instead of 10). Capped, only the merge (rare,
 # "slow, never wrong") spills.
-RANK_MAXNREG = 48
+RANK_MAXNREG_V1 = 48
 THRESHOLD_TILE_MAX = 16384  # group maxima held in registers by the threshold program (more: chunked passes)
+# Which kernel chain topk_triton runs: "v2" (production: a select launch and a rank launch) or "v1" (run 15's
+# four launches: threshold, gather, chunk sort, rank), kept for the H200 comparison (profile_step.py times both).
+TOPK_CHAIN = "v2"
+SMALL_BATCH_ROWS = 16  # rows <= this: 8 select programs per row and a 4-way bisection (latency); more: 4, binary
+SELECT_PROGRAMS_SMALL = 8
+SELECT_PROGRAMS_LARGE = 4
+SELECT_WARPS = 8
+GATHER_ELEMS = 4096  # elements per gather tile of a select program (16 per thread at 8 warps)
+RANK_WINDOW = 32  # the rank's splitters: the last key of every RANK_WINDOW keys of a run
+RANK_MAXNREG = 64  # v2's rank kernel (its overflow merge spills under the cap; the rank path must not)
 
 
 def _next_pow2(x: int) -> int:
@@ -94,7 +104,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
         return out.fill_(-1)
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
     k_pow = _next_pow2(max(k, 16))
-    cap = cap or 2 * k_pow
+    cap = max(cap or 2 * k_pow, 2 * k_pow)  # the overflow merge keeps K_POW keys and takes as many
     group = topk_group(cols, k)
     num_groups = -(-cols // group)
     if group_max is not None:
@@ -111,10 +121,58 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
         _group_max_kernel[(rows, triton.cdiv(num_groups, groups_per_prog))](
             logits, lengths, summary, cols, num_groups, logits.stride(0), summary.stride(0),
             G=group, GP=groups_per_prog, EVEN=cols % group == 0, num_warps=4)
-    thresh = torch.empty(rows, dtype=torch.int32, device=dev)
     if stats is not None:
         check_tensor("stats", stats, dtype=torch.int32, shape=(rows,), shape_names="[R]", device=dev,
                      device_of="logits", contiguous=True)
+    mapped = kept_blocks is not None
+    kept = kept_blocks if mapped else out  # dummy pointer when unmapped
+    kept_stride = kept_blocks.stride(0) if mapped else 0
+    args = (logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _stages, kept, kept_stride, next_n,
+            mapped, out)
+    return (_chain_v1 if TOPK_CHAIN == "v1" else _chain_v2)(*args)
+
+
+def _select_shape(rows: int, cap: int) -> tuple[int, int, int]:
+    """(P, R, probes) of the v2 chain: P select programs per row, each with a private run of R = cap / P
+    candidate slots; the threshold's bisection probes per CTA reduction (3: 4-way, 1: binary)."""
+    small = rows <= SMALL_BATCH_ROWS
+    p = SELECT_PROGRAMS_SMALL if small else SELECT_PROGRAMS_LARGE
+    p = max(1, min(p, cap // 16))
+    return p, _next_pow2(-(-cap // p)), 3 if small else 1
+
+
+def _chain_v2(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, stages, kept, kept_stride, next_n,
+              mapped, out):
+    rows, cols = logits.shape
+    dev = logits.device
+    p, run, probes = _select_shape(rows, cap)
+    cand = torch.empty(rows, p * run, dtype=torch.int64, device=dev)
+    cnt = torch.empty(rows, p, dtype=torch.int32, device=dev)
+    lst = torch.empty(rows, p * run, dtype=torch.int32, device=dev)
+    sum_block = min(_next_pow2(num_groups), THRESHOLD_TILE_MAX)
+    if stages < 2:
+        return out
+    _select_kernel[(rows, p)](summary, lengths, logits, cand, cnt, out, lst, num_groups, summary.stride(0),
+                              logits.stride(0), k, G=group, SB=sum_block, P=p, R=run,
+                              LT=max(1, min(run, GATHER_ELEMS // group)), PROBES=probes, EVEN=cols % group == 0,
+                              STOP=min(stages - 1, 3), num_warps=SELECT_WARPS)
+    if stages < 5:
+        return out
+    bi = min(RANK_BI, run)
+    window = min(RANK_WINDOW, run)
+    has_stats = stats is not None
+    _rank_runs_kernel[(rows, p * run // bi)](logits, lengths, cnt, cand, out, stats if has_stats else cnt,
+                                             logits.stride(0), k, kept, kept_stride, next_n, cap, K_POW=k_pow, P=p,
+                                             R=run, W=window, LOG_W=window.bit_length() - 1, BI=bi, MAP=mapped, STATS=has_stats,
+                                             num_warps=4, maxnreg=RANK_MAXNREG)
+    return out
+
+
+def _chain_v1(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _stages, kept, kept_stride, next_n,
+              mapped, out):
+    rows, cols = logits.shape
+    dev = logits.device
+    thresh = torch.empty(rows, dtype=torch.int32, device=dev)
     count = torch.empty(rows, dtype=torch.int32, device=dev) if stats is None else stats  # zeroed in-kernel
     cand = torch.empty(rows, cap, dtype=torch.int64, device=dev)
     live = torch.empty(rows, cap, dtype=torch.int32, device=dev)
@@ -138,14 +196,12 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     _chunk_sort_kernel[(rows, cap // chunk)](count, cand, CAP=cap, CH=chunk, num_warps=4)
     if _stages < 5:
         return out
-    mapped = kept_blocks is not None
-    kept = kept_blocks if mapped else out  # dummy pointer when unmapped
-    kept_stride = kept_blocks.stride(0) if mapped else 0
     _rank_kernel[(rows, triton.cdiv(cap, RANK_BI))](logits, lengths, count, cand, out, logits.stride(0), k, kept,
                                                     kept_stride, next_n, K_POW=k_pow, CAP=cap, CH=chunk,
                                                     LOG_CH=chunk.bit_length() - 1, BI=RANK_BI, MAP=mapped,
-                                                    num_warps=4, maxnreg=RANK_MAXNREG)
+                                                    num_warps=4, maxnreg=RANK_MAXNREG_V1)
     return out
+
 
 
 if triton is not None:
@@ -335,6 +391,204 @@ if triton is not None:
             rank = tl.sum(at + last, axis=1)
             pos = _map_pos((4294967295 - (key & 4294967295)).to(tl.int32), r, kept_ptr, kept_stride, next_n, MAP)
             tl.store(out_ptr + r.to(tl.int64) * k + rank, pos, mask=(i < n) & (rank < k))
+
+    # -- v2: _select_kernel + _rank_runs_kernel --------------------------------------------------------------
+    @triton.jit
+    def _bisect_tile(top, k, PROBES: tl.constexpr):
+        """The largest t in [0, 65535] with count(top >= t) >= k (top: int32 16-bit codes, -1 = invalid;
+        count(top >= 0) >= k is the caller's precondition). PROBES = 1: 16 halving steps, one CTA sum each;
+        PROBES = 3: 8 quartering steps, the three counts packed into one int64 sum (20-bit fields: a tile holds
+        < 2^20 keys), so 8 CTA reductions in series instead of 16."""
+        lo = k * 0
+        if PROBES == 1:
+            for s in tl.static_range(16):
+                mid = lo + (32768 >> s)
+                ok = tl.sum((top >= mid).to(tl.int32), axis=0) >= k
+                lo = tl.where(ok, mid, lo)
+        else:
+            for s in tl.static_range(8):
+                q = 16384 >> (2 * s)
+                lvl = (top >= lo + q).to(tl.int32) + (top >= lo + 2 * q).to(tl.int32) + (top >= lo + 3 * q).to(tl.int32)
+                inc = tl.where(lvl == 3, 1 << 40, tl.where(lvl == 2, 1 << 20, lvl.to(tl.int64)))
+                packed = tl.sum(inc, axis=0)
+                c3 = (packed >> 40).to(tl.int32)
+                c2 = ((packed >> 20) & 0xFFFFF).to(tl.int32) + c3
+                c1 = (packed & 0xFFFFF).to(tl.int32) + c2
+                lo = tl.where(c3 >= k, lo + 3 * q, tl.where(c2 >= k, lo + 2 * q, tl.where(c1 >= k, lo + q, lo)))
+        return lo
+
+    @triton.jit
+    def _count_levels(base, n_valid, lo, q, SB: tl.constexpr):
+        """count(hi16 >= lo + j q) for j = 1, 2, 3 over base[:n_valid] (chunked passes, SB keys at a time)."""
+        c1 = n_valid * 0
+        c2 = n_valid * 0
+        c3 = n_valid * 0
+        for s0 in range(0, n_valid, SB):
+            g = s0 + tl.arange(0, SB)
+            u = _ukey(tl.load(base + g, mask=g < n_valid, other=0.0))
+            top = tl.where(g < n_valid, (u >> 16).to(tl.int32), -1)
+            lvl = (top >= lo + q).to(tl.int32) + (top >= lo + 2 * q).to(tl.int32) + (top >= lo + 3 * q).to(tl.int32)
+            inc = tl.where(lvl == 3, 1 << 40, tl.where(lvl == 2, 1 << 20, lvl.to(tl.int64)))
+            packed = tl.sum(inc, axis=0)
+            d3 = (packed >> 40).to(tl.int32)
+            d2 = ((packed >> 20) & 0xFFFFF).to(tl.int32) + d3
+            c3 += d3
+            c2 += d2
+            c1 += (packed & 0xFFFFF).to(tl.int32) + d2
+        return c1, c2, c3
+
+    @triton.jit
+    def _bisect_chunked(base, n_valid, k, SB: tl.constexpr, PROBES: tl.constexpr):
+        """_bisect_tile over more group maxima than a tile: every step re-reads them in SB chunks."""
+        lo = k * 0
+        if PROBES == 1:
+            for s in tl.static_range(16):
+                mid = lo + (32768 >> s)
+                ok = _count_hi_ge(base, n_valid, mid, SB) >= k
+                lo = tl.where(ok, mid, lo)
+        else:
+            for s in tl.static_range(8):
+                q = 16384 >> (2 * s)
+                c1, c2, c3 = _count_levels(base, n_valid, lo, q, SB)
+                lo = tl.where(c3 >= k, lo + 3 * q, tl.where(c2 >= k, lo + 2 * q, tl.where(c1 >= k, lo + q, lo)))
+        return lo
+
+    @triton.jit
+    def _select_kernel(s_ptr, len_ptr, x_ptr, cand_ptr, cnt_ptr, out_ptr, lst_ptr, num_groups, stride_s, stride_x,
+                       k, G: tl.constexpr, SB: tl.constexpr, P: tl.constexpr, R: tl.constexpr, LT: tl.constexpr,
+                       PROBES: tl.constexpr, EVEN: tl.constexpr, STOP: tl.constexpr):
+        """Program (r, p): the row's threshold (every program of the row computes the same one: no launch and
+        no cross-program sync between threshold and gather), the live groups whose index in the row's live
+        list is p mod P (round-robin: a run of hot groups spreads over the P programs), their elements >= tau
+        compacted into this program's private run cand[r, p*R : (p+1)*R], sorted descending there (padded
+        with MIN_KEY), and its count cnt[r, p] (> R: overflow, the rank launch merges the row instead).
+        STOP < 3 (benchmark breakdown): 1 stops after the listing, 2 after the gather."""
+        r = tl.program_id(0)
+        p = tl.program_id(1)
+        r64 = r.to(tl.int64)
+        MIN_KEY: tl.constexpr = -9223372036854775807 - 1
+        for c0 in range(p * 1024, k, P * 1024):  # this program's share of the -1 fill (the rank writes the rest)
+            c = c0 + tl.arange(0, 1024)
+            tl.store(out_ptr + r64 * k + c, tl.full([1024], -1, tl.int32), mask=c < k)
+        length = tl.load(len_ptr + r)
+        n_valid = (length + G - 1) // G
+        base = s_ptr + r64 * stride_s
+        lbase = lst_ptr + (r64 * P + p) * R
+        # tau = lo << 16: lo = 0 (every valid element) when the row has fewer than k groups; a key u >= tau
+        # exactly when its upper 16 bits are >= lo.
+        lo = length * 0
+        n_live = length * 0
+        if n_valid <= SB:  # one tile: the keys stay in registers from the bisection to the listing
+            g = tl.arange(0, SB)
+            u = _ukey(tl.load(base + g, mask=g < n_valid, other=0.0))
+            top = tl.where(g < n_valid, (u >> 16).to(tl.int32), -1)
+            if n_valid >= k:
+                lo = _bisect_tile(top, k, PROBES)
+            li = (top >= lo).to(tl.int32)
+            idx = tl.cumsum(li, axis=0) - li
+            tl.store(lbase + idx // P, g, mask=(li != 0) & (idx % P == p) & (idx // P < R))
+            n_live = tl.sum(li, axis=0)
+        else:
+            if n_valid >= k:
+                lo = _bisect_chunked(base, n_valid, k, SB, PROBES)
+            for s0 in range(0, n_valid, SB):
+                g = s0 + tl.arange(0, SB)
+                u = _ukey(tl.load(base + g, mask=g < n_valid, other=0.0))
+                li = ((g < n_valid) & ((u >> 16).to(tl.int32) >= lo)).to(tl.int32)
+                idx = n_live + tl.cumsum(li, axis=0) - li
+                tl.store(lbase + idx // P, g, mask=(li != 0) & (idx % P == p) & (idx // P < R))
+                n_live += tl.sum(li, axis=0)
+        n_mine = (n_live - p + P - 1) // P  # live indices i < n_live with i % P == p
+        if STOP >= 2:
+            tau = (lo << 16).to(tl.uint32, bitcast=True)
+            cbase = cand_ptr + (r64 * P + p) * R
+            n_sel = n_mine * 0
+            if n_mine <= R:  # each live group holds >= 1 candidate: more than R of them overflow the run anyway
+                tl.debug_barrier()  # the list entries other threads stored
+                for i0 in range(0, n_mine, LT):
+                    i = i0 + tl.arange(0, LT)
+                    grp = tl.load(lbase + i, mask=i < n_mine, other=0)
+                    c = grp[:, None] * G + tl.arange(0, G)[None, :]  # [LT, G]
+                    ok = (i < n_mine)[:, None] & (c < length)
+                    # whole groups under a per-group mask where they lie inside the row (vectorized loads)
+                    if EVEN:
+                        x = tl.load(x_ptr + r64 * stride_x + c,
+                                    mask=tl.broadcast_to((i < n_mine)[:, None], [LT, G]), other=float("-inf"))
+                        x = tl.where(ok, x, float("-inf"))
+                    else:
+                        x = tl.load(x_ptr + r64 * stride_x + c, mask=ok, other=float("-inf"))
+                    ux = _ukey(x)
+                    sel = (ok & (ux >= tau)).to(tl.int32)
+                    per_group = tl.sum(sel, axis=1)
+                    slot = n_sel + (tl.cumsum(per_group, axis=0) - per_group)[:, None] + tl.cumsum(sel, axis=1) - sel
+                    tl.store(cbase + slot, _sort_key(ux, c), mask=(sel != 0) & (slot < R))
+                    n_sel += tl.sum(per_group, axis=0)
+            else:
+                n_sel = n_mine
+            if STOP >= 3:
+                if (n_sel > 0) & (n_sel <= R):
+                    tl.debug_barrier()  # the keys other threads stored
+                    j = tl.arange(0, R)
+                    key = tl.sort(tl.load(cbase + j, mask=j < n_sel, other=MIN_KEY), descending=True)
+                    tl.debug_barrier()  # every thread has read its keys before any is overwritten
+                    tl.store(cbase + j, key)
+            tl.store(cnt_ptr + r64 * P + p, n_sel)
+        else:
+            tl.store(cnt_ptr + r64 * P + p, n_mine)
+
+    @triton.jit
+    def _rank_runs_kernel(x_ptr, len_ptr, cnt_ptr, cand_ptr, out_ptr, stats_ptr, stride_x, k, kept_ptr, kept_stride,
+                          next_n, cap, K_POW: tl.constexpr, P: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
+                          LOG_W: tl.constexpr, BI: tl.constexpr, MAP: tl.constexpr, STATS: tl.constexpr):
+        """out[r, rank] = position for BI candidates of one run, rank = the number of larger keys of the row (keys
+        are distinct) = the sum over its P sorted runs of the count of larger keys: a run's larger keys are a
+        prefix; the run's splitters (its keys W - 1, 2W - 1, ...) give the window the prefix ends in (compares
+        against R / W keys shared by every lane, one load), a log2(W)-step search inside the window the rest
+        (every run at once, in lockstep). One chain of 1 + log2(W) dependent loads (10 for the v1 rank).
+        A row where some run overflowed gets `_merge_overflow` from its program (r, 0) instead."""
+        r = tl.program_id(0)
+        j = tl.program_id(1)
+        r64 = r.to(tl.int64)
+        MIN_KEY: tl.constexpr = -9223372036854775807 - 1
+        q = tl.arange(0, P)
+        cnt = tl.load(cnt_ptr + r64 * P + q)  # [P]
+        over = tl.max(cnt, axis=0) > R
+        if STATS:
+            if j == 0:
+                total = tl.sum(cnt, axis=0)
+                tl.store(stats_ptr + r, tl.where(over, tl.maximum(total, cap + 1), total))
+        rbase = cand_ptr + r64 * (P * R)
+        if over:
+            if j == 0:
+                _merge_overflow(x_ptr, r, tl.load(len_ptr + r), stride_x, rbase, out_ptr, k, kept_ptr, kept_stride,
+                                next_n, K_POW, P * R, MAP)
+        else:
+            mine = (j * BI) // R
+            i = (j * BI) % R + tl.arange(0, BI)
+            n_mine = tl.load(cnt_ptr + r64 * P + mine)
+            if (j * BI) % R < n_mine:
+                valid = i < n_mine
+                key = tl.load(rbase + mine * R + i, mask=valid, other=MIN_KEY)
+                live = cnt > 0  # [P]: an empty run was never written
+                NS: tl.constexpr = R // W
+                w = tl.arange(0, NS)
+                at = tl.zeros([BI, P], tl.int32)
+                for t in tl.static_range(P):
+                    n_t = tl.load(cnt_ptr + r64 * P + t)  # (an L1 hit: cnt was just read)
+                    spl = tl.load(rbase + t * R + w * W + (W - 1), mask=(w * 0 + n_t) > 0, other=MIN_KEY)  # [NS]
+                    c_t = tl.sum((spl[None, :] > key[:, None]).to(tl.int32), axis=1)  # windows wholly larger
+                    at = tl.where(q[None, :] == t, (c_t * W)[:, None], at)
+                run = rbase + (q * R)[None, :]  # [1, P]
+                # the window's last key is not larger (or the window does not exist: at = R): W - 1 keys to search
+                srch = (at < R) & tl.broadcast_to(live[None, :], [BI, P])
+                for s in tl.static_range(LOG_W):
+                    step = W >> (s + 1)
+                    larger = tl.load(run + at + step - 1, mask=srch, other=MIN_KEY) > key[:, None]
+                    at = tl.where(larger, at + step, at)
+                rank = tl.sum(at, axis=1)
+                pos = _map_pos((4294967295 - (key & 4294967295)).to(tl.int32), r, kept_ptr, kept_stride, next_n,
+                               MAP)
+                tl.store(out_ptr + r64 * k + rank, pos, mask=valid & (rank < k))
 
     @triton.jit
     def _merge_overflow(x_ptr, r, length, stride_x, cbase, out_ptr, k, kept_ptr, kept_stride, next_n,

@@ -89,7 +89,8 @@ def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: lis
     logits = torch.empty(rows_n, p.width * 64, device=p.table.device)
     bmax = torch.empty(rows_n, p.width, device=p.table.device)
     group = ops.topk_group(logits.shape[1], k)
-    gmax = torch.empty(rows_n, -(-logits.shape[1] // group), device=p.table.device) if group < 64 else None
+    use_gmax = idx.workspace.GROUP_MIN <= group < 64  # SpinIndexer._run's rule
+    gmax = torch.empty(rows_n, -(-logits.shape[1] // group), device=p.table.device) if use_gmax else None
     ops.paged_indexer_logits(p.q[0][0], p.caches[0], p.q[0][1], plan.compact_seq_lens, plan.compact_block_table,
                              validate=False, out=logits, block_max_out=bmax, fill_tail=False, group_max_out=gmax,
                              group=group)

@@ -33,7 +33,7 @@ from spin_indexer.ops import topk_triton as T  # noqa: E402
 
 PTR = {"s_ptr": "*fp32", "len_ptr": "*i32", "thresh_ptr": "*i32", "live_ptr": "*i32", "nlive_ptr": "*i32",
        "count_ptr": "*i32", "out_ptr": "*i32", "x_ptr": "*fp32", "cand_ptr": "*i64", "kept_ptr": "*i32",
-       "cnt_ptr": "*i32", "lst_ptr": "*i32", "stats_ptr": "*i32"}
+       "cnt_ptr": "*i32", "lst_ptr": "*i32", "stats_ptr": "*i32", "tau_ptr": "*i32"}
 # what the launcher's tensors give triton's specialization: 16-byte aligned base pointers and row strides
 DIV16 = set(PTR) | {"stride_s", "stride_x", "kept_stride"}
 OPS = ("BAR", "SHFL", "LDG", "STG", "ATOMG", "LDL", "STL")
@@ -78,8 +78,9 @@ def configs(group: int, chains: list[str], rows_small: bool, k: int = 2048):
         else:  # the threshold launch, then the gather + sort launch
             out.append((f"v2 threshold (phase 1) probes={probes}", T._select_kernel, dict(sel, STOP=1, PHASE=1),
                         T.SELECT_WARPS, None))
+            sel["LT"] = max(1, min(run, T.GATHER_ELEMS_LARGE // group))
             out.append((f"v2 gather+sort (phase 2) P={p} R={run}", T._select_kernel, dict(sel, STOP=3, PHASE=2),
-                        T.GATHER_WARPS, None))
+                        T.GATHER_WARPS, T.GATHER_MAXNREG))
         window = min(T.RANK_WINDOW, run)
         out.append((f"v2 rank P={p} R={run} W={window}", T._rank_runs_kernel,
                     dict(K_POW=k_pow, P=p, R=run, W=window, LOG_W=window.bit_length() - 1, BI=min(T.RANK_BI, run),

@@ -77,6 +77,10 @@ SELECT_PROGRAMS_LARGE = 8
 SELECT_PROBES = 3  # 4-way bisection: 8 CTA reductions in series instead of 16 (1: binary)
 SELECT_WARPS = 16  # the threshold's 8192 keys: 16 per thread, ~105 registers (8 warps: ~220)
 GATHER_WARPS = 8  # the large-batch gather + sort launch
+# its tile and register cap: 2048 elements (8 per thread) at 64 registers, no spill (sm_90a, triton 3.9): 4 programs
+# per SM (4096 elements: 128 registers, 2 per SM; capped at 64 or 80 it spills)
+GATHER_ELEMS_LARGE = 2048
+GATHER_MAXNREG = 64
 GATHER_ELEMS = 4096  # elements per gather tile of a select program (16 per thread at 8 warps)
 RANK_WINDOW = 32  # the rank's splitters: the last key of every RANK_WINDOW keys of a run
 RANK_MAXNREG = 64  # v2's rank kernel (its overflow merge spills under the cap; the rank path must not)
@@ -102,7 +106,8 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     row that took the overflow merge.
     _stages: run only the first stages (benchmark breakdown; the group-max launch, when there is one, always
     runs). v2: 2 = the select up to its listing (threshold included), 3 = + its gather, 4 = + its run sort
-    (the whole select), 5 = + the rank launch. v1: 2 = threshold, 3 = + gather, 4 = + chunk sort, 5 = + rank.
+    (the whole select), 5 = + the rank launch (above SMALL_BATCH_ROWS rows, 2 = the threshold launch alone: out
+    is not yet filled with -1). v1: 2 = threshold, 3 = + gather, 4 = + chunk sort, 5 = + rank.
     kept_blocks, next_n: optional int32 [R // next_n, M]: column c of row r is written as position
     kept_blocks[r // next_n, c // 64] * 64 + c % 64 (the compact-to-logical map of SPIN's plan), in the
     final write. out: optional int32 [R, k] to write into.
@@ -188,7 +193,9 @@ def _chain_v2(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats,
         _select_kernel[(rows, 1)](*sel_args, **sel, STOP=1, PHASE=1, num_warps=SELECT_WARPS)
         if stages < 3:
             return out
-        _select_kernel[(rows, p)](*sel_args, **sel, STOP=min(stages - 1, 3), PHASE=2, num_warps=GATHER_WARPS)
+        sel["LT"] = max(1, min(run, GATHER_ELEMS_LARGE // group))
+        _select_kernel[(rows, p)](*sel_args, **sel, STOP=min(stages - 1, 3), PHASE=2, num_warps=GATHER_WARPS,
+                                  maxnreg=GATHER_MAXNREG)
     if stages < 5:
         return out
     bi = min(RANK_BI, run)

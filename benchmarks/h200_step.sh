@@ -4,6 +4,7 @@
 #   bash benchmarks/h200_step.sh grid [ARGS]    benchmarks/run_all.py, DeepGEMM side by side; ARGS go to it
 #   bash benchmarks/h200_step.sh profile [ARGS] benchmarks/profile_step.py (kernel breakdown, stage timings), and
 #                                               the update pass's ptxas counts in update_registers.log
+#                                               (and the top-k's in topk_registers.log)
 #   bash benchmarks/h200_step.sh v32 [ARGS]     benchmarks/bench_v32_step.py (61 layers, one CUDA graph)
 #   bash benchmarks/h200_step.sh mtp [ARGS]     benchmarks/bench_mtp_logits.py (next_n 1-4 configs vs DeepGEMM and
 #                                               the floors; ARGS go to it) after the logits kernel's CUDA tests,
@@ -37,6 +38,7 @@ case "$stage" in
         python3 benchmarks/run_all.py --out "$OUT" "$@" 2>&1 | tee "$OUT/run_all.log" | tail -60 ;;
     profile)  # + the update pass's ptxas counts with the device's triton (update_registers.log)
         python3 benchmarks/update_registers.py > "$OUT/update_registers.log" 2>&1
+        python3 benchmarks/topk_registers.py --groups 8 > "$OUT/topk_registers.log" 2>&1  # ptxas of the merges: ~1-2 min
         python3 benchmarks/profile_step.py --out "$OUT" "$@" 2>&1 | tee "$OUT/profile.log" | tail -80 ;;
     v32)
         python3 benchmarks/bench_v32_step.py --out "$OUT" "$@" 2>&1 | tee "$OUT/v32.log" | tail -30 ;;

@@ -1,5 +1,7 @@
 """topk_triton (the Triton twin) against topk_ref, element for element: random and tied values, -0.0/+0.0,
-poisoned tails, with and without block maxima, every group size, the candidate-overflow fallback.
+poisoned tails, with and without block maxima, every group size, the candidate-overflow fallback; the v2 chain
+(production) in its one-launch (small batch) and two-launch (large batch) select forms, every run / window
+shape of its rank, its stage breakdown, and the v1 chain (TOPK_CHAIN = "v1", kept for the H200 comparison).
 
 Runs under TRITON_INTERPRET=1 on CPU (conftest sets it before this module imports triton).
 """
@@ -17,6 +19,14 @@ from spin_indexer.ops.topk import topk_group  # noqa: E402
 from spin_indexer.ops.topk_triton import topk_triton  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
+
+
+@pytest.fixture(params=["v2", "v1"])
+def chain(request, monkeypatch):
+    """Both kernel chains (topk_triton.TOPK_CHAIN)."""
+    from spin_indexer.ops import topk_triton as mod
+    monkeypatch.setattr(mod, "TOPK_CHAIN", request.param)
+    return request.param
 
 
 def _block_max(logits, lengths):
@@ -38,16 +48,19 @@ def _check(logits, lengths, k, device, use_block_max=False, **kw):
 @pytest.mark.parametrize("rows,cols,k", [(3, 300, 5), (4, 64 * 40, 8), (2, 5000, 16), (2, 100, 200), (1, 1, 1),
                                          (5, 129, 64)])
 @pytest.mark.parametrize("use_block_max", [False, True])
-def test_random_matches_reference(rows, cols, k, use_block_max, gen, triton_device):
+def test_random_matches_reference(rows, cols, k, use_block_max, gen, triton_device, chain):
     logits, lengths = masked_logits(rows, cols, gen)
     _check(logits, lengths, k, triton_device, use_block_max)
 
 
 @pytest.mark.parametrize("tile", [16, 64])
-def test_threshold_chunked_passes(tile, gen, triton_device, monkeypatch):
+@pytest.mark.parametrize("probes", [1, 3])
+def test_threshold_chunked_passes(tile, probes, gen, triton_device, monkeypatch):
     """More group maxima than the threshold program holds in registers: its bisection re-reads them in
-    chunks and must pick the same threshold (same top-k, same candidate count as the one-tile path)."""
+    chunks and must pick the same threshold (same top-k, same candidate count as the one-tile path), with
+    binary (1 probe) and 4-way (3 probes per reduction) steps."""
     from spin_indexer.ops import topk_triton as mod
+    monkeypatch.setattr(mod, "SELECT_PROBES", probes)
     logits, lengths = masked_logits(3, 64 * 80, gen)
     lengths[0] = 64 * 80
     one_tile = _check(logits, lengths, 8, triton_device, use_block_max=True)
@@ -66,7 +79,7 @@ def test_block_max_path_reads_few_candidates(gen, triton_device):
     assert (stats >= k).all() and (stats < 4 * k).all(), stats
 
 
-def test_ties_and_signed_zeros(gen, triton_device):
+def test_ties_and_signed_zeros(gen, triton_device, chain):
     """Few distinct values (massive ties, overflowing the candidate buffer) and -0.0 mixed with +0.0."""
     logits, lengths = masked_logits(3, 700, gen, ties=True)
     zero = logits == 0
@@ -75,20 +88,20 @@ def test_ties_and_signed_zeros(gen, triton_device):
     assert (stats > 32).any(), "expected the overflow fallback to run"
 
 
-def test_overflow_fallback_with_small_buffer(gen, triton_device):
+def test_overflow_fallback_with_small_buffer(gen, triton_device, chain):
     logits, lengths = masked_logits(2, 900, gen)
     lengths[0] = 900
     stats = _check(logits, lengths, 10, triton_device, cap=32)
     assert stats[0] > 32
 
 
-def test_all_tied_row_takes_lowest_positions(triton_device):
+def test_all_tied_row_takes_lowest_positions(triton_device, chain):
     logits = torch.full((2, 300), 1.5)
     lengths = torch.tensor([300, 37], dtype=torch.int32)
     _check(logits, lengths, 20, triton_device)
 
 
-def test_neg_inf_and_huge_values(gen, triton_device):
+def test_neg_inf_and_huge_values(gen, triton_device, chain):
     logits = torch.randn(2, 400, generator=gen) * 1e30
     logits[:, ::7] = float("-inf")
     lengths = torch.tensor([400, 250], dtype=torch.int32)
@@ -117,9 +130,11 @@ def test_bad_block_max_shape_raises(gen, triton_device):
 
 @pytest.mark.parametrize("chunk", [16, 64])
 def test_ranks_across_several_sorted_chunks(chunk, gen, triton_device, monkeypatch):
+    """(v1's chunk sort + rank.)"""
     """With small sort chunks a row's candidates span many chunks (some partly filled, the last ones empty),
     and every rank is a sum of binary searches over them: same results as the reference, ties included."""
     import spin_indexer.ops.topk_triton as topk_module
+    monkeypatch.setattr(topk_module, "TOPK_CHAIN", "v1")
     monkeypatch.setattr(topk_module, "SORT_CHUNK", chunk)
     logits, lengths = masked_logits(5, 3000, gen)
     _check(logits, lengths, 40, triton_device, use_block_max=True)
@@ -153,3 +168,65 @@ def test_group_max_from_the_caller_replaces_the_group_max_pass(gen, triton_devic
     hidden[0, best // group] = float("-inf")
     got = topk_triton(logits.to(dev), lengths.to(dev), k, group_max=hidden.to(dev)).cpu()
     assert best not in got[0].tolist() and torch.equal(got[1:], want[1:])
+
+
+def _v2_cases(gen):
+    """Random rows (lengths 0 .. C, poisoned tails), tied rows (overflowing the default buffer), rows of one
+    coarse value per many candidates (nothing overflowing at cap = 1024), -inf and huge values."""
+    logits, lengths = masked_logits(5, 3000, gen)
+    ties, tie_lengths = masked_logits(3, 700, gen, ties=True)
+    coarse = torch.randint(0, 40, (4, 900), generator=gen).float() / 4
+    coarse_lengths = torch.tensor([900, 899, 640, 65], dtype=torch.int32)
+    huge = torch.randn(2, 400, generator=gen) * 1e30
+    huge[:, ::7] = float("-inf")
+    return [(logits, lengths, 40, {}), (ties, tie_lengths, 6, {}), (coarse, coarse_lengths, 37, dict(cap=1024)),
+            (coarse, coarse_lengths, 64, dict(cap=1024)), (huge, torch.tensor([400, 250], dtype=torch.int32), 70, {})]
+
+
+@pytest.mark.parametrize("progs,window", [(1, 32), (2, 4), (16, 8)])
+def test_v2_runs_and_rank_windows(progs, window, gen, triton_device, monkeypatch):
+    """The v2 rank sums, over the P sorted runs of a row, a splitter count (one key per window) and a search
+    inside the window: every P (one run: the whole buffer; 16 runs of few keys) and window (4: many splitters
+    per run) gives the reference's result, in the one-launch and two-launch select forms alike."""
+    from spin_indexer.ops import topk_triton as mod
+    monkeypatch.setattr(mod, "SELECT_PROGRAMS_SMALL", progs)
+    monkeypatch.setattr(mod, "SELECT_PROGRAMS_LARGE", progs)
+    monkeypatch.setattr(mod, "RANK_WINDOW", window)
+    for logits, lengths, k, kw in _v2_cases(gen):
+        fused = _check(logits, lengths, k, triton_device, **kw)
+        monkeypatch.setattr(mod, "SMALL_BATCH_ROWS", 0)  # the large-batch form: threshold launch, then gather + sort
+        split = _check(logits, lengths, k, triton_device, **kw)
+        monkeypatch.setattr(mod, "SMALL_BATCH_ROWS", 16)
+        assert torch.equal(fused, split)
+    assert ((fused > 64) & (fused <= 1024)).any()  # the coarse rows filled several runs without overflowing
+
+
+def test_v2_hot_span_spreads_over_the_runs(gen, triton_device):
+    """A contiguous span of winners (a passage every query attends to): the live groups are dealt round-robin
+    to the select programs, so the span's 96 candidates (six consecutive groups of 16) land in six runs of 32
+    slots instead of overflowing one: the row stays off the overflow merge (its count is below the buffer)."""
+    from spin_indexer.ops import topk_triton as mod
+    k, cols, cap = 64, 4096, 256
+    assert topk_group(cols, k) == 16
+    logits = torch.randn(2, cols, generator=gen)
+    logits[:, 1024:1120] += 8.0
+    lengths = torch.tensor([cols, cols - 3], dtype=torch.int32)
+    stats = _check(logits, lengths, k, triton_device, cap=cap)
+    p, run, _ = mod._select_shape(2, cap)
+    assert run < 96 and (stats <= cap).all() and (stats > 96).all(), (stats, run)
+
+
+@pytest.mark.parametrize("rows", [3, 20])
+def test_v2_stage_breakdown(rows, gen, triton_device):
+    """_stages < 5 (profile_step's breakdown) runs the select launch(es) only: out holds the -1 fill (the
+    large-batch form's stage 2 is its threshold launch alone, which leaves out as it was), no rank;
+    _stages = 5 is the whole top-k."""
+    from spin_indexer.ops import topk_triton as mod
+    logits, lengths = masked_logits(rows, 1500, gen)
+    dev = triton_device
+    for stages in (2, 3, 4):
+        out = torch.full((rows, 12), -7, dtype=torch.int32, device=dev)
+        topk_triton(logits.to(dev), lengths.to(dev), 12, out=out, _stages=stages)
+        untouched = stages == 2 and rows > mod.SMALL_BATCH_ROWS
+        assert (out.cpu() == (-7 if untouched else -1)).all(), stages
+    _check(logits, lengths, 12, dev, _stages=5)

@@ -65,8 +65,7 @@ def test_v1_chain_random_matches_reference(rows, cols, k, use_block_max, gen, tr
     _check(logits, lengths, k, triton_device, use_block_max)
 
 
-@pytest.mark.parametrize("tile", [16, 64])
-@pytest.mark.parametrize("probes", [1, 3])
+@pytest.mark.parametrize("probes,tile", [(1, 64), (3, 16)])  # ~50 s each in the interpreter: two of the four
 def test_threshold_chunked_passes(tile, probes, gen, triton_device, monkeypatch):
     """More group maxima than the threshold program holds in registers: its bisection re-reads them in
     chunks and must pick the same threshold (same top-k, same candidate count as the one-tile path), with
@@ -195,7 +194,7 @@ def _v2_cases(gen):
             (coarse, coarse_lengths, 64, dict(cap=1024)), (huge, torch.tensor([400, 250], dtype=torch.int32), 70, {})]
 
 
-@pytest.mark.parametrize("progs,window", [(1, 32), (2, 4), (16, 8)])
+@pytest.mark.parametrize("progs,window", [(2, 4)])  # 1 x 32 and 16 x 8 cost 1-1.5 min each in the interpreter
 def test_v2_runs_and_rank_windows(progs, window, gen, triton_device, monkeypatch):
     """The v2 rank sums, over the P sorted runs of a row, a splitter count (one key per window) and a search
     inside the window: every P (one run: the whole buffer; 16 runs of few keys) and window (4: many splitters

@@ -260,7 +260,8 @@ class SpinIndexer:
         """int32 [num_sms + 1, 2]: the DeepGEMM SM schedule plan() wrote for `layer` this step (its compact
         lengths), or None where plan() wrote none (DeepGEMM absent or not serving this table)."""
         st = self._current(layer)
-        return self._schedule_of(layer, st.plans[layer]) if st.scheduled and st.plans[layer] is not None else None
+        late = self.extensions is not None and self.extensions.selects_per_layer  # selected after plan()
+        return None if late or not st.scheduled or st.plans[layer] is None else self._schedule_of(layer, st.plans[layer])
 
     def _schedule_of(self, layer: int, plan: BlockPlan) -> torch.Tensor | None:
         """plan()'s DeepGEMM schedule of `layer` when it was computed from this plan's lengths (a plan selected

@@ -59,24 +59,25 @@ case "$stage" in
         grep -E "^  [_a-z].*\(|Duration|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|==PROF==|ERR" \
             "$OUT/ncu.txt" | head -120 | cut -c1-200 ;;
     all)  # environment overrides: ALL_TESTS (test paths), ALL_POINTS / ALL_BUDGET_S (grid), ALL_V32 (v32 points),
-          # ALL_PROFILE (profile points; empty = no profile), ALL_EXTRA (a command run last, output under all/)
+          # ALL_PROFILE (profile points; empty = no profile), ALL_EXTRA (a command run last, output under all/);
+          # ALL_TESTS_S / ALL_GRID_S / ALL_V32_S / ALL_PROFILE_S: each stage's wall limit (the tgz is packed anyway)
         mkdir -p "$OUT/all/grid" "$OUT/all/v32" "$OUT/all/profile"
         cp "$OUT/deepgemm_build.log" "$OUT/all/" 2>/dev/null
-        python3 -m pytest -q -p no:cacheprovider ${ALL_TESTS:-tests/ops/test_history.py \
+        timeout "${ALL_TESTS_S:-3600}" python3 -m pytest -q -p no:cacheprovider ${ALL_TESTS:-tests/ops/test_history.py \
             tests/ops/test_indexer_logits_triton.py tests/ops/test_topk_triton.py tests/ops/test_topk_positions.py \
             tests/ops/test_deepgemm.py tests/ops/test_deepgemm_schedule.py tests/predictor/test_plan_triton.py tests/predictor/test_step_guard.py \
             tests/indexer/test_spin.py} > "$OUT/all/gputests.log" 2>&1
         tail -2 "$OUT/all/gputests.log"
-        python3 benchmarks/run_all.py --out "$OUT/all/grid" --sparsities 0.5,0.4 --budget-s "${ALL_BUDGET_S:-170}" \
+        timeout "${ALL_GRID_S:-3600}" python3 benchmarks/run_all.py --out "$OUT/all/grid" --sparsities 0.5,0.4 --budget-s "${ALL_BUDGET_S:-170}" \
             --points "${ALL_POINTS:-96x524288x1,96x1048576x1,96x131072x1,96x262144x1,32x524288x2,96x131072x2,\
 8x131072x1,1x131072x1,32x131072x1,8x524288x1,1x1048576x1,1x65536x1,8x65536x1,96x65536x1,8x131072x2,1x131072x2}" \
             > "$OUT/all/grid/run_all.log" 2>&1
         grep -E "^point|^- |^total" "$OUT/all/grid/run_all.log" | cut -c1-400
-        python3 benchmarks/bench_v32_step.py --out "$OUT/all/v32" --points "${ALL_V32:-96x131072,96x262144,autox1048576}" \
+        timeout "${ALL_V32_S:-3600}" python3 benchmarks/bench_v32_step.py --out "$OUT/all/v32" --points "${ALL_V32:-96x131072,96x262144,autox1048576}" \
             --sparsity 0.5 > "$OUT/all/v32/v32.log" 2>&1
         tail -12 "$OUT/all/v32/v32.log" | cut -c1-300
         if [ -n "${ALL_PROFILE:-}" ]; then
-            python3 benchmarks/profile_step.py --out "$OUT/all/profile" --points "$ALL_PROFILE" \
+            timeout "${ALL_PROFILE_S:-3600}" python3 benchmarks/profile_step.py --out "$OUT/all/profile" --points "$ALL_PROFILE" \
                 > "$OUT/all/profile/profile.log" 2>&1
             grep -E "top-k stages|us/layer" "$OUT/all/profile/profile.log" | head -40 | cut -c1-200
         fi

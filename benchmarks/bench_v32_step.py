@@ -18,6 +18,7 @@ The sparse attention is plain torch (benchmarks/sparse_mla.py), not FlashMLA: at
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import gc
 import json
@@ -134,8 +135,59 @@ def run_point(batch: int, ctx: int, args) -> list[dict]:
     timing = dict(target_s=args.target_s, min_reps=3, max_reps=10)
     attention_ms = time_graph([attention_step], **timing).p50_us / 1e3
     log(f"  attention alone {attention_ms:.2f} ms")
-    results = [("dense", time_graph([dense_step], **timing).p50_us / 1e3, 0.0)]
-    log(f"  dense {results[-1][1]:.2f} ms")
+    results = []
+    for name in args.variants:
+        with variant(name):
+            results += _configs(name, batch, ctx, args, keys, table, lens, index_q, attend, dense_step, timing)
+    shape = (f"v3.2-synthetic L{layers} idx{args.index_heads}x{args.index_dim} k{k} "
+             f"mla{args.mla_heads}x{QK_DIM}")
+    return [dict(model_shape=shape, batch=batch, context=ctx, config=name, layers=layers, step_ms=round(step, 4),
+                 indexer_ms=round(step - attention_ms, 4), attention_ms=round(attention_ms, 4),
+                 realized_sparsity=round(realized, 4), tokens_per_s_indexer_attention=round(batch / (step / 1e3), 1))
+            for name, step, realized in results]
+
+
+# A/B switches of the step's parts, for attributing a change in one device call (--variants): each replaces one
+# part by the one it succeeded (run 16's), for dense and SPIN alike, while the configs are built and captured.
+VARIANTS = {
+    "default": "the production step",
+    "topk-v1": "the top-k's v1 chain (four launches) instead of v2",
+    "no-schedule": "no DeepGEMM schedule from plan(): DeepGEMM computes its own per layer (one launch more)",
+    "logits-triton": "the Triton logits kernel instead of DeepGEMM (SPIN_INDEXER_LOGITS=triton)",
+}
+
+
+@contextlib.contextmanager
+def variant(name: str):
+    """The step with one part switched back (VARIANTS), restored on exit."""
+    from spin_indexer.ops import topk_triton
+
+    if name not in VARIANTS:
+        raise SystemExit(f"--variants: unknown {name!r}; expected some of {sorted(VARIANTS)}")
+    chain, schedule, env = topk_triton.TOPK_CHAIN, SpinIndexer._schedule_layers, os.environ.get("SPIN_INDEXER_LOGITS")
+    try:
+        if name == "topk-v1":
+            topk_triton.TOPK_CHAIN = "v1"
+        elif name == "no-schedule":
+            SpinIndexer._schedule_layers = lambda self, batch, width: False
+        elif name == "logits-triton":
+            os.environ["SPIN_INDEXER_LOGITS"] = "triton"
+        yield
+    finally:
+        topk_triton.TOPK_CHAIN, SpinIndexer._schedule_layers = chain, schedule
+        if env is None:
+            os.environ.pop("SPIN_INDEXER_LOGITS", None)
+        else:
+            os.environ["SPIN_INDEXER_LOGITS"] = env
+
+
+def _configs(name, batch, ctx, args, keys, table, lens, index_q, attend, dense_step, timing) -> list[tuple]:
+    """(config, step_ms, realized sparsity) of dense and every SPIN sparsity under variant `name`."""
+    layers, k = args.layers, args.topk
+    width = ctx // T
+    tag = "" if name == "default" else f"/{name}"
+    results = [("dense" + tag, time_graph([dense_step], **timing).p50_us / 1e3, 0.0)]
+    log(f"  dense{tag} {results[-1][1]:.2f} ms")
     for s in args.sparsity:
         idx = SpinIndexer(SpinConfig(sparsity=s, topk=k), num_layers=layers, max_batch=batch, max_blocks=width,
                           device=DEVICE, num_cache_blocks=keys.num_blocks)
@@ -151,16 +203,11 @@ def run_point(batch: int, ctx: int, args) -> list[dict]:
         spin_step()
         realized = float(torch.stack([idx.plans(layer).sparsity().mean() for layer in range(layers)]).mean())
         step_ms = time_graph([spin_step], **timing).p50_us / 1e3
-        results.append((f"spin-{s:g}", step_ms, realized))
-        log(f"  spin-{s:g} {step_ms:.2f} ms, realized sparsity {realized:.3f}")
+        results.append((f"spin-{s:g}{tag}", step_ms, realized))
+        log(f"  spin-{s:g}{tag} {step_ms:.2f} ms, realized sparsity {realized:.3f}")
         del idx, slots, spin_step
         _free_memory()
-    shape = (f"v3.2-synthetic L{layers} idx{args.index_heads}x{args.index_dim} k{k} "
-             f"mla{args.mla_heads}x{QK_DIM}")
-    return [dict(model_shape=shape, batch=batch, context=ctx, config=name, layers=layers, step_ms=round(step, 4),
-                 indexer_ms=round(step - attention_ms, 4), attention_ms=round(attention_ms, 4),
-                 realized_sparsity=round(realized, 4), tokens_per_s_indexer_attention=round(batch / (step / 1e3), 1))
-            for name, step, realized in results]
+    return results
 
 
 def steady_history(idx, ctx: int) -> None:
@@ -195,10 +242,10 @@ def markdown(rows: list[dict], env: dict, command: str) -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    log(f"\n{'batch':>6} {'context':>8} {'config':>9} {'step_ms':>9} {'indexer_ms':>10} {'attn_ms':>8} "
+    log(f"\n{'batch':>6} {'context':>8} {'config':>24} {'step_ms':>9} {'indexer_ms':>10} {'attn_ms':>8} "
         f"{'sparsity':>8} {'tok/s':>9}")
     for r in rows:
-        log(f"{r['batch']:>6} {r['context']:>8} {r['config']:>9} {r['step_ms']:>9.3f} {r['indexer_ms']:>10.3f} "
+        log(f"{r['batch']:>6} {r['context']:>8} {r['config']:>24} {r['step_ms']:>9.3f} {r['indexer_ms']:>10.3f} "
             f"{r['attention_ms']:>8.3f} {r['realized_sparsity']:>8.3f} {r['tokens_per_s_indexer_attention']:>9.0f}")
 
 
@@ -215,6 +262,8 @@ def main(argv=None) -> int:
     p.add_argument("--index-heads", type=int, default=64)
     p.add_argument("--index-dim", type=int, default=128)
     p.add_argument("--mla-heads", type=int, default=MLA_HEADS)
+    p.add_argument("--variants", type=lambda v: v.split(","), default=["default"],
+                   help="comma list of " + ", ".join(f"{k} ({v})" for k, v in VARIANTS.items()))
     p.add_argument("--target-s", type=float, default=0.3, help="time_graph: seconds of replays per config")
     args = p.parse_args(argv)
     command = "python3 benchmarks/bench_v32_step.py " + " ".join(argv if argv is not None else sys.argv[1:])

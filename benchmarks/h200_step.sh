@@ -60,7 +60,8 @@ case "$stage" in
             "$OUT/ncu.txt" | head -120 | cut -c1-200 ;;
     all)  # environment overrides: ALL_TESTS (test paths), ALL_POINTS / ALL_BUDGET_S (grid), ALL_V32 (v32 points),
           # ALL_PROFILE (profile points; empty = no profile), ALL_EXTRA (a command run last, output under all/);
-          # ALL_TESTS_S / ALL_GRID_S / ALL_V32_S / ALL_PROFILE_S: each stage's wall limit (the tgz is packed anyway)
+          # ALL_TESTS_S / ALL_GRID_S / ALL_V32_S / ALL_PROFILE_S: each stage's wall limit (the tgz is packed anyway);
+          # ALL_V32_VARIANTS (bench_v32_step --variants), ALL_PROFILE_PARTS (profile_step --parts)
         mkdir -p "$OUT/all/grid" "$OUT/all/v32" "$OUT/all/profile"
         cp "$OUT/deepgemm_build.log" "$OUT/all/" 2>/dev/null
         timeout "${ALL_TESTS_S:-3600}" python3 -m pytest -q -p no:cacheprovider ${ALL_TESTS:-tests/ops/test_history.py \
@@ -74,10 +75,11 @@ case "$stage" in
             > "$OUT/all/grid/run_all.log" 2>&1
         grep -E "^point|^- |^total" "$OUT/all/grid/run_all.log" | cut -c1-400
         timeout "${ALL_V32_S:-3600}" python3 benchmarks/bench_v32_step.py --out "$OUT/all/v32" --points "${ALL_V32:-96x131072,96x262144,autox1048576}" \
-            --sparsity 0.5 > "$OUT/all/v32/v32.log" 2>&1
-        tail -12 "$OUT/all/v32/v32.log" | cut -c1-300
+            --sparsity 0.5 --variants "${ALL_V32_VARIANTS:-default}" > "$OUT/all/v32/v32.log" 2>&1
+        tail -24 "$OUT/all/v32/v32.log" | cut -c1-300
         if [ -n "${ALL_PROFILE:-}" ]; then
             timeout "${ALL_PROFILE_S:-3600}" python3 benchmarks/profile_step.py --out "$OUT/all/profile" --points "$ALL_PROFILE" \
+                --parts "${ALL_PROFILE_PARTS:-kernels,topk,update}" \
                 > "$OUT/all/profile/profile.log" 2>&1
             grep -E "top-k stages|us/layer" "$OUT/all/profile/profile.log" | head -40 | cut -c1-200
         fi

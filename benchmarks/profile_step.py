@@ -38,7 +38,11 @@ def kernel_table(fn, iters: int = 3) -> list[tuple[float, float, str]]:
     return sorted(rows, reverse=True)
 
 
-def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: list[str]) -> dict:
+PARTS = ("kernels", "topk", "update")  # what profile_point measures (--parts); each compiles its own variants
+
+
+def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: list[str],
+                  parts: tuple = PARTS) -> dict:
     import torch
     from harness import time_graph
     from run_all import PLAN_LAYERS, TOPK, Point, steady_state
@@ -70,7 +74,7 @@ def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: lis
             dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])
 
     out = {"batch": batch, "ctx": ctx, "next_n": next_n, "sparsity": sparsity, "layers": p.layers}
-    for name, fn in (("spin", spin_step), ("dense", dense_step)):
+    for name, fn in (("spin", spin_step), ("dense", dense_step)) if "kernels" in parts else ():
         rows = kernel_table(fn)
         total = sum(r[0] for r in rows) / p.layers
         launches = sum(r[1] for r in rows) / p.layers
@@ -102,70 +106,72 @@ def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: lis
                                                kept_blocks=plan.kept_blocks, next_n=next_n, **kw)],
                           max_reps=10).p50_us
 
-    chosen = (topk_module.TOPK_CHAIN, topk_module.SORT_CHUNK, topk_module.SELECT_PROGRAMS_SMALL,
-              topk_module.SELECT_PROGRAMS_LARGE)
-    stats = torch.zeros(rows_n, dtype=torch.int32, device=p.table.device)
-    try:
-        for chain in ("v2", "v1"):
-            topk_module.TOPK_CHAIN = chain
-            for stages in (2, 3, 4, 5):
-                out[f"topk_{chain}_stages{stages}_us"] = topk_time(_stages=stages)
-            topk_triton(logits, clens, k, validate=False, block_max=bmax, group_max=gmax, stats=stats)
-            out[f"topk_{chain}_candidates"] = [int(stats.min()), int(stats.float().mean()), int(stats.max())]
-            lines.append(f"top-k {chain} stages (cumulative, compact logits, G={group}"
-                         f"{', group_max' if gmax is not None else ', block_max'}): " +
-                         ", ".join(f"{s}: {out[f'topk_{chain}_stages{s}_us']:.1f} us" for s in (2, 3, 4, 5)) +
-                         f"; candidates min/mean/max {out[f'topk_{chain}_candidates']}")
-        # v2: 2 = select up to its listing (threshold included), 3 = + its gather, 4 = + its run sort (the
-        # whole select launch), 5 = + the rank launch. v1: 2 = threshold, 3 = + gather, 4 = + chunk sort, 5 = + rank.
-        # v1's sort-chunk size (a module constant read at each call; restored after)
-        topk_module.TOPK_CHAIN = "v1"
-        for ch in (256, 512, 1024):
-            topk_module.SORT_CHUNK = ch
-            out[f"topk_v1_chunk{ch}_us"] = topk_time()
-        topk_module.SORT_CHUNK = chosen[1]
-        lines.append(f"top-k v1 by sort chunk (production {chosen[1]}): " +
-                     ", ".join(f"{ch}: {out[f'topk_v1_chunk{ch}_us']:.1f} us" for ch in (256, 512, 1024)))
-        # v2's select programs per row (P; the run of each is CAP / P keys)
-        topk_module.TOPK_CHAIN = "v2"
-        for progs in (2, 4, 8, 16):
-            topk_module.SELECT_PROGRAMS_SMALL = topk_module.SELECT_PROGRAMS_LARGE = progs
-            out[f"topk_v2_p{progs}_us"] = topk_time()
-        lines.append(f"top-k v2 by select programs per row (production {chosen[2]} for <= "
-                     f"{topk_module.SMALL_BATCH_ROWS} rows, else {chosen[3]}): " +
-                     ", ".join(f"{n}: {out[f'topk_v2_p{n}_us']:.1f} us" for n in (2, 4, 8, 16)))
-    finally:
-        (topk_module.TOPK_CHAIN, topk_module.SORT_CHUNK, topk_module.SELECT_PROGRAMS_SMALL,
-         topk_module.SELECT_PROGRAMS_LARGE) = chosen
+    if "topk" in parts:
+        chosen = (topk_module.TOPK_CHAIN, topk_module.SORT_CHUNK, topk_module.SELECT_PROGRAMS_SMALL,
+                  topk_module.SELECT_PROGRAMS_LARGE)
+        stats = torch.zeros(rows_n, dtype=torch.int32, device=p.table.device)
+        try:
+            for chain in ("v2", "v1"):
+                topk_module.TOPK_CHAIN = chain
+                for stages in (2, 3, 4, 5):
+                    out[f"topk_{chain}_stages{stages}_us"] = topk_time(_stages=stages)
+                topk_triton(logits, clens, k, validate=False, block_max=bmax, group_max=gmax, stats=stats)
+                out[f"topk_{chain}_candidates"] = [int(stats.min()), int(stats.float().mean()), int(stats.max())]
+                lines.append(f"top-k {chain} stages (cumulative, compact logits, G={group}"
+                             f"{', group_max' if gmax is not None else ', block_max'}): " +
+                             ", ".join(f"{s}: {out[f'topk_{chain}_stages{s}_us']:.1f} us" for s in (2, 3, 4, 5)) +
+                             f"; candidates min/mean/max {out[f'topk_{chain}_candidates']}")
+            # v2: 2 = select up to its listing (threshold included), 3 = + its gather, 4 = + its run sort (the
+            # whole select launch), 5 = + the rank launch. v1: 2 = threshold, 3 = + gather, 4 = + chunk sort, 5 = + rank.
+            # v1's sort-chunk size (a module constant read at each call; restored after)
+            topk_module.TOPK_CHAIN = "v1"
+            for ch in (256, 512, 1024):
+                topk_module.SORT_CHUNK = ch
+                out[f"topk_v1_chunk{ch}_us"] = topk_time()
+            topk_module.SORT_CHUNK = chosen[1]
+            lines.append(f"top-k v1 by sort chunk (production {chosen[1]}): " +
+                         ", ".join(f"{ch}: {out[f'topk_v1_chunk{ch}_us']:.1f} us" for ch in (256, 512, 1024)))
+            # v2's select programs per row (P; the run of each is CAP / P keys)
+            topk_module.TOPK_CHAIN = "v2"
+            for progs in (2, 4, 8, 16):
+                topk_module.SELECT_PROGRAMS_SMALL = topk_module.SELECT_PROGRAMS_LARGE = progs
+                out[f"topk_v2_p{progs}_us"] = topk_time()
+            lines.append(f"top-k v2 by select programs per row (production {chosen[2]} for <= "
+                         f"{topk_module.SMALL_BATCH_ROWS} rows, else {chosen[3]}): " +
+                         ", ".join(f"{n}: {out[f'topk_v2_p{n}_us']:.1f} us" for n in (2, 4, 8, 16)))
+        finally:
+            (topk_module.TOPK_CHAIN, topk_module.SORT_CHUNK, topk_module.SELECT_PROGRAMS_SMALL,
+             topk_module.SELECT_PROGRAMS_LARGE) = chosen
 
     # The EMA update pass alone (history + block max), tile variants: blocks x warps, "r<N>" a register cap
     # (MAX_REGISTERS; "r0": ptxas's choice), "+g<G>" with the top-k's group maxima as the DeepGEMM step writes them.
-    st = idx._step
-    hist = idx._history_args(0, st, plan)
-    view = logits.view(batch, next_n, logits.shape[1])
-    base = (history_triton.BLOCKS_PER_PROGRAM, history_triton.NUM_WARPS, history_triton.MAX_REGISTERS)
-    variants = {}
-    cap0 = base[2]
-    for blocks, warps, cap, with_g in ((32, 4, cap0, False), (32, 4, 0, False), (32, 4, cap0, True), (32, 4, 0, True),
-                                       (16, 4, cap0, False), (16, 4, 0, False), (64, 8, cap0, False), (8, 4, 0, False),
-                                       (16, 8, 0, False), (4, 1, 0, False)):
-        if with_g and gmax is None:
-            continue
-        history_triton.BLOCKS_PER_PROGRAM, history_triton.NUM_WARPS, history_triton.MAX_REGISTERS = blocks, warps, cap
-        name = f"{blocks}x{warps}r{cap}" + (f"+g{group}" if with_g else "")
-        try:
-            t = time_graph([lambda: ops.update_history(hist, view, plan.compact_block_table, plan.compact_seq_lens,
-                                                       block_max_out=bmax, group_max_out=gmax if with_g else None,
-                                                       group=group)], max_reps=10).p50_us
-        except Exception as exc:  # a variant that does not compile must not cost the run
-            t = float("nan")
-            lines.append(f"update variant {name} failed: {exc!r}")
-        variants[name] = t
-    history_triton.BLOCKS_PER_PROGRAM, history_triton.NUM_WARPS, history_triton.MAX_REGISTERS = base
-    out["update_us"] = variants
-    kept = float((1 - plan.sparsity().mean()) * batch * ctx)
-    out["update_bytes"] = kept * (4 + 4) + kept / 64 * (4 + 4 + 2)
-    lines.append(f"update pass (blocks x warps: us): {variants}; bytes {out['update_bytes'] / 1e6:.1f} MB")
+    if "update" in parts:
+        st = idx._step
+        hist = idx._history_args(0, st, plan)
+        view = logits.view(batch, next_n, logits.shape[1])
+        base = (history_triton.BLOCKS_PER_PROGRAM, history_triton.NUM_WARPS, history_triton.MAX_REGISTERS)
+        variants = {}
+        cap0 = base[2]
+        for blocks, warps, cap, with_g in ((32, 4, cap0, False), (32, 4, 0, False), (32, 4, cap0, True), (32, 4, 0, True),
+                                           (16, 4, cap0, False), (16, 4, 0, False), (64, 8, cap0, False), (8, 4, 0, False),
+                                           (16, 8, 0, False), (4, 1, 0, False)):
+            if with_g and gmax is None:
+                continue
+            history_triton.BLOCKS_PER_PROGRAM, history_triton.NUM_WARPS, history_triton.MAX_REGISTERS = blocks, warps, cap
+            name = f"{blocks}x{warps}r{cap}" + (f"+g{group}" if with_g else "")
+            try:
+                t = time_graph([lambda: ops.update_history(hist, view, plan.compact_block_table, plan.compact_seq_lens,
+                                                           block_max_out=bmax, group_max_out=gmax if with_g else None,
+                                                           group=group)], max_reps=10).p50_us
+            except Exception as exc:  # a variant that does not compile must not cost the run
+                t = float("nan")
+                lines.append(f"update variant {name} failed: {exc!r}")
+            variants[name] = t
+        history_triton.BLOCKS_PER_PROGRAM, history_triton.NUM_WARPS, history_triton.MAX_REGISTERS = base
+        out["update_us"] = variants
+        kept = float((1 - plan.sparsity().mean()) * batch * ctx)
+        out["update_bytes"] = kept * (4 + 4) + kept / 64 * (4 + 4 + 2)
+        lines.append(f"update pass (blocks x warps: us): {variants}; bytes {out['update_bytes'] / 1e6:.1f} MB")
     del p, idx, dense, logits, bmax
     torch.cuda.empty_cache()
     return out
@@ -176,7 +182,12 @@ def main(argv=None) -> int:
     ap.add_argument("--points", default="1x131072x1,8x131072x1,96x131072x1,96x524288x1,32x524288x2")
     ap.add_argument("--sparsity", type=float, default=0.5)
     ap.add_argument("--out", default="/tmp/out")
+    ap.add_argument("--parts", type=lambda v: tuple(v.split(",")), default=PARTS,
+                    help="comma list of " + ", ".join(PARTS) + " (kernels: torch.profiler tables of both steps; topk: the "
+                    "top-k's stages and variants; update: the update pass's tile variants)")
     args = ap.parse_args(argv)
+    if set(args.parts) - set(PARTS):
+        ap.error(f"--parts: unknown {sorted(set(args.parts) - set(PARTS))}; expected some of {list(PARTS)}")
     os.makedirs(args.out, exist_ok=True)
     from harness import environment
     env = environment()
@@ -185,7 +196,7 @@ def main(argv=None) -> int:
     for item in args.points.split(","):
         b, c, n = (int(x) for x in item.split("x"))
         try:
-            results.append(profile_point(b, c, n, args.sparsity, lines))
+            results.append(profile_point(b, c, n, args.sparsity, lines, args.parts))
         except Exception as exc:  # one failed point must not cost the run
             import traceback
             traceback.print_exc()

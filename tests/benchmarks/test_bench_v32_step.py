@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -88,3 +89,27 @@ def test_bench_v32_step_dry_run(tmp_path):
     saved = json.loads((tmp_path / "h200_v32_step.json").read_text())
     assert saved["env"]["gpu"] == "cpu (dry run)" and len(saved["rows"]) == 4
     assert "| model_shape |" in (tmp_path / "h200_v32_step.md").read_text()
+
+
+def test_variants_switch_one_part_each_and_restore_it(monkeypatch):
+    # the A/B switches of --variants change exactly their part while active and put it back after,
+    # also when the body raises; an unknown name is refused naming the option
+    from conftest import import_benchmark
+    from spin_indexer.indexer import SpinIndexer
+    from spin_indexer.ops import topk_triton
+
+    v32 = import_benchmark("bench_v32_step")
+    monkeypatch.setenv("SPIN_INDEXER_LOGITS", "deepgemm")
+    schedule = SpinIndexer._schedule_layers
+    with v32.variant("topk-v1"):
+        assert topk_triton.TOPK_CHAIN == "v1" and SpinIndexer._schedule_layers is schedule
+    assert topk_triton.TOPK_CHAIN == "v2"
+    with pytest.raises(RuntimeError), v32.variant("no-schedule"):
+        assert SpinIndexer._schedule_layers(None, 4, 8) is False
+        raise RuntimeError("body")
+    assert SpinIndexer._schedule_layers is schedule
+    with v32.variant("logits-triton"):
+        assert os.environ["SPIN_INDEXER_LOGITS"] == "triton"
+    assert os.environ["SPIN_INDEXER_LOGITS"] == "deepgemm"
+    with pytest.raises(SystemExit, match="--variants"), v32.variant("topk-v3"):
+        pass

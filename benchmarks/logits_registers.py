@@ -27,10 +27,8 @@ os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
-from plan_registers import ptxas_counts  # noqa: E402
+from plan_registers import compile_sm90, ptxas_counts  # noqa: E402
 from spin_indexer.ops import indexer_logits_triton as L  # noqa: E402
 
 PTR = {"q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "w_ptr": "*fp32", "lens_ptr": "*i32", "table_ptr": "*i32",
@@ -47,22 +45,14 @@ def compile_counts(next_n: int, cfg: "L.LogitsConfig", hist: bool = False, heads
     consts = dict(NEXT_N=next_n, H=heads, D=dim, T=64, PAGE_BYTES=64 * (dim + 4), RB=(64 * (dim + 4)) // dim,
                   PREFETCH=cfg.prefetch,
                   G=cfg.group, R0=r[0], R1=r[1], R2=r[2], R3=r[3], FILL_TAIL=False, HIST=hist, HAS_SEEN=hist)
-    sig, cidx = {}, {}
-    for name in fn.arg_names:
-        if name in consts:
-            sig[name] = "constexpr"
-            cidx[(fn.arg_names.index(name),)] = consts[name]
-        elif name == "k_arg":
-            sig[name] = f"tensordesc<fp8e4nv[64, {dim}]>"
-        else:
-            sig[name] = PTR.get(name, "fp32" if name in FLOATS else "i32")
-    missing = set(consts) - set(fn.arg_names)
-    if missing:
-        raise SystemExit(f"the kernel has no constexpr {sorted(missing)}: update benchmarks/logits_registers.py")
-    k = triton.compile(ASTSource(fn, sig, constexprs=cidx), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                                    # the launcher drops the cap when the EMA update is fused
-                                    **({"maxnreg": cfg.max_registers} if cfg.max_registers and not hist else {})))
+    def arg_type(name):
+        if name == "k_arg":
+            return f"tensordesc<fp8e4nv[64, {dim}]>"
+        return PTR.get(name, "fp32" if name in FLOATS else "i32")
+
+    k = compile_sm90(fn, consts, arg_type, "logits_registers.py", num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                     # the launcher drops the cap when the EMA update is fused
+                     maxnreg=cfg.max_registers if cfg.max_registers and not hist else None)
     c = ptxas_counts(k)
     spill = None if c["spill_st"] is None else c["spill_st"] + c["spill_ld"]
     body = _block_loop(c["sass"])

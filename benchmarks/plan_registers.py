@@ -4,7 +4,9 @@ Compiles `_plan_select_kernel` for sm_90a with the local triton (compile only: n
 ptxas that ships with triton with -v, and disassembles the cubin to tell where the spills are: the
 `inner loops` column counts local loads/stores inside the innermost loops of the SASS (the bisection and
 lane-bisection loops of the register path, run ~20-40 times per program), the rest run once or once per
-prediction row. The counts are indicative: the local triton may differ from the one on the GPU host.
+prediction row. The counts are indicative: the local triton may differ from the one on the GPU host, so
+check with that one too (a triton 3.6 wheel unpacked into /tmp/t36: `PYTHONPATH=/tmp/t36:src`): run 17's H = 1
+tile spilled 125 KB and took 254 s in ptxas under 3.6, nothing under 3.9.
 
     PYTHONPATH=src python benchmarks/plan_registers.py                 # the register path's default configs
     PYTHONPATH=src python benchmarks/plan_registers.py --sb 8192 --warps 8 --maxnreg 0 --rows 4 --slot
@@ -54,30 +56,32 @@ def ptxas_counts(kernel) -> dict:
                 spill_ld=int(spill.group(2)) if spill else None, log=r.stderr, sass=sass)
 
 
+def compile_sm90(fn, consts: dict, arg_type, script: str, div16=(), **options):
+    """triton kernel `fn` compiled for sm_90a without a GPU (shared by the *_registers.py scripts): consts its
+    constexprs by name (one it lacks stops the run, naming `script` to update), arg_type(name) the triton type
+    of every other argument ("*fp32", "i32", ...), div16 the arguments the launch's tensors make 16-aligned
+    (triton's specialization), options triton.compile's (num_warps, maxnreg, ...; None values dropped)."""
+    missing = set(consts) - set(fn.arg_names)
+    if missing:
+        raise SystemExit(f"{fn.__name__} has no constexpr {sorted(missing)}: update benchmarks/{script}")
+    sig = {name: "constexpr" if name in consts else arg_type(name) for name in fn.arg_names}
+    cidx = {(fn.arg_names.index(name),): value for name, value in consts.items()}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names) if name in div16}
+    return triton.compile(ASTSource(fn, sig, constexprs=cidx, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                          options={k: v for k, v in options.items() if v is not None})
+
+
 def compile_counts(sb: int, warps: int, maxnreg: int | None, rows: int = 1, slot: bool = False,
                    explore: bool = True, combine: int = 0, sbs: int = 64, reg: bool = True,
                    pairs: int | None = None) -> dict:
     fn = P._plan_select_kernel
     cfg = dict(T=64, TP=64, NP=rows, SB=sb, SBS=sbs, SLOT=slot, COMBINE=combine, MEAN=slot, EXPLORE=explore,
                REG=reg, H=pairs or P._register_pairs(sb, warps))
-    sig, consts = {}, {}
-    for name in fn.arg_names:
-        if name in cfg:
-            sig[name], consts[name] = "constexpr", cfg[name]
-        elif name in PTR:
-            sig[name] = PTR[name]
-        elif name in ("sparsity_bits", "gamma_bits"):
-            sig[name] = "i64"
-        else:
-            sig[name] = "i32"
-    missing = set(cfg) - set(fn.arg_names)
-    if missing:
-        raise SystemExit(f"the kernel has no constexpr {sorted(missing)}: update benchmarks/plan_registers.py")
-    src = ASTSource(fn, sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
-    opts = dict(num_warps=warps, enable_fp_fusion=False)
-    if maxnreg:
-        opts["maxnreg"] = maxnreg
-    c = ptxas_counts(triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts))
+    def arg_type(name):
+        return PTR.get(name, "i64" if name in ("sparsity_bits", "gamma_bits") else "i32")
+
+    c = ptxas_counts(compile_sm90(fn, cfg, arg_type, "plan_registers.py", num_warps=warps, enable_fp_fusion=False,
+                                  maxnreg=maxnreg or None))
     return dict(regs=c["regs"], spill_st=c["spill_st"], spill_ld=c["spill_ld"], inner=_inner_loop_spills(c["sass"]),
                 log=c["log"] if c["regs"] is None else "")
 

@@ -25,10 +25,8 @@ os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
-from plan_registers import _inner_loop_spills, ptxas_counts  # noqa: E402
+from plan_registers import _inner_loop_spills, compile_sm90, ptxas_counts  # noqa: E402
 from spin_indexer.ops import topk_triton as T  # noqa: E402
 
 PTR = {"s_ptr": "*fp32", "len_ptr": "*i32", "thresh_ptr": "*i32", "live_ptr": "*i32", "nlive_ptr": "*i32",
@@ -40,19 +38,8 @@ OPS = ("BAR", "SHFL", "LDG", "STG", "ATOMG", "LDL", "STL")
 
 
 def compile_counts(fn, consts: dict, warps: int, maxnreg: int | None = None) -> dict:
-    missing = set(consts) - set(fn.arg_names)
-    if missing:
-        raise SystemExit(f"{fn.__name__} has no constexpr {sorted(missing)}: update benchmarks/topk_registers.py")
-    sig, cidx = {}, {}
-    for name in fn.arg_names:
-        if name in consts:
-            sig[name] = "constexpr"
-            cidx[(fn.arg_names.index(name),)] = consts[name]
-        else:
-            sig[name] = PTR.get(name, "i32")
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in DIV16}
-    k = triton.compile(ASTSource(fn, sig, constexprs=cidx, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=warps, **({"maxnreg": maxnreg} if maxnreg else {})))
+    k = compile_sm90(fn, consts, lambda name: PTR.get(name, "i32"), "topk_registers.py", div16=DIV16,
+                     num_warps=warps, maxnreg=maxnreg or None)
     c = ptxas_counts(k)
     ops = {o: len(re.findall(rf"\b{o}(\.[A-Z0-9_.]+)?\b", c["sass"])) for o in OPS}
     instr = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", c["sass"], flags=re.M))

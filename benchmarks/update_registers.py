@@ -24,10 +24,8 @@ os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
-from plan_registers import ptxas_counts  # noqa: E402
+from plan_registers import compile_sm90, ptxas_counts  # noqa: E402
 from spin_indexer.ops import history_triton as U  # noqa: E402
 
 PTR = {"x_ptr": "*fp32", "table_ptr": "*i32", "clen_ptr": "*i32", "bmax_ptr": "*fp32", "gmax_ptr": "*fp32",
@@ -46,20 +44,9 @@ def compile_counts(blocks: int, warps: int, group: int | None = 16, rows: int = 
     fn = U._update_history_kernel
     cfg = dict(T=64, BLOCKS=blocks, HIST=hist, HAS_SEEN=seen, BMAX=bmax, NP=triton.next_power_of_2(rows),
                GMAX=group is not None, G=group or 64, DB=min(U.DIAGONAL_BLOCKS, blocks))
-    missing = set(cfg) - set(fn.arg_names)
-    if missing:
-        raise SystemExit(f"the kernel has no constexpr {sorted(missing)}: update benchmarks/update_registers.py")
-    sig, cidx = {}, {}
-    for name in fn.arg_names:
-        if name in cfg:
-            sig[name] = "constexpr"
-            cidx[(fn.arg_names.index(name),)] = cfg[name]
-        else:
-            sig[name] = PTR.get(name, "fp32" if name in FLOATS else "i32")
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in DIV16}
-    k = triton.compile(ASTSource(fn, sig, constexprs=cidx, attrs=attrs), target=GPUTarget("cuda", 90, 32),
-                       options=dict(num_warps=warps, enable_fp_fusion=True,  # the launch's default
-                                    **({"maxnreg": maxnreg} if maxnreg else {})))
+    k = compile_sm90(fn, cfg, lambda name: PTR.get(name, "fp32" if name in FLOATS else "i32"), "update_registers.py",
+                     div16=DIV16, num_warps=warps, enable_fp_fusion=True,  # the launch's default
+                     maxnreg=maxnreg or None)
     c = ptxas_counts(k)
     ops = {o: len(re.findall(rf"\b{o}(\.[A-Z0-9.]+)?\b", c["sass"])) for o in OPS}
     return dict(regs=c["regs"], spill=None if c["spill_st"] is None else c["spill_st"] + c["spill_ld"], ops=ops,

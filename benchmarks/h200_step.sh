@@ -22,6 +22,15 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONPATH=src:benchmarks
+# pytest-xdist for the CUDA tests (carry .whl: its wheels, git-ignored): the tests' time there is triton's
+# compile of each kernel variant (run 17: > 9 min for ~300 tests in one process), which parallelizes over the
+# host's 16 cores; TEST_WORKERS=0 runs them in one process
+if ! python3 -c "import xdist" 2>/dev/null && ls .whl/pytest_xdist-*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site-xdist .whl/pytest_xdist-*.whl .whl/execnet-*.whl \
+        && export PYTHONPATH=$PYTHONPATH:/tmp/site-xdist
+fi
+XDIST=""
+if [ "${TEST_WORKERS:-8}" != 0 ] && python3 -c "import xdist" 2>/dev/null; then XDIST="-n ${TEST_WORKERS:-8}"; fi
 if [ -d .dg ]; then
     bash .dg/build_on_gpu.sh .dg > "$OUT/deepgemm_build.log" 2>&1 && \
         export PYTHONPATH=/tmp/dg/dg:$PYTHONPATH LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6
@@ -33,7 +42,7 @@ shift || true
 case "$stage" in
     tests)  # the CUDA subset, or the test paths given
         [ $# -gt 0 ] || set -- tests/ops tests/predictor tests/indexer
-        python3 -m pytest -q -p no:cacheprovider "$@" 2>&1 | tee "$OUT/gputests.log" | tail -25 ;;
+        python3 -m pytest -q -p no:cacheprovider $XDIST "$@" 2>&1 | tee "$OUT/gputests.log" | tail -25 ;;
     grid)
         python3 benchmarks/run_all.py --out "$OUT" "$@" 2>&1 | tee "$OUT/run_all.log" | tail -60 ;;
     profile)  # + the update pass's ptxas counts with the device's triton (update_registers.log)
@@ -43,7 +52,7 @@ case "$stage" in
     v32)
         python3 benchmarks/bench_v32_step.py --out "$OUT" "$@" 2>&1 | tee "$OUT/v32.log" | tail -30 ;;
     mtp)  # kernel tests first (the compiled kernel vs float64), then the sweep; the table is the last output
-        python3 -m pytest -q -p no:cacheprovider tests/ops/test_indexer_logits_triton.py \
+        python3 -m pytest -q -p no:cacheprovider $XDIST tests/ops/test_indexer_logits_triton.py \
             tests/ops/test_history.py::test_logits_with_history_leave_the_reference_state \
             tests/ops/test_history.py::test_fill_tail_false_leaves_blocks_past_the_lengths_unwritten \
             tests/ops/test_padded_cache.py::test_v4_page_strides_with_next_n > "$OUT/gputests.log" 2>&1
@@ -64,7 +73,7 @@ case "$stage" in
           # ALL_V32_VARIANTS (bench_v32_step --variants), ALL_PROFILE_PARTS (profile_step --parts)
         mkdir -p "$OUT/all/grid" "$OUT/all/v32" "$OUT/all/profile"
         cp "$OUT/deepgemm_build.log" "$OUT/all/" 2>/dev/null
-        timeout "${ALL_TESTS_S:-3600}" python3 -m pytest -q -p no:cacheprovider ${ALL_TESTS:-tests/ops/test_history.py \
+        timeout "${ALL_TESTS_S:-3600}" python3 -m pytest -q -p no:cacheprovider $XDIST ${ALL_TESTS:-tests/ops/test_history.py \
             tests/ops/test_indexer_logits_triton.py tests/ops/test_topk_triton.py tests/ops/test_topk_positions.py \
             tests/ops/test_deepgemm.py tests/ops/test_deepgemm_schedule.py tests/predictor/test_plan_triton.py tests/predictor/test_step_guard.py \
             tests/indexer/test_spin.py} > "$OUT/all/gputests.log" 2>&1

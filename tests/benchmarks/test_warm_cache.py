@@ -1,0 +1,33 @@
+"""benchmarks/warm_cache.py's choice of the batch that compiles the same kernel variants as a point's."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import import_benchmark
+
+
+@pytest.mark.parametrize("batch,next_n,want", [
+    (1, 1, 1),  # == 1 specializes: only 1 itself
+    (96, 1, 32),  # % 16 and above the top-k's 16 small-batch rows: 16 has rows = 16, on the other side
+    (32, 1, 32),
+    (16, 1, 16),
+    (8, 1, 2),  # neither == 1 nor % 16, rows <= 16
+    (32, 2, 16),  # rows 64 -> 32: both % 16 and above 16
+    (8, 2, 8),  # rows 16: % 16 on the small side, which only 8 itself gives
+    (1, 2, 1),
+    (17, 1, 17),  # the only batch in 1..17 with neither specialization and rows > 16
+])
+def test_warm_batch_keeps_the_specialization_class(batch, next_n, want):
+    warm = import_benchmark("warm_cache").warm_batch
+    assert warm(batch, next_n) == want
+
+
+def test_warm_batch_is_never_larger_and_matches_on_every_class():
+    warm = import_benchmark("warm_cache").warm_batch
+    for batch in range(1, 130):
+        for next_n in (1, 2, 3, 4):
+            b = warm(batch, next_n)
+            assert 1 <= b <= batch
+            for x, y in ((b, batch), (b * next_n, batch * next_n)):
+                assert (x == 1) == (y == 1) and (x % 16 == 0) == (y % 16 == 0), (batch, next_n, b)
+            assert (b * next_n <= 16) == (batch * next_n <= 16), (batch, next_n, b)

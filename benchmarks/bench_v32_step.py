@@ -147,11 +147,13 @@ def run_point(batch: int, ctx: int, args) -> list[dict]:
             for name, step, realized in results]
 
 
-# A/B switches of the step's parts, for attributing a change in one device call (--variants): each replaces one
-# part by the one it succeeded (run 16's), for dense and SPIN alike, while the configs are built and captured.
+# A/B switches of the step's parts, for attributing a change in one device call (--variants): each sets one part
+# (the top-k's chain) or switches it back to run 16's (the DeepGEMM schedule, the logits backend), for dense and
+# SPIN alike, while the configs are built and captured.
 VARIANTS = {
     "default": "the production step",
-    "topk-v1": "the top-k's v1 chain (four launches) instead of v2",
+    "topk-v1": "the top-k's v1 chain (four launches; runs 15-16's)",
+    "topk-v2": "the top-k's v2 chain (a select and a rank launch; merged after run 16)",
     "no-schedule": "no DeepGEMM schedule from plan(): DeepGEMM computes its own per layer (one launch more)",
     "logits-triton": "the Triton logits kernel instead of DeepGEMM (SPIN_INDEXER_LOGITS=triton)",
 }
@@ -166,8 +168,8 @@ def variant(name: str):
         raise SystemExit(f"--variants: unknown {name!r}; expected some of {sorted(VARIANTS)}")
     chain, schedule, env = topk_triton.TOPK_CHAIN, SpinIndexer._schedule_layers, os.environ.get("SPIN_INDEXER_LOGITS")
     try:
-        if name == "topk-v1":
-            topk_triton.TOPK_CHAIN = "v1"
+        if name in ("topk-v1", "topk-v2"):
+            topk_triton.TOPK_CHAIN = name[-2:]
         elif name == "no-schedule":
             SpinIndexer._schedule_layers = lambda self, batch, width: False
         elif name == "logits-triton":

@@ -101,9 +101,11 @@ def test_variants_switch_one_part_each_and_restore_it(monkeypatch):
     v32 = import_benchmark("bench_v32_step")
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "deepgemm")
     schedule = SpinIndexer._schedule_layers
-    with v32.variant("topk-v1"):
-        assert topk_triton.TOPK_CHAIN == "v1" and SpinIndexer._schedule_layers is schedule
-    assert topk_triton.TOPK_CHAIN == "v2"
+    production = topk_triton.TOPK_CHAIN
+    for chain in ("v1", "v2"):
+        with v32.variant(f"topk-{chain}"):
+            assert topk_triton.TOPK_CHAIN == chain and SpinIndexer._schedule_layers is schedule
+        assert topk_triton.TOPK_CHAIN == production
     with pytest.raises(RuntimeError), v32.variant("no-schedule"):
         assert SpinIndexer._schedule_layers(None, 4, 8) is False
         raise RuntimeError("body")

@@ -342,6 +342,30 @@ def test_public_op_group_max_out_on_the_reference(gen):
     assert torch.equal(gmax, group_max_ref(logits.reshape(4, -1), plan.lens.reshape(-1), 16))
 
 
+def logits_with_history_case(next_n, gen, device, rows=1, update_rows=None):
+    """A logits call with the EMA update on a compact table, before the call: (full, plan, ref, args, out,
+    bmax, moved). Two requests with partial last blocks (8 heads x 32 dims, 3 spare cache blocks), a random plan
+    and history (3 slots, window 150; `rows` updating rows, update_rows bool [2, next_n], default row 0 only),
+    ref its copy for update_history_ref, args the kernel's (q, cache, weights, compact lens, compact table) on
+    `device`, out / bmax NaN-poisoned logits [2 * next_n, W * T] and block max [2 * next_n, W] there, moved the
+    history there (on the CPU it aliases the history ref was cloned from)."""
+    lengths = (5 * T + 17, 2 * T + 9)
+    full = make_paged_inputs(lengths, next_n, 8, 32, gen, spare_blocks=3)
+    num_blocks = full.kv_cache.shape[0]
+    plan = make_plan(lengths, next_n, num_blocks, gen, width=full.block_table.shape[1])
+    if update_rows is None:
+        update_rows = torch.zeros(len(lengths), next_n, dtype=torch.bool)
+        update_rows[:, 0] = True
+    h = make_history(plan, num_blocks, 3, 150, gen, rows=rows, update_rows=update_rows)
+    ref = clone_history(h)
+    dev = torch.device(device)
+    args = [t.to(dev) for t in (full.q_fp8, full.kv_cache, full.weights, plan.lens, plan.table)]
+    batch_rows, width = len(lengths) * next_n, plan.table.shape[1]
+    out = torch.full((batch_rows, width * T), float("nan"), device=dev)
+    bmax = torch.full((batch_rows, width), float("nan"), device=dev)
+    return full, plan, ref, args, out, bmax, history_on(h, dev)
+
+
 def history_on(h, dev):
     """h's tensors on `dev`, block_max and last_seen as strided views (as SpinState's [P + 1, L] columns)."""
     moved = dataclasses.replace(h, **{f: getattr(h, f).to(dev) for f in
@@ -372,28 +396,18 @@ def test_logits_with_history_leave_the_reference_state(next_n, rows, group, gen,
     its group's MMA: the production config or `group` rows per MMA; rows > 1: the standalone update after it)."""
     pytest.importorskip("triton")
     from spin_indexer.ops.indexer_logits_triton import LogitsConfig, paged_indexer_logits_triton
-    lengths = (5 * T + 17, 2 * T + 9)
-    full = make_paged_inputs(lengths, next_n, 8, 32, gen, spare_blocks=3)
-    num_blocks = full.kv_cache.shape[0]
-    plan = make_plan(lengths, next_n, num_blocks, gen, width=full.block_table.shape[1])
-    update_rows = torch.rand(len(lengths), next_n, generator=gen) < 0.8
+    update_rows = torch.rand(2, next_n, generator=gen) < 0.8
     if rows == 1:  # the row-0 policy: only row 0 ever updates
         update_rows[:, 1:] = False
         update_rows[:, 0] = True
-    h = make_history(plan, num_blocks, 3, 150, gen, rows=rows, update_rows=update_rows)
-    ref = clone_history(h)
-    before = h.vertical.clone()  # on the CPU, .to(dev) below aliases h's tensors
-    dev = torch.device(triton_device)
-    args = [t.to(dev) for t in (full.q_fp8, full.kv_cache, full.weights, plan.lens, plan.table)]
-    batch_rows, width = len(lengths) * next_n, plan.table.shape[1]
-    out = torch.full((batch_rows, width * T), float("nan"), device=dev)
-    bmax = torch.full((batch_rows, width), float("nan"), device=dev)
-    moved = history_on(h, dev)
+    case = logits_with_history_case(next_n, gen, triton_device, rows, update_rows)
+    full, plan, ref, args, out, bmax, moved = case
+    before = ref.vertical.clone()
     paged_indexer_logits_triton(*args, out=out, block_max_out=bmax, history=moved,
                                 config=LogitsConfig(group) if group else None)
     expected, magnitude = logits_f64(full.q_fp8, full.kv_cache, full.weights, plan.lens, plan.table)
     assert_logits_close(out, expected, magnitude)
-    logits = out.cpu().view(len(lengths), next_n, -1)
+    logits = out.cpu().view(2, next_n, -1)
     update_history_ref(ref, logits, plan.table, plan.lens)
     exp = tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen))
     assert_state_equal(moved, exp)  # same logits in: bit-equal state, also on CUDA

@@ -274,28 +274,16 @@ def test_prefetch2_padded_pages_match_float64(pad, gen, triton_device):
 def test_prefetch2_with_fused_history_leaves_the_reference_state(next_n, group, gen, triton_device):
     """The row-0 EMA update fused into the epilogue (HIST) with prefetch=2: its history reads use the block id
     carried two blocks ahead; logits right, the state bit-equal to update_history_ref on those logits."""
-    from test_history import assert_state_equal, clone_history, history_on, make_history, make_plan
+    from test_history import assert_state_equal, logits_with_history_case
 
     from spin_indexer.ops.history import update_history_ref
-    lengths = (5 * T + 17, 2 * T + 9)
-    full = make_paged_inputs(lengths, next_n, 8, 32, gen, spare_blocks=3)
-    num_blocks = full.kv_cache.shape[0]
-    plan = make_plan(lengths, next_n, num_blocks, gen, width=full.block_table.shape[1])
-    update_rows = torch.zeros(len(lengths), next_n, dtype=torch.bool)
-    update_rows[:, 0] = True  # the row-0 policy: only row 0 updates (the fused path)
-    h = make_history(plan, num_blocks, 3, 150, gen, rows=1, update_rows=update_rows)
-    ref = clone_history(h)
-    dev = torch.device(triton_device)
-    args = [t.to(dev) for t in (full.q_fp8, full.kv_cache, full.weights, plan.lens, plan.table)]
-    rows, width = len(lengths) * next_n, plan.table.shape[1]
-    out = torch.full((rows, width * T), float("nan"), device=dev)
-    bmax = torch.full((rows, width), float("nan"), device=dev)
-    moved = history_on(h, dev)
+    # the row-0 policy (the default of the case): only row 0 updates, the fused path
+    full, plan, ref, args, out, bmax, moved = logits_with_history_case(next_n, gen, triton_device)
     paged_indexer_logits_triton(*args, out=out, block_max_out=bmax, history=moved, chunk=3,
                                 config=LogitsConfig(group, prefetch=2))
     expected, magnitude = logits_f64(full.q_fp8, full.kv_cache, full.weights, plan.lens, plan.table)
     assert_logits_close(out, expected, magnitude)
-    update_history_ref(ref, out.cpu().view(len(lengths), next_n, -1), plan.table, plan.lens)
+    update_history_ref(ref, out.cpu().view(2, next_n, -1), plan.table, plan.lens)
     assert_state_equal(moved, tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen)))
 
 

@@ -38,6 +38,18 @@ except ImportError:  # pragma: no cover - the [test] extra installs it
 T = 64  # tokens per block; written out here rather than imported, on purpose
 SCALE_BYTES = 4
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# Interpreter tests run their larger cases only where the kernels compile (the GPU run of tests/ops,
+# tests/predictor and tests/indexer on the H200), or here with SPIN_TESTS_FULL=1 (the CPU suite must stay
+# well under 15 min on CI's 2 cores; the full case set in the interpreter takes ~10 min more there).
+FULL_CASES = torch.cuda.is_available() or os.environ.get("SPIN_TESTS_FULL") == "1"
+
+
+def cuda_only(*values, why: str, id: str | None = None):
+    """A parametrize case of the full set only (FULL_CASES): in the interpreter it costs `why`, while the
+    test's other cases reach the same code on the CPU. Skipped otherwise with that reason, so the -ra
+    summary lists every one of them."""
+    return pytest.param(*values, id=id, marks=pytest.mark.skipif(
+        not FULL_CASES, reason=f"CUDA only (or SPIN_TESTS_FULL=1): {why}"))
 
 
 # ----------------------------------------------------------------------------------------------- seeding

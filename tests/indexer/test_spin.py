@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import ODD_IDS, ODD_SHAPES, make_case_inputs, row_lengths
+from conftest import ODD_IDS, ODD_SHAPES, cuda_only, make_case_inputs, row_lengths
 from spin_indexer.indexer import DenseIndexer, SpinIndexer
 from spin_indexer.ops import paged_indexer_logits_ref, topk_ref
 from spin_indexer.predictor import SpinConfig
@@ -663,8 +663,11 @@ def _padded_cache(kv_cache, pad):
     return torch.as_strided(store, kv_cache.shape, (page + pad, row, row, 1))
 
 
-@pytest.mark.parametrize("triton_logits", [False, True], ids=["reference", "triton-logits"])
-@pytest.mark.parametrize("next_n,pad", [(1, 192), (2, 256)])
+@pytest.mark.parametrize("next_n,pad,triton_logits", [
+    pytest.param(1, 192, False, id="1-192-reference"), pytest.param(2, 256, False, id="2-256-reference"),
+    cuda_only(1, 192, True, id="1-192-triton-logits", why="12 interpreted logits launches, ~12 s; 2-256 runs the "
+              "kernel on padded pages here (tests/ops/test_padded_cache.py both strides)"),
+    pytest.param(2, 256, True, id="2-256-triton-logits")])
 def test_step_on_padded_pages_equals_the_contiguous_copy(next_n, pad, triton_logits, gen, monkeypatch, request):
     """SpinIndexer.run on V4's padded pages (8640 / 8704 B for 8448) gives the top-k and the history of the
     same step on the contiguous cache, step after step at s = 0.5. triton-logits: the logits (and their fused

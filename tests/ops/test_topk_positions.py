@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from conftest import masked_logits
+from conftest import cuda_only, masked_logits
 from spin_indexer.ops import topk_positions
 from spin_indexer.ops.indexer_logits import block_max_ref
 from spin_indexer.ops.topk import topk_positions_ref, topk_ref
@@ -78,11 +78,17 @@ def test_dispatch_and_out_on_cpu(gen):
     assert got.data_ptr() == out.data_ptr() and torch.equal(got, _expected(logits, lengths, 20))
 
 
+RANDOM_CPU_CASES = [(3, 300, 5), (2, 100, 200), (1, 1, 1)]  # k > length, one column
+
+
 @pytest.mark.interpreter
-@pytest.mark.parametrize("rows,cols,k", [(3, 300, 5), (4, 64 * 40, 8), (2, 5000, 16), (2, 100, 200), (1, 1, 1),
-                                         (5, 129, 64)])
+@pytest.mark.parametrize("rows,cols,k", [
+    case if case in RANDOM_CPU_CASES else cuda_only(*case, why="the same kernels as test_topk_triton's random "
+                                                    "matrix (unmapped), 2-6 s each in the interpreter")
+    for case in [(3, 300, 5), (4, 64 * 40, 8), (2, 5000, 16), (2, 100, 200), (1, 1, 1), (5, 129, 64)]])
 @pytest.mark.parametrize("use_block_max", [False, True])
 def test_triton_random(rows, cols, k, use_block_max, gen, triton_device):
+    """Unmapped, into a poisoned out=: test_topk_triton's random matrix through topk_positions' reference."""
     logits, lengths = masked_logits(rows, cols, gen)
     _triton(logits, lengths, k, triton_device, use_block_max)
 
@@ -97,9 +103,10 @@ def test_triton_kept_blocks_mapping(next_n, use_block_max, gen, triton_device):
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("rows", [3, 60])
+@pytest.mark.parametrize("rows", [3, 20, cuda_only(60, why="~14 s in the interpreter; 20 rows take the same "
+                                                   "large-batch form (above SMALL_BATCH_ROWS = 16)")])
 def test_triton_few_and_many_rows_with_mapping(rows, gen, triton_device):
-    """A few rows and many (one selection path since the chunk rank: both must still map exactly)."""
+    """A few rows and many (the one-launch and the large-batch select forms: both must map exactly)."""
     logits, lengths = masked_logits(rows, 300, gen)
     _triton(logits, lengths, 12, triton_device, kept=_kept(rows, 5, gen))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import masked_logits
+from conftest import FULL_CASES, cuda_only, masked_logits
 
 pytest.importorskip("triton")
 from spin_indexer.ops.indexer_logits import block_max_ref  # noqa: E402
@@ -57,7 +57,13 @@ def test_random_matches_reference(rows, cols, k, use_block_max, gen, triton_devi
     _check(logits, lengths, k, triton_device, use_block_max)
 
 
-@pytest.mark.parametrize("rows,cols,k,use_block_max", [(4, 64 * 40, 8, True), (2, 5000, 16, False), (5, 129, 64, True)])
+V1_CPU_CASES = [(4, 64 * 40, 8, True), (2, 5000, 16, False), (5, 129, 64, True)]
+
+
+@pytest.mark.parametrize("rows,cols,k,use_block_max", [
+    case if case in V1_CPU_CASES else cuda_only(*case, why="v1 (not production) on three of the random cases in "
+                                                "the interpreter, ~2-5 s each")
+    for case in ((*c, b) for c in RANDOM_CASES for b in (False, True))])
 def test_v1_chain_random_matches_reference(rows, cols, k, use_block_max, gen, triton_device, monkeypatch):
     from spin_indexer.ops import topk_triton as mod
     monkeypatch.setattr(mod, "TOPK_CHAIN", "v1")
@@ -65,19 +71,36 @@ def test_v1_chain_random_matches_reference(rows, cols, k, use_block_max, gen, tr
     _check(logits, lengths, k, triton_device, use_block_max)
 
 
-@pytest.mark.parametrize("probes,tile", [(1, 64), (3, 16)])  # ~50 s each in the interpreter: two of the four
-def test_threshold_chunked_passes(tile, probes, gen, triton_device, monkeypatch):
+CHUNKED_WHY = "(1, 64) and (3, 16) run both probe widths and both chunkings (2 and 5 chunks) in the interpreter"
+
+
+@pytest.mark.parametrize("probes,tile", [
+    (1, 64), (3, 16),
+    cuda_only(1, 16, why=CHUNKED_WHY), cuda_only(3, 64, why=CHUNKED_WHY)])
+@pytest.mark.parametrize("row0", ["planted", cuda_only("poisoned", why="its overflow merge streams 5120 columns "
+                                                       "through a 32-key buffer, ~25 s a top-k in the interpreter")])
+def test_threshold_chunked_passes(tile, probes, row0, gen, triton_device, monkeypatch):
     """More group maxima than the threshold program holds in registers: its bisection re-reads them in
     chunks and must pick the same threshold (same top-k, same candidate count as the one-tile path), with
-    binary (1 probe) and 4-way (3 probes per reduction) steps."""
+    binary (1 probe) and 4-way (3 probes per reduction) steps. Row 0 spans all 80 groups (two chunks of 64,
+    the second partial, or five of 16): "planted", normal values with a few NaN, +inf and huge ones among them
+    (NaN and +inf group maxima, the row within the buffer: its count is exact), or "poisoned", masked_logits'
+    poisoned tail taken as valid (most group maxima NaN or +inf: massive ties, the row overflows)."""
     from spin_indexer.ops import topk_triton as mod
     monkeypatch.setattr(mod, "SELECT_PROBES", probes)
     logits, lengths = masked_logits(3, 64 * 80, gen)
     lengths[0] = 64 * 80
+    if row0 == "planted":
+        logits[0] = torch.randn(64 * 80, generator=gen)
+        logits[0, [70, 2300, 5100]] = float("nan")
+        logits[0, 1000] = float("inf")
+        logits[0, 4000] = 1e30
     one_tile = _check(logits, lengths, 8, triton_device, use_block_max=True)
     monkeypatch.setattr(mod, "THRESHOLD_TILE_MAX", tile)
     chunked = _check(logits, lengths, 8, triton_device, use_block_max=True)
     assert torch.equal(one_tile, chunked)
+    if row0 == "planted":
+        assert one_tile[0] <= 32, one_tile  # no overflow: the count compared is the exact candidate count
 
 
 def test_block_max_path_reads_few_candidates(gen, triton_device):
@@ -91,8 +114,9 @@ def test_block_max_path_reads_few_candidates(gen, triton_device):
 
 
 def test_ties_and_signed_zeros(gen, triton_device, chain):
-    """Few distinct values (massive ties, overflowing the candidate buffer) and -0.0 mixed with +0.0."""
-    logits, lengths = masked_logits(3, 700, gen, ties=True)
+    """Few distinct values (massive ties, overflowing the candidate buffer) and -0.0 mixed with +0.0. (On the
+    CPU 300 columns instead of 700: the overflow merge streams the row, ~2 s per 400 columns interpreted.)"""
+    logits, lengths = masked_logits(3, 700 if FULL_CASES else 300, gen, ties=True)
     zero = logits == 0
     logits[zero & (torch.rand(logits.shape, generator=gen) < 0.5)] = -0.0
     stats = _check(logits, lengths, 6, triton_device)
@@ -100,8 +124,9 @@ def test_ties_and_signed_zeros(gen, triton_device, chain):
 
 
 def test_overflow_fallback_with_small_buffer(gen, triton_device, chain):
-    logits, lengths = masked_logits(2, 900, gen)
-    lengths[0] = 900
+    cols = 900 if FULL_CASES else 400  # (the overflow merge streams the row: ~2 s per 400 columns interpreted)
+    logits, lengths = masked_logits(2, cols, gen)
+    lengths[0] = cols
     stats = _check(logits, lengths, 10, triton_device, cap=32)
     assert stats[0] > 32
 
@@ -139,7 +164,8 @@ def test_bad_block_max_shape_raises(gen, triton_device):
         topk_triton(logits.to(triton_device), (lengths + 500).to(triton_device), 4)
 
 
-@pytest.mark.parametrize("chunk", [16, 64])
+@pytest.mark.parametrize("chunk", [16, cuda_only(64, why="v1 (not production), ~15 s in the interpreter; 16 "
+                                                    "spans more chunks per row")])
 def test_ranks_across_several_sorted_chunks(chunk, gen, triton_device, monkeypatch):
     """(v1's chunk sort + rank.)"""
     """With small sort chunks a row's candidates span many chunks (some partly filled, the last ones empty),
@@ -181,20 +207,30 @@ def test_group_max_from_the_caller_replaces_the_group_max_pass(gen, triton_devic
     assert best not in got[0].tolist() and torch.equal(got[1:], want[1:])
 
 
+# The interpreter's cost of _v2_cases: the tied rows' overflow merge grows with their length, the select's
+# gather and run sort with the buffer: on the CPU 300 columns (still overflowing) and cap = 128 (runs of 64
+# slots at P = 2, 16 windows each) instead of 700 and 1024 (~55 s saved).
+TIE_COLS, COARSE_CAP = (700, 1024) if FULL_CASES else (300, 128)
+
+
 def _v2_cases(gen):
     """Random rows (lengths 0 .. C, poisoned tails), tied rows (overflowing the default buffer), rows of one
-    coarse value per many candidates (nothing overflowing at cap = 1024), -inf and huge values."""
+    coarse value per many candidates (nothing overflowing at cap = COARSE_CAP), -inf and huge values."""
     logits, lengths = masked_logits(5, 3000, gen)
-    ties, tie_lengths = masked_logits(3, 700, gen, ties=True)
+    ties, tie_lengths = masked_logits(3, TIE_COLS, gen, ties=True)
     coarse = torch.randint(0, 40, (4, 900), generator=gen).float() / 4
     coarse_lengths = torch.tensor([900, 899, 640, 65], dtype=torch.int32)
     huge = torch.randn(2, 400, generator=gen) * 1e30
     huge[:, ::7] = float("-inf")
-    return [(logits, lengths, 40, {}), (ties, tie_lengths, 6, {}), (coarse, coarse_lengths, 37, dict(cap=1024)),
-            (coarse, coarse_lengths, 64, dict(cap=1024)), (huge, torch.tensor([400, 250], dtype=torch.int32), 70, {})]
+    return [("random", logits, lengths, 40, {}), ("ties", ties, tie_lengths, 6, {}),
+            ("coarse", coarse, coarse_lengths, 37, dict(cap=COARSE_CAP)),
+            ("coarse", coarse, coarse_lengths, 64, dict(cap=COARSE_CAP)),
+            ("huge", huge, torch.tensor([400, 250], dtype=torch.int32), 70, {})]
 
 
-@pytest.mark.parametrize("progs,window", [(2, 4)])  # 1 x 32 and 16 x 8 cost 1-1.5 min each in the interpreter
+@pytest.mark.parametrize("progs,window", [
+    (2, 4), cuda_only(1, 32, why="~1 min in the interpreter; 2 x 4 runs several runs and windows"),
+    cuda_only(16, 8, why="~1.5 min in the interpreter; 2 x 4 runs several runs and windows")])
 def test_v2_runs_and_rank_windows(progs, window, gen, triton_device, monkeypatch):
     """The v2 rank sums, over the P sorted runs of a row, a splitter count (one key per window) and a search
     inside the window: every P (one run: the whole buffer; 16 runs of few keys) and window (4: many splitters
@@ -203,13 +239,17 @@ def test_v2_runs_and_rank_windows(progs, window, gen, triton_device, monkeypatch
     monkeypatch.setattr(mod, "SELECT_PROGRAMS_SMALL", progs)
     monkeypatch.setattr(mod, "SELECT_PROGRAMS_LARGE", progs)
     monkeypatch.setattr(mod, "RANK_WINDOW", window)
-    for logits, lengths, k, kw in _v2_cases(gen):
+    coarse = []
+    for name, logits, lengths, k, kw in _v2_cases(gen):
         fused = _check(logits, lengths, k, triton_device, **kw)
         monkeypatch.setattr(mod, "SMALL_BATCH_ROWS", 0)  # the large-batch form: threshold launch, then gather + sort
         split = _check(logits, lengths, k, triton_device, **kw)
         monkeypatch.setattr(mod, "SMALL_BATCH_ROWS", 16)
         assert torch.equal(fused, split)
-    assert ((fused > 64) & (fused <= 1024)).any()  # the coarse rows filled several runs without overflowing
+        if name == "coarse":
+            coarse.append(fused)
+    counts = torch.cat(coarse)  # the coarse rows filled several runs without overflowing
+    assert (counts <= COARSE_CAP).all() and (counts > 64).any(), counts
 
 
 def test_v2_hot_span_spreads_over_the_runs(gen, triton_device):
@@ -227,12 +267,17 @@ def test_v2_hot_span_spreads_over_the_runs(gen, triton_device):
     assert run < 96 and (stats <= cap).all() and (stats > 96).all(), (stats, run)
 
 
-@pytest.mark.parametrize("rows", [3, 20])
-def test_v2_stage_breakdown(rows, gen, triton_device):
+@pytest.mark.parametrize("rows,small_batch_rows", [
+    (3, None), (5, 4),
+    cuda_only(20, None, why="20 rows x 1500 in the interpreter, ~10 s: 5 rows above SMALL_BATCH_ROWS = 4 take the "
+              "same large-batch form")])
+def test_v2_stage_breakdown(rows, small_batch_rows, gen, triton_device, monkeypatch):
     """_stages < 5 (profile_step's breakdown) runs the select launch(es) only: out holds the -1 fill (the
     large-batch form's stage 2 is its threshold launch alone, which leaves out as it was), no rank;
-    _stages = 5 is the whole top-k."""
+    _stages = 5 is the whole top-k. small_batch_rows: SMALL_BATCH_ROWS lowered (None: as shipped)."""
     from spin_indexer.ops import topk_triton as mod
+    if small_batch_rows is not None:
+        monkeypatch.setattr(mod, "SMALL_BATCH_ROWS", small_batch_rows)
     logits, lengths = masked_logits(rows, 1500, gen)
     dev = triton_device
     for stages in (2, 3, 4):

@@ -86,7 +86,7 @@ def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: lis
 
     # The top-k's stages alone on the step's compact logits (graph timings, cumulative stages), with the group
     # maxima SpinIndexer passes (the logits op writes them when G = topk_group < 64, as the step does), for both
-    # kernel chains on the same data: v2 (production) and v1 (run 15's four launches, TOPK_CHAIN = "v1").
+    # kernel chains on the same data: v1 (production again since run 17) and v2 (a select and a rank launch).
     spin_step()
     plan = idx.plans(0)
     rows_n = batch * next_n

@@ -1,7 +1,7 @@
 """topk_triton (the Triton twin) against topk_ref, element for element: random and tied values, -0.0/+0.0,
 poisoned tails, with and without block maxima, every group size, the candidate-overflow fallback; the v2 chain
-(production) in its one-launch (small batch) and two-launch (large batch) select forms, every run / window
-shape of its rank, its stage breakdown, and the v1 chain (TOPK_CHAIN = "v1", kept for the H200 comparison).
+in its one-launch (small batch) and two-launch (large batch) select forms, every run / window
+shape of its rank, its stage breakdown, and the v1 chain (TOPK_CHAIN = "v1", production again since run 17).
 
 Runs under TRITON_INTERPRET=1 on CPU (conftest sets it before this module imports triton).
 """
@@ -29,8 +29,20 @@ def chain(request, monkeypatch):
     return request.param
 
 
-# The random matrix runs the production chain (v2); v1, kept for the H200 comparison, on three of its cases
-# (the interpreter makes every case seconds: both chains on all of them doubled the suite's top-k time).
+@pytest.fixture
+def v2(monkeypatch):
+    """The v2 chain, whichever is production: for the tests of its own shape (runs, rank windows, probes)."""
+    from spin_indexer.ops import topk_triton as mod
+    monkeypatch.setattr(mod, "TOPK_CHAIN", "v2")
+
+
+def _other_chain() -> str:
+    from spin_indexer.ops import topk_triton as mod
+    return "v2" if mod.TOPK_CHAIN == "v1" else "v1"
+
+
+# The random matrix runs the production chain (TOPK_CHAIN: v1 again since run 17); the other chain on three of
+# its cases (the interpreter makes every case seconds: both chains on all of them doubled the suite's top-k time).
 RANDOM_CASES = [(3, 300, 5), (4, 64 * 40, 8), (2, 5000, 16), (2, 100, 200), (1, 1, 1), (5, 129, 64)]
 
 
@@ -57,16 +69,16 @@ def test_random_matches_reference(rows, cols, k, use_block_max, gen, triton_devi
     _check(logits, lengths, k, triton_device, use_block_max)
 
 
-V1_CPU_CASES = [(4, 64 * 40, 8, True), (2, 5000, 16, False), (5, 129, 64, True)]
+OTHER_CPU_CASES = [(4, 64 * 40, 8, True), (2, 5000, 16, False), (5, 129, 64, True)]
 
 
 @pytest.mark.parametrize("rows,cols,k,use_block_max", [
-    case if case in V1_CPU_CASES else cuda_only(*case, why="v1 (not production) on three of the random cases in "
-                                                "the interpreter, ~2-5 s each")
+    case if case in OTHER_CPU_CASES else cuda_only(*case, why="the chain that is not production on three of the "
+                                                   "random cases in the interpreter, ~2-5 s each")
     for case in ((*c, b) for c in RANDOM_CASES for b in (False, True))])
-def test_v1_chain_random_matches_reference(rows, cols, k, use_block_max, gen, triton_device, monkeypatch):
+def test_other_chain_random_matches_reference(rows, cols, k, use_block_max, gen, triton_device, monkeypatch):
     from spin_indexer.ops import topk_triton as mod
-    monkeypatch.setattr(mod, "TOPK_CHAIN", "v1")
+    monkeypatch.setattr(mod, "TOPK_CHAIN", _other_chain())
     logits, lengths = masked_logits(rows, cols, gen)
     _check(logits, lengths, k, triton_device, use_block_max)
 
@@ -79,7 +91,7 @@ CHUNKED_WHY = "(1, 64) and (3, 16) run both probe widths and both chunkings (2 a
     cuda_only(1, 16, why=CHUNKED_WHY), cuda_only(3, 64, why=CHUNKED_WHY)])
 @pytest.mark.parametrize("row0", ["planted", cuda_only("poisoned", why="its overflow merge streams 5120 columns "
                                                        "through a 32-key buffer, ~25 s a top-k in the interpreter")])
-def test_threshold_chunked_passes(tile, probes, row0, gen, triton_device, monkeypatch):
+def test_threshold_chunked_passes(tile, probes, row0, gen, triton_device, monkeypatch, v2):
     """More group maxima than the threshold program holds in registers: its bisection re-reads them in
     chunks and must pick the same threshold (same top-k, same candidate count as the one-tile path), with
     binary (1 probe) and 4-way (3 probes per reduction) steps. Row 0 spans all 80 groups (two chunks of 64,
@@ -231,7 +243,7 @@ def _v2_cases(gen):
 @pytest.mark.parametrize("progs,window", [
     (2, 4), cuda_only(1, 32, why="~1 min in the interpreter; 2 x 4 runs several runs and windows"),
     cuda_only(16, 8, why="~1.5 min in the interpreter; 2 x 4 runs several runs and windows")])
-def test_v2_runs_and_rank_windows(progs, window, gen, triton_device, monkeypatch):
+def test_v2_runs_and_rank_windows(progs, window, gen, triton_device, monkeypatch, v2):
     """The v2 rank sums, over the P sorted runs of a row, a splitter count (one key per window) and a search
     inside the window: every P (one run: the whole buffer; 16 runs of few keys) and window (4: many splitters
     per run) gives the reference's result, in the one-launch and two-launch select forms alike."""
@@ -252,7 +264,7 @@ def test_v2_runs_and_rank_windows(progs, window, gen, triton_device, monkeypatch
     assert (counts <= COARSE_CAP).all() and (counts > 64).any(), counts
 
 
-def test_v2_hot_span_spreads_over_the_runs(gen, triton_device):
+def test_v2_hot_span_spreads_over_the_runs(gen, triton_device, v2):
     """A contiguous span of winners (a passage every query attends to): the live groups are dealt round-robin
     to the select programs, so the span's 96 candidates (six consecutive groups of 16) land in six runs of 32
     slots instead of overflowing one: the row stays off the overflow merge (its count is below the buffer)."""
@@ -271,7 +283,7 @@ def test_v2_hot_span_spreads_over_the_runs(gen, triton_device):
     (3, None), (5, 4),
     cuda_only(20, None, why="20 rows x 1500 in the interpreter, ~10 s: 5 rows above SMALL_BATCH_ROWS = 4 take the "
               "same large-batch form")])
-def test_v2_stage_breakdown(rows, small_batch_rows, gen, triton_device, monkeypatch):
+def test_v2_stage_breakdown(rows, small_batch_rows, gen, triton_device, monkeypatch, v2):
     """_stages < 5 (profile_step's breakdown) runs the select launch(es) only: out holds the -1 fill (the
     large-batch form's stage 2 is its threshold launch alone, which leaves out as it was), no rank;
     _stages = 5 is the whole top-k. small_batch_rows: SMALL_BATCH_ROWS lowered (None: as shipped)."""

@@ -8,7 +8,7 @@ the row has fewer than k groups). Group maxima: with G = 64 the logits kernel's 
 below it those a caller wrote (`group_max`: SPIN's update pass; SpinIndexer always passes one of the two);
 without them `_group_max_kernel` computes them first (G = topk_group(C, k): a row has >= 4k groups).
 
-The v2 chain (TOPK_CHAIN = "v2", production). The top-k of a decode step is latency-bound, not byte-bound
+The v2 chain (TOPK_CHAIN = "v2"; not the default since run 17, see TOPK_CHAIN). The top-k of a decode step is latency-bound, not byte-bound
 (96 x 64K fp32 logits are 25 MB, ~6 us at HBM speed; run 15's four launches took 31 us at B = 1): what costs
 is the number of launches in series (~2-3 us each in a CUDA graph) and, inside each, the chain of CTA-wide
 reductions and dependent global loads. So:
@@ -32,7 +32,7 @@ reductions and dependent global loads. So:
     filled the row with -1). A row where some run overflowed (more than R candidates in one program: massive
     ties, or more live groups than CAP) gets an exact streaming merge over the whole row instead
     (`_merge_overflow`, slow, never wrong), run by the row's first rank program.
-The v1 chain (TOPK_CHAIN = "v1", run 15's, kept for the H200 comparison; profile_step.py times both):
+The v1 chain (TOPK_CHAIN = "v1", production; runs 15-16 measured it; profile_step.py times both):
   1. `_threshold_kernel` (one program per row): tau by a 16-step bisection, the live groups listed.
   2. `_gather_kernel` (row x 16 listed groups): elements >= tau appended to a per-row buffer of CAP = 2 *
      next_pow2(k) keys with atomics (the threshold program zeroed the count).
@@ -65,9 +65,12 @@ RANK_BI = 128  # candidates ranked per program (one per thread at 4 warps)
 # "slow, never wrong") spills.
 RANK_MAXNREG_V1 = 48
 THRESHOLD_TILE_MAX = 16384  # group maxima held in registers by the threshold program (more: chunked passes)
-# Which kernel chain topk_triton runs: "v2" (production: a select launch and a rank launch) or "v1" (run 15's
-# four launches: threshold, gather, chunk sort, rank), kept for the H200 comparison (profile_step.py times both).
-TOPK_CHAIN = "v2"
+# Which kernel chain topk_triton runs: "v1" (the production one again: four launches, threshold, gather, chunk
+# sort, rank; measured in runs 15-16) or "v2" (a select launch and a rank launch). v2 was the default from its
+# merge until run 17 measured the dense V3.2 step at 96 x 128K 13% slower with it (+66 us per layer, the only
+# change on that path: benchmarks/results/run17_v32_regression/); it stays selectable (profile_step.py and
+# bench_v32_step.py --variants time both) until a measurement says where it wins.
+TOPK_CHAIN = "v1"
 # rows <= SMALL_BATCH_ROWS: one select launch of rows x P programs, each computing the row's threshold itself (8
 # programs per row and a 16-warp CTA per SM: 16 rows fill the H200's 132 SMs once); more rows: the threshold in
 # a launch of its own (one program per row), then the gather + sort launch.

@@ -11,7 +11,8 @@ Per (batch, context) point, random weights and caches, next_n = 1:
 - configs: dense = DenseIndexer.run (logits + top-k through the step's backends) + sparse MLA, per layer;
   spin-s = SpinIndexer.plan once (every layer) + run per layer + sparse MLA, from a random steady-state history;
   attention alone (61 layers of sparse MLA over fixed random top-k) gives attention_ms, and
-  indexer_ms = step_ms - attention_ms.
+  indexer_ms = step_ms - attention_ms. --variants repeats dense and SPIN with one part of the step set or
+  switched back (VARIANTS: the top-k chain, plan()'s DeepGEMM schedule, the logits backend), rows "<config>/<variant>".
 Writes <out>/h200_v32_step.csv, .md (command, environment, table) and .json (environment + rows).
 The sparse attention is plain torch (benchmarks/sparse_mla.py), not FlashMLA: attention_ms is an upper bound.
 """
@@ -161,7 +162,7 @@ VARIANTS = {
 
 @contextlib.contextmanager
 def variant(name: str):
-    """The step with one part switched back (VARIANTS), restored on exit."""
+    """The step with one part set or switched back (VARIANTS) while the block runs, restored after."""
     from spin_indexer.ops import topk_triton
 
     if name not in VARIANTS:
@@ -268,6 +269,8 @@ def main(argv=None) -> int:
                    help="comma list of " + ", ".join(f"{k} ({v})" for k, v in VARIANTS.items()))
     p.add_argument("--target-s", type=float, default=0.3, help="time_graph: seconds of replays per config")
     args = p.parse_args(argv)
+    if set(args.variants) - set(VARIANTS):
+        p.error(f"--variants: unknown {sorted(set(args.variants) - set(VARIANTS))}; expected some of {sorted(VARIANTS)}")
     command = "python3 benchmarks/bench_v32_step.py " + " ".join(argv if argv is not None else sys.argv[1:])
     os.makedirs(args.out, exist_ok=True)
     env = environment()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_benchmark_dry
+from conftest import import_benchmark, run_benchmark_dry
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -94,7 +94,6 @@ def test_bench_v32_step_dry_run(tmp_path):
 def test_variants_switch_one_part_each_and_restore_it(monkeypatch):
     # the A/B switches of --variants change exactly their part while active and put it back after,
     # also when the body raises; an unknown name is refused naming the option
-    from conftest import import_benchmark
     from spin_indexer.indexer import SpinIndexer
     from spin_indexer.ops import topk_triton
 
@@ -115,3 +114,10 @@ def test_variants_switch_one_part_each_and_restore_it(monkeypatch):
     assert os.environ["SPIN_INDEXER_LOGITS"] == "deepgemm"
     with pytest.raises(SystemExit, match="--variants"), v32.variant("topk-v3"):
         pass
+
+
+def test_unknown_variant_is_refused_before_any_point(capsys):
+    v32 = import_benchmark("bench_v32_step")
+    with pytest.raises(SystemExit) as exc:
+        v32.main(["--variants", "default,topk-v9", "--points", "1x1024", "--out", "/nonexistent/never-created"])
+    assert exc.value.code == 2 and "--variants: unknown ['topk-v9']" in capsys.readouterr().err

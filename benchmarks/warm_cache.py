@@ -24,9 +24,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def warm_batch(batch: int, next_n: int, small_rows: int = 16) -> int:
+def warm_batch(batch: int, next_n: int, small_rows: int | None = None) -> int:
     """The smallest batch whose launches compile as `batch`'s do: the same == 1 / % 16 specialization of the
-    batch and of the rows (batch x next_n), and the same side of the top-k's small-batch limit (rows)."""
+    batch and of the rows (batch x next_n), and the same side of the top-k's small-batch limit (rows;
+    small_rows, default topk_triton.SMALL_BATCH_ROWS)."""
+    if small_rows is None:
+        from spin_indexer.ops.topk_triton import SMALL_BATCH_ROWS as small_rows
+
     def same(b: int) -> bool:
         return all(((x == 1), (x % 16 == 0)) == ((y == 1), (y % 16 == 0))
                    for x, y in ((b, batch), (b * next_n, batch * next_n))) and \
@@ -55,20 +59,20 @@ def main(argv=None) -> int:
     t0, running, failed = time.time(), [], 0
     for i, job in enumerate(jobs):
         while len(running) >= args.workers:
-            failed += _reap(running, wait=True)
+            failed += _reap(running)
         log = open(os.path.join(args.out, f"warm_{i}.log"), "w")
         cmd = ["timeout", str(int(args.timeout_s)), sys.executable, os.path.join(HERE, "run_all.py"),
                "--out", os.path.join(args.out, f"run_{i}"), *job]
         running.append((" ".join(job), subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
     while running:
-        failed += _reap(running, wait=True)
+        failed += _reap(running)
     print(f"warm_cache: {len(jobs)} processes ({', '.join(sorted(' x '.join(map(str, p)) for p in seen))}), "
           f"{failed} failed or timed out, {time.time() - t0:.0f} s", flush=True)
     return 0
 
 
-def _reap(running: list, wait: bool) -> int:
-    """Collect the finished processes (the first to finish when wait); returns how many failed."""
+def _reap(running: list) -> int:
+    """Wait for the first of the running processes to finish and collect it: 1 if it failed, else 0."""
     while True:
         for entry in list(running):
             name, proc, log = entry
@@ -78,8 +82,6 @@ def _reap(running: list, wait: bool) -> int:
                 if proc.returncode != 0:
                     print(f"warm_cache: {name} exited {proc.returncode}", flush=True)
                 return int(proc.returncode != 0)
-        if not wait:
-            return 0
         time.sleep(0.5)
 
 

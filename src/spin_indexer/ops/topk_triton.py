@@ -437,6 +437,17 @@ if triton is not None:
 
     # -- v2: _select_kernel + _rank_runs_kernel --------------------------------------------------------------
     @triton.jit
+    def _level_counts(top, lo, q):
+        """count(top >= lo + j q) for j = 1, 2, 3 (top: int32 16-bit codes, -1 = invalid) in ONE CTA sum: each
+        key's level (how many of the three it reaches) packed into 20-bit fields of an int64 (< 2^20 keys)."""
+        lvl = (top >= lo + q).to(tl.int32) + (top >= lo + 2 * q).to(tl.int32) + (top >= lo + 3 * q).to(tl.int32)
+        inc = tl.where(lvl == 3, 1 << 40, tl.where(lvl == 2, 1 << 20, lvl.to(tl.int64)))
+        packed = tl.sum(inc, axis=0)
+        c3 = (packed >> 40).to(tl.int32)
+        c2 = ((packed >> 20) & 0xFFFFF).to(tl.int32) + c3
+        return (packed & 0xFFFFF).to(tl.int32) + c2, c2, c3
+
+    @triton.jit
     def _bisect_tile(top, k, PROBES: tl.constexpr):
         """The largest t in [0, 65535] with count(top >= t) >= k (top: int32 16-bit codes, -1 = invalid;
         count(top >= 0) >= k is the caller's precondition). PROBES = 1: 16 halving steps, one CTA sum each;
@@ -451,12 +462,7 @@ if triton is not None:
         else:
             for s in tl.static_range(8):
                 q = 16384 >> (2 * s)
-                lvl = (top >= lo + q).to(tl.int32) + (top >= lo + 2 * q).to(tl.int32) + (top >= lo + 3 * q).to(tl.int32)
-                inc = tl.where(lvl == 3, 1 << 40, tl.where(lvl == 2, 1 << 20, lvl.to(tl.int64)))
-                packed = tl.sum(inc, axis=0)
-                c3 = (packed >> 40).to(tl.int32)
-                c2 = ((packed >> 20) & 0xFFFFF).to(tl.int32) + c3
-                c1 = (packed & 0xFFFFF).to(tl.int32) + c2
+                c1, c2, c3 = _level_counts(top, lo, q)
                 lo = tl.where(c3 >= k, lo + 3 * q, tl.where(c2 >= k, lo + 2 * q, tl.where(c1 >= k, lo + q, lo)))
         return lo
 
@@ -470,14 +476,10 @@ if triton is not None:
             g = s0 + tl.arange(0, SB)
             u = _ukey(tl.load(base + g, mask=g < n_valid, other=0.0))
             top = tl.where(g < n_valid, (u >> 16).to(tl.int32), -1)
-            lvl = (top >= lo + q).to(tl.int32) + (top >= lo + 2 * q).to(tl.int32) + (top >= lo + 3 * q).to(tl.int32)
-            inc = tl.where(lvl == 3, 1 << 40, tl.where(lvl == 2, 1 << 20, lvl.to(tl.int64)))
-            packed = tl.sum(inc, axis=0)
-            d3 = (packed >> 40).to(tl.int32)
-            d2 = ((packed >> 20) & 0xFFFFF).to(tl.int32) + d3
-            c3 += d3
+            d1, d2, d3 = _level_counts(top, lo, q)
+            c1 += d1
             c2 += d2
-            c1 += (packed & 0xFFFFF).to(tl.int32) + d2
+            c3 += d3
         return c1, c2, c3
 
     @triton.jit

@@ -6,7 +6,8 @@ ptxas that ships with triton with -v, and disassembles the cubin to tell where t
 lane-bisection loops of the register path, run ~20-40 times per program), the rest run once or once per
 prediction row. The counts are indicative: the local triton may differ from the one on the GPU host, so
 check with that one too (a triton 3.6 wheel unpacked into /tmp/t36: `PYTHONPATH=/tmp/t36:src`): run 17's H = 1
-tile spilled 125 KB and took 254 s in ptxas under 3.6, nothing under 3.9.
+tile of the multiway select (reverted after run 18) spilled 125 KB and took 254 s in ptxas under 3.6, nothing
+under 3.9.
 
     PYTHONPATH=src python benchmarks/plan_registers.py                 # the register path's default configs
     PYTHONPATH=src python benchmarks/plan_registers.py --sb 8192 --warps 8 --maxnreg 0 --rows 4 --slot
@@ -72,11 +73,10 @@ def compile_sm90(fn, consts: dict, arg_type, script: str, div16=(), **options):
 
 
 def compile_counts(sb: int, warps: int, maxnreg: int | None, rows: int = 1, slot: bool = False,
-                   explore: bool = True, combine: int = 0, sbs: int = 64, reg: bool = True,
-                   pairs: int | None = None) -> dict:
+                   explore: bool = True, combine: int = 0, sbs: int = 64, reg: bool = True) -> dict:
     fn = P._plan_select_kernel
     cfg = dict(T=64, TP=64, NP=rows, SB=sb, SBS=sbs, SLOT=slot, COMBINE=combine, MEAN=slot, EXPLORE=explore,
-               REG=reg, H=pairs or P._register_pairs(sb, warps))
+               REG=reg)
     def arg_type(name):
         return PTR.get(name, "i64" if name in ("sparsity_bits", "gamma_bits") else "i32")
 
@@ -107,15 +107,13 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1, help="NP: prediction rows (next_n, a power of two)")
     ap.add_argument("--slot", action="store_true", help="a per-slot rule (reduce=mean)")
     ap.add_argument("--no-explore", action="store_true")
-    ap.add_argument("--pairs", type=int, help="H: point pairs per multiway round (default: the launcher's)")
     a = ap.parse_args()
-    print(f"{'SB':>6} {'warps':>5} {'H':>3} {'maxnreg':>7} {'regs':>5} {'spill st/ld B':>14} {'inner loops':>11}")
+    print(f"{'SB':>6} {'warps':>5} {'maxnreg':>7} {'regs':>5} {'spill st/ld B':>14} {'inner loops':>11}")
     for sb in a.sb or [2048, 8192, 16384]:
         warps = a.warps or P._register_warps(sb)
         cap = P._register_maxnreg(warps) if a.maxnreg is None else (a.maxnreg or None)
-        pairs = a.pairs or P._register_pairs(sb, warps)
-        c = compile_counts(sb, warps, cap, rows=a.rows, slot=a.slot, explore=not a.no_explore, pairs=pairs)
-        print(f"{sb:>6} {warps:>5} {pairs:>3} {str(cap):>7} {str(c['regs']):>5} {c['spill_st']:>6}/{c['spill_ld']:<7} "
+        c = compile_counts(sb, warps, cap, rows=a.rows, slot=a.slot, explore=not a.no_explore)
+        print(f"{sb:>6} {warps:>5} {str(cap):>7} {str(c['regs']):>5} {c['spill_st']:>6}/{c['spill_ld']:<7} "
               f"{c['inner']:>11}" + (f"  {c['log'][-300:]}" if c["log"] else ""))
 
 

@@ -12,7 +12,6 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import FULL_CASES, cuda_only
 from spin_indexer.indexer import SpinIndexer
 from spin_indexer.predictor import SpinConfig
 
@@ -126,11 +125,11 @@ def _check(ref, got, batch, width, layers):
 
 
 def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accepted=False, bad=False, seen=None,
-         grid=None, graph=False, path="register", extra_width=2, shared=0, pairs=None):
+         grid=None, graph=False, path="register", extra_width=2, shared=0):
     """Plan `steps` steps with the torch path and the kernel from the same random state and compare everything
     each step. path: the kernel's selection path ("register" or "chunked"); extra_width: table columns past
     the longest request; shared: the first `shared` blocks of every request are request 0's (a prefix-cache
-    hit); pairs: H of the register path's multiway searches (None: the launcher's choice for the tile)."""
+    hit)."""
     from spin_indexer.predictor.plan_triton import plan_step_triton, supports
     assert supports(cfg)
     batch = len(final_lens)
@@ -174,7 +173,7 @@ def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accept
             g.replay()
         else:
             plan_step_triton(cfg, got.state, got.workspace, *args, block=16, score_block=8,
-                             register_tile=0 if path == "chunked" else 1 << 14, pairs=pairs)
+                             register_tile=0 if path == "chunked" else 1 << 14)
         _check(ref, got, batch, width, layers)
         # an EMA update between steps, the same on both sides
         touched = torch.randperm(cache, generator=gen)[:2 * cache // 3]
@@ -291,17 +290,13 @@ try:
     from spin_indexer.predictor.plan_triton import _take, _threshold
 
     @triton.jit
-    def _threshold_probe(key_ptr, ok_ptr, need_ptr, out_ptr, info_ptr, est, S: tl.constexpr,
-                         UNIFORM: tl.constexpr, H: tl.constexpr, TOP: tl.constexpr):
+    def _threshold_probe(key_ptr, ok_ptr, need_ptr, out_ptr, S: tl.constexpr, UNIFORM: tl.constexpr):
         """out int8 [S]: the lanes _threshold + _take select for keys uint32 (given as int64, >= 1 where ok)
-        and ok int8; the kernel marks the non-candidates with key 0. info int64 [2]: _threshold's count
-        and taken. est: the uniform search's expected count; H: point pairs per round; TOP: the free probe."""
+        and ok int8; the kernel marks the non-candidates with key 0."""
         i = tl.arange(0, S)
         key = tl.where(tl.load(ok_ptr + i) != 0, tl.load(key_ptr + i).to(tl.uint32), 0)
-        t, ties, count, taken = _threshold(key, tl.load(need_ptr), UNIFORM, H, TOP, est)
-        tl.store(out_ptr + i, _take(key, t, ties, H).to(tl.int8))
-        tl.store(info_ptr, count.to(tl.int64))
-        tl.store(info_ptr + 1, taken.to(tl.int64))
+        t, ties = _threshold(key, tl.load(need_ptr), UNIFORM)
+        tl.store(out_ptr + i, _take(key, t, ties).to(tl.int8))
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -330,21 +325,17 @@ def _cases(gen, size):
     yield "none-ok", rnd, torch.zeros(size, dtype=torch.bool)
 
 
-def _check_threshold(keys, ok, need, uniform, dev, what, pairs=2, top=0xFFFFFFFF, est=None):
+def _check_threshold(keys, ok, need, uniform, dev, what):
     """The kernel's selection of the `need` largest ok keys against a stable descending sort (ties to the
-    lower lane), and its count / taken; its outputs are poisoned before the launch. est: the uniform
-    search's expected count (None: the true count)."""
+    lower lane); its output is poisoned before the launch."""
     size = keys.shape[0]
     order = sorted((i for i in range(size) if ok[i]), key=lambda i: (-int(keys[i]), i))
     want = torch.zeros(size, dtype=torch.int8)
     want[order[:need]] = 1
     out = torch.full((size,), 7, dtype=torch.int8, device=dev)
-    info = torch.full((2,), -7, dtype=torch.int64, device=dev)
-    count = int(ok.sum())
-    _threshold_probe[(1,)](keys.to(dev), ok.to(torch.int8).to(dev), torch.tensor([need], device=dev), out, info,
-                           count if est is None else est, S=size, UNIFORM=uniform, H=pairs, TOP=top)
+    _threshold_probe[(1,)](keys.to(dev), ok.to(torch.int8).to(dev), torch.tensor([need], device=dev), out, S=size,
+                           UNIFORM=uniform)
     assert torch.equal(out.cpu(), want), what
-    assert info.cpu().tolist() == [count, min(max(need, 0), count)], what
 
 
 @pytest.mark.parametrize("uniform", [False, True], ids=["bisect", "bracketed"])
@@ -373,117 +364,3 @@ def test_threshold_on_wide_hash_tiles(uniform, gen, triton_device):
     count = int(ok.sum())
     for need in (1, 7, count // 20, count // 2, count - 2, count):
         _check_threshold(keys, ok, need, uniform, triton_device, f"need {need} of {count}")
-
-
-KEY_INF16 = 0xFF800000 >> 13  # the register path's key of +inf (a forced block) over 16-bit scores
-
-
-def _tie_cases(gen, size):
-    """Keys where the multiway search must cut ties, stop on an exact count or use the free probe at the
-    key of +inf: few distinct values (many ties at every threshold), forced +inf keys above scores (and a
-    few NaN keys above those), runs of equal keys across a round's points."""
-    few = 1 + torch.randint(0, 3, (size,), generator=gen) * 1000
-    scores = 1 + torch.randint(0, 2**17, (size,), generator=gen)
-    forced = torch.where(torch.rand(size, generator=gen) < 0.3, KEY_INF16, scores)
-    nan = forced.clone()
-    nan[::11] = KEY_INF16 + 5
-    runs = (torch.arange(size) // 5) * 7 + 1
-    yield "few-values", few, torch.ones(size, dtype=torch.bool)
-    yield "forced-inf", forced, torch.rand(size, generator=gen) < 0.9
-    yield "forced-inf-nan", nan, torch.ones(size, dtype=torch.bool)
-    yield "runs", runs, torch.ones(size, dtype=torch.bool)
-    yield "all-forced", torch.full((size,), KEY_INF16), torch.ones(size, dtype=torch.bool)
-
-
-@pytest.mark.parametrize("pairs", [
-    pytest.param(1, id="h1"), pytest.param(2, id="h2"),
-    cuda_only(4, id="h4", why="~10 s in the interpreter, and the launcher never picks H = 4 (_register_pairs: 1 or 2)")])
-def test_multiway_threshold_cuts_ties_like_a_sort(pairs, gen, triton_device):
-    # both widths of a round, with the free probe at the key of +inf (TOP) and without it
-    if triton is None:
-        pytest.skip("triton")
-    size = 64
-    for name, keys, ok in _tie_cases(gen, size):
-        count = int(ok.sum())
-        for need in sorted({0, 1, 2, 7, count // 3, count // 2, count - 1, count, count + 5}):
-            for top in (KEY_INF16, 0xFFFFFFFF):
-                _check_threshold(keys, ok, need, False, triton_device, f"{name}, need {need} of {count}, top {top}",
-                                 pairs=pairs, top=top)
-
-
-UNIFORM_WHY = ("~12 s each in the interpreter; est-low and est-high run both wrong-estimate sides at H = 2 here, "
-               "and the H = 1 uniform search runs in test_multiway_on_a_production_width_tile[hashes] and the "
-               "h1 selection tests")
-
-
-@pytest.mark.parametrize("est,pairs", [
-    pytest.param(1, 2, id="est-low"), pytest.param(10**6, 2, id="est-high"),
-    cuda_only(7, 1, id="h1-est-low", why=UNIFORM_WHY), cuda_only(None, 2, id="est-exact", why=UNIFORM_WHY),
-    cuda_only(None, 1, id="h1", why=UNIFORM_WHY)])
-def test_uniform_threshold_is_exact_with_any_estimate(est, pairs, gen, triton_device):
-    # stage C's first round places its points from an estimate of the count: a wrong estimate (or keys that
-    # are not uniform) moves the bracket off the answer and costs rounds, never exactness
-    if triton is None:
-        pytest.skip("triton")
-    size = 256
-    for name, keys, ok in list(_cases(gen, size)) + list(_tie_cases(gen, size)):
-        count = int(ok.sum())
-        for need in sorted({0, 1, count // 10, count // 2, count - 1, count + 1}):
-            _check_threshold(keys, ok, need, True, triton_device, f"{name}, need {need} of {count}", est=est,
-                             pairs=pairs)
-
-
-@pytest.mark.parametrize("cfg,lens,extra_width,grid", [
-    # W = 1 (a one-lane tile) and W = 64 / 65 (a tile edge: 64 lanes full, then 128 lanes with 63 empty)
-    (dataclasses.replace(BASE, dense_below=0, topk=16), (64, 40), 0, None),
-    (dataclasses.replace(BASE, dense_below=0, sparsity=0.6), (64 * T, 20 * T + 9), 0, "coarse"),
-    (dataclasses.replace(BASE, dense_below=0, sparsity=0.6), (65 * T - 3, 64 * T), 0, "coarse"),
-    # W not a power of two, every scored block tied: the cut lane is found by the multiway lane search
-    (dataclasses.replace(BASE, dense_below=0, sparsity=0.5, combine="vertical"), (45 * T + 1, 23 * T), 3, "flat"),
-    # A0 leaves budget unused: diagonal only, small window, sparsity 0: fewer candidates than k1
-    (dataclasses.replace(BASE, dense_below=0, combine="diagonal", diagonal_window=70, sparsity=0.0,
-                         exploration="none", gamma=0.0), (40 * T, 17 * T + 2), 1, None),
-    (dataclasses.replace(BASE, dense_below=0, combine="diagonal", diagonal_window=70, sparsity=0.1, gamma=0.5),
-     (40 * T, 17 * T + 2), 1, "coarse"),
-    # exploration with a small and a large budget share
-    (dataclasses.replace(BASE, dense_below=0, sparsity=0.8, gamma=0.05), (90 * T + 3, 33 * T), 2, None),
-    (dataclasses.replace(BASE, dense_below=0, sparsity=0.2, gamma=0.9), (90 * T + 3, 33 * T), 2, None),
-], ids=["w1", "w64", "w65", "flat-ties", "a0-unused", "a0-unused-explore", "explore-small", "explore-large"])
-@pytest.mark.parametrize("pairs", [None, 1], ids=["h-default", "h1"])
-def test_multiway_selection_edges(cfg, lens, extra_width, grid, pairs, gen, triton_device):
-    # the small tiles here take H = 2; H = 1 is the wide tiles' choice (SB >= 8192), forced here
-    _run(cfg, lens, 1, gen, triton_device, steps=2, grow=[0, 0] if lens[0] <= T else [T, 0], layers=1, grid=grid,
-         extra_width=extra_width, pairs=pairs)
-
-
-@pytest.mark.parametrize("next_n,grid,pairs", [(3, "coarse", None), (4, "coarse", None), (4, None, None),
-                                               (4, "coarse", 1), (2, None, 4)])
-def test_multiway_row_local_rows(next_n, grid, pairs, gen, triton_device):
-    # row-local: every row runs its own search on its own keys (tied coarse scores), the union kept; stage
-    # C's estimate of its candidates comes from the largest row only
-    cfg = dataclasses.replace(BASE, mtp="row-local", dense_below=0, sparsity=0.6, diagonal_window=300)
-    _run(cfg, (50 * T + 5, 31 * T, 8 * T), next_n, gen, triton_device, steps=2, grow=[next_n, 0], layers=2,
-         grid=grid, accepted=True, pairs=pairs)
-
-
-@pytest.mark.parametrize("uniform", [False, True], ids=["scores", "hashes"])
-def test_multiway_on_a_production_width_tile(uniform, gen, triton_device):
-    # 8192 lanes at H = 1 (the launcher's choice there): tied keys over the whole tile, so the lane search
-    # runs its ~9 rounds, and forced +inf keys above 19-bit scores (the free probe)
-    if triton is None:
-        pytest.skip("triton")
-    size = 8192
-    if uniform:
-        keys = 1 + torch.randint(0, 2**31, (size,), generator=gen, dtype=torch.int64)
-        keys[::3] = keys[7]  # a third of the lanes share one hash
-    else:
-        keys = 1 + torch.randint(0, 40, (size,), generator=gen) * 3000
-        keys[torch.rand(size, generator=gen) < 0.1] = KEY_INF16
-    ok = torch.rand(size, generator=gen) < 0.9
-    count = int(ok.sum())
-    needs = (1, 333, count // 2, count - 3)
-    if not (uniform or FULL_CASES):  # the scores' searches take ~4 s each in the interpreter: two of the four
-        needs = (333, count - 3)
-    for need in needs:
-        _check_threshold(keys, ok, need, uniform, triton_device, f"need {need} of {count}", pairs=1,
-                         top=KEY_INF16)

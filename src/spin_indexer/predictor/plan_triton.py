@@ -16,25 +16,20 @@ Launch 2, `_plan_select_kernel`, grid (max(B, 1), L): program (b, l) does the se
   A. one gather of every block's id and block max; forced blocks (+inf key); row 0's scores: reduce=max
      takes the block max before the diagonal window, the window's blocks (every block of a per-slot rule)
      are scored in [score_block, T] tiles written to a float32 scratch row and read back once;
-  B. per prediction row (1 for row0, next_n for row-local): the exact k1-th largest key t by multiway
-     counting on the key value (_search: per round 2H evenly spaced points in t's interval, their counts
-     in ONE block reduction, the interval shrinking (2H + 1)-fold where a bisection step halved it; H = 2
-     up to 2048 blocks, 1 above), starting from one tuple reduction (_stats: the count, the keys' range,
-     row 0's forced count, and a free probe at the key of +inf that takes the forced blocks out of the
-     interval), early exit when a count equals k1; the keys are the fp32 order key >> 13 when every score
-     is a 16-bit float (19 bits), else 32. The counts at both ends of the interval stay known, so the keys
-     above and at t need no reduction: keys > t and the first k1 - count(key > t) ties in block order
-     (ties to the lower block; the cut lane by the same multiway counting on the lane index, only when a
-     tie is cut), OR-ed into the kept mask. Rows past the first re-score only the blocks their diagonal
-     window reaches, through the scratch as in A, and read row 0's scores of the blocks before back from it;
+  B. per prediction row (1 for row0, next_n for row-local): the exact k1-th largest key t by bisection on
+     the key value (count(key >= mid) per step, from [min, max] of the keys, early exit when a count equals
+     k1; the keys are the fp32 order key >> 13 when every score is a 16-bit float, so at most 19 steps,
+     else 32), then keys > t and the first k1 - count(key > t) ties in block order (ties to the lower
+     block; the cut lane by a bisection on the lane index, only when a tie is cut), OR-ed into the kept
+     mask. Rows past the first re-score only the blocks their diagonal window reaches, through the scratch
+     as in A, and read row 0's scores of the blocks before back from it;
   C. random exploration: the same search over the inline 31-bit hash of (seed, slot, step, block, layer)
-     among the valid unkept blocks (hash desc, lower block on ties, as select_blocks with `hashes`); its
-     first round counts at 1 (the candidates' count) and at points spread over a bracket around the
-     hashes' expected quantile (the count estimated from stage B's), so it needs no count reduction of its
-     own (exact counts: the result never depends on the hashes being uniform or the estimate right);
-  D. compaction in ascending block order from the register mask (one scan; num_kept from stage C's counts
-     with exploration, else one sum): only kept entries of kept_blocks / compact_table, num_kept,
-     compact_lens; program (b, 0) then writes step and seen_len of the slot, (0, 0) the clock.
+     among the valid unkept blocks (hash desc, lower block on ties, as select_blocks with `hashes`), first
+     narrowed by two probes around the hashes' expected quantile (exact counts: the result never depends
+     on the hashes being uniform);
+  D. compaction in ascending block order from the register mask (one scan): only kept entries of
+     kept_blocks / compact_table, num_kept, compact_lens; program (b, 0) then writes step and seen_len of
+     the slot, (0, 0) the clock.
   Chunked path (wider tables, or register_tile=0): tiles of `block` blocks, keys and flags staged in the
   scratch (float32 key and int8 flag per block) and re-read by every pass: B and C are radix selects (4
   passes of 8 bits, tl.histogram) with a mark pass writing flag 2; D reads the flags back.
@@ -63,25 +58,6 @@ fewer per search (tuple reductions, no cumsum): ~50 -> ~35 dependent reductions.
 per SM overlap their latency-bound chains (32 compares per thread per step), so ~4.3 x 0.7 / 2 = ~1.5 ms
 per step at 96 x 512K (~2.9x; 1.3-1.7 ms with the unknowns: triton 3.6's ptxas, the spill traffic, how
 well two chains overlap) and ~0.52 x 0.75 = ~0.4 ms at 96 x 128K (same occupancy, fewer steps).
-Multiway counting (helper, branch plan-multiway, UNMEASURED on the H200; predicted as follows). Dependent
-block reductions per row-0 program, simulated on normal fp16 block maxima and 31-bit hashes (budget 50%,
-gamma 0.2; "ties": scores on a 1/4 grid): bisection ~32-39 at 2048 blocks, ~35-42 at 8192 / 16384 (B ~21
-with the forced count and the above/at count, the tie cut 1-9, C + D ~11-13); multiway 13-16 at 2048
-(H = 2: B ~9, cut 1-3, C ~4) and 20-24 at 8192 / 16384 (H = 1: B ~13, cut 2-6, C ~5). A round costs more
-issue than a bisection step (sm_90a SASS per round: 369 instructions at H = 2 / 16 lanes per thread against
-89; 276 at H = 1 / 32 lanes against 140; the same REDUX per sum and 2 barriers), so the saving depends on
-how latency-bound the chain is: with per-reduction latency L = 600-2000 cycles and the co-resident warps'
-issue on top, the chain shrinks ~35-55% at 2048 blocks and ~15-35% at 8192 / 16384. Predicted plan() per
-layer (run 16: 7.4 / 25 / 88 us): 96 x 128K 4.8-6.6 us, 96 x 512K 19.5-23.5 us, 96 x 1M 76-85 us; the low
-ends hold if the reduction chain is most of a program's time, as the byte count suggests, the high ends if
-stage A's gathers and D take more than the brief's model assumes. Wider rounds were measured against the
-register file, not the clock: H = 4 needs a second shared-memory exchange per round in triton 3.9 (4
-barriers, 725 / 1089 instructions) and H = 8 spilled 216 B at 2048 blocks. ptxas -v (sm_90a, triton 3.9,
-benchmarks/plan_registers.py, registers / spill bytes st/ld, before -> after; no spill inside any loop
-before or after): 2048 / 4 warps 168 / 124/132 -> 168 / 68/68, 8192 / 8 warps 128 / 424/512 -> 128 /
-548/552, 16384 / 16 warps 128 / 272/296 -> 128 / 364/372; --rows 4: 116/128 -> 116/120, 480/604 -> 600/656,
-308/416 -> 360/380; --slot: 276/288 -> 332/332, 480/488 -> 560/564, 376/384 -> 380/384 (the extra spills sit
-in code run once per program or per row: ~40 KB of L1 traffic per program at 8192).
 Semantics: bit-identical to the torch path. reduce=mean sums a block's slot scores in another order than
 torch, so it is identical when those sums are exact in float32 (the tests use such values) and otherwise
 within float32 rounding. Block ids outside [0, num_cache_blocks) read as the trash block, treated as
@@ -142,21 +118,9 @@ def _register_maxnreg(warps: int) -> int | None:
     return 168 if warps <= 4 else 128 if warps <= 8 else None
 
 
-def _register_pairs(sb: int, warps: int) -> int:
-    """H: point pairs per round of the register path's multiway searches (2H points counted in one block
-    reduction: a (2H + 1)-fold narrowing where a bisection step halves). A round costs every thread 2H
-    compares per lane it holds, so H falls as the lanes per thread grow: 2 (5-fold, 2.32 bits per round) at
-    <= 16 lanes per thread (SB <= 2048 at 4 warps), 1 (3-fold, 1.58 bits) at 32 (SB = 8192 / 8 warps,
-    16384 / 16). sm_90a SASS per search round (triton 3.9): bisection 89 / 140 instructions at 16 / 32
-    lanes per thread, H = 1 191 / 276, H = 2 369 / 547 (one warp REDUX per sum and 2 barriers per round, as
-    a bisection step), H = 4 725 / 1089 with a second shared-memory exchange (4 barriers per round)."""
-    return 2 if sb <= 16 * 32 * warps else 1
-
-
 def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      slot_ids: torch.Tensor, num_accepted: torch.Tensor | None, block: int = 1024,
-                     score_block: int = 64, num_warps: int | None = None, register_tile: int = MAX_TILE,
-                     pairs: int | None = None) -> None:
+                     score_block: int = 64, num_warps: int | None = None, register_tile: int = MAX_TILE) -> None:
     """The fused plan(): writes ws (kept_blocks, compact_table, num_kept, compact_lens of every layer, and
     num_blocks, guarded, update_rows) and advances the state exactly as the torch path of SpinIndexer.plan().
 
@@ -166,7 +130,7 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
     (and of the reset kernel, at most 32) / of the scoring passes (powers of two; tests pass small ones to
     cross tiles); num_warps: of the select kernel, None = chosen from the tile. register_tile: the largest
     register tile (capped at MAX_TILE); a table whose next_pow2(W) exceeds it takes the chunked path (tests
-    pass 0 to force it). pairs: H of the register path's multiway searches (1, 2 or 4; None = _register_pairs).
+    pass 0 to force it).
     """
     batch, width = block_table.shape
     next_n = seq_lens.shape[1]
@@ -219,7 +183,7 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
         config.topk, config.guard_tokens, config.guard_batch_tokens, -(-config.topk // t) + 1,
         _f64_bits(config.sparsity), _f64_bits(config.gamma), (config.seed * 0x9E3779B1) & _MASK31,
         SB=sb, SBS=sbs, SLOT=mean or config.combine is Combine.SUM, COMBINE=combine, MEAN=mean,
-        EXPLORE=explore, REG=reg, H=pairs or _register_pairs(sb, warps), enable_fp_fusion=False, num_warps=warps,
+        EXPLORE=explore, REG=reg, enable_fp_fusion=False, num_warps=warps,
         maxnreg=_register_maxnreg(warps) if reg else None, **common)
 
 
@@ -398,7 +362,7 @@ if triton is not None:
         _ukey >> SHIFT, and 0 on the lanes that are not candidates (-inf). SHIFT = 13 when every score is a
         16-bit float (reduce=max with no per-slot rule over an fp16/bf16 state: block maxima and diagonal
         values, +-inf): the low 13 bits of their fp32 order key are all equal within a sign (zeros, or ones
-        for negatives), so the shifted key keeps the order and every distinction, and the search of
+        for negatives), so the shifted key keeps the order and every distinction, and the bisection of
         _threshold runs on at most 19 bits instead of 32. Every candidate key is >= 1 (the key of -inf is
         0x007FFFFF, of any larger value above it), so 0 marks the non-candidates without a mask tensor."""
         sk = tl.where(_is_forced(s), float("inf"), s)
@@ -433,270 +397,94 @@ if triton is not None:
         return tl.load(scr + blk, mask=(blk >= first) & (blk < n), other=NEG_INF)
 
     @triton.jit
-    def _stats_op(c0, lo0, bl0, ct0, hi0, c1, lo1, bl1, ct1, hi1):
-        return c0 + c1, tl.minimum(lo0, lo1), tl.maximum(bl0, bl1), ct0 + ct1, tl.maximum(hi0, hi1)
-
-    @triton.jit
-    def _stats_op6(c0, lo0, bl0, ct0, hi0, e0, c1, lo1, bl1, ct1, hi1, e1):
-        return c0 + c1, tl.minimum(lo0, lo1), tl.maximum(bl0, bl1), ct0 + ct1, tl.maximum(hi0, hi1), e0 + e1
-
-    @triton.jit
-    def _stats_parts(key, TOP: tl.constexpr):
-        cand = key != 0
-        return (cand.to(tl.int32), tl.where(cand, key, 0xFFFFFFFF), tl.where(key < TOP, key, 0),
-                (key >= TOP).to(tl.int32), key)
-
-    @triton.jit
-    def _stats(key, TOP: tl.constexpr):
-        """(count, min, below, top, max) of the candidate keys (uint32 [S], 0 = not a candidate) in ONE
-        tuple reduction: count(key != 0), min and max over the candidates, below = the largest key < TOP (0
-        if none) and top = count(key >= TOP). No key lies in (below, TOP), so count(key >= x) = top for every
-        x in [below + 1, TOP]: with TOP = the key of +inf (the forced blocks) a free probe that takes the
-        forced blocks out of the search interval before its first round."""
-        return tl.reduce(_stats_parts(key, TOP), 0, _stats_op)
-
-    @triton.jit
-    def _stats_extra(key, extra, TOP: tl.constexpr):
-        """_stats and the sum of int32 [S] extra in the same reduction (row 0 counts its forced blocks)."""
-        c, lo, bl, ct, hi = _stats_parts(key, TOP)
-        return tl.reduce((c, lo, bl, ct, hi, extra), 0, _stats_op6)
-
-    @triton.jit
-    def _add4(a0, b0, c0, d0, a1, b1, c1, d1):
-        return a0 + a1, b0 + b1, c0 + c1, d0 + d1
-
-    @triton.jit
-    def _pair(ok_a, ok_b):
-        """int32 [S]: two 0/1 lane flags in the 16-bit halves of one int32 (a count is at most S <= MAX_TILE
-        < 2**16, so a block sum of pairs is two exact counts)."""
-        return ok_a.to(tl.int32) + (ok_b.to(tl.int32) << 16)
-
-    @triton.jit
-    def _sum_pairs(p0, p1, p2, p3, H: tl.constexpr):
-        """The H pair sums (H = 1: p0; 2: p0, p1; 4: p0..p3; the others unused) in ONE block reduction of an
-        [H, S] tensor (every thread holds the H sums: one warp reduction instruction each and one
-        shared-memory exchange at H <= 2)."""
-        if H == 1:  # a plain [S] sum: an [1, S] tile made triton 3.6 spill ~125 KB at 8192 lanes (254 s ptxas)
-            s0 = tl.sum(p0, axis=0)
-            return s0, s0 * 0, s0 * 0, s0 * 0
-        i = tl.arange(0, H)[:, None]
-        if H == 2:
-            v = tl.where(i == 0, p0[None, :], p1[None, :])
-        else:
-            v = tl.where(i == 0, p0[None, :], tl.where(i == 1, p1[None, :], tl.where(i == 2, p2[None, :], p3[None, :])))
-        tot = tl.sum(v, axis=1, keep_dims=True)  # [H, 1] in v's layout: the H sums in every thread
-        s0 = _pick(tot, i, 0)
-        s1 = s0 * 0
-        if H >= 2:
-            s1 = _pick(tot, i, 1)
-        s2 = s0 * 0
-        s3 = s0 * 0
-        if H == 4:
-            s2 = _pick(tot, i, 2)
-            s3 = _pick(tot, i, 3)
-        return s0, s1, s2, s3
-
-    @triton.jit
-    def _pick(tot, i, K: tl.constexpr):
-        """Scalar row K of tot [H, 1] (rows i [H, 1]), in the layout tot has (in-thread: no exchange)."""
-        return tl.sum(tl.sum(tl.where(i == K, tot, 0), axis=1), axis=0)
+    def _count_min_max(c0, lo0, hi0, c1, lo1, hi1):
+        return c0 + c1, tl.minimum(lo0, lo1), tl.maximum(hi0, hi1)
 
     @triton.jit
     def _add2(a0, b0, a1, b1):
         return a0 + a1, b0 + b1
 
     @triton.jit
-    def _lohi(p):
-        return (p & 0xFFFF).to(tl.int64), (p >> 16).to(tl.int64)
+    def _probe(lo, hi, x, c, need):
+        """One bisection update from c = count(key >= x) at a probe x: lo keeps count(key >= lo) >= need, hi
+        keeps count(key > hi) < need, c == need ends the search at x; a probe outside (lo, hi] changes
+        nothing (so a bad guess costs its count and no exactness)."""
+        inside = (x > lo) & (x <= hi)
+        nlo = tl.where(c >= need, x, lo)
+        nhi = tl.where(c > need, hi, tl.where(c == need, x, x - 1))
+        return tl.where(inside, nlo, lo), tl.where(inside, nhi, hi)
 
     @triton.jit
-    def _pt(lo, hi, step, K: tl.constexpr):
-        """The K-th point of a round: lo + K * step, clamped to hi."""
-        return tl.minimum(lo + K * step, hi)
+    def _threshold(key, need, UNIFORM: tl.constexpr = False):
+        """(t uint32, ties int32) scalars such that the lanes with key > t, then the first `ties` lanes with
+        key == t in lane order, are the min(need, count) largest nonzero keys, ties to the lower lane: the
+        (prefix, need) the radix select of the chunked path ends with. ties = ALL_TIES (2**30) when every
+        lane with key == t is taken (no tie is cut: _take then needs no lane search). key: uint32 [S], 0 =
+        not a candidate (every candidate is >= 1); need: int scalar.
 
-    @triton.jit
-    def _merge(a, b):
-        """Two narrowings of one interval (lo, clo, hi1, chi1) into the tighter one (see _point)."""
-        return (tl.maximum(a[0], b[0]), tl.minimum(a[1], b[1]), tl.minimum(a[2], b[2]), tl.maximum(a[3], b[3]))
+        t is the need-th largest candidate key, by bisection on the key value with one count per step (a
+        compare per element and a block reduction, no histogram): lo keeps count(key >= lo) >= need, hi keeps
+        count(key > hi) < need. It starts from [min, max] of the candidate keys (at most bit_length(max - min)
+        steps: <= 19 on the shifted 16-bit-score keys, <= 31 on hashes) and stops early when a count hits need
+        exactly: every key >= mid is then taken and no tie is cut, which the returned (t, ties) still say
+        exactly. need >= count: t = min (all); need <= 0: t = max and no ties (none). Every count compares
+        against mid >= 1 (mid > lo >= min >= 1), so the 0 lanes never count. Each block reduction is a
+        dependent round of shuffles and a barrier, so the count, min and max go in one (tuple) reduction, and
+        so do the counts above and at t.
 
-    @triton.jit
-    def _point(st, need, x, c):
-        """The narrowing of interval state st = (lo, clo, hi1, chi1) by one exact count c = count(key >= x):
-        clo = count(key >= lo) >= need > chi1 = count(key >= hi1), int64 scalars, t (the need-th largest
-        key) in [lo, hi1). lo moves to x when c >= need, hi1 to x otherwise; a point outside [lo, hi1]
-        changes nothing after _merge (max / min with the old ends), so a badly placed point costs nothing
-        but its lane."""
-        ge = c >= need
-        return (tl.where(ge, x, st[0]), tl.where(ge, c, st[1]), tl.where(ge, st[2], x), tl.where(ge, st[3], c))
-
-    @triton.jit
-    def _narrow8(st, need, x1, x2, x3, x4, x5, x6, x7, x8, s0, s1, s2, s3, H: tl.constexpr):
-        """st narrowed by the 2H points x1 <= x2 <= ... and the pair sums s0.. of their counts (a tree of
-        max / min: log2(2H) dependent steps, not 2H)."""
-        c1, c2 = _lohi(s0)
-        m = _merge(_point(st, need, x1, c1), _point(st, need, x2, c2))
-        if H >= 2:
-            c3, c4 = _lohi(s1)
-            m = _merge(m, _merge(_point(st, need, x3, c3), _point(st, need, x4, c4)))
-        if H == 4:
-            c5, c6 = _lohi(s2)
-            c7, c8 = _lohi(s3)
-            m = _merge(m, _merge(_merge(_point(st, need, x5, c5), _point(st, need, x6, c6)),
-                                 _merge(_point(st, need, x7, c7), _point(st, need, x8, c8))))
-        return _merge(m, st)
-
-    @triton.jit
-    def _search(key, st, need, H: tl.constexpr):
-        """(t uint32, ties int32) from the interval state st of _point: multiway counting, 2H evenly spaced
-        points in (lo, hi1) per round (H = 1, 2 or 4) counted in one block reduction, so the interval
-        shrinks (2H + 1)-fold per dependent reduction where a bisection step halves it: a 15-bit range of
-        scores in <= 10 rounds at H = 1 (3-fold), <= 7 at H = 2 (5-fold), <= 5 at H = 4 (9-fold), against
-        15 steps. The search ends early when a count
-        equals need (every key >= that point is taken, no tie cut). The counts at both ends stay known, so
-        the counts above and at t need no reduction: above = chi1, at = clo - chi1 once hi1 = lo + 1."""
-        lo, clo, hi1, chi1 = st
-        hi1 = tl.where(clo == need, lo + 1, hi1)
-        while hi1 - lo > 1:
-            step = (hi1 - lo + 2 * H) // (2 * H + 1)  # ceil((hi1 - lo) / (2H + 1)): sub-intervals <= step
-            hi = hi1 - 1
-            x1, x2, x3, x4 = _pt(lo, hi, step, 1), _pt(lo, hi, step, 2), _pt(lo, hi, step, 3), _pt(lo, hi, step, 4)
-            x5, x6, x7, x8 = _pt(lo, hi, step, 5), _pt(lo, hi, step, 6), _pt(lo, hi, step, 7), _pt(lo, hi, step, 8)
-            s0, s1, s2, s3 = _sum_pairs(_pair(key >= x1.to(tl.uint32), key >= x2.to(tl.uint32)),
-                                        _pair(key >= x3.to(tl.uint32), key >= x4.to(tl.uint32)),
-                                        _pair(key >= x5.to(tl.uint32), key >= x6.to(tl.uint32)),
-                                        _pair(key >= x7.to(tl.uint32), key >= x8.to(tl.uint32)), H)
-            lo, clo, hi1, chi1 = _narrow8((lo, clo, hi1, chi1), need, x1, x2, x3, x4, x5, x6, x7, x8,
-                                          s0, s1, s2, s3, H)
-            hi1 = tl.where(clo == need, lo + 1, hi1)
-        return lo.to(tl.uint32), tl.where(clo == need, ALL_TIES, need - chi1).to(tl.int32)
-
-    @triton.jit
-    def _finish(key, st, need, count, H: tl.constexpr):
-        """_search, with need = 0 (nothing: t above every key, no tie) and need = count (every candidate:
-        t = 1, all ties) answered without a round."""
-        lo, clo, hi1, chi1 = st
-        hi1 = tl.where((need == 0) | (need >= count), lo + 1, hi1)
-        t, ties = _search(key, (lo, clo, hi1, chi1), need, H)
-        t = tl.where(need == 0, 0xFFFFFFFF, tl.where(need >= count, 1, t.to(tl.int64)))
-        ties = tl.where(need == 0, 0, tl.where(need >= count, ALL_TIES, ties))
-        return t.to(tl.uint32), ties.to(tl.int32)
-
-    @triton.jit
-    def _threshold_from(key, need, count, mn, below, top, mx, TOP: tl.constexpr, H: tl.constexpr):
-        """(t, ties, taken) of _threshold from the _stats of key (a caller may fuse those with another sum)."""
-        count = count.to(tl.int64)
-        need = tl.maximum(tl.minimum(need.to(tl.int64), count), 0)
-        lo = mn.to(tl.int64)  # unsigned min / max of uint32, widened for the scalar arithmetic
-        st = (lo, count, mx.to(tl.int64) + 1, lo * 0)
-        top = top.to(tl.int64)
-        # the free probe of _stats: count(key >= x) = top for x in [below + 1, TOP] (both ends given)
-        st = _merge(_merge(_point(st, need, lo * 0 + TOP, top), _point(st, need, below.to(tl.int64) + 1, top)), st)
-        t, ties = _finish(key, st, need, count, H)
-        return t, ties, need
-
-    @triton.jit
-    def _threshold(key, need, UNIFORM: tl.constexpr = False, H: tl.constexpr = 4, TOP: tl.constexpr = 0xFFFFFFFF,
-                   est=0, KMAX: tl.constexpr = 0xFFFFFFFF):
-        """(t uint32, ties int32, count, taken) scalars such that the lanes with key > t, then the first `ties`
-        lanes with key == t in lane order, are the taken = min(need, count) largest nonzero keys, ties to the
-        lower lane: the (prefix, need) the radix select of the chunked path ends with. ties = ALL_TIES (2**30)
-        when every lane with key == t is taken (no tie is cut: _take then needs no lane search). key: uint32
-        [S], 0 = not a candidate (every candidate in [1, KMAX]); need: int scalar; count: the candidates.
-
-        Without UNIFORM: one tuple reduction (_stats: the count, the keys' range and the free probe at TOP),
-        then _search over [min, max]. With TOP = the key of +inf the forced blocks (+inf) leave the interval
-        before the first round, which then spans the scores only.
-
-        UNIFORM: the candidate keys are expected uniform on [1, KMAX] (exploration hashes + 1), about est of
-        them: the first round counts at 1 (the count, exact) and at 2H - 1 points spread over a bracket
-        around the expected need-th largest key (the binomial quantile +- 4 sigma and one mean gap), in place
-        of the _stats reduction; every count is exact, so the result never depends on the keys being uniform
-        or on est (a miss costs rounds, not exactness)."""
+        UNIFORM: the candidate keys are uniform on [1, 2**31] (exploration hashes + 1): before bisecting, the
+        search probes both ends of a bracket around the expected need-th largest key (the binomial quantile
+        +- 4 sigma and one mean gap) in one reduction, which narrows 31 bits to ~25 and saves ~6 steps; the
+        probes are exact counts, so the result never depends on the keys being uniform."""
+        cand = key != 0
+        count, lo, hi = tl.reduce((cand.to(tl.int32), tl.where(cand, key, 0xFFFFFFFF), key), 0, _count_min_max)
+        need = tl.maximum(tl.minimum(need.to(tl.int32), count), 0)
+        lo = lo.to(tl.int64)  # unsigned min / max of uint32, widened for the scalar arithmetic
+        hi = hi.to(tl.int64)
+        lo = tl.where(need == 0, hi, lo)
+        hi = tl.where(need >= count, lo, hi)
         if UNIFORM:
-            HB: tl.constexpr = 2 if H == 1 else H  # the bracket round takes 2 pairs at least
-            nf = tl.maximum(est, 1).to(tl.float64)
-            pf = tl.minimum(tl.maximum(need.to(tl.float64) / nf, 0.0), 1.0)
-            span = tl.full([], KMAX, tl.float64)
+            nf = tl.maximum(count, 1).to(tl.float64)
+            pf = need.to(tl.float64) / nf
+            span = tl.full([], 2.0 ** 31, tl.float64)
             half = span * (4.0 * tl.sqrt(pf * (1.0 - pf) / nf) + 1.0 / nf)
-            base = span * (1.0 - pf) - half
-            gap = 2.0 * half / (2 * HB - 2)
-            x1 = tl.full([], 1, tl.int64)
-            x2 = _bpt(base, gap, span, 0)
-            x3 = _bpt(base, gap, span, 1)
-            x4 = _bpt(base, gap, span, 2)
-            x5 = _bpt(base, gap, span, 3)
-            x6 = _bpt(base, gap, span, 4)
-            x7 = _bpt(base, gap, span, 5)
-            x8 = _bpt(base, gap, span, 6)
-            s0, s1, s2, s3 = _sum_pairs(_pair(key >= 1, key >= x2.to(tl.uint32)),
-                                        _pair(key >= x3.to(tl.uint32), key >= x4.to(tl.uint32)),
-                                        _pair(key >= x5.to(tl.uint32), key >= x6.to(tl.uint32)),
-                                        _pair(key >= x7.to(tl.uint32), key >= x8.to(tl.uint32)), HB)
-            count = (s0 & 0xFFFF).to(tl.int64)
-            need = tl.maximum(tl.minimum(need.to(tl.int64), count), 0)
-            st = (x1, count, x1 * 0 + KMAX + 1, x1 * 0)
-            st = _narrow8(st, need, x1, x2, x3, x4, x5, x6, x7, x8, s0, s1, s2, s3, HB)
-            t, ties = _finish(key, st, need, count, H)
-        else:
-            count, mn, below, top, mx = _stats(key, TOP)
-            count = count.to(tl.int64)
-            t, ties, need = _threshold_from(key, need, count, mn, below, top, mx, TOP, H)
-        return t, ties, count, need
+            mid_f = span * (1.0 - pf)
+            x1 = tl.minimum(tl.maximum(mid_f - half, 1.0), span).to(tl.int64)
+            x2 = tl.minimum(tl.maximum(mid_f + half, 1.0), span).to(tl.int64) + 1
+            c1, c2 = tl.reduce(((key >= x1.to(tl.uint32)).to(tl.int32), (key >= x2.to(tl.uint32)).to(tl.int32)),
+                               0, _add2)
+            lo, hi = _probe(lo, hi, x1, c1, need)
+            lo, hi = _probe(lo, hi, x2, c2, need)
+        while lo < hi:
+            mid = hi - (hi - lo) // 2  # upper middle: lo < mid <= hi
+            c = tl.sum((key >= mid.to(tl.uint32)).to(tl.int32), axis=0)
+            lo, hi = _probe(lo, hi, mid, c, need)
+        t = lo.to(tl.uint32)
+        above, at = tl.reduce(((key > t).to(tl.int32), (key == t).to(tl.int32)), 0, _add2)
+        ties = need - above
+        return t, tl.where(ties >= at, ALL_TIES, ties)
 
     @triton.jit
-    def _bpt(base, gap, span, K: tl.constexpr):
-        """The K-th bracket point of _threshold's uniform first round, in [2, span]."""
-        return tl.minimum(tl.maximum(base + K * gap, 2.0), span).to(tl.int64)
-
-    @triton.jit
-    def _lane_point(st, ties, x, f):
-        """st = (a, b, fb): f(a) < ties <= f(b) = fb for f(L) = count(tie lanes < L), narrowed by f(x) = f."""
-        lt = f < ties
-        return (tl.where(lt, x, st[0]), tl.where(lt, st[1], x), tl.where(lt, st[2], f))
-
-    @triton.jit
-    def _lane_merge(a, b):
-        return tl.maximum(a[0], b[0]), tl.minimum(a[1], b[1]), tl.minimum(a[2], b[2])
-
-    @triton.jit
-    def _take(key, t, ties, H: tl.constexpr = 4):
+    def _take(key, t, ties):
         """bool [S]: the lanes with key > t, then the first `ties` lanes with key == t in lane (block) order
         (all of them for ties = ALL_TIES); never a 0 lane (key: uint32 [S], 0 = not a candidate; t uint32,
         ties int32 scalars from _threshold: t == 0 only with no candidate, and then ties == 0).
 
-        The cut among the ties is a lane bound L with f(L) = count(key == t, lane < L) == ties, found by
-        multiway counting on the lane index as in _search (2H points per round in one block reduction, the
-        interval (a, b] with f(a) < ties <= f(b) shrinking (2H + 1)-fold: 2048 lanes in 4 rounds at H = 4,
-        16384 in 5 at H = 4 or 7 at H = 2, where a bisection took 11 / 14 steps; an early exit on a point
-        that fits; no round when no tie is cut, the usual case for hashes), not by a cumsum: a [SB] scan over
-        a strided layout (32 lanes per thread at SB = 8192 / 8 warps) holds ~3 registers per lane."""
+        The cut among the ties is a lane bound L with count(key == t, lane < L) == ties, found by bisection on
+        the lane index (one count per step, early exit on the first L that fits; no step when no tie is cut,
+        the usual case for hashes), not by a cumsum: a [SB] scan over a strided layout (32 lanes per thread at
+        SB = 8192 / 8 warps) holds ~3 registers per lane, which with the live key and kept tensors cost the
+        second program per SM. The masks are recomputed from key in every step rather than kept live."""
         S: tl.constexpr = key.shape[0]
         lane = tl.arange(0, S)
-        cut = (ties > 0) & (ties < ALL_TIES)
-        b = tl.where(ties >= ALL_TIES, S, 0)  # no cut: every tie (S) or none (0)
-        a = tl.where(cut, 0, b - 1)
-        b = tl.where(cut, S, b)
-        while b - a > 1:
-            step = (b - a + 2 * H) // (2 * H + 1)  # ceil((b - a) / (2H + 1))
-            x1, x2, x3, x4 = _pt(a, b, step, 1), _pt(a, b, step, 2), _pt(a, b, step, 3), _pt(a, b, step, 4)
-            x5, x6, x7, x8 = _pt(a, b, step, 5), _pt(a, b, step, 6), _pt(a, b, step, 7), _pt(a, b, step, 8)
-            lk = tl.where(key == t, lane, S)  # the ties' lanes, S elsewhere (recomputed: not live across rounds)
-            s0, s1, s2, s3 = _sum_pairs(_pair(lk < x1, lk < x2), _pair(lk < x3, lk < x4),
-                                        _pair(lk < x5, lk < x6), _pair(lk < x7, lk < x8), H)
-            st = (a, b, ties * 0 + ALL_TIES)
-            f1, f2 = _lohi(s0)
-            m = _lane_merge(_lane_point(st, ties, x1, f1), _lane_point(st, ties, x2, f2))
-            if H >= 2:
-                f3, f4 = _lohi(s1)
-                m = _lane_merge(m, _lane_merge(_lane_point(st, ties, x3, f3), _lane_point(st, ties, x4, f4)))
-            if H == 4:
-                f5, f6 = _lohi(s2)
-                f7, f8 = _lohi(s3)
-                m = _lane_merge(m, _lane_merge(_lane_merge(_lane_point(st, ties, x5, f5), _lane_point(st, ties, x6, f6)),
-                                               _lane_merge(_lane_point(st, ties, x7, f7), _lane_point(st, ties, x8, f8))))
-            a, b, fb = _lane_merge(m, st)
-            a = tl.where(fb == ties, b - 1, a)  # a point that fits ends the search
-        return (key > t) | ((key == t) & (lane < b))
+        lo = tl.where(ties >= ALL_TIES, S, 0)  # no cut: every tie (S) or none (0)
+        hi = tl.where((ties > 0) & (ties < ALL_TIES), S, lo)  # count(lane < hi) >= ties > count(lane < lo - 1)
+        while lo < hi:
+            mid = lo + (hi - lo) // 2
+            c = tl.sum(((key == t) & (lane < mid)).to(tl.int32), axis=0)
+            lo = tl.where(c == ties, mid, tl.where(c < ties, mid + 1, lo))
+            hi = tl.where(c == ties, mid, tl.where(c < ties, hi, mid))
+        return (key > t) | ((key == t) & (lane < lo))
 
     @triton.jit
     def _plan_reset_kernel(table_ptr, stride_tb, lens_ptr, slot_ptr, step_ptr, seen_ptr, acc_ptr,
@@ -749,7 +537,7 @@ if triton is not None:
                             sparsity_bits, gamma_bits, hash0,
                             T: tl.constexpr, TP: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr,
                             SBS: tl.constexpr, SLOT: tl.constexpr, COMBINE: tl.constexpr, MEAN: tl.constexpr,
-                            EXPLORE: tl.constexpr, REG: tl.constexpr, H: tl.constexpr):
+                            EXPLORE: tl.constexpr, REG: tl.constexpr):
         pb = tl.program_id(0)
         pl = tl.program_id(1)
         if pb < batch:
@@ -799,7 +587,6 @@ if triton is not None:
                 # tiles (the diagonal window's blocks; every block of a per-slot rule) go through the scratch.
                 SHIFT: tl.constexpr = 0 if SLOT else (13 if bmax_ptr.dtype.element_ty.primitive_bitwidth == 16
                                                           and diag_ptr.dtype.element_ty.primitive_bitwidth == 16 else 0)
-                KEY_INF: tl.constexpr = 0xFF800000 >> SHIFT  # _tile_key of +inf (the forced blocks)
                 blk = tl.arange(0, SB)
                 n32 = n.to(tl.int32)
                 m = blk < n32
@@ -810,6 +597,7 @@ if triton is not None:
                 bm = tl.load(bmax_l + phys.to(tl.int64) * stride_bp, mask=inside, other=NEG_INF).to(tl.float32)
                 forced = m & ((blk >= first_new.to(tl.int32)) | (bm == NEG_INF) | (blk >= first_entered.to(tl.int32))
                               | ((blk * 0 + dense.to(tl.int32)) > 0))
+                num_forced = tl.sum(forced.to(tl.int32), axis=0).to(tl.int64)
                 lo = tl.minimum(wlo0, n).to(tl.int32)  # reduce=max before the window: the block max is the score
                 if SLOT:
                     lo = n32 * 0
@@ -828,11 +616,8 @@ if triton is not None:
                     # staying live in registers through every row
                     tl.store(scr + blk, s, mask=blk < lo)
                 key = _tile_key(s, SHIFT)
+                k1 = tl.maximum(num_forced, budget - explore)
                 kept = _is_forced(s)  # select_blocks: keep1 |= forced, whatever the ranks
-                # k1 = max(forced, budget - explore): row 0 counts the forced blocks in its _stats reduction
-                # (keep_all / guarded: no row runs, k1 = budget = n already covers them)
-                k1 = budget - explore
-                est_kept = k1 * 0  # the largest row's kept count: stage C's estimate of its candidates
 
                 # B. stage 1 per prediction row: the k1 best keys (forced = +inf), ties to the lower block; the
                 # forced blocks are kept whatever the ranks (select_blocks: keep1 |= forced). Rows past 0
@@ -848,13 +633,8 @@ if triton is not None:
                                                  stride_vp, diag_row, window, T, TP, SBS, SLOT, COMBINE, MEAN,
                                                  read_lo=0)
                         key = _tile_key(sj, SHIFT)
-                        count, mn, below, top, mx = _stats(key, KEY_INF)
-                    else:
-                        count, mn, below, top, mx, nf = _stats_extra(key, kept.to(tl.int32), KEY_INF)
-                        k1 = tl.maximum(nf.to(tl.int64), k1)
-                    t1, ties1, taken = _threshold_from(key, k1, count.to(tl.int64), mn, below, top, mx, KEY_INF, H)
-                    est_kept = tl.maximum(est_kept, taken)
-                    kept = kept | _take(key, t1, ties1, H)
+                    t1, ties1 = _threshold(key, k1)
+                    kept = kept | _take(key, t1, ties1)
 
                 # C. random exploration: the `need2` largest hashes among valid unkept blocks, lower block on
                 # ties. The key is hash + 1 (<= 2**31) on the candidates and 0 elsewhere, so it also carries
@@ -863,8 +643,8 @@ if triton is not None:
                     need2 = tl.maximum(tl.minimum(explore, budget - k1), 0)
                     h = _mix32(_mix32(hp.to(tl.uint32) ^ blk.to(tl.uint32)) ^ lmix.to(tl.uint32))
                     key2 = tl.where(m & ~kept, h + 1, 0)
-                    t2, ties2, count2, taken2 = _threshold(key2, need2, True, H, est=n - est_kept, KMAX=1 << 31)
-                    kept = m & ((key2 == 0) | _take(key2, t2, ties2, H))
+                    t2, ties2 = _threshold(key2, need2, True)
+                    kept = m & ((key2 == 0) | _take(key2, t2, ties2))
 
                 # D. compaction, ascending, from the register mask (no scratch: it never left this program's
                 # registers). The table is read again for the kept blocks rather than holding phys through B
@@ -873,10 +653,7 @@ if triton is not None:
                 rank = tl.cumsum(ki, 0) - 1
                 tl.store(kept_row + rank, blk, mask=kept)
                 tl.store(ctab_row + rank, tl.load(tb + blk, mask=kept, other=0), mask=kept)
-                if EXPLORE:  # the valid blocks outside stage C's candidates, and the ones it took
-                    done = n - count2 + taken2
-                else:
-                    done = tl.sum(ki, axis=0).to(tl.int64)
+                done = tl.sum(ki, axis=0).to(tl.int64)
             else:  # chunked path (next_pow2(W) > the register tile): keys and flags staged in the scratch
                 offs = tl.arange(0, SB).to(tl.int64)
                 offs_s = tl.arange(0, SBS).to(tl.int64)

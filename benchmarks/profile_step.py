@@ -154,7 +154,8 @@ def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: lis
         cap0 = base[2]
         for blocks, warps, cap, with_g in ((32, 4, cap0, False), (32, 4, 0, False), (32, 4, cap0, True), (32, 4, 0, True),
                                            (16, 4, cap0, False), (16, 4, 0, False), (64, 8, cap0, False), (8, 4, 0, False),
-                                           (16, 8, 0, False), (4, 1, 0, False)):
+                                           (16, 8, 0, False), (4, 1, 0, False), (16, 2, 0, False), (32, 8, 0, False),
+                                           (64, 4, 0, False)):
             if with_g and gmax is None:
                 continue
             history_triton.BLOCKS_PER_PROGRAM, history_triton.NUM_WARPS, history_triton.MAX_REGISTERS = blocks, warps, cap

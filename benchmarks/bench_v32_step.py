@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import functools
 import gc
 import json
 import os
@@ -157,6 +158,7 @@ VARIANTS = {
     "topk-v2": "the top-k's v2 chain (a select and a rank launch; merged after run 16)",
     "no-schedule": "no DeepGEMM schedule from plan(): DeepGEMM computes its own per layer (one launch more)",
     "logits-triton": "the Triton logits kernel instead of DeepGEMM (SPIN_INDEXER_LOGITS=triton)",
+    "no-overlap": "the EMA update in series after DeepGEMM (SpinIndexer(overlap_update=False)), not on a side stream",
 }
 
 
@@ -168,6 +170,7 @@ def variant(name: str):
     if name not in VARIANTS:
         raise SystemExit(f"--variants: unknown {name!r}; expected some of {sorted(VARIANTS)}")
     chain, schedule, env = topk_triton.TOPK_CHAIN, SpinIndexer._schedule_layers, os.environ.get("SPIN_INDEXER_LOGITS")
+    init = SpinIndexer.__init__
     try:
         if name in ("topk-v1", "topk-v2"):
             topk_triton.TOPK_CHAIN = name[-2:]
@@ -175,9 +178,11 @@ def variant(name: str):
             SpinIndexer._schedule_layers = lambda self, batch, width: False
         elif name == "logits-triton":
             os.environ["SPIN_INDEXER_LOGITS"] = "triton"
+        elif name == "no-overlap":
+            SpinIndexer.__init__ = functools.partialmethod(init, overlap_update=False)
         yield
     finally:
-        topk_triton.TOPK_CHAIN, SpinIndexer._schedule_layers = chain, schedule
+        topk_triton.TOPK_CHAIN, SpinIndexer._schedule_layers, SpinIndexer.__init__ = chain, schedule, init
         if env is None:
             os.environ.pop("SPIN_INDEXER_LOGITS", None)
         else:

@@ -64,14 +64,16 @@ class SpinIndexer:
     config: SpinConfig; num_layers: indexer layers; max_batch: B at most; max_blocks: W at most (the
     engine's block-table width); next_n: query rows per request; max_requests: state slots (default
     max_batch); num_cache_blocks: physical blocks of the key cache the history sits beside (default
-    max_requests * max_blocks, enough when every request owns its blocks).
+    max_requests * max_blocks, enough when every request owns its blocks); overlap_update: on CUDA, where
+    DeepGEMM serves the logits, run the EMA update on a side stream beside the top-k (`_run_overlapped`;
+    False: in series, the update pass also writing the maxima).
     State lives in `self.state` (allocate() a slot per request, free() it when done); plans of the last
     step in `self.plans(layer)`, the last run layer's in `self.block_plan`.
     """
 
     def __init__(self, config: SpinConfig, num_layers: int, max_batch: int, max_blocks: int, next_n: int = 1,
                  device: torch.device | str = "cpu", max_requests: int | None = None,
-                 num_cache_blocks: int | None = None):
+                 num_cache_blocks: int | None = None, overlap_update: bool = True):
         if not isinstance(config, SpinConfig):
             raise TypeError(f"config: expected a SpinConfig, got {type(config).__name__}")
         check_int("num_layers", num_layers, low=1)
@@ -97,6 +99,11 @@ class SpinIndexer:
                                    f"num_layers={num_layers}, max_batch={max_batch}, max_blocks={max_blocks}, "
                                    f"next_n={next_n}") from exc
         self.extensions = Extensions(config, self.state, next_n) if (config.adaptive or config.hybrid) else None
+        # The stream the EMA update runs on where DeepGEMM serves the logits (`_run_overlapped`); None (in
+        # series, on the caller's stream) off CUDA or with overlap_update=False.
+        self._update_stream = None
+        if overlap_update and self.device.type == "cuda":
+            self._update_stream = torch.cuda.Stream(self.device)
         self._step: _Step | None = None
         self.block_plan: BlockPlan | None = None
 
@@ -248,6 +255,10 @@ class SpinIndexer:
         group_max = None
         if self.workspace.GROUP_MIN <= group < self.config.tokens_per_block:
             group_max = self.workspace.group_max[:rows, :-(-cols // group)]
+        side = self._update_stream if backend == "deepgemm" and self.extensions is None else None
+        if side is not None:  # DeepGEMM writes logits only: its update pass can overlap the top-k
+            return self._run_overlapped(layer, st, plan, side, q_fp8, kv_cache, weights, schedule, history,
+                                        block_max, group_max, group)
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
                                           validate=False, out=out, block_max_out=block_max,
                                           fill_tail=self.extensions is not None, history=history,
@@ -255,6 +266,30 @@ class SpinIndexer:
                                           active_width=budget_of(width, self.config.sparsity, self.config.topk,
                                                                  self.config.tokens_per_block))
         return self._topk(layer, st, plan, logits, block_max, group_max)
+
+    def _run_overlapped(self, layer: int, st: _Step, plan: BlockPlan, side, q_fp8, kv_cache, weights, schedule,
+                        history, block_max, group_max, group: int) -> torch.Tensor:
+        """run() on DeepGEMM with the EMA update on a side stream, beside the maxima pass and the top-k.
+
+        Why: the top-k chain is latency-bound (at 96 x 128K four launches take ~57 us for 25 MB of logits)
+        and the update pass moves ~50 MB in ~30 us; in series they cost their sum, side by side about the
+        longer chain. Nothing the top-k reads is written by the update (V, its block max, D, last_seen are
+        read by the next step's plan()), so only the logits are shared, and the join at the end orders the
+        side stream before anything later on the caller's stream (the next layer's logits, plan(), the
+        logits' memory being reused): a captured CUDA graph records the fork and the join."""
+        batch = st.block_table.shape[0]
+        main = torch.cuda.current_stream(self.device)
+        logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
+                                          validate=False, fill_tail=False, deepgemm_schedule=schedule)
+        view = logits.view(batch, self.next_n, logits.shape[1])  # not -1: ambiguous for an empty batch
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            ops.update_history(history, view, plan.compact_block_table, plan.compact_seq_lens)
+        ops.update_history(None, view, plan.compact_block_table, plan.compact_seq_lens, block_max_out=block_max,
+                           group_max_out=group_max, group=group)
+        out = self._topk(layer, st, plan, logits, block_max, group_max)
+        main.wait_stream(side)
+        return out
 
     def deepgemm_schedule(self, layer: int) -> torch.Tensor | None:
         """int32 [num_sms + 1, 2]: the DeepGEMM SM schedule plan() wrote for `layer` this step (its compact

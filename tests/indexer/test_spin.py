@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 import torch
 
-from conftest import ODD_IDS, ODD_SHAPES, cuda_only, make_case_inputs, row_lengths
+from conftest import ODD_IDS, ODD_SHAPES, cuda_only, make_case_inputs, make_paged_inputs, row_lengths
 from spin_indexer.indexer import DenseIndexer, SpinIndexer
 from spin_indexer.ops import paged_indexer_logits_ref, topk_ref
 from spin_indexer.predictor import SpinConfig
@@ -703,3 +703,59 @@ def test_step_on_padded_pages_equals_the_contiguous_copy(next_n, pad, triton_log
         assert all(torch.equal(a, b) for a, b in zip(*outs)), step
         assert torch.equal(pair[0][0].block_plan.keep_mask, pair[1][0].block_plan.keep_mask)
     assert torch.equal(pair[0][0].state.vertical, pair[1][0].state.vertical)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the side stream)")
+@pytest.mark.parametrize("backend", ["deepgemm", "triton"])
+@pytest.mark.parametrize("next_n", [1, 2])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, next_n, graph, gen, monkeypatch):
+    """SpinIndexer's EMA update on its side stream (overlap_update) leaves the same history and returns the
+    same top-k as the update in series (DeepGEMM: its pass after the logits; Triton: fused in the logits
+    kernel), over three steps of three layers, also when the whole step (plan + every layer) is captured in
+    one CUDA graph and replayed (the fork and join are recorded)."""
+    from spin_indexer.ops import deepgemm
+    if backend == "deepgemm" and not deepgemm.available():
+        pytest.skip("needs deep_gemm")
+    monkeypatch.setenv("SPIN_INDEXER_LOGITS", backend)
+    x = make_paged_inputs([64 * 90 + 17, 64 * 70, 64 * 33 + 5, 64 * 120], next_n, 64, 128, gen).to("cuda")
+    batch, width = x.block_table.shape
+    layers, k = 3, 96
+    runs = {}
+    for overlap in (False, True):
+        idx = SpinIndexer(SpinConfig(sparsity=0.5, topk=k), num_layers=layers, max_batch=batch, max_blocks=width,
+                          next_n=next_n, device="cuda", num_cache_blocks=x.kv_cache.shape[0], overlap_update=overlap)
+        assert (idx._update_stream is not None) == overlap
+        slots = torch.tensor([idx.state.allocate() for _ in range(batch)], device="cuda")
+        outs = []
+
+        def step():
+            idx.plan(x.block_table, x.seq_lens, slots, validate=False)
+            return [idx.run(i, x.q_fp8, x.kv_cache, x.weights) for i in range(layers)]
+
+        if graph and overlap:
+            # warm-up on a throwaway indexer: compiles every kernel outside the capture, leaves idx fresh
+            warm = SpinIndexer(SpinConfig(sparsity=0.5, topk=k), num_layers=layers, max_batch=batch,
+                               max_blocks=width, next_n=next_n, device="cuda", num_cache_blocks=x.kv_cache.shape[0])
+            wslots = torch.tensor([warm.state.allocate() for _ in range(batch)], device="cuda")
+            warm.plan(x.block_table, x.seq_lens, wslots, validate=False)
+            for i in range(layers):
+                warm.run(i, x.q_fp8, x.kv_cache, x.weights)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                captured = step()
+            for _ in range(3):
+                g.replay()
+                outs.append(torch.stack(captured).clone())
+        else:
+            for _ in range(3):
+                outs.append(torch.stack(step()).clone())
+        torch.cuda.synchronize()
+        runs[overlap] = (outs, idx.state)
+    (serial, s0), (overlapped, s1) = runs[False], runs[True]
+    for a, b in zip(serial, overlapped):
+        assert torch.equal(a, b)
+    assert torch.equal(s0.vertical, s1.vertical) and torch.equal(s0.block_max, s1.block_max)
+    assert torch.equal(s0.diagonal, s1.diagonal)

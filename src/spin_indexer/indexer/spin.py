@@ -20,6 +20,7 @@ of traces), so replay and live decoding share every other line.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
@@ -64,9 +65,9 @@ class SpinIndexer:
     config: SpinConfig; num_layers: indexer layers; max_batch: B at most; max_blocks: W at most (the
     engine's block-table width); next_n: query rows per request; max_requests: state slots (default
     max_batch); num_cache_blocks: physical blocks of the key cache the history sits beside (default
-    max_requests * max_blocks, enough when every request owns its blocks); overlap_update: on CUDA, where
-    DeepGEMM serves the logits, run the EMA update on a side stream beside the top-k (`_run_overlapped`;
-    False: in series, the update pass also writing the maxima).
+    max_requests * max_blocks, enough when every request owns its blocks); overlap_update: on CUDA, run the
+    EMA update on a side stream beside the top-k (`_update_beside`; False: in series, fused into the logits
+    kernel's epilogue or the pass that writes the maxima).
     State lives in `self.state` (allocate() a slot per request, free() it when done); plans of the last
     step in `self.plans(layer)`, the last run layer's in `self.block_plan`.
     """
@@ -99,8 +100,8 @@ class SpinIndexer:
                                    f"num_layers={num_layers}, max_batch={max_batch}, max_blocks={max_blocks}, "
                                    f"next_n={next_n}") from exc
         self.extensions = Extensions(config, self.state, next_n) if (config.adaptive or config.hybrid) else None
-        # The stream the EMA update runs on where DeepGEMM serves the logits (`_run_overlapped`); None (in
-        # series, on the caller's stream) off CUDA or with overlap_update=False.
+        # The stream the EMA update runs on (`_update_beside`); None (in series, on the caller's stream) off
+        # CUDA or with overlap_update=False.
         self._update_stream = None
         if overlap_update and self.device.type == "cuda":
             self._update_stream = torch.cuda.Stream(self.device)
@@ -255,41 +256,38 @@ class SpinIndexer:
         group_max = None
         if self.workspace.GROUP_MIN <= group < self.config.tokens_per_block:
             group_max = self.workspace.group_max[:rows, :-(-cols // group)]
-        side = self._update_stream if backend == "deepgemm" and self.extensions is None else None
-        if side is not None:  # DeepGEMM writes logits only: its update pass can overlap the top-k
-            return self._run_overlapped(layer, st, plan, side, q_fp8, kv_cache, weights, schedule, history,
-                                        block_max, group_max, group)
+        # The EMA update on a side stream, beside the top-k (see `_update_beside`); in series where there are
+        # extensions (they read the scores' maxima in order) or no CUDA stream.
+        side = self._update_stream if self.extensions is None else None
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
                                           validate=False, out=out, block_max_out=block_max,
-                                          fill_tail=self.extensions is not None, history=history,
+                                          fill_tail=self.extensions is not None,
+                                          history=history if side is None else None,
                                           group_max_out=group_max, group=group, deepgemm_schedule=schedule,
                                           active_width=budget_of(width, self.config.sparsity, self.config.topk,
-                                                                 self.config.tokens_per_block))
-        return self._topk(layer, st, plan, logits, block_max, group_max)
+                                                                 self.config.tokens_per_block), backend=backend)
+        if side is None:
+            return self._topk(layer, st, plan, logits, block_max, group_max)
+        with self._update_beside(side):
+            ops.update_history(history, logits.view(batch, self.next_n, logits.shape[1]), plan.compact_block_table,
+                               plan.compact_seq_lens)
+        return self._topk(layer, st, plan, logits, block_max, group_max, join=side)
 
-    def _run_overlapped(self, layer: int, st: _Step, plan: BlockPlan, side, q_fp8, kv_cache, weights, schedule,
-                        history, block_max, group_max, group: int) -> torch.Tensor:
-        """run() on DeepGEMM with the EMA update on a side stream, beside the maxima pass and the top-k.
+    @contextlib.contextmanager
+    def _update_beside(self, side):
+        """Runs the block's launches (the EMA update) on the side stream, after everything already on the caller's.
 
-        Why: the top-k chain is latency-bound (at 96 x 128K four launches take ~57 us for 25 MB of logits)
-        and the update pass moves ~50 MB in ~30 us; in series they cost their sum, side by side about the
-        longer chain. Nothing the top-k reads is written by the update (V, its block max, D, last_seen are
-        read by the next step's plan()), so only the logits are shared, and the join at the end orders the
-        side stream before anything later on the caller's stream (the next layer's logits, plan(), the
-        logits' memory being reused): a captured CUDA graph records the fork and the join."""
-        batch = st.block_table.shape[0]
-        main = torch.cuda.current_stream(self.device)
-        logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
-                                          validate=False, fill_tail=False, deepgemm_schedule=schedule)
-        view = logits.view(batch, self.next_n, logits.shape[1])  # not -1: ambiguous for an empty batch
-        side.wait_stream(main)
+        Why: the top-k chain is latency-bound (at 96 x 128K four launches take ~57 us for 25 MB of logits) and
+        the update pass moves ~50 MB in ~30 us: in series they cost their sum, side by side about the longer
+        chain. Nothing the top-k reads is written by the update (V, its block max, D and last_seen are read by
+        the next step's plan()); the logits they share are written before the fork. `_topk(join=)` makes the
+        caller's stream wait for the side stream before run() returns, so everything later there (the next
+        layer's logits reusing the buffers, plan()) comes after the update; a captured CUDA graph records the
+        fork and the join. The logits kernel's fused update (Triton) is given up for it: the same bytes, moved
+        off the critical path."""
+        side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
-            ops.update_history(history, view, plan.compact_block_table, plan.compact_seq_lens)
-        ops.update_history(None, view, plan.compact_block_table, plan.compact_seq_lens, block_max_out=block_max,
-                           group_max_out=group_max, group=group)
-        out = self._topk(layer, st, plan, logits, block_max, group_max)
-        main.wait_stream(side)
-        return out
+            yield
 
     def deepgemm_schedule(self, layer: int) -> torch.Tensor | None:
         """int32 [num_sms + 1, 2]: the DeepGEMM SM schedule plan() wrote for `layer` this step (its compact
@@ -394,13 +392,16 @@ class SpinIndexer:
         ops.update_history(self._history_args(layer, st, plan), rows, plan.compact_block_table, plan.compact_seq_lens)
 
     def _topk(self, layer: int, st: _Step, plan: BlockPlan, logits: torch.Tensor,
-              block_max: torch.Tensor, group_max: torch.Tensor | None = None) -> torch.Tensor:
+              block_max: torch.Tensor, group_max: torch.Tensor | None = None, join=None) -> torch.Tensor:
+        """The layer's top-k into the workspace; join: a stream the caller's waits for after it (the update's)."""
         rows = logits.shape[0]
         out = self.workspace.topk[layer, :rows]
         ops.topk_positions(logits, plan.compact_seq_lens.view(-1), self.config.topk, block_max=block_max,
                            kept_blocks=plan.kept_blocks, next_n=self.next_n,
                            tokens_per_block=self.config.tokens_per_block, out=out, validate=False,
                            group_max=group_max)
+        if join is not None:
+            torch.cuda.current_stream(self.device).wait_stream(join)
         if self.extensions is not None:
             self.extensions.after_layer(layer, st.meta, plan, out, block_max)
         self.block_plan = plan

@@ -22,7 +22,7 @@ def _triton_twin(module: str, name: str, t):
 def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, validate: bool = True,
                          out=None, block_max_out=None, fill_tail: bool = True, history: HistoryUpdate | None = None,
                          group_max_out=None, group: int = 64, deepgemm_schedule=None,
-                         active_width: int | None = None):
+                         active_width: int | None = None, backend: str | None = None):
     """Paged indexer logits float32 [B*next_n, W*T]; see `paged_indexer_logits_ref` for shapes.
 
     out: optional float32 [B*next_n, W*T] written in place; block_max_out: optional float32 [B*next_n, W]
@@ -40,8 +40,13 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     the Triton kernel sizes its programs by it (paged_indexer_logits_triton); None = all W.
     Backends (one place decides, `logits_backend`): DeepGEMM where it imports and covers the shape (only
     with fill_tail=False: it does not clean the tail), else the Triton kernel on CUDA, else the reference.
+    backend: what `logits_backend` answered the caller for these inputs (SpinIndexer asks it for its step,
+    then applies the update itself on a side stream: history=None here); None = decided here.
     """
-    backend = logits_backend(q_fp8, kv_cache, history is not None, block_table)
+    if backend is None:
+        backend = logits_backend(q_fp8, kv_cache, history is not None, block_table)
+    elif backend not in ("deepgemm", "triton", "reference"):
+        raise ValueError(f"backend: expected 'deepgemm', 'triton', 'reference' or None, got {backend!r}")
     if backend == "deepgemm" and fill_tail:  # DeepGEMM leaves the tail as it is: the Triton kernel fills it
         backend = "triton"
     if backend == "deepgemm":

@@ -259,18 +259,25 @@ class SpinIndexer:
         # The EMA update on a side stream, beside the top-k (see `_update_beside`); in series where there are
         # extensions (they read the scores' maxima in order) or no CUDA stream.
         side = self._update_stream if self.extensions is None else None
+        # DeepGEMM writes logits only: beside the update, the maxima take a pass of their own after the fork
+        # (the Triton kernel writes the block max in its epilogue, and the op its group maxima)
+        later = side is not None and backend == "deepgemm"
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
-                                          validate=False, out=out, block_max_out=block_max,
+                                          validate=False, out=out, block_max_out=None if later else block_max,
                                           fill_tail=self.extensions is not None,
                                           history=history if side is None else None,
-                                          group_max_out=group_max, group=group, deepgemm_schedule=schedule,
+                                          group_max_out=None if later else group_max, group=group,
+                                          deepgemm_schedule=schedule,
                                           active_width=budget_of(width, self.config.sparsity, self.config.topk,
                                                                  self.config.tokens_per_block), backend=backend)
         if side is None:
             return self._topk(layer, st, plan, logits, block_max, group_max)
+        rows3 = logits.view(batch, self.next_n, logits.shape[1])  # not -1: ambiguous for an empty batch
         with self._update_beside(side):
-            ops.update_history(history, logits.view(batch, self.next_n, logits.shape[1]), plan.compact_block_table,
-                               plan.compact_seq_lens)
+            ops.update_history(history, rows3, plan.compact_block_table, plan.compact_seq_lens)
+        if later:
+            ops.update_history(None, rows3, plan.compact_block_table, plan.compact_seq_lens, block_max_out=block_max,
+                               group_max_out=group_max, group=group)
         return self._topk(layer, st, plan, logits, block_max, group_max, join=side)
 
     @contextlib.contextmanager

@@ -102,9 +102,14 @@ class SpinIndexer:
         self.extensions = Extensions(config, self.state, next_n) if (config.adaptive or config.hybrid) else None
         # The stream the EMA update runs on (`_update_beside`); None (in series, on the caller's stream) off
         # CUDA or with overlap_update=False.
-        self._update_stream = None
+        self._update_stream = self._topk_stream = None
         if overlap_update and self.device.type == "cuda":
-            self._update_stream = torch.cuda.Stream(self.device)
+            # the top-k chain on a stream of the highest priority: the block scheduler gives its CTAs the SMs
+            # as the update's CTAs finish (at equal priority the update's 3072 programs, launched first, held
+            # every SM until they were done: run 20 measured the two in series)
+            # (torch maps a priority past the device's range to its end: -8 is the highest, 0 the default/lowest)
+            self._update_stream = torch.cuda.Stream(self.device, priority=0)
+            self._topk_stream = torch.cuda.Stream(self.device, priority=-8)
         self._step: _Step | None = None
         self.block_plan: BlockPlan | None = None
 
@@ -256,42 +261,44 @@ class SpinIndexer:
         group_max = None
         if self.workspace.GROUP_MIN <= group < self.config.tokens_per_block:
             group_max = self.workspace.group_max[:rows, :-(-cols // group)]
-        # The EMA update on a side stream, beside the top-k (see `_update_beside`); in series where there are
-        # extensions (they read the scores' maxima in order) or no CUDA stream.
-        side = self._update_stream if self.extensions is None else None
-        # DeepGEMM writes logits only: beside the update, the maxima take a pass of their own after the fork
-        # (the Triton kernel writes the block max in its epilogue, and the op its group maxima)
-        later = side is not None and backend == "deepgemm"
+        # On DeepGEMM (logits only) the EMA update pass may run on a side stream beside the maxima and the
+        # top-k (`_update_beside`); in series with extensions (they read the maxima in order), off CUDA, and
+        # on Triton, whose fused update costs less than a pass (run 20: unfused, B = 1 x 128K was 4 us slower).
+        side = self._update_stream if self.extensions is None and backend == "deepgemm" else None
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
-                                          validate=False, out=out, block_max_out=None if later else block_max,
+                                          validate=False, out=out, block_max_out=None if side else block_max,
                                           fill_tail=self.extensions is not None,
                                           history=history if side is None else None,
-                                          group_max_out=None if later else group_max, group=group,
+                                          group_max_out=None if side else group_max, group=group,
                                           deepgemm_schedule=schedule,
                                           active_width=budget_of(width, self.config.sparsity, self.config.topk,
                                                                  self.config.tokens_per_block), backend=backend)
         if side is None:
             return self._topk(layer, st, plan, logits, block_max, group_max)
         rows3 = logits.view(batch, self.next_n, logits.shape[1])  # not -1: ambiguous for an empty batch
+        main = torch.cuda.current_stream(self.device)
         with self._update_beside(side):
             ops.update_history(history, rows3, plan.compact_block_table, plan.compact_seq_lens)
-        if later:
+        with self._update_beside(self._topk_stream):
             ops.update_history(None, rows3, plan.compact_block_table, plan.compact_seq_lens, block_max_out=block_max,
                                group_max_out=group_max, group=group)
-        return self._topk(layer, st, plan, logits, block_max, group_max, join=side)
+            positions = self._topk(layer, st, plan, logits, block_max, group_max)
+        main.wait_stream(self._topk_stream)
+        main.wait_stream(side)
+        return positions
 
     @contextlib.contextmanager
     def _update_beside(self, side):
-        """Runs the block's launches (the EMA update) on the side stream, after everything already on the caller's.
+        """Runs the block's launches on stream `side`, after everything already on the caller's (the EMA update
+        on the low-priority stream, the maxima and the top-k on the high-priority one; run() joins both).
 
         Why: the top-k chain is latency-bound (at 96 x 128K four launches take ~57 us for 25 MB of logits) and
         the update pass moves ~50 MB in ~30 us: in series they cost their sum, side by side about the longer
         chain. Nothing the top-k reads is written by the update (V, its block max, D and last_seen are read by
-        the next step's plan()); the logits they share are written before the fork. `_topk(join=)` makes the
-        caller's stream wait for the side stream before run() returns, so everything later there (the next
+        the next step's plan()); the logits they share are written before the fork. run() makes the
+        caller's stream wait for both streams before it returns, so everything later there (the next
         layer's logits reusing the buffers, plan()) comes after the update; a captured CUDA graph records the
-        fork and the join. The logits kernel's fused update (Triton) is given up for it: the same bytes, moved
-        off the critical path."""
+        fork and the join."""
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             yield
@@ -399,16 +406,13 @@ class SpinIndexer:
         ops.update_history(self._history_args(layer, st, plan), rows, plan.compact_block_table, plan.compact_seq_lens)
 
     def _topk(self, layer: int, st: _Step, plan: BlockPlan, logits: torch.Tensor,
-              block_max: torch.Tensor, group_max: torch.Tensor | None = None, join=None) -> torch.Tensor:
-        """The layer's top-k into the workspace; join: a stream the caller's waits for after it (the update's)."""
+              block_max: torch.Tensor, group_max: torch.Tensor | None = None) -> torch.Tensor:
         rows = logits.shape[0]
         out = self.workspace.topk[layer, :rows]
         ops.topk_positions(logits, plan.compact_seq_lens.view(-1), self.config.topk, block_max=block_max,
                            kept_blocks=plan.kept_blocks, next_n=self.next_n,
                            tokens_per_block=self.config.tokens_per_block, out=out, validate=False,
                            group_max=group_max)
-        if join is not None:
-            torch.cuda.current_stream(self.device).wait_stream(join)
         if self.extensions is not None:
             self.extensions.after_layer(layer, st.meta, plan, out, block_max)
         self.block_plan = plan

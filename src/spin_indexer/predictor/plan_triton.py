@@ -120,7 +120,8 @@ def _register_maxnreg(warps: int) -> int | None:
 
 def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      slot_ids: torch.Tensor, num_accepted: torch.Tensor | None, block: int = 1024,
-                     score_block: int = 64, num_warps: int | None = None, register_tile: int = MAX_TILE) -> None:
+                     score_block: int = 64, num_warps: int | None = None, register_tile: int = MAX_TILE,
+                     max_registers: int | None = None) -> None:
     """The fused plan(): writes ws (kept_blocks, compact_table, num_kept, compact_lens of every layer, and
     num_blocks, guarded, update_rows) and advances the state exactly as the torch path of SpinIndexer.plan().
 
@@ -130,7 +131,8 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
     (and of the reset kernel, at most 32) / of the scoring passes (powers of two; tests pass small ones to
     cross tiles); num_warps: of the select kernel, None = chosen from the tile. register_tile: the largest
     register tile (capped at MAX_TILE); a table whose next_pow2(W) exceeds it takes the chunked path (tests
-    pass 0 to force it).
+    pass 0 to force it). max_registers: the register path's cap per thread, None = _register_maxnreg(warps),
+    0 = ptxas's choice (benchmarks/bench_plan.py times the choices).
     """
     batch, width = block_table.shape
     next_n = seq_lens.shape[1]
@@ -184,7 +186,8 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
         _f64_bits(config.sparsity), _f64_bits(config.gamma), (config.seed * 0x9E3779B1) & _MASK31,
         SB=sb, SBS=sbs, SLOT=mean or config.combine is Combine.SUM, COMBINE=combine, MEAN=mean,
         EXPLORE=explore, REG=reg, enable_fp_fusion=False, num_warps=warps,
-        maxnreg=_register_maxnreg(warps) if reg else None, **common)
+        maxnreg=(_register_maxnreg(warps) if max_registers is None else max_registers or None) if reg else None,
+        **common)
 
 
 if triton is not None:

@@ -110,12 +110,15 @@ def _register_warps(sb: int) -> int:
 
 
 def _register_maxnreg(warps: int) -> int | None:
-    """Register cap of the register path: 168 per thread at 4 warps (3 programs per SM), 128 at 8 (2 per SM:
+    """Register cap of the register path: 128 per thread at 4 warps (4 programs per SM) and at 8 (2 per SM:
     65536 registers / (256 threads x 128)). Without it ptxas spends all 255 registers at 8192 blocks / 8
     warps on scheduling slack (1 program per SM, which made the path slower than the chunked one at 512K);
-    with it the spills (benchmarks/plan_registers.py) sit outside the bisection loops, in code run once or
-    once per prediction row. 16 warps are held to 128 by the register file already."""
-    return 168 if warps <= 4 else 128 if warps <= 8 else None
+    with it the spills (benchmarks/plan_registers.py; triton 3.6: 36 B at 2048 blocks / 4 warps) sit outside
+    the bisection loops, in code run once or once per prediction row. 16 warps are held to 128 by the
+    register file already. Measured (benchmarks/results/run22_plan_launch, 96 x 128K x 61 layers): 4 warps
+    at 128 registers 6.74 us a layer, at 168 (before) 7.38, at 96 6.88; 2 warps 7.4-8.3 (more programs per SM
+    do not pay: a program's chain of reductions is the limit, not residency)."""
+    return 128 if warps <= 8 else None
 
 
 def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, seq_lens: torch.Tensor,

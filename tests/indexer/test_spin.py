@@ -711,10 +711,10 @@ def test_step_on_padded_pages_equals_the_contiguous_copy(next_n, pad, triton_log
 @pytest.mark.parametrize("next_n", [1, 2])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, next_n, graph, gen, monkeypatch):
-    """SpinIndexer's EMA update on its side stream (overlap_update) leaves the same history and returns the
-    same top-k as the update in series (DeepGEMM: its pass after the logits; Triton: fused in the logits
-    kernel), over three steps of three layers, also when the whole step (plan + every layer) is captured in
-    one CUDA graph and replayed (the fork and join are recorded)."""
+    """overlap_update=True (DeepGEMM: the update pass on a low-priority stream, the maxima and the top-k on a
+    high-priority one; Triton: the fused update, in series either way) leaves the same history and returns the
+    same top-k as overlap_update=False, over three steps of three layers, also when the whole step (plan +
+    every layer) is captured in one CUDA graph and replayed (the forks and joins are recorded)."""
     from spin_indexer.ops import deepgemm
     if backend == "deepgemm" and not deepgemm.available():
         pytest.skip("needs deep_gemm")

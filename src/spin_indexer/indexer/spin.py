@@ -10,8 +10,10 @@
         top-k     over the compact columns, written as logical positions             (ops.topk_positions)
 
 On CUDA with the paper's step (A1 pooling, random or no exploration) plan() is two kernels (three where
-DeepGEMM can serve the logits: every layer's SM schedule for it in one launch) and run() two or three,
-with no host sync and no data-dependent shape (validate=False): a whole step captures in one CUDA graph.
+DeepGEMM can serve the logits: every layer's SM schedule for it in one launch) and run() the logits kernel
+(Triton: with the update fused; DeepGEMM: then the update pass on a low-priority side stream beside the maxima
+pass and the top-k on a high-priority one) and the top-k's four launches, with no host sync and no
+data-dependent shape (validate=False): a whole step captures in one CUDA graph.
 A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards every
 request) runs the dense step's kernels on the full table instead (`_run_dense`). Everything else
 (A0/A2 pooling, age-based exploration, the extensions in extensions.py, the CPU) runs the torch reference

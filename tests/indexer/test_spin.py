@@ -458,6 +458,8 @@ def test_empty_batch(gen):
 
 
 def test_misuse_raises_with_the_argument_named(gen):
+    with pytest.raises(TypeError, match="overlap_update: expected a bool, got str"):
+        SpinIndexer(SpinConfig(topk=8), num_layers=1, max_batch=2, max_blocks=4, overlap_update="yes")
     idx, slots = _indexer(SpinConfig(topk=8), 2, 4, next_n=2)
     table = torch.zeros(2, 4, dtype=torch.int32)
     lens = torch.tensor([[99, 100], [9, 10]], dtype=torch.int32)

@@ -88,3 +88,15 @@ def test_spin_step_on_deepgemm_prunes_with_the_update_pass_group_maxima(gen, mon
         want = ops.topk_positions_ref(logits.float(), plan.compact_seq_lens.view(-1), k, kept_blocks=plan.kept_blocks)
         assert torch.equal(got, want), step
 
+
+
+def test_a_backend_the_dispatcher_does_not_know_is_refused_by_name():
+    q = torch.zeros(1, 1, 64, 128).to(torch.float8_e4m3fn)
+    kv = torch.zeros(2, 64, 1, 132, dtype=torch.uint8)
+    w = torch.zeros(1, 64)
+    lens = torch.ones(1, 1, dtype=torch.int32)
+    table = torch.zeros(1, 1, dtype=torch.int32)
+    with pytest.raises(ValueError, match="backend: expected 'deepgemm', 'triton', 'reference' or None, got 'cuda'"):
+        ops.paged_indexer_logits(q, kv, w, lens, table, backend="cuda")
+    got = ops.paged_indexer_logits(q, kv, w, lens, table, backend="reference")  # the named one runs
+    assert torch.equal(got, ops.paged_indexer_logits_ref(q, kv, w, lens, table))

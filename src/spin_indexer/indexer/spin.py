@@ -87,6 +87,8 @@ class SpinIndexer:
             check_int("max_requests", max_requests, low=1)
         if num_cache_blocks is not None:
             check_int("num_cache_blocks", num_cache_blocks, low=1)
+        if not isinstance(overlap_update, bool):
+            raise TypeError(f"overlap_update: expected a bool, got {type(overlap_update).__name__}")
         self.config, self.max_batch, self.max_blocks, self.next_n = config, max_batch, max_blocks, next_n
         self.device = check_device("device", device)
         t = config.tokens_per_block

@@ -159,6 +159,8 @@ VARIANTS = {
     "no-schedule": "no DeepGEMM schedule from plan(): DeepGEMM computes its own per layer (one launch more)",
     "logits-triton": "the Triton logits kernel instead of DeepGEMM (SPIN_INDEXER_LOGITS=triton)",
     "no-overlap": "the EMA update in series after DeepGEMM (SpinIndexer(overlap_update=False)), not on a side stream",
+    "tau-hint": "SPIN's top-k threshold starts from the previous step's key (SpinIndexer(tau_hint=True)); this "
+                "benchmark's logits repeat every step, so every hint hits: an upper bound of the gain",
 }
 
 
@@ -180,6 +182,8 @@ def variant(name: str):
             os.environ["SPIN_INDEXER_LOGITS"] = "triton"
         elif name == "no-overlap":
             SpinIndexer.__init__ = functools.partialmethod(init, overlap_update=False)
+        elif name == "tau-hint":
+            SpinIndexer.__init__ = functools.partialmethod(init, tau_hint=True)
         yield
     finally:
         topk_triton.TOPK_CHAIN, SpinIndexer._schedule_layers, SpinIndexer.__init__ = chain, schedule, init

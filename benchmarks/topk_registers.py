@@ -31,7 +31,7 @@ from spin_indexer.ops import topk_triton as T  # noqa: E402
 
 PTR = {"s_ptr": "*fp32", "len_ptr": "*i32", "thresh_ptr": "*i32", "live_ptr": "*i32", "nlive_ptr": "*i32",
        "count_ptr": "*i32", "out_ptr": "*i32", "x_ptr": "*fp32", "cand_ptr": "*i64", "kept_ptr": "*i32",
-       "cnt_ptr": "*i32", "lst_ptr": "*i32", "stats_ptr": "*i32", "tau_ptr": "*i32"}
+       "cnt_ptr": "*i32", "lst_ptr": "*i32", "stats_ptr": "*i32", "tau_ptr": "*i32", "hint_ptr": "*i32"}
 # what the launcher's tensors give triton's specialization: 16-byte aligned base pointers and row strides
 DIV16 = set(PTR) | {"stride_s", "stride_x", "kept_stride"}
 OPS = ("BAR", "SHFL", "LDG", "STG", "ATOMG", "LDL", "STL")
@@ -77,7 +77,10 @@ def configs(group: int, chains: list[str], rows_small: bool, k: int = 2048):
                          MAP=True, STATS=False, OVERFLOW=False), 4, T.RANK_MAXNREG))
     if "v1" in chains:
         chunk = min(T.SORT_CHUNK, cap)
-        out += [("v1 threshold", T._threshold_kernel, dict(G=group, SB=sb, CAP=cap), 8, None),
+        hint = dict(HINT_R=T.TAU_HINT_RADIUS, HINT_STEPS=(2 * T.TAU_HINT_RADIUS).bit_length())
+        out += [("v1 threshold", T._threshold_kernel, dict(G=group, SB=sb, CAP=cap, HINT=False, **hint), 8, None),
+                ("v1 threshold, tau_hint", T._threshold_kernel, dict(G=group, SB=sb, CAP=cap, HINT=True, **hint), 8,
+                 None),
                 ("v1 gather", T._gather_kernel, dict(G=group, LB=max(16, 1024 // group), CAP=cap, EVEN=even), 4, None),
                 ("v1 chunk sort", T._chunk_sort_kernel, dict(CAP=cap, CH=chunk), 4, None),
                 ("v1 rank", T._rank_kernel, dict(K_POW=k_pow, CAP=cap, CH=chunk, LOG_CH=chunk.bit_length() - 1,

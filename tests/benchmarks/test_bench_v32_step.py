@@ -117,6 +117,9 @@ def test_variants_switch_one_part_each_and_restore_it(monkeypatch):
         assert SpinIndexer.__dict__["__init__"].keywords == {"overlap_update": False}
         raise RuntimeError("body")
     assert SpinIndexer.__init__ is init
+    with v32.variant("tau-hint"):
+        assert SpinIndexer.__dict__["__init__"].keywords == {"tau_hint": True}
+    assert SpinIndexer.__init__ is init
     with pytest.raises(SystemExit, match="--variants"), v32.variant("topk-v3"):
         pass
 

@@ -761,3 +761,35 @@ def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, ne
         assert torch.equal(a, b)
     assert torch.equal(s0.vertical, s1.vertical) and torch.equal(s0.block_max, s1.block_max)
     assert torch.equal(s0.diagonal, s1.diagonal)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the Triton top-k reads the hint)")
+def test_tau_hint_gives_the_same_steps_and_keeps_a_key_per_layer_and_row(gen):
+    """SpinIndexer(tau_hint=True): three steps of three layers return the top-k of tau_hint=False, the
+    history ends equal, and every long row's hint holds a 16-bit key afterwards."""
+    x = make_paged_inputs([64 * 90 + 17, 64 * 70, 64 * 120], 1, 64, 128, gen).to("cuda")
+    batch, width = x.block_table.shape
+    layers, k = 3, 96
+    runs = []
+    for hint in (False, True):
+        idx = SpinIndexer(SpinConfig(sparsity=0.5, topk=k), num_layers=layers, max_batch=batch, max_blocks=width,
+                          device="cuda", num_cache_blocks=x.kv_cache.shape[0], tau_hint=hint)
+        slots = torch.tensor([idx.state.allocate() for _ in range(batch)], device="cuda")
+        outs = []
+        for _ in range(3):
+            idx.plan(x.block_table, x.seq_lens, slots)
+            outs.append(torch.stack([idx.run(i, x.q_fp8, x.kv_cache, x.weights) for i in range(layers)]).clone())
+        runs.append((outs, idx))
+    (a, i0), (b, i1) = runs
+    assert all(torch.equal(p, q) for p, q in zip(a, b))
+    assert torch.equal(i0.state.vertical, i1.state.vertical)
+    assert bool((i0.workspace.tau_hint == 0).all())
+    assert bool((i1.workspace.tau_hint[:, :batch] > 0).all())
+
+
+@pytest.mark.parametrize("sms", [0, 4])
+def test_workspace_bytes_needed_is_what_it_allocates(sms):
+    from spin_indexer.indexer.workspace import Workspace
+    args = (3, 5, 7, 2, 64, 16)
+    assert Workspace(*args, torch.device("cpu"), sms).nbytes() == Workspace.bytes_needed(*args, sms)

@@ -162,3 +162,15 @@ def test_triton_twin_orders_every_nan_as_the_reference(cols, k, cap, gen, triton
     want = topk_ref(logits, lengths, k)
     got = topk_triton(logits.to(triton_device), lengths.to(triton_device), k, cap=cap).cpu()
     assert torch.equal(got, want)
+
+
+def test_topk_positions_reference_leaves_the_tau_hint_and_checks_it(gen):
+    from spin_indexer import ops
+    logits = torch.randn(2, 300, generator=gen)
+    lengths = torch.tensor([300, 17], dtype=torch.int32)
+    hint = torch.tensor([5, -9], dtype=torch.int32)
+    got = ops.topk_positions_ref(logits, lengths, 8)
+    assert torch.equal(ops.topk_positions(logits, lengths, 8, tau_hint=hint), got)
+    assert hint.tolist() == [5, -9]
+    with pytest.raises(TypeError, match="tau_hint: expected dtype torch.int32"):
+        ops.topk_positions(logits, lengths, 8, tau_hint=hint.long())

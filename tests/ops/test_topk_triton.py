@@ -298,3 +298,41 @@ def test_v2_stage_breakdown(rows, small_batch_rows, gen, triton_device, monkeypa
         untouched = stages == 2 and rows > mod.SMALL_BATCH_ROWS
         assert (out.cpu() == (-7 if untouched else -1)).all(), stages
     _check(logits, lengths, 12, dev, _stages=5)
+
+
+def test_tau_hint_never_changes_the_result_and_converges_to_the_rows_key(triton_device, gen, monkeypatch):
+    """v1's threshold with a hint: whatever the hint (the row's own key, near it, far off, negative, above
+    16 bits), the top-k equals the reference and the hint written back is the same key the search finds from
+    zeros; rows too short for a threshold (fewer than k groups) leave their hint as it was."""
+    from spin_indexer.ops import topk_triton as mod
+    monkeypatch.setattr(mod, "TOPK_CHAIN", "v1")
+    rows, cols, k = 6, 2048, 64
+    logits = torch.randn(rows, cols, generator=gen)
+    # long rows search a threshold; 100 columns are fewer than k groups (no search); an empty row
+    lengths = torch.tensor([cols, cols, cols - 7, 100, cols // 2, 0], dtype=torch.int32)
+    logits = torch.where(torch.arange(cols)[None, :] < lengths.long()[:, None], logits, float("nan"))  # poisoned tails
+    want = topk_ref(logits, lengths, k)
+    x, n = logits.to(triton_device), lengths.to(triton_device)
+    short = (-(-lengths.long() // topk_group(cols, k))) < k
+
+    def run(hint):
+        h = hint.to(torch.int32).to(triton_device)
+        got = topk_triton(x, n, k, tau_hint=h).cpu()
+        assert torch.equal(got, want)
+        return h.cpu()
+
+    key = run(torch.zeros(rows))
+    assert torch.equal(key[short], torch.zeros(int(short.sum()), dtype=torch.int32))
+    assert ((key[~short] > 0) & (key[~short] <= 65535)).all()
+    garbage = torch.randint(-100000, 100000, (rows,), generator=gen)
+    for hint in (key, key + 1, key - 31, key + 40, key - 4000, garbage, torch.full((rows,), 70000)):
+        after = run(hint)
+        assert torch.equal(after[~short], key[~short])
+        assert torch.equal(after[short], hint.to(torch.int32)[short])
+
+
+def test_tau_hint_of_the_wrong_shape_is_refused_by_name(triton_device, gen):
+    logits, lengths = masked_logits(2, 300, gen)
+    with pytest.raises(ValueError, match="tau_hint"):
+        topk_triton(logits.to(triton_device), lengths.to(triton_device), 8,
+                    tau_hint=torch.zeros(3, dtype=torch.int32, device=triton_device))

@@ -69,14 +69,17 @@ class SpinIndexer:
     max_batch); num_cache_blocks: physical blocks of the key cache the history sits beside (default
     max_requests * max_blocks, enough when every request owns its blocks); overlap_update: on CUDA, run the
     EMA update on a side stream beside the top-k (`_update_beside`; False: in series, fused into the logits
-    kernel's epilogue or the pass that writes the maxima).
+    kernel's epilogue or the pass that writes the maxima); tau_hint: each layer's top-k starts its threshold
+    search from the row's key of the previous step (workspace.tau_hint; any value gives the same top-k, a row
+    whose key moved costs one count more). Off by default until the H200 measures it; rows are matched by
+    their index in the batch, so a reordered batch only misses.
     State lives in `self.state` (allocate() a slot per request, free() it when done); plans of the last
     step in `self.plans(layer)`, the last run layer's in `self.block_plan`.
     """
 
     def __init__(self, config: SpinConfig, num_layers: int, max_batch: int, max_blocks: int, next_n: int = 1,
                  device: torch.device | str = "cpu", max_requests: int | None = None,
-                 num_cache_blocks: int | None = None, overlap_update: bool = True):
+                 num_cache_blocks: int | None = None, overlap_update: bool = True, tau_hint: bool = False):
         if not isinstance(config, SpinConfig):
             raise TypeError(f"config: expected a SpinConfig, got {type(config).__name__}")
         check_int("num_layers", num_layers, low=1)
@@ -87,8 +90,10 @@ class SpinIndexer:
             check_int("max_requests", max_requests, low=1)
         if num_cache_blocks is not None:
             check_int("num_cache_blocks", num_cache_blocks, low=1)
-        if not isinstance(overlap_update, bool):
-            raise TypeError(f"overlap_update: expected a bool, got {type(overlap_update).__name__}")
+        for name, flag in (("overlap_update", overlap_update), ("tau_hint", tau_hint)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
+        self.tau_hint = tau_hint
         self.config, self.max_batch, self.max_blocks, self.next_n = config, max_batch, max_blocks, next_n
         self.device = check_device("device", device)
         t = config.tokens_per_block
@@ -416,7 +421,7 @@ class SpinIndexer:
         ops.topk_positions(logits, plan.compact_seq_lens.view(-1), self.config.topk, block_max=block_max,
                            kept_blocks=plan.kept_blocks, next_n=self.next_n,
                            tokens_per_block=self.config.tokens_per_block, out=out, validate=False,
-                           group_max=group_max)
+                           group_max=group_max, tau_hint=self.workspace.tau_hint[layer, :rows] if self.tau_hint else None)
         if self.extensions is not None:
             self.extensions.after_layer(layer, st.meta, plan, out, block_max)
         self.block_plan = plan

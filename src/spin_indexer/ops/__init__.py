@@ -151,10 +151,15 @@ def topk(logits, lengths, k: int, validate: bool = True, block_max=None):
 
 
 def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, next_n: int = 1,
-                   tokens_per_block: int = 64, out=None, validate: bool = True, group_max=None):
+                   tokens_per_block: int = 64, out=None, validate: bool = True, group_max=None, tau_hint=None):
     """Top-k positions int32 [R, k], best first, -1 padded, through SPIN's compact-to-logical map; see
     `topk_positions_ref`. On CUDA the Triton top-k (block_max / group_max let it read only the groups that
-    can hold a winner) writes the mapped positions in its final pass."""
+    can hold a winner) writes the mapped positions in its final pass. tau_hint: optional int32 [R], the
+    Triton top-k's threshold hint, read and written (topk_triton); the reference has no threshold and leaves
+    it as it is. Any value gives the same result."""
+    if tau_hint is not None:
+        check_tensor("tau_hint", tau_hint, dtype=torch.int32, shape=(logits.shape[0],), shape_names="[R]",
+                     device=logits.device, device_of="logits", contiguous=True)
     twin = _triton_twin("topk_triton", "topk_triton", logits)
     if twin is None or tokens_per_block != 64:
         return topk_positions_ref(logits, lengths, k, block_max=block_max, kept_blocks=kept_blocks, next_n=next_n,
@@ -163,7 +168,7 @@ def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, ne
     check_topk_positions_args(logits, lengths, k, block_max, kept_blocks, next_n, tokens_per_block, out, validate,
                               group_max)
     return twin(logits, lengths, k, validate=False, block_max=block_max, kept_blocks=kept_blocks, next_n=next_n,
-                out=out, group_max=group_max)
+                out=out, group_max=group_max, tau_hint=tau_hint)
 
 
 def _check_outputs(logits, width, dev, out, block_max_out) -> None:

@@ -64,6 +64,9 @@ RANK_BI = 128  # candidates ranked per program (one per thread at 4 warps)
 # and would take the whole kernel to 250 (2 programs per SM instead of 10). Capped, only the merge (rare,
 # "slow, never wrong") spills.
 RANK_MAXNREG_V1 = 48
+# tau_hint's bracket: +-32 16-bit keys (a quarter of an octave either way: the 7 mantissa bits of a key step
+# 1/128 of an octave) around the previous call's key; 65 keys take 7 bisection counts
+TAU_HINT_RADIUS = 32
 THRESHOLD_TILE_MAX = 16384  # group maxima held in registers by the threshold program (more: chunked passes)
 # Which kernel chain topk_triton runs: "v1" (the production one again: four launches, threshold, gather, chunk
 # sort, rank; measured in runs 15-16) or "v2" (a select launch and a rank launch). v2 was the default from its
@@ -97,7 +100,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
                 block_max: torch.Tensor | None = None, cap: int | None = None,
                 stats: torch.Tensor | None = None, _stages: int = 5, kept_blocks: torch.Tensor | None = None,
                 next_n: int = 1, out: torch.Tensor | None = None,
-                group_max: torch.Tensor | None = None) -> torch.Tensor:
+                group_max: torch.Tensor | None = None, tau_hint: torch.Tensor | None = None) -> torch.Tensor:
     """Top-k positions per row, same meaning as `topk_ref`.
 
     logits: float32 [R, C]; columns >= lengths[r] are ignored. lengths: int32 [R] in [0, C]. k: int >= 1.
@@ -117,6 +120,11 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     group_max: optional float32 [R, ceil(C / G)], G = topk_group(C, k): the exact max of every G columns of
     valid logits (NaN for a group holding a NaN), written by a pass that read the logits anyway (SPIN's
     update pass): used instead of the group-max launch when G < 64.
+    tau_hint: optional int32 [R], read and written (v1 chain, rows whose group maxima fit one tile): the
+    threshold's 16-bit key of each row from an earlier call (any value: a hint never changes the result).
+    Where this call's key lies within TAU_HINT_RADIUS of it, one packed count confirms the bracket and the
+    bisection takes HINT_STEPS = 7 counts instead of 16; a miss costs that one count. The row's key is
+    written back for the next call.
     returns int32 [R, k]: positions, best first, ties to the lower position, -1 past lengths[r].
     """
     check_topk_args(logits, lengths, k, validate)
@@ -161,8 +169,11 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     mapped = kept_blocks is not None
     kept = kept_blocks if mapped else out  # dummy pointer when unmapped
     kept_stride = kept_blocks.stride(0) if mapped else 0
+    if tau_hint is not None:
+        check_tensor("tau_hint", tau_hint, dtype=torch.int32, shape=(rows,), shape_names="[R]", device=dev,
+                     device_of="logits", contiguous=True)
     args = (logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _stages, kept, kept_stride, next_n,
-            mapped, out)
+            mapped, out, tau_hint)
     return (_chain_v1 if TOPK_CHAIN == "v1" else _chain_v2)(*args)
 
 
@@ -175,7 +186,7 @@ def _select_shape(rows: int, cap: int) -> tuple[int, int, int]:
 
 
 def _chain_v2(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, stages, kept, kept_stride, next_n,
-              mapped, out):
+              mapped, out, tau_hint=None):  # tau_hint: v1 only (ignored here)
     rows, cols = logits.shape
     dev = logits.device
     p, run, probes = _select_shape(rows, cap)
@@ -212,7 +223,7 @@ def _chain_v2(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats,
 
 
 def _chain_v1(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _stages, kept, kept_stride, next_n,
-              mapped, out):
+              mapped, out, tau_hint=None):
     rows, cols = logits.shape
     dev = logits.device
     thresh = torch.empty(rows, dtype=torch.int32, device=dev)
@@ -225,8 +236,10 @@ def _chain_v1(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats,
         return out
     # The threshold program also zeroes the candidate count and fills the row's output with -1 (the rank
     # launch writes only the ranks it finds): no memset launches on the per-layer path.
+    has_hint = tau_hint is not None
     _threshold_kernel[(rows,)](summary, lengths, thresh, live, num_live, count, num_groups, summary.stride(0), k,
-                               out, G=group, SB=sum_block, CAP=cap, num_warps=8)
+                               out, tau_hint if has_hint else thresh, G=group, SB=sum_block, CAP=cap, HINT=has_hint,
+                               HINT_R=TAU_HINT_RADIUS, HINT_STEPS=(2 * TAU_HINT_RADIUS).bit_length(), num_warps=8)
     if _stages < 3:
         return out
     lb = max(16, 1024 // group)
@@ -305,7 +318,8 @@ if triton is not None:
 
     @triton.jit
     def _threshold_kernel(s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
-                          out_ptr, G: tl.constexpr, SB: tl.constexpr, CAP: tl.constexpr):
+                          out_ptr, hint_ptr, G: tl.constexpr, SB: tl.constexpr, CAP: tl.constexpr,
+                          HINT: tl.constexpr, HINT_R: tl.constexpr, HINT_STEPS: tl.constexpr):
         r = tl.program_id(0)
         tl.store(count_ptr + r, 0)  # the gather launch appends to it
         for c0 in range(0, k, 1024):
@@ -326,11 +340,27 @@ if triton is not None:
                 g = tl.arange(0, SB)
                 u = _ukey(tl.load(base + g, mask=g < n_valid, other=0.0))
                 top = tl.where(g < n_valid, (u >> 16).to(tl.int32), -1)
-                for _ in range(16):
-                    mid = (lo + hi + 1) // 2
-                    ok = tl.sum((top >= mid).to(tl.int32), axis=0) >= k
-                    lo = tl.where(ok, mid, lo)
-                    hi = tl.where(ok, hi, mid - 1)
+                if HINT:  # the previous call's answer brackets this one's: one count checks the bracket
+                    h = tl.minimum(tl.maximum(tl.load(hint_ptr + r), 0), 65535)
+                    a = tl.maximum(h - HINT_R, 0)
+                    b = tl.minimum(h + HINT_R, 65535)
+                    # both counts in one reduction (each <= SB <= 16384 < 2^16)
+                    both = tl.sum((top >= a).to(tl.int32) + ((top > b).to(tl.int32) << 16), axis=0)
+                    inside = ((both & 0xFFFF) >= k) & ((both >> 16) < k)  # count(>= a) >= k > count(> b)
+                    lo = tl.where(inside, a, lo)
+                    hi = tl.where(inside, b, hi)
+                    # invariant: count(>= lo) >= k > count(> hi); lo == hi after the steps
+                    for _ in range(tl.where(inside, HINT_STEPS, 16)):
+                        mid = (lo + hi + 1) // 2
+                        ok = tl.sum((top >= mid).to(tl.int32), axis=0) >= k
+                        lo = tl.where(ok, mid, lo)
+                        hi = tl.where(ok, hi, mid - 1)
+                else:
+                    for _ in range(16):
+                        mid = (lo + hi + 1) // 2
+                        ok = tl.sum((top >= mid).to(tl.int32), axis=0) >= k
+                        lo = tl.where(ok, mid, lo)
+                        hi = tl.where(ok, hi, mid - 1)
             else:
                 for _ in range(16):
                     mid = (lo + hi + 1) // 2
@@ -338,6 +368,8 @@ if triton is not None:
                     lo = tl.where(ok, mid, lo)
                     hi = tl.where(ok, hi, mid - 1)
             tau = lo << 16
+            if HINT:
+                tl.store(hint_ptr + r, lo)
         tl.store(thresh_ptr + r, tau)
         # the groups that can hold a winner, compacted: the gather reads only these
         tau_u = tau.to(tl.uint32, bitcast=True)

@@ -307,6 +307,17 @@ if triton is not None:
         tl.store(s_ptr + r.to(tl.int64) * stride_s + g, gmax, mask=g < num_groups)
 
     @triton.jit
+    def _bisect_keys(top, lo, hi, k, steps):
+        """The largest t in [lo, hi] with count(top >= t) >= k, given count(top >= lo) >= k > count(top > hi)
+        and hi - lo < 2^steps: one CTA count per step."""
+        for _ in range(steps):
+            mid = (lo + hi + 1) // 2
+            ok = tl.sum((top >= mid).to(tl.int32), axis=0) >= k
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid - 1)
+        return lo
+
+    @triton.jit
     def _count_hi_ge(base, n_valid, t16, SB: tl.constexpr):
         """Number of group maxima whose key's upper 16 bits are >= t16 (a pass over base[:n_valid])."""
         cnt = n_valid * 0
@@ -349,18 +360,9 @@ if triton is not None:
                     inside = ((both & 0xFFFF) >= k) & ((both >> 16) < k)  # count(>= a) >= k > count(> b)
                     lo = tl.where(inside, a, lo)
                     hi = tl.where(inside, b, hi)
-                    # invariant: count(>= lo) >= k > count(> hi); lo == hi after the steps
-                    for _ in range(tl.where(inside, HINT_STEPS, 16)):
-                        mid = (lo + hi + 1) // 2
-                        ok = tl.sum((top >= mid).to(tl.int32), axis=0) >= k
-                        lo = tl.where(ok, mid, lo)
-                        hi = tl.where(ok, hi, mid - 1)
+                    lo = _bisect_keys(top, lo, hi, k, tl.where(inside, HINT_STEPS, 16))
                 else:
-                    for _ in range(16):
-                        mid = (lo + hi + 1) // 2
-                        ok = tl.sum((top >= mid).to(tl.int32), axis=0) >= k
-                        lo = tl.where(ok, mid, lo)
-                        hi = tl.where(ok, hi, mid - 1)
+                    lo = _bisect_keys(top, lo, hi, k, 16)
             else:
                 for _ in range(16):
                     mid = (lo + hi + 1) // 2

@@ -15,6 +15,7 @@ import copy
 import json
 import os
 import sys
+import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -26,6 +27,7 @@ VARIANTS = ((None, None), (4, 128), (4, 96), (2, 168), (2, 128), (2, 96), (8, 64
 def plan_point(batch: int, ctx: int, layers: int, sparsity: float, variants) -> list[dict]:
     import torch
     from harness import decode_lens, time_graph
+    from run_all import steady_state
 
     from spin_indexer.indexer import SpinIndexer
     from spin_indexer.predictor import SpinConfig
@@ -39,13 +41,8 @@ def plan_point(batch: int, ctx: int, layers: int, sparsity: float, variants) -> 
     gen = torch.Generator(device=dev).manual_seed(1)
     table = torch.randperm(batch * width, device=dev, generator=gen).to(torch.int32).view(batch, width)
     lens = decode_lens(batch, 1, ctx).to(dev)
-    st = idx.state
-    st.vertical.copy_(torch.randn(st.vertical.shape, device=dev, generator=gen).to(st.vertical.dtype))
-    st.block_max.copy_(st.vertical.amax(dim=2).transpose(0, 1))
-    st.diagonal.copy_(torch.randn(st.diagonal.shape, device=dev, generator=gen).to(st.diagonal.dtype))
-    st.seen_len.fill_(ctx)
-    st.step.fill_(100)
-    start = copy.deepcopy(st)
+    steady_state(idx, types.SimpleNamespace(ctx=ctx))  # run_all's random history of many past steps
+    start = copy.deepcopy(idx.state)
 
     def run(warps, cap):
         plan_triton.plan_step_triton(cfg, idx.state, idx.workspace, table, lens, slots, None, num_warps=warps,

@@ -336,3 +336,9 @@ def test_tau_hint_of_the_wrong_shape_is_refused_by_name(triton_device, gen):
     with pytest.raises(ValueError, match="tau_hint"):
         topk_triton(logits.to(triton_device), lengths.to(triton_device), 8,
                     tau_hint=torch.zeros(3, dtype=torch.int32, device=triton_device))
+    # also where no threshold would run (no columns): refused before the output is touched
+    out = torch.full((2, 8), 7, dtype=torch.int32, device=triton_device)
+    with pytest.raises(ValueError, match="tau_hint"):
+        topk_triton(torch.zeros(2, 0, device=triton_device), torch.zeros(2, dtype=torch.int32, device=triton_device),
+                    8, out=out, tau_hint=torch.zeros(3, dtype=torch.int32, device=triton_device))
+    assert bool((out == 7).all())

@@ -68,7 +68,7 @@ class SpinIndexer:
     engine's block-table width); next_n: query rows per request; max_requests: state slots (default
     max_batch); num_cache_blocks: physical blocks of the key cache the history sits beside (default
     max_requests * max_blocks, enough when every request owns its blocks); overlap_update: on CUDA, run the
-    EMA update on a side stream beside the top-k (`_update_beside`; False: in series, fused into the logits
+    EMA update on a side stream beside the top-k (`_forked`; False: in series, fused into the logits
     kernel's epilogue or the pass that writes the maxima); tau_hint: each layer's top-k starts its threshold
     search from the row's key of the previous step (workspace.tau_hint; any value gives the same top-k, a row
     whose key moved costs one count more). Off by default until the H200 measures it; rows are matched by
@@ -109,7 +109,7 @@ class SpinIndexer:
                                    f"num_layers={num_layers}, max_batch={max_batch}, max_blocks={max_blocks}, "
                                    f"next_n={next_n}") from exc
         self.extensions = Extensions(config, self.state, next_n) if (config.adaptive or config.hybrid) else None
-        # The stream the EMA update runs on (`_update_beside`); None (in series, on the caller's stream) off
+        # The stream the EMA update runs on (`_forked`); None (in series, on the caller's stream) off
         # CUDA or with overlap_update=False.
         self._update_stream = self._topk_stream = None
         if overlap_update and self.device.type == "cuda":
@@ -271,7 +271,7 @@ class SpinIndexer:
         if self.workspace.GROUP_MIN <= group < self.config.tokens_per_block:
             group_max = self.workspace.group_max[:rows, :-(-cols // group)]
         # On DeepGEMM (logits only) the EMA update pass may run on a side stream beside the maxima and the
-        # top-k (`_update_beside`); in series with extensions (they read the maxima in order), off CUDA, and
+        # top-k (`_forked`); in series with extensions (they read the maxima in order), off CUDA, and
         # on Triton, whose fused update costs less than a pass (run 20: unfused, B = 1 x 128K was 4 us slower).
         side = self._update_stream if self.extensions is None and backend == "deepgemm" else None
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
@@ -286,9 +286,9 @@ class SpinIndexer:
             return self._topk(layer, st, plan, logits, block_max, group_max)
         rows3 = logits.view(batch, self.next_n, logits.shape[1])  # not -1: ambiguous for an empty batch
         main = torch.cuda.current_stream(self.device)
-        with self._update_beside(side):
+        with self._forked(side):
             ops.update_history(history, rows3, plan.compact_block_table, plan.compact_seq_lens)
-        with self._update_beside(self._topk_stream):
+        with self._forked(self._topk_stream):
             ops.update_history(None, rows3, plan.compact_block_table, plan.compact_seq_lens, block_max_out=block_max,
                                group_max_out=group_max, group=group)
             positions = self._topk(layer, st, plan, logits, block_max, group_max)
@@ -297,7 +297,7 @@ class SpinIndexer:
         return positions
 
     @contextlib.contextmanager
-    def _update_beside(self, side):
+    def _forked(self, side):
         """Runs the block's launches on stream `side`, after everything already on the caller's (the EMA update
         on the low-priority stream, the maxima and the top-k on the high-priority one; run() joins both).
 

@@ -157,11 +157,11 @@ def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, ne
     can hold a winner) writes the mapped positions in its final pass. tau_hint: optional int32 [R], the
     Triton top-k's threshold hint, read and written (topk_triton); the reference has no threshold and leaves
     it as it is. Any value gives the same result."""
-    if tau_hint is not None:
-        check_tensor("tau_hint", tau_hint, dtype=torch.int32, shape=(logits.shape[0],), shape_names="[R]",
-                     device=logits.device, device_of="logits", contiguous=True)
     twin = _triton_twin("topk_triton", "topk_triton", logits)
     if twin is None or tokens_per_block != 64:
+        if tau_hint is not None:  # unused here, but rejected exactly as the twin rejects it
+            check_tensor("tau_hint", tau_hint, dtype=torch.int32, shape=(logits.shape[0],), shape_names="[R]",
+                         device=logits.device, device_of="logits", contiguous=True)
         return topk_positions_ref(logits, lengths, k, block_max=block_max, kept_blocks=kept_blocks, next_n=next_n,
                                   tokens_per_block=tokens_per_block, out=out, validate=validate, group_max=group_max)
     from .topk import check_topk_positions_args

@@ -130,6 +130,9 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     check_topk_args(logits, lengths, k, validate)
     rows, cols = logits.shape
     dev = logits.device
+    if tau_hint is not None:
+        check_tensor("tau_hint", tau_hint, dtype=torch.int32, shape=(rows,), shape_names="[R]", device=dev,
+                     device_of="logits", contiguous=True)
     if k > MAX_TRITON_K:
         from .topk import topk_positions_ref
         return topk_positions_ref(logits, lengths, k, kept_blocks=kept_blocks, next_n=next_n, out=out,
@@ -169,9 +172,6 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     mapped = kept_blocks is not None
     kept = kept_blocks if mapped else out  # dummy pointer when unmapped
     kept_stride = kept_blocks.stride(0) if mapped else 0
-    if tau_hint is not None:
-        check_tensor("tau_hint", tau_hint, dtype=torch.int32, shape=(rows,), shape_names="[R]", device=dev,
-                     device_of="logits", contiguous=True)
     args = (logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _stages, kept, kept_stride, next_n,
             mapped, out, tau_hint)
     return (_chain_v1 if TOPK_CHAIN == "v1" else _chain_v2)(*args)

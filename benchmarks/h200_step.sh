@@ -70,7 +70,7 @@ case "$stage" in
     all)  # environment overrides: ALL_TESTS (test paths), ALL_POINTS / ALL_BUDGET_S (grid), ALL_V32 (v32 points),
           # ALL_PROFILE (profile points; empty = no profile), ALL_EXTRA (a command run last, output under all/);
           # ALL_TESTS_S / ALL_GRID_S / ALL_V32_S / ALL_PROFILE_S: each stage's wall limit (the tgz is packed anyway);
-          # ALL_V32_VARIANTS (bench_v32_step --variants), ALL_PROFILE_PARTS (profile_step --parts); ALL_WARM=0: no
+          # ALL_GRID_ARGS (more run_all.py arguments, e.g. --tau-hint), ALL_V32_VARIANTS (bench_v32_step --variants), ALL_PROFILE_PARTS (profile_step --parts); ALL_WARM=0: no
           # warm_cache.py (by default it compiles the grid's and profile's kernels in parallel while the tests run)
         mkdir -p "$OUT/all/grid" "$OUT/all/v32" "$OUT/all/profile"
         cp "$OUT/deepgemm_build.log" "$OUT/all/" 2>/dev/null
@@ -88,7 +88,7 @@ case "$stage" in
         tail -2 "$OUT/all/gputests.log"
         if [ -n "${warm_pid:-}" ]; then wait "$warm_pid"; tail -3 "$OUT/all/warm.log"; fi
         timeout "${ALL_GRID_S:-3600}" python3 benchmarks/run_all.py --out "$OUT/all/grid" --sparsities 0.5,0.4 --budget-s "${ALL_BUDGET_S:-170}" \
-            --points "$points" > "$OUT/all/grid/run_all.log" 2>&1
+            --points "$points" ${ALL_GRID_ARGS:-} > "$OUT/all/grid/run_all.log" 2>&1
         grep -E "^point|^- |^total" "$OUT/all/grid/run_all.log" | cut -c1-400
         timeout "${ALL_V32_S:-3600}" python3 benchmarks/bench_v32_step.py --out "$OUT/all/v32" --points "${ALL_V32:-96x131072,96x262144,autox1048576}" \
             --sparsity 0.5 --variants "${ALL_V32_VARIANTS:-default}" > "$OUT/all/v32/v32.log" 2>&1

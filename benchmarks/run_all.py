@@ -110,7 +110,7 @@ def steady_state(idx, point) -> None:
     st.step.fill_(100)
 
 
-def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bool) -> list[dict]:
+def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bool, tau_hint: bool = False) -> list[dict]:
     import torch
     from harness import time_graph
 
@@ -159,7 +159,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
             backends = [(None, "")] + ([(other, "_other")] if have_dg and guard == 0 else [])
             for backend, suffix in backends:
                 with logits_backend(backend):
-                    times = spin_step(p, s, k, guard, time_graph, timing)
+                    times = spin_step(p, s, k, guard, time_graph, timing, tau_hint)
                 if guard == 0 and not suffix:
                     row.update(times)
                 elif guard == 0:
@@ -187,7 +187,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
     return results
 
 
-def spin_step(p, sparsity: float, k: int, guard, time_graph, timing) -> dict:
+def spin_step(p, sparsity: float, k: int, guard, time_graph, timing, tau_hint: bool = False) -> dict:
     """SPIN's step at one sparsity: plan (61 layers) + run per layer, and its logits and top-k alone."""
     import torch
 
@@ -197,7 +197,7 @@ def spin_step(p, sparsity: float, k: int, guard, time_graph, timing) -> dict:
 
     cfg = SpinConfig(sparsity=sparsity, topk=k, dense_below=guard, dense_batch_below=guard)
     idx = SpinIndexer(cfg, num_layers=PLAN_LAYERS, max_batch=p.batch, max_blocks=p.width, next_n=p.next_n,
-                      device=p.table.device, num_cache_blocks=p.num_cache_blocks)
+                      device=p.table.device, num_cache_blocks=p.num_cache_blocks, tau_hint=tau_hint)
     slots = torch.tensor([idx.state.allocate() for _ in range(p.batch)], dtype=torch.int64, device=p.table.device)
     steady_state(idx, p)
 
@@ -239,8 +239,9 @@ def spin_step(p, sparsity: float, k: int, guard, time_graph, timing) -> dict:
     # given here too, so topk_us is the step's top-k and their cost stays in spin_own_us
     group = ops.topk_group(result.shape[1], k)
     gmax = ops.group_max_ref(result, clens, group) if group < 64 else None
+    hint = torch.zeros(clens.shape[0], dtype=torch.int32, device=clens.device) if tau_hint else None
     t_topk = time_graph([lambda: ops.topk_positions(result, clens, k, block_max=bmax, kept_blocks=plan0.kept_blocks,
-                                                    next_n=p.next_n, validate=False, group_max=gmax)],
+                                                    next_n=p.next_n, validate=False, group_max=gmax, tau_hint=hint)],
                         **timing).p50_us
     per_layer = t_plan / PLAN_LAYERS + (t_step - t_plan) / p.layers
     del idx, logits, bmax, result
@@ -365,6 +366,9 @@ def main(argv=None) -> int:
                    help="comma list of BxLxN points run in this order instead of the batches x contexts x next_ns grid")
     p.add_argument("--max-tokens", type=int, default=96 * 1048576, help="skip points with B x L above this")
     p.add_argument("--budget-s", type=float, default=1e9, help="stop starting new points after this many seconds")
+    p.add_argument("--tau-hint", action="store_true",
+                   help="SPIN's top-k starts from the previous step's threshold key (SpinIndexer(tau_hint=True)), its "
+                        "standalone top-k too; the benchmark's logits repeat, so every hint hits: an upper bound")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     command = "python benchmarks/run_all.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -393,7 +397,7 @@ def main(argv=None) -> int:
                 log(f"skipped B={b} L={c} n={n} (size or time budget)")
                 continue
             try:
-                rows += grid_point(b, c, n, args.sparsities, env, dry)
+                rows += grid_point(b, c, n, args.sparsities, env, dry, args.tau_hint)
             except Exception as exc:  # one failed point must not cost the whole run
                 log(f"FAILED B={b} L={c} n={n}: {exc!r}")
                 traceback.print_exc()

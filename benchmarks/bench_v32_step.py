@@ -159,9 +159,6 @@ VARIANTS = {
     "no-schedule": "no DeepGEMM schedule from plan(): DeepGEMM computes its own per layer (one launch more)",
     "logits-triton": "the Triton logits kernel instead of DeepGEMM (SPIN_INDEXER_LOGITS=triton)",
     "no-overlap": "the EMA update in series after DeepGEMM (SpinIndexer(overlap_update=False)), not on a side stream",
-    "update-grid": "the EMA update beside the top-k as a grid launch (one program per tile: run 21's), not persistent",
-    "update-persist-1": "the persistent EMA update with 1 program per SM (the default is history_triton.PERSISTENT_PROGRAMS_PER_SM = 2)",
-    "update-persist-4": "the persistent EMA update with 4 programs per SM",
     "tau-hint": "SPIN's top-k threshold starts from the previous step's key (SpinIndexer(tau_hint=True)); this "
                 "benchmark's logits repeat every step, so every hint hits: an upper bound of the gain",
 }
@@ -170,13 +167,12 @@ VARIANTS = {
 @contextlib.contextmanager
 def variant(name: str):
     """The step with one part set or switched back (VARIANTS) while the block runs, restored after."""
-    from spin_indexer.ops import history_triton, topk_triton
+    from spin_indexer.ops import topk_triton
 
     if name not in VARIANTS:
         raise SystemExit(f"--variants: unknown {name!r}; expected some of {sorted(VARIANTS)}")
     chain, schedule, env = topk_triton.TOPK_CHAIN, SpinIndexer._schedule_layers, os.environ.get("SPIN_INDEXER_LOGITS")
     init = SpinIndexer.__init__
-    per_sm = history_triton.PERSISTENT_PROGRAMS_PER_SM
     try:
         if name in ("topk-v1", "topk-v2"):
             topk_triton.TOPK_CHAIN = name[-2:]
@@ -186,14 +182,11 @@ def variant(name: str):
             os.environ["SPIN_INDEXER_LOGITS"] = "triton"
         elif name == "no-overlap":
             SpinIndexer.__init__ = functools.partialmethod(init, overlap_update=False)
-        elif name.startswith("update-"):
-            history_triton.PERSISTENT_PROGRAMS_PER_SM = 0 if name == "update-grid" else int(name.rsplit("-", 1)[1])
         elif name == "tau-hint":
             SpinIndexer.__init__ = functools.partialmethod(init, tau_hint=True)
         yield
     finally:
         topk_triton.TOPK_CHAIN, SpinIndexer._schedule_layers, SpinIndexer.__init__ = chain, schedule, init
-        history_triton.PERSISTENT_PROGRAMS_PER_SM = per_sm
         if env is None:
             os.environ.pop("SPIN_INDEXER_LOGITS", None)
         else:

@@ -40,11 +40,10 @@ OPS = ("LDG", "STG", "LDL", "STL")
 
 
 def compile_counts(blocks: int, warps: int, group: int | None = 16, rows: int = 1, seen: bool = False,
-                   bmax: bool = True, hist: bool = True, maxnreg: int | None = None, persistent: bool = False) -> dict:
+                   bmax: bool = True, hist: bool = True, maxnreg: int | None = None) -> dict:
     fn = U._update_history_kernel
     cfg = dict(T=64, BLOCKS=blocks, HIST=hist, HAS_SEEN=seen, BMAX=bmax, NP=triton.next_power_of_2(rows),
-               GMAX=group is not None, G=group or 64, DB=min(U.DIAGONAL_BLOCKS, blocks),
-               PERSISTENT=persistent)
+               GMAX=group is not None, G=group or 64, DB=min(U.DIAGONAL_BLOCKS, blocks))
     k = compile_sm90(fn, cfg, lambda name: PTR.get(name, "fp32" if name in FLOATS else "i32"), "update_registers.py",
                      div16=DIV16, num_warps=warps, enable_fp_fusion=True,  # the launch's default
                      maxnreg=maxnreg or None)
@@ -61,7 +60,6 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=16, help="G of the group maxima (0: no group max)")
     ap.add_argument("--rows", type=int, default=1, help="next_n of the launch")
     ap.add_argument("--seen", action="store_true", help="with last_seen")
-    ap.add_argument("--persistent", action="store_true", help="the persistent launch (a loop over tiles)")
     ap.add_argument("--maxnreg", type=int, nargs="*",
                     help="register caps (default: the launcher's MAX_REGISTERS and none; 0 = none)")
     a = ap.parse_args()
@@ -73,8 +71,7 @@ def main() -> None:
     for blocks in a.blocks or [U.BLOCKS_PER_PROGRAM, 16]:
         for g in groups:
             for cap in caps:
-                c = compile_counts(blocks, a.warps, group=g, rows=a.rows, seen=a.seen, maxnreg=cap or None,
-                                   persistent=a.persistent)
+                c = compile_counts(blocks, a.warps, group=g, rows=a.rows, seen=a.seen, maxnreg=cap or None)
                 # registers are allocated per warp in units of 256 (8 per thread); 64 warps per SM at most
                 progs = min(64 // a.warps, 65536 // (32 * a.warps * (-(-c["regs"] // 8) * 8))) if c["regs"] else 0
                 print(f"{blocks:>6} {a.warps:>5} {str(g or '-'):>5} {str(cap or '-'):>7} {str(c['regs']):>5} "

@@ -279,40 +279,6 @@ def test_triton_twin_matches_reference(lengths, next_n, window, seen, gen, trito
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("lengths,next_n,window", CASES, ids=CASE_IDS)
-def test_triton_twin_persistent_launch_matches_reference(lengths, next_n, window, gen, triton_device, monkeypatch):
-    """persistent=True (the launch beside the top-k): fewer programs than tiles, each looping over several
-    tiles of several requests, gives the reference's state, block max and group max. Tiles of 2 blocks and
-    one program per SM (4 in the interpreter) so that the loop runs more than once per program."""
-    pytest.importorskip("triton")
-    from spin_indexer.ops import history_triton
-    from spin_indexer.ops.topk import group_max_ref
-    monkeypatch.setattr(history_triton, "BLOCKS_PER_PROGRAM", 2)
-    monkeypatch.setattr(history_triton, "PERSISTENT_PROGRAMS_PER_SM", 1)
-    blocks = 24
-    plan = make_plan(lengths, next_n, blocks, gen, width=max(-(-L // T) for L in lengths) + 1)
-    width = plan.kept.shape[1]
-    rows = len(lengths) * next_n
-    assert len(lengths) * -(-width // 2) > 4  # more tiles than the interpreter's programs
-    logits = make_logits(plan, width * T, gen)
-    h = make_history(plan, blocks, 4, window, gen)
-    ref = clone_history(h)
-    update_history_ref(ref, logits, plan.table, plan.lens)
-    dev = torch.device(triton_device)
-    moved = history_on(h, dev)
-    bmax = torch.full((rows, width), 123.0, device=dev)
-    gmax = torch.full((rows, width * T // 16), 123.0, device=dev)
-    history_triton.update_history_triton(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev),
-                                         block_max_out=bmax, group_max_out=gmax, group=16, persistent=True)
-    exp = tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen))
-    assert_state_equal(moved, exp, exact=not dev.type == "cuda")
-    _check_block_max_out(bmax, logits, plan.lens, sentinel=123.0)
-    want = group_max_ref(logits.reshape(rows, -1), plan.lens.reshape(-1), 16)
-    defined = torch.arange(want.shape[1])[None, :] * 16 < plan.lens.reshape(-1, 1).long()
-    assert torch.equal(gmax.cpu()[defined], want[defined])
-
-
-@pytest.mark.interpreter
 def test_triton_twin_block_max_only_and_empty(gen, triton_device):
     """history=None: only block_max_out is written; an empty batch or zero columns is a no-op."""
     pytest.importorskip("triton")

@@ -287,7 +287,7 @@ class SpinIndexer:
         rows3 = logits.view(batch, self.next_n, logits.shape[1])  # not -1: ambiguous for an empty batch
         main = torch.cuda.current_stream(self.device)
         with self._forked(side):
-            ops.update_history(history, rows3, plan.compact_block_table, plan.compact_seq_lens, persistent=True)
+            ops.update_history(history, rows3, plan.compact_block_table, plan.compact_seq_lens)
         with self._forked(self._topk_stream):
             ops.update_history(None, rows3, plan.compact_block_table, plan.compact_seq_lens, block_max_out=block_max,
                                group_max_out=group_max, group=group)

@@ -116,16 +116,14 @@ def logits_backend(q_fp8, kv_cache, history: bool = False, block_table=None) -> 
 
 
 def update_history(history: HistoryUpdate | None, logits, compact_table, compact_lens, block_max_out=None,
-                   group_max_out=None, group: int = 64, persistent: bool = False) -> None:
+                   group_max_out=None, group: int = 64) -> None:
     """SPIN's EMA update of one layer from compact logits float32 [B, N, X] (see ops/history.py; None: no
     update); block_max_out: optional float32 [B*N, W] receiving each compact block's max; group_max_out:
-    optional float32 [B*N, >= X / group], the same per `group` columns (one pass for all three).
-    persistent: a launch shape only (same result): a few programs per SM loop over the work, for a pass
-    that runs beside other kernels on a side stream."""
+    optional float32 [B*N, >= X / group], the same per `group` columns (one pass for all three)."""
     twin = _triton_twin("history_triton", "update_history_triton", logits)
     if twin is not None:
         return twin(history, logits, compact_table, compact_lens, block_max_out=block_max_out,
-                    group_max_out=group_max_out, group=group, persistent=persistent)
+                    group_max_out=group_max_out, group=group)
     if group_max_out is not None:
         _group_max_into(group_max_out, logits.reshape(-1, logits.shape[-1]), compact_lens, group)
     if block_max_out is not None:

@@ -32,17 +32,11 @@ NUM_WARPS = 4
 # (benchmarks/update_registers.py prints both).
 MAX_REGISTERS = 64
 DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a divisor of BLOCKS_PER_PROGRAM)
-# Programs per SM of a persistent launch (persistent=True: the update on a side stream beside the top-k). A grid
-# launch's ~3000 programs fill every SM, so each top-k launch waits for update programs to retire before its own
-# fit (run 21: ~20 us of the ~28 us update stayed on the step's path); a few resident programs per SM leave room.
-# 0: the grid launch even then (run 21's). Uncapped registers there: its loop spills under MAX_REGISTERS (76 B at
-# 64, triton 3.6) and needs only this many programs resident (96 registers: 5 fit).
-PERSISTENT_PROGRAMS_PER_SM = 2
 
 
 def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, compact_table: torch.Tensor,
                           compact_lens: torch.Tensor, block_max_out: torch.Tensor | None = None,
-                          group_max_out: torch.Tensor | None = None, group: int = 64, persistent: bool = False) -> None:
+                          group_max_out: torch.Tensor | None = None, group: int = 64) -> None:
     """Same as update_history_ref (history may be None when only block_max_out is wanted).
 
     logits: float32 [B, N, X]; compact_table: int32 [B, W]; compact_lens: int32 [B, N];
@@ -50,8 +44,7 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
     block m (written for the blocks below the row's compact length; the rest are left as they are).
     group_max_out: optional float32 [B*N, >= X/group], the same at `group` columns (a power of two dividing
     T): the top-k's group maxima when it prunes at a finer grain than a block (ops.topk.topk_group),
-    from the same pass over the logits instead of a launch of its own. persistent: launch
-    PERSISTENT_PROGRAMS_PER_SM programs per SM that loop over the tiles (same result) instead of one per tile."""
+    from the same pass over the logits instead of a launch of its own."""
     batch, next_n, cols = logits.shape
     t = 64 if history is None else history.vertical.shape[1]
     blocks = cols // t
@@ -67,10 +60,7 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
         return
     if logits.stride(2) != 1:
         logits = logits.contiguous()
-    tiles = triton.cdiv(blocks, BLOCKS_PER_PROGRAM)
-    grid = (batch, tiles)
-    if persistent and PERSISTENT_PROGRAMS_PER_SM > 0:
-        grid = (min(batch * tiles, PERSISTENT_PROGRAMS_PER_SM * _sm_count(logits.device)),)
+    grid = (batch, triton.cdiv(blocks, BLOCKS_PER_PROGRAM))
     bmax = block_max_out if block_max_out is not None else logits  # dummy pointers when unused
     gmax = group_max_out if group_max_out is not None else logits
     h = history
@@ -80,16 +70,11 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
             logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
             bmax, bmax.stride(0), gmax, gmax.stride(0),
             *(_history_args(h, logits) if h is not None else _no_history(logits)),
-            next_n, blocks, j, tiles, batch * tiles,
+            next_n, blocks, j,
             T=t, BLOCKS=BLOCKS_PER_PROGRAM, DB=min(DIAGONAL_BLOCKS, BLOCKS_PER_PROGRAM), HIST=h is not None, HAS_SEEN=h is not None and h.last_seen is not None,
             NP=triton.next_power_of_2(next_n),
             BMAX=(block_max_out is not None) and j == 0, GMAX=(group_max_out is not None) and j == 0, G=group,
-            PERSISTENT=len(grid) == 1, num_warps=NUM_WARPS, maxnreg=(MAX_REGISTERS or None) if len(grid) == 2 else None)
-
-
-def _sm_count(device: torch.device) -> int:
-    """SMs of a CUDA device; 4 elsewhere (the interpreter: a persistent launch still loops over several tiles)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+            num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS or None)
 
 
 def _history_args(h: HistoryUpdate, like: torch.Tensor):
@@ -209,41 +194,18 @@ if triton is not None:
     def _update_history_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
                                bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                                clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
-                               lo, hi, next_n, num_blocks, j, tiles, num_tiles, T: tl.constexpr, BLOCKS: tl.constexpr,
+                               lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
                                HIST: tl.constexpr, HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
-                               GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr, PERSISTENT: tl.constexpr):
-        """Grid launch: one program per (request, BLOCKS compact blocks). PERSISTENT: a 1-D grid of a few
-        programs per SM, each looping over tiles t = pid, pid + programs, ... (request t // tiles, tile t %
-        tiles of num_tiles): beside the top-k it holds a fixed share of every SM instead of all of them."""
-        if PERSISTENT:
-            for t in range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-                _update_tile(t // tiles, t % tiles, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr,
-                             bmax_ptr, bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride,
-                             seen_ptr, seen_stride, clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha,
-                             window, trash, lo, hi, next_n, num_blocks, j, T, BLOCKS, HIST, HAS_SEEN, BMAX, NP, GMAX, G,
-                             DB)
-        else:
-            _update_tile(tl.program_id(0), tl.program_id(1), x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride,
-                         clen_ptr, bmax_ptr, bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr,
-                         d_stride, seen_ptr, seen_stride, clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr,
-                         alpha, window, trash, lo, hi, next_n, num_blocks, j, T, BLOCKS, HIST, HAS_SEEN, BMAX, NP, GMAX,
-                         G, DB)
-
-    @triton.jit
-    def _update_tile(b, tile, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
-                     bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
-                     clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
-                     lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
-                     HIST: tl.constexpr, HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
-                     GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr):
-        """Request b's compact blocks [tile * BLOCKS, (tile + 1) * BLOCKS), loaded as one [BLOCKS, T] tile per row.
+                               GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr):
+        """One program per (request, BLOCKS compact blocks), loaded as one [BLOCKS, T] tile per row.
 
         Registers decide this pass's speed (it moves bytes and computes little: more resident programs, more
         bytes in flight), so the code is straight-line where the history lives: the updating row j runs after
         the loop over the other rows' maxima (a runtime loop around the update kept its tiles live across
         every iteration), and the diagonal window runs last, over [DB, T] sub-tiles that reload their scores
         (from L2) instead of keeping the tile's alive through the V update."""
-        m = tile * BLOCKS + tl.arange(0, BLOCKS)
+        b = tl.program_id(0)
+        m = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
         b64 = b.to(tl.int64)
         rows_n = tl.arange(0, NP)
         clens = tl.load(clen_ptr + b * next_n + rows_n, mask=rows_n < next_n, other=0)
@@ -282,7 +244,7 @@ if triton is not None:
                 # Sub-tiles of DB blocks reload their scores from the logits (just read: L2) rather than keep
                 # the tile's alive through the V update (the whole tile here: 91 registers instead of 70).
                 for s in range(0, BLOCKS // DB):
-                    ms = tile * BLOCKS + s * DB + tl.arange(0, DB)
+                    ms = tl.program_id(1) * BLOCKS + s * DB + tl.arange(0, DB)
                     on_s = tl.where(upd, (ms < num_blocks) & (ms < used), False)
                     kb_s = tl.load(kept_ptr + b64 * kept_stride + ms, mask=on_s, other=-1)
                     obs = _row_logits(x_row, ms, on_s, clen, T)

@@ -286,33 +286,20 @@ class SpinIndexer:
             return self._topk(layer, st, plan, logits, block_max, group_max)
         rows3 = logits.view(batch, self.next_n, logits.shape[1])  # not -1: ambiguous for an empty batch
         main = torch.cuda.current_stream(self.device)
-        def update():
+        with self._forked(side):
             ops.update_history(history, rows3, plan.compact_block_table, plan.compact_seq_lens)
-
-        if not self.UPDATE_AFTER_MAXIMA:
-            with self._forked(side):
-                update()
         with self._forked(self._topk_stream):
             ops.update_history(None, rows3, plan.compact_block_table, plan.compact_seq_lens, block_max_out=block_max,
                                group_max_out=group_max, group=group)
-            if self.UPDATE_AFTER_MAXIMA:
-                with self._forked(side):  # forks from the top-k's stream: after the maxima
-                    update()
             positions = self._topk(layer, st, plan, logits, block_max, group_max)
         main.wait_stream(self._topk_stream)
         main.wait_stream(side)
         return positions
 
-    # The update forks after the maxima pass, not beside it: both are ~3000-program passes over the logits, and
-    # side by side the top-k (which needs the maxima) started only when both were done (runs 21-24: the V3.2
-    # step the same with and without the side stream). False: forked from the logits (runs 21-24; A/B only).
-    UPDATE_AFTER_MAXIMA = True
-
     @contextlib.contextmanager
     def _forked(self, side):
-        """Runs the block's launches on stream `side`, after everything already on the caller's (the maxima
-        and the top-k on the high-priority stream, forked from the logits; the EMA update on the low-priority
-        one, forked from there after the maxima; run() joins both).
+        """Runs the block's launches on stream `side`, after everything already on the caller's (the EMA update
+        on the low-priority stream, the maxima and the top-k on the high-priority one; run() joins both).
 
         Why: the top-k chain is latency-bound (at 96 x 128K four launches take ~57 us for 25 MB of logits) and
         the update pass moves ~50 MB in ~30 us: in series they cost their sum, side by side about the longer

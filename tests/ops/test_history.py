@@ -279,6 +279,40 @@ def test_triton_twin_matches_reference(lengths, next_n, window, seen, gen, trito
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("lengths,next_n,window", CASES, ids=CASE_IDS)
+def test_triton_twin_several_tiles_per_request(lengths, next_n, window, gen, triton_device, monkeypatch):
+    """Tiles of 2 blocks: each request spans several programs, taken from its last tile back (programs past a
+    shorter request's first tile do nothing); the state, the block max and the group max are the reference's.
+    Compact columns cut at the most blocks kept, so the longest request uses every program of the grid."""
+    pytest.importorskip("triton")
+    from spin_indexer.ops import history_triton
+    from spin_indexer.ops.topk import group_max_ref
+    monkeypatch.setattr(history_triton, "BLOCKS_PER_PROGRAM", 2)
+    blocks = 24
+    plan = make_plan(lengths, next_n, blocks, gen, width=max(-(-L // T) for L in lengths) + 1)
+    width = plan.kept.shape[1]
+    rows = len(lengths) * next_n
+    cols = int(plan.num_kept.max()) * T
+    logits = make_logits(plan, cols, gen)
+    h = make_history(plan, blocks, 4, window, gen)
+    ref = clone_history(h)
+    update_history_ref(ref, logits, plan.table, plan.lens)
+    dev = torch.device(triton_device)
+    moved = history_on(h, dev)
+    bmax = torch.full((rows, width), 123.0, device=dev)
+    gmax = torch.full((rows, cols // 16), 123.0, device=dev)
+    history_triton.update_history_triton(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev),
+                                         block_max_out=bmax, group_max_out=gmax, group=16)
+    exp = tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen))
+    assert_state_equal(moved, exp, exact=not dev.type == "cuda")
+    _check_block_max_out(bmax, logits, plan.lens, sentinel=123.0)
+    want = group_max_ref(logits.reshape(rows, -1), plan.lens.reshape(-1), 16)
+    defined = torch.arange(want.shape[1])[None, :] * 16 < plan.lens.reshape(-1, 1).long()
+    assert torch.equal(gmax.cpu()[defined], want[defined])
+    assert (gmax.cpu()[~defined] == 123.0).all()
+
+
+@pytest.mark.interpreter
 def test_triton_twin_block_max_only_and_empty(gen, triton_device):
     """history=None: only block_max_out is written; an empty batch or zero columns is a no-op."""
     pytest.importorskip("triton")

@@ -159,7 +159,6 @@ VARIANTS = {
     "no-schedule": "no DeepGEMM schedule from plan(): DeepGEMM computes its own per layer (one launch more)",
     "logits-triton": "the Triton logits kernel instead of DeepGEMM (SPIN_INDEXER_LOGITS=triton)",
     "no-overlap": "the EMA update in series after DeepGEMM (SpinIndexer(overlap_update=False)), not on a side stream",
-    "update-beside-maxima": "the EMA update forked from the logits, beside the maxima pass (runs 21-24), not after it",
     "tau-hint": "SPIN's top-k threshold starts from the previous step's key (SpinIndexer(tau_hint=True)); this "
                 "benchmark's logits repeat every step, so every hint hits: an upper bound of the gain",
 }
@@ -173,7 +172,7 @@ def variant(name: str):
     if name not in VARIANTS:
         raise SystemExit(f"--variants: unknown {name!r}; expected some of {sorted(VARIANTS)}")
     chain, schedule, env = topk_triton.TOPK_CHAIN, SpinIndexer._schedule_layers, os.environ.get("SPIN_INDEXER_LOGITS")
-    init, after_maxima = SpinIndexer.__init__, SpinIndexer.UPDATE_AFTER_MAXIMA
+    init = SpinIndexer.__init__
     try:
         if name in ("topk-v1", "topk-v2"):
             topk_triton.TOPK_CHAIN = name[-2:]
@@ -183,14 +182,11 @@ def variant(name: str):
             os.environ["SPIN_INDEXER_LOGITS"] = "triton"
         elif name == "no-overlap":
             SpinIndexer.__init__ = functools.partialmethod(init, overlap_update=False)
-        elif name == "update-beside-maxima":
-            SpinIndexer.UPDATE_AFTER_MAXIMA = False
         elif name == "tau-hint":
             SpinIndexer.__init__ = functools.partialmethod(init, tau_hint=True)
         yield
     finally:
         topk_triton.TOPK_CHAIN, SpinIndexer._schedule_layers, SpinIndexer.__init__ = chain, schedule, init
-        SpinIndexer.UPDATE_AFTER_MAXIMA = after_maxima
         if env is None:
             os.environ.pop("SPIN_INDEXER_LOGITS", None)
         else:

@@ -281,8 +281,8 @@ def test_triton_twin_matches_reference(lengths, next_n, window, seen, gen, trito
 @pytest.mark.interpreter
 @pytest.mark.parametrize("lengths,next_n,window", CASES, ids=CASE_IDS)
 def test_triton_twin_several_tiles_per_request(lengths, next_n, window, gen, triton_device, monkeypatch):
-    """Tiles of 2 blocks: each request spans several programs, taken from its last tile back (programs past a
-    shorter request's first tile do nothing); the state, the block max and the group max are the reference's.
+    """Tiles of 2 blocks: each request spans several programs (those past a shorter request's last tile do
+    nothing); the state, the block max and the group max are the reference's.
     Compact columns cut at the most blocks kept, so the longest request uses every program of the grid."""
     pytest.importorskip("triton")
     from spin_indexer.ops import history_triton

@@ -197,8 +197,7 @@ if triton is not None:
                                lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
                                HIST: tl.constexpr, HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
                                GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr):
-        """One program per (request, BLOCKS compact blocks), loaded as one [BLOCKS, T] tile per row (tiles
-        aligned at multiples of BLOCKS, the request's last one first).
+        """One program per (request, BLOCKS compact blocks), loaded as one [BLOCKS, T] tile per row.
 
         Registers decide this pass's speed (it moves bytes and computes little: more resident programs, more
         bytes in flight), so the code is straight-line where the history lives: the updating row j runs after
@@ -206,16 +205,12 @@ if triton is not None:
         every iteration), and the diagonal window runs last, over [DB, T] sub-tiles that reload their scores
         (from L2) instead of keeping the tile's alive through the V update."""
         b = tl.program_id(0)
+        m = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
         b64 = b.to(tl.int64)
         rows_n = tl.arange(0, NP)
         clens = tl.load(clen_ptr + b * next_n + rows_n, mask=rows_n < next_n, other=0)
         used = (tl.max(clens, axis=0) + T - 1) // T  # compact blocks the request uses (the rest: no reads)
-        # Newest tiles first: program (b, i) takes the request's i-th tile from its end (none when i is past
-        # its first), so the tiles that reach the diagonal window (the slow ones: per-cell D traffic) are
-        # dispatched in the launch's first wave instead of its last, where they were its tail.
-        tile = (used + BLOCKS - 1) // BLOCKS - 1 - tl.program_id(1)
-        m = tile * BLOCKS + tl.arange(0, BLOCKS)
-        in_table = (m < num_blocks) & (m < used) & (m >= 0)
+        in_table = (m < num_blocks) & (m < used)
         x_req = x_ptr + b64 * x_stride_b
         out_row = b64 * next_n  # block / group max rows of the request start here
         if BMAX or GMAX:  # the maxima of the rows that do not update here (first launch only)
@@ -249,8 +244,8 @@ if triton is not None:
                 # Sub-tiles of DB blocks reload their scores from the logits (just read: L2) rather than keep
                 # the tile's alive through the V update (the whole tile here: 91 registers instead of 70).
                 for s in range(0, BLOCKS // DB):
-                    ms = tile * BLOCKS + s * DB + tl.arange(0, DB)
-                    on_s = tl.where(upd, (ms >= 0) & (ms < num_blocks) & (ms < used), False)
+                    ms = tl.program_id(1) * BLOCKS + s * DB + tl.arange(0, DB)
+                    on_s = tl.where(upd, (ms < num_blocks) & (ms < used), False)
                     kb_s = tl.load(kept_ptr + b64 * kept_stride + ms, mask=on_s, other=-1)
                     obs = _row_logits(x_row, ms, on_s, clen, T)
                     # as ema_vertical's live: a kept block of an updating row, a finite score before clen

@@ -207,6 +207,12 @@ if triton is not None:
         b = tl.program_id(0)
         m = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
         b64 = b.to(tl.int64)
+        if HIST:
+            # The table and kept ids under the static bound only, so their loads issue beside the lengths' (no
+            # round trip in between): lengths and ids, then V and the logits, two round trips instead of three.
+            # The few ids read past the request's used blocks are dropped below, never dereferenced.
+            phys_all = tl.load(table_ptr + b64 * table_stride + m, mask=m < num_blocks, other=-1)
+            kb_all = tl.load(kept_ptr + b64 * kept_stride + m, mask=m < num_blocks, other=-1)
         rows_n = tl.arange(0, NP)
         clens = tl.load(clen_ptr + b * next_n + rows_n, mask=rows_n < next_n, other=0)
         used = (tl.max(clens, axis=0) + T - 1) // T  # compact blocks the request uses (the rest: no reads)
@@ -226,8 +232,8 @@ if triton is not None:
         if HIST:  # a row that does not update (guarded) reads and writes no history
             upd, q, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, HAS_SEEN)
             on = tl.where(upd, in_table, False)
-            phys = tl.load(table_ptr + b64 * table_stride + m, mask=on, other=-1)
-            kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=on, other=-1)
+            phys = tl.where(on, phys_all, -1)
+            kb = tl.where(on, kb_all, -1)
             pv, old = load_vertical(v_ptr, phys, trash, T)
             clen = tl.load(clen_ptr + b * next_n + j)
             x_row = x_req + j * x_stride_n

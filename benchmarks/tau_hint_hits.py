@@ -42,6 +42,7 @@ TAU_HINT_RADIUS = 32  # = ops.topk_triton.TAU_HINT_RADIUS (not imported: that mo
 TILE_MAX = 16384  # = THRESHOLD_TILE_MAX: the hint is read only where the row's group maxima fit one tile
 COUNTS_HIT, COUNTS_MISS, COUNTS_PLAIN = 1 + 7, 1 + 16, 16
 GROUPS = (1, 2, 4, 8, 16, 32, 64)  # the G sweep (secondary table): the key at a fixed group size
+RADII = (8, 16, 32, 64, 128, 256, 512)  # the radius sweep: a hit costs 1 + bit_length(2R) counts
 
 
 def hi16(x: torch.Tensor) -> torch.Tensor:
@@ -176,6 +177,13 @@ def decode(model, indexer, ids, steps: int, variant: str, k_attn: int, ks, spars
 
 
 # -- hit statistics --------------------------------------------------------------------------------------
+def key_value(key: torch.Tensor) -> torch.Tensor:
+    """float32: the lower edge of 16-bit key `key` (the threshold value tau = key << 16, as a float)."""
+    u = key.long() << 16
+    b = torch.where(u >= 0x80000000, u ^ 0x80000000, u ^ 0xFFFFFFFF)
+    return torch.where(b >= 2**31, b - 2**32, b).to(torch.int32).view(torch.float32)
+
+
 def hint_replay(keys: torch.Tensor, n_valid_ok: torch.Tensor | None = None):
     """keys int64 [S, L, R] (-1: no search that step). The kernel's hint per (layer, row): 0 at first, then the
     key of the last search. returns (searches [S, L, R] bool, delta int64 [S, L, R] = |key - hint|, -1 where no
@@ -250,7 +258,10 @@ def main(argv=None) -> int:
     p.add_argument("--sparsity", type=float, default=0.5)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--no-verify", action="store_true")
+    p.add_argument("--from-keys", action="store_true", help="only rebuild the tables and README from --out's keys.pt")
     args = p.parse_args(argv)
+    if args.from_keys:
+        return _from_keys(args.out)
     torch.set_num_threads(args.threads)
     ks = [int(x) for x in args.ks.split(",")]
     contexts = [int(x) for x in args.contexts.split(",")]
@@ -290,12 +301,8 @@ def main(argv=None) -> int:
                 meta["runs"].append(run)
                 print(json.dumps({k: v for k, v in run.items() if k != "answers"}), flush=True)
         del model, indexer
-    torch.save({f"{v}|{c}|{n}": {f"k{k}_G{g}": t for (k, g), t in keys.items()} for (v, c, n), (keys, _) in
+    torch.save({f"{v}|{c}|{n}": {f"k{k}_G{g}": t.to(torch.int32) for (k, g), t in keys.items()} for (v, c, n), (keys, _) in
                 all_keys.items()}, args.out / "keys.pt")
-    rows, layer_rows, sweep_rows = _tables(all_keys, ks)
-    _write_csv(args.out / "hits.csv", rows)
-    _write_csv(args.out / "hits_by_layer.csv", layer_rows)
-    _write_csv(args.out / "g_sweep.csv", sweep_rows)
     checks = []
     if not args.no_verify:
         checks = verify(samples, ks)
@@ -303,21 +310,47 @@ def main(argv=None) -> int:
     meta["kernel_check"] = checks
     meta["total_s"] = round(time.time() - t_start, 1)
     (args.out / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
-    _readme(args.out, meta, rows, layer_rows, sweep_rows)
+    _write_tables(args.out, meta, all_keys, ks)
     print(f"done in {meta['total_s']} s -> {args.out}")
+    return 0
+
+
+def _write_tables(out: Path, meta: dict, all_keys: dict, ks) -> None:
+    rows, layer_rows, sweep_rows, radius_rows = _tables(all_keys, ks)
+    _write_csv(out / "hits.csv", rows)
+    _write_csv(out / "hits_by_layer.csv", layer_rows)
+    _write_csv(out / "g_sweep.csv", sweep_rows)
+    _write_csv(out / "radius_sweep.csv", radius_rows)
+    _readme(out, meta, rows, layer_rows, sweep_rows, radius_rows)
+
+
+def _from_keys(out: Path) -> int:
+    """Rebuild the tables and README from a run's keys.pt + meta.json (no decoding)."""
+    meta = json.loads((out / "meta.json").read_text())
+    cols = {(r["variant"], r["context"], r["prompt"]): r["cols"] for r in meta["runs"]}
+    all_keys = {}
+    for name, keys in torch.load(out / "keys.pt").items():
+        v, c, n = name.split("|", 2)
+        parsed = {}
+        for kname, t in keys.items():
+            k, g = kname[1:].split("_G")
+            parsed[(int(k), int(g))] = t.long()
+        all_keys[(v, int(c), n)] = (parsed, cols[(v, int(c), n)])
+    _write_tables(out, meta, all_keys, meta["ks"])
+    print(f"tables rebuilt from {out / 'keys.pt'}")
     return 0
 
 
 def _tables(all_keys, ks):
     """hits.csv rows (per run and ALL per variant x context and variant), per-layer rows, G-sweep rows."""
-    rows, layer_rows, sweep_rows = [], [], []
+    rows, layer_rows, sweep_rows, radius_rows = [], [], [], []
     groups = {}
     for (variant, context, name), (keys, cols) in all_keys.items():
         for k in ks:
             searched, delta = hint_replay(keys[(k, 0)])
             g = topk_group(cols, k)
             for ctx in (context, "all"):
-                groups.setdefault((variant, ctx, k), []).append((searched, delta, g))
+                groups.setdefault((variant, ctx, k), []).append((searched, delta, g, keys[(k, 0)]))
             rows.append({"variant": variant, "context": context, "prompt": name, "k": k, "G": g,
                          **summarize(delta, searched)})
             for gs in GROUPS:
@@ -335,16 +368,28 @@ def _tables(all_keys, ks):
         variant, context, k = key
         rows.append({"variant": variant, "context": context, "prompt": "ALL", "k": k, "G": kernel_g,
                      **summarize(delta, searched)})
+        d = delta[1:][searched[1:]]
+        d = torch.where(d < -1, -2 - d, d)
+        for r in RADII:
+            h = float((d <= r).double().mean())
+            c = 1 + (2 * r).bit_length()
+            radius_rows.append({"variant": variant, "context": context, "k": k, "radius": r, "counts_per_hit": c,
+                                "hit_rate": h, "mean_counts": c * h + COUNTS_MISS * (1 - h)})
         if context == "all":
             continue
+        tau = key_value(torch.cat([p[3] for p in parts], dim=2))
         for layer in range(delta.shape[1]):
             sm = summarize(delta[:, layer:layer + 1], searched[:, layer:layer + 1])
+            t = tau[1:, layer][searched[1:, layer]]
             layer_rows.append({"variant": variant, "context": context, "k": k, "layer": layer, "searches": sm["searches"],
-                               "hit_rate": sm["hit_rate"], "p50": sm["p50"], "p90": sm["p90"], "max": sm["max"]})
+                               "hit_rate": sm["hit_rate"], "p50": sm["p50"], "p90": sm["p90"], "max": sm["max"],
+                               "sign_flip_share": sm["sign_flip_share"],
+                               "tau_median": float(t.median()) if t.numel() else float("nan"),
+                               "tau_abs_median": float(t.abs().median()) if t.numel() else float("nan")})
     order = {"dense": 0, "spin": 1}
     rows.sort(key=lambda r: (order.get(r["variant"], 9), r["context"] == "all", str(r["context"]), r["k"],
                              r["prompt"] == "ALL"))
-    return rows, layer_rows, sweep_rows
+    return rows, layer_rows, sweep_rows, radius_rows
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -365,7 +410,8 @@ def _fmt(v, nd=1):
     return "-" if v != v else (f"{v:.{nd}f}" if isinstance(v, float) else str(v))
 
 
-def _readme(out: Path, meta: dict, rows: list[dict], layer_rows: list[dict], sweep_rows: list[dict]) -> None:
+def _readme(out: Path, meta: dict, rows: list[dict], layer_rows: list[dict], sweep_rows: list[dict],
+            radius_rows: list[dict]) -> None:
     lines = ["# tau_hint hit rate on real decoding (proxy model)", "",
              "```", meta["command"], "```", "",
              f"Model {meta['gguf']} (sha256 {str(meta['gguf_sha256'])[:12]}...), lightning indexer head "
@@ -395,12 +441,24 @@ def _readme(out: Path, meta: dict, rows: list[dict], layer_rows: list[dict], swe
                      + " | ".join(_fmt(r[q], 0) for q in ("p50", "p75", "p90", "p95", "p99", "max"))
                      + f" | {_pct(r['zero_share'])} | {_pct(r['sign_flip_share'])} | "
                        f"{_fmt(r['mean_counts'], 2)} |")
-    lines += ["", "## Hit rate by layer (kernel G, all prompts of the context; layers 0..29)", ""]
+    lines += ["", "## Radius sweep (what TAU_HINT_RADIUS = R would give on the same keys; a hit costs 1 + "
+              "bit_length(2R) counts, a miss 17, no hint 16)", "",
+              "| variant | context | k | " + " | ".join(f"R={r}" for r in RADII) + " |",
+              "|---|---|---|" + "---|" * len(RADII)]
+    for key in sorted(dict.fromkeys((r["variant"], r["context"], r["k"]) for r in radius_rows),
+                      key=lambda t: (t[0], t[1] == "all", str(t[1]), t[2])):
+        cells = [r for r in radius_rows if (r["variant"], r["context"], r["k"]) == key]
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(
+            f"{c['hit_rate'] * 100:.0f}% / {c['mean_counts']:.2f}" for c in cells) + " |")
+    lines += ["", "(hit rate / mean counts per threshold search)"]
+    lines += ["", "## By layer (kernel G, all prompts of the context; layers 0..29)", "",
+              "Hit rate % per layer, then the median threshold value tau (float at the key's lower edge) per layer:", ""]
     for r in layer_rows:
         if r["layer"] == 0:
             hits = [x for x in layer_rows if (x["variant"], x["context"], x["k"]) == (r["variant"], r["context"], r["k"])]
-            lines.append(f"- {r['variant']} {r['context']} k={r['k']}: " + " ".join(
+            lines.append(f"- {r['variant']} {r['context']} k={r['k']}: hit % " + " ".join(
                 "-" if x["hit_rate"] != x["hit_rate"] else f"{x['hit_rate'] * 100:.0f}" for x in hits))
+            lines.append(f"  median tau " + " ".join(f"{x['tau_median']:.2g}" for x in hits))
     lines += ["", "## G sweep (the key at a fixed group size, where ceil(len / G) >= k; all prompts)", "",
               "| variant | context | k | G (kernel G) | searches | hit rate | p50 | p90 | p99 |", "|---|---|---|---|---|---|---|---|---|"]
     for r in sweep_rows:
@@ -411,8 +469,8 @@ def _readme(out: Path, meta: dict, rows: list[dict], layer_rows: list[dict], swe
         lines += ["", "## Kernel check (Triton `_threshold_kernel` via topk_triton(_stages=2, tau_hint=...), "
                   "interpreter on the CPU: the hint it writes back equals the torch key, from a hint equal / far / +40)", ""]
         lines += [f"- {c}" for c in meta["kernel_check"]]
-    lines += ["", "Files: hits.csv (this table), hits_by_layer.csv, g_sweep.csv, keys.pt (every key: "
-              "'variant|context|prompt' -> 'k<k>_G<G>' int64 [steps, layers, rows], G0 = kernel G, -1 = no search), "
+    lines += ["", "Files: hits.csv (this table), hits_by_layer.csv, g_sweep.csv, radius_sweep.csv, keys.pt (every key: "
+              "'variant|context|prompt' -> 'k<k>_G<G>' int32 [steps, layers, rows], G0 = kernel G, -1 = no search), "
               "meta.json (runs, generated text)."]
     (out / "README.md").write_text("\n".join(lines) + "\n")
 

@@ -21,8 +21,8 @@ def test_backend_choice_without_deepgemm_on_cpu(monkeypatch):
 
 
 def test_backend_choice_rules_on_sm90(monkeypatch):
-    """Where DeepGEMM imports on SM90 (simulated): next_n = 2 always; next_n = 1 only for SPIN's step and only
-    from SPIN_MIN_TOKENS table tokens on (unknown size counts as large); the environment forces either way.
+    """Where DeepGEMM imports on SM90 (simulated): next_n = 2 always; next_n = 1 only for SPIN's step (history),
+    at every size; the environment forces either way.
     Padded pages (DeepSeek-V4's 8704-byte stride) never go to DeepGEMM, even when forced."""
     from types import SimpleNamespace
     monkeypatch.setattr(deepgemm, "_module", lambda: object())
@@ -34,16 +34,13 @@ def test_backend_choice_rules_on_sm90(monkeypatch):
     def q(next_n, heads=64):
         return SimpleNamespace(is_cuda=True, device="cuda:0", shape=(4, next_n, heads, 128))
 
-    big, small = deepgemm.SPIN_MIN_TOKENS, deepgemm.SPIN_MIN_TOKENS - 1
-    assert deepgemm.supports(q(2), kv) and deepgemm.supports(q(2), kv, True, small)
-    assert not deepgemm.supports(q(1), kv) and not deepgemm.supports(q(1), kv, False, big)
-    assert deepgemm.supports(q(1), kv, True, big) and deepgemm.supports(q(1), kv, True, None)
-    assert not deepgemm.supports(q(1), kv, True, small)
-    assert not deepgemm.supports(q(3), kv, True, big) and not deepgemm.supports(q(4), kv)
-    assert not deepgemm.supports(q(1, heads=32), kv, True, big)
-    assert not deepgemm.supports(q(2), padded) and not deepgemm.supports(q(1), padded, True, big)
+    assert deepgemm.supports(q(2), kv) and deepgemm.supports(q(2), kv, True)
+    assert not deepgemm.supports(q(1), kv) and deepgemm.supports(q(1), kv, True)
+    assert not deepgemm.supports(q(3), kv, True) and not deepgemm.supports(q(4), kv)
+    assert not deepgemm.supports(q(1, heads=32), kv, True)
+    assert not deepgemm.supports(q(2), padded) and not deepgemm.supports(q(1), padded, True)
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "deepgemm")
-    assert deepgemm.supports(q(1), kv, False, small)
+    assert deepgemm.supports(q(1), kv)
     assert not deepgemm.supports(q(2), padded)
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "triton")
     assert not deepgemm.supports(q(2), kv)

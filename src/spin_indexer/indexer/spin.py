@@ -211,7 +211,7 @@ class SpinIndexer:
         (nothing written) where run() will not call DeepGEMM on this table (static shapes: a graph agrees)."""
         ws = self.workspace
         if ws.deepgemm_schedule is None or self._guarded_by_shape(batch, width) or not deepgemm.wins_step(
-                self.next_n, True, batch * width * self.config.tokens_per_block):
+                self.next_n, True):
             return False
         deepgemm_schedule.schedule(ws.compact_lens[:, :batch], ws.deepgemm_schedule.shape[1] - 1,
                                    out=ws.deepgemm_schedule)
@@ -259,7 +259,7 @@ class SpinIndexer:
         if self._guarded_by_shape(batch, width):
             return self._run_dense(layer, st, plan, q_fp8, kv_cache, weights)
         # DeepGEMM allocates its own logits: handing it the workspace would cost a copy of every logit.
-        backend = ops.logits_backend(q_fp8, kv_cache, True, plan.compact_block_table)
+        backend = ops.logits_backend(q_fp8, kv_cache, True)
         out = None if backend == "deepgemm" else self.workspace.logits[:rows, :cols]
         block_max = self.workspace.block_max[:rows, :width]
         history = self._history_args(layer, st, plan)

@@ -44,7 +44,7 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     then applies the update itself on a side stream: history=None here); None = decided here.
     """
     if backend is None:
-        backend = logits_backend(q_fp8, kv_cache, history is not None, block_table)
+        backend = logits_backend(q_fp8, kv_cache, history is not None)
     elif backend not in ("deepgemm", "triton", "reference"):
         raise ValueError(f"backend: expected 'deepgemm', 'triton', 'reference' or None, got {backend!r}")
     if backend == "deepgemm" and fill_tail:  # DeepGEMM leaves the tail as it is: the Triton kernel fills it
@@ -94,13 +94,12 @@ def _group_max_into(group_max_out, logits, seq_lens, group: int) -> None:
     group_max_out[:, :gm.shape[1]].copy_(gm)
 
 
-def logits_backend(q_fp8, kv_cache, history: bool = False, block_table=None) -> str:
+def logits_backend(q_fp8, kv_cache, history: bool = False) -> str:
     """"deepgemm", "triton" or "reference": which kernel computes paged indexer logits for these inputs.
 
     DeepGEMM (deepgemm.py) where `deep_gemm` imports, on SM90, for its shapes: at next_n = 2 always, at
-    next_n = 1 for SPIN's step (history) when the table spans at least deepgemm.SPIN_MIN_TOKENS
-    (B x W x T: static shapes, so a captured graph keeps its choice): there DeepGEMM + one pass for block
-    max and EMA update beat the Triton kernel with both fused; below it the fused kernel saves the launches.
+    next_n = 1 for SPIN's step (history): there DeepGEMM + a pass for the maxima (and the EMA update beside
+    the top-k) beat the Triton kernel with both fused at every size measured (deepgemm.SPIN_STEP_EVERY_SIZE).
     Not for the dense step at next_n = 1 (the Triton kernel's fused block max wins).
     SPIN_INDEXER_LOGITS=triton / deepgemm forces one. The Triton twin on other CUDA inputs, among them
     next_n = 3 and 4 (DeepGEMM takes 1 and 2; the twin's one-MMA-per-row-group configs, CONFIGS in
@@ -109,8 +108,7 @@ def logits_backend(q_fp8, kv_cache, history: bool = False, block_table=None) -> 
     if _triton_twin("indexer_logits_triton", "paged_indexer_logits_triton", q_fp8) is None:
         return "reference"
     from . import deepgemm
-    tokens = None if block_table is None else block_table.shape[0] * block_table.shape[1] * kv_cache.shape[1]
-    if deepgemm.supports(q_fp8, kv_cache, history, tokens):
+    if deepgemm.supports(q_fp8, kv_cache, history):
         return "deepgemm"
     return "triton"
 

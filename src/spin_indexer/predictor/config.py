@@ -50,11 +50,14 @@ class MtpPolicy(str, enum.Enum):
 # their share of SPIN's work. A placeholder, not a measured crossover (benchmarks/NOTES.md, "guard").
 AUTO_DENSE_BELOW = 16384
 # Cached tokens per step (the sum over requests of their longest row) below which the guard scores every
-# block of every request: SPIN's step is launch- and latency-bound there. From the H200 grids: run 14
-# (benchmarks/results/run14_chunk_rank, the chunk-rank top-k) SPIN won at 1M tokens per step (B = 8 x 128K:
-# 1.09x / 1.03x of the dense step at s = 0.5 / 0.4, where the guard at 2M cost it 0.99x) and lost below
-# (B = 1 x 128K 0.97x, B = 1 x 64K 0.99-1.00x; run 12: B = 8 x 64K = 512K tokens 0.96x): 1M is the crossover.
-AUTO_DENSE_BATCH_TOKENS = 1 << 20
+# block of every request. With DeepGEMM computing SPIN's logits at every size (ops/deepgemm.py, run 27) SPIN's
+# step beat the dense one at every step of 64K tokens and more the H200 timed at s >= 0.4 (run 28,
+# benchmarks/results/run28_deepgemm_every_size: B = 1 x 64K..512K 1.04-1.14x, 8 x 64K 1.10-1.17x), while the
+# guarded step cost 0.95-1.01x there (plan() on top of the dense kernels; 0.95x at 1 x 512K): the guard moved
+# from 1M tokens (runs 12-14, when the small steps ran the fused Triton kernel) to below the smallest step
+# measured. Steps SPIN still loses (1 x 512K at s = 0.2 / 0.3: 0.95x / 0.99x, 1 x 256K at s = 0.2: 0.98x) the
+# guarded step loses as well (0.95x / 0.95x / 1.00x).
+AUTO_DENSE_BATCH_TOKENS = 1 << 16
 
 def _check_threshold(name: str, value) -> None:
     """A guard threshold: an int >= 0 or "auto" (TypeError / ValueError naming the field)."""

@@ -71,7 +71,8 @@ class SpinIndexer:
     EMA update on a side stream beside the top-k (`_forked`; False: in series, fused into the logits
     kernel's epilogue or the pass that writes the maxima); tau_hint: each layer's top-k starts its threshold
     search from the row's key of the previous step (workspace.tau_hint; any value gives the same top-k, a row
-    whose key moved costs one count more). Off by default until the H200 measures it; rows are matched by
+    whose key moved costs one count more). Off by default: at most 0.1-2.3 us a layer with every hint hitting
+    (run 23) and ~55% of hints hit on the proxy model's decoding (benchmarks/NOTES.md); rows are matched by
     their index in the batch, so a reordered batch only misses.
     State lives in `self.state` (allocate() a slot per request, free() it when done); plans of the last
     step in `self.plans(layer)`, the last run layer's in `self.block_plan`.

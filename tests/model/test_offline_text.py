@@ -87,7 +87,8 @@ def test_ood_text_holds_out_ruler_sources_and_the_domain_packages(docs):
         assert offline_text.prose_path().is_file()
         needles += [essays[i:i + 60] for i in range(0, len(essays), len(essays) // 20)]
         needles += [p[:60] for p in paras[::max(1, len(paras) // 20)]]
-    found = [n for n in needles if n in text]
+    # a window of blank lines (an empty wiki paragraph) names no source: only windows with text count
+    found = [n for n in needles if len(n.strip()) >= 20 and n in text]
     assert not found
 
 

@@ -211,8 +211,9 @@ class SpinIndexer:
         call would be one launch per layer); run() hands it to DeepGEMM for the layers planned here. False
         (nothing written) where run() will not call DeepGEMM on this table (static shapes: a graph agrees)."""
         ws = self.workspace
-        if ws.deepgemm_schedule is None or self._guarded_by_shape(batch, width) or not deepgemm.wins_step(
-                self.next_n, True):
+        # ws.deepgemm_schedule exists only where DeepGEMM can serve (deepgemm.schedule_sms), and SPIN's step goes
+        # to DeepGEMM there at every size; shapes it does not cover (next_n 3-4, padded pages) leave it unused
+        if ws.deepgemm_schedule is None or self._guarded_by_shape(batch, width):
             return False
         deepgemm_schedule.schedule(ws.compact_lens[:, :batch], ws.deepgemm_schedule.shape[1] - 1,
                                    out=ws.deepgemm_schedule)

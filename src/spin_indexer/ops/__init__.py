@@ -99,7 +99,7 @@ def logits_backend(q_fp8, kv_cache, history: bool = False) -> str:
 
     DeepGEMM (deepgemm.py) where `deep_gemm` imports, on SM90, for its shapes: at next_n = 2 always, at
     next_n = 1 for SPIN's step (history): there DeepGEMM + a pass for the maxima (and the EMA update beside
-    the top-k) beat the Triton kernel with both fused at every size measured (deepgemm.wins_step).
+    the top-k) beat the Triton kernel with both fused at every size measured (deepgemm.supports).
     Not for the dense step at next_n = 1 (the Triton kernel's fused block max wins).
     SPIN_INDEXER_LOGITS=triton / deepgemm forces one. The Triton twin on other CUDA inputs, among them
     next_n = 3 and 4 (DeepGEMM takes 1 and 2; the twin's one-MMA-per-row-group configs, CONFIGS in

@@ -10,7 +10,7 @@ DeepGEMM's code: the module is imported when present.
 Used at next_n = 2 (1.7x faster than the project's kernel, benchmarks/results run 8) and for SPIN's step at
 next_n = 1 at every size (DeepGEMM, then the maxima pass and the top-k beside the EMA update on a side stream,
 beat the project's kernel with both fused into its epilogue at every point run 27 timed, B = 1 x 64K up:
-see `wins_step`); the dense step at next_n = 1 keeps the project's kernel (its fused block max
+see `supports`); the dense step at next_n = 1 keeps the project's kernel (its fused block max
 wins). SPIN_INDEXER_LOGITS=triton turns this backend off, =deepgemm forces it (benchmarks compare both).
 DeepGEMM's kernel takes an SM schedule computed from the lengths; SpinIndexer.plan() writes every layer's
 at once (deepgemm_schedule.py) and run() passes it (`schedule=`), instead of one metadata launch per layer.
@@ -58,7 +58,15 @@ def schedule_sms(device: torch.device) -> int:
 
 def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history: bool = False) -> bool:
     """True when DeepGEMM should compute these logits: it covers the shape, the backend is not turned off,
-    and the step is one it wins (next_n = 2; next_n = 1 with SPIN's history update; see ops.logits_backend)."""
+    and the step is one it wins: next_n = 2, SPIN's step (history) at any size, or forced by
+    SPIN_INDEXER_LOGITS=deepgemm (see ops.logits_backend).
+
+    SPIN's step at next_n = 1: run 11 had the Triton kernel with the update fused win below 1M table tokens
+    (the update pass then ran in series); since the pass runs on a side stream (run 21) DeepGEMM's step wins
+    there too. H200, run 27 (benchmarks/results/run27_update_round_trips, step_us vs step_other_backend_us,
+    same call), per layer at s = 0.5 / 0.2: B = 1 x 64K 32.3 vs 35.4 / 35.9 vs 38.3 us, 1 x 128K 36.6 vs 39.3 /
+    38.9 vs 41.6, 1 x 512K 47.5 vs 51.1 / 54.3 vs 60.2; from 1M tokens on DeepGEMM was already the choice and
+    still wins (1 x 1M 88.8 vs 97.6, 8 x 128K 58.6 vs 69.0)."""
     choice = os.environ.get("SPIN_INDEXER_LOGITS", "")
     if choice in ("triton", "reference") or not q_fp8.is_cuda:
         return False
@@ -69,20 +77,7 @@ def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history: bool = False)
         return False
     if kv_cache.shape[0] > 1 and kv_cache.stride(0) != kv_cache.shape[1] * kv_cache.shape[3]:
         return False  # padded pages (DeepSeek-V4) go to the Triton kernel, which takes a page stride
-    return wins_step(next_n, history)
-
-
-def wins_step(next_n: int, history: bool) -> bool:
-    """supports()' rule for the steps DeepGEMM wins, given that it covers the shape: next_n = 2, SPIN's step
-    (history) at any size, or forced by SPIN_INDEXER_LOGITS=deepgemm.
-
-    SPIN's step at next_n = 1: run 11 had the Triton kernel with the update fused win below 1M table tokens
-    (the update pass then ran in series); since the pass runs on a side stream (run 21) DeepGEMM's step wins
-    there too. H200, run 27 (benchmarks/results/run27_update_round_trips, step_us vs step_other_backend_us,
-    same call), per layer at s = 0.5 / 0.2: B = 1 x 64K 32.3 vs 35.4 / 35.9 vs 38.3 us, 1 x 128K 36.6 vs 39.3 /
-    38.9 vs 41.6, 1 x 512K 47.5 vs 51.1 / 54.3 vs 60.2; from 1M tokens on DeepGEMM was already the choice and
-    still wins (1 x 1M 88.8 vs 97.6, 8 x 128K 58.6 vs 69.0)."""
-    return os.environ.get("SPIN_INDEXER_LOGITS", "") == "deepgemm" or next_n == 2 or history
+    return choice == "deepgemm" or next_n == 2 or history
 
 
 def paged_indexer_logits_deepgemm(q_fp8, kv_cache, weights, seq_lens, block_table, validate: bool = True,

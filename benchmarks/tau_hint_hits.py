@@ -36,7 +36,7 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"  # the kernel check (--verify) runs in the interpreter; CPU ops never use Triton
 
 from spin_indexer import ops  # noqa: E402
-from spin_indexer.ops.topk import group_max_ref, topk_group  # noqa: E402
+from spin_indexer.ops.topk import group_max_ref, monotone_bits, topk_group  # noqa: E402
 
 TAU_HINT_RADIUS = 32  # = ops.topk_triton.TAU_HINT_RADIUS (not imported: that module needs triton)
 TILE_MAX = 16384  # = THRESHOLD_TILE_MAX: the hint is read only where the row's group maxima fit one tile
@@ -47,11 +47,7 @@ RADII = (8, 16, 32, 64, 128, 256, 512)  # the radius sweep: a hit costs 1 + bit_
 
 def hi16(x: torch.Tensor) -> torch.Tensor:
     """int64: the upper 16 bits of `_ukey(x)` (fp32 -> order-preserving uint32; -0.0 -> +0.0, NaN -> +NaN)."""
-    x = x.float() + 0.0  # -0.0 + 0.0 = +0.0
-    x = torch.where(torch.isnan(x), float("nan"), x)  # torch's NaN is 0x7FC00000
-    b = x.contiguous().view(torch.int32).long() & 0xFFFFFFFF
-    u = torch.where(b >= 0x80000000, b ^ 0xFFFFFFFF, b ^ 0x80000000)
-    return u >> 16
+    return (monotone_bits(x).long() + (1 << 31)) >> 16
 
 
 def threshold_keys(logits: torch.Tensor, lengths: torch.Tensor, k: int, group: int) -> torch.Tensor:

@@ -45,6 +45,16 @@ def check_topk_args(logits, lengths, k, validate: bool = True) -> None:
         check_values_in_range("lengths", lengths, 0, logits.shape[1], "lengths (at most C)")
 
 
+def monotone_bits(scores: torch.Tensor) -> torch.Tensor:
+    """int32, same shape: the float32 bit patterns made monotone (negative floats flipped but the sign bit), so
+    that integer order is float order; -0.0 is folded into +0.0 and every NaN into +NaN (0x7FC00000, above
+    +inf). Adding 2^31 gives the Triton kernels' unsigned key (`topk_triton._ukey`)."""
+    x = scores.float() + 0.0
+    x = torch.where(torch.isnan(x), float("nan"), x)  # torch's NaN constant is +NaN, 0x7FC00000
+    bits = x.contiguous().view(torch.int32)
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+
+
 def order_keys(scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     """int64 [R, C] keys whose descending order is topk_ref's: higher score first, ties to the lower
     position, columns >= lengths[r] last.
@@ -55,11 +65,8 @@ def order_keys(scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     (either sign, any payload) into +NaN (0x7FC00000), above +inf: torch.topk's order, where NaN is the
     largest value and NaNs tie (to the lower position).
     """
-    x = scores.float() + 0.0
-    x = torch.where(torch.isnan(x), float("nan"), x)  # torch's NaN constant is +NaN, 0x7FC00000
-    bits = x.contiguous().view(torch.int32)
-    mono = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: flip all but the sign bit -> monotone int32
-    cols = torch.arange(x.shape[1], device=x.device)
+    mono = monotone_bits(scores)
+    cols = torch.arange(scores.shape[1], device=scores.device)
     key = (mono.long() << 32) | (0xFFFFFFFF - cols)[None, :]
     return key.masked_fill_(cols[None, :] >= lengths.long()[:, None], torch.iinfo(torch.int64).min)
 

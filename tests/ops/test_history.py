@@ -20,6 +20,7 @@ from conftest import T, assert_logits_close, logits_f64, make_paged_inputs, row_
 from spin_indexer.ops import HistoryUpdate, update_history
 from spin_indexer.ops.history import update_history_ref
 from spin_indexer.ops.indexer_logits import block_max_ref
+from spin_indexer.ops.topk import group_max_ref
 
 FP16_MAX = float(np.finfo(np.float16).max)
 
@@ -254,6 +255,17 @@ def _check_block_max_out(bmax, logits, lens, sentinel):
         assert (got[~defined] == sentinel).all() and (bmax.cpu()[:, want.shape[1]:] == sentinel).all()
 
 
+def _check_group_max_out(gmax, logits, lens, group, sentinel):
+    """The same for the maxima of every `group` columns (group_max_ref; a NaN wins its group, compared as a
+    NaN): defined entries equal the reference's, the rest keep `sentinel`."""
+    want = group_max_ref(logits.reshape(lens.numel(), -1), lens.reshape(-1), group)
+    defined = torch.arange(want.shape[1])[None, :] * group < lens.reshape(-1, 1).long()
+    got = gmax.cpu()
+    assert torch.equal(got[:, :want.shape[1]][defined].nan_to_num(7.0), want[defined].nan_to_num(7.0))
+    assert (got[:, :want.shape[1]][~defined] == sentinel).all() and (got[:, want.shape[1]:] == sentinel).all()
+    return got, want, defined
+
+
 # ----------------------------------------------------------------------------------------- Triton twin
 @pytest.mark.interpreter
 @pytest.mark.parametrize("lengths,next_n,window", CASES, ids=CASE_IDS)
@@ -286,7 +298,6 @@ def test_triton_twin_several_tiles_per_request(lengths, next_n, window, gen, tri
     Compact columns cut at the most blocks kept, so the longest request uses every program of the grid."""
     pytest.importorskip("triton")
     from spin_indexer.ops import history_triton
-    from spin_indexer.ops.topk import group_max_ref
     monkeypatch.setattr(history_triton, "BLOCKS_PER_PROGRAM", 2)
     blocks = 24
     plan = make_plan(lengths, next_n, blocks, gen, width=max(-(-L // T) for L in lengths) + 1)
@@ -306,10 +317,7 @@ def test_triton_twin_several_tiles_per_request(lengths, next_n, window, gen, tri
     exp = tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen))
     assert_state_equal(moved, exp, exact=not dev.type == "cuda")
     _check_block_max_out(bmax, logits, plan.lens, sentinel=123.0)
-    want = group_max_ref(logits.reshape(rows, -1), plan.lens.reshape(-1), 16)
-    defined = torch.arange(want.shape[1])[None, :] * 16 < plan.lens.reshape(-1, 1).long()
-    assert torch.equal(gmax.cpu()[defined], want[defined])
-    assert (gmax.cpu()[~defined] == 123.0).all()
+    _check_group_max_out(gmax, logits, plan.lens, 16, sentinel=123.0)
 
 
 @pytest.mark.interpreter
@@ -339,7 +347,6 @@ def test_triton_twin_group_max_with_the_update(group, gen, triton_device):
     max; the update itself is unchanged."""
     pytest.importorskip("triton")
     from spin_indexer.ops.history_triton import update_history_triton
-    from spin_indexer.ops.topk import group_max_ref
     plan = make_plan((5 * T + 3, 2 * T - 7), 2, 16, gen)
     width = plan.kept.shape[1]
     logits = make_logits(plan, width * T, gen)
@@ -352,12 +359,8 @@ def test_triton_twin_group_max_with_the_update(group, gen, triton_device):
     gmax = torch.full((4, width * T // group + 3), 123.0, device=dev)
     update_history_triton(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev), group_max_out=gmax,
                           group=group)
-    want = group_max_ref(logits.reshape(4, -1), plan.lens.reshape(-1), group)
-    defined = torch.arange(want.shape[1])[None, :] * group < plan.lens.reshape(-1, 1).long()
-    got = gmax.cpu()
-    assert torch.equal(got[:, :want.shape[1]][defined].nan_to_num(7.0), want[defined].nan_to_num(7.0))
+    got, want, defined = _check_group_max_out(gmax, logits, plan.lens, group, sentinel=123.0)
     assert torch.isnan(got[1, 0]) and not torch.isnan(want[defined]).sum() > 1
-    assert (got[:, :want.shape[1]][~defined] == 123.0).all() and (got[:, want.shape[1]:] == 123.0).all()
     exp = tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen))
     assert_state_equal(moved, exp, exact=not dev.type == "cuda")
     with pytest.raises(ValueError, match="group"):
@@ -367,7 +370,6 @@ def test_triton_twin_group_max_with_the_update(group, gen, triton_device):
 
 def test_public_op_group_max_out_on_the_reference(gen):
     """ops.update_history(None, ..., group_max_out=) on the CPU equals group_max_ref of the masked logits."""
-    from spin_indexer.ops.topk import group_max_ref
     plan = make_plan((5 * T + 3, 2 * T), 2, 16, gen)
     width = plan.kept.shape[1]
     logits = make_logits(plan, width * T, gen)

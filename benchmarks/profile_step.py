@@ -73,8 +73,26 @@ def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: lis
         for i in range(p.layers):
             dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])
 
+    # The per-step guard forced on (every request scored densely: SpinIndexer._run_dense), to set its kernels
+    # beside DenseIndexer's: a guarded step should cost the dense step plus plan().
+    guarded = SpinIndexer(SpinConfig(sparsity=sparsity, topk=k, dense_batch_below=1 << 62), num_layers=PLAN_LAYERS,
+                          max_batch=batch, max_blocks=p.width, next_n=next_n, device=p.table.device,
+                          num_cache_blocks=p.num_cache_blocks)
+    gslots = torch.tensor([guarded.state.allocate() for _ in range(batch)], dtype=torch.int64, device=p.table.device)
+
+    def guarded_step():
+        guarded.plan(p.table, p.lens, gslots, validate=False)
+        for i in range(p.layers):
+            guarded.run(i, p.q[i][0], p.caches[i], p.q[i][1])
+
     out = {"batch": batch, "ctx": ctx, "next_n": next_n, "sparsity": sparsity, "layers": p.layers}
-    for name, fn in (("spin", spin_step), ("dense", dense_step)) if "kernels" in parts else ():
+    steps = (("spin", spin_step), ("guarded", guarded_step), ("dense", dense_step))
+    if "kernels" in parts:  # whole steps in CUDA graphs first (what run_all times), per layer
+        graph = {name: time_graph([fn], max_reps=10).p50_us / p.layers for name, fn in steps}
+        out["graph_us_per_layer"] = graph
+        lines.append(f"\n== B={batch} L={ctx} n={next_n} s={sparsity}, CUDA-graph step per layer: " +
+                     ", ".join(f"{n} {t:.2f} us" for n, t in graph.items()))
+    for name, fn in steps if "kernels" in parts else ():
         rows = kernel_table(fn)
         total = sum(r[0] for r in rows) / p.layers
         launches = sum(r[1] for r in rows) / p.layers
@@ -173,7 +191,7 @@ def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: lis
         kept = float((1 - plan.sparsity().mean()) * batch * ctx)
         out["update_bytes"] = kept * (4 + 4) + kept / 64 * (4 + 4 + 2)
         lines.append(f"update pass (blocks x warps: us): {variants}; bytes {out['update_bytes'] / 1e6:.1f} MB")
-    del p, idx, dense, logits, bmax
+    del p, idx, dense, guarded, logits, bmax
     torch.cuda.empty_cache()
     return out
 

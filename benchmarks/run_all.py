@@ -9,10 +9,11 @@ random key cache so no replay hits L2), per layer:
   deepgemm_logits_us   DeepGEMM fp8_paged_mqa_logits, dense (empty where deep_gemm does not import)
   dense_logits_us      the project's Triton logits, dense (block max fused, tail unwritten)
   torch_topk_us        torch.topk(logits, K) over full rows
-  own_topk_us          ops.topk_positions over the dense logits (with their block maxima)
+  own_topk_us          ops.topk_positions over the dense logits (with their block maxima), each layer's in turn
   dense_step_us        DenseIndexer.run: logits + top-k through the step's backends (the "own dense step")
   spin_logits_us       the SPIN step's logits alone, on layer 0's compact table (same backend as the step)
-  topk_us              ops.topk_positions alone on those compact logits, with the group maxima the step's
+  topk_us              ops.topk_positions alone on those compact logits (each layer's in turn, since run 29: one
+                       buffer replayed timed up to ~15 us faster than the step's top-k at 1 x 1M), with the group maxima the step's
                        logits op writes (so their cost counts in spin_own_us, where the step pays it)
   plan_us              SpinIndexer.plan (every layer) / 61 layers
   step_us              SpinIndexer step per layer: plan_us + run(layer) (logits + EMA update + top-k)
@@ -110,7 +111,7 @@ def steady_state(idx, point) -> None:
     st.step.fill_(100)
 
 
-def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bool, tau_hint: bool = False) -> list[dict]:
+def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bool, indexer_kw: dict | None = None) -> list[dict]:
     import torch
     from harness import time_graph
 
@@ -140,13 +141,22 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
             p.q[i][0], p.caches[i], p.q[i][1], p.lens, p.table, validate=False, out=logits, block_max_out=bmax,
             fill_tail=False)), **timing).p50_us
     out["torch_topk_us"] = time_graph([lambda: torch.topk(logits[:, :ctx], k, dim=1)], **timing).p50_us
-    out["own_topk_us"] = time_graph([lambda: ops.topk_positions(logits, lens_flat, k, block_max=bmax,
-                                                                validate=False)], **timing).p50_us
+    # the own top-k on each layer's logits in turn, as the dense step sees them (see spin_step's top-k)
+    dense_inputs = [(logits, bmax)]  # the last layer's, from the timing above
+    with logits_backend("triton"):
+        for i in range(p.layers - 1):
+            x, bm = torch.empty_like(logits), torch.empty_like(bmax)
+            ops.paged_indexer_logits(p.q[i][0], p.caches[i], p.q[i][1], p.lens, p.table, validate=False, out=x,
+                                     block_max_out=bm, fill_tail=False)
+            dense_inputs.append((x, bm))
+    out["own_topk_us"] = time_graph([lambda x=x, bm=bm: ops.topk_positions(x, lens_flat, k, block_max=bm,
+                                                                           validate=False)
+                                     for x, bm in dense_inputs], **timing).p50_us
     dense = DenseIndexer(k, next_n, device=p.table.device)
     dense.plan(p.table, p.lens, validate=False)
     out["dense_step_us"] = time_graph(each_layer(lambda i: dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])),
                                       **timing).p50_us
-    del logits, bmax
+    del logits, bmax, dense_inputs
     results = []
     for s in sparsities:
         row = dict(batch=batch, ctx=ctx, next_n=next_n, sparsity=s, **out)
@@ -159,7 +169,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
             backends = [(None, "")] + ([(other, "_other")] if have_dg and guard == 0 else [])
             for backend, suffix in backends:
                 with logits_backend(backend):
-                    times = spin_step(p, s, k, guard, time_graph, timing, tau_hint)
+                    times = spin_step(p, s, k, guard, time_graph, timing, indexer_kw)
                 if guard == 0 and not suffix:
                     row.update(times)
                 elif guard == 0:
@@ -187,8 +197,9 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
     return results
 
 
-def spin_step(p, sparsity: float, k: int, guard, time_graph, timing, tau_hint: bool = False) -> dict:
-    """SPIN's step at one sparsity: plan (61 layers) + run per layer, and its logits and top-k alone."""
+def spin_step(p, sparsity: float, k: int, guard, time_graph, timing, indexer_kw: dict | None = None) -> dict:
+    """SPIN's step at one sparsity: plan (61 layers) + run per layer, and its logits and top-k alone.
+    indexer_kw: more SpinIndexer arguments (tau_hint, overlap_update)."""
     import torch
 
     from spin_indexer import ops
@@ -197,7 +208,7 @@ def spin_step(p, sparsity: float, k: int, guard, time_graph, timing, tau_hint: b
 
     cfg = SpinConfig(sparsity=sparsity, topk=k, dense_below=guard, dense_batch_below=guard)
     idx = SpinIndexer(cfg, num_layers=PLAN_LAYERS, max_batch=p.batch, max_blocks=p.width, next_n=p.next_n,
-                      device=p.table.device, num_cache_blocks=p.num_cache_blocks, tau_hint=tau_hint)
+                      device=p.table.device, num_cache_blocks=p.num_cache_blocks, **(indexer_kw or {}))
     slots = torch.tensor([idx.state.allocate() for _ in range(p.batch)], dtype=torch.int64, device=p.table.device)
     steady_state(idx, p)
 
@@ -229,22 +240,28 @@ def spin_step(p, sparsity: float, k: int, guard, time_graph, timing, tau_hint: b
                                                       plan0.compact_block_table, validate=False, out=logits,
                                                       block_max_out=bmax, fill_tail=False) for i in range(p.layers)]
     t_logits = time_graph(calls, **timing).p50_us
-    buf = logits
-    with logits_backend("triton"):  # the same logits; this backend also writes the block max top-k reads
-        result = ops.paged_indexer_logits(p.q[0][0], p.caches[0], p.q[0][1], plan0.compact_seq_lens,
-                                          plan0.compact_block_table, validate=False, out=buf, block_max_out=bmax,
-                                          fill_tail=False)
+    # The top-k alone on each layer's compact logits in turn (as the step sees them, not one layer's replayed:
+    # run 29 saw the step's top-k up to ~15 us slower than one buffer replayed), with the block maxima the
+    # Triton kernel fuses and the group maxima the step's logits op writes (the update pass) when the top-k
+    # prunes finer than a block: given here too, so topk_us is the step's top-k and their cost stays in spin_own_us.
     clens = plan0.compact_seq_lens.reshape(-1)
-    # the group maxima the step's logits op writes (the update pass) when the top-k prunes finer than a block:
-    # given here too, so topk_us is the step's top-k and their cost stays in spin_own_us
-    group = ops.topk_group(result.shape[1], k)
-    gmax = ops.group_max_ref(result, clens, group) if group < 64 else None
+    group = ops.topk_group(logits.shape[1], k)
+    inputs = []
+    with logits_backend("triton"):
+        for i in range(p.layers):
+            buf = logits if i == 0 else torch.empty_like(logits)
+            bm = bmax if i == 0 else torch.empty_like(bmax)
+            result = ops.paged_indexer_logits(p.q[i][0], p.caches[i], p.q[i][1], plan0.compact_seq_lens,
+                                              plan0.compact_block_table, validate=False, out=buf, block_max_out=bm,
+                                              fill_tail=False)
+            inputs.append((result, bm, ops.group_max_ref(result, clens, group) if group < 64 else None))
+    tau_hint = (indexer_kw or {}).get("tau_hint", False)
     hint = torch.zeros(clens.shape[0], dtype=torch.int32, device=clens.device) if tau_hint else None
-    t_topk = time_graph([lambda: ops.topk_positions(result, clens, k, block_max=bmax, kept_blocks=plan0.kept_blocks,
-                                                    next_n=p.next_n, validate=False, group_max=gmax, tau_hint=hint)],
-                        **timing).p50_us
+    t_topk = time_graph([lambda x=x, bm=bm, gm=gm: ops.topk_positions(
+        x, clens, k, block_max=bm, kept_blocks=plan0.kept_blocks, next_n=p.next_n, validate=False, group_max=gm,
+        tau_hint=hint) for x, bm, gm in inputs], **timing).p50_us
     per_layer = t_plan / PLAN_LAYERS + (t_step - t_plan) / p.layers
-    del idx, logits, bmax, result
+    del idx, logits, bmax, inputs
     return dict(plan_us=t_plan / PLAN_LAYERS, step_us=per_layer, spin_logits_us=t_logits, topk_us=t_topk,
                 realized_sparsity=realized)
 
@@ -369,6 +386,9 @@ def main(argv=None) -> int:
     p.add_argument("--tau-hint", action="store_true",
                    help="SPIN's top-k starts from the previous step's threshold key (SpinIndexer(tau_hint=True)), its "
                         "standalone top-k too; the benchmark's logits repeat, so every hint hits: an upper bound")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="SPIN's EMA update in series after the logits (SpinIndexer(overlap_update=False)): one pass "
+                        "with the maxima instead of a side stream beside the top-k")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     command = "python benchmarks/run_all.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -397,7 +417,8 @@ def main(argv=None) -> int:
                 log(f"skipped B={b} L={c} n={n} (size or time budget)")
                 continue
             try:
-                rows += grid_point(b, c, n, args.sparsities, env, dry, args.tau_hint)
+                rows += grid_point(b, c, n, args.sparsities, env, dry,
+                                   dict(tau_hint=args.tau_hint, overlap_update=not args.no_overlap))
             except Exception as exc:  # one failed point must not cost the whole run
                 log(f"FAILED B={b} L={c} n={n}: {exc!r}")
                 traceback.print_exc()

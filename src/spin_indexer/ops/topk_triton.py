@@ -68,6 +68,9 @@ RANK_MAXNREG_V1 = 48
 # 1/128 of an octave) around the previous call's key; 65 keys take 7 bisection counts
 TAU_HINT_RADIUS = 32
 THRESHOLD_TILE_MAX = 16384  # group maxima held in registers by the threshold program (more: chunked passes)
+# Warps of the threshold program (one per row, latency-bound: its 16 counts are a compare and a CTA sum over
+# the keys each thread holds) by its tile SB. More warps, fewer keys per thread, shorter counts.
+THRESHOLD_WARPS = {8192: 8, 16384: 8}
 # Which kernel chain topk_triton runs: "v1" (the production one again: four launches, threshold, gather, chunk
 # sort, rank; measured in runs 15-16) or "v2" (a select launch and a rank launch). v2 was the default from its
 # merge until run 17 measured the dense V3.2 step at 96 x 128K 13% slower with it (+66 us per layer, the only
@@ -239,7 +242,8 @@ def _chain_v1(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats,
     has_hint = tau_hint is not None
     _threshold_kernel[(rows,)](summary, lengths, thresh, live, num_live, count, num_groups, summary.stride(0), k,
                                out, tau_hint if has_hint else thresh, G=group, SB=sum_block, CAP=cap, HINT=has_hint,
-                               HINT_R=TAU_HINT_RADIUS, HINT_STEPS=(2 * TAU_HINT_RADIUS).bit_length(), num_warps=8)
+                               HINT_R=TAU_HINT_RADIUS, HINT_STEPS=(2 * TAU_HINT_RADIUS).bit_length(),
+                               num_warps=THRESHOLD_WARPS.get(sum_block, 8))
     if _stages < 3:
         return out
     lb = max(16, 1024 // group)

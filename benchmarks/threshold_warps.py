@@ -1,0 +1,71 @@
+"""The v1 top-k's threshold program (ops/topk_triton._threshold_kernel, one program per row) by its warps.
+
+Run 29's profile: at 1 x 1M the threshold took 42 us (1M columns: 16384 group maxima in one tile, 8 warps,
+254 registers, 7976 SASS instructions) against 13-14 us at 8192 (127 registers). The program is latency-bound
+(16 dependent counts, each a compare and a CTA sum over 64 keys a thread at 16384 / 8 warps), so more warps
+should shorten each count. Per point (rows x columns, k = 2048, the maxima the steps give it), CUDA graphs,
+median of replays: the threshold stage alone and the whole v1 chain, for each warp count; the chain's result
+must equal the production setting's.
+
+    PYTHONPATH=src:benchmarks python benchmarks/threshold_warps.py [--points 1x1048576,96x131072]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--points", default="1x1048576,1x524288,1x131072,8x1048576,96x131072,96x1048576")
+    ap.add_argument("--warps", default="4,8,16,32")
+    ap.add_argument("--k", type=int, default=2048)
+    a = ap.parse_args()
+    import torch
+    from harness import DEVICE, time_graph
+
+    from spin_indexer import ops
+    from spin_indexer.ops import topk_triton as T
+
+    dev = torch.device("cuda" if DEVICE != "cpu" else "cpu")
+    default = dict(T.THRESHOLD_WARPS)
+    for item in a.points.split(","):
+        rows, cols = (int(x) for x in item.split("x"))
+        gen = torch.Generator(device=dev).manual_seed(rows * 7 + cols)
+        logits = torch.randn(rows, cols, device=dev, generator=gen)
+        lens = torch.full((rows,), cols, dtype=torch.int32, device=dev)
+        group = ops.topk_group(cols, a.k)
+        bmax = ops.block_max(logits, 64)
+        gmax = ops.group_max_ref(logits, lens, group) if group < 64 else None
+        sb = min(triton_next_pow2(-(-cols // group)), T.THRESHOLD_TILE_MAX)
+
+        def call(stages=5):
+            return T.topk_triton(logits, lens, a.k, validate=False, block_max=bmax, group_max=gmax, _stages=stages)
+
+        want = call()
+        line = []
+        for w in (int(x) for x in a.warps.split(",")):
+            T.THRESHOLD_WARPS[sb] = w
+            try:
+                same = bool(torch.equal(call(), want))
+                thr = time_graph([lambda: call(2)], max_reps=20).p50_us
+                chain = time_graph([call], max_reps=20).p50_us
+                line.append(f"{w}w threshold {thr:.1f} chain {chain:.1f}{'' if same else ' DIFFERENT'}")
+            except Exception as exc:  # a warp count that does not compile must not cost the run
+                line.append(f"{w}w failed {exc!r:.80}")
+            finally:
+                T.THRESHOLD_WARPS.clear()
+                T.THRESHOLD_WARPS.update(default)
+        print(f"rows={rows} cols={cols} G={group} SB={sb}: " + "; ".join(line), flush=True)
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+if __name__ == "__main__":
+    main()

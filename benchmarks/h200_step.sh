@@ -68,7 +68,8 @@ case "$stage" in
         grep -E "^  [_a-z].*\(|Duration|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|==PROF==|ERR" \
             "$OUT/ncu.txt" | head -120 | cut -c1-200 ;;
     all)  # environment overrides: ALL_TESTS (test paths), ALL_POINTS / ALL_BUDGET_S (grid), ALL_V32 (v32 points),
-          # ALL_PROFILE (profile points; empty = no profile), ALL_EXTRA (a command run last, output under all/);
+          # ALL_PROFILE (profile points; empty = no profile), ALL_EXTRA (a command run last, output under all/; it
+          # must keep $PYTHONPATH, where DeepGEMM is: PYTHONPATH=src:benchmarks:$PYTHONPATH, or it runs without it);
           # ALL_TESTS_S / ALL_GRID_S / ALL_V32_S / ALL_PROFILE_S: each stage's wall limit (the tgz is packed anyway);
           # ALL_GRID_ARGS (more run_all.py arguments, e.g. --tau-hint), ALL_V32_VARIANTS (bench_v32_step --variants), ALL_PROFILE_PARTS (profile_step --parts); ALL_WARM=0: no
           # warm_cache.py (by default it compiles the grid's and profile's kernels in parallel while the tests run)

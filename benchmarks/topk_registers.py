@@ -78,9 +78,10 @@ def configs(group: int, chains: list[str], rows_small: bool, k: int = 2048):
     if "v1" in chains:
         chunk = min(T.SORT_CHUNK, cap)
         hint = dict(HINT_R=T.TAU_HINT_RADIUS, HINT_STEPS=(2 * T.TAU_HINT_RADIUS).bit_length())
-        out += [("v1 threshold", T._threshold_kernel, dict(G=group, SB=sb, CAP=cap, HINT=False, **hint), 8, None),
-                ("v1 threshold, tau_hint", T._threshold_kernel, dict(G=group, SB=sb, CAP=cap, HINT=True, **hint), 8,
-                 None),
+        warps = T.THRESHOLD_WARPS.get(sb, 8)  # the launcher's choice
+        out += [("v1 threshold", T._threshold_kernel, dict(G=group, SB=sb, CAP=cap, HINT=False, **hint), warps, None),
+                ("v1 threshold, tau_hint", T._threshold_kernel, dict(G=group, SB=sb, CAP=cap, HINT=True, **hint),
+                 warps, None),
                 ("v1 gather", T._gather_kernel, dict(G=group, LB=max(16, 1024 // group), CAP=cap, EVEN=even), 4, None),
                 ("v1 chunk sort", T._chunk_sort_kernel, dict(CAP=cap, CH=chunk), 4, None),
                 ("v1 rank", T._rank_kernel, dict(K_POW=k_pow, CAP=cap, CH=chunk, LOG_CH=chunk.bit_length() - 1,

@@ -68,9 +68,13 @@ RANK_MAXNREG_V1 = 48
 # 1/128 of an octave) around the previous call's key; 65 keys take 7 bisection counts
 TAU_HINT_RADIUS = 32
 THRESHOLD_TILE_MAX = 16384  # group maxima held in registers by the threshold program (more: chunked passes)
-# Warps of the threshold program (one per row, latency-bound: its 16 counts are a compare and a CTA sum over
-# the keys each thread holds) by its tile SB. More warps, fewer keys per thread, shorter counts.
-THRESHOLD_WARPS = {8192: 8, 16384: 8}
+# Warps of the threshold program (one per row, latency-bound: 16 counts, each a compare and a CTA sum over the
+# keys a thread holds) by its tile SB. At 16384 maxima (1M columns) 8 warps compile to 254 registers and 7976
+# SASS instructions; inside the step that program cost ~17 us more than alone (runs 29-31; its code fetched
+# after the logits streamed the cache through L2 is our guess). 16 warps (128 registers, 5184 instructions):
+# dense step 100.8 -> 84.5 us at 1 x 1M, SPIN's 97.0 -> 81.3; 8 x 1M 349 -> 332 / 272 -> 245; 96 x 1M
+# unchanged (run 31, benchmarks/threshold_in_step.py). At 8192, 8 warps stay the fastest (run 30).
+THRESHOLD_WARPS = {8192: 8, 16384: 16}
 # Which kernel chain topk_triton runs: "v1" (the production one again: four launches, threshold, gather, chunk
 # sort, rank; measured in runs 15-16) or "v2" (a select launch and a rank launch). v2 was the default from its
 # merge until run 17 measured the dense V3.2 step at 96 x 128K 13% slower with it (+66 us per layer, the only

@@ -241,6 +241,17 @@ def test_public_op_block_max_out_on_the_reference(gen):
     _check_block_max_out(bmax, logits, plan.lens, sentinel=None)
 
 
+def test_public_op_maxima_only_on_the_reference(gen):
+    """history=None on the CPU (the maxima the DeepGEMM step's top-k needs, without an update): block_max_out
+    as the Triton twin writes it (its block is T = 64 when no history gives one), nothing else touched."""
+    plan = make_plan((5 * T + 3, 2 * T), 2, 16, gen)
+    width = plan.kept.shape[1]
+    logits = make_logits(plan, width * T, gen)
+    bmax = torch.full((4, width), 123.0)
+    update_history(None, logits, plan.table, plan.lens, block_max_out=bmax)
+    _check_block_max_out(bmax, logits, plan.lens, sentinel=None)
+
+
 def _check_block_max_out(bmax, logits, lens, sentinel):
     """Entries of blocks below a row's compact length hold that block's max of valid logits; the rest keep
     `sentinel` (None: unspecified)."""

@@ -128,7 +128,7 @@ def update_history(history: HistoryUpdate | None, logits, compact_table, compact
         flat = logits.reshape(-1, logits.shape[-1])
         cols = torch.arange(flat.shape[1], device=flat.device)
         masked = torch.where(cols[None, :] < compact_lens.reshape(-1, 1).long(), flat, float("-inf"))
-        bm = block_max_ref(masked, history.vertical.shape[1])
+        bm = block_max_ref(masked, 64 if history is None else history.vertical.shape[1])  # the twin's T
         block_max_out[:, :bm.shape[1]].copy_(bm)
     if history is not None:
         update_history_ref(history, logits, compact_table, compact_lens)

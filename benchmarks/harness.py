@@ -162,6 +162,20 @@ def random_queries(batch: int, next_n: int, heads: int = 64, dim: int = 128, see
     return q, w
 
 
+def random_topk_rows(rows: int, cols: int, k: int):
+    """Full rows of random logits as the top-k benchmarks give them to ops.topk_positions: (logits float32
+    [rows, cols], lengths int32 [rows] = cols, block maxima float32 [rows, cols / 64], group maxima at
+    topk_group(cols, k) or None where that group is a whole block)."""
+    from spin_indexer import ops
+
+    gen = torch.Generator(device=DEVICE).manual_seed(rows * 7 + cols)
+    logits = torch.randn(rows, cols, device=DEVICE, generator=gen)
+    lens = torch.full((rows,), cols, dtype=torch.int32, device=DEVICE)
+    group = ops.topk_group(cols, k)
+    gmax = ops.group_max_ref(logits, lens, group) if group < 64 else None
+    return logits, lens, ops.block_max(logits, 64), gmax
+
+
 def decode_lens(batch: int, next_n: int, ctx: int) -> torch.Tensor:
     """seq_lens int32 [B, next_n]: row j of every request has ctx - next_n + j + 1 tokens."""
     j = torch.arange(next_n, device=DEVICE, dtype=torch.int32)

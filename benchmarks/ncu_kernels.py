@@ -21,16 +21,12 @@ PARTS = ("step96", "step1", "mtp2", "mtp4")
 
 def spin_step(batch: int, ctx: int) -> None:
     import torch
-    from run_all import PLAN_LAYERS, TOPK, Point, steady_state
+    from run_all import TOPK, Point, steady_indexer
 
-    from spin_indexer.indexer import SpinIndexer
     from spin_indexer.predictor import SpinConfig
 
     p = Point(batch, ctx, 1, dry=False)
-    idx = SpinIndexer(SpinConfig(sparsity=0.5, topk=min(TOPK, ctx)), num_layers=PLAN_LAYERS, max_batch=batch,
-                      max_blocks=p.width, device=p.table.device, num_cache_blocks=p.num_cache_blocks)
-    slots = torch.tensor([idx.state.allocate() for _ in range(batch)], dtype=torch.int64, device=p.table.device)
-    steady_state(idx, p)
+    idx, slots = steady_indexer(p, SpinConfig(sparsity=0.5, topk=min(TOPK, ctx)))
     for measured, layers in ((False, p.layers), (True, 2)):
         if measured:
             torch.cuda.synchronize()

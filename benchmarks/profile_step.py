@@ -45,21 +45,17 @@ def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: lis
                   parts: tuple = PARTS) -> dict:
     import torch
     from harness import time_graph
-    from run_all import PLAN_LAYERS, TOPK, Point, steady_state
+    from run_all import PLAN_LAYERS, TOPK, Point, steady_indexer
 
     from spin_indexer import ops
-    from spin_indexer.indexer import DenseIndexer, SpinIndexer
+    from spin_indexer.indexer import DenseIndexer
     from spin_indexer.ops import history_triton
     from spin_indexer.ops.topk_triton import topk_triton
     from spin_indexer.predictor import SpinConfig
 
     p = Point(batch, ctx, next_n, dry=False)
     k = min(TOPK, ctx)
-    cfg = SpinConfig(sparsity=sparsity, topk=k)
-    idx = SpinIndexer(cfg, num_layers=PLAN_LAYERS, max_batch=batch, max_blocks=p.width, next_n=next_n,
-                      device=p.table.device, num_cache_blocks=p.num_cache_blocks)
-    slots = torch.tensor([idx.state.allocate() for _ in range(batch)], dtype=torch.int64, device=p.table.device)
-    steady_state(idx, p)
+    idx, slots = steady_indexer(p, SpinConfig(sparsity=sparsity, topk=k))
 
     def spin_step():
         idx.plan(p.table, p.lens, slots, validate=False)
@@ -75,10 +71,7 @@ def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: lis
 
     # The per-step guard forced on (every request scored densely: SpinIndexer._run_dense), to set its kernels
     # beside DenseIndexer's: a guarded step should cost the dense step plus plan().
-    guarded = SpinIndexer(SpinConfig(sparsity=sparsity, topk=k, dense_batch_below=1 << 62), num_layers=PLAN_LAYERS,
-                          max_batch=batch, max_blocks=p.width, next_n=next_n, device=p.table.device,
-                          num_cache_blocks=p.num_cache_blocks)
-    gslots = torch.tensor([guarded.state.allocate() for _ in range(batch)], dtype=torch.int64, device=p.table.device)
+    guarded, gslots = steady_indexer(p, SpinConfig(sparsity=sparsity, topk=k, dense_batch_below=1 << 62))
 
     def guarded_step():
         guarded.plan(p.table, p.lens, gslots, validate=False)

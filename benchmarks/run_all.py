@@ -98,6 +98,20 @@ class Point:
         self.num_cache_blocks = blocks
 
 
+def steady_indexer(p, config, **indexer_kw):
+    """(SpinIndexer, slots int64 [B]): an indexer sized for point p (PLAN_LAYERS layers, p's batch, width, next_n
+    and cache) with a slot per request and steady_state's history; indexer_kw: more SpinIndexer arguments."""
+    import torch
+
+    from spin_indexer.indexer import SpinIndexer
+
+    idx = SpinIndexer(config, num_layers=PLAN_LAYERS, max_batch=p.batch, max_blocks=p.width, next_n=p.next_n,
+                      device=p.table.device, num_cache_blocks=p.num_cache_blocks, **indexer_kw)
+    slots = torch.tensor([idx.state.allocate() for _ in range(p.batch)], dtype=torch.int64, device=p.table.device)
+    steady_state(idx, p)
+    return idx, slots
+
+
 def steady_state(idx, point) -> None:
     """A random history as after many decode steps: every block of the context scored, windows full."""
     import torch
@@ -207,10 +221,7 @@ def spin_step(p, sparsity: float, k: int, guard, time_graph, timing, indexer_kw:
     from spin_indexer.predictor import SpinConfig
 
     cfg = SpinConfig(sparsity=sparsity, topk=k, dense_below=guard, dense_batch_below=guard)
-    idx = SpinIndexer(cfg, num_layers=PLAN_LAYERS, max_batch=p.batch, max_blocks=p.width, next_n=p.next_n,
-                      device=p.table.device, num_cache_blocks=p.num_cache_blocks, **(indexer_kw or {}))
-    slots = torch.tensor([idx.state.allocate() for _ in range(p.batch)], dtype=torch.int64, device=p.table.device)
-    steady_state(idx, p)
+    idx, slots = steady_indexer(p, cfg, **(indexer_kw or {}))
 
     def plan():
         idx.plan(p.table, p.lens, slots, validate=False)

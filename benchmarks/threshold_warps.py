@@ -26,21 +26,16 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=2048)
     a = ap.parse_args()
     import torch
-    from harness import DEVICE, time_graph
+    from harness import random_topk_rows, time_graph
 
     from spin_indexer import ops
     from spin_indexer.ops import topk_triton as T
 
-    dev = torch.device("cuda" if DEVICE != "cpu" else "cpu")
     default = dict(T.THRESHOLD_WARPS)
     for item in a.points.split(","):
         rows, cols = (int(x) for x in item.split("x"))
-        gen = torch.Generator(device=dev).manual_seed(rows * 7 + cols)
-        logits = torch.randn(rows, cols, device=dev, generator=gen)
-        lens = torch.full((rows,), cols, dtype=torch.int32, device=dev)
+        logits, lens, bmax, gmax = random_topk_rows(rows, cols, a.k)
         group = ops.topk_group(cols, a.k)
-        bmax = ops.block_max(logits, 64)
-        gmax = ops.group_max_ref(logits, lens, group) if group < 64 else None
         sb = min(triton_next_pow2(-(-cols // group)), T.THRESHOLD_TILE_MAX)
 
         def call(stages=5):

@@ -28,10 +28,9 @@ def main() -> None:
     a = ap.parse_args()
     import torch
     from harness import DEVICE, time_graph
-    from run_all import PLAN_LAYERS, TOPK, Point, steady_state
+    from run_all import PLAN_LAYERS, TOPK, Point, steady_indexer
 
     from spin_indexer import ops
-    from spin_indexer.indexer import SpinIndexer
     from spin_indexer.predictor import SpinConfig
 
     for item in a.points.split(","):
@@ -43,11 +42,7 @@ def main() -> None:
         line = []
         for name, table in tables.items():
             p.table = table
-            idx = SpinIndexer(SpinConfig(sparsity=a.sparsity, topk=k), num_layers=PLAN_LAYERS, max_batch=b,
-                              max_blocks=p.width, next_n=n, device=p.table.device,
-                              num_cache_blocks=p.num_cache_blocks)
-            slots = torch.tensor([idx.state.allocate() for _ in range(b)], dtype=torch.int64, device=p.table.device)
-            steady_state(idx, p)
+            idx, slots = steady_indexer(p, SpinConfig(sparsity=a.sparsity, topk=k))
 
             def step():
                 idx.plan(p.table, p.lens, slots, validate=False)

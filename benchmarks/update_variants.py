@@ -59,18 +59,14 @@ def _variant_kernel(x_ptr, x_stride, table_ptr, table_stride, clen_ptr, v_ptr, v
 def main():
     import torch
     from harness import time_graph
-    from run_all import PLAN_LAYERS, TOPK, Point, steady_state
+    from run_all import TOPK, Point, steady_indexer
 
 
-    from spin_indexer.indexer import SpinIndexer
     from spin_indexer.predictor import SpinConfig
 
     batch, ctx = 96, 524288
     p = Point(batch, ctx, 1, dry=False)
-    idx = SpinIndexer(SpinConfig(sparsity=0.5, topk=TOPK), num_layers=PLAN_LAYERS, max_batch=batch,
-                      max_blocks=p.width, device=p.table.device, num_cache_blocks=p.num_cache_blocks)
-    slots = torch.tensor([idx.state.allocate() for _ in range(batch)], dtype=torch.int64, device=p.table.device)
-    steady_state(idx, p)
+    idx, slots = steady_indexer(p, SpinConfig(sparsity=0.5, topk=TOPK))
     idx.plan(p.table, p.lens, slots, validate=False)
     plan = idx.plans(0)
     logits = torch.randn(batch, p.width * 64, device=p.table.device)

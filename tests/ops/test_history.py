@@ -243,7 +243,7 @@ def test_public_op_block_max_out_on_the_reference(gen):
 
 def test_public_op_maxima_only_on_the_reference(gen):
     """history=None on the CPU (the maxima the DeepGEMM step's top-k needs, without an update): block_max_out
-    as the Triton twin writes it (its block is T = 64 when no history gives one), nothing else touched."""
+    as the Triton twin writes it (its block is T = 64 when no history gives one)."""
     plan = make_plan((5 * T + 3, 2 * T), 2, 16, gen)
     width = plan.kept.shape[1]
     logits = make_logits(plan, width * T, gen)

@@ -115,6 +115,20 @@ def test_threshold_chunked_passes(tile, probes, row0, gen, triton_device, monkey
         assert one_tile[0] <= 32, one_tile  # no overflow: the count compared is the exact candidate count
 
 
+@pytest.mark.parametrize("groups", [16384, 12000])
+def test_widest_register_tile(groups, gen, triton_device):
+    """The threshold's widest register tile (THRESHOLD_TILE_MAX = 16384 group maxima: 1M columns at k = 2048;
+    here k = 8 with G = 64) in its production launch (THRESHOLD_WARPS: a warp count of its own), both rows
+    full or cut, against the reference."""
+    from spin_indexer.ops import topk_triton as mod
+    cols = 64 * groups
+    assert topk_group(cols, 8) == 64 and mod.THRESHOLD_TILE_MAX == 16384
+    logits = torch.randn(2, cols, generator=gen)
+    lengths = torch.tensor([cols, cols - 64 * 1000 - 5], dtype=torch.int32)
+    stats = _check(logits, lengths, 8, triton_device, use_block_max=True)
+    assert (stats >= 8).all() and (stats < 32).all(), stats
+
+
 def test_block_max_path_reads_few_candidates(gen, triton_device):
     """A row with >= 4k blocks is pruned by the block maxima: far fewer candidates than columns."""
     k, cols = 8, 64 * 64

@@ -72,8 +72,9 @@ THRESHOLD_TILE_MAX = 16384  # group maxima held in registers by the threshold pr
 # keys a thread holds) by its tile SB. At 16384 maxima (1M columns) 8 warps compile to 254 registers and 7976
 # SASS instructions; inside the step that program cost ~17 us more than alone (runs 29-31; its code fetched
 # after the logits streamed the cache through L2 is our guess). 16 warps (128 registers, 5184 instructions):
-# dense step 100.8 -> 84.5 us at 1 x 1M, SPIN's 97.0 -> 81.3; 8 x 1M 349 -> 332 / 272 -> 245; 96 x 1M
-# unchanged (run 31, benchmarks/threshold_in_step.py). At 8192, 8 warps stay the fastest (run 30).
+# dense step 100.8 -> 84.5 us at 1 x 1M, SPIN's (Triton backend) 97.0 -> 81.3; 8 x 1M 349 -> 332 / 272 -> 245;
+# 96 x 1M unchanged (run 31, benchmarks/threshold_in_step.py); same top-k as 8 warps at 1-96 rows x 1M (run 30).
+# At 8192, 8 warps stay the fastest (run 30).
 THRESHOLD_WARPS = {8192: 8, 16384: 16}
 # Which kernel chain topk_triton runs: "v1" (the production one again: four launches, threshold, gather, chunk
 # sort, rank; measured in runs 15-16) or "v2" (a select launch and a rank launch). v2 was the default from its

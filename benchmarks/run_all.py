@@ -12,14 +12,17 @@ random key cache so no replay hits L2), per layer:
   own_topk_us          ops.topk_positions over the dense logits (with their block maxima), each layer's in turn
   dense_step_us        DenseIndexer.run: logits + top-k through the step's backends (the "own dense step")
   spin_logits_us       the SPIN step's logits alone, on layer 0's compact table (same backend as the step)
-  topk_us              ops.topk_positions alone on those compact logits (each layer's in turn, since run 29: one
-                       buffer replayed timed up to ~15 us faster than the step's top-k at 1 x 1M), with the group maxima the step's
+  topk_us              ops.topk_positions alone on those compact logits (each layer's in turn since run 30, as the
+                       step sees them), with the group maxima the step's
                        logits op writes (so their cost counts in spin_own_us, where the step pays it)
   plan_us              SpinIndexer.plan (every layer) / 61 layers
   step_us              SpinIndexer step per layer: plan_us + run(layer) (logits + EMA update + top-k)
   spin_own_us          step_us - spin_logits_us - topk_us: prediction, selection, compaction, update (a
                        difference of three timings: below ~1 us of real work, e.g. B = 1, it can come out
                        negative, the pieces timed apart costing more than inside the step's graph)
+  dense_other_us       dense_step_us - dense_logits_us - own_topk_us: the same difference for the dense step (what
+                       its kernels cost inside the step beyond their times alone; at B = 1 a few us that
+                       spin_own_us holds too)
   plan_update_us       the same as spin_own_us, under the column name of the earlier runs
   step_other_backend_us  step_us with the logits backend the step does not choose at this point (Triton with
                        the EMA update fused into its epilogue, or DeepGEMM + the update pass; ops.logits_backend),
@@ -49,7 +52,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 COLUMNS = ["batch", "ctx", "next_n", "sparsity", "deepgemm_logits_us", "dense_logits_us", "torch_topk_us",
            "own_topk_us", "dense_step_us", "spin_logits_us", "topk_us", "plan_us", "plan_update_us", "step_us",
-           "spin_own_us",
+           "spin_own_us", "dense_other_us",
            "step_other_backend_us", "guard_step_us", "realized_sparsity", "spin_own_bytes", "spin_own_pct_copy_bw",
            "key_GBps", "copy_GBps"]
 TOPK = 2048
@@ -192,6 +195,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
                     row["guard_step_us"] = times["step_us"]
         row.setdefault("guard_step_us", row["step_us"])
         row["spin_own_us"] = row["plan_update_us"] = row["step_us"] - row["spin_logits_us"] - row["topk_us"]
+        row["dense_other_us"] = row["dense_step_us"] - row["dense_logits_us"] - row["own_topk_us"]
         kept = (1 - row["realized_sparsity"]) * batch * ctx
         # SPIN's own bytes: block_max (2 B) + table entry (4 B) per block read, compact table + kept ids
         # written (8 B per kept block), V read + written at kept slots (4 B), the diagonal window (2 x 2 B
@@ -251,10 +255,10 @@ def spin_step(p, sparsity: float, k: int, guard, time_graph, timing, indexer_kw:
                                                       plan0.compact_block_table, validate=False, out=logits,
                                                       block_max_out=bmax, fill_tail=False) for i in range(p.layers)]
     t_logits = time_graph(calls, **timing).p50_us
-    # The top-k alone on each layer's compact logits in turn (as the step sees them, not one layer's replayed:
-    # run 29 saw the step's top-k up to ~15 us slower than one buffer replayed), with the block maxima the
-    # Triton kernel fuses and the group maxima the step's logits op writes (the update pass) when the top-k
-    # prunes finer than a block: given here too, so topk_us is the step's top-k and their cost stays in spin_own_us.
+    # The top-k alone on each layer's compact logits in turn (as the step sees them, not one layer's replayed),
+    # with the block maxima the Triton kernel fuses and the group maxima the step's logits op writes (the update
+    # pass) when the top-k prunes finer than a block: given here too, so topk_us is the step's top-k and their
+    # cost stays in spin_own_us.
     clens = plan0.compact_seq_lens.reshape(-1)
     group = ops.topk_group(logits.shape[1], k)
     inputs = []

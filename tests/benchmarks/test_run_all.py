@@ -20,7 +20,7 @@ def test_run_all_dry_run(tmp_path):
         rows = list(reader)
     for column in ("batch", "ctx", "next_n", "sparsity", "dense_logits_us", "spin_logits_us", "topk_us",
                    "torch_topk_us", "plan_update_us", "step_us", "key_GBps", "copy_GBps", "deepgemm_logits_us",
-                   "dense_step_us", "spin_own_us"):
+                   "dense_step_us", "spin_own_us", "dense_other_us"):
         assert column in reader.fieldnames, column
     assert [(r["batch"], r["ctx"], r["next_n"]) for r in rows] == [("2", "2000", "1"), ("1", "3000", "2")]
     assert all(r["deepgemm_logits_us"] == "" for r in rows)  # no DeepGEMM here: empty, not made up

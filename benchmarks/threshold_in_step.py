@@ -26,27 +26,22 @@ def main() -> None:
     a = ap.parse_args()
     from harness import DEVICE, environment
     from run_all import grid_point
-
-    from spin_indexer.ops import topk_triton as T
+    from threshold_warps import warps_at
 
     env = environment()
     env["copy_GBps"] = 4200.0
-    default = dict(T.THRESHOLD_WARPS)
     for item in a.points.split(","):
         b, c, n = (int(x) for x in item.split("x"))
         for w in (int(x) for x in a.warps.split(",")):
-            T.THRESHOLD_WARPS[16384] = w
             try:
-                (row,) = grid_point(b, c, n, [a.sparsity], env, DEVICE == "cpu")
+                with warps_at(16384, w):
+                    (row,) = grid_point(b, c, n, [a.sparsity], env, DEVICE == "cpu")
                 print(f"B={b} L={c} n={n} threshold warps {w}: dense step {row['dense_step_us']:.1f} us "
                       f"(logits {row['dense_logits_us']:.1f} + top-k alone {row['own_topk_us']:.1f}), SPIN s={a.sparsity} "
                       f"step {row['step_us']:.1f} (logits {row['spin_logits_us']:.1f} + top-k alone "
                       f"{row['topk_us']:.1f}, own {row['spin_own_us']:.1f})", flush=True)
             except Exception as exc:  # one failed variant must not cost the run
                 print(f"B={b} L={c} n={n} threshold warps {w}: FAILED {exc!r:.200}", flush=True)
-            finally:
-                T.THRESHOLD_WARPS.clear()
-                T.THRESHOLD_WARPS.update(default)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ must equal the production setting's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -31,12 +32,11 @@ def main() -> None:
     from spin_indexer import ops
     from spin_indexer.ops import topk_triton as T
 
-    default = dict(T.THRESHOLD_WARPS)
     for item in a.points.split(","):
         rows, cols = (int(x) for x in item.split("x"))
         logits, lens, bmax, gmax = random_topk_rows(rows, cols, a.k)
         group = ops.topk_group(cols, a.k)
-        sb = min(triton_next_pow2(-(-cols // group)), T.THRESHOLD_TILE_MAX)
+        sb = T.threshold_tile(-(-cols // group))
 
         def call(stages=5):
             return T.topk_triton(logits, lens, a.k, validate=False, block_max=bmax, group_max=gmax, _stages=stages)
@@ -44,22 +44,30 @@ def main() -> None:
         want = call()
         line = []
         for w in (int(x) for x in a.warps.split(",")):
-            T.THRESHOLD_WARPS[sb] = w
             try:
-                same = bool(torch.equal(call(), want))
-                thr = time_graph([lambda: call(2)], max_reps=20).p50_us
-                chain = time_graph([call], max_reps=20).p50_us
+                with warps_at(sb, w):
+                    same = bool(torch.equal(call(), want))
+                    thr = time_graph([lambda: call(2)], max_reps=20).p50_us
+                    chain = time_graph([call], max_reps=20).p50_us
                 line.append(f"{w}w threshold {thr:.1f} chain {chain:.1f}{'' if same else ' DIFFERENT'}")
             except Exception as exc:  # a warp count that does not compile must not cost the run
                 line.append(f"{w}w failed {exc!r:.80}")
-            finally:
-                T.THRESHOLD_WARPS.clear()
-                T.THRESHOLD_WARPS.update(default)
         print(f"rows={rows} cols={cols} G={group} SB={sb}: " + "; ".join(line), flush=True)
 
 
-def triton_next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
+@contextlib.contextmanager
+def warps_at(tile: int, warps: int):
+    """The threshold program at `warps` for tile SB = `tile` inside the block (topk_triton.THRESHOLD_WARPS,
+    read at each launch), the production table restored after."""
+    from spin_indexer.ops import topk_triton as T
+
+    default = dict(T.THRESHOLD_WARPS)
+    T.THRESHOLD_WARPS[tile] = warps
+    try:
+        yield
+    finally:
+        T.THRESHOLD_WARPS.clear()
+        T.THRESHOLD_WARPS.update(default)
 
 
 if __name__ == "__main__":

@@ -78,7 +78,7 @@ def configs(group: int, chains: list[str], rows_small: bool, k: int = 2048):
     if "v1" in chains:
         chunk = min(T.SORT_CHUNK, cap)
         hint = dict(HINT_R=T.TAU_HINT_RADIUS, HINT_STEPS=(2 * T.TAU_HINT_RADIUS).bit_length())
-        warps = T.THRESHOLD_WARPS.get(sb, 8)  # the launcher's choice
+        warps = T.threshold_warps(sb)  # the launcher's choice
         out += [("v1 threshold", T._threshold_kernel, dict(G=group, SB=sb, CAP=cap, HINT=False, **hint), warps, None),
                 ("v1 threshold, tau_hint", T._threshold_kernel, dict(G=group, SB=sb, CAP=cap, HINT=True, **hint),
                  warps, None),

@@ -8,7 +8,7 @@ import torch
 
 from ..checks import check_tensor
 from ..dispatch import triton_twin
-from .history import HistoryUpdate, update_history_ref
+from .history import HistoryUpdate, block_tokens, update_history_ref
 from .indexer_logits import block_max_ref, check_paged_indexer_args, paged_indexer_logits_ref
 from .kv_cache import dequantize_blocks, quantize_and_write, quantize_keys, read_kv_cache, write_kv_cache
 from .topk import group_max_ref, topk_group, topk_positions_ref, topk_ref
@@ -128,7 +128,7 @@ def update_history(history: HistoryUpdate | None, logits, compact_table, compact
         flat = logits.reshape(-1, logits.shape[-1])
         cols = torch.arange(flat.shape[1], device=flat.device)
         masked = torch.where(cols[None, :] < compact_lens.reshape(-1, 1).long(), flat, float("-inf"))
-        bm = block_max_ref(masked, 64 if history is None else history.vertical.shape[1])  # the twin's T
+        bm = block_max_ref(masked, block_tokens(history))
         block_max_out[:, :bm.shape[1]].copy_(bm)
     if history is not None:
         update_history_ref(history, logits, compact_table, compact_lens)

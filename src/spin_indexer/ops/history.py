@@ -18,6 +18,8 @@ import dataclasses
 
 import torch
 
+from ..layout import TOKENS_PER_BLOCK
+
 
 @dataclasses.dataclass
 class HistoryUpdate:
@@ -47,6 +49,12 @@ class HistoryUpdate:
     @property
     def trash_block(self) -> int:
         return self.vertical.shape[0] - 1
+
+
+def block_tokens(history: HistoryUpdate | None) -> int:
+    """T of an update's blocks: its V rows' length, or the engines' page (TOKENS_PER_BLOCK) when there is no
+    history (a pass that writes only the maxima)."""
+    return TOKENS_PER_BLOCK if history is None else history.vertical.shape[1]
 
 
 def ema(old: torch.Tensor, obs: torch.Tensor, alpha: float) -> torch.Tensor:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..checks import check_tensor
-from .history import HistoryUpdate
+from .history import HistoryUpdate, block_tokens
 
 try:  # the package imports this module only for CUDA tensors; without triton the reference is used
     import triton
@@ -46,7 +46,7 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
     T): the top-k's group maxima when it prunes at a finer grain than a block (ops.topk.topk_group),
     from the same pass over the logits instead of a launch of its own."""
     batch, next_n, cols = logits.shape
-    t = 64 if history is None else history.vertical.shape[1]
+    t = block_tokens(history)
     blocks = cols // t
     if block_max_out is not None:
         check_tensor("block_max_out", block_max_out, dtype=torch.float32, ndim=2, device=logits.device,

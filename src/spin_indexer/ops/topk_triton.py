@@ -104,6 +104,16 @@ def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
+def threshold_tile(num_groups: int) -> int:
+    """SB: the group maxima a threshold program holds in registers for a row of num_groups (more: chunked)."""
+    return min(_next_pow2(num_groups), THRESHOLD_TILE_MAX)
+
+
+def threshold_warps(tile: int) -> int:
+    """The v1 threshold program's warps for its tile SB (THRESHOLD_WARPS; 8 for the tiles it does not name)."""
+    return THRESHOLD_WARPS.get(tile, 8)
+
+
 def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: bool = True,
                 block_max: torch.Tensor | None = None, cap: int | None = None,
                 stats: torch.Tensor | None = None, _stages: int = 5, kept_blocks: torch.Tensor | None = None,
@@ -203,7 +213,7 @@ def _chain_v2(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats,
     cnt = torch.empty(rows, p, dtype=torch.int32, device=dev)
     lst = torch.empty(rows, p * run, dtype=torch.int32, device=dev)
     tau = torch.empty(rows, 2, dtype=torch.int32, device=dev)
-    sum_block = min(_next_pow2(num_groups), THRESHOLD_TILE_MAX)
+    sum_block = threshold_tile(num_groups)
     if stages < 2:
         return out
     sel = dict(G=group, SB=sum_block, P=p, R=run, LT=max(1, min(run, GATHER_ELEMS // group)), PROBES=probes,
@@ -239,7 +249,7 @@ def _chain_v1(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats,
     cand = torch.empty(rows, cap, dtype=torch.int64, device=dev)
     live = torch.empty(rows, cap, dtype=torch.int32, device=dev)
     num_live = torch.empty(rows, dtype=torch.int32, device=dev)
-    sum_block = min(_next_pow2(num_groups), THRESHOLD_TILE_MAX)
+    sum_block = threshold_tile(num_groups)
     if _stages < 2:
         return out
     # The threshold program also zeroes the candidate count and fills the row's output with -1 (the rank
@@ -248,7 +258,7 @@ def _chain_v1(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats,
     _threshold_kernel[(rows,)](summary, lengths, thresh, live, num_live, count, num_groups, summary.stride(0), k,
                                out, tau_hint if has_hint else thresh, G=group, SB=sum_block, CAP=cap, HINT=has_hint,
                                HINT_R=TAU_HINT_RADIUS, HINT_STEPS=(2 * TAU_HINT_RADIUS).bit_length(),
-                               num_warps=THRESHOLD_WARPS.get(sum_block, 8))
+                               num_warps=threshold_warps(sum_block))
     if _stages < 3:
         return out
     lb = max(16, 1024 // group)

@@ -32,19 +32,21 @@ from plan_registers import compile_sm90, ptxas_counts  # noqa: E402
 from spin_indexer.ops import indexer_logits_triton as L  # noqa: E402
 
 PTR = {"q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "w_ptr": "*fp32", "lens_ptr": "*i32", "table_ptr": "*i32",
-       "out_ptr": "*fp32", "bmax_ptr": "*fp32", "v_ptr": "*fp16", "vb_ptr": "*fp16", "d_ptr": "*fp16",
+       "out_ptr": "*fp32", "bmax_ptr": "*fp32", "gmax_ptr": "*fp32", "v_ptr": "*fp16", "vb_ptr": "*fp16", "d_ptr": "*fp16",
        "seen_ptr": "*i32", "clock_ptr": "*i32", "slot_ptr": "*i64", "kept_ptr": "*i32", "hlens_ptr": "*i32",
        "upd_ptr": "*i8"}
 FLOATS = ("alpha", "lo", "hi")
 OPS = ("QGMMA", "FMNMX", "FFMA", "SHFL", "BAR", "STS", "LDS", "STG", "LDG", "LDL", "STL")
 
 
-def compile_counts(next_n: int, cfg: "L.LogitsConfig", hist: bool = False, heads: int = 64, dim: int = 128) -> dict:
+def compile_counts(next_n: int, cfg: "L.LogitsConfig", hist: bool = False, heads: int = 64, dim: int = 128,
+                   group_max: int = 0) -> dict:
     fn = L._paged_indexer_logits_kernel
     r = cfg.group_rows(next_n)
     consts = dict(NEXT_N=next_n, H=heads, D=dim, T=64, PAGE_BYTES=64 * (dim + 4), RB=(64 * (dim + 4)) // dim,
                   PREFETCH=cfg.prefetch,
-                  G=cfg.group, R0=r[0], R1=r[1], R2=r[2], R3=r[3], FILL_TAIL=False, HIST=hist, HAS_SEEN=hist)
+                  G=cfg.group, R0=r[0], R1=r[1], R2=r[2], R3=r[3], FILL_TAIL=False, HIST=hist, HAS_SEEN=hist,
+                  GMAX=group_max > 0, GS=group_max or 64)
     def arg_type(name):
         if name == "k_arg":
             return f"tensordesc<fp8e4nv[64, {dim}]>"
@@ -104,6 +106,7 @@ def main() -> None:
     ap.add_argument("--next-n", type=int, nargs="*", help="only these next_n")
     ap.add_argument("--hist", action="store_true", help="with the fused history update (row 0)")
     ap.add_argument("--config", nargs="*", help="only these config names (bench_mtp_logits.config_name)")
+    ap.add_argument("--group-max", type=int, default=0, help="with the top-k's group maxima at this many columns")
     a = ap.parse_args()
     print(f"triton {triton.__version__}")
     print(f"{'n':>2} {'config':>18} {'regs':>5} {'spill B':>7} {'smem B':>7} {'tma':>9} {'instr/block':>11}"
@@ -112,7 +115,7 @@ def main() -> None:
     for n, cfg, name in sweep_configs():
         if (a.next_n and n not in a.next_n) or (a.config and name not in a.config):
             continue
-        c = compile_counts(n, cfg, hist=a.hist)
+        c = compile_counts(n, cfg, hist=a.hist, group_max=a.group_max)
         print(f"{n:>2} {name:>18} {str(c['regs']):>5} {str(c['spill']):>7} {c['smem']:>7} {c['tma']:>9} "
               f"{c['instr']:>11}  "
               + " ".join(f"{c['ops'][o]:>5}" for o in OPS) + c["log"])

@@ -7,9 +7,10 @@
 Per grid point (B requests x context L x next_n, CUDA graphs, median of replays, every layer on its own
 random key cache so no replay hits L2), per layer:
   deepgemm_logits_us   DeepGEMM fp8_paged_mqa_logits, dense (empty where deep_gemm does not import)
-  dense_logits_us      the project's Triton logits, dense (block max fused, tail unwritten)
+  dense_logits_us      the project's Triton logits, dense (block max fused, and the top-k's group maxima where it
+                       prunes finer than a block; tail unwritten)
   torch_topk_us        torch.topk(logits, K) over full rows
-  own_topk_us          ops.topk_positions over the dense logits (with their block maxima), each layer's in turn
+  own_topk_us          ops.topk_positions over the dense logits (with their block / group maxima), each layer's in turn
   dense_step_us        DenseIndexer.run: logits + top-k through the step's backends (the "own dense step")
   spin_logits_us       the SPIN step's logits alone, on layer 0's compact table (same backend as the step)
   topk_us              ops.topk_positions alone on those compact logits (each layer's in turn since run 30, as the
@@ -25,8 +26,8 @@ random key cache so no replay hits L2), per layer:
                        spin_own_us holds too)
   plan_update_us       the same as spin_own_us, under the column name of the earlier runs
   step_other_backend_us  step_us with the logits backend the step does not choose at this point (Triton with
-                       the EMA update fused into its epilogue, or DeepGEMM + the update pass; ops.logits_backend),
-                       when DeepGEMM imports
+                       the maxima in its epilogue, or DeepGEMM + the maxima pass; the update on the side stream
+                       either way; ops.logits_backend), when DeepGEMM imports
   guard_step_us        step_us with dense_below="auto" and dense_batch_below="auto" (the guards on; the same
                        as step_us where neither acts)
 SPIN's history is a random steady state (every block scored before, diagonal windows full), so realized
@@ -153,27 +154,31 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
             p.q[i][0], p.caches[i], p.q[i][1], p.lens, p.table, validate=False)), **timing).p50_us
     logits = torch.empty(rows, width * 64, device=p.table.device)
     bmax = torch.empty(rows, width, device=p.table.device)
+    # as dense_topk: below 4k blocks the top-k prunes at G < 64 columns, whose maxima the logits kernel writes
+    group = ops.topk_group(width * 64, k)
+    gmax = torch.empty(rows, -(-width * 64 // group), device=p.table.device) if 8 <= group < 64 else None
     with logits_backend("triton"):
         out["dense_logits_us"] = time_graph(each_layer(lambda i: ops.paged_indexer_logits(
             p.q[i][0], p.caches[i], p.q[i][1], p.lens, p.table, validate=False, out=logits, block_max_out=bmax,
-            fill_tail=False)), **timing).p50_us
+            fill_tail=False, group_max_out=gmax, group=group)), **timing).p50_us
     out["torch_topk_us"] = time_graph([lambda: torch.topk(logits[:, :ctx], k, dim=1)], **timing).p50_us
     # the own top-k on each layer's logits in turn, as the dense step sees them (see spin_step's top-k)
-    dense_inputs = [(logits, bmax)]  # the last layer's, from the timing above
+    dense_inputs = [(logits, bmax, gmax)]  # the last layer's, from the timing above
     with logits_backend("triton"):
         for i in range(p.layers - 1):
             x, bm = torch.empty_like(logits), torch.empty_like(bmax)
+            gm = torch.empty_like(gmax) if gmax is not None else None
             ops.paged_indexer_logits(p.q[i][0], p.caches[i], p.q[i][1], p.lens, p.table, validate=False, out=x,
-                                     block_max_out=bm, fill_tail=False)
-            dense_inputs.append((x, bm))
-    out["own_topk_us"] = time_graph([lambda x=x, bm=bm: ops.topk_positions(x, lens_flat, k, block_max=bm,
-                                                                           validate=False)
-                                     for x, bm in dense_inputs], **timing).p50_us
+                                     block_max_out=bm, fill_tail=False, group_max_out=gm, group=group)
+            dense_inputs.append((x, bm, gm))
+    out["own_topk_us"] = time_graph([lambda x=x, bm=bm, gm=gm: ops.topk_positions(x, lens_flat, k, block_max=bm,
+                                                                                  validate=False, group_max=gm)
+                                     for x, bm, gm in dense_inputs], **timing).p50_us
     dense = DenseIndexer(k, next_n, device=p.table.device)
     dense.plan(p.table, p.lens, validate=False)
     out["dense_step_us"] = time_graph(each_layer(lambda i: dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])),
                                       **timing).p50_us
-    del logits, bmax, dense_inputs
+    del logits, bmax, gmax, dense_inputs
     results = []
     for s in sparsities:
         row = dict(batch=batch, ctx=ctx, next_n=next_n, sparsity=s, **out)

@@ -713,8 +713,9 @@ def test_step_on_padded_pages_equals_the_contiguous_copy(next_n, pad, triton_log
 @pytest.mark.parametrize("next_n", [1, 2])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, next_n, graph, gen, monkeypatch):
-    """overlap_update=True (DeepGEMM: the update pass on a low-priority stream, the maxima and the top-k on a
-    high-priority one; Triton: the fused update, in series either way) leaves the same history and returns the
+    """overlap_update=True (the update pass on a low-priority stream, the top-k on a high-priority one with,
+    on DeepGEMM, the maxima pass; off: the update in series, fused into the Triton kernel's epilogue or into
+    DeepGEMM's maxima pass) leaves the same history and returns the
     same top-k as overlap_update=False, over three steps of three layers, also when the whole step (plan +
     every layer) is captured in one CUDA graph and replayed (the forks and joins are recorded)."""
     from spin_indexer.ops import deepgemm

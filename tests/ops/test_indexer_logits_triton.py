@@ -296,3 +296,52 @@ def test_prefetch_field_takes_depths_0_to_2():
     for bad in (3, -1, 1.5):
         with pytest.raises(ValueError, match=r"^LogitsConfig.prefetch: expected 0, 1 or 2"):
             LogitsConfig(2, prefetch=bad)
+
+
+@pytest.mark.parametrize("fill_tail", [True, False])
+@pytest.mark.parametrize("next_n,group", [(1, 8), (1, 16), (2, 32), (3, 8), (4, 64)])
+def test_fused_group_max_equals_the_max_of_its_logits(next_n, group, fill_tail, gen, triton_device):
+    """group_max_out (the top-k's group maxima from the epilogue): for every row, each group of `group`
+    columns below the row's length holds exactly the max of the kernel's own logits there (-inf for a group
+    past the length inside a scored block); groups of blocks past the longest row are -inf with fill_tail and
+    untouched (poison) without. Odd lengths: partial last blocks, a row ending on a block, a 1-token row."""
+    from spin_indexer.ops.topk import group_max_ref
+    x = make_paged_inputs((5 * T + 17, 3 * T, 1, 2 * T + group // 2), next_n, 16, 32, gen, extra_width=2)
+    d = x.to(triton_device)
+    rows, width = next_n * 4, d.block_table.shape[1]
+    gmax = torch.full((rows, width * T // group + 3), 123.0, device=triton_device)  # poisoned, wider than needed
+    out = paged_indexer_logits_triton(d.q_fp8, d.kv_cache, d.weights, d.seq_lens, d.block_table,
+                                      fill_tail=fill_tail, group_max_out=gmax, group=group, validate=False)
+    lens = d.seq_lens.reshape(-1).cpu()
+    want = group_max_ref(out.cpu(), lens, group)  # of the kernel's own logits: exact
+    got = gmax.cpu()
+    used = (d.seq_lens.amax(dim=1).cpu() + T - 1) // T  # blocks each request scores
+    for r in range(rows):
+        scored = int(used[r // next_n]) * T // group
+        assert torch.equal(got[r, :scored], want[r, :scored]), r
+        tail = got[r, scored:width * T // group]
+        if fill_tail:
+            assert torch.all(tail == float("-inf")), r
+        else:
+            assert torch.all(tail == 123.0), r
+        assert torch.all(got[r, width * T // group:] == 123.0), r  # past W*T/group: never written
+    # and it agrees with the float64 recomputation's maxima over the valid columns
+    expected, magnitude = logits_f64(*x.args())
+    exp_t = torch.from_numpy(expected)
+    ref = group_max_ref(torch.where(torch.isfinite(exp_t), exp_t, float("-inf")).float(), lens, group)
+    finite = torch.isfinite(ref)
+    assert torch.allclose(got[:, :ref.shape[1]][finite], ref[finite], rtol=1e-2, atol=1e-2)
+
+
+def test_group_max_out_is_checked(gen, triton_device):
+    x = make_paged_inputs((100,), 1, 8, 32, gen).to(triton_device)
+    args = (x.q_fp8, x.kv_cache, x.weights, x.seq_lens, x.block_table)
+    width = x.block_table.shape[1]
+    with pytest.raises(ValueError, match="group"):
+        paged_indexer_logits_triton(*args, group_max_out=torch.empty(1, width * 8, device=triton_device), group=12)
+    with pytest.raises(ValueError, match="group_max_out"):
+        paged_indexer_logits_triton(*args, group_max_out=torch.empty(1, width * 8 - 1, device=triton_device),
+                                    group=8)
+    with pytest.raises(TypeError, match="group_max_out"):
+        paged_indexer_logits_triton(*args, group_max_out=torch.empty(1, width * 8, dtype=torch.float64,
+                                                                     device=triton_device), group=8)

@@ -9,22 +9,37 @@ from ..layout import FP8_DTYPE
 from ..ops.indexer_logits import check_paged_indexer_args
 from .block_plan import BlockPlan
 from .step_checks import check_ids_fit_cache, check_lengths_and_blocks
+from .workspace import Workspace
 
 
 def dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, topk: int, tokens_per_block: int,
                block_max: torch.Tensor, logits_out: torch.Tensor | None = None,
-               out: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, group_max: torch.Tensor | None = None) -> torch.Tensor:
     """The dense step's kernels: paged logits over the whole table (block max fused) and their top-k.
 
     Shapes as DenseIndexer.run; block_max: float32 [B*N, W] written; logits_out: optional float32 [B*N, W*T]
     for the logits, unused when DeepGEMM computes them (it allocates its own: a copy would cost every logit);
-    out: optional int32 [B*N, K]. returns the top-k int32 [B*N, K] (out when given)."""
-    if logits_out is not None and ops.logits_backend(q_fp8, kv_cache) == "deepgemm":
+    out: optional int32 [B*N, K]; group_max: optional float32 [B*N, >= W*T / 8], room for the top-k's group
+    maxima when it prunes at 8 to 32 columns (allocated here when needed and not given). returns the top-k
+    int32 [B*N, K] (out when given).
+    Where the top-k prunes at G < T columns (ops.topk_group: tables under 4k blocks), the logits op writes
+    the G-column maxima too (in the Triton kernel's epilogue; in the DeepGEMM backend's block-max pass), so
+    the top-k launches no group-max pass of its own."""
+    backend = ops.logits_backend(q_fp8, kv_cache)
+    if logits_out is not None and backend == "deepgemm":
         logits_out = None
+    rows, cols = block_max.shape[0], block_table.shape[1] * tokens_per_block
+    group = ops.topk_group(cols, topk)
+    gmax = None
+    if Workspace.GROUP_MIN <= group < tokens_per_block and tokens_per_block % group == 0:
+        n = -(-cols // group)
+        gmax = group_max[:rows, :n] if group_max is not None else torch.empty(rows, n, dtype=torch.float32,
+                                                                               device=block_max.device)
     logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, validate=False,
-                                      out=logits_out, block_max_out=block_max, fill_tail=False)
+                                      out=logits_out, block_max_out=block_max, fill_tail=False,
+                                      group_max_out=gmax, group=group, backend=backend)
     return ops.topk_positions(logits, seq_lens.view(-1), topk, block_max=block_max,
-                              tokens_per_block=tokens_per_block, out=out, validate=False)
+                              tokens_per_block=tokens_per_block, out=out, validate=False, group_max=gmax)
 
 
 class DenseIndexer:

@@ -11,9 +11,11 @@
 
 On CUDA with the paper's step (A1 pooling, random or no exploration) plan() is two kernels (three where
 DeepGEMM can serve the logits: every layer's SM schedule for it in one launch) and run() the logits kernel
-(Triton: with the update fused; DeepGEMM: then the update pass on a low-priority side stream beside the maxima
-pass and the top-k on a high-priority one) and the top-k's four launches, with no host sync and no
-data-dependent shape (validate=False): a whole step captures in one CUDA graph.
+(Triton: the block and group maxima the top-k prunes with written in its epilogue; DeepGEMM: logits only,
+then a pass for the maxima), the EMA update pass on a low-priority side stream beside the top-k's four
+launches on a high-priority one, with no host sync and no data-dependent shape (validate=False): a whole
+step captures in one CUDA graph. (overlap_update=False: the update in series, fused into the Triton
+kernel's epilogue or into DeepGEMM's maxima pass.)
 A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards every
 request) runs the dense step's kernels on the full table instead (`_run_dense`). Everything else
 (A0/A2 pooling, age-based exploration, the extensions in extensions.py, the CPU) runs the torch reference
@@ -272,15 +274,17 @@ class SpinIndexer:
         group_max = None
         if self.workspace.GROUP_MIN <= group < self.config.tokens_per_block:
             group_max = self.workspace.group_max[:rows, :-(-cols // group)]
-        # On DeepGEMM (logits only) the EMA update pass may run on a side stream beside the maxima and the
-        # top-k (`_forked`); in series with extensions (they read the maxima in order), off CUDA, and
-        # on Triton, whose fused update costs less than a pass (run 20: unfused, B = 1 x 128K was 4 us slower).
-        side = self._update_stream if self.extensions is None and backend == "deepgemm" else None
+        # The EMA update runs on a side stream beside the top-k (`_forked`) wherever it can: in series with
+        # extensions (they read the maxima in order), off CUDA, and with overlap_update=False, where the
+        # Triton kernel fuses it into its epilogue. The maxima the top-k prunes with come from the Triton
+        # kernel's epilogue; DeepGEMM writes logits only, so there a pass on the top-k's stream writes them.
+        side = self._update_stream if self.extensions is None and backend != "reference" else None
+        maxima_fused = side is None or backend == "triton"
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
-                                          validate=False, out=out, block_max_out=None if side else block_max,
+                                          validate=False, out=out, block_max_out=block_max if maxima_fused else None,
                                           fill_tail=self.extensions is not None,
                                           history=history if side is None else None,
-                                          group_max_out=None if side else group_max, group=group,
+                                          group_max_out=group_max if maxima_fused else None, group=group,
                                           deepgemm_schedule=schedule,
                                           active_width=budget_of(width, self.config.sparsity, self.config.topk,
                                                                  self.config.tokens_per_block), backend=backend)
@@ -291,8 +295,9 @@ class SpinIndexer:
         with self._forked(side):
             ops.update_history(history, rows3, plan.compact_block_table, plan.compact_seq_lens)
         with self._forked(self._topk_stream):
-            ops.update_history(None, rows3, plan.compact_block_table, plan.compact_seq_lens, block_max_out=block_max,
-                               group_max_out=group_max, group=group)
+            if not maxima_fused:
+                ops.update_history(None, rows3, plan.compact_block_table, plan.compact_seq_lens,
+                                   block_max_out=block_max, group_max_out=group_max, group=group)
             positions = self._topk(layer, st, plan, logits, block_max, group_max)
         main.wait_stream(self._topk_stream)
         main.wait_stream(side)
@@ -344,7 +349,7 @@ class SpinIndexer:
         ws = self.workspace
         out = dense_topk(q_fp8, kv_cache, weights, st.seq_lens, st.block_table, self.config.topk,
                          self.config.tokens_per_block, ws.block_max[:rows, :width], logits_out=ws.logits[:rows, :cols],
-                         out=ws.topk[layer, :rows])
+                         out=ws.topk[layer, :rows], group_max=ws.group_max)
         self.block_plan = plan
         return out
 

@@ -33,7 +33,7 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     compact table of history.kept_blocks), folded into the kernel's epilogue where the kernel can.
     group_max_out: optional float32 [B*next_n, >= W*T / group] receiving the max of every `group` columns
     (group_max_ref; a power of two dividing T): the top-k's group maxima (topk_positions(group_max=)). On
-    the DeepGEMM backend the pass that applies the update writes them; elsewhere one pass after the logits.
+    the DeepGEMM backend the pass that applies the update writes them; the Triton kernel in its epilogue.
     deepgemm_schedule: optional int32 [num_sms + 1, 2], DeepGEMM's schedule for these seq_lens when it is the
     backend (deepgemm_schedule.schedule; SpinIndexer computes every layer's in plan()); ignored elsewhere.
     active_width: the block-table columns expected to hold blocks (SPIN's kept budget on a compact table):
@@ -64,13 +64,10 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
         return logits
     if backend == "triton":
         from .indexer_logits_triton import paged_indexer_logits_triton
-        logits = paged_indexer_logits_triton(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate,
-                                             out=out, block_max_out=block_max_out, fill_tail=fill_tail,
-                                             history=history, active_width=active_width)
-        if group_max_out is not None:
-            update_history(None, logits.view(q_fp8.shape[0], q_fp8.shape[1], logits.shape[1]), block_table,
-                           seq_lens, group_max_out=group_max_out, group=group)
-        return logits
+        return paged_indexer_logits_triton(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate,
+                                           out=out, block_max_out=block_max_out, fill_tail=fill_tail,
+                                           history=history, active_width=active_width,
+                                           group_max_out=group_max_out, group=group)
     logits = paged_indexer_logits_ref(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate)
     _check_outputs(logits, block_table.shape[1], q_fp8.device, out, block_max_out)  # as the twin checks them
     if out is not None:

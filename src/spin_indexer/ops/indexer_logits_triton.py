@@ -35,6 +35,7 @@ from ..checks import check_tensor
 from ..layout import FP8_DTYPE, PAGE_ALIGN_BYTES, SCALE_BYTES, page_stride_bytes
 from .history import HistoryUpdate, update_history_ref
 from .indexer_logits import block_max_ref, check_paged_indexer_args, paged_indexer_logits_ref
+from .topk import group_max_ref
 
 try:  # the package imports this module only for CUDA tensors; without triton the reference is used
     import triton
@@ -134,7 +135,8 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
                                 out: torch.Tensor | None = None, block_max_out: torch.Tensor | None = None,
                                 fill_tail: bool = True, history: HistoryUpdate | None = None,
                                 chunk: int | None = None, config: LogitsConfig | None = None,
-                                active_width: int | None = None) -> torch.Tensor:
+                                active_width: int | None = None, group_max_out: torch.Tensor | None = None,
+                                group: int = 64) -> torch.Tensor:
     """Paged indexer logits, same arguments and meaning as `paged_indexer_logits_ref`.
 
     q_fp8: float8_e4m3fn [B, next_n, H, D]; kv_cache: uint8 [num_blocks, T, 1, D + 4] (pages contiguous or
@@ -150,6 +152,10 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     expected to hold blocks (SPIN's compact tables fill about (1 - s) x W of their W columns): the default
     chunk is picked for B x active_width blocks, so that the programs that have work fill the GPU (a
     program past a row's last kept block exits at once); the grid still covers all W columns.
+    group_max_out: optional float32 [B*next_n, >= W*T / group] receiving the max of every `group` columns
+    (group_max_ref: -inf for a group with no valid column, NaN for one holding a NaN), from the scores in the
+    epilogue, as the block max: the top-k's group maxima (ops.topk.topk_group) without a pass of their own.
+    group: a power of two dividing T. Written where the block max is (fill_tail as there).
     The FP8 MMA accumulates with Hopper's reduced-precision adder, ~2-3e-4 relative error against fp32 math
     over D = 128 (as the production kernel). Shapes the kernel does not take (next_n > 4, H or D not powers of
     two, D < 32) are computed by the reference into the same buffers.
@@ -170,12 +176,24 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
         block_max_out = torch.empty(rows, width, dtype=torch.float32, device=dev)
     check_tensor("block_max_out", block_max_out, dtype=torch.float32, shape=(rows, width),
                  shape_names="[B*next_n, W]", device=dev, device_of="q_fp8")
+    if group_max_out is not None:
+        check_tensor("group_max_out", group_max_out, dtype=torch.float32, ndim=2, device=dev, device_of="q_fp8")
+        if group < 1 or group > tokens or tokens % group or group & (group - 1):
+            raise ValueError(f"group: expected a power of two dividing T = {tokens}, got {group}")
+        if group_max_out.shape[0] != rows or group_max_out.shape[1] < width * tokens // group:
+            raise ValueError(f"group_max_out: expected shape [B*next_n, >= W*T / group] = [{rows}, >= "
+                             f"{width * tokens // group}], got {list(group_max_out.shape)}")
+        if group_max_out.stride(1) != 1:
+            raise ValueError(f"group_max_out: expected unit column stride, got strides {group_max_out.stride()}")
     if batch == 0 or width == 0:
         return out
     if not _kernel_supports(next_n, heads, dim, tokens):
         # Shapes the MMA tiles cannot take (next_n > 4, D < 32, non-powers of two): the reference, same outputs.
         out.copy_(paged_indexer_logits_ref(q_fp8, kv_cache, weights, seq_lens, block_table, validate=False))
         block_max_out.copy_(block_max_ref(out, tokens))
+        if group_max_out is not None:
+            gm = group_max_ref(out, seq_lens.reshape(-1), group)
+            group_max_out[:, :gm.shape[1]].copy_(gm)
         if history is not None:
             update_history_ref(history, out.view(batch, next_n, -1), block_table, seq_lens)
         return out
@@ -191,11 +209,14 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     chunk = chunk or _pick_chunk(batch, min(width, active_width or width), cfg.target_programs)
     r0, r1, r2, r3 = cfg.group_rows(next_n)
     grid = (batch, triton.cdiv(width, chunk))
+    gmax = group_max_out if group_max_out is not None else block_max_out  # a dummy pointer when unused
     _paged_indexer_logits_kernel[grid](
-        q, k_arg, scales_f32, w, lens, block_table, out, block_max_out,
-        width, block_table.stride(0), out.stride(0), block_max_out.stride(0), chunk, kv_cache.shape[0], *hist,
+        q, k_arg, scales_f32, w, lens, block_table, out, block_max_out, gmax,
+        width, block_table.stride(0), out.stride(0), block_max_out.stride(0), gmax.stride(0), chunk,
+        kv_cache.shape[0], *hist,
         NEXT_N=next_n, H=heads, D=dim, T=tokens, PAGE_BYTES=page_bytes, RB=rows_per_block, G=cfg.group,
         R0=r0, R1=r1, R2=r2, R3=r3, PREFETCH=cfg.prefetch, FILL_TAIL=fill_tail, HIST=fused,
+        GMAX=group_max_out is not None, GS=group if group_max_out is not None else tokens,
         HAS_SEEN=fused and history.last_seen is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         maxnreg=None if fused else cfg.max_registers)
     if history is not None and not fused:
@@ -255,21 +276,30 @@ if triton is not None:
         return tl.sum(tl.reshape(s, (T, GP, HP)), axis=2) * sc[:, None]
 
     @triton.jit
-    def _store_group(x, lens, rows64, out_ptr, out_stride, bmax_ptr, bmax_stride, blk, ROWS: tl.constexpr,
-                     GP: tl.constexpr, T: tl.constexpr):
+    def _store_group(x, lens, rows64, out_ptr, out_stride, bmax_ptr, bmax_stride, gmax_ptr, gmax_stride, blk,
+                     ROWS: tl.constexpr, GP: tl.constexpr, T: tl.constexpr, GMAX: tl.constexpr, GS: tl.constexpr):
         """Masks x [T, GP] past each row's length (lens [GP]), stores the ROWS live rows' logits and block
-        maxima, returns the masked x."""
+        maxima (and with GMAX the maxima of every GS columns), returns the masked x."""
         cols = blk * T + tl.arange(0, T)
         x = tl.where(cols[:, None] < lens[None, :], x, float("-inf"))
         ptrs = out_ptr + rows64[None, :] * out_stride + cols[:, None]
         bptrs = bmax_ptr + rows64 * bmax_stride + blk
+        live = tl.arange(0, GP) < ROWS
         if ROWS < GP:  # next_n = 3 in one group of 4: the padded row is not stored
-            live = tl.arange(0, GP) < ROWS
             tl.store(ptrs, x, mask=live[None, :])
             tl.store(bptrs, tl.max(x, axis=0), mask=live)
         else:
             tl.store(ptrs, x)
             tl.store(bptrs, tl.max(x, axis=0))
+        if GMAX:  # a NaN wins its group (the top-k never prunes it), as group_max_ref
+            xg = tl.reshape(x, [T // GS, GS, GP])
+            has_nan = tl.max((xg != xg).to(tl.int32), axis=1) > 0
+            gm = tl.where(has_nan, float("nan"), tl.max(xg, axis=1))  # [T // GS, GP]
+            gptrs = gmax_ptr + rows64[None, :] * gmax_stride + blk * (T // GS) + tl.arange(0, T // GS)[:, None]
+            if ROWS < GP:
+                tl.store(gptrs, gm, mask=live[None, :])
+            else:
+                tl.store(gptrs, gm)
         return x
 
     @triton.jit
@@ -280,14 +310,15 @@ if triton is not None:
 
     @triton.jit
     def _paged_indexer_logits_kernel(q_ptr, k_arg, scale_ptr, w_ptr, lens_ptr, table_ptr, out_ptr, bmax_ptr,
-                                     width, stride_table, out_stride, bmax_stride, chunk, num_cache_blocks,
+                                     gmax_ptr, width, stride_table, out_stride, bmax_stride, gmax_stride, chunk,
+                                     num_cache_blocks,
                                      v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr,
                                      slot_ptr, kept_ptr, kept_stride, hlens_ptr, upd_ptr, alpha, window, trash, lo,
                                      hi, NEXT_N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, T: tl.constexpr,
                                      PAGE_BYTES: tl.constexpr, RB: tl.constexpr, G: tl.constexpr,
                                      R0: tl.constexpr, R1: tl.constexpr, R2: tl.constexpr, R3: tl.constexpr,
                                      PREFETCH: tl.constexpr, FILL_TAIL: tl.constexpr, HIST: tl.constexpr,
-                                     HAS_SEEN: tl.constexpr):
+                                     HAS_SEEN: tl.constexpr, GMAX: tl.constexpr, GS: tl.constexpr):
         """One program per (request, CHUNK blocks). The next_n rows are cut into groups of G (R0..R3 rows,
         0 = no such group; R0 + R1 + R2 + R3 = NEXT_N): one MMA per group and block (_score_group)."""
         b = tl.program_id(0)
@@ -380,16 +411,16 @@ if triton is not None:
                 k = tl.reshape(k_arg.load([phys, 0, 0]), (T, D))
             # The key tile, loaded once, feeds every group's MMA.
             x0 = _store_group(_score_group(k, qt0, w0, sc, T, GP0, HP), lens0, rows0, out_ptr, out_stride,
-                              bmax_ptr, bmax_stride, blk, R0, GP0, T)
+                              bmax_ptr, bmax_stride, gmax_ptr, gmax_stride, blk, R0, GP0, T, GMAX, GS)
             if R1 > 0:
                 _store_group(_score_group(k, qt1, w1, sc, T, GP1, HP), lens1, rows1, out_ptr, out_stride,
-                             bmax_ptr, bmax_stride, blk, R1, GP1, T)
+                             bmax_ptr, bmax_stride, gmax_ptr, gmax_stride, blk, R1, GP1, T, GMAX, GS)
             if R2 > 0:
                 _store_group(_score_group(k, qt2, w2, sc, T, GP2, HP), lens2, rows2, out_ptr, out_stride,
-                             bmax_ptr, bmax_stride, blk, R2, GP2, T)
+                             bmax_ptr, bmax_stride, gmax_ptr, gmax_stride, blk, R2, GP2, T, GMAX, GS)
             if R3 > 0:
                 _store_group(_score_group(k, qt3, w3, sc, T, GP3, HP), lens3, rows3, out_ptr, out_stride,
-                             bmax_ptr, bmax_stride, blk, R3, GP3, T)
+                             bmax_ptr, bmax_stride, gmax_ptr, gmax_stride, blk, R3, GP3, T, GMAX, GS)
             if HIST:  # row 0's scores are still in registers: SPIN's EMA update of this block
                 if upd0:
                     logit0 = tl.sum(tl.where(tl.arange(0, GP0)[None, :] == 0, x0, 0.0), axis=1)  # [T]: row 0
@@ -403,3 +434,7 @@ if triton is not None:
             for blk in range(tl.maximum(blk_end, blk0), chunk_end):
                 tl.store(out_ptr + rows64[:, None] * out_stride + blk * T + offs_t[None, :], neg, mask=live[:, None])
                 tl.store(bmax_ptr + rows64 * bmax_stride + blk, tl.full([NP], float("-inf"), tl.float32), mask=live)
+                if GMAX:
+                    gi = blk * (T // GS) + tl.arange(0, T // GS)
+                    tl.store(gmax_ptr + rows64[:, None] * gmax_stride + gi[None, :],
+                             tl.full([NP, T // GS], float("-inf"), tl.float32), mask=live[:, None])

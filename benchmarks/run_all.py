@@ -154,9 +154,11 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
             p.q[i][0], p.caches[i], p.q[i][1], p.lens, p.table, validate=False)), **timing).p50_us
     logits = torch.empty(rows, width * 64, device=p.table.device)
     bmax = torch.empty(rows, width, device=p.table.device)
-    # as dense_topk: below 4k blocks the top-k prunes at G < 64 columns, whose maxima the logits kernel writes
+    # as dense_topk: the top-k's group maxima from the logits kernel where the dense step takes them from there
+    from spin_indexer.indexer import dense as dense_mod
     group = ops.topk_group(width * 64, k)
-    gmax = torch.empty(rows, -(-width * 64 // group), device=p.table.device) if 8 <= group < 64 else None
+    fused = 8 <= group <= dense_mod.FUSED_GROUP_MAX_LARGEST and rows <= dense_mod.FUSED_GROUP_MAX_ROWS
+    gmax = torch.empty(rows, -(-width * 64 // group), device=p.table.device) if fused else None
     with logits_backend("triton"):
         out["dense_logits_us"] = time_graph(each_layer(lambda i: ops.paged_indexer_logits(
             p.q[i][0], p.caches[i], p.q[i][1], p.lens, p.table, validate=False, out=logits, block_max_out=bmax,
@@ -409,7 +411,13 @@ def main(argv=None) -> int:
     p.add_argument("--no-overlap", action="store_true",
                    help="SPIN's EMA update in series after the logits (SpinIndexer(overlap_update=False)): one pass "
                         "with the maxima instead of a side stream beside the top-k")
+    p.add_argument("--update-in-topk-rows", type=int, default=None,
+                   help="query rows up to which SPIN's EMA update runs inside the top-k's first launch "
+                        "(spin.UPDATE_IN_TOPK_ROWS; 0: always on the side stream)")
     args = p.parse_args(argv)
+    if args.update_in_topk_rows is not None:
+        from spin_indexer.indexer import spin
+        spin.UPDATE_IN_TOPK_ROWS = args.update_in_topk_rows
     os.makedirs(args.out, exist_ok=True)
     command = "python benchmarks/run_all.py " + " ".join(argv if argv is not None else sys.argv[1:])
     from harness import DEVICE, copy_bandwidth_gbps, environment

@@ -31,7 +31,11 @@ from spin_indexer.ops import topk_triton as T  # noqa: E402
 
 PTR = {"s_ptr": "*fp32", "len_ptr": "*i32", "thresh_ptr": "*i32", "live_ptr": "*i32", "nlive_ptr": "*i32",
        "count_ptr": "*i32", "out_ptr": "*i32", "x_ptr": "*fp32", "cand_ptr": "*i64", "kept_ptr": "*i32",
-       "cnt_ptr": "*i32", "lst_ptr": "*i32", "stats_ptr": "*i32", "tau_ptr": "*i32", "hint_ptr": "*i32"}
+       "cnt_ptr": "*i32", "lst_ptr": "*i32", "stats_ptr": "*i32", "tau_ptr": "*i32", "hint_ptr": "*i32",
+       # the EMA update's, in the threshold + update launch
+       "table_ptr": "*i32", "v_ptr": "*fp16", "vb_ptr": "*fp16", "d_ptr": "*fp16", "seen_ptr": "*i32",
+       "clock_ptr": "*i32", "slot_ptr": "*i64", "lens_ptr": "*i32", "upd_ptr": "*i8",
+       "alpha": "fp32", "lo": "fp32", "hi": "fp32"}
 # what the launcher's tensors give triton's specialization: 16-byte aligned base pointers and row strides
 DIV16 = set(PTR) | {"stride_s", "stride_x", "kept_stride"}
 OPS = ("BAR", "SHFL", "LDG", "STG", "ATOMG", "LDL", "STL")
@@ -81,6 +85,9 @@ def configs(group: int, chains: list[str], rows_small: bool, k: int = 2048):
         warps = T.threshold_warps(sb)  # the launcher's choice
         out += [("v1 threshold", T._threshold_kernel, dict(G=group, SB=sb, CAP=cap, HINT=False, **hint), warps, None),
                 ("v1 threshold, tau_hint", T._threshold_kernel, dict(G=group, SB=sb, CAP=cap, HINT=True, **hint),
+                 warps, None),
+                ("v1 threshold + EMA update", T._threshold_update_kernel,
+                 dict(G=group, SB=sb, CAP=cap, HINT=False, **hint, T=64, BLOCKS=32, DB=8, HAS_SEEN=True, NP=1),
                  warps, None),
                 ("v1 gather", T._gather_kernel, dict(G=group, LB=max(16, 1024 // group), CAP=cap, EVEN=even), 4, None),
                 ("v1 chunk sort", T._chunk_sort_kernel, dict(CAP=cap, CH=chunk), 4, None),

@@ -332,6 +332,61 @@ def test_triton_twin_several_tiles_per_request(lengths, next_n, window, gen, tri
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("lengths,next_n,window", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("rows", ["row0", "every-row"])
+@pytest.mark.parametrize("tile", [32, 2], ids=["one-tile", "tiles-of-2"])
+def test_topk_with_the_update_leaves_the_reference_state(lengths, next_n, window, rows, tile, gen, triton_device,
+                                                          monkeypatch):
+    """topk_triton(update=): the same top-k as without it, and the history the reference update leaves. One
+    updating row (row 0): the update's programs run in the threshold launch (with tiles of 2 blocks, several
+    per request); every row updating: the pass after the top-k, its rows in order."""
+    pytest.importorskip("triton")
+    from spin_indexer.ops import history_triton
+    from spin_indexer.ops.topk_triton import topk_triton
+    monkeypatch.setattr(history_triton, "BLOCKS_PER_PROGRAM", tile)
+    blocks = 24
+    plan = make_plan(lengths, next_n, blocks, gen, width=max(-(-L // T) for L in lengths) + 1)
+    cols = plan.kept.shape[1] * T
+    logits = make_logits(plan, cols, gen)
+    update_rows = torch.rand(len(lengths), next_n, generator=gen) < 0.7
+    if rows == "row0":  # as plan() writes them under the row-0 policy (HistoryUpdate.rows = 1): row 0 only
+        update_rows[:, 0], update_rows[:, 1:] = True, False
+    h = make_history(plan, blocks, 4, window, gen, rows=1 if rows == "row0" else next_n, update_rows=update_rows)
+    ref = clone_history(h)
+    update_history_ref(ref, logits, plan.table, plan.lens)
+    dev = torch.device(triton_device)
+    moved = history_on(h, dev)
+    flat = logits.view(-1, cols).to(dev)
+    lens = plan.lens.reshape(-1).to(dev)
+    k = 40
+    want = topk_triton(flat, lens, k, kept_blocks=plan.kept.to(dev), next_n=next_n)
+    out = torch.full_like(want, 77)  # poisoned
+    got = topk_triton(flat, lens, k, kept_blocks=plan.kept.to(dev), next_n=next_n, out=out,
+                      update=(moved, plan.table.to(dev)))
+    assert got is out and torch.equal(got.cpu(), want.cpu())
+    exp = tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen))
+    assert_state_equal(moved, exp, exact=not dev.type == "cuda")
+
+
+def test_public_topk_positions_with_history_on_the_reference(gen):
+    """ops.topk_positions(history=, compact_table=) on the CPU: topk_positions_ref, then the reference update;
+    one of the two alone is refused."""
+    from spin_indexer.ops import topk_positions, topk_positions_ref
+    plan = make_plan((5 * T + 3, 2 * T), 2, 16, gen)
+    cols = plan.kept.shape[1] * T
+    logits = make_logits(plan, cols, gen)
+    h = make_history(plan, 16, 3, 100, gen)
+    ref = clone_history(h)
+    flat, lens = logits.view(-1, cols), plan.lens.reshape(-1)
+    got = topk_positions(flat, lens, 20, kept_blocks=plan.kept, next_n=2, history=h, compact_table=plan.table)
+    assert torch.equal(got, topk_positions_ref(flat, lens, 20, kept_blocks=plan.kept, next_n=2))
+    update_history_ref(ref, logits, plan.table, plan.lens)
+    assert_state_equal(h, tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen)))
+    with pytest.raises(ValueError, match="compact_table"):
+        topk_positions(flat, lens, 20, kept_blocks=plan.kept, next_n=2, history=h)
+
+
+@pytest.mark.interpreter
 def test_triton_twin_block_max_only_and_empty(gen, triton_device):
     """history=None: only block_max_out is written; an empty batch or zero columns is a no-op."""
     pytest.importorskip("triton")

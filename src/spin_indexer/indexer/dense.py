@@ -12,6 +12,16 @@ from .step_checks import check_ids_fit_cache, check_lengths_and_blocks
 from .workspace import Workspace
 
 
+# Where the dense step takes the top-k's group maxima from the logits kernel's epilogue: at most this many rows and
+# groups of at most this many columns. Measured on the H200 (run 35, benchmarks/results/run35_group_max_epilogue):
+# one row gained (1 x 64K G = 8: 36.8 -> 35.2 us, 1 x 128K G = 16: 38.6 -> 36.8), while at 8 rows and more, or
+# G = 32, the epilogue's work (72 registers instead of 64, ~20% more instructions per key block) slowed the
+# bandwidth-bound kernel more than the top-k's own launch costs (96 x 128K 500 -> 522 us, 96 x 256K 945 -> 1032,
+# 8 x 128K 74 -> 87, 1 x 256K 42.6 -> 45.4).
+FUSED_GROUP_MAX_ROWS = 1
+FUSED_GROUP_MAX_LARGEST = 16
+
+
 def dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, topk: int, tokens_per_block: int,
                block_max: torch.Tensor, logits_out: torch.Tensor | None = None,
                out: torch.Tensor | None = None, group_max: torch.Tensor | None = None) -> torch.Tensor:
@@ -23,15 +33,15 @@ def dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, topk: int, token
     maxima when it prunes at 8 to 32 columns (allocated here when needed and not given). returns the top-k
     int32 [B*N, K] (out when given).
     Where the top-k prunes at G < T columns (ops.topk_group: tables under 4k blocks), the logits op writes
-    the G-column maxima too (in the Triton kernel's epilogue; in the DeepGEMM backend's block-max pass), so
-    the top-k launches no group-max pass of its own."""
+    the G-column maxima too at one row and G <= 16 (in the Triton kernel's epilogue), so the top-k launches
+    no group-max pass of its own; elsewhere that launch measured faster (FUSED_GROUP_MAX_ROWS)."""
     backend = ops.logits_backend(q_fp8, kv_cache)
     if logits_out is not None and backend == "deepgemm":
         logits_out = None
     rows, cols = block_max.shape[0], block_table.shape[1] * tokens_per_block
     group = ops.topk_group(cols, topk)
     gmax = None
-    if Workspace.GROUP_MIN <= group < tokens_per_block and tokens_per_block % group == 0:
+    if Workspace.GROUP_MIN <= group <= FUSED_GROUP_MAX_LARGEST and rows <= FUSED_GROUP_MAX_ROWS:
         n = -(-cols // group)
         gmax = group_max[:rows, :n] if group_max is not None else torch.empty(rows, n, dtype=torch.float32,
                                                                                device=block_max.device)

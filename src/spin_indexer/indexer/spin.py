@@ -46,6 +46,12 @@ from .step_checks import check_ids_fit_cache, check_lengths_and_blocks, check_ro
 from .workspace import Workspace
 
 
+# Query rows (B x next_n) up to which the EMA update's programs run in the top-k's threshold launch instead of on
+# a side stream (SpinIndexer.update_in_topk). Unmeasured: a guess from the threshold launch's size (one program
+# per row) against the GPU's 132 SMs.
+UPDATE_IN_TOPK_ROWS = 32
+
+
 @dataclasses.dataclass
 class _Step:
     """What plan() fixed for the current step; shared by every layer's run()."""
@@ -274,11 +280,13 @@ class SpinIndexer:
         group_max = None
         if self.workspace.GROUP_MIN <= group < self.config.tokens_per_block:
             group_max = self.workspace.group_max[:rows, :-(-cols // group)]
-        # The EMA update runs on a side stream beside the top-k (`_forked`) wherever it can: in series with
-        # extensions (they read the maxima in order), off CUDA, and with overlap_update=False, where the
-        # Triton kernel fuses it into its epilogue. The maxima the top-k prunes with come from the Triton
-        # kernel's epilogue; DeepGEMM writes logits only, so there a pass on the top-k's stream writes them.
+        # The EMA update runs beside the top-k wherever it can: at a few rows inside the top-k's first launch
+        # (`update_in_topk`), else on a side stream (`_forked`); in series with extensions (they read the
+        # maxima in order), off CUDA, and with overlap_update=False, where the Triton kernel fuses it into its
+        # epilogue. The maxima the top-k prunes with come from the Triton kernel's epilogue; DeepGEMM writes
+        # logits only, so there a pass before the top-k writes them.
         side = self._update_stream if self.extensions is None and backend != "reference" else None
+        in_topk = side is not None and self.update_in_topk(rows, history)
         maxima_fused = side is None or backend == "triton"
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
                                           validate=False, out=out, block_max_out=block_max if maxima_fused else None,
@@ -291,6 +299,11 @@ class SpinIndexer:
         if side is None:
             return self._topk(layer, st, plan, logits, block_max, group_max)
         rows3 = logits.view(batch, self.next_n, logits.shape[1])  # not -1: ambiguous for an empty batch
+        if in_topk:
+            if not maxima_fused:
+                ops.update_history(None, rows3, plan.compact_block_table, plan.compact_seq_lens,
+                                   block_max_out=block_max, group_max_out=group_max, group=group)
+            return self._topk(layer, st, plan, logits, block_max, group_max, history)
         main = torch.cuda.current_stream(self.device)
         with self._forked(side):
             ops.update_history(history, rows3, plan.compact_block_table, plan.compact_seq_lens)
@@ -302,6 +315,13 @@ class SpinIndexer:
         main.wait_stream(self._topk_stream)
         main.wait_stream(side)
         return positions
+
+    def update_in_topk(self, rows: int, history: ops.HistoryUpdate) -> bool:
+        """Whether the EMA update runs inside the top-k's threshold launch (ops.topk_positions(history=))
+        rather than on the side stream: at most UPDATE_IN_TOPK_ROWS query rows (the threshold launch is then
+        one program per row on a GPU left mostly idle, and the step forks and joins no stream) with one
+        updating row per request (row 0: the update is one launch's work)."""
+        return rows <= UPDATE_IN_TOPK_ROWS and history.rows == 1
 
     @contextlib.contextmanager
     def _forked(self, side):
@@ -422,13 +442,17 @@ class SpinIndexer:
         ops.update_history(self._history_args(layer, st, plan), rows, plan.compact_block_table, plan.compact_seq_lens)
 
     def _topk(self, layer: int, st: _Step, plan: BlockPlan, logits: torch.Tensor,
-              block_max: torch.Tensor, group_max: torch.Tensor | None = None) -> torch.Tensor:
+              block_max: torch.Tensor, group_max: torch.Tensor | None = None,
+              history: ops.HistoryUpdate | None = None) -> torch.Tensor:
+        """The top-k over compact logits, written as logical positions (history: its EMA update too, inside
+        the top-k's launches)."""
         rows = logits.shape[0]
         out = self.workspace.topk[layer, :rows]
         ops.topk_positions(logits, plan.compact_seq_lens.view(-1), self.config.topk, block_max=block_max,
                            kept_blocks=plan.kept_blocks, next_n=self.next_n,
                            tokens_per_block=self.config.tokens_per_block, out=out, validate=False,
-                           group_max=group_max, tau_hint=self.workspace.tau_hint[layer, :rows] if self.tau_hint else None)
+                           group_max=group_max, tau_hint=self.workspace.tau_hint[layer, :rows] if self.tau_hint else None,
+                           history=history, compact_table=None if history is None else plan.compact_block_table)
         if self.extensions is not None:
             self.extensions.after_layer(layer, st.meta, plan, out, block_max)
         self.block_plan = plan

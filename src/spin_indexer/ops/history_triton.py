@@ -34,6 +34,12 @@ MAX_REGISTERS = 64
 DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a divisor of BLOCKS_PER_PROGRAM)
 
 
+def tile_meta() -> dict:
+    """The update programs' tile constexprs (BLOCKS compact blocks, DB per diagonal sub-tile), read at each
+    launch so tests can shrink BLOCKS_PER_PROGRAM."""
+    return dict(BLOCKS=BLOCKS_PER_PROGRAM, DB=min(DIAGONAL_BLOCKS, BLOCKS_PER_PROGRAM))
+
+
 def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, compact_table: torch.Tensor,
                           compact_lens: torch.Tensor, block_max_out: torch.Tensor | None = None,
                           group_max_out: torch.Tensor | None = None, group: int = 64) -> None:
@@ -71,7 +77,7 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
             bmax, bmax.stride(0), gmax, gmax.stride(0),
             *(_history_args(h, logits) if h is not None else _no_history(logits)),
             next_n, blocks, j,
-            T=t, BLOCKS=BLOCKS_PER_PROGRAM, DB=min(DIAGONAL_BLOCKS, BLOCKS_PER_PROGRAM), HIST=h is not None, HAS_SEEN=h is not None and h.last_seen is not None,
+            T=t, **tile_meta(), HIST=h is not None, HAS_SEEN=h is not None and h.last_seen is not None,
             NP=triton.next_power_of_2(next_n),
             BMAX=(block_max_out is not None) and j == 0, GMAX=(group_max_out is not None) and j == 0, G=group,
             num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS or None)
@@ -197,15 +203,29 @@ if triton is not None:
                                lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
                                HIST: tl.constexpr, HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
                                GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr):
-        """One program per (request, BLOCKS compact blocks), loaded as one [BLOCKS, T] tile per row.
+        """One program per (request, BLOCKS compact blocks): update_tile."""
+        update_tile(tl.program_id(0), tl.program_id(1), x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
+                    bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
+                    clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
+                    lo, hi, next_n, num_blocks, j, T, BLOCKS, HIST, HAS_SEEN, BMAX, NP, GMAX, G, DB)
+
+    @triton.jit
+    def update_tile(b, pm, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
+                    bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
+                    clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
+                    lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
+                    HIST: tl.constexpr, HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
+                    GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr):
+        """The update pass's program for request b and compact blocks [pm * BLOCKS, (pm + 1) * BLOCKS), loaded
+        as one [BLOCKS, T] tile per row (the kernel above runs one per (b, pm); the top-k's threshold launch
+        runs them beside its own programs: topk_triton, `update=`).
 
         Registers decide this pass's speed (it moves bytes and computes little: more resident programs, more
         bytes in flight), so the code is straight-line where the history lives: the updating row j runs after
         the loop over the other rows' maxima (a runtime loop around the update kept its tiles live across
         every iteration), and the diagonal window runs last, over [DB, T] sub-tiles that reload their scores
         (from L2) instead of keeping the tile's alive through the V update."""
-        b = tl.program_id(0)
-        m = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
+        m = pm * BLOCKS + tl.arange(0, BLOCKS)
         b64 = b.to(tl.int64)
         if HIST:
             # The table and kept ids under the static bound only, so their loads issue beside the lengths' (no
@@ -250,7 +270,7 @@ if triton is not None:
                 # Sub-tiles of DB blocks reload their scores from the logits (just read: L2) rather than keep
                 # the tile's alive through the V update (the whole tile here: 91 registers instead of 70).
                 for s in range(0, BLOCKS // DB):
-                    ms = tl.program_id(1) * BLOCKS + s * DB + tl.arange(0, DB)
+                    ms = pm * BLOCKS + s * DB + tl.arange(0, DB)
                     on_s = tl.where(upd, (ms < num_blocks) & (ms < used), False)
                     kb_s = tl.load(kept_ptr + b64 * kept_stride + ms, mask=on_s, other=-1)
                     obs = _row_logits(x_row, ms, on_s, clen, T)

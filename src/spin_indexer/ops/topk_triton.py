@@ -49,11 +49,14 @@ from __future__ import annotations
 import torch
 
 from ..checks import check_tensor
+from .history import block_tokens
 from .topk import TOKENS_PER_GROUP_MAX, check_topk_args, topk_group, topk_ref
 
 try:  # the package imports this module only for CUDA tensors; without triton the reference is used
     import triton
     import triton.language as tl
+
+    from .history_triton import update_tile
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -118,7 +121,8 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
                 block_max: torch.Tensor | None = None, cap: int | None = None,
                 stats: torch.Tensor | None = None, _stages: int = 5, kept_blocks: torch.Tensor | None = None,
                 next_n: int = 1, out: torch.Tensor | None = None,
-                group_max: torch.Tensor | None = None, tau_hint: torch.Tensor | None = None) -> torch.Tensor:
+                group_max: torch.Tensor | None = None, tau_hint: torch.Tensor | None = None,
+                update: tuple | None = None) -> torch.Tensor:
     """Top-k positions per row, same meaning as `topk_ref`.
 
     logits: float32 [R, C]; columns >= lengths[r] are ignored. lengths: int32 [R] in [0, C]. k: int >= 1.
@@ -143,6 +147,12 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     Where this call's key lies within TAU_HINT_RADIUS of it, one packed count confirms the bracket and the
     bisection takes HINT_STEPS = 7 counts instead of 16; a miss costs that one count. The row's key is
     written back for the next call.
+    update: optional (history: HistoryUpdate, compact_table: int32 [R // next_n, M]): also apply SPIN's EMA
+    update from these logits (viewed [R // next_n, next_n, C]; lengths are their compact lengths), as
+    history_triton.update_history_triton would. Where only one row per request updates (history.rows == 1)
+    and the v1 chain runs, the update pass's programs run in the threshold launch, after the rows' threshold
+    programs: at a few rows that launch is one program per row on an otherwise idle GPU, so the update costs
+    neither a launch nor a stream fork and join of its own. Elsewhere the pass runs after the top-k.
     returns int32 [R, k]: positions, best first, ties to the lower position, -1 past lengths[r].
     """
     check_topk_args(logits, lengths, k, validate)
@@ -153,8 +163,9 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
                      device_of="logits", contiguous=True)
     if k > MAX_TRITON_K:
         from .topk import topk_positions_ref
-        return topk_positions_ref(logits, lengths, k, kept_blocks=kept_blocks, next_n=next_n, out=out,
-                                  validate=False)
+        out = topk_positions_ref(logits, lengths, k, kept_blocks=kept_blocks, next_n=next_n, out=out,
+                                 validate=False)
+        return _update_after(update, logits, lengths, next_n, out)
     if block_max is not None:
         check_tensor("block_max", block_max, dtype=torch.float32,
                      shape=(rows, -(-cols // TOKENS_PER_GROUP_MAX)), shape_names="[R, ceil(C / 64)]",
@@ -192,7 +203,20 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     kept_stride = kept_blocks.stride(0) if mapped else 0
     args = (logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _stages, kept, kept_stride, next_n,
             mapped, out, tau_hint)
-    return (_chain_v1 if TOPK_CHAIN == "v1" else _chain_v2)(*args)
+    if TOPK_CHAIN == "v1" and (update is None or update[0].rows == 1):
+        return _chain_v1(*args, update=update)
+    (_chain_v1 if TOPK_CHAIN == "v1" else _chain_v2)(*args)
+    return _update_after(update, logits, lengths, next_n, out)
+
+
+def _update_after(update, logits, lengths, next_n: int, out: torch.Tensor) -> torch.Tensor:
+    """The `update=` of topk_triton as a pass of its own (update_history_triton), then out."""
+    if update is not None:
+        from .history_triton import update_history_triton
+        history, table = update
+        update_history_triton(history, logits.view(logits.shape[0] // next_n, next_n, logits.shape[1]), table,
+                              lengths)
+    return out
 
 
 def _select_shape(rows: int, cap: int) -> tuple[int, int, int]:
@@ -241,7 +265,7 @@ def _chain_v2(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats,
 
 
 def _chain_v1(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _stages, kept, kept_stride, next_n,
-              mapped, out, tau_hint=None):
+              mapped, out, tau_hint=None, update=None):
     rows, cols = logits.shape
     dev = logits.device
     thresh = torch.empty(rows, dtype=torch.int32, device=dev)
@@ -251,14 +275,27 @@ def _chain_v1(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats,
     num_live = torch.empty(rows, dtype=torch.int32, device=dev)
     sum_block = threshold_tile(num_groups)
     if _stages < 2:
-        return out
+        return _update_after(update, logits, lengths, next_n, out)
     # The threshold program also zeroes the candidate count and fills the row's output with -1 (the rank
     # launch writes only the ranks it finds): no memset launches on the per-layer path.
     has_hint = tau_hint is not None
-    _threshold_kernel[(rows,)](summary, lengths, thresh, live, num_live, count, num_groups, summary.stride(0), k,
-                               out, tau_hint if has_hint else thresh, G=group, SB=sum_block, CAP=cap, HINT=has_hint,
-                               HINT_R=TAU_HINT_RADIUS, HINT_STEPS=(2 * TAU_HINT_RADIUS).bit_length(),
-                               num_warps=threshold_warps(sum_block))
+    threshold_args = (summary, lengths, thresh, live, num_live, count, num_groups, summary.stride(0), k, out,
+                      tau_hint if has_hint else thresh)
+    threshold_meta = dict(G=group, SB=sum_block, CAP=cap, HINT=has_hint, HINT_R=TAU_HINT_RADIUS,
+                          HINT_STEPS=(2 * TAU_HINT_RADIUS).bit_length(), num_warps=threshold_warps(sum_block))
+    if update is None:
+        _threshold_kernel[(rows,)](*threshold_args, **threshold_meta)
+    else:  # the update pass's programs after the rows' (topk_triton's `update`)
+        from .history_triton import _history_args, tile_meta
+        history, table = update
+        batch, t = rows // next_n, block_tokens(history)
+        meta = tile_meta()
+        tiles = triton.cdiv(cols // t, meta["BLOCKS"])
+        _threshold_update_kernel[(rows + batch * tiles,)](
+            *threshold_args, rows, tiles, logits, logits.stride(0) * next_n, logits.stride(0), table, table.stride(0),
+            *_history_args(history, logits), next_n, cols // t,
+            T=t, **meta, HAS_SEEN=history.last_seen is not None,
+            NP=triton.next_power_of_2(next_n), **threshold_meta)
     if _stages < 3:
         return out
     lb = max(16, 1024 // group)
@@ -350,7 +387,38 @@ if triton is not None:
     def _threshold_kernel(s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
                           out_ptr, hint_ptr, G: tl.constexpr, SB: tl.constexpr, CAP: tl.constexpr,
                           HINT: tl.constexpr, HINT_R: tl.constexpr, HINT_STEPS: tl.constexpr):
-        r = tl.program_id(0)
+        _threshold_row(tl.program_id(0), s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups,
+                       stride_s, k, out_ptr, hint_ptr, G, SB, CAP, HINT, HINT_R, HINT_STEPS)
+
+    @triton.jit
+    def _threshold_update_kernel(s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s,
+                                 k, out_ptr, hint_ptr, rows, tiles, x_ptr, x_stride_b, x_stride_n, table_ptr,
+                                 table_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
+                                 clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
+                                 lo, hi, next_n, num_blocks, G: tl.constexpr, SB: tl.constexpr, CAP: tl.constexpr,
+                                 HINT: tl.constexpr, HINT_R: tl.constexpr, HINT_STEPS: tl.constexpr,
+                                 T: tl.constexpr, BLOCKS: tl.constexpr, DB: tl.constexpr, HAS_SEEN: tl.constexpr,
+                                 NP: tl.constexpr):
+        """Programs [0, rows): the rows' thresholds (_threshold_row); then `tiles` per request: the EMA update
+        pass's programs (history_triton.update_tile, row 0 updating, no maxima) over the same logits."""
+        pid = tl.program_id(0)
+        if pid < rows:
+            _threshold_row(pid, s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
+                           out_ptr, hint_ptr, G, SB, CAP, HINT, HINT_R, HINT_STEPS)
+        else:
+            u = pid - rows
+            update_tile(u // tiles, u % tiles, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, len_ptr,
+                        x_ptr, 0, x_ptr, 0, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
+                        clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi,
+                        next_n, num_blocks, 0, T, BLOCKS, True, HAS_SEEN, False, NP, False, T, DB)
+
+    @triton.jit
+    def _threshold_row(r, s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
+                       out_ptr, hint_ptr, G: tl.constexpr, SB: tl.constexpr, CAP: tl.constexpr,
+                       HINT: tl.constexpr, HINT_R: tl.constexpr, HINT_STEPS: tl.constexpr):
+        """Row r's threshold: tau (the lower edge of the 16-bit key bucket of the k-th largest group max) and
+        the list of the groups that can hold a winner; zeroes the row's candidate count, fills its output with
+        -1."""
         tl.store(count_ptr + r, 0)  # the gather launch appends to it
         for c0 in range(0, k, 1024):
             c = c0 + tl.arange(0, 1024)

@@ -411,13 +411,13 @@ def main(argv=None) -> int:
     p.add_argument("--no-overlap", action="store_true",
                    help="SPIN's EMA update in series after the logits (SpinIndexer(overlap_update=False)): one pass "
                         "with the maxima instead of a side stream beside the top-k")
-    p.add_argument("--update-in-topk-rows", type=int, default=None,
-                   help="query rows up to which SPIN's EMA update runs inside the top-k's first launch "
-                        "(spin.UPDATE_IN_TOPK_ROWS; 0: always on the side stream)")
+    p.add_argument("--update-in-topk-blocks", type=int, default=None,
+                   help="table blocks (B x W) up to which SPIN's EMA update runs inside the top-k's first launch "
+                        "(spin.UPDATE_IN_TOPK_BLOCKS; 0: always on the side stream)")
     args = p.parse_args(argv)
-    if args.update_in_topk_rows is not None:
+    if args.update_in_topk_blocks is not None:
         from spin_indexer.indexer import spin
-        spin.UPDATE_IN_TOPK_ROWS = args.update_in_topk_rows
+        spin.UPDATE_IN_TOPK_BLOCKS = args.update_in_topk_blocks
     os.makedirs(args.out, exist_ok=True)
     command = "python benchmarks/run_all.py " + " ".join(argv if argv is not None else sys.argv[1:])
     from harness import DEVICE, copy_bandwidth_gbps, environment

@@ -712,11 +712,13 @@ def test_step_on_padded_pages_equals_the_contiguous_copy(next_n, pad, triton_log
 @pytest.mark.parametrize("backend", ["deepgemm", "triton"])
 @pytest.mark.parametrize("next_n", [1, 2])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-@pytest.mark.parametrize("in_topk_rows", [32, 0], ids=["in-topk", "side-stream"])
-def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, next_n, graph, in_topk_rows, gen,
-                                                                     monkeypatch):
-    """overlap_update=True (at <= UPDATE_IN_TOPK_ROWS rows the update's programs in the top-k's threshold
-    launch; else the update pass on a low-priority stream, the top-k on a high-priority one with, on
+@pytest.mark.parametrize("in_topk_blocks", [1 << 20, 0], ids=["in-topk", "side-stream"])
+@pytest.mark.parametrize("defer", [True, False], ids=["joined-next-layer", "joined-in-run"])
+def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, next_n, graph, in_topk_blocks, defer,
+                                                                     gen, monkeypatch):
+    """overlap_update=True (up to UPDATE_IN_TOPK_BLOCKS table blocks the update's programs in the top-k's
+    threshold launch; else the update pass on a low-priority stream, joined at the next layer's run() or in
+    its own (defer_update_join), the top-k on a high-priority one with, on
     DeepGEMM, the maxima pass; off: the update in series, fused into the Triton kernel's epilogue or into
     DeepGEMM's maxima pass) leaves the same history and returns the
     same top-k as overlap_update=False, over three steps of three layers, also when the whole step (plan +
@@ -726,21 +728,27 @@ def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, ne
         pytest.skip("needs deep_gemm")
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", backend)
     from spin_indexer.indexer import spin
-    monkeypatch.setattr(spin, "UPDATE_IN_TOPK_ROWS", in_topk_rows)
+    monkeypatch.setattr(spin, "UPDATE_IN_TOPK_BLOCKS", in_topk_blocks)
     x = make_paged_inputs([64 * 90 + 17, 64 * 70, 64 * 33 + 5, 64 * 120], next_n, 64, 128, gen).to("cuda")
     batch, width = x.block_table.shape
     layers, k = 3, 96
     runs = {}
     for overlap in (False, True):
         idx = SpinIndexer(SpinConfig(sparsity=0.5, topk=k), num_layers=layers, max_batch=batch, max_blocks=width,
-                          next_n=next_n, device="cuda", num_cache_blocks=x.kv_cache.shape[0], overlap_update=overlap)
+                          next_n=next_n, device="cuda", num_cache_blocks=x.kv_cache.shape[0], overlap_update=overlap,
+                          defer_update_join=defer)
         assert (idx._update_stream is not None) == overlap
         slots = torch.tensor([idx.state.allocate() for _ in range(batch)], device="cuda")
         outs = []
+        deferred = overlap and defer and not in_topk_blocks  # layers 0 .. L-2 leave their update pending
 
         def step():
             idx.plan(x.block_table, x.seq_lens, slots, validate=False)
-            return [idx.run(i, x.q_fp8, x.kv_cache, x.weights) for i in range(layers)]
+            out = []
+            for i in range(layers):
+                out.append(idx.run(i, x.q_fp8, x.kv_cache, x.weights))
+                assert (idx._pending is not None) == (deferred and i < layers - 1), i
+            return out
 
         if graph and overlap:
             # warm-up on a throwaway indexer: compiles every kernel outside the capture, leaves idx fresh

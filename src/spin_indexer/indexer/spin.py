@@ -46,10 +46,13 @@ from .step_checks import check_ids_fit_cache, check_lengths_and_blocks, check_ro
 from .workspace import Workspace
 
 
-# Query rows (B x next_n) up to which the EMA update's programs run in the top-k's threshold launch instead of on
-# a side stream (SpinIndexer.update_in_topk). Unmeasured: a guess from the threshold launch's size (one program
-# per row) against the GPU's 132 SMs.
-UPDATE_IN_TOPK_ROWS = 32
+# Table blocks (B x W) up to which the EMA update's programs run in the top-k's threshold launch instead of on a
+# side stream (SpinIndexer.update_in_topk). H200, run 36 (benchmarks/results/run36_update_in_topk), SPIN step at
+# s = 0.5 / 0.2 in the threshold launch vs on the side stream (DeepGEMM): 1 x 128K 35.3 / 37.8 vs 36.2 / 38.8 us,
+# 1 x 1M (16384 blocks) 70.1 / 82.2 vs 72.8 / 83.9, 8 x 128K 56.8 / 68.5 vs 57.9 / 69.3, 8 x 64K 44.7 / 52.3 vs
+# 45.9 / 53.2; but 32 x 128K (65536 blocks) 127.8 / 170.3 vs 125.0 / 167.2 and 8 x 1M 234.1 / 318.1 vs
+# 206.1 / 290.6 (the update's programs, at the threshold's 8-16 warps and 127 registers, outlast its rows').
+UPDATE_IN_TOPK_BLOCKS = 16384
 
 
 @dataclasses.dataclass
@@ -82,13 +85,19 @@ class SpinIndexer:
     whose key moved costs one count more). Off by default: at most 0.1-2.3 us a layer with every hint hitting
     (run 23) and ~55% of hints hit on the proxy model's decoding (benchmarks/NOTES.md); rows are matched by
     their index in the batch, so a reordered batch only misses.
+    defer_update_join: a layer's side-stream EMA update is joined at the start of the next run() or plan()
+    instead of at the end of its own run() (the last layer's always at its end): it then runs beside
+    whatever the caller does between layers (the sparse attention), which reads nothing it writes. Turn off
+    when something between two layers' run() calls may touch SPIN's state or the step's inputs, or when a
+    CUDA graph capture may end between layers (per-layer or piecewise capture).
     State lives in `self.state` (allocate() a slot per request, free() it when done); plans of the last
     step in `self.plans(layer)`, the last run layer's in `self.block_plan`.
     """
 
     def __init__(self, config: SpinConfig, num_layers: int, max_batch: int, max_blocks: int, next_n: int = 1,
                  device: torch.device | str = "cpu", max_requests: int | None = None,
-                 num_cache_blocks: int | None = None, overlap_update: bool = True, tau_hint: bool = False):
+                 num_cache_blocks: int | None = None, overlap_update: bool = True, tau_hint: bool = False,
+                 defer_update_join: bool = True):
         if not isinstance(config, SpinConfig):
             raise TypeError(f"config: expected a SpinConfig, got {type(config).__name__}")
         check_int("num_layers", num_layers, low=1)
@@ -99,10 +108,12 @@ class SpinIndexer:
             check_int("max_requests", max_requests, low=1)
         if num_cache_blocks is not None:
             check_int("num_cache_blocks", num_cache_blocks, low=1)
-        for name, flag in (("overlap_update", overlap_update), ("tau_hint", tau_hint)):
+        for name, flag in (("overlap_update", overlap_update), ("tau_hint", tau_hint),
+                           ("defer_update_join", defer_update_join)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
-        self.tau_hint = tau_hint
+        self.tau_hint, self.defer_update_join = tau_hint, defer_update_join
+        self._pending = None  # a side-stream update not yet joined, and what it reads (see _join_update)
         self.config, self.max_batch, self.max_blocks, self.next_n = config, max_batch, max_blocks, next_n
         self.device = check_device("device", device)
         t = config.tokens_per_block
@@ -177,6 +188,7 @@ class SpinIndexer:
                                                     self.state.num_cache_blocks - 1,
                                                     "block ids of used blocks (the cache's blocks)")
             check_rows_and_slots(self.state, seq_lens, slot_ids, num_accepted, self.next_n)
+        self._join_update()
         with torch.no_grad():  # weights/q requiring grad must never attach a graph to the state
             self._plan(block_table, seq_lens, slot_ids, num_accepted)
         self._step.epoch, self._step.generations = self.state.epoch, self.state.generations()
@@ -261,6 +273,7 @@ class SpinIndexer:
             return self._run(layer, st, q_fp8, kv_cache, weights)
 
     def _run(self, layer: int, st: _Step, q_fp8, kv_cache, weights) -> torch.Tensor:
+        self._join_update()
         batch, width = st.block_table.shape
         late = st.plans[layer] is None  # hybrid: selected now, after plan() wrote the schedules
         plan = self._plan_of(layer, st)
@@ -286,7 +299,7 @@ class SpinIndexer:
         # epilogue. The maxima the top-k prunes with come from the Triton kernel's epilogue; DeepGEMM writes
         # logits only, so there a pass before the top-k writes them.
         side = self._update_stream if self.extensions is None and backend != "reference" else None
-        in_topk = side is not None and self.update_in_topk(rows, history)
+        in_topk = side is not None and self.update_in_topk(batch, width, history)
         maxima_fused = side is None or backend == "triton"
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
                                           validate=False, out=out, block_max_out=block_max if maxima_fused else None,
@@ -313,15 +326,27 @@ class SpinIndexer:
                                    block_max_out=block_max, group_max_out=group_max, group=group)
             positions = self._topk(layer, st, plan, logits, block_max, group_max)
         main.wait_stream(self._topk_stream)
-        main.wait_stream(side)
+        if self.defer_update_join and layer < self.num_layers - 1:
+            self._pending = (side, logits)  # DeepGEMM's logits stay allocated until the update has read them
+        else:
+            main.wait_stream(side)
         return positions
 
-    def update_in_topk(self, rows: int, history: ops.HistoryUpdate) -> bool:
+    def _join_update(self) -> None:
+        """The caller's stream waits for a layer's deferred side-stream update (defer_update_join), and the
+        buffers it reads are let go. Every run() and plan() calls it first: the next layer's logits may reuse
+        the workspace's logits buffer, and the next step's plan() reads the history the update writes."""
+        if self._pending is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self._pending[0])
+            self._pending = None
+
+    @staticmethod
+    def update_in_topk(batch: int, width: int, history: ops.HistoryUpdate) -> bool:
         """Whether the EMA update runs inside the top-k's threshold launch (ops.topk_positions(history=))
-        rather than on the side stream: at most UPDATE_IN_TOPK_ROWS query rows (the threshold launch is then
-        one program per row on a GPU left mostly idle, and the step forks and joins no stream) with one
-        updating row per request (row 0: the update is one launch's work)."""
-        return rows <= UPDATE_IN_TOPK_ROWS and history.rows == 1
+        rather than on the side stream: for a table of at most UPDATE_IN_TOPK_BLOCKS blocks (B x W; the
+        threshold launch is one program per row on a GPU left mostly idle, the update's programs fill it,
+        and the step forks and joins no stream) with one updating row per request (row 0: one launch's work)."""
+        return batch * width <= UPDATE_IN_TOPK_BLOCKS and history.rows == 1
 
     @contextlib.contextmanager
     def _forked(self, side):
@@ -380,6 +405,7 @@ class SpinIndexer:
         of kept blocks are read, exactly what the paged kernel would have computed.
         """
         st = self._current(layer)
+        self._join_update()
         batch, width = st.block_table.shape
         t = self.config.tokens_per_block
         check_tensor("scores", scores, dtype=torch.float32, shape=(batch * self.next_n, width * t),

@@ -159,8 +159,6 @@ VARIANTS = {
     "no-schedule": "no DeepGEMM schedule from plan(): DeepGEMM computes its own per layer (one launch more)",
     "logits-triton": "the Triton logits kernel instead of DeepGEMM (SPIN_INDEXER_LOGITS=triton)",
     "no-overlap": "the EMA update in series after DeepGEMM (SpinIndexer(overlap_update=False)), not on a side stream",
-    "no-defer": "each layer's side-stream update joined at the end of its own run(), not at the next layer's "
-                "(SpinIndexer(defer_update_join=False))",
     "tau-hint": "SPIN's top-k threshold starts from the previous step's key (SpinIndexer(tau_hint=True)); this "
                 "benchmark's logits repeat every step, so every hint hits: an upper bound of the gain",
 }
@@ -184,8 +182,6 @@ def variant(name: str):
             os.environ["SPIN_INDEXER_LOGITS"] = "triton"
         elif name == "no-overlap":
             SpinIndexer.__init__ = functools.partialmethod(init, overlap_update=False)
-        elif name == "no-defer":
-            SpinIndexer.__init__ = functools.partialmethod(init, defer_update_join=False)
         elif name == "tau-hint":
             SpinIndexer.__init__ = functools.partialmethod(init, tau_hint=True)
         yield

@@ -713,12 +713,10 @@ def test_step_on_padded_pages_equals_the_contiguous_copy(next_n, pad, triton_log
 @pytest.mark.parametrize("next_n", [1, 2])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("in_topk_blocks", [1 << 20, 0], ids=["in-topk", "side-stream"])
-@pytest.mark.parametrize("defer", [True, False], ids=["joined-next-layer", "joined-in-run"])
-def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, next_n, graph, in_topk_blocks, defer,
-                                                                     gen, monkeypatch):
+def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, next_n, graph, in_topk_blocks, gen,
+                                                                     monkeypatch):
     """overlap_update=True (up to UPDATE_IN_TOPK_BLOCKS table blocks the update's programs in the top-k's
-    threshold launch; else the update pass on a low-priority stream, joined at the next layer's run() or in
-    its own (defer_update_join), the top-k on a high-priority one with, on
+    threshold launch; else the update pass on a low-priority stream, the top-k on a high-priority one with, on
     DeepGEMM, the maxima pass; off: the update in series, fused into the Triton kernel's epilogue or into
     DeepGEMM's maxima pass) leaves the same history and returns the
     same top-k as overlap_update=False, over three steps of three layers, also when the whole step (plan +
@@ -735,20 +733,14 @@ def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, ne
     runs = {}
     for overlap in (False, True):
         idx = SpinIndexer(SpinConfig(sparsity=0.5, topk=k), num_layers=layers, max_batch=batch, max_blocks=width,
-                          next_n=next_n, device="cuda", num_cache_blocks=x.kv_cache.shape[0], overlap_update=overlap,
-                          defer_update_join=defer)
+                          next_n=next_n, device="cuda", num_cache_blocks=x.kv_cache.shape[0], overlap_update=overlap)
         assert (idx._update_stream is not None) == overlap
         slots = torch.tensor([idx.state.allocate() for _ in range(batch)], device="cuda")
         outs = []
-        deferred = overlap and defer and not in_topk_blocks  # layers 0 .. L-2 leave their update pending
 
         def step():
             idx.plan(x.block_table, x.seq_lens, slots, validate=False)
-            out = []
-            for i in range(layers):
-                out.append(idx.run(i, x.q_fp8, x.kv_cache, x.weights))
-                assert (idx._pending is not None) == (deferred and i < layers - 1), i
-            return out
+            return [idx.run(i, x.q_fp8, x.kv_cache, x.weights) for i in range(layers)]
 
         if graph and overlap:
             # warm-up on a throwaway indexer: compiles every kernel outside the capture, leaves idx fresh

@@ -85,19 +85,13 @@ class SpinIndexer:
     whose key moved costs one count more). Off by default: at most 0.1-2.3 us a layer with every hint hitting
     (run 23) and ~55% of hints hit on the proxy model's decoding (benchmarks/NOTES.md); rows are matched by
     their index in the batch, so a reordered batch only misses.
-    defer_update_join: a layer's side-stream EMA update is joined at the start of the next run() or plan()
-    instead of at the end of its own run() (the last layer's always at its end): it then runs beside
-    whatever the caller does between layers (the sparse attention), which reads nothing it writes. Turn off
-    when something between two layers' run() calls may touch SPIN's state or the step's inputs, or when a
-    CUDA graph capture may end between layers (per-layer or piecewise capture).
     State lives in `self.state` (allocate() a slot per request, free() it when done); plans of the last
     step in `self.plans(layer)`, the last run layer's in `self.block_plan`.
     """
 
     def __init__(self, config: SpinConfig, num_layers: int, max_batch: int, max_blocks: int, next_n: int = 1,
                  device: torch.device | str = "cpu", max_requests: int | None = None,
-                 num_cache_blocks: int | None = None, overlap_update: bool = True, tau_hint: bool = False,
-                 defer_update_join: bool = True):
+                 num_cache_blocks: int | None = None, overlap_update: bool = True, tau_hint: bool = False):
         if not isinstance(config, SpinConfig):
             raise TypeError(f"config: expected a SpinConfig, got {type(config).__name__}")
         check_int("num_layers", num_layers, low=1)
@@ -108,12 +102,10 @@ class SpinIndexer:
             check_int("max_requests", max_requests, low=1)
         if num_cache_blocks is not None:
             check_int("num_cache_blocks", num_cache_blocks, low=1)
-        for name, flag in (("overlap_update", overlap_update), ("tau_hint", tau_hint),
-                           ("defer_update_join", defer_update_join)):
+        for name, flag in (("overlap_update", overlap_update), ("tau_hint", tau_hint)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
-        self.tau_hint, self.defer_update_join = tau_hint, defer_update_join
-        self._pending = None  # a side-stream update not yet joined, and what it reads (see _join_update)
+        self.tau_hint = tau_hint
         self.config, self.max_batch, self.max_blocks, self.next_n = config, max_batch, max_blocks, next_n
         self.device = check_device("device", device)
         t = config.tokens_per_block
@@ -188,7 +180,6 @@ class SpinIndexer:
                                                     self.state.num_cache_blocks - 1,
                                                     "block ids of used blocks (the cache's blocks)")
             check_rows_and_slots(self.state, seq_lens, slot_ids, num_accepted, self.next_n)
-        self._join_update()
         with torch.no_grad():  # weights/q requiring grad must never attach a graph to the state
             self._plan(block_table, seq_lens, slot_ids, num_accepted)
         self._step.epoch, self._step.generations = self.state.epoch, self.state.generations()
@@ -273,7 +264,6 @@ class SpinIndexer:
             return self._run(layer, st, q_fp8, kv_cache, weights)
 
     def _run(self, layer: int, st: _Step, q_fp8, kv_cache, weights) -> torch.Tensor:
-        self._join_update()
         batch, width = st.block_table.shape
         late = st.plans[layer] is None  # hybrid: selected now, after plan() wrote the schedules
         plan = self._plan_of(layer, st)
@@ -326,19 +316,8 @@ class SpinIndexer:
                                    block_max_out=block_max, group_max_out=group_max, group=group)
             positions = self._topk(layer, st, plan, logits, block_max, group_max)
         main.wait_stream(self._topk_stream)
-        if self.defer_update_join and layer < self.num_layers - 1:
-            self._pending = (side, logits)  # DeepGEMM's logits stay allocated until the update has read them
-        else:
-            main.wait_stream(side)
+        main.wait_stream(side)
         return positions
-
-    def _join_update(self) -> None:
-        """The caller's stream waits for a layer's deferred side-stream update (defer_update_join), and the
-        buffers it reads are let go. Every run() and plan() calls it first: the next layer's logits may reuse
-        the workspace's logits buffer, and the next step's plan() reads the history the update writes."""
-        if self._pending is not None:
-            torch.cuda.current_stream(self.device).wait_stream(self._pending[0])
-            self._pending = None
 
     @staticmethod
     def update_in_topk(batch: int, width: int, history: ops.HistoryUpdate) -> bool:
@@ -405,7 +384,6 @@ class SpinIndexer:
         of kept blocks are read, exactly what the paged kernel would have computed.
         """
         st = self._current(layer)
-        self._join_update()
         batch, width = st.block_table.shape
         t = self.config.tokens_per_block
         check_tensor("scores", scores, dtype=torch.float32, shape=(batch * self.next_n, width * t),

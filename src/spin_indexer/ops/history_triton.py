@@ -183,18 +183,29 @@ if triton is not None:
         return tl.where(cols < clen, x, float("-inf"))
 
     @triton.jit
+    def _max_nan(a, b):
+        """max that returns NaN when either operand is one (PTX max.NaN: one instruction)."""
+        return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+    @triton.jit
     def _row_maxima(x, m, in_table, clen, bmax_row, gmax_row, T: tl.constexpr, BMAX: tl.constexpr,
                     GMAX: tl.constexpr, G: tl.constexpr):
-        """The compact block max (BMAX) and the maxima of every G columns (GMAX) of one row's tile x."""
+        """The compact block max (BMAX) and the maxima of every G columns (GMAX) of one row's tile x.
+
+        The group maxima take one NaN-propagating reduction (a NaN wins its group: topk_triton never prunes
+        it) and the block max one more over the T / G group maxima, instead of a NaN count, a max over the
+        groups and a max over the whole block (run 38's counters: this pass issued an instruction on 63% of
+        the SMs' cycles for 41% of DRAM bandwidth). tl.max skips NaN operands (PTX max), as the block max
+        over the columns did."""
         BB: tl.constexpr = x.shape[0]
-        if BMAX:
-            tl.store(bmax_row + m, tl.max(x, axis=1), mask=in_table & (m * T < clen))
-        if GMAX:  # a NaN wins its group (topk_triton's group max: never pruned)
-            xg = tl.reshape(x, [BB, T // G, G])
-            has_nan = tl.max((xg != xg).to(tl.int32), axis=2) > 0
-            gm = tl.where(has_nan, float("nan"), tl.max(xg, axis=2))  # [BB, T // G]
+        if GMAX:
+            gm = tl.reduce(tl.reshape(x, [BB, T // G, G]), 2, _max_nan)  # [BB, T // G]
             gi = m[:, None] * (T // G) + tl.arange(0, T // G)[None, :]
             tl.store(gmax_row + gi, gm, mask=tl.broadcast_to(in_table[:, None], gi.shape) & (gi * G < clen))
+            if BMAX:
+                tl.store(bmax_row + m, tl.max(gm, axis=1), mask=in_table & (m * T < clen))
+        elif BMAX:
+            tl.store(bmax_row + m, tl.max(x, axis=1), mask=in_table & (m * T < clen))
 
     @triton.jit
     def _update_history_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,

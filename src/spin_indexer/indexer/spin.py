@@ -12,9 +12,10 @@
 On CUDA with the paper's step (A1 pooling, random or no exploration) plan() is two kernels (three where
 DeepGEMM can serve the logits: every layer's SM schedule for it in one launch) and run() the logits kernel
 (Triton: the block and group maxima the top-k prunes with written in its epilogue; DeepGEMM: logits only,
-then a pass for the maxima), the EMA update pass on a low-priority side stream beside the top-k's four
-launches on a high-priority one, with no host sync and no data-dependent shape (validate=False): a whole
-step captures in one CUDA graph. (overlap_update=False: the update in series, fused into the Triton
+then a pass for the maxima) and the top-k's four launches, with the EMA update beside the top-k: up to
+UPDATE_IN_TOPK_BLOCKS table blocks its programs run in the top-k's first launch, above it on a low-priority
+side stream (the top-k then on a high-priority one); no host sync and no data-dependent shape
+(validate=False): a whole step captures in one CUDA graph. (overlap_update=False: the update in series, fused into the Triton
 kernel's epilogue or into DeepGEMM's maxima pass.)
 A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards every
 request) runs the dense step's kernels on the full table instead (`_run_dense`). Everything else

@@ -15,8 +15,8 @@ DeepGEMM can serve the logits: every layer's SM schedule for it in one launch) a
 then a pass for the maxima) and the top-k's four launches, with the EMA update beside the top-k: up to
 UPDATE_IN_TOPK_BLOCKS table blocks its programs run in the top-k's first launch, above it on a low-priority
 side stream (the top-k then on a high-priority one); no host sync and no data-dependent shape
-(validate=False): a whole step captures in one CUDA graph. (overlap_update=False: the update in series, fused into the Triton
-kernel's epilogue or into DeepGEMM's maxima pass.)
+(validate=False): a whole step captures in one CUDA graph. With overlap_update=False the update runs in
+series, fused into the Triton kernel's epilogue or into DeepGEMM's maxima pass.
 A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards every
 request) runs the dense step's kernels on the full table instead (`_run_dense`). Everything else
 (A0/A2 pooling, age-based exploration, the extensions in extensions.py, the CPU) runs the torch reference
@@ -80,8 +80,9 @@ class SpinIndexer:
     engine's block-table width); next_n: query rows per request; max_requests: state slots (default
     max_batch); num_cache_blocks: physical blocks of the key cache the history sits beside (default
     max_requests * max_blocks, enough when every request owns its blocks); overlap_update: on CUDA, run the
-    EMA update on a side stream beside the top-k (`_forked`; False: in series, fused into the logits
-    kernel's epilogue or the pass that writes the maxima); tau_hint: each layer's top-k starts its threshold
+    EMA update beside the top-k (in its first launch up to UPDATE_IN_TOPK_BLOCKS table blocks, else on a
+    side stream, `_forked`; False: in series, fused into the logits kernel's epilogue or the pass that
+    writes the maxima); tau_hint: each layer's top-k starts its threshold
     search from the row's key of the previous step (workspace.tau_hint; any value gives the same top-k, a row
     whose key moved costs one count more). Off by default: at most 0.1-2.3 us a layer with every hint hitting
     (run 23) and ~55% of hints hit on the proxy model's decoding (benchmarks/NOTES.md); rows are matched by

@@ -331,10 +331,15 @@ def test_triton_twin_several_tiles_per_request(lengths, next_n, window, gen, tri
     _check_group_max_out(gmax, logits, plan.lens, 16, sentinel=123.0)
 
 
+TOPK_UPDATE_CASES = [  # (case, rows, blocks per tile): every case in the threshold launch (row 0 updating), with
+    # one tile and with several per request; every row updating (the pass after the top-k) once
+    pytest.param(*case, "row0", tile, id=f"{cid}-row0-{tile}-block-tiles")
+    for case, cid in zip(CASES, CASE_IDS) for tile in (32, 2)
+] + [pytest.param(*CASES[1], "every-row", 32, id=f"{CASE_IDS[1]}-every-row")]
+
+
 @pytest.mark.interpreter
-@pytest.mark.parametrize("lengths,next_n,window", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("rows", ["row0", "every-row"])
-@pytest.mark.parametrize("tile", [32, 2], ids=["one-tile", "tiles-of-2"])
+@pytest.mark.parametrize("lengths,next_n,window,rows,tile", TOPK_UPDATE_CASES)
 def test_topk_with_the_update_leaves_the_reference_state(lengths, next_n, window, rows, tile, gen, triton_device,
                                                           monkeypatch):
     """topk_triton(update=): the same top-k as without it, and the history the reference update leaves. One
@@ -384,6 +389,15 @@ def test_public_topk_positions_with_history_on_the_reference(gen):
     assert_state_equal(h, tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen)))
     with pytest.raises(ValueError, match="compact_table"):
         topk_positions(flat, lens, 20, kept_blocks=plan.kept, next_n=2, history=h)
+    before = h.vertical.clone()
+    with pytest.raises(ValueError, match="compact_table"):  # fewer columns than the logits' blocks
+        topk_positions(flat, lens, 20, kept_blocks=plan.kept, next_n=2, history=h, compact_table=plan.table[:, :-1])
+    with pytest.raises(TypeError, match="compact_table"):
+        topk_positions(flat, lens, 20, kept_blocks=plan.kept, next_n=2, history=h,
+                       compact_table=plan.table.long())
+    with pytest.raises(TypeError, match="history"):
+        topk_positions(flat, lens, 20, kept_blocks=plan.kept, next_n=2, history=(h,), compact_table=plan.table)
+    torch.testing.assert_close(h.vertical, before, rtol=0, atol=0, equal_nan=True)  # rejected: no state change
 
 
 @pytest.mark.interpreter

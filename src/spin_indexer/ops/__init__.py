@@ -159,6 +159,17 @@ def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, ne
     (topk_triton's `update`), elsewhere after the top-k."""
     if (history is None) != (compact_table is None):
         raise ValueError("history, compact_table: expected both or neither")
+    if history is not None:
+        if not isinstance(history, HistoryUpdate):
+            raise TypeError(f"history: expected a HistoryUpdate, got {type(history).__name__}")
+        rows, cols = logits.shape if logits.dim() == 2 else (0, 0)
+        check_tensor("compact_table", compact_table, dtype=torch.int32, ndim=2, device=logits.device,
+                     device_of="logits")
+        t = block_tokens(history)
+        if rows % next_n or compact_table.shape[0] != rows // next_n or compact_table.shape[1] < cols // t:
+            raise ValueError(f"compact_table: expected shape [R // next_n, >= C / T] = [{rows // next_n}, >= "
+                             f"{cols // t}] for logits [{rows}, {cols}], next_n = {next_n}, T = {t}, got "
+                             f"{list(compact_table.shape)}")
     twin = _triton_twin("topk_triton", "topk_triton", logits)
     if twin is None or tokens_per_block != 64:
         if tau_hint is not None:  # unused here, but rejected exactly as the twin rejects it

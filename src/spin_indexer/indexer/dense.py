@@ -30,7 +30,7 @@ def dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, topk: int, token
     Shapes as DenseIndexer.run; block_max: float32 [B*N, W] written; logits_out: optional float32 [B*N, W*T]
     for the logits, unused when DeepGEMM computes them (it allocates its own: a copy would cost every logit);
     out: optional int32 [B*N, K]; group_max: optional float32 [B*N, >= W*T / 8], room for the top-k's group
-    maxima when it prunes at 8 to 32 columns (allocated here when needed and not given). returns the top-k
+    maxima when it prunes at 8 or 16 columns (allocated here when needed and not given). returns the top-k
     int32 [B*N, K] (out when given).
     Where the top-k prunes at G < T columns (ops.topk_group: tables under 4k blocks), the logits op writes
     the G-column maxima too at one row and G <= 16 (in the Triton kernel's epilogue), so the top-k launches

@@ -155,10 +155,9 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
     logits = torch.empty(rows, width * 64, device=p.table.device)
     bmax = torch.empty(rows, width, device=p.table.device)
     # as dense_topk: the top-k's group maxima from the logits kernel where the dense step takes them from there
-    from spin_indexer.indexer import dense as dense_mod
+    from spin_indexer.indexer.dense import fuses_group_max
     group = ops.topk_group(width * 64, k)
-    fused = 8 <= group <= dense_mod.FUSED_GROUP_MAX_LARGEST and rows <= dense_mod.FUSED_GROUP_MAX_ROWS
-    gmax = torch.empty(rows, -(-width * 64 // group), device=p.table.device) if fused else None
+    gmax = torch.empty(rows, -(-width * 64 // group), device=p.table.device) if fuses_group_max(rows, group) else None
     with logits_backend("triton"):
         out["dense_logits_us"] = time_graph(each_layer(lambda i: ops.paged_indexer_logits(
             p.q[i][0], p.caches[i], p.q[i][1], p.lens, p.table, validate=False, out=logits, block_max_out=bmax,

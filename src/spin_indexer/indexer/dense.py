@@ -22,6 +22,12 @@ FUSED_GROUP_MAX_ROWS = 1
 FUSED_GROUP_MAX_LARGEST = 16
 
 
+def fuses_group_max(rows: int, group: int) -> bool:
+    """Whether the dense step takes the top-k's G-column maxima (G = group) for `rows` query rows from the
+    logits kernel (the two bounds above), rather than from the top-k's own launch."""
+    return Workspace.GROUP_MIN <= group <= FUSED_GROUP_MAX_LARGEST and rows <= FUSED_GROUP_MAX_ROWS
+
+
 def dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, topk: int, tokens_per_block: int,
                block_max: torch.Tensor, logits_out: torch.Tensor | None = None,
                out: torch.Tensor | None = None, group_max: torch.Tensor | None = None) -> torch.Tensor:
@@ -41,7 +47,7 @@ def dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, topk: int, token
     rows, cols = block_max.shape[0], block_table.shape[1] * tokens_per_block
     group = ops.topk_group(cols, topk)
     gmax = None
-    if Workspace.GROUP_MIN <= group <= FUSED_GROUP_MAX_LARGEST and rows <= FUSED_GROUP_MAX_ROWS:
+    if fuses_group_max(rows, group):
         n = -(-cols // group)
         gmax = group_max[:rows, :n] if group_max is not None else torch.empty(rows, n, dtype=torch.float32,
                                                                                device=block_max.device)

@@ -11,7 +11,7 @@ from ..dispatch import triton_twin
 from .history import HistoryUpdate, block_tokens, update_history_ref
 from .indexer_logits import block_max_ref, check_paged_indexer_args, paged_indexer_logits_ref
 from .kv_cache import dequantize_blocks, quantize_and_write, quantize_keys, read_kv_cache, write_kv_cache
-from .topk import group_max_ref, topk_group, topk_positions_ref, topk_ref
+from .topk import group_max_into, group_max_ref, topk_group, topk_positions_ref, topk_ref
 
 
 def _triton_twin(module: str, name: str, t):
@@ -76,19 +76,11 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     if block_max_out is not None:
         block_max_out.copy_(block_max_ref(logits, kv_cache.shape[1]))
     if group_max_out is not None:
-        _group_max_into(group_max_out, logits, seq_lens, group)
+        group_max_into(group_max_out, logits, seq_lens, group)
     if history is not None:
         update_history_ref(history, logits.view(q_fp8.shape[0], q_fp8.shape[1], logits.shape[1]), block_table,
                            seq_lens)
     return logits
-
-
-def _group_max_into(group_max_out, logits, seq_lens, group: int) -> None:
-    """The reference of the group maxima the kernels write (group_max_out [R, >= C / group])."""
-    check_tensor("group_max_out", group_max_out, dtype=torch.float32, ndim=2, device=logits.device,
-                 device_of="logits")
-    gm = group_max_ref(logits, seq_lens.reshape(-1), group)
-    group_max_out[:, :gm.shape[1]].copy_(gm)
 
 
 def logits_backend(q_fp8, kv_cache, history: bool = False) -> str:
@@ -120,7 +112,7 @@ def update_history(history: HistoryUpdate | None, logits, compact_table, compact
         return twin(history, logits, compact_table, compact_lens, block_max_out=block_max_out,
                     group_max_out=group_max_out, group=group)
     if group_max_out is not None:
-        _group_max_into(group_max_out, logits.reshape(-1, logits.shape[-1]), compact_lens, group)
+        group_max_into(group_max_out, logits.reshape(-1, logits.shape[-1]), compact_lens, group)
     if block_max_out is not None:
         flat = logits.reshape(-1, logits.shape[-1])
         cols = torch.arange(flat.shape[1], device=flat.device)

@@ -18,6 +18,7 @@ import torch
 
 from ..checks import check_tensor
 from .history import HistoryUpdate, block_tokens
+from .topk import check_group
 
 try:  # the package imports this module only for CUDA tensors; without triton the reference is used
     import triton
@@ -60,8 +61,7 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
     if group_max_out is not None:
         check_tensor("group_max_out", group_max_out, dtype=torch.float32, ndim=2, device=logits.device,
                      device_of="logits")
-        if group < 1 or group > t or t % group or group & (group - 1):
-            raise ValueError(f"group: expected a power of two dividing T = {t}, got {group}")
+        check_group(group, t)
     if batch == 0 or blocks == 0 or (history is None and block_max_out is None and group_max_out is None):
         return
     if logits.stride(2) != 1:
@@ -183,7 +183,7 @@ if triton is not None:
         return tl.where(cols < clen, x, float("-inf"))
 
     @triton.jit
-    def _max_nan(a, b):
+    def max_nan(a, b):
         """max that returns NaN when either operand is one (PTX max.NaN: one instruction)."""
         return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
@@ -199,7 +199,7 @@ if triton is not None:
         over the columns did."""
         BB: tl.constexpr = x.shape[0]
         if GMAX:
-            gm = tl.reduce(tl.reshape(x, [BB, T // G, G]), 2, _max_nan)  # [BB, T // G]
+            gm = tl.reduce(tl.reshape(x, [BB, T // G, G]), 2, max_nan)  # [BB, T // G]
             gi = m[:, None] * (T // G) + tl.arange(0, T // G)[None, :]
             tl.store(gmax_row + gi, gm, mask=tl.broadcast_to(in_table[:, None], gi.shape) & (gi * G < clen))
             if BMAX:

@@ -35,13 +35,13 @@ from ..checks import check_tensor
 from ..layout import FP8_DTYPE, PAGE_ALIGN_BYTES, SCALE_BYTES, page_stride_bytes
 from .history import HistoryUpdate, update_history_ref
 from .indexer_logits import block_max_ref, check_paged_indexer_args, paged_indexer_logits_ref
-from .topk import group_max_ref
+from .topk import check_group, group_max_into
 
 try:  # the package imports this module only for CUDA tensors; without triton the reference is used
     import triton
     import triton.language as tl
 
-    from .history_triton import _history_args, _no_history, ema_tile, row_constants, update_history_triton
+    from .history_triton import _history_args, _no_history, ema_tile, max_nan, row_constants, update_history_triton
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -178,8 +178,7 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
                  shape_names="[B*next_n, W]", device=dev, device_of="q_fp8")
     if group_max_out is not None:
         check_tensor("group_max_out", group_max_out, dtype=torch.float32, ndim=2, device=dev, device_of="q_fp8")
-        if group < 1 or group > tokens or tokens % group or group & (group - 1):
-            raise ValueError(f"group: expected a power of two dividing T = {tokens}, got {group}")
+        check_group(group, tokens)
         if group_max_out.shape[0] != rows or group_max_out.shape[1] < width * tokens // group:
             raise ValueError(f"group_max_out: expected shape [B*next_n, >= W*T / group] = [{rows}, >= "
                              f"{width * tokens // group}], got {list(group_max_out.shape)}")
@@ -192,8 +191,7 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
         out.copy_(paged_indexer_logits_ref(q_fp8, kv_cache, weights, seq_lens, block_table, validate=False))
         block_max_out.copy_(block_max_ref(out, tokens))
         if group_max_out is not None:
-            gm = group_max_ref(out, seq_lens.reshape(-1), group)
-            group_max_out[:, :gm.shape[1]].copy_(gm)
+            group_max_into(group_max_out, out, seq_lens, group)
         if history is not None:
             update_history_ref(history, out.view(batch, next_n, -1), block_table, seq_lens)
         return out
@@ -291,10 +289,8 @@ if triton is not None:
         else:
             tl.store(ptrs, x)
             tl.store(bptrs, tl.max(x, axis=0))
-        if GMAX:  # a NaN wins its group (the top-k never prunes it), as group_max_ref
-            xg = tl.reshape(x, [T // GS, GS, GP])
-            has_nan = tl.max((xg != xg).to(tl.int32), axis=1) > 0
-            gm = tl.where(has_nan, float("nan"), tl.max(xg, axis=1))  # [T // GS, GP]
+        if GMAX:  # a NaN wins its group (the top-k never prunes it), as group_max_ref: one max.NaN reduction
+            gm = tl.reduce(tl.reshape(x, [T // GS, GS, GP]), 1, max_nan)  # [T // GS, GP]
             gptrs = gmax_ptr + rows64[None, :] * gmax_stride + blk * (T // GS) + tl.arange(0, T // GS)[:, None]
             if ROWS < GP:
                 tl.store(gptrs, gm, mask=live[None, :])

@@ -36,6 +36,21 @@ def group_max_ref(logits: torch.Tensor, lengths: torch.Tensor, group: int) -> to
     return torch.where(torch.isnan(x).any(dim=2), float("nan"), x.amax(dim=2))
 
 
+def check_group(group: int, tokens: int) -> None:
+    """A group size for written group maxima: a power of two dividing T (ValueError naming `group`)."""
+    if group < 1 or group > tokens or tokens % group or group & (group - 1):
+        raise ValueError(f"group: expected a power of two dividing T = {tokens}, got {group}")
+
+
+def group_max_into(group_max_out: torch.Tensor, logits: torch.Tensor, lengths: torch.Tensor, group: int) -> None:
+    """group_max_ref written into group_max_out float32 [R, >= C / group] (the reference of what the kernels
+    write: their leading ceil(C / group) columns)."""
+    check_tensor("group_max_out", group_max_out, dtype=torch.float32, ndim=2, device=logits.device,
+                 device_of="logits")
+    gm = group_max_ref(logits, lengths.reshape(-1), group)
+    group_max_out[:, :gm.shape[1]].copy_(gm)
+
+
 def check_topk_args(logits, lengths, k, validate: bool = True) -> None:
     check_tensor("logits", logits, dtype=torch.float32, ndim=2)
     check_tensor("lengths", lengths, dtype=torch.int32, shape=(logits.shape[0],), shape_names="[R]",

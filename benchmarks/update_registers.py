@@ -1,5 +1,5 @@
-"""Register and spill counts of SPIN's EMA update pass (`_update_history_kernel`, ops/history_triton.py),
-without a GPU.
+"""Register and spill counts of SPIN's EMA update pass (`_update_history_kernel`, ops/history_triton.py) and of
+the maxima pass (`_row_maxima_kernel`, ops/maxima_triton.py: DeepGEMM's step and the dense top-k), without a GPU.
 
 Compiles the kernel for sm_90a with the local triton (compile only), runs the ptxas that ships with triton
 with -v and counts the SASS's global loads/stores and local (spill) traffic. 65536 registers per SM: a
@@ -27,6 +27,7 @@ import triton  # noqa: E402
 
 from plan_registers import compile_sm90, ptxas_counts  # noqa: E402
 from spin_indexer.ops import history_triton as U  # noqa: E402
+from spin_indexer.ops import maxima_triton as MX  # noqa: E402
 
 PTR = {"x_ptr": "*fp32", "table_ptr": "*i32", "clen_ptr": "*i32", "bmax_ptr": "*fp32", "gmax_ptr": "*fp32",
        "v_ptr": "*fp16", "vb_ptr": "*fp16", "d_ptr": "*fp16", "seen_ptr": "*i32", "clock_ptr": "*i32",
@@ -40,13 +41,27 @@ OPS = ("LDG", "STG", "LDL", "STL")
 
 
 def compile_counts(blocks: int, warps: int, group: int | None = 16, rows: int = 1, seen: bool = False,
-                   bmax: bool = True, hist: bool = True, maxnreg: int | None = None) -> dict:
+                   bmax: bool = True, maxnreg: int | None = None) -> dict:
     fn = U._update_history_kernel
-    cfg = dict(T=64, BLOCKS=blocks, HIST=hist, HAS_SEEN=seen, BMAX=bmax, NP=triton.next_power_of_2(rows),
+    cfg = dict(T=64, BLOCKS=blocks, HAS_SEEN=seen, BMAX=bmax, NP=triton.next_power_of_2(rows),
                GMAX=group is not None, G=group or 64, DB=min(U.DIAGONAL_BLOCKS, blocks))
     k = compile_sm90(fn, cfg, lambda name: PTR.get(name, "fp32" if name in FLOATS else "i32"), "update_registers.py",
                      div16=DIV16, num_warps=warps, enable_fp_fusion=True,  # the launch's default
                      maxnreg=maxnreg or None)
+    c = ptxas_counts(k)
+    ops = {o: len(re.findall(rf"\b{o}(\.[A-Z0-9.]+)?\b", c["sass"])) for o in OPS}
+    return dict(regs=c["regs"], spill=None if c["spill_st"] is None else c["spill_st"] + c["spill_ld"], ops=ops,
+                log="" if c["regs"] is not None else c["log"][-300:])
+
+
+def maxima_counts(group: int, bmax: bool, maxnreg: int | None) -> dict:
+    """The maxima pass at its production tile (MX.TILE_UNITS x T) and warps, columns a multiple of T."""
+    cfg = dict(T=64, G=group, TB=MX.TILE_UNITS, GMAX=True, BMAX=bmax, EVEN=True)
+    k = compile_sm90(MX._row_maxima_kernel, cfg,
+                     lambda name: "*i32" if name == "len_ptr" else ("*fp32" if name.endswith("_ptr") else "i32"),
+                     "update_registers.py", div16={"x_ptr", "len_ptr", "gmax_ptr", "bmax_ptr", "stride_x",
+                                                   "stride_g", "stride_b", "cols"},
+                     num_warps=MX.NUM_WARPS, maxnreg=maxnreg or None)
     c = ptxas_counts(k)
     ops = {o: len(re.findall(rf"\b{o}(\.[A-Z0-9.]+)?\b", c["sass"])) for o in OPS}
     return dict(regs=c["regs"], spill=None if c["spill_st"] is None else c["spill_st"] + c["spill_ld"], ops=ops,
@@ -76,6 +91,14 @@ def main() -> None:
                 progs = min(64 // a.warps, 65536 // (32 * a.warps * (-(-c["regs"] // 8) * 8))) if c["regs"] else 0
                 print(f"{blocks:>6} {a.warps:>5} {str(g or '-'):>5} {str(cap or '-'):>7} {str(c['regs']):>5} "
                       f"{str(c['spill']):>7} {progs:>8}  " + " ".join(f"{c['ops'][o]:>4}" for o in OPS) + c["log"])
+    print(f"\nmaxima pass ({MX.TILE_UNITS} x 64 tile, {MX.NUM_WARPS} warps; BMAX: the block max too)")
+    print(f"{'G':>6} {'BMAX':>5} {'maxnreg':>7} {'regs':>5} {'spill B':>7}  " + " ".join(f"{o:>4}" for o in OPS))
+    for g in (8, 16):
+        for bmax in (True, False):
+            for cap in sorted({MX.MAX_REGISTERS, 0}, reverse=True):
+                c = maxima_counts(g, bmax, cap or None)
+                print(f"{g:>6} {str(bmax):>5} {str(cap or '-'):>7} {str(c['regs']):>5} {str(c['spill']):>7}  "
+                      + " ".join(f"{c['ops'][o]:>4}" for o in OPS) + c["log"])
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ block max through the physical block id, D at the row's offsets inside the diago
 The standalone kernel (replay, and after the DeepGEMM backend) runs its two halves (ema_vertical,
 ema_diagonal) over compact logits: one program per (request, BLOCKS compact blocks), one launch per updating
 row so rows fold in strictly in order (row j+1's diagonal offsets overlap row j's at block edges). It can
-write the compact block maxima and the top-k's group maxima too, the one pass over the logits they all need.
+write the compact block maxima and the top-k's group maxima too, the one pass over the logits they all need
+(the maxima without an update come from maxima_triton's persistent pass).
 
 Bytes per kept token: 4 (logits) + 2 + 2 (V read + written) + 4 more for D inside the window (+ 4 of logits
 read again from L2 there); per kept block 2 B of block max (and 4 of last_seen). No two programs of a launch write the same V cell (one
@@ -18,6 +19,7 @@ import torch
 
 from ..checks import check_tensor
 from .history import HistoryUpdate, block_tokens
+from .maxima_triton import row_maxima_triton
 from .topk import check_group
 
 try:  # the package imports this module only for CUDA tensors; without triton the reference is used
@@ -64,21 +66,22 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
         check_group(group, t)
     if batch == 0 or blocks == 0 or (history is None and block_max_out is None and group_max_out is None):
         return
+    if history is None:  # the maxima alone: the persistent pass (maxima_triton) streams them near copy speed
+        flat = logits.reshape(batch * next_n, cols)
+        row_maxima_triton(flat if flat.stride(1) == 1 else flat.contiguous(), compact_lens.reshape(-1),
+                          group_max_out, group, block_max_out, t)
+        return
     if logits.stride(2) != 1:
         logits = logits.contiguous()
     grid = (batch, triton.cdiv(blocks, BLOCKS_PER_PROGRAM))
     bmax = block_max_out if block_max_out is not None else logits  # dummy pointers when unused
     gmax = group_max_out if group_max_out is not None else logits
     h = history
-    rows = 1 if h is None else h.rows
-    for j in range(max(rows, 1)):
+    for j in range(h.rows):
         _update_history_kernel[grid](
             logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
-            bmax, bmax.stride(0), gmax, gmax.stride(0),
-            *(_history_args(h, logits) if h is not None else _no_history(logits)),
-            next_n, blocks, j,
-            T=t, **tile_meta(), HIST=h is not None, HAS_SEEN=h is not None and h.last_seen is not None,
-            NP=triton.next_power_of_2(next_n),
+            bmax, bmax.stride(0), gmax, gmax.stride(0), *_history_args(h, logits), next_n, blocks, j,
+            T=t, **tile_meta(), HAS_SEEN=h.last_seen is not None, NP=triton.next_power_of_2(next_n),
             BMAX=(block_max_out is not None) and j == 0, GMAX=(group_max_out is not None) and j == 0, G=group,
             num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS or None)
 
@@ -93,6 +96,7 @@ def _history_args(h: HistoryUpdate, like: torch.Tensor):
 
 
 def _no_history(like: torch.Tensor):
+    """Dummy history arguments (pointers to `like`) for a kernel compiled without the update (HIST=False)."""
     z = like
     return (z, z, 0, z, 0, z, 0, z, z, z, 0, z, z, 0.0, 0, 0, 0.0, 0.0)
 
@@ -212,20 +216,20 @@ if triton is not None:
                                bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                                clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
                                lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
-                               HIST: tl.constexpr, HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
+                               HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
                                GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr):
         """One program per (request, BLOCKS compact blocks): update_tile."""
         update_tile(tl.program_id(0), tl.program_id(1), x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
                     bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                     clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
-                    lo, hi, next_n, num_blocks, j, T, BLOCKS, HIST, HAS_SEEN, BMAX, NP, GMAX, G, DB)
+                    lo, hi, next_n, num_blocks, j, T, BLOCKS, HAS_SEEN, BMAX, NP, GMAX, G, DB)
 
     @triton.jit
     def update_tile(b, pm, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
                     bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                     clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
                     lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
-                    HIST: tl.constexpr, HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
+                    HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
                     GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr):
         """The update pass's program for request b and compact blocks [pm * BLOCKS, (pm + 1) * BLOCKS), loaded
         as one [BLOCKS, T] tile per row (the kernel above runs one per (b, pm); the top-k's threshold launch
@@ -238,12 +242,11 @@ if triton is not None:
         (from L2) instead of keeping the tile's alive through the V update."""
         m = pm * BLOCKS + tl.arange(0, BLOCKS)
         b64 = b.to(tl.int64)
-        if HIST:
-            # The table and kept ids under the static bound only, so their loads issue beside the lengths' (no
-            # round trip in between): lengths and ids, then V and the logits, two round trips instead of three.
-            # The few ids read past the request's used blocks are dropped below, never dereferenced.
-            phys_all = tl.load(table_ptr + b64 * table_stride + m, mask=m < num_blocks, other=-1)
-            kb_all = tl.load(kept_ptr + b64 * kept_stride + m, mask=m < num_blocks, other=-1)
+        # The table and kept ids under the static bound only, so their loads issue beside the lengths' (no
+        # round trip in between): lengths and ids, then V and the logits, two round trips instead of three.
+        # The few ids read past the request's used blocks are dropped below, never dereferenced.
+        phys_all = tl.load(table_ptr + b64 * table_stride + m, mask=m < num_blocks, other=-1)
+        kb_all = tl.load(kept_ptr + b64 * kept_stride + m, mask=m < num_blocks, other=-1)
         rows_n = tl.arange(0, NP)
         clens = tl.load(clen_ptr + b * next_n + rows_n, mask=rows_n < next_n, other=0)
         used = (tl.max(clens, axis=0) + T - 1) // T  # compact blocks the request uses (the rest: no reads)
@@ -251,42 +254,39 @@ if triton is not None:
         x_req = x_ptr + b64 * x_stride_b
         out_row = b64 * next_n  # block / group max rows of the request start here
         if BMAX or GMAX:  # the maxima of the rows that do not update here (first launch only)
-            skip = -1
-            if HIST:
-                skip = j
             for r in range(0, next_n):
-                if r != skip:
+                if r != j:
                     clen = tl.load(clen_ptr + b * next_n + r)
                     x = _row_logits(x_req + r * x_stride_n, m, in_table, clen, T)
                     _row_maxima(x, m, in_table, clen, bmax_ptr + (out_row + r) * bmax_stride,
                                 gmax_ptr + (out_row + r) * gmax_stride, T, BMAX, GMAX, G)
-        if HIST:  # a row that does not update (guarded) reads and writes no history
-            upd, q, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, HAS_SEEN)
-            on = tl.where(upd, in_table, False)
-            phys = tl.where(on, phys_all, -1)
-            kb = tl.where(on, kb_all, -1)
-            pv, old = load_vertical(v_ptr, phys, trash, T)
-            clen = tl.load(clen_ptr + b * next_n + j)
-            x_row = x_req + j * x_stride_n
-            x = _row_logits(x_row, m, in_table, clen, T)
-            live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
-            live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
-                                          seen_stride, alpha, lo, hi, T, HAS_SEEN)
-            _row_maxima(x, m, in_table, clen, bmax_ptr + (out_row + j) * bmax_stride,
-                        gmax_ptr + (out_row + j) * gmax_stride, T, BMAX, GMAX, G)
-            # The diagonal window covers the request's last `window` positions: only the tiles that reach it
-            # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
-            last = tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0)
-            if last > q - window:
-                # Sub-tiles of DB blocks reload their scores from the logits (just read: L2) rather than keep
-                # the tile's alive through the V update (the whole tile here: 91 registers instead of 70).
-                for s in range(0, BLOCKS // DB):
-                    ms = pm * BLOCKS + s * DB + tl.arange(0, DB)
-                    on_s = tl.where(upd, (ms < num_blocks) & (ms < used), False)
-                    kb_s = tl.load(kept_ptr + b64 * kept_stride + ms, mask=on_s, other=-1)
-                    obs = _row_logits(x_row, ms, on_s, clen, T)
-                    # as ema_vertical's live: a kept block of an updating row, a finite score before clen
-                    # (a branch per sub-tile on whether it reaches the window cost 4-8 registers: none here)
-                    live_s = tl.broadcast_to((kb_s >= 0)[:, None], obs.shape) & (obs > float("-inf")) & (
-                        obs < float("inf"))
-                    ema_diagonal(obs, live_s, kb_s, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T)
+        # a row that does not update (guarded) reads and writes no history: its `upd` masks every access
+        upd, q, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, HAS_SEEN)
+        on = tl.where(upd, in_table, False)
+        phys = tl.where(on, phys_all, -1)
+        kb = tl.where(on, kb_all, -1)
+        pv, old = load_vertical(v_ptr, phys, trash, T)
+        clen = tl.load(clen_ptr + b * next_n + j)
+        x_row = x_req + j * x_stride_n
+        x = _row_logits(x_row, m, in_table, clen, T)
+        live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
+        live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
+                                      seen_stride, alpha, lo, hi, T, HAS_SEEN)
+        _row_maxima(x, m, in_table, clen, bmax_ptr + (out_row + j) * bmax_stride,
+                    gmax_ptr + (out_row + j) * gmax_stride, T, BMAX, GMAX, G)
+        # The diagonal window covers the request's last `window` positions: only the tiles that reach it
+        # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
+        last = tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0)
+        if last > q - window:
+            # Sub-tiles of DB blocks reload their scores from the logits (just read: L2) rather than keep
+            # the tile's alive through the V update (the whole tile here: 91 registers instead of 70).
+            for s in range(0, BLOCKS // DB):
+                ms = pm * BLOCKS + s * DB + tl.arange(0, DB)
+                on_s = tl.where(upd, (ms < num_blocks) & (ms < used), False)
+                kb_s = tl.load(kept_ptr + b64 * kept_stride + ms, mask=on_s, other=-1)
+                obs = _row_logits(x_row, ms, on_s, clen, T)
+                # as ema_vertical's live: a kept block of an updating row, a finite score before clen
+                # (a branch per sub-tile on whether it reaches the window cost 4-8 registers: none here)
+                live_s = tl.broadcast_to((kb_s >= 0)[:, None], obs.shape) & (obs > float("-inf")) & (
+                    obs < float("inf"))
+                ema_diagonal(obs, live_s, kb_s, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T)

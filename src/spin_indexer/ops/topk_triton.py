@@ -6,7 +6,7 @@ groups holds its max), so the top k elements are all >= tau, and they sit in gro
 tau = the lower edge of the 16-bit key bucket holding the k-th largest S_g (tau = 0, every valid element, when
 the row has fewer than k groups). Group maxima: with G = 64 the logits kernel's fused block max (`block_max`),
 below it those a caller wrote (`group_max`: SPIN's update pass; SpinIndexer always passes one of the two);
-without them `_group_max_kernel` computes them first (G = topk_group(C, k): a row has >= 4k groups).
+without them maxima_triton's pass computes them first (G = topk_group(C, k): a row has >= 4k groups).
 
 The v2 chain (TOPK_CHAIN = "v2"; not the default since run 17, see TOPK_CHAIN). The top-k of a decode step is latency-bound, not byte-bound
 (96 x 64K fp32 logits are 25 MB, ~6 us at HBM speed; run 15's four launches took 31 us at B = 1): what costs
@@ -57,6 +57,7 @@ try:  # the package imports this module only for CUDA tensors; without triton th
     import triton.language as tl
 
     from .history_triton import update_tile
+    from .maxima_triton import row_maxima_triton
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -190,11 +191,9 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     elif group_max is not None:
         summary = group_max if group_max.stride(1) == 1 else group_max.contiguous()
     else:
+        # the groups below each row's length (the only ones the threshold reads), in maxima_triton's pass
         summary = torch.empty(rows, num_groups, dtype=torch.float32, device=dev)
-        groups_per_prog = max(1, 2048 // group)
-        _group_max_kernel[(rows, triton.cdiv(num_groups, groups_per_prog))](
-            logits, lengths, summary, cols, num_groups, logits.stride(0), summary.stride(0),
-            G=group, GP=groups_per_prog, EVEN=cols % group == 0, num_warps=4)
+        row_maxima_triton(logits, lengths, summary, group, tokens=TOKENS_PER_GROUP_MAX)
     if stats is not None:
         check_tensor("stats", stats, dtype=torch.int32, shape=(rows,), shape_names="[R]", device=dev,
                      device_of="logits", contiguous=True)
@@ -341,28 +340,6 @@ if triton is not None:
         return pos
 
     @triton.jit
-    def _group_max_kernel(x_ptr, len_ptr, s_ptr, cols, num_groups, stride_x, stride_s,
-                          G: tl.constexpr, GP: tl.constexpr, EVEN: tl.constexpr):
-        r = tl.program_id(0)
-        g0 = tl.program_id(1) * GP
-        length = tl.load(len_ptr + r)
-        g = g0 + tl.arange(0, GP)
-        c = g[:, None] * G + tl.arange(0, G)[None, :]  # [GP, G]
-        # whole groups loaded where they lie inside the row (a mask constant along G vectorizes: per-element
-        # masks made scalar loads), the columns past the length masked after the load
-        if EVEN:  # C % G == 0: every group lies inside the row
-            x = tl.load(x_ptr + r.to(tl.int64) * stride_x + c,
-                        mask=tl.broadcast_to((g * G < length)[:, None], [GP, G]), other=float("-inf"))
-            x = tl.where(c < length, x, float("-inf"))
-        else:
-            x = tl.load(x_ptr + r.to(tl.int64) * stride_x + c, mask=c < length, other=float("-inf"))
-        # A NaN ranks above everything (order_keys): a group holding one must not be pruned, so its max is
-        # NaN (a plain max may return the other operand of a NaN comparison).
-        has_nan = tl.max((x != x).to(tl.int32), axis=1) > 0
-        gmax = tl.where(has_nan, float("nan"), tl.max(x, axis=1))
-        tl.store(s_ptr + r.to(tl.int64) * stride_s + g, gmax, mask=g < num_groups)
-
-    @triton.jit
     def _bisect_keys(top, lo, hi, k, steps):
         """The largest t in [lo, hi] with count(top >= t) >= k, given count(top >= lo) >= k > count(top > hi)
         and hi - lo < 2^steps: one CTA count per step."""
@@ -410,7 +387,7 @@ if triton is not None:
             update_tile(u // tiles, u % tiles, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, len_ptr,
                         x_ptr, 0, x_ptr, 0, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                         clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi,
-                        next_n, num_blocks, 0, T, BLOCKS, True, HAS_SEEN, False, NP, False, T, DB)
+                        next_n, num_blocks, 0, T, BLOCKS, HAS_SEEN, False, NP, False, T, DB)
 
     @triton.jit
     def _threshold_row(r, s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,

@@ -28,7 +28,7 @@ def _block_max_want(x: torch.Tensor, lengths: torch.Tensor, group: int) -> torch
     pad = -gm.shape[1] % (T // group)
     gm = torch.nn.functional.pad(gm, (0, pad), value=float("-inf")).view(gm.shape[0], -1, T // group)
     all_nan = torch.isnan(gm).all(dim=2)
-    return torch.where(all_nan, float("nan"), torch.nan_to_num(gm, nan=float("-inf")).amax(dim=2))
+    return torch.where(all_nan, float("nan"), torch.where(torch.isnan(gm), float("-inf"), gm).amax(dim=2))
 
 
 def _check(x, lengths, group, tiles, programs, triton_device, monkeypatch, block=True):

@@ -204,7 +204,8 @@ class SpinIndexer:
             # Selecting a layer reads only its own history, which nothing in a step changes before the layer
             # runs: with the side stream, plan() selects layer 0 and run(l) layer l + 1 beside its own kernels
             # (`_select_ahead`), so the selections (6.6 us a layer at 96 x 128K, run 38) leave the step's path.
-            ahead = self._update_stream is not None and not self._guarded_by_shape(batch, width)
+            # (the side-stream update's sizes: below them plan() costs < 1 us a layer, a selection alone ~20 us)
+            ahead = self._update_stream is not None and batch * width > UPDATE_IN_TOPK_BLOCKS
             layers = 1 if ahead else self.num_layers
             fused.plan_reset_triton(cfg, self.state, ws, block_table, seq_lens, slots, num_accepted)
             fused.plan_select_triton(cfg, self.state, ws, block_table, seq_lens, slots, 0, layers)
@@ -265,20 +266,28 @@ class SpinIndexer:
 
     @contextlib.contextmanager
     def _select_ahead(self, layer: int, st: _Step):
-        """run(layer)'s body, with layer + 1's selection on the side stream beside it (joined when the body
-        ends: every stream meets the caller's again inside run(), so a captured graph holds the fork and the
-        join). Nothing the selection reads is written by run(layer) (layer + 1's history, the step's table and
-        the stash), and what it writes (layer + 1's plan) nothing of run(layer) reads."""
+        """run(layer)'s body, given a `fork()` that puts layer + 1's selection on the side stream (the body calls
+        it once its logits are launched: a selection beside DeepGEMM's persistent logits kernel held SMs that
+        kernel's static schedule waits for, run 41), joined when the body ends: every stream meets the
+        caller's again inside run(), so a captured graph holds the fork and the join. Nothing the selection
+        reads is written by run(layer) (layer + 1's history, the step's table and the stash), and what it
+        writes (layer + 1's plan) nothing of run(layer) reads."""
         nxt = layer + 1
-        if not st.ahead or nxt >= self.num_layers or nxt in st.selected:
-            yield
-            return
-        with self._forked(self._update_stream):
-            self._select(nxt, st)
+        wanted = st.ahead and nxt < self.num_layers and nxt not in st.selected
+        forked = []
+
+        def fork():
+            if wanted and not forked:
+                forked.append(True)
+                with self._forked(self._update_stream):
+                    self._select(nxt, st)
+
         try:
-            yield
+            yield fork
         finally:
-            torch.cuda.current_stream(self.device).wait_stream(self._update_stream)
+            if wanted:
+                fork()  # a path that did not call it
+                torch.cuda.current_stream(self.device).wait_stream(self._update_stream)
 
     # -- run -------------------------------------------------------------------------------------------
     def run(self, layer: int, q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -312,10 +321,10 @@ class SpinIndexer:
         self._check_owners(st)
         with torch.no_grad():  # weights/q requiring grad must never attach a graph to the state
             self._ensure_selected(layer, st)
-            with self._select_ahead(layer, st):
-                return self._run(layer, st, q_fp8, kv_cache, weights)
+            with self._select_ahead(layer, st) as fork_select:
+                return self._run(layer, st, q_fp8, kv_cache, weights, fork_select)
 
-    def _run(self, layer: int, st: _Step, q_fp8, kv_cache, weights) -> torch.Tensor:
+    def _run(self, layer: int, st: _Step, q_fp8, kv_cache, weights, fork_select) -> torch.Tensor:
         batch, width = st.block_table.shape
         late = st.plans[layer] is None  # hybrid: selected now, after plan() wrote the schedules
         plan = self._plan_of(layer, st)
@@ -351,6 +360,7 @@ class SpinIndexer:
                                           deepgemm_schedule=schedule,
                                           active_width=budget_of(width, self.config.sparsity, self.config.topk,
                                                                  self.config.tokens_per_block), backend=backend)
+        fork_select()
         if side is None:
             return self._topk(layer, st, plan, logits, block_max, group_max)
         rows3 = logits.view(batch, self.next_n, logits.shape[1])  # not -1: ambiguous for an empty batch

@@ -770,55 +770,6 @@ def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, ne
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the side stream)")
-@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_selection_ahead_in_any_layer_order(graph, gen, monkeypatch):
-    """With the side stream's update (tables above UPDATE_IN_TOPK_BLOCKS, here 0) plan() selects layer 0 and run(l)
-    layer l + 1 beside its own kernels. Layers run out of order (2, 0, 1) and a plan read before its layer runs
-    (plans(1)) are selected when first needed: the same plans, top-k and history as overlap_update=False (every
-    layer selected in plan()), over three steps; in order, the whole step captured in a CUDA graph as well."""
-    from spin_indexer.indexer import spin
-    monkeypatch.setattr(spin, "UPDATE_IN_TOPK_BLOCKS", 0)
-    x = make_paged_inputs([64 * 90 + 17, 64 * 70, 64 * 120], 1, 64, 128, gen).to("cuda")
-    batch, width = x.block_table.shape
-    layers = 3
-    runs = []
-    for overlap, order in ((False, (0, 1, 2)), (True, (2, 0, 1))):
-        idx = SpinIndexer(SpinConfig(sparsity=0.5, topk=96), num_layers=layers, max_batch=batch, max_blocks=width,
-                          device="cuda", num_cache_blocks=x.kv_cache.shape[0], overlap_update=overlap)
-        slots = torch.tensor([idx.state.allocate() for _ in range(batch)], device="cuda")
-        outs = []
-        if graph and overlap:  # in order, plan + every layer captured (compiled first on a throwaway indexer)
-            warm = SpinIndexer(SpinConfig(sparsity=0.5, topk=96), num_layers=layers, max_batch=batch,
-                               max_blocks=width, device="cuda", num_cache_blocks=x.kv_cache.shape[0])
-            wslots = torch.tensor([warm.state.allocate() for _ in range(batch)], device="cuda")
-            warm.plan(x.block_table, x.seq_lens, wslots, validate=False)
-            for i in range(layers):
-                warm.run(i, x.q_fp8, x.kv_cache, x.weights)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                idx.plan(x.block_table, x.seq_lens, slots, validate=False)
-                captured = torch.stack([idx.run(i, x.q_fp8, x.kv_cache, x.weights) for i in range(layers)])
-                keep1 = idx.plans(1).keep_mask
-            for _ in range(3):
-                g.replay()
-                outs.append((captured.clone(), keep1.clone()))
-        for _ in range(0 if graph and overlap else 3):
-            idx.plan(x.block_table, x.seq_lens, slots)
-            assert idx._step.ahead == overlap and idx._step.selected == ({0} if overlap else {0, 1, 2})
-            keep1 = idx.plans(1).keep_mask.clone()
-            got = {i: idx.run(i, x.q_fp8, x.kv_cache, x.weights).clone() for i in order}
-            outs.append((torch.stack([got[i] for i in range(layers)]), keep1))
-        torch.cuda.synchronize()
-        runs.append((outs, idx.state))
-    (a, s0), (b, s1) = runs
-    for (ta, ka), (tb, kb) in zip(a, b):
-        assert torch.equal(ta, tb) and torch.equal(ka, kb)
-    assert torch.equal(s0.vertical, s1.vertical) and torch.equal(s0.step, s1.step) and torch.equal(s0.clock, s1.clock)
-
-
-@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the Triton top-k reads the hint)")
 def test_tau_hint_gives_the_same_steps_and_keeps_a_key_per_layer_and_row(gen):
     """SpinIndexer(tau_hint=True): three steps of three layers return the top-k of tau_hint=False, the

@@ -125,13 +125,12 @@ def _check(ref, got, batch, width, layers):
 
 
 def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accepted=False, bad=False, seen=None,
-         grid=None, graph=False, path="register", extra_width=2, shared=0, order=None):
+         grid=None, graph=False, path="register", extra_width=2, shared=0):
     """Plan `steps` steps with the torch path and the kernel from the same random state and compare everything
     each step. path: the kernel's selection path ("register" or "chunked"); extra_width: table columns past
     the longest request; shared: the first `shared` blocks of every request are request 0's (a prefix-cache
-    hit); order: None (one plan_step_triton) or the layers in the order plan_select_triton selects them one at a
-    time after plan_reset_triton (as SpinIndexer selects layer l + 1 during run(l))."""
-    from spin_indexer.predictor.plan_triton import plan_reset_triton, plan_select_triton, plan_step_triton, supports
+    hit)."""
+    from spin_indexer.predictor.plan_triton import plan_step_triton, supports
     assert supports(cfg)
     batch = len(final_lens)
     grow = [0] * (steps - 1) + [0] if grow is None else grow
@@ -172,11 +171,6 @@ def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accept
             with torch.cuda.graph(g):
                 plan_step_triton(cfg, got.state, got.workspace, *args)
             g.replay()
-        elif order is not None:
-            tiles = dict(block=16, register_tile=0 if path == "chunked" else 1 << 14)
-            plan_reset_triton(cfg, got.state, got.workspace, *args, block=16)
-            for layer in order:
-                plan_select_triton(cfg, got.state, got.workspace, *args[:3], layer, 1, score_block=8, **tiles)
         else:
             plan_step_triton(cfg, got.state, got.workspace, *args, block=16, score_block=8,
                              register_tile=0 if path == "chunked" else 1 << 14)
@@ -230,16 +224,6 @@ def test_next_n_matches_torch(next_n, mtp, accepted, reduce, combine, window, ge
     # row-local + mean over the whole diagonal: every row ranks the blocks differently, so the union matters
     cfg = dataclasses.replace(BASE, mtp=mtp, reduce=reduce, combine=combine, diagonal_window=window)
     _run(cfg, LENS[:4] + (3,), next_n, gen, triton_device, grow=[next_n, 0], accepted=accepted, path=plan_path)
-
-
-@pytest.mark.parametrize("order", [(2, 0, 1), (0, 1, 2)], ids=["shuffled", "in-order"])
-def test_layers_selected_one_at_a_time(order, gen, triton_device, plan_path):
-    """plan_reset_triton, then plan_select_triton one layer per launch in any order (the launch holding layer 0
-    advances the slots' step, seen_len and the clock; every launch reads the stash): the same plans and state as
-    the torch path, row 0 and row-local MTP."""
-    _run(BASE, LENS, 1, gen, triton_device, grow=[70, 0], layers=3, path=plan_path, order=order)
-    cfg = dataclasses.replace(BASE, mtp="row-local", reduce="mean", combine="sum")
-    _run(cfg, LENS[:4], 2, gen, triton_device, grow=[2, 0], layers=3, accepted=True, path=plan_path, order=order)
 
 
 def test_short_contexts_and_empty_batch(gen, triton_device, plan_path):

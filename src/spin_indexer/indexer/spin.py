@@ -10,10 +10,7 @@
         top-k     over the compact columns, written as logical positions             (ops.topk_positions)
 
 On CUDA with the paper's step (A1 pooling, random or no exploration) plan() is two kernels (three where
-DeepGEMM can serve the logits: the SM schedule for it): the reset of every layer's entered blocks and the
-selection of layer 0 (of every layer with overlap_update=False); run(l) selects layer l + 1 on the side stream
-beside its own kernels (a selection reads only its layer's history, unchanged in a step until that layer
-runs), and runs the logits kernel
+DeepGEMM can serve the logits: every layer's SM schedule for it in one launch) and run() the logits kernel
 (Triton: the block and group maxima the top-k prunes with written in its epilogue; DeepGEMM: logits only,
 then a pass for the maxima) and the top-k's four launches, with the EMA update beside the top-k: up to
 UPDATE_IN_TOPK_BLOCKS table blocks its programs run in the top-k's first launch, above it on a low-priority
@@ -73,9 +70,7 @@ class _Step:
     epoch: int = 0  # SpinState.epoch at plan(): unchanged = no slot was allocated or freed since
     generations: list = dataclasses.field(default_factory=list)  # SpinState.generations() at plan()
     max_block_id: int | None = None  # largest block id of a used block (validated plans only, else None)
-    scheduled: bool = False  # the DeepGEMM schedule of each selected layer is written (workspace.deepgemm_schedule)
-    selected: set = dataclasses.field(default_factory=set)  # fused path: layers whose plan is in the workspace
-    ahead: bool = False  # fused path: run(l) selects layer l + 1 beside its own kernels (`_select_ahead`)
+    scheduled: bool = False  # plan() wrote every layer's DeepGEMM schedule (workspace.deepgemm_schedule)
 
 
 class SpinIndexer:
@@ -150,7 +145,6 @@ class SpinIndexer:
         st = self._current(layer)
         if st.plans[layer] is None:
             raise RuntimeError(f"SpinIndexer.plans: layer {layer} is selected when it runs (hybrid mode)")
-        self._ensure_selected(layer, st)
         return st.plans[layer]
 
     # -- plan ------------------------------------------------------------------------------------------
@@ -161,9 +155,7 @@ class SpinIndexer:
         block_table: int32 [B, W] with W <= max_blocks, physical ids < num_cache_blocks; seq_lens: int32
         [B, next_n], row j of request b has length L_b - next_n + j + 1 (0 for padding requests);
         slot_ids: int32/int64 [B] allocated, distinct state slots; num_accepted: int32 [B] in
-        [0, next_n - 1] or None (see predictor/mtp.py). The step reads block_table, seq_lens and slot_ids again
-        in its run() calls (the dense kernels, and layer l + 1's selection in run(l)): leave them unchanged until
-        the step's last run().
+        [0, next_n - 1] or None (see predictor/mtp.py).
         validate: check the data too (a host sync; turn off when capturing a CUDA graph). Skipped with
         validate=False: length ranges and row increments, slot ids allocated and distinct, block ids of the
         used blocks inside the cache (kernels clamp them into the trash block instead of reading outside),
@@ -201,18 +193,10 @@ class SpinIndexer:
         plans = [self._workspace_plan(layer, batch, width) for layer in range(self.num_layers)]
         fused = self._fused_plan(block_table)
         if fused is not None:
-            # Selecting a layer reads only its own history, which nothing in a step changes before the layer
-            # runs: with the side stream, plan() selects layer 0 and run(l) layer l + 1 beside its own kernels
-            # (`_select_ahead`), so the selections (6.6 us a layer at 96 x 128K, run 38) leave the step's path.
-            # (the side-stream update's sizes: below them plan() costs < 1 us a layer, a selection alone ~20 us)
-            ahead = self._update_stream is not None and batch * width > UPDATE_IN_TOPK_BLOCKS
-            layers = 1 if ahead else self.num_layers
-            fused.plan_reset_triton(cfg, self.state, ws, block_table, seq_lens, slots, num_accepted)
-            fused.plan_select_triton(cfg, self.state, ws, block_table, seq_lens, slots, 0, layers)
+            fused(cfg, self.state, ws, block_table, seq_lens, slots, num_accepted)
             # the state's clock itself (plan() alone advances it): no copy
             self._step = _Step(block_table, seq_lens, slots, self.state.clock, plans,
-                               scheduled=self._schedule_layers(batch, width, 0, layers),
-                               selected=set(range(layers)), ahead=ahead)
+                               scheduled=self._schedule_layers(batch, width))
             return
         meta = plan_ref.step_meta(cfg, self.state, block_table, seq_lens, slots, num_accepted)
         plan_ref.reset_entered_(self.state, meta)
@@ -233,61 +217,20 @@ class SpinIndexer:
                                      out=plans[layer])
         plan_ref.finish_step_(self.state, meta)
         self._step = _Step(block_table, seq_lens, slots, meta.clock, plans, meta,
-                           scheduled=self._schedule_layers(batch, width, 0, self.num_layers),
-                           selected=set(range(self.num_layers)))
+                           scheduled=self._schedule_layers(batch, width))
 
-    def _schedule_layers(self, batch: int, width: int, first: int, count: int) -> bool:
-        """The DeepGEMM SM schedules of layers [first, first + count) from their compact lengths, in one launch
-        (DeepGEMM's own metadata call would be one launch per layer); run() hands each to DeepGEMM. False
+    def _schedule_layers(self, batch: int, width: int) -> bool:
+        """Every layer's DeepGEMM SM schedule from its compact lengths, in one launch (DeepGEMM's own metadata
+        call would be one launch per layer); run() hands it to DeepGEMM for the layers planned here. False
         (nothing written) where run() will not call DeepGEMM on this table (static shapes: a graph agrees)."""
         ws = self.workspace
         # ws.deepgemm_schedule exists only where DeepGEMM can serve (deepgemm.schedule_sms), and SPIN's step goes
         # to DeepGEMM there at every size; shapes it does not cover (next_n 3-4, padded pages) leave it unused
         if ws.deepgemm_schedule is None or self._guarded_by_shape(batch, width):
             return False
-        deepgemm_schedule.schedule(ws.compact_lens[first:first + count, :batch], ws.deepgemm_schedule.shape[1] - 1,
-                                   out=ws.deepgemm_schedule[first:first + count])
+        deepgemm_schedule.schedule(ws.compact_lens[:, :batch], ws.deepgemm_schedule.shape[1] - 1,
+                                   out=ws.deepgemm_schedule)
         return True
-
-    def _select(self, layer: int, st: _Step) -> None:
-        """Fused path with selection ahead: layer `layer`'s selection (and DeepGEMM schedule) on the current
-        stream, once per step."""
-        batch, width = st.block_table.shape
-        self._fused_plan(st.block_table).plan_select_triton(self.config, self.state, self.workspace, st.block_table,
-                                                            st.seq_lens, st.slot_ids, layer, 1)
-        self._schedule_layers(batch, width, layer, 1)
-        st.selected.add(layer)
-
-    def _ensure_selected(self, layer: int, st: _Step) -> None:
-        """Layer `layer`'s plan written before it is read: a layer that the previous layer's run() did not
-        select ahead (layers run out of order, or a plan read before its layer runs) is selected now."""
-        if layer not in st.selected:
-            self._select(layer, st)
-
-    @contextlib.contextmanager
-    def _select_ahead(self, layer: int, st: _Step):
-        """run(layer)'s body, given a `fork()` that puts layer + 1's selection on the side stream (the body calls
-        it once its logits are launched: a selection beside DeepGEMM's persistent logits kernel held SMs that
-        kernel's static schedule waits for, run 41), joined when the body ends: every stream meets the
-        caller's again inside run(), so a captured graph holds the fork and the join. Nothing the selection
-        reads is written by run(layer) (layer + 1's history, the step's table and the stash), and what it
-        writes (layer + 1's plan) nothing of run(layer) reads."""
-        nxt = layer + 1
-        wanted = st.ahead and nxt < self.num_layers and nxt not in st.selected
-        forked = []
-
-        def fork():
-            if wanted and not forked:
-                forked.append(True)
-                with self._forked(self._update_stream):
-                    self._select(nxt, st)
-
-        try:
-            yield fork
-        finally:
-            if wanted:
-                fork()  # a path that did not call it
-                torch.cuda.current_stream(self.device).wait_stream(self._update_stream)
 
     # -- run -------------------------------------------------------------------------------------------
     def run(self, layer: int, q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -320,11 +263,9 @@ class SpinIndexer:
         check_ids_fit_cache(st.max_block_id, kv_cache)
         self._check_owners(st)
         with torch.no_grad():  # weights/q requiring grad must never attach a graph to the state
-            self._ensure_selected(layer, st)
-            with self._select_ahead(layer, st) as fork_select:
-                return self._run(layer, st, q_fp8, kv_cache, weights, fork_select)
+            return self._run(layer, st, q_fp8, kv_cache, weights)
 
-    def _run(self, layer: int, st: _Step, q_fp8, kv_cache, weights, fork_select) -> torch.Tensor:
+    def _run(self, layer: int, st: _Step, q_fp8, kv_cache, weights) -> torch.Tensor:
         batch, width = st.block_table.shape
         late = st.plans[layer] is None  # hybrid: selected now, after plan() wrote the schedules
         plan = self._plan_of(layer, st)
@@ -360,7 +301,6 @@ class SpinIndexer:
                                           deepgemm_schedule=schedule,
                                           active_width=budget_of(width, self.config.sparsity, self.config.topk,
                                                                  self.config.tokens_per_block), backend=backend)
-        fork_select()
         if side is None:
             return self._topk(layer, st, plan, logits, block_max, group_max)
         rows3 = logits.view(batch, self.next_n, logits.shape[1])  # not -1: ambiguous for an empty batch
@@ -410,10 +350,7 @@ class SpinIndexer:
         lengths), or None where plan() wrote none (DeepGEMM absent or not serving this table)."""
         st = self._current(layer)
         late = self.extensions is not None and self.extensions.selects_per_layer  # selected after plan()
-        if late or not st.scheduled or st.plans[layer] is None:
-            return None
-        self._ensure_selected(layer, st)
-        return self._schedule_of(layer, st.plans[layer])
+        return None if late or not st.scheduled or st.plans[layer] is None else self._schedule_of(layer, st.plans[layer])
 
     def _schedule_of(self, layer: int, plan: BlockPlan) -> torch.Tensor | None:
         """plan()'s DeepGEMM schedule of `layer` when it was computed from this plan's lengths (a plan selected
@@ -455,9 +392,7 @@ class SpinIndexer:
                      shape_names="[B*next_n, W*T]", device=self.device, device_of="SpinIndexer")
         self._check_owners(st)
         with torch.no_grad():
-            self._ensure_selected(layer, st)
-            with self._select_ahead(layer, st):
-                return self._run_from_scores(layer, st, scores)
+            return self._run_from_scores(layer, st, scores)
 
     def _run_from_scores(self, layer: int, st: _Step, scores: torch.Tensor) -> torch.Tensor:
         batch, width = st.block_table.shape
@@ -530,14 +465,14 @@ class SpinIndexer:
         return out
 
     def _fused_plan(self, block_table: torch.Tensor):
-        """The fused planner (the module predictor.plan_triton) when it covers this config on this device, else
-        None."""
+        """The fused planning launcher when it covers this config on this device, else None."""
         if self.extensions is not None:
             return None
-        if triton_twin("spin_indexer.predictor.plan_triton", "plan_step_triton", block_table) is None:
+        fn = triton_twin("spin_indexer.predictor.plan_triton", "plan_step_triton", block_table)
+        if fn is None:
             return None
-        from ..predictor import plan_triton
-        return plan_triton if plan_triton.supports(self.config) else None
+        from ..predictor.plan_triton import supports
+        return fn if supports(self.config) else None
 
     def _current(self, layer: int) -> _Step:
         if self._step is None:

@@ -1,9 +1,8 @@
 """Every buffer the decode step writes, allocated once per (layers, max batch, max blocks) and reused.
 
-plan() fills the per-layer plans (selection reads only a layer's own history from earlier steps, so nothing in
-a step changes it before that layer runs: plan() selects every layer, or layer 0 and each run(l) layer l + 1
-beside its own kernels); run(layer) reads that layer's plan and writes the shared logits buffers and that
-layer's top-k. A smaller batch or table uses the
+plan() fills the per-layer plans of all layers at once (selection reads only a layer's own history from
+earlier steps, so nothing in a step changes it before that layer runs); run(layer) reads that layer's
+plan and writes the shared logits buffers and that layer's top-k. A smaller batch or table uses the
 leading slices: shapes never change inside a captured step.
 """
 from __future__ import annotations
@@ -20,10 +19,7 @@ class Workspace:
     top-k's group maxima when it prunes finer than a block; leading [:, :W*T / G] used); topk: int32 [L, B*N, K];
     deepgemm_schedule: int32 [L, S + 1, 2], every layer's SM schedule for DeepGEMM's logits (S = schedule_sms,
     the GPU's SMs where DeepGEMM serves; None when schedule_sms = 0); tau_hint: int32 [L, B*N], each layer and
-    row's last top-k threshold key (ops.topk_positions(tau_hint=): a hint only, any value is correct);
-    plan_stash: int32 [B, 2], each request's step + 1 and first entered block (plan()'s reset writes it, every
-    selection of the step reads it); plan_scratch: float32 [B, W] and plan_flags: int8 [B, W], the selection's
-    scratch when it selects one layer at a time.
+    row's last top-k threshold key (ops.topk_positions(tau_hint=): a hint only, any value is correct).
     """
 
     GROUP_MIN = 8  # the finest group the step writes maxima for (topk_group of a wide table is 8-64)
@@ -45,9 +41,6 @@ class Workspace:
         self.topk = torch.empty((L, B * N, topk), **i32)
         self.deepgemm_schedule = torch.zeros((L, schedule_sms + 1, 2), **i32) if schedule_sms else None
         self.tau_hint = torch.zeros((L, B * N), **i32)
-        self.plan_stash = torch.zeros((B, 2), **i32)
-        self.plan_scratch = torch.empty((B, W), dtype=torch.float32, device=device)
-        self.plan_flags = torch.empty((B, W), dtype=torch.int8, device=device)
 
     @staticmethod
     def bytes_needed(num_layers: int, max_batch: int, max_blocks: int, next_n: int, tokens_per_block: int,
@@ -56,8 +49,7 @@ class Workspace:
         L, B, W, N, T = num_layers, max_batch, max_blocks, next_n, tokens_per_block
         group_max = B * N * -(-W * T // Workspace.GROUP_MIN)
         return 4 * (2 * L * B * W + L * B + L * B * N + B + B * N * W * T + B * N * W + group_max
-                    + L * B * N * topk + (L * (schedule_sms + 1) * 2 if schedule_sms else 0) + L * B * N
-                    + 2 * B + B * W) + B + B * N + B * W
+                    + L * B * N * topk + (L * (schedule_sms + 1) * 2 if schedule_sms else 0) + L * B * N) + B + B * N
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))

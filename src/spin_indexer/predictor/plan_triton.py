@@ -136,50 +136,16 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
     register tile (capped at MAX_TILE); a table whose next_pow2(W) exceeds it takes the chunked path (tests
     pass 0 to force it). max_registers: the register path's cap per thread, None = _register_maxnreg(warps),
     0 = ptxas's choice (benchmarks/bench_plan.py times the choices).
-    The same as plan_reset_triton, then plan_select_triton over every layer.
     """
-    plan_reset_triton(config, state, ws, block_table, seq_lens, slot_ids, num_accepted, block=block)
-    plan_select_triton(config, state, ws, block_table, seq_lens, slot_ids, 0, state.num_layers, block=block,
-                       score_block=score_block, num_warps=num_warps, register_tile=register_tile,
-                       max_registers=max_registers)
-
-
-def plan_reset_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                      slot_ids: torch.Tensor, num_accepted: torch.Tensor | None, block: int = 1024) -> None:
-    """Launch 1 of the fused plan(): every layer's entered blocks reset; ws.num_blocks / guarded / update_rows
-    and ws.plan_stash (each request's step + 1 and first entered block, what every later selection reads)
-    written. Arguments as plan_step_triton."""
-    batch, width = block_table.shape
-    if batch == 0:
-        return
-    t = config.tokens_per_block
-    table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
-    acc = num_accepted.contiguous() if num_accepted is not None else seq_lens
-    vert, bmax = state.vertical, state.block_max
-    upd = ws.update_rows.view(torch.uint8)
-    _plan_reset_kernel[(batch, state.num_layers)](
-        table, table.stride(0), seq_lens.contiguous(), slot_ids.contiguous(), state.step, state.seen_len, acc,
-        vert, vert.stride(0), vert.stride(1), bmax, bmax.stride(0), bmax.stride(1),
-        ws.num_blocks, ws.guarded.view(torch.uint8), upd, upd.stride(0), ws.plan_stash,
-        seq_lens.shape[1], state.num_cache_blocks, config.topk, config.guard_tokens, batch, config.guard_batch_tokens,
-        SB=min(32, _next_pow2(block), _next_pow2(max(width, 1))), ROW0=config.mtp is MtpPolicy.ROW0,
-        HAS_ACC=num_accepted is not None, T=t, TP=_next_pow2(t), NP=_next_pow2(seq_lens.shape[1]))
-
-
-def plan_select_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, seq_lens: torch.Tensor,
-                       slot_ids: torch.Tensor, first_layer: int, num_layers: int, block: int = 1024,
-                       score_block: int = 64, num_warps: int | None = None, register_tile: int = MAX_TILE,
-                       max_registers: int | None = None) -> None:
-    """Launch 2 of the fused plan(): the selection and compaction of layers [first_layer, first_layer +
-    num_layers) into ws, after plan_reset_triton of this step (it reads ws.plan_stash, never the state's
-    per-slot counters, so a layer may be selected any time before it runs: SpinIndexer selects layer l + 1
-    during run(l)). The launch that holds layer 0 also advances the slots' step and seen_len and the clock.
-    One layer (num_layers = 1) works in the workspace's one-layer scratch; more allocate theirs.
-    Other arguments as plan_step_triton."""
     batch, width = block_table.shape
     next_n = seq_lens.shape[1]
+    layers = state.num_layers
     t = config.tokens_per_block
+    dev = block_table.device
     table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
+    lens = seq_lens.contiguous()
+    slots = slot_ids.contiguous()
+    acc = num_accepted.contiguous() if num_accepted is not None else lens
     rows_b = max(batch, 1)
     wp = _next_pow2(max(width, 1))
     reg = wp <= min(register_tile, MAX_TILE)
@@ -189,17 +155,29 @@ def plan_select_triton(config: SpinConfig, state, ws, block_table: torch.Tensor,
     else:  # chunked: the measured best of the tile table (1024 blocks, 4 warps)
         sb = min(_next_pow2(block), wp)
         warps = num_warps or 4
-    if num_layers == 1:
-        scratch, flags = ws.plan_scratch, ws.plan_flags
-    else:
-        scratch = torch.empty(rows_b * num_layers, max(width, 1), dtype=torch.float32, device=table.device)
-        # the register path keeps its flags in registers: no flag scratch
-        flags = torch.empty(1 if reg else rows_b * num_layers, 1 if reg else max(width, 1), dtype=torch.int8,
-                            device=table.device)
+    sbs = min(_next_pow2(score_block), sb)
+    stash = torch.empty(rows_b, 2, dtype=torch.int32, device=dev)
+    scratch = torch.empty(rows_b * layers, max(width, 1), dtype=torch.float32, device=dev)
+    # the register path keeps its flags in registers: no flag scratch
+    flags = torch.empty(1 if reg else rows_b * layers, 1 if reg else max(width, 1), dtype=torch.int8, device=dev)
+    guarded = ws.guarded.view(torch.uint8)
+    upd = ws.update_rows.view(torch.uint8)
     vert, bmax, diag = state.vertical, state.block_max, state.diagonal
+    tp, np_ = _next_pow2(t), _next_pow2(next_n)
+    common = dict(T=t, TP=tp, NP=np_)
+    if batch > 0:
+        _plan_reset_kernel[(batch, layers)](
+            table, table.stride(0), lens, slots, state.step, state.seen_len, acc,
+            vert, vert.stride(0), vert.stride(1), bmax, bmax.stride(0), bmax.stride(1),
+            ws.num_blocks, guarded, upd, upd.stride(0), stash,
+            next_n, state.num_cache_blocks, config.topk, config.guard_tokens, batch, config.guard_batch_tokens,
+            SB=min(32, _next_pow2(block), wp), ROW0=config.mtp is MtpPolicy.ROW0, HAS_ACC=num_accepted is not None,
+            **common)
+    explore = config.exploration is Exploration.RANDOM
     mean = config.reduce is Reduce.MEAN
-    _plan_select_kernel[(rows_b, num_layers)](
-        table, table.stride(0), seq_lens.contiguous(), slot_ids.contiguous(), ws.plan_stash,
+    combine = _COMBINE[config.combine]
+    _plan_select_kernel[(rows_b, layers)](
+        table, table.stride(0), lens, slots, stash,
         vert, vert.stride(0), vert.stride(1), bmax, bmax.stride(0), bmax.stride(1),
         diag, diag.stride(0), diag.stride(1), scratch, flags, scratch.stride(0),
         ws.kept_blocks, ws.compact_table, ws.kept_blocks.stride(0), ws.kept_blocks.stride(1),
@@ -208,12 +186,11 @@ def plan_select_triton(config: SpinConfig, state, ws, block_table: torch.Tensor,
         state.step, state.seen_len, state.clock,
         batch, next_n, 1 if config.mtp is MtpPolicy.ROW0 else next_n, state.num_cache_blocks, state.window,
         config.topk, config.guard_tokens, config.guard_batch_tokens, -(-config.topk // t) + 1,
-        _f64_bits(config.sparsity), _f64_bits(config.gamma), (config.seed * 0x9E3779B1) & _MASK31, first_layer,
-        SB=sb, SBS=min(_next_pow2(score_block), sb), SLOT=mean or config.combine is Combine.SUM,
-        COMBINE=_COMBINE[config.combine], MEAN=mean, EXPLORE=config.exploration is Exploration.RANDOM, REG=reg,
-        enable_fp_fusion=False, num_warps=warps,
+        _f64_bits(config.sparsity), _f64_bits(config.gamma), (config.seed * 0x9E3779B1) & _MASK31,
+        SB=sb, SBS=sbs, SLOT=mean or config.combine is Combine.SUM, COMBINE=combine, MEAN=mean,
+        EXPLORE=explore, REG=reg, enable_fp_fusion=False, num_warps=warps,
         maxnreg=(_register_maxnreg(warps) if max_registers is None else max_registers or None) if reg else None,
-        T=t, TP=_next_pow2(t), NP=_next_pow2(next_n))
+        **common)
 
 
 if triton is not None:
@@ -563,15 +540,15 @@ if triton is not None:
                             kept_ptr, ctab_ptr, stride_kl, stride_kb, stride_tl, stride_tbb, nkept_ptr, stride_nl,
                             clen_ptr, stride_cl, stride_cb, step_ptr, seen_ptr, clock_ptr,
                             batch, next_n, num_rows, num_cache_blocks, window, topk, guard_tokens, guard_batch, cover,
-                            sparsity_bits, gamma_bits, hash0, layer0,
+                            sparsity_bits, gamma_bits, hash0,
                             T: tl.constexpr, TP: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr,
                             SBS: tl.constexpr, SLOT: tl.constexpr, COMBINE: tl.constexpr, MEAN: tl.constexpr,
                             EXPLORE: tl.constexpr, REG: tl.constexpr):
         pb = tl.program_id(0)
-        pl = tl.program_id(1)  # this launch's layer index: layer layer0 + pl (scratch row pl of request b)
-        l = (pl + layer0).to(tl.int64)
+        pl = tl.program_id(1)
         if pb < batch:
             b = pb.to(tl.int64)
+            l = pl.to(tl.int64)
             longest, n, first_new, keep_all, guarded = _meta(lens_ptr, b, batch, next_n, topk, guard_tokens,
                                                              guard_batch, T, NP)
             dense = tl.maximum(keep_all, guarded)  # 0 or 1 (a small step guards keep_all requests too)
@@ -592,7 +569,7 @@ if triton is not None:
             vert_l = vert_ptr + l * stride_vl
             bmax_l = bmax_ptr + l * stride_bl
             diag_row = diag_ptr + l * stride_dl + slot * stride_ds
-            row = b * tl.num_programs(1) + pl
+            row = b * tl.num_programs(1) + l
             scr = scr_ptr + row * stride_scr
             flg = flg_ptr + row * stride_scr
             # both paths: the prediction rows' queries and windows, the exploration hash, the output rows
@@ -818,9 +795,9 @@ if triton is not None:
             clen = (done - n + last // T) * T + last % T + 1
             tl.store(clen_ptr + l * stride_cl + b * stride_cb + jn, tl.where(lens > 0, clen, 0).to(tl.int32),
                      mask=jn < next_n)
-            if l == 0:  # finish_step_: every program of this request read the stash, not the state
+            if pl == 0:  # finish_step_: every program of this request read the stash, not the state
                 tl.store(step_ptr + slot, step)
                 tl.store(seen_ptr + slot, longest.to(tl.int32))
         if pb == 0:
-            if l == 0:
+            if pl == 0:
                 tl.store(clock_ptr, tl.load(clock_ptr) + 1)

@@ -87,16 +87,20 @@ if triton is not None:
         return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
     @triton.jit
-    def _load_tile(x_row, t, length, T: tl.constexpr, TB: tl.constexpr, EVEN: tl.constexpr):
-        """float32 [TB, T]: tile t of a row (units t * TB ...), -inf at and past `length` (<= C). Where C is a
-        multiple of T whole units are loaded under a mask constant along T (it vectorizes; a per-column mask
-        made scalar loads), the columns past the length masked after the load."""
+    def _load_tile(x_row, t, bound, T: tl.constexpr, TB: tl.constexpr, EVEN: tl.constexpr):
+        """float32 [TB, T]: tile t of a row (units t * TB ...), the columns below `bound` (<= C) loaded, -inf
+        elsewhere. Where C is a multiple of T whole units are loaded under a mask constant along T (it
+        vectorizes; a per-column mask made scalar loads): the caller masks the columns past the length."""
         u = t * TB + tl.arange(0, TB)
         c = u[:, None] * T + tl.arange(0, T)[None, :]  # int32: C < 2^31
         if EVEN:
-            x = tl.load(x_row + c, mask=tl.broadcast_to((u * T < length)[:, None], c.shape), other=float("-inf"))
-        else:
-            x = tl.load(x_row + c, mask=c < length, other=float("-inf"))
+            return tl.load(x_row + c, mask=tl.broadcast_to((u * T < bound)[:, None], c.shape), other=float("-inf"))
+        return tl.load(x_row + c, mask=c < bound, other=float("-inf"))
+
+    @triton.jit
+    def _mask_tile(x, t, length, T: tl.constexpr, TB: tl.constexpr):
+        """x with -inf at and past `length`."""
+        c = (t * TB + tl.arange(0, TB))[:, None] * T + tl.arange(0, T)[None, :]
         return tl.where(c < length, x, float("-inf"))
 
     @triton.jit
@@ -123,13 +127,15 @@ if triton is not None:
         p = tl.program_id(1)
         step = tl.num_programs(1)
         r64 = r.to(tl.int64)
-        length = tl.minimum(tl.maximum(tl.load(len_ptr + r), 0), cols)
         x_row = x_ptr + r64 * stride_x
         gmax_row = gmax_ptr + r64 * stride_g
         bmax_row = bmax_ptr + r64 * stride_b
-        x = _load_tile(x_row, p, length, T, TB, EVEN)
+        # The first tile is loaded up to C, beside the length rather than after it (a row's first P tiles are
+        # almost always inside its length: a round trip saved for at most one unused tile per program).
+        x = _load_tile(x_row, p, cols, T, TB, EVEN)
+        length = tl.minimum(tl.maximum(tl.load(len_ptr + r), 0), cols)
         for t in range(p, tl.cdiv(length, TB * T), step):
             # the next tile's load first: its bytes stream while this tile's maxima are reduced and stored
             nxt = _load_tile(x_row, t + step, length, T, TB, EVEN)
-            _store_maxima(x, t, length, gmax_row, bmax_row, T, G, TB, GMAX, BMAX)
+            _store_maxima(_mask_tile(x, t, length, T, TB), t, length, gmax_row, bmax_row, T, G, TB, GMAX, BMAX)
             x = nxt

@@ -91,21 +91,6 @@ def main() -> None:
                 progs = min(64 // a.warps, 65536 // (32 * a.warps * (-(-c["regs"] // 8) * 8))) if c["regs"] else 0
                 print(f"{blocks:>6} {a.warps:>5} {str(g or '-'):>5} {str(cap or '-'):>7} {str(c['regs']):>5} "
                       f"{str(c['spill']):>7} {progs:>8}  " + " ".join(f"{c['ops'][o]:>4}" for o in OPS) + c["log"])
-    print(f"\npersistent update pass (_update_pass_kernel, {U.BLOCKS_PER_PROGRAM} x 64 tiles, {U.NUM_WARPS} warps, "
-          "launched without a cap)")
-    print(f"{'rows':>6} {'seen':>5} {'maxnreg':>7} {'regs':>5} {'spill B':>7}  " + " ".join(f"{o:>4}" for o in OPS))
-    for rows, seen in ((1, False), (1, True), (2, False)):
-        for cap in (None, U.MAX_REGISTERS):
-            cfg = dict(T=64, BLOCKS=U.BLOCKS_PER_PROGRAM, HAS_SEEN=seen, NP=triton.next_power_of_2(rows),
-                       DB=min(U.DIAGONAL_BLOCKS, U.BLOCKS_PER_PROGRAM))
-            k = compile_sm90(U._update_pass_kernel, cfg, lambda name: PTR.get(name, "fp32" if name in FLOATS else "i32"),
-                             "update_registers.py", div16=DIV16 - {"bmax_stride", "gmax_stride", "bmax_ptr", "gmax_ptr"},
-                             num_warps=U.NUM_WARPS, enable_fp_fusion=True, maxnreg=cap)
-            c = ptxas_counts(k)
-            ops = {o: len(re.findall(rf"\b{o}(\.[A-Z0-9.]+)?\b", c["sass"])) for o in OPS}
-            spill = None if c["spill_st"] is None else c["spill_st"] + c["spill_ld"]
-            print(f"{rows:>6} {str(seen):>5} {str(cap or '-'):>7} {str(c['regs']):>5} {str(spill):>7}  "
-                  + " ".join(f"{ops[o]:>4}" for o in OPS))
     print(f"\nmaxima pass ({MX.TILE_UNITS} x 64 tile, {MX.NUM_WARPS} warps; BMAX: the block max too)")
     print(f"{'G':>6} {'BMAX':>5} {'maxnreg':>7} {'regs':>5} {'spill B':>7}  " + " ".join(f"{o:>4}" for o in OPS))
     for g in (8, 16):

@@ -331,33 +331,6 @@ def test_triton_twin_several_tiles_per_request(lengths, next_n, window, gen, tri
     _check_group_max_out(gmax, logits, plan.lens, 16, sentinel=123.0)
 
 
-@pytest.mark.interpreter
-@pytest.mark.parametrize("lengths,next_n,window", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("programs_per_sm", [1, 8])
-def test_persistent_update_pass(lengths, next_n, window, programs_per_sm, gen, triton_device, monkeypatch):
-    """The update alone (no maxima wanted: SpinIndexer's side stream) runs the persistent pass: tiles of 2 blocks
-    and 1 or 8 programs per (interpreter) SM, so one program loops over several tiles of its request (the next
-    tile's ids and logits loaded beside this tile's V) or owns one; the state is the reference's."""
-    pytest.importorskip("triton")
-    from spin_indexer.ops import history_triton
-    monkeypatch.setattr(history_triton, "BLOCKS_PER_PROGRAM", 2)
-    monkeypatch.setattr(history_triton, "UPDATE_PROGRAMS_PER_SM", programs_per_sm)
-    blocks = 24
-    plan = make_plan(lengths, next_n, blocks, gen, width=max(-(-L // T) for L in lengths) + 1)
-    batch, width = len(lengths), plan.kept.shape[1]
-    if programs_per_sm == 1:
-        assert history_triton.update_programs(batch, width, torch.device("cpu")) < -(-width // 2)  # a loop
-    logits = make_logits(plan, width * T, gen)
-    h = make_history(plan, blocks, 4, window, gen)
-    ref = clone_history(h)
-    update_history_ref(ref, logits, plan.table, plan.lens)
-    dev = torch.device(triton_device)
-    moved = history_on(h, dev)
-    history_triton.update_history_triton(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev))
-    exp = tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen))
-    assert_state_equal(moved, exp, exact=not dev.type == "cuda")
-
-
 TOPK_UPDATE_CASES = [  # (case, rows, blocks per tile): every case in the threshold launch (row 0 updating), with
     # one tile and (next_n 1, 2: ~12 s more for 4 in the interpreter) several per request; every row updating
     # (the pass after the top-k) once

@@ -19,7 +19,7 @@ import torch
 
 from ..checks import check_tensor
 from .history import HistoryUpdate, block_tokens
-from .maxima_triton import row_maxima_triton, sm_count
+from .maxima_triton import row_maxima_triton
 from .topk import check_group
 
 try:  # the package imports this module only for CUDA tensors; without triton the reference is used
@@ -35,10 +35,6 @@ NUM_WARPS = 4
 # (benchmarks/update_registers.py prints both).
 MAX_REGISTERS = 64
 DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a divisor of BLOCKS_PER_PROGRAM)
-# The persistent update pass (the update alone: SpinIndexer's side stream) sizes its grid for this many resident
-# programs per SM. It runs without a register cap: ptxas gives it 72-80 (triton 3.6, sm_90a; 6-7 programs of 4
-# warps per SM), where the cap of 64 spilled ~50 B inside its loop.
-UPDATE_PROGRAMS_PER_SM = 6
 
 
 def tile_meta() -> dict:
@@ -77,18 +73,10 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
         return
     if logits.stride(2) != 1:
         logits = logits.contiguous()
-    h = history
-    if block_max_out is None and group_max_out is None:  # the update alone: the persistent pass
-        grid = (batch, update_programs(batch, blocks, logits.device))
-        for j in range(h.rows):
-            _update_pass_kernel[grid](
-                logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
-                *_history_args(h, logits), next_n, blocks, j, T=t, **tile_meta(), HAS_SEEN=h.last_seen is not None,
-                NP=triton.next_power_of_2(next_n), num_warps=NUM_WARPS)
-        return
     grid = (batch, triton.cdiv(blocks, BLOCKS_PER_PROGRAM))
     bmax = block_max_out if block_max_out is not None else logits  # dummy pointers when unused
     gmax = group_max_out if group_max_out is not None else logits
+    h = history
     for j in range(h.rows):
         _update_history_kernel[grid](
             logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
@@ -96,13 +84,6 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
             T=t, **tile_meta(), HAS_SEEN=h.last_seen is not None, NP=triton.next_power_of_2(next_n),
             BMAX=(block_max_out is not None) and j == 0, GMAX=(group_max_out is not None) and j == 0, G=group,
             num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS or None)
-
-
-def update_programs(batch: int, blocks: int, device: torch.device) -> int:
-    """P: programs per request of the persistent update pass, so that batch x P fills the GPU's resident
-    programs about once (UPDATE_PROGRAMS_PER_SM per SM), at most one per tile of the table."""
-    return max(1, min(triton.cdiv(blocks, BLOCKS_PER_PROGRAM),
-                      triton.cdiv(sm_count(device) * UPDATE_PROGRAMS_PER_SM, max(batch, 1))))
 
 
 def _history_args(h: HistoryUpdate, like: torch.Tensor):
@@ -244,28 +225,6 @@ if triton is not None:
                     lo, hi, next_n, num_blocks, j, T, BLOCKS, HAS_SEEN, BMAX, NP, GMAX, G, DB)
 
     @triton.jit
-    def diagonal_window(x_row, kept_row, pm, any_live, kb, upd, used, num_blocks, clen, q, slot, d_ptr, d_stride,
-                        alpha, window, lo, hi, T: tl.constexpr, BLOCKS: tl.constexpr, DB: tl.constexpr):
-        """The D half of the update for tile pm of one row (after ema_vertical gave any_live), in [DB, T] sub-tiles.
-
-        The diagonal window covers the request's last `window` positions: only the tiles that reach it do its
-        per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K). The sub-tiles
-        reload their scores from the logits (just read: L2) rather than keep the tile's alive through the V
-        update (the whole tile here: 91 registers instead of 70)."""
-        last = tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0)
-        if last > q - window:
-            for s in range(0, BLOCKS // DB):
-                ms = pm * BLOCKS + s * DB + tl.arange(0, DB)
-                on_s = tl.where(upd, (ms < num_blocks) & (ms < used), False)
-                kb_s = tl.load(kept_row + ms, mask=on_s, other=-1)
-                obs = _row_logits(x_row, ms, on_s, clen, T)
-                # as ema_vertical's live: a kept block of an updating row, a finite score before clen
-                # (a branch per sub-tile on whether it reaches the window cost 4-8 registers: none here)
-                live_s = tl.broadcast_to((kb_s >= 0)[:, None], obs.shape) & (obs > float("-inf")) & (
-                    obs < float("inf"))
-                ema_diagonal(obs, live_s, kb_s, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T)
-
-    @triton.jit
     def update_tile(b, pm, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
                     bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                     clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
@@ -315,49 +274,19 @@ if triton is not None:
                                       seen_stride, alpha, lo, hi, T, HAS_SEEN)
         _row_maxima(x, m, in_table, clen, bmax_ptr + (out_row + j) * bmax_stride,
                     gmax_ptr + (out_row + j) * gmax_stride, T, BMAX, GMAX, G)
-        diagonal_window(x_row, kept_ptr + b64 * kept_stride, pm, any_live, kb, upd, used, num_blocks, clen, q, slot,
-                        d_ptr, d_stride, alpha, window, lo, hi, T, BLOCKS, DB)
-
-    @triton.jit
-    def _update_pass_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, v_ptr, vb_ptr,
-                            vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr, slot_ptr, kept_ptr,
-                            kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi, next_n, num_blocks, j,
-                            T: tl.constexpr, BLOCKS: tl.constexpr, HAS_SEEN: tl.constexpr, NP: tl.constexpr,
-                            DB: tl.constexpr):
-        """Program (b, p): row j of request b, compact tiles p, p + P, ... (P = the grid's second dimension).
-
-        The row's constants are loaded once; each iteration's V rows (their addresses are the tile's physical
-        ids, loaded the iteration before) are loaded together with the next tile's ids and logits: one round
-        trip per tile, where a program per tile (update_tile) waited for its ids before it could ask for V."""
-        b = tl.program_id(0)
-        p = tl.program_id(1)
-        step = tl.num_programs(1)
-        b64 = b.to(tl.int64)
-        rows_n = tl.arange(0, NP)
-        clens = tl.load(clen_ptr + b * next_n + rows_n, mask=rows_n < next_n, other=0)
-        used = tl.minimum((tl.max(clens, axis=0) + T - 1) // T, num_blocks)  # compact blocks the request uses
-        upd, q, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, HAS_SEEN)
-        if upd:  # a row that does not update (guarded) reads and writes no history
-            clen = tl.load(clen_ptr + b * next_n + j)
-            x_row = x_ptr + b64 * x_stride_b + j * x_stride_n
-            table_row = table_ptr + b64 * table_stride
-            kept_row = kept_ptr + b64 * kept_stride
-            m = p * BLOCKS + tl.arange(0, BLOCKS)
-            on = m < used
-            phys = tl.load(table_row + m, mask=on, other=-1)
-            kb = tl.load(kept_row + m, mask=on, other=-1)
-            x = _row_logits(x_row, m, on, clen, T)
-            for t in range(p, tl.cdiv(used, BLOCKS), step):
-                pv, old = load_vertical(v_ptr, phys, trash, T)
-                # the next tile's ids and logits, in flight with this tile's V
-                m_next = (t + step) * BLOCKS + tl.arange(0, BLOCKS)
-                on_next = m_next < used
-                phys_next = tl.load(table_row + m_next, mask=on_next, other=-1)
-                kb_next = tl.load(kept_row + m_next, mask=on_next, other=-1)
-                x_next = _row_logits(x_row, m_next, on_next, clen, T)
-                live = tl.broadcast_to(on[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
-                live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
-                                              seen_stride, alpha, lo, hi, T, HAS_SEEN)
-                diagonal_window(x_row, kept_row, t, any_live, kb, upd, used, num_blocks, clen, q, slot, d_ptr,
-                                d_stride, alpha, window, lo, hi, T, BLOCKS, DB)
-                on, phys, kb, x = on_next, phys_next, kb_next, x_next
+        # The diagonal window covers the request's last `window` positions: only the tiles that reach it
+        # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
+        last = tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0)
+        if last > q - window:
+            # Sub-tiles of DB blocks reload their scores from the logits (just read: L2) rather than keep
+            # the tile's alive through the V update (the whole tile here: 91 registers instead of 70).
+            for s in range(0, BLOCKS // DB):
+                ms = pm * BLOCKS + s * DB + tl.arange(0, DB)
+                on_s = tl.where(upd, (ms < num_blocks) & (ms < used), False)
+                kb_s = tl.load(kept_ptr + b64 * kept_stride + ms, mask=on_s, other=-1)
+                obs = _row_logits(x_row, ms, on_s, clen, T)
+                # as ema_vertical's live: a kept block of an updating row, a finite score before clen
+                # (a branch per sub-tile on whether it reaches the window cost 4-8 registers: none here)
+                live_s = tl.broadcast_to((kb_s >= 0)[:, None], obs.shape) & (obs > float("-inf")) & (
+                    obs < float("inf"))
+                ema_diagonal(obs, live_s, kb_s, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T)

@@ -11,7 +11,11 @@ Per (batch, context) point, random weights and caches, next_n = 1:
 - configs: dense = DenseIndexer.run (logits + top-k through the step's backends) + sparse MLA, per layer;
   spin-s = SpinIndexer.plan once (every layer) + run per layer + sparse MLA, from a random steady-state history;
   attention alone (61 layers of sparse MLA over fixed random top-k) gives attention_ms, and
-  indexer_ms = step_ms - attention_ms. --variants repeats dense and SPIN with one part of the step set or
+  indexer_ms = step_ms - attention_ms. Attention alone, dense and one SPIN config are replayed in turn, one replay
+  each per round (harness.time_graphs_paired), and every number is a median over rounds of per-round values:
+  indexer_ms = median(step - attention of the same round), indexer_vs_dense = median((spin - attention) /
+  (dense - attention)) per round (timed apart, attention alone moved by ~1 ms between runs, ~0.01 of the ratio at
+  96 x 128K). --variants repeats dense and SPIN with one part of the step set or
   switched back (VARIANTS: the top-k chain, plan()'s DeepGEMM schedule, the logits backend), rows "<config>/<variant>".
 Writes <out>/h200_v32_step.csv, .md (command, environment, table) and .json (environment + rows).
 The sparse attention is plain torch (benchmarks/sparse_mla.py), not FlashMLA: attention_ms is an upper bound.
@@ -25,6 +29,7 @@ import functools
 import gc
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -33,14 +38,15 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 
-from harness import DEVICE, KeyPool, decode_lens, environment, markdown_table, random_queries, time_graph  # noqa: E402
+from harness import (DEVICE, KeyPool, decode_lens, environment, markdown_table, random_queries,  # noqa: E402
+                     time_graphs_paired)
 
 from spin_indexer.indexer import DenseIndexer, SpinIndexer  # noqa: E402
 from spin_indexer.predictor import SpinConfig  # noqa: E402
 from sparse_mla import MLA_HEADS, QK_DIM, T, sparse_mla_decode  # noqa: E402
 
 COLUMNS = ["model_shape", "batch", "context", "config", "layers", "step_ms", "indexer_ms", "attention_ms",
-           "realized_sparsity", "tokens_per_s_indexer_attention"]
+           "indexer_vs_dense", "realized_sparsity", "tokens_per_s_indexer_attention"]
 AUTO_BATCHES = (96, 64, 32, 16, 8)
 DEVICE_GIB = 139.0  # H200 as lent; the CPU dry run sizes "auto" points against it too
 MLA_BYTES_PER_TOKEN = QK_DIM + 4
@@ -134,19 +140,17 @@ def run_point(batch: int, ctx: int, args) -> list[dict]:
             q, w = index_q[layer]
             attend(layer, dense.run(layer, q, keys.cache, w))
 
-    timing = dict(target_s=args.target_s, min_reps=3, max_reps=10)
-    attention_ms = time_graph([attention_step], **timing).p50_us / 1e3
-    log(f"  attention alone {attention_ms:.2f} ms")
     results = []
     for name in args.variants:
         with variant(name):
-            results += _configs(name, batch, ctx, args, keys, table, lens, index_q, attend, dense_step, timing)
+            results += _configs(name, batch, ctx, args, keys, table, lens, index_q, attend, attention_step,
+                                dense_step)
     shape = (f"v3.2-synthetic L{layers} idx{args.index_heads}x{args.index_dim} k{k} "
              f"mla{args.mla_heads}x{QK_DIM}")
-    return [dict(model_shape=shape, batch=batch, context=ctx, config=name, layers=layers, step_ms=round(step, 4),
-                 indexer_ms=round(step - attention_ms, 4), attention_ms=round(attention_ms, 4),
-                 realized_sparsity=round(realized, 4), tokens_per_s_indexer_attention=round(batch / (step / 1e3), 1))
-            for name, step, realized in results]
+    return [dict(model_shape=shape, batch=batch, context=ctx, config=name, layers=layers,
+                 **{key: round(value, 4) for key, value in times.items()}, realized_sparsity=round(realized, 4),
+                 tokens_per_s_indexer_attention=round(batch / (times["step_ms"] / 1e3), 1))
+            for name, times, realized in results]
 
 
 # A/B switches of the step's parts, for attributing a change in one device call (--variants): each sets one part
@@ -193,13 +197,21 @@ def variant(name: str):
             os.environ["SPIN_INDEXER_LOGITS"] = env
 
 
-def _configs(name, batch, ctx, args, keys, table, lens, index_q, attend, dense_step, timing) -> list[tuple]:
-    """(config, step_ms, realized sparsity) of dense and every SPIN sparsity under variant `name`."""
+def _times(step: list, attention: list, dense: list) -> dict:
+    """The row's timings (ms) from per-round replays of its step, attention alone and the dense step."""
+    return dict(step_ms=statistics.median(step),
+                indexer_ms=statistics.median(s - a for s, a in zip(step, attention)),
+                attention_ms=statistics.median(attention),
+                indexer_vs_dense=statistics.median((s - a) / (d - a) for s, a, d in zip(step, attention, dense)))
+
+
+def _configs(name, batch, ctx, args, keys, table, lens, index_q, attend, attention_step, dense_step) -> list[tuple]:
+    """(config, timings, realized sparsity) of dense and every SPIN sparsity under variant `name`: attention
+    alone, dense and one SPIN config replayed in turn per round (the dense row pools every sparsity's rounds)."""
     layers, k = args.layers, args.topk
     width = ctx // T
     tag = "" if name == "default" else f"/{name}"
-    results = [("dense" + tag, time_graph([dense_step], **timing).p50_us / 1e3, 0.0)]
-    log(f"  dense{tag} {results[-1][1]:.2f} ms")
+    results, pooled = [], {"attention": [], "dense": []}
     for s in args.sparsity:
         idx = SpinIndexer(SpinConfig(sparsity=s, topk=k), num_layers=layers, max_batch=batch, max_blocks=width,
                           device=DEVICE, num_cache_blocks=keys.num_blocks)
@@ -214,12 +226,18 @@ def _configs(name, batch, ctx, args, keys, table, lens, index_q, attend, dense_s
 
         spin_step()
         realized = float(torch.stack([idx.plans(layer).sparsity().mean() for layer in range(layers)]).mean())
-        step_ms = time_graph([spin_step], **timing).p50_us / 1e3
-        results.append((f"spin-{s:g}{tag}", step_ms, realized))
-        log(f"  spin-{s:g}{tag} {step_ms:.2f} ms, realized sparsity {realized:.3f}")
+        ms = time_graphs_paired(dict(attention=attention_step, dense=dense_step, spin=spin_step), args.rounds)
+        for key in pooled:
+            pooled[key] += ms[key]
+        times = _times(ms["spin"], ms["attention"], ms["dense"])
+        results.append((f"spin-{s:g}{tag}", times, realized))
+        log(f"  attention alone {times['attention_ms']:.2f} ms, dense{tag} {statistics.median(ms['dense']):.2f} ms, "
+            f"spin-{s:g}{tag} {times['step_ms']:.2f} ms (indexer {times['indexer_vs_dense']:.3f} of dense's, "
+            f"{args.rounds} paired rounds), realized sparsity {realized:.3f}")
         del idx, slots, spin_step
         _free_memory()
-    return results
+    dense = _times(pooled["dense"], pooled["attention"], pooled["dense"])
+    return [("dense" + tag, dense, 0.0)] + results
 
 
 def steady_history(idx, ctx: int) -> None:
@@ -247,18 +265,20 @@ def markdown(rows: list[dict], env: dict, command: str) -> str:
              f"- command: `{command}`",
              "- one CUDA graph per config over all layers (median of replays); next_n = 1; caches shared by the "
              "layers (each far larger than L2); sparse MLA is a plain torch gather + bmm (benchmarks/sparse_mla.py), "
-             "not FlashMLA, so attention_ms is an upper bound; indexer_ms = step_ms - attention_ms "
-             "(attention alone over fixed random top-k).", ""]
+             "not FlashMLA, so attention_ms is an upper bound; attention alone (over fixed random top-k), dense "
+             "and SPIN replayed in turn, one replay each per round: indexer_ms = median over rounds of step - "
+             "attention alone, indexer_vs_dense = median over rounds of SPIN's indexer time / dense's.", ""]
     lines += markdown_table(COLUMNS, rows)
     return "\n".join(lines) + "\n"
 
 
 def print_table(rows: list[dict]) -> None:
     log(f"\n{'batch':>6} {'context':>8} {'config':>24} {'step_ms':>9} {'indexer_ms':>10} {'attn_ms':>8} "
-        f"{'sparsity':>8} {'tok/s':>9}")
+        f"{'vs_dense':>8} {'sparsity':>8} {'tok/s':>9}")
     for r in rows:
         log(f"{r['batch']:>6} {r['context']:>8} {r['config']:>24} {r['step_ms']:>9.3f} {r['indexer_ms']:>10.3f} "
-            f"{r['attention_ms']:>8.3f} {r['realized_sparsity']:>8.3f} {r['tokens_per_s_indexer_attention']:>9.0f}")
+            f"{r['attention_ms']:>8.3f} {r['indexer_vs_dense']:>8.3f} {r['realized_sparsity']:>8.3f} "
+            f"{r['tokens_per_s_indexer_attention']:>9.0f}")
 
 
 def main(argv=None) -> int:
@@ -276,7 +296,8 @@ def main(argv=None) -> int:
     p.add_argument("--mla-heads", type=int, default=MLA_HEADS)
     p.add_argument("--variants", type=lambda v: v.split(","), default=["default"],
                    help="comma list of " + ", ".join(f"{k} ({v})" for k, v in VARIANTS.items()))
-    p.add_argument("--target-s", type=float, default=0.3, help="time_graph: seconds of replays per config")
+    p.add_argument("--rounds", type=int, default=10,
+                   help="paired rounds per SPIN config (one replay each of attention alone, dense and SPIN)")
     args = p.parse_args(argv)
     if set(args.variants) - set(VARIANTS):
         p.error(f"--variants: unknown {sorted(set(args.variants) - set(VARIANTS))}; expected some of {sorted(VARIANTS)}")

@@ -104,6 +104,43 @@ def time_graph(calls, target_s: float = 0.06, min_reps: int = 5, max_reps: int =
     return Timing(q(0.5), q(0.2), q(0.8), reps, len(calls))
 
 
+def time_graphs_paired(calls: dict, rounds: int = 10) -> dict:
+    """{name: [ms of each round]}: each zero-argument callable captured in its own CUDA graph, then `rounds`
+    rounds of one replay of every graph in turn, each replay timed alone. Slow drifts (clocks, heat) then hit
+    every graph of a round alike, so per-round differences and ratios (a step minus attention alone, SPIN's
+    indexer over the dense one) are steadier than ones of medians taken apart (bench_v32_step's "attention
+    alone" moved by ~1 ms between runs when it was timed on its own). CPU dry run: each callable once, every time
+    NaN (nothing is timed)."""
+    if DEVICE == "cpu":
+        for fn in calls.values():
+            fn()
+        return {name: [float("nan")] * rounds for name in calls}
+    graphs = {}
+    for name, fn in calls.items():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the graph: compiles kernels, allocates buffers
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graphs[name] = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graphs[name]):
+            fn()
+        graphs[name].replay()
+    torch.cuda.synchronize()
+    events = [{name: (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for name in calls}
+              for _ in range(rounds)]
+    for per_round in events:
+        for name, (a, b) in per_round.items():
+            a.record()
+            graphs[name].replay()
+            b.record()
+    torch.cuda.synchronize()
+    out = {name: [per_round[name][0].elapsed_time(per_round[name][1]) for per_round in events] for name in calls}
+    del graphs
+    return out
+
+
 def copy_bandwidth_gbps(gib: float = 4.0) -> float:
     """Device-to-device copy of `gib` GiB: (bytes read + bytes written) / median time."""
     if DEVICE == "cpu":

@@ -76,7 +76,8 @@ def test_bench_v32_step_dry_run(tmp_path):
         reader = csv.DictReader(f)
         rows = list(reader)
     assert reader.fieldnames == ["model_shape", "batch", "context", "config", "layers", "step_ms", "indexer_ms",
-                                 "attention_ms", "realized_sparsity", "tokens_per_s_indexer_attention"]
+                                 "attention_ms", "indexer_vs_dense", "realized_sparsity",
+                                 "tokens_per_s_indexer_attention"]
     assert [(r["batch"], r["context"], r["config"]) for r in rows] == [
         ("2", "2048", "dense"), ("2", "2048", "spin-0.5"), ("3", "1024", "dense"), ("3", "1024", "spin-0.5")]
     for r in rows:
@@ -129,3 +130,23 @@ def test_unknown_variant_is_refused_before_any_point(capsys):
     with pytest.raises(SystemExit) as exc:
         v32.main(["--variants", "default,topk-v9", "--points", "1x1024", "--out", "/nonexistent/never-created"])
     assert exc.value.code == 2 and "--variants: unknown ['topk-v9']" in capsys.readouterr().err
+
+
+def test_timings_are_medians_of_paired_rounds():
+    """A drift that moves every graph of a round alike leaves the paired indexer time and ratio exact: rounds with
+    attention 5-9 ms and the steps 5 (SPIN) and 10 (dense) ms above it give 5 ms and 0.5 in every round."""
+    v32 = import_benchmark("bench_v32_step")
+    attention = [5.0, 9.0, 6.0, 8.0, 7.0]
+    spin = [a + 5.0 for a in attention]
+    dense = [a + 10.0 for a in attention]
+    t = v32._times(spin, attention, dense)
+    assert t == dict(step_ms=12.0, indexer_ms=5.0, attention_ms=7.0, indexer_vs_dense=0.5)
+    assert v32._times(dense, attention, dense)["indexer_vs_dense"] == 1.0
+
+
+def test_paired_timing_dry_run_calls_each_once(monkeypatch):
+    harness = import_benchmark("harness")
+    monkeypatch.setattr(harness, "DEVICE", "cpu")
+    calls = []
+    out = harness.time_graphs_paired(dict(a=lambda: calls.append("a"), b=lambda: calls.append("b")), rounds=3)
+    assert calls == ["a", "b"] and set(out) == {"a", "b"} and all(len(v) == 3 for v in out.values())

@@ -25,6 +25,8 @@ from .topk import check_group
 try:  # the package imports this module only for CUDA tensors; without triton the reference is used
     import triton
     import triton.language as tl
+
+    from .maxima_triton import store_maxima
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -187,31 +189,6 @@ if triton is not None:
         return tl.where(cols < clen, x, float("-inf"))
 
     @triton.jit
-    def max_nan(a, b):
-        """max that returns NaN when either operand is one (PTX max.NaN: one instruction)."""
-        return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
-
-    @triton.jit
-    def _row_maxima(x, m, in_table, clen, bmax_row, gmax_row, T: tl.constexpr, BMAX: tl.constexpr,
-                    GMAX: tl.constexpr, G: tl.constexpr):
-        """The compact block max (BMAX) and the maxima of every G columns (GMAX) of one row's tile x.
-
-        The group maxima take one NaN-propagating reduction (a NaN wins its group: topk_triton never prunes
-        it) and the block max one more over the T / G group maxima, instead of a NaN count, a max over the
-        groups and a max over the whole block (run 38's counters: this pass issued an instruction on 63% of
-        the SMs' cycles for 41% of DRAM bandwidth). tl.max skips NaN operands (PTX max), as the block max
-        over the columns did."""
-        BB: tl.constexpr = x.shape[0]
-        if GMAX:
-            gm = tl.reduce(tl.reshape(x, [BB, T // G, G]), 2, max_nan)  # [BB, T // G]
-            gi = m[:, None] * (T // G) + tl.arange(0, T // G)[None, :]
-            tl.store(gmax_row + gi, gm, mask=tl.broadcast_to(in_table[:, None], gi.shape) & (gi * G < clen))
-            if BMAX:
-                tl.store(bmax_row + m, tl.max(gm, axis=1), mask=in_table & (m * T < clen))
-        elif BMAX:
-            tl.store(bmax_row + m, tl.max(x, axis=1), mask=in_table & (m * T < clen))
-
-    @triton.jit
     def _update_history_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
                                bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                                clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
@@ -258,8 +235,8 @@ if triton is not None:
                 if r != j:
                     clen = tl.load(clen_ptr + b * next_n + r)
                     x = _row_logits(x_req + r * x_stride_n, m, in_table, clen, T)
-                    _row_maxima(x, m, in_table, clen, bmax_ptr + (out_row + r) * bmax_stride,
-                                gmax_ptr + (out_row + r) * gmax_stride, T, BMAX, GMAX, G)
+                    store_maxima(x, pm, tl.minimum(clen, num_blocks * T), gmax_ptr + (out_row + r) * gmax_stride,
+                                 bmax_ptr + (out_row + r) * bmax_stride, T, G, BLOCKS, GMAX, BMAX)
         # a row that does not update (guarded) reads and writes no history: its `upd` masks every access
         upd, q, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, HAS_SEEN)
         on = tl.where(upd, in_table, False)
@@ -272,8 +249,9 @@ if triton is not None:
         live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
         live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
                                       seen_stride, alpha, lo, hi, T, HAS_SEEN)
-        _row_maxima(x, m, in_table, clen, bmax_ptr + (out_row + j) * bmax_stride,
-                    gmax_ptr + (out_row + j) * gmax_stride, T, BMAX, GMAX, G)
+        if BMAX or GMAX:
+            store_maxima(x, pm, tl.minimum(clen, num_blocks * T), gmax_ptr + (out_row + j) * gmax_stride,
+                         bmax_ptr + (out_row + j) * bmax_stride, T, G, BLOCKS, GMAX, BMAX)
         # The diagonal window covers the request's last `window` positions: only the tiles that reach it
         # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
         last = tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0)

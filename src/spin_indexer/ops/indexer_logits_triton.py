@@ -41,7 +41,8 @@ try:  # the package imports this module only for CUDA tensors; without triton th
     import triton
     import triton.language as tl
 
-    from .history_triton import _history_args, _no_history, ema_tile, max_nan, row_constants, update_history_triton
+    from .history_triton import _history_args, _no_history, ema_tile, row_constants, update_history_triton
+    from .maxima_triton import max_nan
 except ImportError:  # pragma: no cover
     triton = None
 

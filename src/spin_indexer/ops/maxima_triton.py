@@ -81,7 +81,7 @@ def row_maxima_triton(logits: torch.Tensor, lengths: torch.Tensor, group_max_out
 
 if triton is not None:
     @triton.jit
-    def _max_nan(a, b):
+    def max_nan(a, b):
         """max that returns NaN when either operand is one (PTX max.NaN: one instruction)."""
         return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
@@ -103,13 +103,16 @@ if triton is not None:
         return tl.where(c < length, x, float("-inf"))
 
     @triton.jit
-    def _store_maxima(x, t, length, gmax_row, bmax_row, T: tl.constexpr, G: tl.constexpr, TB: tl.constexpr,
-                      GMAX: tl.constexpr, BMAX: tl.constexpr):
+    def store_maxima(x, t, length, gmax_row, bmax_row, T: tl.constexpr, G: tl.constexpr, TB: tl.constexpr,
+                     GMAX: tl.constexpr, BMAX: tl.constexpr):
         """Tile t's group maxima (one NaN-propagating reduction: a NaN wins its group, so the top-k never
-        prunes it) and block maxima (from the group maxima: T / G values per block instead of T)."""
+        prunes it) and block maxima (from the group maxima: T / G values per block instead of T), for the groups
+        and blocks below `length`; x float32 [TB, T] holds units t * TB ... (-inf past the length). Also the
+        update pass's (update_tile), for the rows whose maxima it writes. tl.max skips a NaN operand (PTX max):
+        a block max is NaN only when every group of the block is."""
         u = t * TB + tl.arange(0, TB)
         if GMAX:
-            gm = tl.reduce(tl.reshape(x, [TB, T // G, G]), 2, _max_nan)  # [TB, T // G]
+            gm = tl.reduce(tl.reshape(x, [TB, T // G, G]), 2, max_nan)  # [TB, T // G]
             gi = u[:, None] * (T // G) + tl.arange(0, T // G)[None, :]
             tl.store(gmax_row + gi, gm, mask=gi * G < length)
             if BMAX:
@@ -136,5 +139,5 @@ if triton is not None:
         for t in range(p, tl.cdiv(length, TB * T), step):
             # the next tile's load first: its bytes stream while this tile's maxima are reduced and stored
             nxt = _load_tile(x_row, t + step, length, T, TB, EVEN)
-            _store_maxima(_mask_tile(x, t, length, T, TB), t, length, gmax_row, bmax_row, T, G, TB, GMAX, BMAX)
+            store_maxima(_mask_tile(x, t, length, T, TB), t, length, gmax_row, bmax_row, T, G, TB, GMAX, BMAX)
             x = nxt

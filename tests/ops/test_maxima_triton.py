@@ -103,6 +103,7 @@ def test_empty_and_nothing_to_write(triton_device):
     (dict(lengths=torch.zeros(3, dtype=torch.int64)), "lengths"),
     (dict(lengths=torch.zeros(2, dtype=torch.int32)), "lengths"),
     (dict(group=24), "group"),
+    (dict(logits=torch.zeros(3, 256, dtype=torch.float16)), "logits"),
     (dict(group_max_out=torch.zeros(3, 2)), "group_max_out"),
     (dict(group_max_out=torch.zeros(3, 8, dtype=torch.float16)), "group_max_out"),
     # made on the device: moving a strided view there makes it contiguous

@@ -13,7 +13,7 @@ programs: a static grid, so CUDA-graph capture keeps it) load the length once an
 t = p, p + P, ..., the next tile's load issued before the current tile's maxima are reduced and stored (two
 tiles in flight per program); the first tile is loaded beside the length, not after it.
 Measured (H200, ncu, SPIN's maxima at 96 x 128K, s = 0.5): 13.0 us at 41% of DRAM peak before (run 38), 8.8 us at
-60% (run 43). What is left is mostly the start: the first loads' latency in a ~9 us kernel.
+60% (run 43); the rest of the gap to copy speed is, I think, the first loads' latency in a ~9 us kernel (not measured).
 """
 from __future__ import annotations
 

@@ -125,7 +125,8 @@ def make_selector(config: str, model, caches, k: int):
     sparsity = float(config.removeprefix("spin-"))
     batch, width = caches.block_table.shape
     spin = SpinIndexer(SpinConfig(sparsity=sparsity, topk=k), num_layers=model.cfg.num_layers, max_batch=batch,
-                       max_blocks=width, device=caches.block_table.device)
+                       max_blocks=width, device=caches.block_table.device,
+                       topk_sorted=True)  # all-keep decodes with ops.topk (best first): the same top-k work
     caches.slot_ids.copy_(torch.tensor([spin.state.allocate() for _ in range(batch)], dtype=torch.int32))
     return spin
 

@@ -10,7 +10,8 @@ Per (batch, context) point, random weights and caches, next_n = 1:
   (B = 96 at 128K: 1.7 GB of indexer keys), so nothing survives in L2 from one layer to the next.
 - configs: dense = DenseIndexer.run (logits + top-k through the step's backends) + sparse MLA, per layer;
   spin-s = SpinIndexer.plan once (every layer) + run per layer + sparse MLA, from a random steady-state history;
-  attention alone (61 layers of sparse MLA over fixed random top-k) gives attention_ms, and
+  attention alone (61 layers of sparse MLA over a fixed random top-k, in the order the steps' top-k hands over:
+  ascending positions, or as drawn under --variants topk-sorted) gives attention_ms, and
   indexer_ms = step_ms - attention_ms. Attention alone, dense and one SPIN config are replayed in turn, one replay
   each per round (harness.time_graphs_paired), and every number is a median over rounds of per-round values:
   indexer_ms = median(step - attention of the same round), indexer_vs_dense = median((spin - attention) /
@@ -127,10 +128,13 @@ def run_point(batch: int, ctx: int, args) -> list[dict]:
         return sparse_mla_decode(mla_q[layer], latent.kv_latent, latent.kv_scale, table, topk_indices)
 
     fixed_topk = torch.randint(0, ctx, (batch, k), device=DEVICE, generator=gen, dtype=torch.int32)
+    # attention alone reads its rows in the order the steps hand them over: ascending positions (the set order,
+    # the default) or best first (the topk-sorted variant; random positions)
+    ascending_topk = fixed_topk.sort(dim=1).values
 
-    def attention_step():
+    def attention_step(order=None):
         for layer in range(layers):
-            attend(layer, fixed_topk)
+            attend(layer, order if order is not None else ascending_topk)
 
     dense = DenseIndexer(k, 1, device=DEVICE)
 
@@ -143,8 +147,8 @@ def run_point(batch: int, ctx: int, args) -> list[dict]:
     results = []
     for name in args.variants:
         with variant(name):
-            results += _configs(name, batch, ctx, args, keys, table, lens, index_q, attend, attention_step,
-                                dense_step)
+            alone = functools.partial(attention_step, fixed_topk) if name == "topk-sorted" else attention_step
+            results += _configs(name, batch, ctx, args, keys, table, lens, index_q, attend, alone, dense_step)
     shape = (f"v3.2-synthetic L{layers} idx{args.index_heads}x{args.index_dim} k{k} "
              f"mla{args.mla_heads}x{QK_DIM}")
     return [dict(model_shape=shape, batch=batch, context=ctx, config=name, layers=layers,
@@ -163,6 +167,8 @@ VARIANTS = {
     "no-schedule": "no DeepGEMM schedule from plan(): DeepGEMM computes its own per layer (one launch more)",
     "logits-triton": "the Triton logits kernel instead of DeepGEMM (SPIN_INDEXER_LOGITS=triton)",
     "no-overlap": "the EMA update in series after DeepGEMM (SpinIndexer(overlap_update=False)), not on a side stream",
+    "topk-sorted": "every top-k best first (topk_sorted=True: the sort and rank launches) instead of the set in "
+                   "position order (one select launch), dense and SPIN alike",
     "tau-hint": "SPIN's top-k threshold starts from the previous step's key (SpinIndexer(tau_hint=True)); this "
                 "benchmark's logits repeat every step, so every hint hits: an upper bound of the gain",
 }
@@ -176,7 +182,7 @@ def variant(name: str):
     if name not in VARIANTS:
         raise SystemExit(f"--variants: unknown {name!r}; expected some of {sorted(VARIANTS)}")
     chain, schedule, env = topk_triton.TOPK_CHAIN, SpinIndexer._schedule_layers, os.environ.get("SPIN_INDEXER_LOGITS")
-    init = SpinIndexer.__init__
+    init, dense_init = SpinIndexer.__init__, DenseIndexer.__init__
     try:
         if name in ("topk-v1", "topk-v2"):
             topk_triton.TOPK_CHAIN = name[-2:]
@@ -188,9 +194,13 @@ def variant(name: str):
             SpinIndexer.__init__ = functools.partialmethod(init, overlap_update=False)
         elif name == "tau-hint":
             SpinIndexer.__init__ = functools.partialmethod(init, tau_hint=True)
+        elif name == "topk-sorted":
+            SpinIndexer.__init__ = functools.partialmethod(init, topk_sorted=True)
+            DenseIndexer.__init__ = functools.partialmethod(dense_init, topk_sorted=True)
         yield
     finally:
         topk_triton.TOPK_CHAIN, SpinIndexer._schedule_layers, SpinIndexer.__init__ = chain, schedule, init
+        DenseIndexer.__init__ = dense_init
         if env is None:
             os.environ.pop("SPIN_INDEXER_LOGITS", None)
         else:

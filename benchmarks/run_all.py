@@ -9,7 +9,8 @@ random key cache so no replay hits L2), per layer:
   deepgemm_logits_us   DeepGEMM fp8_paged_mqa_logits, dense (empty where deep_gemm does not import)
   dense_logits_us      the project's Triton logits, dense (block max fused, and the top-k's group maxima where it
                        prunes finer than a block; tail unwritten)
-  torch_topk_us        torch.topk(logits, K) over full rows
+  torch_topk_us        torch.topk(logits, K, sorted=False) over full rows (sorted=True with --topk-sorted): the same
+                       contract as the steps' top-k
   own_topk_us          ops.topk_positions over the dense logits (with their block / group maxima), each layer's in turn
   dense_step_us        DenseIndexer.run: logits + top-k through the step's backends (the "own dense step")
   spin_logits_us       the SPIN step's logits alone, on layer 0's compact table (same backend as the step)
@@ -162,7 +163,10 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
         out["dense_logits_us"] = time_graph(each_layer(lambda i: ops.paged_indexer_logits(
             p.q[i][0], p.caches[i], p.q[i][1], p.lens, p.table, validate=False, out=logits, block_max_out=bmax,
             fill_tail=False, group_max_out=gmax, group=group)), **timing).p50_us
-    out["torch_topk_us"] = time_graph([lambda: torch.topk(logits[:, :ctx], k, dim=1)], **timing).p50_us
+    # the steps' top-k order (--topk-sorted): the set in position order by default, best first with the flag
+    sorted_ = (indexer_kw or {}).get("topk_sorted", False)
+    out["torch_topk_us"] = time_graph([lambda: torch.topk(logits[:, :ctx], k, dim=1, sorted=sorted_)],
+                                      **timing).p50_us
     # the own top-k on each layer's logits in turn, as the dense step sees them (see spin_step's top-k)
     dense_inputs = [(logits, bmax, gmax)]  # the last layer's, from the timing above
     with logits_backend("triton"):
@@ -173,9 +177,10 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
                                      block_max_out=bm, fill_tail=False, group_max_out=gm, group=group)
             dense_inputs.append((x, bm, gm))
     out["own_topk_us"] = time_graph([lambda x=x, bm=bm, gm=gm: ops.topk_positions(x, lens_flat, k, block_max=bm,
-                                                                                  validate=False, group_max=gm)
+                                                                                  validate=False, group_max=gm,
+                                                                                  sorted=sorted_)
                                      for x, bm, gm in dense_inputs], **timing).p50_us
-    dense = DenseIndexer(k, next_n, device=p.table.device)
+    dense = DenseIndexer(k, next_n, device=p.table.device, topk_sorted=sorted_)
     dense.plan(p.table, p.lens, validate=False)
     out["dense_step_us"] = time_graph(each_layer(lambda i: dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])),
                                       **timing).p50_us
@@ -223,7 +228,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
 
 def spin_step(p, sparsity: float, k: int, guard, time_graph, timing, indexer_kw: dict | None = None) -> dict:
     """SPIN's step at one sparsity: plan (61 layers) + run per layer, and its logits and top-k alone.
-    indexer_kw: more SpinIndexer arguments (tau_hint, overlap_update)."""
+    indexer_kw: more SpinIndexer arguments (tau_hint, overlap_update, topk_sorted)."""
     import torch
 
     from spin_indexer import ops
@@ -278,9 +283,10 @@ def spin_step(p, sparsity: float, k: int, guard, time_graph, timing, indexer_kw:
             inputs.append((result, bm, ops.group_max_ref(result, clens, group) if group < 64 else None))
     tau_hint = (indexer_kw or {}).get("tau_hint", False)
     hint = torch.zeros(clens.shape[0], dtype=torch.int32, device=clens.device) if tau_hint else None
+    sorted_ = (indexer_kw or {}).get("topk_sorted", False)
     t_topk = time_graph([lambda x=x, bm=bm, gm=gm: ops.topk_positions(
         x, clens, k, block_max=bm, kept_blocks=plan0.kept_blocks, next_n=p.next_n, validate=False, group_max=gm,
-        tau_hint=hint) for x, bm, gm in inputs], **timing).p50_us
+        tau_hint=hint, sorted=sorted_) for x, bm, gm in inputs], **timing).p50_us
     per_layer = t_plan / PLAN_LAYERS + (t_step - t_plan) / p.layers
     del idx, logits, bmax, inputs
     return dict(plan_us=t_plan / PLAN_LAYERS, step_us=per_layer, spin_logits_us=t_logits, topk_us=t_topk,
@@ -316,11 +322,12 @@ def run_checks(env: dict, dry: bool) -> None:
             if not err < 5e-3:
                 raise AssertionError(f"{name} logits n={n}: relative error {err:.2e}")
             k = min(TOPK, ctx // 2)
-            want = topk_positions_ref(ref, p.lens.view(-1), k)
             bmax = ops.block_max(ref, 64)
-            got_k = ops.topk_positions(ref, p.lens.view(-1), k, block_max=bmax)
-            if not torch.equal(got_k, want):
-                raise AssertionError(f"topk_positions differs from its reference (n={n})")
+            for sorted_ in (True, False):
+                want = topk_positions_ref(ref, p.lens.view(-1), k, sorted=sorted_)
+                got_k = ops.topk_positions(ref, p.lens.view(-1), k, block_max=bmax, sorted=sorted_)
+                if not torch.equal(got_k, want):
+                    raise AssertionError(f"topk_positions(sorted={sorted_}) differs from its reference (n={n})")
         log(f"check n={n}: " + ", ".join(f"{k}={v:.2e}" for k, v in env["checks"].items() if f"_n{n}_" in k))
 
 
@@ -410,6 +417,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-overlap", action="store_true",
                    help="SPIN's EMA update in series after the logits (SpinIndexer(overlap_update=False)): one pass "
                         "with the maxima instead of a side stream beside the top-k")
+    p.add_argument("--topk-sorted", action="store_true",
+                   help="every top-k best first (the indexers' topk_sorted=True, torch.topk(sorted=True)); default: "
+                        "the set in position order, what the engines' sparse attention reads")
     p.add_argument("--update-in-topk-blocks", type=int, default=None,
                    help="table blocks (B x W) up to which SPIN's EMA update runs inside the top-k's first launch "
                         "(spin.UPDATE_IN_TOPK_BLOCKS; 0: always on the side stream)")
@@ -445,7 +455,8 @@ def main(argv=None) -> int:
                 continue
             try:
                 rows += grid_point(b, c, n, args.sparsities, env, dry,
-                                   dict(tau_hint=args.tau_hint, overlap_update=not args.no_overlap))
+                                   dict(tau_hint=args.tau_hint, overlap_update=not args.no_overlap,
+                                        topk_sorted=args.topk_sorted))
             except Exception as exc:  # one failed point must not cost the whole run
                 log(f"FAILED B={b} L={c} n={n}: {exc!r}")
                 traceback.print_exc()

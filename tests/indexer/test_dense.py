@@ -21,12 +21,17 @@ def test_tokens_per_block_must_be_a_positive_power_of_two(bad):
         DenseIndexer(8, tokens_per_block=bad)
 
 
-def test_run_matches_the_dense_reference(gen):
+@pytest.mark.parametrize("topk_sorted", [False, True])
+def test_run_matches_the_dense_reference(topk_sorted, gen):
+    """The default: the set in ascending positions; topk_sorted=True: best first."""
     x = _inputs(gen)
-    idx = DenseIndexer(16)
+    idx = DenseIndexer(16, topk_sorted=topk_sorted)
     idx.plan(x.block_table, x.seq_lens)
     out = idx.run(0, x.q_fp8, x.kv_cache, x.weights)
-    assert torch.equal(out, topk_ref(paged_indexer_logits_ref(*x.args()), x.seq_lens.view(-1), 16))
+    assert torch.equal(out, topk_ref(paged_indexer_logits_ref(*x.args()), x.seq_lens.view(-1), 16,
+                                     sorted=topk_sorted))
+    with pytest.raises(TypeError, match="topk_sorted"):
+        DenseIndexer(16, topk_sorted=1)
 
 
 @pytest.mark.parametrize("bad", ["length-too-long", "negative-length", "negative-block-id"])

@@ -2,8 +2,8 @@
 the update touches only scored slots, MTP row policies, slot reuse, the history paged beside the cache
 (reused and shared physical blocks), the speed guard, one run per layer per step, and every misuse error.
 
-run() returns topk_ref's picks (best first, ties to the lower position) as logical positions: the
-expectations are topk_ref itself. The vertical history lives per physical block: tests read it through the
+run() returns topk_ref's picks (ties to the lower position) as logical positions, by default in ascending position
+order (topk_sorted=True: best first): the expectations are topk_ref itself. The vertical history lives per physical block: tests read it through the
 block table."""
 import dataclasses
 
@@ -44,12 +44,13 @@ def _scores(lengths, next_n, width, gen, hot_blocks=None):
     return seq_lens, scores
 
 
+@pytest.mark.parametrize("topk_sorted", [False, True])
 @pytest.mark.parametrize("case", ODD_SHAPES, ids=ODD_IDS)
-def test_sparsity_zero_equals_dense_reference(case, gen):
+def test_sparsity_zero_equals_dense_reference(case, topk_sorted, gen):
     x = make_case_inputs(case, gen)
     idx, slots = _indexer(SpinConfig(sparsity=0.0, topk=case.k), case.batch, x.block_table.shape[1], case.next_n,
-                          num_cache_blocks=x.kv_cache.shape[0])
-    expected = (topk_ref(paged_indexer_logits_ref(*x.args()), x.seq_lens.view(-1), case.k))
+                          num_cache_blocks=x.kv_cache.shape[0], topk_sorted=topk_sorted)
+    expected = topk_ref(paged_indexer_logits_ref(*x.args()), x.seq_lens.view(-1), case.k, sorted=topk_sorted)
     for _ in range(3):  # later steps run with history, exploration and all
         idx.plan(x.block_table, x.seq_lens, slots)
         for layer in range(2):
@@ -67,7 +68,7 @@ def test_sparse_output_is_the_topk_of_the_kept_blocks(next_n, gen):
         out = idx.run_from_scores(1, scores)
         plan = idx.block_plan
         mask = plan.token_mask().repeat_interleave(next_n, 0)
-        expected = (topk_ref(torch.where(mask, scores, float("-inf")), seq_lens.view(-1), k))
+        expected = topk_ref(torch.where(mask, scores, float("-inf")), seq_lens.view(-1), k, sorted=False)
         # rows longer than k: every selected position lies in a kept block and below the row length
         assert torch.equal(out, expected)
         assert ((out < seq_lens.view(-1, 1)) | (out == -1)).all()
@@ -103,7 +104,7 @@ def test_context_not_longer_than_k_selects_everything(gen):
     for _ in range(2):
         idx.plan(torch.arange(16, dtype=torch.int32).view(2, 8), seq_lens, slots)
         out = idx.run_from_scores(0, scores)
-        assert torch.equal(out, (topk_ref(scores, seq_lens.view(-1), 512)))
+        assert torch.equal(out, topk_ref(scores, seq_lens.view(-1), 512, sorted=False))
         assert idx.block_plan.sparsity().tolist() == [0.0, 0.0]
 
 
@@ -406,8 +407,8 @@ def test_guard_scores_every_block_and_keeps_no_history(gen):
             if step:
                 assert plan.num_kept[1].item() < n[1]  # the long request is sparse once it has history
             mask = plan.token_mask()
-            assert torch.equal(out, (topk_ref(torch.where(mask, scores, float("-inf")), seq_lens.view(-1), k)))
-            assert torch.equal(out[0], (topk_ref(scores[:1], seq_lens[0], k))[0])  # request 0: dense
+            assert torch.equal(out, topk_ref(torch.where(mask, scores, float("-inf")), seq_lens.view(-1), k, sorted=False))
+            assert torch.equal(out[0], topk_ref(scores[:1], seq_lens[0], k, sorted=False)[0])  # request 0: dense
     guarded_blocks = table[0, :n[0] + 1].long()
     assert torch.isneginf(idx.state.vertical[:, guarded_blocks]).all()
     assert torch.isneginf(idx.state.block_max[guarded_blocks]).all()

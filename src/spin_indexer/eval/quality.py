@@ -249,7 +249,7 @@ class QualityRunner:
 
         spin = SpinIndexer(cfg.spin_config(self.k, self.seed), num_layers=self.model.cfg.num_layers, max_batch=1,
                            max_blocks=caches.block_table.shape[1], next_n=cfg.next_n,
-                           device=caches.block_table.device)
+                           device=caches.block_table.device, topk_sorted=True)  # all-keep's ops.topk order
         caches.slot_ids[0] = spin.state.allocate()
         return MissRecorder(spin, self.k, self.record_blocks)
 

@@ -162,7 +162,8 @@ class BatchedQualityRunner(QualityRunner):
         from ..indexer import SpinIndexer
 
         spin = SpinIndexer(cfg.spin_config(self.k, self.seed), num_layers=self.model.cfg.num_layers, max_batch=batch,
-                           max_blocks=caches.block_table.shape[1], device=caches.block_table.device)
+                           max_blocks=caches.block_table.shape[1], device=caches.block_table.device,
+                           topk_sorted=True)  # all-keep's ops.topk order: the attention sums in the same order
         caches.slot_ids.copy_(torch.tensor([spin.state.allocate() for _ in range(batch)], dtype=torch.int32))
         return spin
 

@@ -30,14 +30,15 @@ def fuses_group_max(rows: int, group: int) -> bool:
 
 def dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, topk: int, tokens_per_block: int,
                block_max: torch.Tensor, logits_out: torch.Tensor | None = None,
-               out: torch.Tensor | None = None, group_max: torch.Tensor | None = None) -> torch.Tensor:
+               out: torch.Tensor | None = None, group_max: torch.Tensor | None = None,
+               sorted: bool = True) -> torch.Tensor:
     """The dense step's kernels: paged logits over the whole table (block max fused) and their top-k.
 
     Shapes as DenseIndexer.run; block_max: float32 [B*N, W] written; logits_out: optional float32 [B*N, W*T]
     for the logits, unused when DeepGEMM computes them (it allocates its own: a copy would cost every logit);
     out: optional int32 [B*N, K]; group_max: optional float32 [B*N, >= W*T / 8], room for the top-k's group
-    maxima when it prunes at 8 or 16 columns (allocated here when needed and not given). returns the top-k
-    int32 [B*N, K] (out when given).
+    maxima when it prunes at 8 or 16 columns (allocated here when needed and not given); sorted: best first,
+    or the set in ascending positions (ops.topk_positions). returns the top-k int32 [B*N, K] (out when given).
     Where the top-k prunes at G < T columns (ops.topk_group: tables under 4k blocks), the logits op writes
     the G-column maxima too at one row and G <= 16 (in the Triton kernel's epilogue), so the top-k launches
     no group-max pass of its own; elsewhere that launch measured faster (FUSED_GROUP_MAX_ROWS)."""
@@ -55,18 +56,24 @@ def dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, topk: int, token
                                       out=logits_out, block_max_out=block_max, fill_tail=False,
                                       group_max_out=gmax, group=group, backend=backend)
     return ops.topk_positions(logits, seq_lens.view(-1), topk, block_max=block_max,
-                              tokens_per_block=tokens_per_block, out=out, validate=False, group_max=gmax)
+                              tokens_per_block=tokens_per_block, out=out, validate=False, group_max=gmax,
+                              sorted=sorted)
 
 
 class DenseIndexer:
     """All-keep indexer: full paged logits and top-k. plan() stores the step's metadata, run() per layer.
 
     topk: K >= 1; next_n: query rows per request in [1, 8]; tokens_per_block: T >= 1, a power of two, the
-    kv_cache's T (run() checks it).
+    kv_cache's T (run() checks it); topk_sorted: each row best first (True) or, by default, the same set in
+    ascending position order (as SpinIndexer's).
     """
 
-    def __init__(self, topk: int, next_n: int = 1, tokens_per_block: int = 64, device: torch.device | str = "cpu"):
+    def __init__(self, topk: int, next_n: int = 1, tokens_per_block: int = 64, device: torch.device | str = "cpu",
+                 topk_sorted: bool = False):
         check_int("topk", topk, low=1)
+        if not isinstance(topk_sorted, bool):
+            raise TypeError(f"topk_sorted: expected a bool, got {type(topk_sorted).__name__}")
+        self.topk_sorted = topk_sorted
         check_int("next_n", next_n, low=1, high=8)
         check_int("tokens_per_block", tokens_per_block, low=1)
         if tokens_per_block & (tokens_per_block - 1):
@@ -104,7 +111,7 @@ class DenseIndexer:
         self._meta = (block_table, seq_lens, max_block_id)
 
     def run(self, layer: int, q_fp8, kv_cache, weights) -> torch.Tensor:
-        """Dense top-k int32 [B*next_n, K] (best first, -1 padded, as SpinIndexer.run); `layer` is
+        """Dense top-k int32 [B*next_n, K] (-1 padded, in topk_sorted's order, as SpinIndexer.run); `layer` is
         accepted for API symmetry. Logits and top-k go through the same backends as SPIN's step.
 
         q_fp8: float8_e4m3fn [B, next_n, H, D]; kv_cache: uint8 [num_blocks, T, 1, D + 4] with T =
@@ -122,13 +129,13 @@ class DenseIndexer:
             rows, width = q_fp8.shape[0] * q_fp8.shape[1], block_table.shape[1]
             block_max = torch.empty(rows, width, dtype=torch.float32, device=q_fp8.device)
             return dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, self.topk, self.tokens_per_block,
-                              block_max)
+                              block_max, sorted=self.topk_sorted)
 
     def run_from_scores(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
-        """Dense top-k of precomputed scores float32 [B*next_n, W*T] (best first)."""
+        """Dense top-k of precomputed scores float32 [B*next_n, W*T] (in topk_sorted's order)."""
         block_table, seq_lens, _ = self._current()
         return ops.topk_positions(scores, seq_lens.reshape(-1), self.topk, tokens_per_block=self.tokens_per_block,
-                                  validate=False)
+                                  validate=False, sorted=self.topk_sorted)
 
     def _current(self):
         if self._meta is None:

@@ -12,9 +12,9 @@
 On CUDA with the paper's step (A1 pooling, random or no exploration) plan() is two kernels (three where
 DeepGEMM can serve the logits: every layer's SM schedule for it in one launch) and run() the logits kernel
 (Triton: the block and group maxima the top-k prunes with written in its epilogue; DeepGEMM: logits only,
-then a pass for the maxima) and the top-k's four launches, with the EMA update beside the top-k: up to
-UPDATE_IN_TOPK_BLOCKS table blocks its programs run in the top-k's first launch, above it on a low-priority
-side stream (the top-k then on a high-priority one); no host sync and no data-dependent shape
+then a pass for the maxima) and the top-k's three launches (four with topk_sorted), with the EMA update beside
+the top-k: up to UPDATE_IN_TOPK_BLOCKS table blocks its programs run in the top-k's first launch, above it on a
+low-priority side stream (the top-k then on a high-priority one); no host sync and no data-dependent shape
 (validate=False): a whole step captures in one CUDA graph. With overlap_update=False the update runs in
 series, fused into the Triton kernel's epilogue or into DeepGEMM's maxima pass.
 A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards every
@@ -86,14 +86,18 @@ class SpinIndexer:
     search from the row's key of the previous step (workspace.tau_hint; any value gives the same top-k, a row
     whose key moved costs one count more). Off by default: at most 0.1-2.3 us a layer with every hint hitting
     (run 23) and ~55% of hints hit on the proxy model's decoding (benchmarks/NOTES.md); rows are matched by
-    their index in the batch, so a reordered batch only misses.
+    their index in the batch, so a reordered batch only misses. topk_sorted: run() returns each row's top-k
+    best first (True) or, by default, the same set in ascending position order: what the engines' sparse
+    attention reads, and on CUDA one select launch instead of the top-k's sort and rank (the eval pins True so
+    that its committed numbers keep their attention's summation order).
     State lives in `self.state` (allocate() a slot per request, free() it when done); plans of the last
     step in `self.plans(layer)`, the last run layer's in `self.block_plan`.
     """
 
     def __init__(self, config: SpinConfig, num_layers: int, max_batch: int, max_blocks: int, next_n: int = 1,
                  device: torch.device | str = "cpu", max_requests: int | None = None,
-                 num_cache_blocks: int | None = None, overlap_update: bool = True, tau_hint: bool = False):
+                 num_cache_blocks: int | None = None, overlap_update: bool = True, tau_hint: bool = False,
+                 topk_sorted: bool = False):
         if not isinstance(config, SpinConfig):
             raise TypeError(f"config: expected a SpinConfig, got {type(config).__name__}")
         check_int("num_layers", num_layers, low=1)
@@ -104,10 +108,10 @@ class SpinIndexer:
             check_int("max_requests", max_requests, low=1)
         if num_cache_blocks is not None:
             check_int("num_cache_blocks", num_cache_blocks, low=1)
-        for name, flag in (("overlap_update", overlap_update), ("tau_hint", tau_hint)):
+        for name, flag in (("overlap_update", overlap_update), ("tau_hint", tau_hint), ("topk_sorted", topk_sorted)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
-        self.tau_hint = tau_hint
+        self.tau_hint, self.topk_sorted = tau_hint, topk_sorted
         self.config, self.max_batch, self.max_blocks, self.next_n = config, max_batch, max_blocks, next_n
         self.device = check_device("device", device)
         t = config.tokens_per_block
@@ -234,7 +238,8 @@ class SpinIndexer:
 
     # -- run -------------------------------------------------------------------------------------------
     def run(self, layer: int, q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Top-k positions int32 [B*next_n, K] for `layer` (best first, -1 padded), then that layer's update.
+        """Top-k positions int32 [B*next_n, K] for `layer` (ascending positions, or best first with topk_sorted;
+        -1 padded), then that layer's update.
 
         q_fp8: float8_e4m3fn [B, next_n, H, D]; kv_cache: uint8 [num_blocks, T, 1, D + 4] with num_blocks <=
         num_cache_blocks; weights: float32 [B*next_n, H]. The result is a view of the workspace, valid until
@@ -375,7 +380,7 @@ class SpinIndexer:
         ws = self.workspace
         out = dense_topk(q_fp8, kv_cache, weights, st.seq_lens, st.block_table, self.config.topk,
                          self.config.tokens_per_block, ws.block_max[:rows, :width], logits_out=ws.logits[:rows, :cols],
-                         out=ws.topk[layer, :rows], group_max=ws.group_max)
+                         out=ws.topk[layer, :rows], group_max=ws.group_max, sorted=self.topk_sorted)
         self.block_plan = plan
         return out
 
@@ -458,7 +463,8 @@ class SpinIndexer:
                            kept_blocks=plan.kept_blocks, next_n=self.next_n,
                            tokens_per_block=self.config.tokens_per_block, out=out, validate=False,
                            group_max=group_max, tau_hint=self.workspace.tau_hint[layer, :rows] if self.tau_hint else None,
-                           history=history, compact_table=None if history is None else plan.compact_block_table)
+                           history=history, compact_table=None if history is None else plan.compact_block_table,
+                           sorted=self.topk_sorted)
         if self.extensions is not None:
             self.extensions.after_layer(layer, st.meta, plan, out, block_max)
         self.block_plan = plan

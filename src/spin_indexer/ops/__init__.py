@@ -139,8 +139,9 @@ def topk(logits, lengths, k: int, validate: bool = True, block_max=None):
 
 def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, next_n: int = 1,
                    tokens_per_block: int = 64, out=None, validate: bool = True, group_max=None, tau_hint=None,
-                   history: HistoryUpdate | None = None, compact_table=None):
-    """Top-k positions int32 [R, k], best first, -1 padded, through SPIN's compact-to-logical map; see
+                   history: HistoryUpdate | None = None, compact_table=None, sorted: bool = True):
+    """Top-k positions int32 [R, k], best first (sorted=False: the same set in ascending column order, one
+    launch fewer on CUDA), -1 padded, through SPIN's compact-to-logical map; see
     `topk_positions_ref`. On CUDA the Triton top-k (block_max / group_max let it read only the groups that
     can hold a winner) writes the mapped positions in its final pass. tau_hint: optional int32 [R], the
     Triton top-k's threshold hint, read and written (topk_triton); the reference has no threshold and leaves
@@ -168,17 +169,18 @@ def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, ne
             check_tensor("tau_hint", tau_hint, dtype=torch.int32, shape=(logits.shape[0],), shape_names="[R]",
                          device=logits.device, device_of="logits", contiguous=True)
         out = topk_positions_ref(logits, lengths, k, block_max=block_max, kept_blocks=kept_blocks, next_n=next_n,
-                                 tokens_per_block=tokens_per_block, out=out, validate=validate, group_max=group_max)
+                                 tokens_per_block=tokens_per_block, out=out, validate=validate, group_max=group_max,
+                                 sorted=sorted)
         if history is not None:
             update_history(history, logits.view(logits.shape[0] // next_n, next_n, logits.shape[1]), compact_table,
                            lengths.view(-1, next_n))
         return out
     from .topk import check_topk_positions_args
     check_topk_positions_args(logits, lengths, k, block_max, kept_blocks, next_n, tokens_per_block, out, validate,
-                              group_max)
+                              group_max, sorted)
     return twin(logits, lengths, k, validate=False, block_max=block_max, kept_blocks=kept_blocks, next_n=next_n,
                 out=out, group_max=group_max, tau_hint=tau_hint,
-                update=None if history is None else (history, compact_table))
+                update=None if history is None else (history, compact_table), sorted=sorted)
 
 
 def _check_outputs(logits, width, dev, out, block_max_out) -> None:

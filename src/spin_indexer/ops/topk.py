@@ -2,6 +2,9 @@
 
 Order: best first; equal values keep ascending position order, so ties go to the lower position (exact,
 through distinct int64 order keys). Rows with lengths[r] <= k return all their positions (still best first), then -1.
+sorted=False returns the same set in ascending column order instead (then -1): what the engines' sparse attention
+reads (a set of positions: vLLM's and SGLang's decode top-k kernels return one), and what the Triton top-k
+writes without ranking its winners (one select launch instead of a sort and a rank launch).
 """
 from __future__ import annotations
 
@@ -51,8 +54,10 @@ def group_max_into(group_max_out: torch.Tensor, logits: torch.Tensor, lengths: t
     group_max_out[:, :gm.shape[1]].copy_(gm)
 
 
-def check_topk_args(logits, lengths, k, validate: bool = True) -> None:
+def check_topk_args(logits, lengths, k, validate: bool = True, sorted: bool = True) -> None:
     check_tensor("logits", logits, dtype=torch.float32, ndim=2)
+    if not isinstance(sorted, bool):
+        raise TypeError(f"sorted: expected a bool, got {type(sorted).__name__}")
     check_tensor("lengths", lengths, dtype=torch.int32, shape=(logits.shape[0],), shape_names="[R]",
                  device=logits.device, device_of="logits")
     check_int("k", k, low=1)
@@ -86,29 +91,38 @@ def order_keys(scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return key.masked_fill_(cols[None, :] >= lengths.long()[:, None], torch.iinfo(torch.int64).min)
 
 
-def topk_ref(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: bool = True) -> torch.Tensor:
+def ascending(picked: torch.Tensor) -> torch.Tensor:
+    """int32 [R, k]: each row's entries >= 0 in ascending order, then its -1s (the sorted=False order)."""
+    big = torch.iinfo(torch.int32).max
+    s = torch.sort(picked.masked_fill(picked < 0, big), dim=1).values
+    return s.masked_fill_(s == big, -1)
+
+
+def topk_ref(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: bool = True,
+             sorted: bool = True) -> torch.Tensor:
     """Top-k positions per row.
 
     logits: float32 [R, C]; columns >= lengths[r] are ignored (whatever they hold).
     lengths: int32 [R] in [0, C].  k: int >= 1 (may exceed C).
+    sorted: best first (True) or the same set in ascending position order (False).
     returns int32 [R, k]: positions, best first, ties to the lower position, -1 past lengths[r].
     raises ValueError or TypeError naming the argument.
     """
-    check_topk_args(logits, lengths, k, validate)
+    check_topk_args(logits, lengths, k, validate, sorted)
     rows, cols = logits.shape
     take = min(k, cols)
     order = torch.topk(order_keys(logits, lengths), take, dim=1).indices
     out = torch.full((rows, k), -1, dtype=torch.int32, device=logits.device)
     keep = torch.arange(take, device=logits.device)[None, :] < lengths.long()[:, None]
     out[:, :take] = torch.where(keep, order, -1).to(torch.int32)
-    return out
+    return out if sorted else ascending(out)
 
 
 def check_topk_positions_args(logits, lengths, k, block_max=None, kept_blocks=None, next_n: int = 1,
                               tokens_per_block: int = 64, out=None, validate: bool = True,
-                              group_max=None) -> None:
+                              group_max=None, sorted: bool = True) -> None:
     """The argument checks shared by `topk_positions_ref` and its Triton twin (same messages)."""
-    check_topk_args(logits, lengths, k, validate)
+    check_topk_args(logits, lengths, k, validate, sorted)
     rows, cols = logits.shape
     check_int("tokens_per_block", tokens_per_block, low=1)
     if tokens_per_block & (tokens_per_block - 1):
@@ -138,7 +152,7 @@ def check_topk_positions_args(logits, lengths, k, block_max=None, kept_blocks=No
 
 def topk_positions_ref(logits: torch.Tensor, lengths: torch.Tensor, k: int, block_max=None, kept_blocks=None,
                        next_n: int = 1, tokens_per_block: int = 64, out=None, validate: bool = True,
-                       group_max=None) -> torch.Tensor:
+                       group_max=None, sorted: bool = True) -> torch.Tensor:
     """`topk_ref` of compact logits, written as logical positions: the decode step's top-k.
 
     logits: float32 [R, C]; columns >= lengths[r] are ignored (whatever they hold).
@@ -151,14 +165,16 @@ def topk_positions_ref(logits: torch.Tensor, lengths: torch.Tensor, k: int, bloc
       kept_blocks[r // next_n, c // T] * T + c % T; None = identity. Example: T = 64, kept [0, 2]: columns
       0-63 -> positions 0-63, 64-65 -> 128-129.
     out: optional int32 [R, k] written in place and returned.
+    sorted: True, best first; False, the same set in ascending column order (ascending positions where
+      kept_blocks rows ascend, as SPIN's plans do).
     returns int32 [R, k]: the columns `topk_ref` picks (higher value first, ties to the lower column), mapped
-      to positions, best first, then -1.
+      to positions, in `sorted`'s order, then -1.
     raises ValueError or TypeError naming the argument.
     """
     check_topk_positions_args(logits, lengths, k, block_max, kept_blocks, next_n, tokens_per_block, out, validate,
-                              group_max)
+                              group_max, sorted)
     rows, cols = logits.shape
-    picked = topk_ref(logits, lengths, k, validate=False)  # [R, k] columns, best first, -1 padded
+    picked = topk_ref(logits, lengths, k, validate=False, sorted=sorted)  # [R, k] columns, -1 padded
     if kept_blocks is not None and rows:
         kept = kept_blocks.long().repeat_interleave(next_n, dim=0)  # [R, M]
         c = picked.long().clamp_min(0)

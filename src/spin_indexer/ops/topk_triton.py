@@ -39,6 +39,9 @@ The v1 chain (TOPK_CHAIN = "v1", production; runs 15-16 measured it; profile_ste
   3. `_chunk_sort_kernel` (row x CAP / SORT_CHUNK): each chunk of SORT_CHUNK candidates sorted in place.
   4. `_rank_kernel` (row x CAP / RANK_BI): rank = sum over the sorted chunks of a lockstep binary search;
      the same overflow merge.
+sorted=False (the engines' contract, SpinIndexer's and DenseIndexer's default): threshold and gather as v1, then
+  `_select_set_kernel` (one program per row) instead of the sort and the rank: the k-th largest candidate key
+  digit by digit, then the winners written in ascending column order by a pass over the live groups.
 Sort key: the fp32 value mapped to an order-preserving uint32 (upper half) and 0xFFFFFFFF - position
 (lower half): sorting descending puts larger values first and, among equal values, lower positions
 first, exactly as the stable reference. -0.0 is folded into +0.0 (the reference sorts them as equal), every NaN
@@ -100,6 +103,16 @@ GATHER_WARPS = 8  # the large-batch gather + sort launch
 GATHER_ELEMS_LARGE = 2048
 GATHER_MAXNREG = 64
 GATHER_ELEMS = 4096  # elements per gather tile of a select program (16 per thread at 8 warps)
+# sorted=False: the set select (_select_set_kernel) holds a row's CAP candidate keys, 8 per thread (16 warps at
+# CAP = 4096, k = 2048), and emits SET_EMIT_ELEMS live-group columns per step of its in-order pass
+SET_EMIT_ELEMS = 4096
+
+
+def set_select_warps(cap: int) -> int:
+    """Warps of the set select for a candidate buffer of `cap` keys (8 keys per thread, 4 to 16 warps)."""
+    return max(4, min(16, cap // 256))
+
+
 RANK_WINDOW = 32  # the rank's splitters: the last key of every RANK_WINDOW keys of a run
 RANK_MAXNREG = 64  # v2's rank kernel (its overflow merge spills under the cap; the rank path must not)
 
@@ -123,7 +136,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
                 stats: torch.Tensor | None = None, _stages: int = 5, kept_blocks: torch.Tensor | None = None,
                 next_n: int = 1, out: torch.Tensor | None = None,
                 group_max: torch.Tensor | None = None, tau_hint: torch.Tensor | None = None,
-                update: tuple | None = None) -> torch.Tensor:
+                update: tuple | None = None, sorted: bool = True) -> torch.Tensor:
     """Top-k positions per row, same meaning as `topk_ref`.
 
     logits: float32 [R, C]; columns >= lengths[r] are ignored. lengths: int32 [R] in [0, C]. k: int >= 1.
@@ -154,9 +167,12 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     and the v1 chain runs, the update pass's programs run in the threshold launch, after the rows' threshold
     programs: at a few rows that launch is one program per row on an otherwise idle GPU, so the update costs
     neither a launch nor a stream fork and join of its own. Elsewhere the pass runs after the top-k.
-    returns int32 [R, k]: positions, best first, ties to the lower position, -1 past lengths[r].
+    sorted: True, best first (the sort and rank launches); False, the same set in ascending column order (one
+    select launch, `_select_set_kernel`; the v1 chain's threshold and gather whichever TOPK_CHAIN is).
+    returns int32 [R, k]: positions, best first, ties to the lower position, -1 past lengths[r] (sorted=False:
+    the same positions in ascending column order, then -1).
     """
-    check_topk_args(logits, lengths, k, validate)
+    check_topk_args(logits, lengths, k, validate, sorted)
     rows, cols = logits.shape
     dev = logits.device
     if tau_hint is not None:
@@ -165,7 +181,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     if k > MAX_TRITON_K:
         from .topk import topk_positions_ref
         out = topk_positions_ref(logits, lengths, k, kept_blocks=kept_blocks, next_n=next_n, out=out,
-                                 validate=False)
+                                 validate=False, sorted=sorted)
         return _update_after(update, logits, lengths, next_n, out)
     if block_max is not None:
         check_tensor("block_max", block_max, dtype=torch.float32,
@@ -202,9 +218,12 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     kept_stride = kept_blocks.stride(0) if mapped else 0
     args = (logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _stages, kept, kept_stride, next_n,
             mapped, out, tau_hint)
-    if TOPK_CHAIN == "v1" and (update is None or update[0].rows == 1):
-        return _chain_v1(*args, update=update)
-    (_chain_v1 if TOPK_CHAIN == "v1" else _chain_v2)(*args)
+    if (TOPK_CHAIN == "v1" or not sorted) and (update is None or update[0].rows == 1):
+        return _chain_v1(*args, update=update, ordered=sorted)
+    if not sorted:
+        _chain_v1(*args, ordered=False)
+    else:
+        (_chain_v1 if TOPK_CHAIN == "v1" else _chain_v2)(*args)
     return _update_after(update, logits, lengths, next_n, out)
 
 
@@ -264,7 +283,7 @@ def _chain_v2(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats,
 
 
 def _chain_v1(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _stages, kept, kept_stride, next_n,
-              mapped, out, tau_hint=None, update=None):
+              mapped, out, tau_hint=None, update=None, ordered=True):
     rows, cols = logits.shape
     dev = logits.device
     thresh = torch.empty(rows, dtype=torch.int32, device=dev)
@@ -302,6 +321,11 @@ def _chain_v1(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats,
                                                  logits.stride(0), G=group, LB=lb, CAP=cap, EVEN=cols % group == 0,
                                                  num_warps=4)
     if _stages < 4:
+        return out
+    if not ordered:  # the set in column order: one select launch instead of the sort and the rank
+        _select_set_kernel[(rows,)](logits, lengths, count, cand, live, num_live, thresh, out, logits.stride(0), k,
+                                    kept, kept_stride, next_n, K_POW=k_pow, CAP=cap, G=group,
+                                    E=min(SET_EMIT_ELEMS, cap * group), MAP=mapped, num_warps=set_select_warps(cap))
         return out
     chunk = min(SORT_CHUNK, cap)
     _chunk_sort_kernel[(rows, cap // chunk)](count, cand, CAP=cap, CH=chunk, num_warps=4)
@@ -532,6 +556,86 @@ if triton is not None:
             rank = tl.sum(at + last, axis=1)
             pos = _map_pos((4294967295 - (key & 4294967295)).to(tl.int32), r, kept_ptr, kept_stride, next_n, MAP)
             tl.store(out_ptr + r.to(tl.int64) * k + rank, pos, mask=(i < n) & (rank < k))
+
+    @triton.jit
+    def _digit(key, S: tl.constexpr):
+        """16-bit digit S (0 = the most significant) of int64 order keys as int32 in [0, 65535], ordered as the
+        keys are: the signed top digit is shifted up by 2^15, the others are unsigned."""
+        if S == 0:
+            d = (key >> 48) + 32768
+        else:
+            d = (key >> (48 - 16 * S)) & 0xFFFF
+        return d.to(tl.int32)
+
+    @triton.jit
+    def _select_set_kernel(x_ptr, len_ptr, count_ptr, cand_ptr, live_ptr, nlive_ptr, thresh_ptr, out_ptr, stride_x,
+                           k, kept_ptr, kept_stride, next_n, K_POW: tl.constexpr, CAP: tl.constexpr, G: tl.constexpr,
+                           E: tl.constexpr, MAP: tl.constexpr):
+        """Row r's top k as a set (sorted=False), written in ascending column order; one program per row.
+
+        The k-th largest candidate key K* (keys are distinct) digit by digit, most significant first: for
+        digit s, the largest d with count(matching keys whose digit >= d) >= need (a 4-way bisection, 8 CTA
+        sums), then need -= count(digit > d) and only the keys with digit d still match. It stops once every
+        key still matching is needed (their count equals need): usually after the value's two digits, the
+        position digits only split exact ties. Then `bound` (K*'s digits so far, zeros below) selects exactly
+        the keys >= bound. The emit pass re-reads the live groups in the threshold's list order (ascending)
+        and writes each element >= tau and >= bound at its running count: the set in column order, the same
+        on every run (the gather's candidate order depends on its atomics; this order does not).
+        A row with more than CAP candidates is ranked by the streaming merge (_merge_overflow, best first);
+        its k-th key bounds the set, emitted over the whole row in the same column order."""
+        r = tl.program_id(0)
+        MIN_KEY: tl.constexpr = -9223372036854775807 - 1
+        n = tl.load(count_ptr + r)
+        length = tl.load(len_ptr + r)
+        cbase = cand_ptr + r.to(tl.int64) * CAP
+        xrow = x_ptr + r.to(tl.int64) * stride_x
+        obase = out_ptr + r.to(tl.int64) * k
+        bound = tl.full([], MIN_KEY, tl.int64)
+        tau = tl.load(thresh_ptr + r).to(tl.uint32, bitcast=True)
+        n_live = tl.load(nlive_ptr + r)
+        if n > CAP:
+            _merge_overflow(x_ptr, r, length, stride_x, cbase, out_ptr, k, kept_ptr, kept_stride, next_n, K_POW,
+                            CAP, MAP)
+            tl.debug_barrier()
+            bound = tl.load(cbase + tl.minimum(length, k) - 1)
+            tau = tau * 0  # every column of the row, not only the live groups
+        elif n > k:
+            i = tl.arange(0, CAP)
+            key = tl.load(cbase + i, mask=i < n, other=MIN_KEY)
+            match = i < n
+            need = k + n * 0
+            go = n > k
+            bound = bound * 0
+            for s in tl.static_range(4):
+                if go:
+                    code = tl.where(match, _digit(key, s), -1)
+                    d = _bisect_tile(code, need, 3)
+                    packed = tl.sum((code > d).to(tl.int64) + ((code == d).to(tl.int64) << 32), axis=0)
+                    need = need - (packed & 0xFFFFFFFF).to(tl.int32)
+                    match = match & (code == d)
+                    if s == 0:
+                        bound = (d.to(tl.int64) - 32768) << 48
+                    else:
+                        bound = bound | (d.to(tl.int64) << (48 - 16 * s))
+                    go = (packed >> 32).to(tl.int32) > need
+        # the emit: over the live groups (columns g * G + j, g from the list), or the whole row after a merge
+        whole = n > CAP
+        total = tl.where(whole, length, n_live * G)
+        listed = tl.where(whole, 0, total)  # the live list is read only without the merge
+        taken = n * 0
+        for e0 in range(0, total, E):
+            e = e0 + tl.arange(0, E)
+            inside = e < total
+            g = tl.load(live_ptr + r.to(tl.int64) * CAP + e // G, mask=e < listed, other=0)
+            c = tl.where(whole, e, g * G + e % G)
+            ok = inside & (c < length)
+            u = _ukey(tl.load(xrow + c, mask=ok, other=0.0))
+            take = ok & (u >= tau) & (_sort_key(u, c) >= bound)
+            t = take.to(tl.int32)
+            slot = taken + tl.cumsum(t, axis=0) - t
+            pos = _map_pos(c, r, kept_ptr, kept_stride, next_n, MAP)
+            tl.store(obase + slot, pos, mask=take & (slot < k))
+            taken += tl.sum(t, axis=0)
 
     # -- v2: _select_kernel + _rank_runs_kernel --------------------------------------------------------------
     @triton.jit

@@ -120,7 +120,7 @@ def _replay_batch(batch: list[Trace], config: SpinConfig, device: torch.device, 
     # Folded: request r = b * L + l, one indexer layer. Unfolded: request b, L indexer layers.
     per_req = layers if fold else 1
     idx = SpinIndexer(cfg, num_layers=1 if fold else layers, max_batch=num_req * per_req, max_blocks=width,
-                      next_n=next_n, device=device, num_cache_blocks=num_req * per_req * width)
+                      next_n=next_n, device=device, num_cache_blocks=num_req * per_req * width, topk_sorted=True)
     slots = torch.tensor([idx.state.allocate() for _ in range(num_req * per_req)], dtype=torch.int64,
                          device=device)
     res = ReplayResult(cfg)

@@ -136,19 +136,22 @@ def run_point(batch: int, ctx: int, args) -> list[dict]:
         for layer in range(layers):
             attend(layer, order if order is not None else ascending_topk)
 
-    dense = DenseIndexer(k, 1, device=DEVICE)
+    def dense_step_of():
+        """The dense step, its indexer built under the current variant (which may set its arguments)."""
+        dense = DenseIndexer(k, 1, device=DEVICE)
 
-    def dense_step():
-        dense.plan(table, lens, validate=False)
-        for layer in range(layers):
-            q, w = index_q[layer]
-            attend(layer, dense.run(layer, q, keys.cache, w))
+        def dense_step():
+            dense.plan(table, lens, validate=False)
+            for layer in range(layers):
+                q, w = index_q[layer]
+                attend(layer, dense.run(layer, q, keys.cache, w))
+        return dense_step
 
     results = []
     for name in args.variants:
         with variant(name):
             alone = functools.partial(attention_step, fixed_topk) if name == "topk-sorted" else attention_step
-            results += _configs(name, batch, ctx, args, keys, table, lens, index_q, attend, alone, dense_step)
+            results += _configs(name, batch, ctx, args, keys, table, lens, index_q, attend, alone, dense_step_of())
     shape = (f"v3.2-synthetic L{layers} idx{args.index_heads}x{args.index_dim} k{k} "
              f"mla{args.mla_heads}x{QK_DIM}")
     return [dict(model_shape=shape, batch=batch, context=ctx, config=name, layers=layers,

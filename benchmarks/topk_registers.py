@@ -92,7 +92,10 @@ def configs(group: int, chains: list[str], rows_small: bool, k: int = 2048):
                 ("v1 gather", T._gather_kernel, dict(G=group, LB=max(16, 1024 // group), CAP=cap, EVEN=even), 4, None),
                 ("v1 chunk sort", T._chunk_sort_kernel, dict(CAP=cap, CH=chunk), 4, None),
                 ("v1 rank", T._rank_kernel, dict(K_POW=k_pow, CAP=cap, CH=chunk, LOG_CH=chunk.bit_length() - 1,
-                                                 BI=T.RANK_BI, MAP=True), 4, T.RANK_MAXNREG_V1)]
+                                                 BI=T.RANK_BI, MAP=True), 4, T.RANK_MAXNREG_V1),
+                ("set select (sorted=False)", T._select_set_kernel,
+                 dict(CAP=cap, G=group, E=min(T.SET_EMIT_ELEMS, cap * group), MAP=True),
+                 T.set_select_warps(cap), None)]
     return out
 
 

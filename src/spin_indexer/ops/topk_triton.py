@@ -104,7 +104,9 @@ GATHER_ELEMS_LARGE = 2048
 GATHER_MAXNREG = 64
 GATHER_ELEMS = 4096  # elements per gather tile of a select program (16 per thread at 8 warps)
 # sorted=False: the set select (_select_set_kernel) holds a row's CAP candidate keys, 8 per thread (16 warps at
-# CAP = 4096, k = 2048), and emits SET_EMIT_ELEMS live-group columns per step of its in-order pass
+# CAP = 4096, k = 2048), and emits SET_EMIT_ELEMS live-group columns per step of its in-order pass (one CTA scan
+# per step: ~2K live groups of 16 columns at 128K are ~9 steps; 8192 per step spilled and grew the program from
+# ~2.2K to ~3.5K SASS instructions, ptxas for sm_90a, triton 3.6)
 SET_EMIT_ELEMS = 4096
 
 
@@ -324,8 +326,8 @@ def _chain_v1(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats,
         return out
     if not ordered:  # the set in column order: one select launch instead of the sort and the rank
         _select_set_kernel[(rows,)](logits, lengths, count, cand, live, num_live, thresh, out, logits.stride(0), k,
-                                    kept, kept_stride, next_n, K_POW=k_pow, CAP=cap, G=group,
-                                    E=min(SET_EMIT_ELEMS, cap * group), MAP=mapped, num_warps=set_select_warps(cap))
+                                    kept, kept_stride, next_n, CAP=cap, G=group, E=min(SET_EMIT_ELEMS, cap * group),
+                                    MAP=mapped, num_warps=set_select_warps(cap))
         return out
     chunk = min(SORT_CHUNK, cap)
     _chunk_sort_kernel[(rows, cap // chunk)](count, cand, CAP=cap, CH=chunk, num_warps=4)
@@ -558,83 +560,105 @@ if triton is not None:
             tl.store(out_ptr + r.to(tl.int64) * k + rank, pos, mask=(i < n) & (rank < k))
 
     @triton.jit
-    def _digit(key, S: tl.constexpr):
-        """16-bit digit S (0 = the most significant) of int64 order keys as int32 in [0, 65535], ordered as the
-        keys are: the signed top digit is shifted up by 2^15, the others are unsigned."""
-        if S == 0:
-            d = (key >> 48) + 32768
-        else:
-            d = (key >> (48 - 16 * S)) & 0xFFFF
-        return d.to(tl.int32)
+    def _prefix_levels(ukey, valid, bound, hi_mask, shift, lo, q):
+        """(c1, c2, c3): how many of the valid keys whose digits above `shift` are bound's have their 16-bit digit
+        at `shift` >= lo + q, lo + 2q, lo + 3q, in ONE CTA sum (20-bit fields: < 2^20 keys). ukey: int64 order
+        keys XOR 2^63 (unsigned order in the bits: an arithmetic shift and a mask give every digit)."""
+        m = valid & (((ukey ^ bound) & hi_mask) == 0)
+        code = tl.where(m, ((ukey >> shift) & 0xFFFF).to(tl.int32), -1)
+        lvl = (code >= lo + q).to(tl.int32) + (code >= lo + 2 * q).to(tl.int32) + (code >= lo + 3 * q).to(tl.int32)
+        packed = tl.sum(tl.where(lvl == 3, 1 << 40, tl.where(lvl == 2, 1 << 20, lvl.to(tl.int64))), axis=0)
+        c3 = (packed >> 40).to(tl.int32)
+        c2 = ((packed >> 20) & 0xFFFFF).to(tl.int32) + c3
+        return (packed & 0xFFFFF).to(tl.int32) + c2, c2, c3
+
+    @triton.jit
+    def _row_ukeys(xrow, c, length):
+        """(unsigned-order int64 keys, valid) of row columns c (the streamed form of the candidates)."""
+        ok = c < length
+        key = _sort_key(_ukey(tl.load(xrow + c, mask=ok, other=0.0)), c)
+        return key ^ (-9223372036854775807 - 1), ok
 
     @triton.jit
     def _select_set_kernel(x_ptr, len_ptr, count_ptr, cand_ptr, live_ptr, nlive_ptr, thresh_ptr, out_ptr, stride_x,
-                           k, kept_ptr, kept_stride, next_n, K_POW: tl.constexpr, CAP: tl.constexpr, G: tl.constexpr,
-                           E: tl.constexpr, MAP: tl.constexpr):
+                           k, kept_ptr, kept_stride, next_n, CAP: tl.constexpr, G: tl.constexpr, E: tl.constexpr,
+                           MAP: tl.constexpr):
         """Row r's top k as a set (sorted=False), written in ascending column order; one program per row.
 
-        The k-th largest candidate key K* (keys are distinct) digit by digit, most significant first: for
-        digit s, the largest d with count(matching keys whose digit >= d) >= need (a 4-way bisection, 8 CTA
-        sums), then need -= count(digit > d) and only the keys with digit d still match. It stops once every
-        key still matching is needed (their count equals need): usually after the value's two digits, the
-        position digits only split exact ties. Then `bound` (K*'s digits so far, zeros below) selects exactly
-        the keys >= bound. The emit pass re-reads the live groups in the threshold's list order (ascending)
-        and writes each element >= tau and >= bound at its running count: the set in column order, the same
-        on every run (the gather's candidate order depends on its atomics; this order does not).
-        A row with more than CAP candidates is ranked by the streaming merge (_merge_overflow, best first);
-        its k-th key bounds the set, emitted over the whole row in the same column order."""
+        The k-th largest candidate key K* (keys are distinct) digit by digit, most significant first: for the
+        16-bit digit at `shift`, the largest d with count(keys matching K*'s digits so far whose digit >= d) >=
+        need (a 4-way bisection: 8 CTA sums), then need -= count(digit > d). It stops once every key still
+        matching is needed (usually after the value's two digits; the position digits split exact ties). Then
+        `bound` (K*'s digits so far, zeros below) selects exactly the keys >= bound. The emit pass re-reads the
+        live groups in the threshold's list order (ascending) and writes each element >= tau and >= bound at
+        its running count: the set in column order, the same on every run (the gather's candidate order
+        depends on its atomics; this order does not).
+        Everything is a runtime loop: unrolled, the digit search was ~13K SASS instructions, and a program that
+        size pays for fetching its code (run 45: 75 us at 96 x 128K). A row with more than CAP candidates (mass
+        ties) counts over its whole row, chunk by chunk, instead of the buffer (slow, never wrong), and emits
+        over the whole row."""
         r = tl.program_id(0)
         MIN_KEY: tl.constexpr = -9223372036854775807 - 1
         n = tl.load(count_ptr + r)
         length = tl.load(len_ptr + r)
-        cbase = cand_ptr + r.to(tl.int64) * CAP
-        xrow = x_ptr + r.to(tl.int64) * stride_x
-        obase = out_ptr + r.to(tl.int64) * k
-        bound = tl.full([], MIN_KEY, tl.int64)
-        tau = tl.load(thresh_ptr + r).to(tl.uint32, bitcast=True)
-        n_live = tl.load(nlive_ptr + r)
-        if n > CAP:
-            _merge_overflow(x_ptr, r, length, stride_x, cbase, out_ptr, k, kept_ptr, kept_stride, next_n, K_POW,
-                            CAP, MAP)
-            tl.debug_barrier()
-            bound = tl.load(cbase + tl.minimum(length, k) - 1)
-            tau = tau * 0  # every column of the row, not only the live groups
-        elif n > k:
-            i = tl.arange(0, CAP)
-            key = tl.load(cbase + i, mask=i < n, other=MIN_KEY)
-            match = i < n
-            need = k + n * 0
-            go = n > k
-            bound = bound * 0
-            for s in tl.static_range(4):
-                if go:
-                    code = tl.where(match, _digit(key, s), -1)
-                    d = _bisect_tile(code, need, 3)
-                    packed = tl.sum((code > d).to(tl.int64) + ((code == d).to(tl.int64) << 32), axis=0)
-                    need = need - (packed & 0xFFFFFFFF).to(tl.int32)
-                    match = match & (code == d)
-                    if s == 0:
-                        bound = (d.to(tl.int64) - 32768) << 48
-                    else:
-                        bound = bound | (d.to(tl.int64) << (48 - 16 * s))
-                    go = (packed >> 32).to(tl.int32) > need
-        # the emit: over the live groups (columns g * G + j, g from the list), or the whole row after a merge
         whole = n > CAP
-        total = tl.where(whole, length, n_live * G)
-        listed = tl.where(whole, 0, total)  # the live list is read only without the merge
+        xrow = x_ptr + r.to(tl.int64) * stride_x
+        i = tl.arange(0, CAP)
+        held = i < tl.where(whole, 0, n)  # (a tensor & a scalar bool makes an int mask in the interpreter)
+        ukey = tl.load(cand_ptr + r.to(tl.int64) * CAP + i, mask=held, other=0) ^ MIN_KEY
+        bound = tl.zeros([], tl.int64)  # unsigned order: the smallest key, every candidate taken
+        need = k + n * 0
+        go = n > k
+        shift = 48 + n * 0
+        hi_mask = tl.zeros([], tl.int64)  # the digits above `shift` (none above the first)
+        while go:
+            # 8 quartering steps find the digit d = lo; a 9th counts digit >= d - 1, >= d (and >= d + 1), which
+            # gives count(digit > d) and count(digit == d): one call site of the counts (code size, above)
+            lo = n * 0
+            above = n * 0
+            at = n * 0
+            for t in range(9):
+                last = t == 8
+                q = tl.where(last, 1, 16384 >> (2 * t))
+                base = tl.where(last, lo - 1, lo)
+                if whole:
+                    c1 = n * 0
+                    c2 = n * 0
+                    c3 = n * 0
+                    for c0 in range(0, length, CAP):
+                        ck, cv = _row_ukeys(xrow, c0 + i, length)
+                        d1, d2, d3 = _prefix_levels(ck, cv, bound, hi_mask, shift, base, q)
+                        c1 += d1
+                        c2 += d2
+                        c3 += d3
+                else:
+                    c1, c2, c3 = _prefix_levels(ukey, held, bound, hi_mask, shift, base, q)
+                above = c2
+                at = c1 - c2
+                step = tl.where(c3 >= need, 3 * q, tl.where(c2 >= need, 2 * q, tl.where(c1 >= need, q, 0)))
+                lo = tl.where(last, lo, lo + step)
+            need -= above
+            bound = bound | (lo.to(tl.int64) << shift)
+            go = at > need
+            hi_mask = hi_mask | (tl.full([], 0xFFFF, tl.int64) << shift)
+            shift -= 16
+        # the emit: over the live groups (columns g * G + j, g from the list), or the whole row
+        first = bound ^ MIN_KEY  # back to signed order: the smallest key with K*'s digits so far
+        tau = tl.where(whole, 0, tl.load(thresh_ptr + r)).to(tl.uint32, bitcast=True)
+        total = tl.where(whole, length, tl.load(nlive_ptr + r) * G)
+        listed = tl.where(whole, 0, total)  # the live list is read only without an overflow
+        obase = out_ptr + r.to(tl.int64) * k
         taken = n * 0
         for e0 in range(0, total, E):
             e = e0 + tl.arange(0, E)
-            inside = e < total
             g = tl.load(live_ptr + r.to(tl.int64) * CAP + e // G, mask=e < listed, other=0)
             c = tl.where(whole, e, g * G + e % G)
-            ok = inside & (c < length)
+            ok = (e < total) & (c < length)
             u = _ukey(tl.load(xrow + c, mask=ok, other=0.0))
-            take = ok & (u >= tau) & (_sort_key(u, c) >= bound)
+            take = ok & (u >= tau) & (_sort_key(u, c) >= first)
             t = take.to(tl.int32)
             slot = taken + tl.cumsum(t, axis=0) - t
-            pos = _map_pos(c, r, kept_ptr, kept_stride, next_n, MAP)
-            tl.store(obase + slot, pos, mask=take & (slot < k))
+            tl.store(obase + slot, _map_pos(c, r, kept_ptr, kept_stride, next_n, MAP), mask=take & (slot < k))
             taken += tl.sum(t, axis=0)
 
     # -- v2: _select_kernel + _rank_runs_kernel --------------------------------------------------------------

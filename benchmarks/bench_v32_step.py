@@ -10,8 +10,7 @@ Per (batch, context) point, random weights and caches, next_n = 1:
   (B = 96 at 128K: 1.7 GB of indexer keys), so nothing survives in L2 from one layer to the next.
 - configs: dense = DenseIndexer.run (logits + top-k through the step's backends) + sparse MLA, per layer;
   spin-s = SpinIndexer.plan once (every layer) + run per layer + sparse MLA, from a random steady-state history;
-  attention alone (61 layers of sparse MLA over a fixed random top-k, in the order the steps' top-k hands over:
-  ascending positions, or as drawn under --variants topk-sorted) gives attention_ms, and
+  attention alone (61 layers of sparse MLA over a fixed random top-k, in random order) gives attention_ms, and
   indexer_ms = step_ms - attention_ms. Attention alone, dense and one SPIN config are replayed in turn, one replay
   each per round (harness.time_graphs_paired), and every number is a median over rounds of per-round values:
   indexer_ms = median(step - attention of the same round), indexer_vs_dense = median((spin - attention) /
@@ -128,13 +127,10 @@ def run_point(batch: int, ctx: int, args) -> list[dict]:
         return sparse_mla_decode(mla_q[layer], latent.kv_latent, latent.kv_scale, table, topk_indices)
 
     fixed_topk = torch.randint(0, ctx, (batch, k), device=DEVICE, generator=gen, dtype=torch.int32)
-    # attention alone reads its rows in the order the steps hand them over: ascending positions (the set order,
-    # the default) or best first (the topk-sorted variant; random positions)
-    ascending_topk = fixed_topk.sort(dim=1).values
 
-    def attention_step(order=None):
+    def attention_step():
         for layer in range(layers):
-            attend(layer, order if order is not None else ascending_topk)
+            attend(layer, fixed_topk)
 
     def dense_step_of():
         """The dense step, its indexer built under the current variant (which may set its arguments)."""
@@ -150,8 +146,8 @@ def run_point(batch: int, ctx: int, args) -> list[dict]:
     results = []
     for name in args.variants:
         with variant(name):
-            alone = functools.partial(attention_step, fixed_topk) if name == "topk-sorted" else attention_step
-            results += _configs(name, batch, ctx, args, keys, table, lens, index_q, attend, alone, dense_step_of())
+            results += _configs(name, batch, ctx, args, keys, table, lens, index_q, attend, attention_step,
+                                dense_step_of())
     shape = (f"v3.2-synthetic L{layers} idx{args.index_heads}x{args.index_dim} k{k} "
              f"mla{args.mla_heads}x{QK_DIM}")
     return [dict(model_shape=shape, batch=batch, context=ctx, config=name, layers=layers,

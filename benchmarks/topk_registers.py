@@ -94,7 +94,7 @@ def configs(group: int, chains: list[str], rows_small: bool, k: int = 2048):
                 ("v1 rank", T._rank_kernel, dict(K_POW=k_pow, CAP=cap, CH=chunk, LOG_CH=chunk.bit_length() - 1,
                                                  BI=T.RANK_BI, MAP=True), 4, T.RANK_MAXNREG_V1),
                 ("set select (sorted=False)", T._select_set_kernel,
-                 dict(CAP=cap, G=group, E=min(T.SET_EMIT_ELEMS, cap * group), MAP=True),
+                 dict(CAP=cap, E=T.SET_EMIT_ELEMS, MAP=True),
                  T.set_select_warps(cap), None)]
     return out
 

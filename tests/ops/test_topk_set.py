@@ -1,9 +1,10 @@
-"""sorted=False: the top-k as a set, written in ascending column order (one select launch instead of a sort and a
-rank). The reference (topk_ref's picks, reordered) against a plain-Python mapping; the Triton select
-(`_select_set_kernel`) against the reference element for element, into poisoned outputs: random rows, ties that only
-the position digits split, -0.0/+0.0, NaN, -inf, k past the length, one column, empty rows and batches, kept_blocks
-mapping with next_n 1/2/4, the candidate-overflow path (the streaming merge, then the in-order emit), both chain
-settings, and hypothesis-drawn shapes.
+"""sorted=False: the top-k as a set, in no particular order (the reference writes it in ascending position order;
+the Triton select `_select_set_kernel`, one launch instead of a sort and a rank, in its candidate buffer's order).
+The reference against a plain-Python mapping; the Triton path against it as sets (each row sorted), into poisoned
+outputs: random rows, ties that only the position digits split, -0.0/+0.0, NaN, -inf, k past the length, one
+column, empty rows and batches, kept_blocks mapping with next_n 1/2/4, the candidate-overflow path (counts over the
+whole row, then an emit over it), both chain settings, hypothesis-drawn shapes, and the few-row path (the sort and
+rank's best-first order serves as the set below SET_SELECT_MIN_ROWS).
 
 The Triton path runs under TRITON_INTERPRET=1 on CPU (conftest sets it before this module imports triton).
 """
@@ -40,6 +41,19 @@ def _want(logits, lengths, k, kept=None, next_n=1):
     return torch.tensor(rows, dtype=torch.int32).reshape(logits.shape[0], k)
 
 
+@pytest.fixture(autouse=True)
+def select_every_row_count(monkeypatch):
+    """The select at every row count (production takes it from SET_SELECT_MIN_ROWS rows on)."""
+    from spin_indexer.ops import topk_triton as mod
+    monkeypatch.setattr(mod, "SET_SELECT_MIN_ROWS", 1)
+
+
+def _as_set(rows: torch.Tensor) -> torch.Tensor:
+    """Each row's entries >= 0 ascending, then its -1s (any order of a set compares equal)."""
+    from spin_indexer.ops.topk import ascending
+    return ascending(rows)
+
+
 def _triton(logits, lengths, k, device, kept=None, next_n=1, **kw):
     from spin_indexer.ops.topk_triton import topk_triton
 
@@ -48,7 +62,7 @@ def _triton(logits, lengths, k, device, kept=None, next_n=1, **kw):
                       kept_blocks=None if kept is None else kept.to(device), **kw)
     assert got.data_ptr() == out.data_ptr()
     want = _want(logits, lengths, k, kept, next_n)
-    got = got.cpu()
+    got = _as_set(got.cpu())
     bad = (got != want).any(dim=1).nonzero().flatten().tolist()
     assert not bad, f"rows {bad[:5]} differ; first: got {got[bad[0], :12].tolist()} want {want[bad[0], :12].tolist()}"
 
@@ -108,8 +122,8 @@ def test_nan_inf_and_huge_values(gen, triton_device):
 @pytest.mark.interpreter
 @pytest.mark.parametrize("cap", [64, 1024])
 def test_overflow_rows_emit_in_column_order(cap, triton_device):
-    """More tied candidates than the buffer (cap = 64): the streaming merge ranks the row, then the set is
-    re-emitted over the whole row in column order. With room for them (1024) the same rows take the select."""
+    """More tied candidates than the buffer (cap = 64): the digit counts run over the whole row, then the emit
+    (the position digits split the ties). With room for them (1024) the same rows take the buffer."""
     logits = torch.zeros(2, 600)
     logits[1, 400:] = 2.0
     stats = torch.zeros(2, dtype=torch.int32, device=triton_device)
@@ -131,6 +145,17 @@ def test_zero_lengths_k_past_length_and_empty_batch(gen, triton_device):
     lengths[1], lengths[2] = 0, 7
     _triton(logits, lengths, 10, triton_device)
     _triton(torch.zeros(0, 64), torch.zeros(0, dtype=torch.int32), 4, triton_device)
+
+
+@pytest.mark.interpreter
+def test_few_rows_take_the_sort_and_rank(gen, triton_device, monkeypatch):
+    """Below SET_SELECT_MIN_ROWS rows the best-first chain's output is the set (its order is one of them)."""
+    from spin_indexer.ops import topk_triton as mod
+    monkeypatch.setattr(mod, "SET_SELECT_MIN_ROWS", 4)
+    logits, lengths = masked_logits(3, 900, gen)
+    got = mod.topk_triton(logits.to(triton_device), lengths.to(triton_device), 20, sorted=False).cpu()
+    assert torch.equal(got, topk_ref(logits, lengths, 20))  # best first, exactly
+    _triton(logits, lengths, 20, triton_device)
 
 
 @pytest.mark.interpreter

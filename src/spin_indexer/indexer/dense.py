@@ -38,7 +38,7 @@ def dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, topk: int, token
     for the logits, unused when DeepGEMM computes them (it allocates its own: a copy would cost every logit);
     out: optional int32 [B*N, K]; group_max: optional float32 [B*N, >= W*T / 8], room for the top-k's group
     maxima when it prunes at 8 or 16 columns (allocated here when needed and not given); sorted: best first,
-    or the set in ascending positions (ops.topk_positions). returns the top-k int32 [B*N, K] (out when given).
+    or the set in no particular order (ops.topk_positions). returns the top-k int32 [B*N, K] (out when given).
     Where the top-k prunes at G < T columns (ops.topk_group: tables under 4k blocks), the logits op writes
     the G-column maxima too at one row and G <= 16 (in the Triton kernel's epilogue), so the top-k launches
     no group-max pass of its own; elsewhere that launch measured faster (FUSED_GROUP_MAX_ROWS)."""
@@ -65,7 +65,7 @@ class DenseIndexer:
 
     topk: K >= 1; next_n: query rows per request in [1, 8]; tokens_per_block: T >= 1, a power of two, the
     kv_cache's T (run() checks it); topk_sorted: each row best first (True) or, by default, the same set in
-    ascending position order (as SpinIndexer's).
+    no particular order (as SpinIndexer's).
     """
 
     def __init__(self, topk: int, next_n: int = 1, tokens_per_block: int = 64, device: torch.device | str = "cpu",

@@ -87,9 +87,9 @@ class SpinIndexer:
     whose key moved costs one count more). Off by default: at most 0.1-2.3 us a layer with every hint hitting
     (run 23) and ~55% of hints hit on the proxy model's decoding (benchmarks/NOTES.md); rows are matched by
     their index in the batch, so a reordered batch only misses. topk_sorted: run() returns each row's top-k
-    best first (True) or, by default, the same set in ascending position order: what the engines' sparse
-    attention reads, and on CUDA one select launch instead of the top-k's sort and rank (the eval pins True so
-    that its committed numbers keep their attention's summation order).
+    best first (True) or, by default, the same set in no particular order (it may differ between runs): what the
+    engines' sparse attention reads, and on CUDA from SET_SELECT_MIN_ROWS rows one select launch instead of the
+    top-k's sort and rank (the eval pins True: its committed numbers keep their attention's summation order).
     State lives in `self.state` (allocate() a slot per request, free() it when done); plans of the last
     step in `self.plans(layer)`, the last run layer's in `self.block_plan`.
     """
@@ -238,8 +238,8 @@ class SpinIndexer:
 
     # -- run -------------------------------------------------------------------------------------------
     def run(self, layer: int, q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """Top-k positions int32 [B*next_n, K] for `layer` (ascending positions, or best first with topk_sorted;
-        -1 padded), then that layer's update.
+        """Top-k positions int32 [B*next_n, K] for `layer` (the set in no particular order, or best first with
+        topk_sorted; -1 padded), then that layer's update.
 
         q_fp8: float8_e4m3fn [B, next_n, H, D]; kv_cache: uint8 [num_blocks, T, 1, D + 4] with num_blocks <=
         num_cache_blocks; weights: float32 [B*next_n, H]. The result is a view of the workspace, valid until

@@ -140,7 +140,7 @@ def topk(logits, lengths, k: int, validate: bool = True, block_max=None):
 def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, next_n: int = 1,
                    tokens_per_block: int = 64, out=None, validate: bool = True, group_max=None, tau_hint=None,
                    history: HistoryUpdate | None = None, compact_table=None, sorted: bool = True):
-    """Top-k positions int32 [R, k], best first (sorted=False: the same set in ascending column order, one
+    """Top-k positions int32 [R, k], best first (sorted=False: the same set in no particular order, one
     launch fewer on CUDA), -1 padded, through SPIN's compact-to-logical map; see
     `topk_positions_ref`. On CUDA the Triton top-k (block_max / group_max let it read only the groups that
     can hold a winner) writes the mapped positions in its final pass. tau_hint: optional int32 [R], the

@@ -2,9 +2,11 @@
 
 Order: best first; equal values keep ascending position order, so ties go to the lower position (exact,
 through distinct int64 order keys). Rows with lengths[r] <= k return all their positions (still best first), then -1.
-sorted=False returns the same set in ascending column order instead (then -1): what the engines' sparse attention
-reads (a set of positions: vLLM's and SGLang's decode top-k kernels return one), and what the Triton top-k
-writes without ranking its winners (one select launch instead of a sort and a rank launch).
+sorted=False returns the same set in no particular order (then -1): what the engines' sparse attention reads (a
+set of positions: vLLM's and SGLang's decode top-k kernels return one), and what the Triton top-k writes without
+ranking its winners (one select launch instead of a sort and a rank launch). The reference writes it in ascending
+position order; the Triton path best first below SET_SELECT_MIN_ROWS rows, else in an order that may differ
+between runs. Compare sets (`ascending`).
 """
 from __future__ import annotations
 
@@ -104,7 +106,7 @@ def topk_ref(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: bool
 
     logits: float32 [R, C]; columns >= lengths[r] are ignored (whatever they hold).
     lengths: int32 [R] in [0, C].  k: int >= 1 (may exceed C).
-    sorted: best first (True) or the same set in ascending position order (False).
+    sorted: best first (True) or the same set in no particular order (False; here: ascending positions).
     returns int32 [R, k]: positions, best first, ties to the lower position, -1 past lengths[r].
     raises ValueError or TypeError naming the argument.
     """
@@ -165,8 +167,8 @@ def topk_positions_ref(logits: torch.Tensor, lengths: torch.Tensor, k: int, bloc
       kept_blocks[r // next_n, c // T] * T + c % T; None = identity. Example: T = 64, kept [0, 2]: columns
       0-63 -> positions 0-63, 64-65 -> 128-129.
     out: optional int32 [R, k] written in place and returned.
-    sorted: True, best first; False, the same set in ascending column order (ascending positions where
-      kept_blocks rows ascend, as SPIN's plans do).
+    sorted: True, best first; False, the same set in no particular order (here: ascending columns, so
+      ascending positions where kept_blocks rows ascend, as SPIN's plans do).
     returns int32 [R, k]: the columns `topk_ref` picks (higher value first, ties to the lower column), mapped
       to positions, in `sorted`'s order, then -1.
     raises ValueError or TypeError naming the argument.

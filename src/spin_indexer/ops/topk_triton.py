@@ -41,7 +41,8 @@ The v1 chain (TOPK_CHAIN = "v1", production; runs 15-16 measured it; profile_ste
      the same overflow merge.
 sorted=False (the engines' contract, SpinIndexer's and DenseIndexer's default): threshold and gather as v1, then
   `_select_set_kernel` (one program per row) instead of the sort and the rank: the k-th largest candidate key
-  digit by digit, then the winners written in ascending column order by a pass over the live groups.
+  digit by digit, then the keys >= it written from registers (rows >= SET_SELECT_MIN_ROWS; fewer rows take the
+  sort and rank, whose best-first order is one order of the set).
 Sort key: the fp32 value mapped to an order-preserving uint32 (upper half) and 0xFFFFFFFF - position
 (lower half): sorting descending puts larger values first and, among equal values, lower positions
 first, exactly as the stable reference. -0.0 is folded into +0.0 (the reference sorts them as equal), every NaN
@@ -104,10 +105,12 @@ GATHER_ELEMS_LARGE = 2048
 GATHER_MAXNREG = 64
 GATHER_ELEMS = 4096  # elements per gather tile of a select program (16 per thread at 8 warps)
 # sorted=False: the set select (_select_set_kernel) holds a row's CAP candidate keys, 8 per thread (16 warps at
-# CAP = 4096, k = 2048), and emits SET_EMIT_ELEMS live-group columns per step of its in-order pass (one CTA scan
-# per step: ~2K live groups of 16 columns at 128K are ~9 steps; 8192 per step spilled and grew the program from
-# ~2.2K to ~3.5K SASS instructions, ptxas for sm_90a, triton 3.6)
+# CAP = 4096, k = 2048). A row that overflowed the buffer is emitted over its whole row, SET_EMIT_ELEMS columns a
+# step. Below SET_SELECT_MIN_ROWS rows the sort and rank run instead (their best-first order is one order of the
+# set): on the H200 (set_select_parts.py, run 47) the select took ~18 us at 1-96 rows x 128K, the sort and rank
+# ~10 us at 1-8 rows and ~28 at 96.
 SET_EMIT_ELEMS = 4096
+SET_SELECT_MIN_ROWS = 48
 
 
 def set_select_warps(cap: int) -> int:
@@ -169,10 +172,10 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     and the v1 chain runs, the update pass's programs run in the threshold launch, after the rows' threshold
     programs: at a few rows that launch is one program per row on an otherwise idle GPU, so the update costs
     neither a launch nor a stream fork and join of its own. Elsewhere the pass runs after the top-k.
-    sorted: True, best first (the sort and rank launches); False, the same set in ascending column order (one
+    sorted: True, best first (the sort and rank launches); False, the same set in no particular order (one
     select launch, `_select_set_kernel`; the v1 chain's threshold and gather whichever TOPK_CHAIN is).
     returns int32 [R, k]: positions, best first, ties to the lower position, -1 past lengths[r] (sorted=False:
-    the same positions in ascending column order, then -1).
+    the same positions in no particular order, then -1).
     """
     check_topk_args(logits, lengths, k, validate, sorted)
     rows, cols = logits.shape
@@ -324,10 +327,9 @@ def _chain_v1(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats,
                                                  num_warps=4)
     if _stages < 4:
         return out
-    if not ordered:  # the set in column order: one select launch instead of the sort and the rank
-        _select_set_kernel[(rows,)](logits, lengths, count, cand, live, num_live, thresh, out, logits.stride(0), k,
-                                    kept, kept_stride, next_n, CAP=cap, G=group, E=min(SET_EMIT_ELEMS, cap * group),
-                                    MAP=mapped, num_warps=set_select_warps(cap))
+    if not ordered and rows >= SET_SELECT_MIN_ROWS:  # the set: one select launch instead of the sort and rank
+        _select_set_kernel[(rows,)](logits, lengths, count, cand, thresh, out, logits.stride(0), k, kept, kept_stride,
+                                    next_n, CAP=cap, E=SET_EMIT_ELEMS, MAP=mapped, num_warps=set_select_warps(cap))
         return out
     chunk = min(SORT_CHUNK, cap)
     _chunk_sort_kernel[(rows, cap // chunk)](count, cand, CAP=cap, CH=chunk, num_warps=4)
@@ -580,23 +582,21 @@ if triton is not None:
         return key ^ (-9223372036854775807 - 1), ok
 
     @triton.jit
-    def _select_set_kernel(x_ptr, len_ptr, count_ptr, cand_ptr, live_ptr, nlive_ptr, thresh_ptr, out_ptr, stride_x,
-                           k, kept_ptr, kept_stride, next_n, CAP: tl.constexpr, G: tl.constexpr, E: tl.constexpr,
-                           MAP: tl.constexpr):
-        """Row r's top k as a set (sorted=False), written in ascending column order; one program per row.
+    def _select_set_kernel(x_ptr, len_ptr, count_ptr, cand_ptr, thresh_ptr, out_ptr, stride_x, k, kept_ptr,
+                           kept_stride, next_n, CAP: tl.constexpr, E: tl.constexpr, MAP: tl.constexpr):
+        """Row r's top k as a set (sorted=False, in no particular order); one program per row.
 
         The k-th largest candidate key K* (keys are distinct) digit by digit, most significant first: for the
         16-bit digit at `shift`, the largest d with count(keys matching K*'s digits so far whose digit >= d) >=
-        need (a 4-way bisection: 8 CTA sums), then need -= count(digit > d). It stops once every key still
-        matching is needed (usually after the value's two digits; the position digits split exact ties). Then
-        `bound` (K*'s digits so far, zeros below) selects exactly the keys >= bound. The emit pass re-reads the
-        live groups in the threshold's list order (ascending) and writes each element >= tau and >= bound at
-        its running count: the set in column order, the same on every run (the gather's candidate order
-        depends on its atomics; this order does not).
-        Everything is a runtime loop: unrolled, the digit search was ~13K SASS instructions, and a program that
-        size pays for fetching its code (run 45: 75 us at 96 x 128K). A row with more than CAP candidates (mass
-        ties) counts over its whole row, chunk by chunk, instead of the buffer (slow, never wrong), and emits
-        over the whole row."""
+        need (a 4-way bisection, one CTA sum per step), then need -= count(digit > d). The first digit's search
+        spans [tau's digit, the largest candidate's] (a few hundred codes: ~4 steps, not 8); the others the
+        whole 16 bits. It stops once every key still matching is needed (usually after the value's two digits;
+        the position digits split exact ties). Then `bound` (K*'s digits so far, zeros below) selects exactly
+        the keys >= bound, written from the registers in the candidate buffer's order (the gather's atomics
+        make it vary from run to run; the set does not). Every loop is a runtime loop: unrolled, the search was
+        ~13K SASS instructions and its code fetch cost more than its work (run 45: 75 us at 96 x 128K).
+        A row with more than CAP candidates (mass ties) counts over its whole row, chunk by chunk, instead of
+        the buffer, and emits over the whole row, E columns a step (slow, never wrong)."""
         r = tl.program_id(0)
         MIN_KEY: tl.constexpr = -9223372036854775807 - 1
         n = tl.load(count_ptr + r)
@@ -611,15 +611,23 @@ if triton is not None:
         go = n > k
         shift = 48 + n * 0
         hi_mask = tl.zeros([], tl.int64)  # the digits above `shift` (none above the first)
-        while go:
-            # 8 quartering steps find the digit d = lo; a 9th counts digit >= d - 1, >= d (and >= d + 1), which
-            # gives count(digit > d) and count(digit == d): one call site of the counts (code size, above)
-            lo = n * 0
+        # the first digit's range: every candidate is >= tau (the threshold's 16-bit bucket edge)
+        first_lo = tl.where(whole, 0, (tl.load(thresh_ptr + r).to(tl.uint32, bitcast=True) >> 16).to(tl.int32))
+        first_hi = tl.where(whole, 65535, tl.max(tl.where(held, ((ukey >> 48) & 0xFFFF).to(tl.int32), 0), axis=0))
+        while go & (shift >= 0):  # (the keys are distinct: after the last digit one key matches, go is False)
+            # quartering steps from q (the smallest power of 4 whose 4 q covers [lo, hi]) find the digit
+            # d = lo; a last step counts digit >= d - 1, >= d (and >= d + 1): count(digit > d) and
+            # count(digit == d). One call site of the counts (code size, above).
+            lo = tl.where(shift == 48, first_lo, 0)
+            span = tl.where(shift == 48, first_hi, 65535) - lo
+            q = n * 0 + 1
+            while q * 4 <= span:
+                q = q * 4
             above = n * 0
             at = n * 0
-            for t in range(9):
-                last = t == 8
-                q = tl.where(last, 1, 16384 >> (2 * t))
+            while q >= 0:
+                last = q == 0
+                qq = tl.where(last, 1, q)
                 base = tl.where(last, lo - 1, lo)
                 if whole:
                     c1 = n * 0
@@ -627,39 +635,41 @@ if triton is not None:
                     c3 = n * 0
                     for c0 in range(0, length, CAP):
                         ck, cv = _row_ukeys(xrow, c0 + i, length)
-                        d1, d2, d3 = _prefix_levels(ck, cv, bound, hi_mask, shift, base, q)
+                        d1, d2, d3 = _prefix_levels(ck, cv, bound, hi_mask, shift, base, qq)
                         c1 += d1
                         c2 += d2
                         c3 += d3
                 else:
-                    c1, c2, c3 = _prefix_levels(ukey, held, bound, hi_mask, shift, base, q)
+                    c1, c2, c3 = _prefix_levels(ukey, held, bound, hi_mask, shift, base, qq)
                 above = c2
                 at = c1 - c2
-                step = tl.where(c3 >= need, 3 * q, tl.where(c2 >= need, 2 * q, tl.where(c1 >= need, q, 0)))
+                step = tl.where(c3 >= need, 3 * qq, tl.where(c2 >= need, 2 * qq, tl.where(c1 >= need, qq, 0)))
                 lo = tl.where(last, lo, lo + step)
+                q = tl.where(last, -1, q // 4)
             need -= above
             bound = bound | (lo.to(tl.int64) << shift)
             go = at > need
             hi_mask = hi_mask | (tl.full([], 0xFFFF, tl.int64) << shift)
             shift -= 16
-        # the emit: over the live groups (columns g * G + j, g from the list), or the whole row
         first = bound ^ MIN_KEY  # back to signed order: the smallest key with K*'s digits so far
-        tau = tl.where(whole, 0, tl.load(thresh_ptr + r)).to(tl.uint32, bitcast=True)
-        total = tl.where(whole, length, tl.load(nlive_ptr + r) * G)
-        listed = tl.where(whole, 0, total)  # the live list is read only without an overflow
         obase = out_ptr + r.to(tl.int64) * k
-        taken = n * 0
-        for e0 in range(0, total, E):
-            e = e0 + tl.arange(0, E)
-            g = tl.load(live_ptr + r.to(tl.int64) * CAP + e // G, mask=e < listed, other=0)
-            c = tl.where(whole, e, g * G + e % G)
-            ok = (e < total) & (c < length)
-            u = _ukey(tl.load(xrow + c, mask=ok, other=0.0))
-            take = ok & (u >= tau) & (_sort_key(u, c) >= first)
+        if whole:  # over the whole row, E columns a step, in column order
+            taken = n * 0
+            for e0 in range(0, length, E):
+                c = e0 + tl.arange(0, E)
+                ok = c < length
+                take = ok & (_sort_key(_ukey(tl.load(xrow + c, mask=ok, other=0.0)), c) >= first)
+                t = take.to(tl.int32)
+                slot = taken + tl.cumsum(t, axis=0) - t
+                tl.store(obase + slot, _map_pos(c, r, kept_ptr, kept_stride, next_n, MAP), mask=take & (slot < k))
+                taken += tl.sum(t, axis=0)
+        else:  # from the registers: one scan
+            key = ukey ^ MIN_KEY
+            take = held & (key >= first)
             t = take.to(tl.int32)
-            slot = taken + tl.cumsum(t, axis=0) - t
-            tl.store(obase + slot, _map_pos(c, r, kept_ptr, kept_stride, next_n, MAP), mask=take & (slot < k))
-            taken += tl.sum(t, axis=0)
+            slot = tl.cumsum(t, axis=0) - t
+            pos = _map_pos((4294967295 - (key & 4294967295)).to(tl.int32), r, kept_ptr, kept_stride, next_n, MAP)
+            tl.store(obase + slot, pos, mask=take & (slot < k))
 
     # -- v2: _select_kernel + _rank_runs_kernel --------------------------------------------------------------
     @triton.jit

@@ -1,15 +1,14 @@
-"""Where the set select's time goes (ops/topk_triton._select_set_kernel), on the GPU: the kernel and copies of
-its two halves timed alone, beside the sorted chain's sort + rank, on the buffers the threshold and gather
-leave for random rows.
+"""The set select (ops/topk_triton._select_set_kernel) beside the sorted chain's sort + rank, on the GPU, on the
+buffers the threshold and gather leave for random rows: where SET_SELECT_MIN_ROWS should sit.
 
     PYTHONPATH=src:benchmarks python benchmarks/set_select_parts.py [--rows 1,96] [--cols 65536,131072]
 
-Parts (one launch of `rows` programs each; 20 launches in one CUDA graph, per launch):
-  production   _select_set_kernel as the step runs it
-  search       the digit search alone (the same loops, no emit)
-  emit-live    the in-order emit alone over the live groups (bound = the smallest key: every candidate)
-  emit-regs    an emit from the candidate keys held in registers (buffer order, one scan, no global loads)
-  sort+rank    the sorted chain's chunk sort and rank launches
+Each is 20 launches in one CUDA graph (harness.time_graph: the time of one launch):
+  select       _select_set_kernel as the step runs it (rows programs)
+  sort+rank    the sorted chain's chunk sort and rank launches (a copy of the candidates restored before each)
+Run 47 timed an earlier form (the in-order emit over the live groups, the first digit over all 16 bits) with its
+halves apart: the digit search ~14 us, the emit ~38 us at 128K (~4 us a step of 4096 columns), an emit from
+registers ~4 us; sort + rank ~10 us at 1-8 rows, ~28 at 96.
 """
 from __future__ import annotations
 
@@ -18,74 +17,10 @@ import statistics
 
 import torch
 import triton
-import triton.language as tl
 
 from harness import DEVICE
 from spin_indexer.ops import topk_triton as T
 from spin_indexer.ops.topk import topk_group
-
-
-@triton.jit
-def _parts_kernel(x_ptr, len_ptr, count_ptr, cand_ptr, live_ptr, nlive_ptr, thresh_ptr, out_ptr, stride_x, k,
-                  CAP: tl.constexpr, G: tl.constexpr, E: tl.constexpr, SEARCH: tl.constexpr, EMIT: tl.constexpr):
-    r = tl.program_id(0)
-    MIN_KEY: tl.constexpr = -9223372036854775807 - 1
-    n = tl.load(count_ptr + r)
-    length = tl.load(len_ptr + r)
-    xrow = x_ptr + r.to(tl.int64) * stride_x
-    i = tl.arange(0, CAP)
-    held = i < n
-    ukey = tl.load(cand_ptr + r.to(tl.int64) * CAP + i, mask=held, other=0) ^ MIN_KEY
-    bound = tl.zeros([], tl.int64)
-    if SEARCH:
-        need = k + n * 0
-        go = n > k
-        shift = 48 + n * 0
-        hi_mask = tl.zeros([], tl.int64)
-        while go:
-            lo = n * 0
-            above = n * 0
-            at = n * 0
-            for t in range(9):
-                last = t == 8
-                q = tl.where(last, 1, 16384 >> (2 * t))
-                base = tl.where(last, lo - 1, lo)
-                c1, c2, c3 = T._prefix_levels(ukey, held, bound, hi_mask, shift, base, q)
-                above = c2
-                at = c1 - c2
-                step = tl.where(c3 >= need, 3 * q, tl.where(c2 >= need, 2 * q, tl.where(c1 >= need, q, 0)))
-                lo = tl.where(last, lo, lo + step)
-            need -= above
-            bound = bound | (lo.to(tl.int64) << shift)
-            go = at > need
-            hi_mask = hi_mask | (tl.full([], 0xFFFF, tl.int64) << shift)
-            shift -= 16
-    first = bound ^ MIN_KEY
-    obase = out_ptr + r.to(tl.int64) * k
-    if EMIT == 1:
-        tau = tl.load(thresh_ptr + r).to(tl.uint32, bitcast=True)
-        total = tl.load(nlive_ptr + r) * G
-        taken = n * 0
-        for e0 in range(0, total, E):
-            e = e0 + tl.arange(0, E)
-            g = tl.load(live_ptr + r.to(tl.int64) * CAP + e // G, mask=e < total, other=0)
-            c = g * G + e % G
-            ok = (e < total) & (c < length)
-            u = T._ukey(tl.load(xrow + c, mask=ok, other=0.0))
-            take = ok & (u >= tau) & (T._sort_key(u, c) >= first)
-            t = take.to(tl.int32)
-            slot = taken + tl.cumsum(t, axis=0) - t
-            tl.store(obase + slot, c, mask=take & (slot < k))
-            taken += tl.sum(t, axis=0)
-    elif EMIT == 2:
-        key = ukey ^ MIN_KEY
-        take = held & (key >= first)
-        t = take.to(tl.int32)
-        slot = tl.cumsum(t, axis=0) - t
-        pos = (4294967295 - (key & 4294967295)).to(tl.int32)
-        tl.store(obase + slot, pos, mask=take & (slot < k))
-    else:
-        tl.store(obase, bound.to(tl.int32))  # keep the search alive
 
 
 def sync() -> None:
@@ -101,13 +36,13 @@ def _time(fn) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", default="1,96")
-    ap.add_argument("--cols", default="65536,131072")
+    ap.add_argument("--rows", default="1,8,16,32,48,64,96")
+    ap.add_argument("--cols", default="65536,131072,524288")
     ap.add_argument("--k", type=int, default=2048)
     a = ap.parse_args()
     k = a.k
     print(f"{'rows':>5} {'cols':>8} {'G':>3} {'cands':>6} {'live':>6}  " +
-          " ".join(f"{p:>11}" for p in ("production", "search", "emit-live", "emit-regs", "sort+rank")) + "  (us)")
+          " ".join(f"{p:>11}" for p in ("select", "sort+rank")) + "  (us)")
     for rows in (int(x) for x in a.rows.split(",")):
         for cols in (int(x) for x in a.cols.split(",")):
             g = torch.Generator(device=DEVICE).manual_seed(rows * 7 + cols)
@@ -134,16 +69,12 @@ def main() -> None:
             T._gather_kernel[(rows, triton.cdiv(cap, lb))](x, lens, live, nlive, thresh, count, cand, x.stride(0),
                                                           G=group, LB=lb, CAP=cap, EVEN=True, num_warps=4)
             sync()
-            e = min(T.SET_EMIT_ELEMS, cap * group)
+            e = T.SET_EMIT_ELEMS
             warps = T.set_select_warps(cap)
-            common = (x, lens, count, cand, live, nlive, thresh, out, x.stride(0), k)
             res = [
                 _time(lambda: T._select_set_kernel[(rows,)](x, lens, count, cand, thresh, out, x.stride(0), k, out, 0,
                                                             1, CAP=cap, E=e, MAP=False, num_warps=warps)),
             ]
-            for search, emit in ((1, 0), (0, 1), (0, 2)):
-                res.append(_time(lambda: _parts_kernel[(rows,)](*common, CAP=cap, G=group, E=e, SEARCH=search,
-                                                                EMIT=emit, num_warps=warps)))
             cand_copy = cand.clone()
             chunk = min(T.SORT_CHUNK, cap)
 

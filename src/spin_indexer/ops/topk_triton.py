@@ -107,8 +107,8 @@ GATHER_ELEMS = 4096  # elements per gather tile of a select program (16 per thre
 # sorted=False: the set select (_select_set_kernel) holds a row's CAP candidate keys, 8 per thread (16 warps at
 # CAP = 4096, k = 2048). A row that overflowed the buffer is emitted over its whole row, SET_EMIT_ELEMS columns a
 # step. Below SET_SELECT_MIN_ROWS rows the sort and rank run instead (their best-first order is one order of the
-# set): on the H200 (set_select_parts.py, run 47) the select took ~18 us at 1-96 rows x 128K, the sort and rank
-# ~10 us at 1-8 rows and ~28 at 96.
+# set): on the H200 (set_select_parts.py, run 48, random rows, k = 2048) the select took ~16 us at 1-96 rows
+# (64K-512K columns), the sort and rank 10 us at 1-16 rows, 12 at 32, 16 at 48, 20 at 64 and 28 at 96.
 SET_EMIT_ELEMS = 4096
 SET_SELECT_MIN_ROWS = 48
 

@@ -12,7 +12,8 @@
 On CUDA with the paper's step (A1 pooling, random or no exploration) plan() is two kernels (three where
 DeepGEMM can serve the logits: every layer's SM schedule for it in one launch) and run() the logits kernel
 (Triton: the block and group maxima the top-k prunes with written in its epilogue; DeepGEMM: logits only,
-then a pass for the maxima) and the top-k's three launches (four with topk_sorted), with the EMA update beside
+then a pass for the maxima) and the top-k's three launches (four below SET_SELECT_MIN_ROWS rows or with
+topk_sorted: ops/topk_triton.py), with the EMA update beside
 the top-k: up to UPDATE_IN_TOPK_BLOCKS table blocks its programs run in the top-k's first launch, above it on a
 low-priority side stream (the top-k then on a high-priority one); no host sync and no data-dependent shape
 (validate=False): a whole step captures in one CUDA graph. With overlap_update=False the update runs in

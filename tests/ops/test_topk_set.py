@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from conftest import masked_logits
 from spin_indexer.ops import topk_positions
-from spin_indexer.ops.topk import topk_positions_ref, topk_ref
+from spin_indexer.ops.topk import ascending, topk_positions_ref, topk_ref
 
 POISON = 12345
 
@@ -48,12 +48,6 @@ def select_every_row_count(monkeypatch):
     monkeypatch.setattr(mod, "SET_SELECT_MIN_ROWS", 1)
 
 
-def _as_set(rows: torch.Tensor) -> torch.Tensor:
-    """Each row's entries >= 0 ascending, then its -1s (any order of a set compares equal)."""
-    from spin_indexer.ops.topk import ascending
-    return ascending(rows)
-
-
 def _triton(logits, lengths, k, device, kept=None, next_n=1, **kw):
     from spin_indexer.ops.topk_triton import topk_triton
 
@@ -62,7 +56,7 @@ def _triton(logits, lengths, k, device, kept=None, next_n=1, **kw):
                       kept_blocks=None if kept is None else kept.to(device), **kw)
     assert got.data_ptr() == out.data_ptr()
     want = _want(logits, lengths, k, kept, next_n)
-    got = _as_set(got.cpu())
+    got = ascending(got.cpu())  # any order of the set compares equal
     bad = (got != want).any(dim=1).nonzero().flatten().tolist()
     assert not bad, f"rows {bad[:5]} differ; first: got {got[bad[0], :12].tolist()} want {want[bad[0], :12].tolist()}"
 

@@ -249,9 +249,8 @@ if triton is not None:
         live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
         live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
                                       seen_stride, alpha, lo, hi, T, HAS_SEEN)
-        if BMAX or GMAX:
-            store_maxima(x, pm, tl.minimum(clen, num_blocks * T), gmax_ptr + (out_row + j) * gmax_stride,
-                         bmax_ptr + (out_row + j) * bmax_stride, T, G, BLOCKS, GMAX, BMAX)
+        store_maxima(x, pm, tl.minimum(clen, num_blocks * T), gmax_ptr + (out_row + j) * gmax_stride,
+                     bmax_ptr + (out_row + j) * bmax_stride, T, G, BLOCKS, GMAX, BMAX)
         # The diagonal window covers the request's last `window` positions: only the tiles that reach it
         # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
         last = tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0)

@@ -223,12 +223,13 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     kept_stride = kept_blocks.stride(0) if mapped else 0
     args = (logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _stages, kept, kept_stride, next_n,
             mapped, out, tau_hint)
-    if (TOPK_CHAIN == "v1" or not sorted) and (update is None or update[0].rows == 1):
+    v1 = TOPK_CHAIN == "v1" or not sorted  # the set has a v1 form only
+    if v1 and (update is None or update[0].rows == 1):
         return _chain_v1(*args, update=update, ordered=sorted)
-    if not sorted:
-        _chain_v1(*args, ordered=False)
+    if v1:
+        _chain_v1(*args, ordered=sorted)
     else:
-        (_chain_v1 if TOPK_CHAIN == "v1" else _chain_v2)(*args)
+        _chain_v2(*args)
     return _update_after(update, logits, lengths, next_n, out)
 
 
@@ -567,12 +568,7 @@ if triton is not None:
         at `shift` >= lo + q, lo + 2q, lo + 3q, in ONE CTA sum (20-bit fields: < 2^20 keys). ukey: int64 order
         keys XOR 2^63 (unsigned order in the bits: an arithmetic shift and a mask give every digit)."""
         m = valid & (((ukey ^ bound) & hi_mask) == 0)
-        code = tl.where(m, ((ukey >> shift) & 0xFFFF).to(tl.int32), -1)
-        lvl = (code >= lo + q).to(tl.int32) + (code >= lo + 2 * q).to(tl.int32) + (code >= lo + 3 * q).to(tl.int32)
-        packed = tl.sum(tl.where(lvl == 3, 1 << 40, tl.where(lvl == 2, 1 << 20, lvl.to(tl.int64))), axis=0)
-        c3 = (packed >> 40).to(tl.int32)
-        c2 = ((packed >> 20) & 0xFFFFF).to(tl.int32) + c3
-        return (packed & 0xFFFFF).to(tl.int32) + c2, c2, c3
+        return _level_counts(tl.where(m, ((ukey >> shift) & 0xFFFF).to(tl.int32), -1), lo, q)
 
     @triton.jit
     def _row_ukeys(xrow, c, length):

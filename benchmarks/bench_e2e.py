@@ -12,6 +12,8 @@ and does not change the decode cost (same lengths, same kept budget). SPIN's fir
 every block (no history); we run warm-up steps eagerly first, so the timed steps are steady-state.
 
     PYTHONPATH=src:benchmarks SPIN_INDEXER_PROMPT_CACHE=runs/prompts python3 benchmarks/bench_e2e.py --out DIR
+Without the GGUF (the GPU box: it does not fit a device call), `--random-weights` times the same shapes with
+random weights and the shipped indexer head (random prompts; the agreement column then means nothing).
 Dry run of the code paths on a CPU (tiny random model, no graphs, nothing timed):
     SPIN_BENCH_DEVICE=cpu TRITON_INTERPRET=1 python3 benchmarks/bench_e2e.py --tiny --points 2x256 --steps 2
 
@@ -71,6 +73,19 @@ def load(args, max_len: int, context: int):
         return model, indexer, None, "tiny-random"
     from spin_indexer.model import loader
     from spin_indexer.model.indexer_head import Indexer
+
+    if args.random_weights:
+        # The proxy's shapes (LlamaConfig's defaults are SmolLM2-135M's) with random weights, and the shipped
+        # indexer head: a decode step's cost does not depend on the weights' values (the SPIN budget is fixed),
+        # while the 94 MiB GGUF does not fit a device call (64 MiB with the tree): speed only, no tokens to trust.
+        from spin_indexer.model.llama import Llama, LlamaConfig
+
+        torch.manual_seed(0)
+        factor = loader.yarn_factor_for(context)
+        model = Llama(LlamaConfig(yarn_factor=factor), max_len=max_len)
+        model = model.to(device=dev, dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32)
+        indexer = Indexer.load(loader.INDEXER_WEIGHTS, max_len, factor, dev)
+        return model.eval().requires_grad_(False), indexer, None, "SmolLM2-135M-shape-random+lightning"
 
     reason = loader.missing_reason()
     if reason:
@@ -192,6 +207,9 @@ def main(argv=None) -> int:
     p.add_argument("--distinct", type=int, default=4, help="distinct prompts per batch")
     p.add_argument("--task", default="niah_single_2")
     p.add_argument("--tiny", action="store_true", help="tiny random model (dry runs)")
+    p.add_argument("--random-weights", action="store_true",
+                   help="SmolLM2-135M's shapes with random weights + the shipped indexer head (speed only; "
+                        "where the GGUF is not available, e.g. on the GPU box)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args(argv)
     for c in args.configs:

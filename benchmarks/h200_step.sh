@@ -11,6 +11,7 @@
 #                                               ptxas counts of the device's triton in registers.log (7 files back)
 #   bash benchmarks/h200_step.sh ncu [ARGS]     Nsight Compute over benchmarks/ncu_kernels.py (one launch of each
 #                                               kernel of the step and of the MTP logits) in $OUT/ncu.txt
+#   bash benchmarks/h200_step.sh cmd 'LINE'     LINE after the set-up (DeepGEMM built, PYTHONPATH, SPIN_COMMIT)
 #   bash benchmarks/h200_step.sh all            tests of the step's kernels + grid + v32 (+ profile, + a command:
 #                                               ALL_* variables, see the stage) in one call, packed into
 #                                               $OUT/h200_all.tgz (one file: a call brings back at most 8)
@@ -107,6 +108,8 @@ case "$stage" in
             tail -30 "$OUT/all/extra/extra.log" | cut -c1-300
         fi
         tar czf "$OUT/h200_all.tgz" -C "$OUT" all && rm -rf "$OUT/all" "$OUT/deepgemm_build.log" ;;
+    cmd)  # any command line after the set-up above (DeepGEMM on PYTHONPATH, SPIN_COMMIT exported): bash -c "$*"
+        bash -c "$*" ;;
     *)
-        echo "unknown stage $stage (tests, grid, profile, v32, mtp, ncu, all)"; exit 2 ;;
+        echo "unknown stage $stage (tests, grid, profile, v32, mtp, ncu, all, cmd)"; exit 2 ;;
 esac

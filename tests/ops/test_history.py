@@ -376,64 +376,6 @@ def test_topk_with_the_update_leaves_the_reference_state(lengths, next_n, window
     assert_state_equal(moved, exp, exact=not dev.type == "cuda")
 
 
-@pytest.mark.interpreter
-@pytest.mark.parametrize("k", [40, 1], ids=["group-max", "block-max"])  # G < T and G = T at these widths
-@pytest.mark.parametrize("lengths,next_n,window", CASES, ids=CASE_IDS)
-def test_topk_with_the_update_writing_the_maxima(lengths, next_n, window, k, gen, triton_device, monkeypatch):
-    """topk_triton(update=, arrivals=) and no maxima given: the update's programs (2 blocks a tile: several per
-    request) write the maxima the rows' threshold programs wait for. The same top-k as with the maxima pass
-    (best first and the set), the reference's history, and the arrival counts zero again after each call."""
-    pytest.importorskip("triton")
-    from spin_indexer.ops import history_triton, topk_group
-    from spin_indexer.ops.topk import ascending
-    from spin_indexer.ops.topk_triton import topk_triton
-    monkeypatch.setattr(history_triton, "BLOCKS_PER_PROGRAM", 2)
-    blocks = 24
-    plan = make_plan(lengths, next_n, blocks, gen, width=max(-(-L // T) for L in lengths) + 1)
-    cols = plan.kept.shape[1] * T
-    assert (topk_group(cols, k) == T) == (k == 1)  # the case's maxima: per block (k = 1) or per group
-    logits = make_logits(plan, cols, gen)
-    update_rows = torch.zeros(len(lengths), next_n, dtype=torch.bool)
-    update_rows[:, 0] = torch.rand(len(lengths), generator=gen) < 0.8  # row 0 (or none: a guarded request)
-    h = make_history(plan, blocks, 4, window, gen, rows=1, update_rows=update_rows)
-    dev = torch.device(triton_device)
-    flat = logits.view(-1, cols).to(dev)
-    lens = plan.lens.reshape(-1).to(dev)
-    rows = flat.shape[0]
-    arrivals = torch.zeros(rows + 3, dtype=torch.int32, device=dev)
-    ref = clone_history(h)
-    moved = history_on(h, dev)
-    for order in (True, False):
-        want = topk_triton(flat, lens, k, kept_blocks=plan.kept.to(dev), next_n=next_n, sorted=order)
-        out = torch.full_like(want, 77)  # poisoned
-        got = topk_triton(flat, lens, k, kept_blocks=plan.kept.to(dev), next_n=next_n, out=out,
-                          update=(moved, plan.table.to(dev)), sorted=order, arrivals=arrivals)
-        assert got is out
-        if order:
-            assert torch.equal(got.cpu(), want.cpu())
-        else:
-            assert torch.equal(ascending(got).cpu(), ascending(want).cpu())
-        assert not arrivals.any()
-        update_history_ref(ref, logits, plan.table, plan.lens)  # the update ran once per call
-        exp = tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen))
-        assert_state_equal(moved, exp, exact=not dev.type == "cuda")
-
-
-def test_topk_arrivals_are_checked(gen, triton_device):
-    """arrivals of the wrong dtype or too short are refused before any launch (nothing written)."""
-    pytest.importorskip("triton")
-    from spin_indexer.ops.topk_triton import topk_triton
-    dev = torch.device(triton_device)
-    flat = torch.randn(3, 256, generator=gen).to(dev)
-    lens = torch.full((3,), 256, dtype=torch.int32, device=dev)
-    out = torch.full((3, 8), 77, dtype=torch.int32, device=dev)
-    with pytest.raises(ValueError, match="arrivals: expected at least R = 3"):
-        topk_triton(flat, lens, 8, out=out, arrivals=torch.zeros(2, dtype=torch.int32, device=dev))
-    with pytest.raises(TypeError, match="arrivals"):
-        topk_triton(flat, lens, 8, out=out, arrivals=torch.zeros(3, dtype=torch.int64, device=dev))
-    assert (out == 77).all()
-
-
 def test_public_topk_positions_with_history_on_the_reference(gen):
     """ops.topk_positions(history=, compact_table=) on the CPU: topk_positions_ref, then the reference update;
     one of the two alone is refused."""

@@ -11,12 +11,11 @@
 
 On CUDA with the paper's step (A1 pooling, random or no exploration) plan() is two kernels (three where
 DeepGEMM can serve the logits: every layer's SM schedule for it in one launch) and run() the logits kernel
-(Triton: the block and group maxima the top-k prunes with written in its epilogue; DeepGEMM: logits only)
-and the top-k's three launches (four below SET_SELECT_MIN_ROWS rows or with topk_sorted: ops/topk_triton.py),
-with the EMA update beside the top-k: up to UPDATE_IN_TOPK_BLOCKS table blocks its programs run in the top-k's
-first launch (after DeepGEMM they write the maxima there too, and the rows' programs wait for them: no maxima
-pass), above it on a low-priority side stream (the top-k then on a high-priority one, after a pass for the
-maxima where DeepGEMM computed the logits); no host sync and no data-dependent shape
+(Triton: the block and group maxima the top-k prunes with written in its epilogue; DeepGEMM: logits only,
+then a pass for the maxima) and the top-k's three launches (four below SET_SELECT_MIN_ROWS rows or with
+topk_sorted: ops/topk_triton.py), with the EMA update beside
+the top-k: up to UPDATE_IN_TOPK_BLOCKS table blocks its programs run in the top-k's first launch, above it on a
+low-priority side stream (the top-k then on a high-priority one); no host sync and no data-dependent shape
 (validate=False): a whole step captures in one CUDA graph. With overlap_update=False the update runs in
 series, fused into the Triton kernel's epilogue or into DeepGEMM's maxima pass.
 A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards every
@@ -310,13 +309,12 @@ class SpinIndexer:
                                                                  self.config.tokens_per_block), backend=backend)
         if side is None:
             return self._topk(layer, st, plan, logits, block_max, group_max)
-        if in_topk:
-            if maxima_fused:
-                return self._topk(layer, st, plan, logits, block_max, group_max, history)
-            # DeepGEMM wrote no maxima: the update's programs write them in the top-k's first launch, where
-            # they read the logits anyway, and the rows' programs wait for them there (no maxima pass)
-            return self._topk(layer, st, plan, logits, None, None, history, arrivals=self.workspace.arrivals)
         rows3 = logits.view(batch, self.next_n, logits.shape[1])  # not -1: ambiguous for an empty batch
+        if in_topk:
+            if not maxima_fused:
+                ops.update_history(None, rows3, plan.compact_block_table, plan.compact_seq_lens,
+                                   block_max_out=block_max, group_max_out=group_max, group=group)
+            return self._topk(layer, st, plan, logits, block_max, group_max, history)
         main = torch.cuda.current_stream(self.device)
         with self._forked(side):
             ops.update_history(history, rows3, plan.compact_block_table, plan.compact_seq_lens)
@@ -457,9 +455,9 @@ class SpinIndexer:
 
     def _topk(self, layer: int, st: _Step, plan: BlockPlan, logits: torch.Tensor,
               block_max: torch.Tensor, group_max: torch.Tensor | None = None,
-              history: ops.HistoryUpdate | None = None, arrivals: torch.Tensor | None = None) -> torch.Tensor:
+              history: ops.HistoryUpdate | None = None) -> torch.Tensor:
         """The top-k over compact logits, written as logical positions (history: its EMA update too, inside
-        the top-k's launches; arrivals: the workspace's, when the update's programs write the maxima too)."""
+        the top-k's launches)."""
         rows = logits.shape[0]
         out = self.workspace.topk[layer, :rows]
         ops.topk_positions(logits, plan.compact_seq_lens.view(-1), self.config.topk, block_max=block_max,
@@ -467,7 +465,7 @@ class SpinIndexer:
                            tokens_per_block=self.config.tokens_per_block, out=out, validate=False,
                            group_max=group_max, tau_hint=self.workspace.tau_hint[layer, :rows] if self.tau_hint else None,
                            history=history, compact_table=None if history is None else plan.compact_block_table,
-                           sorted=self.topk_sorted, arrivals=arrivals)
+                           sorted=self.topk_sorted)
         if self.extensions is not None:
             self.extensions.after_layer(layer, st.meta, plan, out, block_max)
         self.block_plan = plan

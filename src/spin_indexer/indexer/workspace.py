@@ -19,9 +19,7 @@ class Workspace:
     top-k's group maxima when it prunes finer than a block; leading [:, :W*T / G] used); topk: int32 [L, B*N, K];
     deepgemm_schedule: int32 [L, S + 1, 2], every layer's SM schedule for DeepGEMM's logits (S = schedule_sms,
     the GPU's SMs where DeepGEMM serves; None when schedule_sms = 0); tau_hint: int32 [L, B*N], each layer and
-    row's last top-k threshold key (ops.topk_positions(tau_hint=): a hint only, any value is correct);
-    arrivals: int32 [B*N], zeros between launches (ops.topk_positions(arrivals=): the update's programs count
-    themselves in per row within the top-k's first launch, each row's program zeroes its count).
+    row's last top-k threshold key (ops.topk_positions(tau_hint=): a hint only, any value is correct).
     """
 
     GROUP_MIN = 8  # the finest group the step writes maxima for (topk_group of a wide table is 8-64)
@@ -43,7 +41,6 @@ class Workspace:
         self.topk = torch.empty((L, B * N, topk), **i32)
         self.deepgemm_schedule = torch.zeros((L, schedule_sms + 1, 2), **i32) if schedule_sms else None
         self.tau_hint = torch.zeros((L, B * N), **i32)
-        self.arrivals = torch.zeros((B * N,), **i32)
 
     @staticmethod
     def bytes_needed(num_layers: int, max_batch: int, max_blocks: int, next_n: int, tokens_per_block: int,
@@ -52,7 +49,7 @@ class Workspace:
         L, B, W, N, T = num_layers, max_batch, max_blocks, next_n, tokens_per_block
         group_max = B * N * -(-W * T // Workspace.GROUP_MIN)
         return 4 * (2 * L * B * W + L * B + L * B * N + B + B * N * W * T + B * N * W + group_max
-                    + L * B * N * topk + (L * (schedule_sms + 1) * 2 if schedule_sms else 0) + L * B * N + B * N) + B + B * N
+                    + L * B * N * topk + (L * (schedule_sms + 1) * 2 if schedule_sms else 0) + L * B * N) + B + B * N
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))

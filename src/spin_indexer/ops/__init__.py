@@ -139,7 +139,7 @@ def topk(logits, lengths, k: int, validate: bool = True, block_max=None):
 
 def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, next_n: int = 1,
                    tokens_per_block: int = 64, out=None, validate: bool = True, group_max=None, tau_hint=None,
-                   history: HistoryUpdate | None = None, compact_table=None, sorted: bool = True, arrivals=None):
+                   history: HistoryUpdate | None = None, compact_table=None, sorted: bool = True):
     """Top-k positions int32 [R, k], best first (sorted=False: the same set in no particular order, one
     launch fewer on CUDA), -1 padded, through SPIN's compact-to-logical map; see
     `topk_positions_ref`. On CUDA the Triton top-k (block_max / group_max let it read only the groups that
@@ -149,10 +149,7 @@ def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, ne
     history, compact_table: also apply SPIN's EMA update of `history` from these compact logits (viewed
     [R // next_n, next_n, C], lengths their compact lengths; compact_table int32 [R // next_n, M]), as
     update_history(history, ...) would: on CUDA the update pass's programs run in the top-k's first launch
-    (topk_triton's `update`), elsewhere after the top-k.
-    arrivals: optional int32 [>= R] of zeros, a caller-owned buffer (left zero): with history and neither maxima
-    given, the update's programs on CUDA also write the maxima the top-k prunes with and the rows wait for them
-    there (topk_triton's `arrivals`: no group-max launch); ignored elsewhere (the reference needs no maxima)."""
+    (topk_triton's `update`), elsewhere after the top-k."""
     if (history is None) != (compact_table is None):
         raise ValueError("history, compact_table: expected both or neither")
     if history is not None:
@@ -183,7 +180,7 @@ def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, ne
                               group_max, sorted)
     return twin(logits, lengths, k, validate=False, block_max=block_max, kept_blocks=kept_blocks, next_n=next_n,
                 out=out, group_max=group_max, tau_hint=tau_hint,
-                update=None if history is None else (history, compact_table), sorted=sorted, arrivals=arrivals)
+                update=None if history is None else (history, compact_table), sorted=sorted)
 
 
 def _check_outputs(logits, width, dev, out, block_max_out) -> None:

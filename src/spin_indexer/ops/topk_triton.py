@@ -141,8 +141,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
                 stats: torch.Tensor | None = None, _stages: int = 5, kept_blocks: torch.Tensor | None = None,
                 next_n: int = 1, out: torch.Tensor | None = None,
                 group_max: torch.Tensor | None = None, tau_hint: torch.Tensor | None = None,
-                update: tuple | None = None, sorted: bool = True,
-                arrivals: torch.Tensor | None = None) -> torch.Tensor:
+                update: tuple | None = None, sorted: bool = True) -> torch.Tensor:
     """Top-k positions per row, same meaning as `topk_ref`.
 
     logits: float32 [R, C]; columns >= lengths[r] are ignored. lengths: int32 [R] in [0, C]. k: int >= 1.
@@ -175,11 +174,6 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     neither a launch nor a stream fork and join of its own. Elsewhere the pass runs after the top-k.
     sorted: True, best first (the sort and rank launches); False, the same set in no particular order (one
     select launch, `_select_set_kernel`; the v1 chain's threshold and gather whichever TOPK_CHAIN is).
-    arrivals: optional int32 [>= R], all zero (left zero): with `update` running in the threshold launch and
-    neither block_max nor group_max given, the update's programs also write the maxima the top-k prunes with
-    (they read these logits anyway) and count themselves in here per row; each row's threshold program waits
-    for its count, then zeroes it. That saves the group-max launch and its read of the logits (a DeepGEMM
-    logits pass writes no maxima). Without it that launch runs first, as for any call without maxima.
     returns int32 [R, k]: positions, best first, ties to the lower position, -1 past lengths[r] (sorted=False:
     the same positions in no particular order, then -1).
     """
@@ -189,11 +183,6 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     if tau_hint is not None:
         check_tensor("tau_hint", tau_hint, dtype=torch.int32, shape=(rows,), shape_names="[R]", device=dev,
                      device_of="logits", contiguous=True)
-    if arrivals is not None:
-        check_tensor("arrivals", arrivals, dtype=torch.int32, ndim=1, device=dev, device_of="logits",
-                     contiguous=True)
-        if arrivals.shape[0] < rows:
-            raise ValueError(f"arrivals: expected at least R = {rows} entries, got {arrivals.shape[0]}")
     if k > MAX_TRITON_K:
         from .topk import topk_positions_ref
         out = topk_positions_ref(logits, lengths, k, kept_blocks=kept_blocks, next_n=next_n, out=out,
@@ -214,10 +203,6 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     cap = max(cap or 2 * k_pow, 2 * k_pow)  # the overflow merge keeps K_POW keys and takes as many
     group = topk_group(cols, k)
     num_groups = -(-cols // group)
-    v1 = TOPK_CHAIN == "v1" or not sorted  # the set has a v1 form only
-    in_threshold = v1 and update is not None and update[0].rows == 1  # the update's programs in that launch
-    by_update = (in_threshold and arrivals is not None and block_max is None and group_max is None
-                 and block_tokens(update[0]) % group == 0)  # its tiles write maxima of groups within a block
     if group_max is not None:
         check_tensor("group_max", group_max, dtype=torch.float32, shape=(rows, num_groups),
                      shape_names=f"[R, ceil(C / G)] with G = topk_group(C, k) = {group}", device=dev,
@@ -226,8 +211,6 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
         summary = block_max if block_max.stride(1) == 1 else block_max.contiguous()
     elif group_max is not None:
         summary = group_max if group_max.stride(1) == 1 else group_max.contiguous()
-    elif by_update:  # written by the update's programs in the threshold launch (_chain_v1)
-        summary = torch.empty(rows, num_groups, dtype=torch.float32, device=dev)
     else:
         # the groups below each row's length (the only ones the threshold reads), in maxima_triton's pass
         summary = torch.empty(rows, num_groups, dtype=torch.float32, device=dev)
@@ -240,8 +223,9 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     kept_stride = kept_blocks.stride(0) if mapped else 0
     args = (logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _stages, kept, kept_stride, next_n,
             mapped, out, tau_hint)
-    if v1 and (update is None or in_threshold):
-        return _chain_v1(*args, update=update, ordered=sorted, arrivals=arrivals if by_update else None)
+    v1 = TOPK_CHAIN == "v1" or not sorted  # the set has a v1 form only
+    if v1 and (update is None or update[0].rows == 1):
+        return _chain_v1(*args, update=update, ordered=sorted)
     if v1:
         _chain_v1(*args, ordered=sorted)
     else:
@@ -305,7 +289,7 @@ def _chain_v2(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats,
 
 
 def _chain_v1(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _stages, kept, kept_stride, next_n,
-              mapped, out, tau_hint=None, update=None, ordered=True, arrivals=None):
+              mapped, out, tau_hint=None, update=None, ordered=True):
     rows, cols = logits.shape
     dev = logits.device
     thresh = torch.empty(rows, dtype=torch.int32, device=dev)
@@ -325,19 +309,17 @@ def _chain_v1(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats,
                           HINT_STEPS=(2 * TAU_HINT_RADIUS).bit_length(), num_warps=threshold_warps(sum_block))
     if update is None:
         _threshold_kernel[(rows,)](*threshold_args, **threshold_meta)
-    else:  # the update pass's programs beside the rows' (topk_triton's `update`)
+    else:  # the update pass's programs after the rows' (topk_triton's `update`)
         from .history_triton import _history_args, tile_meta
         history, table = update
         batch, t = rows // next_n, block_tokens(history)
         meta = tile_meta()
         tiles = triton.cdiv(cols // t, meta["BLOCKS"])
-        wait = arrivals is not None
         _threshold_update_kernel[(rows + batch * tiles,)](
             *threshold_args, rows, tiles, logits, logits.stride(0) * next_n, logits.stride(0), table, table.stride(0),
-            *_history_args(history, logits), next_n, cols // t, arrivals if wait else count,
+            *_history_args(history, logits), next_n, cols // t,
             T=t, **meta, HAS_SEEN=history.last_seen is not None,
-            NP=triton.next_power_of_2(next_n), WAIT=wait, BMAX=wait and group == t, GMAX=wait and group < t,
-            **threshold_meta)
+            NP=triton.next_power_of_2(next_n), **threshold_meta)
     if _stages < 3:
         return out
     lb = max(16, 1024 // group)
@@ -419,50 +401,22 @@ if triton is not None:
                                  k, out_ptr, hint_ptr, rows, tiles, x_ptr, x_stride_b, x_stride_n, table_ptr,
                                  table_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                                  clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
-                                 lo, hi, next_n, num_blocks, arrive_ptr, G: tl.constexpr, SB: tl.constexpr,
-                                 CAP: tl.constexpr, HINT: tl.constexpr, HINT_R: tl.constexpr,
-                                 HINT_STEPS: tl.constexpr, T: tl.constexpr, BLOCKS: tl.constexpr, DB: tl.constexpr,
-                                 HAS_SEEN: tl.constexpr, NP: tl.constexpr, WAIT: tl.constexpr, BMAX: tl.constexpr,
-                                 GMAX: tl.constexpr):
-        """The rows' thresholds (_threshold_row) and `tiles` programs per request of the EMA update pass
-        (history_triton.update_tile, row 0 updating) over the same logits.
-
-        Without WAIT the rows' programs come first (pids [0, rows)) and the maxima they read were written
-        before the launch. With WAIT the update's programs also write the maxima (s_ptr: the block maxima
-        with BMAX, the group maxima with GMAX) and each adds 1 to the arrival count of every row of its
-        request; the rows' programs come last and wait until their count reaches `tiles`, then zero it. The
-        order is what makes the wait safe: blocks are dispatched in pid order, so every program a row waits
-        for was dispatched before the waiting one and runs to its end whatever the waiters occupy."""
+                                 lo, hi, next_n, num_blocks, G: tl.constexpr, SB: tl.constexpr, CAP: tl.constexpr,
+                                 HINT: tl.constexpr, HINT_R: tl.constexpr, HINT_STEPS: tl.constexpr,
+                                 T: tl.constexpr, BLOCKS: tl.constexpr, DB: tl.constexpr, HAS_SEEN: tl.constexpr,
+                                 NP: tl.constexpr):
+        """Programs [0, rows): the rows' thresholds (_threshold_row); then `tiles` per request: the EMA update
+        pass's programs (history_triton.update_tile, row 0 updating, no maxima) over the same logits."""
         pid = tl.program_id(0)
-        if WAIT:
-            first_tile = 0
-            first_row = rows // next_n * tiles
-        else:
-            first_tile = rows
-            first_row = 0
-        r = pid - first_row
-        if (r >= 0) & (r < rows):
-            if WAIT:
-                # one thread spins on the count (an acquire: the maxima stored before its release are
-                # visible after it), the barrier holds the others until it is done
-                n = tl.atomic_add(arrive_ptr + r, 0, sem="acquire")
-                while n < tiles:
-                    n = tl.atomic_add(arrive_ptr + r, 0, sem="acquire")
-                tl.atomic_xchg(arrive_ptr + r, 0)  # every program counted: zero for the next launch
-                tl.debug_barrier()
-            _threshold_row(r, s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
+        if pid < rows:
+            _threshold_row(pid, s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
                            out_ptr, hint_ptr, G, SB, CAP, HINT, HINT_R, HINT_STEPS)
         else:
-            u = pid - first_tile
-            b = u // tiles
-            update_tile(b, u % tiles, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, len_ptr,
-                        s_ptr, stride_s, s_ptr, stride_s, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr,
-                        seen_stride, clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window,
-                        trash, lo, hi, next_n, num_blocks, 0, T, BLOCKS, HAS_SEEN, BMAX, NP, GMAX, G, DB)
-            if WAIT:
-                tl.debug_barrier()  # every thread's maxima stored before the release below
-                for j in range(0, next_n):
-                    tl.atomic_add(arrive_ptr + b * next_n + j, 1, sem="release")
+            u = pid - rows
+            update_tile(u // tiles, u % tiles, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, len_ptr,
+                        x_ptr, 0, x_ptr, 0, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
+                        clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi,
+                        next_n, num_blocks, 0, T, BLOCKS, HAS_SEEN, False, NP, False, T, DB)
 
     @triton.jit
     def _threshold_row(r, s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,

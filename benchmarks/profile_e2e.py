@@ -1,0 +1,69 @@
+"""Where one end-to-end decode step of the proxy model goes (bench_e2e's step: 30 layers of DSA-style sparse
+decoding), per kernel: torch.profiler over a few eager steps after warm-up, kernels grouped by name, for
+all-keep and SPIN. Complements bench_e2e.py, whose columns are whole-step times.
+
+    PYTHONPATH=src:benchmarks python3 benchmarks/profile_e2e.py --random-weights --points 32x32768 --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+import bench_e2e
+from harness import environment
+from profile_step import kernel_table
+
+from spin_indexer.model.decode import decode_one_step
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--points", default="32x32768")
+    p.add_argument("--configs", nargs="+", default=["all-keep", "spin-0.5"])
+    p.add_argument("--k", type=int, default=512)
+    p.add_argument("--random-weights", action="store_true")
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--distinct", type=int, default=2)
+    p.add_argument("--task", default="niah_single_2")
+    p.add_argument("--top", type=int, default=25, help="kernels listed per config")
+    p.add_argument("--out", type=Path, default=Path("/tmp/out"))
+    args = p.parse_args(argv)
+    points = bench_e2e.parse_points(args.points)
+    steps = 3 + 4 + 4  # warm-up + profiled (kernel_table: 2 + iters) + margin
+    max_len = max(c for _, c in points) + steps + 8
+    model, indexer, tok, name = bench_e2e.load(args, max_len, max(c for _, c in points))
+    lines = [f"# e2e step profile: {json.dumps(environment())}, model {name}"]
+    for batch, context in points:
+        prompts = bench_e2e.prompts_for(args, tok, context, model.cfg.vocab_size)
+        caches, lengths0, first = bench_e2e.fill_batch(model, indexer, batch, context + steps + 8, prompts)
+        for config in args.configs:
+            caches.lengths.copy_(lengths0)
+            selector = bench_e2e.make_selector(config, model, caches, args.k)
+            token = first.clone()
+
+            def step():
+                logits = decode_one_step(model, caches, token, "lightning", args.k, indexer, selector, validate=False)
+                token.copy_(logits[:, -1].argmax(-1, keepdim=True))
+
+            step()
+            rows = kernel_table(step, iters=3)
+            total = sum(t for t, _, _ in rows)
+            launches = sum(c for _, c, _ in rows)
+            lines.append(f"\n== {config} B={batch} L={context}: {total / 1000:.2f} ms of kernels per step, "
+                         f"{launches:.0f} launches")
+            for t, c, kname in rows[:args.top]:
+                lines.append(f"  {t:9.1f} us  {c:5.0f}x  {kname[:110]}")
+            print("\n".join(lines[-args.top - 1:]), flush=True)
+        del caches
+        torch.cuda.empty_cache()
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "profile_e2e.txt").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

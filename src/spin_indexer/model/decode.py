@@ -269,23 +269,13 @@ def attend_dense(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, seq_le
 
 
 def attend_topk(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, topk: torch.Tensor) -> torch.Tensor:
-    """Sparse attention of each query row over its selected tokens only.
+    """Sparse attention of each query row over its selected tokens only (ops.topk_attention: the Triton
+    kernel on CUDA, the torch reference elsewhere).
 
     q: [B, N, Hq, d]; keys/vals: [B, P, Hkv, d]; topk: int32 [B, N, K] positions, -1 = padding (each row
     selects at least its own token, so no row is empty). returns [B, N, Hq, d].
     """
-    b, n, hq, d = q.shape
-    hkv = keys.shape[2]
-    idx = topk.long().clamp_min(0)  # padding gathers position 0, masked below
-    rows = torch.arange(b, device=q.device)[:, None, None]
-    k_sel = keys[rows, idx].float()  # [B, N, K, Hkv, d]
-    v_sel = vals[rows, idx].float()
-    qg = q.view(b, n, hkv, hq // hkv, d).float()
-    logits = torch.einsum("bnhgd,bnkhd->bnhgk", qg, k_sel) * d ** -0.5
-    logits = logits.masked_fill((topk < 0)[:, :, None, None, :], float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    out = torch.einsum("bnhgk,bnkhd->bnhgd", probs, v_sel)
-    return out.reshape(b, n, hq, d).to(q.dtype)
+    return ops.topk_attention(q, keys, vals, topk)
 
 
 @torch.no_grad()

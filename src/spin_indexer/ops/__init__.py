@@ -12,6 +12,7 @@ from .history import HistoryUpdate, block_tokens, update_history_ref
 from .indexer_logits import block_max_ref, check_paged_indexer_args, paged_indexer_logits_ref
 from .kv_cache import dequantize_blocks, quantize_and_write, quantize_keys, read_kv_cache, write_kv_cache
 from .topk import group_max_into, group_max_ref, topk_group, topk_positions_ref, topk_ref
+from .topk_attention import check_topk_attention_args, topk_attention_ref
 
 
 def _triton_twin(module: str, name: str, t):
@@ -193,6 +194,16 @@ def _check_outputs(logits, width, dev, out, block_max_out) -> None:
                      shape_names="[B*next_n, W]", device=dev, device_of="q_fp8", contiguous=True)
 
 
+def topk_attention(q, keys, vals, topk):
+    """Decode attention of each query row over its selected tokens only: [B, N, Hq, d] in q's dtype; see
+    `topk_attention_ref` (q [B, N, Hq, d], keys / vals [B, P, Hkv, d], topk int32 [B, N, K], -1 padded)."""
+    check_topk_attention_args(q, keys, vals, topk)
+    twin = _triton_twin("topk_attention_triton", "topk_attention_triton", q)
+    if twin is None:
+        return topk_attention_ref(q, keys, vals, topk)
+    return twin(q, keys, vals, topk)
+
+
 def block_max(logits, tokens_per_block: int = 64):
     """Per-block max float32 [R, ceil(C / T)]; see `block_max_ref`."""
     return block_max_ref(logits, tokens_per_block)
@@ -203,5 +214,5 @@ __all__ = [
     "paged_indexer_logits", "paged_indexer_logits_ref", "check_paged_indexer_args", "topk", "topk_ref",
     "topk_positions", "topk_positions_ref", "topk_group", "group_max_ref",
     "block_max", "block_max_ref", "quantize_keys", "write_kv_cache", "quantize_and_write", "read_kv_cache",
-    "dequantize_blocks",
+    "dequantize_blocks", "topk_attention", "topk_attention_ref",
 ]

@@ -21,6 +21,8 @@ except ImportError:  # pragma: no cover - the package only imports this module w
 
 KB = 64  # selected tokens per chunk (the dots' N and K dims)
 GQ = 16  # query heads per program, padded: the smallest M of tl.dot
+NUM_WARPS = 4
+NUM_STAGES = 3  # Triton's pipelining of the chunk loop's loads
 
 
 def topk_attention_triton(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor,
@@ -40,7 +42,7 @@ def topk_attention_triton(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tenso
         q, keys, vals, topk, out, n, k, keys.stride(0), keys.stride(1), keys.stride(2), keys.stride(3),
         vals.stride(0), vals.stride(1), vals.stride(2), vals.stride(3), d ** -0.5,
         G=groups, GP=max(GQ, triton.next_power_of_2(groups)), D=d, DP=max(16, triton.next_power_of_2(d)), KB=KB,
-        num_warps=4)
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     return out
 
 

@@ -1,0 +1,75 @@
+"""ops.topk_attention at the proxy's decode shapes (SmolLM2-135M: 9 query heads on 3 KV heads of 64 dims, bf16
+caches of P tokens per request, K = 512 selected positions), per call in a CUDA graph: the Triton kernel under
+chunk / warp / stage variants, and the torch reference. Scattered positions over 2 x 1.2 GB of keys and values a
+layer (96 x 32K) make the gather latency-bound, so the variants trade loads in flight against registers.
+
+    PYTHONPATH=src:benchmarks python3 benchmarks/topk_attention_variants.py [--then-e2e ARGS...]
+--then-e2e: set the fastest variant and run bench_e2e.main(ARGS) in this process (one device call for both).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from harness import environment, time_graph
+
+from spin_indexer import ops
+from spin_indexer.ops import topk_attention_triton as tat
+from spin_indexer.ops.topk_attention import topk_attention_ref
+
+VARIANTS = [  # (KB, warps, stages)
+    (64, 4, 3), (64, 4, 1), (64, 8, 3), (128, 4, 3), (128, 8, 3), (128, 8, 2), (256, 8, 2), (32, 4, 4),
+]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=96)
+    p.add_argument("--context", type=int, default=32768)
+    p.add_argument("--k", type=int, default=512)
+    p.add_argument("--layers", type=int, default=3, help="caches rotated per replay (defeat L2 reuse)")
+    p.add_argument("--then-e2e", nargs=argparse.REMAINDER, default=None)
+    args = p.parse_args(argv)
+    print(json.dumps(environment()), flush=True)
+    b, n, hq, hkv, d, P, k = args.batch, 1, 9, 3, 64, args.context, args.k
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    sets = []
+    for _ in range(args.layers):
+        keys = torch.randn(b, P, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+        vals = torch.randn(b, P, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+        q = torch.randn(b, n, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+        topk = torch.argsort(torch.rand(b * n, P, device="cuda", generator=gen), dim=1)[:, :k]
+        sets.append((q, keys, vals, topk.to(torch.int32).view(b, n, k)))
+    gathered = 2 * b * n * hkv * k * d * 2
+    print(f"B={b} P={P} K={k}: {gathered / 1e6:.1f} MB gathered a call (keys + values, bf16)", flush=True)
+    want = topk_attention_ref(*sets[0]).float()
+    ref_us = time_graph([lambda s=s: topk_attention_ref(*s) for s in sets]).p50_us
+    print(f"reference (torch gathers, casts, einsums): {ref_us:8.1f} us", flush=True)
+    best = None
+    for kb, warps, stages in VARIANTS:
+        tat.KB, tat.NUM_WARPS, tat.NUM_STAGES = kb, warps, stages
+        try:
+            err = (ops.topk_attention(*sets[0]).float() - want).abs().max().item()
+            us = time_graph([lambda s=s: ops.topk_attention(*s) for s in sets]).p50_us
+        except Exception as exc:  # a variant that does not compile must not cost the run
+            print(f"KB={kb} warps={warps} stages={stages}: failed {exc!r}"[:300], flush=True)
+            continue
+        print(f"KB={kb:4d} warps={warps} stages={stages}: {us:8.1f} us ({gathered / us / 1e3:6.0f} GB/s), "
+              f"max |err| {err:.2e}", flush=True)
+        if best is None or us < best[0]:
+            best = (us, kb, warps, stages)
+    print(f"fastest: KB={best[1]} warps={best[2]} stages={best[3]} {best[0]:.1f} us", flush=True)
+    del sets
+    torch.cuda.empty_cache()
+    if args.then_e2e is not None:
+        tat.KB, tat.NUM_WARPS, tat.NUM_STAGES = best[1:]
+        import bench_e2e
+        return bench_e2e.main(args.then_e2e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -82,6 +82,23 @@ def test_triton_rows_with_nothing_selected_and_empty_shapes(gen, triton_device):
     assert torch.equal(none, topk_attention_ref(q, keys, vals, topk[:, :, :0])) and not none.any()
 
 
+@pytest.mark.interpreter
+def test_positions_outside_the_cache_count_as_padding(gen, triton_device):
+    """validate=False: a position >= P or < -1 reads nothing (as -1) in the reference and the kernel alike;
+    validate=True refuses it by name."""
+    q, keys, vals, topk = make_inputs(2, 2, 4, 2, 8, 20, 6, gen)
+    bad = topk.clone()
+    bad[0, 1, 2], bad[1, 0, 3], bad[1, 1, 1] = 20, 1 << 30, -7
+    padded = torch.where((bad < 0) | (bad >= 20), -1, bad)
+    want = topk_attention_ref(q, keys, vals, padded)
+    torch.testing.assert_close(topk_attention_ref(q, keys, vals, bad), want)
+    dev = torch.device(triton_device)
+    got = ops.topk_attention(*(t.to(dev) for t in (q, keys, vals, bad)), validate=False)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"topk: expected positions in \[0, P = 20\)"):
+        ops.topk_attention(q, keys, vals, bad)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (bf16 caches as the proxy decodes)")
 def test_triton_bf16_matches_the_reference_on_cuda(gen):
     q, keys, vals, topk = (t.cuda() for t in make_inputs(4, 1, 9, 3, 64, 5000, 512, gen, dtype=torch.bfloat16))

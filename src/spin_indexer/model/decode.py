@@ -268,14 +268,16 @@ def attend_dense(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, seq_le
     return torch.einsum("bnhgp,bphd->bnhgd", probs, vals).reshape(b, n, hq, d).to(q.dtype)
 
 
-def attend_topk(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, topk: torch.Tensor) -> torch.Tensor:
+def attend_topk(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, topk: torch.Tensor,
+                validate: bool = False) -> torch.Tensor:
     """Sparse attention of each query row over its selected tokens only (ops.topk_attention: the Triton
     kernel on CUDA, the torch reference elsewhere).
 
     q: [B, N, Hq, d]; keys/vals: [B, P, Hkv, d]; topk: int32 [B, N, K] positions, -1 = padding (each row
-    selects at least its own token, so no row is empty). returns [B, N, Hq, d].
+    selects at least its own token, so no row is empty). returns [B, N, Hq, d]. validate: check the positions'
+    range (a host sync; the top-k that produced them already bounds them by the row's length).
     """
-    return ops.topk_attention(q, keys, vals, topk)
+    return ops.topk_attention(q, keys, vals, topk, validate=validate)
 
 
 @torch.no_grad()

@@ -194,10 +194,12 @@ def _check_outputs(logits, width, dev, out, block_max_out) -> None:
                      shape_names="[B*next_n, W]", device=dev, device_of="q_fp8", contiguous=True)
 
 
-def topk_attention(q, keys, vals, topk):
+def topk_attention(q, keys, vals, topk, validate: bool = True):
     """Decode attention of each query row over its selected tokens only: [B, N, Hq, d] in q's dtype; see
-    `topk_attention_ref` (q [B, N, Hq, d], keys / vals [B, P, Hkv, d], topk int32 [B, N, K], -1 padded)."""
-    check_topk_attention_args(q, keys, vals, topk)
+    `topk_attention_ref` (q [B, N, Hq, d], keys / vals [B, P, Hkv, d], topk int32 [B, N, K], -1 padded).
+    validate: also refuse positions outside [-1, P) (a host sync: False inside a captured graph, where such a
+    position reads nothing and counts as padding)."""
+    check_topk_attention_args(q, keys, vals, topk, validate)
     twin = _triton_twin("topk_attention_triton", "topk_attention_triton", q)
     if twin is None:
         return topk_attention_ref(q, keys, vals, topk)

@@ -6,8 +6,9 @@ a program at K = 512, d = 64, against the reference's gathered copies, their flo
 permuted copies (~10 launches and ~5x the bytes). FLOPs are tiny (G * K * d * 4 a program), so the scores and
 the weighted sum are float32 dots on the CUDA cores (input_precision="ieee", the G query heads padded to GQ
 rows), as the reference computes them (bf16 products are exact in float32; only the summation order differs).
-Run 53 measured the first form, broadcast products summed over a [4, 64, 64] register tile: 160 us a layer at
-96 x 32K, ~10x the bytes' time (the cross-thread reductions of a 3-D tile).
+The gather is latency-bound (K rows of 128 B scattered over the request's P tokens): at 96 x 32K, K = 512,
+89 us a layer (run 55, 424 GB/s; the torch reference 333 us) with the chunk loop not pipelined; 3 stages of
+pipelining took 167 us, and larger chunks 108-142.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ except ImportError:  # pragma: no cover - the package only imports this module w
 KB = 64  # selected tokens per chunk (the dots' N and K dims)
 GQ = 16  # query heads per program, padded: the smallest M of tl.dot
 NUM_WARPS = 4
-NUM_STAGES = 1  # no pipelining of the chunk loop: run 54, 89 us at 96 x 32K against 167 with 3 stages
+NUM_STAGES = 1  # no pipelining of the chunk loop (run 55)
 
 
 def topk_attention_triton(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor,
@@ -39,7 +40,7 @@ def topk_attention_triton(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tenso
     if k == 0:  # no columns: the reference's einsum over an empty axis (a -1-only row instead gives NaN)
         return out.zero_()
     _topk_attention_kernel[(b * n, hkv)](
-        q, keys, vals, topk, out, n, k, keys.stride(0), keys.stride(1), keys.stride(2), keys.stride(3),
+        q, keys, vals, topk, out, n, k, keys.shape[1], keys.stride(0), keys.stride(1), keys.stride(2), keys.stride(3),
         vals.stride(0), vals.stride(1), vals.stride(2), vals.stride(3), d ** -0.5,
         G=groups, GP=max(GQ, triton.next_power_of_2(groups)), D=d, DP=max(16, triton.next_power_of_2(d)), KB=KB,
         num_warps=NUM_WARPS, num_stages=NUM_STAGES)
@@ -48,7 +49,7 @@ def topk_attention_triton(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tenso
 
 if triton is not None:
     @triton.jit
-    def _topk_attention_kernel(q_ptr, k_ptr, v_ptr, idx_ptr, out_ptr, n, num_sel, ks_b, ks_p, ks_h, ks_d,
+    def _topk_attention_kernel(q_ptr, k_ptr, v_ptr, idx_ptr, out_ptr, n, num_sel, num_pos, ks_b, ks_p, ks_h, ks_d,
                                vs_b, vs_p, vs_h, vs_d, scale, G: tl.constexpr, GP: tl.constexpr,
                                D: tl.constexpr, DP: tl.constexpr, KB: tl.constexpr):
         """Program (row, h): query heads h * G ... h * G + G - 1 of row = b * N + j over KV head h."""
@@ -69,7 +70,7 @@ if triton is not None:
         for c in range(0, num_sel, KB):
             s_i = c + tl.arange(0, KB)
             pos = tl.load(idx_ptr + row.to(tl.int64) * num_sel + s_i, mask=s_i < num_sel, other=-1)
-            ok = pos >= 0
+            ok = (pos >= 0) & (pos < num_pos)  # padding, or outside the cache: never read
             p64 = tl.maximum(pos, 0).to(tl.int64)
             kv_ok = ok[:, None] & (dd < D)[None, :]
             kt = tl.load(k_base + p64[:, None] * ks_p + dd[None, :] * ks_d, mask=kv_ok, other=0.0).to(tl.float32)

@@ -37,29 +37,6 @@ def test_small_step_guards_every_request_and_a_large_one_none():
     assert dataclasses.replace(below, dense_batch_below="auto").guard_batch_tokens > 0
 
 
-def test_auto_guards_a_one_row_step_at_low_sparsity():
-    """"auto" raises the per-step threshold to AUTO_ONE_ROW_TOKENS for one query row at sparsity <= 0.3 (where
-    the H200 grid measured SPIN below the dense step); not at 0.4, not for two rows, not for a set threshold."""
-    from spin_indexer.predictor.config import AUTO_DENSE_BATCH_TOKENS, AUTO_ONE_ROW_TOKENS
-    lens = (70000,)  # above AUTO_DENSE_BATCH_TOKENS, below AUTO_ONE_ROW_TOKENS
-    low = SpinConfig(sparsity=0.3, topk=128, dense_batch_below="auto")
-    assert AUTO_DENSE_BATCH_TOKENS < lens[0] < AUTO_ONE_ROW_TOKENS
-    assert low.guard_batch_tokens_for(1) == AUTO_ONE_ROW_TOKENS
-    assert low.guard_batch_tokens_for(2) == AUTO_DENSE_BATCH_TOKENS
-    assert dataclasses.replace(low, dense_batch_below=1000).guard_batch_tokens_for(1) == 1000
-    assert _guarded(low, lens)[0] == [True]
-    assert _guarded(dataclasses.replace(low, sparsity=0.4), lens)[0] == [False]
-    assert _guarded(low, lens + lens)[0] == [False, False]
-
-
-@pytest.mark.interpreter
-@pytest.mark.parametrize("sparsity", [0.3, 0.4])
-def test_fused_plan_matches_torch_with_the_one_row_guard(sparsity, gen, triton_device):
-    """The kernel takes the same per-step threshold as the torch path for a one-row step (guarded at 0.3)."""
-    cfg = dataclasses.replace(BASE, sparsity=sparsity, dense_below=0, dense_batch_below="auto")
-    _run(cfg, (70000,), 1, gen, triton_device, steps=1, layers=1)
-
-
 @pytest.mark.parametrize("threshold", [0, sum(LENS), sum(LENS) + 1, 10**9])
 def test_fused_plan_matches_torch_with_the_step_guard(threshold, gen, triton_device):
     cfg = dataclasses.replace(BASE, dense_below=0, dense_batch_below=threshold)

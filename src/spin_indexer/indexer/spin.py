@@ -371,7 +371,7 @@ class SpinIndexer:
         per-step guard's threshold, so plan() guarded every request whatever its length (a host decision
         on static shapes: a captured graph keeps it)."""
         tokens = batch * width * self.config.tokens_per_block
-        return self.extensions is None and tokens < self.config.guard_batch_tokens_for(batch * self.next_n)
+        return self.extensions is None and tokens < self.config.guard_batch_tokens
 
     def _run_dense(self, layer: int, st: _Step, plan: BlockPlan, q_fp8, kv_cache, weights) -> torch.Tensor:
         """The dense step's kernels on the full table (every block kept, no history: what plan() decided for

@@ -16,7 +16,7 @@ Per (batch, context) point, random weights and caches, next_n = 1:
   indexer_ms = median(step - attention of the same round), indexer_vs_dense = median((spin - attention) /
   (dense - attention)) per round (timed apart, attention alone moved by ~1 ms between runs, ~0.01 of the ratio at
   96 x 128K). --variants repeats dense and SPIN with one part of the step set or
-  switched back (VARIANTS: the top-k chain, plan()'s DeepGEMM schedule, the logits backend), rows "<config>/<variant>".
+  switched back (VARIANTS: plan()'s DeepGEMM schedule, the logits backend, the update's overlap, ...), rows "<config>/<variant>".
 Writes <out>/h200_v32_step.csv, .md (command, environment, table) and .json (environment + rows).
 The sparse attention is plain torch (benchmarks/sparse_mla.py), not FlashMLA: attention_ms is an upper bound.
 """
@@ -161,8 +161,6 @@ def run_point(batch: int, ctx: int, args) -> list[dict]:
 # SPIN alike, while the configs are built and captured.
 VARIANTS = {
     "default": "the production step",
-    "topk-v1": "the top-k's v1 chain (four launches; runs 15-16's)",
-    "topk-v2": "the top-k's v2 chain (a select and a rank launch; merged after run 16)",
     "no-schedule": "no DeepGEMM schedule from plan(): DeepGEMM computes its own per layer (one launch more)",
     "logits-triton": "the Triton logits kernel instead of DeepGEMM (SPIN_INDEXER_LOGITS=triton)",
     "no-overlap": "the EMA update in series after DeepGEMM (SpinIndexer(overlap_update=False)), not on a side stream",
@@ -176,16 +174,12 @@ VARIANTS = {
 @contextlib.contextmanager
 def variant(name: str):
     """The step with one part set or switched back (VARIANTS) while the block runs, restored after."""
-    from spin_indexer.ops import topk_triton
-
     if name not in VARIANTS:
         raise SystemExit(f"--variants: unknown {name!r}; expected some of {sorted(VARIANTS)}")
-    chain, schedule, env = topk_triton.TOPK_CHAIN, SpinIndexer._schedule_layers, os.environ.get("SPIN_INDEXER_LOGITS")
+    schedule, env = SpinIndexer._schedule_layers, os.environ.get("SPIN_INDEXER_LOGITS")
     init, dense_init = SpinIndexer.__init__, DenseIndexer.__init__
     try:
-        if name in ("topk-v1", "topk-v2"):
-            topk_triton.TOPK_CHAIN = name[-2:]
-        elif name == "no-schedule":
+        if name == "no-schedule":
             SpinIndexer._schedule_layers = lambda self, batch, width: False
         elif name == "logits-triton":
             os.environ["SPIN_INDEXER_LOGITS"] = "triton"
@@ -198,7 +192,7 @@ def variant(name: str):
             DenseIndexer.__init__ = functools.partialmethod(dense_init, topk_sorted=True)
         yield
     finally:
-        topk_triton.TOPK_CHAIN, SpinIndexer._schedule_layers, SpinIndexer.__init__ = chain, schedule, init
+        SpinIndexer._schedule_layers, SpinIndexer.__init__ = schedule, init
         DenseIndexer.__init__ = dense_init
         if env is None:
             os.environ.pop("SPIN_INDEXER_LOGITS", None)

@@ -96,8 +96,7 @@ def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: lis
         out[f"{name}_kernels"] = [(round(t / p.layers, 2), round(n / p.layers, 2), kname[:160]) for t, n, kname in rows]
 
     # The top-k's stages alone on the step's compact logits (graph timings, cumulative stages), with the group
-    # maxima SpinIndexer passes (the logits op writes them when G = topk_group < 64, as the step does), for both
-    # kernel chains on the same data: v1 (production again since run 17) and v2 (a select and a rank launch).
+    # maxima SpinIndexer passes (the logits op writes them when G = topk_group < 64, as the step does).
     spin_step()
     plan = idx.plans(0)
     rows_n = batch * next_n
@@ -118,41 +117,26 @@ def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: lis
                           max_reps=10).p50_us
 
     if "topk" in parts:
-        chosen = (topk_module.TOPK_CHAIN, topk_module.SORT_CHUNK, topk_module.SELECT_PROGRAMS_SMALL,
-                  topk_module.SELECT_PROGRAMS_LARGE)
+        chosen = topk_module.SORT_CHUNK
         stats = torch.zeros(rows_n, dtype=torch.int32, device=p.table.device)
         try:
-            for chain in ("v2", "v1"):
-                topk_module.TOPK_CHAIN = chain
-                for stages in (2, 3, 4, 5):
-                    out[f"topk_{chain}_stages{stages}_us"] = topk_time(_stages=stages)
-                topk_triton(logits, clens, k, validate=False, block_max=bmax, group_max=gmax, stats=stats)
-                out[f"topk_{chain}_candidates"] = [int(stats.min()), int(stats.float().mean()), int(stats.max())]
-                lines.append(f"top-k {chain} stages (cumulative, compact logits, G={group}"
-                             f"{', group_max' if gmax is not None else ', block_max'}): " +
-                             ", ".join(f"{s}: {out[f'topk_{chain}_stages{s}_us']:.1f} us" for s in (2, 3, 4, 5)) +
-                             f"; candidates min/mean/max {out[f'topk_{chain}_candidates']}")
-            # v2: 2 = select up to its listing (threshold included), 3 = + its gather, 4 = + its run sort (the
-            # whole select launch), 5 = + the rank launch. v1: 2 = threshold, 3 = + gather, 4 = + chunk sort, 5 = + rank.
-            # v1's sort-chunk size (a module constant read at each call; restored after)
-            topk_module.TOPK_CHAIN = "v1"
+            # 2 = threshold, 3 = + gather, 4 = + chunk sort, 5 = + rank (best first)
+            for stages in (2, 3, 4, 5):
+                out[f"topk_stages{stages}_us"] = topk_time(_stages=stages)
+            topk_triton(logits, clens, k, validate=False, block_max=bmax, group_max=gmax, stats=stats)
+            out["topk_candidates"] = [int(stats.min()), int(stats.float().mean()), int(stats.max())]
+            lines.append(f"top-k stages (cumulative, compact logits, G={group}"
+                         f"{', group_max' if gmax is not None else ', block_max'}): " +
+                         ", ".join(f"{s}: {out[f'topk_stages{s}_us']:.1f} us" for s in (2, 3, 4, 5)) +
+                         f"; candidates min/mean/max {out['topk_candidates']}")
+            # the sort-chunk size (a module constant read at each call; restored after)
             for ch in (256, 512, 1024):
                 topk_module.SORT_CHUNK = ch
-                out[f"topk_v1_chunk{ch}_us"] = topk_time()
-            topk_module.SORT_CHUNK = chosen[1]
-            lines.append(f"top-k v1 by sort chunk (production {chosen[1]}): " +
-                         ", ".join(f"{ch}: {out[f'topk_v1_chunk{ch}_us']:.1f} us" for ch in (256, 512, 1024)))
-            # v2's select programs per row (P; the run of each is CAP / P keys)
-            topk_module.TOPK_CHAIN = "v2"
-            for progs in (2, 4, 8, 16):
-                topk_module.SELECT_PROGRAMS_SMALL = topk_module.SELECT_PROGRAMS_LARGE = progs
-                out[f"topk_v2_p{progs}_us"] = topk_time()
-            lines.append(f"top-k v2 by select programs per row (production {chosen[2]} for <= "
-                         f"{topk_module.SMALL_BATCH_ROWS} rows, else {chosen[3]}): " +
-                         ", ".join(f"{n}: {out[f'topk_v2_p{n}_us']:.1f} us" for n in (2, 4, 8, 16)))
+                out[f"topk_chunk{ch}_us"] = topk_time()
+            lines.append(f"top-k by sort chunk (production {chosen}): " +
+                         ", ".join(f"{ch}: {out[f'topk_chunk{ch}_us']:.1f} us" for ch in (256, 512, 1024)))
         finally:
-            (topk_module.TOPK_CHAIN, topk_module.SORT_CHUNK, topk_module.SELECT_PROGRAMS_SMALL,
-             topk_module.SELECT_PROGRAMS_LARGE) = chosen
+            topk_module.SORT_CHUNK = chosen
 
     # The EMA update pass alone (history + block max), tile variants: blocks x warps, "r<N>" a register cap
     # (MAX_REGISTERS; "r0": ptxas's choice), "+g<G>" with the top-k's group maxima as the DeepGEMM step writes them.

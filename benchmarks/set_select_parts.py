@@ -84,7 +84,7 @@ def main() -> None:
                 T._chunk_sort_kernel[(rows, cap // chunk)](count, cand, CAP=cap, CH=chunk, num_warps=4)
                 T._rank_kernel[(rows, triton.cdiv(cap, T.RANK_BI))](
                     x, lens, count, cand, out, x.stride(0), k, out, 0, 1, K_POW=k_pow, CAP=cap, CH=chunk,
-                    LOG_CH=chunk.bit_length() - 1, BI=T.RANK_BI, MAP=False, num_warps=4, maxnreg=T.RANK_MAXNREG_V1)
+                    LOG_CH=chunk.bit_length() - 1, BI=T.RANK_BI, MAP=False, num_warps=4, maxnreg=T.RANK_MAXNREG)
             res.append(_time(sort_rank) - _time(lambda: cand.copy_(cand_copy)))
             print(f"{rows:>5} {cols:>8} {group:>3} {int(count.float().mean()):>6} {int(nlive.float().mean()):>6}  "
                   + " ".join(f"{v:>11.1f}" for v in res), flush=True)

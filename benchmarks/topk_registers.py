@@ -1,18 +1,18 @@
 """Registers, spills and SASS op counts of the exact top-k's kernels (ops/topk_triton.py), without a GPU.
 
-Compiles each kernel of both chains (v2: `_select_kernel`, `_rank_runs_kernel`; v1: `_threshold_kernel`,
-`_gather_kernel`, `_chunk_sort_kernel`, `_rank_kernel`) for sm_90a with the local triton at the production
+Compiles each kernel of the chain (`_threshold_kernel` with and without the hint and the EMA update,
+`_gather_kernel`, `_chunk_sort_kernel`, `_rank_kernel`, `_select_set_kernel`) for sm_90a with the local triton at the production
 shapes (k = 2048: CAP = 4096; the group size of 64K / 128K / 512K columns, 8192 group maxima), under the
 launcher's num_warps / maxnreg, runs the ptxas that ships with triton with -v and counts SASS ops: BAR (CTA
 barriers: a reduction or a scan across warps), SHFL, global loads/stores/atomics, local (spill) traffic.
-The fast path must not spill; the v1 / v2 rank kernels also hold the overflow merge (`_merge_overflow`, a
+The fast path must not spill; the rank and set-select kernels also hold the overflow merge (`_merge_overflow`, a
 CAP-key sort in registers, rare) whose spills are expected under the register cap: `inner` counts the local
 loads/stores inside innermost loops (the merge's streaming loop), `spill` all of them.
 The counts are indicative: run it with the GPU host's triton (3.6 on the H200 runs) to match it, e.g. a wheel
 unpacked into /tmp/t36: `PYTHONPATH=/tmp/t36:src python benchmarks/topk_registers.py`.
 
     PYTHONPATH=src TRITON_DEFAULT_FP_FUSION=1 python benchmarks/topk_registers.py
-    PYTHONPATH=src TRITON_DEFAULT_FP_FUSION=1 python benchmarks/topk_registers.py --groups 8 64 --chains v2
+    PYTHONPATH=src TRITON_DEFAULT_FP_FUSION=1 python benchmarks/topk_registers.py --groups 8 64
 """
 from __future__ import annotations
 
@@ -52,74 +52,49 @@ def compile_counts(fn, consts: dict, warps: int, maxnreg: int | None = None) -> 
                 smem=k.metadata.shared, log="" if c["regs"] is not None else c["log"][-300:])
 
 
-def configs(group: int, chains: list[str], rows_small: bool, k: int = 2048):
-    """(name, kernel, constexprs, warps, maxnreg) of every launch of the chains at this group size."""
+def configs(group: int, k: int = 2048):
+    """(name, kernel, constexprs, warps, maxnreg) of every launch of the chain at this group size."""
     k_pow = triton.next_power_of_2(max(k, 16))
     cap = 2 * k_pow
     sb = min(triton.next_power_of_2(4 * k), T.THRESHOLD_TILE_MAX)  # 8192 group maxima at production shapes
     even = True
-    out = []
-    if "v2" in chains:
-        p, run, probes = T._select_shape(1 if rows_small else 96, cap)
-        lt = max(1, min(run, T.GATHER_ELEMS // group))
-        sel = dict(G=group, SB=sb, P=p, R=run, LT=lt, PROBES=probes, EVEN=even)
-        if rows_small:  # one launch: threshold + gather + sort
-            out.append((f"v2 select P={p} R={run} probes={probes}", T._select_kernel, dict(sel, STOP=3, PHASE=0),
-                        T.SELECT_WARPS, None))
-        else:  # the threshold launch, then the gather + sort launch
-            out.append((f"v2 threshold (phase 1) probes={probes}", T._select_kernel, dict(sel, STOP=1, PHASE=1),
-                        T.SELECT_WARPS, None))
-            sel["LT"] = max(1, min(run, T.GATHER_ELEMS_LARGE // group))
-            out.append((f"v2 gather+sort (phase 2) P={p} R={run}", T._select_kernel, dict(sel, STOP=3, PHASE=2),
-                        T.GATHER_WARPS, T.GATHER_MAXNREG))
-        window = min(T.RANK_WINDOW, run)
-        out.append((f"v2 rank P={p} R={run} W={window}", T._rank_runs_kernel,
-                    dict(K_POW=k_pow, P=p, R=run, W=window, LOG_W=window.bit_length() - 1, BI=min(T.RANK_BI, run),
-                         MAP=True, STATS=False), 4, T.RANK_MAXNREG))
-        out.append((f"v2 rank, no merge (fast path)", T._rank_runs_kernel,
-                    dict(K_POW=k_pow, P=p, R=run, W=window, LOG_W=window.bit_length() - 1, BI=min(T.RANK_BI, run),
-                         MAP=True, STATS=False, OVERFLOW=False), 4, T.RANK_MAXNREG))
-    if "v1" in chains:
-        chunk = min(T.SORT_CHUNK, cap)
-        hint = dict(HINT_R=T.TAU_HINT_RADIUS, HINT_STEPS=(2 * T.TAU_HINT_RADIUS).bit_length())
-        warps = T.threshold_warps(sb)  # the launcher's choice
-        out += [("v1 threshold", T._threshold_kernel, dict(G=group, SB=sb, CAP=cap, HINT=False, **hint), warps, None),
-                ("v1 threshold, tau_hint", T._threshold_kernel, dict(G=group, SB=sb, CAP=cap, HINT=True, **hint),
-                 warps, None),
-                ("v1 threshold + EMA update", T._threshold_update_kernel,
-                 dict(G=group, SB=sb, CAP=cap, HINT=False, **hint, T=64, BLOCKS=32, DB=8, HAS_SEEN=True, NP=1),
-                 warps, None),
-                ("v1 gather", T._gather_kernel, dict(G=group, LB=max(16, 1024 // group), CAP=cap, EVEN=even), 4, None),
-                ("v1 chunk sort", T._chunk_sort_kernel, dict(CAP=cap, CH=chunk), 4, None),
-                ("v1 rank", T._rank_kernel, dict(K_POW=k_pow, CAP=cap, CH=chunk, LOG_CH=chunk.bit_length() - 1,
-                                                 BI=T.RANK_BI, MAP=True), 4, T.RANK_MAXNREG_V1),
-                ("set select (sorted=False)", T._select_set_kernel,
-                 dict(CAP=cap, E=T.SET_EMIT_ELEMS, MAP=True),
-                 T.set_select_warps(cap), None)]
-    return out
+    chunk = min(T.SORT_CHUNK, cap)
+    hint = dict(HINT_R=T.TAU_HINT_RADIUS, HINT_STEPS=(2 * T.TAU_HINT_RADIUS).bit_length())
+    warps = T.threshold_warps(sb)  # the launcher's choice
+    return [("threshold", T._threshold_kernel, dict(G=group, SB=sb, CAP=cap, HINT=False, **hint), warps, None),
+            ("threshold, tau_hint", T._threshold_kernel, dict(G=group, SB=sb, CAP=cap, HINT=True, **hint),
+             warps, None),
+            ("threshold + EMA update", T._threshold_update_kernel,
+             dict(G=group, SB=sb, CAP=cap, HINT=False, **hint, T=64, BLOCKS=32, DB=8, HAS_SEEN=True, NP=1),
+             warps, None),
+            ("gather", T._gather_kernel, dict(G=group, LB=max(16, 1024 // group), CAP=cap, EVEN=even), 4, None),
+            ("chunk sort", T._chunk_sort_kernel, dict(CAP=cap, CH=chunk), 4, None),
+            ("rank", T._rank_kernel, dict(K_POW=k_pow, CAP=cap, CH=chunk, LOG_CH=chunk.bit_length() - 1,
+                                          BI=T.RANK_BI, MAP=True), 4, T.RANK_MAXNREG),
+            ("set select (sorted=False)", T._select_set_kernel,
+             dict(CAP=cap, E=T.SET_EMIT_ELEMS, MAP=True),
+             T.set_select_warps(cap), None)]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--groups", type=int, nargs="*", default=[8, 16, 64],
                     help="group sizes G (8: 64K columns, 16: 128K, 64: 512K at k = 2048)")
-    ap.add_argument("--chains", nargs="*", default=["v2", "v1"])
     a = ap.parse_args()
     print(f"triton {triton.__version__}, k = 2048, sm_90a")
     print(f"{'kernel':<34} {'G':>3} {'warps':>5} {'maxnreg':>7} {'regs':>5} {'spill B':>7} {'inner':>5} "
           f"{'instr':>6} {'smem':>6}  " + " ".join(f"{o:>5}" for o in OPS))
     seen = set()
     for g in a.groups:
-        for small in (True, False):  # <= SMALL_BATCH_ROWS rows (one select launch), more (two)
-            for name, fn, consts, warps, cap in configs(g, a.chains, small):
-                key = (name, tuple(sorted(consts.items())))
-                if key in seen:
-                    continue
-                seen.add(key)
-                c = compile_counts(fn, consts, warps, cap)
-                print(f"{name:<34} {g:>3} {warps:>5} {str(cap or '-'):>7} {str(c['regs']):>5} {str(c['spill']):>7} "
-                      f"{c['inner']:>5} {c['instr']:>6} {c['smem']:>6}  "
-                      + " ".join(f"{c['ops'][o]:>5}" for o in OPS) + c["log"])
+        for name, fn, consts, warps, cap in configs(g):
+            key = (name, tuple(sorted(consts.items())))
+            if key in seen:
+                continue
+            seen.add(key)
+            c = compile_counts(fn, consts, warps, cap)
+            print(f"{name:<34} {g:>3} {warps:>5} {str(cap or '-'):>7} {str(c['regs']):>5} {str(c['spill']):>7} "
+                  f"{c['inner']:>5} {c['instr']:>6} {c['smem']:>6}  "
+                  + " ".join(f"{c['ops'][o]:>5}" for o in OPS) + c["log"])
 
 
 if __name__ == "__main__":

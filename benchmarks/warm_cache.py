@@ -8,8 +8,8 @@ beforehand, all points at once over the host's cores, leaves the timed run only 
     PYTHONPATH=src:benchmarks python3 benchmarks/warm_cache.py --points 96x131072x1,1x131072x1,32x524288x2
 
 Each point runs as `run_all.py --phases grid` at the smallest batch that compiles the same variants
-(`warm_batch`: triton specializes an integer argument on == 1 and on divisibility by 16, and the top-k takes
-another path above SMALL_BATCH_ROWS rows), one more process runs run_all's checks. What they print goes to
+(`warm_batch`: triton specializes an integer argument on == 1 and on divisibility by 16, and the set top-k
+takes another path from SET_SELECT_MIN_ROWS rows), one more process runs run_all's checks. What they print goes to
 <out>/warm_<i>.log; their timings are discarded. A point that fails or runs past --timeout-s costs only its
 own log: the timed run then compiles what is missing, as it would have anyway.
 """
@@ -24,17 +24,17 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def warm_batch(batch: int, next_n: int, small_rows: int | None = None) -> int:
+def warm_batch(batch: int, next_n: int, select_rows: int | None = None) -> int:
     """The smallest batch whose launches compile as `batch`'s do: the same == 1 / % 16 specialization of the
-    batch and of the rows (batch x next_n), and the same side of the top-k's small-batch limit (rows;
-    small_rows, default topk_triton.SMALL_BATCH_ROWS)."""
-    if small_rows is None:
-        from spin_indexer.ops.topk_triton import SMALL_BATCH_ROWS as small_rows
+    batch and of the rows (batch x next_n), and the same side of the set top-k's row limit (rows >=
+    select_rows, default topk_triton.SET_SELECT_MIN_ROWS: the select launch instead of the sort and rank)."""
+    if select_rows is None:
+        from spin_indexer.ops.topk_triton import SET_SELECT_MIN_ROWS as select_rows
 
     def same(b: int) -> bool:
         return all(((x == 1), (x % 16 == 0)) == ((y == 1), (y % 16 == 0))
                    for x, y in ((b, batch), (b * next_n, batch * next_n))) and \
-            ((b * next_n <= small_rows) == (batch * next_n <= small_rows))
+            ((b * next_n >= select_rows) == (batch * next_n >= select_rows))
 
     return next(b for b in range(1, batch + 1) if same(b))
 

@@ -8,14 +8,14 @@ from conftest import import_benchmark
 
 @pytest.mark.parametrize("batch,next_n,want", [
     (1, 1, 1),  # == 1 specializes: only 1 itself
-    (96, 1, 32),  # % 16 and above the top-k's 16 small-batch rows: 16 has rows = 16, on the other side
-    (32, 1, 32),
+    (96, 1, 48),  # % 16 and at or above the set select's 48 rows: 16 and 32 have fewer rows
+    (32, 1, 16),  # % 16, below 48 rows
     (16, 1, 16),
-    (8, 1, 2),  # neither == 1 nor % 16, rows <= 16
-    (32, 2, 16),  # rows 64 -> 32: both % 16 and above 16
-    (8, 2, 8),  # rows 16: % 16 on the small side, which only 8 itself gives
+    (8, 1, 2),  # neither == 1 nor % 16, below 48 rows
+    (32, 2, 32),  # rows 64: both % 16 and >= 48 (16 x 2 = 32 rows is below)
+    (8, 2, 8),  # rows 16: % 16 with the batch not, which only 8 itself gives
     (1, 2, 1),
-    (17, 1, 17),  # the only batch in 1..17 with neither specialization and rows > 16
+    (49, 1, 49),  # the only batch in 1..49 with neither specialization and rows >= 48
 ])
 def test_warm_batch_keeps_the_specialization_class(batch, next_n, want):
     warm = import_benchmark("warm_cache").warm_batch
@@ -30,4 +30,4 @@ def test_warm_batch_is_never_larger_and_matches_on_every_class():
             assert 1 <= b <= batch
             for x, y in ((b, batch), (b * next_n, batch * next_n)):
                 assert (x == 1) == (y == 1) and (x % 16 == 0) == (y % 16 == 0), (batch, next_n, b)
-            assert (b * next_n <= 16) == (batch * next_n <= 16), (batch, next_n, b)
+            assert (b * next_n >= 48) == (batch * next_n >= 48), (batch, next_n, b)

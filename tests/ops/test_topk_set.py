@@ -3,7 +3,7 @@ the Triton select `_select_set_kernel`, one launch instead of a sort and a rank,
 The reference against a plain-Python mapping; the Triton path against it as sets (each row sorted), into poisoned
 outputs: random rows, ties that only the position digits split, -0.0/+0.0, NaN, -inf, k past the length, one
 column, empty rows and batches, kept_blocks mapping with next_n 1/2/4, the candidate-overflow path (counts over the
-whole row, then an emit over it), both chain settings, hypothesis-drawn shapes, and the few-row path (the sort and
+whole row, then an emit over it), hypothesis-drawn shapes, and the few-row path (the sort and
 rank's best-first order serves as the set below SET_SELECT_MIN_ROWS).
 
 The Triton path runs under TRITON_INTERPRET=1 on CPU (conftest sets it before this module imports triton).
@@ -149,15 +149,6 @@ def test_few_rows_take_the_sort_and_rank(gen, triton_device, monkeypatch):
     logits, lengths = masked_logits(3, 900, gen)
     got = mod.topk_triton(logits.to(triton_device), lengths.to(triton_device), 20, sorted=False).cpu()
     assert torch.equal(got, topk_ref(logits, lengths, 20))  # best first, exactly
-    _triton(logits, lengths, 20, triton_device)
-
-
-@pytest.mark.interpreter
-def test_the_set_is_the_same_whichever_chain_is_production(gen, triton_device, monkeypatch):
-    """sorted=False always takes the v1 threshold and gather (the v2 chain has no set form)."""
-    from spin_indexer.ops import topk_triton as mod
-    monkeypatch.setattr(mod, "TOPK_CHAIN", "v2")
-    logits, lengths = masked_logits(3, 900, gen)
     _triton(logits, lengths, 20, triton_device)
 
 

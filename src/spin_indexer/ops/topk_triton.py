@@ -8,38 +8,18 @@ the row has fewer than k groups). Group maxima: with G = 64 the logits kernel's 
 below it those a caller wrote (`group_max`: SPIN's update pass; SpinIndexer always passes one of the two);
 without them maxima_triton's pass computes them first (G = topk_group(C, k): a row has >= 4k groups).
 
-The v2 chain (TOPK_CHAIN = "v2"; not the default since run 17, see TOPK_CHAIN). The top-k of a decode step is latency-bound, not byte-bound
-(96 x 64K fp32 logits are 25 MB, ~6 us at HBM speed; run 15's four launches took 31 us at B = 1): what costs
-is the number of launches in series (~2-3 us each in a CUDA graph) and, inside each, the chain of CTA-wide
-reductions and dependent global loads. So:
-  * select, `_select_kernel`, rows x P programs (P = 8): every program of a row computes the row's threshold
-    itself (the 8192 group maxima of a production row in registers, 16 warps; a 4-way bisection: three counts
-    per step packed in one int64 CTA sum, 8 reductions in series instead of 16), lists the live groups
-    (S_g >= tau, one CTA scan) and takes those whose list index is p mod P (round-robin: a span of hot groups
-    spreads over the P programs), gathers their elements >= tau (no other group is read), compacts them
-    (scans, no atomics, no counter to zero) into its private run of R = CAP / P slots, sorts the run in
-    registers (descending, padded with the smallest key) and writes its count. The threshold work is P-fold
-    redundant, but a row's P programs run on P otherwise idle SMs: no launch and no cross-program sync
-    between threshold, gather and sort. Beyond SMALL_BATCH_ROWS rows (rows x P programs of one 16-warp CTA
-    per SM would take more than one wave of the 132 SMs) the threshold gets a launch of its own instead (PHASE
-    1: one program per row writes tau and the whole live list) and the gather + sort launch (PHASE 2, 8 warps,
-    light in registers) reads list entries p, p + P, ...: three launches, no redundant work.
-  * rank, `_rank_runs_kernel`, rows x (CAP / 128) programs: a candidate's rank = the number of larger keys of
-    the row (keys are distinct) = the sum over the row's P sorted runs of the length of the run's prefix of
-    larger keys: the run's splitters (keys W - 1, 2W - 1, ..., W = 32: one load shared by every lane, R / W
-    compares) give the window the prefix ends in, a 5-step search inside it the rest, all runs in lockstep:
-    1 + 5 dependent loads (v1's rank: 10). out[r, rank] = its position when rank < k (the select programs
-    filled the row with -1). A row where some run overflowed (more than R candidates in one program: massive
-    ties, or more live groups than CAP) gets an exact streaming merge over the whole row instead
-    (`_merge_overflow`, slow, never wrong), run by the row's first rank program.
-The v1 chain (TOPK_CHAIN = "v1", production; runs 15-16 measured it; profile_step.py times both):
+The chain (runs 15-17 measured it against a two-launch design with a redundant per-program threshold, which
+lost by 13% on the dense V3.2 step and was removed; benchmarks/NOTES.md, run 17). The top-k of a decode step is
+latency-bound, not byte-bound: what costs is the launches in series and, inside each, the chain of CTA-wide
+reductions and dependent global loads.
   1. `_threshold_kernel` (one program per row): tau by a 16-step bisection, the live groups listed.
   2. `_gather_kernel` (row x 16 listed groups): elements >= tau appended to a per-row buffer of CAP = 2 *
      next_pow2(k) keys with atomics (the threshold program zeroed the count).
   3. `_chunk_sort_kernel` (row x CAP / SORT_CHUNK): each chunk of SORT_CHUNK candidates sorted in place.
-  4. `_rank_kernel` (row x CAP / RANK_BI): rank = sum over the sorted chunks of a lockstep binary search;
-     the same overflow merge.
-sorted=False (the engines' contract, SpinIndexer's and DenseIndexer's default): threshold and gather as v1, then
+  4. `_rank_kernel` (row x CAP / RANK_BI): rank = sum over the sorted chunks of a lockstep binary search.
+     A row whose candidates overflowed the buffer (massive ties, or more live groups than CAP holds) gets an
+     exact streaming merge over the whole row instead (`_merge_overflow`, slow, never wrong).
+sorted=False (the engines' contract, SpinIndexer's and DenseIndexer's default): threshold and gather as above, then
   `_select_set_kernel` (one program per row) instead of the sort and the rank: the k-th largest candidate key
   digit by digit, then the keys >= it written from registers (rows >= SET_SELECT_MIN_ROWS; fewer rows take the
   sort and rank, whose best-first order is one order of the set).
@@ -71,7 +51,7 @@ RANK_BI = 128  # candidates ranked per program (one per thread at 4 warps)
 # The rank path needs 40 registers (ptxas, sm_90a); the overflow merge it may run sorts CAP keys in registers
 # and would take the whole kernel to 250 (2 programs per SM instead of 10). Capped, only the merge (rare,
 # "slow, never wrong") spills.
-RANK_MAXNREG_V1 = 48
+RANK_MAXNREG = 48
 # tau_hint's bracket: +-32 16-bit keys (a quarter of an octave either way: the 7 mantissa bits of a key step
 # 1/128 of an octave) around the previous call's key; 65 keys take 7 bisection counts
 TAU_HINT_RADIUS = 32
@@ -84,26 +64,6 @@ THRESHOLD_TILE_MAX = 16384  # group maxima held in registers by the threshold pr
 # 96 x 1M unchanged (run 31, benchmarks/threshold_in_step.py); same top-k as 8 warps at 1-96 rows x 1M (run 30).
 # At 8192, 8 warps stay the fastest (run 30).
 THRESHOLD_WARPS = {8192: 8, 16384: 16}
-# Which kernel chain topk_triton runs: "v1" (the production one again: four launches, threshold, gather, chunk
-# sort, rank; measured in runs 15-16) or "v2" (a select launch and a rank launch). v2 was the default from its
-# merge until run 17 measured the dense V3.2 step at 96 x 128K 13% slower with it (+66 us per layer, the only
-# change on that path: benchmarks/results/run17_v32_regression/); it stays selectable (profile_step.py and
-# bench_v32_step.py --variants time both) until a measurement says where it wins.
-TOPK_CHAIN = "v1"
-# rows <= SMALL_BATCH_ROWS: one select launch of rows x P programs, each computing the row's threshold itself (8
-# programs per row and a 16-warp CTA per SM: 16 rows fill the H200's 132 SMs once); more rows: the threshold in
-# a launch of its own (one program per row), then the gather + sort launch.
-SMALL_BATCH_ROWS = 16
-SELECT_PROGRAMS_SMALL = 8
-SELECT_PROGRAMS_LARGE = 8
-SELECT_PROBES = 3  # 4-way bisection: 8 CTA reductions in series instead of 16 (1: binary)
-SELECT_WARPS = 16  # the threshold's 8192 keys: 16 per thread, ~105 registers (8 warps: ~220)
-GATHER_WARPS = 8  # the large-batch gather + sort launch
-# its tile and register cap: 2048 elements (8 per thread) at 64 registers, no spill (sm_90a, triton 3.9): 4 programs
-# per SM (4096 elements: 128 registers, 2 per SM; capped at 64 or 80 it spills)
-GATHER_ELEMS_LARGE = 2048
-GATHER_MAXNREG = 64
-GATHER_ELEMS = 4096  # elements per gather tile of a select program (16 per thread at 8 warps)
 # sorted=False: the set select (_select_set_kernel) holds a row's CAP candidate keys, 8 per thread (16 warps at
 # CAP = 4096, k = 2048). A row that overflowed the buffer is emitted over its whole row, SET_EMIT_ELEMS columns a
 # step. Below SET_SELECT_MIN_ROWS rows the sort and rank run instead (their best-first order is one order of the
@@ -118,9 +78,6 @@ def set_select_warps(cap: int) -> int:
     return max(4, min(16, cap // 256))
 
 
-RANK_WINDOW = 32  # the rank's splitters: the last key of every RANK_WINDOW keys of a run
-RANK_MAXNREG = 64  # v2's rank kernel (its overflow merge spills under the cap; the rank path must not)
-
 
 def _next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
@@ -132,7 +89,7 @@ def threshold_tile(num_groups: int) -> int:
 
 
 def threshold_warps(tile: int) -> int:
-    """The v1 threshold program's warps for its tile SB (THRESHOLD_WARPS; 8 for the tiles it does not name)."""
+    """The threshold program's warps for its tile SB (THRESHOLD_WARPS; 8 for the tiles it does not name)."""
     return THRESHOLD_WARPS.get(tile, 8)
 
 
@@ -152,28 +109,26 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     stats: optional int32 [R] receiving the candidate count of each row (benchmarks, diagnostics); > cap for a
     row that took the overflow merge.
     _stages: run only the first stages (benchmark breakdown; the group-max launch, when there is one, always
-    runs). v2: 2 = the select up to its listing (threshold included), 3 = + its gather, 4 = + its run sort
-    (the whole select), 5 = + the rank launch (above SMALL_BATCH_ROWS rows, 2 = the threshold launch alone: out
-    is not yet filled with -1). v1: 2 = threshold, 3 = + gather, 4 = + chunk sort, 5 = + rank.
+    runs): 2 = threshold, 3 = + gather, 4 = + chunk sort (or the set select), 5 = + rank.
     kept_blocks, next_n: optional int32 [R // next_n, M]: column c of row r is written as position
     kept_blocks[r // next_n, c // 64] * 64 + c % 64 (the compact-to-logical map of SPIN's plan), in the
     final write. out: optional int32 [R, k] to write into.
     group_max: optional float32 [R, ceil(C / G)], G = topk_group(C, k): the exact max of every G columns of
     valid logits (NaN for a group holding a NaN), written by a pass that read the logits anyway (SPIN's
     update pass): used instead of the group-max launch when G < 64.
-    tau_hint: optional int32 [R], read and written (v1 chain, rows whose group maxima fit one tile): the
+    tau_hint: optional int32 [R], read and written (rows whose group maxima fit one tile): the
     threshold's 16-bit key of each row from an earlier call (any value: a hint never changes the result).
     Where this call's key lies within TAU_HINT_RADIUS of it, one packed count confirms the bracket and the
     bisection takes HINT_STEPS = 7 counts instead of 16; a miss costs that one count. The row's key is
     written back for the next call.
     update: optional (history: HistoryUpdate, compact_table: int32 [R // next_n, M]): also apply SPIN's EMA
     update from these logits (viewed [R // next_n, next_n, C]; lengths are their compact lengths), as
-    history_triton.update_history_triton would. Where only one row per request updates (history.rows == 1)
-    and the v1 chain runs, the update pass's programs run in the threshold launch, after the rows' threshold
+    history_triton.update_history_triton would. Where only one row per request updates (history.rows == 1),
+    the update pass's programs run in the threshold launch, after the rows' threshold
     programs: at a few rows that launch is one program per row on an otherwise idle GPU, so the update costs
     neither a launch nor a stream fork and join of its own. Elsewhere the pass runs after the top-k.
     sorted: True, best first (the sort and rank launches); False, the same set in no particular order (one
-    select launch, `_select_set_kernel`; the v1 chain's threshold and gather whichever TOPK_CHAIN is).
+    select launch, `_select_set_kernel`, after the same threshold and gather).
     returns int32 [R, k]: positions, best first, ties to the lower position, -1 past lengths[r] (sorted=False:
     the same positions in no particular order, then -1).
     """
@@ -223,13 +178,9 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     kept_stride = kept_blocks.stride(0) if mapped else 0
     args = (logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _stages, kept, kept_stride, next_n,
             mapped, out, tau_hint)
-    v1 = TOPK_CHAIN == "v1" or not sorted  # the set has a v1 form only
-    if v1 and (update is None or update[0].rows == 1):
-        return _chain_v1(*args, update=update, ordered=sorted)
-    if v1:
-        _chain_v1(*args, ordered=sorted)
-    else:
-        _chain_v2(*args)
+    if update is None or update[0].rows == 1:
+        return _chain(*args, update=update, ordered=sorted)
+    _chain(*args, ordered=sorted)
     return _update_after(update, logits, lengths, next_n, out)
 
 
@@ -243,52 +194,7 @@ def _update_after(update, logits, lengths, next_n: int, out: torch.Tensor) -> to
     return out
 
 
-def _select_shape(rows: int, cap: int) -> tuple[int, int, int]:
-    """(P, R, probes) of the v2 chain: P select programs per row, each with a private run of R = cap / P
-    candidate slots; the threshold's bisection probes per CTA reduction (3: 4-way, 1: binary)."""
-    p = SELECT_PROGRAMS_SMALL if rows <= SMALL_BATCH_ROWS else SELECT_PROGRAMS_LARGE
-    p = max(1, min(p, cap // 16))
-    return p, _next_pow2(-(-cap // p)), SELECT_PROBES
-
-
-def _chain_v2(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, stages, kept, kept_stride, next_n,
-              mapped, out, tau_hint=None):  # tau_hint: v1 only (ignored here)
-    rows, cols = logits.shape
-    dev = logits.device
-    p, run, probes = _select_shape(rows, cap)
-    fused = rows <= SMALL_BATCH_ROWS
-    cand = torch.empty(rows, p * run, dtype=torch.int64, device=dev)
-    cnt = torch.empty(rows, p, dtype=torch.int32, device=dev)
-    lst = torch.empty(rows, p * run, dtype=torch.int32, device=dev)
-    tau = torch.empty(rows, 2, dtype=torch.int32, device=dev)
-    sum_block = threshold_tile(num_groups)
-    if stages < 2:
-        return out
-    sel = dict(G=group, SB=sum_block, P=p, R=run, LT=max(1, min(run, GATHER_ELEMS // group)), PROBES=probes,
-               EVEN=cols % group == 0)
-    sel_args = (summary, lengths, logits, cand, cnt, out, lst, tau, num_groups, summary.stride(0), logits.stride(0), k)
-    if fused:
-        _select_kernel[(rows, p)](*sel_args, **sel, STOP=min(stages - 1, 3), PHASE=0, num_warps=SELECT_WARPS)
-    else:
-        _select_kernel[(rows, 1)](*sel_args, **sel, STOP=1, PHASE=1, num_warps=SELECT_WARPS)
-        if stages < 3:
-            return out
-        sel["LT"] = max(1, min(run, GATHER_ELEMS_LARGE // group))
-        _select_kernel[(rows, p)](*sel_args, **sel, STOP=min(stages - 1, 3), PHASE=2, num_warps=GATHER_WARPS,
-                                  maxnreg=GATHER_MAXNREG)
-    if stages < 5:
-        return out
-    bi = min(RANK_BI, run)
-    window = min(RANK_WINDOW, run)
-    has_stats = stats is not None
-    _rank_runs_kernel[(rows, p * run // bi)](logits, lengths, cnt, cand, out, stats if has_stats else cnt,
-                                             logits.stride(0), k, kept, kept_stride, next_n, cap, K_POW=k_pow, P=p,
-                                             R=run, W=window, LOG_W=window.bit_length() - 1, BI=bi, MAP=mapped, STATS=has_stats,
-                                             num_warps=4, maxnreg=RANK_MAXNREG)
-    return out
-
-
-def _chain_v1(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _stages, kept, kept_stride, next_n,
+def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _stages, kept, kept_stride, next_n,
               mapped, out, tau_hint=None, update=None, ordered=True):
     rows, cols = logits.shape
     dev = logits.device
@@ -339,7 +245,7 @@ def _chain_v1(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats,
     _rank_kernel[(rows, triton.cdiv(cap, RANK_BI))](logits, lengths, count, cand, out, logits.stride(0), k, kept,
                                                     kept_stride, next_n, K_POW=k_pow, CAP=cap, CH=chunk,
                                                     LOG_CH=chunk.bit_length() - 1, BI=RANK_BI, MAP=mapped,
-                                                    num_warps=4, maxnreg=RANK_MAXNREG_V1)
+                                                    num_warps=4, maxnreg=RANK_MAXNREG)
     return out
 
 
@@ -667,7 +573,6 @@ if triton is not None:
             pos = _map_pos((4294967295 - (key & 4294967295)).to(tl.int32), r, kept_ptr, kept_stride, next_n, MAP)
             tl.store(obase + slot, pos, mask=take & (slot < k))
 
-    # -- v2: _select_kernel + _rank_runs_kernel --------------------------------------------------------------
     @triton.jit
     def _level_counts(top, lo, q):
         """count(top >= lo + j q) for j = 1, 2, 3 (top: int32 16-bit codes, -1 = invalid) in ONE CTA sum: each
@@ -678,218 +583,6 @@ if triton is not None:
         c3 = (packed >> 40).to(tl.int32)
         c2 = ((packed >> 20) & 0xFFFFF).to(tl.int32) + c3
         return (packed & 0xFFFFF).to(tl.int32) + c2, c2, c3
-
-    @triton.jit
-    def _bisect_tile(top, k, PROBES: tl.constexpr):
-        """The largest t in [0, 65535] with count(top >= t) >= k (top: int32 16-bit codes, -1 = invalid;
-        count(top >= 0) >= k is the caller's precondition). PROBES = 1: 16 halving steps, one CTA sum each;
-        PROBES = 3: 8 quartering steps, the three counts packed into one int64 sum (20-bit fields: a tile holds
-        < 2^20 keys), so 8 CTA reductions in series instead of 16."""
-        lo = k * 0
-        if PROBES == 1:
-            for s in tl.static_range(16):
-                mid = lo + (32768 >> s)
-                ok = tl.sum((top >= mid).to(tl.int32), axis=0) >= k
-                lo = tl.where(ok, mid, lo)
-        else:
-            for s in tl.static_range(8):
-                q = 16384 >> (2 * s)
-                c1, c2, c3 = _level_counts(top, lo, q)
-                lo = tl.where(c3 >= k, lo + 3 * q, tl.where(c2 >= k, lo + 2 * q, tl.where(c1 >= k, lo + q, lo)))
-        return lo
-
-    @triton.jit
-    def _count_levels(base, n_valid, lo, q, SB: tl.constexpr):
-        """count(hi16 >= lo + j q) for j = 1, 2, 3 over base[:n_valid] (chunked passes, SB keys at a time)."""
-        c1 = n_valid * 0
-        c2 = n_valid * 0
-        c3 = n_valid * 0
-        for s0 in range(0, n_valid, SB):
-            g = s0 + tl.arange(0, SB)
-            u = _ukey(tl.load(base + g, mask=g < n_valid, other=0.0))
-            top = tl.where(g < n_valid, (u >> 16).to(tl.int32), -1)
-            d1, d2, d3 = _level_counts(top, lo, q)
-            c1 += d1
-            c2 += d2
-            c3 += d3
-        return c1, c2, c3
-
-    @triton.jit
-    def _bisect_chunked(base, n_valid, k, SB: tl.constexpr, PROBES: tl.constexpr):
-        """_bisect_tile over more group maxima than a tile: every step re-reads them in SB chunks."""
-        lo = k * 0
-        if PROBES == 1:
-            for s in tl.static_range(16):
-                mid = lo + (32768 >> s)
-                ok = _count_hi_ge(base, n_valid, mid, SB) >= k
-                lo = tl.where(ok, mid, lo)
-        else:
-            for s in tl.static_range(8):
-                q = 16384 >> (2 * s)
-                c1, c2, c3 = _count_levels(base, n_valid, lo, q, SB)
-                lo = tl.where(c3 >= k, lo + 3 * q, tl.where(c2 >= k, lo + 2 * q, tl.where(c1 >= k, lo + q, lo)))
-        return lo
-
-    @triton.jit
-    def _select_kernel(s_ptr, len_ptr, x_ptr, cand_ptr, cnt_ptr, out_ptr, lst_ptr, tau_ptr, num_groups, stride_s,
-                       stride_x, k, G: tl.constexpr, SB: tl.constexpr, P: tl.constexpr, R: tl.constexpr,
-                       LT: tl.constexpr, PROBES: tl.constexpr, EVEN: tl.constexpr, STOP: tl.constexpr,
-                       PHASE: tl.constexpr):
-        """Program (r, p) of PHASE 0 (one launch, small batches): the row's threshold (every program of the row
-        computes the same one: no launch and no cross-program sync between threshold and gather), the live
-        groups whose index in the row's live list is p mod P (round-robin: a run of hot groups spreads over the
-        P programs), their elements >= tau compacted into this program's private run cand[r, p*R : (p+1)*R],
-        sorted descending there (padded with MIN_KEY), and its count cnt[r, p] (> R: overflow, the rank launch
-        merges the row instead).
-        Large batches split it in two launches (no redundant threshold work, and a light second kernel many
-        programs of which fit an SM): PHASE 1, one program per row, the threshold and the whole live list
-        (lst[r, :], tau[r] = (lo, n_live)); PHASE 2, program (r, p), the rest from list entries p, p + P, ...
-        STOP < 3 (benchmark breakdown): 1 stops after the listing, 2 after the gather."""
-        r = tl.program_id(0)
-        p = tl.program_id(1)
-        r64 = r.to(tl.int64)
-        MIN_KEY: tl.constexpr = -9223372036854775807 - 1
-        if PHASE != 1:
-            for c0 in range(p * 1024, k, P * 1024):  # this program's share of the -1 fill (the rank writes the rest)
-                c = c0 + tl.arange(0, 1024)
-                tl.store(out_ptr + r64 * k + c, tl.full([1024], -1, tl.int32), mask=c < k)
-        length = tl.load(len_ptr + r)
-        n_valid = (length + G - 1) // G
-        base = s_ptr + r64 * stride_s
-        # the list this program writes: PHASE 0 its own share (entries p, p + P, ... at 0, 1, ...), PHASE 1 all
-        if PHASE == 0:
-            LP: tl.constexpr = P
-            lbase = lst_ptr + (r64 * P + p) * R
-        else:
-            LP: tl.constexpr = 1
-            lbase = lst_ptr + r64 * (P * R)
-        # tau = lo << 16: lo = 0 (every valid element) when the row has fewer than k groups; a key u >= tau
-        # exactly when its upper 16 bits are >= lo.
-        lo = length * 0
-        n_live = length * 0
-        if PHASE == 2:
-            lo = tl.load(tau_ptr + r64 * 2)
-            n_live = tl.load(tau_ptr + r64 * 2 + 1)
-        elif n_valid <= SB:  # one tile: the keys stay in registers from the bisection to the listing
-            g = tl.arange(0, SB)
-            u = _ukey(tl.load(base + g, mask=g < n_valid, other=0.0))
-            top = tl.where(g < n_valid, (u >> 16).to(tl.int32), -1)
-            if n_valid >= k:
-                lo = _bisect_tile(top, k, PROBES)
-            li = (top >= lo).to(tl.int32)
-            idx = tl.cumsum(li, axis=0) - li
-            tl.store(lbase + idx // LP, g, mask=(li != 0) & (idx % LP == p) & (idx // LP < P * R // LP))
-            n_live = tl.sum(li, axis=0)
-        else:
-            if n_valid >= k:
-                lo = _bisect_chunked(base, n_valid, k, SB, PROBES)
-            for s0 in range(0, n_valid, SB):
-                g = s0 + tl.arange(0, SB)
-                u = _ukey(tl.load(base + g, mask=g < n_valid, other=0.0))
-                li = ((g < n_valid) & ((u >> 16).to(tl.int32) >= lo)).to(tl.int32)
-                idx = n_live + tl.cumsum(li, axis=0) - li
-                tl.store(lbase + idx // LP, g, mask=(li != 0) & (idx % LP == p) & (idx // LP < P * R // LP))
-                n_live += tl.sum(li, axis=0)
-        if PHASE == 1:
-            tl.store(tau_ptr + r64 * 2, lo)
-            tl.store(tau_ptr + r64 * 2 + 1, n_live)
-            return
-        n_mine = (n_live - p + P - 1) // P  # live indices i < n_live with i % P == p
-        if STOP >= 2:
-            tau = (lo << 16).to(tl.uint32, bitcast=True)
-            cbase = cand_ptr + (r64 * P + p) * R
-            n_sel = n_mine * 0
-            if n_mine <= R:  # each live group holds >= 1 candidate: more than R of them overflow the run anyway
-                if PHASE == 0:
-                    tl.debug_barrier()  # the list entries other threads stored
-                for i0 in range(0, n_mine, LT):
-                    i = i0 + tl.arange(0, LT)
-                    if PHASE == 0:
-                        grp = tl.load(lbase + i, mask=i < n_mine, other=0)
-                    else:  # entries p, p + P, ... of the row's list
-                        grp = tl.load(lst_ptr + r64 * (P * R) + i * P + p, mask=i < n_mine, other=0)
-                    c = grp[:, None] * G + tl.arange(0, G)[None, :]  # [LT, G]
-                    ok = (i < n_mine)[:, None] & (c < length)
-                    # whole groups under a per-group mask where they lie inside the row (vectorized loads)
-                    if EVEN:
-                        x = tl.load(x_ptr + r64 * stride_x + c,
-                                    mask=tl.broadcast_to((i < n_mine)[:, None], [LT, G]), other=float("-inf"))
-                        x = tl.where(ok, x, float("-inf"))
-                    else:
-                        x = tl.load(x_ptr + r64 * stride_x + c, mask=ok, other=float("-inf"))
-                    ux = _ukey(x)
-                    sel = (ok & (ux >= tau)).to(tl.int32)
-                    per_group = tl.sum(sel, axis=1)
-                    slot = n_sel + (tl.cumsum(per_group, axis=0) - per_group)[:, None] + tl.cumsum(sel, axis=1) - sel
-                    tl.store(cbase + slot, _sort_key(ux, c), mask=(sel != 0) & (slot < R))
-                    n_sel += tl.sum(per_group, axis=0)
-            else:
-                n_sel = n_mine
-            if STOP >= 3:
-                if (n_sel > 0) & (n_sel <= R):
-                    tl.debug_barrier()  # the keys other threads stored
-                    j = tl.arange(0, R)
-                    key = tl.sort(tl.load(cbase + j, mask=j < n_sel, other=MIN_KEY), descending=True)
-                    tl.debug_barrier()  # every thread has read its keys before any is overwritten
-                    tl.store(cbase + j, key)
-            tl.store(cnt_ptr + r64 * P + p, n_sel)
-        else:
-            tl.store(cnt_ptr + r64 * P + p, n_mine)
-
-    @triton.jit
-    def _rank_runs_kernel(x_ptr, len_ptr, cnt_ptr, cand_ptr, out_ptr, stats_ptr, stride_x, k, kept_ptr, kept_stride,
-                          next_n, cap, K_POW: tl.constexpr, P: tl.constexpr, R: tl.constexpr, W: tl.constexpr,
-                          LOG_W: tl.constexpr, BI: tl.constexpr, MAP: tl.constexpr, STATS: tl.constexpr,
-                          OVERFLOW: tl.constexpr = True):
-        """out[r, rank] = position for BI candidates of one run, rank = the number of larger keys of the row (keys
-        are distinct) = the sum over its P sorted runs of the count of larger keys: a run's larger keys are a
-        prefix; the run's splitters (its keys W - 1, 2W - 1, ...) give the window the prefix ends in (compares
-        against R / W keys shared by every lane, one load), a log2(W)-step search inside the window the rest
-        (every run at once, in lockstep). One chain of 1 + log2(W) dependent loads (10 for the v1 rank).
-        A row where some run overflowed gets `_merge_overflow` from its program (r, 0) instead."""
-        r = tl.program_id(0)
-        j = tl.program_id(1)
-        r64 = r.to(tl.int64)
-        MIN_KEY: tl.constexpr = -9223372036854775807 - 1
-        q = tl.arange(0, P)
-        cnt = tl.load(cnt_ptr + r64 * P + q)  # [P]
-        over = tl.max(cnt, axis=0) > R
-        if STATS:
-            if j == 0:
-                total = tl.sum(cnt, axis=0)
-                tl.store(stats_ptr + r, tl.where(over, tl.maximum(total, cap + 1), total))
-        rbase = cand_ptr + r64 * (P * R)
-        if over:
-            if OVERFLOW & (j == 0):  # (OVERFLOW = False only in benchmarks/topk_registers.py: the rank path alone)
-                _merge_overflow(x_ptr, r, tl.load(len_ptr + r), stride_x, rbase, out_ptr, k, kept_ptr, kept_stride,
-                                next_n, K_POW, P * R, MAP)
-        else:
-            mine = (j * BI) // R
-            i = (j * BI) % R + tl.arange(0, BI)
-            n_mine = tl.load(cnt_ptr + r64 * P + mine)
-            if (j * BI) % R < n_mine:
-                valid = i < n_mine
-                key = tl.load(rbase + mine * R + i, mask=valid, other=MIN_KEY)
-                live = cnt > 0  # [P]: an empty run was never written
-                NS: tl.constexpr = R // W
-                w = tl.arange(0, NS)
-                at = tl.zeros([BI, P], tl.int32)
-                for t in tl.static_range(P):
-                    n_t = tl.load(cnt_ptr + r64 * P + t)  # (an L1 hit: cnt was just read)
-                    spl = tl.load(rbase + t * R + w * W + (W - 1), mask=(w * 0 + n_t) > 0, other=MIN_KEY)  # [NS]
-                    c_t = tl.sum((spl[None, :] > key[:, None]).to(tl.int32), axis=1)  # windows wholly larger
-                    at = tl.where(q[None, :] == t, (c_t * W)[:, None], at)
-                run = rbase + (q * R)[None, :]  # [1, P]
-                # the window's last key is not larger (or the window does not exist: at = R): W - 1 keys to search
-                srch = (at < R) & tl.broadcast_to(live[None, :], [BI, P])
-                for s in tl.static_range(LOG_W):
-                    step = W >> (s + 1)
-                    larger = tl.load(run + at + step - 1, mask=srch, other=MIN_KEY) > key[:, None]
-                    at = tl.where(larger, at + step, at)
-                rank = tl.sum(at, axis=1)
-                pos = _map_pos((4294967295 - (key & 4294967295)).to(tl.int32), r, kept_ptr, kept_stride, next_n,
-                               MAP)
-                tl.store(out_ptr + r64 * k + rank, pos, mask=valid & (rank < k))
 
     @triton.jit
     def _merge_overflow(x_ptr, r, length, stride_x, cbase, out_ptr, k, kept_ptr, kept_stride, next_n,

@@ -137,7 +137,8 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
     from spin_indexer import ops
     from spin_indexer.indexer import DenseIndexer, SpinIndexer
     from spin_indexer.ops import deepgemm
-    from spin_indexer.predictor.config import AUTO_DENSE_BATCH_TOKENS, AUTO_DENSE_BELOW
+    from spin_indexer.predictor import SpinConfig
+    from spin_indexer.predictor.config import AUTO_DENSE_BELOW
 
     t0 = time.time()
     p = Point(batch, ctx, next_n, dry)
@@ -188,9 +189,11 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
     results = []
     for s in sparsities:
         row = dict(batch=batch, ctx=ctx, next_n=next_n, sparsity=s, **out)
-        # The guards act below AUTO_DENSE_BELOW tokens per request or AUTO_DENSE_BATCH_TOKENS per step;
-        # elsewhere the guarded step is the same step.
-        guards = (0, "auto") if ctx < AUTO_DENSE_BELOW or batch * ctx < AUTO_DENSE_BATCH_TOKENS else (0,)
+        # The guards act below AUTO_DENSE_BELOW tokens per request or the per-step threshold (SpinConfig.
+        # guard_batch_tokens_for: AUTO_DENSE_BATCH_TOKENS, more for one row at low sparsity); elsewhere the
+        # guarded step is the same step.
+        step_guard = SpinConfig(sparsity=s, dense_batch_below="auto").guard_batch_tokens_for(batch * next_n)
+        guards = (0, "auto") if ctx < AUTO_DENSE_BELOW or batch * ctx < step_guard else (0,)
         for guard in guards:
             # the backend the step does not choose here (ops.logits_backend), forced
             other = "triton" if ops.logits_backend(p.q[0][0], p.caches[0], True) == "deepgemm" else "deepgemm"

@@ -114,6 +114,25 @@ def test_overflow_fallback_with_small_buffer(gen, triton_device):
     assert stats[0] > 32
 
 
+@pytest.mark.parametrize("k,cap", [(10, 32), (16, 32), (5, 64)])
+def test_overflow_merge_zero_ties_and_late_winners(k, cap, gen, triton_device):
+    """The e2e proxy's overflowing rows: a ReLU-weighted score that is exactly 0 for most columns, a few
+    positives (fewer than k, so zeros at the lowest positions fill the rest) and negatives; winners late in
+    the row and runs of rising values, so the merge's entrant buffer fills and sorts several times; lengths
+    not a multiple of its step; -0.0 among the zeros."""
+    rows, cols = 4, 600 if FULL_CASES else 330
+    logits = torch.zeros(rows, cols)
+    logits[0, -(k // 2):] = torch.rand(k // 2, generator=gen) + 1  # row 0: the positives at the end
+    logits[1, torch.randperm(cols, generator=gen)[:k - 1]] = torch.rand(k - 1, generator=gen)
+    logits[1, ::3] = -torch.rand(len(range(0, cols, 3)), generator=gen)
+    logits[2] = torch.linspace(-1, 1, cols)  # row 2: rising, every column beats the last kth: many sorts
+    logits[2, :cols // 2] = 0.0
+    logits[3, 1::2] = -0.0
+    lengths = torch.tensor([cols, cols - 7, cols - 1, 257], dtype=torch.int32)
+    stats = _check(logits, lengths, k, triton_device, cap=cap)
+    assert (stats > cap).sum() >= 3, stats  # the merge ran (row 2's rising half alone may not overflow)
+
+
 def test_all_tied_row_takes_lowest_positions(triton_device):
     logits = torch.full((2, 300), 1.5)
     lengths = torch.tensor([300, 37], dtype=torch.int32)

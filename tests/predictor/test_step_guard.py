@@ -37,6 +37,29 @@ def test_small_step_guards_every_request_and_a_large_one_none():
     assert dataclasses.replace(below, dense_batch_below="auto").guard_batch_tokens > 0
 
 
+def test_auto_guards_a_one_row_step_at_low_sparsity():
+    """"auto" raises the per-step threshold to AUTO_ONE_ROW_TOKENS for one query row at sparsity <= 0.3 (where
+    the H200 grid measured SPIN below the dense step); not at 0.4, not for two rows, not for a set threshold."""
+    from spin_indexer.predictor.config import AUTO_DENSE_BATCH_TOKENS, AUTO_ONE_ROW_TOKENS
+    lens = (70000,)  # above AUTO_DENSE_BATCH_TOKENS, below AUTO_ONE_ROW_TOKENS
+    low = SpinConfig(sparsity=0.3, topk=128, dense_batch_below="auto")
+    assert AUTO_DENSE_BATCH_TOKENS < lens[0] < AUTO_ONE_ROW_TOKENS
+    assert low.guard_batch_tokens_for(1) == AUTO_ONE_ROW_TOKENS
+    assert low.guard_batch_tokens_for(2) == AUTO_DENSE_BATCH_TOKENS
+    assert dataclasses.replace(low, dense_batch_below=1000).guard_batch_tokens_for(1) == 1000
+    assert _guarded(low, lens)[0] == [True]
+    assert _guarded(dataclasses.replace(low, sparsity=0.4), lens)[0] == [False]
+    assert _guarded(low, lens + lens)[0] == [False, False]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("sparsity", [0.3, 0.4])
+def test_fused_plan_matches_torch_with_the_one_row_guard(sparsity, gen, triton_device):
+    """The kernel takes the same per-step threshold as the torch path for a one-row step (guarded at 0.3)."""
+    cfg = dataclasses.replace(BASE, sparsity=sparsity, dense_below=0, dense_batch_below="auto")
+    _run(cfg, (70000,), 1, gen, triton_device, steps=1, layers=1)
+
+
 @pytest.mark.parametrize("threshold", [0, sum(LENS), sum(LENS) + 1, 10**9])
 def test_fused_plan_matches_torch_with_the_step_guard(threshold, gen, triton_device):
     cfg = dataclasses.replace(BASE, dense_below=0, dense_batch_below=threshold)
@@ -72,3 +95,29 @@ def test_a_guarded_step_equals_the_dense_step_and_keeps_no_history(next_n, gen):
         # (the trash block P and the trash offset are scratch: kernels may write there)
         assert torch.equal(idx.state.vertical[:, :-1], before[0][:, :-1])
         assert torch.equal(idx.state.diagonal[..., :-1], before[1][..., :-1])
+
+
+def test_a_shape_guarded_plan_selects_nothing_and_leaves_the_state():
+    """One query row at sparsity 0.3 under "auto", on a table of fewer than AUTO_ONE_ROW_TOKENS tokens: the
+    table's shape guards the step, so plan() runs none of its kernels: every block kept (the table itself as
+    the compact table), the counters (step, seen_len, clock) and the history untouched."""
+    cfg = SpinConfig(sparsity=0.3, topk=64, dense_batch_below="auto")
+    width = 40
+    idx = SpinIndexer(cfg, num_layers=2, max_batch=2, max_blocks=width, num_cache_blocks=2 * width)
+    assert idx._guarded_by_shape(1, width)
+    slot = idx.state.allocate()
+    table = torch.arange(width, dtype=torch.int32)[None]
+    idx.state.vertical.normal_()
+    idx.state.block_max.normal_()
+    before = {k: getattr(idx.state, k).clone() for k in ("step", "seen_len", "clock", "vertical", "diagonal",
+                                                          "block_max")}
+    for length in (10 * T + 3, 11 * T):
+        idx.plan(table, torch.tensor([[length]], dtype=torch.int32), torch.tensor([slot]))
+        plan = idx.plans(1)
+        blocks = -(-length // T)
+        assert plan.num_kept.tolist() == plan.num_blocks.tolist() == [blocks]
+        assert plan.guarded.tolist() == [True] and plan.sparsity().tolist() == [0.0]
+        assert torch.equal(plan.compact_block_table, table) and plan.compact_seq_lens.tolist() == [[length]]
+        assert plan.keep_mask[0, :blocks].all() and not plan.keep_mask[0, blocks:].any()
+    for k, v in before.items():
+        assert torch.equal(getattr(idx.state, k), v), k

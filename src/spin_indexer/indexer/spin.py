@@ -19,7 +19,8 @@ low-priority side stream (the top-k then on a high-priority one); no host sync a
 (validate=False): a whole step captures in one CUDA graph. With overlap_update=False the update runs in
 series, fused into the Triton kernel's epilogue or into DeepGEMM's maxima pass.
 A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards every
-request) runs the dense step's kernels on the full table instead (`_run_dense`). Everything else
+request) runs the dense step's kernels on the full table instead (`_run_dense`), and plan() launches none of its
+kernels for it (`_dense_plan`). Everything else
 (A0/A2 pooling, age-based exploration, the extensions in extensions.py, the CPU) runs the torch reference
 of the same step. run_from_scores() replaces "score" by a gather from precomputed scores (offline replay
 of traces), so replay and live decoding share every other line.
@@ -195,6 +196,10 @@ class SpinIndexer:
     def _plan(self, block_table, seq_lens, slot_ids, num_accepted) -> None:
         cfg, (batch, width) = self.config, block_table.shape
         ws, slots = self.workspace, slot_ids.long()
+        if self._guarded_by_shape(batch, width):
+            self._step = _Step(block_table, seq_lens, slots, self.state.clock,
+                               [self._dense_plan(block_table, seq_lens)] * self.num_layers)
+            return
         plans = [self._workspace_plan(layer, batch, width) for layer in range(self.num_layers)]
         fused = self._fused_plan(block_table)
         if fused is not None:
@@ -371,11 +376,11 @@ class SpinIndexer:
         per-step guard's threshold, so plan() guarded every request whatever its length (a host decision
         on static shapes: a captured graph keeps it)."""
         tokens = batch * width * self.config.tokens_per_block
-        return self.extensions is None and tokens < self.config.guard_batch_tokens
+        return self.extensions is None and tokens < self.config.guard_batch_tokens_for(batch * self.next_n)
 
     def _run_dense(self, layer: int, st: _Step, plan: BlockPlan, q_fp8, kv_cache, weights) -> torch.Tensor:
         """The dense step's kernels on the full table (every block kept, no history: what plan() decided for
-        every request), so a guarded step costs the dense step plus plan()."""
+        every request, launching nothing of its own), so a guarded step costs the dense step."""
         batch, width = st.block_table.shape
         rows, cols = batch * self.next_n, width * self.config.tokens_per_block
         ws = self.workspace
@@ -429,6 +434,22 @@ class SpinIndexer:
             plan = st.plans[layer] = self.extensions.select(layer, st.meta, out)
         st.done.add(layer)
         return plan
+
+    def _dense_plan(self, block_table: torch.Tensor, seq_lens: torch.Tensor) -> BlockPlan:
+        """The plan of a step the table's shape guards (`_guarded_by_shape`): every block of every request
+        kept, nothing selected, no history read or written: plan() launches none of its kernels, only the
+        small ones that write the block counts and the flags (a few us a step). The state's counters do not
+        advance either: the blocks that enter a request meanwhile are reset when it is next planned, and read
+        as never scored, as after a guarded step."""
+        ws, t = self.workspace, self.config.tokens_per_block
+        batch, width = block_table.shape
+        num_blocks = ws.num_blocks[:batch]
+        if batch:
+            torch.floor_divide(seq_lens.amax(dim=1) + (t - 1), t, out=num_blocks)
+        ws.guarded[:batch] = True
+        ws.update_rows[:batch] = False  # replay (run_from_scores) updates no history either
+        return BlockPlan(ws.block_ids[:width].expand(batch, width), num_blocks, num_blocks, block_table, seq_lens,
+                         t, ws.guarded[:batch])
 
     def _workspace_plan(self, layer: int, batch: int, width: int) -> BlockPlan:
         """Layer `layer`'s plan as views of the workspace's leading [:B, :W] slices."""

@@ -14,7 +14,7 @@ class Workspace:
     """Buffers of a SpinIndexer (L layers, B <= max_batch requests, N rows each, W <= max_blocks).
 
     kept_blocks, compact_table: int32 [L, B, W]; num_kept: int32 [L, B]; compact_lens: int32 [L, B, N];
-    num_blocks: int32 [B]; guarded: bool [B]; update_rows: bool [B, N];
+    num_blocks: int32 [B]; block_ids: int32 [W] (0 .. W - 1); guarded: bool [B]; update_rows: bool [B, N];
     logits: float32 [B*N, W*T]; block_max: float32 [B*N, W]; group_max: float32 [B*N, W*T / GROUP_MIN] (the
     top-k's group maxima when it prunes finer than a block; leading [:, :W*T / G] used); topk: int32 [L, B*N, K];
     deepgemm_schedule: int32 [L, S + 1, 2], every layer's SM schedule for DeepGEMM's logits (S = schedule_sms,
@@ -33,6 +33,7 @@ class Workspace:
         self.num_kept = torch.zeros((L, B), **i32)
         self.compact_lens = torch.zeros((L, B, N), **i32)
         self.num_blocks = torch.zeros((B,), **i32)
+        self.block_ids = torch.arange(W, **i32)  # the kept blocks of a shape-guarded step's plan
         self.guarded = torch.zeros((B,), dtype=torch.bool, device=device)
         self.update_rows = torch.zeros((B, N), dtype=torch.bool, device=device)
         self.logits = torch.empty((B * N, W * T), dtype=torch.float32, device=device)
@@ -48,7 +49,7 @@ class Workspace:
         """Bytes the buffers take (what __init__ allocates)."""
         L, B, W, N, T = num_layers, max_batch, max_blocks, next_n, tokens_per_block
         group_max = B * N * -(-W * T // Workspace.GROUP_MIN)
-        return 4 * (2 * L * B * W + L * B + L * B * N + B + B * N * W * T + B * N * W + group_max
+        return 4 * (2 * L * B * W + L * B + L * B * N + B + W + B * N * W * T + B * N * W + group_max
                     + L * B * N * topk + (L * (schedule_sms + 1) * 2 if schedule_sms else 0) + L * B * N) + B + B * N
 
     def nbytes(self) -> int:

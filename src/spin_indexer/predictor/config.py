@@ -58,6 +58,15 @@ AUTO_DENSE_BELOW = 16384
 # measured. Steps SPIN still loses (1 x 512K at s = 0.2 / 0.3: 0.95x / 0.99x, 1 x 256K at s = 0.2: 0.98x) the
 # guarded step loses as well (0.95x / 0.95x / 1.00x).
 AUTO_DENSE_BATCH_TOKENS = 1 << 16
+# A step of one query row (B x next_n = 1) at sparsity <= AUTO_ONE_ROW_MAX_SPARSITY is guarded below
+# AUTO_ONE_ROW_TOKENS cached tokens instead ("auto" only). There SPIN saves s x one row's logits (~2-4 us a
+# layer at s = 0.2 from 128K to 512K) against its own ~3.5-7 us (plan share, the maxima pass, the update):
+# run 49 (benchmarks/results/run49_canonical) measured 1 x 128K at s = 0.3 / 0.2 0.99x / 0.96x, 1 x 256K and
+# 1 x 512K at s = 0.2 0.99x / 0.98x (run 28: 1 x 512K 0.99x / 0.95x at s = 0.3 / 0.2), while 1 x 1M at s = 0.2
+# (1.02x), every s >= 0.4 and every step of two rows or more measured >= 1.0x. (1 x 64K at s <= 0.3, 1.01-1.04x
+# in run 49, is guarded too: a one-row step that small saves < 1 us a layer.)
+AUTO_ONE_ROW_MAX_SPARSITY = 0.3
+AUTO_ONE_ROW_TOKENS = 1 << 20
 
 def _check_threshold(name: str, value) -> None:
     """A guard threshold: an int >= 0 or "auto" (TypeError / ValueError naming the field)."""
@@ -102,7 +111,9 @@ class SpinConfig:
         longest row) are fewer than this, every request is guarded as above (those with L <= topk too: a
         small step keeps no history), decided on the device (every program of plan() sums the lengths: no
         host sync); a table whose B x W x T is already below it runs the dense kernels
-        (SpinIndexer._run_dense). "auto" = AUTO_DENSE_BATCH_TOKENS, from the H200 grid; 0 = off (the default).
+        (SpinIndexer._run_dense). "auto" = AUTO_DENSE_BATCH_TOKENS, from the H200 grid, or AUTO_ONE_ROW_TOKENS
+        for a step of one query row at sparsity <= AUTO_ONE_ROW_MAX_SPARSITY (guard_batch_tokens_for);
+        0 = off (the default).
     """
 
     sparsity: float = 0.3
@@ -161,6 +172,13 @@ class SpinConfig:
         """The per-step guard's threshold in cached tokens (dense_batch_below, "auto" resolved to
         AUTO_DENSE_BATCH_TOKENS)."""
         return AUTO_DENSE_BATCH_TOKENS if self.dense_batch_below == "auto" else self.dense_batch_below
+
+    def guard_batch_tokens_for(self, rows: int) -> int:
+        """The per-step guard's threshold for a step of `rows` query rows (B x next_n): guard_batch_tokens,
+        raised to AUTO_ONE_ROW_TOKENS for one row at sparsity <= AUTO_ONE_ROW_MAX_SPARSITY under "auto"."""
+        if self.dense_batch_below == "auto" and rows == 1 and self.sparsity <= AUTO_ONE_ROW_MAX_SPARSITY:
+            return max(AUTO_DENSE_BATCH_TOKENS, AUTO_ONE_ROW_TOKENS)
+        return self.guard_batch_tokens
 
     def to_dict(self) -> dict:
         """JSON-ready dict (every results file embeds it)."""

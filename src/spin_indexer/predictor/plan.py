@@ -3,7 +3,7 @@ block selection of every layer. The ground truth of the fused Triton kernel in p
 
 Per request b (longest row length L, n = ceil(L / T) blocks):
   keep_all   L <= K: every token is selected anyway, so every block is kept (history still updates)
-  guarded    L < config.guard_tokens (and L > K), or the step's sum of L below config.guard_batch_tokens
+  guarded    L < config.guard_tokens (and L > K), or the step's sum of L below config.guard_batch_tokens_for(rows)
              (every request): the speed guard scores every block and keeps no history
   budget     m = ceil((1 - s) n), raised to cover K tokens + the partial block, capped at n
   explore    e = round(gamma m) (random / staleness / block_age exploration)
@@ -66,7 +66,7 @@ def step_meta(config: SpinConfig, state: SpinState, block_table: torch.Tensor, s
     keep_all = longest <= config.topk
     # the per-step guard (0-dim, stays on the device) covers keep_all requests too: a small step keeps no
     # history at all, so it is the dense step whichever kernels run it (SpinIndexer._run_dense)
-    small_step = longest.sum() < config.guard_batch_tokens
+    small_step = longest.sum() < config.guard_batch_tokens_for(batch * next_n)
     guarded = ((longest < config.guard_tokens) & ~keep_all) | small_step
     dense = keep_all | guarded
     budget = budget_blocks(num_blocks, config.sparsity, config.topk, t, dense)

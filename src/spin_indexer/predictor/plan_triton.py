@@ -139,6 +139,7 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
     """
     batch, width = block_table.shape
     next_n = seq_lens.shape[1]
+    step_guard = config.guard_batch_tokens_for(batch * next_n)  # the per-step guard's threshold
     layers = state.num_layers
     t = config.tokens_per_block
     dev = block_table.device
@@ -170,7 +171,7 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
             table, table.stride(0), lens, slots, state.step, state.seen_len, acc,
             vert, vert.stride(0), vert.stride(1), bmax, bmax.stride(0), bmax.stride(1),
             ws.num_blocks, guarded, upd, upd.stride(0), stash,
-            next_n, state.num_cache_blocks, config.topk, config.guard_tokens, batch, config.guard_batch_tokens,
+            next_n, state.num_cache_blocks, config.topk, config.guard_tokens, batch, step_guard,
             SB=min(32, _next_pow2(block), wp), ROW0=config.mtp is MtpPolicy.ROW0, HAS_ACC=num_accepted is not None,
             **common)
     explore = config.exploration is Exploration.RANDOM
@@ -185,7 +186,7 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
         ws.compact_lens, ws.compact_lens.stride(0), ws.compact_lens.stride(1),
         state.step, state.seen_len, state.clock,
         batch, next_n, 1 if config.mtp is MtpPolicy.ROW0 else next_n, state.num_cache_blocks, state.window,
-        config.topk, config.guard_tokens, config.guard_batch_tokens, -(-config.topk // t) + 1,
+        config.topk, config.guard_tokens, step_guard, -(-config.topk // t) + 1,
         _f64_bits(config.sparsity), _f64_bits(config.gamma), (config.seed * 0x9E3779B1) & _MASK31,
         SB=sb, SBS=sbs, SLOT=mean or config.combine is Combine.SUM, COMBINE=combine, MEAN=mean,
         EXPLORE=explore, REG=reg, enable_fp_fusion=False, num_warps=warps,

@@ -70,11 +70,10 @@ def main() -> None:
             T._gather_kernel[(rows, triton.cdiv(cap, lb))](x, lens, live, nlive, thresh, count, cand, x.stride(0),
                                                           G=group, LB=lb, CAP=cap, EVEN=True, num_warps=4)
             sync()
-            e = T.SET_EMIT_ELEMS
             warps = T.set_select_warps(cap)
             res = [
                 _time(lambda: T._select_set_kernel[(rows,)](x, lens, count, cand, thresh, out, x.stride(0), k, out, 0,
-                                                            1, CAP=cap, E=e, MAP=False, num_warps=warps)),
+                                                            1, K_POW=k_pow, CAP=cap, MAP=False, num_warps=warps)),
             ]
             cand_copy = cand.clone()
             chunk = min(T.SORT_CHUNK, cap)

@@ -72,7 +72,7 @@ def configs(group: int, k: int = 2048):
             ("rank", T._rank_kernel, dict(K_POW=k_pow, CAP=cap, CH=chunk, LOG_CH=chunk.bit_length() - 1,
                                           BI=T.RANK_BI, MAP=True), 4, T.RANK_MAXNREG),
             ("set select (sorted=False)", T._select_set_kernel,
-             dict(CAP=cap, E=T.SET_EMIT_ELEMS, MAP=True),
+             dict(K_POW=k_pow, CAP=cap, MAP=True),
              T.set_select_warps(cap), None)]
 
 

@@ -2,8 +2,8 @@
 the Triton select `_select_set_kernel`, one launch instead of a sort and a rank, in its candidate buffer's order).
 The reference against a plain-Python mapping; the Triton path against it as sets (each row sorted), into poisoned
 outputs: random rows, ties that only the position digits split, -0.0/+0.0, NaN, -inf, k past the length, one
-column, empty rows and batches, kept_blocks mapping with next_n 1/2/4, the candidate-overflow path (counts over the
-whole row, then an emit over it), hypothesis-drawn shapes, and the few-row path (the sort and
+column, empty rows and batches, kept_blocks mapping with next_n 1/2/4, the candidate-overflow path (the rank path's
+streaming merge), hypothesis-drawn shapes, and the few-row path (the sort and
 rank's best-first order serves as the set below SET_SELECT_MIN_ROWS).
 
 The Triton path runs under TRITON_INTERPRET=1 on CPU (conftest sets it before this module imports triton).
@@ -115,9 +115,9 @@ def test_nan_inf_and_huge_values(gen, triton_device):
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("cap", [64, 1024])
-def test_overflow_rows_emit_in_column_order(cap, triton_device):
-    """More tied candidates than the buffer (cap = 64): the digit counts run over the whole row, then the emit
-    (the position digits split the ties). With room for them (1024) the same rows take the buffer."""
+def test_overflow_rows_take_the_lowest_tied_positions(cap, triton_device):
+    """More tied candidates than the buffer (cap = 64): the streaming merge (the position half of the keys
+    splits the ties). With room for them (1024) the same rows take the buffer."""
     logits = torch.zeros(2, 600)
     logits[1, 400:] = 2.0
     stats = torch.zeros(2, dtype=torch.int32, device=triton_device)

@@ -18,11 +18,12 @@ reductions and dependent global loads.
   3. `_chunk_sort_kernel` (row x CAP / SORT_CHUNK): each chunk of SORT_CHUNK candidates sorted in place.
   4. `_rank_kernel` (row x CAP / RANK_BI): rank = sum over the sorted chunks of a lockstep binary search.
      A row whose candidates overflowed the buffer (massive ties, or more live groups than CAP holds) gets an
-     exact streaming merge over the whole row instead (`_merge_overflow`, slow, never wrong).
+     exact streaming merge over the whole row instead (`_merge_overflow`: CAP columns a step, filtered by the
+     running k-th key, sorted only when its entrants fill the buffer; several times a normal row's top-k).
 sorted=False (the engines' contract, SpinIndexer's and DenseIndexer's default): threshold and gather as above, then
   `_select_set_kernel` (one program per row) instead of the sort and the rank: the k-th largest candidate key
   digit by digit, then the keys >= it written from registers (rows >= SET_SELECT_MIN_ROWS; fewer rows take the
-  sort and rank, whose best-first order is one order of the set).
+  sort and rank, whose best-first order is one order of the set). An overflowing row takes `_merge_overflow`.
 Sort key: the fp32 value mapped to an order-preserving uint32 (upper half) and 0xFFFFFFFF - position
 (lower half): sorting descending puts larger values first and, among equal values, lower positions
 first, exactly as the stable reference. -0.0 is folded into +0.0 (the reference sorts them as equal), every NaN
@@ -65,11 +66,9 @@ THRESHOLD_TILE_MAX = 16384  # group maxima held in registers by the threshold pr
 # At 8192, 8 warps stay the fastest (run 30).
 THRESHOLD_WARPS = {8192: 8, 16384: 16}
 # sorted=False: the set select (_select_set_kernel) holds a row's CAP candidate keys, 8 per thread (16 warps at
-# CAP = 4096, k = 2048). A row that overflowed the buffer is emitted over its whole row, SET_EMIT_ELEMS columns a
-# step. Below SET_SELECT_MIN_ROWS rows the sort and rank run instead (their best-first order is one order of the
+# CAP = 4096, k = 2048). A row that overflowed the buffer takes the rank path's streaming merge. Below SET_SELECT_MIN_ROWS rows the sort and rank run instead (their best-first order is one order of the
 # set): on the H200 (set_select_parts.py, run 48, random rows, k = 2048) the select took ~16 us at 1-96 rows
 # (64K-512K columns), the sort and rank 10 us at 1-16 rows, 12 at 32, 16 at 48, 20 at 64 and 28 at 96.
-SET_EMIT_ELEMS = 4096
 SET_SELECT_MIN_ROWS = 48
 
 
@@ -236,7 +235,7 @@ def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _s
         return out
     if not ordered and rows >= SET_SELECT_MIN_ROWS:  # the set: one select launch instead of the sort and rank
         _select_set_kernel[(rows,)](logits, lengths, count, cand, thresh, out, logits.stride(0), k, kept, kept_stride,
-                                    next_n, CAP=cap, E=SET_EMIT_ELEMS, MAP=mapped, num_warps=set_select_warps(cap))
+                                    next_n, K_POW=k_pow, CAP=cap, MAP=mapped, num_warps=set_select_warps(cap))
         return out
     chunk = min(SORT_CHUNK, cap)
     _chunk_sort_kernel[(rows, cap // chunk)](count, cand, CAP=cap, CH=chunk, num_warps=4)
@@ -477,15 +476,8 @@ if triton is not None:
         return _level_counts(tl.where(m, ((ukey >> shift) & 0xFFFF).to(tl.int32), -1), lo, q)
 
     @triton.jit
-    def _row_ukeys(xrow, c, length):
-        """(unsigned-order int64 keys, valid) of row columns c (the streamed form of the candidates)."""
-        ok = c < length
-        key = _sort_key(_ukey(tl.load(xrow + c, mask=ok, other=0.0)), c)
-        return key ^ (-9223372036854775807 - 1), ok
-
-    @triton.jit
     def _select_set_kernel(x_ptr, len_ptr, count_ptr, cand_ptr, thresh_ptr, out_ptr, stride_x, k, kept_ptr,
-                           kept_stride, next_n, CAP: tl.constexpr, E: tl.constexpr, MAP: tl.constexpr):
+                           kept_stride, next_n, K_POW: tl.constexpr, CAP: tl.constexpr, MAP: tl.constexpr):
         """Row r's top k as a set (sorted=False, in no particular order); one program per row.
 
         The k-th largest candidate key K* (keys are distinct) digit by digit, most significant first: for the
@@ -497,81 +489,60 @@ if triton is not None:
         the keys >= bound, written from the registers in the candidate buffer's order (the gather's atomics
         make it vary from run to run; the set does not). Every loop is a runtime loop: unrolled, the search was
         ~13K SASS instructions and its code fetch cost more than its work (run 45: 75 us at 96 x 128K).
-        A row with more than CAP candidates (mass ties) counts over its whole row, chunk by chunk, instead of
-        the buffer, and emits over the whole row, E columns a step (slow, never wrong)."""
+        A row with more than CAP candidates (mass ties) takes the rank path's streaming fallback
+        (`_merge_overflow`; its counts over the whole row per digit step took 7.2 ms a layer at 96 x 128K on
+        tie rows, run 57)."""
         r = tl.program_id(0)
         MIN_KEY: tl.constexpr = -9223372036854775807 - 1
         n = tl.load(count_ptr + r)
-        length = tl.load(len_ptr + r)
-        whole = n > CAP
-        xrow = x_ptr + r.to(tl.int64) * stride_x
-        i = tl.arange(0, CAP)
-        held = i < tl.where(whole, 0, n)  # (a tensor & a scalar bool makes an int mask in the interpreter)
-        ukey = tl.load(cand_ptr + r.to(tl.int64) * CAP + i, mask=held, other=0) ^ MIN_KEY
-        bound = tl.zeros([], tl.int64)  # unsigned order: the smallest key, every candidate taken
-        need = k + n * 0
-        go = n > k
-        shift = 48 + n * 0
-        hi_mask = tl.zeros([], tl.int64)  # the digits above `shift` (none above the first)
-        # the first digit's range: every candidate is >= tau (the threshold's 16-bit bucket edge)
-        first_lo = tl.where(whole, 0, (tl.load(thresh_ptr + r).to(tl.uint32, bitcast=True) >> 16).to(tl.int32))
-        first_hi = tl.where(whole, 65535, tl.max(tl.where(held, ((ukey >> 48) & 0xFFFF).to(tl.int32), 0), axis=0))
-        while go & (shift >= 0):  # (the keys are distinct: after the last digit one key matches, go is False)
-            # quartering steps from q (the smallest power of 4 whose 4 q covers [lo, hi]) find the digit
-            # d = lo; a last step counts digit >= d - 1, >= d (and >= d + 1): count(digit > d) and
-            # count(digit == d). One call site of the counts (code size, above).
-            lo = tl.where(shift == 48, first_lo, 0)
-            span = tl.where(shift == 48, first_hi, 65535) - lo
-            q = n * 0 + 1
-            while q * 4 <= span:
-                q = q * 4
-            above = n * 0
-            at = n * 0
-            while q >= 0:
-                last = q == 0
-                qq = tl.where(last, 1, q)
-                base = tl.where(last, lo - 1, lo)
-                if whole:
-                    c1 = n * 0
-                    c2 = n * 0
-                    c3 = n * 0
-                    for c0 in range(0, length, CAP):
-                        ck, cv = _row_ukeys(xrow, c0 + i, length)
-                        d1, d2, d3 = _prefix_levels(ck, cv, bound, hi_mask, shift, base, qq)
-                        c1 += d1
-                        c2 += d2
-                        c3 += d3
-                else:
+        if n > CAP:
+            _merge_overflow(x_ptr, r, tl.load(len_ptr + r), stride_x, cand_ptr + r.to(tl.int64) * CAP, out_ptr, k,
+                            kept_ptr, kept_stride, next_n, K_POW, CAP, MAP)
+        else:
+            i = tl.arange(0, CAP)
+            held = i < n
+            ukey = tl.load(cand_ptr + r.to(tl.int64) * CAP + i, mask=held, other=0) ^ MIN_KEY
+            bound = tl.zeros([], tl.int64)  # unsigned order: the smallest key, every candidate taken
+            need = k + n * 0
+            go = n > k
+            shift = 48 + n * 0
+            hi_mask = tl.zeros([], tl.int64)  # the digits above `shift` (none above the first)
+            # the first digit's range: every candidate is >= tau (the threshold's 16-bit bucket edge)
+            first_lo = (tl.load(thresh_ptr + r).to(tl.uint32, bitcast=True) >> 16).to(tl.int32)
+            first_hi = tl.max(tl.where(held, ((ukey >> 48) & 0xFFFF).to(tl.int32), 0), axis=0)
+            while go & (shift >= 0):  # (the keys are distinct: after the last digit one key matches, go is False)
+                # quartering steps from q (the smallest power of 4 whose 4 q covers [lo, hi]) find the digit
+                # d = lo; a last step counts digit >= d - 1, >= d (and >= d + 1): count(digit > d) and
+                # count(digit == d). One call site of the counts (code size, above).
+                lo = tl.where(shift == 48, first_lo, 0)
+                span = tl.where(shift == 48, first_hi, 65535) - lo
+                q = n * 0 + 1
+                while q * 4 <= span:
+                    q = q * 4
+                above = n * 0
+                at = n * 0
+                while q >= 0:
+                    last = q == 0
+                    qq = tl.where(last, 1, q)
+                    base = tl.where(last, lo - 1, lo)
                     c1, c2, c3 = _prefix_levels(ukey, held, bound, hi_mask, shift, base, qq)
-                above = c2
-                at = c1 - c2
-                step = tl.where(c3 >= need, 3 * qq, tl.where(c2 >= need, 2 * qq, tl.where(c1 >= need, qq, 0)))
-                lo = tl.where(last, lo, lo + step)
-                q = tl.where(last, -1, q // 4)
-            need -= above
-            bound = bound | (lo.to(tl.int64) << shift)
-            go = at > need
-            hi_mask = hi_mask | (tl.full([], 0xFFFF, tl.int64) << shift)
-            shift -= 16
-        first = bound ^ MIN_KEY  # back to signed order: the smallest key with K*'s digits so far
-        obase = out_ptr + r.to(tl.int64) * k
-        if whole:  # over the whole row, E columns a step, in column order
-            taken = n * 0
-            for e0 in range(0, length, E):
-                c = e0 + tl.arange(0, E)
-                ok = c < length
-                take = ok & (_sort_key(_ukey(tl.load(xrow + c, mask=ok, other=0.0)), c) >= first)
-                t = take.to(tl.int32)
-                slot = taken + tl.cumsum(t, axis=0) - t
-                tl.store(obase + slot, _map_pos(c, r, kept_ptr, kept_stride, next_n, MAP), mask=take & (slot < k))
-                taken += tl.sum(t, axis=0)
-        else:  # from the registers: one scan
+                    above = c2
+                    at = c1 - c2
+                    step = tl.where(c3 >= need, 3 * qq, tl.where(c2 >= need, 2 * qq, tl.where(c1 >= need, qq, 0)))
+                    lo = tl.where(last, lo, lo + step)
+                    q = tl.where(last, -1, q // 4)
+                need -= above
+                bound = bound | (lo.to(tl.int64) << shift)
+                go = at > need
+                hi_mask = hi_mask | (tl.full([], 0xFFFF, tl.int64) << shift)
+                shift -= 16
+            # back to signed order: the smallest key with K*'s digits so far; the keys >= it from the registers
             key = ukey ^ MIN_KEY
-            take = held & (key >= first)
+            take = held & (key >= (bound ^ MIN_KEY))
             t = take.to(tl.int32)
             slot = tl.cumsum(t, axis=0) - t
             pos = _map_pos((4294967295 - (key & 4294967295)).to(tl.int32), r, kept_ptr, kept_stride, next_n, MAP)
-            tl.store(obase + slot, pos, mask=take & (slot < k))
+            tl.store(out_ptr + r.to(tl.int64) * k + slot, pos, mask=take & (slot < k))
 
     @triton.jit
     def _level_counts(top, lo, q):
@@ -588,41 +559,46 @@ if triton is not None:
     def _merge_overflow(x_ptr, r, length, stride_x, cbase, out_ptr, k, kept_ptr, kept_stride, next_n,
                         K_POW: tl.constexpr, CAP: tl.constexpr, MAP: tl.constexpr):
         """Exact fallback for a row with more than CAP candidates (massive ties): stream the row in position
-        order, K_POW columns a step. cand[r, :K_POW] holds the best keys so far (sorted), cand[r, K_POW:] the
-        columns since that beat the k-th of them (`kth`), appended in order; a sort of the buffer runs only when
-        the next step's entrants might not fit. Keys are distinct and only improve, so a column that does not
-        beat kth when it streams by is never a winner. A row of ties sorts about once: after the first sort
-        kth is the tie value at an early position, which every later tied column loses to. (Run 57: the form
-        that sorted CAP keys every step cost ~0.1 ms a row at 32K columns, the e2e proxy's zero-tie layers.)"""
+        order, CAP columns a step. cand[r, :K_POW] holds the best keys so far (sorted), cand[r, K_POW:] the
+        columns since that beat the k-th of them (`kth`), appended in position order; the buffer is sorted
+        only when those fill it. Keys are distinct and the kept ones only improve, so a column that does not
+        beat kth when it streams by is never a winner. A row of ties sorts about once: after the first sort kth
+        is the tie value at an early position, which every later tied column loses to, so a step is a load,
+        a compare and one CTA count. Writes the row best first (one order of the set, for sorted=False too)."""
         i = tl.arange(0, CAP)
         MIN_KEY: tl.constexpr = -9223372036854775807 - 1
+        FREE: tl.constexpr = CAP - K_POW
         tl.debug_barrier()
         tl.store(cbase + i, tl.full([CAP], MIN_KEY, tl.int64))
         tl.debug_barrier()
         kth = tl.full([], MIN_KEY, tl.int64)
         fill = length * 0  # entrants held in cand[K_POW:]
-        j = tl.arange(0, K_POW)
-        for c0 in range(0, length, K_POW):
-            c = c0 + j
+        for c0 in range(0, length, CAP):
+            c = c0 + i
             ok = c < length
             key = tl.where(ok, _sort_key(_ukey(tl.load(x_ptr + r.to(tl.int64) * stride_x + c, mask=ok, other=0.0)),
                                          c), MIN_KEY)
             enter = key > kth
             n_in = tl.sum(enter.to(tl.int32), axis=0)
-            if fill + n_in > CAP - K_POW:  # make room: keep the best K_POW, then filter by the new kth
-                tl.debug_barrier()
-                best = tl.sort(tl.load(cbase + i), descending=True)
-                tl.debug_barrier()
-                tl.store(cbase + i, tl.where(i < K_POW, best, MIN_KEY))
-                tl.debug_barrier()
-                kth = tl.max(tl.where(i == k - 1, best, MIN_KEY), axis=0)
-                fill = 0
-                enter = enter & (key > kth)
-                n_in = tl.sum(enter.to(tl.int32), axis=0)
-            e = enter.to(tl.int32)
-            slot = K_POW + fill + tl.cumsum(e, axis=0) - e
-            tl.store(cbase + slot, key, mask=enter)
-            fill += n_in
+            while n_in > 0:  # the entrants that fit, in position order; a full buffer is sorted, kth rises
+                e = enter.to(tl.int32)
+                rank = tl.cumsum(e, axis=0) - e
+                take = enter & (rank < FREE - fill)
+                tl.store(cbase + K_POW + fill + rank, key, mask=take)
+                took = tl.minimum(n_in, FREE - fill)
+                fill += took
+                n_in -= took
+                enter = enter & (rank >= took)
+                if n_in > 0:
+                    tl.debug_barrier()
+                    best = tl.sort(tl.load(cbase + i), descending=True)
+                    tl.debug_barrier()
+                    tl.store(cbase + i, tl.where(i < K_POW, best, MIN_KEY))
+                    tl.debug_barrier()
+                    kth = tl.max(tl.where(i == k - 1, best, MIN_KEY), axis=0)
+                    fill = 0
+                    enter = enter & (key > kth)
+                    n_in = tl.sum(enter.to(tl.int32), axis=0)
         tl.debug_barrier()
         key = tl.sort(tl.load(cbase + i), descending=True)
         n_out = tl.minimum(length, k)

@@ -66,9 +66,10 @@ THRESHOLD_TILE_MAX = 16384  # group maxima held in registers by the threshold pr
 # At 8192, 8 warps stay the fastest (run 30).
 THRESHOLD_WARPS = {8192: 8, 16384: 16}
 # sorted=False: the set select (_select_set_kernel) holds a row's CAP candidate keys, 8 per thread (16 warps at
-# CAP = 4096, k = 2048). A row that overflowed the buffer takes the rank path's streaming merge. Below SET_SELECT_MIN_ROWS rows the sort and rank run instead (their best-first order is one order of the
-# set): on the H200 (set_select_parts.py, run 48, random rows, k = 2048) the select took ~16 us at 1-96 rows
-# (64K-512K columns), the sort and rank 10 us at 1-16 rows, 12 at 32, 16 at 48, 20 at 64 and 28 at 96.
+# CAP = 4096, k = 2048). A row that overflowed the buffer takes the rank path's streaming merge. Below
+# SET_SELECT_MIN_ROWS rows the sort and rank run instead (their best-first order is one order of the set): on
+# the H200 (set_select_parts.py, run 48, random rows, k = 2048) the select took ~16 us at 1-96 rows (64K-512K
+# columns), the sort and rank 10 us at 1-16 rows, 12 at 32, 16 at 48, 20 at 64 and 28 at 96.
 SET_SELECT_MIN_ROWS = 48
 
 

@@ -64,7 +64,10 @@ AUTO_DENSE_BATCH_TOKENS = 1 << 16
 # run 49 (benchmarks/results/run49_canonical) measured 1 x 128K at s = 0.3 / 0.2 0.99x / 0.96x, 1 x 256K and
 # 1 x 512K at s = 0.2 0.99x / 0.98x (run 28: 1 x 512K 0.99x / 0.95x at s = 0.3 / 0.2), while 1 x 1M at s = 0.2
 # (1.02x), every s >= 0.4 and every step of two rows or more measured >= 1.0x. (1 x 64K at s <= 0.3, 1.01-1.04x
-# in run 49, is guarded too: a one-row step that small saves < 1 us a layer.)
+# in run 49, is guarded too: a one-row step that small saves < 1 us a layer.) Since plan() launches nothing for
+# a table its shape guards (SpinIndexer._dense_plan) the guarded step is the dense step's kernels: run 58 measured
+# 0.996-1.03x of the dense step at those points (unguarded 0.978x at 1 x 128K s = 0.2; the guard costs 2% at
+# 1 x 256K / 512K s = 0.3, 1.019x / 1.026x unguarded).
 AUTO_ONE_ROW_MAX_SPARSITY = 0.3
 AUTO_ONE_ROW_TOKENS = 1 << 20
 

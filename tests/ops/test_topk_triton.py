@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import FULL_CASES, cuda_only, masked_logits
+from conftest import cuda_only, masked_logits
 
 pytest.importorskip("triton")
 from spin_indexer.ops.indexer_logits import block_max_ref  # noqa: E402
@@ -47,8 +47,7 @@ def test_random_matches_reference(rows, cols, k, use_block_max, gen, triton_devi
 
 
 @pytest.mark.parametrize("tile", [16, cuda_only(64, why="16 runs five chunks of the row's 80 groups, 64 two")])
-@pytest.mark.parametrize("row0", ["planted", cuda_only("poisoned", why="its overflow merge streams 5120 columns "
-                                                       "through a 32-key buffer, ~25 s a top-k in the interpreter")])
+@pytest.mark.parametrize("row0", ["planted", "poisoned"])
 def test_threshold_chunked_passes(tile, row0, gen, triton_device, monkeypatch):
     """More group maxima than the threshold program holds in registers: its bisection re-reads them in
     chunks and must pick the same threshold (same top-k, same candidate count as the one-tile path). Row 0
@@ -97,9 +96,8 @@ def test_block_max_path_reads_few_candidates(gen, triton_device):
 
 
 def test_ties_and_signed_zeros(gen, triton_device):
-    """Few distinct values (massive ties, overflowing the candidate buffer) and -0.0 mixed with +0.0. (On the
-    CPU 300 columns instead of 700: the overflow merge streams the row, ~2 s per 400 columns interpreted.)"""
-    logits, lengths = masked_logits(3, 700 if FULL_CASES else 300, gen, ties=True)
+    """Few distinct values (massive ties, overflowing the candidate buffer) and -0.0 mixed with +0.0."""
+    logits, lengths = masked_logits(3, 700, gen, ties=True)
     zero = logits == 0
     logits[zero & (torch.rand(logits.shape, generator=gen) < 0.5)] = -0.0
     stats = _check(logits, lengths, 6, triton_device)
@@ -107,7 +105,7 @@ def test_ties_and_signed_zeros(gen, triton_device):
 
 
 def test_overflow_fallback_with_small_buffer(gen, triton_device):
-    cols = 900 if FULL_CASES else 400  # (the overflow merge streams the row: ~2 s per 400 columns interpreted)
+    cols = 900
     logits, lengths = masked_logits(2, cols, gen)
     lengths[0] = cols
     stats = _check(logits, lengths, 10, triton_device, cap=32)
@@ -120,7 +118,7 @@ def test_overflow_merge_zero_ties_and_late_winners(k, cap, gen, triton_device):
     positives (fewer than k, so zeros at the lowest positions fill the rest) and negatives; winners late in
     the row and runs of rising values, so the merge's entrant buffer fills and sorts several times; lengths
     not a multiple of its step; -0.0 among the zeros."""
-    rows, cols = 4, 600 if FULL_CASES else 330
+    rows, cols = 4, 600
     logits = torch.zeros(rows, cols)
     logits[0, -(k // 2):] = torch.rand(k // 2, generator=gen) + 1  # row 0: the positives at the end
     logits[1, torch.randperm(cols, generator=gen)[:k - 1]] = torch.rand(k - 1, generator=gen)

@@ -564,8 +564,8 @@ if triton is not None:
         columns since that beat the k-th of them (`kth`), appended in position order; the buffer is sorted
         only when those fill it. Keys are distinct and the kept ones only improve, so a column that does not
         beat kth when it streams by is never a winner. A row of ties sorts a few times: once the kept keys hold
-        k tied ones, kth is the tie value at an early position, which every later tied column loses to (run 58:
-        2-3 sorts and ~32 steps at 32K columns, 111-169 us at 96 rows against ~28 for a normal row). Writes the
+        k tied ones, kth is the tie value at an early position, which every later tied column loses to (counted:
+        2-3 sorts and 32 steps at 32K columns; run 58: 111-169 us at 96 rows, ~28 for a normal row). Writes the
         row best first (one order of the set, for sorted=False too)."""
         i = tl.arange(0, CAP)
         MIN_KEY: tl.constexpr = -9223372036854775807 - 1

@@ -3,8 +3,8 @@
 The e2e proxy model (bench_e2e.py, random weights) has layers whose indexer scores are exactly 0 for most
 columns (the weighted sum of ReLUs is 0 wherever every head's dot product is <= 0) with fewer than k positives:
 the k-th largest value is 0, shared by thousands of columns, so the 16-bit threshold bucket overflows the
-candidate buffer and the row takes the fallback (`_merge_overflow` with sorted=True, the whole-row counts of
-`_select_set_kernel` with sorted=False). This times `ops.topk_positions` on such rows and on random rows of the
+candidate buffer and the row takes the fallback (`_merge_overflow`, in the rank launch with sorted=True and in
+the set select with sorted=False). This times `ops.topk_positions` on such rows and on random rows of the
 same shape (CUDA graph, per call), both orders.
 
     PYTHONPATH=src:benchmarks python benchmarks/topk_ties.py --points 96x32768,96x16384,1x131072 --k 512

@@ -131,16 +131,34 @@ def fill_batch(model, indexer, batch: int, capacity: int, prompts: list[torch.Te
     return caches, caches.lengths.clone(), first
 
 
-def make_selector(config: str, model, caches, k: int):
+def parse_config(config: str) -> tuple[float, bool] | None:
+    """'all-keep' -> None; 'spin-<s>[-serial]' -> (sparsity s, overlap_update): -serial runs SPIN's EMA
+    update in series (fused into the Triton logits' epilogue: no side stream, no fork and join per layer)."""
     if config == "all-keep":
+        return None
+    body = config.removeprefix("spin-")
+    serial = body.endswith("-serial")
+    body = body.removesuffix("-serial")
+    try:
+        sparsity = float(body)
+    except ValueError:
+        sparsity = -1.0
+    if not config.startswith("spin-") or not 0.0 <= sparsity < 1.0:
+        raise SystemExit(f"--configs: expected all-keep or spin-<sparsity in [0, 1)>[-serial], got {config!r}")
+    return sparsity, not serial
+
+
+def make_selector(config: str, model, caches, k: int):
+    parsed = parse_config(config)
+    if parsed is None:
         return None
     from spin_indexer.indexer import SpinIndexer
     from spin_indexer.predictor import SpinConfig
 
-    sparsity = float(config.removeprefix("spin-"))
+    sparsity, overlap = parsed
     batch, width = caches.block_table.shape
     spin = SpinIndexer(SpinConfig(sparsity=sparsity, topk=k), num_layers=model.cfg.num_layers, max_batch=batch,
-                       max_blocks=width, device=caches.block_table.device,
+                       max_blocks=width, device=caches.block_table.device, overlap_update=overlap,
                        topk_sorted=True)  # all-keep decodes with ops.topk (best first): the same top-k work
     caches.slot_ids.copy_(torch.tensor([spin.state.allocate() for _ in range(batch)], dtype=torch.int32))
     return spin
@@ -213,8 +231,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args(argv)
     for c in args.configs:
-        if c != "all-keep" and not c.startswith("spin-"):
-            raise SystemExit(f"--configs: expected all-keep or spin-<sparsity>, got {c!r}")
+        parse_config(c)
     points = parse_points(args.points)
     extra = args.warmup + args.steps + 2
     max_len = max(c for _, c in points) + extra

@@ -40,3 +40,12 @@ def test_points_parse_and_reject(bench_e2e):
     assert bench_e2e.parse_points("32x16384, 96x32768") == [(32, 16384), (96, 32768)]
     with pytest.raises(SystemExit, match="BATCHxCONTEXT"):
         bench_e2e.parse_points("32by16384")
+
+
+def test_configs_parse_and_reject(bench_e2e):
+    assert bench_e2e.parse_config("all-keep") is None
+    assert bench_e2e.parse_config("spin-0.4") == (0.4, True)
+    assert bench_e2e.parse_config("spin-0.5-serial") == (0.5, False)
+    for bad in ("spin-x", "spin-1.5", "dense", "spin-0.5-fast"):
+        with pytest.raises(SystemExit, match="--configs"):
+            bench_e2e.parse_config(bad)

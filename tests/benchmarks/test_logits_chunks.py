@@ -1,0 +1,29 @@
+"""benchmarks/logits_chunks.py: its config names parse (and bad ones are refused), and a CPU dry run prints a row
+per (config, chunk) with the default chunk marked (the timings need CUDA)."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import import_benchmark, run_benchmark_dry
+
+
+def test_configs_parse_and_reject():
+    chunks = import_benchmark("logits_chunks")
+    cfg = chunks.parse_config("s2p")
+    assert (cfg.group, cfg.num_warps, cfg.num_stages, cfg.prefetch) == (1, 4, 2, 1)
+    assert chunks.parse_config("s4").prefetch == 0
+    for bad in ("3", "s", "s9", "s3x", "p3"):
+        with pytest.raises(SystemExit, match="--configs"):
+            chunks.parse_config(bad)
+
+
+def test_dry_run_prints_every_config_and_chunk():
+    proc = run_benchmark_dry("logits_chunks.py", ["--points", "2x4096", "--chunks", "1,4", "--configs", "s3,s2p"],
+                             timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines()
+            if line.startswith("| 2 x 4096 |")]
+    assert [(r[3], r[4], r[5].split()[0]) for r in rows] == [
+        ("triton", "s3", "1"), ("triton", "s3", "4"), ("triton", "s2p", "1"), ("triton", "s2p", "4")]
+    assert sum("(default)" in r[5] for r in rows) == 1
+    assert all(int(r[2]) < 2 * 64 for r in rows)  # half of 2 x 64 blocks kept (k = 2048 of 4096 tokens)

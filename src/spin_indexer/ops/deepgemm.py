@@ -8,10 +8,8 @@ T = 64, D = 128, 64 heads, SM90, contiguous pages (padded ones go to the Triton 
 DeepGEMM's code: the module is imported when present.
 
 Used at next_n = 2 (1.7x faster than the project's kernel, benchmarks/results run 8) and for SPIN's step at
-next_n = 1 at every size (DeepGEMM, then the maxima pass and the top-k beside the EMA update on a side stream,
-beat the project's kernel with both fused into its epilogue at every point run 27 timed, B = 1 x 64K up:
-see `supports`); the dense step at next_n = 1 keeps the project's kernel (its fused block max
-wins). SPIN_INDEXER_LOGITS=triton turns this backend off, =deepgemm forces it (benchmarks compare both).
+next_n = 1 on tables of more than TRITON_STEP_MAX_BLOCKS blocks (`spin_step_uses`); below it, and for the
+dense step at next_n = 1, the project's kernel (its fused maxima save the pass DeepGEMM needs). SPIN_INDEXER_LOGITS=triton turns this backend off, =deepgemm forces it (benchmarks compare both).
 DeepGEMM's kernel takes an SM schedule computed from the lengths; SpinIndexer.plan() writes every layer's
 at once (deepgemm_schedule.py) and run() passes it (`schedule=`), instead of one metadata launch per layer.
 """
@@ -56,17 +54,39 @@ def schedule_sms(device: torch.device) -> int:
     return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history: bool = False) -> bool:
-    """True when DeepGEMM should compute these logits: it covers the shape, the backend is not turned off,
-    and the step is one it wins: next_n = 2, SPIN's step (history) at any size, or forced by
-    SPIN_INDEXER_LOGITS=deepgemm (see ops.logits_backend).
+# SPIN's step at next_n = 1 on tables of at most this many blocks (B x W) runs the project's Triton kernel, above it
+# DeepGEMM. H200, run 62 (benchmarks/results/run62_logits_chunks, `logits_chunks.py`, s = 0.5 / 0.2, compact tables
+# of plan()): the Triton kernel with the scales prefetched (CONFIGS[1]) and the block / group maxima in its epilogue
+# against DeepGEMM + the maxima pass the step then needs: 1 x 128K 7.0 vs 7.5 / 8.2 vs 9.2 us, 1 x 512K 14.7 vs
+# 14.8, 8 x 128K 25.2-26.3 vs 25.0 / 35.5-36.5 vs 35.5, 32 x 128K 79.5 vs 82.7 / 120.0-123.2 vs 122.3, 8 x 512K
+# 76.9 vs 79.0, 96 x 128K 220.6 vs 224.7: a tie or a win up to 96 x 2048 blocks, and one launch fewer in the step.
+# Larger tables (96 x 512K: 786K blocks) keep DeepGEMM until measured (run 27 had it win there without prefetch).
+TRITON_STEP_MAX_BLOCKS = 96 * 2048
 
-    SPIN's step at next_n = 1: run 11 had the Triton kernel with the update fused win below 1M table tokens
-    (the update pass then ran in series); since the pass runs on a side stream (run 21) DeepGEMM's step wins
-    there too. H200, run 27 (benchmarks/results/run27_update_round_trips, step_us vs step_other_backend_us,
-    same call), per layer at s = 0.5 / 0.2: B = 1 x 64K 32.3 vs 35.4 / 35.9 vs 38.3 us, 1 x 128K 36.6 vs 39.3 /
-    38.9 vs 41.6, 1 x 512K 47.5 vs 51.1 / 54.3 vs 60.2; from 1M tokens on DeepGEMM was already the choice and
-    still wins (1 x 1M 88.8 vs 97.6, 8 x 128K 58.6 vs 69.0)."""
+
+def spin_step_uses(next_n: int, table_blocks: int | None) -> bool:
+    """Whether SPIN's step on a table of `table_blocks` blocks (B x W; None: unknown, taken as large) computes its
+    logits with DeepGEMM where DeepGEMM covers the shape: SPIN_INDEXER_LOGITS=deepgemm / triton forces the answer;
+    else next_n = 2 always, next_n = 1 above TRITON_STEP_MAX_BLOCKS. A host rule on static shapes (a graph
+    captured at one table size keeps its backend)."""
+    choice = os.environ.get("SPIN_INDEXER_LOGITS", "")
+    if choice in ("triton", "reference") or next_n not in (1, 2):
+        return False
+    if choice == "deepgemm" or next_n == 2:
+        return True
+    return table_blocks is None or table_blocks > TRITON_STEP_MAX_BLOCKS
+
+
+def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history: bool = False,
+             table_blocks: int | None = None) -> bool:
+    """True when DeepGEMM should compute these logits: it covers the shape, the backend is not turned off,
+    and the call is one it wins: next_n = 2; SPIN's step (history) by `spin_step_uses(next_n, table_blocks)`;
+    or forced by SPIN_INDEXER_LOGITS=deepgemm (see ops.logits_backend).
+
+    History: run 11 had the Triton kernel with the update fused win below 1M table tokens (the update pass
+    then ran in series); from run 21 on the pass ran on a side stream and DeepGEMM + the maxima pass won SPIN's
+    step at every size run 27 measured (Triton without the scales prefetched); run 62's prefetching kernel wins
+    it back up to TRITON_STEP_MAX_BLOCKS."""
     choice = os.environ.get("SPIN_INDEXER_LOGITS", "")
     if choice in ("triton", "reference") or not q_fp8.is_cuda:
         return False
@@ -77,7 +97,7 @@ def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history: bool = False)
         return False
     if kv_cache.shape[0] > 1 and kv_cache.stride(0) != kv_cache.shape[1] * kv_cache.shape[3]:
         return False  # padded pages (DeepSeek-V4) go to the Triton kernel, which takes a page stride
-    return choice == "deepgemm" or next_n == 2 or history
+    return choice == "deepgemm" or next_n == 2 or (history and spin_step_uses(next_n, table_blocks))
 
 
 def paged_indexer_logits_deepgemm(q_fp8, kv_cache, weights, seq_lens, block_table, validate: bool = True,

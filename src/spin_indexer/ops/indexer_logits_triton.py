@@ -117,10 +117,12 @@ class LogitsConfig:
 # scales loaded one block ahead by hand (prefetch) win every point, by 23-27% (n = 2: 572 vs 744 us at
 # 96 x 128K; n = 4: 1154 vs 1570), the scale load's latency being the loop's critical path once the MMA
 # of several rows follows it; the register caps chosen from counts lost to the uncapped + prefetch configs
-# at n = 2 and tied at n = 3. n = 1 keeps the configuration every earlier run measured: its prefetch variant
-# was 2.5% faster there (412 vs 423 us) but was not measured with the fused EMA update (the SPIN step).
+# at n = 2 and tied at n = 3. n = 1 prefetches too since run 62 (benchmarks/logits_chunks.py, SPIN's compact
+# tables at B = 1-96, 128K-512K: 1-6% faster than without at the chunk _pick_chunk gives, e.g. 8 x 128K 25.2-26.3
+# vs 27.2-29.7 us, 96 x 128K 220.6 vs 237.7; run 15: 412 vs 423 us on the dense 96 x 128K table), which made it
+# SPIN's choice over DeepGEMM + the maxima pass on small tables (deepgemm.TRITON_STEP_MAX_BLOCKS).
 # The register cap is dropped when the EMA update is fused (its extra live values spill under the cap).
-CONFIGS = {1: LogitsConfig(1, 4, 3), 2: LogitsConfig(2, 4, 3, prefetch=True),
+CONFIGS = {1: LogitsConfig(1, 4, 3, prefetch=True), 2: LogitsConfig(2, 4, 3, prefetch=True),
            3: LogitsConfig(2, 4, 3, max_registers=168, prefetch=True), 4: LogitsConfig(4, 4, 3, prefetch=True)}
 
 

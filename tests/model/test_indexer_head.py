@@ -108,6 +108,24 @@ def test_rope_matches_complex_rotation():
     torch.testing.assert_close(got.double(), torch.cat([z.real, z.imag], -1), rtol=1e-5, atol=1e-5)
 
 
+def test_rotary_tables_gathered_once_rotate_as_the_rope():
+    """Rope.at(pos) (a decode step's tables, shared by every layer) rotates q and k of any dtype bit for bit as
+    Rope.forward computed from the positions; its bf16 tables are cast once, then reused."""
+    rope = Rope(16, 10000.0, 300)
+    pos = torch.tensor([[3, 4], [250, 251]])  # [B, S]
+    tables = rope.at(pos)
+    for dtype in (torch.float32, torch.bfloat16):
+        for heads in (1, 4):
+            x = torch.randn(2, 2, heads, 16).to(dtype)
+            half = torch.cat([-x[..., 8:], x[..., :8]], dim=-1)
+            cos, sin = rope.cos[pos].unsqueeze(-2).to(dtype), rope.sin[pos].unsqueeze(-2).to(dtype)
+            want = x * cos + half * sin
+            assert torch.equal(tables(x), want) and torch.equal(rope(x, pos), want)
+    cast = tables._tables[torch.bfloat16]
+    tables(torch.randn(2, 2, 3, 16).to(torch.bfloat16))
+    assert tables._tables[torch.bfloat16] is cast
+
+
 def test_pad_heads_keeps_scores():
     from spin_indexer.model.indexer_head import pad_heads
     q, w = torch.randn(2, 1, 4, 64), torch.randn(2, 1, 4)

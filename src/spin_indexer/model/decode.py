@@ -117,14 +117,16 @@ def prefill_batch(model: Llama, caches: Caches, first_request: int, prompts: lis
         ids = padded[:, start:start + chunk]  # [n, C]
         end = start + ids.shape[1]
         pos = torch.arange(start, end, device=dev)
+        rope = model.rope.at(pos)
+        index_rope = indexer.rope.at(pos) if caches.index_kv is not None else None
         x = model.embed(ids)
         for i, layer in enumerate(model.layers):
             h = rms_norm(x, layer.attn_norm, cfg.norm_eps)
-            q, k, v = layer.qkv(h, model.rope, pos)
+            q, k, v = layer.qkv(h, rope)
             caches.k[i][rows, start:end] = k
             caches.v[i][rows, start:end] = v
             if caches.index_kv is not None:
-                _write_index_keys(indexer, i, h, pos[None].expand(n, -1), caches, requests)
+                _write_index_keys(indexer, i, h, pos[None].expand(n, -1), caches, requests, index_rope)
             keys = caches.k[i][rows, :end]  # [n, end, Hkv, d]
             vals = caches.v[i][rows, :end]
             mask = pos[:, None] >= torch.arange(end, device=dev)[None, :]  # [C, end]
@@ -164,10 +166,12 @@ def decode_one_step(model: Llama, caches: Caches, tokens: torch.Tensor, mode: st
         selector.plan(caches.block_table, seq_lens, caches.slot_ids, num_accepted=num_accepted, validate=validate)
     rows = torch.arange(b, device=dev)[:, None]
     cfg = model.cfg
+    rope = model.rope.at(pos)  # every layer rotates at these positions: the tables gathered once a step
+    index_rope = indexer.rope.at(pos) if mode == "lightning" else None
     x = model.embed(tokens)
     for i, layer in enumerate(model.layers):
         h = rms_norm(x, layer.attn_norm, cfg.norm_eps)
-        q, kk, v = layer.qkv(h, model.rope, pos)
+        q, kk, v = layer.qkv(h, rope)
         caches.k[i][rows, pos] = kk
         caches.v[i][rows, pos] = v
         keys, vals = caches.k[i], caches.v[i]
@@ -177,7 +181,7 @@ def decode_one_step(model: Llama, caches: Caches, tokens: torch.Tensor, mode: st
             if mode == "oracle":
                 topk = _oracle_topk(i, q, keys, seq_lens, k, selector, observer)
             else:
-                topk = _lightning_topk(indexer, i, h, pos, caches, seq_lens, k, selector, observer)
+                topk = _lightning_topk(indexer, i, h, pos, index_rope, caches, seq_lens, k, selector, observer)
             out = attend_topk(q, keys, vals, topk.view(b, n, -1))
         x = x + layer.wo(out.flatten(2))
         x = x + layer.mlp(x)
@@ -217,11 +221,12 @@ def _oracle_topk(layer, q, keys, seq_lens, k, selector, observer):
     return topk
 
 
-def _lightning_topk(indexer, layer, h, pos, caches, seq_lens, k, selector, observer):
-    """Write this step's indexer keys (FP8) into the paged cache, then score every cached token."""
+def _lightning_topk(indexer, layer, h, pos, rope, caches, seq_lens, k, selector, observer):
+    """Write this step's indexer keys (FP8) into the paged cache, then score every cached token (rope: the
+    indexer's rotary tables at pos)."""
     b = h.shape[0]
-    _write_index_keys(indexer, layer, h, pos, caches, torch.arange(b, device=h.device))
-    q, w = indexer.layers[layer].queries(h, pos, indexer.rope)
+    _write_index_keys(indexer, layer, h, pos, caches, torch.arange(b, device=h.device), rope)
+    q, w = indexer.layers[layer].queries(h, pos, rope)
     q_fp8, weights = quantize_queries(q, w)
     if q_fp8.is_cuda:
         q_fp8, weights = pad_heads(q_fp8, weights)  # the Triton kernel takes H >= 8
@@ -235,9 +240,10 @@ def _lightning_topk(indexer, layer, h, pos, caches, seq_lens, k, selector, obser
     return topk
 
 
-def _write_index_keys(indexer, layer, h, pos, caches, requests):
-    """Indexer keys of tokens at positions pos [B', S] of `requests` [B'] -> FP8 + scale in the paged cache."""
-    keys = indexer.layers[layer].keys(h, pos, indexer.rope)  # [B', S, D_I]
+def _write_index_keys(indexer, layer, h, pos, caches, requests, rope):
+    """Indexer keys of tokens at positions pos [B', S] of `requests` [B'] -> FP8 + scale in the paged cache
+    (rope: the indexer's rotary tables at pos, or its Rope)."""
+    keys = indexer.layers[layer].keys(h, pos, rope)  # [B', S, D_I]
     blocks = caches.block_table[requests.long()].long()  # [B', W]
     block = torch.gather(blocks, 1, pos // TOKENS_PER_BLOCK)  # physical block of each token
     slots = block * TOKENS_PER_BLOCK + pos % TOKENS_PER_BLOCK  # [B', S]

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..checks import check_tensor
 from ..ops import quantize_keys
-from .llama import Rope
+from .llama import Rope, RotaryTables
 
 
 @dataclass(frozen=True)
@@ -63,27 +63,33 @@ class IndexerLayer(nn.Module):
         self.k_norm = nn.LayerNorm(cfg.head_dim)
         self.w_proj = nn.Linear(cfg.dim, cfg.num_heads, bias=False)
 
-    def queries(self, h: torch.Tensor, positions: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
-        """h [B, S, dim] normed layer input, positions [B, S] or [S] ->
+    def queries(self, h: torch.Tensor, positions: torch.Tensor, rope: Rope | RotaryTables) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [B, S, dim] normed layer input, positions [B, S] or [S], rope: the indexer's Rope, or its tables
+        at these positions (Rope.at: a decode step gathers them once for every layer) ->
         (q float32 [B, S, H_I, D_I] with RoPE, w float32 [B, S, H_I] with H_I^-0.5 * D_I^-0.5 folded in)."""
         c = self.cfg
         b, s, _ = h.shape
         h = h.to(self.wq_a.weight.dtype)
         q = self.wq_b(self.wq_a(h)).view(b, s, c.num_heads, c.head_dim).float()
-        q = _rope_part(q, positions, rope, c.rope_dim)
+        q = _rope_part(q, _tables(rope, positions), c.rope_dim)
         w = self.w_proj(h).float() * (c.num_heads ** -0.5 * c.head_dim ** -0.5)
         return q, w
 
-    def keys(self, h: torch.Tensor, positions: torch.Tensor, rope: Rope) -> torch.Tensor:
-        """h [B, S, dim] -> k float32 [B, S, D_I]: projection, LayerNorm, RoPE on the first rope_dim dims."""
+    def keys(self, h: torch.Tensor, positions: torch.Tensor, rope: Rope | RotaryTables) -> torch.Tensor:
+        """h [B, S, dim] -> k float32 [B, S, D_I]: projection, LayerNorm, RoPE on the first rope_dim dims
+        (rope as in `queries`)."""
         k = self.k_norm(self.wk(h.to(self.wk.weight.dtype))).float()
-        return _rope_part(k.unsqueeze(-2), positions, rope, self.cfg.rope_dim).squeeze(-2)
+        return _rope_part(k.unsqueeze(-2), _tables(rope, positions), self.cfg.rope_dim).squeeze(-2)
 
 
-def _rope_part(x: torch.Tensor, positions: torch.Tensor, rope: Rope, rope_dim: int) -> torch.Tensor:
+def _tables(rope: Rope | RotaryTables, positions: torch.Tensor) -> RotaryTables:
+    return rope if isinstance(rope, RotaryTables) else rope.at(positions)
+
+
+def _rope_part(x: torch.Tensor, rope: RotaryTables, rope_dim: int) -> torch.Tensor:
     if rope_dim == 0:
         return x
-    return torch.cat([rope(x[..., :rope_dim], positions), x[..., rope_dim:]], dim=-1)
+    return torch.cat([rope(x[..., :rope_dim]), x[..., rope_dim:]], dim=-1)
 
 
 class Indexer(nn.Module):

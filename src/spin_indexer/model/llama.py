@@ -82,8 +82,26 @@ class Rope(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [..., S, heads, dim], positions int [..., S] -> rotated x (same dtype)."""
-        cos = self.cos[positions].unsqueeze(-2).to(x.dtype)  # [..., S, 1, dim]
-        sin = self.sin[positions].unsqueeze(-2).to(x.dtype)
+        return self.at(positions)(x)
+
+    def at(self, positions: torch.Tensor) -> "RotaryTables":
+        """The cos / sin rows of `positions` (int [..., S]), gathered once: a decode step rotates every layer's
+        queries and keys at the same positions, so it gathers here once instead of twice per layer."""
+        return RotaryTables(self.cos[positions].unsqueeze(-2), self.sin[positions].unsqueeze(-2))
+
+
+class RotaryTables:
+    """cos / sin float32 [..., S, 1, dim] of some positions (Rope.at); calling it on x [..., S, heads, dim]
+    rotates x exactly as Rope.forward at those positions (the tables cast to x's dtype, once per dtype)."""
+
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor):
+        self._tables = {cos.dtype: (cos, sin)}
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype not in self._tables:
+            cos, sin = next(iter(self._tables.values()))
+            self._tables[x.dtype] = (cos.to(x.dtype), sin.to(x.dtype))
+        cos, sin = self._tables[x.dtype]
         half = x.shape[-1] // 2
         rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
         return x * cos + rotated * sin
@@ -108,14 +126,15 @@ class Layer(nn.Module):
         self.w_up = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
         self.w_down = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
 
-    def qkv(self, h: torch.Tensor, rope: Rope, positions: torch.Tensor):
-        """h [B, S, dim] (already normed) -> q [B, S, Hq, d], k and v [B, S, Hkv, d], RoPE applied."""
+    def qkv(self, h: torch.Tensor, rope: "RotaryTables"):
+        """h [B, S, dim] (already normed), rope: the rotary tables of the S positions (Rope.at) -> q [B, S, Hq, d],
+        k and v [B, S, Hkv, d], RoPE applied."""
         b, s, _ = h.shape
         c = self.cfg
         q = self.wq(h).view(b, s, c.num_heads, c.head_dim)
         k = self.wk(h).view(b, s, c.num_kv_heads, c.head_dim)
         v = self.wv(h).view(b, s, c.num_kv_heads, c.head_dim)
-        return rope(q, positions), rope(k, positions), v
+        return rope(q), rope(k), v
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         h = rms_norm(x, self.ffn_norm, self.cfg.norm_eps)
@@ -175,11 +194,11 @@ class Llama(nn.Module):
 
     def _layers(self, tokens: torch.Tensor, saved: list | None, last_layer: int | None = None) -> torch.Tensor:
         """Residual stream [B, S, dim] after the layers (up to last_layer's attention inputs, when given)."""
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        rope = self.rope.at(torch.arange(tokens.shape[1], device=tokens.device))
         x = self.embed(tokens)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, self.cfg.norm_eps)
-            q, k, v = layer.qkv(h, self.rope, positions)
+            q, k, v = layer.qkv(h, rope)
             if saved is not None:
                 saved.append((h, q, k))
             if i == last_layer:

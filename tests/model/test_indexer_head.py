@@ -126,22 +126,6 @@ def test_rotary_tables_gathered_once_rotate_as_the_rope():
     assert tables._tables[torch.bfloat16] is cast
 
 
-def test_pad_heads_keeps_scores():
-    from spin_indexer.model.indexer_head import pad_heads
-    q, w = torch.randn(2, 1, 4, 64), torch.randn(2, 1, 4)
-    q_fp8, weights = quantize_queries(q, w)
-    cache = new_kv_cache(2, 64)
-    ops.quantize_and_write(cache, torch.randn(100, 64), torch.arange(100))
-    table = torch.tensor([[0, 1], [1, 0]], dtype=torch.int32)
-    lens = torch.tensor([[100], [37]], dtype=torch.int32)
-    qp, wp = pad_heads(q_fp8, weights)
-    assert qp.shape == (2, 1, 8, 64) and wp.shape == (2, 8) and qp.dtype == q_fp8.dtype
-    assert (qp[:, :, 4:].float() == 0).all() and (wp[:, 4:] == 0).all()
-    torch.testing.assert_close(ops.paged_indexer_logits(qp, cache, wp, lens, table),
-                               ops.paged_indexer_logits(q_fp8, cache, weights, lens, table))
-    assert pad_heads(qp, wp)[0] is qp
-
-
 def test_rope_yarn_flag_picks_the_rotary_table(tmp_path):
     """rope_yarn=True follows the model's YaRN factor; False keeps plain RoPE at every length. Files saved
     before the field existed load as rope_yarn=True (how they were trained and run)."""

@@ -52,7 +52,7 @@ CHUNKS = [None, 1, 2, 3, 64]  # blocks per program: the default pick, and splits
 
 
 @pytest.mark.parametrize("chunk", CHUNKS, ids=[f"chunk-{c}" for c in CHUNKS])
-@pytest.mark.parametrize("next_n,heads", [(1, 8), (2, 16), (4, 8), (1, 64)])
+@pytest.mark.parametrize("next_n,heads", [(1, 8), (2, 16), (4, 8), (1, 64), (1, 4), (2, 1)])
 def test_chunks_match_float64(chunk, next_n, heads, gen, triton_device):
     # lengths cover: a partial last block, a request that ends exactly on a block, a 1-token request
     inputs = make_paged_inputs((5 * T + 17, 3 * T, 1), next_n, heads, 32, gen, extra_width=2)
@@ -194,6 +194,7 @@ def test_config_groups_and_table():
     (next_n 3 included: on CUDA it runs the kernel, not the reference; DeepGEMM takes only 1 and 2)."""
     from spin_indexer.ops.indexer_logits_triton import _kernel_supports
     assert all(_kernel_supports(n, 64, 128, 64) for n in (1, 2, 3, 4)) and not _kernel_supports(5, 64, 128, 64)
+    assert _kernel_supports(1, 4, 64, 64) and not _kernel_supports(1, 6, 64, 64)  # heads below 16 pad to 16 inside
     assert LogitsConfig(2).group_rows(3) == (2, 1, 0, 0)
     assert LogitsConfig(4).group_rows(3) == (3, 0, 0, 0)
     assert LogitsConfig(1).group_rows(4) == (1, 1, 1, 1)

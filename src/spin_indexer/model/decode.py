@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from .. import ops
 from ..checks import check_int, check_tensor
 from ..layout import TOKENS_PER_BLOCK, new_kv_cache, num_blocks_for
-from .indexer_head import Indexer, pad_heads, quantize_queries
+from .indexer_head import Indexer, quantize_queries
 from .llama import Llama, rms_norm
 
 MODES = ("dense", "oracle", "lightning")
@@ -227,9 +227,7 @@ def _lightning_topk(indexer, layer, h, pos, rope, caches, seq_lens, k, selector,
     b = h.shape[0]
     _write_index_keys(indexer, layer, h, pos, caches, torch.arange(b, device=h.device), rope)
     q, w = indexer.layers[layer].queries(h, pos, rope)
-    q_fp8, weights = quantize_queries(q, w)
-    if q_fp8.is_cuda:
-        q_fp8, weights = pad_heads(q_fp8, weights)  # the Triton kernel takes H >= 8
+    q_fp8, weights = quantize_queries(q, w)  # 4 heads: the Triton kernel pads them to its 16-column MMA itself
     if selector is not None:
         return selector.run(layer, q_fp8, caches.index_kv[layer], weights)
     scores = ops.paged_indexer_logits(q_fp8, caches.index_kv[layer], weights, seq_lens, caches.block_table,

@@ -163,19 +163,3 @@ def quantize_queries(q: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, to
     check_tensor("w", w, shape=(b, n, h), shape_names="[B, N, H]")
     q_fp8, q_scale = quantize_keys(q.reshape(b * n * h, d))
     return q_fp8.view(b, n, h, d), (w.reshape(b * n, h).float() * q_scale.view(b * n, h)).contiguous()
-
-
-def pad_heads(q_fp8: torch.Tensor, weights: torch.Tensor, min_heads: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zero heads appended up to `min_heads`: relu(0 . k) * 0 adds nothing, so the scores are unchanged.
-
-    The Triton paged-logits kernel takes H >= 8 (MMA tiles); the 4-head indexer is padded on CUDA so it runs
-    there instead of the torch fallback. q_fp8 [B, N, H, D], weights [B*N, H] -> [B, N, H', D], [B*N, H'].
-    """
-    heads = q_fp8.shape[2]
-    if heads >= min_heads:
-        return q_fp8, weights
-    extra = min_heads - heads
-    zq = torch.zeros(*q_fp8.shape[:2], extra, q_fp8.shape[3], dtype=torch.uint8, device=q_fp8.device)
-    q = torch.cat([q_fp8.view(torch.uint8), zq], dim=2).view(q_fp8.dtype)  # fp8 zero is the zero byte
-    w = torch.cat([weights, weights.new_zeros(weights.shape[0], extra)], dim=1)
-    return q, w

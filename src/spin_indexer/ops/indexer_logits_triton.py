@@ -129,7 +129,7 @@ CONFIGS = {1: LogitsConfig(1, 4, 3, prefetch=True), 2: LogitsConfig(2, 4, 3, pre
 def _kernel_supports(next_n: int, heads: int, dim: int, tokens: int) -> bool:
     def pow2(x):
         return x > 0 and x & (x - 1) == 0
-    return 1 <= next_n <= 4 and pow2(heads) and heads >= 8 and pow2(dim) and dim >= 32 and pow2(tokens) \
+    return 1 <= next_n <= 4 and pow2(heads) and pow2(dim) and dim >= 32 and pow2(tokens) \
         and tokens >= 16
 
 

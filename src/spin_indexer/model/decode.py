@@ -118,7 +118,9 @@ def prefill_batch(model: Llama, caches: Caches, first_request: int, prompts: lis
         end = start + ids.shape[1]
         pos = torch.arange(start, end, device=dev)
         rope = model.rope.at(pos)
-        index_rope = indexer.rope.at(pos) if caches.index_kv is not None else None
+        if caches.index_kv is not None:  # the chunk's rotary tables and cache slots, the same for every layer
+            index_rope = indexer.rope.at(pos)
+            index_slots = _index_slots(caches, requests, pos[None].expand(n, -1))
         x = model.embed(ids)
         for i, layer in enumerate(model.layers):
             h = rms_norm(x, layer.attn_norm, cfg.norm_eps)
@@ -126,7 +128,7 @@ def prefill_batch(model: Llama, caches: Caches, first_request: int, prompts: lis
             caches.k[i][rows, start:end] = k
             caches.v[i][rows, start:end] = v
             if caches.index_kv is not None:
-                _write_index_keys(indexer, i, h, pos[None].expand(n, -1), caches, requests, index_rope)
+                _write_index_keys(indexer, i, h, caches, index_rope, index_slots)
             keys = caches.k[i][rows, :end]  # [n, end, Hkv, d]
             vals = caches.v[i][rows, :end]
             mask = pos[:, None] >= torch.arange(end, device=dev)[None, :]  # [C, end]
@@ -167,7 +169,9 @@ def decode_one_step(model: Llama, caches: Caches, tokens: torch.Tensor, mode: st
     rows = torch.arange(b, device=dev)[:, None]
     cfg = model.cfg
     rope = model.rope.at(pos)  # every layer rotates at these positions: the tables gathered once a step
-    index_rope = indexer.rope.at(pos) if mode == "lightning" else None
+    if mode == "lightning":  # so do the indexer's, and every layer's keys go to the same cache slots
+        index_rope = indexer.rope.at(pos)
+        index_slots = _index_slots(caches, torch.arange(b, device=dev), pos)
     x = model.embed(tokens)
     for i, layer in enumerate(model.layers):
         h = rms_norm(x, layer.attn_norm, cfg.norm_eps)
@@ -181,7 +185,8 @@ def decode_one_step(model: Llama, caches: Caches, tokens: torch.Tensor, mode: st
             if mode == "oracle":
                 topk = _oracle_topk(i, q, keys, seq_lens, k, selector, observer)
             else:
-                topk = _lightning_topk(indexer, i, h, pos, index_rope, caches, seq_lens, k, selector, observer)
+                topk = _lightning_topk(indexer, i, h, index_rope, index_slots, caches, seq_lens, k, selector,
+                                       observer)
             out = attend_topk(q, keys, vals, topk.view(b, n, -1))
         x = x + layer.wo(out.flatten(2))
         x = x + layer.mlp(x)
@@ -221,12 +226,12 @@ def _oracle_topk(layer, q, keys, seq_lens, k, selector, observer):
     return topk
 
 
-def _lightning_topk(indexer, layer, h, pos, rope, caches, seq_lens, k, selector, observer):
+def _lightning_topk(indexer, layer, h, rope, slots, caches, seq_lens, k, selector, observer):
     """Write this step's indexer keys (FP8) into the paged cache, then score every cached token (rope: the
-    indexer's rotary tables at pos)."""
-    b = h.shape[0]
-    _write_index_keys(indexer, layer, h, pos, caches, torch.arange(b, device=h.device), rope)
-    q, w = indexer.layers[layer].queries(h, pos, rope)
+    indexer's rotary tables at the step's positions, slots: their cache slots, `_index_slots`)."""
+    h = h.to(indexer.layers[layer].wk.weight.dtype)  # once for the keys and the queries (their projections' dtype)
+    _write_index_keys(indexer, layer, h, caches, rope, slots)
+    q, w = indexer.layers[layer].queries(h, None, rope)
     q_fp8, weights = quantize_queries(q, w)  # 4 heads: the Triton kernel pads them to its 16-column MMA itself
     if selector is not None:
         return selector.run(layer, q_fp8, caches.index_kv[layer], weights)
@@ -238,15 +243,18 @@ def _lightning_topk(indexer, layer, h, pos, rope, caches, seq_lens, k, selector,
     return topk
 
 
-def _write_index_keys(indexer, layer, h, pos, caches, requests, rope):
-    """Indexer keys of tokens at positions pos [B', S] of `requests` [B'] -> FP8 + scale in the paged cache
-    (rope: the indexer's rotary tables at pos, or its Rope)."""
-    keys = indexer.layers[layer].keys(h, pos, rope)  # [B', S, D_I]
+def _index_slots(caches, requests, pos):
+    """int64 [B' * S]: the paged-cache slot of each token at positions pos [B', S] of `requests` [B']."""
     blocks = caches.block_table[requests.long()].long()  # [B', W]
     block = torch.gather(blocks, 1, pos // TOKENS_PER_BLOCK)  # physical block of each token
-    slots = block * TOKENS_PER_BLOCK + pos % TOKENS_PER_BLOCK  # [B', S]
-    ops.quantize_and_write(caches.index_kv[layer], keys.reshape(-1, keys.shape[-1]), slots.reshape(-1),
-                           validate=False)
+    return (block * TOKENS_PER_BLOCK + pos % TOKENS_PER_BLOCK).reshape(-1)
+
+
+def _write_index_keys(indexer, layer, h, caches, rope, slots):
+    """Indexer keys of the tokens of h [B', S, dim] -> FP8 + scale in the paged cache at `slots` [B' * S]
+    (rope: the indexer's rotary tables at the tokens' positions)."""
+    keys = indexer.layers[layer].keys(h, None, rope)  # [B', S, D_I]
+    ops.quantize_and_write(caches.index_kv[layer], keys.reshape(-1, keys.shape[-1]), slots, validate=False)
 
 
 def _attend(q, keys, vals, mask):

@@ -63,9 +63,10 @@ class IndexerLayer(nn.Module):
         self.k_norm = nn.LayerNorm(cfg.head_dim)
         self.w_proj = nn.Linear(cfg.dim, cfg.num_heads, bias=False)
 
-    def queries(self, h: torch.Tensor, positions: torch.Tensor, rope: Rope | RotaryTables) -> tuple[torch.Tensor, torch.Tensor]:
+    def queries(self, h: torch.Tensor, positions: torch.Tensor | None,
+                rope: Rope | RotaryTables) -> tuple[torch.Tensor, torch.Tensor]:
         """h [B, S, dim] normed layer input, positions [B, S] or [S], rope: the indexer's Rope, or its tables
-        at these positions (Rope.at: a decode step gathers them once for every layer) ->
+        at these positions (Rope.at: a decode step gathers them once for every layer; positions then unused) ->
         (q float32 [B, S, H_I, D_I] with RoPE, w float32 [B, S, H_I] with H_I^-0.5 * D_I^-0.5 folded in)."""
         c = self.cfg
         b, s, _ = h.shape
@@ -75,14 +76,14 @@ class IndexerLayer(nn.Module):
         w = self.w_proj(h).float() * (c.num_heads ** -0.5 * c.head_dim ** -0.5)
         return q, w
 
-    def keys(self, h: torch.Tensor, positions: torch.Tensor, rope: Rope | RotaryTables) -> torch.Tensor:
+    def keys(self, h: torch.Tensor, positions: torch.Tensor | None, rope: Rope | RotaryTables) -> torch.Tensor:
         """h [B, S, dim] -> k float32 [B, S, D_I]: projection, LayerNorm, RoPE on the first rope_dim dims
         (rope as in `queries`)."""
         k = self.k_norm(self.wk(h.to(self.wk.weight.dtype))).float()
         return _rope_part(k.unsqueeze(-2), _tables(rope, positions), self.cfg.rope_dim).squeeze(-2)
 
 
-def _tables(rope: Rope | RotaryTables, positions: torch.Tensor) -> RotaryTables:
+def _tables(rope: Rope | RotaryTables, positions: torch.Tensor | None) -> RotaryTables:
     return rope if isinstance(rope, RotaryTables) else rope.at(positions)
 
 

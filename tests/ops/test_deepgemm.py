@@ -23,9 +23,8 @@ def test_backend_choice_without_deepgemm_on_cpu(monkeypatch):
 
 
 def test_backend_choice_rules_on_sm90(monkeypatch):
-    """Where DeepGEMM imports on SM90 (simulated): next_n = 2 always; next_n = 1 only for SPIN's step (history)
-    on tables of more than TRITON_STEP_MAX_BLOCKS blocks (an unknown size counts as large); the environment
-    forces either way.
+    """Where DeepGEMM imports on SM90 (simulated): next_n = 2 only (the dense step and SPIN's, history); the
+    environment forces either way.
     Padded pages (DeepSeek-V4's 8704-byte stride) never go to DeepGEMM, even when forced."""
     from types import SimpleNamespace
     monkeypatch.setattr(deepgemm, "_module", lambda: object())
@@ -38,21 +37,17 @@ def test_backend_choice_rules_on_sm90(monkeypatch):
         return SimpleNamespace(is_cuda=True, device="cuda:0", shape=(4, next_n, heads, 128))
 
     assert deepgemm.supports(q(2), kv) and deepgemm.supports(q(2), kv, True)
-    assert not deepgemm.supports(q(1), kv) and deepgemm.supports(q(1), kv, True)
-    limit = deepgemm.TRITON_STEP_MAX_BLOCKS
-    assert not deepgemm.supports(q(1), kv, True, limit) and deepgemm.supports(q(1), kv, True, limit + 1)
-    assert deepgemm.supports(q(2), kv, True, 1)  # next_n = 2: DeepGEMM at every size
-    assert not deepgemm.spin_step_uses(1, limit) and deepgemm.spin_step_uses(1, limit + 1)
-    assert deepgemm.spin_step_uses(2, 1) and not deepgemm.spin_step_uses(3, 10 * limit)
+    assert not deepgemm.supports(q(1), kv) and not deepgemm.supports(q(1), kv, True)
+    assert deepgemm.spin_step_uses(2) and not deepgemm.spin_step_uses(1) and not deepgemm.spin_step_uses(3)
     assert not deepgemm.supports(q(3), kv, True) and not deepgemm.supports(q(4), kv)
     assert not deepgemm.supports(q(1, heads=32), kv, True)
     assert not deepgemm.supports(q(2), padded) and not deepgemm.supports(q(1), padded, True)
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "deepgemm")
-    assert deepgemm.supports(q(1), kv) and deepgemm.supports(q(1), kv, True, 1)
-    assert deepgemm.spin_step_uses(1, 1)
+    assert deepgemm.supports(q(1), kv) and deepgemm.supports(q(1), kv, True)
+    assert deepgemm.spin_step_uses(1)
     assert not deepgemm.supports(q(2), padded)
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "triton")
-    assert not deepgemm.supports(q(2), kv) and not deepgemm.spin_step_uses(2, 10 * limit)
+    assert not deepgemm.supports(q(2), kv) and not deepgemm.spin_step_uses(2)
 
 
 @pytest.mark.gpu

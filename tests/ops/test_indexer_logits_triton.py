@@ -6,6 +6,8 @@ the same tests run the compiled kernel.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -52,7 +54,7 @@ CHUNKS = [None, 1, 2, 3, 64]  # blocks per program: the default pick, and splits
 
 
 @pytest.mark.parametrize("chunk", CHUNKS, ids=[f"chunk-{c}" for c in CHUNKS])
-@pytest.mark.parametrize("next_n,heads", [(1, 8), (2, 16), (4, 8), (1, 64), (1, 4), (2, 1)])
+@pytest.mark.parametrize("next_n,heads", [(1, 8), (2, 16), (4, 8), (1, 64), (1, 4), (2, 4)])
 def test_chunks_match_float64(chunk, next_n, heads, gen, triton_device):
     # lengths cover: a partial last block, a request that ends exactly on a block, a 1-token request
     inputs = make_paged_inputs((5 * T + 17, 3 * T, 1), next_n, heads, 32, gen, extra_width=2)
@@ -189,12 +191,24 @@ def test_mtp_production_heads_match_float64(next_n, gen, triton_device):
     _check_block_max(bmax, expected, magnitude)
 
 
+def test_default_config_prefetches_where_measured_faster():
+    """next_n = 1: the scales prefetched on compact (SPIN) tables at every size, on full tables up to
+    PREFETCH_MAX_SMALL and from PREFETCH_MIN_LARGE blocks, not between (run 63); other next_n: CONFIGS."""
+    from spin_indexer.ops.indexer_logits_triton import PREFETCH_MAX_SMALL, PREFETCH_MIN_LARGE, default_config
+    assert default_config(1, 8 * 2048, compact=True).prefetch == 1
+    assert [default_config(1, b, compact=False).prefetch for b in
+            (PREFETCH_MAX_SMALL, PREFETCH_MAX_SMALL + 1, PREFETCH_MIN_LARGE - 1, PREFETCH_MIN_LARGE)] == [1, 0, 0, 1]
+    assert default_config(1, 16384, compact=False) == dataclasses.replace(CONFIGS[1], prefetch=0)
+    assert all(default_config(n, 16384, compact=c) == CONFIGS[n] for n in (2, 3, 4) for c in (False, True))
+
+
 def test_config_groups_and_table():
     """group_rows cuts next_n into at most 4 groups; the table has a config for every next_n the kernel takes
     (next_n 3 included: on CUDA it runs the kernel, not the reference; DeepGEMM takes only 1 and 2)."""
     from spin_indexer.ops.indexer_logits_triton import _kernel_supports
     assert all(_kernel_supports(n, 64, 128, 64) for n in (1, 2, 3, 4)) and not _kernel_supports(5, 64, 128, 64)
-    assert _kernel_supports(1, 4, 64, 64) and not _kernel_supports(1, 6, 64, 64)  # heads below 16 pad to 16 inside
+    assert _kernel_supports(1, 4, 64, 64) and not _kernel_supports(1, 6, 64, 64)  # 4-8 heads pad to 16 inside
+    assert not _kernel_supports(1, 2, 64, 64)  # 1-2 heads: the reference (H = 1 missed the FP8 tolerance, run 63)
     assert LogitsConfig(2).group_rows(3) == (2, 1, 0, 0)
     assert LogitsConfig(4).group_rows(3) == (3, 0, 0, 0)
     assert LogitsConfig(1).group_rows(4) == (1, 1, 1, 1)

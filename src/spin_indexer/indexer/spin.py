@@ -235,10 +235,10 @@ class SpinIndexer:
         (nothing written) where run() will not call DeepGEMM on this table (static shapes: a graph agrees)."""
         ws = self.workspace
         # ws.deepgemm_schedule exists only where DeepGEMM can serve (deepgemm.schedule_sms); SPIN's step goes to
-        # it by table size (deepgemm.spin_step_uses, the rule run() applies); shapes it does not cover (next_n
-        # 3-4, padded pages) leave it unused
+        # it at next_n = 2 (deepgemm.spin_step_uses, the rule run() applies); shapes it does not cover (padded
+        # pages) leave it unused
         if ws.deepgemm_schedule is None or self._guarded_by_shape(batch, width) or \
-                not deepgemm.spin_step_uses(self.next_n, batch * width):
+                not deepgemm.spin_step_uses(self.next_n):
             return False
         deepgemm_schedule.schedule(ws.compact_lens[:, :batch], ws.deepgemm_schedule.shape[1] - 1,
                                    out=ws.deepgemm_schedule)
@@ -287,7 +287,7 @@ class SpinIndexer:
         if self._guarded_by_shape(batch, width):
             return self._run_dense(layer, st, plan, q_fp8, kv_cache, weights)
         # DeepGEMM allocates its own logits: handing it the workspace would cost a copy of every logit.
-        backend = ops.logits_backend(q_fp8, kv_cache, True, batch * width)
+        backend = ops.logits_backend(q_fp8, kv_cache, True)
         out = None if backend == "deepgemm" else self.workspace.logits[:rows, :cols]
         block_max = self.workspace.block_max[:rows, :width]
         history = self._history_args(layer, st, plan)

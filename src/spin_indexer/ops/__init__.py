@@ -45,7 +45,7 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     then applies the update itself on a side stream: history=None here); None = decided here.
     """
     if backend is None:
-        backend = logits_backend(q_fp8, kv_cache, history is not None, block_table.numel())
+        backend = logits_backend(q_fp8, kv_cache, history is not None)
     elif backend not in ("deepgemm", "triton", "reference"):
         raise ValueError(f"backend: expected 'deepgemm', 'triton', 'reference' or None, got {backend!r}")
     if backend == "deepgemm" and fill_tail:  # DeepGEMM leaves the tail as it is: the Triton kernel fills it
@@ -84,14 +84,11 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     return logits
 
 
-def logits_backend(q_fp8, kv_cache, history: bool = False, table_blocks: int | None = None) -> str:
+def logits_backend(q_fp8, kv_cache, history: bool = False) -> str:
     """"deepgemm", "triton" or "reference": which kernel computes paged indexer logits for these inputs.
 
-    DeepGEMM (deepgemm.py) where `deep_gemm` imports, on SM90, for its shapes: at next_n = 2 always, at
-    next_n = 1 for SPIN's step (history) on tables of more than deepgemm.TRITON_STEP_MAX_BLOCKS blocks
-    (table_blocks = B x W; None counts as large): there DeepGEMM + a pass for the maxima beat the Triton
-    kernel with them fused; on smaller tables the Triton kernel wins (deepgemm.spin_step_uses).
-    Not for the dense step at next_n = 1 (the Triton kernel's fused block max wins).
+    DeepGEMM (deepgemm.py) where `deep_gemm` imports, on SM90, for its shapes, at next_n = 2 (the dense step
+    and SPIN's, history); at next_n = 1 the Triton kernel (its fused maxima win: deepgemm.spin_step_uses).
     SPIN_INDEXER_LOGITS=triton / deepgemm forces one. The Triton twin on other CUDA inputs, among them
     next_n = 3 and 4 (DeepGEMM takes 1 and 2; the twin's one-MMA-per-row-group configs, CONFIGS in
     indexer_logits_triton.py, read each key tile once for all rows); the reference elsewhere (and everywhere
@@ -99,7 +96,7 @@ def logits_backend(q_fp8, kv_cache, history: bool = False, table_blocks: int | N
     if _triton_twin("indexer_logits_triton", "paged_indexer_logits_triton", q_fp8) is None:
         return "reference"
     from . import deepgemm
-    if deepgemm.supports(q_fp8, kv_cache, history, table_blocks):
+    if deepgemm.supports(q_fp8, kv_cache, history):
         return "deepgemm"
     return "triton"
 

@@ -7,9 +7,8 @@ It writes fp32 logits only; columns past a row's length are not cleaned. Covered
 T = 64, D = 128, 64 heads, SM90, contiguous pages (padded ones go to the Triton kernel). Nothing here is
 DeepGEMM's code: the module is imported when present.
 
-Used at next_n = 2 (1.7x faster than the project's kernel, benchmarks/results run 8) and for SPIN's step at
-next_n = 1 on tables of more than TRITON_STEP_MAX_BLOCKS blocks (`spin_step_uses`); below it, and for the
-dense step at next_n = 1, the project's kernel (its fused maxima save the pass DeepGEMM needs). SPIN_INDEXER_LOGITS=triton turns this backend off, =deepgemm forces it (benchmarks compare both).
+Used at next_n = 2 (1.7x faster than the project's kernel, benchmarks/results run 8); at next_n = 1 the
+project's kernel serves both steps (its fused maxima save the pass DeepGEMM needs: `spin_step_uses`). SPIN_INDEXER_LOGITS=triton turns this backend off, =deepgemm forces it (benchmarks compare both).
 DeepGEMM's kernel takes an SM schedule computed from the lengths; SpinIndexer.plan() writes every layer's
 at once (deepgemm_schedule.py) and run() passes it (`schedule=`), instead of one metadata launch per layer.
 """
@@ -54,39 +53,30 @@ def schedule_sms(device: torch.device) -> int:
     return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
-# SPIN's step at next_n = 1 on tables of at most this many blocks (B x W) runs the project's Triton kernel, above it
-# DeepGEMM. H200, run 62 (benchmarks/results/run62_logits_chunks, `logits_chunks.py`, s = 0.5 / 0.2, compact tables
-# of plan()): the Triton kernel with the scales prefetched (CONFIGS[1]) and the block / group maxima in its epilogue
-# against DeepGEMM + the maxima pass the step then needs: 1 x 128K 7.0 vs 7.5 / 8.2 vs 9.2 us, 1 x 512K 14.7 vs
-# 14.8, 8 x 128K 25.2-26.3 vs 25.0 / 35.5-36.5 vs 35.5, 32 x 128K 79.5 vs 82.7 / 120.0-123.2 vs 122.3, 8 x 512K
-# 76.9 vs 79.0, 96 x 128K 220.6 vs 224.7: a tie or a win up to 96 x 2048 blocks, and one launch fewer in the step.
-# Larger tables (96 x 512K: 786K blocks) keep DeepGEMM until measured (run 27 had it win there without prefetch).
-TRITON_STEP_MAX_BLOCKS = 96 * 2048
-
-
-def spin_step_uses(next_n: int, table_blocks: int | None) -> bool:
-    """Whether SPIN's step on a table of `table_blocks` blocks (B x W; None: unknown, taken as large) computes its
-    logits with DeepGEMM where DeepGEMM covers the shape: SPIN_INDEXER_LOGITS=deepgemm / triton forces the answer;
-    else next_n = 2 always, next_n = 1 above TRITON_STEP_MAX_BLOCKS. A host rule on static shapes (a graph
-    captured at one table size keeps its backend)."""
+def spin_step_uses(next_n: int) -> bool:
+    """Whether SPIN's step computes its logits with DeepGEMM where DeepGEMM covers the shape:
+    SPIN_INDEXER_LOGITS=deepgemm / triton forces the answer; else at next_n = 2 only. At next_n = 1 the
+    project's kernel (scales prefetched on compact tables, the block / group maxima in its epilogue) ties or
+    beats DeepGEMM + the maxima pass the step needs after it at every grid point: H200, run 63 (commit 0af490f,
+    step_us vs step_other_backend_us, s = 0.5): 96 x 1M 1845.1 vs 1882.8 us, 96 x 512K 957.4 vs 961.0, 96 x 128K
+    283.8 vs 284.8, 96 x 64K 166.6 vs 171.0, 8 x 1M 203.6 vs 205.1, 8 x 512K 120.3 vs 120.7, 1 x 1M 71.2 vs 71.9,
+    1 x 128K 34.8 vs 35.3; DeepGEMM ahead by <= 1%: 96 x 256K 520.9 vs 524.7, 8 x 128K 57.1 vs 57.6, 32 x 128K
+    123.1 vs 123.5. A host rule on static shapes (a captured graph keeps its backend)."""
     choice = os.environ.get("SPIN_INDEXER_LOGITS", "")
     if choice in ("triton", "reference") or next_n not in (1, 2):
         return False
-    if choice == "deepgemm" or next_n == 2:
-        return True
-    return table_blocks is None or table_blocks > TRITON_STEP_MAX_BLOCKS
+    return choice == "deepgemm" or next_n == 2
 
 
-def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history: bool = False,
-             table_blocks: int | None = None) -> bool:
+def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history: bool = False) -> bool:
     """True when DeepGEMM should compute these logits: it covers the shape, the backend is not turned off,
-    and the call is one it wins: next_n = 2; SPIN's step (history) by `spin_step_uses(next_n, table_blocks)`;
-    or forced by SPIN_INDEXER_LOGITS=deepgemm (see ops.logits_backend).
+    and the call is one it wins: next_n = 2 (dense or SPIN's step, history), or forced by
+    SPIN_INDEXER_LOGITS=deepgemm (see ops.logits_backend, spin_step_uses).
 
-    History: run 11 had the Triton kernel with the update fused win below 1M table tokens (the update pass
-    then ran in series); from run 21 on the pass ran on a side stream and DeepGEMM + the maxima pass won SPIN's
-    step at every size run 27 measured (Triton without the scales prefetched); run 62's prefetching kernel wins
-    it back up to TRITON_STEP_MAX_BLOCKS."""
+    History of SPIN's step at next_n = 1: run 11 had the Triton kernel with the update fused win below 1M table
+    tokens (the update pass then ran in series); from run 21 the pass ran on a side stream and DeepGEMM + the
+    maxima pass won at every size run 27 measured; since runs 62-63 the Triton kernel prefetching its scales
+    ties or wins everywhere (spin_step_uses)."""
     choice = os.environ.get("SPIN_INDEXER_LOGITS", "")
     if choice in ("triton", "reference") or not q_fp8.is_cuda:
         return False
@@ -97,7 +87,7 @@ def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history: bool = False,
         return False
     if kv_cache.shape[0] > 1 and kv_cache.stride(0) != kv_cache.shape[1] * kv_cache.shape[3]:
         return False  # padded pages (DeepSeek-V4) go to the Triton kernel, which takes a page stride
-    return choice == "deepgemm" or next_n == 2 or (history and spin_step_uses(next_n, table_blocks))
+    return choice == "deepgemm" or next_n == 2
 
 
 def paged_indexer_logits_deepgemm(q_fp8, kv_cache, weights, seq_lens, block_table, validate: bool = True,

@@ -117,19 +117,37 @@ class LogitsConfig:
 # scales loaded one block ahead by hand (prefetch) win every point, by 23-27% (n = 2: 572 vs 744 us at
 # 96 x 128K; n = 4: 1154 vs 1570), the scale load's latency being the loop's critical path once the MMA
 # of several rows follows it; the register caps chosen from counts lost to the uncapped + prefetch configs
-# at n = 2 and tied at n = 3. n = 1 prefetches too since run 62 (benchmarks/logits_chunks.py, SPIN's compact
-# tables at B = 1-96, 128K-512K: 1-6% faster than without at the chunk _pick_chunk gives, e.g. 8 x 128K 25.2-26.3
-# vs 27.2-29.7 us, 96 x 128K 220.6 vs 237.7; run 15: 412 vs 423 us on the dense 96 x 128K table), which made it
-# SPIN's choice over DeepGEMM + the maxima pass on small tables (deepgemm.TRITON_STEP_MAX_BLOCKS).
+# at n = 2 and tied at n = 3. n = 1: see default_config (whether the scales are prefetched depends on the table).
 # The register cap is dropped when the EMA update is fused (its extra live values spill under the cap).
-CONFIGS = {1: LogitsConfig(1, 4, 3, prefetch=True), 2: LogitsConfig(2, 4, 3, prefetch=True),
+CONFIGS = {1: LogitsConfig(1, 4, 3), 2: LogitsConfig(2, 4, 3, prefetch=True),
            3: LogitsConfig(2, 4, 3, max_registers=168, prefetch=True), 4: LogitsConfig(4, 4, 3, prefetch=True)}
+
+
+# next_n = 1 prefetches the scales on SPIN's compact tables at every size and on full tables of at most
+# PREFETCH_MAX_SMALL or at least PREFETCH_MIN_LARGE blocks (B x W). H200, per layer (CUDA graphs, default chunk):
+# compact tables (run 62, logits_chunks.py, with the maxima fused) 1 x 128K 8.2 -> 7.0 us, 8 x 128K 29.7 -> 26.3,
+# 32 x 128K 91.5 -> 79.5, 96 x 128K 237.7 -> 220.6 (1 x 512K 13.8 -> 14.7 the one loss); full tables (run 63 vs
+# run 58, the dense logits) 1 x 64K 8.1 -> 6.6, 1 x 128K 9.7 -> 8.4, 32 x 128K / 8 x 512K 147.6 / 147.4 -> 146.2 /
+# 145.0, 8 x 1M 286.6 -> 276.8, 96 x 128K / 512K / 1M 454.3 / 1701.4 / 3519.6 -> 439.6 / 1623.4 / 3251.1, but 4096
+# to 16384 blocks slower: 1 x 256K 13.0 -> 14.1, 1 x 512K / 8 x 64K 22.1 -> 24.7, 8 x 128K / 1 x 1M 40.5 / 40.4 ->
+# 45.2 / 45.1 (sizes between 16384 and 65536 blocks: not measured, left without).
+PREFETCH_MAX_SMALL = 2048
+PREFETCH_MIN_LARGE = 65536
+
+
+def default_config(next_n: int, table_blocks: int, compact: bool) -> LogitsConfig:
+    """The launch configuration for next_n rows on a table of table_blocks blocks (B x W); compact: SPIN's
+    compact table (the kernel sized by its kept budget, `active_width`)."""
+    if next_n != 1:
+        return CONFIGS[next_n]
+    prefetch = compact or table_blocks <= PREFETCH_MAX_SMALL or table_blocks >= PREFETCH_MIN_LARGE
+    return dataclasses.replace(CONFIGS[1], prefetch=prefetch)
 
 
 def _kernel_supports(next_n: int, heads: int, dim: int, tokens: int) -> bool:
     def pow2(x):
         return x > 0 and x & (x - 1) == 0
-    return 1 <= next_n <= 4 and pow2(heads) and pow2(dim) and dim >= 32 and pow2(tokens) \
+    return 1 <= next_n <= 4 and pow2(heads) and heads >= 4 and pow2(dim) and dim >= 32 and pow2(tokens) \
         and tokens >= 16
 
 
@@ -151,7 +169,7 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     the request's longest row unwritten; columns past a row's length inside its scored blocks are -inf). history: also apply SPIN's EMA update (ops/history.py), fused into
     the epilogue when only row 0 updates, else by the standalone update kernel after the logits.
     chunk: blocks per program (default from the grid size, `_pick_chunk`). config: the launch configuration
-    (default CONFIGS[next_n]; benchmarks pass others to compare them). active_width: the table columns
+    (default `default_config`; benchmarks pass others to compare them). active_width: the table columns
     expected to hold blocks (SPIN's compact tables fill about (1 - s) x W of their W columns): the default
     chunk is picked for B x active_width blocks, so that the programs that have work fill the GPU (a
     program past a row's last kept block exits at once); the grid still covers all W columns.
@@ -206,7 +224,7 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
         block_table = block_table.contiguous()
     fused = history is not None and history.rows == 1
     hist = _history_args(history, out) if fused else _no_history(out)
-    cfg = config or CONFIGS[next_n]
+    cfg = config or default_config(next_n, batch * width, active_width is not None)
     chunk = chunk or _pick_chunk(batch, min(width, active_width or width), cfg.target_programs)
     r0, r1, r2, r3 = cfg.group_rows(next_n)
     grid = (batch, triton.cdiv(width, chunk))

@@ -8,7 +8,8 @@ T = 64, D = 128, 64 heads, SM90, contiguous pages (padded ones go to the Triton 
 DeepGEMM's code: the module is imported when present.
 
 Used at next_n = 2 (1.7x faster than the project's kernel, benchmarks/results run 8); at next_n = 1 the
-project's kernel serves both steps (its fused maxima save the pass DeepGEMM needs: `spin_step_uses`). SPIN_INDEXER_LOGITS=triton turns this backend off, =deepgemm forces it (benchmarks compare both).
+project's kernel serves both steps (its fused maxima save the pass DeepGEMM needs: `spin_step_uses`).
+SPIN_INDEXER_LOGITS=triton turns this backend off, =deepgemm forces it (benchmarks compare both).
 DeepGEMM's kernel takes an SM schedule computed from the lengths; SpinIndexer.plan() writes every layer's
 at once (deepgemm_schedule.py) and run() passes it (`schedule=`), instead of one metadata launch per layer.
 """

@@ -27,3 +27,18 @@ def test_run_all_dry_run(tmp_path):
     # 3000 tokens = 47 blocks; the budget covers top-k 2048 + the partial block: 33 kept, 14 skipped
     assert float(rows[1]["realized_sparsity"]) == round(14 / 47, 2)
     assert "## Targets" in (tmp_path / "h200_indexer.md").read_text()
+
+
+def test_targets_without_deepgemm_columns():
+    """A run where deep_gemm did not import has no DeepGEMM column: the targets against DeepGEMM read nan (run 64,
+    a grid without DeepGEMM, crashed here writing its report), the others their ratios."""
+    from conftest import import_benchmark
+    run_all = import_benchmark("run_all")
+    rows = [dict(batch=96, ctx=c, next_n=n, sparsity=0.5, torch_topk_us=100.0, step_us=50.0, dense_step_us=90.0,
+                 guard_step_us=50.0, spin_own_us=2.0, dense_logits_us=80.0)
+            for c, n in ((524288, 1), (131072, 2))]
+    lines = run_all.targets(rows)
+    assert lines[0].startswith("B=96 L=524288 n=1 s=0.5: vs DeepGEMM+torch.topk nanx") and "1.80x" in lines[0]
+    assert any(line.startswith("B=96 L=131072 n=2 s=0.5: vs DeepGEMM+torch.topk nanx") for line in lines)
+    rows[0]["deepgemm_logits_us"] = 50.0
+    assert "3.00x" in run_all.targets(rows)[0]

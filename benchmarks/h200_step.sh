@@ -37,7 +37,11 @@ if [ -d .dg ]; then
         export PYTHONPATH=/tmp/dg/dg:$PYTHONPATH LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libstdc++.so.6
     tail -2 "$OUT/deepgemm_build.log"
 fi
-export SPIN_COMMIT=${SPIN_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+# The device copy's git HEAD can be stale (runs 58, 59 and 64 named an older commit from it): no default from it.
+if [ -z "${SPIN_COMMIT:-}" ]; then
+    echo "h200_step.sh: SPIN_COMMIT is not set: the results will name commit 'unset' (pass the hash you sent)" >&2
+fi
+export SPIN_COMMIT=${SPIN_COMMIT:-unset}
 stage=${1:-grid}
 shift || true
 case "$stage" in

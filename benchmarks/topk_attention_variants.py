@@ -1,6 +1,6 @@
 """ops.topk_attention at the proxy's decode shapes (SmolLM2-135M: 9 query heads on 3 KV heads of 64 dims, bf16
 caches of P tokens per request, K = 512 selected positions), per call in a CUDA graph: the Triton kernel under
-chunk / warp / stage variants, and the torch reference. Scattered positions over 2 x 1.2 GB of keys and values a
+chunk / warp / stage variants, the selection split over 1-8 programs, and the torch reference. Scattered positions over 2 x 1.2 GB of keys and values a
 layer (96 x 32K) make the gather latency-bound, so the variants trade loads in flight against registers.
 
     PYTHONPATH=src:benchmarks python3 benchmarks/topk_attention_variants.py [--then-e2e ARGS...]
@@ -62,6 +62,14 @@ def main(argv=None) -> int:
         if best is None or us < best[0]:
             best = (us, kb, warps, stages)
     print(f"fastest: KB={best[1]} warps={best[2]} stages={best[3]} {best[0]:.1f} us", flush=True)
+    # the selection split over programs (flash-decoding, merged by a second launch) at the fastest variant
+    tat.KB, tat.NUM_WARPS, tat.NUM_STAGES = best[1:]
+    for splits in (1, 2, 4, 8, None):
+        err = (tat.topk_attention_triton(*sets[0], splits=splits).float() - want).abs().max().item()
+        us = time_graph([lambda s=s: tat.topk_attention_triton(*s, splits=splits) for s in sets]).p50_us
+        chosen = tat.splits_for(b * n, hkv, k) if splits is None else splits
+        print(f"splits={chosen}{' (default)' if splits is None else ''}: {us:8.1f} us "
+              f"({gathered / us / 1e3:6.0f} GB/s), max |err| {err:.2e}", flush=True)
     del sets
     torch.cuda.empty_cache()
     if args.then_e2e is not None:

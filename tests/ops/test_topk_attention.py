@@ -49,6 +49,27 @@ def test_triton_matches_the_reference(b, n, hq, hkv, d, p, k, gen, triton_device
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("splits", [1, 2, 3, None])
+def test_split_selection_merges_to_the_reference(splits, gen, triton_device):
+    """K = 200 positions (4 chunks of 64) cut into 1-4 splits (None: splits_for's choice, 4 here), merged by the
+    second launch: the reference's result; rows whose positions sit in one split only (the others all padding)
+    and a row with nothing selected (NaN, as the reference) included."""
+    from spin_indexer.ops.topk_attention_triton import splits_for, topk_attention_triton
+    q, keys, vals, topk = make_inputs(3, 2, 9, 3, 64, 400, 200, gen)
+    topk[0, 1, 64:] = -1  # only the first chunk selected: later splits are empty
+    topk[1, 0, :128] = -1  # only the last chunks
+    topk[2, 1] = -1  # nothing at all
+    dev = torch.device(triton_device)
+    got = topk_attention_triton(*(t.to(dev) for t in (q, keys, vals, topk)), splits=splits).cpu()
+    want = topk_attention_ref(q, keys, vals, topk)
+    assert torch.isnan(got[2, 1]).all() and torch.isnan(want[2, 1]).all()
+    keep = torch.ones(3, 2, dtype=torch.bool)
+    keep[2, 1] = False
+    torch.testing.assert_close(got[keep], want[keep], rtol=1e-5, atol=1e-5)
+    assert splits_for(6, 3, 200) == 4 and splits_for(96, 3, 512) == 8 and splits_for(2048, 1, 512) == 1
+
+
+@pytest.mark.interpreter
 @settings(max_examples=6, deadline=None)
 @given(b=st.integers(1, 3), n=st.integers(1, 4), groups=st.sampled_from([1, 2, 3, 5]), hkv=st.integers(1, 2),
        d=st.sampled_from([8, 12, 32]), k=st.integers(1, 40), seed=st.integers(0, 2 ** 31 - 1))

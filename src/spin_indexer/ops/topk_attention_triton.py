@@ -9,6 +9,14 @@ rows), as the reference computes them (bf16 products are exact in float32; only 
 The gather is latency-bound (K rows of 128 B scattered over the request's P tokens): at 96 x 32K, K = 512,
 89 us a layer (run 55, 424 GB/s; the torch reference 333 us) with the chunk loop not pipelined; 3 stages of
 pipelining took 167 us, and larger chunks 108-142.
+
+Split over the selection (flash-decoding): with few (row, KV head) programs for the GPU, each program's chain of
+K / KB dependent gathers is the time (96 x 3 = 288 programs at 96 x 32K, 8 chunks each). `splits_for` cuts each
+(row, KV head)'s K positions into up to K / KB splits so that about SPLIT_TARGET_PROGRAMS programs gather at
+once; every split writes its float32 (max, sum, weighted values) and a second launch merges them (the online
+softmax's rescaling, in split order). One split is the single-launch kernel above, unchanged.
+Prediction (not yet measured on the H200): 96 x 32K, K = 512: 2304 programs of one chunk each, ~10-20 us + the
+merge (~3 us: 96 x 9 x 8 x 66 floats) against 89 us.
 """
 from __future__ import annotations
 
@@ -24,11 +32,20 @@ KB = 64  # selected tokens per chunk (the dots' N and K dims)
 GQ = 16  # query heads per program, padded: the smallest M of tl.dot
 NUM_WARPS = 4
 NUM_STAGES = 1  # no pipelining of the chunk loop (run 55)
+SPLIT_TARGET_PROGRAMS = 2048  # (row, KV head, split) programs gathering at once: ~15 of 4 warps per SM
+
+
+def splits_for(rows: int, kv_heads: int, k: int) -> int:
+    """Splits of each (row, KV head)'s K selected positions: enough for ~SPLIT_TARGET_PROGRAMS programs, at most
+    one per KB-position chunk (1: the single-launch kernel)."""
+    chunks = -(-k // KB)
+    return max(1, min(chunks, -(-SPLIT_TARGET_PROGRAMS // max(rows * kv_heads, 1))))
 
 
 def topk_attention_triton(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor,
-                          topk: torch.Tensor) -> torch.Tensor:
-    """Same contract as topk_attention_ref (arguments checked by the caller, ops.topk_attention)."""
+                          topk: torch.Tensor, splits: int | None = None) -> torch.Tensor:
+    """Same contract as topk_attention_ref (arguments checked by the caller, ops.topk_attention).
+    splits: of each row's K positions (default `splits_for`; 1 = one launch, no merge)."""
     b, n, hq, d = q.shape
     hkv = keys.shape[2]
     groups = hq // hkv
@@ -39,22 +56,38 @@ def topk_attention_triton(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tenso
         return out
     if k == 0:  # no columns: the reference's einsum over an empty axis (a -1-only row instead gives NaN)
         return out.zero_()
-    _topk_attention_kernel[(b * n, hkv)](
-        q, keys, vals, topk, out, n, k, keys.shape[1], keys.stride(0), keys.stride(1), keys.stride(2), keys.stride(3),
-        vals.stride(0), vals.stride(1), vals.stride(2), vals.stride(3), d ** -0.5,
-        G=groups, GP=max(GQ, triton.next_power_of_2(groups)), D=d, DP=max(16, triton.next_power_of_2(d)), KB=KB,
-        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    chunks = -(-k // KB)
+    splits = min(max(1, splits or splits_for(b * n, hkv, k)), chunks)
+    per = -(-chunks // splits) * KB  # positions per split, a whole number of chunks
+    splits = -(-k // per)  # no empty split
+    gp, dp = max(GQ, triton.next_power_of_2(groups)), max(16, triton.next_power_of_2(d))
+    if splits == 1:
+        part_acc = part_ml = out  # unused pointers
+    else:
+        part_acc = torch.empty(b * n * hkv * splits * gp * dp, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(b * n * hkv * splits * 2 * gp, dtype=torch.float32, device=q.device)
+    _topk_attention_kernel[(b * n, hkv, splits)](
+        q, keys, vals, topk, out, part_acc, part_ml, n, k, per, keys.shape[1], keys.stride(0), keys.stride(1),
+        keys.stride(2), keys.stride(3), vals.stride(0), vals.stride(1), vals.stride(2), vals.stride(3), d ** -0.5,
+        G=groups, GP=gp, D=d, DP=dp, KB=KB, SPLIT=splits > 1, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+    if splits > 1:
+        _merge_splits_kernel[(b * n, hkv)](part_acc, part_ml, out, splits, G=groups, GP=gp, D=d, DP=dp,
+                                           num_warps=NUM_WARPS)
     return out
 
 
 if triton is not None:
     @triton.jit
-    def _topk_attention_kernel(q_ptr, k_ptr, v_ptr, idx_ptr, out_ptr, n, num_sel, num_pos, ks_b, ks_p, ks_h, ks_d,
-                               vs_b, vs_p, vs_h, vs_d, scale, G: tl.constexpr, GP: tl.constexpr,
-                               D: tl.constexpr, DP: tl.constexpr, KB: tl.constexpr):
-        """Program (row, h): query heads h * G ... h * G + G - 1 of row = b * N + j over KV head h."""
+    def _topk_attention_kernel(q_ptr, k_ptr, v_ptr, idx_ptr, out_ptr, acc_ptr, ml_ptr, n, num_sel, per, num_pos,
+                               ks_b, ks_p, ks_h, ks_d, vs_b, vs_p, vs_h, vs_d, scale, G: tl.constexpr,
+                               GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, KB: tl.constexpr,
+                               SPLIT: tl.constexpr):
+        """Program (row, h, split): query heads h * G ... h * G + G - 1 of row = b * N + j over KV head h and
+        the selected positions [split * per, split * per + per); SPLIT: store the split's (max, sum, weighted
+        values) for _merge_splits_kernel, else the output."""
         row = tl.program_id(0)
         h = tl.program_id(1)
+        sp = tl.program_id(2)
         b = row // n
         g = tl.arange(0, GP)
         dd = tl.arange(0, DP)
@@ -67,9 +100,11 @@ if triton is not None:
         acc = tl.zeros([GP, DP], tl.float32)
         k_base = k_ptr + b.to(tl.int64) * ks_b + h * ks_h
         v_base = v_ptr + b.to(tl.int64) * vs_b + h * vs_h
-        for c in range(0, num_sel, KB):
+        lo = sp * per
+        hi = tl.minimum(lo + per, num_sel)
+        for c in range(lo, hi, KB):
             s_i = c + tl.arange(0, KB)
-            pos = tl.load(idx_ptr + row.to(tl.int64) * num_sel + s_i, mask=s_i < num_sel, other=-1)
+            pos = tl.load(idx_ptr + row.to(tl.int64) * num_sel + s_i, mask=s_i < hi, other=-1)
             ok = (pos >= 0) & (pos < num_pos)  # padding, or outside the cache: never read
             p64 = tl.maximum(pos, 0).to(tl.int64)
             kv_ok = ok[:, None] & (dd < D)[None, :]
@@ -84,5 +119,37 @@ if triton is not None:
             l = l * alpha + tl.sum(p, axis=1)
             acc = acc * alpha[:, None] + tl.dot(p, vt, input_precision="ieee")
             m = m_new
-        res = acc / l[:, None]  # 0 / 0 = NaN for a row with no selected position, as the reference
-        tl.store(out_ptr + q_off, res.to(out_ptr.dtype.element_ty), mask=q_ok)
+        if SPLIT:
+            part = (row.to(tl.int64) * tl.num_programs(1) + h) * tl.num_programs(2) + sp
+            tl.store(acc_ptr + part * GP * DP + g[:, None] * DP + dd[None, :], acc)
+            tl.store(ml_ptr + part * 2 * GP + g, m)
+            tl.store(ml_ptr + part * 2 * GP + GP + g, l)
+        else:
+            res = acc / l[:, None]  # 0 / 0 = NaN for a row with no selected position, as the reference
+            tl.store(out_ptr + q_off, res.to(out_ptr.dtype.element_ty), mask=q_ok)
+
+    @triton.jit
+    def _merge_splits_kernel(acc_ptr, ml_ptr, out_ptr, splits, G: tl.constexpr, GP: tl.constexpr,
+                             D: tl.constexpr, DP: tl.constexpr):
+        """Program (row, h): merges the splits' (max m, sum l, weighted values acc) of query heads h * G ... of
+        row: out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M), M = max_s m_s. A split with nothing selected
+        (m = -inf, l = acc = 0) adds nothing; a row with nothing selected at all gets NaN (-inf - -inf), as the
+        reference."""
+        row = tl.program_id(0)
+        h = tl.program_id(1)
+        g = tl.arange(0, GP)
+        dd = tl.arange(0, DP)
+        first = (row.to(tl.int64) * tl.num_programs(1) + h) * splits
+        big_m = tl.full([GP], float("-inf"), tl.float32)
+        for sp in range(0, splits):
+            big_m = tl.maximum(big_m, tl.load(ml_ptr + (first + sp) * 2 * GP + g))
+        l = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, DP], tl.float32)
+        for sp in range(0, splits):
+            w = tl.exp(tl.load(ml_ptr + (first + sp) * 2 * GP + g) - big_m)
+            l += tl.load(ml_ptr + (first + sp) * 2 * GP + GP + g) * w
+            acc += tl.load(acc_ptr + (first + sp) * GP * DP + g[:, None] * DP + dd[None, :]) * w[:, None]
+        hq = tl.num_programs(1) * G
+        q_off = (row.to(tl.int64) * hq + h * G + g)[:, None] * D + dd[None, :]
+        q_ok = (g < G)[:, None] & (dd < D)[None, :]
+        tl.store(out_ptr + q_off, (acc / l[:, None]).to(out_ptr.dtype.element_ty), mask=q_ok)

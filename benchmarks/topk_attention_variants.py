@@ -1,8 +1,8 @@
 """ops.topk_attention at the proxy's decode shapes (SmolLM2-135M: 9 query heads on 3 KV heads of 64 dims, bf16
 caches of P tokens per request, K = 512 selected positions), per call in a CUDA graph: the Triton kernel under
 chunk / warp / stage variants, the selection split over 1-8 programs, and the torch reference. Scattered
-positions over 2 x 1.2 GB of keys and values a
-layer (96 x 32K) make the gather latency-bound, so the variants trade loads in flight against registers.
+positions over 2 x 1.2 GB of keys and values a layer (96 x 32K) make the gather latency-bound, so the variants
+trade loads in flight against registers.
 
     PYTHONPATH=src:benchmarks python3 benchmarks/topk_attention_variants.py [--then-e2e ARGS...]
 --then-e2e: set the fastest variant and run bench_e2e.main(ARGS) in this process (one device call for both).

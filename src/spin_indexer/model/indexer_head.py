@@ -88,9 +88,7 @@ def _tables(rope: Rope | RotaryTables, positions: torch.Tensor | None) -> Rotary
 
 
 def _rope_part(x: torch.Tensor, rope: RotaryTables, rope_dim: int) -> torch.Tensor:
-    if rope_dim == 0:
-        return x
-    return torch.cat([rope(x[..., :rope_dim]), x[..., rope_dim:]], dim=-1)
+    return x if rope_dim == 0 else rope.rotate(x, rope_dim)
 
 
 class Indexer(nn.Module):

@@ -92,19 +92,39 @@ class Rope(nn.Module):
 
 class RotaryTables:
     """cos / sin float32 [..., S, 1, dim] of some positions (Rope.at); calling it on x [..., S, heads, dim]
-    rotates x exactly as Rope.forward at those positions (the tables cast to x's dtype, once per dtype)."""
+    rotates x exactly as Rope.forward at those positions (the tables cast to x's dtype, once per dtype).
+    On CUDA one Triton launch computes the torch form's values bit for bit (rope_triton.py); elsewhere, and for
+    inputs that kernel does not take, the torch form runs."""
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor):
         self._tables = {cos.dtype: (cos, sin)}
+        self._float32 = (cos, sin)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rotate(x, x.shape[-1])
+
+    def rotate(self, x: torch.Tensor, dims: int) -> torch.Tensor:
+        """x [..., S, heads, D] with its first `dims` dims rotated (dims: the tables' width) and the rest as
+        they are (the indexer rotates part of its dims)."""
+        if x.is_cuda:
+            from .rope_triton import rotate_triton
+            y = rotate_triton(x, *self._float32, dims)
+            if y is not None:
+                return y
         if x.dtype not in self._tables:
-            cos, sin = next(iter(self._tables.values()))
+            cos, sin = self._float32
             self._tables[x.dtype] = (cos.to(x.dtype), sin.to(x.dtype))
         cos, sin = self._tables[x.dtype]
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        if dims == x.shape[-1]:
+            return _rotate_half(x, cos, sin)
+        return torch.cat([_rotate_half(x[..., :dims], cos, sin), x[..., dims:]], dim=-1)
+
+
+def _rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The torch form of the rotation (HF Llama's rotate-half): x * cos + (-x2, x1) * sin, in x's dtype."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -77,7 +77,7 @@ def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history: bool = False)
     History of SPIN's step at next_n = 1: run 11 had the Triton kernel with the update fused win below 1M table
     tokens (the update pass then ran in series); from run 21 the pass ran on a side stream and DeepGEMM + the
     maxima pass won at every size run 27 measured; since runs 62-63 the Triton kernel prefetching its scales
-    ties or wins everywhere (spin_step_uses)."""
+    wins or trails by <= 1% at every grid point (spin_step_uses)."""
     choice = os.environ.get("SPIN_INDEXER_LOGITS", "")
     if choice in ("triton", "reference") or not q_fp8.is_cuda:
         return False

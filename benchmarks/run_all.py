@@ -237,6 +237,7 @@ def spin_step(p, sparsity: float, k: int, guard, time_graph, timing, indexer_kw:
     from spin_indexer import ops
     from spin_indexer.indexer import SpinIndexer
     from spin_indexer.predictor import SpinConfig
+    from spin_indexer.predictor.select import budget_of
 
     cfg = SpinConfig(sparsity=sparsity, topk=k, dense_below=guard, dense_batch_below=guard)
     idx, slots = steady_indexer(p, cfg, **(indexer_kw or {}))
@@ -265,9 +266,13 @@ def spin_step(p, sparsity: float, k: int, guard, time_graph, timing, indexer_kw:
             p.q[i][0], p.caches[i], p.q[i][1], plan0.compact_seq_lens, plan0.compact_block_table, validate=False,
             schedule=idx.deepgemm_schedule(0)) for i in range(p.layers)]
     else:
+        # sized by the kept budget as the step sizes it (active_width: the Triton kernel's chunk and its
+        # compact-table configuration, indexer_logits_triton.default_config)
+        active = budget_of(p.width, sparsity, k, 64)
         calls = [lambda i=i: ops.paged_indexer_logits(p.q[i][0], p.caches[i], p.q[i][1], plan0.compact_seq_lens,
                                                       plan0.compact_block_table, validate=False, out=logits,
-                                                      block_max_out=bmax, fill_tail=False) for i in range(p.layers)]
+                                                      block_max_out=bmax, fill_tail=False, active_width=active)
+                 for i in range(p.layers)]
     t_logits = time_graph(calls, **timing).p50_us
     # The top-k alone on each layer's compact logits in turn (as the step sees them, not one layer's replayed),
     # with the block maxima the Triton kernel fuses and the group maxima the step's logits op writes (the update

@@ -38,14 +38,18 @@ def test_small_step_guards_every_request_and_a_large_one_none():
 
 
 def test_auto_guards_a_one_row_step_at_low_sparsity():
-    """"auto" raises the per-step threshold to AUTO_ONE_ROW_TOKENS for one query row at sparsity <= 0.3 (where
-    the H200 grid measured SPIN below the dense step); not at 0.4, not for two rows, not for a set threshold."""
-    from spin_indexer.predictor.config import AUTO_DENSE_BATCH_TOKENS, AUTO_ONE_ROW_TOKENS
-    lens = (70000,)  # above AUTO_DENSE_BATCH_TOKENS, below AUTO_ONE_ROW_TOKENS
+    """"auto" raises the per-step threshold for one query row at low sparsity (where the H200 grid measured SPIN
+    below the dense step): below 1M tokens at s <= 0.2, below 256K at s <= 0.3; not at 0.4, not for two rows, not
+    for a set threshold."""
+    from spin_indexer.predictor.config import AUTO_DENSE_BATCH_TOKENS
+    lens = (70000,)  # above AUTO_DENSE_BATCH_TOKENS, below both one-row thresholds
     low = SpinConfig(sparsity=0.3, topk=128, dense_batch_below="auto")
-    assert AUTO_DENSE_BATCH_TOKENS < lens[0] < AUTO_ONE_ROW_TOKENS
-    assert low.guard_batch_tokens_for(1) == AUTO_ONE_ROW_TOKENS
+    assert AUTO_DENSE_BATCH_TOKENS < lens[0] < low.guard_batch_tokens_for(1) == 1 << 18
+    assert dataclasses.replace(low, sparsity=0.2).guard_batch_tokens_for(1) == 1 << 20
+    assert dataclasses.replace(low, sparsity=0.4).guard_batch_tokens_for(1) == AUTO_DENSE_BATCH_TOKENS
     assert low.guard_batch_tokens_for(2) == AUTO_DENSE_BATCH_TOKENS
+    assert _guarded(low, (300000,))[0] == [False] and _guarded(dataclasses.replace(low, sparsity=0.2),
+                                                                (300000,))[0] == [True]
     assert dataclasses.replace(low, dense_batch_below=1000).guard_batch_tokens_for(1) == 1000
     assert _guarded(low, lens)[0] == [True]
     assert _guarded(dataclasses.replace(low, sparsity=0.4), lens)[0] == [False]
@@ -98,7 +102,7 @@ def test_a_guarded_step_equals_the_dense_step_and_keeps_no_history(next_n, gen):
 
 
 def test_a_shape_guarded_plan_selects_nothing_and_leaves_the_state():
-    """One query row at sparsity 0.3 under "auto", on a table of fewer than AUTO_ONE_ROW_TOKENS tokens: the
+    """One query row at sparsity 0.3 under "auto", on a table of fewer than 256K tokens: the
     table's shape guards the step, so plan() runs none of its kernels: every block kept (the table itself as
     the compact table), the counters (step, seen_len, clock) and the history untouched."""
     cfg = SpinConfig(sparsity=0.3, topk=64, dense_batch_below="auto")

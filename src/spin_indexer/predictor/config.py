@@ -58,18 +58,19 @@ AUTO_DENSE_BELOW = 16384
 # measured. Steps SPIN still loses (1 x 512K at s = 0.2 / 0.3: 0.95x / 0.99x, 1 x 256K at s = 0.2: 0.98x) the
 # guarded step loses as well (0.95x / 0.95x / 1.00x).
 AUTO_DENSE_BATCH_TOKENS = 1 << 16
-# A step of one query row (B x next_n = 1) at sparsity <= AUTO_ONE_ROW_MAX_SPARSITY is guarded below
-# AUTO_ONE_ROW_TOKENS cached tokens instead ("auto" only). There SPIN saves s x one row's logits (~2-4 us a
-# layer at s = 0.2 from 128K to 512K) against its own ~3.5-7 us (plan share, the maxima pass, the update):
-# run 49 (benchmarks/results/run49_canonical) measured 1 x 128K at s = 0.3 / 0.2 0.99x / 0.96x, 1 x 256K and
-# 1 x 512K at s = 0.2 0.99x / 0.98x (run 28: 1 x 512K 0.99x / 0.95x at s = 0.3 / 0.2), while 1 x 1M at s = 0.2
-# (1.02x), every s >= 0.4 and every step of two rows or more measured >= 1.0x. (1 x 64K at s <= 0.3, 1.01-1.04x
-# in run 49, is guarded too: a one-row step that small saves < 1 us a layer.) Since plan() launches nothing for
-# a table its shape guards (SpinIndexer._dense_plan) the guarded step is the dense step's kernels: run 58 measured
-# 0.996-1.03x of the dense step at those points (unguarded 0.978x at 1 x 128K s = 0.2; the guard costs 2% at
-# 1 x 256K / 512K s = 0.3, 1.019x / 1.026x unguarded).
-AUTO_ONE_ROW_MAX_SPARSITY = 0.3
-AUTO_ONE_ROW_TOKENS = 1 << 20
+# A step of one query row (B x next_n = 1) is guarded below more cached tokens at low sparsity ("auto" only):
+# AUTO_ONE_ROW_GUARDS lists (max sparsity, tokens below which the step is guarded), the first that holds wins.
+# There SPIN saves s x one row's logits (~2-4 us a layer at s = 0.2 from 128K to 512K) against its own plan share
+# and update (~2.5-4 us). Run 49 measured 1 x 128K at s = 0.3 / 0.2 0.99x / 0.96x, 1 x 256K and 1 x 512K at s =
+# 0.2 0.99x / 0.98x; run 58 1 x 128K s = 0.3 / 0.2 0.997x / 0.978x, 1 x 512K s = 0.2 0.990x; run 63 (SPIN on the
+# prefetching Triton logits) 1 x 64K / 128K at s = 0.2 0.983x / 0.989x, 1 x 256K s = 0.2 42.4 us against run 58's
+# dense step of 42.1 (the dense kernel there is run 58's again since 2597683). At s = 0.3 from 256K SPIN wins:
+# 1 x 256K / 512K 39.6 / 49.0 us (run 63) against 42.1 / 51.9 (run 58), where the earlier rule (s <= 0.3 below 1M)
+# ran the dense step. Since plan() launches nothing for a table its shape guards (SpinIndexer._dense_plan) a
+# guarded step is the dense step's kernels (run 58: 0.996-1.03x of the dense step timed apart; run 63: >= 0.999x).
+# 1 x 1M at s = 0.2 (1.02-1.08x) and every step of two rows or more measured >= 1.0x.
+AUTO_ONE_ROW_GUARDS = ((0.2, 1 << 20), (0.3, 1 << 18))
+
 
 def _check_threshold(name: str, value) -> None:
     """A guard threshold: an int >= 0 or "auto" (TypeError / ValueError naming the field)."""
@@ -114,8 +115,8 @@ class SpinConfig:
         longest row) are fewer than this, every request is guarded as above (those with L <= topk too: a
         small step keeps no history), decided on the device (every program of plan() sums the lengths: no
         host sync); a table whose B x W x T is already below it runs the dense kernels
-        (SpinIndexer._run_dense). "auto" = AUTO_DENSE_BATCH_TOKENS, from the H200 grid, or AUTO_ONE_ROW_TOKENS
-        for a step of one query row at sparsity <= AUTO_ONE_ROW_MAX_SPARSITY (guard_batch_tokens_for);
+        (SpinIndexer._run_dense). "auto" = AUTO_DENSE_BATCH_TOKENS, from the H200 grid, or more for a step of
+        one query row at low sparsity (AUTO_ONE_ROW_GUARDS, guard_batch_tokens_for);
         0 = off (the default).
     """
 
@@ -178,9 +179,11 @@ class SpinConfig:
 
     def guard_batch_tokens_for(self, rows: int) -> int:
         """The per-step guard's threshold for a step of `rows` query rows (B x next_n): guard_batch_tokens,
-        raised to AUTO_ONE_ROW_TOKENS for one row at sparsity <= AUTO_ONE_ROW_MAX_SPARSITY under "auto"."""
-        if self.dense_batch_below == "auto" and rows == 1 and self.sparsity <= AUTO_ONE_ROW_MAX_SPARSITY:
-            return max(AUTO_DENSE_BATCH_TOKENS, AUTO_ONE_ROW_TOKENS)
+        raised for one row at low sparsity under "auto" (the first rule of AUTO_ONE_ROW_GUARDS that holds)."""
+        if self.dense_batch_below == "auto" and rows == 1:
+            for max_sparsity, tokens in AUTO_ONE_ROW_GUARDS:
+                if self.sparsity <= max_sparsity:
+                    return max(AUTO_DENSE_BATCH_TOKENS, tokens)
         return self.guard_batch_tokens
 
     def to_dict(self) -> dict:

@@ -19,9 +19,11 @@ random key cache so no replay hits L2), per layer:
                        logits op writes (so their cost counts in spin_own_us, where the step pays it)
   plan_us              SpinIndexer.plan (every layer) / 61 layers
   step_us              SpinIndexer step per layer: plan_us + run(layer) (logits + EMA update + top-k)
-  spin_own_us          step_us - spin_logits_us - topk_us: prediction, selection, compaction, update (a
-                       difference of three timings: below ~1 us of real work, e.g. B = 1, it can come out
-                       negative, the pieces timed apart costing more than inside the step's graph)
+  spin_own_us          step - logits alone - top-k alone: prediction, selection, compaction, update, per
+                       layer, taken per round of paired replays (plan, step, logits, top-k: one replay of each a
+                       round, harness.time_graphs_paired) and then the median, as are step_us, spin_logits_us,
+                       topk_us and plan_us (before run 65 three medians timed apart: noisy at small B; below ~1 us
+                       of real work, e.g. B = 1, it can come out negative)
   dense_other_us       dense_step_us - dense_logits_us - own_topk_us: the same difference for the dense step (what
                        its kernels cost inside the step beyond their times alone; at B = 1 a few us that
                        spin_own_us holds too)
@@ -44,6 +46,7 @@ import csv
 import json
 import math
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -59,6 +62,7 @@ COLUMNS = ["batch", "ctx", "next_n", "sparsity", "deepgemm_logits_us", "dense_lo
            "key_GBps", "copy_GBps"]
 TOPK = 2048
 PLAN_LAYERS = 61  # DeepSeek-V3.2's indexer layers: plan() covers them all, its cost is shared by them
+PAIRED_ROUNDS = 15  # rounds of SPIN's paired replays (spin_step)
 ROTATE_BYTES = 512 << 20  # each replay reads at least this many key bytes (L2: 60 MB)
 
 
@@ -200,7 +204,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
             backends = [(None, "")] + ([(other, "_other")] if have_dg and guard == 0 else [])
             for backend, suffix in backends:
                 with logits_backend(backend):
-                    times = spin_step(p, s, k, guard, time_graph, timing, indexer_kw)
+                    times = spin_step(p, s, k, guard, indexer_kw)
                 if guard == 0 and not suffix:
                     row.update(times)
                 elif guard == 0:
@@ -208,7 +212,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
                 else:
                     row["guard_step_us"] = times["step_us"]
         row.setdefault("guard_step_us", row["step_us"])
-        row["spin_own_us"] = row["plan_update_us"] = row["step_us"] - row["spin_logits_us"] - row["topk_us"]
+        row["plan_update_us"] = row["spin_own_us"]
         row["dense_other_us"] = row["dense_step_us"] - row["dense_logits_us"] - row["own_topk_us"]
         kept = (1 - row["realized_sparsity"]) * batch * ctx
         # SPIN's own bytes: block_max (2 B) + table entry (4 B) per block read, compact table + kept ids
@@ -229,10 +233,11 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
     return results
 
 
-def spin_step(p, sparsity: float, k: int, guard, time_graph, timing, indexer_kw: dict | None = None) -> dict:
-    """SPIN's step at one sparsity: plan (61 layers) + run per layer, and its logits and top-k alone.
-    indexer_kw: more SpinIndexer arguments (tau_hint, overlap_update, topk_sorted)."""
+def spin_step(p, sparsity: float, k: int, guard, indexer_kw: dict | None = None) -> dict:
+    """SPIN's step at one sparsity: plan (61 layers) + run per layer, and its logits and top-k alone, in
+    paired rounds. indexer_kw: more SpinIndexer arguments (tau_hint, overlap_update, topk_sorted)."""
     import torch
+    from harness import time_graphs_paired
 
     from spin_indexer import ops
     from spin_indexer.indexer import SpinIndexer
@@ -250,8 +255,6 @@ def spin_step(p, sparsity: float, k: int, guard, time_graph, timing, indexer_kw:
         for i in range(p.layers):
             idx.run(i, p.q[i][0], p.caches[i], p.q[i][1])
 
-    t_plan = time_graph([plan], **timing).p50_us
-    t_step = time_graph([step], **timing).p50_us
     step()
     plan0 = idx.plans(0)
     realized = float(plan0.sparsity().mean())
@@ -269,11 +272,12 @@ def spin_step(p, sparsity: float, k: int, guard, time_graph, timing, indexer_kw:
         # sized by the kept budget as the step sizes it (active_width: the Triton kernel's chunk and its
         # compact-table configuration, indexer_logits_triton.default_config)
         active = budget_of(p.width, sparsity, k, 64)
+        # (their own output buffers: the top-k's inputs below must not change under the paired replays)
+        alone, alone_max = torch.empty_like(logits), torch.empty_like(bmax)
         calls = [lambda i=i: ops.paged_indexer_logits(p.q[i][0], p.caches[i], p.q[i][1], plan0.compact_seq_lens,
-                                                      plan0.compact_block_table, validate=False, out=logits,
-                                                      block_max_out=bmax, fill_tail=False, active_width=active)
+                                                      plan0.compact_block_table, validate=False, out=alone,
+                                                      block_max_out=alone_max, fill_tail=False, active_width=active)
                  for i in range(p.layers)]
-    t_logits = time_graph(calls, **timing).p50_us
     # The top-k alone on each layer's compact logits in turn (as the step sees them, not one layer's replayed),
     # with the block maxima the Triton kernel fuses and the group maxima the step's logits op writes (the update
     # pass) when the top-k prunes finer than a block: given here too, so topk_us is the step's top-k and their
@@ -292,12 +296,21 @@ def spin_step(p, sparsity: float, k: int, guard, time_graph, timing, indexer_kw:
     tau_hint = (indexer_kw or {}).get("tau_hint", False)
     hint = torch.zeros(clens.shape[0], dtype=torch.int32, device=clens.device) if tau_hint else None
     sorted_ = (indexer_kw or {}).get("topk_sorted", False)
-    t_topk = time_graph([lambda x=x, bm=bm, gm=gm: ops.topk_positions(
+    topk_calls = [lambda x=x, bm=bm, gm=gm: ops.topk_positions(
         x, clens, k, block_max=bm, kept_blocks=plan0.kept_blocks, next_n=p.next_n, validate=False, group_max=gm,
-        tau_hint=hint, sorted=sorted_) for x, bm, gm in inputs], **timing).p50_us
-    per_layer = t_plan / PLAN_LAYERS + (t_step - t_plan) / p.layers
+        tau_hint=hint, sorted=sorted_) for x, bm, gm in inputs]
+    # plan(), the step, the logits alone and the top-k alone replayed in turn, one replay of each per round: own
+    # work is a difference of these, taken per round (a drift of clocks hits all four alike) and then the median
+    ms = time_graphs_paired({"plan": plan, "step": step, "logits": lambda: [fn() for fn in calls],
+                             "topk": lambda: [fn() for fn in topk_calls]}, rounds=PAIRED_ROUNDS)
+    per_round = []
+    for t_plan, t_step, t_logits, t_topk in zip(ms["plan"], ms["step"], ms["logits"], ms["topk"]):
+        plan_l, logits_l, topk_l = 1e3 * t_plan / PLAN_LAYERS, 1e3 * t_logits / p.layers, 1e3 * t_topk / p.layers
+        step_l = plan_l + 1e3 * (t_step - t_plan) / p.layers
+        per_round.append((plan_l, step_l, logits_l, topk_l, step_l - logits_l - topk_l))
+    plan_us, step_us, logits_us, topk_us, own_us = (statistics.median(col) for col in zip(*per_round))
     del idx, logits, bmax, inputs
-    return dict(plan_us=t_plan / PLAN_LAYERS, step_us=per_layer, spin_logits_us=t_logits, topk_us=t_topk,
+    return dict(plan_us=plan_us, step_us=step_us, spin_logits_us=logits_us, topk_us=topk_us, spin_own_us=own_us,
                 realized_sparsity=realized)
 
 

@@ -24,17 +24,21 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def warm_batch(batch: int, next_n: int, select_rows: int | None = None) -> int:
+def warm_batch(batch: int, next_n: int, select_rows: int | None = None, width: int | None = None) -> int:
     """The smallest batch whose launches compile as `batch`'s do: the same == 1 / % 16 specialization of the
-    batch and of the rows (batch x next_n), and the same side of the set top-k's row limit (rows >=
-    select_rows, default topk_triton.SET_SELECT_MIN_ROWS: the select launch instead of the sort and rank)."""
+    batch and of the rows (batch x next_n), the same side of the set top-k's row limit (rows >= select_rows,
+    default topk_triton.SET_SELECT_MIN_ROWS: the select launch instead of the sort and rank) and, given the
+    table width, the same configuration of the dense logits kernel (indexer_logits_triton.default_config: it
+    depends on the table's blocks, B x W)."""
+    from spin_indexer.ops.indexer_logits_triton import default_config
     if select_rows is None:
         from spin_indexer.ops.topk_triton import SET_SELECT_MIN_ROWS as select_rows
 
     def same(b: int) -> bool:
         return all(((x == 1), (x % 16 == 0)) == ((y == 1), (y % 16 == 0))
                    for x, y in ((b, batch), (b * next_n, batch * next_n))) and \
-            ((b * next_n >= select_rows) == (batch * next_n >= select_rows))
+            ((b * next_n >= select_rows) == (batch * next_n >= select_rows)) and \
+            (width is None or default_config(next_n, b * width, False) == default_config(next_n, batch * width, False))
 
     return next(b for b in range(1, batch + 1) if same(b))
 
@@ -52,7 +56,7 @@ def main(argv=None) -> int:
     seen = set()
     for item in args.points.split(","):
         b, c, n = (int(x) for x in item.split("x"))
-        point = (warm_batch(b, n), c, n)
+        point = (warm_batch(b, n, width=-(-c // 64)), c, n)
         if point not in seen:
             seen.add(point)
             jobs.append(["--phases", "grid", "--points", "x".join(map(str, point)), "--sparsities", args.sparsities])

@@ -31,3 +31,14 @@ def test_warm_batch_is_never_larger_and_matches_on_every_class():
             for x, y in ((b, batch), (b * next_n, batch * next_n)):
                 assert (x == 1) == (y == 1) and (x % 16 == 0) == (y % 16 == 0), (batch, next_n, b)
             assert (b * next_n >= 48) == (batch * next_n >= 48), (batch, next_n, b)
+
+
+@pytest.mark.parametrize("batch,width,want", [
+    (96, 2048, 48),  # 48 x 2048 blocks: the dense kernel prefetches at both sizes
+    (32, 2048, 32),  # 32 x 2048 = 65536 blocks prefetch, 16 x 2048 do not: no smaller batch compiles the same
+    (8, 8192, 8),  # 8 x 512K (65536 blocks) likewise
+    (8, 2048, 2),  # 16384 and 4096 blocks: both without
+])
+def test_warm_batch_keeps_the_dense_logits_configuration(batch, width, want):
+    warm = import_benchmark("warm_cache").warm_batch
+    assert warm(batch, 1, width=width) == want

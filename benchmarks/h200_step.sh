@@ -91,7 +91,7 @@ case "$stage" in
         timeout "${ALL_TESTS_S:-3600}" python3 -m pytest -q -p no:cacheprovider $XDIST ${ALL_TESTS:-tests/ops/test_history.py \
             tests/ops/test_indexer_logits_triton.py tests/ops/test_topk_triton.py tests/ops/test_topk_positions.py \
             tests/ops/test_deepgemm.py tests/ops/test_deepgemm_schedule.py tests/predictor/test_plan_triton.py tests/predictor/test_step_guard.py \
-            tests/indexer/test_spin.py} > "$OUT/all/gputests.log" 2>&1
+            tests/indexer/test_spin.py tests/ops/test_topk_attention.py tests/model/test_rope_triton.py} > "$OUT/all/gputests.log" 2>&1
         tail -2 "$OUT/all/gputests.log"
         if [ -n "${warm_pid:-}" ]; then wait "$warm_pid"; tail -3 "$OUT/all/warm.log"; fi
         timeout "${ALL_GRID_S:-3600}" python3 benchmarks/run_all.py --out "$OUT/all/grid" --sparsities 0.5,0.4 --budget-s "${ALL_BUDGET_S:-170}" \

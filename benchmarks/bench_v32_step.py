@@ -162,7 +162,10 @@ def run_point(batch: int, ctx: int, args) -> list[dict]:
 VARIANTS = {
     "default": "the production step",
     "no-schedule": "no DeepGEMM schedule from plan(): DeepGEMM computes its own per layer (one launch more)",
-    "logits-triton": "the Triton logits kernel instead of DeepGEMM (SPIN_INDEXER_LOGITS=triton)",
+    "logits-triton": "the Triton logits kernel at every next_n (SPIN_INDEXER_LOGITS=triton; at next_n = 1 it is "
+                     "the default of both steps since session 33)",
+    "logits-deepgemm": "DeepGEMM's logits at next_n = 1 too, the maxima in a pass after it (SPIN_INDEXER_LOGITS="
+                       "deepgemm: SPIN's step before session 33, and the dense step on DeepGEMM)",
     "no-overlap": "the EMA update in series after DeepGEMM (SpinIndexer(overlap_update=False)), not on a side stream",
     "topk-sorted": "every top-k best first (topk_sorted=True: the sort and rank launches) instead of the set in "
                    "position order (one select launch), dense and SPIN alike",
@@ -181,8 +184,8 @@ def variant(name: str):
     try:
         if name == "no-schedule":
             SpinIndexer._schedule_layers = lambda self, batch, width: False
-        elif name == "logits-triton":
-            os.environ["SPIN_INDEXER_LOGITS"] = "triton"
+        elif name in ("logits-triton", "logits-deepgemm"):
+            os.environ["SPIN_INDEXER_LOGITS"] = name.removeprefix("logits-")
         elif name == "no-overlap":
             SpinIndexer.__init__ = functools.partialmethod(init, overlap_update=False)
         elif name == "tau-hint":

@@ -107,6 +107,11 @@ def test_variants_switch_one_part_each_and_restore_it(monkeypatch):
     with v32.variant("logits-triton"):
         assert os.environ["SPIN_INDEXER_LOGITS"] == "triton"
     assert os.environ["SPIN_INDEXER_LOGITS"] == "deepgemm"
+    monkeypatch.delenv("SPIN_INDEXER_LOGITS")
+    with v32.variant("logits-deepgemm"):
+        assert os.environ["SPIN_INDEXER_LOGITS"] == "deepgemm"
+    assert "SPIN_INDEXER_LOGITS" not in os.environ
+    monkeypatch.setenv("SPIN_INDEXER_LOGITS", "deepgemm")
     init = SpinIndexer.__init__
     with pytest.raises(RuntimeError), v32.variant("no-overlap"):
         assert SpinIndexer.__dict__["__init__"].keywords == {"overlap_update": False}

@@ -200,7 +200,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
         guards = (0, "auto") if ctx < AUTO_DENSE_BELOW or batch * ctx < step_guard else (0,)
         for guard in guards:
             # the backend the step does not choose here (ops.logits_backend), forced
-            other = "triton" if ops.logits_backend(p.q[0][0], p.caches[0], True) == "deepgemm" else "deepgemm"
+            other = "triton" if ops.logits_backend(p.q[0][0], p.caches[0]) == "deepgemm" else "deepgemm"
             backends = [(None, "")] + ([(other, "_other")] if have_dg and guard == 0 else [])
             for backend, suffix in backends:
                 with logits_backend(backend):
@@ -263,7 +263,7 @@ def spin_step(p, sparsity: float, k: int, guard, indexer_kw: dict | None = None)
     bmax = torch.empty(rows, p.width, device=p.table.device)
     from spin_indexer.ops import deepgemm
     # the step's backend, logits only
-    if ops.logits_backend(p.q[0][0], p.caches[0], True) == "deepgemm":
+    if ops.logits_backend(p.q[0][0], p.caches[0]) == "deepgemm":
         # with the SM schedule plan() wrote for layer 0 (as the step calls it: no metadata launch)
         calls = [lambda i=i: deepgemm.paged_indexer_logits_deepgemm(
             p.q[i][0], p.caches[i], p.q[i][1], plan0.compact_seq_lens, plan0.compact_block_table, validate=False,

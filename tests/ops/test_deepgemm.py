@@ -16,14 +16,15 @@ def test_backend_choice_without_deepgemm_on_cpu(monkeypatch):
     q = torch.zeros(1, 1, 64, 128).to(torch.float8_e4m3fn)
     kv = torch.zeros(2, 64, 1, 132, dtype=torch.uint8)
     assert isinstance(deepgemm.available(), bool)
-    assert not deepgemm.supports(q, kv) and not deepgemm.supports(q, kv, history=True)
-    assert ops.logits_backend(q, kv) == "reference" and ops.logits_backend(q, kv, True) == "reference"
+    q2 = torch.zeros(1, 2, 64, 128).to(torch.float8_e4m3fn)
+    assert not deepgemm.supports(q, kv) and not deepgemm.supports(q2, kv)
+    assert ops.logits_backend(q, kv) == "reference" and ops.logits_backend(q2, kv) == "reference"
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "deepgemm")  # forcing cannot pick it without CUDA and deep_gemm
     assert not deepgemm.supports(q, kv)
 
 
 def test_backend_choice_rules_on_sm90(monkeypatch):
-    """Where DeepGEMM imports on SM90 (simulated): next_n = 2 only (the dense step and SPIN's, history); the
+    """Where DeepGEMM imports on SM90 (simulated): next_n = 2 only (the dense step and SPIN's alike); the
     environment forces either way.
     Padded pages (DeepSeek-V4's 8704-byte stride) never go to DeepGEMM, even when forced."""
     from types import SimpleNamespace
@@ -36,14 +37,14 @@ def test_backend_choice_rules_on_sm90(monkeypatch):
     def q(next_n, heads=64):
         return SimpleNamespace(is_cuda=True, device="cuda:0", shape=(4, next_n, heads, 128))
 
-    assert deepgemm.supports(q(2), kv) and deepgemm.supports(q(2), kv, True)
-    assert not deepgemm.supports(q(1), kv) and not deepgemm.supports(q(1), kv, True)
+    assert deepgemm.supports(q(2), kv)
+    assert not deepgemm.supports(q(1), kv)
     assert deepgemm.spin_step_uses(2) and not deepgemm.spin_step_uses(1) and not deepgemm.spin_step_uses(3)
-    assert not deepgemm.supports(q(3), kv, True) and not deepgemm.supports(q(4), kv)
-    assert not deepgemm.supports(q(1, heads=32), kv, True)
-    assert not deepgemm.supports(q(2), padded) and not deepgemm.supports(q(1), padded, True)
+    assert not deepgemm.supports(q(3), kv) and not deepgemm.supports(q(4), kv)
+    assert not deepgemm.supports(q(2, heads=32), kv)
+    assert not deepgemm.supports(q(2), padded)
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "deepgemm")
-    assert deepgemm.supports(q(1), kv) and deepgemm.supports(q(1), kv, True)
+    assert deepgemm.supports(q(1), kv) and not deepgemm.supports(q(1, heads=32), kv)
     assert deepgemm.spin_step_uses(1)
     assert not deepgemm.supports(q(2), padded)
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "triton")

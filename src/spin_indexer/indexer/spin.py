@@ -287,7 +287,7 @@ class SpinIndexer:
         if self._guarded_by_shape(batch, width):
             return self._run_dense(layer, st, plan, q_fp8, kv_cache, weights)
         # DeepGEMM allocates its own logits: handing it the workspace would cost a copy of every logit.
-        backend = ops.logits_backend(q_fp8, kv_cache, True)
+        backend = ops.logits_backend(q_fp8, kv_cache)
         out = None if backend == "deepgemm" else self.workspace.logits[:rows, :cols]
         block_max = self.workspace.block_max[:rows, :width]
         history = self._history_args(layer, st, plan)

@@ -45,7 +45,7 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     then applies the update itself on a side stream: history=None here); None = decided here.
     """
     if backend is None:
-        backend = logits_backend(q_fp8, kv_cache, history is not None)
+        backend = logits_backend(q_fp8, kv_cache)
     elif backend not in ("deepgemm", "triton", "reference"):
         raise ValueError(f"backend: expected 'deepgemm', 'triton', 'reference' or None, got {backend!r}")
     if backend == "deepgemm" and fill_tail:  # DeepGEMM leaves the tail as it is: the Triton kernel fills it
@@ -84,11 +84,11 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     return logits
 
 
-def logits_backend(q_fp8, kv_cache, history: bool = False) -> str:
+def logits_backend(q_fp8, kv_cache) -> str:
     """"deepgemm", "triton" or "reference": which kernel computes paged indexer logits for these inputs.
 
     DeepGEMM (deepgemm.py) where `deep_gemm` imports, on SM90, for its shapes, at next_n = 2 (the dense step
-    and SPIN's, history); at next_n = 1 the Triton kernel (its fused maxima win: deepgemm.spin_step_uses).
+    and SPIN's alike); at next_n = 1 the Triton kernel (its fused maxima win: deepgemm.spin_step_uses).
     SPIN_INDEXER_LOGITS=triton / deepgemm forces one. The Triton twin on other CUDA inputs, among them
     next_n = 3 and 4 (DeepGEMM takes 1 and 2; the twin's one-MMA-per-row-group configs, CONFIGS in
     indexer_logits_triton.py, read each key tile once for all rows); the reference elsewhere (and everywhere
@@ -96,7 +96,7 @@ def logits_backend(q_fp8, kv_cache, history: bool = False) -> str:
     if _triton_twin("indexer_logits_triton", "paged_indexer_logits_triton", q_fp8) is None:
         return "reference"
     from . import deepgemm
-    if deepgemm.supports(q_fp8, kv_cache, history):
+    if deepgemm.supports(q_fp8, kv_cache):
         return "deepgemm"
     return "triton"
 

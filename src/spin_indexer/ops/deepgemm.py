@@ -57,8 +57,8 @@ def schedule_sms(device: torch.device) -> int:
 def spin_step_uses(next_n: int) -> bool:
     """Whether SPIN's step computes its logits with DeepGEMM where DeepGEMM covers the shape:
     SPIN_INDEXER_LOGITS=deepgemm / triton forces the answer; else at next_n = 2 only. At next_n = 1 the
-    project's kernel (scales prefetched on compact tables, the block / group maxima in its epilogue) ties or
-    beats DeepGEMM + the maxima pass the step needs after it at every grid point: H200, run 63 (commit 0af490f,
+    project's kernel (scales prefetched on compact tables, the block / group maxima in its epilogue) beats
+    DeepGEMM + the maxima pass the step needs after it, or trails it by <= 1%, at every grid point: H200, run 63 (commit 0af490f,
     step_us vs step_other_backend_us, s = 0.5): 96 x 1M 1845.1 vs 1882.8 us, 96 x 512K 957.4 vs 961.0, 96 x 128K
     283.8 vs 284.8, 96 x 64K 166.6 vs 171.0, 8 x 1M 203.6 vs 205.1, 8 x 512K 120.3 vs 120.7, 1 x 1M 71.2 vs 71.9,
     1 x 128K 34.8 vs 35.3; DeepGEMM ahead by <= 1%: 96 x 256K 520.9 vs 524.7, 8 x 128K 57.1 vs 57.6, 32 x 128K
@@ -69,26 +69,24 @@ def spin_step_uses(next_n: int) -> bool:
     return choice == "deepgemm" or next_n == 2
 
 
-def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history: bool = False) -> bool:
-    """True when DeepGEMM should compute these logits: it covers the shape, the backend is not turned off,
-    and the call is one it wins: next_n = 2 (dense or SPIN's step, history), or forced by
-    SPIN_INDEXER_LOGITS=deepgemm (see ops.logits_backend, spin_step_uses).
+def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """True when DeepGEMM should compute these logits: it covers the shape and `spin_step_uses` picks it for
+    their next_n (next_n = 2, for the dense step and SPIN's alike, or forced by SPIN_INDEXER_LOGITS=deepgemm;
+    see ops.logits_backend).
 
     History of SPIN's step at next_n = 1: run 11 had the Triton kernel with the update fused win below 1M table
     tokens (the update pass then ran in series); from run 21 the pass ran on a side stream and DeepGEMM + the
     maxima pass won at every size run 27 measured; since runs 62-63 the Triton kernel prefetching its scales
     wins or trails by <= 1% at every grid point (spin_step_uses)."""
-    choice = os.environ.get("SPIN_INDEXER_LOGITS", "")
-    if choice in ("triton", "reference") or not q_fp8.is_cuda:
+    _, next_n, heads, dim = q_fp8.shape
+    if not spin_step_uses(next_n) or not q_fp8.is_cuda:
         return False
     if _module() is None or torch.cuda.get_device_capability(q_fp8.device) != (9, 0):
         return False
-    _, next_n, heads, dim = q_fp8.shape
-    if not (heads == 64 and dim == 128 and kv_cache.shape[1] == 64 and next_n in (1, 2)):
+    if not (heads == 64 and dim == 128 and kv_cache.shape[1] == 64):
         return False
-    if kv_cache.shape[0] > 1 and kv_cache.stride(0) != kv_cache.shape[1] * kv_cache.shape[3]:
-        return False  # padded pages (DeepSeek-V4) go to the Triton kernel, which takes a page stride
-    return choice == "deepgemm" or next_n == 2
+    padded = kv_cache.shape[0] > 1 and kv_cache.stride(0) != kv_cache.shape[1] * kv_cache.shape[3]
+    return not padded  # padded pages (DeepSeek-V4) go to the Triton kernel, which takes a page stride
 
 
 def paged_indexer_logits_deepgemm(q_fp8, kv_cache, weights, seq_lens, block_table, validate: bool = True,

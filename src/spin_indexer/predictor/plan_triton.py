@@ -16,9 +16,9 @@ Launch 2, `_plan_select_kernel`, grid (max(B, 1), L): program (b, l) does the se
   A. one gather of every block's id and block max; forced blocks (+inf key); row 0's scores: reduce=max
      takes the block max before the diagonal window, the window's blocks (every block of a per-slot rule)
      are scored in [score_block, T] tiles written to a float32 scratch row and read back once;
-  B. per prediction row (1 for row0, next_n for row-local): the exact k1-th largest key t by a 4-way bisection on
-     the key value (three counts packed in one reduction per step, from [min, max], early exit when a count equals
-     k1; the keys are the fp32 order key >> 13 when every score is a 16-bit float, so at most 19 bits,
+  B. per prediction row (1 for row0, next_n for row-local): the exact k1-th largest key t by bisection on
+     the key value (count(key >= mid) per step, from [min, max] of the keys, early exit when a count equals
+     k1; the keys are the fp32 order key >> 13 when every score is a 16-bit float, so at most 19 steps,
      else 32), then keys > t and the first k1 - count(key > t) ties in block order (ties to the lower
      block; the cut lane by a bisection on the lane index, only when a tie is cut), OR-ed into the kept
      mask. Rows past the first re-score only the blocks their diagonal window reaches, through the scratch
@@ -429,10 +429,10 @@ if triton is not None:
         lane with key == t is taken (no tie is cut: _take then needs no lane search). key: uint32 [S], 0 =
         not a candidate (every candidate is >= 1); need: int scalar.
 
-        t is the need-th largest candidate key, by a 4-way bisection on the key value (three counts per step
-        packed into one block reduction, no histogram): lo keeps count(key >= lo) >= need, hi keeps
-        count(key > hi) < need. It starts from [min, max] of the candidate keys (at most ceil(bit_length(max -
-        min) / 2) steps: <= 10 on the shifted 16-bit-score keys, <= 16 on hashes) and stops early when a count hits need
+        t is the need-th largest candidate key, by bisection on the key value with one count per step (a
+        compare per element and a block reduction, no histogram): lo keeps count(key >= lo) >= need, hi keeps
+        count(key > hi) < need. It starts from [min, max] of the candidate keys (at most bit_length(max - min)
+        steps: <= 19 on the shifted 16-bit-score keys, <= 31 on hashes) and stops early when a count hits need
         exactly: every key >= mid is then taken and no tie is cut, which the returned (t, ties) still say
         exactly. need >= count: t = min (all); need <= 0: t = max and no ties (none). Every count compares
         against mid >= 1 (mid > lo >= min >= 1), so the 0 lanes never count. Each block reduction is a
@@ -463,17 +463,9 @@ if triton is not None:
             lo, hi = _probe(lo, hi, x1, c1, need)
             lo, hi = _probe(lo, hi, x2, c2, need)
         while lo < hi:
-            # three probes lo < x1 <= x2 <= x3 <= hi cut (lo, hi] in four; their counts (<= 16384 each) share
-            # one int64 sum in 21-bit fields, so a step is one reduction and ~2 bits: half the dependent
-            # reductions of a one-probe bisection. Applied in ascending order each is exact (_probe: a probe
-            # that an earlier one moved outside (lo, hi] changes nothing)
-            d = hi - lo
-            x1, x2, x3 = hi - (3 * d) // 4, hi - d // 2, hi - d // 4
-            packed = tl.sum((key >= x1.to(tl.uint32)).to(tl.int64) + ((key >= x2.to(tl.uint32)).to(tl.int64) << 21)
-                            + ((key >= x3.to(tl.uint32)).to(tl.int64) << 42), axis=0)
-            lo, hi = _probe(lo, hi, x1, (packed & 0x1FFFFF).to(tl.int32), need)
-            lo, hi = _probe(lo, hi, x2, ((packed >> 21) & 0x1FFFFF).to(tl.int32), need)
-            lo, hi = _probe(lo, hi, x3, (packed >> 42).to(tl.int32), need)
+            mid = hi - (hi - lo) // 2  # upper middle: lo < mid <= hi
+            c = tl.sum((key >= mid.to(tl.uint32)).to(tl.int32), axis=0)
+            lo, hi = _probe(lo, hi, mid, c, need)
         t = lo.to(tl.uint32)
         above, at = tl.reduce(((key > t).to(tl.int32), (key == t).to(tl.int32)), 0, _add2)
         ties = need - above

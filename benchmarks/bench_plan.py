@@ -74,8 +74,13 @@ def main(argv=None) -> int:
     p.add_argument("--points", default="96x131072,96x524288")
     p.add_argument("--layers", type=int, default=61)
     p.add_argument("--sparsity", type=float, default=0.5)
+    p.add_argument("--variants", default=None,
+                   help="comma list of WARPSxCAP (0 = ptxas's choice), e.g. 16x0,8x0,32x64; the production launch "
+                        "is always timed first (default: the module's VARIANTS)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    variants = VARIANTS if args.variants is None else ((None, None),) + tuple(
+        tuple(int(x) for x in v.split("x")) for v in args.variants.split(",") if v)
     import torch
     from harness import environment
     if not torch.cuda.is_available():
@@ -85,7 +90,7 @@ def main(argv=None) -> int:
     rows = []
     for pt in args.points.split(","):
         b, c = (int(x) for x in pt.split("x"))
-        rows += plan_point(b, c, args.layers, args.sparsity, VARIANTS)
+        rows += plan_point(b, c, args.layers, args.sparsity, variants)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "bench_plan.json"), "w") as f:

@@ -170,9 +170,8 @@ VARIANTS = {
     "no-overlap": "the EMA update in series after DeepGEMM (SpinIndexer(overlap_update=False)), not on a side stream",
     "topk-sorted": "every top-k best first (topk_sorted=True: the sort and rank launches) instead of the set in "
                    "position order (one select launch), dense and SPIN alike",
-    "compact-chunk": "SPIN's compact Triton logits sized for <= 4096 programs (LogitsConfig.target_programs, "
-                     "16384 in production: 32 blocks a program at 96 x 128K instead of 16; run 62 measured 217.5 "
-                     "vs 220.6 us there)",
+    "compact-16k": "SPIN's compact Triton logits chunked for <= 16384 programs as full tables are (the rule "
+                   "before run 68; production: indexer_logits_triton.COMPACT_TARGET_PROGRAMS = 4096)",
     "tau-hint": "SPIN's top-k threshold starts from the previous step's key (SpinIndexer(tau_hint=True)); this "
                 "benchmark's logits repeat every step, so every hint hits: an upper bound of the gain",
 }
@@ -188,9 +187,10 @@ def variant(name: str):
     from spin_indexer.ops import indexer_logits_triton as ilt
     default_config = ilt.default_config
     try:
-        if name == "compact-chunk":
+        if name == "compact-16k":
             ilt.default_config = lambda next_n, blocks, compact: dataclasses.replace(
-                default_config(next_n, blocks, compact), **({"target_programs": 4096} if compact else {}))
+                default_config(next_n, blocks, compact),
+                **({"target_programs": ilt.CONFIGS[1].target_programs} if compact else {}))
         elif name == "no-schedule":
             SpinIndexer._schedule_layers = lambda self, batch, width: False
         elif name in ("logits-triton", "logits-deepgemm"):

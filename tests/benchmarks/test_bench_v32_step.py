@@ -120,11 +120,13 @@ def test_variants_switch_one_part_each_and_restore_it(monkeypatch):
     with v32.variant("tau-hint"):
         assert SpinIndexer.__dict__["__init__"].keywords == {"tau_hint": True}
     assert SpinIndexer.__init__ is init
-    # compact-chunk: SPIN's compact tables (not the dense full ones) get fewer, longer programs
+    # compact-16k: SPIN's compact tables (not the dense full ones) chunked as a full table again
     from spin_indexer.ops import indexer_logits_triton as ilt
     config = ilt.default_config
-    with pytest.raises(RuntimeError), v32.variant("compact-chunk"):
-        assert ilt.default_config(1, 96 * 1024, True).target_programs == 4096
+    assert config(1, 96 * 1024, True).target_programs == ilt.COMPACT_TARGET_PROGRAMS != 16384
+    with pytest.raises(RuntimeError), v32.variant("compact-16k"):
+        assert ilt.default_config(1, 96 * 1024, True).target_programs == 16384
+        assert ilt.default_config(1, 96 * 1024, True).prefetch == config(1, 96 * 1024, True).prefetch
         assert ilt.default_config(1, 96 * 2048, False) == config(1, 96 * 2048, False)
         raise RuntimeError("body")
     assert ilt.default_config is config

@@ -193,9 +193,16 @@ def test_mtp_production_heads_match_float64(next_n, gen, triton_device):
 
 def test_default_config_prefetches_where_measured_faster():
     """next_n = 1: the scales prefetched on compact (SPIN) tables at every size, on full tables up to
-    PREFETCH_MAX_SMALL and from PREFETCH_MIN_LARGE blocks, not between (run 63); other next_n: CONFIGS."""
-    from spin_indexer.ops.indexer_logits_triton import PREFETCH_MAX_SMALL, PREFETCH_MIN_LARGE, default_config
-    assert default_config(1, 8 * 2048, compact=True).prefetch == 1
+    PREFETCH_MAX_SMALL and from PREFETCH_MIN_LARGE blocks, not between (run 63); compact tables chunked for
+    COMPACT_TARGET_PROGRAMS programs (runs 67-68); other next_n: CONFIGS."""
+    from spin_indexer.ops.indexer_logits_triton import (
+        COMPACT_TARGET_PROGRAMS, PREFETCH_MAX_SMALL, PREFETCH_MIN_LARGE, _pick_chunk, default_config)
+    compact = default_config(1, 8 * 2048, compact=True)
+    assert compact.prefetch == 1 and compact.target_programs == COMPACT_TARGET_PROGRAMS
+    assert default_config(1, 8 * 2048, compact=False).target_programs == CONFIGS[1].target_programs
+    # the compact rule's longer chunks: 96 x 1024 kept blocks 16 -> 32 a program, 8 x 1024 unchanged
+    assert [_pick_chunk(96, 1024, t) for t in (CONFIGS[1].target_programs, COMPACT_TARGET_PROGRAMS)] == [16, 32]
+    assert _pick_chunk(8, 1024, COMPACT_TARGET_PROGRAMS) == _pick_chunk(8, 1024) == 8
     assert [default_config(1, b, compact=False).prefetch for b in
             (PREFETCH_MAX_SMALL, PREFETCH_MAX_SMALL + 1, PREFETCH_MIN_LARGE - 1, PREFETCH_MIN_LARGE)] == [1, 0, 0, 1]
     assert default_config(1, 16384, compact=False) == dataclasses.replace(CONFIGS[1], prefetch=0)

@@ -133,6 +133,15 @@ CONFIGS = {1: LogitsConfig(1, 4, 3), 2: LogitsConfig(2, 4, 3, prefetch=True),
 # 45.2 / 45.1 (sizes between 16384 and 65536 blocks: not measured, left without).
 PREFETCH_MAX_SMALL = 2048
 PREFETCH_MIN_LARGE = 65536
+# SPIN's compact tables at next_n = 1 take longer chunks than a full table of as many kept blocks (the chunk rule
+# stops doubling at 4096 programs, not 16384): the step runs the EMA update on a side stream beside these logits,
+# and fewer, longer programs leave it room. Measured in the 61-layer V3.2 step (bench_v32_step.py, B = 96, SPIN
+# indexer time / dense): 128K 0.603 -> 0.595, 256K 0.594 -> 0.580, 1M 0.598 -> 0.600 (run 67, e9ab0f4) and
+# 0.604 -> 0.595, 0.596 -> 0.581, 0.596 -> 0.597 (run 68, 73985b1), although the logits alone are no faster
+# outside the step (run 68, logits_chunks.py: 96 x 128K chunk 16 -> 32 219.1 -> 215.4 us, 256K 16 -> 64 437.5
+# -> 467.1, 512K 32 -> 128 857.5 -> 862.2, 1M 64 -> 256 1714.4 -> 1715.9). Grids below 4096 programs at chunk
+# 16 (B x kept blocks < 64K) are unchanged.
+COMPACT_TARGET_PROGRAMS = 4096
 
 
 def default_config(next_n: int, table_blocks: int, compact: bool) -> LogitsConfig:
@@ -140,7 +149,9 @@ def default_config(next_n: int, table_blocks: int, compact: bool) -> LogitsConfi
     compact table (the kernel sized by its kept budget, `active_width`)."""
     if next_n != 1:
         return CONFIGS[next_n]
-    prefetch = compact or table_blocks <= PREFETCH_MAX_SMALL or table_blocks >= PREFETCH_MIN_LARGE
+    if compact:
+        return dataclasses.replace(CONFIGS[1], prefetch=1, target_programs=COMPACT_TARGET_PROGRAMS)
+    prefetch = table_blocks <= PREFETCH_MAX_SMALL or table_blocks >= PREFETCH_MIN_LARGE
     return dataclasses.replace(CONFIGS[1], prefetch=prefetch)
 
 

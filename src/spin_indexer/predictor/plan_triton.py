@@ -7,9 +7,16 @@ Launch 1, `_plan_reset_kernel`, grid (B, L): program (b, l) resets layer l of re
   (b, 0) also writes ws.num_blocks / guarded / update_rows and stashes (step + 1, first entered block) for
   launch 2. Every reset lands before any selection reads the history, as in the torch path, so a physical
   block entering one request is "never scored" for every request holding it.
-Launch 2, `_plan_select_kernel`, grid (max(B, 1), L): program (b, l) does the selection of layer l for b.
+Launch 2, `_plan_select_kernel`, grid (L, max(B, 1)): program (l, b) does the selection of layer l for b.
+  Layer fastest (grid order): the block maxima are block_max[p, l] (one 122-byte row of L = 61 fp16 per
+  physical block, beside the key cache), so a program gathers one 32-byte sector per block for 2 bytes; the
+  ~2-4 requests' 61 layer programs resident together share those sectors through L2 (one DRAM read per
+  sector, ~128-160 B per block a step). Request-major (b fastest, as before) made the resident programs one
+  layer of every request, whose sectors were evicted before the next layers came: Nsight Compute at 96 x 512K
+  (run 68, 73985b1) read 4.2 GB from DRAM in 1.46 ms (59.6% of its bandwidth, L2 hit rate 24%), ~87 B per
+  (block, layer).
   Register path (next_pow2(W) <= register_tile, at most MAX_TILE = 16384 blocks; 4 warps up to 2048 blocks,
-  8 up to 8192, 16 above; ptxas capped at 168 / 128 registers so that 3 / 2 programs share an SM): the
+  8 up to 8192, 32 above; ptxas capped at 128 / 128 / 64 registers (4 / 2 / 1 programs an SM)): the
   request's blocks are the lanes of one [SB = next_pow2(W)] tile. Live from A to D: one float32 score
   tensor in A (forced blocks as a NaN payload), then a uint32 key (0 = not a candidate) and the kept mask
   through B, then one uint32 exploration key (0 = kept or invalid) through C and D; lane tensors are int32:
@@ -81,7 +88,7 @@ except ImportError:  # pragma: no cover
     triton = None
 
 _MASK31 = 0x7FFFFFFF
-MAX_TILE = 16384  # widest register tile (blocks): 32 per thread at 16 warps
+MAX_TILE = 16384  # widest register tile (blocks): 16 per thread at 32 warps
 _COMBINE = {Combine.MAX: 0, Combine.SUM: 1, Combine.VERTICAL: 2, Combine.DIAGONAL: 3}
 
 
@@ -103,10 +110,12 @@ def _next_pow2(x: int) -> int:
 
 
 def _register_warps(sb: int) -> int:
-    """Warps of the register path for an [sb] tile: 4 to 2048 blocks, 8 to 8192, 16 above (32 blocks per
-    thread at most: more warps would make every bisection step's block reduction wider for no fewer
-    dependent steps)."""
-    return 4 if sb <= 2048 else 8 if sb <= 8192 else 16
+    """Warps of the register path for an [sb] tile: 4 to 2048 blocks, 8 to 8192 (32 blocks per thread: more
+    warps would make every bisection step's block reduction wider for no fewer dependent steps), 32 above
+    (16 blocks per thread at 64 registers: at 16384 blocks one program holds an SM either way, and run 68
+    (bench_plan.py, 96 x 1M, 73985b1) measured 32 warps x 64 registers 65.5 us a layer against 84.3 at 16 x
+    128; at 512K they lose, 37.3 against 24.0)."""
+    return 4 if sb <= 2048 else 8 if sb <= 8192 else 32
 
 
 def _register_maxnreg(warps: int) -> int | None:
@@ -115,10 +124,10 @@ def _register_maxnreg(warps: int) -> int | None:
     warps on scheduling slack (1 program per SM, which made the path slower than the chunked one at 512K);
     with it the spills (benchmarks/plan_registers.py; triton 3.6: 36 B at 2048 blocks / 4 warps) sit outside
     the bisection loops, in code run once or once per prediction row. 16 warps are held to 128 by the
-    register file already. Measured (benchmarks/results/run22_plan_launch, 96 x 128K x 61 layers): 4 warps
+    register file already, 32 (the 16384-block tile) to 64. Measured (benchmarks/results/run22_plan_launch, 96 x 128K x 61 layers): 4 warps
     at 128 registers 6.74 us a layer, at 168 (before) 7.38, at 96 6.88; 2 warps 7.4-8.3 (more programs per SM
     do not pay: a program's chain of reductions is the limit, not residency)."""
-    return 128 if warps <= 8 else None
+    return 128 if warps <= 8 else 64 if warps == 32 else None
 
 
 def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, seq_lens: torch.Tensor,
@@ -177,7 +186,7 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
     explore = config.exploration is Exploration.RANDOM
     mean = config.reduce is Reduce.MEAN
     combine = _COMBINE[config.combine]
-    _plan_select_kernel[(rows_b, layers)](
+    _plan_select_kernel[(layers, rows_b)](  # layer fastest: see the module docstring (grid order)
         table, table.stride(0), lens, slots, stash,
         vert, vert.stride(0), vert.stride(1), bmax, bmax.stride(0), bmax.stride(1),
         diag, diag.stride(0), diag.stride(1), scratch, flags, scratch.stride(0),
@@ -545,8 +554,8 @@ if triton is not None:
                             T: tl.constexpr, TP: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr,
                             SBS: tl.constexpr, SLOT: tl.constexpr, COMBINE: tl.constexpr, MEAN: tl.constexpr,
                             EXPLORE: tl.constexpr, REG: tl.constexpr):
-        pb = tl.program_id(0)
-        pl = tl.program_id(1)
+        pl = tl.program_id(0)  # layer fastest: a request's layers run together and share its block-max sectors
+        pb = tl.program_id(1)
         if pb < batch:
             b = pb.to(tl.int64)
             l = pl.to(tl.int64)
@@ -570,7 +579,7 @@ if triton is not None:
             vert_l = vert_ptr + l * stride_vl
             bmax_l = bmax_ptr + l * stride_bl
             diag_row = diag_ptr + l * stride_dl + slot * stride_ds
-            row = b * tl.num_programs(1) + l
+            row = b * tl.num_programs(0) + l
             scr = scr_ptr + row * stride_scr
             flg = flg_ptr + row * stride_scr
             # both paths: the prediction rows' queries and windows, the exploration hash, the output rows

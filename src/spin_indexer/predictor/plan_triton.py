@@ -14,9 +14,11 @@ Launch 2, `_plan_select_kernel`, grid (L, max(B, 1)): program (l, b) does the se
   sector, ~128-160 B per block a step). Request-major (b fastest, as before) made the resident programs one
   layer of every request, whose sectors were evicted before the next layers came: Nsight Compute at 96 x 512K
   (run 68, 73985b1) read 4.2 GB from DRAM in 1.46 ms (59.6% of its bandwidth, L2 hit rate 24%), ~87 B per
-  (block, layer).
+  (block, layer). Layer fastest (run 69, e0c0a55): 1.19 ms, DRAM 12.5%, L2 hit rate 87.7%; bench_plan.py per
+  layer 96 x 128K 6.75 us (unchanged), 512K 24.0 -> 19.5, 1M 84.3 -> 50.0 (16 warps). What is left is each
+  program's chain of dependent block reductions.
   Register path (next_pow2(W) <= register_tile, at most MAX_TILE = 16384 blocks; 4 warps up to 2048 blocks,
-  8 up to 8192, 32 above; ptxas capped at 128 / 128 / 64 registers (4 / 2 / 1 programs an SM)): the
+  8 up to 8192, 16 above; ptxas capped at 128 registers (4 / 2 / 1 programs an SM)): the
   request's blocks are the lanes of one [SB = next_pow2(W)] tile. Live from A to D: one float32 score
   tensor in A (forced blocks as a NaN payload), then a uint32 key (0 = not a candidate) and the kept mask
   through B, then one uint32 exploration key (0 = kept or invalid) through C and D; lane tensors are int32:
@@ -88,7 +90,7 @@ except ImportError:  # pragma: no cover
     triton = None
 
 _MASK31 = 0x7FFFFFFF
-MAX_TILE = 16384  # widest register tile (blocks): 16 per thread at 32 warps
+MAX_TILE = 16384  # widest register tile (blocks): 32 per thread at 16 warps
 _COMBINE = {Combine.MAX: 0, Combine.SUM: 1, Combine.VERTICAL: 2, Combine.DIAGONAL: 3}
 
 
@@ -110,12 +112,12 @@ def _next_pow2(x: int) -> int:
 
 
 def _register_warps(sb: int) -> int:
-    """Warps of the register path for an [sb] tile: 4 to 2048 blocks, 8 to 8192 (32 blocks per thread: more
-    warps would make every bisection step's block reduction wider for no fewer dependent steps), 32 above
-    (16 blocks per thread at 64 registers: at 16384 blocks one program holds an SM either way, and run 68
-    (bench_plan.py, 96 x 1M, 73985b1) measured 32 warps x 64 registers 65.5 us a layer against 84.3 at 16 x
-    128; at 512K they lose, 37.3 against 24.0)."""
-    return 4 if sb <= 2048 else 8 if sb <= 8192 else 32
+    """Warps of the register path for an [sb] tile: 4 to 2048 blocks, 8 to 8192, 16 above (32 blocks per
+    thread at most: more warps would make every bisection step's block reduction wider for no fewer
+    dependent steps). At 16384 blocks (one program an SM either way) bench_plan.py measured 32 warps x 64
+    registers 65.5 us a layer against 84.3 at 16 x 128 with the request-fastest grid (run 68), and 53.4
+    against 50.0 with the layer-fastest one (run 69): the DRAM stalls that more warps hid are gone."""
+    return 4 if sb <= 2048 else 8 if sb <= 8192 else 16
 
 
 def _register_maxnreg(warps: int) -> int | None:
@@ -124,10 +126,10 @@ def _register_maxnreg(warps: int) -> int | None:
     warps on scheduling slack (1 program per SM, which made the path slower than the chunked one at 512K);
     with it the spills (benchmarks/plan_registers.py; triton 3.6: 36 B at 2048 blocks / 4 warps) sit outside
     the bisection loops, in code run once or once per prediction row. 16 warps are held to 128 by the
-    register file already, 32 (the 16384-block tile) to 64. Measured (benchmarks/results/run22_plan_launch, 96 x 128K x 61 layers): 4 warps
+    register file already. Measured (benchmarks/results/run22_plan_launch, 96 x 128K x 61 layers): 4 warps
     at 128 registers 6.74 us a layer, at 168 (before) 7.38, at 96 6.88; 2 warps 7.4-8.3 (more programs per SM
     do not pay: a program's chain of reductions is the limit, not residency)."""
-    return 128 if warps <= 8 else 64 if warps == 32 else None
+    return 128 if warps <= 8 else None
 
 
 def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, seq_lens: torch.Tensor,

@@ -31,3 +31,14 @@ def test_bench_mtp_logits_dry_run(tmp_path):
     assert not any(r["provider"].startswith("deepgemm") for r in rows)  # no DeepGEMM here: no made-up rows
     text = (tmp_path / "mtp_logits.md").read_text()
     assert "## Targets" in text and "floor = max(" in text
+
+
+def test_candidates_are_distinct_and_start_with_production():
+    """Each next_n's sweep times the production config first and no config twice (a duplicate spent a run's
+    time on n = 1's production config twice and left the prefetch variant out)."""
+    bench = import_benchmark("bench_mtp_logits")
+    from spin_indexer.ops.indexer_logits_triton import CONFIGS
+    for n, configs in bench.CANDIDATES.items():
+        names = [bench.config_name(c) for c in configs]
+        assert configs[0] == CONFIGS[n]
+        assert len(set(names)) == len(names), (n, names)

@@ -121,9 +121,9 @@ class LogitsConfig:
 # The register cap is dropped when the EMA update is fused (its extra live values spill under the cap).
 # n = 3 / 4 since runs 70-71 (bench_mtp_logits.py, commits e7e11ba / 02a6b27, benchmarks/results/run70_mtp_candidates,
 # run71_guard_mtp): n = 3 with the scales two blocks ahead (prefetch 2): 96 x 128K 969.2 -> 941.5 and 975.0 -> 947.2
-# us, 32 x 512K 1345.3 -> 1314.8; n = 4 chunked for <= 4096 programs (fewer, longer programs: 2 resident an SM):
-# 96 x 128K 1141.7 -> 1092.2 (run 71; run 70 1109.3), 32 x 512K 1704.0 / 1571.4 -> 1462.8 / 1459.5, 48 x 384K
-# 1612.4 / 1705.2 -> 1639.6 / 1668.8 (a loss in run 70, a gain in run 71).
+# us, 32 x 512K 1345.3 -> 1314.8; n = 4 chunked for <= 4096 programs (fewer, longer programs; 2 resident an SM
+# either way): 96 x 128K 1141.7 -> 1092.2 (run 71; run 70 1109.3), 32 x 512K 1704.0 / 1571.4 -> 1462.8 / 1459.5,
+# 48 x 384K 1612.4 / 1705.2 -> 1639.6 / 1668.8 (a loss in run 70, a gain in run 71).
 CONFIGS = {1: LogitsConfig(1, 4, 3), 2: LogitsConfig(2, 4, 3, prefetch=True),
            3: LogitsConfig(2, 4, 3, max_registers=168, prefetch=2),
            4: LogitsConfig(4, 4, 3, prefetch=True, target_programs=4096)}

@@ -367,3 +367,32 @@ def test_threshold_on_wide_hash_tiles(uniform, gen, triton_device):
     count = int(ok.sum())
     for need in (1, 7, count // 20, count // 2, count - 2, count):
         _check_threshold(keys, ok, need, uniform, triton_device, f"need {need} of {count}")
+
+
+@pytest.mark.parametrize("batch,next_n,strided", [(0, 1, False), (1, 1, False), (5, 3, True), (1100, 2, False),
+                                                   (7, 4, True)])
+def test_dense_plan_counters_match_the_reference(batch, next_n, strided, gen, triton_device):
+    """The shape-guarded plan's one launch (plan_triton.dense_plan_triton) writes what plan.dense_plan_ does:
+    ceil(longest row / T) blocks (0 for empty rows), guarded True, update_rows False; rows past B untouched.
+    1100 requests cross the kernel's 1024-request tile; strided lengths (a column slice) are read in place."""
+    from spin_indexer.predictor.plan import dense_plan_
+    from spin_indexer.predictor.plan_triton import dense_plan_triton
+    lens = torch.randint(0, 5000, (batch, next_n + 1 if strided else next_n), generator=gen, dtype=torch.int32)
+    lens[::3, 0] = 0  # empty rows and exact multiples of T
+    lens[1::5, -1] = 2 * T
+    lens = lens[:, 1:] if strided else lens
+    lens[-1:] = T + 1  # one block and one token: the last request, whatever B
+    cap = batch + 3  # the workspace's rows past B must stay as they were
+    outs = {}
+    for name, fn, dev in (("ref", dense_plan_, "cpu"), ("kernel", dense_plan_triton, triton_device)):
+        blocks = torch.full((cap,), -7, dtype=torch.int32, device=dev)
+        guarded = torch.zeros(cap, dtype=torch.bool, device=dev)
+        update = torch.ones(cap, next_n, dtype=torch.bool, device=dev)
+        fn(lens.to(dev), T, blocks[:batch], guarded[:batch], update[:batch])
+        outs[name] = [x.cpu() for x in (blocks, guarded, update)]
+    for want, got in zip(outs["ref"], outs["kernel"]):
+        assert torch.equal(want, got)
+    blocks, guarded, update = outs["kernel"]
+    assert torch.equal(blocks[:batch], ((lens.amax(dim=1) + T - 1) // T if batch else blocks[:0]).int())
+    assert bool(guarded[:batch].all()) and not bool(guarded[batch:].any())
+    assert not bool(update[:batch].any()) and bool(update[batch:].all()) and bool((blocks[batch:] == -7).all())

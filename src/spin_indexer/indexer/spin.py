@@ -440,16 +440,16 @@ class SpinIndexer:
     def _dense_plan(self, block_table: torch.Tensor, seq_lens: torch.Tensor) -> BlockPlan:
         """The plan of a step the table's shape guards (`_guarded_by_shape`): every block of every request
         kept, nothing selected, no history read or written: plan() launches none of its kernels, only the
-        small ones that write the block counts and the flags (a few us a step). The state's counters do not
-        advance either: the blocks that enter a request meanwhile are reset when it is next planned, and read
-        as never scored, as after a guarded step."""
+        one that writes the block counts and the flags (`plan.dense_plan_`, one Triton launch on CUDA). The
+        state's counters do not advance either: the blocks that enter a request meanwhile are reset when it is
+        next planned, and read as never scored, as after a guarded step."""
         ws, t = self.workspace, self.config.tokens_per_block
         batch, width = block_table.shape
         num_blocks = ws.num_blocks[:batch]
-        if batch:
-            torch.floor_divide(seq_lens.amax(dim=1) + (t - 1), t, out=num_blocks)
-        ws.guarded[:batch] = True
-        ws.update_rows[:batch] = False  # replay (run_from_scores) updates no history either
+        # update_rows False: replay (run_from_scores) updates no history either
+        write = (triton_twin("spin_indexer.predictor.plan_triton", "dense_plan_triton", seq_lens)
+                 or plan_ref.dense_plan_)
+        write(seq_lens, t, num_blocks, ws.guarded[:batch], ws.update_rows[:batch])
         return BlockPlan(ws.block_ids[:width].expand(batch, width), num_blocks, num_blocks, block_table, seq_lens,
                          t, ws.guarded[:batch])
 

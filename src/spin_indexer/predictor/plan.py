@@ -76,6 +76,18 @@ def step_meta(config: SpinConfig, state: SpinState, block_table: torch.Tensor, s
                     first_entered, keep_all, guarded, budget, explore, rows)
 
 
+def dense_plan_(seq_lens: torch.Tensor, tokens_per_block: int, num_blocks: torch.Tensor, guarded: torch.Tensor,
+                update_rows: torch.Tensor) -> None:
+    """The counters of a step whose table shape guards it (every block kept, no history read or written):
+    num_blocks int32 [B] = ceil(longest row / T) (lengths below 0 count as 0), guarded bool [B] = True,
+    update_rows bool [B, N] = False. seq_lens: int32 [B, N]. Written in place."""
+    if seq_lens.shape[0]:
+        longest = seq_lens.amax(dim=1).clamp_min(0)
+        torch.floor_divide(longest + (tokens_per_block - 1), tokens_per_block, out=num_blocks)
+    guarded.fill_(True)
+    update_rows.fill_(False)
+
+
 def finish_step_(state: SpinState, meta: StepMeta) -> None:
     """Advance the per-slot counters after the step's selection: step, seen_len, clock."""
     state.step[meta.slot_ids] = meta.step

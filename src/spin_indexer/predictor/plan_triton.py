@@ -42,6 +42,8 @@ Launch 2, `_plan_select_kernel`, grid (L, max(B, 1)): program (l, b) does the se
   Chunked path (wider tables, or register_tile=0): tiles of `block` blocks, keys and flags staged in the
   scratch (float32 key and int8 flag per block) and re-read by every pass: B and C are radix selects (4
   passes of 8 bits, tl.histogram) with a mark pass writing flag 2; D reads the flags back.
+A step whose table shape guards it runs neither launch: `dense_plan_triton` writes its block counts and flags in
+one (plan.dense_plan_ in torch).
 Bytes per program (W' = n blocks of the request, DW the diagonal window, K' the kept blocks, reduce=max with
 combine max / vertical / diagonal): register path: A reads 4 B (table) + 2 B (block_max) per block, the
 window's blocks again plus 2 B x DW of diagonal and 8 B of scratch each; B re-scores the window per row

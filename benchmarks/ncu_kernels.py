@@ -19,8 +19,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 PARTS = ("step96", "step1", "mtp2", "mtp4", "plan96x512k", "plan96x1m")
 
 
-def spin_step(batch: int, ctx: int, layers: int | None = None) -> None:
-    """SPIN's step at batch x ctx; layers: of the measured part (2; 0 = plan() alone)."""
+def spin_step(batch: int, ctx: int, measured_layers: int = 2) -> None:
+    """SPIN's step at batch x ctx; measured_layers: layers run in the measured part (0 = plan() alone)."""
     import torch
     from run_all import TOPK, Point, steady_indexer
 
@@ -28,7 +28,7 @@ def spin_step(batch: int, ctx: int, layers: int | None = None) -> None:
 
     p = Point(batch, ctx, 1, dry=False)
     idx, slots = steady_indexer(p, SpinConfig(sparsity=0.5, topk=min(TOPK, ctx)))
-    for measured, layers in ((False, p.layers), (True, 2 if layers is None else layers)):
+    for measured, layers in ((False, p.layers), (True, measured_layers)):
         if measured:
             torch.cuda.synchronize()
             torch.cuda.nvtx.range_push("measure")
@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         elif part == "step1":
             spin_step(1, 131072)
         elif part.startswith("plan96x"):  # plan() alone (reset + select of 61 layers) at 512K / 1M
-            spin_step(96, 524288 if part.endswith("512k") else 1048576, layers=0)
+            spin_step(96, 524288 if part.endswith("512k") else 1048576, measured_layers=0)
         elif part == "mtp2":
             mtp_logits(32, 131072, 2)
         else:

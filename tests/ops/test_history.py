@@ -534,6 +534,26 @@ def test_logits_with_history_leave_the_reference_state(next_n, rows, group, gen,
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("next_n,prefetch", [(1, 0), (1, 1), (1, 2), (3, 2)])
+def test_fused_update_at_every_prefetch_depth_skips_rows_that_do_not_update(next_n, prefetch, gen, triton_device):
+    """The fused epilogue with the history loaded in its own iteration (prefetch 0) or a block ahead (1, 2):
+    a request whose row 0 does not update keeps its history, the other is updated as the reference does,
+    its diagonal window included (bit-equal state from the same logits)."""
+    pytest.importorskip("triton")
+    from spin_indexer.ops.indexer_logits_triton import CONFIGS, paged_indexer_logits_triton
+    update_rows = torch.zeros(2, next_n, dtype=torch.bool)
+    update_rows[0, 0] = True
+    full, plan, ref, args, out, bmax, moved = logits_with_history_case(next_n, gen, triton_device, 1, update_rows)
+    before = tuple(t.clone() for t in (ref.vertical, ref.diagonal))
+    paged_indexer_logits_triton(*args, out=out, block_max_out=bmax, history=moved,
+                                config=dataclasses.replace(CONFIGS[next_n], prefetch=prefetch))
+    update_history_ref(ref, out.cpu().view(2, next_n, -1), plan.table, plan.lens)
+    assert_state_equal(moved, tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen)))
+    assert (moved.vertical.cpu() != before[0]).any() and (moved.diagonal.cpu() != before[1]).any()
+    assert torch.equal(moved.diagonal.cpu()[moved.slot_ids[1].item()], before[1][moved.slot_ids[1].item()])
+
+
+@pytest.mark.interpreter
 @pytest.mark.parametrize("next_n", [1, 2, 3])
 def test_fill_tail_false_leaves_blocks_past_the_lengths_unwritten(next_n, gen, triton_device):
     """fill_tail=False: whole blocks past a request's longest row keep their poison (logits and block max),

@@ -1,0 +1,197 @@
+"""Experiment (#14, 96 x 512K s = 0.4): does SPIN's EMA update hide beside the top-k, and what would it win?
+
+In the step (SpinIndexer.run, CUDA) the update pass runs on a low-priority side stream beside the top-k. Its
+cost inside the step is step - logits alone - top-k alone - plan (run_all's spin_own_us less plan_us). Each
+variant below is captured whole in a CUDA graph and timed in paired rounds (harness.time_graphs_paired) beside
+the dense step, per layer:
+
+  spin          the production step
+  topk_first    the top-k's launches enqueued before the update's (same streams, same kernels)
+  no_update     the update not launched at all: the floor any way of hiding it can reach
+  fused         SpinIndexer(overlap_update=False): the update in the logits kernel's loop (indexer_logits_triton,
+                HISTORY_GROUP_BLOCKS), no side stream
+  update_alone  the update pass alone, each layer's history from the step's compact logits
+
+and a kernel timeline of one replay of the production step (torch.profiler: start / end of each kernel),
+to see which kernels actually overlap. Not a production path: the variants patch the step in this process.
+
+    PYTHONPATH=src:benchmarks python benchmarks/update_overlap.py --points 96x524288x1 --sparsities 0.4,0.5
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "src"))
+
+
+@contextlib.contextmanager
+def variant(idx, name: str):
+    """The step's update rearranged as `name` while the block runs (patches this process's ops / indexer)."""
+    from spin_indexer import ops
+    from spin_indexer.indexer import spin as spin_module
+
+    original_update, original_topk = ops.update_history, idx._topk
+    deferred = []
+
+    def update(history, *args, **kw):
+        if history is None:  # the maxima-only pass (DeepGEMM backend) is not the update: always run it
+            return original_update(history, *args, **kw)
+        if name == "no_update":
+            return None
+        deferred.append((history, args, kw))  # topk_first: launched after the top-k's, below
+        return None
+
+    def topk(*args, **kw):
+        out = original_topk(*args, **kw)
+        import torch
+        while deferred:
+            history, a, k = deferred.pop(0)
+            with torch.cuda.stream(idx._update_stream):  # forked from the caller's stream before the top-k's
+                original_update(history, *a, **k)
+        return out
+
+    if name in ("spin", "fused"):
+        yield
+        return
+    spin_module.ops.update_history = update
+    idx._topk = topk
+    try:
+        yield
+    finally:
+        spin_module.ops.update_history = original_update
+        del idx._topk
+
+
+def timeline(fn, lines: list[str]) -> list[dict]:
+    """Kernels of one replay of fn captured in a CUDA graph: name, start and duration (us from the first)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    graph = torch.cuda.CUDAGraph()
+    fn()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA" and e.time_range.elapsed_us() > 0]
+    kernels.sort(key=lambda e: e.time_range.start)
+    t0 = kernels[0].time_range.start if kernels else 0
+    out = []
+    for e in kernels:
+        row = dict(name=e.name[:90], start=round(e.time_range.start - t0, 1),
+                   us=round(e.time_range.elapsed_us(), 1), stream=getattr(e, "device_resource_id", -1))
+        out.append(row)
+        lines.append(f"  {row['start']:9.1f} {row['us']:8.1f}  s{row['stream']:<4} {row['name']}")
+    return out
+
+
+def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lines: list[str]) -> dict:
+    import torch
+    from harness import time_graphs_paired
+    from run_all import PLAN_LAYERS, TOPK, Point, steady_indexer
+
+    from spin_indexer import ops
+    from spin_indexer.indexer import DenseIndexer
+    from spin_indexer.predictor import SpinConfig
+
+    p = Point(batch, ctx, next_n, dry=False)
+    k = min(TOPK, ctx)
+    dense = DenseIndexer(k, next_n, device=p.table.device)
+
+    def dense_step():
+        dense.plan(p.table, p.lens, validate=False)
+        for i in range(p.layers):
+            dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])
+    calls = {"dense": dense_step}
+    indexers = {}
+    for name in ("spin", "topk_first", "no_update", "fused"):
+        idx, slots = steady_indexer(p, SpinConfig(sparsity=sparsity, topk=k), overlap_update=name != "fused")
+        indexers[name] = idx
+
+        def step(idx=idx, slots=slots, name=name):
+            with variant(idx, name):
+                idx.plan(p.table, p.lens, slots, validate=False)
+                for i in range(p.layers):
+                    idx.run(i, p.q[i][0], p.caches[i], p.q[i][1])
+        calls[name] = step
+        if name == "spin":
+            calls["plan"] = lambda idx=idx, slots=slots: idx.plan(p.table, p.lens, slots, validate=False)
+    # the update alone: each layer's history from the production step's plan, on compact logits of that plan
+    spin = indexers["spin"]
+    calls["spin"]()
+    rows = batch * next_n
+    logits = []
+    for i in range(p.layers):
+        plan = spin.plans(i)
+        x = ops.paged_indexer_logits(p.q[i][0], p.caches[i], p.q[i][1], plan.compact_seq_lens, plan.compact_block_table,
+                                     validate=False, fill_tail=False)
+        logits.append(x.view(batch, next_n, -1))
+
+    def update_alone():
+        for i in range(p.layers):
+            st, plan = spin._current(i), spin.plans(i)
+            ops.update_history(spin._history_args(i, st, plan), logits[i], plan.compact_block_table,
+                               plan.compact_seq_lens)
+    calls["update_alone"] = update_alone
+    ms = time_graphs_paired(calls, rounds=rounds)
+    per_layer = {}
+    for name, t in ms.items():
+        if name == "plan":
+            per_layer[name] = [1e3 * x / PLAN_LAYERS for x in t]
+        elif name in indexers:  # plan of 61 layers once + p.layers runs: as run_all's step_us
+            per_layer[name] = [1e3 * (x - y) / p.layers + 1e3 * y / PLAN_LAYERS for x, y in zip(t, ms["plan"])]
+        else:
+            per_layer[name] = [1e3 * x / p.layers for x in t]
+    med = {name: statistics.median(v) for name, v in per_layer.items()}
+    ratio = {name: statistics.median([d / s for d, s in zip(per_layer["dense"], per_layer[name])])
+             for name in indexers}
+    head = f"B={batch} L={ctx} n={next_n} s={sparsity} ({p.layers} layers, {rounds} paired rounds), us a layer:"
+    lines.append(head + " " + ", ".join(f"{n} {v:.1f}" for n, v in med.items()))
+    lines.append("  dense / variant (per round, median): " + ", ".join(f"{n} {v:.3f}x" for n, v in ratio.items()))
+    tl = []
+    if torch.cuda.is_available():
+        lines.append(f"  timeline of one replay of the production step ({p.layers} layers + plan):")
+        tl = timeline(calls["spin"], lines)
+    return dict(batch=batch, ctx=ctx, next_n=next_n, sparsity=sparsity, layers=p.layers, us=med,
+                dense_over=ratio, timeline=tl)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--points", default="96x524288x1")
+    ap.add_argument("--sparsities", default="0.4,0.5")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--out", default="/tmp/out")
+    ap.add_argument("--group-blocks", type=int, default=None,
+                    help="the fused variant's HISTORY_GROUP_BLOCKS (indexer_logits_triton; default: the module's)")
+    a = ap.parse_args(argv)
+    if a.group_blocks:
+        from spin_indexer.ops import indexer_logits_triton
+        indexer_logits_triton.HISTORY_GROUP_BLOCKS = a.group_blocks
+    lines, results = [], []
+    for spec in a.points.split(","):
+        b, l, n = (int(x) for x in spec.split("x"))
+        for s in (float(x) for x in a.sparsities.split(",")):
+            results.append(measure(b, l, n, s, a.rounds, lines))
+            print("\n".join(lines[-3:]), flush=True)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "update_overlap.txt"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.join(a.out, "update_overlap.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -46,7 +46,7 @@ def compile_counts(next_n: int, cfg: "L.LogitsConfig", hist: bool = False, heads
     consts = dict(NEXT_N=next_n, H=heads, D=dim, T=64, PAGE_BYTES=64 * (dim + 4), RB=(64 * (dim + 4)) // dim,
                   PREFETCH=cfg.prefetch,
                   G=cfg.group, R0=r[0], R1=r[1], R2=r[2], R3=r[3], FILL_TAIL=False, HIST=hist, HAS_SEEN=hist,
-                  GMAX=group_max > 0, GS=group_max or 64, HB=L.HISTORY_GROUP_BLOCKS)
+                  GMAX=group_max > 0, GS=group_max or 64)
     def arg_type(name):
         if name == "k_arg":
             return f"tensordesc<fp8e4nv[64, {dim}]>"

@@ -6,11 +6,15 @@ variant below is captured whole in a CUDA graph and timed in paired rounds (harn
 the dense step, per layer:
 
   spin          the production step
-  topk_first    the top-k's launches enqueued before the update's (same streams, same kernels)
+  topk_first    the top-k's launches enqueued before the update's (same streams, same kernels; production
+                since run 74, so the same as spin from then on)
   no_update     the update not launched at all: the floor any way of hiding it can reach
-  fused         SpinIndexer(overlap_update=False): the update in the logits kernel's loop (indexer_logits_triton,
-                HISTORY_GROUP_BLOCKS), no side stream
-  update_alone  the update pass alone, each layer's history from the step's compact logits
+  fused         SpinIndexer(overlap_update=False): the update in the logits kernel's epilogue, no side stream
+                (run 74 timed a form that updated groups of blocks there: HISTORY_GROUP_BLOCKS, since reverted)
+  onetile, st2  the step with the update pass as one program per tile (history_triton.PIPELINED_STAGES = 1:
+                the kernel before run 75), or pipelined at 2 stages with 7 programs an SM
+  update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
+                _st2: those passes alone)
 
 and a kernel timeline of one replay of the production step (torch.profiler: start / end of each kernel),
 to see which kernels actually overlap. Not a production path: the variants patch the step in this process.
@@ -31,14 +35,28 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
+VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2")
+
+
 @contextlib.contextmanager
 def variant(idx, name: str):
     """The step's update rearranged as `name` while the block runs (patches this process's ops / indexer)."""
     from spin_indexer import ops
     from spin_indexer.indexer import spin as spin_module
 
+    from spin_indexer.ops import history_triton
+
     original_update, original_topk = ops.update_history, idx._topk
     deferred = []
+    passes = {"onetile": (1, history_triton.PASS_PROGRAMS_PER_SM), "st2": (2, 7)}
+    if name in passes:
+        saved = history_triton.PIPELINED_STAGES, history_triton.PASS_PROGRAMS_PER_SM
+        history_triton.PIPELINED_STAGES, history_triton.PASS_PROGRAMS_PER_SM = passes[name]
+        try:
+            yield
+        finally:
+            history_triton.PIPELINED_STAGES, history_triton.PASS_PROGRAMS_PER_SM = saved
+        return
 
     def update(history, *args, **kw):
         if history is None:  # the maxima-only pass (DeepGEMM backend) is not the update: always run it
@@ -96,7 +114,8 @@ def timeline(fn, lines: list[str]) -> list[dict]:
     return out
 
 
-def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lines: list[str]) -> dict:
+def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lines: list[str],
+            variants=VARIANTS) -> dict:
     import torch
     from harness import time_graphs_paired
     from run_all import PLAN_LAYERS, TOPK, Point, steady_indexer
@@ -115,7 +134,7 @@ def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lin
             dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])
     calls = {"dense": dense_step}
     indexers = {}
-    for name in ("spin", "topk_first", "no_update", "fused"):
+    for name in variants:
         idx, slots = steady_indexer(p, SpinConfig(sparsity=sparsity, topk=k), overlap_update=name != "fused")
         indexers[name] = idx
 
@@ -138,12 +157,14 @@ def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lin
                                      validate=False, fill_tail=False)
         logits.append(x.view(batch, next_n, -1))
 
-    def update_alone():
-        for i in range(p.layers):
-            st, plan = spin._current(i), spin.plans(i)
-            ops.update_history(spin._history_args(i, st, plan), logits[i], plan.compact_block_table,
-                               plan.compact_seq_lens)
-    calls["update_alone"] = update_alone
+    def update_alone(name):
+        with variant(spin, name):
+            for i in range(p.layers):
+                st, plan = spin._current(i), spin.plans(i)
+                ops.update_history(spin._history_args(i, st, plan), logits[i], plan.compact_block_table,
+                                   plan.compact_seq_lens)
+    for name in ("spin", "onetile", "st2"):
+        calls["update_alone" + ("" if name == "spin" else "_" + name)] = lambda name=name: update_alone(name)
     ms = time_graphs_paired(calls, rounds=rounds)
     per_layer = {}
     for name, t in ms.items():
@@ -172,6 +193,8 @@ def main(argv=None) -> int:
     ap.add_argument("--points", default="96x524288x1")
     ap.add_argument("--sparsities", default="0.4,0.5")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--variants", default="spin,no_update,onetile,st2",
+                    help="comma list, spin first, of " + ", ".join(VARIANTS))
     ap.add_argument("--out", default="/tmp/out")
     ap.add_argument("--group-blocks", type=int, default=None,
                     help="the fused variant's HISTORY_GROUP_BLOCKS (indexer_logits_triton; default: the module's)")
@@ -183,7 +206,7 @@ def main(argv=None) -> int:
     for spec in a.points.split(","):
         b, l, n = (int(x) for x in spec.split("x"))
         for s in (float(x) for x in a.sparsities.split(",")):
-            results.append(measure(b, l, n, s, a.rounds, lines))
+            results.append(measure(b, l, n, s, a.rounds, lines, a.variants.split(",")))
             print("\n".join(lines[-3:]), flush=True)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "update_overlap.txt"), "w") as f:

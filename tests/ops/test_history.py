@@ -303,6 +303,37 @@ def test_triton_twin_matches_reference(lengths, next_n, window, seen, gen, trito
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("lengths,next_n,window", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("tile", [32, 2], ids=["one-tile", "tiles-of-2"])
+def test_pipelined_pass_matches_reference(lengths, next_n, window, tile, gen, triton_device, monkeypatch):
+    """The update alone (no maxima: SpinIndexer's side stream) runs the pipelined pass: with tiles of 2 blocks
+    each program loops over several tiles of its request (2 programs in all under the interpreter); every row
+    updates in order, some rows not at all (guarded); the state is the reference's, and the one-tile kernel's."""
+    pytest.importorskip("triton")
+    from spin_indexer.ops import history_triton
+    monkeypatch.setattr(history_triton, "BLOCKS_PER_PROGRAM", tile)
+    blocks = 24
+    plan = make_plan(lengths, next_n, blocks, gen, width=max(-(-L // T) for L in lengths) + 1)
+    logits = make_logits(plan, plan.kept.shape[1] * T, gen)
+    update_rows = torch.rand(len(lengths), next_n, generator=gen) < 0.7
+    update_rows[0, 0], update_rows[-1, :] = True, False  # one request updates, one does not at all
+    h = make_history(plan, blocks, 4, window, gen, rows=next_n, update_rows=update_rows)
+    ref = clone_history(h)
+    update_history_ref(ref, logits, plan.table, plan.lens)
+    dev = torch.device(triton_device)
+    states = []
+    for stages in (history_triton.PIPELINED_STAGES, 1):  # the pipelined pass, then the one-tile kernel
+        monkeypatch.setattr(history_triton, "PIPELINED_STAGES", stages)
+        moved = history_on(clone_history(h), dev)
+        history_triton.update_history_triton(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev))
+        states.append(moved)
+    exp = tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen))
+    for moved in states:
+        assert_state_equal(moved, exp, exact=not dev.type == "cuda")
+    assert (states[0].vertical.cpu() != h.vertical).any()
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("lengths,next_n,window", CASES, ids=CASE_IDS)
 def test_triton_twin_several_tiles_per_request(lengths, next_n, window, gen, triton_device, monkeypatch):
     """Tiles of 2 blocks: each request spans several programs (those past a shorter request's last tile do
     nothing); the state, the block max and the group max are the reference's.

@@ -15,6 +15,8 @@ cell ends with one of their updates) or the same D cell (distinct positions of a
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..checks import check_tensor
@@ -37,6 +39,14 @@ NUM_WARPS = 4
 # (benchmarks/update_registers.py prints both).
 MAX_REGISTERS = 64
 DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a divisor of BLOCKS_PER_PROGRAM)
+# The update alone (no maxima: SpinIndexer's side stream, replay) runs as a pipelined pass: per request a few
+# programs loop over its tiles with the next PIPELINED_STAGES - 1 tiles' loads in flight (cp.async into shared
+# memory), PASS_PROGRAMS_PER_SM programs per SM in all. The one-tile-per-program kernel kept about half of copy
+# bandwidth (run 73: 114.8 us for 242 MB at 96 x 512K s = 0.4), its bytes in flight bounded by registers and its
+# programs' dependent round trips (lengths, ids, then V). 1: that one-tile kernel for every call.
+# (triton 3.6, sm_90a, stages 3: 107 registers uncapped and 27 KB of shared memory a program: 4 resident a SM.)
+PIPELINED_STAGES = 3
+PASS_PROGRAMS_PER_SM = 4
 
 
 def tile_meta() -> dict:
@@ -79,13 +89,38 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
     bmax = block_max_out if block_max_out is not None else logits  # dummy pointers when unused
     gmax = group_max_out if group_max_out is not None else logits
     h = history
+    pipelined = PIPELINED_STAGES > 1 and block_max_out is None and group_max_out is None
+    if pipelined:  # each request's tiles over `programs` programs, a static grid (a CUDA graph keeps it)
+        programs = max(1, min(triton.cdiv(pass_programs(logits.device), batch),
+                              triton.cdiv(blocks, BLOCKS_PER_PROGRAM)))
     for j in range(h.rows):
+        if pipelined:
+            _update_pass_kernel[(batch, programs)](
+                logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
+                *_history_args(h, logits), next_n, blocks, j, programs, T=t, **tile_meta(),
+                HAS_SEEN=h.last_seen is not None, NP=triton.next_power_of_2(next_n), STAGES=PIPELINED_STAGES,
+                num_warps=NUM_WARPS)  # uncapped: the loop's in-flight addresses need ~107 (64 spilled ~240 B)
+            continue
         _update_history_kernel[grid](
             logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
             bmax, bmax.stride(0), gmax, gmax.stride(0), *_history_args(h, logits), next_n, blocks, j,
             T=t, **tile_meta(), HAS_SEEN=h.last_seen is not None, NP=triton.next_power_of_2(next_n),
             BMAX=(block_max_out is not None) and j == 0, GMAX=(group_max_out is not None) and j == 0, G=group,
             num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS or None)
+
+
+def pass_programs(device: torch.device) -> int:
+    """Programs of the pipelined update pass in all: PASS_PROGRAMS_PER_SM per SM of `device` (on the CPU, the
+    interpreter's, 2: programs then loop over several tiles in the tests)."""
+    if device.type != "cuda":
+        return 2
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return PASS_PROGRAMS_PER_SM * _sm_count(index)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _history_args(h: HistoryUpdate, like: torch.Tensor):
@@ -187,6 +222,46 @@ if triton is not None:
         cols = m[:, None] * T + tl.arange(0, T)[None, :]  # int32 compact columns
         x = tl.load(x_row + cols, mask=tl.broadcast_to(in_table[:, None], cols.shape), other=float("-inf"))
         return tl.where(cols < clen, x, float("-inf"))
+
+    @triton.jit
+    def _update_pass_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, v_ptr, vb_ptr,
+                            vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr, slot_ptr, kept_ptr,
+                            kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi, next_n, num_blocks, j,
+                            programs, T: tl.constexpr, BLOCKS: tl.constexpr, HAS_SEEN: tl.constexpr,
+                            NP: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr):
+        """Program (b, p): row j's EMA update of request b's compact tiles p, p + programs, ... below its used
+        blocks, the loads of the next STAGES - 1 tiles in flight while one is updated (the loop's pipelining).
+        The tile's work is update_tile's without the maxima."""
+        b = tl.program_id(0)
+        b64 = b.to(tl.int64)
+        rows_n = tl.arange(0, NP)
+        clens = tl.load(clen_ptr + b * next_n + rows_n, mask=rows_n < next_n, other=0)
+        used = tl.minimum((tl.max(clens, axis=0) + T - 1) // T, num_blocks)  # compact blocks the request uses
+        upd, q, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, HAS_SEEN)
+        clen = tl.load(clen_ptr + b * next_n + j)
+        x_row = x_ptr + b64 * x_stride_b + j * x_stride_n
+        # a row that does not update (guarded) reads and writes no history: no tiles
+        tiles = tl.where(upd, (used + BLOCKS - 1) // BLOCKS, 0)
+        for pm in tl.range(tl.program_id(1), tiles, programs, num_stages=STAGES):
+            m = pm * BLOCKS + tl.arange(0, BLOCKS)
+            in_table = m < used
+            phys = tl.load(table_ptr + b64 * table_stride + m, mask=in_table, other=-1)
+            kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=in_table, other=-1)
+            pv, old = load_vertical(v_ptr, phys, trash, T)
+            x = _row_logits(x_row, m, in_table, clen, T)
+            live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
+            live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
+                                          seen_stride, alpha, lo, hi, T, HAS_SEEN)
+            last = tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0)
+            if last > q - window:  # the tiles reaching the diagonal window (update_tile's sub-tiles)
+                for s in range(0, BLOCKS // DB):
+                    ms = pm * BLOCKS + s * DB + tl.arange(0, DB)
+                    on_s = ms < used
+                    kb_s = tl.load(kept_ptr + b64 * kept_stride + ms, mask=on_s, other=-1)
+                    obs = _row_logits(x_row, ms, on_s, clen, T)
+                    live_s = tl.broadcast_to((kb_s >= 0)[:, None], obs.shape) & (obs > float("-inf")) & (
+                        obs < float("inf"))
+                    ema_diagonal(obs, live_s, kb_s, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T)
 
     @triton.jit
     def _update_history_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,

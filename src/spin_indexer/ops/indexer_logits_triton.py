@@ -41,7 +41,7 @@ try:  # the package imports this module only for CUDA tensors; without triton th
     import triton
     import triton.language as tl
 
-    from .history_triton import _history_args, _no_history, ema_diagonal, ema_vertical, row_constants, update_history_triton
+    from .history_triton import _history_args, _no_history, ema_tile, row_constants, update_history_triton
     from .maxima_triton import max_nan
 except ImportError:  # pragma: no cover
     triton = None
@@ -150,15 +150,6 @@ PREFETCH_MIN_LARGE = 65536
 COMPACT_TARGET_PROGRAMS = 4096
 
 
-# The fused EMA update (SpinIndexer with overlap_update=False) runs once per HISTORY_GROUP_BLOCKS blocks of a
-# program's loop, on an [HB, T] tile of the group's row-0 logits gathered block by block in registers: a row
-# per warp of the 4-warp programs (the blocks' reductions stay in a warp), the group's V read at its first
-# block (its latency hidden under HB blocks of keys). Per block in the MMA's layout (until 2026-12-04) it cost
-# layout conversions and three cross-warp reductions every block: 331 SASS instructions a block against the
-# plain loop's 209, and ~1.8x the standalone update pass's time in the step (run 72).
-HISTORY_GROUP_BLOCKS = 4
-
-
 def default_config(next_n: int, table_blocks: int, compact: bool) -> LogitsConfig:
     """The launch configuration for next_n rows on a table of table_blocks blocks (B x W); compact: SPIN's
     compact table (the kernel sized by its kept budget, `active_width`)."""
@@ -262,8 +253,7 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
         NEXT_N=next_n, H=heads, D=dim, T=tokens, PAGE_BYTES=page_bytes, RB=rows_per_block, G=cfg.group,
         R0=r0, R1=r1, R2=r2, R3=r3, PREFETCH=cfg.prefetch, FILL_TAIL=fill_tail, HIST=fused,
         GMAX=group_max_out is not None, GS=group if group_max_out is not None else tokens,
-        HAS_SEEN=fused and history.last_seen is not None, HB=HISTORY_GROUP_BLOCKS, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        HAS_SEEN=fused and history.last_seen is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         maxnreg=None if fused else cfg.max_registers)
     if history is not None and not fused:
         update_history_triton(history, out.view(batch, next_n, -1), block_table, seq_lens)
@@ -347,38 +337,6 @@ if triton is not None:
         return x
 
     @triton.jit
-    def _group_history(ids, kept_row, blk, blk_end, upd, v_ptr, trash, num_cache_blocks, HB: tl.constexpr,
-                       T: tl.constexpr):
-        """(logical ids int32 [HB], physical ids int64 [HB], V float16 [HB, T]) of compact blocks blk ..
-        blk + HB - 1 (those before blk_end) for the fused EMA update, read HB blocks before the update uses
-        them. A row that does not update (upd False) reads nothing: ids -1 (nothing written later) and the trash
-        block; so does an id outside the cache."""
-        g = blk + tl.arange(0, HB)
-        on = tl.where(upd, g < blk_end, False)  # (tl.where: `tensor & scalar` of int1 is int32 in the interpreter)
-        kb = tl.load(kept_row + g, mask=on, other=-1)
-        phys = tl.minimum(tl.maximum(tl.load(ids + g, mask=on, other=0), 0), num_cache_blocks - 1)
-        pv = tl.where(on & (phys < trash), phys, trash).to(tl.int64)
-        v = tl.load(v_ptr + pv[:, None] * T + tl.arange(0, T)[None, :], mask=tl.broadcast_to(on[:, None], [HB, T]),
-                    other=0.0)
-        return kb, pv, v
-
-    @triton.jit
-    def _update_group(obs, g0, last, len0, kb, pv, old, q, slot, clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride,
-                      seen_ptr, seen_stride, alpha, window, lo, hi, HB: tl.constexpr, T: tl.constexpr,
-                      HAS_SEEN: tl.constexpr):
-        """SPIN's EMA update of compact blocks g0 .. last (at most HB) of an updating row: obs float32 [HB, T] its
-        logits of those blocks (row i: block g0 + i; -inf past the row's length), with their history from
-        _group_history. As the standalone pass's tile (update_tile): V, its block max, last_seen, then D in
-        the groups that reach the diagonal window."""
-        g = g0 + tl.arange(0, HB)
-        live = (g <= last)[:, None] & (g[:, None] * T + tl.arange(0, T)[None, :] < len0)
-        live, any_live = ema_vertical(obs, live, pv, old, kb, True, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
-                                      seen_stride, alpha, lo, hi, T, HAS_SEEN)
-        reach = tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0)
-        if reach > q - window:
-            ema_diagonal(obs, live, kb, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T)
-
-    @triton.jit
     def _group_rows(lens_ptr, row, ROWS: tl.constexpr, GP: tl.constexpr):
         """(lengths int32 [GP], row ids int64 [GP]) of a group; padded rows get length 0 (all -inf)."""
         g = tl.arange(0, GP)
@@ -394,8 +352,7 @@ if triton is not None:
                                      PAGE_BYTES: tl.constexpr, RB: tl.constexpr, G: tl.constexpr,
                                      R0: tl.constexpr, R1: tl.constexpr, R2: tl.constexpr, R3: tl.constexpr,
                                      PREFETCH: tl.constexpr, FILL_TAIL: tl.constexpr, HIST: tl.constexpr,
-                                     HAS_SEEN: tl.constexpr, GMAX: tl.constexpr, GS: tl.constexpr,
-                                     HB: tl.constexpr):
+                                     HAS_SEEN: tl.constexpr, GMAX: tl.constexpr, GS: tl.constexpr):
         """One program per (request, CHUNK blocks). The next_n rows are cut into groups of G (R0..R3 rows,
         0 = no such group; R0 + R1 + R2 + R3 = NEXT_N): one MMA per group and block (_score_group)."""
         b = tl.program_id(0)
@@ -434,9 +391,6 @@ if triton is not None:
         kept_row = kept_ptr + b.to(tl.int64) * kept_stride
         if HIST:  # a request that does not update (guarded) reads and writes no history: the dense loop
             upd0, qpos0, slot0, clock = row_constants(upd_ptr, hlens_ptr, slot_ptr, clock_ptr, row0, b, HAS_SEEN)
-        if HIST:  # the first group's history (the loop reads each next group's at its first block), its logits' tile
-            hkb, hpv, hv = _group_history(ids, kept_row, blk0, blk_end, upd0, v_ptr, trash, num_cache_blocks, HB, T)
-            hx = tl.full([HB, T], float("-inf"), tl.float32)
         SCALE_OFF: tl.constexpr = T * D // 4  # scales follow the T*D key bytes of a block, in fp32 units
         # Pages are PAGE_BYTES apart (padded on DeepSeek-V4). A constexpr (fixed for a run, like T and D): the
         # compiler sees the scales' 16-byte alignment, as it did with the contiguous page size.
@@ -478,10 +432,13 @@ if triton is not None:
             else:  # the pipeliner prefetches the id; the scales load here, after it
                 phys = tl.minimum(tl.maximum(tl.load(ids + blk), 0), num_cache_blocks - 1)
                 sc = tl.load(scale_ptr + phys.to(tl.int64) * PAGE_F32 + SCALE_OFF + offs_t)
-            if HIST:  # a group's history is read at its first block and used after its last (latency hidden)
-                if ((blk - blk0) % HB == 0) & (blk > blk0):
-                    hkb, hpv, hv = _group_history(ids, kept_row, blk, blk_end, upd0, v_ptr, trash, num_cache_blocks,
-                                                  HB, T)
+            if HIST:  # the history's reads first, so their latency hides under the key load and the MMA
+                # (masked, not under a branch; the row's constants were loaded once, above the loop)
+                on = (tl.zeros([1], tl.int32) + upd0.to(tl.int32)) != 0  # [1]: a tensor mask (the interpreter)
+                kb = tl.load(kept_row + blk + tl.zeros([1], tl.int32), mask=on, other=-1)
+                pv = tl.where(on & (phys < trash), tl.zeros([1], tl.int64) + phys, trash)  # as load_vertical
+                old_v = tl.load(v_ptr + pv[:, None] * T + offs_t[None, :], mask=tl.broadcast_to(on[:, None], [1, T]),
+                                other=0.0)
             if RB > 0:  # pages a whole number RB of D-byte rows apart: block phys starts at row phys * RB
                 k = k_arg.load([phys * RB, 0])  # [T, D] fp8 through the TMA descriptor
             else:  # other padded strides (8640 = 67.5 rows): the 3D descriptor's page index
@@ -498,13 +455,12 @@ if triton is not None:
             if R3 > 0:
                 _store_group(_score_group(k, qt3, w3, sc, T, GP3, HP), lens3, rows3, out_ptr, out_stride,
                              bmax_ptr, bmax_stride, gmax_ptr, gmax_stride, blk, R3, GP3, T, GMAX, GS)
-            if HIST:  # row 0's logits into the group's tile; after the group's last block, its EMA update
-                j = (blk - blk0) % HB
-                logit0 = tl.sum(tl.where(tl.arange(0, GP0)[None, :] == 0, x0, 0.0), axis=1)  # [T], -inf past len0
-                hx = tl.where((tl.arange(0, HB) == j)[:, None], logit0[None, :], hx)
-                if upd0 & ((j == HB - 1) | (blk == blk_end - 1)):
-                    _update_group(hx, blk - j, blk, len0, hkb, hpv, hv, qpos0, slot0, clock, v_ptr, vb_ptr, vb_stride,
-                                  d_ptr, d_stride, seen_ptr, seen_stride, alpha, window, lo, hi, HB, T, HAS_SEEN)
+            if HIST:  # row 0's scores are still in registers: SPIN's EMA update of this block
+                if upd0:
+                    logit0 = tl.sum(tl.where(tl.arange(0, GP0)[None, :] == 0, x0, 0.0), axis=1)  # [T]: row 0
+                    ema_tile(logit0[None, :], (blk * T + offs_t < len0)[None, :], pv, old_v.to(tl.float32), kb, upd0,
+                             qpos0, slot0, clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
+                             alpha, window, lo, hi, T, HAS_SEEN)
         if FILL_TAIL:  # blocks of this chunk past the longest row: -inf logits and block max, no key reads
             neg = tl.full([NP, T], float("-inf"), tl.float32)
             rows64 = (row0 + offs_n).to(tl.int64)

@@ -13,6 +13,7 @@ the dense step, per layer:
                 (run 74 timed a form that updated groups of blocks there: HISTORY_GROUP_BLOCKS, since reverted)
   onetile, st2  the step with the update pass as one program per tile (history_triton.PIPELINED_STAGES = 1:
                 the kernel before run 75), or pipelined at 2 stages with 7 programs an SM
+  prog<N>       the pipelined pass with N programs in all (e.g. prog144: on the SMs the top-k's 96 rows leave)
   update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
                 _st2: those passes alone)
 
@@ -35,7 +36,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2")
+VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "prog<N>")
 
 
 @contextlib.contextmanager
@@ -48,14 +49,16 @@ def variant(idx, name: str):
 
     original_update, original_topk = ops.update_history, idx._topk
     deferred = []
-    passes = {"onetile": (1, history_triton.PASS_PROGRAMS_PER_SM), "st2": (2, 7)}
+    passes = {"onetile": (1, history_triton.pass_programs), "st2": (2, lambda device: 7 * 132)}
+    if name.startswith("prog"):  # the pipelined pass with this many programs in all
+        passes[name] = (history_triton.PIPELINED_STAGES, lambda device: int(name[4:]))
     if name in passes:
-        saved = history_triton.PIPELINED_STAGES, history_triton.PASS_PROGRAMS_PER_SM
-        history_triton.PIPELINED_STAGES, history_triton.PASS_PROGRAMS_PER_SM = passes[name]
+        saved = history_triton.PIPELINED_STAGES, history_triton.pass_programs
+        history_triton.PIPELINED_STAGES, history_triton.pass_programs = passes[name]
         try:
             yield
         finally:
-            history_triton.PIPELINED_STAGES, history_triton.PASS_PROGRAMS_PER_SM = saved
+            history_triton.PIPELINED_STAGES, history_triton.pass_programs = saved
         return
 
     def update(history, *args, **kw):
@@ -163,7 +166,7 @@ def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lin
                 st, plan = spin._current(i), spin.plans(i)
                 ops.update_history(spin._history_args(i, st, plan), logits[i], plan.compact_block_table,
                                    plan.compact_seq_lens)
-    for name in ("spin", "onetile", "st2"):
+    for name in ["spin"] + [v for v in variants if v in ("onetile", "st2") or v.startswith("prog")]:
         calls["update_alone" + ("" if name == "spin" else "_" + name)] = lambda name=name: update_alone(name)
     ms = time_graphs_paired(calls, rounds=rounds)
     per_layer = {}

@@ -311,6 +311,7 @@ def test_pipelined_pass_matches_reference(lengths, next_n, window, tile, gen, tr
     pytest.importorskip("triton")
     from spin_indexer.ops import history_triton
     monkeypatch.setattr(history_triton, "BLOCKS_PER_PROGRAM", tile)
+    monkeypatch.setattr(history_triton, "PIPELINED_MIN_BLOCKS", 0)  # (production: large tables only)
     blocks = 24
     plan = make_plan(lengths, next_n, blocks, gen, width=max(-(-L // T) for L in lengths) + 1)
     logits = make_logits(plan, plan.kept.shape[1] * T, gen)

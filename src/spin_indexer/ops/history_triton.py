@@ -45,8 +45,12 @@ DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a d
 # bandwidth (run 73: 114.8 us for 242 MB at 96 x 512K s = 0.4), its bytes in flight bounded by registers and its
 # programs' dependent round trips (lengths, ids, then V). 1: that one-tile kernel for every call.
 # (triton 3.6, sm_90a, stages 3: 107 registers uncapped and 27 KB of shared memory a program: 4 resident a SM.)
+# H200, run 75 (96 x 512K s = 0.4 / 96 x 1M s = 0.4 / 96 x 256K s = 0.3): alone 102.1 / 210.6 / 64.1 us against
+# the one-tile kernel's 116.8 / 231.9 / 63.7, SPIN's step 1180.4 / 2294.3 / 713.1 against 1198.0 / 2361.0 / 713.6;
+# the V3.2 step at 128K went 0.595 -> 0.605 of dense with it: from PIPELINED_MIN_BLOCKS table blocks (B x W) only.
 PIPELINED_STAGES = 3
 PASS_PROGRAMS_PER_SM = 4
+PIPELINED_MIN_BLOCKS = 1 << 19
 
 
 def tile_meta() -> dict:
@@ -89,7 +93,8 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
     bmax = block_max_out if block_max_out is not None else logits  # dummy pointers when unused
     gmax = group_max_out if group_max_out is not None else logits
     h = history
-    pipelined = PIPELINED_STAGES > 1 and block_max_out is None and group_max_out is None
+    pipelined = PIPELINED_STAGES > 1 and block_max_out is None and group_max_out is None and \
+        batch * blocks >= PIPELINED_MIN_BLOCKS
     if pipelined:  # each request's tiles over `programs` programs, a static grid (a CUDA graph keeps it)
         programs = max(1, min(triton.cdiv(pass_programs(logits.device), batch),
                               triton.cdiv(blocks, BLOCKS_PER_PROGRAM)))

@@ -258,15 +258,9 @@ if triton is not None:
             live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
                                           seen_stride, alpha, lo, hi, T, HAS_SEEN)
             last = tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0)
-            if last > q - window:  # the tiles reaching the diagonal window (update_tile's sub-tiles)
-                for s in range(0, BLOCKS // DB):
-                    ms = pm * BLOCKS + s * DB + tl.arange(0, DB)
-                    on_s = ms < used
-                    kb_s = tl.load(kept_ptr + b64 * kept_stride + ms, mask=on_s, other=-1)
-                    obs = _row_logits(x_row, ms, on_s, clen, T)
-                    live_s = tl.broadcast_to((kb_s >= 0)[:, None], obs.shape) & (obs > float("-inf")) & (
-                        obs < float("inf"))
-                    ema_diagonal(obs, live_s, kb_s, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T)
+            if last > q - window:  # the tiles reaching the diagonal window
+                ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, used, upd, clen, q, slot, d_ptr, d_stride,
+                                  alpha, window, lo, hi, T, BLOCKS, DB)
 
     @triton.jit
     def _update_history_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
@@ -335,15 +329,23 @@ if triton is not None:
         # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
         last = tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0)
         if last > q - window:
-            # Sub-tiles of DB blocks reload their scores from the logits (just read: L2) rather than keep
-            # the tile's alive through the V update (the whole tile here: 91 registers instead of 70).
-            for s in range(0, BLOCKS // DB):
-                ms = pm * BLOCKS + s * DB + tl.arange(0, DB)
-                on_s = tl.where(upd, (ms < num_blocks) & (ms < used), False)
-                kb_s = tl.load(kept_ptr + b64 * kept_stride + ms, mask=on_s, other=-1)
-                obs = _row_logits(x_row, ms, on_s, clen, T)
-                # as ema_vertical's live: a kept block of an updating row, a finite score before clen
-                # (a branch per sub-tile on whether it reaches the window cost 4-8 registers: none here)
-                live_s = tl.broadcast_to((kb_s >= 0)[:, None], obs.shape) & (obs > float("-inf")) & (
-                    obs < float("inf"))
-                ema_diagonal(obs, live_s, kb_s, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T)
+            ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, tl.minimum(num_blocks, used), upd, clen, q,
+                              slot, d_ptr, d_stride, alpha, window, lo, hi, T, BLOCKS, DB)
+
+    @triton.jit
+    def ema_diagonal_tile(x_row, kept_row, pm, lim, upd, clen, q, slot, d_ptr, d_stride, alpha, window, lo, hi,
+                          T: tl.constexpr, BLOCKS: tl.constexpr, DB: tl.constexpr):
+        """D of a row's compact tile pm (blocks [pm * BLOCKS, (pm + 1) * BLOCKS) below lim; x_row: the row's
+        first logit, kept_row: its first logical block id), for a tile that reaches the diagonal window.
+        Sub-tiles of DB blocks reload their scores from the logits (just read: L2) rather than keep the tile's
+        alive through the V update (the whole tile in update_tile: 91 registers instead of 70)."""
+        for s in range(0, BLOCKS // DB):
+            ms = pm * BLOCKS + s * DB + tl.arange(0, DB)
+            on_s = tl.where(upd, ms < lim, False)
+            kb_s = tl.load(kept_row + ms, mask=on_s, other=-1)
+            obs = _row_logits(x_row, ms, on_s, clen, T)
+            # as ema_vertical's live: a kept block of an updating row, a finite score before clen
+            # (a branch per sub-tile on whether it reaches the window cost 4-8 registers: none here)
+            live_s = tl.broadcast_to((kb_s >= 0)[:, None], obs.shape) & (obs > float("-inf")) & (
+                obs < float("inf"))
+            ema_diagonal(obs, live_s, kb_s, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T)

@@ -33,6 +33,10 @@ random key cache so no replay hits L2), per layer:
                        either way; ops.logits_backend), when DeepGEMM imports
   guard_step_us        step_us with dense_below="auto" and dense_batch_below="auto" (the guards on; the same
                        as step_us where neither acts)
+  dense_step_paired_us the dense step (dense_step_us's graph) replayed once a round in SPIN's paired rounds, per
+                       layer, median (since run 77; dense_step_us is timed apart, back to back)
+  vs_dense_paired      dense step / SPIN step per round, median: the two steps under the same clocks and the same
+                       order of replays (guard_vs_dense_paired: the same for the guarded step)
 SPIN's history is a random steady state (every block scored before, diagonal windows full), so realized
 sparsity is the target. Writes <out>/h200_indexer.csv (one row per point and sparsity), h200_env.json and
 h200_indexer.md (command, environment, table, targets). A CPU dry run (SPIN_BENCH_DEVICE=cpu,
@@ -59,7 +63,7 @@ COLUMNS = ["batch", "ctx", "next_n", "sparsity", "deepgemm_logits_us", "dense_lo
            "own_topk_us", "dense_step_us", "spin_logits_us", "topk_us", "plan_us", "plan_update_us", "step_us",
            "spin_own_us", "dense_other_us",
            "step_other_backend_us", "guard_step_us", "realized_sparsity", "spin_own_bytes", "spin_own_pct_copy_bw",
-           "key_GBps", "copy_GBps"]
+           "key_GBps", "copy_GBps", "dense_step_paired_us", "vs_dense_paired", "guard_vs_dense_paired"]
 TOPK = 2048
 PLAN_LAYERS = 61  # DeepSeek-V3.2's indexer layers: plan() covers them all, its cost is shared by them
 PAIRED_ROUNDS = 15  # rounds of SPIN's paired replays (spin_step)
@@ -189,6 +193,10 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
     dense.plan(p.table, p.lens, validate=False)
     out["dense_step_us"] = time_graph(each_layer(lambda i: dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])),
                                       **timing).p50_us
+
+    def dense_step():  # the same step again, replayed in SPIN's paired rounds (spin_step)
+        for i in range(p.layers):
+            dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])
     del logits, bmax, gmax, dense_inputs
     results = []
     for s in sparsities:
@@ -204,14 +212,16 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
             backends = [(None, "")] + ([(other, "_other")] if have_dg and guard == 0 else [])
             for backend, suffix in backends:
                 with logits_backend(backend):
-                    times = spin_step(p, s, k, guard, indexer_kw)
+                    times = spin_step(p, s, k, guard, indexer_kw, dense_step if not suffix else None)
                 if guard == 0 and not suffix:
                     row.update(times)
                 elif guard == 0:
                     row["step_other_backend_us"] = times["step_us"]
                 else:
                     row["guard_step_us"] = times["step_us"]
+                    row["guard_vs_dense_paired"] = times["vs_dense_paired"]
         row.setdefault("guard_step_us", row["step_us"])
+        row.setdefault("guard_vs_dense_paired", row["vs_dense_paired"])
         row["plan_update_us"] = row["spin_own_us"]
         row["dense_other_us"] = row["dense_step_us"] - row["dense_logits_us"] - row["own_topk_us"]
         kept = (1 - row["realized_sparsity"]) * batch * ctx
@@ -233,9 +243,10 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
     return results
 
 
-def spin_step(p, sparsity: float, k: int, guard, indexer_kw: dict | None = None) -> dict:
+def spin_step(p, sparsity: float, k: int, guard, indexer_kw: dict | None = None, dense_step=None) -> dict:
     """SPIN's step at one sparsity: plan (61 layers) + run per layer, and its logits and top-k alone, in
-    paired rounds. indexer_kw: more SpinIndexer arguments (tau_hint, overlap_update, topk_sorted)."""
+    paired rounds. indexer_kw: more SpinIndexer arguments (tau_hint, overlap_update, topk_sorted). dense_step:
+    the dense step over p's layers, replayed in the same rounds (dense_step_paired_us, vs_dense_paired)."""
     import torch
     from harness import time_graphs_paired
 
@@ -301,17 +312,24 @@ def spin_step(p, sparsity: float, k: int, guard, indexer_kw: dict | None = None)
         tau_hint=hint, sorted=sorted_) for x, bm, gm in inputs]
     # plan(), the step, the logits alone and the top-k alone replayed in turn, one replay of each per round: own
     # work is a difference of these, taken per round (a drift of clocks hits all four alike) and then the median
-    ms = time_graphs_paired({"plan": plan, "step": step, "logits": lambda: [fn() for fn in calls],
-                             "topk": lambda: [fn() for fn in topk_calls]}, rounds=PAIRED_ROUNDS)
+    graphs = {"plan": plan, "step": step, "logits": lambda: [fn() for fn in calls],
+              "topk": lambda: [fn() for fn in topk_calls]}
+    if dense_step is not None:
+        graphs["dense"] = dense_step
+    ms = time_graphs_paired(graphs, rounds=PAIRED_ROUNDS)
+    nan = [float("nan")] * PAIRED_ROUNDS
     per_round = []
-    for t_plan, t_step, t_logits, t_topk in zip(ms["plan"], ms["step"], ms["logits"], ms["topk"]):
+    for t_plan, t_step, t_logits, t_topk, t_dense in zip(ms["plan"], ms["step"], ms["logits"], ms["topk"],
+                                                          ms.get("dense", nan)):
         plan_l, logits_l, topk_l = 1e3 * t_plan / PLAN_LAYERS, 1e3 * t_logits / p.layers, 1e3 * t_topk / p.layers
         step_l = plan_l + 1e3 * (t_step - t_plan) / p.layers
-        per_round.append((plan_l, step_l, logits_l, topk_l, step_l - logits_l - topk_l))
-    plan_us, step_us, logits_us, topk_us, own_us = (statistics.median(col) for col in zip(*per_round))
+        dense_l = 1e3 * t_dense / p.layers
+        per_round.append((plan_l, step_l, logits_l, topk_l, step_l - logits_l - topk_l, dense_l, dense_l / step_l))
+    plan_us, step_us, logits_us, topk_us, own_us, dense_us, vs_dense = (statistics.median(col)
+                                                                         for col in zip(*per_round))
     del idx, logits, bmax, inputs
     return dict(plan_us=plan_us, step_us=step_us, spin_logits_us=logits_us, topk_us=topk_us, spin_own_us=own_us,
-                realized_sparsity=realized)
+                realized_sparsity=realized, dense_step_paired_us=dense_us, vs_dense_paired=vs_dense)
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -355,9 +373,12 @@ def run_checks(env: dict, dry: bool) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- report
-def fmt(v):
+RATIO_COLUMNS = ("vs_dense_paired", "guard_vs_dense_paired")  # written with 4 decimals (ratios near 1.0)
+
+
+def fmt(v, column: str = ""):
     if isinstance(v, float):
-        return "" if math.isnan(v) else f"{v:.2f}"
+        return "" if math.isnan(v) else f"{v:.4f}" if column in RATIO_COLUMNS else f"{v:.2f}"
     return str(v)
 
 
@@ -396,6 +417,12 @@ def targets(rows: list[dict]) -> list[str]:
         out.append(f"every point: worst SPIN step vs own dense step {ratio(worst['dense_step_us'], worst['step_us']):.2f}x "
                    f"at B={worst['batch']} L={worst['ctx']} n={worst['next_n']} s={worst['sparsity']} (target >= 1.0); "
                    f"with the guard: {min(ratio(r['dense_step_us'], r['guard_step_us']) for r in rows):.2f}x")
+    paired = [r for r in rows if r.get("vs_dense_paired", float("nan")) == r.get("vs_dense_paired", float("nan"))]
+    if paired:  # the same comparison with both steps in the same rounds (per-round ratios; since run 77)
+        w = min(paired, key=lambda r: r["vs_dense_paired"])
+        out.append(f"every point, paired rounds: worst SPIN step vs own dense step {w['vs_dense_paired']:.3f}x at "
+                   f"B={w['batch']} L={w['ctx']} n={w['next_n']} s={w['sparsity']} (target >= 1.0); with the guard: "
+                   f"{min(r.get('guard_vs_dense_paired', r['vs_dense_paired']) for r in paired):.3f}x")
     long = [r for r in rows if r["ctx"] >= 131072]
     if long:
         w = max(long, key=lambda r: r["spin_own_us"] / r["dense_logits_us"])
@@ -416,7 +443,7 @@ def write_report(out_dir: str, rows: list[dict], env: dict, command: str) -> lis
              "- per layer, CUDA graphs, median of replays; each layer its own random key cache; SPIN history a random "
              "steady state; plan_us = plan() of 61 layers / 61. Columns: see benchmarks/run_all.py.", "",
              "## Targets (issue: the fused step)", ""] + [f"- {t}" for t in targets(rows)] + [""]
-    lines += markdown_table(COLUMNS, rows, fmt)
+    lines += markdown_table(COLUMNS, [{c: fmt(r.get(c, float("nan")), c) for c in COLUMNS} for r in rows], str)
     with open(os.path.join(out_dir, "h200_indexer.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return lines
@@ -487,7 +514,7 @@ def main(argv=None) -> int:
             with open(csv_path, "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
                 w.writeheader()
-                w.writerows([{c: fmt(r.get(c, float("nan"))) for c in COLUMNS} for r in rows])
+                w.writerows([{c: fmt(r.get(c, float("nan")), c) for c in COLUMNS} for r in rows])
     with open(os.path.join(args.out, "h200_env.json"), "w") as f:
         json.dump(env, f, indent=1)
     if rows:

@@ -20,7 +20,8 @@ def test_run_all_dry_run(tmp_path):
         rows = list(reader)
     for column in ("batch", "ctx", "next_n", "sparsity", "dense_logits_us", "spin_logits_us", "topk_us",
                    "torch_topk_us", "plan_update_us", "step_us", "key_GBps", "copy_GBps", "deepgemm_logits_us",
-                   "dense_step_us", "spin_own_us", "dense_other_us"):
+                   "dense_step_us", "spin_own_us", "dense_other_us", "dense_step_paired_us", "vs_dense_paired",
+                   "guard_vs_dense_paired"):
         assert column in reader.fieldnames, column
     assert [(r["batch"], r["ctx"], r["next_n"]) for r in rows] == [("2", "2000", "1"), ("1", "3000", "2")]
     assert all(r["deepgemm_logits_us"] == "" for r in rows)  # no DeepGEMM here: empty, not made up
@@ -42,3 +43,19 @@ def test_targets_without_deepgemm_columns():
     assert any(line.startswith("B=96 L=131072 n=2 s=0.5: vs DeepGEMM+torch.topk nanx") for line in lines)
     rows[0]["deepgemm_logits_us"] = 50.0
     assert "3.00x" in run_all.targets(rows)[0]
+
+
+def test_targets_report_the_paired_ratios_where_the_run_has_them():
+    """Since run 77 the dense step is replayed in SPIN's paired rounds too: the report names the worst per-round
+    ratio (3 decimals: the B = 1 points sit within 1% of 1.0), guarded and not; a run without the column (the
+    CPU dry run, older csvs) reports no such line."""
+    from conftest import import_benchmark
+    run_all = import_benchmark("run_all")
+    rows = [dict(batch=b, ctx=131072, next_n=1, sparsity=0.2, torch_topk_us=100.0, step_us=50.0, dense_step_us=90.0,
+                 guard_step_us=50.0, spin_own_us=2.0, dense_logits_us=80.0) for b in (1, 96)]
+    assert not any("paired" in line for line in run_all.targets(rows))
+    rows[0].update(vs_dense_paired=0.9987, guard_vs_dense_paired=1.0004)
+    rows[1].update(vs_dense_paired=1.8123, guard_vs_dense_paired=1.8123)
+    line = next(line for line in run_all.targets(rows) if "paired" in line)
+    assert "0.999x at B=1 L=131072" in line and "with the guard: 1.000x" in line
+    assert run_all.fmt(0.99871, "vs_dense_paired") == "0.9987" and run_all.fmt(0.99871, "step_us") == "1.00"

@@ -6,7 +6,10 @@ The standalone kernel (replay, and after the DeepGEMM backend) runs its two halv
 ema_diagonal) over compact logits: one program per (request, BLOCKS compact blocks), one launch per updating
 row so rows fold in strictly in order (row j+1's diagonal offsets overlap row j's at block edges). It can
 write the compact block maxima and the top-k's group maxima too, the one pass over the logits they all need
-(the maxima without an update come from maxima_triton's persistent pass).
+(the maxima without an update come from maxima_triton's persistent pass). The update alone on a large table
+(SpinIndexer's side stream from PIPELINED_MIN_BLOCKS table blocks) is a pipelined pass instead: a few programs
+per request loop over its tiles, the next tiles' loads in flight (`_update_pass_kernel`); each tile's work is
+the same.
 
 Bytes per kept token: 4 (logits) + 2 + 2 (V read + written) + 4 more for D inside the window (+ 4 of logits
 read again from L2 there); per kept block 2 B of block max (and 4 of last_seen). No two programs of a launch write the same V cell (one

@@ -44,12 +44,13 @@ def variant(idx, name: str):
     """The step's update rearranged as `name` while the block runs (patches this process's ops / indexer)."""
     from spin_indexer import ops
     from spin_indexer.indexer import spin as spin_module
-
     from spin_indexer.ops import history_triton
 
     original_update, original_topk = ops.update_history, idx._topk
     deferred = []
-    passes = {"onetile": (1, history_triton.pass_programs), "st2": (2, lambda device: 7 * 132)}
+    per_sm = history_triton.PASS_PROGRAMS_PER_SM
+    passes = {"onetile": (1, history_triton.pass_programs),  # (stages, programs in all)
+              "st2": (2, lambda device, f=history_triton.pass_programs: 7 * f(device) // per_sm)}
     if name.startswith("prog"):  # the pipelined pass with this many programs in all
         passes[name] = (history_triton.PIPELINED_STAGES, lambda device: int(name[4:]))
     if name in passes:

@@ -191,12 +191,11 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
                                      for x, bm, gm in dense_inputs], **timing).p50_us
     dense = DenseIndexer(k, next_n, device=p.table.device, topk_sorted=sorted_)
     dense.plan(p.table, p.lens, validate=False)
-    out["dense_step_us"] = time_graph(each_layer(lambda i: dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])),
-                                      **timing).p50_us
 
-    def dense_step():  # the same step again, replayed in SPIN's paired rounds (spin_step)
+    def dense_step():  # every layer's step; its graph is replayed in SPIN's paired rounds too (spin_step)
         for i in range(p.layers):
             dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])
+    out["dense_step_us"] = time_graph([dense_step], **timing).p50_us / p.layers
     del logits, bmax, gmax, dense_inputs
     results = []
     for s in sparsities:
@@ -382,6 +381,11 @@ def fmt(v, column: str = ""):
     return str(v)
 
 
+def formatted(rows: list[dict]) -> list[dict]:
+    """rows as the csv and the results page write them: every column through fmt (NaN where a row lacks it)."""
+    return [{c: fmt(r.get(c, float("nan")), c) for c in COLUMNS} for r in rows]
+
+
 def targets(rows: list[dict]) -> list[str]:
     """The issue's targets, each beside its measured value."""
     out = []
@@ -417,7 +421,7 @@ def targets(rows: list[dict]) -> list[str]:
         out.append(f"every point: worst SPIN step vs own dense step {ratio(worst['dense_step_us'], worst['step_us']):.2f}x "
                    f"at B={worst['batch']} L={worst['ctx']} n={worst['next_n']} s={worst['sparsity']} (target >= 1.0); "
                    f"with the guard: {min(ratio(r['dense_step_us'], r['guard_step_us']) for r in rows):.2f}x")
-    paired = [r for r in rows if r.get("vs_dense_paired", float("nan")) == r.get("vs_dense_paired", float("nan"))]
+    paired = [r for r in rows if not math.isnan(r.get("vs_dense_paired", float("nan")))]
     if paired:  # the same comparison with both steps in the same rounds (per-round ratios; since run 77)
         w = min(paired, key=lambda r: r["vs_dense_paired"])
         out.append(f"every point, paired rounds: worst SPIN step vs own dense step {w['vs_dense_paired']:.3f}x at "
@@ -443,7 +447,7 @@ def write_report(out_dir: str, rows: list[dict], env: dict, command: str) -> lis
              "- per layer, CUDA graphs, median of replays; each layer its own random key cache; SPIN history a random "
              "steady state; plan_us = plan() of 61 layers / 61. Columns: see benchmarks/run_all.py.", "",
              "## Targets (issue: the fused step)", ""] + [f"- {t}" for t in targets(rows)] + [""]
-    lines += markdown_table(COLUMNS, [{c: fmt(r.get(c, float("nan")), c) for c in COLUMNS} for r in rows], str)
+    lines += markdown_table(COLUMNS, formatted(rows), str)
     with open(os.path.join(out_dir, "h200_indexer.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return lines
@@ -514,7 +518,7 @@ def main(argv=None) -> int:
             with open(csv_path, "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
                 w.writeheader()
-                w.writerows([{c: fmt(r.get(c, float("nan")), c) for c in COLUMNS} for r in rows])
+                w.writerows(formatted(rows))
     with open(os.path.join(args.out, "h200_env.json"), "w") as f:
         json.dump(env, f, indent=1)
     if rows:

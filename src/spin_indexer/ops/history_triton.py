@@ -194,6 +194,13 @@ if triton is not None:
         return live, any_live
 
     @triton.jit
+    def reaches_window(any_live, kb, q, window, T: tl.constexpr):
+        """Whether a block that took an observation (any_live bool [BB], logical ids kb [BB]) holds a position
+        inside the row's diagonal window (the `window` positions before query position q): only then does a
+        tile do the window's per-cell gathers."""
+        return tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0) > q - window
+
+    @triton.jit
     def ema_diagonal(obs, live, kb, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T: tl.constexpr):
         """The D half of ema_tile: the cells of `live` (from ema_vertical) inside the diagonal window. Block kb's
         slot t sits at offset q - (kb * T + t) from the query: D cells descend along T, so they are per-cell
@@ -218,8 +225,7 @@ if triton is not None:
                                       seen_stride, alpha, lo, hi, T, HAS_SEEN)
         # The diagonal window covers the request's last `window` positions: only the tiles that reach it
         # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
-        last = tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0)
-        if last > q - window:
+        if reaches_window(any_live, kb, q, window, T):
             ema_diagonal(obs, live, kb, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T)
 
     @triton.jit
@@ -260,8 +266,7 @@ if triton is not None:
             live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
             live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
                                           seen_stride, alpha, lo, hi, T, HAS_SEEN)
-            last = tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0)
-            if last > q - window:  # the tiles reaching the diagonal window
+            if reaches_window(any_live, kb, q, window, T):
                 ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, used, upd, clen, q, slot, d_ptr, d_stride,
                                   alpha, window, lo, hi, T, BLOCKS, DB)
 
@@ -330,8 +335,7 @@ if triton is not None:
                      bmax_ptr + (out_row + j) * bmax_stride, T, G, BLOCKS, GMAX, BMAX)
         # The diagonal window covers the request's last `window` positions: only the tiles that reach it
         # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
-        last = tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0)
-        if last > q - window:
+        if reaches_window(any_live, kb, q, window, T):
             ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, tl.minimum(num_blocks, used), upd, clen, q,
                               slot, d_ptr, d_stride, alpha, window, lo, hi, T, BLOCKS, DB)
 

@@ -22,7 +22,7 @@ PARTS = ("step96", "step1", "mtp2", "mtp4", "plan96x512k", "plan96x1m")
 def spin_step(batch: int, ctx: int, measured_layers: int = 2) -> None:
     """SPIN's step at batch x ctx; measured_layers: layers run in the measured part (0 = plan() alone)."""
     import torch
-    from run_all import TOPK, Point, steady_indexer, timed_layer
+    from run_all import TOPK, Point, steady_indexer
 
     from spin_indexer.predictor import SpinConfig
 
@@ -34,7 +34,7 @@ def spin_step(batch: int, ctx: int, measured_layers: int = 2) -> None:
             torch.cuda.nvtx.range_push("measure")
         idx.plan(p.table, p.lens, slots, validate=False)
         for i in range(layers):
-            idx.run(timed_layer(p, i), p.q[i][0], p.caches[i], p.q[i][1])
+            idx.run(i, p.q[i][0], p.caches[i], p.q[i][1])
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
 

@@ -45,7 +45,7 @@ def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: lis
                   parts: tuple = PARTS) -> dict:
     import torch
     from harness import time_graph
-    from run_all import PLAN_LAYERS, TOPK, Point, steady_indexer, timed_layer
+    from run_all import PLAN_LAYERS, TOPK, Point, steady_indexer
 
     from spin_indexer import ops
     from spin_indexer.indexer import DenseIndexer
@@ -60,7 +60,7 @@ def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: lis
     def spin_step():
         idx.plan(p.table, p.lens, slots, validate=False)
         for i in range(p.layers):
-            idx.run(timed_layer(p, i), p.q[i][0], p.caches[i], p.q[i][1])
+            idx.run(i, p.q[i][0], p.caches[i], p.q[i][1])
 
     dense = DenseIndexer(k, next_n, device=p.table.device)
 
@@ -98,7 +98,7 @@ def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: lis
     # The top-k's stages alone on the step's compact logits (graph timings, cumulative stages), with the group
     # maxima SpinIndexer passes (the logits op writes them when G = topk_group < 64, as the step does).
     spin_step()
-    plan = idx.plans(timed_layer(p, 0))
+    plan = idx.plans(0)
     rows_n = batch * next_n
     logits = torch.empty(rows_n, p.width * 64, device=p.table.device)
     bmax = torch.empty(rows_n, p.width, device=p.table.device)

@@ -111,12 +111,6 @@ class Point:
         self.num_cache_blocks = blocks
 
 
-def timed_layer(p, i: int) -> int:
-    """The indexer layer the i-th of p's layers runs as: the model's last p.layers (the step then ends with its
-    last layer, which joins the EMA updates the others defer beside the next layer's logits: SpinIndexer._defers)."""
-    return PLAN_LAYERS - p.layers + i
-
-
 def steady_indexer(p, config, **indexer_kw):
     """(SpinIndexer, slots int64 [B]): an indexer sized for point p (PLAN_LAYERS layers, p's batch, width, next_n
     and cache) with a slot per request and steady_state's history; indexer_kw: more SpinIndexer arguments."""
@@ -269,10 +263,10 @@ def spin_step(p, sparsity: float, k: int, guard, indexer_kw: dict | None = None,
     def step():
         plan()
         for i in range(p.layers):
-            idx.run(timed_layer(p, i), p.q[i][0], p.caches[i], p.q[i][1])
+            idx.run(i, p.q[i][0], p.caches[i], p.q[i][1])
 
     step()
-    plan0 = idx.plans(timed_layer(p, 0))
+    plan0 = idx.plans(0)
     realized = float(plan0.sparsity().mean())
     rows = p.batch * p.next_n
     logits = torch.empty(rows, p.width * 64, device=p.table.device)
@@ -283,7 +277,7 @@ def spin_step(p, sparsity: float, k: int, guard, indexer_kw: dict | None = None,
         # with the SM schedule plan() wrote for layer 0 (as the step calls it: no metadata launch)
         calls = [lambda i=i: deepgemm.paged_indexer_logits_deepgemm(
             p.q[i][0], p.caches[i], p.q[i][1], plan0.compact_seq_lens, plan0.compact_block_table, validate=False,
-            schedule=idx.deepgemm_schedule(timed_layer(p, 0))) for i in range(p.layers)]
+            schedule=idx.deepgemm_schedule(0)) for i in range(p.layers)]
     else:
         # sized by the kept budget as the step sizes it (active_width: the Triton kernel's chunk and its
         # compact-table configuration, indexer_logits_triton.default_config)

@@ -28,7 +28,7 @@ def main() -> None:
     a = ap.parse_args()
     import torch
     from harness import DEVICE, time_graph
-    from run_all import PLAN_LAYERS, TOPK, Point, steady_indexer, timed_layer
+    from run_all import PLAN_LAYERS, TOPK, Point, steady_indexer
 
     from spin_indexer import ops
     from spin_indexer.predictor import SpinConfig
@@ -47,13 +47,13 @@ def main() -> None:
             def step():
                 idx.plan(p.table, p.lens, slots, validate=False)
                 for i in range(p.layers):
-                    idx.run(timed_layer(p, i), p.q[i][0], p.caches[i], p.q[i][1])
+                    idx.run(i, p.q[i][0], p.caches[i], p.q[i][1])
 
             t_plan = time_graph([lambda: idx.plan(p.table, p.lens, slots, validate=False)], max_reps=10).p50_us
             t_step = time_graph([step], max_reps=10).p50_us
             per_layer = t_plan / PLAN_LAYERS + (t_step - t_plan) / p.layers
             step()
-            plan = idx.plans(timed_layer(p, 0))
+            plan = idx.plans(0)
             rows = b * n
             logits = torch.randn(rows, p.width * 64, device=p.table.device)
             bmax = torch.empty(rows, p.width, device=p.table.device)

@@ -14,10 +14,6 @@ the dense step, per layer:
   onetile, st2  the step with the update pass as one program per tile (history_triton.PIPELINED_STAGES = 1:
                 the kernel before run 75), or pipelined at 2 stages with 7 programs an SM
   prog<N>       the pipelined pass with N programs in all (e.g. prog144: on the SMs the top-k's 96 rows leave)
-  nodefer       SpinIndexer(defer_update=False): every layer's update beside its own top-k (production before
-                the deferred update, run 77)
-  defer<N>      the deferred update (every timed layer's but the last, beside the next layer's logits) in N
-                programs in all (spin.DEFERRED_PASS_PROGRAMS; the timed layers are the model's last, run_all)
   update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
                 _st2: those passes alone)
 
@@ -40,7 +36,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "prog<N>", "nodefer", "defer<N>")
+VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "prog<N>")
 
 
 @contextlib.contextmanager
@@ -83,15 +79,7 @@ def variant(idx, name: str):
                 original_update(history, *a, **k)
         return out
 
-    if name.startswith("defer"):
-        saved = spin_module.DEFERRED_PASS_PROGRAMS
-        spin_module.DEFERRED_PASS_PROGRAMS = int(name[5:])
-        try:
-            yield
-        finally:
-            spin_module.DEFERRED_PASS_PROGRAMS = saved
-        return
-    if name in ("spin", "fused", "nodefer"):
+    if name in ("spin", "fused"):
         yield
         return
     spin_module.ops.update_history = update
@@ -134,7 +122,7 @@ def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lin
             variants=VARIANTS) -> dict:
     import torch
     from harness import time_graphs_paired
-    from run_all import PLAN_LAYERS, TOPK, Point, steady_indexer, timed_layer
+    from run_all import PLAN_LAYERS, TOPK, Point, steady_indexer
 
     from spin_indexer import ops
     from spin_indexer.indexer import DenseIndexer
@@ -151,15 +139,14 @@ def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lin
     calls = {"dense": dense_step}
     indexers = {}
     for name in variants:
-        idx, slots = steady_indexer(p, SpinConfig(sparsity=sparsity, topk=k), overlap_update=name != "fused",
-                                    defer_update=name != "nodefer")
+        idx, slots = steady_indexer(p, SpinConfig(sparsity=sparsity, topk=k), overlap_update=name != "fused")
         indexers[name] = idx
 
         def step(idx=idx, slots=slots, name=name):
             with variant(idx, name):
                 idx.plan(p.table, p.lens, slots, validate=False)
                 for i in range(p.layers):
-                    idx.run(timed_layer(p, i), p.q[i][0], p.caches[i], p.q[i][1])
+                    idx.run(i, p.q[i][0], p.caches[i], p.q[i][1])
         calls[name] = step
         if name == "spin":
             calls["plan"] = lambda idx=idx, slots=slots: idx.plan(p.table, p.lens, slots, validate=False)
@@ -169,7 +156,7 @@ def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lin
     rows = batch * next_n
     logits = []
     for i in range(p.layers):
-        plan = spin.plans(timed_layer(p, i))
+        plan = spin.plans(i)
         x = ops.paged_indexer_logits(p.q[i][0], p.caches[i], p.q[i][1], plan.compact_seq_lens, plan.compact_block_table,
                                      validate=False, fill_tail=False)
         logits.append(x.view(batch, next_n, -1))
@@ -177,9 +164,8 @@ def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lin
     def update_alone(name):
         with variant(spin, name):
             for i in range(p.layers):
-                layer = timed_layer(p, i)
-                st, plan = spin._current(layer), spin.plans(layer)
-                ops.update_history(spin._history_args(layer, st, plan), logits[i], plan.compact_block_table,
+                st, plan = spin._current(i), spin.plans(i)
+                ops.update_history(spin._history_args(i, st, plan), logits[i], plan.compact_block_table,
                                    plan.compact_seq_lens)
     for name in ["spin"] + [v for v in variants if v in ("onetile", "st2") or v.startswith("prog")]:
         calls["update_alone" + ("" if name == "spin" else "_" + name)] = lambda name=name: update_alone(name)
@@ -211,7 +197,7 @@ def main(argv=None) -> int:
     ap.add_argument("--points", default="96x524288x1")
     ap.add_argument("--sparsities", default="0.4,0.5")
     ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--variants", default="spin,nodefer,no_update",
+    ap.add_argument("--variants", default="spin,no_update,onetile,st2",
                     help="comma list, spin first, of " + ", ".join(VARIANTS))
     ap.add_argument("--out", default="/tmp/out")
     ap.add_argument("--group-blocks", type=int, default=None,

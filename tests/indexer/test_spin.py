@@ -713,15 +713,13 @@ def test_step_on_padded_pages_equals_the_contiguous_copy(next_n, pad, triton_log
 @pytest.mark.parametrize("backend", ["deepgemm", "triton"])
 @pytest.mark.parametrize("next_n", [1, 2])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-@pytest.mark.parametrize("mode", ["in-topk", "side-stream", "deferred"])
-def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, next_n, graph, mode, gen,
+@pytest.mark.parametrize("in_topk_blocks", [1 << 20, 0], ids=["in-topk", "side-stream"])
+def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, next_n, graph, in_topk_blocks, gen,
                                                                      monkeypatch):
     """overlap_update=True (up to UPDATE_IN_TOPK_BLOCKS table blocks the update's programs in the top-k's
     threshold launch; else the update pass on a low-priority stream, the top-k on a high-priority one with, on
-    DeepGEMM, the maxima pass; from DEFER_MIN_BLOCKS, with the Triton logits, layers 0 and 1's updates deferred
-    beside the next layer's logits, the two logits buffers taken in turn, layer 2 waiting for layer 0's before
-    it writes their buffer and joining both; off: the update in series, fused into the Triton kernel's epilogue
-    or into DeepGEMM's maxima pass) leaves the same history and returns the
+    DeepGEMM, the maxima pass; off: the update in series, fused into the Triton kernel's epilogue or into
+    DeepGEMM's maxima pass) leaves the same history and returns the
     same top-k as overlap_update=False, over three steps of three layers, also when the whole step (plan +
     every layer) is captured in one CUDA graph and replayed (the forks and joins are recorded)."""
     from spin_indexer.ops import deepgemm
@@ -729,28 +727,15 @@ def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, ne
         pytest.skip("needs deep_gemm")
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", backend)
     from spin_indexer.indexer import spin
-    monkeypatch.setattr(spin, "UPDATE_IN_TOPK_BLOCKS", 1 << 20 if mode == "in-topk" else 0)
-    monkeypatch.setattr(spin, "DEFER_MIN_BLOCKS", 0 if mode == "deferred" else 1 << 40)
-    monkeypatch.setattr(spin, "DEFERRED_PASS_PROGRAMS", 3)  # fewer than the requests: programs loop over them
-    programs = []  # `programs` of each update the step launches (the deferred ones: DEFERRED_PASS_PROGRAMS)
-    update_history = spin.ops.update_history
-
-    def spy(history, *args, **kw):
-        if history is not None:
-            programs.append(kw.get("programs"))
-        return update_history(history, *args, **kw)
-
-    monkeypatch.setattr(spin.ops, "update_history", spy)
+    monkeypatch.setattr(spin, "UPDATE_IN_TOPK_BLOCKS", in_topk_blocks)
     x = make_paged_inputs([64 * 90 + 17, 64 * 70, 64 * 33 + 5, 64 * 120], next_n, 64, 128, gen).to("cuda")
     batch, width = x.block_table.shape
     layers, k = 3, 96
     runs = {}
     for overlap in (False, True):
-        programs.clear()
         idx = SpinIndexer(SpinConfig(sparsity=0.5, topk=k), num_layers=layers, max_batch=batch, max_blocks=width,
                           next_n=next_n, device="cuda", num_cache_blocks=x.kv_cache.shape[0], overlap_update=overlap)
         assert (idx._update_stream is not None) == overlap
-        assert (idx.workspace.logits_alt is not None) == (overlap and mode == "deferred")
         slots = torch.tensor([idx.state.allocate() for _ in range(batch)], device="cuda")
         outs = []
 
@@ -778,54 +763,11 @@ def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, ne
                 outs.append(torch.stack(step()).clone())
         torch.cuda.synchronize()
         runs[overlap] = (outs, idx.state)
-    deferred = mode == "deferred" and backend == "triton"
-    if mode != "in-topk":  # the update on the side stream: every launch of the eager steps, warm-up and capture
-        assert programs and programs == [3, 3, None] * (len(programs) // 3) if deferred else set(programs) == {None}
     (serial, s0), (overlapped, s1) = runs[False], runs[True]
     for a, b in zip(serial, overlapped):
         assert torch.equal(a, b)
     assert torch.equal(s0.vertical, s1.vertical) and torch.equal(s0.block_max, s1.block_max)
     assert torch.equal(s0.diagonal, s1.diagonal)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the side stream)")
-def test_a_step_ending_before_the_last_layer_ends_its_deferred_updates_with_join(gen, monkeypatch):
-    """Deferred updates (DEFER_MIN_BLOCKS = 0): steps that run layers 0 and 1 of 3 leave their updates pending;
-    eagerly the next plan() joins them, in a CUDA graph join() does (the capture ends with nothing forked);
-    the top-k and the history equal overlap_update=False's."""
-    monkeypatch.setenv("SPIN_INDEXER_LOGITS", "triton")
-    from spin_indexer.indexer import spin
-    monkeypatch.setattr(spin, "UPDATE_IN_TOPK_BLOCKS", 0)
-    monkeypatch.setattr(spin, "DEFER_MIN_BLOCKS", 0)
-    x = make_paged_inputs([64 * 90 + 17, 64 * 70, 64 * 120], 1, 64, 128, gen).to("cuda")
-    batch, width = x.block_table.shape
-    results = []
-    for overlap in (False, True):
-        idx = SpinIndexer(SpinConfig(sparsity=0.5, topk=96), num_layers=3, max_batch=batch, max_blocks=width,
-                          device="cuda", num_cache_blocks=x.kv_cache.shape[0], overlap_update=overlap)
-        slots = torch.tensor([idx.state.allocate() for _ in range(batch)], device="cuda")
-
-        def step():
-            idx.plan(x.block_table, x.seq_lens, slots, validate=False)
-            return torch.stack([idx.run(i, x.q_fp8, x.kv_cache, x.weights) for i in range(2)])
-
-        outs = [step().clone() for _ in range(2)]  # eager: the second plan() joins the first step's updates
-        assert idx._pending == overlap
-        idx.join()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            captured = step()
-            idx.join()
-        for _ in range(2):
-            g.replay()
-            outs.append(captured.clone())
-        torch.cuda.synchronize()
-        results.append((outs, idx.state.vertical.clone(), idx.state.diagonal.clone()))
-    (serial, v0, d0), (deferred, v1, d1) = results
-    assert all(torch.equal(a, b) for a, b in zip(serial, deferred))
-    assert torch.equal(v0, v1) and torch.equal(d0, d1)
 
 
 @pytest.mark.gpu
@@ -854,10 +796,7 @@ def test_tau_hint_gives_the_same_steps_and_keeps_a_key_per_layer_and_row(gen):
 
 
 @pytest.mark.parametrize("sms", [0, 4])
-@pytest.mark.parametrize("buffers", [1, 2])
-def test_workspace_bytes_needed_is_what_it_allocates(sms, buffers):
+def test_workspace_bytes_needed_is_what_it_allocates(sms):
     from spin_indexer.indexer.workspace import Workspace
     args = (3, 5, 7, 2, 64, 16)
-    ws = Workspace(*args, torch.device("cpu"), sms, logits_buffers=buffers)
-    assert ws.nbytes() == Workspace.bytes_needed(*args, sms, logits_buffers=buffers)
-    assert (ws.logits_alt is not None) == (buffers == 2)
+    assert Workspace(*args, torch.device("cpu"), sms).nbytes() == Workspace.bytes_needed(*args, sms)

@@ -306,10 +306,8 @@ def test_triton_twin_matches_reference(lengths, next_n, window, seen, gen, trito
 @pytest.mark.parametrize("tile", [32, 2], ids=["one-tile", "tiles-of-2"])
 def test_pipelined_pass_matches_reference(lengths, next_n, window, tile, gen, triton_device, monkeypatch):
     """The update alone (no maxima: SpinIndexer's side stream) runs the pipelined pass: with tiles of 2 blocks
-    each program loops over several tiles of its request; with fewer programs than requests (2 in all under the
-    interpreter by default; `programs=1`, the deferred update's form) a program also loops over requests, with
-    more (`programs=5`) a request's tiles spread over several; every row updates in order, some rows not at all
-    (guarded); the state is the reference's, and the one-tile kernel's."""
+    each program loops over several tiles of its request (2 programs in all under the interpreter); every row
+    updates in order, some rows not at all (guarded); the state is the reference's, and the one-tile kernel's."""
     pytest.importorskip("triton")
     from spin_indexer.ops import history_triton
     monkeypatch.setattr(history_triton, "BLOCKS_PER_PROGRAM", tile)
@@ -324,13 +322,10 @@ def test_pipelined_pass_matches_reference(lengths, next_n, window, tile, gen, tr
     update_history_ref(ref, logits, plan.table, plan.lens)
     dev = torch.device(triton_device)
     states = []
-    # the pipelined pass (its own program count, one program, five), then the one-tile kernel
-    for stages, programs in ((history_triton.PIPELINED_STAGES, None), (history_triton.PIPELINED_STAGES, 1),
-                             (history_triton.PIPELINED_STAGES, 5), (1, None)):
+    for stages in (history_triton.PIPELINED_STAGES, 1):  # the pipelined pass, then the one-tile kernel
         monkeypatch.setattr(history_triton, "PIPELINED_STAGES", stages)
         moved = history_on(clone_history(h), dev)
-        history_triton.update_history_triton(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev),
-                                             programs=programs)
+        history_triton.update_history_triton(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev))
         states.append(moved)
     exp = tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen))
     for moved in states:

@@ -15,8 +15,7 @@ DeepGEMM can serve the logits: every layer's SM schedule for it in one launch) a
 then a pass for the maxima) and the top-k's three launches (four below SET_SELECT_MIN_ROWS rows or with
 topk_sorted: ops/topk_triton.py), with the EMA update beside
 the top-k: up to UPDATE_IN_TOPK_BLOCKS table blocks its programs run in the top-k's first launch, above it on a
-low-priority side stream (the top-k then on a high-priority one), and from DEFER_MIN_BLOCKS every layer's but
-the last runs on a few SMs beside the next layer's logits (`_defers`); no host sync and no data-dependent shape
+low-priority side stream (the top-k then on a high-priority one); no host sync and no data-dependent shape
 (validate=False): a whole step captures in one CUDA graph. With overlap_update=False the update runs in
 series, fused into the Triton kernel's epilogue or into DeepGEMM's maxima pass.
 A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards every
@@ -57,14 +56,6 @@ from .workspace import Workspace
 # 45.9 / 53.2; but 32 x 128K (65536 blocks) 127.8 / 170.3 vs 125.0 / 167.2 and 8 x 1M 234.1 / 318.1 vs
 # 206.1 / 290.6 (the update's programs, at the threshold's 8-16 warps and 127 registers, outlast its rows').
 UPDATE_IN_TOPK_BLOCKS = 16384
-# From DEFER_MIN_BLOCKS table blocks the EMA update of every layer but the step's last runs beside the next
-# layer's logits instead of beside its own top-k (`_defers`): a pipelined pass of DEFERRED_PASS_PROGRAMS
-# programs in all (one an SM, on the SMs the top-k's rows leave), reading its layer's logits from one of two
-# workspace buffers while the next layer writes the other. Beside the top-k the pass is the step's critical path
-# (H200, run 73: 96 x 512K s = 0.4, the step 1182 us, 1085 without the update); the logits kernel leaves
-# ~10% of copy bandwidth, where the pass's 242 MB fit in ~1 ms.
-DEFER_MIN_BLOCKS = 1 << 19
-DEFERRED_PASS_PROGRAMS = 32
 
 
 @dataclasses.dataclass
@@ -80,8 +71,6 @@ class _Step:
     done: set = dataclasses.field(default_factory=set)  # layers already run this step
     epoch: int = 0  # SpinState.epoch at plan(): unchanged = no slot was allocated or freed since
     generations: list = dataclasses.field(default_factory=list)  # SpinState.generations() at plan()
-    deferred: list = dataclasses.field(default_factory=lambda: [False, False])  # per logits buffer: a deferred
-    # update reads it (its event recorded this step; the next layer to write the buffer waits for it)
     max_block_id: int | None = None  # largest block id of a used block (validated plans only, else None)
     scheduled: bool = False  # plan() wrote every layer's DeepGEMM schedule (workspace.deepgemm_schedule)
 
@@ -95,10 +84,7 @@ class SpinIndexer:
     max_requests * max_blocks, enough when every request owns its blocks); overlap_update: on CUDA, run the
     EMA update beside the top-k (in its first launch up to UPDATE_IN_TOPK_BLOCKS table blocks, else on a
     side stream, `_forked`; False: in series, fused into the logits kernel's epilogue or the pass that
-    writes the maxima); defer_update: with overlap_update, on tables of DEFER_MIN_BLOCKS blocks or more, layer
-    l's update runs beside layer l + 1's logits (two logits buffers in the workspace); the last layer
-    (num_layers - 1) and plan() join it, `join()` where a step (or a captured graph) ends before the last layer;
-    False: every update is joined in its own run(); tau_hint: each layer's top-k starts its threshold
+    writes the maxima); tau_hint: each layer's top-k starts its threshold
     search from the row's key of the previous step (workspace.tau_hint; any value gives the same top-k, a row
     whose key moved costs one count more). Off by default: at most 0.1-2.3 us a layer with every hint hitting
     (run 23) and ~55% of hints hit on the proxy model's decoding (benchmarks/NOTES.md); rows are matched by
@@ -113,7 +99,7 @@ class SpinIndexer:
     def __init__(self, config: SpinConfig, num_layers: int, max_batch: int, max_blocks: int, next_n: int = 1,
                  device: torch.device | str = "cpu", max_requests: int | None = None,
                  num_cache_blocks: int | None = None, overlap_update: bool = True, tau_hint: bool = False,
-                 topk_sorted: bool = False, defer_update: bool = True):
+                 topk_sorted: bool = False):
         if not isinstance(config, SpinConfig):
             raise TypeError(f"config: expected a SpinConfig, got {type(config).__name__}")
         check_int("num_layers", num_layers, low=1)
@@ -124,8 +110,7 @@ class SpinIndexer:
             check_int("max_requests", max_requests, low=1)
         if num_cache_blocks is not None:
             check_int("num_cache_blocks", num_cache_blocks, low=1)
-        for name, flag in (("overlap_update", overlap_update), ("tau_hint", tau_hint), ("topk_sorted", topk_sorted),
-                           ("defer_update", defer_update)):
+        for name, flag in (("overlap_update", overlap_update), ("tau_hint", tau_hint), ("topk_sorted", topk_sorted)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
         self.tau_hint, self.topk_sorted = tau_hint, topk_sorted
@@ -136,16 +121,10 @@ class SpinIndexer:
         sms = deepgemm.schedule_sms(self.device)  # > 0: plan() writes every layer's DeepGEMM schedule
         self.state = SpinState(config, num_layers, slots, num_cache_blocks or slots * max_blocks, max_blocks * t,
                                self.device)
-        # two logits buffers where an update can be deferred (`_defers`): on CUDA, beside the top-k, large tables
-        self._deferrable = defer_update and overlap_update and self.device.type == "cuda" and num_layers > 1 and \
-            not (config.adaptive or config.hybrid) and max_batch * max_blocks >= DEFER_MIN_BLOCKS
-        buffers = 2 if self._deferrable else 1
         try:
-            self.workspace = Workspace(num_layers, max_batch, max_blocks, next_n, t, config.topk, self.device, sms,
-                                       logits_buffers=buffers)
+            self.workspace = Workspace(num_layers, max_batch, max_blocks, next_n, t, config.topk, self.device, sms)
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
-            need = Workspace.bytes_needed(num_layers, max_batch, max_blocks, next_n, t, config.topk, sms,
-                                          logits_buffers=buffers)
+            need = Workspace.bytes_needed(num_layers, max_batch, max_blocks, next_n, t, config.topk, sms)
             raise allocation_error("SpinIndexer workspace", need, self.device,
                                    f"num_layers={num_layers}, max_batch={max_batch}, max_blocks={max_blocks}, "
                                    f"next_n={next_n}") from exc
@@ -160,10 +139,7 @@ class SpinIndexer:
             # (torch maps a priority past the device's range to its end: -8 is the highest, 0 the default/lowest)
             self._update_stream = torch.cuda.Stream(self.device, priority=0)
             self._topk_stream = torch.cuda.Stream(self.device, priority=-8)
-            # per logits buffer, the end of the deferred update that reads it (recorded on the update stream)
-            self._deferred_done = [torch.cuda.Event(), torch.cuda.Event()]
         self._step: _Step | None = None
-        self._pending = False  # a deferred update may still run on the update stream (join())
         self.block_plan: BlockPlan | None = None
 
     @property
@@ -212,7 +188,6 @@ class SpinIndexer:
                                                     self.state.num_cache_blocks - 1,
                                                     "block ids of used blocks (the cache's blocks)")
             check_rows_and_slots(self.state, seq_lens, slot_ids, num_accepted, self.next_n)
-        self.join()  # the deferred updates read the plans and history this step rewrites
         with torch.no_grad():  # weights/q requiring grad must never attach a graph to the state
             self._plan(block_table, seq_lens, slot_ids, num_accepted)
         self._step.epoch, self._step.generations = self.state.epoch, self.state.generations()
@@ -313,18 +288,9 @@ class SpinIndexer:
             return self._run_dense(layer, st, plan, q_fp8, kv_cache, weights)
         # DeepGEMM allocates its own logits: handing it the workspace would cost a copy of every logit.
         backend = ops.logits_backend(q_fp8, kv_cache)
-        side = self._update_stream if self.extensions is None and backend != "reference" else None
-        history = self._history_args(layer, st, plan)
-        in_topk = side is not None and self.update_in_topk(batch, width, history)
-        # Layers take turns between two logits buffers where updates are deferred; the layer writing a buffer
-        # first waits for the deferred update that still reads it (that of two layers back).
-        turns = self._defers(batch, width, backend, side, in_topk)
-        buffer = layer % 2 if turns else 0
-        if turns and st.deferred[buffer]:
-            torch.cuda.current_stream(self.device).wait_event(self._deferred_done[buffer])
-            st.deferred[buffer] = False
-        out = None if backend == "deepgemm" else (self.workspace.logits, self.workspace.logits_alt)[buffer][:rows, :cols]
+        out = None if backend == "deepgemm" else self.workspace.logits[:rows, :cols]
         block_max = self.workspace.block_max[:rows, :width]
+        history = self._history_args(layer, st, plan)
         # The top-k prunes at G columns (topk_group). Finer than a block, the logits op writes those maxima
         # (DeepGEMM's update pass reads the logits anyway; elsewhere one pass, as the top-k's own would be):
         # the top-k's group-max launch cost ~10 us at 96 x 128K.
@@ -337,6 +303,8 @@ class SpinIndexer:
         # maxima in order), off CUDA, and with overlap_update=False, where the Triton kernel fuses it into its
         # epilogue. The maxima the top-k prunes with come from the Triton kernel's epilogue; DeepGEMM writes
         # logits only, so there a pass before the top-k writes them.
+        side = self._update_stream if self.extensions is None and backend != "reference" else None
+        in_topk = side is not None and self.update_in_topk(batch, width, history)
         maxima_fused = side is None or backend == "triton"
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
                                           validate=False, out=out, block_max_out=block_max if maxima_fused else None,
@@ -363,38 +331,11 @@ class SpinIndexer:
                 ops.update_history(None, rows3, plan.compact_block_table, plan.compact_seq_lens,
                                    block_max_out=block_max, group_max_out=group_max, group=group)
             positions = self._topk(layer, st, plan, logits, block_max, group_max)
-        # Deferred (every layer but the last, num_layers - 1): the update on a few SMs beside the next layer's
-        # logits, joined by the layer that next writes its buffer or by the last layer. Else beside the top-k,
-        # joined here (with every deferred update before it on the stream).
-        defer = turns and layer < self.num_layers - 1
         with self._forked(side):
-            ops.update_history(history, rows3, plan.compact_block_table, plan.compact_seq_lens,
-                               programs=DEFERRED_PASS_PROGRAMS if defer else None)
-            if defer:
-                self._deferred_done[buffer].record()
-                st.deferred[buffer] = True
+            ops.update_history(history, rows3, plan.compact_block_table, plan.compact_seq_lens)
         main.wait_stream(self._topk_stream)
-        if not defer:
-            main.wait_stream(side)
-            st.deferred = [False, False]
-        self._pending = any(st.deferred)
+        main.wait_stream(side)
         return positions
-
-    def _defers(self, batch: int, width: int, backend: str, side, in_topk: bool) -> bool:
-        """Whether this step's layers defer their EMA update (all but the last) beside the next layer's
-        logits, taking turns between two logits buffers: from DEFER_MIN_BLOCKS table blocks, the update on the
-        side stream (not in the top-k's launch), the logits in the workspace (the Triton kernel's: DeepGEMM
-        allocates its own, which a deferred reader would not keep alive). A host rule on static shapes."""
-        return self._deferrable and side is not None and not in_topk and backend == "triton" and \
-            batch * width >= DEFER_MIN_BLOCKS
-
-    def join(self) -> None:
-        """Makes the caller's stream wait for the EMA updates still deferred (`_defers`): the last layer
-        (num_layers - 1) and plan() do it, so only a step that does not run the last layer needs it (a CUDA graph
-        capturing such a step must end with it: captured work forked on a stream must be joined)."""
-        if self._pending:
-            torch.cuda.current_stream(self.device).wait_stream(self._update_stream)
-            self._pending = False
 
     @staticmethod
     def update_in_topk(batch: int, width: int, history: ops.HistoryUpdate) -> bool:

@@ -15,8 +15,7 @@ class Workspace:
 
     kept_blocks, compact_table: int32 [L, B, W]; num_kept: int32 [L, B]; compact_lens: int32 [L, B, N];
     num_blocks: int32 [B]; block_ids: int32 [W] (0 .. W - 1); guarded: bool [B]; update_rows: bool [B, N];
-    logits: float32 [B*N, W*T]; logits_alt: a second such buffer (None unless asked for: SpinIndexer's deferred
-    update reads layer l's logits while layer l + 1 writes the other buffer); block_max: float32 [B*N, W]; group_max: float32 [B*N, W*T / GROUP_MIN] (the
+    logits: float32 [B*N, W*T]; block_max: float32 [B*N, W]; group_max: float32 [B*N, W*T / GROUP_MIN] (the
     top-k's group maxima when it prunes finer than a block; leading [:, :W*T / G] used); topk: int32 [L, B*N, K];
     deepgemm_schedule: int32 [L, S + 1, 2], every layer's SM schedule for DeepGEMM's logits (S = schedule_sms,
     the GPU's SMs where DeepGEMM serves; None when schedule_sms = 0); tau_hint: int32 [L, B*N], each layer and
@@ -26,7 +25,7 @@ class Workspace:
     GROUP_MIN = 8  # the finest group the step writes maxima for (topk_group of a wide table is 8-64)
 
     def __init__(self, num_layers: int, max_batch: int, max_blocks: int, next_n: int, tokens_per_block: int,
-                 topk: int, device: torch.device, schedule_sms: int = 0, logits_buffers: int = 1):
+                 topk: int, device: torch.device, schedule_sms: int = 0):
         L, B, W, N, T = num_layers, max_batch, max_blocks, next_n, tokens_per_block
         i32 = dict(dtype=torch.int32, device=device)
         self.kept_blocks = torch.full((L, B, W), -1, **i32)
@@ -38,7 +37,6 @@ class Workspace:
         self.guarded = torch.zeros((B,), dtype=torch.bool, device=device)
         self.update_rows = torch.zeros((B, N), dtype=torch.bool, device=device)
         self.logits = torch.empty((B * N, W * T), dtype=torch.float32, device=device)
-        self.logits_alt = torch.empty_like(self.logits) if logits_buffers == 2 else None
         self.block_max = torch.empty((B * N, W), dtype=torch.float32, device=device)
         self.group_max = torch.empty((B * N, -(-W * T // self.GROUP_MIN)), dtype=torch.float32, device=device)
         self.topk = torch.empty((L, B * N, topk), **i32)
@@ -47,11 +45,11 @@ class Workspace:
 
     @staticmethod
     def bytes_needed(num_layers: int, max_batch: int, max_blocks: int, next_n: int, tokens_per_block: int,
-                     topk: int, schedule_sms: int = 0, logits_buffers: int = 1) -> int:
+                     topk: int, schedule_sms: int = 0) -> int:
         """Bytes the buffers take (what __init__ allocates)."""
         L, B, W, N, T = num_layers, max_batch, max_blocks, next_n, tokens_per_block
         group_max = B * N * -(-W * T // Workspace.GROUP_MIN)
-        return 4 * (2 * L * B * W + L * B + L * B * N + B + W + logits_buffers * B * N * W * T + B * N * W + group_max
+        return 4 * (2 * L * B * W + L * B + L * B * N + B + W + B * N * W * T + B * N * W + group_max
                     + L * B * N * topk + (L * (schedule_sms + 1) * 2 if schedule_sms else 0) + L * B * N) + B + B * N
 
     def nbytes(self) -> int:

@@ -34,10 +34,8 @@ def build_state(settings: SpinVllmSettings, topk: int, num_layers: int, max_batc
     width = max(width, -(-max_model_len // tokens))
     config = settings.spin_config(topk, tokens_per_block=tokens)
     num_slots = 2 * max_batch  # room for requests that skip a step; slot num_slots is the trash
-    # defer_update=False: a deferred update runs on past its run() until a later layer joins it, and vLLM's
-    # piecewise CUDA graphs end a captured piece at each attention op (forked work must be joined inside it)
     indexer = SpinIndexer(config, num_layers=num_layers, max_batch=max_batch, max_blocks=width, next_n=next_n,
-                          device=device, max_requests=num_slots + 1, num_cache_blocks=1, defer_update=False)
+                          device=device, max_requests=num_slots + 1, num_cache_blocks=1)
     for _ in range(num_slots + 1):  # the tracker owns slot assignment; the pool just has to agree
         indexer.state.allocate()
     return indexer, RequestTracker(num_slots, tokens, device, next_n=next_n)

@@ -8,7 +8,7 @@ import torch
 
 from ..checks import check_tensor
 from ..dispatch import triton_twin
-from .history import HistoryUpdate, block_tokens, check_pass_programs, update_history_ref
+from .history import HistoryUpdate, block_tokens, update_history_ref
 from .indexer_logits import block_max_ref, check_paged_indexer_args, paged_indexer_logits_ref
 from .kv_cache import dequantize_blocks, quantize_and_write, quantize_keys, read_kv_cache, write_kv_cache
 from .topk import group_max_into, group_max_ref, topk_group, topk_positions_ref, topk_ref
@@ -102,17 +102,14 @@ def logits_backend(q_fp8, kv_cache) -> str:
 
 
 def update_history(history: HistoryUpdate | None, logits, compact_table, compact_lens, block_max_out=None,
-                   group_max_out=None, group: int = 64, programs: int | None = None) -> None:
+                   group_max_out=None, group: int = 64) -> None:
     """SPIN's EMA update of one layer from compact logits float32 [B, N, X] (see ops/history.py; None: no
     update); block_max_out: optional float32 [B*N, W] receiving each compact block's max; group_max_out:
-    optional float32 [B*N, >= X / group], the same per `group` columns (one pass for all three).
-    programs: on CUDA, the update alone in this many programs (history_triton.update_history_triton); the
-    reference takes it and ignores it."""
+    optional float32 [B*N, >= X / group], the same per `group` columns (one pass for all three)."""
     twin = _triton_twin("history_triton", "update_history_triton", logits)
     if twin is not None:
         return twin(history, logits, compact_table, compact_lens, block_max_out=block_max_out,
-                    group_max_out=group_max_out, group=group, programs=programs)
-    check_pass_programs(programs, block_max_out, group_max_out)
+                    group_max_out=group_max_out, group=group)
     if group_max_out is not None:
         group_max_into(group_max_out, logits.reshape(-1, logits.shape[-1]), compact_lens, group)
     if block_max_out is not None:

@@ -18,7 +18,6 @@ import dataclasses
 
 import torch
 
-from ..checks import check_int
 from ..layout import TOKENS_PER_BLOCK
 
 
@@ -56,16 +55,6 @@ def block_tokens(history: HistoryUpdate | None) -> int:
     """T of an update's blocks: its V rows' length, or the engines' page (TOKENS_PER_BLOCK) when there is no
     history (a pass that writes only the maxima)."""
     return TOKENS_PER_BLOCK if history is None else history.vertical.shape[1]
-
-
-def check_pass_programs(programs: int | None, block_max_out, group_max_out) -> None:
-    """update_history's `programs` (the update alone in that many programs): None, or an int >= 1 with no
-    maxima asked for (the pipelined pass writes none)."""
-    if programs is None:
-        return
-    check_int("programs", programs, low=1)
-    if block_max_out is not None or group_max_out is not None:
-        raise ValueError("programs: the update alone writes no maxima (block_max_out and group_max_out must be None)")
 
 
 def ema(old: torch.Tensor, obs: torch.Tensor, alpha: float) -> torch.Tensor:

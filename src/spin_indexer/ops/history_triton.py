@@ -23,7 +23,7 @@ import functools
 import torch
 
 from ..checks import check_tensor
-from .history import HistoryUpdate, block_tokens, check_pass_programs
+from .history import HistoryUpdate, block_tokens
 from .maxima_triton import row_maxima_triton
 from .topk import check_group
 
@@ -64,8 +64,7 @@ def tile_meta() -> dict:
 
 def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, compact_table: torch.Tensor,
                           compact_lens: torch.Tensor, block_max_out: torch.Tensor | None = None,
-                          group_max_out: torch.Tensor | None = None, group: int = 64,
-                          programs: int | None = None) -> None:
+                          group_max_out: torch.Tensor | None = None, group: int = 64) -> None:
     """Same as update_history_ref (history may be None when only block_max_out is wanted).
 
     logits: float32 [B, N, X]; compact_table: int32 [B, W]; compact_lens: int32 [B, N];
@@ -73,12 +72,8 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
     block m (written for the blocks below the row's compact length; the rest are left as they are).
     group_max_out: optional float32 [B*N, >= X/group], the same at `group` columns (a power of two dividing
     T): the top-k's group maxima when it prunes at a finer grain than a block (ops.topk.topk_group),
-    from the same pass over the logits instead of a launch of its own.
-    programs: the update (no maxima) as the pipelined pass with this many programs in all, whatever the table's
-    size (SpinIndexer's deferred update keeps to a few SMs beside the next layer's logits); None: the pipelined
-    pass with pass_programs() from PIPELINED_MIN_BLOCKS table blocks, else the one-tile kernel."""
+    from the same pass over the logits instead of a launch of its own."""
     batch, next_n, cols = logits.shape
-    check_pass_programs(programs, block_max_out, group_max_out)
     t = block_tokens(history)
     blocks = cols // t
     if block_max_out is not None:
@@ -101,15 +96,16 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
     bmax = block_max_out if block_max_out is not None else logits  # dummy pointers when unused
     gmax = group_max_out if group_max_out is not None else logits
     h = history
-    pipelined = programs is not None or (PIPELINED_STAGES > 1 and block_max_out is None and group_max_out is None
-                                         and batch * blocks >= PIPELINED_MIN_BLOCKS)
-    if pipelined:  # a static grid (a CUDA graph keeps it)
-        requests, per_request = pass_grid(programs or pass_programs(logits.device), batch, blocks)
+    pipelined = PIPELINED_STAGES > 1 and block_max_out is None and group_max_out is None and \
+        batch * blocks >= PIPELINED_MIN_BLOCKS
+    if pipelined:  # each request's tiles over `programs` programs, a static grid (a CUDA graph keeps it)
+        programs = max(1, min(triton.cdiv(pass_programs(logits.device), batch),
+                              triton.cdiv(blocks, BLOCKS_PER_PROGRAM)))
     for j in range(h.rows):
         if pipelined:
-            _update_pass_kernel[(requests, per_request)](
+            _update_pass_kernel[(batch, programs)](
                 logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
-                *_history_args(h, logits), next_n, blocks, j, batch, per_request, T=t, **tile_meta(),
+                *_history_args(h, logits), next_n, blocks, j, programs, T=t, **tile_meta(),
                 HAS_SEEN=h.last_seen is not None, NP=triton.next_power_of_2(next_n), STAGES=PIPELINED_STAGES,
                 num_warps=NUM_WARPS)  # uncapped: the loop's in-flight addresses need ~107 (64 spilled ~240 B)
             continue
@@ -119,15 +115,6 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
             T=t, **tile_meta(), HAS_SEEN=h.last_seen is not None, NP=triton.next_power_of_2(next_n),
             BMAX=(block_max_out is not None) and j == 0, GMAX=(group_max_out is not None) and j == 0, G=group,
             num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS or None)
-
-
-def pass_grid(programs: int, batch: int, blocks: int) -> tuple[int, int]:
-    """The pipelined pass's grid (R, P) for `programs` programs in all over `batch` requests of `blocks` compact
-    blocks: P programs per request (at most one per tile) when there are programs for every request, else R
-    programs each looping over every R-th request (one program per request's tiles)."""
-    if programs >= batch:
-        return batch, max(1, min(triton.cdiv(programs, batch), triton.cdiv(blocks, BLOCKS_PER_PROGRAM)))
-    return programs, 1
 
 
 def pass_programs(device: torch.device) -> int:
@@ -254,35 +241,34 @@ if triton is not None:
     def _update_pass_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, v_ptr, vb_ptr,
                             vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr, slot_ptr, kept_ptr,
                             kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi, next_n, num_blocks, j,
-                            batch, programs, T: tl.constexpr, BLOCKS: tl.constexpr, HAS_SEEN: tl.constexpr,
+                            programs, T: tl.constexpr, BLOCKS: tl.constexpr, HAS_SEEN: tl.constexpr,
                             NP: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr):
-        """Program (r, p): row j's EMA update of requests b = r, r + R, ... (R = the grid's first size: every
-        request when R = batch) and, of each, its compact tiles p, p + programs, ... below its used blocks, the
-        loads of the next STAGES - 1 tiles in flight while one is updated (the inner loop's pipelining). The
-        tile's work is update_tile's without the maxima."""
-        for b in range(tl.program_id(0), batch, tl.num_programs(0)):
-            b64 = tl.cast(b, tl.int64)  # (under the interpreter a loop index is a Python int)
-            rows_n = tl.arange(0, NP)
-            clens = tl.load(clen_ptr + b * next_n + rows_n, mask=rows_n < next_n, other=0)
-            used = tl.minimum((tl.max(clens, axis=0) + T - 1) // T, num_blocks)  # compact blocks the request uses
-            upd, q, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, HAS_SEEN)
-            clen = tl.load(clen_ptr + b * next_n + j)
-            x_row = x_ptr + b64 * x_stride_b + j * x_stride_n
-            # a row that does not update (guarded) reads and writes no history: no tiles
-            tiles = tl.where(upd, (used + BLOCKS - 1) // BLOCKS, 0)
-            for pm in tl.range(tl.program_id(1), tiles, programs, num_stages=STAGES):
-                m = pm * BLOCKS + tl.arange(0, BLOCKS)
-                in_table = m < used
-                phys = tl.load(table_ptr + b64 * table_stride + m, mask=in_table, other=-1)
-                kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=in_table, other=-1)
-                pv, old = load_vertical(v_ptr, phys, trash, T)
-                x = _row_logits(x_row, m, in_table, clen, T)
-                live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
-                live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
-                                              seen_stride, alpha, lo, hi, T, HAS_SEEN)
-                if reaches_window(any_live, kb, q, window, T):
-                    ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, used, upd, clen, q, slot, d_ptr,
-                                      d_stride, alpha, window, lo, hi, T, BLOCKS, DB)
+        """Program (b, p): row j's EMA update of request b's compact tiles p, p + programs, ... below its used
+        blocks, the loads of the next STAGES - 1 tiles in flight while one is updated (the loop's pipelining).
+        The tile's work is update_tile's without the maxima."""
+        b = tl.program_id(0)
+        b64 = b.to(tl.int64)
+        rows_n = tl.arange(0, NP)
+        clens = tl.load(clen_ptr + b * next_n + rows_n, mask=rows_n < next_n, other=0)
+        used = tl.minimum((tl.max(clens, axis=0) + T - 1) // T, num_blocks)  # compact blocks the request uses
+        upd, q, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, HAS_SEEN)
+        clen = tl.load(clen_ptr + b * next_n + j)
+        x_row = x_ptr + b64 * x_stride_b + j * x_stride_n
+        # a row that does not update (guarded) reads and writes no history: no tiles
+        tiles = tl.where(upd, (used + BLOCKS - 1) // BLOCKS, 0)
+        for pm in tl.range(tl.program_id(1), tiles, programs, num_stages=STAGES):
+            m = pm * BLOCKS + tl.arange(0, BLOCKS)
+            in_table = m < used
+            phys = tl.load(table_ptr + b64 * table_stride + m, mask=in_table, other=-1)
+            kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=in_table, other=-1)
+            pv, old = load_vertical(v_ptr, phys, trash, T)
+            x = _row_logits(x_row, m, in_table, clen, T)
+            live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
+            live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
+                                          seen_stride, alpha, lo, hi, T, HAS_SEEN)
+            if reaches_window(any_live, kb, q, window, T):
+                ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, used, upd, clen, q, slot, d_ptr, d_stride,
+                                  alpha, window, lo, hi, T, BLOCKS, DB)
 
     @triton.jit
     def _update_history_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,

@@ -14,9 +14,6 @@ the dense step, per layer:
   onetile, st2  the step with the update pass as one program per tile (history_triton.PIPELINED_STAGES = 1:
                 the kernel before run 75), or pipelined at 2 stages with 7 programs an SM
   prog<N>       the pipelined pass with N programs in all (e.g. prog144: on the SMs the top-k's 96 rows leave)
-  nogather      the update pass on the side stream beside the top-k (production before run 78), not in place of
-                the top-k's gather launch (ops/topk.py UPDATE_GATHER_MIN_BLOCKS; topk_first and no_update run so too)
-  gather        the update pass in place of the gather launch at any table size (UPDATE_GATHER_MIN_BLOCKS = 0)
   update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
                 _st2: those passes alone)
 
@@ -39,7 +36,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "prog<N>", "nogather", "gather")
+VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "prog<N>")
 
 
 @contextlib.contextmanager
@@ -49,17 +46,6 @@ def variant(idx, name: str):
     from spin_indexer.indexer import spin as spin_module
     from spin_indexer.ops import history_triton
 
-    if name in ("nogather", "topk_first", "no_update", "gather"):  # where the update goes: UPDATE_GATHER_MIN_BLOCKS
-        rules = sys.modules["spin_indexer.ops.topk"]
-        saved_min = rules.UPDATE_GATHER_MIN_BLOCKS
-        rules.UPDATE_GATHER_MIN_BLOCKS = 0 if name == "gather" else 1 << 62
-        try:
-            with variant(idx, "spin" if name in ("nogather", "gather") else name + "@side"):
-                yield
-        finally:
-            rules.UPDATE_GATHER_MIN_BLOCKS = saved_min
-        return
-    name = name.removesuffix("@side")
     original_update, original_topk = ops.update_history, idx._topk
     deferred = []
     per_sm = history_triton.PASS_PROGRAMS_PER_SM

@@ -713,26 +713,21 @@ def test_step_on_padded_pages_equals_the_contiguous_copy(next_n, pad, triton_log
 @pytest.mark.parametrize("backend", ["deepgemm", "triton"])
 @pytest.mark.parametrize("next_n", [1, 2])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-@pytest.mark.parametrize("mode", ["in-topk", "side-stream", "gather"])
-def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, next_n, graph, mode, gen,
+@pytest.mark.parametrize("in_topk_blocks", [1 << 20, 0], ids=["in-topk", "side-stream"])
+def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, next_n, graph, in_topk_blocks, gen,
                                                                      monkeypatch):
     """overlap_update=True (up to UPDATE_IN_TOPK_BLOCKS table blocks the update's programs in the top-k's
-    threshold launch; from UPDATE_GATHER_MIN_BLOCKS at next_n = 1 the update pass in place of the top-k's
-    gather launch, gathering its candidates; else the update pass on a low-priority stream, the top-k on a
-    high-priority one with, on DeepGEMM, the maxima pass; off: the update in series, fused into the Triton
-    kernel's epilogue or into DeepGEMM's maxima pass) leaves the same history and returns the
+    threshold launch; else the update pass on a low-priority stream, the top-k on a high-priority one with, on
+    DeepGEMM, the maxima pass; off: the update in series, fused into the Triton kernel's epilogue or into
+    DeepGEMM's maxima pass) leaves the same history and returns the
     same top-k as overlap_update=False, over three steps of three layers, also when the whole step (plan +
     every layer) is captured in one CUDA graph and replayed (the forks and joins are recorded)."""
-    import sys
-
     from spin_indexer.ops import deepgemm
     if backend == "deepgemm" and not deepgemm.available():
         pytest.skip("needs deep_gemm")
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", backend)
     from spin_indexer.indexer import spin
-    monkeypatch.setattr(spin, "UPDATE_IN_TOPK_BLOCKS", 1 << 20 if mode == "in-topk" else 0)
-    monkeypatch.setattr(sys.modules["spin_indexer.ops.topk"], "UPDATE_GATHER_MIN_BLOCKS",
-                        0 if mode == "gather" else 1 << 40)
+    monkeypatch.setattr(spin, "UPDATE_IN_TOPK_BLOCKS", in_topk_blocks)
     x = make_paged_inputs([64 * 90 + 17, 64 * 70, 64 * 33 + 5, 64 * 120], next_n, 64, 128, gen).to("cuda")
     batch, width = x.block_table.shape
     layers, k = 3, 96

@@ -408,54 +408,6 @@ def test_topk_with_the_update_leaves_the_reference_state(lengths, next_n, window
     assert_state_equal(moved, exp, exact=not dev.type == "cuda")
 
 
-@pytest.mark.interpreter
-@pytest.mark.parametrize("tile", [32, 2], ids=["one-tile", "tiles-of-2"])
-@pytest.mark.parametrize("order", [True, False], ids=["best-first", "set"])
-@pytest.mark.parametrize("ties", [False, True], ids=["distinct", "tied-row"])
-def test_topk_gathering_in_the_update_pass_matches_the_gather_launch(tile, order, ties, gen, triton_device,
-                                                                       monkeypatch):
-    """From UPDATE_GATHER_MIN_BLOCKS table blocks (0 here) at next_n = 1, topk_triton(update=) runs the update as
-    the pass that also gathers the candidates, in place of the gather launch: the same top-k as without the
-    update (best first, or the set) for every request, the one that does not update too (its candidates
-    gathered, its history untouched), and for a row of tied scores (more candidates than the buffer holds: the
-    overflow merge); with tiles of 2 blocks a program gathers from several tiles. The history is the
-    reference's."""
-    pytest.importorskip("triton")
-    import sys
-
-    from spin_indexer.ops import history_triton
-    from spin_indexer.ops.topk_triton import topk_triton
-    topk_rules = sys.modules["spin_indexer.ops.topk"]  # (the package's `topk` is a function)
-    monkeypatch.setattr(history_triton, "BLOCKS_PER_PROGRAM", tile)
-    monkeypatch.setattr(topk_rules, "UPDATE_GATHER_MIN_BLOCKS", 0)
-    lengths, window, blocks = (5 * T + 17, 3 * T, 4 * T + 9), 100, 24
-    plan = make_plan(lengths, 1, blocks, gen, width=max(-(-L // T) for L in lengths) + 1)
-    cols = plan.kept.shape[1] * T
-    logits = make_logits(plan, cols, gen)
-    if ties:
-        logits[0, 0, :int(plan.lens[0, 0])] = 0.5
-    update_rows = torch.ones(len(lengths), 1, dtype=torch.bool)
-    update_rows[1, 0] = False  # guarded: no history read or written, its candidates gathered all the same
-    h = make_history(plan, blocks, 4, window, gen, rows=1, update_rows=update_rows)
-    ref = clone_history(h)
-    update_history_ref(ref, logits, plan.table, plan.lens)
-    dev = torch.device(triton_device)
-    moved = history_on(h, dev)
-    flat = logits.view(-1, cols).to(dev)
-    lens = plan.lens.reshape(-1).to(dev)
-    k = 40
-    want = topk_triton(flat, lens, k, kept_blocks=plan.kept.to(dev), sorted=order)
-    out = torch.full_like(want, 77)  # poisoned
-    stats = torch.full((len(lengths),), -5, dtype=torch.int32, device=dev)
-    got = topk_triton(flat, lens, k, kept_blocks=plan.kept.to(dev), out=out, update=(moved, plan.table.to(dev)),
-                      sorted=order, stats=stats)
-    assert got is out and torch.equal(got.cpu(), want.cpu())
-    # the candidates counted: every valid score at or above the row's threshold, more than the buffer for the tie
-    assert bool((stats.cpu() >= k).all()) and (int(stats[0]) > 2 * 64) == ties
-    exp = tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen))
-    assert_state_equal(moved, exp, exact=not dev.type == "cuda")
-
-
 def test_public_topk_positions_with_history_on_the_reference(gen):
     """ops.topk_positions(history=, compact_table=) on the CPU: topk_positions_ref, then the reference update;
     one of the two alone is refused."""

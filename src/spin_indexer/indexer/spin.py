@@ -14,10 +14,8 @@ DeepGEMM can serve the logits: every layer's SM schedule for it in one launch) a
 (Triton: the block and group maxima the top-k prunes with written in its epilogue; DeepGEMM: logits only,
 then a pass for the maxima) and the top-k's three launches (four below SET_SELECT_MIN_ROWS rows or with
 topk_sorted: ops/topk_triton.py), with the EMA update beside
-the top-k: up to UPDATE_IN_TOPK_BLOCKS table blocks its programs run in the top-k's first launch, from
-ops/topk.py's UPDATE_GATHER_MIN_BLOCKS at next_n = 1 it is the pass that gathers the top-k's candidates (in place
-of the gather launch), between them on a low-priority side stream (the top-k then on a high-priority one); no
-host sync and no data-dependent shape
+the top-k: up to UPDATE_IN_TOPK_BLOCKS table blocks its programs run in the top-k's first launch, above it on a
+low-priority side stream (the top-k then on a high-priority one); no host sync and no data-dependent shape
 (validate=False): a whole step captures in one CUDA graph. With overlap_update=False the update runs in
 series, fused into the Triton kernel's epilogue or into DeepGEMM's maxima pass.
 A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards every
@@ -38,7 +36,6 @@ from .. import ops
 from ..checks import allocation_error, check_device, check_int, check_tensor
 from ..layout import FP8_DTYPE
 from ..ops import deepgemm, deepgemm_schedule
-from ..ops.topk import update_gathers
 from ..ops.indexer_logits import check_paged_indexer_args
 from ..predictor import plan as plan_ref
 from ..predictor.config import MtpPolicy, SpinConfig
@@ -85,8 +82,8 @@ class SpinIndexer:
     engine's block-table width); next_n: query rows per request; max_requests: state slots (default
     max_batch); num_cache_blocks: physical blocks of the key cache the history sits beside (default
     max_requests * max_blocks, enough when every request owns its blocks); overlap_update: on CUDA, run the
-    EMA update beside the top-k (in its first launch up to UPDATE_IN_TOPK_BLOCKS table blocks, in place of its
-    gather launch on large tables at next_n = 1, else on a side stream, `_forked`; False: in series, fused into the logits kernel's epilogue or the pass that
+    EMA update beside the top-k (in its first launch up to UPDATE_IN_TOPK_BLOCKS table blocks, else on a
+    side stream, `_forked`; False: in series, fused into the logits kernel's epilogue or the pass that
     writes the maxima); tau_hint: each layer's top-k starts its threshold
     search from the row's key of the previous step (workspace.tau_hint; any value gives the same top-k, a row
     whose key moved costs one count more). Off by default: at most 0.1-2.3 us a layer with every hint hitting
@@ -340,16 +337,13 @@ class SpinIndexer:
         main.wait_stream(side)
         return positions
 
-    def update_in_topk(self, batch: int, width: int, history: ops.HistoryUpdate) -> bool:
-        """Whether the EMA update runs inside the top-k's launches (ops.topk_positions(history=)) rather than
-        on the side stream, with one updating row per request (row 0: one launch's work): for a table of at
-        most UPDATE_IN_TOPK_BLOCKS blocks (B x W) in the threshold launch (one program per row on a GPU left
-        mostly idle, the update's programs fill it), and from ops/topk.py's UPDATE_GATHER_MIN_BLOCKS at next_n = 1
-        as the pass that also gathers the top-k's candidates (`update_gathers`). Either way the step forks
-        and joins no stream."""
-        if history.rows != 1:
-            return False
-        return batch * width <= UPDATE_IN_TOPK_BLOCKS or update_gathers(batch * self.next_n, self.next_n, width)
+    @staticmethod
+    def update_in_topk(batch: int, width: int, history: ops.HistoryUpdate) -> bool:
+        """Whether the EMA update runs inside the top-k's threshold launch (ops.topk_positions(history=))
+        rather than on the side stream: for a table of at most UPDATE_IN_TOPK_BLOCKS blocks (B x W; the
+        threshold launch is one program per row on a GPU left mostly idle, the update's programs fill it,
+        and the step forks and joins no stream) with one updating row per request (row 0: one launch's work)."""
+        return batch * width <= UPDATE_IN_TOPK_BLOCKS and history.rows == 1
 
     @contextlib.contextmanager
     def _forked(self, side):

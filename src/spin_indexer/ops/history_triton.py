@@ -31,7 +31,6 @@ try:  # the package imports this module only for CUDA tensors; without triton th
     import triton
     import triton.language as tl
 
-    from .candidates_triton import append_candidates
     from .maxima_triton import store_maxima
 except ImportError:  # pragma: no cover
     triton = None
@@ -52,12 +51,8 @@ DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a d
 # H200, run 75 (96 x 512K s = 0.4 / 96 x 1M s = 0.4 / 96 x 256K s = 0.3): alone 102.1 / 210.6 / 64.1 us against
 # the one-tile kernel's 116.8 / 231.9 / 63.7, SPIN's step 1180.4 / 2294.3 / 713.1 against 1198.0 / 2361.0 / 713.6;
 # the V3.2 step at 128K went 0.595 -> 0.605 of dense with it: from PIPELINED_MIN_BLOCKS table blocks (B x W) only.
-# Two programs an SM, not four (run 78, benchmarks/update_pass_configs.py, 96 x 512K s = 0.4, the pass alone:
-# 104.7 against 110.8 us; Nsight Compute on four: 26% occupancy, DRAM 57%, 0.43 issued a scheduler; the sorted
-# table only 2-3% faster than the random one, so V's random rows are not the limit) and in SPIN's step (run 76:
-# 1172.1 against 1182.5 us).
 PIPELINED_STAGES = 3
-PASS_PROGRAMS_PER_SM = 2
+PASS_PROGRAMS_PER_SM = 4
 PIPELINED_MIN_BLOCKS = 1 << 19
 
 
@@ -110,9 +105,8 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
         if pipelined:
             _update_pass_kernel[(batch, programs)](
                 logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
-                *_history_args(h, logits), next_n, blocks, j, programs, *(compact_lens,) * 4, T=t, **tile_meta(),
+                *_history_args(h, logits), next_n, blocks, j, programs, T=t, **tile_meta(),
                 HAS_SEEN=h.last_seen is not None, NP=triton.next_power_of_2(next_n), STAGES=PIPELINED_STAGES,
-                GATHER=False, CAP=1,
                 num_warps=NUM_WARPS)  # uncapped: the loop's in-flight addresses need ~107 (64 spilled ~240 B)
             continue
         _update_history_kernel[grid](
@@ -121,30 +115,6 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
             T=t, **tile_meta(), HAS_SEEN=h.last_seen is not None, NP=triton.next_power_of_2(next_n),
             BMAX=(block_max_out is not None) and j == 0, GMAX=(group_max_out is not None) and j == 0, G=group,
             num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS or None)
-
-
-def update_gather_pass(history: HistoryUpdate, logits: torch.Tensor, compact_table: torch.Tensor,
-                       compact_lens: torch.Tensor, thresh: torch.Tensor, count: torch.Tensor, cand: torch.Tensor,
-                       num_live: torch.Tensor) -> None:
-    """The EMA update of one-row requests (history.rows = 1, next_n = 1) and the top-k's gather in one pipelined
-    pass over the logits (topk_triton's chain, in place of its gather launch, after its threshold launch).
-
-    logits: float32 [B, C] compact logits; compact_table: int32 [B, >= C / T]; compact_lens: int32 [B];
-    thresh, count, num_live: int32 [B] (the threshold launch's key, candidate count and live-group count of
-    each row); cand: int64 [B, CAP], the rows' candidate buffers. The candidates are the gather's: every valid
-    cell whose key is at or above the row's threshold (each lies in a live group), appended in no particular
-    order; the history is update_history_triton's."""
-    batch, cols = logits.shape
-    t = block_tokens(history)
-    blocks = cols // t
-    if batch == 0 or blocks == 0:
-        return
-    programs = max(1, min(triton.cdiv(pass_programs(logits.device), batch), triton.cdiv(blocks, BLOCKS_PER_PROGRAM)))
-    _update_pass_kernel[(batch, programs)](
-        logits, logits.stride(0), logits.stride(0), compact_table, compact_table.stride(0), compact_lens,
-        *_history_args(history, logits), 1, blocks, 0, programs, thresh, count, cand, num_live, T=t, **tile_meta(),
-        HAS_SEEN=history.last_seen is not None, NP=1, STAGES=PIPELINED_STAGES, GATHER=True, CAP=cand.shape[1],
-        num_warps=NUM_WARPS)
 
 
 def pass_programs(device: torch.device) -> int:
@@ -271,14 +241,11 @@ if triton is not None:
     def _update_pass_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, v_ptr, vb_ptr,
                             vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr, slot_ptr, kept_ptr,
                             kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi, next_n, num_blocks, j,
-                            programs, thresh_ptr, count_ptr, cand_ptr, nlive_ptr, T: tl.constexpr,
-                            BLOCKS: tl.constexpr, HAS_SEEN: tl.constexpr, NP: tl.constexpr, DB: tl.constexpr,
-                            STAGES: tl.constexpr, GATHER: tl.constexpr, CAP: tl.constexpr):
+                            programs, T: tl.constexpr, BLOCKS: tl.constexpr, HAS_SEEN: tl.constexpr,
+                            NP: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr):
         """Program (b, p): row j's EMA update of request b's compact tiles p, p + programs, ... below its used
         blocks, the loads of the next STAGES - 1 tiles in flight while one is updated (the loop's pipelining).
-        The tile's work is update_tile's without the maxima. GATHER (next_n = 1): also the top-k's gather
-        (topk_triton's `_gather_kernel`) of every request, updating or not: the tile's cells at or above the
-        row's threshold key appended to its candidates, unless its live groups overflow the buffer."""
+        The tile's work is update_tile's without the maxima."""
         b = tl.program_id(0)
         b64 = b.to(tl.int64)
         rows_n = tl.arange(0, NP)
@@ -287,28 +254,18 @@ if triton is not None:
         upd, q, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, HAS_SEEN)
         clen = tl.load(clen_ptr + b * next_n + j)
         x_row = x_ptr + b64 * x_stride_b + j * x_stride_n
-        # a row that does not update (guarded) reads and writes no history: no tiles, or (GATHER) tiles whose
-        # history accesses its `upd` masks
-        tiles = (used + BLOCKS - 1) // BLOCKS
-        if GATHER:
-            tau = tl.load(thresh_ptr + b).to(tl.uint32, bitcast=True)
-            gathers = tl.load(nlive_ptr + b) <= CAP  # else the threshold marked the row as overflowing
-        else:
-            tiles = tl.where(upd, tiles, 0)
+        # a row that does not update (guarded) reads and writes no history: no tiles
+        tiles = tl.where(upd, (used + BLOCKS - 1) // BLOCKS, 0)
         for pm in tl.range(tl.program_id(1), tiles, programs, num_stages=STAGES):
             m = pm * BLOCKS + tl.arange(0, BLOCKS)
             in_table = m < used
-            on = tl.where(upd, in_table, False)
-            phys = tl.load(table_ptr + b64 * table_stride + m, mask=on, other=-1)
-            kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=on, other=-1)
+            phys = tl.load(table_ptr + b64 * table_stride + m, mask=in_table, other=-1)
+            kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=in_table, other=-1)
             pv, old = load_vertical(v_ptr, phys, trash, T)
             x = _row_logits(x_row, m, in_table, clen, T)
             live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
             live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
                                           seen_stride, alpha, lo, hi, T, HAS_SEEN)
-            if GATHER:
-                cols = m[:, None] * T + tl.arange(0, T)[None, :]
-                append_candidates(x, cols, (cols < clen) & gathers, tau, count_ptr + b, cand_ptr + b64 * CAP, CAP)
             if reaches_window(any_live, kb, q, window, T):
                 ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, used, upd, clen, q, slot, d_ptr, d_stride,
                                   alpha, window, lo, hi, T, BLOCKS, DB)

@@ -16,19 +16,6 @@ from ..checks import check_int, check_tensor, check_values_in_range
 
 
 TOKENS_PER_GROUP_MAX = 64  # the coarsest group: one block of the logits kernel's fused block max
-# From this many table blocks (rows x blocks, one query row a request) the EMA update handed to the Triton top-k
-# (`update=`) runs as the pipelined pass that also gathers the top-k's candidates, in place of its gather launch
-# (history_triton.update_gather_pass): one pass over the logits after the threshold instead of two side by side.
-# Below it the update's programs run in the threshold launch. Beside the top-k on a stream of its own the update
-# was the step's critical path (H200, run 73: 96 x 512K s = 0.4, 1182 us, 1085 without the update) and its
-# programs held the SMs the gather waited for (run 77's timeline: the gather 128 us instead of 50).
-UPDATE_GATHER_MIN_BLOCKS = 1 << 19
-
-
-def update_gathers(rows: int, next_n: int, blocks: int) -> bool:
-    """Whether the top-k's `update=` over `rows` rows of `blocks` compact blocks runs as the pass that also
-    gathers the candidates (one query row a request, UPDATE_GATHER_MIN_BLOCKS table blocks and more)."""
-    return next_n == 1 and rows * blocks >= UPDATE_GATHER_MIN_BLOCKS
 
 
 def topk_group(cols: int, k: int) -> int:

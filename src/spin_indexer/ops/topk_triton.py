@@ -35,14 +35,13 @@ import torch
 
 from ..checks import check_tensor
 from .history import block_tokens
-from .topk import TOKENS_PER_GROUP_MAX, check_topk_args, topk_group, topk_ref, update_gathers
+from .topk import TOKENS_PER_GROUP_MAX, check_topk_args, topk_group, topk_ref
 
 try:  # the package imports this module only for CUDA tensors; without triton the reference is used
     import triton
     import triton.language as tl
 
-    from .candidates_triton import append_candidates, sort_key as _sort_key, ukey as _ukey
-    from .history_triton import update_gather_pass, update_tile
+    from .history_triton import update_tile
     from .maxima_triton import row_maxima_triton
 except ImportError:  # pragma: no cover
     triton = None
@@ -127,9 +126,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     history_triton.update_history_triton would. Where only one row per request updates (history.rows == 1),
     the update pass's programs run in the threshold launch, after the rows' threshold
     programs: at a few rows that launch is one program per row on an otherwise idle GPU, so the update costs
-    neither a launch nor a stream fork and join of its own; from UPDATE_GATHER_MIN_BLOCKS table blocks at
-    next_n = 1 the update pass replaces the gather launch and gathers the candidates as it streams the logits
-    (history_triton.update_gather_pass). Elsewhere the pass runs after the top-k.
+    neither a launch nor a stream fork and join of its own. Elsewhere the pass runs after the top-k.
     sorted: True, best first (the sort and rank launches); False, the same set in no particular order (one
     select launch, `_select_set_kernel`, after the same threshold and gather).
     returns int32 [R, k]: positions, best first, ties to the lower position, -1 past lengths[r] (sorted=False:
@@ -207,8 +204,6 @@ def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _s
     live = torch.empty(rows, cap, dtype=torch.int32, device=dev)
     num_live = torch.empty(rows, dtype=torch.int32, device=dev)
     sum_block = threshold_tile(num_groups)
-    # large tables: the update in the pass that gathers the candidates, after a plain threshold launch
-    gathers = update is not None and update_gathers(rows, next_n, cols // block_tokens(update[0]))
     if _stages < 2:
         return _update_after(update, logits, lengths, next_n, out)
     # The threshold program also zeroes the candidate count and fills the row's output with -1 (the rank
@@ -218,7 +213,7 @@ def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _s
                       tau_hint if has_hint else thresh)
     threshold_meta = dict(G=group, SB=sum_block, CAP=cap, HINT=has_hint, HINT_R=TAU_HINT_RADIUS,
                           HINT_STEPS=(2 * TAU_HINT_RADIUS).bit_length(), num_warps=threshold_warps(sum_block))
-    if update is None or gathers:
+    if update is None:
         _threshold_kernel[(rows,)](*threshold_args, **threshold_meta)
     else:  # the update pass's programs after the rows' (topk_triton's `update`)
         from .history_triton import _history_args, tile_meta
@@ -232,14 +227,11 @@ def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _s
             T=t, **meta, HAS_SEEN=history.last_seen is not None,
             NP=triton.next_power_of_2(next_n), **threshold_meta)
     if _stages < 3:
-        return _update_after(update, logits, lengths, next_n, out) if gathers else out
-    if gathers:
-        update_gather_pass(update[0], logits, update[1], lengths, thresh, count, cand, num_live)
-    else:
-        lb = max(16, 1024 // group)
-        _gather_kernel[(rows, triton.cdiv(cap, lb))](logits, lengths, live, num_live, thresh, count, cand,
-                                                     logits.stride(0), G=group, LB=lb, CAP=cap,
-                                                     EVEN=cols % group == 0, num_warps=4)
+        return out
+    lb = max(16, 1024 // group)
+    _gather_kernel[(rows, triton.cdiv(cap, lb))](logits, lengths, live, num_live, thresh, count, cand,
+                                                 logits.stride(0), G=group, LB=lb, CAP=cap, EVEN=cols % group == 0,
+                                                 num_warps=4)
     if _stages < 4:
         return out
     if not ordered and rows >= SET_SELECT_MIN_ROWS:  # the set: one select launch instead of the sort and rank
@@ -259,6 +251,20 @@ def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _s
 
 
 if triton is not None:
+    @triton.jit
+    def _ukey(x):
+        """fp32 -> uint32 with the same order (-0.0 folded into +0.0, every NaN into +NaN, as topk_ref)."""
+        x = tl.where(x == 0.0, 0.0, x)
+        bits = tl.where(x != x, 0x7FC00000, x.to(tl.uint32, bitcast=True)).to(tl.uint32)
+        flip = tl.where((bits >> 31) != 0, 0xFFFFFFFF, 0x80000000).to(tl.uint32)
+        return bits ^ flip
+
+    @triton.jit
+    def _sort_key(u, pos):
+        """int64 key: ukey in the upper half (shifted to signed), 0xFFFFFFFF - pos in the lower half."""
+        hi = u.to(tl.int64) - 2147483648
+        return (hi << 32) | (4294967295 - pos.to(tl.int64))
+
     @triton.jit
     def _map_pos(pos, r, kept_ptr, kept_stride, next_n, MAP: tl.constexpr):
         """Compact column -> logical position through SPIN's kept blocks (identity without MAP)."""
@@ -400,7 +406,15 @@ if triton is not None:
                 x = tl.where(ok, x, float("-inf"))
             else:
                 x = tl.load(x_ptr + r.to(tl.int64) * stride_x + c, mask=ok, other=float("-inf"))
-            append_candidates(x, c, ok, tau, count_ptr + r, cand_ptr + r.to(tl.int64) * CAP, CAP)
+            u = _ukey(x)
+            sel = (ok & (u >= tau)).to(tl.int32)
+            per_group = tl.sum(sel, axis=1)  # [LB]
+            n_sel = tl.sum(per_group, axis=0)
+            if n_sel > 0:
+                start = tl.atomic_add(count_ptr + r, n_sel)  # one slot range per program
+                group_start = start + tl.cumsum(per_group, axis=0) - per_group
+                slot = group_start[:, None] + tl.cumsum(sel, axis=1) - sel  # [LB, G]
+                tl.store(cand_ptr + r.to(tl.int64) * CAP + slot, _sort_key(u, c), mask=(sel != 0) & (slot < CAP))
 
     @triton.jit
     def _chunk_sort_kernel(count_ptr, cand_ptr, CAP: tl.constexpr, CH: tl.constexpr):

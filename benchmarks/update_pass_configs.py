@@ -103,14 +103,14 @@ def main(argv=None) -> int:
     dst = torch.empty_like(src)
     copy_us = time_graph([lambda: dst.copy_(src)]).p50_us
     lines.append(f"B={batch} L={ctx} s={a.sparsity}: the pass moves {nbytes / 1e6:.0f} MB (logits 4 + V 2 + 2 B a "
-                 f"kept token); a torch copy of as many bytes {copy_us:.1f} us ({nbytes / copy_us / 1e3:.2f} TB/s)")
+                 f"kept token); a torch copy of as many bytes {copy_us:.1f} us ({nbytes / copy_us / 1e6:.2f} TB/s)")
     for spec in a.configs.split(","):
         cells = []
         for name in tables:
             update = inputs[name][0]
             with config(spec):
                 us = time_graph([update]).p50_us
-            cells.append(f"{name} {us:6.1f} us ({nbytes / us / 1e3:.2f} TB/s)")
+            cells.append(f"{name} {us:6.1f} us ({nbytes / us / 1e6:.2f} TB/s)")
         lines.append(f"  {spec:>10}  " + "   ".join(cells))
         print(lines[-1], flush=True)
     text = "\n".join(lines)

@@ -51,8 +51,12 @@ DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a d
 # H200, run 75 (96 x 512K s = 0.4 / 96 x 1M s = 0.4 / 96 x 256K s = 0.3): alone 102.1 / 210.6 / 64.1 us against
 # the one-tile kernel's 116.8 / 231.9 / 63.7, SPIN's step 1180.4 / 2294.3 / 713.1 against 1198.0 / 2361.0 / 713.6;
 # the V3.2 step at 128K went 0.595 -> 0.605 of dense with it: from PIPELINED_MIN_BLOCKS table blocks (B x W) only.
+# Two programs an SM, not four (runs 76-78 at 96 x 512K s = 0.4). The pass alone (update_pass_configs.py): 104.7
+# against 110.8 us; Nsight Compute on four: 26% occupancy, DRAM 57%, 0.43 instructions issued a scheduler a cycle,
+# and a sorted block table only 2-3% faster than the random one, so V's random rows are not the limit. SPIN's
+# step beside the dense one: 1.492x against 1.472x (runs 78 / 77).
 PIPELINED_STAGES = 3
-PASS_PROGRAMS_PER_SM = 4
+PASS_PROGRAMS_PER_SM = 2
 PIPELINED_MIN_BLOCKS = 1 << 19
 
 

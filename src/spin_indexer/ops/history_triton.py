@@ -51,12 +51,14 @@ DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a d
 # H200, run 75 (96 x 512K s = 0.4 / 96 x 1M s = 0.4 / 96 x 256K s = 0.3): alone 102.1 / 210.6 / 64.1 us against
 # the one-tile kernel's 116.8 / 231.9 / 63.7, SPIN's step 1180.4 / 2294.3 / 713.1 against 1198.0 / 2361.0 / 713.6;
 # the V3.2 step at 128K went 0.595 -> 0.605 of dense with it: from PIPELINED_MIN_BLOCKS table blocks (B x W) only.
-# Two programs an SM, not four (runs 76-78 at 96 x 512K s = 0.4). The pass alone (update_pass_configs.py): 104.7
-# against 110.8 us; Nsight Compute on four: 26% occupancy, DRAM 57%, 0.43 instructions issued a scheduler a cycle,
-# and a sorted block table only 2-3% faster than the random one, so V's random rows are not the limit. SPIN's
-# step beside the dense one: 1.492x against 1.472x (runs 78 / 77).
+# Three programs an SM, rounded down to a whole number per request (4 a request at B = 96: 384 programs), not
+# four rounded up (6 a request: 576). H200 at 96 x 512K s = 0.4: the pass alone (update_pass_configs.py, run 78)
+# 104.7 us at 2 an SM (3 a request), 110.8 at 4; Nsight Compute on 4 an SM: 26% occupancy, DRAM 57%, 0.43
+# instructions issued a scheduler a cycle, and a sorted block table only 2-3% faster than the random one, so V's
+# random rows are not the limit. Run 79 (update_overlap.py, paired with the dense step): 384 programs 99.3 us
+# alone and 1.496x, 288 105.5 / 1.476x, 480 103.5 / 1.479x.
 PIPELINED_STAGES = 3
-PASS_PROGRAMS_PER_SM = 2
+PASS_PROGRAMS_PER_SM = 3
 PIPELINED_MIN_BLOCKS = 1 << 19
 
 
@@ -103,8 +105,7 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
     pipelined = PIPELINED_STAGES > 1 and block_max_out is None and group_max_out is None and \
         batch * blocks >= PIPELINED_MIN_BLOCKS
     if pipelined:  # each request's tiles over `programs` programs, a static grid (a CUDA graph keeps it)
-        programs = max(1, min(triton.cdiv(pass_programs(logits.device), batch),
-                              triton.cdiv(blocks, BLOCKS_PER_PROGRAM)))
+        programs = max(1, min(pass_programs(logits.device) // batch, triton.cdiv(blocks, BLOCKS_PER_PROGRAM)))
     for j in range(h.rows):
         if pipelined:
             _update_pass_kernel[(batch, programs)](
@@ -122,10 +123,11 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
 
 
 def pass_programs(device: torch.device) -> int:
-    """Programs of the pipelined update pass in all: PASS_PROGRAMS_PER_SM per SM of `device` (on the CPU, the
-    interpreter's, 2: programs then loop over several tiles in the tests)."""
+    """Programs of the pipelined update pass in all, at most: PASS_PROGRAMS_PER_SM per SM of `device`, each
+    request taking a whole share, at least one (on the CPU, the interpreter's, 8: the tests' few requests then
+    take two or more programs each, each looping over several tiles)."""
     if device.type != "cuda":
-        return 2
+        return 8
     index = device.index if device.index is not None else torch.cuda.current_device()
     return PASS_PROGRAMS_PER_SM * _sm_count(index)
 

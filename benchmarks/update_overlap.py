@@ -14,6 +14,7 @@ the dense step, per layer:
   onetile, st2  the step with the update pass as one program per tile (history_triton.PIPELINED_STAGES = 1:
                 the kernel before run 75), or pipelined at 2 stages with 7 programs an SM
   prog<N>       the pipelined pass with N programs in all (e.g. prog144: on the SMs the top-k's 96 rows leave)
+  pipe          the pipelined pass at any table size (history_triton.PIPELINED_MIN_BLOCKS = 0)
   update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
                 _st2: those passes alone)
 
@@ -36,7 +37,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "prog<N>")
+VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "prog<N>", "pipe")
 
 
 @contextlib.contextmanager
@@ -53,6 +54,14 @@ def variant(idx, name: str):
               "st2": (2, lambda device, f=history_triton.pass_programs: 7 * f(device) // per_sm)}
     if name.startswith("prog"):  # the pipelined pass with this many programs in all
         passes[name] = (history_triton.PIPELINED_STAGES, lambda device: int(name[4:]))
+    if name == "pipe":
+        saved_min = history_triton.PIPELINED_MIN_BLOCKS
+        history_triton.PIPELINED_MIN_BLOCKS = 0
+        try:
+            yield
+        finally:
+            history_triton.PIPELINED_MIN_BLOCKS = saved_min
+        return
     if name in passes:
         saved = history_triton.PIPELINED_STAGES, history_triton.pass_programs
         history_triton.PIPELINED_STAGES, history_triton.pass_programs = passes[name]
@@ -167,7 +176,7 @@ def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lin
                 st, plan = spin._current(i), spin.plans(i)
                 ops.update_history(spin._history_args(i, st, plan), logits[i], plan.compact_block_table,
                                    plan.compact_seq_lens)
-    for name in ["spin"] + [v for v in variants if v in ("onetile", "st2") or v.startswith("prog")]:
+    for name in ["spin"] + [v for v in variants if v in ("onetile", "st2", "pipe") or v.startswith("prog")]:
         calls["update_alone" + ("" if name == "spin" else "_" + name)] = lambda name=name: update_alone(name)
     ms = time_graphs_paired(calls, rounds=rounds)
     per_layer = {}

@@ -42,8 +42,8 @@ def config(spec: str):
 
 
 def pass_inputs(p, sparsity: float, table):
-    """(update call, bytes it moves): layer 0's update of a steady indexer planned on `table`, from the compact
-    logits of that plan (one row per request)."""
+    """(update call, bytes it moves, the indexer it updates: kept alive with its state): layer 0's update of a
+    steady indexer planned on `table`, from the compact logits of that plan (one row per request)."""
     from run_all import TOPK, steady_indexer
 
     from spin_indexer import ops

@@ -15,6 +15,9 @@ the dense step, per layer:
                 the kernel before run 75), or pipelined at 2 stages with 7 programs an SM
   prog<N>       the pipelined pass with N programs in all (e.g. prog144: on the SMs the top-k's 96 rows leave)
   pipe          the pipelined pass at any table size (history_triton.PIPELINED_MIN_BLOCKS = 0)
+  thr<W>, sel<W>  the top-k's threshold (every tile size) or set select launched with W warps: fewer warps, fewer
+                registers a program, so the top-k's programs can share an SM with the update pass's (at 16 warps
+                x ~127 registers they take a whole SM and wait for the pass's programs to leave)
   update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
                 _st2: those passes alone)
 
@@ -37,7 +40,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "prog<N>", "pipe")
+VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "prog<N>", "pipe", "thr<W>", "sel<W>")
 
 
 @contextlib.contextmanager
@@ -54,6 +57,16 @@ def variant(idx, name: str):
               "st2": (2, lambda device, f=history_triton.pass_programs: 7 * f(device) // per_sm)}
     if name.startswith("prog"):  # the pipelined pass with this many programs in all
         passes[name] = (history_triton.PIPELINED_STAGES, lambda device: int(name[4:]))
+    if name[:3] in ("thr", "sel") and name[3:].isdigit():  # the top-k's launch widths
+        from spin_indexer.ops import topk_triton
+        attr = "threshold_warps" if name.startswith("thr") else "set_select_warps"
+        saved_fn = getattr(topk_triton, attr)
+        setattr(topk_triton, attr, lambda _size, w=int(name[3:]): w)
+        try:
+            yield
+        finally:
+            setattr(topk_triton, attr, saved_fn)
+        return
     if name == "pipe":
         saved_min = history_triton.PIPELINED_MIN_BLOCKS
         history_triton.PIPELINED_MIN_BLOCKS = 0

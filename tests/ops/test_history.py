@@ -306,8 +306,9 @@ def test_triton_twin_matches_reference(lengths, next_n, window, seen, gen, trito
 @pytest.mark.parametrize("tile", [32, 2], ids=["one-tile", "tiles-of-2"])
 def test_pipelined_pass_matches_reference(lengths, next_n, window, tile, gen, triton_device, monkeypatch):
     """The update alone (no maxima: SpinIndexer's side stream) runs the pipelined pass: with tiles of 2 blocks
-    each program loops over several tiles of its request (2 programs in all under the interpreter); every row
-    updates in order, some rows not at all (guarded); the state is the reference's, and the one-tile kernel's."""
+    each program loops over several tiles of its request (8 programs in all under the interpreter: two or more a
+    request); every row updates in order, some rows not at all (guarded); the state is the reference's, and the
+    one-tile kernel's."""
     pytest.importorskip("triton")
     from spin_indexer.ops import history_triton
     monkeypatch.setattr(history_triton, "BLOCKS_PER_PROGRAM", tile)

@@ -76,7 +76,7 @@ case "$stage" in
           # ALL_PROFILE (profile points; empty = no profile), ALL_EXTRA (a command run last, output under all/; it
           # must keep $PYTHONPATH, where DeepGEMM is: PYTHONPATH=src:benchmarks:$PYTHONPATH, or it runs without it);
           # ALL_TESTS_S / ALL_GRID_S / ALL_V32_S / ALL_PROFILE_S: each stage's wall limit (the tgz is packed anyway);
-          # ALL_GRID_ARGS (more run_all.py arguments, e.g. --tau-hint), ALL_V32_VARIANTS (bench_v32_step --variants), ALL_PROFILE_PARTS (profile_step --parts); ALL_WARM=0: no
+          # ALL_SPARSITIES (the grid's, default 0.5-0.2: the targets' range), ALL_GRID_ARGS (more run_all.py arguments, e.g. --tau-hint), ALL_V32_VARIANTS (bench_v32_step --variants), ALL_PROFILE_PARTS (profile_step --parts); ALL_WARM=0: no
           # warm_cache.py (by default it compiles the grid's and profile's kernels in parallel while the tests run)
         mkdir -p "$OUT/all/grid" "$OUT/all/v32" "$OUT/all/profile"
         cp "$OUT/deepgemm_build.log" "$OUT/all/" 2>/dev/null
@@ -94,7 +94,7 @@ case "$stage" in
             tests/indexer/test_spin.py tests/ops/test_topk_attention.py tests/model/test_rope_triton.py} > "$OUT/all/gputests.log" 2>&1
         tail -2 "$OUT/all/gputests.log"
         if [ -n "${warm_pid:-}" ]; then wait "$warm_pid"; tail -3 "$OUT/all/warm.log"; fi
-        timeout "${ALL_GRID_S:-3600}" python3 benchmarks/run_all.py --out "$OUT/all/grid" --sparsities 0.5,0.4 --budget-s "${ALL_BUDGET_S:-170}" \
+        timeout "${ALL_GRID_S:-3600}" python3 benchmarks/run_all.py --out "$OUT/all/grid" --sparsities "${ALL_SPARSITIES:-0.5,0.4,0.3,0.2}" --budget-s "${ALL_BUDGET_S:-170}" \
             --points "$points" ${ALL_GRID_ARGS:-} > "$OUT/all/grid/run_all.log" 2>&1
         grep -E "^point|^- |^total" "$OUT/all/grid/run_all.log" | cut -c1-400
         timeout "${ALL_V32_S:-3600}" python3 benchmarks/bench_v32_step.py --out "$OUT/all/v32" --points "${ALL_V32:-96x131072,96x262144,autox1048576}" \

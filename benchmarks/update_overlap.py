@@ -50,8 +50,6 @@ def variant(idx, name: str):
     from spin_indexer.indexer import spin as spin_module
     from spin_indexer.ops import history_triton
 
-    original_update, original_topk = ops.update_history, idx._topk
-    deferred = []
     per_sm = history_triton.PASS_PROGRAMS_PER_SM
     passes = {"onetile": (1, history_triton.pass_programs),  # (stages, programs in all)
               "st2": (2, lambda device, f=history_triton.pass_programs: 7 * f(device) // per_sm)}
@@ -83,6 +81,9 @@ def variant(idx, name: str):
         finally:
             history_triton.PIPELINED_STAGES, history_triton.pass_programs = saved
         return
+
+    original_update, original_topk = ops.update_history, idx._topk
+    deferred = []
 
     def update(history, *args, **kw):
         if history is None:  # the maxima-only pass (DeepGEMM backend) is not the update: always run it

@@ -1,0 +1,55 @@
+"""benchmarks/update_overlap.py and update_pass_configs.py, the EMA update's experiments: every variant runs in a
+CPU dry run, and each patch of the production modules is in force inside its block and undone after it (the
+variants share one process on the H200, so a patch that leaked would time the next variant with it)."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from conftest import import_benchmark, run_benchmark_dry
+
+
+@pytest.mark.interpreter
+def test_every_variant_runs_in_a_dry_run(tmp_path):
+    pytest.importorskip("triton")
+    variants = "spin,topk_first,no_update,fused,onetile,st2,prog8,pipe,thr4,sel8"
+    proc = run_benchmark_dry("update_overlap.py", ["--out", tmp_path, "--points", "2x8192x1", "--sparsities", "0.4",
+                                                   "--variants", variants, "--rounds", "2"], timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    (result,) = json.loads((tmp_path / "update_overlap.json").read_text())
+    assert set(variants.split(",")) <= set(result["us"])
+    assert {"update_alone", "update_alone_prog8", "update_alone_pipe"} <= set(result["us"])
+
+
+def test_variants_patch_inside_their_block_only():
+    pytest.importorskip("triton")
+    overlap = import_benchmark("update_overlap")
+    from spin_indexer.ops import history_triton, topk_triton
+    cpu = torch.device("cpu")
+    before = (topk_triton.threshold_warps(8192), topk_triton.set_select_warps(4096),
+              history_triton.PIPELINED_MIN_BLOCKS, history_triton.pass_programs(cpu))
+    checks = {"thr4": lambda: topk_triton.threshold_warps(8192) == 4 and topk_triton.threshold_warps(16384) == 4,
+              "sel8": lambda: topk_triton.set_select_warps(4096) == 8,
+              "pipe": lambda: history_triton.PIPELINED_MIN_BLOCKS == 0,
+              "prog100": lambda: history_triton.pass_programs(cpu) == 100}
+    for name, inside in checks.items():
+        with overlap.variant(None, name):
+            assert inside(), name
+        after = (topk_triton.threshold_warps(8192), topk_triton.set_select_warps(4096),
+                 history_triton.PIPELINED_MIN_BLOCKS, history_triton.pass_programs(cpu))
+        assert after == before, name
+
+
+def test_pass_configs_patch_inside_their_block_only():
+    pytest.importorskip("triton")
+    configs = import_benchmark("update_pass_configs")
+    from spin_indexer.ops import history_triton as ht
+    names = ("BLOCKS_PER_PROGRAM", "PIPELINED_STAGES", "NUM_WARPS", "PASS_PROGRAMS_PER_SM")
+    before = [getattr(ht, n) for n in names]
+    with configs.config("16:2:8:1"):
+        assert [getattr(ht, n) for n in names] == [16, 2, 8, 1]
+    assert [getattr(ht, n) for n in names] == before
+    assert "update_overlap" in sys.modules and "update_pass_configs" in sys.modules

@@ -16,8 +16,8 @@ the dense step, per layer:
   prog<N>       the pipelined pass with N programs in all (e.g. prog144: on the SMs the top-k's 96 rows leave)
   pipe          the pipelined pass at any table size (history_triton.PIPELINED_MIN_BLOCKS = 0)
   thr<W>, sel<W>  the top-k's threshold (every tile size) or set select launched with W warps: fewer warps, fewer
-                registers a program, so the top-k's programs can share an SM with the update pass's (at 16 warps
-                x ~127 registers they take a whole SM and wait for the pass's programs to leave)
+                registers a program, so the top-k's programs can share an SM with the update pass's (at 8-16
+                warps of ~127 registers or more, one program fills most of an SM and waits for the pass's to leave)
   update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
                 _st2: those passes alone)
 

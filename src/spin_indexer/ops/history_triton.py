@@ -18,13 +18,11 @@ cell ends with one of their updates) or the same D cell (distinct positions of a
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ..checks import check_tensor
 from .history import HistoryUpdate, block_tokens
-from .maxima_triton import row_maxima_triton
+from .maxima_triton import row_maxima_triton, sm_count
 from .topk import check_group
 
 try:  # the package imports this module only for CUDA tensors; without triton the reference is used
@@ -128,13 +126,7 @@ def pass_programs(device: torch.device) -> int:
     take two or more programs each, each looping over several tiles)."""
     if device.type != "cuda":
         return 8
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return PASS_PROGRAMS_PER_SM * _sm_count(index)
-
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return PASS_PROGRAMS_PER_SM * sm_count(device)
 
 
 def _history_args(h: HistoryUpdate, like: torch.Tensor):

@@ -38,13 +38,14 @@ MAX_REGISTERS = 64
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
+def sm_count(device: torch.device) -> int:
+    """SMs of `device` (4 off CUDA: the interpreter's grids stay small); the Triton passes size their grids by it."""
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def programs_per_row(rows: int, cols: int, device: torch.device, tile_cols: int) -> int:
     """P: a row's programs, so that rows x P fills the GPU's resident programs once (at most one per tile)."""
-    return max(1, min(triton.cdiv(cols, tile_cols), triton.cdiv(_sm_count(device) * PROGRAMS_PER_SM, max(rows, 1))))
+    return max(1, min(triton.cdiv(cols, tile_cols), triton.cdiv(sm_count(device) * PROGRAMS_PER_SM, max(rows, 1))))
 
 
 def row_maxima_triton(logits: torch.Tensor, lengths: torch.Tensor, group_max_out: torch.Tensor | None = None,

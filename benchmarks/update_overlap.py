@@ -34,6 +34,7 @@ import json
 import os
 import statistics
 import sys
+from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -50,68 +51,49 @@ def variant(idx, name: str):
     from spin_indexer.indexer import spin as spin_module
     from spin_indexer.ops import history_triton
 
+    from spin_indexer.ops import topk_triton
+
+    # (module or object, attribute, value while the block runs)
     per_sm = history_triton.PASS_PROGRAMS_PER_SM
     passes = {"onetile": (1, history_triton.pass_programs),  # (stages, programs in all)
               "st2": (2, lambda device, f=history_triton.pass_programs: 7 * f(device) // per_sm)}
     if name.startswith("prog"):  # the pipelined pass with this many programs in all
         passes[name] = (history_triton.PIPELINED_STAGES, lambda device: int(name[4:]))
-    if name[:3] in ("thr", "sel") and name[3:].isdigit():  # the top-k's launch widths
-        from spin_indexer.ops import topk_triton
-        attr = "threshold_warps" if name.startswith("thr") else "set_select_warps"
-        saved_fn = getattr(topk_triton, attr)
-        setattr(topk_triton, attr, lambda _size, w=int(name[3:]): w)
-        try:
-            yield
-        finally:
-            setattr(topk_triton, attr, saved_fn)
-        return
-    if name == "pipe":
-        saved_min = history_triton.PIPELINED_MIN_BLOCKS
-        history_triton.PIPELINED_MIN_BLOCKS = 0
-        try:
-            yield
-        finally:
-            history_triton.PIPELINED_MIN_BLOCKS = saved_min
-        return
     if name in passes:
-        saved = history_triton.PIPELINED_STAGES, history_triton.pass_programs
-        history_triton.PIPELINED_STAGES, history_triton.pass_programs = passes[name]
-        try:
-            yield
-        finally:
-            history_triton.PIPELINED_STAGES, history_triton.pass_programs = saved
-        return
+        stages, programs = passes[name]
+        patches = [(history_triton, "PIPELINED_STAGES", stages), (history_triton, "pass_programs", programs)]
+    elif name[:3] in ("thr", "sel") and name[3:].isdigit():  # the top-k's launch widths
+        attr = "threshold_warps" if name.startswith("thr") else "set_select_warps"
+        patches = [(topk_triton, attr, lambda _size, w=int(name[3:]): w)]
+    elif name == "pipe":
+        patches = [(history_triton, "PIPELINED_MIN_BLOCKS", 0)]
+    elif name in ("spin", "fused"):
+        patches = []
+    else:  # topk_first, no_update: the update through ops.update_history, launched after the top-k or not at all
+        original_update, original_topk = ops.update_history, idx._topk
+        deferred = []
 
-    original_update, original_topk = ops.update_history, idx._topk
-    deferred = []
-
-    def update(history, *args, **kw):
-        if history is None:  # the maxima-only pass (DeepGEMM backend) is not the update: always run it
-            return original_update(history, *args, **kw)
-        if name == "no_update":
+        def update(history, *args, **kw):
+            if history is None:  # the maxima-only pass (DeepGEMM backend) is not the update: always run it
+                return original_update(history, *args, **kw)
+            if name == "no_update":
+                return None
+            deferred.append((history, args, kw))  # topk_first: launched after the top-k's, below
             return None
-        deferred.append((history, args, kw))  # topk_first: launched after the top-k's, below
-        return None
 
-    def topk(*args, **kw):
-        out = original_topk(*args, **kw)
-        import torch
-        while deferred:
-            history, a, k = deferred.pop(0)
-            with torch.cuda.stream(idx._update_stream):  # forked from the caller's stream before the top-k's
-                original_update(history, *a, **k)
-        return out
-
-    if name in ("spin", "fused"):
+        def topk(*args, **kw):
+            out = original_topk(*args, **kw)
+            import torch
+            while deferred:
+                history, a, k = deferred.pop(0)
+                with torch.cuda.stream(idx._update_stream):  # forked from the caller's stream before the top-k's
+                    original_update(history, *a, **k)
+            return out
+        patches = [(spin_module.ops, "update_history", update), (idx, "_topk", topk)]
+    with contextlib.ExitStack() as stack:
+        for target, attr, value in patches:
+            stack.enter_context(mock.patch.object(target, attr, value))
         yield
-        return
-    spin_module.ops.update_history = update
-    idx._topk = topk
-    try:
-        yield
-    finally:
-        spin_module.ops.update_history = original_update
-        del idx._topk
 
 
 def timeline(fn, lines: list[str]) -> list[dict]:

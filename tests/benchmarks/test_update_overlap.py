@@ -43,6 +43,24 @@ def test_variants_patch_inside_their_block_only():
         assert after == before, name
 
 
+def test_the_update_reroutes_patch_inside_their_block_only():
+    """topk_first / no_update replace ops.update_history and the indexer's top-k inside the block; after it the
+    package's function is back and the indexer holds no attribute of its own."""
+    pytest.importorskip("triton")
+    overlap = import_benchmark("update_overlap")
+    from spin_indexer import ops
+
+    class Indexer:
+        def _topk(self):
+            return "top-k"
+    idx, original = Indexer(), ops.update_history
+    for name in ("topk_first", "no_update"):
+        with overlap.variant(idx, name):
+            assert ops.update_history is not original and "_topk" in vars(idx), name
+            assert ops.update_history(object(), None) is None  # held back (topk_first) or dropped (no_update)
+        assert ops.update_history is original and "_topk" not in vars(idx) and idx._topk() == "top-k", name
+
+
 def test_pass_configs_patch_inside_their_block_only():
     pytest.importorskip("triton")
     configs = import_benchmark("update_pass_configs")

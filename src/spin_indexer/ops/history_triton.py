@@ -130,10 +130,16 @@ def pass_programs(device: torch.device) -> int:
 
 
 def _history_args(h: HistoryUpdate, like: torch.Tensor):
-    """The history arguments every kernel that updates takes, in order (see ema_tile)."""
-    finfo = torch.finfo(h.vertical.dtype)
+    """The history arguments every kernel that updates takes, in order (see ema_tile). An int8 V's scales
+    share block_max's stride (SpinState keeps them side by side); a float V passes block_max in their place,
+    never read (the kernels branch on V's element type)."""
+    finfo = torch.finfo(h.diagonal.dtype)  # the float tables' range (an int8 V is clamped to it too)
     seen = h.last_seen if h.last_seen is not None else h.block_max
-    return (h.vertical, h.block_max, h.block_max.stride(0), h.diagonal, h.diagonal.stride(0), seen,
+    scale = h.vertical_scale if h.vertical_scale is not None else h.block_max
+    if scale.stride(0) != h.block_max.stride(0):
+        raise ValueError(f"vertical_scale: expected block_max's stride {h.block_max.stride(0)}, "
+                         f"got {scale.stride(0)}")
+    return (h.vertical, h.block_max, h.block_max.stride(0), scale, h.diagonal, h.diagonal.stride(0), seen,
             seen.stride(0) if seen.dim() else 0, h.clock, h.slot_ids, h.kept_blocks, h.kept_blocks.stride(0),
             h.seq_lens, h.update_rows, float(h.alpha), int(h.window), h.trash_block, float(finfo.min), float(finfo.max))
 
@@ -141,18 +147,24 @@ def _history_args(h: HistoryUpdate, like: torch.Tensor):
 def _no_history(like: torch.Tensor):
     """Dummy history arguments (pointers to `like`) for a kernel compiled without the update (HIST=False)."""
     z = like
-    return (z, z, 0, z, 0, z, 0, z, z, z, 0, z, z, 0.0, 0, 0, 0.0, 0.0)
+    return (z, z, 0, z, z, 0, z, 0, z, z, z, 0, z, z, 0.0, 0, 0, 0.0, 0.0)
 
 
 if triton is not None:
     @triton.jit
-    def load_vertical(v_ptr, phys, trash, T: tl.constexpr):
-        """(safe physical ids int64 [BB], float16 [BB, T] V of those blocks) for ids int [BB]: ids outside the
-        cache read the trash block. A kernel issues this load early (before its MMA) so the update's read
-        latency hides under it; V stays fp16 (half the registers of fp32) until the EMA converts it."""
+    def load_vertical(v_ptr, vs_ptr, vs_stride, phys, trash, T: tl.constexpr):
+        """(safe physical ids int64 [BB], V [BB, T] of those blocks as stored, their scales float16 [BB]) for
+        ids int [BB]: ids outside the cache read the trash block. A kernel issues this load early (before its
+        MMA) so the update's read latency hides under it; V stays as stored (fp16 or int8 codes: fewer
+        registers than fp32) until the EMA converts it. The scales are read only for an int8 V."""
         inside = (phys >= 0) & (phys < trash)
         pv = tl.where(inside, phys, trash).to(tl.int64)
-        return pv, tl.load(v_ptr + pv[:, None] * T + tl.arange(0, T)[None, :])
+        old = tl.load(v_ptr + pv[:, None] * T + tl.arange(0, T)[None, :])
+        if v_ptr.dtype.element_ty == tl.int8:
+            osc = tl.load(vs_ptr + pv * vs_stride)
+        else:
+            osc = tl.zeros(pv.shape, tl.float16)
+        return pv, old, osc
 
     @triton.jit
     def row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, row, b, HAS_SEEN: tl.constexpr):
@@ -168,16 +180,21 @@ if triton is not None:
         return upd, q, slot, clock
 
     @triton.jit
-    def ema_vertical(obs, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr, seen_stride, alpha,
-                     lo, hi, T: tl.constexpr, HAS_SEEN: tl.constexpr):
-        """The V half of ema_tile (arguments as there): V, the blocks' max and last_seen. Returns (live: bool
-        [BB, T] cells that take the observation, any_live: bool [BB] blocks that take one)."""
+    def ema_vertical(obs, live, pv, old, osc, kb, upd, clock, v_ptr, vb_ptr, vb_stride, vs_ptr, seen_ptr,
+                     seen_stride, alpha, lo, hi, T: tl.constexpr, HAS_SEEN: tl.constexpr):
+        """The V half of ema_tile (arguments as there): V (and an int8 V's scales), the blocks' max and
+        last_seen. Returns (live: bool [BB, T] cells that take the observation, any_live: bool [BB] blocks that
+        take one)."""
+        Q8: tl.constexpr = v_ptr.dtype.element_ty == tl.int8
         # Row conditions as a [BB] vector, broadcast once. Scalar conditions go through a where: `block &
         # scalar` of int1 yields an int32 mask in the interpreter (Triton 3.9), which tl.store rejects.
         row_ok = tl.where(upd, kb >= 0, False)
         live = live & row_ok[:, None] & (obs > float("-inf")) & (obs < float("inf"))
         any_live = tl.max(live.to(tl.int32), axis=1) > 0  # [BB]
-        old = old.to(tl.float32)
+        if Q8:  # code * scale is exact in float32; -128 = no history
+            old = tl.where(old == -128, float("-inf"), old.to(tl.float32) * osc.to(tl.float32)[:, None])
+        else:
+            old = old.to(tl.float32)
         new = tl.where(old > float("-inf"), alpha * obs + (1.0 - alpha) * old, obs)
         new = tl.minimum(tl.maximum(new, lo), hi)
         v = tl.where(live, new, old)
@@ -185,7 +202,18 @@ if triton is not None:
         # written are the same, and a mask constant along T lets the store vectorize. A per-cell mask made
         # it 2-byte stores: 73 of the pass's ~180 us at B = 96 x 512K (benchmarks/update_variants.py).
         row_mask = tl.broadcast_to(any_live[:, None], obs.shape)
-        tl.store(v_ptr + pv[:, None] * T + tl.arange(0, T)[None, :], v.to(v_ptr.dtype.element_ty), mask=row_mask)
+        if Q8:  # the whole row requantized with its new scale (history.quantize_rows: the same operations)
+            has = v > float("-inf")
+            sc = tl.math.div_rn(tl.max(tl.where(has, tl.abs(v), 0.0), axis=1), 127.0).to(tl.float16)
+            scf = sc.to(tl.float32)
+            inv = tl.where(scf > 0, tl.math.div_rn(tl.full(scf.shape, 1.0, tl.float32), scf), 0.0)
+            code = tl.minimum(tl.maximum(tl.floor(v * inv[:, None] + 0.5), -127.0), 127.0)
+            code = tl.where(has, code, -128.0)
+            tl.store(v_ptr + pv[:, None] * T + tl.arange(0, T)[None, :], code.to(tl.int8), mask=row_mask)
+            tl.store(vs_ptr + pv * vb_stride, sc, mask=any_live)
+        else:
+            tl.store(v_ptr + pv[:, None] * T + tl.arange(0, T)[None, :], v.to(v_ptr.dtype.element_ty),
+                     mask=row_mask)
         tl.store(vb_ptr + pv * vb_stride, tl.max(v, axis=1).to(vb_ptr.dtype.element_ty), mask=any_live)
         if HAS_SEEN:
             tl.store(seen_ptr + pv * seen_stride, clock + pv * 0, mask=any_live)
@@ -212,15 +240,15 @@ if triton is not None:
         tl.store(d_cells, new_d.to(d_ptr.dtype.element_ty), mask=in_window)
 
     @triton.jit
-    def ema_tile(obs, live, pv, old, kb, upd, q, slot, clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr,
-                 seen_stride, alpha, window, lo, hi, T: tl.constexpr, HAS_SEEN: tl.constexpr):
+    def ema_tile(obs, live, pv, old, osc, kb, upd, q, slot, clock, v_ptr, vb_ptr, vb_stride, vs_ptr, d_ptr, d_stride,
+                 seen_ptr, seen_stride, alpha, window, lo, hi, T: tl.constexpr, HAS_SEEN: tl.constexpr):
         """EMA update of BB blocks for one query row. obs: float32 [BB, T] scores of the blocks' slots; live:
-        bool [BB, T] columns inside the row's compact length; pv, old: from load_vertical (old float16 or
-        float32); kb: int [BB] logical block ids (-1: not a kept block); upd, q, slot, clock: the row's constants
+        bool [BB, T] columns inside the row's compact length; pv, old, osc: from load_vertical (old as stored:
+        float16, float32 or int8 codes with their scales osc); kb: int [BB] logical block ids (-1: not a kept block); upd, q, slot, clock: the row's constants
         (row_constants). Writes V, the blocks' max, D inside the window and last_seen, with masked stores only.
         For small tiles (the logits kernel's [1, T]); the update kernel runs the two halves itself."""
-        live, any_live = ema_vertical(obs, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
-                                      seen_stride, alpha, lo, hi, T, HAS_SEEN)
+        live, any_live = ema_vertical(obs, live, pv, old, osc, kb, upd, clock, v_ptr, vb_ptr, vb_stride, vs_ptr,
+                                      seen_ptr, seen_stride, alpha, lo, hi, T, HAS_SEEN)
         # The diagonal window covers the request's last `window` positions: only the tiles that reach it
         # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
         if reaches_window(any_live, kb, q, window, T):
@@ -237,7 +265,7 @@ if triton is not None:
 
     @triton.jit
     def _update_pass_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, v_ptr, vb_ptr,
-                            vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr, slot_ptr, kept_ptr,
+                            vb_stride, vs_ptr, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr, slot_ptr, kept_ptr,
                             kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi, next_n, num_blocks, j,
                             programs, T: tl.constexpr, BLOCKS: tl.constexpr, HAS_SEEN: tl.constexpr,
                             NP: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr):
@@ -259,32 +287,32 @@ if triton is not None:
             in_table = m < used
             phys = tl.load(table_ptr + b64 * table_stride + m, mask=in_table, other=-1)
             kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=in_table, other=-1)
-            pv, old = load_vertical(v_ptr, phys, trash, T)
+            pv, old, osc = load_vertical(v_ptr, vs_ptr, vb_stride, phys, trash, T)
             x = _row_logits(x_row, m, in_table, clen, T)
             live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
-            live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
-                                          seen_stride, alpha, lo, hi, T, HAS_SEEN)
+            live, any_live = ema_vertical(x, live, pv, old, osc, kb, upd, clock, v_ptr, vb_ptr, vb_stride, vs_ptr,
+                                          seen_ptr, seen_stride, alpha, lo, hi, T, HAS_SEEN)
             if reaches_window(any_live, kb, q, window, T):
                 ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, used, upd, clen, q, slot, d_ptr, d_stride,
                                   alpha, window, lo, hi, T, BLOCKS, DB)
 
     @triton.jit
     def _update_history_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
-                               bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
-                               clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
+                               bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, vs_ptr, d_ptr, d_stride, seen_ptr,
+                               seen_stride, clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
                                lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
                                HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
                                GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr):
         """One program per (request, BLOCKS compact blocks): update_tile."""
         update_tile(tl.program_id(0), tl.program_id(1), x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
-                    bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
-                    clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
+                    bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, vs_ptr, d_ptr, d_stride, seen_ptr,
+                    seen_stride, clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
                     lo, hi, next_n, num_blocks, j, T, BLOCKS, HAS_SEEN, BMAX, NP, GMAX, G, DB)
 
     @triton.jit
     def update_tile(b, pm, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
-                    bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
-                    clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
+                    bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, vs_ptr, d_ptr, d_stride, seen_ptr,
+                    seen_stride, clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
                     lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
                     HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
                     GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr):
@@ -322,13 +350,13 @@ if triton is not None:
         on = tl.where(upd, in_table, False)
         phys = tl.where(on, phys_all, -1)
         kb = tl.where(on, kb_all, -1)
-        pv, old = load_vertical(v_ptr, phys, trash, T)
+        pv, old, osc = load_vertical(v_ptr, vs_ptr, vb_stride, phys, trash, T)
         clen = tl.load(clen_ptr + b * next_n + j)
         x_row = x_req + j * x_stride_n
         x = _row_logits(x_row, m, in_table, clen, T)
         live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
-        live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
-                                      seen_stride, alpha, lo, hi, T, HAS_SEEN)
+        live, any_live = ema_vertical(x, live, pv, old, osc, kb, upd, clock, v_ptr, vb_ptr, vb_stride, vs_ptr,
+                                      seen_ptr, seen_stride, alpha, lo, hi, T, HAS_SEEN)
         store_maxima(x, pm, tl.minimum(clen, num_blocks * T), gmax_ptr + (out_row + j) * gmax_stride,
                      bmax_ptr + (out_row + j) * bmax_stride, T, G, BLOCKS, GMAX, BMAX)
         # The diagonal window covers the request's last `window` positions: only the tiles that reach it

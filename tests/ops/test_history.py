@@ -115,9 +115,10 @@ def clone_history(h: HistoryUpdate) -> HistoryUpdate:
         base = torch.empty(t.shape[0], t.stride(0), dtype=t.dtype)
         base[:, 0] = t
         return base[:, 0]
-    return dataclasses.replace(h, vertical=h.vertical.clone(), block_max=dup(h.block_max),
-                               diagonal=h.diagonal.clone(), last_seen=dup(h.last_seen),
-                               vertical_scale=dup(h.vertical_scale))
+    block_max, scale = _stats_to(h.block_max, h.vertical_scale, h.block_max.device)
+    return dataclasses.replace(h, vertical=h.vertical.clone(), block_max=block_max if scale is not None else
+                               dup(h.block_max), diagonal=h.diagonal.clone(), last_seen=dup(h.last_seen),
+                               vertical_scale=scale)
 
 
 # ----------------------------------------------------------------------------------- the rule, by hand
@@ -449,6 +450,23 @@ def test_triton_twin_several_tiles_per_request(lengths, next_n, window, gen, tri
     _check_group_max_out(gmax, logits, plan.lens, 16, sentinel=123.0)
 
 
+@pytest.mark.interpreter
+def test_int8_scales_must_sit_beside_their_block_max(gen, triton_device):
+    """The kernels read an int8 V's scale in the 2 bytes after its block max (one 4-byte access): a scale table
+    elsewhere is refused, naming vertical_scale, before any state changes."""
+    pytest.importorskip("triton")
+    from spin_indexer.ops.history_triton import update_history_triton
+    plan = make_plan((3 * T + 5,), 1, 8, gen)
+    logits = make_logits(plan, plan.kept.shape[1] * T, gen)
+    dev = torch.device(triton_device)
+    moved = history_on(make_history(plan, 8, 2, 64, gen, int8=True), dev)
+    moved.vertical_scale = moved.vertical_scale.clone()  # its own tensor
+    before = moved.vertical.clone()
+    with pytest.raises(ValueError, match="^vertical_scale: expected float16 scales in the 2 bytes after"):
+        update_history_triton(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev))
+    assert torch.equal(moved.vertical, before)
+
+
 TOPK_UPDATE_CASES = [  # (case, rows, blocks per tile): every case in the threshold launch (row 0 updating), with
     # one tile and (next_n 1, 2: ~12 s more for 4 in the interpreter) several per request; every row updating
     # (the pass after the top-k) once
@@ -612,8 +630,20 @@ def history_on(h, dev):
                                        "update_rows", "clock")})
     moved.block_max = _strided_to(h.block_max, dev)
     moved.last_seen = _strided_to(h.last_seen, dev)
-    moved.vertical_scale = _strided_to(h.vertical_scale, dev)
+    if h.vertical_scale is not None:
+        moved.block_max, moved.vertical_scale = _stats_to(h.block_max, h.vertical_scale, dev)
     return moved
+
+
+def _stats_to(block_max, scale, dev):
+    """Copies of an int8 V's block max and scales on `dev` as SpinState lays them out: column 1 of a
+    [P + 1, 2 layers, 2] float16 tensor (each scale in the 2 bytes after its max); (block_max, None) without
+    scales."""
+    if scale is None:
+        return block_max, None
+    base = torch.full((block_max.shape[0], 2, 2), 9.0, dtype=torch.float16, device=dev)
+    base[:, 1, 0], base[:, 1, 1] = block_max.to(dev), scale.to(dev)
+    return base[:, 1, 0], base[:, 1, 1]
 
 
 def _strided_to(t, dev):

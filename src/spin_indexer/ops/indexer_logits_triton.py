@@ -41,7 +41,8 @@ try:  # the package imports this module only for CUDA tensors; without triton th
     import triton
     import triton.language as tl
 
-    from .history_triton import _history_args, _no_history, ema_tile, row_constants, update_history_triton
+    from .history_triton import (_history_args, _no_history, ema_tile, pair_scale, row_constants, stats_pair,
+                                 update_history_triton)
     from .maxima_triton import max_nan
 except ImportError:  # pragma: no cover
     triton = None
@@ -346,7 +347,7 @@ if triton is not None:
     def _paged_indexer_logits_kernel(q_ptr, k_arg, scale_ptr, w_ptr, lens_ptr, table_ptr, out_ptr, bmax_ptr,
                                      gmax_ptr, width, stride_table, out_stride, bmax_stride, gmax_stride, chunk,
                                      num_cache_blocks,
-                                     v_ptr, vb_ptr, vb_stride, vs_ptr, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr,
+                                     v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr,
                                      slot_ptr, kept_ptr, kept_stride, hlens_ptr, upd_ptr, alpha, window, trash, lo,
                                      hi, NEXT_N: tl.constexpr, H: tl.constexpr, D: tl.constexpr, T: tl.constexpr,
                                      PAGE_BYTES: tl.constexpr, RB: tl.constexpr, G: tl.constexpr,
@@ -440,7 +441,7 @@ if triton is not None:
                 old_v = tl.load(v_ptr + pv[:, None] * T + offs_t[None, :], mask=tl.broadcast_to(on[:, None], [1, T]),
                                 other=0)
                 if v_ptr.dtype.element_ty == tl.int8:  # an int8 V's scale (history_triton.load_vertical)
-                    old_sc = tl.load(vs_ptr + pv * vb_stride, mask=on, other=0.0)
+                    old_sc = pair_scale(tl.load(stats_pair(vb_ptr, pv, vb_stride), mask=on, other=0))
                 else:
                     old_sc = tl.zeros([1], tl.float16)
             if RB > 0:  # pages a whole number RB of D-byte rows apart: block phys starts at row phys * RB
@@ -463,7 +464,7 @@ if triton is not None:
                 if upd0:
                     logit0 = tl.sum(tl.where(tl.arange(0, GP0)[None, :] == 0, x0, 0.0), axis=1)  # [T]: row 0
                     ema_tile(logit0[None, :], (blk * T + offs_t < len0)[None, :], pv, old_v, old_sc, kb, upd0,
-                             qpos0, slot0, clock, v_ptr, vb_ptr, vb_stride, vs_ptr, d_ptr, d_stride, seen_ptr,
+                             qpos0, slot0, clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr,
                              seen_stride, alpha, window, lo, hi, T, HAS_SEEN)
         if FILL_TAIL:  # blocks of this chunk past the longest row: -inf logits and block max, no key reads
             neg = tl.full([NP, T], float("-inf"), tl.float32)

@@ -305,7 +305,7 @@ if triton is not None:
     @triton.jit
     def _threshold_update_kernel(s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s,
                                  k, out_ptr, hint_ptr, rows, tiles, x_ptr, x_stride_b, x_stride_n, table_ptr,
-                                 table_stride, v_ptr, vb_ptr, vb_stride, vs_ptr, d_ptr, d_stride, seen_ptr,
+                                 table_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr,
                                  seen_stride, clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
                                  lo, hi, next_n, num_blocks, G: tl.constexpr, SB: tl.constexpr, CAP: tl.constexpr,
                                  HINT: tl.constexpr, HINT_R: tl.constexpr, HINT_STEPS: tl.constexpr,
@@ -320,7 +320,7 @@ if triton is not None:
         else:
             u = pid - rows
             update_tile(u // tiles, u % tiles, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, len_ptr,
-                        x_ptr, 0, x_ptr, 0, v_ptr, vb_ptr, vb_stride, vs_ptr, d_ptr, d_stride, seen_ptr, seen_stride,
+                        x_ptr, 0, x_ptr, 0, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                         clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi,
                         next_n, num_blocks, 0, T, BLOCKS, HAS_SEEN, False, NP, False, T, DB)
 

@@ -39,7 +39,7 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 
-from harness import (DEVICE, KeyPool, decode_lens, environment, markdown_table, random_queries, steady_history,  # noqa: E402
+from harness import (DEVICE, KeyPool, decode_lens, environment, markdown_table, random_queries,  # noqa: E402
                      time_graphs_paired)
 
 from spin_indexer.indexer import DenseIndexer, SpinIndexer  # noqa: E402
@@ -172,8 +172,6 @@ VARIANTS = {
                    "position order (one select launch), dense and SPIN alike",
     "compact-16k": "SPIN's compact Triton logits chunked for <= 16384 programs as full tables are (the rule "
                    "before run 68; production: indexer_logits_triton.COMPACT_TARGET_PROGRAMS = 4096)",
-    "int8": "SPIN's V table as int8 codes with a scale a block (SpinConfig(vertical_dtype=torch.int8)): 6 B a "
-            "kept token through the EMA update instead of 8",
     "tau-hint": "SPIN's top-k threshold starts from the previous step's key (SpinIndexer(tau_hint=True)); this "
                 "benchmark's logits repeat every step, so every hint hits: an upper bound of the gain",
 }
@@ -201,10 +199,6 @@ def variant(name: str):
             SpinIndexer.__init__ = functools.partialmethod(init, overlap_update=False)
         elif name == "tau-hint":
             SpinIndexer.__init__ = functools.partialmethod(init, tau_hint=True)
-        elif name == "int8":
-            def init_int8(self, config, *args, **kw):
-                init(self, dataclasses.replace(config, vertical_dtype=torch.int8), *args, **kw)
-            SpinIndexer.__init__ = init_int8
         elif name == "topk-sorted":
             SpinIndexer.__init__ = functools.partialmethod(init, topk_sorted=True)
             DenseIndexer.__init__ = functools.partialmethod(dense_init, topk_sorted=True)
@@ -238,7 +232,7 @@ def _configs(name, batch, ctx, args, keys, table, lens, index_q, attend, attenti
         idx = SpinIndexer(SpinConfig(sparsity=s, topk=k), num_layers=layers, max_batch=batch, max_blocks=width,
                           device=DEVICE, num_cache_blocks=keys.num_blocks)
         slots = torch.tensor([idx.state.allocate() for _ in range(batch)], dtype=torch.int64, device=DEVICE)
-        steady_history(idx.state, ctx)
+        steady_history(idx, ctx)
 
         def spin_step():
             idx.plan(table, lens, slots, validate=False)
@@ -260,6 +254,17 @@ def _configs(name, batch, ctx, args, keys, table, lens, index_q, attend, attenti
         _free_memory()
     dense = _times(pooled["dense"], pooled["attention"], pooled["dense"])
     return [("dense" + tag, dense, 0.0)] + results
+
+
+def steady_history(idx, ctx: int) -> None:
+    """A random history as after many decode steps: every block scored before, diagonal windows full."""
+    st = idx.state
+    gen = torch.Generator(device=st.vertical.device).manual_seed(5)
+    st.vertical.copy_(torch.randn(st.vertical.shape, device=st.vertical.device, generator=gen).to(st.vertical.dtype))
+    st.block_max.copy_(st.vertical.amax(dim=2).transpose(0, 1))
+    st.diagonal.copy_(torch.randn(st.diagonal.shape, device=st.diagonal.device, generator=gen).to(st.diagonal.dtype))
+    st.seen_len.fill_(ctx)
+    st.step.fill_(100)
 
 
 def _free_memory():

@@ -192,26 +192,6 @@ class KeyPool:
         return [self.perm[i * need:(i + 1) * need].view(batch, width).contiguous() for i in range(count)]
 
 
-def steady_history(state, ctx: int) -> None:
-    """A random SpinState history as after many decode steps: every block scored before (V about N(0, 1), or
-    for an int8 V codes over the same +-3 range with one scale), block maxima consistent with it, diagonal
-    windows full, every slot's context `ctx` seen."""
-    gen = torch.Generator(device=state.vertical.device).manual_seed(5)
-    if state.vertical_scale is not None:
-        state.vertical.copy_(torch.randint(-127, 128, state.vertical.shape, device=state.vertical.device,
-                                           generator=gen, dtype=torch.int8))
-        state.vertical_scale.fill_(3.0 / 127)
-        state.block_max.copy_((state.vertical.amax(dim=2).float() * (3.0 / 127)).transpose(0, 1))
-    else:
-        state.vertical.copy_(torch.randn(state.vertical.shape, device=state.vertical.device,
-                                         generator=gen).to(state.vertical.dtype))
-        state.block_max.copy_(state.vertical.amax(dim=2).transpose(0, 1))
-    state.diagonal.copy_(torch.randn(state.diagonal.shape, device=state.diagonal.device,
-                                     generator=gen).to(state.diagonal.dtype))
-    state.seen_len.fill_(ctx)
-    state.step.fill_(100)
-
-
 def random_queries(batch: int, next_n: int, heads: int = 64, dim: int = 128, seed: int = 0):
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
     q = torch.randn(batch, next_n, heads, dim, device=DEVICE, generator=gen).to(torch.float8_e4m3fn)

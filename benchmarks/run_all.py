@@ -126,10 +126,16 @@ def steady_indexer(p, config, **indexer_kw):
 
 
 def steady_state(idx, point) -> None:
-    """A random history as after many decode steps (harness.steady_history) at point's context."""
-    from harness import steady_history
+    """A random history as after many decode steps: every block of the context scored, windows full."""
+    import torch
 
-    steady_history(idx.state, point.ctx)
+    st = idx.state
+    gen = torch.Generator(device=st.vertical.device).manual_seed(5)
+    st.vertical.copy_(torch.randn(st.vertical.shape, device=st.vertical.device, generator=gen).to(st.vertical.dtype))
+    st.block_max.copy_(st.vertical.amax(dim=2).transpose(0, 1))
+    st.diagonal.copy_(torch.randn(st.diagonal.shape, device=st.diagonal.device, generator=gen).to(st.diagonal.dtype))
+    st.seen_len.fill_(point.ctx)
+    st.step.fill_(100)
 
 
 def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bool, indexer_kw: dict | None = None) -> list[dict]:
@@ -238,8 +244,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
 
 def spin_step(p, sparsity: float, k: int, guard, indexer_kw: dict | None = None, dense_step=None) -> dict:
     """SPIN's step at one sparsity: plan (61 layers) + run per layer, and its logits and top-k alone, in
-    paired rounds. indexer_kw: more SpinIndexer arguments (tau_hint, overlap_update, topk_sorted), and
-    vertical_dtype (SpinConfig's: None or torch.int8). dense_step:
+    paired rounds. indexer_kw: more SpinIndexer arguments (tau_hint, overlap_update, topk_sorted). dense_step:
     the dense step over p's layers, replayed in the same rounds (dense_step_paired_us, vs_dense_paired)."""
     import torch
     from harness import time_graphs_paired
@@ -249,10 +254,8 @@ def spin_step(p, sparsity: float, k: int, guard, indexer_kw: dict | None = None,
     from spin_indexer.predictor import SpinConfig
     from spin_indexer.predictor.select import budget_of
 
-    kw = dict(indexer_kw or {})
-    cfg = SpinConfig(sparsity=sparsity, topk=k, dense_below=guard, dense_batch_below=guard,
-                     vertical_dtype=kw.pop("vertical_dtype", None))
-    idx, slots = steady_indexer(p, cfg, **kw)
+    cfg = SpinConfig(sparsity=sparsity, topk=k, dense_below=guard, dense_batch_below=guard)
+    idx, slots = steady_indexer(p, cfg, **(indexer_kw or {}))
 
     def plan():
         idx.plan(p.table, p.lens, slots, validate=False)
@@ -475,8 +478,6 @@ def main(argv=None) -> int:
     p.add_argument("--update-in-topk-blocks", type=int, default=None,
                    help="table blocks (B x W) up to which SPIN's EMA update runs inside the top-k's first launch "
                         "(spin.UPDATE_IN_TOPK_BLOCKS; 0: always on the side stream)")
-    p.add_argument("--vertical-dtype", choices=("float16", "int8"), default="float16",
-                   help="SPIN's V table: float16, or int8 codes with a scale a block (SpinConfig.vertical_dtype)")
     args = p.parse_args(argv)
     if args.update_in_topk_blocks is not None:
         from spin_indexer.indexer import spin
@@ -490,13 +491,10 @@ def main(argv=None) -> int:
     dry = DEVICE == "cpu"
     env = environment()
     env["deepgemm"] = deepgemm.available()
-    env["vertical_dtype"] = args.vertical_dtype
     t0 = time.time()
     env["copy_GBps"] = copy_bandwidth_gbps() if not dry else 4250.0
     log(json.dumps(env))
     phases = set(args.phases.split(","))
-    import torch
-    vertical_dtype = None if args.vertical_dtype == "float16" else getattr(torch, args.vertical_dtype)
     if "check" in phases:
         run_checks(env, dry)
     rows = []
@@ -513,7 +511,7 @@ def main(argv=None) -> int:
             try:
                 rows += grid_point(b, c, n, args.sparsities, env, dry,
                                    dict(tau_hint=args.tau_hint, overlap_update=not args.no_overlap,
-                                        topk_sorted=args.topk_sorted, vertical_dtype=vertical_dtype))
+                                        topk_sorted=args.topk_sorted))
             except Exception as exc:  # one failed point must not cost the whole run
                 log(f"FAILED B={b} L={c} n={n}: {exc!r}")
                 traceback.print_exc()

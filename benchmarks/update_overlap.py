@@ -15,8 +15,6 @@ the dense step, per layer:
                 the kernel before run 75), or pipelined at 2 stages with 7 programs an SM
   prog<N>       the pipelined pass with N programs in all (e.g. prog144: on the SMs the top-k's 96 rows leave)
   pipe          the pipelined pass at any table size (history_triton.PIPELINED_MIN_BLOCKS = 0)
-  int8          the production step with SpinConfig(vertical_dtype=torch.int8): V as one-byte codes with a
-                scale a block (6 B a kept token through the update instead of 8)
   thr<W>, sel<W>  the top-k's threshold (every tile size) or set select launched with W warps: fewer warps, fewer
                 registers a program, so the top-k's programs can share an SM with the update pass's (at 8-16
                 warps of ~127 registers or more, one program fills most of an SM and waits for the pass's to leave)
@@ -43,8 +41,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "prog<N>", "pipe", "thr<W>", "sel<W>",
-            "int8")
+VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "prog<N>", "pipe", "thr<W>", "sel<W>")
 
 
 @contextlib.contextmanager
@@ -70,7 +67,7 @@ def variant(idx, name: str):
         patches = [(topk_triton, attr, lambda _size, w=int(name[3:]): w)]
     elif name == "pipe":
         patches = [(history_triton, "PIPELINED_MIN_BLOCKS", 0)]
-    elif name in ("spin", "fused", "int8"):  # (int8: the indexer's config, see measure)
+    elif name in ("spin", "fused"):
         patches = []
     else:  # topk_first, no_update: the update through ops.update_history, launched after the top-k or not at all
         original_update, original_topk = ops.update_history, idx._topk
@@ -147,8 +144,7 @@ def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lin
     calls = {"dense": dense_step}
     indexers = {}
     for name in variants:
-        cfg = SpinConfig(sparsity=sparsity, topk=k, vertical_dtype=torch.int8 if name == "int8" else None)
-        idx, slots = steady_indexer(p, cfg, overlap_update=name != "fused")
+        idx, slots = steady_indexer(p, SpinConfig(sparsity=sparsity, topk=k), overlap_update=name != "fused")
         indexers[name] = idx
 
         def step(idx=idx, slots=slots, name=name):
@@ -171,13 +167,12 @@ def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lin
         logits.append(x.view(batch, next_n, -1))
 
     def update_alone(name):
-        idx = indexers[name] if name == "int8" else spin  # (int8: its own state, the same plan and logits)
         with variant(spin, name):
             for i in range(p.layers):
                 st, plan = spin._current(i), spin.plans(i)
-                h = idx._history_args(i, st, plan)
-                ops.update_history(h, logits[i], plan.compact_block_table, plan.compact_seq_lens)
-    for name in ["spin"] + [v for v in variants if v in ("onetile", "st2", "pipe", "int8") or v.startswith("prog")]:
+                ops.update_history(spin._history_args(i, st, plan), logits[i], plan.compact_block_table,
+                                   plan.compact_seq_lens)
+    for name in ["spin"] + [v for v in variants if v in ("onetile", "st2", "pipe") or v.startswith("prog")]:
         calls["update_alone" + ("" if name == "spin" else "_" + name)] = lambda name=name: update_alone(name)
     ms = time_graphs_paired(calls, rounds=rounds)
     per_layer = {}

@@ -34,7 +34,6 @@ WRONG = {
     "opt_choice": ([1, True, 0.5], ["bogus"]),
     "dense_below": ([1.0, True, None, 16384.0], ["off", "AUTO", -1]),
     "state_dtype": (["float16", None, torch.int8, 2], []),
-    "vertical_dtype": (["int8", 2, torch.float32, torch.bfloat16], []),
     "adaptive": ([{"target_miss": 0.1}, True, "adaptive", 0.1], []),
     "float_seq": (["0.1", None, 0.1, ("a",), (True,), (None,), (0.0, "0.2")], [(), (0.2, 0.1), (0.0, 1.0)]),
     "int_seq": ([None, 2, "02", (0.5, 2), (True, 2), ("0", 2), (0, 2.0)], [(), (2, 0), (0, 0)]),
@@ -45,15 +44,13 @@ WRONG = {
 SPIN = {
     "sparsity": "float01", "topk": "int", "alpha": "float01", "exploration": "enum", "gamma": "float01",
     "pooling": "enum", "reduce": "enum", "combine": "enum", "mtp": "enum", "seed": "int",
-    "tokens_per_block": "int", "state_dtype": "state_dtype", "vertical_dtype": "vertical_dtype",
-    "adaptive": "adaptive", "hybrid": "float01",
+    "tokens_per_block": "int", "state_dtype": "state_dtype", "adaptive": "adaptive", "hybrid": "float01",
     "diagonal_window": "opt_int", "dense_below": "dense_below", "dense_batch_below": "dense_below",
 }
 SPIN_OK = {
     "sparsity": [0, 0.0, 0.5], "topk": [1, 2048], "alpha": [1, 0.25], "exploration": [Exploration.NONE, "staleness"],
     "gamma": [0, 0.1], "pooling": [Pooling.A2, "a0"], "reduce": ["top4"], "combine": ["vertical"],
     "mtp": ["row-local"], "seed": [0, 2**31 - 1], "tokens_per_block": [32], "state_dtype": [torch.bfloat16],
-    "vertical_dtype": [None, torch.int8, torch.float16],
     "adaptive": [None, AdaptiveConfig()], "hybrid": [0, 1, 0.3], "diagonal_window": [None, 1, 8192],
     "dense_below": [0, 3000, "auto"], "dense_batch_below": [0, 1 << 21, "auto"],
 }

@@ -166,42 +166,6 @@ def test_update_touches_only_scored_slots_with_the_ema_rule(gen):
     assert idx.state.vertical[1].isneginf().all() and idx.state.diagonal[1].isneginf().all()  # layer 1 saw nothing
 
 
-def test_int8_history_requantizes_each_kept_block_and_leaves_the_others(gen):
-    """vertical_dtype=int8: the first observation of every block is its scores quantized (quantize_rows) and its
-    block max the scores' max in fp16; the next step's kept blocks hold their dequantized rows after the EMA
-    rule (new slots take the score), requantized with a new scale; skipped blocks keep codes, scale and max."""
-    from spin_indexer.ops.history import dequantize_rows, quantize_rows
-    width, alpha = 40, 0.5
-    cfg = SpinConfig(sparsity=0.5, topk=64, alpha=alpha, vertical_dtype=torch.int8)
-    idx, slots = _indexer(cfg, 1, width)
-    st, table = idx.state, torch.arange(width, dtype=torch.int32)[None]
-    seq_lens, s0 = _scores([2500], 1, width, gen)
-    idx.plan(table, seq_lens, slots)
-    idx.run_from_scores(0, s0)
-    rows0 = s0[0].view(width, T)
-    codes0, scale0 = quantize_rows(rows0)
-    assert torch.equal(st.vertical[0, :width], codes0) and torch.equal(st.vertical_scale[:width, 0], scale0)
-    assert torch.equal(st.block_max[:width, 0], rows0.amax(dim=1).half())
-    seq_lens, s1 = _scores([2501], 1, width, gen)
-    idx.plan(table, seq_lens, slots)
-    idx.run_from_scores(0, s1)
-    keep = idx.block_plan.keep_mask[0]
-    assert 0 < keep.sum() < width
-    old = dequantize_rows(codes0, scale0)
-    obs = s1[0].view(width, T)
-    live = (torch.arange(width * T) < 2501).view(width, T)
-    new = torch.where(live, torch.where(torch.isfinite(old), alpha * obs + (1 - alpha) * old, obs), old)
-    codes1, scale1 = quantize_rows(new[keep])
-    assert torch.equal(st.vertical[0, :width][keep], codes1) and torch.equal(st.vertical_scale[:width, 0][keep], scale1)
-    assert torch.equal(st.block_max[:width, 0][keep], new[keep].amax(dim=1).half())
-    assert torch.equal(st.vertical[0, :width][~keep], codes0[~keep])
-    assert torch.equal(st.vertical_scale[:width, 0][~keep], scale0[~keep])
-    # a code is within half a quantum of the float value it stands for
-    err = (st.vertical_rows(0, torch.arange(width))[keep] - new[keep]).abs()
-    assert (err[torch.isfinite(new[keep])] <= scale1.float()[:, None].expand_as(err)[torch.isfinite(new[keep])]
-            * 0.5 + 1e-6).all()
-
-
 def _mtp_step(mtp, num_accepted, gen, next_n=3):
     width = 30
     idx, slots = _indexer(SpinConfig(sparsity=0.3, topk=64, mtp=mtp), 1, width, next_n)

@@ -56,17 +56,3 @@ def test_numbers_are_stored_exactly_and_json_round_trips():
     assert cfg.diagonal_window is None and cfg.guard_tokens > 0
     assert json.loads(cfg.to_json())["sparsity"] == 0.0
     assert dataclasses.replace(cfg) == cfg and hash(cfg) == hash(dataclasses.replace(cfg))
-
-
-@pytest.mark.parametrize("changes,words", [
-    (dict(reduce="mean"), "reduce=mean"), (dict(combine="sum"), "combine=sum"), (dict(pooling="a2"), "pooling=a2"),
-    (dict(state_dtype=torch.float32), "state_dtype torch.float16"),
-])
-def test_int8_vertical_needs_per_block_scoring_and_fp16_tables(changes, words):
-    """An int8 V is read only through its block maxima (A1, reduce=max, no per-slot sum) and keeps its scales and
-    maxima in float16: other combinations are refused, naming the field and what they set."""
-    assert SpinConfig(vertical_dtype=torch.int8).vertical_int8
-    assert SpinConfig(vertical_dtype=torch.int8).to_dict()["vertical_dtype"] == "int8"
-    with pytest.raises(ValueError, match=r"^SpinConfig\.vertical_dtype: ") as info:
-        SpinConfig(vertical_dtype=torch.int8, **changes)
-    assert words in str(info.value)

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from spin_indexer.indexer import SpinIndexer
-from spin_indexer.ops.history import VERTICAL_EMPTY, quantize_rows
 from spin_indexer.predictor import SpinConfig
 
 pytestmark = pytest.mark.interpreter
@@ -47,15 +46,9 @@ def _randomize(state, gen, grid, touched=None):
     v = _values((state.num_layers, len(ids), T), gen, grid)
     never = torch.rand(state.num_layers, len(ids), 1, generator=gen) < 0.15
     v = torch.where(never, NEG, v.float()).half()
-    if state.vertical_scale is not None:  # int8 V: codes and scales, the block max from the float rows
-        codes, scale = quantize_rows(v.float())
-        state.vertical[:, ids] = codes
-        state.vertical_scale[ids] = scale.t()
-        state.vertical[:, blocks] = VERTICAL_EMPTY
-    else:
-        state.vertical[:, ids] = v
-        state.vertical[:, blocks] = NEG
+    state.vertical[:, ids] = v
     state.block_max[ids] = v.amax(dim=2).t()
+    state.vertical[:, blocks] = NEG
     state.block_max[blocks] = NEG
     state.diagonal.copy_(_values(tuple(state.diagonal.shape), gen, grid))
     if touched is None:
@@ -63,7 +56,7 @@ def _randomize(state, gen, grid, touched=None):
 
 
 def _copy_state(dst, src):
-    for name in STATE + (("vertical_scale",) if src.vertical_scale is not None else ()):
+    for name in STATE:
         getattr(dst, name).copy_(getattr(src, name))
 
 
@@ -188,7 +181,7 @@ def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accept
         # an EMA update between steps, the same on both sides
         touched = torch.randperm(cache, generator=gen)[:2 * cache // 3]
         _randomize(ref.state, gen, grid, touched)
-        for name in ("vertical", "block_max", "diagonal") + (("vertical_scale",) if cfg.vertical_int8 else ()):
+        for name in ("vertical", "block_max", "diagonal"):
             getattr(got.state, name).copy_(getattr(ref.state, name))
         lens = [x + grow[s] if x else 0 for x in lens]
 
@@ -221,8 +214,7 @@ LENS = (37 * T + 5, 400, 100, 64, 0)
     dataclasses.replace(BASE, reduce="mean"),
     dataclasses.replace(BASE, reduce="mean", combine="sum", exploration="none", gamma=0.0),
     dataclasses.replace(BASE, reduce="mean", combine="diagonal", diagonal_window=None),
-    dataclasses.replace(BASE, vertical_dtype=torch.int8),
-], ids=["max-max-random", "none", "sum", "vertical", "diagonal", "mean", "mean-sum-none", "mean-diag-full", "int8"])
+], ids=["max-max-random", "none", "sum", "vertical", "diagonal", "mean", "mean-sum-none", "mean-diag-full"])
 def test_row0_matches_torch(cfg, gen, triton_device, plan_path):
     _run(cfg, LENS, 1, gen, triton_device, grow=[70, 0], path=plan_path)
 

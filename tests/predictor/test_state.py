@@ -91,36 +91,6 @@ def test_memory_per_token_is_a_few_bytes():
     assert per_token_layer < 5.0 < 132 / 20
 
 
-def test_int8_vertical_layout_reset_and_size():
-    """vertical_dtype=int8: codes [L, P + 1, T] at VERTICAL_EMPTY, block_max and the scales the two halves of
-    one float16 [P + 1, L, 2] tensor (a block's scale beside its max), vertical_rows() dequantizes, reset_blocks_
-    empties the codes and the maxima, 1 + 4/T bytes a token, and a bound float table is refused."""
-    from spin_indexer.ops.history import VERTICAL_EMPTY
-    st = _state(SpinConfig(vertical_dtype=torch.int8), layers=2, blocks=4)
-    assert st.vertical.dtype == torch.int8 and st.vertical.shape == (2, 5, 64)
-    assert (st.vertical == VERTICAL_EMPTY).all() and torch.isneginf(st.block_max).all()
-    assert st.block_max.shape == st.vertical_scale.shape == (5, 2)
-    assert st.vertical_scale.stride() == st.block_max.stride() == (4, 2)
-    assert st.vertical_scale.data_ptr() == st.block_max.data_ptr() + 2  # the same 4 bytes a (block, layer)
-    st.vertical[1, 3] = torch.arange(64, dtype=torch.int8) - 32
-    st.vertical[1, 3, 5] = VERTICAL_EMPTY
-    st.vertical_scale[3, 1] = 0.25
-    st.block_max.fill_(1.0)
-    rows = st.vertical_rows(1, torch.tensor([[3, 0]]))  # any index shape: [1, 2] blocks -> [1, 2, T]
-    want = (torch.arange(64) - 32).float() * 0.25
-    want[5] = float("-inf")
-    assert rows.shape == (1, 2, 64) and torch.equal(rows[0, 0], want) and torch.isneginf(rows[0, 1]).all()
-    st.reset_blocks_(torch.tensor([3]))
-    assert (st.vertical[:, 3] == VERTICAL_EMPTY).all() and torch.isneginf(st.block_max[3]).all()
-    assert (st.block_max[[0, 1, 2, 4]] == 1.0).all()
-    assert st.bytes_per_token() == pytest.approx(1 + 4 / 64)
-    assert st.nbytes() == 2 * 5 * 64 + 5 * 2 * 2 * 2 + st.diagonal.numel() * 2 + \
-        sum(t.numel() * t.element_size() for t in (st.step, st.seen_len, st.clock, st.level, st.calm,
-                                                    st.audit_next, st.curve))
-    with pytest.raises(ValueError, match="vertical: .*int8"):
-        st.bind_history_(torch.zeros(2, 5, 64, dtype=torch.float16), torch.zeros(5, 2, dtype=torch.float16))
-
-
 def test_memory_follows_the_cache_not_the_context():
     """For a fixed cache, nbytes() stops growing with max_context once it exceeds the diagonal window: the
     vertical history lives per cached block, the diagonal one in a window per request."""

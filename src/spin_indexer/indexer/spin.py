@@ -471,9 +471,7 @@ class SpinIndexer:
                                  self.state.diagonal[layer], st.slot_ids, plan.kept_blocks, st.seq_lens,
                                  self.workspace.update_rows[:batch], cfg.alpha, self.state.window,
                                  self.state.last_seen[:, layer] if self.state.last_seen is not None else None,
-                                 st.clock, 1 if cfg.mtp is MtpPolicy.ROW0 else self.next_n,
-                                 self.state.vertical_scale[:, layer] if self.state.vertical_scale is not None
-                                 else None)
+                                 st.clock, 1 if cfg.mtp is MtpPolicy.ROW0 else self.next_n)
 
     def _update(self, layer: int, st: _Step, plan: BlockPlan, logits: torch.Tensor) -> None:
         """The EMA update from compact logits float32 [B*N, X] (replay; the live path folds it into the logits)."""

@@ -11,12 +11,6 @@ logical position i, held in physical slot (p, t) of the key cache:
 Rows update in order j = 0, 1, ... (each a separate EMA step). Then block_max[p] = max_t V[p, t] and
 last_seen[p] = clock for every block that received an observation. The EMA is computed in float32 as two
 products and a sum, then clamped into the table dtype's finite range.
-
-An int8 V (SpinConfig.vertical_dtype) holds codes with one float16 scale a block: each row j's update
-dequantizes the block's row (code * scale, -inf for VERTICAL_EMPTY), applies the rule above in float32
-(clamped into float16's range), takes the block max from those float32 values, and requantizes the whole row
-with a new scale (quantize_rows). Bytes a kept token: 1 read + 1 written instead of 2 + 2 (+ 2 B of scale a
-block, in the block max's sector).
 """
 from __future__ import annotations
 
@@ -26,18 +20,13 @@ import torch
 
 from ..layout import TOKENS_PER_BLOCK
 
-VERTICAL_EMPTY = -128  # int8 V code of a slot with no observation (-inf in a float table)
-CODE_MAX = 127  # int8 codes are symmetric: [-127, 127] * scale
-FP16_MAX = float(torch.finfo(torch.float16).max)
-
 
 @dataclasses.dataclass
 class HistoryUpdate:
     """Where one layer's EMA update reads and writes (P cache blocks, S slots, DW window, B requests).
 
     vertical: [P + 1, T] float16 (row P is a trash block); block_max: [P + 1] float16 (may be strided);
-    diagonal: [S, DW + 1] float16 (column DW is a trash cell); vertical_scale: float16 [P + 1] (strided like
-    block_max) when vertical holds int8 codes, else None; slot_ids: int64 [B]; kept_blocks: int32
+    diagonal: [S, DW + 1] float16 (column DW is a trash cell); slot_ids: int64 [B]; kept_blocks: int32
     [B, W] ascending logical ids of the compact blocks; seq_lens: int32 [B, N] the real row lengths;
     update_rows: bool [B, N]; alpha: EMA weight of the newest score; window: DW;
     last_seen: int32 [P + 1] or None; clock: int32 [1], stamped into last_seen; rows: how many leading
@@ -56,7 +45,6 @@ class HistoryUpdate:
     last_seen: torch.Tensor | None
     clock: torch.Tensor
     rows: int = 1
-    vertical_scale: torch.Tensor | None = None
 
     @property
     def trash_block(self) -> int:
@@ -69,36 +57,12 @@ def block_tokens(history: HistoryUpdate | None) -> int:
     return TOKENS_PER_BLOCK if history is None else history.vertical.shape[1]
 
 
-def ema_float(old: torch.Tensor, obs: torch.Tensor, alpha: float, lo: float, hi: float) -> torch.Tensor:
-    """The EMA rule on float32 `old` (-inf: no history -> obs), clamped into [lo, hi], float32."""
-    new = torch.where(torch.isfinite(old), alpha * obs + (1.0 - alpha) * old, obs)
-    return new.clamp(lo, hi)
-
-
 def ema(old: torch.Tensor, obs: torch.Tensor, alpha: float) -> torch.Tensor:
     """The EMA rule in float32, clamped into the finite range of old's dtype (no history -> obs)."""
-    finfo = torch.finfo(old.dtype)
-    return ema_float(old.float(), obs, alpha, finfo.min, finfo.max).to(old.dtype)
-
-
-def dequantize_rows(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """float32 [..., T] of int8 codes [..., T] and their rows' float16 scales [...]: code * scale (exact in
-    float32), -inf for VERTICAL_EMPTY."""
-    return torch.where(codes == VERTICAL_EMPTY, float("-inf"), codes.float() * scale.float()[..., None])
-
-
-def quantize_rows(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(int8 codes [..., T], float16 scales [...]) of float32 rows [..., T] (finite or -inf).
-
-    scale = max |finite values| / 127 rounded to float16; code = floor(v * (1 / scale) + 0.5) clamped to
-    [-127, 127] (0 where the scale is 0); VERTICAL_EMPTY for -inf. The Triton update does the same float32
-    operations in the same order (a division, a product and a sum), so the interpreter's codes are identical."""
-    finite = values > float("-inf")
-    scale = (torch.where(finite, values.abs(), 0.0).amax(dim=-1) / float(CODE_MAX)).half()
-    s = scale.float()
-    inv = torch.where(s > 0, 1.0 / s, 0.0)
-    codes = torch.floor(values * inv[..., None] + 0.5).clamp(-CODE_MAX, CODE_MAX)
-    return torch.where(finite, codes, float(VERTICAL_EMPTY)).to(torch.int8), scale
+    lo, hi = torch.finfo(old.dtype).min, torch.finfo(old.dtype).max
+    o = old.float()
+    new = torch.where(torch.isfinite(o), alpha * obs + (1.0 - alpha) * o, obs)
+    return new.clamp(lo, hi).to(old.dtype)
 
 
 def update_history_ref(h: HistoryUpdate, logits: torch.Tensor, compact_table: torch.Tensor,
@@ -136,30 +100,14 @@ def update_history_ref(h: HistoryUpdate, logits: torch.Tensor, compact_table: to
         live = (c[None, :] < compact_lens.long()[:, j:j + 1]) & h.update_rows[:, j:j + 1] & (pos >= 0)
         live &= torch.isfinite(obs)
         touched |= live.view(batch, blocks, t).any(dim=2)
-        if h.vertical_scale is not None:
-            _update_rows_int8(h, phys, live.view(batch, blocks, t), obs.reshape(batch, blocks, t))
-        else:
-            # Fixed shape: dead lanes write the trash cell, so no two live lanes of a request collide.
-            cells = torch.where(live, cell, v_trash).reshape(-1)
-            v_flat[cells] = ema(v_flat[cells], obs.reshape(-1), h.alpha)
+        # Fixed shape: dead lanes write the trash cell, so no two live lanes of a request collide.
+        cells = torch.where(live, cell, v_trash).reshape(-1)
+        v_flat[cells] = ema(v_flat[cells], obs.reshape(-1), h.alpha)
         off = query_pos[:, j:j + 1] - pos  # [B, X]
         in_window = live & (off >= 0) & (off < h.window)
         d_cells = torch.where(in_window, h.slot_ids[:, None] * (h.window + 1) + off, d_trash).reshape(-1)
         d_flat[d_cells] = ema(d_flat[d_cells], obs.reshape(-1), h.alpha)
     target = torch.where(touched, phys, trash)  # [B, M]
-    if h.vertical_scale is None:  # (int8: written from the float32 rows, row by row)
-        h.block_max[target.reshape(-1)] = h.vertical[target.reshape(-1)].amax(dim=1)
+    h.block_max[target.reshape(-1)] = h.vertical[target.reshape(-1)].amax(dim=1)
     if h.last_seen is not None:
         h.last_seen[target.reshape(-1)] = h.clock.to(torch.int32).expand(target.numel())
-
-
-def _update_rows_int8(h: HistoryUpdate, phys: torch.Tensor, live: torch.Tensor, obs: torch.Tensor) -> None:
-    """One row's update of an int8 V: every block with a live cell (phys int64 [B, M], live bool [B, M, T],
-    obs float32 [B, M, T]) is dequantized, updated in float32, its max written to block_max, requantized."""
-    rows = torch.where(live.any(dim=2), phys, h.trash_block)  # the others write the trash block
-    old = dequantize_rows(h.vertical[rows], h.vertical_scale[rows])
-    new = torch.where(live, ema_float(old, obs, h.alpha, -FP16_MAX, FP16_MAX), old)
-    codes, scale = quantize_rows(new)
-    h.vertical[rows] = codes
-    h.vertical_scale[rows] = scale
-    h.block_max[rows] = new.amax(dim=2).to(h.block_max.dtype)

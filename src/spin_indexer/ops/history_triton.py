@@ -130,17 +130,9 @@ def pass_programs(device: torch.device) -> int:
 
 
 def _history_args(h: HistoryUpdate, like: torch.Tensor):
-    """The history arguments every kernel that updates takes, in order (see ema_tile). An int8 V's scales are
-    not an argument: each sits in the 2 bytes after its block max (stats_pair), which is checked here."""
-    finfo = torch.finfo(h.diagonal.dtype)  # the float tables' range (an int8 V is clamped to it too)
+    """The history arguments every kernel that updates takes, in order (see ema_tile)."""
+    finfo = torch.finfo(h.vertical.dtype)
     seen = h.last_seen if h.last_seen is not None else h.block_max
-    if h.vertical_scale is not None:
-        bm = h.block_max
-        if bm.dtype != torch.float16 or h.vertical_scale.dtype != torch.float16 or \
-                h.vertical_scale.data_ptr() != bm.data_ptr() + 2 or bm.data_ptr() % 4 or \
-                h.vertical_scale.stride(0) != bm.stride(0) or bm.stride(0) % 2:
-            raise ValueError("vertical_scale: expected float16 scales in the 2 bytes after each float16 block max "
-                             "(SpinState.block_stats [P + 1, L, 2]), 4-byte aligned pairs")
     return (h.vertical, h.block_max, h.block_max.stride(0), h.diagonal, h.diagonal.stride(0), seen,
             seen.stride(0) if seen.dim() else 0, h.clock, h.slot_ids, h.kept_blocks, h.kept_blocks.stride(0),
             h.seq_lens, h.update_rows, float(h.alpha), int(h.window), h.trash_block, float(finfo.min), float(finfo.max))
@@ -154,32 +146,13 @@ def _no_history(like: torch.Tensor):
 
 if triton is not None:
     @triton.jit
-    def stats_pair(vb_ptr, pv, vb_stride):
-        """int32 pointers [BB] to the (block max, scale) float16 pairs of an int8 V's blocks pv: the scale is the
-        high half (SpinState's block_stats, little-endian). One 4-byte access instead of two 2-byte ones: a
-        2-byte gather is below cp.async's 4 bytes, so the pipelined pass would wait for it in every
-        iteration (run 83: 130 us alone against fp16's 96 with the scale loaded by itself)."""
-        return (vb_ptr + pv * vb_stride).to(tl.pointer_type(tl.int32), bitcast=True)
-
-    @triton.jit
-    def pair_scale(pair):
-        """float16 scales [BB] of int32 (block max, scale) pairs [BB] (stats_pair)."""
-        return (pair >> 16).to(tl.int16).to(tl.float16, bitcast=True)
-
-    @triton.jit
-    def load_vertical(v_ptr, vb_ptr, vb_stride, phys, trash, T: tl.constexpr):
-        """(safe physical ids int64 [BB], V [BB, T] of those blocks as stored, their scales float16 [BB]) for
-        ids int [BB]: ids outside the cache read the trash block. A kernel issues this load early (before its
-        MMA) so the update's read latency hides under it; V stays as stored (fp16 or int8 codes: fewer
-        registers than fp32) until the EMA converts it. The scales are read only for an int8 V."""
+    def load_vertical(v_ptr, phys, trash, T: tl.constexpr):
+        """(safe physical ids int64 [BB], float16 [BB, T] V of those blocks) for ids int [BB]: ids outside the
+        cache read the trash block. A kernel issues this load early (before its MMA) so the update's read
+        latency hides under it; V stays fp16 (half the registers of fp32) until the EMA converts it."""
         inside = (phys >= 0) & (phys < trash)
         pv = tl.where(inside, phys, trash).to(tl.int64)
-        old = tl.load(v_ptr + pv[:, None] * T + tl.arange(0, T)[None, :])
-        if v_ptr.dtype.element_ty == tl.int8:
-            osc = pair_scale(tl.load(stats_pair(vb_ptr, pv, vb_stride)))
-        else:
-            osc = tl.zeros(pv.shape, tl.float16)
-        return pv, old, osc
+        return pv, tl.load(v_ptr + pv[:, None] * T + tl.arange(0, T)[None, :])
 
     @triton.jit
     def row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, row, b, HAS_SEEN: tl.constexpr):
@@ -195,21 +168,16 @@ if triton is not None:
         return upd, q, slot, clock
 
     @triton.jit
-    def ema_vertical(obs, live, pv, old, osc, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
-                     seen_stride, alpha, lo, hi, T: tl.constexpr, HAS_SEEN: tl.constexpr):
-        """The V half of ema_tile (arguments as there): V (and an int8 V's scales), the blocks' max and
-        last_seen. Returns (live: bool [BB, T] cells that take the observation, any_live: bool [BB] blocks that
-        take one)."""
-        Q8: tl.constexpr = v_ptr.dtype.element_ty == tl.int8
+    def ema_vertical(obs, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr, seen_stride, alpha,
+                     lo, hi, T: tl.constexpr, HAS_SEEN: tl.constexpr):
+        """The V half of ema_tile (arguments as there): V, the blocks' max and last_seen. Returns (live: bool
+        [BB, T] cells that take the observation, any_live: bool [BB] blocks that take one)."""
         # Row conditions as a [BB] vector, broadcast once. Scalar conditions go through a where: `block &
         # scalar` of int1 yields an int32 mask in the interpreter (Triton 3.9), which tl.store rejects.
         row_ok = tl.where(upd, kb >= 0, False)
         live = live & row_ok[:, None] & (obs > float("-inf")) & (obs < float("inf"))
         any_live = tl.max(live.to(tl.int32), axis=1) > 0  # [BB]
-        if Q8:  # code * scale is exact in float32; -128 = no history
-            old = tl.where(old == -128, float("-inf"), old.to(tl.float32) * osc.to(tl.float32)[:, None])
-        else:
-            old = old.to(tl.float32)
+        old = old.to(tl.float32)
         new = tl.where(old > float("-inf"), alpha * obs + (1.0 - alpha) * old, obs)
         new = tl.minimum(tl.maximum(new, lo), hi)
         v = tl.where(live, new, old)
@@ -217,22 +185,8 @@ if triton is not None:
         # written are the same, and a mask constant along T lets the store vectorize. A per-cell mask made
         # it 2-byte stores: 73 of the pass's ~180 us at B = 96 x 512K (benchmarks/update_variants.py).
         row_mask = tl.broadcast_to(any_live[:, None], obs.shape)
-        if Q8:  # the whole row requantized with its new scale (history.quantize_rows: the same operations)
-            has = v > float("-inf")
-            sc = tl.math.div_rn(tl.max(tl.where(has, tl.abs(v), 0.0), axis=1), 127.0).to(tl.float16)
-            scf = sc.to(tl.float32)
-            inv = tl.where(scf > 0, tl.math.div_rn(tl.full(scf.shape, 1.0, tl.float32), scf), 0.0)
-            code = tl.minimum(tl.maximum(tl.floor(v * inv[:, None] + 0.5), -127.0), 127.0)
-            code = tl.where(has, code, -128.0)
-            tl.store(v_ptr + pv[:, None] * T + tl.arange(0, T)[None, :], code.to(tl.int8), mask=row_mask)
-            # the block max and the scale in one 4-byte store (stats_pair)
-            vb = tl.max(v, axis=1).to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-            tl.store(stats_pair(vb_ptr, pv, vb_stride), vb | (sc.to(tl.int16, bitcast=True).to(tl.int32) << 16),
-                     mask=any_live)
-        else:
-            tl.store(v_ptr + pv[:, None] * T + tl.arange(0, T)[None, :], v.to(v_ptr.dtype.element_ty),
-                     mask=row_mask)
-            tl.store(vb_ptr + pv * vb_stride, tl.max(v, axis=1).to(vb_ptr.dtype.element_ty), mask=any_live)
+        tl.store(v_ptr + pv[:, None] * T + tl.arange(0, T)[None, :], v.to(v_ptr.dtype.element_ty), mask=row_mask)
+        tl.store(vb_ptr + pv * vb_stride, tl.max(v, axis=1).to(vb_ptr.dtype.element_ty), mask=any_live)
         if HAS_SEEN:
             tl.store(seen_ptr + pv * seen_stride, clock + pv * 0, mask=any_live)
         return live, any_live
@@ -258,15 +212,15 @@ if triton is not None:
         tl.store(d_cells, new_d.to(d_ptr.dtype.element_ty), mask=in_window)
 
     @triton.jit
-    def ema_tile(obs, live, pv, old, osc, kb, upd, q, slot, clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride,
-                 seen_ptr, seen_stride, alpha, window, lo, hi, T: tl.constexpr, HAS_SEEN: tl.constexpr):
+    def ema_tile(obs, live, pv, old, kb, upd, q, slot, clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr,
+                 seen_stride, alpha, window, lo, hi, T: tl.constexpr, HAS_SEEN: tl.constexpr):
         """EMA update of BB blocks for one query row. obs: float32 [BB, T] scores of the blocks' slots; live:
-        bool [BB, T] columns inside the row's compact length; pv, old, osc: from load_vertical (old as stored:
-        float16, float32 or int8 codes with their scales osc); kb: int [BB] logical block ids (-1: not a kept block); upd, q, slot, clock: the row's constants
+        bool [BB, T] columns inside the row's compact length; pv, old: from load_vertical (old float16 or
+        float32); kb: int [BB] logical block ids (-1: not a kept block); upd, q, slot, clock: the row's constants
         (row_constants). Writes V, the blocks' max, D inside the window and last_seen, with masked stores only.
         For small tiles (the logits kernel's [1, T]); the update kernel runs the two halves itself."""
-        live, any_live = ema_vertical(obs, live, pv, old, osc, kb, upd, clock, v_ptr, vb_ptr, vb_stride,
-                                      seen_ptr, seen_stride, alpha, lo, hi, T, HAS_SEEN)
+        live, any_live = ema_vertical(obs, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
+                                      seen_stride, alpha, lo, hi, T, HAS_SEEN)
         # The diagonal window covers the request's last `window` positions: only the tiles that reach it
         # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
         if reaches_window(any_live, kb, q, window, T):
@@ -305,32 +259,32 @@ if triton is not None:
             in_table = m < used
             phys = tl.load(table_ptr + b64 * table_stride + m, mask=in_table, other=-1)
             kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=in_table, other=-1)
-            pv, old, osc = load_vertical(v_ptr, vb_ptr, vb_stride, phys, trash, T)
+            pv, old = load_vertical(v_ptr, phys, trash, T)
             x = _row_logits(x_row, m, in_table, clen, T)
             live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
-            live, any_live = ema_vertical(x, live, pv, old, osc, kb, upd, clock, v_ptr, vb_ptr, vb_stride,
-                                          seen_ptr, seen_stride, alpha, lo, hi, T, HAS_SEEN)
+            live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
+                                          seen_stride, alpha, lo, hi, T, HAS_SEEN)
             if reaches_window(any_live, kb, q, window, T):
                 ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, used, upd, clen, q, slot, d_ptr, d_stride,
                                   alpha, window, lo, hi, T, BLOCKS, DB)
 
     @triton.jit
     def _update_history_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
-                               bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr,
-                               seen_stride, clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
+                               bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
+                               clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
                                lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
                                HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
                                GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr):
         """One program per (request, BLOCKS compact blocks): update_tile."""
         update_tile(tl.program_id(0), tl.program_id(1), x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
-                    bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr,
-                    seen_stride, clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
+                    bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
+                    clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
                     lo, hi, next_n, num_blocks, j, T, BLOCKS, HAS_SEEN, BMAX, NP, GMAX, G, DB)
 
     @triton.jit
     def update_tile(b, pm, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
-                    bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr,
-                    seen_stride, clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
+                    bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
+                    clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
                     lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
                     HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
                     GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr):
@@ -368,13 +322,13 @@ if triton is not None:
         on = tl.where(upd, in_table, False)
         phys = tl.where(on, phys_all, -1)
         kb = tl.where(on, kb_all, -1)
-        pv, old, osc = load_vertical(v_ptr, vb_ptr, vb_stride, phys, trash, T)
+        pv, old = load_vertical(v_ptr, phys, trash, T)
         clen = tl.load(clen_ptr + b * next_n + j)
         x_row = x_req + j * x_stride_n
         x = _row_logits(x_row, m, in_table, clen, T)
         live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
-        live, any_live = ema_vertical(x, live, pv, old, osc, kb, upd, clock, v_ptr, vb_ptr, vb_stride,
-                                      seen_ptr, seen_stride, alpha, lo, hi, T, HAS_SEEN)
+        live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
+                                      seen_stride, alpha, lo, hi, T, HAS_SEEN)
         store_maxima(x, pm, tl.minimum(clen, num_blocks * T), gmax_ptr + (out_row + j) * gmax_stride,
                      bmax_ptr + (out_row + j) * bmax_stride, T, G, BLOCKS, GMAX, BMAX)
         # The diagonal window covers the request's last `window` positions: only the tiles that reach it

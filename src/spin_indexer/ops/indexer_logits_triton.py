@@ -41,8 +41,7 @@ try:  # the package imports this module only for CUDA tensors; without triton th
     import triton
     import triton.language as tl
 
-    from .history_triton import (_history_args, _no_history, ema_tile, pair_scale, row_constants, stats_pair,
-                                 update_history_triton)
+    from .history_triton import _history_args, _no_history, ema_tile, row_constants, update_history_triton
     from .maxima_triton import max_nan
 except ImportError:  # pragma: no cover
     triton = None
@@ -439,11 +438,7 @@ if triton is not None:
                 kb = tl.load(kept_row + blk + tl.zeros([1], tl.int32), mask=on, other=-1)
                 pv = tl.where(on & (phys < trash), tl.zeros([1], tl.int64) + phys, trash)  # as load_vertical
                 old_v = tl.load(v_ptr + pv[:, None] * T + offs_t[None, :], mask=tl.broadcast_to(on[:, None], [1, T]),
-                                other=0)
-                if v_ptr.dtype.element_ty == tl.int8:  # an int8 V's scale (history_triton.load_vertical)
-                    old_sc = pair_scale(tl.load(stats_pair(vb_ptr, pv, vb_stride), mask=on, other=0))
-                else:
-                    old_sc = tl.zeros([1], tl.float16)
+                                other=0.0)
             if RB > 0:  # pages a whole number RB of D-byte rows apart: block phys starts at row phys * RB
                 k = k_arg.load([phys * RB, 0])  # [T, D] fp8 through the TMA descriptor
             else:  # other padded strides (8640 = 67.5 rows): the 3D descriptor's page index
@@ -463,9 +458,9 @@ if triton is not None:
             if HIST:  # row 0's scores are still in registers: SPIN's EMA update of this block
                 if upd0:
                     logit0 = tl.sum(tl.where(tl.arange(0, GP0)[None, :] == 0, x0, 0.0), axis=1)  # [T]: row 0
-                    ema_tile(logit0[None, :], (blk * T + offs_t < len0)[None, :], pv, old_v, old_sc, kb, upd0,
-                             qpos0, slot0, clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr,
-                             seen_stride, alpha, window, lo, hi, T, HAS_SEEN)
+                    ema_tile(logit0[None, :], (blk * T + offs_t < len0)[None, :], pv, old_v.to(tl.float32), kb, upd0,
+                             qpos0, slot0, clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
+                             alpha, window, lo, hi, T, HAS_SEEN)
         if FILL_TAIL:  # blocks of this chunk past the longest row: -inf logits and block max, no key reads
             neg = tl.full([NP, T], float("-inf"), tl.float32)
             rows64 = (row0 + offs_n).to(tl.int64)

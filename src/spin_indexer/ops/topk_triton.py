@@ -305,8 +305,8 @@ if triton is not None:
     @triton.jit
     def _threshold_update_kernel(s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s,
                                  k, out_ptr, hint_ptr, rows, tiles, x_ptr, x_stride_b, x_stride_n, table_ptr,
-                                 table_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr,
-                                 seen_stride, clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
+                                 table_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
+                                 clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
                                  lo, hi, next_n, num_blocks, G: tl.constexpr, SB: tl.constexpr, CAP: tl.constexpr,
                                  HINT: tl.constexpr, HINT_R: tl.constexpr, HINT_STEPS: tl.constexpr,
                                  T: tl.constexpr, BLOCKS: tl.constexpr, DB: tl.constexpr, HAS_SEEN: tl.constexpr,

@@ -104,12 +104,6 @@ class SpinConfig:
     mtp: policy for next_n > 1 rows.  seed: exploration randomness (counter-based, reproducible).
     tokens_per_block: T, 64 in every engine.  state_dtype: dtype of the V/D EMA tables (2 B/token each
         in float16).
-    vertical_dtype: storage of the vertical (V) table. None = state_dtype; torch.int8 = one byte a token
-        with one float16 scale a block (max |V| / 127, requantized at every update; code -128 = no
-        history): 1 + 4/T B a cached token instead of 2 + 2/T, and the update moves 6 B a kept token
-        instead of 8. Needs per-block scoring (A1 pooling, reduce=max, combine other than sum): the plan
-        then reads the block maxima (written from the float32 rows before quantization), never V's codes.
-        benchmarks/state_precision.py measured its fidelity cost.
     adaptive: AdaptiveConfig to move each (layer, request) budget over a sparsity menu toward a miss
         target (predictor/adaptive.py); `sparsity` is then the starting point. None = the paper's fixed s.
     hybrid: weight in [0, 1] of the previous layer's scores from the same step (what that layer's indexer
@@ -143,7 +137,6 @@ class SpinConfig:
     seed: int = 0
     tokens_per_block: int = 64
     state_dtype: torch.dtype = torch.float16
-    vertical_dtype: torch.dtype | None = None
     adaptive: AdaptiveConfig | None = None
     hybrid: float = 0.0
     diagonal_window: int | None = 8192
@@ -174,27 +167,6 @@ class SpinConfig:
                 self.state_dtype not in (torch.float16, torch.bfloat16, torch.float32):
             raise TypeError(f"SpinConfig.state_dtype: expected torch.float16, bfloat16 or float32, "
                             f"got {describe(self.state_dtype)}")
-        if self.vertical_dtype is not None and self.vertical_dtype not in (self.state_dtype, torch.int8):
-            raise TypeError(f"SpinConfig.vertical_dtype: expected None, torch.int8 or the state_dtype "
-                            f"({self.state_dtype}), got {describe(self.vertical_dtype)}")
-        if self.vertical_int8 and self.state_dtype != torch.float16:
-            raise ValueError(f"SpinConfig.vertical_dtype: torch.int8 keeps its scales and block maxima in "
-                             f"float16, expected state_dtype torch.float16, got {self.state_dtype}")
-        if self.vertical_int8 and (self.pooling is not Pooling.A1 or self.reduce is not Reduce.MAX
-                                   or self.combine is Combine.SUM):
-            raise ValueError(f"SpinConfig.vertical_dtype: torch.int8 needs per-block scoring (pooling a1, "
-                             f"reduce max, combine max / vertical / diagonal), got pooling={self.pooling.value}, "
-                             f"reduce={self.reduce.value}, combine={self.combine.value}")
-
-    @property
-    def vertical_storage(self) -> torch.dtype:
-        """dtype of the V table's elements (vertical_dtype, None resolved to state_dtype)."""
-        return self.state_dtype if self.vertical_dtype is None else self.vertical_dtype
-
-    @property
-    def vertical_int8(self) -> bool:
-        """Whether V is stored as int8 codes with a float16 scale a block."""
-        return self.vertical_dtype == torch.int8
 
     def _set(self, name: str, value) -> None:
         object.__setattr__(self, name, value)  # frozen: the normalized (checked) value replaces the given one

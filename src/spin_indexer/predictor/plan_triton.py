@@ -559,11 +559,9 @@ if triton is not None:
             inside = m & (phys >= 0) & (phys < num_cache_blocks)
             tl.store(bmax_ptr + phys * stride_bp + l * stride_bl,
                      tl.full([SB], NEG_INF, tl.float32).to(bmax_ptr.dtype.element_ty), mask=inside)
-            if vert_ptr.dtype.element_ty == tl.int8:  # an int8 V's "no history" code (state.VERTICAL_EMPTY)
-                empty = tl.full([SB, TP], -128, tl.int8)
-            else:
-                empty = tl.full([SB, TP], NEG_INF, tl.float32).to(vert_ptr.dtype.element_ty)
-            tl.store(vert_ptr + l * stride_vl + phys[:, None] * stride_vp + t, empty, mask=inside[:, None] & (t < T))
+            tl.store(vert_ptr + l * stride_vl + phys[:, None] * stride_vp + t,
+                     tl.full([SB, TP], NEG_INF, tl.float32).to(vert_ptr.dtype.element_ty),
+                     mask=inside[:, None] & (t < T))
         if pl == 0:
             j = tl.arange(0, NP)
             if ROW0:

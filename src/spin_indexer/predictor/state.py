@@ -11,12 +11,6 @@ Per request slot (a bounded window, so a slot costs the same at 4K and at 1M):
 and one `clock` (plans so far). -inf means "no observation yet". Each table has one extra trash entry
 (block P, offset DW): fixed-shape updates send their dead lanes there, and nothing ever reads it.
 
-With config.vertical_dtype = torch.int8, V holds int8 codes and each block a float16 scale:
-  vertical[l, p, t]   round(V / scale), -128 (VERTICAL_EMPTY) = no observation yet         int8 [L, P, T]
-  vertical_scale[p, l] max |V| of the block's row / 127, at its last update                fp16 [P, L]
-block_max and vertical_scale are the two halves of one float16 [P, L, 2] tensor (block_stats), so the update
-reads and writes a block's scale in the same 32-byte sector as its max. vertical_rows() dequantizes.
-
 Sharing, by design: two requests that hold the same physical block (a shared prefix) share its vertical
 history, which is a property of the token in that slot; the diagonal history is per request and never
 shared. A block that enters a request (a new decode block, or every block of a new request's first step)
@@ -24,15 +18,13 @@ is reset for that request in plan(), so a reused physical block never carries a 
 reset cost is O(blocks that entered), never O(maximum context).
 
 Memory per cached token per layer: 2 + 2/T (+ 4/T with last_seen) bytes of vertical history, about 2.03 B
-against the key cache's 132 (int8: 1 + 4/T, about 1.06 B), plus DW x 2 B per request slot and layer for the
-diagonal window.
+against the key cache's 132, plus DW x 2 B per request slot and layer for the diagonal window.
 """
 from __future__ import annotations
 
 import torch
 
 from ..checks import allocation_error, check_device, check_int
-from ..ops.history import VERTICAL_EMPTY, dequantize_rows
 from .config import Exploration, SpinConfig
 
 
@@ -59,13 +51,10 @@ class SpinState:
         neg = float("-inf")
         blocks = num_cache_blocks + 1  # + the trash block
         elem = torch.empty((), dtype=dtype).element_size()
-        v_elem = torch.empty((), dtype=config.vertical_storage).element_size()
-        stats = 2 if config.vertical_int8 else 1  # block max (and scale) a block and layer
-        need = num_layers * (blocks * (t * v_elem + stats * elem) + max_requests * (self.window + 1) * elem)
+        need = num_layers * (blocks * (t + 1) + max_requests * (self.window + 1)) * elem
         try:
-            self.vertical = torch.full((num_layers, blocks, t), self.empty_code, dtype=config.vertical_storage,
-                                       device=self.device)
-            self._alloc_block_stats(blocks)
+            self.vertical = torch.full((num_layers, blocks, t), neg, dtype=dtype, device=self.device)
+            self.block_max = torch.full((blocks, num_layers), neg, dtype=dtype, device=self.device)
             self.diagonal = torch.full((num_layers, max_requests, self.window + 1), neg, dtype=dtype,
                                        device=self.device)
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
@@ -93,29 +82,6 @@ class SpinState:
         # hand the plan to a slot whose owner changed in between (see SpinIndexer.run).
         self._generation = [0] * max_requests
         self.epoch = 0
-
-    @property
-    def empty_code(self) -> float | int:
-        """The V value of a slot with no observation: -inf, or VERTICAL_EMPTY for int8 codes."""
-        return VERTICAL_EMPTY if self.config.vertical_int8 else float("-inf")
-
-    def _alloc_block_stats(self, blocks: int) -> None:
-        """block_max (and, for int8 V, vertical_scale beside it in one [P + 1, L, 2] tensor), -inf / 0."""
-        shape = (blocks, self.num_layers) + ((2,) if self.config.vertical_int8 else ())
-        stats = torch.full(shape, float("-inf"), dtype=self.config.state_dtype, device=self.device)
-        if self.config.vertical_int8:
-            stats[..., 1] = 0.0
-            self.block_max, self.vertical_scale = stats[..., 0], stats[..., 1]
-        else:
-            self.block_max, self.vertical_scale = stats, None
-
-    def vertical_rows(self, layer: int, blocks: torch.Tensor) -> torch.Tensor:
-        """float32 [*blocks.shape, T]: V of physical blocks `blocks` (int64, any shape) in layer `layer`, -inf
-        where there is no observation (int8 codes dequantized with their block's scale)."""
-        rows = self.vertical[layer][blocks]
-        if self.vertical_scale is None:
-            return rows.float()
-        return dequantize_rows(rows, self.vertical_scale[:, layer][blocks])
 
     @property
     def trash_block(self) -> int:
@@ -177,7 +143,7 @@ class SpinState:
         """Forget the vertical history of physical blocks `blocks` (int64 [n], all layers), on the device.
         plan() calls it for the blocks that entered a request; an engine may call it when it refills a block
         behind the indexer's back (a KV connector, say)."""
-        self.vertical.index_fill_(1, blocks, self.empty_code)
+        self.vertical.index_fill_(1, blocks, float("-inf"))
         self.block_max.index_fill_(0, blocks, float("-inf"))
         if self.last_seen is not None:
             self.last_seen.index_fill_(0, blocks, -1)
@@ -193,9 +159,6 @@ class SpinState:
         Raises TypeError / ValueError naming the argument.
         """
         t, dtype = self.config.tokens_per_block, self.config.state_dtype
-        if self.config.vertical_int8:
-            raise ValueError("vertical: bind_history_ takes a float V table; this state's config has "
-                             "vertical_dtype=torch.int8, whose codes and scales the state allocates itself")
         for name, x in (("vertical", vertical), ("block_max", block_max)):
             if not isinstance(x, torch.Tensor):
                 raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
@@ -232,18 +195,16 @@ class SpinState:
     def bytes_per_token(self) -> float:
         """Vertical-history bytes per cached token per layer (compare with the key cache's 132)."""
         elem = torch.empty((), dtype=self.config.state_dtype).element_size()
-        v_elem = torch.empty((), dtype=self.config.vertical_storage).element_size()
         t = self.config.tokens_per_block
-        stats = 2 if self.config.vertical_int8 else 1  # block max (and scale)
-        return v_elem + stats * elem / t + (4 / t if self.last_seen is not None else 0.0)
+        return elem + elem / t + (4 / t if self.last_seen is not None else 0.0)
 
     def bytes_per_request(self) -> int:
         """Per-request bytes over all layers (the diagonal window and counters)."""
         return self.num_layers * self.window * self.diagonal.element_size() + 8
 
     def nbytes(self) -> int:
-        tensors = (self.vertical, self.block_max, self.vertical_scale, self.diagonal, self.last_seen, self.step,
-                   self.seen_len, self.clock, self.level, self.calm, self.audit_next, self.curve)
+        tensors = (self.vertical, self.block_max, self.diagonal, self.last_seen, self.step, self.seen_len,
+                   self.clock, self.level, self.calm, self.audit_next, self.curve)
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def _check_slot(self, slot: int) -> None:

@@ -15,6 +15,7 @@ the dense step, per layer:
                 the kernel before run 75), or pipelined at 2 stages with 7 programs an SM
   prog<N>       the pipelined pass with N programs in all (e.g. prog144: on the SMs the top-k's 96 rows leave)
   pipe          the pipelined pass at any table size (history_triton.PIPELINED_MIN_BLOCKS = 0)
+  gat<N>        the top-k's gather with N logits a program (topk_triton.GATHER_VALUES; production 1024)
   thr<W>, sel<W>  the top-k's threshold (every tile size) or set select launched with W warps: fewer warps, fewer
                 registers a program, so the top-k's programs can share an SM with the update pass's (at 8-16
                 warps of ~127 registers or more, one program fills most of an SM and waits for the pass's to leave)
@@ -41,7 +42,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "prog<N>", "pipe", "thr<W>", "sel<W>")
+VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "prog<N>", "pipe", "thr<W>", "sel<W>",
+            "gat<N>")
 
 
 @contextlib.contextmanager
@@ -65,6 +67,8 @@ def variant(idx, name: str):
     elif name[:3] in ("thr", "sel") and name[3:].isdigit():  # the top-k's launch widths
         attr = "threshold_warps" if name.startswith("thr") else "set_select_warps"
         patches = [(topk_triton, attr, lambda _size, w=int(name[3:]): w)]
+    elif name.startswith("gat") and name[3:].isdigit():
+        patches = [(topk_triton, "GATHER_VALUES", int(name[3:]))]
     elif name == "pipe":
         patches = [(history_triton, "PIPELINED_MIN_BLOCKS", 0)]
     elif name in ("spin", "fused"):

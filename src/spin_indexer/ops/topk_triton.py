@@ -47,6 +47,7 @@ except ImportError:  # pragma: no cover
     triton = None
 
 MAX_TRITON_K = 4096  # larger k goes to the reference (sort tile of 2 * next_pow2(k) keys)
+GATHER_VALUES = 1024  # logits a gather program reads: GATHER_VALUES // G live groups (at least 16)
 SORT_CHUNK = 512  # candidates per sort program (the buffer holds CAP = 2 * next_pow2(k): 8 chunks at k = 2048)
 RANK_BI = 128  # candidates ranked per program (one per thread at 4 warps)
 # The rank path needs 40 registers (ptxas, sm_90a); the overflow merge it may run sorts CAP keys in registers
@@ -228,7 +229,7 @@ def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _s
             NP=triton.next_power_of_2(next_n), **threshold_meta)
     if _stages < 3:
         return out
-    lb = max(16, 1024 // group)
+    lb = max(16, GATHER_VALUES // group)
     _gather_kernel[(rows, triton.cdiv(cap, lb))](logits, lengths, live, num_live, thresh, count, cand,
                                                  logits.stride(0), G=group, LB=lb, CAP=cap, EVEN=cols % group == 0,
                                                  num_warps=4)

@@ -13,6 +13,7 @@ the dense step, per layer:
                 (run 74 timed a form that updated groups of blocks there: HISTORY_GROUP_BLOCKS, since reverted)
   onetile, st2  the step with the update pass as one program per tile (history_triton.PIPELINED_STAGES = 1:
                 the kernel before run 75), or pipelined at 2 stages with 7 programs an SM
+  stg<N>        the pipelined pass at N stages (N - 1 tiles' loads in flight; production 3), production programs
   prog<N>       the pipelined pass with N programs in all (e.g. prog144: on the SMs the top-k's 96 rows leave)
   pipe          the pipelined pass at any table size (history_triton.PIPELINED_MIN_BLOCKS = 0)
   gat<N>        the top-k's gather with N logits a program (topk_triton.GATHER_VALUES; production 1024)
@@ -42,8 +43,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "prog<N>", "pipe", "thr<W>", "sel<W>",
-            "gat<N>")
+VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "stg<N>", "prog<N>", "pipe", "thr<W>",
+            "sel<W>", "gat<N>")
 
 
 @contextlib.contextmanager
@@ -59,6 +60,8 @@ def variant(idx, name: str):
     per_sm = history_triton.PASS_PROGRAMS_PER_SM
     passes = {"onetile": (1, history_triton.pass_programs),  # (stages, programs in all)
               "st2": (2, lambda device, f=history_triton.pass_programs: 7 * f(device) // per_sm)}
+    if name.startswith("stg") and name[3:].isdigit():  # the pipelined pass at this many stages
+        passes[name] = (int(name[3:]), history_triton.pass_programs)
     if name.startswith("prog"):  # the pipelined pass with this many programs in all
         passes[name] = (history_triton.PIPELINED_STAGES, lambda device: int(name[4:]))
     if name in passes:
@@ -176,7 +179,7 @@ def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lin
                 st, plan = spin._current(i), spin.plans(i)
                 ops.update_history(spin._history_args(i, st, plan), logits[i], plan.compact_block_table,
                                    plan.compact_seq_lens)
-    for name in ["spin"] + [v for v in variants if v in ("onetile", "st2", "pipe") or v.startswith("prog")]:
+    for name in ["spin"] + [v for v in variants if v in ("onetile", "st2", "pipe") or v.startswith(("prog", "stg"))]:
         calls["update_alone" + ("" if name == "spin" else "_" + name)] = lambda name=name: update_alone(name)
     ms = time_graphs_paired(calls, rounds=rounds)
     per_layer = {}

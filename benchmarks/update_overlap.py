@@ -16,6 +16,10 @@ the dense step, per layer:
   stg<N>        the pipelined pass at N stages (N - 1 tiles' loads in flight; production 3), production programs
   prog<N>       the pipelined pass with N programs in all (e.g. prog144: on the SMs the top-k's 96 rows leave)
   pipe          the pipelined pass at any table size (history_triton.PIPELINED_MIN_BLOCKS = 0)
+  after_thr     the update forked from the top-k's stream after its threshold launch (just before the gather):
+                the gather's programs, at the higher priority, are dispatched before the pass's persistent ones
+                hold the SMs (in production the pass starts beside the threshold and the gather gets what is left)
+  after_gat     the same, after the gather launch (beside the select and the next layer's logits)
   gat<N>        the top-k's gather with N logits a program (topk_triton.GATHER_VALUES; production 1024)
   thr<W>, sel<W>  the top-k's threshold (every tile size) or set select launched with W warps: fewer warps, fewer
                 registers a program, so the top-k's programs can share an SM with the update pass's (at 8-16
@@ -44,7 +48,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
 VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "stg<N>", "prog<N>", "pipe", "thr<W>",
-            "sel<W>", "gat<N>")
+            "sel<W>", "gat<N>", "after_thr", "after_gat")
 
 
 @contextlib.contextmanager
@@ -76,6 +80,8 @@ def variant(idx, name: str):
         patches = [(history_triton, "PIPELINED_MIN_BLOCKS", 0)]
     elif name in ("spin", "fused"):
         patches = []
+    elif name in ("after_thr", "after_gat"):
+        patches = _update_before_launch(idx, "_gather_kernel" if name == "after_thr" else "_select_set_kernel")
     else:  # topk_first, no_update: the update through ops.update_history, launched after the top-k or not at all
         original_update, original_topk = ops.update_history, idx._topk
         deferred = []
@@ -101,6 +107,47 @@ def variant(idx, name: str):
         for target, attr, value in patches:
             stack.enter_context(mock.patch.object(target, attr, value))
         yield
+
+
+def _update_before_launch(idx, kernel: str) -> list:
+    """Patches that move the EMA update from its fork beside the top-k to just before the top-k's launch of
+    topk_triton.`kernel`: the update is held back in run() and enqueued on the side stream, forked from the
+    top-k's stream at that launch (run() still joins the side stream after the top-k)."""
+    import torch
+
+    from spin_indexer import ops
+    from spin_indexer.indexer import spin as spin_module
+    from spin_indexer.ops import topk_triton
+
+    original_update, original_topk, launcher = ops.update_history, idx._topk, getattr(topk_triton, kernel)
+    pending = []
+
+    def update(history, *args, **kw):
+        # the maxima-only pass (DeepGEMM backend) is not the update, and off CUDA there is no side stream
+        if history is None or idx._update_stream is None:
+            return original_update(history, *args, **kw)
+        return None  # enqueued by the launch below
+
+    def topk(layer, st, plan, logits, *args, **kw):
+        rows3 = logits.view(st.block_table.shape[0], idx.next_n, logits.shape[1])
+        if idx._update_stream is not None:
+                pending.append(lambda: original_update(idx._history_args(layer, st, plan), rows3,
+                                                   plan.compact_block_table, plan.compact_seq_lens))
+        return original_topk(layer, st, plan, logits, *args, **kw)
+
+    class UpdateFirst:  # the kernel's launcher, enqueueing the held update on the side stream first
+        def __getitem__(self, grid):
+            launch = launcher[grid]
+
+            def run(*args, **kw):
+                while pending:
+                    side = idx._update_stream
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):
+                        pending.pop(0)()
+                return launch(*args, **kw)
+            return run
+    return [(spin_module.ops, "update_history", update), (idx, "_topk", topk), (topk_triton, kernel, UpdateFirst())]
 
 
 def timeline(fn, lines: list[str]) -> list[dict]:

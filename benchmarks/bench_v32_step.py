@@ -43,7 +43,6 @@ from harness import (DEVICE, KeyPool, decode_lens, environment, markdown_table, 
                      time_graphs_paired)
 
 from spin_indexer.indexer import DenseIndexer, SpinIndexer  # noqa: E402
-from spin_indexer.indexer import spin as spin_module  # noqa: E402
 from spin_indexer.predictor import SpinConfig  # noqa: E402
 from sparse_mla import MLA_HEADS, QK_DIM, T, sparse_mla_decode  # noqa: E402
 
@@ -173,7 +172,6 @@ VARIANTS = {
                    "position order (one select launch), dense and SPIN alike",
     "compact-16k": "SPIN's compact Triton logits chunked for <= 16384 programs as full tables are (the rule "
                    "before run 68; production: indexer_logits_triton.COMPACT_TARGET_PROGRAMS = 4096)",
-    "plan-aside": "plan() selects layers 1..60 on a side stream beside layer 0's indexer (spin.PLAN_ASIDE)",
     "tau-hint": "SPIN's top-k threshold starts from the previous step's key (SpinIndexer(tau_hint=True)); this "
                 "benchmark's logits repeat every step, so every hint hits: an upper bound of the gain",
 }
@@ -185,7 +183,6 @@ def variant(name: str):
     if name not in VARIANTS:
         raise SystemExit(f"--variants: unknown {name!r}; expected some of {sorted(VARIANTS)}")
     schedule, env = SpinIndexer._schedule_layers, os.environ.get("SPIN_INDEXER_LOGITS")
-    plan_aside = spin_module.PLAN_ASIDE
     init, dense_init = SpinIndexer.__init__, DenseIndexer.__init__
     from spin_indexer.ops import indexer_logits_triton as ilt
     default_config = ilt.default_config
@@ -202,15 +199,12 @@ def variant(name: str):
             SpinIndexer.__init__ = functools.partialmethod(init, overlap_update=False)
         elif name == "tau-hint":
             SpinIndexer.__init__ = functools.partialmethod(init, tau_hint=True)
-        elif name == "plan-aside":
-            spin_module.PLAN_ASIDE = True
         elif name == "topk-sorted":
             SpinIndexer.__init__ = functools.partialmethod(init, topk_sorted=True)
             DenseIndexer.__init__ = functools.partialmethod(dense_init, topk_sorted=True)
         yield
     finally:
         SpinIndexer._schedule_layers, SpinIndexer.__init__ = schedule, init
-        spin_module.PLAN_ASIDE = plan_aside
         ilt.default_config = default_config
         DenseIndexer.__init__ = dense_init
         if env is None:

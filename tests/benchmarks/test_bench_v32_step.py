@@ -120,12 +120,6 @@ def test_variants_switch_one_part_each_and_restore_it(monkeypatch):
     with v32.variant("tau-hint"):
         assert SpinIndexer.__dict__["__init__"].keywords == {"tau_hint": True}
     assert SpinIndexer.__init__ is init
-    from spin_indexer.indexer import spin
-    assert spin.PLAN_ASIDE is False
-    with pytest.raises(RuntimeError), v32.variant("plan-aside"):
-        assert spin.PLAN_ASIDE is True
-        raise RuntimeError("body")
-    assert spin.PLAN_ASIDE is False
     # compact-16k: SPIN's compact tables (not the dense full ones) chunked as a full table again
     from spin_indexer.ops import indexer_logits_triton as ilt
     config = ilt.default_config

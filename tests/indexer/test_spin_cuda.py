@@ -19,12 +19,9 @@ def _pair(cfg, batch, width, next_n, layers):
     return out
 
 
-@pytest.mark.parametrize("next_n,mtp,aside", [(1, "row0", False), (2, "row0", False), (1, "row-local", False),
-                                              (2, "row-local", False), (1, "row0", True), (2, "row-local", True)])
-def test_cuda_step_matches_cpu_reference(next_n, mtp, aside, gen, monkeypatch):
-    """aside: plan() selects layers 1.. on its side stream (spin.PLAN_ASIDE), joined by run(1)."""
-    from spin_indexer.indexer import spin
-    monkeypatch.setattr(spin, "PLAN_ASIDE", aside)
+@pytest.mark.parametrize("next_n", [1, 2])
+@pytest.mark.parametrize("mtp", ["row0", "row-local"])
+def test_cuda_step_matches_cpu_reference(next_n, mtp, gen):
     lengths = (9000, 4100, 700)
     x = make_paged_inputs(lengths, next_n, 64, 128, gen, garbage=False)
     cfg = SpinConfig(sparsity=0.4, topk=512, mtp=mtp)
@@ -50,10 +47,7 @@ def test_cuda_step_matches_cpu_reference(next_n, mtp, aside, gen, monkeypatch):
         torch.testing.assert_close(gpu.state.vertical[:, :-1].cpu().float(), ref, rtol=2e-2, atol=5e-3 * scale)
 
 
-@pytest.mark.parametrize("aside", [False, True], ids=["one-stream-plan", "plan-aside"])
-def test_whole_step_captures_in_a_cuda_graph(aside, gen, monkeypatch):
-    from spin_indexer.indexer import spin
-    monkeypatch.setattr(spin, "PLAN_ASIDE", aside)
+def test_whole_step_captures_in_a_cuda_graph(gen):
     lengths, next_n, layers = (20000, 13000), 1, 4
     x = make_paged_inputs(lengths, next_n, 64, 128, gen, garbage=False).to("cuda")
     cfg = SpinConfig(sparsity=0.5, topk=2048)

@@ -125,12 +125,11 @@ def _check(ref, got, batch, width, layers):
 
 
 def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accepted=False, bad=False, seen=None,
-         grid=None, graph=False, path="register", extra_width=2, shared=0, split=False):
+         grid=None, graph=False, path="register", extra_width=2, shared=0):
     """Plan `steps` steps with the torch path and the kernel from the same random state and compare everything
     each step. path: the kernel's selection path ("register" or "chunked"); extra_width: table columns past
     the longest request; shared: the first `shared` blocks of every request are request 0's (a prefix-cache
-    hit); split: layer 0 selected in a launch of its own, the others in a third (on a second stream, joined
-    after, on CUDA)."""
+    hit)."""
     from spin_indexer.predictor.plan_triton import plan_step_triton, supports
     assert supports(cfg)
     batch = len(final_lens)
@@ -165,25 +164,19 @@ def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accept
         ref.plan(step_table, seq_lens, slot_ids, num_accepted=acc, validate=not bad)
         _poison(got.workspace)
         args = [x.to(dev) if x is not None else None for x in (step_table, seq_lens, slot_ids.long(), acc)]
-        aside = torch.cuda.Stream() if split and dev == "cuda" else None
-
-        def plan():
-            kw = {} if graph else dict(block=16, score_block=8, register_tile=0 if path == "chunked" else 1 << 14)
-            plan_step_triton(cfg, got.state, got.workspace, *args, split=split, aside=aside, **kw)
-            if aside is not None:
-                torch.cuda.current_stream().wait_stream(aside)
         if graph:  # capture the step in a CUDA graph (no host sync, fixed shapes), replay it once
             saved = {k: getattr(got.state, k).clone() for k in STATE}
-            plan()  # compile outside the capture
+            plan_step_triton(cfg, got.state, got.workspace, *args)  # compile outside the capture
             for k, v in saved.items():
                 getattr(got.state, k).copy_(v)
             _poison(got.workspace)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g):
-                plan()
+                plan_step_triton(cfg, got.state, got.workspace, *args)
             g.replay()
         else:
-            plan()
+            plan_step_triton(cfg, got.state, got.workspace, *args, block=16, score_block=8,
+                             register_tile=0 if path == "chunked" else 1 << 14)
         _check(ref, got, batch, width, layers)
         # an EMA update between steps, the same on both sides
         touched = torch.randperm(cache, generator=gen)[:2 * cache // 3]
@@ -236,15 +229,6 @@ def test_next_n_matches_torch(next_n, mtp, accepted, reduce, combine, window, ge
     _run(cfg, LENS[:4] + (3,), next_n, gen, triton_device, grow=[next_n, 0], accepted=accepted, path=plan_path)
 
 
-@pytest.mark.parametrize("next_n,mtp", [(1, "row0"), (2, "row-local")])
-def test_layer_zero_selected_apart_matches_torch(next_n, mtp, gen, triton_device, plan_path):
-    """split=True (SpinIndexer's layers aside): layer 0 in its own launch, layers 1-3 in another (on a second
-    stream on CUDA): the same plans, counters and state as the torch path; the per-slot counters and the clock
-    are written once (by layer 0's launch) while the other launch reads the reset's stash."""
-    cfg = dataclasses.replace(BASE, mtp=mtp)
-    _run(cfg, LENS, next_n, gen, triton_device, layers=4, grow=[next_n, 0], path=plan_path, split=True)
-
-
 def test_short_contexts_and_empty_batch(gen, triton_device, plan_path):
     # contexts all <= K (keep_all) or one block, a guard off; then B = 0 (only the clock advances)
     cfg = dataclasses.replace(BASE, dense_below=0, topk=64)
@@ -270,10 +254,9 @@ def test_out_of_range_block_ids(gen, triton_device, plan_path):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-@pytest.mark.parametrize("split", [False, True], ids=["one-launch", "layers-aside"])
-def test_step_captures_in_a_cuda_graph(split, gen):
+def test_step_captures_in_a_cuda_graph(gen):
     cfg = dataclasses.replace(BASE, mtp="row-local")
-    _run(cfg, LENS[:4] + (300 * T,), 2, gen, "cuda", grow=[2, 0], graph=True, layers=3 if split else 2, split=split)
+    _run(cfg, LENS[:4] + (300 * T,), 2, gen, "cuda", grow=[2, 0], graph=True)
 
 
 @pytest.mark.parametrize("lens,extra_width", [

@@ -56,11 +56,6 @@ from .workspace import Workspace
 # 45.9 / 53.2; but 32 x 128K (65536 blocks) 127.8 / 170.3 vs 125.0 / 167.2 and 8 x 1M 234.1 / 318.1 vs
 # 206.1 / 290.6 (the update's programs, at the threshold's 8-16 warps and 127 registers, outlast its rows').
 UPDATE_IN_TOPK_BLOCKS = 16384
-# plan() on CUDA with the fused planner: select layer 0 on the caller's stream and layers 1..L-1 in a launch on a
-# side stream, which run() of a later layer joins, so that their selection (latency-bound: ~20 us a layer at
-# 96 x 512K, ~50 at 1M, all before layer 0 in one launch) can run beside layer 0's indexer. Off: not yet
-# measured to win (benchmarks/bench_v32_step.py --variants plan-aside).
-PLAN_ASIDE = False
 
 
 @dataclasses.dataclass
@@ -78,7 +73,6 @@ class _Step:
     generations: list = dataclasses.field(default_factory=list)  # SpinState.generations() at plan()
     max_block_id: int | None = None  # largest block id of a used block (validated plans only, else None)
     scheduled: bool = False  # plan() wrote every layer's DeepGEMM schedule (workspace.deepgemm_schedule)
-    aside: bool = False  # layers 1..L-1 were selected on SpinIndexer._plan_stream, not yet joined (PLAN_ASIDE)
 
 
 class SpinIndexer:
@@ -137,9 +131,8 @@ class SpinIndexer:
         self.extensions = Extensions(config, self.state, next_n) if (config.adaptive or config.hybrid) else None
         # The stream the EMA update runs on (`_forked`); None (in series, on the caller's stream) off
         # CUDA or with overlap_update=False.
-        self._update_stream = self._topk_stream = self._plan_stream = None
+        self._update_stream = self._topk_stream = None
         if overlap_update and self.device.type == "cuda":
-            self._plan_stream = torch.cuda.Stream(self.device, priority=0)  # PLAN_ASIDE's layers 1..L-1
             # the top-k chain on a stream of the highest priority: the block scheduler gives its CTAs the SMs
             # as the update's CTAs finish (at equal priority the update's 3072 programs, launched first, held
             # every SM until they were done: run 20 measured the two in series)
@@ -154,12 +147,10 @@ class SpinIndexer:
         return self.state.num_layers
 
     def plans(self, layer: int) -> BlockPlan:
-        """The block plan of `layer` for the current step (views of the workspace; the caller's stream is made
-        to wait for plan()'s side stream first where that layer was selected there)."""
+        """The block plan of `layer` for the current step."""
         st = self._current(layer)
         if st.plans[layer] is None:
             raise RuntimeError(f"SpinIndexer.plans: layer {layer} is selected when it runs (hybrid mode)")
-        self._join_aside(st, layer)
         return st.plans[layer]
 
     # -- plan ------------------------------------------------------------------------------------------
@@ -212,12 +203,10 @@ class SpinIndexer:
         plans = [self._workspace_plan(layer, batch, width) for layer in range(self.num_layers)]
         fused = self._fused_plan(block_table)
         if fused is not None:
-            aside = self._plans_aside(batch, width)
-            fused(cfg, self.state, ws, block_table, seq_lens, slots, num_accepted, split=aside,
-                  aside=self._plan_stream if aside else None)
+            fused(cfg, self.state, ws, block_table, seq_lens, slots, num_accepted)
             # the state's clock itself (plan() alone advances it): no copy
             self._step = _Step(block_table, seq_lens, slots, self.state.clock, plans,
-                               scheduled=self._schedule_layers(batch, width), aside=aside)
+                               scheduled=self._schedule_layers(batch, width))
             return
         meta = plan_ref.step_meta(cfg, self.state, block_table, seq_lens, slots, num_accepted)
         plan_ref.reset_entered_(self.state, meta)
@@ -239,24 +228,6 @@ class SpinIndexer:
         plan_ref.finish_step_(self.state, meta)
         self._step = _Step(block_table, seq_lens, slots, meta.clock, plans, meta,
                            scheduled=self._schedule_layers(batch, width))
-
-    def _plans_aside(self, batch: int, width: int) -> bool:
-        """Whether plan() selects layers 1..L-1 on the side stream (PLAN_ASIDE): CUDA with the side streams, more
-        than one layer, and no DeepGEMM schedule (that launch reads every layer's plan at once). Any earlier
-        step's side work is joined first (outside a graph capture: a captured step joined its own)."""
-        if self._plan_stream is None:
-            return False
-        if not torch.cuda.is_current_stream_capturing():
-            torch.cuda.current_stream(self.device).wait_stream(self._plan_stream)
-        return PLAN_ASIDE and self.num_layers > 1 and not (
-            self.workspace.deepgemm_schedule is not None and deepgemm.spin_step_uses(self.next_n))
-
-    def _join_aside(self, st: _Step, layer: int) -> None:
-        """Before layer `layer`'s plan is read: the caller's stream waits for the side stream that selected layers
-        1..L-1 (PLAN_ASIDE), once a step."""
-        if st.aside and layer != 0:
-            torch.cuda.current_stream(self.device).wait_stream(self._plan_stream)
-            st.aside = False
 
     def _schedule_layers(self, batch: int, width: int) -> bool:
         """Every layer's DeepGEMM SM schedule from its compact lengths, in one launch (DeepGEMM's own metadata
@@ -308,7 +279,6 @@ class SpinIndexer:
             return self._run(layer, st, q_fp8, kv_cache, weights)
 
     def _run(self, layer: int, st: _Step, q_fp8, kv_cache, weights) -> torch.Tensor:
-        self._join_aside(st, layer)
         batch, width = st.block_table.shape
         late = st.plans[layer] is None  # hybrid: selected now, after plan() wrote the schedules
         plan = self._plan_of(layer, st)

@@ -77,7 +77,6 @@ with validate=True rejects such tables).
 """
 from __future__ import annotations
 
-import contextlib
 import struct
 
 import torch
@@ -138,8 +137,7 @@ def _register_maxnreg(warps: int) -> int | None:
 def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      slot_ids: torch.Tensor, num_accepted: torch.Tensor | None, block: int = 1024,
                      score_block: int = 64, num_warps: int | None = None, register_tile: int = MAX_TILE,
-                     max_registers: int | None = None, split: bool = False,
-                     aside: torch.cuda.Stream | None = None) -> None:
+                     max_registers: int | None = None) -> None:
     """The fused plan(): writes ws (kept_blocks, compact_table, num_kept, compact_lens of every layer, and
     num_blocks, guarded, update_rows) and advances the state exactly as the torch path of SpinIndexer.plan().
 
@@ -151,10 +149,6 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
     register tile (capped at MAX_TILE); a table whose next_pow2(W) exceeds it takes the chunked path (tests
     pass 0 to force it). max_registers: the register path's cap per thread, None = _register_maxnreg(warps),
     0 = ptxas's choice (benchmarks/bench_plan.py times the choices).
-    split: select layer 0 in a launch of its own, then layers 1..L-1 in a third launch, on `aside` when given
-    (a CUDA stream forked after the reset): they can then run beside layer 0's indexer, and the caller joins
-    `aside` before it reads those layers' plans (SpinIndexer.run). Without `aside` the two launches run in
-    order on the caller's stream (the tests' interpreter).
     """
     batch, width = block_table.shape
     next_n = seq_lens.shape[1]
@@ -180,7 +174,6 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
     scratch = torch.empty(rows_b * layers, max(width, 1), dtype=torch.float32, device=dev)
     # the register path keeps its flags in registers: no flag scratch
     flags = torch.empty(1 if reg else rows_b * layers, 1 if reg else max(width, 1), dtype=torch.int8, device=dev)
-    split = split and layers > 1 and batch > 0
     guarded = ws.guarded.view(torch.uint8)
     upd = ws.update_rows.view(torch.uint8)
     vert, bmax, diag = state.vertical, state.block_max, state.diagonal
@@ -197,33 +190,21 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
     explore = config.exploration is Exploration.RANDOM
     mean = config.reduce is Reduce.MEAN
     combine = _COMBINE[config.combine]
-
-    def select(first: int, count: int) -> None:  # launch 2: the selection of layers [first, first + count)
-        _plan_select_kernel[(count, rows_b)](  # layer fastest: see the module docstring (grid order)
-            table, table.stride(0), lens, slots, stash,
-            vert, vert.stride(0), vert.stride(1), bmax, bmax.stride(0), bmax.stride(1),
-            diag, diag.stride(0), diag.stride(1), scratch, flags, scratch.stride(0),
-            ws.kept_blocks, ws.compact_table, ws.kept_blocks.stride(0), ws.kept_blocks.stride(1),
-            ws.compact_table.stride(0), ws.compact_table.stride(1), ws.num_kept, ws.num_kept.stride(0),
-            ws.compact_lens, ws.compact_lens.stride(0), ws.compact_lens.stride(1),
-            state.step, state.seen_len, state.clock,
-            batch, next_n, 1 if config.mtp is MtpPolicy.ROW0 else next_n, state.num_cache_blocks, state.window,
-            config.topk, config.guard_tokens, step_guard, -(-config.topk // t) + 1,
-            _f64_bits(config.sparsity), _f64_bits(config.gamma), (config.seed * 0x9E3779B1) & _MASK31, first, layers,
-            SB=sb, SBS=sbs, SLOT=mean or config.combine is Combine.SUM, COMBINE=combine, MEAN=mean,
-            EXPLORE=explore, REG=reg, enable_fp_fusion=False, num_warps=warps,
-            maxnreg=(_register_maxnreg(warps) if max_registers is None else max_registers or None) if reg else None,
-            **common)
-    if not split:
-        select(0, layers)
-        return
-    if aside is not None:  # the buffers the other stream reads must outlive this call there (caching allocator)
-        aside.wait_stream(torch.cuda.current_stream(dev))
-        for buf in (stash, scratch, flags, table, lens, slots):
-            buf.record_stream(aside)
-    select(0, 1)
-    with torch.cuda.stream(aside) if aside is not None else contextlib.nullcontext():
-        select(1, layers - 1)
+    _plan_select_kernel[(layers, rows_b)](  # layer fastest: see the module docstring (grid order)
+        table, table.stride(0), lens, slots, stash,
+        vert, vert.stride(0), vert.stride(1), bmax, bmax.stride(0), bmax.stride(1),
+        diag, diag.stride(0), diag.stride(1), scratch, flags, scratch.stride(0),
+        ws.kept_blocks, ws.compact_table, ws.kept_blocks.stride(0), ws.kept_blocks.stride(1),
+        ws.compact_table.stride(0), ws.compact_table.stride(1), ws.num_kept, ws.num_kept.stride(0),
+        ws.compact_lens, ws.compact_lens.stride(0), ws.compact_lens.stride(1),
+        state.step, state.seen_len, state.clock,
+        batch, next_n, 1 if config.mtp is MtpPolicy.ROW0 else next_n, state.num_cache_blocks, state.window,
+        config.topk, config.guard_tokens, step_guard, -(-config.topk // t) + 1,
+        _f64_bits(config.sparsity), _f64_bits(config.gamma), (config.seed * 0x9E3779B1) & _MASK31,
+        SB=sb, SBS=sbs, SLOT=mean or config.combine is Combine.SUM, COMBINE=combine, MEAN=mean,
+        EXPLORE=explore, REG=reg, enable_fp_fusion=False, num_warps=warps,
+        maxnreg=(_register_maxnreg(warps) if max_registers is None else max_registers or None) if reg else None,
+        **common)
 
 
 def dense_plan_triton(seq_lens: torch.Tensor, tokens_per_block: int, num_blocks: torch.Tensor,
@@ -603,12 +584,11 @@ if triton is not None:
                             kept_ptr, ctab_ptr, stride_kl, stride_kb, stride_tl, stride_tbb, nkept_ptr, stride_nl,
                             clen_ptr, stride_cl, stride_cb, step_ptr, seen_ptr, clock_ptr,
                             batch, next_n, num_rows, num_cache_blocks, window, topk, guard_tokens, guard_batch, cover,
-                            sparsity_bits, gamma_bits, hash0, first_layer, num_layers,
+                            sparsity_bits, gamma_bits, hash0,
                             T: tl.constexpr, TP: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr,
                             SBS: tl.constexpr, SLOT: tl.constexpr, COMBINE: tl.constexpr, MEAN: tl.constexpr,
                             EXPLORE: tl.constexpr, REG: tl.constexpr):
-        # Program (l - first_layer, b): layer l of request b (a launch may cover some of the layers).
-        pl = tl.program_id(0) + first_layer  # layer fastest: a request's layers run together, sharing block-max sectors
+        pl = tl.program_id(0)  # layer fastest: a request's layers run together and share its block-max sectors
         pb = tl.program_id(1)
         if pb < batch:
             b = pb.to(tl.int64)
@@ -633,7 +613,7 @@ if triton is not None:
             vert_l = vert_ptr + l * stride_vl
             bmax_l = bmax_ptr + l * stride_bl
             diag_row = diag_ptr + l * stride_dl + slot * stride_ds
-            row = b * num_layers + l  # (scratch rows of every layer: launches of other layers may run beside)
+            row = b * tl.num_programs(0) + l
             scr = scr_ptr + row * stride_scr
             flg = flg_ptr + row * stride_scr
             # both paths: the prediction rows' queries and windows, the exploration hash, the output rows

@@ -47,7 +47,10 @@ except ImportError:  # pragma: no cover
     triton = None
 
 MAX_TRITON_K = 4096  # larger k goes to the reference (sort tile of 2 * next_pow2(k) keys)
-GATHER_VALUES = 1024  # logits a gather program reads: GATHER_VALUES // G live groups (at least 16)
+# Logits a gather program reads: GATHER_VALUES // G live groups (at least 16). H200, run 85 (SPIN's step, 512K to
+# 128K, B = 1 to 96): 2048 ties, 4096 and 8192 are slower at every point (1 x 128K s = 0.4: 1.072x of dense at
+# 1024, 1.013x at 4096, 0.917x at 8192); 512 ties (run 86).
+GATHER_VALUES = 1024
 SORT_CHUNK = 512  # candidates per sort program (the buffer holds CAP = 2 * next_pow2(k): 8 chunks at k = 2048)
 RANK_BI = 128  # candidates ranked per program (one per thread at 4 warps)
 # The rank path needs 40 registers (ptxas, sm_90a); the overflow merge it may run sorts CAP keys in registers

@@ -254,6 +254,11 @@ if triton is not None:
         x_row = x_ptr + b64 * x_stride_b + j * x_stride_n
         # a row that does not update (guarded) reads and writes no history: no tiles
         tiles = tl.where(upd, (used + BLOCKS - 1) // BLOCKS, 0)
+        # Compact blocks below near_window hold no position of the diagonal window: the window's logical blocks
+        # number at most window / T + 3 (q - window < kb * T + T, kb <= q / T + 1) and kept ids ascend, so they
+        # are among the last ones. A bound, not update_tile's exact test (reaches_window, a reduction over the
+        # tile: two block-wide barriers a tile here); a tile past it that misses the window only masks its cells.
+        near_window = used - (window + T - 1) // T - 3
         for pm in tl.range(tl.program_id(1), tiles, programs, num_stages=STAGES):
             m = pm * BLOCKS + tl.arange(0, BLOCKS)
             in_table = m < used
@@ -264,7 +269,7 @@ if triton is not None:
             live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
             live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
                                           seen_stride, alpha, lo, hi, T, HAS_SEEN)
-            if reaches_window(any_live, kb, q, window, T):
+            if pm * BLOCKS + BLOCKS > near_window:
                 ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, used, upd, clen, q, slot, d_ptr, d_stride,
                                   alpha, window, lo, hi, T, BLOCKS, DB)
 

@@ -1,4 +1,5 @@
-"""Register and spill counts of SPIN's EMA update pass (`_update_history_kernel`, ops/history_triton.py) and of
+"""Register and spill counts of SPIN's EMA update pass (`_update_history_kernel`, ops/history_triton.py), of the
+pipelined pass (`_update_pass_kernel`: registers, SASS instructions and block-wide barriers of its tile loop) and of
 the maxima pass (`_row_maxima_kernel`, ops/maxima_triton.py: DeepGEMM's step and the dense top-k), without a GPU.
 
 Compiles the kernel for sm_90a with the local triton (compile only), runs the ptxas that ships with triton
@@ -38,6 +39,7 @@ FLOATS = ("alpha", "lo", "hi")
 DIV16 = set(PTR) | {"x_stride_b", "x_stride_n", "table_stride", "bmax_stride", "gmax_stride", "kept_stride",
                     "num_blocks"}
 OPS = ("LDG", "STG", "LDL", "STL")
+PASS_OPS = ("LDGSTS", "STG", "BAR.SYNC", "SHFL")
 
 
 def compile_counts(blocks: int, warps: int, group: int | None = 16, rows: int = 1, seen: bool = False,
@@ -52,6 +54,33 @@ def compile_counts(blocks: int, warps: int, group: int | None = 16, rows: int = 
     ops = {o: len(re.findall(rf"\b{o}(\.[A-Z0-9.]+)?\b", c["sass"])) for o in OPS}
     return dict(regs=c["regs"], spill=None if c["spill_st"] is None else c["spill_st"] + c["spill_ld"], ops=ops,
                 log="" if c["regs"] is not None else c["log"][-300:])
+
+
+def pass_counts(seen: bool = False) -> dict:
+    """The pipelined update pass (`_update_pass_kernel`: SpinIndexer's side stream from PIPELINED_MIN_BLOCKS) at its
+    production tile, stages and warps, uncapped as launched: registers, spills, SASS instructions, and the
+    instructions and block-wide barriers of its tile loop (the SASS between the loop's label and its branch back,
+    the diagonal window's sub-tile loop included), where a barrier makes a tile's four warps wait for each other."""
+    fn = U._update_pass_kernel
+    cfg = dict(T=64, BLOCKS=U.BLOCKS_PER_PROGRAM, HAS_SEEN=seen, NP=1, DB=min(U.DIAGONAL_BLOCKS, U.BLOCKS_PER_PROGRAM),
+               STAGES=U.PIPELINED_STAGES)
+    k = compile_sm90(fn, cfg, lambda name: PTR.get(name, "fp32" if name in FLOATS else "i32"), "update_registers.py",
+                     div16=DIV16 - {"bmax_ptr", "gmax_ptr", "bmax_stride", "gmax_stride"}, num_warps=U.NUM_WARPS,
+                     enable_fp_fusion=True)
+    c = ptxas_counts(k)
+    lines = c["sass"].splitlines()
+    instr = [i for i, line in enumerate(lines) if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
+    # the tile loop: the label with the last backward branch to it (the outermost loop, entered once)
+    label_at = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"(\.L_x_\d+):", line))}
+    loop = (0, 0)
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", line)
+        if m and label_at.get(m.group(1), i) < i and i - label_at[m.group(1)] > loop[1] - loop[0]:
+            loop = (label_at[m.group(1)], i)
+    body = [lines[i] for i in instr if loop[0] < i <= loop[1]]
+    count = lambda text, op: len(re.findall(rf"\b{re.escape(op)}\b", text))  # noqa: E731
+    return dict(regs=c["regs"], spill=None if c["spill_st"] is None else c["spill_st"] + c["spill_ld"],
+                instrs=len(instr), loop=len(body), ops={o: count("\n".join(body), o) for o in PASS_OPS})
 
 
 def maxima_counts(group: int, bmax: bool, maxnreg: int | None) -> dict:
@@ -91,6 +120,10 @@ def main() -> None:
                 progs = min(64 // a.warps, 65536 // (32 * a.warps * (-(-c["regs"] // 8) * 8))) if c["regs"] else 0
                 print(f"{blocks:>6} {a.warps:>5} {str(g or '-'):>5} {str(cap or '-'):>7} {str(c['regs']):>5} "
                       f"{str(c['spill']):>7} {progs:>8}  " + " ".join(f"{c['ops'][o]:>4}" for o in OPS) + c["log"])
+    c = pass_counts(a.seen)
+    print(f"\npipelined pass ({U.BLOCKS_PER_PROGRAM} x 64 tile, {U.PIPELINED_STAGES} stages, {U.NUM_WARPS} warps, "
+          f"uncapped): {c['regs']} registers, spill {c['spill']} B, {c['instrs']} SASS instructions; tile loop "
+          f"{c['loop']}: " + ", ".join(f"{o} {n}" for o, n in c["ops"].items()))
     print(f"\nmaxima pass ({MX.TILE_UNITS} x 64 tile, {MX.NUM_WARPS} warps; BMAX: the block max too)")
     print(f"{'G':>6} {'BMAX':>5} {'maxnreg':>7} {'regs':>5} {'spill B':>7}  " + " ".join(f"{o:>4}" for o in OPS))
     for g in (8, 16):

@@ -45,7 +45,8 @@ DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a d
 # memory), PASS_PROGRAMS_PER_SM programs per SM in all. The one-tile-per-program kernel kept about half of copy
 # bandwidth (run 73: 114.8 us for 242 MB at 96 x 512K s = 0.4), its bytes in flight bounded by registers and its
 # programs' dependent round trips (lengths, ids, then V). 1: that one-tile kernel for every call.
-# (triton 3.6, sm_90a, stages 3: 107 registers uncapped and 27 KB of shared memory a program: 4 resident a SM.)
+# (triton 3.6, sm_90a, stages 3: 107 registers uncapped and 27 KB of shared memory a program: 4 resident a SM;
+# 72 registers since the window test is a bound, not a reduction: benchmarks/update_registers.py.)
 # H200, run 75 (96 x 512K s = 0.4 / 96 x 1M s = 0.4 / 96 x 256K s = 0.3): alone 102.1 / 210.6 / 64.1 us against
 # the one-tile kernel's 116.8 / 231.9 / 63.7, SPIN's step 1180.4 / 2294.3 / 713.1 against 1198.0 / 2361.0 / 713.6;
 # the V3.2 step at 128K went 0.595 -> 0.605 of dense with it: from PIPELINED_MIN_BLOCKS table blocks (B x W) only.
@@ -110,7 +111,7 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
                 logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
                 *_history_args(h, logits), next_n, blocks, j, programs, T=t, **tile_meta(),
                 HAS_SEEN=h.last_seen is not None, NP=triton.next_power_of_2(next_n), STAGES=PIPELINED_STAGES,
-                num_warps=NUM_WARPS)  # uncapped: the loop's in-flight addresses need ~107 (64 spilled ~240 B)
+                num_warps=NUM_WARPS)  # uncapped (72 registers; a cap of 64 spilled ~240 B when it needed 107)
             continue
         _update_history_kernel[grid](
             logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,

@@ -38,7 +38,7 @@ FLOATS = ("alpha", "lo", "hi")
 # and sizes that are multiples of 16 at production shapes (W = X / T blocks)
 DIV16 = set(PTR) | {"x_stride_b", "x_stride_n", "table_stride", "bmax_stride", "gmax_stride", "kept_stride",
                     "num_blocks"}
-OPS = ("LDG", "STG", "LDL", "STL")
+OPS = ("LDG", "STG", "LDL", "STL", "BAR")
 PASS_OPS = ("LDGSTS", "STG", "BAR.SYNC", "SHFL")
 
 

@@ -193,6 +193,15 @@ if triton is not None:
         return live, any_live
 
     @triton.jit
+    def near_window(used, window, T: tl.constexpr):
+        """The first compact block a tile must reach to hold a position of the diagonal window (used: the
+        request's compact blocks). The window's logical blocks number at most window / T + 3 (q - window <
+        kb * T + T and kb <= q / T + 1) and kept ids ascend, so they are among the last ones. A bound on
+        indices, not reaches_window's exact test: that is a reduction over the tile (block-wide barriers in every
+        tile of a pass); a tile past the bound that misses the window only masks its cells (ema_diagonal_tile)."""
+        return used - (window + T - 1) // T - 3
+
+    @triton.jit
     def reaches_window(any_live, kb, q, window, T: tl.constexpr):
         """Whether a block that took an observation (any_live bool [BB], logical ids kb [BB]) holds a position
         inside the row's diagonal window (the `window` positions before query position q): only then does a
@@ -255,11 +264,7 @@ if triton is not None:
         x_row = x_ptr + b64 * x_stride_b + j * x_stride_n
         # a row that does not update (guarded) reads and writes no history: no tiles
         tiles = tl.where(upd, (used + BLOCKS - 1) // BLOCKS, 0)
-        # Compact blocks below near_window hold no position of the diagonal window: the window's logical blocks
-        # number at most window / T + 3 (q - window < kb * T + T, kb <= q / T + 1) and kept ids ascend, so they
-        # are among the last ones. A bound, not update_tile's exact test (reaches_window, a reduction over the
-        # tile: two block-wide barriers a tile here); a tile past it that misses the window only masks its cells.
-        near_window = used - (window + T - 1) // T - 3
+        near = near_window(used, window, T)
         for pm in tl.range(tl.program_id(1), tiles, programs, num_stages=STAGES):
             m = pm * BLOCKS + tl.arange(0, BLOCKS)
             in_table = m < used
@@ -270,7 +275,7 @@ if triton is not None:
             live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
             live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
                                           seen_stride, alpha, lo, hi, T, HAS_SEEN)
-            if pm * BLOCKS + BLOCKS > near_window:
+            if pm * BLOCKS + BLOCKS > near:
                 ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, used, upd, clen, q, slot, d_ptr, d_stride,
                                   alpha, window, lo, hi, T, BLOCKS, DB)
 
@@ -339,7 +344,7 @@ if triton is not None:
                      bmax_ptr + (out_row + j) * bmax_stride, T, G, BLOCKS, GMAX, BMAX)
         # The diagonal window covers the request's last `window` positions: only the tiles that reach it
         # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
-        if reaches_window(any_live, kb, q, window, T):
+        if upd & (pm * BLOCKS + BLOCKS > near_window(used, window, T)):
             ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, tl.minimum(num_blocks, used), upd, clen, q,
                               slot, d_ptr, d_stride, alpha, window, lo, hi, T, BLOCKS, DB)
 

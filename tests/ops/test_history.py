@@ -364,6 +364,35 @@ def test_triton_twin_several_tiles_per_request(lengths, next_n, window, gen, tri
     _check_group_max_out(gmax, logits, plan.lens, 16, sentinel=123.0)
 
 
+@pytest.mark.interpreter
+@pytest.mark.parametrize("keep_prob,next_n", [(1.0, 1), (0.5, 2)], ids=["every-block", "half-the-blocks"])
+def test_tiles_far_from_the_window_skip_it_and_the_near_ones_update_it(keep_prob, next_n, gen, triton_device,
+                                                                       monkeypatch):
+    """Long requests and a short diagonal window (90 positions) over tiles of 2 blocks: the tiles below
+    history_triton.near_window skip the window's gathers, the last ones do them; the state (D included) is the
+    reference's, in the pipelined pass and in the one-tile kernel."""
+    pytest.importorskip("triton")
+    from spin_indexer.ops import history_triton
+    monkeypatch.setattr(history_triton, "BLOCKS_PER_PROGRAM", 2)
+    monkeypatch.setattr(history_triton, "PIPELINED_MIN_BLOCKS", 0)
+    blocks = 90
+    lengths = (40 * T + 21, 33 * T)
+    plan = make_plan(lengths, next_n, blocks, gen, keep_prob=keep_prob, width=41)
+    logits = make_logits(plan, plan.kept.shape[1] * T, gen)
+    update_rows = torch.ones(len(lengths), next_n, dtype=torch.bool)
+    h = make_history(plan, blocks, 4, 90, gen, rows=next_n, update_rows=update_rows)
+    ref = clone_history(h)
+    update_history_ref(ref, logits, plan.table, plan.lens)
+    dev = torch.device(triton_device)
+    for stages in (history_triton.PIPELINED_STAGES, 1):  # the pipelined pass, then the one-tile kernel
+        monkeypatch.setattr(history_triton, "PIPELINED_STAGES", stages)
+        moved = history_on(clone_history(h), dev)
+        history_triton.update_history_triton(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev))
+        assert_state_equal(moved, tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen)),
+                           exact=not dev.type == "cuda")
+    assert (ref.diagonal[h.slot_ids] != h.diagonal[h.slot_ids]).any()  # the window was updated
+
+
 TOPK_UPDATE_CASES = [  # (case, rows, blocks per tile): every case in the threshold launch (row 0 updating), with
     # one tile and (next_n 1, 2: ~12 s more for 4 in the interpreter) several per request; every row updating
     # (the pass after the top-k) once

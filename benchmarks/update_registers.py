@@ -63,19 +63,21 @@ def pass_counts(seen: bool = False) -> dict:
     the diagonal window's sub-tile loop included), where a barrier makes a tile's four warps wait for each other."""
     fn = U._update_pass_kernel
     cfg = dict(T=64, BLOCKS=U.BLOCKS_PER_PROGRAM, HAS_SEEN=seen, NP=1, DB=min(U.DIAGONAL_BLOCKS, U.BLOCKS_PER_PROGRAM),
-               STAGES=U.PIPELINED_STAGES)
+               STAGES=U.PIPELINED_STAGES, UNMASKED=U.PASS_UNMASKED_FULL_TILES)
     k = compile_sm90(fn, cfg, lambda name: PTR.get(name, "fp32" if name in FLOATS else "i32"), "update_registers.py",
                      div16=DIV16 - {"bmax_ptr", "gmax_ptr", "bmax_stride", "gmax_stride"}, num_warps=U.NUM_WARPS,
                      enable_fp_fusion=True)
     c = ptxas_counts(k)
     lines = c["sass"].splitlines()
     instr = [i for i, line in enumerate(lines) if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
-    # the tile loop: the label with the last backward branch to it (the outermost loop, entered once)
+    # the tile loop: the longest loop (a label, then a branch back to it) holding the pipeline's cp.async
+    # (LDGSTS); the masked tail loop after it (PASS_UNMASKED_FULL_TILES) runs one or two tiles, unpipelined
     label_at = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"(\.L_x_\d+):", line))}
     loop = (0, 0)
     for i, line in enumerate(lines):
         m = re.search(r"BRA `\((\.L_x_\d+)\)", line)
-        if m and label_at.get(m.group(1), i) < i and i - label_at[m.group(1)] > loop[1] - loop[0]:
+        if m and label_at.get(m.group(1), i) < i and i - label_at[m.group(1)] > loop[1] - loop[0] and \
+                "LDGSTS" in "\n".join(lines[label_at[m.group(1)]:i]):
             loop = (label_at[m.group(1)], i)
     body = [lines[i] for i in instr if loop[0] < i <= loop[1]]
     count = lambda text, op: len(re.findall(rf"\b{re.escape(op)}\b", text))  # noqa: E731

@@ -59,6 +59,10 @@ DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a d
 PIPELINED_STAGES = 3
 PASS_PROGRAMS_PER_SM = 3
 PIPELINED_MIN_BLOCKS = 1 << 19
+# The pass's tiles wholly inside the row (all but the last one or two of a request) in a loop without the length
+# and table masks, the rest after it: ptxas (update_registers.py) counts most of the tile loop's instructions in
+# address and predicate work. Not yet timed on the GPU (update_overlap.py variant `masked`: False).
+PASS_UNMASKED_FULL_TILES = True
 
 
 def tile_meta() -> dict:
@@ -111,7 +115,7 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
                 logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
                 *_history_args(h, logits), next_n, blocks, j, programs, T=t, **tile_meta(),
                 HAS_SEEN=h.last_seen is not None, NP=triton.next_power_of_2(next_n), STAGES=PIPELINED_STAGES,
-                num_warps=NUM_WARPS)  # uncapped (72 registers; a cap of 64 spilled ~240 B when it needed 107)
+                UNMASKED=PASS_UNMASKED_FULL_TILES, num_warps=NUM_WARPS)  # uncapped (72 registers; a cap of 64 spilled ~240 B when it needed 107)
             continue
         _update_history_kernel[grid](
             logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
@@ -250,10 +254,12 @@ if triton is not None:
                             vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr, slot_ptr, kept_ptr,
                             kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi, next_n, num_blocks, j,
                             programs, T: tl.constexpr, BLOCKS: tl.constexpr, HAS_SEEN: tl.constexpr,
-                            NP: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr):
+                            NP: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr, UNMASKED: tl.constexpr):
         """Program (b, p): row j's EMA update of request b's compact tiles p, p + programs, ... below its used
         blocks, the loads of the next STAGES - 1 tiles in flight while one is updated (the loop's pipelining).
-        The tile's work is update_tile's without the maxima."""
+        The tile's work is update_tile's without the maxima. UNMASKED: the tiles whose every column lies below the
+        row's compact length (all but the last one or two) in a loop of their own without the length and table
+        masks (PASS_UNMASKED_FULL_TILES), the rest after it."""
         b = tl.program_id(0)
         b64 = b.to(tl.int64)
         rows_n = tl.arange(0, NP)
@@ -265,19 +271,44 @@ if triton is not None:
         # a row that does not update (guarded) reads and writes no history: no tiles
         tiles = tl.where(upd, (used + BLOCKS - 1) // BLOCKS, 0)
         near = near_window(used, window, T)
-        for pm in tl.range(tl.program_id(1), tiles, programs, num_stages=STAGES):
-            m = pm * BLOCKS + tl.arange(0, BLOCKS)
+        full = 0  # tiles of blocks wholly below clen (and below used)
+        TAIL_STAGES: tl.constexpr = 1 if UNMASKED else STAGES  # the masked loop: one or two tiles, or all of them
+        if UNMASKED:
+            full = tl.where(upd, tl.minimum(used, clen // T) // BLOCKS, 0)
+            for pm in tl.range(tl.program_id(1), full, programs, num_stages=STAGES):
+                _pass_tile(pm, b64, x_row, table_ptr, table_stride, kept_ptr, kept_stride, used, clen, near, upd, q,
+                           slot, clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, alpha,
+                           window, trash, lo, hi, T, BLOCKS, HAS_SEEN, DB, True)
+        for pm in tl.range(full + tl.program_id(1), tiles, programs, num_stages=TAIL_STAGES):
+            _pass_tile(pm, b64, x_row, table_ptr, table_stride, kept_ptr, kept_stride, used, clen, near, upd, q, slot,
+                       clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, alpha, window, trash,
+                       lo, hi, T, BLOCKS, HAS_SEEN, DB, False)
+
+    @triton.jit
+    def _pass_tile(pm, b64, x_row, table_ptr, table_stride, kept_ptr, kept_stride, used, clen, near, upd, q, slot,
+                   clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, alpha, window, trash, lo,
+                   hi, T: tl.constexpr, BLOCKS: tl.constexpr, HAS_SEEN: tl.constexpr, DB: tl.constexpr,
+                   FULL: tl.constexpr):
+        """_update_pass_kernel's work on compact tile pm. FULL: every block of the tile is below the request's
+        used blocks and every column below the row's compact length clen, so no load or cell needs a mask."""
+        m = pm * BLOCKS + tl.arange(0, BLOCKS)
+        if FULL:
+            phys = tl.load(table_ptr + b64 * table_stride + m)
+            kb = tl.load(kept_ptr + b64 * kept_stride + m)
+            x = tl.load(x_row + (m[:, None] * T + tl.arange(0, T)[None, :]))
+            live = tl.full(x.shape, 1, tl.int1)  # (a non-finite score is still dropped by ema_vertical)
+        else:
             in_table = m < used
             phys = tl.load(table_ptr + b64 * table_stride + m, mask=in_table, other=-1)
             kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=in_table, other=-1)
-            pv, old = load_vertical(v_ptr, phys, trash, T)
             x = _row_logits(x_row, m, in_table, clen, T)
             live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
-            live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
-                                          seen_stride, alpha, lo, hi, T, HAS_SEEN)
-            if pm * BLOCKS + BLOCKS > near:
-                ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, used, upd, clen, q, slot, d_ptr, d_stride,
-                                  alpha, window, lo, hi, T, BLOCKS, DB)
+        pv, old = load_vertical(v_ptr, phys, trash, T)
+        live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
+                                      seen_stride, alpha, lo, hi, T, HAS_SEEN)
+        if pm * BLOCKS + BLOCKS > near:
+            ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, used, upd, clen, q, slot, d_ptr, d_stride,
+                              alpha, window, lo, hi, T, BLOCKS, DB)
 
     @triton.jit
     def _update_history_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,

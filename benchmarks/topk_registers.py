@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import triton  # noqa: E402
 
 from plan_registers import _inner_loop_spills, compile_sm90, ptxas_counts  # noqa: E402
+from spin_indexer.ops import history_triton as H  # noqa: E402
 from spin_indexer.ops import topk_triton as T  # noqa: E402
 
 PTR = {"s_ptr": "*fp32", "len_ptr": "*i32", "thresh_ptr": "*i32", "live_ptr": "*i32", "nlive_ptr": "*i32",
@@ -65,9 +66,11 @@ def configs(group: int, k: int = 2048):
             ("threshold, tau_hint", T._threshold_kernel, dict(G=group, SB=sb, CAP=cap, HINT=True, **hint),
              warps, None),
             ("threshold + EMA update", T._threshold_update_kernel,
-             dict(G=group, SB=sb, CAP=cap, HINT=False, **hint, T=64, BLOCKS=32, DB=8, HAS_SEEN=True, NP=1),
+             dict(G=group, SB=sb, CAP=cap, HINT=False, **hint, T=64, BLOCKS=32, DB=8, HAS_SEEN=True, NP=1,
+                  UNMASKED=H.PASS_UNMASKED_FULL_TILES),
              warps, None),
-            ("gather", T._gather_kernel, dict(G=group, LB=max(16, 1024 // group), CAP=cap, EVEN=even), 4, None),
+            ("gather", T._gather_kernel, dict(G=group, LB=max(16, T.GATHER_VALUES // group), CAP=cap, EVEN=even), 4,
+             None),
             ("chunk sort", T._chunk_sort_kernel, dict(CAP=cap, CH=chunk), 4, None),
             ("rank", T._rank_kernel, dict(K_POW=k_pow, CAP=cap, CH=chunk, LOG_CH=chunk.bit_length() - 1,
                                           BI=T.RANK_BI, MAP=True), 4, T.RANK_MAXNREG),

@@ -46,6 +46,7 @@ def compile_counts(blocks: int, warps: int, group: int | None = 16, rows: int = 
                    bmax: bool = True, maxnreg: int | None = None) -> dict:
     fn = U._update_history_kernel
     cfg = dict(T=64, BLOCKS=blocks, HAS_SEEN=seen, BMAX=bmax, NP=triton.next_power_of_2(rows),
+               UNMASKED=U.PASS_UNMASKED_FULL_TILES,
                GMAX=group is not None, G=group or 64, DB=min(U.DIAGONAL_BLOCKS, blocks))
     k = compile_sm90(fn, cfg, lambda name: PTR.get(name, "fp32" if name in FLOATS else "i32"), "update_registers.py",
                      div16=DIV16, num_warps=warps, enable_fp_fusion=True,  # the launch's default

@@ -74,4 +74,4 @@ def test_pass_configs_patch_inside_their_block_only():
     with configs.config("16:2:8:1"):
         assert [getattr(ht, n) for n in names] == [16, 2, 8, 1]
     assert [getattr(ht, n) for n in names] == before
-    assert "update_overlap" in sys.modules and "update_pass_configs" in sys.modules
+    assert "update_pass_configs" in sys.modules  # (update_overlap is imported by the tests above it, if they ran)

@@ -115,13 +115,15 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
                 logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
                 *_history_args(h, logits), next_n, blocks, j, programs, T=t, **tile_meta(),
                 HAS_SEEN=h.last_seen is not None, NP=triton.next_power_of_2(next_n), STAGES=PIPELINED_STAGES,
-                UNMASKED=PASS_UNMASKED_FULL_TILES, num_warps=NUM_WARPS)  # uncapped (72 registers; a cap of 64 spilled ~240 B when it needed 107)
+                UNMASKED=PASS_UNMASKED_FULL_TILES,
+                num_warps=NUM_WARPS)  # uncapped (72 registers; a cap of 64 spilled ~240 B when it needed 107)
             continue
         _update_history_kernel[grid](
             logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
             bmax, bmax.stride(0), gmax, gmax.stride(0), *_history_args(h, logits), next_n, blocks, j,
             T=t, **tile_meta(), HAS_SEEN=h.last_seen is not None, NP=triton.next_power_of_2(next_n),
             BMAX=(block_max_out is not None) and j == 0, GMAX=(group_max_out is not None) and j == 0, G=group,
+            UNMASKED=PASS_UNMASKED_FULL_TILES,
             num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS or None)
 
 
@@ -316,12 +318,12 @@ if triton is not None:
                                clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
                                lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
                                HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
-                               GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr):
+                               GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr, UNMASKED: tl.constexpr):
         """One program per (request, BLOCKS compact blocks): update_tile."""
         update_tile(tl.program_id(0), tl.program_id(1), x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
                     bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                     clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
-                    lo, hi, next_n, num_blocks, j, T, BLOCKS, HAS_SEEN, BMAX, NP, GMAX, G, DB)
+                    lo, hi, next_n, num_blocks, j, T, BLOCKS, HAS_SEEN, BMAX, NP, GMAX, G, DB, UNMASKED)
 
     @triton.jit
     def update_tile(b, pm, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
@@ -329,7 +331,7 @@ if triton is not None:
                     clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
                     lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
                     HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
-                    GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr):
+                    GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr, UNMASKED: tl.constexpr):
         """The update pass's program for request b and compact blocks [pm * BLOCKS, (pm + 1) * BLOCKS), loaded
         as one [BLOCKS, T] tile per row (the kernel above runs one per (b, pm); the top-k's threshold launch
         runs them beside its own programs: topk_triton, `update=`).
@@ -361,14 +363,22 @@ if triton is not None:
                                  bmax_ptr + (out_row + r) * bmax_stride, T, G, BLOCKS, GMAX, BMAX)
         # a row that does not update (guarded) reads and writes no history: its `upd` masks every access
         upd, q, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, HAS_SEEN)
-        on = tl.where(upd, in_table, False)
-        phys = tl.where(on, phys_all, -1)
-        kb = tl.where(on, kb_all, -1)
-        pv, old = load_vertical(v_ptr, phys, trash, T)
         clen = tl.load(clen_ptr + b * next_n + j)
         x_row = x_req + j * x_stride_n
-        x = _row_logits(x_row, m, in_table, clen, T)
-        live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
+        # UNMASKED (PASS_UNMASKED_FULL_TILES): a tile of an updating row wholly inside the row and the table takes
+        # its ids, V and logits without masks, as the pipelined pass's full tiles do
+        full = upd & (pm * BLOCKS + BLOCKS <= tl.minimum(tl.minimum(used, num_blocks), clen // T))
+        if UNMASKED and full:
+            kb = kb_all
+            pv, old = load_vertical(v_ptr, phys_all, trash, T)
+            x = tl.load(x_row + (m[:, None] * T + tl.arange(0, T)[None, :]))
+            live = tl.full(x.shape, 1, tl.int1)  # (a non-finite score is still dropped by ema_vertical)
+        else:
+            on = tl.where(upd, in_table, False)
+            kb = tl.where(on, kb_all, -1)
+            pv, old = load_vertical(v_ptr, tl.where(on, phys_all, -1), trash, T)
+            x = _row_logits(x_row, m, in_table, clen, T)
+            live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
         live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
                                       seen_stride, alpha, lo, hi, T, HAS_SEEN)
         store_maxima(x, pm, tl.minimum(clen, num_blocks * T), gmax_ptr + (out_row + j) * gmax_stride,

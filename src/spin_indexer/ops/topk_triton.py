@@ -220,7 +220,7 @@ def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _s
     if update is None:
         _threshold_kernel[(rows,)](*threshold_args, **threshold_meta)
     else:  # the update pass's programs after the rows' (topk_triton's `update`)
-        from .history_triton import _history_args, tile_meta
+        from .history_triton import PASS_UNMASKED_FULL_TILES, _history_args, tile_meta
         history, table = update
         batch, t = rows // next_n, block_tokens(history)
         meta = tile_meta()
@@ -229,7 +229,7 @@ def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _s
             *threshold_args, rows, tiles, logits, logits.stride(0) * next_n, logits.stride(0), table, table.stride(0),
             *_history_args(history, logits), next_n, cols // t,
             T=t, **meta, HAS_SEEN=history.last_seen is not None,
-            NP=triton.next_power_of_2(next_n), **threshold_meta)
+            NP=triton.next_power_of_2(next_n), UNMASKED=PASS_UNMASKED_FULL_TILES, **threshold_meta)
     if _stages < 3:
         return out
     lb = max(16, GATHER_VALUES // group)
@@ -314,7 +314,7 @@ if triton is not None:
                                  lo, hi, next_n, num_blocks, G: tl.constexpr, SB: tl.constexpr, CAP: tl.constexpr,
                                  HINT: tl.constexpr, HINT_R: tl.constexpr, HINT_STEPS: tl.constexpr,
                                  T: tl.constexpr, BLOCKS: tl.constexpr, DB: tl.constexpr, HAS_SEEN: tl.constexpr,
-                                 NP: tl.constexpr):
+                                 NP: tl.constexpr, UNMASKED: tl.constexpr):
         """Programs [0, rows): the rows' thresholds (_threshold_row); then `tiles` per request: the EMA update
         pass's programs (history_triton.update_tile, row 0 updating, no maxima) over the same logits."""
         pid = tl.program_id(0)
@@ -326,7 +326,7 @@ if triton is not None:
             update_tile(u // tiles, u % tiles, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, len_ptr,
                         x_ptr, 0, x_ptr, 0, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                         clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi,
-                        next_n, num_blocks, 0, T, BLOCKS, HAS_SEEN, False, NP, False, T, DB)
+                        next_n, num_blocks, 0, T, BLOCKS, HAS_SEEN, False, NP, False, T, DB, UNMASKED)
 
     @triton.jit
     def _threshold_row(r, s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,

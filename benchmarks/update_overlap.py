@@ -16,8 +16,8 @@ the dense step, per layer:
   stg<N>        the pipelined pass at N stages (N - 1 tiles' loads in flight; production 3), production programs
   prog<N>       the pipelined pass with N programs in all (e.g. prog144: on the SMs the top-k's 96 rows leave)
   pipe          the pipelined pass at any table size (history_triton.PIPELINED_MIN_BLOCKS = 0)
-  masked        the pipelined pass with every tile masked (history_triton.PASS_UNMASKED_FULL_TILES = False: the
-                pass before the loop of unmasked full tiles)
+  masked        every tile of the update masked (history_triton.PASS_UNMASKED_FULL_TILES = False: the pipelined
+                pass and the one-tile kernel before their unmasked full tiles)
   after_thr     the update forked from the top-k's stream after its threshold launch (just before the gather):
                 the gather's programs, at the higher priority, are dispatched before the pass's persistent ones
                 hold the SMs (in production the pass starts beside the threshold and the gather gets what is left)

@@ -60,8 +60,9 @@ PIPELINED_STAGES = 3
 PASS_PROGRAMS_PER_SM = 3
 PIPELINED_MIN_BLOCKS = 1 << 19
 # The pass's tiles wholly inside the row (all but the last one or two of a request) in a loop without the length
-# and table masks, the rest after it: ptxas (update_registers.py) counts most of the tile loop's instructions in
-# address and predicate work. Not yet timed on the GPU (update_overlap.py variant `masked`: False).
+# and table masks, the rest after it; the one-tile kernel (update_tile) likewise takes an unmasked path for such a
+# tile. ptxas (update_registers.py) counted most of the pass's loop in address and predicate work (552 -> 365
+# instructions a tile). Not yet timed on the GPU (update_overlap.py variant `masked`: False).
 PASS_UNMASKED_FULL_TILES = True
 
 

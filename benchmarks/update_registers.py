@@ -63,8 +63,7 @@ def pass_counts(seen: bool = False) -> dict:
     instructions and block-wide barriers of its tile loop (the SASS between the loop's label and its branch back,
     the diagonal window's sub-tile loop included), where a barrier makes a tile's four warps wait for each other."""
     fn = U._update_pass_kernel
-    cfg = dict(T=64, BLOCKS=U.BLOCKS_PER_PROGRAM, HAS_SEEN=seen, NP=1, DB=min(U.DIAGONAL_BLOCKS, U.BLOCKS_PER_PROGRAM),
-               STAGES=U.PIPELINED_STAGES, UNMASKED=U.PASS_UNMASKED_FULL_TILES)
+    cfg = dict(T=64, HAS_SEEN=seen, NP=1, STAGES=U.PIPELINED_STAGES, **U.tile_meta())
     k = compile_sm90(fn, cfg, lambda name: PTR.get(name, "fp32" if name in FLOATS else "i32"), "update_registers.py",
                      div16=DIV16 - {"bmax_ptr", "gmax_ptr", "bmax_stride", "gmax_stride"}, num_warps=U.NUM_WARPS,
                      enable_fp_fusion=True)

@@ -67,9 +67,10 @@ PASS_UNMASKED_FULL_TILES = True
 
 
 def tile_meta() -> dict:
-    """The update programs' tile constexprs (BLOCKS compact blocks, DB per diagonal sub-tile), read at each
-    launch so tests can shrink BLOCKS_PER_PROGRAM."""
-    return dict(BLOCKS=BLOCKS_PER_PROGRAM, DB=min(DIAGONAL_BLOCKS, BLOCKS_PER_PROGRAM))
+    """The update programs' tile constexprs (BLOCKS compact blocks, DB per diagonal sub-tile, UNMASKED full tiles),
+    read at each launch so tests and benchmark variants can change the module's constants."""
+    return dict(BLOCKS=BLOCKS_PER_PROGRAM, DB=min(DIAGONAL_BLOCKS, BLOCKS_PER_PROGRAM),
+                UNMASKED=PASS_UNMASKED_FULL_TILES)
 
 
 def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, compact_table: torch.Tensor,
@@ -116,7 +117,6 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
                 logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
                 *_history_args(h, logits), next_n, blocks, j, programs, T=t, **tile_meta(),
                 HAS_SEEN=h.last_seen is not None, NP=triton.next_power_of_2(next_n), STAGES=PIPELINED_STAGES,
-                UNMASKED=PASS_UNMASKED_FULL_TILES,
                 num_warps=NUM_WARPS)  # uncapped (72 registers; a cap of 64 spilled ~240 B when it needed 107)
             continue
         _update_history_kernel[grid](
@@ -124,7 +124,6 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
             bmax, bmax.stride(0), gmax, gmax.stride(0), *_history_args(h, logits), next_n, blocks, j,
             T=t, **tile_meta(), HAS_SEEN=h.last_seen is not None, NP=triton.next_power_of_2(next_n),
             BMAX=(block_max_out is not None) and j == 0, GMAX=(group_max_out is not None) and j == 0, G=group,
-            UNMASKED=PASS_UNMASKED_FULL_TILES,
             num_warps=NUM_WARPS, maxnreg=MAX_REGISTERS or None)
 
 

@@ -220,7 +220,7 @@ def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _s
     if update is None:
         _threshold_kernel[(rows,)](*threshold_args, **threshold_meta)
     else:  # the update pass's programs after the rows' (topk_triton's `update`)
-        from .history_triton import PASS_UNMASKED_FULL_TILES, _history_args, tile_meta
+        from .history_triton import _history_args, tile_meta
         history, table = update
         batch, t = rows // next_n, block_tokens(history)
         meta = tile_meta()
@@ -229,7 +229,7 @@ def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _s
             *threshold_args, rows, tiles, logits, logits.stride(0) * next_n, logits.stride(0), table, table.stride(0),
             *_history_args(history, logits), next_n, cols // t,
             T=t, **meta, HAS_SEEN=history.last_seen is not None,
-            NP=triton.next_power_of_2(next_n), UNMASKED=PASS_UNMASKED_FULL_TILES, **threshold_meta)
+            NP=triton.next_power_of_2(next_n), **threshold_meta)
     if _stages < 3:
         return out
     lb = max(16, GATHER_VALUES // group)

@@ -369,10 +369,10 @@ def test_triton_twin_several_tiles_per_request(lengths, next_n, window, gen, tri
 @pytest.mark.parametrize("unmasked", [True, False], ids=["full-tiles-unmasked", "every-tile-masked"])
 def test_tiles_far_from_the_window_skip_it_and_the_near_ones_update_it(keep_prob, next_n, unmasked, gen,
                                                                        triton_device, monkeypatch):
-    """Long requests and a short diagonal window (90 positions) over tiles of 2 blocks: the tiles below
-    history_triton.near_window skip the window's gathers, the last ones do them; the state (D included) is the
-    reference's, in the pipelined pass (its full tiles in the unmasked loop, or every tile masked) and in the
-    one-tile kernel."""
+    """Long requests and a short diagonal window (90 positions) over tiles of 2 blocks: the tiles whose last
+    kept block ends before the window (history_triton.tile_reaches_window) skip the window's gathers, the last
+    ones do them; the state (D included) is the reference's, in the pipelined pass (its full tiles in the
+    unmasked loop, or every tile masked) and in the one-tile kernel."""
     pytest.importorskip("triton")
     from spin_indexer.ops import history_triton
     monkeypatch.setattr(history_triton, "PASS_UNMASKED_FULL_TILES", unmasked)

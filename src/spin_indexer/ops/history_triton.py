@@ -199,13 +199,16 @@ if triton is not None:
         return live, any_live
 
     @triton.jit
-    def near_window(used, window, T: tl.constexpr):
-        """The first compact block a tile must reach to hold a position of the diagonal window (used: the
-        request's compact blocks). The window's logical blocks number at most window / T + 3 (q - window <
-        kb * T + T and kb <= q / T + 1) and kept ids ascend, so they are among the last ones. A bound on
-        indices, not reaches_window's exact test: that is a reduction over the tile (block-wide barriers in every
-        tile of a pass); a tile past the bound that misses the window only masks its cells (ema_diagonal_tile)."""
-        return used - (window + T - 1) // T - 3
+    def tile_reaches_window(kept_row, pm, lim, q, window, T: tl.constexpr, BLOCKS: tl.constexpr):
+        """Whether compact tile pm (blocks [pm * BLOCKS, (pm + 1) * BLOCKS) below lim; kept_row: the row's first
+        logical block id) holds a position of the diagonal window (the `window` positions before query position
+        q). Kept ids ascend, so the tile's last block is its latest: one scalar load (from L2: the tile's ids were
+        just read), exact, where reaches_window is a reduction over the tile (block-wide barriers in every tile)
+        and a bound on compact indices alone (the last window / T + 3 kept ones) sent ~2x the tiles through the
+        window's per-cell gathers at sparsity 0.5 (run 89)."""
+        last = tl.minimum(pm * BLOCKS + BLOCKS, lim) - 1
+        kb_last = tl.load(kept_row + tl.maximum(last, 0), mask=last >= 0, other=-1)
+        return (last >= 0) & (kb_last.to(tl.int64) * T + T - 1 > q - window)
 
     @triton.jit
     def reaches_window(any_live, kb, q, window, T: tl.constexpr):
@@ -272,22 +275,21 @@ if triton is not None:
         x_row = x_ptr + b64 * x_stride_b + j * x_stride_n
         # a row that does not update (guarded) reads and writes no history: no tiles
         tiles = tl.where(upd, (used + BLOCKS - 1) // BLOCKS, 0)
-        near = near_window(used, window, T)
         full = 0  # tiles of blocks wholly below clen (and below used)
         TAIL_STAGES: tl.constexpr = 1 if UNMASKED else STAGES  # the masked loop: one or two tiles, or all of them
         if UNMASKED:
             full = tl.where(upd, tl.minimum(used, clen // T) // BLOCKS, 0)
             for pm in tl.range(tl.program_id(1), full, programs, num_stages=STAGES):
-                _pass_tile(pm, b64, x_row, table_ptr, table_stride, kept_ptr, kept_stride, used, clen, near, upd, q,
+                _pass_tile(pm, b64, x_row, table_ptr, table_stride, kept_ptr, kept_stride, used, clen, upd, q,
                            slot, clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, alpha,
                            window, trash, lo, hi, T, BLOCKS, HAS_SEEN, DB, True)
         for pm in tl.range(full + tl.program_id(1), tiles, programs, num_stages=TAIL_STAGES):
-            _pass_tile(pm, b64, x_row, table_ptr, table_stride, kept_ptr, kept_stride, used, clen, near, upd, q, slot,
+            _pass_tile(pm, b64, x_row, table_ptr, table_stride, kept_ptr, kept_stride, used, clen, upd, q, slot,
                        clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, alpha, window, trash,
                        lo, hi, T, BLOCKS, HAS_SEEN, DB, False)
 
     @triton.jit
-    def _pass_tile(pm, b64, x_row, table_ptr, table_stride, kept_ptr, kept_stride, used, clen, near, upd, q, slot,
+    def _pass_tile(pm, b64, x_row, table_ptr, table_stride, kept_ptr, kept_stride, used, clen, upd, q, slot,
                    clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, alpha, window, trash, lo,
                    hi, T: tl.constexpr, BLOCKS: tl.constexpr, HAS_SEEN: tl.constexpr, DB: tl.constexpr,
                    FULL: tl.constexpr):
@@ -308,7 +310,7 @@ if triton is not None:
         pv, old = load_vertical(v_ptr, phys, trash, T)
         live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
                                       seen_stride, alpha, lo, hi, T, HAS_SEEN)
-        if pm * BLOCKS + BLOCKS > near:
+        if tile_reaches_window(kept_ptr + b64 * kept_stride, pm, used, q, window, T, BLOCKS):
             ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, used, upd, clen, q, slot, d_ptr, d_stride,
                               alpha, window, lo, hi, T, BLOCKS, DB)
 
@@ -385,7 +387,8 @@ if triton is not None:
                      bmax_ptr + (out_row + j) * bmax_stride, T, G, BLOCKS, GMAX, BMAX)
         # The diagonal window covers the request's last `window` positions: only the tiles that reach it
         # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
-        if upd & (pm * BLOCKS + BLOCKS > near_window(used, window, T)):
+        if upd & tile_reaches_window(kept_ptr + b64 * kept_stride, pm, tl.minimum(num_blocks, used), q, window, T,
+                                     BLOCKS):
             ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, tl.minimum(num_blocks, used), upd, clen, q,
                               slot, d_ptr, d_stride, alpha, window, lo, hi, T, BLOCKS, DB)
 

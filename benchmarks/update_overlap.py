@@ -16,8 +16,6 @@ the dense step, per layer:
   stg<N>        the pipelined pass at N stages (N - 1 tiles' loads in flight; production 3), production programs
   prog<N>       the pipelined pass with N programs in all (e.g. prog144: on the SMs the top-k's 96 rows leave)
   pipe          the pipelined pass at any table size (history_triton.PIPELINED_MIN_BLOCKS = 0)
-  masked        every tile of the update masked (history_triton.PASS_UNMASKED_FULL_TILES = False: the pipelined
-                pass and the one-tile kernel before their unmasked full tiles)
   after_thr     the update forked from the top-k's stream after its threshold launch (just before the gather):
                 the gather's programs, at the higher priority, are dispatched before the pass's persistent ones
                 hold the SMs (in production the pass starts beside the threshold and the gather gets what is left)
@@ -49,7 +47,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "stg<N>", "prog<N>", "pipe", "masked",
+VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "stg<N>", "prog<N>", "pipe",
             "thr<W>", "sel<W>", "gat<N>", "after_thr", "after_gat")
 
 
@@ -80,8 +78,6 @@ def variant(idx, name: str):
         patches = [(topk_triton, "GATHER_VALUES", int(name[3:]))]
     elif name == "pipe":
         patches = [(history_triton, "PIPELINED_MIN_BLOCKS", 0)]
-    elif name == "masked":
-        patches = [(history_triton, "PASS_UNMASKED_FULL_TILES", False)]
     elif name in ("spin", "fused"):
         patches = []
     elif name in ("after_thr", "after_gat"):
@@ -230,7 +226,7 @@ def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lin
                 st, plan = spin._current(i), spin.plans(i)
                 ops.update_history(spin._history_args(i, st, plan), logits[i], plan.compact_block_table,
                                    plan.compact_seq_lens)
-    for name in ["spin"] + [v for v in variants if v in ("onetile", "st2", "pipe", "masked")
+    for name in ["spin"] + [v for v in variants if v in ("onetile", "st2", "pipe")
                             or v.startswith(("prog", "stg"))]:
         calls["update_alone" + ("" if name == "spin" else "_" + name)] = lambda name=name: update_alone(name)
     ms = time_graphs_paired(calls, rounds=rounds)

@@ -46,7 +46,6 @@ def compile_counts(blocks: int, warps: int, group: int | None = 16, rows: int = 
                    bmax: bool = True, maxnreg: int | None = None) -> dict:
     fn = U._update_history_kernel
     cfg = dict(T=64, BLOCKS=blocks, HAS_SEEN=seen, BMAX=bmax, NP=triton.next_power_of_2(rows),
-               UNMASKED=U.PASS_UNMASKED_FULL_TILES,
                GMAX=group is not None, G=group or 64, DB=min(U.DIAGONAL_BLOCKS, blocks))
     k = compile_sm90(fn, cfg, lambda name: PTR.get(name, "fp32" if name in FLOATS else "i32"), "update_registers.py",
                      div16=DIV16, num_warps=warps, enable_fp_fusion=True,  # the launch's default
@@ -71,7 +70,7 @@ def pass_counts(seen: bool = False) -> dict:
     lines = c["sass"].splitlines()
     instr = [i for i, line in enumerate(lines) if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
     # the tile loop: the longest loop (a label, then a branch back to it) holding the pipeline's cp.async
-    # (LDGSTS); the masked tail loop after it (PASS_UNMASKED_FULL_TILES) runs one or two tiles, unpipelined
+    # (LDGSTS)
     label_at = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"(\.L_x_\d+):", line))}
     loop = (0, 0)
     for i, line in enumerate(lines):

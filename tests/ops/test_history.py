@@ -366,16 +366,13 @@ def test_triton_twin_several_tiles_per_request(lengths, next_n, window, gen, tri
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("keep_prob,next_n", [(1.0, 1), (0.5, 2)], ids=["every-block", "half-the-blocks"])
-@pytest.mark.parametrize("unmasked", [True, False], ids=["full-tiles-unmasked", "every-tile-masked"])
-def test_tiles_far_from_the_window_skip_it_and_the_near_ones_update_it(keep_prob, next_n, unmasked, gen,
-                                                                       triton_device, monkeypatch):
-    """Long requests and a short diagonal window (90 positions) over tiles of 2 blocks: the tiles whose last
-    kept block ends before the window (history_triton.tile_reaches_window) skip the window's gathers, the last
-    ones do them; the state (D included) is the reference's, in the pipelined pass (its full tiles in the
-    unmasked loop, or every tile masked) and in the one-tile kernel."""
+def test_tiles_far_from_the_window_skip_it_and_the_near_ones_update_it(keep_prob, next_n, gen, triton_device,
+                                                                       monkeypatch):
+    """Long requests and a short diagonal window (90 positions) over tiles of 2 blocks: the tiles that do not
+    reach the window (history_triton.reaches_window) skip its gathers, the last ones do them; the state (D
+    included) is the reference's, in the pipelined pass and in the one-tile kernel."""
     pytest.importorskip("triton")
     from spin_indexer.ops import history_triton
-    monkeypatch.setattr(history_triton, "PASS_UNMASKED_FULL_TILES", unmasked)
     monkeypatch.setattr(history_triton, "BLOCKS_PER_PROGRAM", 2)
     monkeypatch.setattr(history_triton, "PIPELINED_MIN_BLOCKS", 0)
     blocks = 90

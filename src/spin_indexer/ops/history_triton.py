@@ -45,8 +45,7 @@ DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a d
 # memory), PASS_PROGRAMS_PER_SM programs per SM in all. The one-tile-per-program kernel kept about half of copy
 # bandwidth (run 73: 114.8 us for 242 MB at 96 x 512K s = 0.4), its bytes in flight bounded by registers and its
 # programs' dependent round trips (lengths, ids, then V). 1: that one-tile kernel for every call.
-# (triton 3.6, sm_90a, stages 3: 107 registers uncapped and 27 KB of shared memory a program: 4 resident a SM;
-# 72 registers since the window test is a bound, not a reduction: benchmarks/update_registers.py.)
+# (triton 3.6, sm_90a, stages 3: 107 registers uncapped and 27 KB of shared memory a program: 4 resident a SM.)
 # H200, run 75 (96 x 512K s = 0.4 / 96 x 1M s = 0.4 / 96 x 256K s = 0.3): alone 102.1 / 210.6 / 64.1 us against
 # the one-tile kernel's 116.8 / 231.9 / 63.7, SPIN's step 1180.4 / 2294.3 / 713.1 against 1198.0 / 2361.0 / 713.6;
 # the V3.2 step at 128K went 0.595 -> 0.605 of dense with it: from PIPELINED_MIN_BLOCKS table blocks (B x W) only.
@@ -59,18 +58,12 @@ DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a d
 PIPELINED_STAGES = 3
 PASS_PROGRAMS_PER_SM = 3
 PIPELINED_MIN_BLOCKS = 1 << 19
-# The pass's tiles wholly inside the row (all but the last one or two of a request) in a loop without the length
-# and table masks, the rest after it; the one-tile kernel (update_tile) likewise takes an unmasked path for such a
-# tile. ptxas (update_registers.py) counted most of the pass's loop in address and predicate work (552 -> 365
-# instructions a tile). Not yet timed on the GPU (update_overlap.py variant `masked`: False).
-PASS_UNMASKED_FULL_TILES = True
 
 
 def tile_meta() -> dict:
-    """The update programs' tile constexprs (BLOCKS compact blocks, DB per diagonal sub-tile, UNMASKED full tiles),
-    read at each launch so tests and benchmark variants can change the module's constants."""
-    return dict(BLOCKS=BLOCKS_PER_PROGRAM, DB=min(DIAGONAL_BLOCKS, BLOCKS_PER_PROGRAM),
-                UNMASKED=PASS_UNMASKED_FULL_TILES)
+    """The update programs' tile constexprs (BLOCKS compact blocks, DB per diagonal sub-tile), read at each
+    launch so tests can shrink BLOCKS_PER_PROGRAM."""
+    return dict(BLOCKS=BLOCKS_PER_PROGRAM, DB=min(DIAGONAL_BLOCKS, BLOCKS_PER_PROGRAM))
 
 
 def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, compact_table: torch.Tensor,
@@ -117,7 +110,7 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
                 logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
                 *_history_args(h, logits), next_n, blocks, j, programs, T=t, **tile_meta(),
                 HAS_SEEN=h.last_seen is not None, NP=triton.next_power_of_2(next_n), STAGES=PIPELINED_STAGES,
-                num_warps=NUM_WARPS)  # uncapped (72 registers; a cap of 64 spilled ~240 B when it needed 107)
+                num_warps=NUM_WARPS)  # uncapped: the loop's in-flight addresses need ~107 (64 spilled ~240 B)
             continue
         _update_history_kernel[grid](
             logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
@@ -199,18 +192,6 @@ if triton is not None:
         return live, any_live
 
     @triton.jit
-    def tile_reaches_window(kept_row, pm, lim, q, window, T: tl.constexpr, BLOCKS: tl.constexpr):
-        """Whether compact tile pm (blocks [pm * BLOCKS, (pm + 1) * BLOCKS) below lim; kept_row: the row's first
-        logical block id) holds a position of the diagonal window (the `window` positions before query position
-        q). Kept ids ascend, so the tile's last block is its latest: one scalar load (from L2: the tile's ids were
-        just read), exact, where reaches_window is a reduction over the tile (block-wide barriers in every tile)
-        and a bound on compact indices alone (the last window / T + 3 kept ones) sent ~2x the tiles through the
-        window's per-cell gathers at sparsity 0.5 (run 89)."""
-        last = tl.minimum(pm * BLOCKS + BLOCKS, lim) - 1
-        kb_last = tl.load(kept_row + tl.maximum(last, 0), mask=last >= 0, other=-1)
-        return (last >= 0) & (kb_last.to(tl.int64) * T + T - 1 > q - window)
-
-    @triton.jit
     def reaches_window(any_live, kb, q, window, T: tl.constexpr):
         """Whether a block that took an observation (any_live bool [BB], logical ids kb [BB]) holds a position
         inside the row's diagonal window (the `window` positions before query position q): only then does a
@@ -259,12 +240,10 @@ if triton is not None:
                             vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr, slot_ptr, kept_ptr,
                             kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi, next_n, num_blocks, j,
                             programs, T: tl.constexpr, BLOCKS: tl.constexpr, HAS_SEEN: tl.constexpr,
-                            NP: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr, UNMASKED: tl.constexpr):
+                            NP: tl.constexpr, DB: tl.constexpr, STAGES: tl.constexpr):
         """Program (b, p): row j's EMA update of request b's compact tiles p, p + programs, ... below its used
         blocks, the loads of the next STAGES - 1 tiles in flight while one is updated (the loop's pipelining).
-        The tile's work is update_tile's without the maxima. UNMASKED: the tiles whose every column lies below the
-        row's compact length (all but the last one or two) in a loop of their own without the length and table
-        masks (PASS_UNMASKED_FULL_TILES), the rest after it."""
+        The tile's work is update_tile's without the maxima."""
         b = tl.program_id(0)
         b64 = b.to(tl.int64)
         rows_n = tl.arange(0, NP)
@@ -275,44 +254,19 @@ if triton is not None:
         x_row = x_ptr + b64 * x_stride_b + j * x_stride_n
         # a row that does not update (guarded) reads and writes no history: no tiles
         tiles = tl.where(upd, (used + BLOCKS - 1) // BLOCKS, 0)
-        full = 0  # tiles of blocks wholly below clen (and below used)
-        TAIL_STAGES: tl.constexpr = 1 if UNMASKED else STAGES  # the masked loop: one or two tiles, or all of them
-        if UNMASKED:
-            full = tl.where(upd, tl.minimum(used, clen // T) // BLOCKS, 0)
-            for pm in tl.range(tl.program_id(1), full, programs, num_stages=STAGES):
-                _pass_tile(pm, b64, x_row, table_ptr, table_stride, kept_ptr, kept_stride, used, clen, upd, q,
-                           slot, clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, alpha,
-                           window, trash, lo, hi, T, BLOCKS, HAS_SEEN, DB, True)
-        for pm in tl.range(full + tl.program_id(1), tiles, programs, num_stages=TAIL_STAGES):
-            _pass_tile(pm, b64, x_row, table_ptr, table_stride, kept_ptr, kept_stride, used, clen, upd, q, slot,
-                       clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, alpha, window, trash,
-                       lo, hi, T, BLOCKS, HAS_SEEN, DB, False)
-
-    @triton.jit
-    def _pass_tile(pm, b64, x_row, table_ptr, table_stride, kept_ptr, kept_stride, used, clen, upd, q, slot,
-                   clock, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, alpha, window, trash, lo,
-                   hi, T: tl.constexpr, BLOCKS: tl.constexpr, HAS_SEEN: tl.constexpr, DB: tl.constexpr,
-                   FULL: tl.constexpr):
-        """_update_pass_kernel's work on compact tile pm. FULL: every block of the tile is below the request's
-        used blocks and every column below the row's compact length clen, so no load or cell needs a mask."""
-        m = pm * BLOCKS + tl.arange(0, BLOCKS)
-        if FULL:
-            phys = tl.load(table_ptr + b64 * table_stride + m)
-            kb = tl.load(kept_ptr + b64 * kept_stride + m)
-            x = tl.load(x_row + (m[:, None] * T + tl.arange(0, T)[None, :]))
-            live = tl.full(x.shape, 1, tl.int1)  # (a non-finite score is still dropped by ema_vertical)
-        else:
+        for pm in tl.range(tl.program_id(1), tiles, programs, num_stages=STAGES):
+            m = pm * BLOCKS + tl.arange(0, BLOCKS)
             in_table = m < used
             phys = tl.load(table_ptr + b64 * table_stride + m, mask=in_table, other=-1)
             kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=in_table, other=-1)
+            pv, old = load_vertical(v_ptr, phys, trash, T)
             x = _row_logits(x_row, m, in_table, clen, T)
             live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
-        pv, old = load_vertical(v_ptr, phys, trash, T)
-        live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
-                                      seen_stride, alpha, lo, hi, T, HAS_SEEN)
-        if tile_reaches_window(kept_ptr + b64 * kept_stride, pm, used, q, window, T, BLOCKS):
-            ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, used, upd, clen, q, slot, d_ptr, d_stride,
-                              alpha, window, lo, hi, T, BLOCKS, DB)
+            live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
+                                          seen_stride, alpha, lo, hi, T, HAS_SEEN)
+            if reaches_window(any_live, kb, q, window, T):
+                ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, used, upd, clen, q, slot, d_ptr, d_stride,
+                                  alpha, window, lo, hi, T, BLOCKS, DB)
 
     @triton.jit
     def _update_history_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
@@ -320,12 +274,12 @@ if triton is not None:
                                clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
                                lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
                                HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
-                               GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr, UNMASKED: tl.constexpr):
+                               GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr):
         """One program per (request, BLOCKS compact blocks): update_tile."""
         update_tile(tl.program_id(0), tl.program_id(1), x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
                     bmax_stride, gmax_ptr, gmax_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                     clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
-                    lo, hi, next_n, num_blocks, j, T, BLOCKS, HAS_SEEN, BMAX, NP, GMAX, G, DB, UNMASKED)
+                    lo, hi, next_n, num_blocks, j, T, BLOCKS, HAS_SEEN, BMAX, NP, GMAX, G, DB)
 
     @triton.jit
     def update_tile(b, pm, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
@@ -333,7 +287,7 @@ if triton is not None:
                     clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
                     lo, hi, next_n, num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr,
                     HAS_SEEN: tl.constexpr, BMAX: tl.constexpr, NP: tl.constexpr,
-                    GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr, UNMASKED: tl.constexpr):
+                    GMAX: tl.constexpr, G: tl.constexpr, DB: tl.constexpr):
         """The update pass's program for request b and compact blocks [pm * BLOCKS, (pm + 1) * BLOCKS), loaded
         as one [BLOCKS, T] tile per row (the kernel above runs one per (b, pm); the top-k's threshold launch
         runs them beside its own programs: topk_triton, `update=`).
@@ -365,30 +319,21 @@ if triton is not None:
                                  bmax_ptr + (out_row + r) * bmax_stride, T, G, BLOCKS, GMAX, BMAX)
         # a row that does not update (guarded) reads and writes no history: its `upd` masks every access
         upd, q, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, HAS_SEEN)
+        on = tl.where(upd, in_table, False)
+        phys = tl.where(on, phys_all, -1)
+        kb = tl.where(on, kb_all, -1)
+        pv, old = load_vertical(v_ptr, phys, trash, T)
         clen = tl.load(clen_ptr + b * next_n + j)
         x_row = x_req + j * x_stride_n
-        # UNMASKED (PASS_UNMASKED_FULL_TILES): a tile of an updating row wholly inside the row and the table takes
-        # its ids, V and logits without masks, as the pipelined pass's full tiles do
-        full = upd & (pm * BLOCKS + BLOCKS <= tl.minimum(tl.minimum(used, num_blocks), clen // T))
-        if UNMASKED and full:
-            kb = kb_all
-            pv, old = load_vertical(v_ptr, phys_all, trash, T)
-            x = tl.load(x_row + (m[:, None] * T + tl.arange(0, T)[None, :]))
-            live = tl.full(x.shape, 1, tl.int1)  # (a non-finite score is still dropped by ema_vertical)
-        else:
-            on = tl.where(upd, in_table, False)
-            kb = tl.where(on, kb_all, -1)
-            pv, old = load_vertical(v_ptr, tl.where(on, phys_all, -1), trash, T)
-            x = _row_logits(x_row, m, in_table, clen, T)
-            live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
+        x = _row_logits(x_row, m, in_table, clen, T)
+        live = tl.broadcast_to(in_table[:, None], x.shape)  # x is -inf past clen: ema_vertical drops those
         live, any_live = ema_vertical(x, live, pv, old, kb, upd, clock, v_ptr, vb_ptr, vb_stride, seen_ptr,
                                       seen_stride, alpha, lo, hi, T, HAS_SEEN)
         store_maxima(x, pm, tl.minimum(clen, num_blocks * T), gmax_ptr + (out_row + j) * gmax_stride,
                      bmax_ptr + (out_row + j) * bmax_stride, T, G, BLOCKS, GMAX, BMAX)
         # The diagonal window covers the request's last `window` positions: only the tiles that reach it
         # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
-        if upd & tile_reaches_window(kept_ptr + b64 * kept_stride, pm, tl.minimum(num_blocks, used), q, window, T,
-                                     BLOCKS):
+        if reaches_window(any_live, kb, q, window, T):
             ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, tl.minimum(num_blocks, used), upd, clen, q,
                               slot, d_ptr, d_stride, alpha, window, lo, hi, T, BLOCKS, DB)
 

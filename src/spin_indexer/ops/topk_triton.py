@@ -314,7 +314,7 @@ if triton is not None:
                                  lo, hi, next_n, num_blocks, G: tl.constexpr, SB: tl.constexpr, CAP: tl.constexpr,
                                  HINT: tl.constexpr, HINT_R: tl.constexpr, HINT_STEPS: tl.constexpr,
                                  T: tl.constexpr, BLOCKS: tl.constexpr, DB: tl.constexpr, HAS_SEEN: tl.constexpr,
-                                 NP: tl.constexpr, UNMASKED: tl.constexpr):
+                                 NP: tl.constexpr):
         """Programs [0, rows): the rows' thresholds (_threshold_row); then `tiles` per request: the EMA update
         pass's programs (history_triton.update_tile, row 0 updating, no maxima) over the same logits."""
         pid = tl.program_id(0)
@@ -326,7 +326,7 @@ if triton is not None:
             update_tile(u // tiles, u % tiles, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, len_ptr,
                         x_ptr, 0, x_ptr, 0, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                         clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi,
-                        next_n, num_blocks, 0, T, BLOCKS, HAS_SEEN, False, NP, False, T, DB, UNMASKED)
+                        next_n, num_blocks, 0, T, BLOCKS, HAS_SEEN, False, NP, False, T, DB)
 
     @triton.jit
     def _threshold_row(r, s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,

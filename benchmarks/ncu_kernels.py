@@ -1,6 +1,6 @@
-"""The kernels worth hardware counters, for Nsight Compute (`h200_step.sh ncu`): SPIN's step at 96 x 128K and
-1 x 128K (plan, DeepGEMM or the Triton logits, the update pass, the top-k chain) and the Triton logits
-kernel alone at next_n = 2 and 4 in its production configurations. Each part runs once eagerly (compiles,
+"""The kernels worth hardware counters, for Nsight Compute (`h200_step.sh ncu`): SPIN's step at 96 x 128K,
+96 x 512K (one layer: the pipelined update pass) and 1 x 128K (plan, DeepGEMM or the Triton logits, the update
+pass, the top-k chain) and the Triton logits kernel alone at next_n = 2 and 4 in its production configurations. Each part runs once eagerly (compiles,
 warms), then once more inside an NVTX range "measure" (plan() and two layers of the step; one logits call),
 so `ncu --nvtx --nvtx-include measure/` profiles exactly one launch of each kernel of each part.
 
@@ -16,7 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
-PARTS = ("step96", "step1", "mtp2", "mtp4", "plan96x512k", "plan96x1m")
+PARTS = ("step96", "step96x512k", "step1", "mtp2", "mtp4", "plan96x512k", "plan96x1m")
 
 
 def spin_step(batch: int, ctx: int, measured_layers: int = 2) -> None:
@@ -73,6 +73,8 @@ def main(argv=None) -> int:
     for part in parts:
         if part == "step96":
             spin_step(96, 131072)
+        elif part == "step96x512k":  # the pipelined update pass (tables of >= 2^19 blocks) and plan() at 512K
+            spin_step(96, 524288, measured_layers=1)
         elif part == "step1":
             spin_step(1, 131072)
         elif part.startswith("plan96x"):  # plan() alone (reset + select of 61 layers) at 512K / 1M

@@ -45,7 +45,8 @@ DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a d
 # memory), PASS_PROGRAMS_PER_SM programs per SM in all. The one-tile-per-program kernel kept about half of copy
 # bandwidth (run 73: 114.8 us for 242 MB at 96 x 512K s = 0.4), its bytes in flight bounded by registers and its
 # programs' dependent round trips (lengths, ids, then V). 1: that one-tile kernel for every call.
-# (triton 3.6, sm_90a, stages 3: 107 registers uncapped and 27 KB of shared memory a program: 4 resident a SM.)
+# (triton 3.6, sm_90a, stages 3: 96 registers uncapped and 27 KB of shared memory a program, 78 with the ids
+# prefetched by hand, not yet timed: benchmarks/update_registers.py.)
 # H200, run 75 (96 x 512K s = 0.4 / 96 x 1M s = 0.4 / 96 x 256K s = 0.3): alone 102.1 / 210.6 / 64.1 us against
 # the one-tile kernel's 116.8 / 231.9 / 63.7, SPIN's step 1180.4 / 2294.3 / 713.1 against 1198.0 / 2361.0 / 713.6;
 # the V3.2 step at 128K went 0.595 -> 0.605 of dense with it: from PIPELINED_MIN_BLOCKS table blocks (B x W) only.
@@ -54,7 +55,9 @@ DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a d
 # 104.7 us at 2 an SM (3 a request), 110.8 at 4; Nsight Compute on 4 an SM: 26% occupancy, DRAM 57%, 0.43
 # instructions issued a scheduler a cycle, and a sorted block table only 2-3% faster than the random one, so V's
 # random rows are not the limit. Run 79 (update_overlap.py, paired with the dense step): 384 programs 99.3 us
-# alone and 1.496x, 288 105.5 / 1.476x, 480 103.5 / 1.479x.
+# alone and 1.496x, 288 105.5 / 1.476x, 480 103.5 / 1.479x. Run 93 (Nsight Compute, 384 programs, s = 0.5): a third of
+# the warps' samples wait for the pipelined loads (DEPBAR 19.5%) and the barrier after them (13%); achieved
+# occupancy 17% against 31% possible (0.6 of a wave).
 PIPELINED_STAGES = 3
 PASS_PROGRAMS_PER_SM = 3
 PIPELINED_MIN_BLOCKS = 1 << 19
@@ -110,7 +113,7 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
                 logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
                 *_history_args(h, logits), next_n, blocks, j, programs, T=t, **tile_meta(),
                 HAS_SEEN=h.last_seen is not None, NP=triton.next_power_of_2(next_n), STAGES=PIPELINED_STAGES,
-                num_warps=NUM_WARPS)  # uncapped: the loop's in-flight addresses need ~107 (64 spilled ~240 B)
+                num_warps=NUM_WARPS)  # uncapped (a cap of 64 spilled ~240 B when it needed 107)
             continue
         _update_history_kernel[grid](
             logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
@@ -254,10 +257,18 @@ if triton is not None:
         x_row = x_ptr + b64 * x_stride_b + j * x_stride_n
         # a row that does not update (guarded) reads and writes no history: no tiles
         tiles = tl.where(upd, (used + BLOCKS - 1) // BLOCKS, 0)
+        # The physical ids by hand one tile ahead (a loop-carried value): V's gather then depends on ids already
+        # in registers when its tile's loads are issued, not on an id load of the same tile, so the pipelining
+        # can put it as far ahead as the logits'.
+        table_row = table_ptr + b64 * table_stride
+        m_next = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
+        phys_next = tl.load(table_row + m_next, mask=m_next < used, other=-1)
         for pm in tl.range(tl.program_id(1), tiles, programs, num_stages=STAGES):
             m = pm * BLOCKS + tl.arange(0, BLOCKS)
             in_table = m < used
-            phys = tl.load(table_ptr + b64 * table_stride + m, mask=in_table, other=-1)
+            phys = phys_next
+            m_next = m + programs * BLOCKS
+            phys_next = tl.load(table_row + m_next, mask=m_next < used, other=-1)
             kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=in_table, other=-1)
             pv, old = load_vertical(v_ptr, phys, trash, T)
             x = _row_logits(x_row, m, in_table, clen, T)

@@ -1,0 +1,96 @@
+"""Where a kernel's warps stall, by SASS instruction: a summary of Nsight Compute's source page.
+
+`ncu --import REPORT.ncu-rep --page source --csv --print-source sass` writes, per profiled kernel, one row per
+SASS instruction with its warp-state samples (stall_* columns) and memory counters. This prints, per kernel:
+the stall reasons' shares of all samples, the instructions with the most samples (and their two main stall
+reasons), the global loads / stores whose L2 sectors exceed the ideal most (an access that touches more
+sectors than its bytes need), the shared accesses with the most excess wavefronts (bank conflicts), and the
+samples by opcode. The report needs `--section SourceCounters --section WarpStateStats` (h200_step.sh ncu
+with NCU_SOURCE=1 exports it and runs this).
+
+    python benchmarks/ncu_source.py benchmarks/results/run93_ncu_pass_plan/source.csv.gz
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import csv
+import gzip
+import io
+import re
+
+
+def kernels(text: str) -> list[dict]:
+    """[{name, header, rows}] of the CSV: a "Kernel Name" line opens each kernel, an "Address" line its header."""
+    out = []
+    for row in csv.reader(io.StringIO(text)):
+        if not row:
+            continue
+        if row[0] == "Kernel Name":
+            out.append(dict(name=row[1], header=None, rows=[]))
+        elif row[0] == "Address" and out:
+            out[-1]["header"] = row
+        elif out and out[-1]["header"] is not None:
+            out[-1]["rows"].append(row)
+    return out
+
+
+def opcode(source: str) -> str:
+    """The SASS opcode without its predicate and modifiers ("@!P1 LDG.E.U16 R3, ..." -> "LDG")."""
+    return re.sub(r"^@!?U?P\w+\s+", "", source.strip()).split(" ")[0].split(".")[0]
+
+
+def summarize(kernel: dict, top: int = 15) -> list[str]:
+    col = {name: i for i, name in enumerate(kernel["header"])}
+
+    def num(row, name):
+        try:
+            return float(row[col[name]])
+        except (KeyError, ValueError):
+            return 0.0
+
+    rows = kernel["rows"]
+    stalls = [c for c in kernel["header"] if c.startswith("stall_") and "Not Issued" not in c]
+    samples = sum(num(r, "Warp Stall Sampling (All Samples)") for r in rows) or 1.0
+    by_reason = collections.Counter({c[6:]: sum(num(r, c) for r in rows) for c in stalls})
+    by_op = collections.Counter()
+    for r in rows:
+        by_op[opcode(r[col["Source"]])] += num(r, "Warp Stall Sampling (All Samples)")
+    lines = [f"== {kernel['name']}: {len(rows)} SASS instructions, {samples:.0f} samples",
+             "  stall reasons: " + ", ".join(f"{k} {100 * v / samples:.1f}%" for k, v in by_reason.most_common(9)),
+             "  by opcode: " + ", ".join(f"{k} {100 * v / samples:.1f}%" for k, v in by_op.most_common(12)),
+             "  top instructions (share of samples, two main reasons):"]
+    for r in sorted(rows, key=lambda r: -num(r, "Warp Stall Sampling (All Samples)"))[:top]:
+        main = sorted(((num(r, c), c[6:]) for c in stalls), reverse=True)[:2]
+        lines.append(f"    {r[col['Address']][-5:]} {100 * num(r, 'Warp Stall Sampling (All Samples)') / samples:5.1f}%  "
+                     f"{r[col['Source']].strip()[:64]:64s} {main[0][1]} {main[0][0]:.0f}, {main[1][1]} {main[1][0]:.0f}")
+    lines.append("  global accesses with the most excess L2 sectors (excess of all):")
+    for r in sorted(rows, key=lambda r: -num(r, "L2 Theoretical Sectors Global Excessive"))[:6]:
+        if num(r, "L2 Theoretical Sectors Global Excessive") > 0:
+            lines.append(f"    {r[col['Source']].strip()[:72]:72s} {num(r, 'L2 Theoretical Sectors Global Excessive'):.0f}"
+                         f" of {num(r, 'L2 Theoretical Sectors Global'):.0f}")
+    lines.append("  shared accesses with the most excess wavefronts (excess of all):")
+    for r in sorted(rows, key=lambda r: -num(r, "L1 Wavefronts Shared Excessive"))[:6]:
+        if num(r, "L1 Wavefronts Shared Excessive") > 0:
+            lines.append(f"    {r[col['Source']].strip()[:72]:72s} {num(r, 'L1 Wavefronts Shared Excessive'):.0f}"
+                         f" of {num(r, 'L1 Wavefronts Shared'):.0f}")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv", help="the source page as CSV (.gz allowed)")
+    ap.add_argument("--top", type=int, default=15, help="instructions listed per kernel (default 15)")
+    args = ap.parse_args(argv)
+    opener = gzip.open if args.csv.endswith(".gz") else open
+    with opener(args.csv, "rt") as f:
+        found = kernels(f.read())
+    if not found:
+        raise SystemExit(f"{args.csv}: no 'Kernel Name' rows: expected ncu --page source --csv output")
+    for kernel in found:
+        print("\n".join(summarize(kernel, args.top)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

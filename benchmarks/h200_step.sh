@@ -65,11 +65,22 @@ case "$stage" in
         python3 benchmarks/logits_registers.py > "$OUT/registers.log" 2>&1
         python3 benchmarks/bench_mtp_logits.py --out "$OUT" "$@" 2>&1 | tee "$OUT/mtp.log" | tail -45 | cut -c1-400 ;;
     ncu)  # Nsight Compute counters of one launch of each kernel of benchmarks/ncu_kernels.py's parts (ARGS go
-          # to it); works on Firecracker machines only (KINDS.md); the text report in $OUT/ncu.txt
+          # to it); works on Firecracker machines only (KINDS.md); the text report in $OUT/ncu.txt. NCU_KERNELS
+          # (a regex) profiles only those kernels; NCU_SOURCE=1 adds the SourceCounters section and writes the
+          # source page (stall samples by SASS instruction) to $OUT/source.csv.gz and its summary
+          # (benchmarks/ncu_source.py) to $OUT/source_summary.txt
+        src_args=(); [ -n "${NCU_SOURCE:-}" ] && src_args=(--section SourceCounters --import-source no -o "$OUT/ncu" -f)
         ncu --clock-control none --target-processes all --nvtx --nvtx-include "measure/" \
+            ${NCU_KERNELS:+--kernel-name "regex:$NCU_KERNELS"} "${src_args[@]}" \
             --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
             --section SchedulerStats --section MemoryWorkloadAnalysis \
             python3 benchmarks/ncu_kernels.py "$@" > "$OUT/ncu.txt" 2>&1
+        if [ -n "${NCU_SOURCE:-}" ] && [ -f "$OUT/ncu.ncu-rep" ]; then
+            ncu --import "$OUT/ncu.ncu-rep" --page details >> "$OUT/ncu.txt" 2>&1
+            ncu --import "$OUT/ncu.ncu-rep" --page source --csv --print-source sass 2>/dev/null | gzip -9 > "$OUT/source.csv.gz"
+            rm -f "$OUT/ncu.ncu-rep"
+            python3 benchmarks/ncu_source.py "$OUT/source.csv.gz" > "$OUT/source_summary.txt" 2>&1
+        fi
         grep -E "^  [_a-z].*\(|Duration|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|==PROF==|ERR" \
             "$OUT/ncu.txt" | head -120 | cut -c1-200 ;;
     all)  # environment overrides: ALL_TESTS (test paths), ALL_POINTS / ALL_BUDGET_S (grid), ALL_V32 (v32 points),

@@ -55,9 +55,9 @@ DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a d
 # 104.7 us at 2 an SM (3 a request), 110.8 at 4; Nsight Compute on 4 an SM: 26% occupancy, DRAM 57%, 0.43
 # instructions issued a scheduler a cycle, and a sorted block table only 2-3% faster than the random one, so V's
 # random rows are not the limit. Run 79 (update_overlap.py, paired with the dense step): 384 programs 99.3 us
-# alone and 1.496x, 288 105.5 / 1.476x, 480 103.5 / 1.479x. Run 93 (Nsight Compute, 384 programs, s = 0.5): a third of
-# the warps' samples wait for the pipelined loads (DEPBAR 19.5%) and the barrier after them (13%); achieved
-# occupancy 17% against 31% possible (0.6 of a wave).
+# alone and 1.496x, 288 105.5 / 1.476x, 480 103.5 / 1.479x. Run 93 (Nsight Compute, 384 programs, s = 0.5): a
+# third of the warps' samples wait for the pipelined loads (DEPBAR 19.5%) and the barrier after them (13%);
+# achieved occupancy 17% against 31% possible (0.6 of a wave).
 PIPELINED_STAGES = 3
 PASS_PROGRAMS_PER_SM = 3
 PIPELINED_MIN_BLOCKS = 1 << 19
@@ -257,9 +257,9 @@ if triton is not None:
         x_row = x_ptr + b64 * x_stride_b + j * x_stride_n
         # a row that does not update (guarded) reads and writes no history: no tiles
         tiles = tl.where(upd, (used + BLOCKS - 1) // BLOCKS, 0)
-        # The physical ids by hand one tile ahead (a loop-carried value): V's gather then depends on ids already
-        # in registers when its tile's loads are issued, not on an id load of the same tile, so the pipelining
-        # can put it as far ahead as the logits'.
+        # The physical ids by hand one tile ahead (a loop-carried register tile, a plain load): the pipelining
+        # then stages only V, the logits and the kept ids through shared memory, not the ids V's addresses need
+        # (ptxas: 96 -> 78 registers, 3 of 11 cp.async and a barrier fewer a tile; not yet timed on the GPU).
         table_row = table_ptr + b64 * table_stride
         m_next = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
         phys_next = tl.load(table_row + m_next, mask=m_next < used, other=-1)

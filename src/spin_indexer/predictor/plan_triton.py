@@ -454,10 +454,11 @@ if triton is not None:
         """int32 count(key >= x) of uint32 key [S] at a scalar x >= 1 (int64). BOUNDED: every key is at most
         2**31 and x at most 2**31 (the shifted 16-bit-score keys, the exploration hashes + 1): then x - 1 - key
         wraps below zero, setting its top bit, exactly when key >= x, and the count is the sum of those bits: two
-        integer instructions a key (a subtract, a shift-add). The sum of the compare's booleans, which any key
-        needs, compiles (LLVM, triton 3.6) to the booleans packed into a word and counted by POPC, ~4.5
-        instructions a key: the bisection's loop body at 8192 blocks / 8 warps was 145 SASS instructions a
-        step for its 32 keys a thread, and the select kernel issue-bound (Nsight Compute, run 93)."""
+        integer instructions a key (a subtract, a shift-add). The general form (any uint32 key), the sum of the
+        compare's booleans, compiles (LLVM, triton 3.6) to the booleans packed into a word and counted by POPC,
+        ~4.5 instructions a key: the bisection's loop at 8192 blocks / 8 warps is 147 SASS instructions a step
+        for its 32 keys a thread in that form, 118 in this one, and the select kernel is issue-bound at B = 96
+        (Nsight Compute, run 93). Not yet timed on the GPU."""
         if BOUNDED:
             return tl.sum(((x - 1).to(tl.uint32) - key) >> 31, axis=0).to(tl.int32)
         else:

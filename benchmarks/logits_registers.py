@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton  # noqa: E402
 
-from plan_registers import compile_sm90, ptxas_counts  # noqa: E402
+from plan_registers import compile_sm90, ptxas_counts, sass_loops  # noqa: E402
 from spin_indexer.ops import indexer_logits_triton as L  # noqa: E402
 
 PTR = {"q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "w_ptr": "*fp32", "lens_ptr": "*i32", "table_ptr": "*i32",
@@ -81,12 +81,7 @@ def _ptx_tma(ptx: str) -> tuple[int, int, bool]:
 def _block_loop(sass: str) -> collections.Counter:
     """Opcode counts of the longest loop of the SASS (a label, then a branch back to it)."""
     lines = sass.splitlines()
-    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\.L_x_\d+):", line))}
-    best = (0, 0)
-    for i, line in enumerate(lines):
-        m = re.search(r"BRA\s+`?\(?(\.L_x_\d+)", line)
-        if m and m.group(1) in labels and labels[m.group(1)] < i and i - labels[m.group(1)] > best[1] - best[0]:
-            best = (labels[m.group(1)], i)
+    best = max(sass_loops(lines), key=lambda loop: loop[1] - loop[0], default=(0, 0))
     ops = collections.Counter()
     for line in lines[best[0]:best[1] + 1]:
         m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)

@@ -1,8 +1,9 @@
 """The kernels worth hardware counters, for Nsight Compute (`h200_step.sh ncu`): SPIN's step at 96 x 128K,
 96 x 512K (one layer: the pipelined update pass) and 1 x 128K (plan, DeepGEMM or the Triton logits, the update
-pass, the top-k chain) and the Triton logits kernel alone at next_n = 2 and 4 in its production configurations. Each part runs once eagerly (compiles,
-warms), then once more inside an NVTX range "measure" (plan() and two layers of the step; one logits call),
-so `ncu --nvtx --nvtx-include measure/` profiles exactly one launch of each kernel of each part.
+pass, the top-k chain) and the Triton logits kernel alone at next_n = 2 and 4 in its production configurations.
+Each part runs once eagerly (compiles, warms), then once more inside an NVTX range "measure" (plan() and two
+layers of the step, one at 96 x 512K; one logits call), so `ncu --nvtx --nvtx-include measure/` profiles exactly
+one launch of each kernel of each part.
 
     ncu --clock-control none --nvtx --nvtx-include measure/ ... python3 benchmarks/ncu_kernels.py [--parts ...]
 """

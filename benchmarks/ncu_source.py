@@ -20,6 +20,12 @@ import io
 import re
 
 
+SAMPLES = "Warp Stall Sampling (All Samples)"
+EXCESS = (("global accesses with the most excess L2 sectors", "L2 Theoretical Sectors Global Excessive",
+           "L2 Theoretical Sectors Global"),
+          ("shared accesses with the most excess wavefronts", "L1 Wavefronts Shared Excessive", "L1 Wavefronts Shared"))
+
+
 def kernels(text: str) -> list[dict]:
     """[{name, header, rows}] of the CSV: a "Kernel Name" line opens each kernel, an "Address" line its header."""
     out = []
@@ -51,29 +57,24 @@ def summarize(kernel: dict, top: int = 15) -> list[str]:
 
     rows = kernel["rows"]
     stalls = [c for c in kernel["header"] if c.startswith("stall_") and "Not Issued" not in c]
-    samples = sum(num(r, "Warp Stall Sampling (All Samples)") for r in rows) or 1.0
+    samples = sum(num(r, SAMPLES) for r in rows) or 1.0
     by_reason = collections.Counter({c[6:]: sum(num(r, c) for r in rows) for c in stalls})
     by_op = collections.Counter()
     for r in rows:
-        by_op[opcode(r[col["Source"]])] += num(r, "Warp Stall Sampling (All Samples)")
+        by_op[opcode(r[col["Source"]])] += num(r, SAMPLES)
     lines = [f"== {kernel['name']}: {len(rows)} SASS instructions, {samples:.0f} samples",
              "  stall reasons: " + ", ".join(f"{k} {100 * v / samples:.1f}%" for k, v in by_reason.most_common(9)),
              "  by opcode: " + ", ".join(f"{k} {100 * v / samples:.1f}%" for k, v in by_op.most_common(12)),
              "  top instructions (share of samples, two main reasons):"]
-    for r in sorted(rows, key=lambda r: -num(r, "Warp Stall Sampling (All Samples)"))[:top]:
-        main = sorted(((num(r, c), c[6:]) for c in stalls), reverse=True)[:2]
-        lines.append(f"    {r[col['Address']][-5:]} {100 * num(r, 'Warp Stall Sampling (All Samples)') / samples:5.1f}%  "
-                     f"{r[col['Source']].strip()[:64]:64s} {main[0][1]} {main[0][0]:.0f}, {main[1][1]} {main[1][0]:.0f}")
-    lines.append("  global accesses with the most excess L2 sectors (excess of all):")
-    for r in sorted(rows, key=lambda r: -num(r, "L2 Theoretical Sectors Global Excessive"))[:6]:
-        if num(r, "L2 Theoretical Sectors Global Excessive") > 0:
-            lines.append(f"    {r[col['Source']].strip()[:72]:72s} {num(r, 'L2 Theoretical Sectors Global Excessive'):.0f}"
-                         f" of {num(r, 'L2 Theoretical Sectors Global'):.0f}")
-    lines.append("  shared accesses with the most excess wavefronts (excess of all):")
-    for r in sorted(rows, key=lambda r: -num(r, "L1 Wavefronts Shared Excessive"))[:6]:
-        if num(r, "L1 Wavefronts Shared Excessive") > 0:
-            lines.append(f"    {r[col['Source']].strip()[:72]:72s} {num(r, 'L1 Wavefronts Shared Excessive'):.0f}"
-                         f" of {num(r, 'L1 Wavefronts Shared'):.0f}")
+    for r in sorted(rows, key=lambda r: -num(r, SAMPLES))[:top]:
+        (n1, reason1), (n2, reason2) = sorted(((num(r, c), c[6:]) for c in stalls), reverse=True)[:2]
+        lines.append(f"    {r[col['Address']][-5:]} {100 * num(r, SAMPLES) / samples:5.1f}%  "
+                     f"{r[col['Source']].strip()[:64]:64s} {reason1} {n1:.0f}, {reason2} {n2:.0f}")
+    for title, excess, total in EXCESS:
+        lines.append(f"  {title} (excess of all):")
+        for r in sorted(rows, key=lambda r: -num(r, excess))[:6]:
+            if num(r, excess) > 0:
+                lines.append(f"    {r[col['Source']].strip()[:72]:72s} {num(r, excess):.0f} of {num(r, total):.0f}")
     return lines
 
 

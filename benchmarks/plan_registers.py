@@ -86,15 +86,22 @@ def compile_counts(sb: int, warps: int, maxnreg: int | None, rows: int = 1, slot
                 log=c["log"] if c["regs"] is None else "")
 
 
-def _inner_loop_spills(sass: str) -> int:
-    """LDL/STL inside loops that contain no other loop (a label, then a branch back to it)."""
-    lines = sass.splitlines()
+def sass_loops(lines: list[str]) -> list[tuple[int, int]]:
+    """(label line, branch line) of every loop of nvdisasm SASS lines: a label, then a branch back to it (shared
+    by the *_registers.py scripts)."""
     labels = {m.group(1): i for i, l in enumerate(lines) if (m := re.match(r"\s*(\.L_x_\d+):", l))}
     loops = []
     for i, l in enumerate(lines):
-        m = re.search(r"BRA `?\(?(\.L_x_\d+)", l)
+        m = re.search(r"BRA\s+`?\(?(\.L_x_\d+)", l)
         if m and m.group(1) in labels and labels[m.group(1)] < i:
             loops.append((labels[m.group(1)], i))
+    return loops
+
+
+def _inner_loop_spills(sass: str) -> int:
+    """LDL/STL inside loops that contain no other loop (a label, then a branch back to it)."""
+    lines = sass.splitlines()
+    loops = sass_loops(lines)
     inner = [(a, b) for a, b in loops if not any(a < c and d < b for c, d in loops if (c, d) != (a, b))]
     return sum(1 for a, b in inner for l in lines[a:b] if re.search(r"\b(LDL|STL)\b", l))
 

@@ -131,7 +131,7 @@ def _update_before_launch(idx, kernel: str) -> list:
     def topk(layer, st, plan, logits, *args, **kw):
         rows3 = logits.view(st.block_table.shape[0], idx.next_n, logits.shape[1])
         if idx._update_stream is not None:
-                pending.append(lambda: original_update(idx._history_args(layer, st, plan), rows3,
+            pending.append(lambda: original_update(idx._history_args(layer, st, plan), rows3,
                                                    plan.compact_block_table, plan.compact_seq_lens))
         return original_topk(layer, st, plan, logits, *args, **kw)
 

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton  # noqa: E402
 
-from plan_registers import compile_sm90, ptxas_counts  # noqa: E402
+from plan_registers import compile_sm90, ptxas_counts, sass_loops  # noqa: E402
 from spin_indexer.ops import history_triton as U  # noqa: E402
 from spin_indexer.ops import maxima_triton as MX  # noqa: E402
 
@@ -71,13 +71,8 @@ def pass_counts(seen: bool = False) -> dict:
     instr = [i for i, line in enumerate(lines) if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line)]
     # the tile loop: the longest loop (a label, then a branch back to it) holding the pipeline's cp.async
     # (LDGSTS)
-    label_at = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"(\.L_x_\d+):", line))}
-    loop = (0, 0)
-    for i, line in enumerate(lines):
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", line)
-        if m and label_at.get(m.group(1), i) < i and i - label_at[m.group(1)] > loop[1] - loop[0] and \
-                "LDGSTS" in "\n".join(lines[label_at[m.group(1)]:i]):
-            loop = (label_at[m.group(1)], i)
+    loop = max((x for x in sass_loops(lines) if "LDGSTS" in "\n".join(lines[x[0]:x[1]])),
+               key=lambda x: x[1] - x[0], default=(0, 0))
     body = [lines[i] for i in instr if loop[0] < i <= loop[1]]
     count = lambda text, op: len(re.findall(rf"\b{re.escape(op)}\b", text))  # noqa: E731
     return dict(regs=c["regs"], spill=None if c["spill_st"] is None else c["spill_st"] + c["spill_ld"],

@@ -46,7 +46,8 @@ DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a d
 # bandwidth (run 73: 114.8 us for 242 MB at 96 x 512K s = 0.4), its bytes in flight bounded by registers and its
 # programs' dependent round trips (lengths, ids, then V). 1: that one-tile kernel for every call.
 # (triton 3.6, sm_90a, stages 3: 96 registers uncapped and 27 KB of shared memory a program, 78 with the ids
-# prefetched by hand, not yet timed: benchmarks/update_registers.py.)
+# prefetched by hand: benchmarks/update_registers.py. Run 94, the same paired rounds twice: no change at 512K /
+# 128K s = 0.4 (alone 101.7 / 101.6 against 101.9 / 101.7 us), the 1M step with the top-k's e4a6b14 ~10 us shorter.)
 # H200, run 75 (96 x 512K s = 0.4 / 96 x 1M s = 0.4 / 96 x 256K s = 0.3): alone 102.1 / 210.6 / 64.1 us against
 # the one-tile kernel's 116.8 / 231.9 / 63.7, SPIN's step 1180.4 / 2294.3 / 713.1 against 1198.0 / 2361.0 / 713.6;
 # the V3.2 step at 128K went 0.595 -> 0.605 of dense with it: from PIPELINED_MIN_BLOCKS table blocks (B x W) only.
@@ -259,7 +260,7 @@ if triton is not None:
         tiles = tl.where(upd, (used + BLOCKS - 1) // BLOCKS, 0)
         # The physical ids by hand one tile ahead (a loop-carried register tile, a plain load): the pipelining
         # then stages only V, the logits and the kept ids through shared memory, not the ids V's addresses need
-        # (ptxas: 96 -> 78 registers, 3 of 11 cp.async and a barrier fewer a tile; not yet timed on the GPU).
+        # (ptxas: 96 -> 78 registers, 3 of 11 cp.async and a barrier fewer a tile; run 94: a tie at 512K).
         table_row = table_ptr + b64 * table_stride
         m_next = tl.program_id(1) * BLOCKS + tl.arange(0, BLOCKS)
         phys_next = tl.load(table_row + m_next, mask=m_next < used, other=-1)

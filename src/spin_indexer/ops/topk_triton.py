@@ -399,7 +399,8 @@ if triton is not None:
         # The row's count, length, threshold and this program's slice of the live list in one round trip: the
         # list is read under its capacity, not the count (its entries past the count are stale and only feed
         # masked-off logit addresses), so the logits are the second round trip and the append the third, not
-        # the fourth (the gather is latency-bound: ~50 us alone at 96 x 512K, ~117 beside the EMA update).
+        # the fourth (the gather is latency-bound: ~50 us alone at 96 x 512K, ~117 beside the EMA update;
+        # run 94: still ~111-115 beside it, the step a tie at 512K and ~10 us shorter at 1M).
         n_live = tl.load(nlive_ptr + r)
         length = tl.load(len_ptr + r)
         tau = tl.load(thresh_ptr + r).to(tl.uint32, bitcast=True)

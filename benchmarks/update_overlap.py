@@ -24,6 +24,10 @@ the dense step, per layer:
   thr<W>, sel<W>  the top-k's threshold (every tile size) or set select launched with W warps: fewer warps, fewer
                 registers a program, so the top-k's programs can share an SM with the update pass's (at 8-16
                 warps of ~127 registers or more, one program fills most of an SM and waits for the pass's to leave)
+  ltp<N>        SPIN's compact logits chunked for <= N programs (indexer_logits_triton.COMPACT_TARGET_PROGRAMS;
+                production 4096: fewer, longer programs, ~4 waves at 96 x 512K s = 0.4; full tables take 16384)
+  lpf<P>        SPIN's compact logits with the scales loaded P blocks ahead by hand (LogitsConfig.prefetch;
+                production 1)
   update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
                 _st2: those passes alone)
 
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -48,7 +53,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
 VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "stg<N>", "prog<N>", "pipe",
-            "thr<W>", "sel<W>", "gat<N>", "after_thr", "after_gat")
+            "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lpf<P>", "after_thr", "after_gat")
 
 
 @contextlib.contextmanager
@@ -56,9 +61,7 @@ def variant(idx, name: str):
     """The step's update rearranged as `name` while the block runs (patches this process's ops / indexer)."""
     from spin_indexer import ops
     from spin_indexer.indexer import spin as spin_module
-    from spin_indexer.ops import history_triton
-
-    from spin_indexer.ops import topk_triton
+    from spin_indexer.ops import history_triton, indexer_logits_triton, topk_triton
 
     # (module or object, attribute, value while the block runs)
     per_sm = history_triton.PASS_PROGRAMS_PER_SM
@@ -76,6 +79,13 @@ def variant(idx, name: str):
         patches = [(topk_triton, attr, lambda _size, w=int(name[3:]): w)]
     elif name.startswith("gat") and name[3:].isdigit():
         patches = [(topk_triton, "GATHER_VALUES", int(name[3:]))]
+    elif name.startswith("ltp") and name[3:].isdigit():
+        patches = [(indexer_logits_triton, "COMPACT_TARGET_PROGRAMS", int(name[3:]))]
+    elif name.startswith("lpf") and name[3:].isdigit():
+        def config(next_n, blocks, compact, default=indexer_logits_triton.default_config, ahead=int(name[3:])):
+            cfg = default(next_n, blocks, compact)
+            return dataclasses.replace(cfg, prefetch=ahead) if compact else cfg
+        patches = [(indexer_logits_triton, "default_config", config)]
     elif name == "pipe":
         patches = [(history_triton, "PIPELINED_MIN_BLOCKS", 0)]
     elif name in ("spin", "fused"):

@@ -15,7 +15,8 @@ from conftest import import_benchmark, run_benchmark_dry
 @pytest.mark.interpreter
 def test_every_variant_runs_in_a_dry_run(tmp_path):
     pytest.importorskip("triton")
-    variants = "spin,topk_first,no_update,fused,onetile,st2,stg4,prog8,pipe,thr4,sel8,gat4096,after_thr,after_gat"
+    variants = ("spin,topk_first,no_update,fused,onetile,st2,stg4,prog8,pipe,thr4,sel8,gat4096,ltp64,lpf2,after_thr,"
+                "after_gat")
     proc = run_benchmark_dry("update_overlap.py", ["--out", tmp_path, "--points", "2x8192x1", "--sparsities", "0.4",
                                                    "--variants", variants, "--rounds", "2"], timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -28,16 +29,21 @@ def test_variants_patch_inside_their_block_only():
     pytest.importorskip("triton")
     overlap = import_benchmark("update_overlap")
     from spin_indexer.ops import history_triton, topk_triton
+    from spin_indexer.ops import indexer_logits_triton as ilt
     cpu = torch.device("cpu")
     def state():
         return (topk_triton.threshold_warps(8192), topk_triton.set_select_warps(4096),
-                history_triton.PIPELINED_MIN_BLOCKS, history_triton.pass_programs(cpu), topk_triton.GATHER_VALUES)
+                history_triton.PIPELINED_MIN_BLOCKS, history_triton.pass_programs(cpu), topk_triton.GATHER_VALUES,
+                ilt.COMPACT_TARGET_PROGRAMS, ilt.default_config(1, 1 << 20, True), ilt.default_config(1, 1 << 20, False))
     before = state()
     checks = {"thr4": lambda: topk_triton.threshold_warps(8192) == 4 and topk_triton.threshold_warps(16384) == 4,
               "sel8": lambda: topk_triton.set_select_warps(4096) == 8,
               "pipe": lambda: history_triton.PIPELINED_MIN_BLOCKS == 0,
               "prog100": lambda: history_triton.pass_programs(cpu) == 100,
-              "gat4096": lambda: topk_triton.GATHER_VALUES == 4096}
+              "gat4096": lambda: topk_triton.GATHER_VALUES == 4096,
+              "ltp16384": lambda: ilt.default_config(1, 1 << 20, True).target_programs == 16384,
+              "lpf2": lambda: ilt.default_config(1, 1 << 20, True).prefetch == 2
+              and ilt.default_config(1, 1 << 20, False) == before[-1]}
     for name, inside in checks.items():
         with overlap.variant(None, name):
             assert inside(), name

@@ -172,6 +172,8 @@ VARIANTS = {
                    "position order (one select launch), dense and SPIN alike",
     "compact-16k": "SPIN's compact Triton logits chunked for <= 16384 programs as full tables are (the rule "
                    "before run 68; production: indexer_logits_triton.COMPACT_TARGET_PROGRAMS = 4096)",
+    "compact-uncapped": "SPIN's compact Triton logits up to 256 blocks a program (the rule before run 95; "
+                        "production: indexer_logits_triton.COMPACT_MAX_CHUNK = 64)",
     "tau-hint": "SPIN's top-k threshold starts from the previous step's key (SpinIndexer(tau_hint=True)); this "
                 "benchmark's logits repeat every step, so every hint hits: an upper bound of the gain",
 }
@@ -187,10 +189,11 @@ def variant(name: str):
     from spin_indexer.ops import indexer_logits_triton as ilt
     default_config = ilt.default_config
     try:
-        if name == "compact-16k":
+        if name in ("compact-16k", "compact-uncapped"):
+            change = {"target_programs": ilt.CONFIGS[1].target_programs} if name == "compact-16k" else \
+                {"max_chunk": ilt.CONFIGS[1].max_chunk}
             ilt.default_config = lambda next_n, blocks, compact: dataclasses.replace(
-                default_config(next_n, blocks, compact),
-                **({"target_programs": ilt.CONFIGS[1].target_programs} if compact else {}))
+                default_config(next_n, blocks, compact), **(change if compact else {}))
         elif name == "no-schedule":
             SpinIndexer._schedule_layers = lambda self, batch, width: False
         elif name in ("logits-triton", "logits-deepgemm"):

@@ -26,6 +26,8 @@ the dense step, per layer:
                 warps of ~127 registers or more, one program fills most of an SM and waits for the pass's to leave)
   ltp<N>        SPIN's compact logits chunked for <= N programs (indexer_logits_triton.COMPACT_TARGET_PROGRAMS;
                 production 4096: fewer, longer programs, ~4 waves at 96 x 512K s = 0.4; full tables take 16384)
+  lch<N>        SPIN's compact logits at most N blocks a program (indexer_logits_triton.COMPACT_MAX_CHUNK;
+                production 64 since run 95, 256 before)
   lpf<P>        SPIN's compact logits with the scales loaded P blocks ahead by hand (LogitsConfig.prefetch;
                 production 1)
   update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
@@ -53,7 +55,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
 VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "stg<N>", "prog<N>", "pipe",
-            "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lpf<P>", "after_thr", "after_gat")
+            "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lch<N>", "lpf<P>", "after_thr", "after_gat")
 
 
 @contextlib.contextmanager
@@ -81,6 +83,8 @@ def variant(idx, name: str):
         patches = [(topk_triton, "GATHER_VALUES", int(name[3:]))]
     elif name.startswith("ltp") and name[3:].isdigit():
         patches = [(indexer_logits_triton, "COMPACT_TARGET_PROGRAMS", int(name[3:]))]
+    elif name.startswith("lch") and name[3:].isdigit():
+        patches = [(indexer_logits_triton, "COMPACT_MAX_CHUNK", int(name[3:]))]
     elif name.startswith("lpf") and name[3:].isdigit():
         def config(next_n, blocks, compact, default=indexer_logits_triton.default_config, ahead=int(name[3:])):
             cfg = default(next_n, blocks, compact)

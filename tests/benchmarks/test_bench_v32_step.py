@@ -6,6 +6,7 @@ benchmarks/ is not a package (its modules import `harness` as a top-level module
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import sys
@@ -130,6 +131,11 @@ def test_variants_switch_one_part_each_and_restore_it(monkeypatch):
         assert ilt.default_config(1, 96 * 2048, False) == config(1, 96 * 2048, False)
         raise RuntimeError("body")
     assert ilt.default_config is config
+    # compact-uncapped: the compact chunk up to 256 blocks again, nothing else
+    with v32.variant("compact-uncapped"):
+        assert ilt.default_config(1, 96 * 1024, True) == dataclasses.replace(config(1, 96 * 1024, True), max_chunk=256)
+        assert ilt.default_config(1, 96 * 2048, False) == config(1, 96 * 2048, False)
+    assert ilt.default_config is config and config(1, 96 * 1024, True).max_chunk == ilt.COMPACT_MAX_CHUNK
     with pytest.raises(SystemExit, match="--variants"), v32.variant("topk-v3"):
         pass
 

@@ -15,7 +15,7 @@ from conftest import import_benchmark, run_benchmark_dry
 @pytest.mark.interpreter
 def test_every_variant_runs_in_a_dry_run(tmp_path):
     pytest.importorskip("triton")
-    variants = ("spin,topk_first,no_update,fused,onetile,st2,stg4,prog8,pipe,thr4,sel8,gat4096,ltp64,lpf2,after_thr,"
+    variants = ("spin,topk_first,no_update,fused,onetile,st2,stg4,prog8,pipe,thr4,sel8,gat4096,ltp64,lch32,lpf2,after_thr,"
                 "after_gat")
     proc = run_benchmark_dry("update_overlap.py", ["--out", tmp_path, "--points", "2x8192x1", "--sparsities", "0.4",
                                                    "--variants", variants, "--rounds", "2"], timeout=600)
@@ -42,6 +42,7 @@ def test_variants_patch_inside_their_block_only():
               "prog100": lambda: history_triton.pass_programs(cpu) == 100,
               "gat4096": lambda: topk_triton.GATHER_VALUES == 4096,
               "ltp16384": lambda: ilt.default_config(1, 1 << 20, True).target_programs == 16384,
+              "lch256": lambda: ilt.default_config(1, 1 << 20, True).max_chunk == 256,
               "lpf2": lambda: ilt.default_config(1, 1 << 20, True).prefetch == 2
               and ilt.default_config(1, 1 << 20, False) == before[-1]}
     for name, inside in checks.items():

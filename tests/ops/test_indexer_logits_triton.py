@@ -194,11 +194,19 @@ def test_mtp_production_heads_match_float64(next_n, gen, triton_device):
 def test_default_config_prefetches_where_measured_faster():
     """next_n = 1: the scales prefetched on compact (SPIN) tables at every size, on full tables up to
     PREFETCH_MAX_SMALL and from PREFETCH_MIN_LARGE blocks, not between (run 63); compact tables chunked for
-    COMPACT_TARGET_PROGRAMS programs (runs 67-68); other next_n: CONFIGS."""
+    COMPACT_TARGET_PROGRAMS programs (runs 67-68) of at most COMPACT_MAX_CHUNK blocks (run 95); other next_n:
+    CONFIGS."""
     from spin_indexer.ops.indexer_logits_triton import (
-        COMPACT_TARGET_PROGRAMS, PREFETCH_MAX_SMALL, PREFETCH_MIN_LARGE, _pick_chunk, default_config)
+        COMPACT_MAX_CHUNK, COMPACT_TARGET_PROGRAMS, PREFETCH_MAX_SMALL, PREFETCH_MIN_LARGE, _pick_chunk,
+        default_config)
     compact = default_config(1, 8 * 2048, compact=True)
     assert compact.prefetch == 1 and compact.target_programs == COMPACT_TARGET_PROGRAMS
+    assert compact.max_chunk == COMPACT_MAX_CHUNK == 64
+    # 96 x 512K s = 0.4 (4915 kept blocks a request): 128 a program without the cap, 64 with it; full tables
+    # keep doubling to their target (96 x 16384 blocks: 128)
+    assert _pick_chunk(96, 4915, COMPACT_TARGET_PROGRAMS) == 128
+    assert _pick_chunk(96, 4915, COMPACT_TARGET_PROGRAMS, compact.max_chunk) == 64
+    assert _pick_chunk(96, 16384, CONFIGS[1].target_programs, default_config(1, 96 * 16384, False).max_chunk) == 128
     assert default_config(1, 8 * 2048, compact=False).target_programs == CONFIGS[1].target_programs
     # the compact rule's longer chunks: 96 x 1024 kept blocks 16 -> 32 a program, 8 x 1024 unchanged
     assert [_pick_chunk(96, 1024, t) for t in (CONFIGS[1].target_programs, COMPACT_TARGET_PROGRAMS)] == [16, 32]

@@ -51,8 +51,8 @@ except ImportError:  # pragma: no cover
 _TARGET_PROGRAMS = 16384
 
 
-def _pick_chunk(batch: int, width: int, target_programs: int = _TARGET_PROGRAMS) -> int:
-    """Blocks per program: 16, halved (down to 4) while the grid has < 1K programs, doubled (up to 256)
+def _pick_chunk(batch: int, width: int, target_programs: int = _TARGET_PROGRAMS, max_chunk: int = 256) -> int:
+    """Blocks per program: 16, halved (down to 4) while the grid has < 1K programs, doubled (up to max_chunk)
     while it has > target_programs (run 2 on the H200: 16 best at 1-8K programs, 64 at 96 x 8192 blocks;
     B=1 x 64K with 16 left 64 programs for 132 SMs)."""
     def programs(c):
@@ -60,7 +60,7 @@ def _pick_chunk(batch: int, width: int, target_programs: int = _TARGET_PROGRAMS)
     chunk = 16
     while chunk > 4 and programs(chunk) < 1024:
         chunk //= 2
-    while chunk < 256 and programs(chunk) > target_programs:
+    while chunk < max_chunk and programs(chunk) > target_programs:
         chunk *= 2
     return chunk
 
@@ -76,7 +76,8 @@ class LogitsConfig:
     max_registers: ptxas's cap per thread (None: its own choice); a cap trades a few spills for resident
     programs (64K registers per SM: 4 warps at <= 128 -> 4 programs, <= 168 -> 3).
     target_programs: the chunk rule doubles blocks per program while the grid has more programs (each
-    program loads next_n x 8 KB of queries before its loop: more rows argue for longer chunks).
+    program loads next_n x 8 KB of queries before its loop: more rows argue for longer chunks), up to
+    max_chunk blocks.
     prefetch: load the block ids and scales `prefetch` blocks ahead by hand: 0 (none), 1 (the next block's, in
     the iteration before; True means 1) or 2 (two sets in flight: block blk + 2's issued in iteration blk).
     Triton 3.6's pipeliner prefetches the id and the key tile but loads the scales in the iteration that uses
@@ -89,6 +90,7 @@ class LogitsConfig:
     max_registers: int | None = None
     target_programs: int = _TARGET_PROGRAMS
     prefetch: int = 0
+    max_chunk: int = 256
 
     def __post_init__(self):
         if self.prefetch not in (0, 1, 2):  # True == 1, False == 0
@@ -146,8 +148,15 @@ PREFETCH_MIN_LARGE = 65536
 # 0.604 -> 0.595, 0.596 -> 0.581, 0.596 -> 0.597 (run 68, 73985b1), although the logits alone are no faster
 # outside the step (run 68, logits_chunks.py: 96 x 128K chunk 16 -> 32 219.1 -> 215.4 us, 256K 16 -> 64 437.5
 # -> 467.1, 512K 32 -> 128 857.5 -> 862.2, 1M 64 -> 256 1714.4 -> 1715.9). Grids below 4096 programs at chunk
-# 16 (B x kept blocks < 64K) are unchanged.
+# 16 (B x kept blocks < 64K) are unchanged. But at most COMPACT_MAX_CHUNK blocks a program: since the update left
+# the logits' side (run 73: it runs beside the top-k) the long programs of large tables only leave a ragged last
+# wave (96 x 512K s = 0.4: 39 programs of 128 blocks a request, ~4 waves). H200, run 95 (update_overlap.py, SPIN's
+# step paired with the dense step): 96 x 512K s = 0.4 1.477x -> 1.492x at 64 blocks (1.490x at 32), s = 0.5
+# 1.756x -> 1.765x; 96 x 1M s = 0.4 1.469x -> 1.488x at 64 (1.481x at 128); 96 x 128K (chunk 32 either way)
+# 1.502x against 1.491x at 16: so a cap on the chunk, not a larger program target (the V3.2 step at 128K:
+# 0.597 -> 0.607 with 16384 programs, run 95).
 COMPACT_TARGET_PROGRAMS = 4096
+COMPACT_MAX_CHUNK = 64
 
 
 def default_config(next_n: int, table_blocks: int, compact: bool) -> LogitsConfig:
@@ -156,7 +165,8 @@ def default_config(next_n: int, table_blocks: int, compact: bool) -> LogitsConfi
     if next_n != 1:
         return CONFIGS[next_n]
     if compact:
-        return dataclasses.replace(CONFIGS[1], prefetch=1, target_programs=COMPACT_TARGET_PROGRAMS)
+        return dataclasses.replace(CONFIGS[1], prefetch=1, target_programs=COMPACT_TARGET_PROGRAMS,
+                                   max_chunk=COMPACT_MAX_CHUNK)
     prefetch = table_blocks <= PREFETCH_MAX_SMALL or table_blocks >= PREFETCH_MIN_LARGE
     return dataclasses.replace(CONFIGS[1], prefetch=prefetch)
 
@@ -242,7 +252,7 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     fused = history is not None and history.rows == 1
     hist = _history_args(history, out) if fused else _no_history(out)
     cfg = config or default_config(next_n, batch * width, active_width is not None)
-    chunk = chunk or _pick_chunk(batch, min(width, active_width or width), cfg.target_programs)
+    chunk = chunk or _pick_chunk(batch, min(width, active_width or width), cfg.target_programs, cfg.max_chunk)
     r0, r1, r2, r3 = cfg.group_rows(next_n)
     grid = (batch, triton.cdiv(width, chunk))
     gmax = group_max_out if group_max_out is not None else block_max_out  # a dummy pointer when unused

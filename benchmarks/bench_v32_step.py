@@ -173,7 +173,7 @@ VARIANTS = {
     "compact-16k": "SPIN's compact Triton logits chunked for <= 16384 programs as full tables are (the rule "
                    "before run 68; production: indexer_logits_triton.COMPACT_TARGET_PROGRAMS = 4096)",
     "compact-uncapped": "SPIN's compact Triton logits up to 256 blocks a program (the rule before run 95; "
-                        "production: indexer_logits_triton.COMPACT_MAX_CHUNK = 64)",
+                        "production: indexer_logits_triton.COMPACT_MAX_CHUNK)",
     "tau-hint": "SPIN's top-k threshold starts from the previous step's key (SpinIndexer(tau_hint=True)); this "
                 "benchmark's logits repeat every step, so every hint hits: an upper bound of the gain",
 }

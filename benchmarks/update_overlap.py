@@ -27,7 +27,7 @@ the dense step, per layer:
   ltp<N>        SPIN's compact logits chunked for <= N programs (indexer_logits_triton.COMPACT_TARGET_PROGRAMS;
                 production 4096: fewer, longer programs, ~4 waves at 96 x 512K s = 0.4; full tables take 16384)
   lch<N>        SPIN's compact logits at most N blocks a program (indexer_logits_triton.COMPACT_MAX_CHUNK;
-                production 64 since run 95, 256 before)
+                production 32 since run 97, 64 in run 96, 256 before)
   lpf<P>        SPIN's compact logits with the scales loaded P blocks ahead by hand (LogitsConfig.prefetch;
                 production 1)
   update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,

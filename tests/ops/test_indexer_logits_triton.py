@@ -201,11 +201,11 @@ def test_default_config_prefetches_where_measured_faster():
         default_config)
     compact = default_config(1, 8 * 2048, compact=True)
     assert compact.prefetch == 1 and compact.target_programs == COMPACT_TARGET_PROGRAMS
-    assert compact.max_chunk == COMPACT_MAX_CHUNK == 64
-    # 96 x 512K s = 0.4 (4915 kept blocks a request): 128 a program without the cap, 64 with it; full tables
+    assert compact.max_chunk == COMPACT_MAX_CHUNK == 32
+    # 96 x 512K s = 0.4 (4915 kept blocks a request): 128 a program without the cap, 32 with it; full tables
     # keep doubling to their target (96 x 16384 blocks: 128)
     assert _pick_chunk(96, 4915, COMPACT_TARGET_PROGRAMS) == 128
-    assert _pick_chunk(96, 4915, COMPACT_TARGET_PROGRAMS, compact.max_chunk) == 64
+    assert _pick_chunk(96, 4915, COMPACT_TARGET_PROGRAMS, compact.max_chunk) == 32
     assert _pick_chunk(96, 16384, CONFIGS[1].target_programs, default_config(1, 96 * 16384, False).max_chunk) == 128
     assert default_config(1, 8 * 2048, compact=False).target_programs == CONFIGS[1].target_programs
     # the compact rule's longer chunks: 96 x 1024 kept blocks 16 -> 32 a program, 8 x 1024 unchanged

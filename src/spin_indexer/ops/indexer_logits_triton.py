@@ -154,9 +154,11 @@ PREFETCH_MIN_LARGE = 65536
 # step paired with the dense step): 96 x 512K s = 0.4 1.477x -> 1.492x at 64 blocks (1.490x at 32), s = 0.5
 # 1.756x -> 1.765x; 96 x 1M s = 0.4 1.469x -> 1.488x at 64 (1.481x at 128); 96 x 128K (chunk 32 either way)
 # 1.502x against 1.491x at 16: so a cap on the chunk, not a larger program target (the V3.2 step at 128K:
-# 0.597 -> 0.607 with 16384 programs, run 95).
+# 0.597 -> 0.607 with 16384 programs, run 95). Run 97 (31 paired rounds, cap 32 against 64): 512K s = 0.4 / 0.5 /
+# 0.3 1.482x -> 1.497x / 1.751x -> 1.755x / 1.299x -> 1.303x, 1M 1.472x -> 1.480x / 1.740x -> 1.745x / 1.275x ->
+# 1.281x, 256K 1.489x -> 1.487x / 1.756x -> 1.747x / 1.281x -> 1.317x (512K s = 0.4 at 32 three times, 1.496-1.497x).
 COMPACT_TARGET_PROGRAMS = 4096
-COMPACT_MAX_CHUNK = 64
+COMPACT_MAX_CHUNK = 32
 
 
 def default_config(next_n: int, table_blocks: int, compact: bool) -> LogitsConfig:

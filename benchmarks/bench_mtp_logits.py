@@ -8,7 +8,7 @@ Per point (B requests x context L x next_n; H = 64, D = 128, T = 64; one random 
 tokens: each call reads >= 1.6 GB, far past the 60 MB L2), CUDA graphs, median of replays:
   own:<config>        paged_indexer_logits_triton(..., config=<config>), block max fused, tail unwritten, for
                       every candidate in CANDIDATES[next_n] (the first is the production one, CONFIGS[next_n])
-  own_ws:<spec>       the experimental warp-specialized kernel (ops/indexer_logits_ws.py, next_n 1 and 2), blocks a
+  own_ws:<spec>       the experimental warp-specialized kernel (ops/indexer_logits_ws.py, next_n 1-4), blocks a
                       program c<chunk> (one 12-warp program an SM: long programs), and its loop without the split
                       (nows-) for the A/B
   deepgemm            DeepGEMM fp8_paged_mqa_logits at this next_n (n <= 2, where deep_gemm imports)
@@ -76,8 +76,8 @@ class WsSpec:
     split: bool = True
 
 
-# next_n -> its warp-specialized launches (the 3.6 split does not compile at next_n = 4: logits_registers.py --ws)
-WS_SPECS = {n: [WsSpec(64), WsSpec(128), WsSpec(256), WsSpec(128, split=False)] for n in (1, 2)}
+# next_n -> its warp-specialized launches (logits_registers.py --ws: every next_n compiles under 3.6's split)
+WS_SPECS = {n: [WsSpec(64), WsSpec(128), WsSpec(256), WsSpec(128, split=False)] for n in (1, 2, 3, 4)}
 CASES = [dict(batch=b, ctx=c, next_n=n) for b, c, n in (
     (96, 131072, 2), (32, 524288, 2), (96, 131072, 3), (48, 393216, 4), (96, 131072, 4), (32, 524288, 3),
     (32, 524288, 4), (96, 131072, 1))]

@@ -74,7 +74,7 @@ def ws_counts(next_n: int, warp_specialize: bool = True, stages: int = 3, heads:
     page = 64 * (dim + 4)
     consts = dict(NEXT_N=next_n, H=heads, D=dim, T=64, PAGE_BYTES=page, RB=page // dim, FILL_TAIL=False,
                   STAGES=stages, WS=warp_specialize)
-    descs = {"q_desc": f"tensordesc<fp8e4nv[{next_n * heads}, {dim}]>", "k_desc": f"tensordesc<fp8e4nv[64, {dim}]>"}
+    descs = {"q_desc": f"tensordesc<fp8e4nv[{min(next_n, 2) * heads}, {dim}]>", "k_desc": f"tensordesc<fp8e4nv[64, {dim}]>"}
 
     def arg_type(name):
         return descs.get(name) or PTR.get(name, "i32")
@@ -129,7 +129,7 @@ def main() -> None:
     ap.add_argument("--group-max", type=int, default=0, help="with the top-k's group maxima at this many columns")
     ap.add_argument("--ws-one", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--ws", action="store_true", help="the experimental warp-specialized kernel instead "
-                    "(ops/indexer_logits_ws.py) at next_n 1, 2, 4, with and without the split")
+                    "(ops/indexer_logits_ws.py) at next_n 1-4, with and without the split")
     a = ap.parse_args()
     print(f"triton {triton.__version__}")
     if a.ws_one:  # one compile per process: the WS pass aborts the process (UNREACHABLE) on what it cannot split
@@ -137,7 +137,7 @@ def main() -> None:
         return
     if a.ws:
         print(f"{'n':>2} {'split':>5} {'regs':>5} {'smem B':>7} {'setmaxnreg':>24} {'wgmma waits':>11} {'tma':>4}")
-        for n in a.next_n or (1, 2, 4):
+        for n in a.next_n or (1, 2, 3, 4):
             for ws in (True, False):
                 proc = subprocess.run([sys.executable, __file__, "--ws-one", str(n), str(int(ws))], capture_output=True,
                                       text=True)

@@ -1,5 +1,5 @@
 """paged_indexer_logits_ws (the experimental warp-specialized kernel, issue #17) against the float64
-recomputation: next_n 1 / 2 / 4, partial last blocks, blocks per program that cut requests unevenly, a request
+recomputation: next_n 1-4 (3: a padded second group), partial last blocks, blocks per program that cut requests unevenly, a request
 shorter than its rows' table, the tail written or left, poisoned outputs, and the shapes it rejects.
 
 Under TRITON_INTERPRET=1 the loop runs unsplit (the interpreter ignores warp_specialize); on the H200 the same
@@ -30,7 +30,7 @@ def _run(inputs, device, **knobs):
 
 
 @pytest.mark.parametrize("chunk", [None, 1, 3], ids=["chunk-default", "chunk-1", "chunk-3"])
-@pytest.mark.parametrize("next_n,heads", [(1, 16), (2, 16), (4, 16), (2, 32)])
+@pytest.mark.parametrize("next_n,heads", [(1, 16), (2, 16), (3, 16), (4, 16), (2, 32)])
 def test_matches_float64_with_the_tail_written(next_n, heads, chunk, gen, triton_device):
     # a partial last block, a request ending exactly on a block, a 1-token request; two spare table columns
     inputs = make_paged_inputs((4 * T + 17, 2 * T, 1), next_n, heads, 32, gen, extra_width=2)
@@ -68,7 +68,7 @@ def test_empty_batch_and_rejected_shapes(gen, triton_device):
     empty = make_paged_inputs((), 2, 16, 32, gen)
     args = [t.to(triton_device) for t in empty.args()]
     assert paged_indexer_logits_ws(*args).shape == (0, args[4].shape[1] * T)
-    for next_n, heads in ((3, 16), (2, 8), (4, 128)):  # next_n 3; H < 16; next_n x H > 256
+    for next_n, heads in ((5, 16), (2, 8), (4, 256)):  # next_n 5; H < 16; 2 H > 256
         inputs = make_paged_inputs((T + 3,), next_n, heads, 32, gen)
         args = [t.to(triton_device) for t in inputs.args()]
         assert not supports(args[0], args[1])

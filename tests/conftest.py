@@ -320,6 +320,19 @@ def make_case_inputs(case: Case, gen: torch.Generator, garbage: bool = True) -> 
                              extra_width=case.extra_width, garbage=garbage)
 
 
+def run_logits_poisoned(launch, inputs: PagedInputs, device, **knobs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, block_max_out) of a paged-logits launcher (`launch(q, cache, w, lens, table, out=, block_max_out=,
+    **knobs)`) that wrote into NaN-poisoned buffers, so an element the kernel skips cannot pass; it must
+    return the buffer it was given."""
+    args = [t.to(device) for t in inputs.args()]
+    rows = args[0].shape[0] * args[0].shape[1]
+    width = args[4].shape[1]
+    out = torch.full((rows, width * T), float("nan"), device=device)
+    bmax = torch.full((rows, width), float("nan"), device=device)
+    assert launch(*args, out=out, block_max_out=bmax, **knobs) is out
+    return out, bmax
+
+
 def masked_logits(rows: int, cols: int, gen: torch.Generator, ties: bool = False):
     """Random top-k input: logits float32 [rows, cols] (few distinct values when ties) and
     lengths int32 [rows] in [0, cols], with the masked tail filled with +inf/NaN/huge poison."""

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ODD_IDS, ODD_SHAPES, T, assert_logits_close, logits_f64, make_case_inputs, make_paged_inputs
+from conftest import (ODD_IDS, ODD_SHAPES, T, assert_logits_close, logits_f64, make_case_inputs, make_paged_inputs,
+                      run_logits_poisoned)
 
 pytest.importorskip("triton")
 from spin_indexer.ops.indexer_logits import block_max_ref, paged_indexer_logits_ref  # noqa: E402
@@ -22,15 +23,8 @@ pytestmark = pytest.mark.interpreter
 
 
 def _run(inputs, device, **knobs):
-    """Launch into NaN-poisoned outputs so an element the kernel skips cannot pass."""
-    args = [t.to(device) for t in inputs.args()]
-    rows = args[0].shape[0] * args[0].shape[1]
-    width = args[4].shape[1]
-    out = torch.full((rows, width * T), float("nan"), device=device)
-    bmax = torch.full((rows, width), float("nan"), device=device)
-    got = paged_indexer_logits_triton(*args, out=out, block_max_out=bmax, **knobs)
-    assert got is out
-    return out, bmax  # on the device: assert_logits_close picks the tolerance of its accumulator
+    """Launch into NaN-poisoned outputs (on the device, assert_logits_close picks its accumulator's tolerance)."""
+    return run_logits_poisoned(paged_indexer_logits_triton, inputs, device, **knobs)
 
 
 def _check_block_max(bmax: torch.Tensor, expected: np.ndarray, magnitude: np.ndarray) -> None:

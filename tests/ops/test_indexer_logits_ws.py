@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import T, assert_logits_close, logits_f64, make_paged_inputs
+from conftest import T, assert_logits_close, logits_f64, make_paged_inputs, run_logits_poisoned
 
 pytest.importorskip("triton")
 from spin_indexer.ops.indexer_logits_ws import paged_indexer_logits_ws, supports  # noqa: E402
@@ -19,14 +19,7 @@ pytestmark = pytest.mark.interpreter
 
 
 def _run(inputs, device, **knobs):
-    """Launch into NaN-poisoned outputs so an element the kernel skips cannot pass."""
-    args = [t.to(device) for t in inputs.args()]
-    rows = args[0].shape[0] * args[0].shape[1]
-    width = args[4].shape[1]
-    out = torch.full((rows, width * T), float("nan"), device=device)
-    bmax = torch.full((rows, width), float("nan"), device=device)
-    assert paged_indexer_logits_ws(*args, out=out, block_max_out=bmax, **knobs) is out
-    return out, bmax
+    return run_logits_poisoned(paged_indexer_logits_ws, inputs, device, **knobs)
 
 
 @pytest.mark.parametrize("chunk", [None, 1, 3], ids=["chunk-default", "chunk-1", "chunk-3"])
@@ -79,5 +72,5 @@ def test_empty_batch_and_rejected_shapes(gen, triton_device):
 def test_bad_output_buffer_is_rejected(gen, triton_device):
     inputs = make_paged_inputs((T + 3,), 1, 16, 32, gen)
     args = [t.to(triton_device) for t in inputs.args()]
-    with pytest.raises(ValueError, match="block_max_out: expected float32"):
+    with pytest.raises(ValueError, match=r"block_max_out: expected shape \[B\*next_n, W\]"):
         paged_indexer_logits_ws(*args, block_max_out=torch.zeros(1, 1, device=triton_device))

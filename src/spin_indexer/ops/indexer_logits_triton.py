@@ -180,6 +180,26 @@ def _kernel_supports(next_n: int, heads: int, dim: int, tokens: int) -> bool:
         and tokens >= 16
 
 
+def logits_outputs(q_fp8: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                   out: torch.Tensor | None, block_max_out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out float32 [B*next_n, W*T], block_max_out float32 [B*next_n, W]) of a paged logits launch: the
+    caller's buffers checked (dtype, shape, device, out's unit column stride), or new ones."""
+    batch, next_n = q_fp8.shape[:2]
+    tokens, width = kv_cache.shape[1], block_table.shape[1]
+    rows, dev = batch * next_n, q_fp8.device
+    if out is None:
+        out = torch.empty(rows, width * tokens, dtype=torch.float32, device=dev)
+    check_tensor("out", out, dtype=torch.float32, shape=(rows, width * tokens), shape_names="[B*next_n, W*T]",
+                 device=dev, device_of="q_fp8")
+    if out.stride(1) != 1:
+        raise ValueError(f"out: expected unit column stride, got strides {out.stride()}")
+    if block_max_out is None:
+        block_max_out = torch.empty(rows, width, dtype=torch.float32, device=dev)
+    check_tensor("block_max_out", block_max_out, dtype=torch.float32, shape=(rows, width),
+                 shape_names="[B*next_n, W]", device=dev, device_of="q_fp8")
+    return out, block_max_out
+
+
 def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                                 seq_lens: torch.Tensor, block_table: torch.Tensor, validate: bool = True,
                                 out: torch.Tensor | None = None, block_max_out: torch.Tensor | None = None,
@@ -216,16 +236,7 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     tokens, width = kv_cache.shape[1], block_table.shape[1]
     rows = batch * next_n
     dev = q_fp8.device
-    if out is None:
-        out = torch.empty(rows, width * tokens, dtype=torch.float32, device=dev)
-    check_tensor("out", out, dtype=torch.float32, shape=(rows, width * tokens), shape_names="[B*next_n, W*T]",
-                 device=dev, device_of="q_fp8")
-    if out.stride(1) != 1:
-        raise ValueError(f"out: expected unit column stride, got strides {out.stride()}")
-    if block_max_out is None:
-        block_max_out = torch.empty(rows, width, dtype=torch.float32, device=dev)
-    check_tensor("block_max_out", block_max_out, dtype=torch.float32, shape=(rows, width),
-                 shape_names="[B*next_n, W]", device=dev, device_of="q_fp8")
+    out, block_max_out = logits_outputs(q_fp8, kv_cache, block_table, out, block_max_out)
     if group_max_out is not None:
         check_tensor("group_max_out", group_max_out, dtype=torch.float32, ndim=2, device=dev, device_of="q_fp8")
         check_group(group, tokens)

@@ -25,7 +25,7 @@ import torch
 
 from ..layout import page_stride_bytes
 from .indexer_logits import check_paged_indexer_args
-from .indexer_logits_triton import _cache_args, _pick_chunk
+from .indexer_logits_triton import _cache_args, _pick_chunk, logits_outputs
 
 try:
     import triton
@@ -64,15 +64,7 @@ def paged_indexer_logits_ws(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights
     batch, next_n, heads, dim = q_fp8.shape
     tokens, width = kv_cache.shape[1], block_table.shape[1]
     rows = batch * next_n
-    dev = q_fp8.device
-    if out is None:
-        out = torch.empty(rows, width * tokens, dtype=torch.float32, device=dev)
-    if block_max_out is None:
-        block_max_out = torch.empty(rows, width, dtype=torch.float32, device=dev)
-    for name, t, shape in (("out", out, (rows, width * tokens)), ("block_max_out", block_max_out, (rows, width))):
-        if t.dtype != torch.float32 or tuple(t.shape) != shape or t.stride(1) != 1 or t.device != dev:
-            raise ValueError(f"{name}: expected float32 {list(shape)} with unit column stride on {dev}, got "
-                             f"{t.dtype} {list(t.shape)} strides {t.stride()} on {t.device}")
+    out, block_max_out = logits_outputs(q_fp8, kv_cache, block_table, out, block_max_out)
     if batch == 0 or width == 0:
         return out
     k_desc, scales_f32, page_bytes, rows_per_block = _cache_args(kv_cache, tokens, dim)

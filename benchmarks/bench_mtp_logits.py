@@ -69,6 +69,7 @@ CANDIDATES = {
         C(4, 4, 4, prefetch=1, target_programs=4096)],
 }
 
+
 @dataclasses.dataclass(frozen=True)
 class WsSpec:
     """A launch of the warp-specialized kernel: blocks a program (None: the launcher's rule) and the split."""
@@ -173,7 +174,7 @@ class Inputs:
         return lambda: deepgemm.paged_indexer_logits_deepgemm(q, self.cache, self.w, lens, table, validate=False)
 
 
-def providers(next_n: int, have_dg: bool) -> list[tuple[str, LogitsConfig | None]]:
+def providers(next_n: int, have_dg: bool) -> list[tuple[str, LogitsConfig | WsSpec | None]]:
     """(provider, config) pairs timed at this next_n (PROVIDERS of STYLE.md rule 11, config-parametrized)."""
     out = [("own", cfg) for cfg in CANDIDATES[next_n]] + [("own_ws", spec) for spec in WS_SPECS.get(next_n, [])]
     if have_dg and next_n <= 2:

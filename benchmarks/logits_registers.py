@@ -74,7 +74,8 @@ def ws_counts(next_n: int, warp_specialize: bool = True, stages: int = 3, heads:
     page = 64 * (dim + 4)
     consts = dict(NEXT_N=next_n, H=heads, D=dim, T=64, PAGE_BYTES=page, RB=page // dim, FILL_TAIL=False,
                   STAGES=stages, WS=warp_specialize)
-    descs = {"q_desc": f"tensordesc<fp8e4nv[{min(next_n, 2) * heads}, {dim}]>", "k_desc": f"tensordesc<fp8e4nv[64, {dim}]>"}
+    descs = {"q_desc": f"tensordesc<fp8e4nv[{min(next_n, 2) * heads}, {dim}]>",
+             "k_desc": f"tensordesc<fp8e4nv[64, {dim}]>"}
 
     def arg_type(name):
         return descs.get(name) or PTR.get(name, "i32")
@@ -84,7 +85,8 @@ def ws_counts(next_n: int, warp_specialize: bool = True, stages: int = 3, heads:
         return dict(regs=None, smem=0, maxnreg="", wgmma=0, tma=0, log=f"{type(exc).__name__}: {str(exc)[-200:]}")
     ptx = k.asm["ptx"]
     c = ptxas_counts(k)
-    budgets = sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)), key=lambda x: int(x[1]))
+    budgets = sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)),
+                     key=lambda x: int(x[1]))
     return dict(regs=c["regs"], smem=k.metadata.shared, maxnreg=",".join(f"{d}{v}" for d, v in budgets) or "-",
                 wgmma=ptx.count("wgmma.wait_group"), tma=ptx.count("cp.async.bulk.tensor"), log="")
 

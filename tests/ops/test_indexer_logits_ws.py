@@ -1,6 +1,7 @@
 """paged_indexer_logits_ws (the experimental warp-specialized kernel, issue #17) against the float64
-recomputation: next_n 1-4 (3: a padded second group), partial last blocks, blocks per program that cut requests unevenly, a request
-shorter than its rows' table, the tail written or left, poisoned outputs, and the shapes it rejects.
+recomputation: next_n 1-4 (3: a padded second group), partial last blocks, blocks per program that cut requests
+unevenly, a request shorter than its rows' table, the tail written or left, poisoned outputs, and the shapes it
+rejects.
 
 Under TRITON_INTERPRET=1 the loop runs unsplit (the interpreter ignores warp_specialize); on the H200 the same
 tests run the specialized kernel (h200_step.sh mtp).

@@ -15,8 +15,8 @@ from conftest import import_benchmark, run_benchmark_dry
 @pytest.mark.interpreter
 def test_every_variant_runs_in_a_dry_run(tmp_path):
     pytest.importorskip("triton")
-    variants = ("spin,topk_first,no_update,fused,onetile,st2,stg4,prog8,pipe,thr4,sel8,gat4096,ltp64,lch32,lpf2,after_thr,"
-                "after_gat")
+    variants = ("spin,topk_first,no_update,fused,onetile,st2,stg4,prog8,pipe,thr4,sel8,gat4096,ltp64,lch32,lpf2,"
+                "after_thr,after_gat")
     proc = run_benchmark_dry("update_overlap.py", ["--out", tmp_path, "--points", "2x8192x1", "--sparsities", "0.4",
                                                    "--variants", variants, "--rounds", "2"], timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -34,7 +34,8 @@ def test_variants_patch_inside_their_block_only():
     def state():
         return (topk_triton.threshold_warps(8192), topk_triton.set_select_warps(4096),
                 history_triton.PIPELINED_MIN_BLOCKS, history_triton.pass_programs(cpu), topk_triton.GATHER_VALUES,
-                ilt.COMPACT_TARGET_PROGRAMS, ilt.default_config(1, 1 << 20, True), ilt.default_config(1, 1 << 20, False))
+                ilt.COMPACT_TARGET_PROGRAMS, ilt.default_config(1, 1 << 20, True),
+                ilt.default_config(1, 1 << 20, False))
     before = state()
     checks = {"thr4": lambda: topk_triton.threshold_warps(8192) == 4 and topk_triton.threshold_warps(16384) == 4,
               "sel8": lambda: topk_triton.set_select_warps(4096) == 8,

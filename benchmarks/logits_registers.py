@@ -82,13 +82,18 @@ def ws_counts(next_n: int, warp_specialize: bool = True, stages: int = 3, heads:
     try:
         k = compile_sm90(W._ws_logits_kernel, consts, arg_type, "logits_registers.py", num_warps=4)
     except Exception as exc:  # the WS pass asserts on what it cannot split (see the module docstring)
-        return dict(regs=None, smem=0, maxnreg="", wgmma=0, tma=0, log=f"{type(exc).__name__}: {str(exc)[-200:]}")
+        return _ws_failure(f"{type(exc).__name__}: {str(exc)[-200:]}")
     ptx = k.asm["ptx"]
     c = ptxas_counts(k)
     budgets = sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)),
                      key=lambda x: int(x[1]))
     return dict(regs=c["regs"], smem=k.metadata.shared, maxnreg=",".join(f"{d}{v}" for d, v in budgets) or "-",
                 wgmma=ptx.count("wgmma.wait_group"), tma=ptx.count("cp.async.bulk.tensor"), log="")
+
+
+def _ws_failure(log: str) -> dict:
+    """ws_counts' row for a kernel the compiler rejected (log: why)."""
+    return dict(regs=None, smem=0, maxnreg="", wgmma=0, tma=0, log=log)
 
 
 def _ptx_tma(ptx: str) -> tuple[int, int, bool]:
@@ -144,8 +149,7 @@ def main() -> None:
                 proc = subprocess.run([sys.executable, __file__, "--ws-one", str(n), str(int(ws))], capture_output=True,
                                       text=True)
                 lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-                c = json.loads(lines[-1]) if lines else dict(regs=None, smem=0, maxnreg="", wgmma=0, tma=0,
-                                                             log=f"compiler aborted: {proc.stderr.strip()[-160:]}")
+                c = json.loads(lines[-1]) if lines else _ws_failure(f"compiler aborted: {proc.stderr.strip()[-160:]}")
                 print(f"{n:>2} {str(ws):>5} {str(c['regs']):>5} {c['smem']:>7} {c['maxnreg']:>24} {c['wgmma']:>11} "
                       f"{c['tma']:>4} {c['log']}")
         return

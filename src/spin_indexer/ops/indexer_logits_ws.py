@@ -25,7 +25,7 @@ import torch
 
 from ..layout import page_stride_bytes
 from .indexer_logits import check_paged_indexer_args
-from .indexer_logits_triton import _cache_args, _pick_chunk, logits_outputs
+from .indexer_logits_triton import _cache_args, _kernel_supports, _pick_chunk, logits_outputs
 
 try:
     import triton
@@ -35,12 +35,10 @@ except ImportError:  # pragma: no cover
 
 
 def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor) -> bool:
-    """Whether the kernel takes these shapes: next_n 1-4, H and D powers of two with H >= 16, D >= 32 and
-    2 H <= 256 (a group's TMA box and MMA), pages a whole number of D-byte rows."""
+    """Whether the kernel takes these shapes: those of the production kernel (next_n 1-4, H, D and T powers of
+    two, D >= 32) with H >= 16 and 2 H <= 256 (a group's TMA box and MMA), pages a whole number of D-byte rows."""
     _, next_n, heads, dim = q_fp8.shape
-    def pow2(x):
-        return x > 0 and x & (x - 1) == 0
-    return (1 <= next_n <= 4 and pow2(heads) and heads >= 16 and pow2(dim) and dim >= 32
+    return (_kernel_supports(next_n, heads, dim, kv_cache.shape[1]) and heads >= 16
             and min(next_n, 2) * heads <= 256 and page_stride_bytes(kv_cache) % dim == 0)
 
 

@@ -320,7 +320,14 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(HERE, "results", "mtp"))
     p.add_argument("--points", default=None, help="comma list of BxLxN points instead of CASES")
     p.add_argument("--budget-s", type=float, default=120, help="start no new point after this many seconds")
+    p.add_argument("--ws-next-n", default="1,2,3,4",
+                   help="next_n values the warp-specialized kernel is checked and timed at (run 99: its next_n = 3 "
+                        "test with one block a program never returned on the H200)")
     args = p.parse_args(argv)
+    ws_next_n = {int(n) for n in args.ws_next_n.split(",") if n}
+    for n in list(WS_SPECS):
+        if n not in ws_next_n:
+            del WS_SPECS[n]
     os.makedirs(args.out, exist_ok=True)
     command = "python benchmarks/bench_mtp_logits.py " + " ".join(argv if argv is not None else sys.argv[1:])
     dry = DEVICE == "cpu"

@@ -8,9 +8,6 @@ Per point (B requests x context L x next_n; H = 64, D = 128, T = 64; one random 
 tokens: each call reads >= 1.6 GB, far past the 60 MB L2), CUDA graphs, median of replays:
   own:<config>        paged_indexer_logits_triton(..., config=<config>), block max fused, tail unwritten, for
                       every candidate in CANDIDATES[next_n] (the first is the production one, CONFIGS[next_n])
-  own_ws:<spec>       the experimental warp-specialized kernel (ops/indexer_logits_ws.py, next_n 1-4), blocks a
-                      program c<chunk> (one 12-warp program an SM: long programs), and its loop without the split
-                      (nows-) for the A/B
   deepgemm            DeepGEMM fp8_paged_mqa_logits at this next_n (n <= 2, where deep_gemm imports)
   deepgemm_per_row    DeepGEMM at next_n = 1 over the B x next_n rows as requests (each row reads its own
                       keys: the cost of an engine that flattens MTP rows)
@@ -26,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import json
 import math
 import os
@@ -45,7 +41,6 @@ from harness import (DEVICE, KeyPool, copy_bandwidth_gbps, decode_lens, environm
 from spin_indexer.ops import deepgemm  # noqa: E402
 from spin_indexer.ops.indexer_logits import block_max_ref, paged_indexer_logits_ref  # noqa: E402
 from spin_indexer.ops.indexer_logits_triton import CONFIGS, LogitsConfig, paged_indexer_logits_triton  # noqa: E402
-from spin_indexer.ops.indexer_logits_ws import paged_indexer_logits_ws  # noqa: E402
 
 H, D, T = 64, 128, 64
 C = LogitsConfig
@@ -68,17 +63,6 @@ CANDIDATES = {
         C(4, 4, 3, prefetch=1), C(4, 4, 3, prefetch=2, target_programs=4096),
         C(4, 4, 4, prefetch=1, target_programs=4096)],
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class WsSpec:
-    """A launch of the warp-specialized kernel: blocks a program (None: the launcher's rule) and the split."""
-    chunk: int | None = None
-    split: bool = True
-
-
-# next_n -> its warp-specialized launches (logits_registers.py --ws: every next_n compiles under 3.6's split)
-WS_SPECS = {n: [WsSpec(64), WsSpec(128), WsSpec(256), WsSpec(128, split=False)] for n in (1, 2, 3, 4)}
 CASES = [dict(batch=b, ctx=c, next_n=n) for b, c, n in (
     (96, 131072, 2), (32, 524288, 2), (96, 131072, 3), (48, 393216, 4), (96, 131072, 4), (32, 524288, 3),
     (32, 524288, 4), (96, 131072, 1))]
@@ -91,11 +75,9 @@ def log(*a):
     print(*a, flush=True)
 
 
-def config_name(cfg: LogitsConfig | WsSpec) -> str:
+def config_name(cfg: LogitsConfig) -> str:
     """g<rows per MMA>w<warps>s<stages>[r<register cap>][p: scale prefetch one block ahead, p2: two]
-    [t<target programs>]; a WsSpec: ws-c<chunk> (nows-c<chunk> without the split)."""
-    if isinstance(cfg, WsSpec):
-        return ("ws" if cfg.split else "nows") + (f"-c{cfg.chunk}" if cfg.chunk else "")
+    [t<target programs>]."""
     name = f"g{cfg.group}w{cfg.num_warps}s{cfg.num_stages}"
     name += f"r{cfg.max_registers}" if cfg.max_registers else ""
     name += {0: "", 1: "p", 2: "p2"}[cfg.prefetch]
@@ -157,11 +139,6 @@ class Inputs:
         return lambda: paged_indexer_logits_triton(self.q, self.cache, self.w, self.lens, self.table, validate=False,
                                                    out=self.out, block_max_out=self.bmax, fill_tail=False, config=cfg)
 
-    def own_ws(self, spec: WsSpec):
-        return lambda: paged_indexer_logits_ws(self.q, self.cache, self.w, self.lens, self.table, validate=False,
-                                               out=self.out, block_max_out=self.bmax, fill_tail=False,
-                                               chunk=spec.chunk, warp_specialize=spec.split)
-
     def deepgemm(self):
         return lambda: deepgemm.paged_indexer_logits_deepgemm(self.q, self.cache, self.w, self.lens, self.table,
                                                               validate=False)
@@ -174,9 +151,9 @@ class Inputs:
         return lambda: deepgemm.paged_indexer_logits_deepgemm(q, self.cache, self.w, lens, table, validate=False)
 
 
-def providers(next_n: int, have_dg: bool) -> list[tuple[str, LogitsConfig | WsSpec | None]]:
+def providers(next_n: int, have_dg: bool) -> list[tuple[str, LogitsConfig | None]]:
     """(provider, config) pairs timed at this next_n (PROVIDERS of STYLE.md rule 11, config-parametrized)."""
-    out = [("own", cfg) for cfg in CANDIDATES[next_n]] + [("own_ws", spec) for spec in WS_SPECS.get(next_n, [])]
+    out = [("own", cfg) for cfg in CANDIDATES[next_n]]
     if have_dg and next_n <= 2:
         out.append(("deepgemm", None))
     if have_dg and next_n >= 2:
@@ -184,26 +161,10 @@ def providers(next_n: int, have_dg: bool) -> list[tuple[str, LogitsConfig | WsSp
     return out
 
 
-def run(inputs: Inputs, provider: str, cfg: LogitsConfig | WsSpec | None):
-    if provider in ("own", "own_ws"):
-        return getattr(inputs, provider)(cfg)
+def run(inputs: Inputs, provider: str, cfg: LogitsConfig | None):
+    if provider == "own":
+        return inputs.own(cfg)
     return getattr(inputs, provider)()
-
-
-def _check_one(x: "Inputs", provider: str, cfg, n: int, ref: torch.Tensor, live: torch.Tensor, env: dict) -> None:
-    """One provider against the reference (raises AssertionError on a mismatch); its error into env["checks"]."""
-    got = run(x, provider, cfg)()
-    if provider in ("own", "own_ws"):
-        got = x.out
-        want_bmax = block_max_ref(torch.where(live, got, float("-inf")), T)
-        used = torch.isfinite(want_bmax)
-        if not torch.equal(x.bmax[used], want_bmax[used]):
-            raise AssertionError(f"own {config_name(cfg)} n={n}: block max differs from the written logits")
-    err = rel_err(torch.where(live, got, float("-inf")), ref)
-    name = provider + (":" + config_name(cfg) if cfg else "")
-    env.setdefault("checks", {})[f"{name}_n{n}_rel_err"] = err
-    if not err < 5e-3:
-        raise AssertionError(f"{name} n={n}: relative error {err:.2e}")
 
 
 def check(have_dg: bool, env: dict) -> None:
@@ -217,16 +178,18 @@ def check(have_dg: bool, env: dict) -> None:
         ref = paged_indexer_logits_ref(x.q, x.cache, x.w, x.lens, x.table)
         live = torch.isfinite(ref)
         for provider, cfg in providers(n, have_dg):
-            if provider == "own_ws" and not WS_SPECS:
-                continue
-            try:
-                _check_one(x, provider, cfg, n, ref, live, env)
-            except Exception as exc:  # the experimental kernel must not cost the run: dropped, and said so
-                if provider != "own_ws":
-                    raise
-                log(f"own_ws {config_name(cfg)} n={n} failed ({exc!r:.300}): the warp-specialized kernel is dropped")
-                env["ws_failed"] = f"{config_name(cfg)} n={n}: {exc!r:.300}"
-                WS_SPECS.clear()
+            got = run(x, provider, cfg)()
+            if provider == "own":
+                got = x.out
+                want_bmax = block_max_ref(torch.where(live, got, float("-inf")), T)
+                used = torch.isfinite(want_bmax)
+                if not torch.equal(x.bmax[used], want_bmax[used]):
+                    raise AssertionError(f"own {config_name(cfg)} n={n}: block max differs from the written logits")
+            err = rel_err(torch.where(live, got, float("-inf")), ref)
+            name = provider + (":" + config_name(cfg) if cfg else "")
+            env.setdefault("checks", {})[f"{name}_n{n}_rel_err"] = err
+            if not err < 5e-3:
+                raise AssertionError(f"{name} n={n}: relative error {err:.2e}")
         del pool, x
     log(f"checks passed ({len(env['checks'])} provider x next_n)")
 
@@ -269,12 +232,6 @@ def targets(rows: list[dict]) -> list[str]:
         per_row = next((r["us"] for r in here if r["provider"] == "deepgemm_per_row"), float("nan"))
         head = f"B={b} L={c} n={n}: best own {best['config']} {best['us']:.1f} us, production {prod['config']} " \
                f"{prod['us']:.1f} us, floor {best['floor_us']:.1f} us"
-        ws = [r for r in here if r["provider"] == "own_ws"]
-        if ws:
-            best_ws = min(ws, key=lambda r: r["us"])
-            head += f", warp-specialized {best_ws['config']} {best_ws['us']:.1f} us"
-            if best_ws["us"] < best["us"]:
-                best = best_ws
         if n == 2:
             goal = " (target <= 1.11)" if b * c >= 8 << 20 else " (B x L < 8M: no target)"
             out.append(f"{head}; own / DeepGEMM: best {best['us'] / dg:.3f}x, production {prod['us'] / dg:.3f}x{goal}")
@@ -320,14 +277,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(HERE, "results", "mtp"))
     p.add_argument("--points", default=None, help="comma list of BxLxN points instead of CASES")
     p.add_argument("--budget-s", type=float, default=120, help="start no new point after this many seconds")
-    p.add_argument("--ws-next-n", default="1,2,3,4",
-                   help="next_n values the warp-specialized kernel is checked and timed at (run 99: its next_n = 3 "
-                        "test with one block a program never returned on the H200)")
     args = p.parse_args(argv)
-    ws_next_n = {int(n) for n in args.ws_next_n.split(",") if n}
-    for n in list(WS_SPECS):
-        if n not in ws_next_n:
-            del WS_SPECS[n]
     os.makedirs(args.out, exist_ok=True)
     command = "python benchmarks/bench_mtp_logits.py " + " ".join(argv if argv is not None else sys.argv[1:])
     dry = DEVICE == "cpu"

@@ -57,13 +57,12 @@ case "$stage" in
     v32)
         python3 benchmarks/bench_v32_step.py --out "$OUT" "$@" 2>&1 | tee "$OUT/v32.log" | tail -30 ;;
     mtp)  # kernel tests first (the compiled kernel vs float64), then the sweep; the table is the last output
-        python3 -m pytest -q -p no:cacheprovider $XDIST tests/ops/test_indexer_logits_triton.py tests/ops/test_indexer_logits_ws.py \
+        python3 -m pytest -q -p no:cacheprovider $XDIST tests/ops/test_indexer_logits_triton.py \
             tests/ops/test_history.py::test_logits_with_history_leave_the_reference_state \
             tests/ops/test_history.py::test_fill_tail_false_leaves_blocks_past_the_lengths_unwritten \
             tests/ops/test_padded_cache.py::test_v4_page_strides_with_next_n > "$OUT/gputests.log" 2>&1
         tail -2 "$OUT/gputests.log"
         python3 benchmarks/logits_registers.py > "$OUT/registers.log" 2>&1
-        python3 benchmarks/logits_registers.py --ws >> "$OUT/registers.log" 2>&1  # the warp-specialized kernel's partitions
         python3 benchmarks/bench_mtp_logits.py --out "$OUT" "$@" 2>&1 | tee "$OUT/mtp.log" | tail -45 | cut -c1-400 ;;
     ncu)  # Nsight Compute counters of one launch of each kernel of benchmarks/ncu_kernels.py's parts (ARGS go
           # to it); works on Firecracker machines only (KINDS.md); the text report in $OUT/ncu.txt. NCU_KERNELS

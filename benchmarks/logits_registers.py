@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import re
-import subprocess
 import sys
 
 os.environ.pop("TRITON_INTERPRET", None)
@@ -66,36 +64,6 @@ def compile_counts(next_n: int, cfg: "L.LogitsConfig", hist: bool = False, heads
                 log="" if c["regs"] is not None else c["log"][-300:])
 
 
-def ws_counts(next_n: int, warp_specialize: bool = True, stages: int = 3, heads: int = 64, dim: int = 128) -> dict:
-    """The experimental warp-specialized kernel (ops/indexer_logits_ws.py) compiled for sm_90a: registers,
-    shared memory, the `setmaxnreg` budgets of its partitions (the producer's and the consumers'), wgmma
-    chains and TMA copies in the PTX; log: the compiler's error where it rejects the loop."""
-    from spin_indexer.ops import indexer_logits_ws as W
-    page = 64 * (dim + 4)
-    consts = dict(NEXT_N=next_n, H=heads, D=dim, T=64, PAGE_BYTES=page, RB=page // dim, FILL_TAIL=False,
-                  STAGES=stages, WS=warp_specialize)
-    descs = {"q_desc": f"tensordesc<fp8e4nv[{min(next_n, 2) * heads}, {dim}]>",
-             "k_desc": f"tensordesc<fp8e4nv[64, {dim}]>"}
-
-    def arg_type(name):
-        return descs.get(name) or PTR.get(name, "i32")
-    try:
-        k = compile_sm90(W._ws_logits_kernel, consts, arg_type, "logits_registers.py", num_warps=4)
-    except Exception as exc:  # the WS pass asserts on what it cannot split (see the module docstring)
-        return _ws_failure(f"{type(exc).__name__}: {str(exc)[-200:]}")
-    ptx = k.asm["ptx"]
-    c = ptxas_counts(k)
-    budgets = sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)),
-                     key=lambda x: int(x[1]))
-    return dict(regs=c["regs"], smem=k.metadata.shared, maxnreg=",".join(f"{d}{v}" for d, v in budgets) or "-",
-                wgmma=ptx.count("wgmma.wait_group"), tma=ptx.count("cp.async.bulk.tensor"), log="")
-
-
-def _ws_failure(log: str) -> dict:
-    """ws_counts' row for a kernel the compiler rejected (log: why)."""
-    return dict(regs=None, smem=0, maxnreg="", wgmma=0, tma=0, log=log)
-
-
 def _ptx_tma(ptx: str) -> tuple[int, int, bool]:
     """(cp.async.bulk.tensor in the kernel, in its longest loop, whether that loop initialises an mbarrier)."""
     lines = ptx.splitlines()
@@ -134,25 +102,8 @@ def main() -> None:
     ap.add_argument("--hist", action="store_true", help="with the fused history update (row 0)")
     ap.add_argument("--config", nargs="*", help="only these config names (bench_mtp_logits.config_name)")
     ap.add_argument("--group-max", type=int, default=0, help="with the top-k's group maxima at this many columns")
-    ap.add_argument("--ws-one", nargs=2, help=argparse.SUPPRESS)
-    ap.add_argument("--ws", action="store_true", help="the experimental warp-specialized kernel instead "
-                    "(ops/indexer_logits_ws.py) at next_n 1-4, with and without the split")
     a = ap.parse_args()
     print(f"triton {triton.__version__}")
-    if a.ws_one:  # one compile per process: the WS pass aborts the process (UNREACHABLE) on what it cannot split
-        print(json.dumps(ws_counts(int(a.ws_one[0]), a.ws_one[1] == "1")))
-        return
-    if a.ws:
-        print(f"{'n':>2} {'split':>5} {'regs':>5} {'smem B':>7} {'setmaxnreg':>24} {'wgmma waits':>11} {'tma':>4}")
-        for n in a.next_n or (1, 2, 3, 4):
-            for ws in (True, False):
-                proc = subprocess.run([sys.executable, __file__, "--ws-one", str(n), str(int(ws))], capture_output=True,
-                                      text=True)
-                lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-                c = json.loads(lines[-1]) if lines else _ws_failure(f"compiler aborted: {proc.stderr.strip()[-160:]}")
-                print(f"{n:>2} {str(ws):>5} {str(c['regs']):>5} {c['smem']:>7} {c['maxnreg']:>24} {c['wgmma']:>11} "
-                      f"{c['tma']:>4} {c['log']}")
-        return
     print(f"{'n':>2} {'config':>18} {'regs':>5} {'spill B':>7} {'smem B':>7} {'tma':>9} {'instr/block':>11}"
           "  "
           + " ".join(f"{o:>5}" for o in OPS))

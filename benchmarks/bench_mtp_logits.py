@@ -8,6 +8,9 @@ Per point (B requests x context L x next_n; H = 64, D = 128, T = 64; one random 
 tokens: each call reads >= 1.6 GB, far past the 60 MB L2), CUDA graphs, median of replays:
   own:<config>        paged_indexer_logits_triton(..., config=<config>), block max fused, tail unwritten, for
                       every candidate in CANDIDATES[next_n] (the first is the production one, CONFIGS[next_n])
+  own_cuda:<launch>   the CUDA kernel for SM90 (ops/indexer_logits_cuda.py: a TMA producer warpgroup and two math
+                      warpgroups on alternate blocks), blocks a CTA c<chunk> or the launcher's default; built with
+                      nvcc in the run; a failed build or check drops it from the run (said in the log)
   deepgemm            DeepGEMM fp8_paged_mqa_logits at this next_n (n <= 2, where deep_gemm imports)
   deepgemm_per_row    DeepGEMM at next_n = 1 over the B x next_n rows as requests (each row reads its own
                       keys: the cost of an engine that flattens MTP rows)
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -39,6 +43,7 @@ from harness import (DEVICE, KeyPool, copy_bandwidth_gbps, decode_lens, environm
                      random_queries, rel_err, time_graph)
 
 from spin_indexer.ops import deepgemm  # noqa: E402
+from spin_indexer.ops import indexer_logits_cuda  # noqa: E402
 from spin_indexer.ops.indexer_logits import block_max_ref, paged_indexer_logits_ref  # noqa: E402
 from spin_indexer.ops.indexer_logits_triton import CONFIGS, LogitsConfig, paged_indexer_logits_triton  # noqa: E402
 
@@ -71,13 +76,24 @@ COLUMNS = ["batch", "ctx", "next_n", "provider", "config", "us", "p20_us", "p80_
            "floor_us", "x_floor", "production"]
 
 
+@dataclasses.dataclass(frozen=True)
+class CudaLaunch:
+    """A launch of the CUDA kernel: blocks a CTA (None: indexer_logits_cuda.default_chunk)."""
+    chunk: int | None = None
+
+
+CUDA_LAUNCHES = [CudaLaunch(), CudaLaunch(32), CudaLaunch(128)]  # emptied when the kernel fails its check
+
+
 def log(*a):
     print(*a, flush=True)
 
 
-def config_name(cfg: LogitsConfig) -> str:
+def config_name(cfg: LogitsConfig | CudaLaunch) -> str:
     """g<rows per MMA>w<warps>s<stages>[r<register cap>][p: scale prefetch one block ahead, p2: two]
-    [t<target programs>]."""
+    [t<target programs>]; a CudaLaunch: cuda[-c<chunk>]."""
+    if isinstance(cfg, CudaLaunch):
+        return "cuda" + (f"-c{cfg.chunk}" if cfg.chunk else "")
     name = f"g{cfg.group}w{cfg.num_warps}s{cfg.num_stages}"
     name += f"r{cfg.max_registers}" if cfg.max_registers else ""
     name += {0: "", 1: "p", 2: "p2"}[cfg.prefetch]
@@ -139,6 +155,11 @@ class Inputs:
         return lambda: paged_indexer_logits_triton(self.q, self.cache, self.w, self.lens, self.table, validate=False,
                                                    out=self.out, block_max_out=self.bmax, fill_tail=False, config=cfg)
 
+    def own_cuda(self, launch: CudaLaunch):
+        return lambda: indexer_logits_cuda.paged_indexer_logits_cuda(
+            self.q, self.cache, self.w, self.lens, self.table, validate=False, out=self.out, block_max_out=self.bmax,
+            chunk=launch.chunk)
+
     def deepgemm(self):
         return lambda: deepgemm.paged_indexer_logits_deepgemm(self.q, self.cache, self.w, self.lens, self.table,
                                                               validate=False)
@@ -151,9 +172,11 @@ class Inputs:
         return lambda: deepgemm.paged_indexer_logits_deepgemm(q, self.cache, self.w, lens, table, validate=False)
 
 
-def providers(next_n: int, have_dg: bool) -> list[tuple[str, LogitsConfig | None]]:
+def providers(next_n: int, have_dg: bool, have_cuda: bool = False) -> list[tuple[str, LogitsConfig | CudaLaunch | None]]:
     """(provider, config) pairs timed at this next_n (PROVIDERS of STYLE.md rule 11, config-parametrized)."""
     out = [("own", cfg) for cfg in CANDIDATES[next_n]]
+    if have_cuda:
+        out += [("own_cuda", launch) for launch in CUDA_LAUNCHES]
     if have_dg and next_n <= 2:
         out.append(("deepgemm", None))
     if have_dg and next_n >= 2:
@@ -161,14 +184,15 @@ def providers(next_n: int, have_dg: bool) -> list[tuple[str, LogitsConfig | None
     return out
 
 
-def run(inputs: Inputs, provider: str, cfg: LogitsConfig | None):
-    if provider == "own":
-        return inputs.own(cfg)
+def run(inputs: Inputs, provider: str, cfg: LogitsConfig | CudaLaunch | None):
+    if provider in ("own", "own_cuda"):
+        return getattr(inputs, provider)(cfg)
     return getattr(inputs, provider)()
 
 
-def check(have_dg: bool, env: dict) -> None:
-    """Every provider and config against the torch reference on a small odd shape; raises on a mismatch."""
+def check(have_dg: bool, env: dict, have_cuda: bool = False) -> None:
+    """Every provider and config against the torch reference on a small odd shape; raises on a mismatch (the
+    CUDA kernel's failure drops it from CUDA_LAUNCHES instead, logged and kept in env["cuda_failed"])."""
     torch.backends.cuda.matmul.allow_tf32 = False
     batch, ctx = (2, 100) if DEVICE == "cpu" else (3, 3001)
     for n in sorted(CANDIDATES):
@@ -177,21 +201,34 @@ def check(have_dg: bool, env: dict) -> None:
         x.lens[-1] -= 70  # a shorter request: a partial last block and a block past its length
         ref = paged_indexer_logits_ref(x.q, x.cache, x.w, x.lens, x.table)
         live = torch.isfinite(ref)
-        for provider, cfg in providers(n, have_dg):
-            got = run(x, provider, cfg)()
-            if provider == "own":
-                got = x.out
-                want_bmax = block_max_ref(torch.where(live, got, float("-inf")), T)
-                used = torch.isfinite(want_bmax)
-                if not torch.equal(x.bmax[used], want_bmax[used]):
-                    raise AssertionError(f"own {config_name(cfg)} n={n}: block max differs from the written logits")
-            err = rel_err(torch.where(live, got, float("-inf")), ref)
-            name = provider + (":" + config_name(cfg) if cfg else "")
-            env.setdefault("checks", {})[f"{name}_n{n}_rel_err"] = err
-            if not err < 5e-3:
-                raise AssertionError(f"{name} n={n}: relative error {err:.2e}")
+        for provider, cfg in providers(n, have_dg, have_cuda and bool(CUDA_LAUNCHES)):
+            try:
+                _check_one(x, provider, cfg, n, ref, live, env)
+            except Exception as exc:
+                if provider != "own_cuda":
+                    raise
+                log(f"own_cuda {config_name(cfg)} n={n} failed ({exc!r:.300}): the CUDA kernel is dropped")
+                env["cuda_failed"] = f"{config_name(cfg)} n={n}: {exc!r:.300}"
+                CUDA_LAUNCHES.clear()
+                break
         del pool, x
     log(f"checks passed ({len(env['checks'])} provider x next_n)")
+
+
+def _check_one(x: Inputs, provider: str, cfg, n: int, ref: torch.Tensor, live: torch.Tensor, env: dict) -> None:
+    """One provider against the reference (AssertionError on a mismatch); its error into env["checks"]."""
+    got = run(x, provider, cfg)()
+    if provider in ("own", "own_cuda"):
+        got = x.out
+        want_bmax = block_max_ref(torch.where(live, got, float("-inf")), T)
+        used = torch.isfinite(want_bmax)
+        if not torch.equal(x.bmax[used], want_bmax[used]):
+            raise AssertionError(f"{provider} {config_name(cfg)} n={n}: block max differs from the written logits")
+    err = rel_err(torch.where(live, got, float("-inf")), ref)
+    name = provider + (":" + config_name(cfg) if cfg else "")
+    env.setdefault("checks", {})[f"{name}_n{n}_rel_err"] = err
+    if not err < 5e-3:
+        raise AssertionError(f"{name} n={n}: relative error {err:.2e}")
 
 
 def time_case(case: dict, pool: KeyPool, have_dg: bool, env: dict, timing: dict) -> list[dict]:
@@ -199,13 +236,13 @@ def time_case(case: dict, pool: KeyPool, have_dg: bool, env: dict, timing: dict)
     floor_us = max(key_bytes(case) / env["copy_GBps"] / 1e3, mma_flops(case) / env["fp8_peak_tflops"] / 1e6
                    if env["fp8_peak_tflops"] == env["fp8_peak_tflops"] else 0.0)
     rows = []
-    for provider, cfg in providers(case["next_n"], have_dg):
+    for provider, cfg in providers(case["next_n"], have_dg, bool(env.get("cuda_kernel")) and bool(CUDA_LAUNCHES)):
         t = time_graph([run(x, provider, cfg)], **timing)
         rows.append(dict(case, provider=provider, config=config_name(cfg) if cfg else "", us=t.p50_us,
                          p20_us=t.p20_us, p80_us=t.p80_us, key_GBps=key_bytes(case) / t.p50_us / 1e3,
                          pct_copy_bw=100 * bytes_moved(case) / t.p50_us / 1e3 / env["copy_GBps"], floor_us=floor_us,
                          x_floor=t.p50_us / floor_us if floor_us else float("nan"),
-                         production=bool(cfg is not None and cfg == CONFIGS[case["next_n"]])))
+                         production=bool(provider == "own" and cfg == CONFIGS[case["next_n"]])))
     del x
     return rows
 
@@ -223,7 +260,7 @@ def targets(rows: list[dict]) -> list[str]:
     points = sorted({(r["batch"], r["ctx"], r["next_n"]) for r in rows}, key=lambda p: (p[2], p[0] * p[1]))
     for b, c, n in points:
         here = [r for r in rows if (r["batch"], r["ctx"], r["next_n"]) == (b, c, n)]
-        own = [r for r in here if r["provider"] == "own"]
+        own = [r for r in here if r["provider"] in ("own", "own_cuda")]  # the project's kernels, Triton and CUDA
         if not own:
             continue
         best = min(own, key=lambda r: r["us"])
@@ -272,6 +309,18 @@ def write_report(out_dir: str, rows: list[dict], env: dict, command: str) -> lis
     return lines
 
 
+def cuda_kernel_available(env: dict) -> bool:
+    """Whether the CUDA kernel builds and takes this benchmark's shapes here (why not: env["cuda_build"])."""
+    try:
+        indexer_logits_cuda.build()
+    except RuntimeError as exc:
+        env["cuda_build"] = str(exc)[-300:]
+        return False
+    q = torch.empty(1, 1, H, D, device=DEVICE).to(torch.float8_e4m3fn)
+    cache = torch.empty(1, T, 1, D + 4, dtype=torch.uint8, device=DEVICE)
+    return indexer_logits_cuda.supports(q, cache)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(HERE, "results", "mtp"))
@@ -286,8 +335,9 @@ def main(argv=None) -> int:
     env["deepgemm"] = have_dg = (not dry) and deepgemm.available()
     env["copy_GBps"] = copy_bandwidth_gbps() if not dry else 4170.0
     env["fp8_peak_tflops"] = fp8_mma_peak_tflops()
+    env["cuda_kernel"] = have_cuda = (not dry) and cuda_kernel_available(env)
     log(json.dumps(env))
-    check(have_dg, env)
+    check(have_dg, env, have_cuda)
     log(f"check done at {time.time() - t0:.0f} s")
     if args.points:
         cases = [dict(zip(("batch", "ctx", "next_n"), map(int, s.split("x")))) for s in args.points.split(",")]
@@ -311,7 +361,7 @@ def main(argv=None) -> int:
             log(f"FAILED {case}: {exc!r}")
             continue
         rows += got
-        best = min((r for r in got if r["provider"] == "own"), key=lambda r: r["us"])
+        best = min((r for r in got if r["provider"] in ("own", "own_cuda")), key=lambda r: r["us"])
         log(f"point {case} ({time.time() - t1:.0f} s): " + ", ".join(
             f"{r['provider']}{':' + r['config'] if r['config'] else ''} {r['us']:.1f}" for r in got)
             + f"; best own {best['config']} {best['x_floor']:.2f}x floor")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 
 import pytest
+import torch
 
 from conftest import import_benchmark, run_benchmark_dry
 
@@ -42,3 +43,38 @@ def test_candidates_are_distinct_and_start_with_production():
         names = [bench.config_name(c) for c in configs]
         assert configs[0] == CONFIGS[n]
         assert len(set(names)) == len(names), (n, names)
+
+
+@pytest.mark.interpreter
+def test_a_failing_cuda_kernel_is_dropped_not_fatal(monkeypatch):
+    """bench_mtp_logits' check drops the CUDA kernel (logged, env["cuda_failed"]) when it fails and times the rest;
+    a production candidate that fails still raises."""
+    pytest.importorskip("triton")
+    bench = import_benchmark("bench_mtp_logits")
+    harness = import_benchmark("harness")
+    if torch.cuda.is_available():
+        pytest.skip("CPU (interpreter) shapes only")
+    monkeypatch.setattr(harness, "DEVICE", "cpu")  # as a dry run (SPIN_BENCH_DEVICE=cpu)
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "CUDA_LAUNCHES", list(bench.CUDA_LAUNCHES))
+    monkeypatch.setattr(bench, "CANDIDATES", {n: bench.CANDIDATES[n][:1] for n in (1, 2)})
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("paged_indexer_logits_cuda: the launch failed")
+    monkeypatch.setattr(bench.indexer_logits_cuda, "paged_indexer_logits_cuda", broken)
+    env = {}
+    bench.check(False, env, have_cuda=True)
+    assert "the launch failed" in env["cuda_failed"] and bench.CUDA_LAUNCHES == []
+    assert {"own:g1w4s3_n1_rel_err", "own:g2w4s3p_n2_rel_err"} <= set(env["checks"])
+    assert not any(k.startswith("own_cuda") for k in env["checks"])
+    assert [p for p, _ in bench.providers(2, False, True)].count("own_cuda") == 0
+    monkeypatch.setattr(bench, "paged_indexer_logits_triton", broken)  # production failing still stops the run
+    with pytest.raises(RuntimeError, match="the launch failed"):
+        bench.check(False, {})
+
+
+def test_cuda_launches_are_named_and_listed_only_when_available():
+    bench = import_benchmark("bench_mtp_logits")
+    assert [bench.config_name(x) for x in bench.CUDA_LAUNCHES] == ["cuda", "cuda-c32", "cuda-c128"]
+    assert "own_cuda" not in [p for p, _ in bench.providers(2, True)]
+    assert [p for p, _ in bench.providers(2, True, True)].count("own_cuda") == len(bench.CUDA_LAUNCHES)

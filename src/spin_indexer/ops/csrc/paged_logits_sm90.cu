@@ -1,0 +1,437 @@
+// Paged indexer logits for SM90 (H100 / H200) in CUDA: the MMA of one key block beside the epilogue of another.
+//
+// Why CUDA and not Triton: Triton 3.6 waits for every MMA right after issuing it (wgmma.wait_group 0; a dot
+// is asynchronous only when it accumulates into itself across iterations), so inside one program the MMA and
+// the epilogue (ReLU, weights, the head sum for next_n rows) run in series, and its automatic warp
+// specialization measured 2.4x slower (benchmarks/NOTES.md, runs 99-100). Here one CTA holds a TMA producer
+// warpgroup and two math warpgroups that take alternate key blocks: while one waits for its MMA, the other
+// runs its epilogue, and the producer keeps STAGES blocks in flight.
+//
+// Math (as indexer_logits.paged_indexer_logits_ref): logits[b * next_n + j, t] = scale[t] *
+// sum_h w[b * next_n + j, h] * relu(k[t] . q[b, j, h]), -inf where t >= seq_lens[b, j]; block_max[r, blk] = the
+// max of block blk's 64 written logits. Blocks past a request's longest row are not written (fill_tail=False).
+// Shapes: H = 64 heads, D = 128, T = 64 tokens a block, next_n 1-4; the key cache uint8 [num_blocks, 64, 1, 132]
+// (pages of 64 x 128 key bytes then 64 fp32 scales, a whole number of 128-byte rows apart).
+//
+// Layout of one math step (wgmma m64nNk32, N = next_n * 64): tokens on M (the key tile, A), (row, head) pairs
+// on N (q, B), both K-major in shared memory with the 128-byte swizzle TMA writes. A thread's accumulators
+// hold, for n8 tile i, D[r0][8i + 2c + {0, 1}] and D[r0 + 8][...] with r0 = 16 * warp + lane / 4, c = lane % 4:
+// a row's 64 heads are 8 tiles, so a thread sums 16 of them and a quad (4 lanes) the 64.
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace {
+
+constexpr int T = 64;             // tokens a block
+constexpr int D = 128;            // key bytes a token
+constexpr int H = 64;             // heads
+constexpr int STAGES = 6;         // key blocks in flight per CTA (even: stage s always feeds warpgroup s % 2)
+constexpr int KEY_BYTES = T * D;  // 8192: a stage's key tile (1024-aligned, as the 128-byte swizzle needs)
+constexpr int SCALE_BYTES = T * 4;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+    } while (!done);
+}
+
+// rows [y, y + box rows) of a 2D tensor map into shared memory, completing `bytes` on bar
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int x, int y, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+        ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(smem_addr(bar)) : "memory");
+}
+
+// a plain bulk copy (no tensor map) of `bytes` (a multiple of 16, 16-aligned both sides)
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+
+// wgmma shared-memory descriptor of a K-major tile with the 128-byte swizzle: rows of 128 bytes, 8-row groups
+// 1024 bytes apart (the stride byte offset); the leading byte offset is unused in this mode (1 by convention)
+__device__ __forceinline__ uint64_t smem_desc(const void* p) {
+    uint64_t addr = smem_addr(p);
+    return ((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+
+// keeps the compiler from moving accumulator reads / writes across the asynchronous MMA
+template <int R>
+__device__ __forceinline__ void fence_regs(float* d) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// The wgmma instructions, one per N (written out: inline PTX takes no operand lists)
+// D[64 x 64] (+)= A[64 x 32] . B[64 x 32]^T, fp8 e4m3 operands in shared memory (K-major, 128B swizzle)
+__device__ __forceinline__ void wgmma_m64n64k32(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+        "}, %32, %33, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// D[64 x 128] (+)= A[64 x 32] . B[128 x 32]^T, fp8 e4m3 operands in shared memory (K-major, 128B swizzle)
+__device__ __forceinline__ void wgmma_m64n128k32(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+        "}, %64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// D[64 x 192] (+)= A[64 x 32] . B[192 x 32]^T, fp8 e4m3 operands in shared memory (K-major, 128B swizzle)
+__device__ __forceinline__ void wgmma_m64n192k32(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k32.f32.e4m3.e4m3 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+        "}, %96, %97, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// D[64 x 256] (+)= A[64 x 32] . B[256 x 32]^T, fp8 e4m3 operands in shared memory (K-major, 128B swizzle)
+__device__ __forceinline__ void wgmma_m64n256k32(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 "
+        "{"
+        "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+        "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+        "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+        "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+        "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+        "}, %128, %129, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+template <int N>
+__device__ __forceinline__ void mma_k32(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    if constexpr (N == 64) wgmma_m64n64k32(d, desc_a, desc_b, accumulate);
+    else if constexpr (N == 128) wgmma_m64n128k32(d, desc_a, desc_b, accumulate);
+    else if constexpr (N == 192) wgmma_m64n192k32(d, desc_a, desc_b, accumulate);
+    else wgmma_m64n256k32(d, desc_a, desc_b, accumulate);
+}
+
+constexpr int MAX_CHUNK = 256;  // blocks a CTA (their ids staged in shared memory)
+
+template <int NEXT_N>
+constexpr int smem_bytes() {
+    return 1024                                  // slack to align the tiles to 1024 bytes
+           + NEXT_N * H * D                      // q [N, 128]
+           + STAGES * (KEY_BYTES + SCALE_BYTES)  // key tiles and their scales
+           + 2 * 2 * 4 * 4 * 4                   // block-max partials [math wg][parity][warp][row]
+           + MAX_CHUNK * 4                       // the chunk's block ids
+           + (2 * STAGES + 1) * 8;               // mbarriers
+}
+
+// grid (B, ceil(W / chunk)), 384 threads: warpgroup 0 issues the copies (one thread), 1 and 2 compute
+// alternate blocks of the chunk. Block ids outside [0, num_cache_blocks) read block 0 (never outside the cache).
+template <int NEXT_N>
+__global__ void __launch_bounds__(384, 1) paged_logits_kernel(
+        const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap q_map,
+        const uint8_t* __restrict__ cache, const float* __restrict__ weights, const int* __restrict__ seq_lens,
+        const int* __restrict__ block_table, float* __restrict__ out, float* __restrict__ block_max,
+        int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
+        int rows_per_page, int64_t page_bytes) {
+    constexpr int N = NEXT_N * H;
+    constexpr int R = N / 2;  // accumulators a thread
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* q_s = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+    uint8_t* keys_s = q_s + N * D;
+    float* scales_s = reinterpret_cast<float*>(keys_s + STAGES * KEY_BYTES);
+    float* red_s = scales_s + STAGES * T;
+    int* ids_s = reinterpret_cast<int*>(red_s + 2 * 2 * 4 * 4);
+    uint64_t* full = reinterpret_cast<uint64_t*>(ids_s + MAX_CHUNK);
+    uint64_t* empty = full + STAGES;
+    uint64_t* q_bar = empty + STAGES;
+
+    const int b = blockIdx.x;
+    const int blk0 = blockIdx.y * chunk;
+    int lens[NEXT_N];
+    int longest = 0;
+#pragma unroll
+    for (int j = 0; j < NEXT_N; ++j) {
+        lens[j] = seq_lens[b * NEXT_N + j];
+        longest = max(longest, lens[j]);
+    }
+    const int nblk = min(blk0 + chunk, (longest + T - 1) / T) - blk0;  // blocks of this chunk below the longest row
+    if (nblk <= 0) return;  // the whole CTA: nothing to score, the tail is left unwritten
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 128);  // every thread of the math warpgroup that read the stage
+        }
+        mbar_init(q_bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // the producer
+        if constexpr (NEXT_N >= 3) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        if (tid >= 32) return;
+        // the chunk's ids in shared memory first (coalesced): one dependent global load a block would
+        // serialize the copies behind its latency
+        const int* ids = block_table + int64_t(b) * stride_table + blk0;
+        for (int i = tid; i < nblk; i += 32) {
+            const int raw = ids[i];
+            ids_s[i] = (raw >= 0 && raw < num_cache_blocks) ? raw : 0;
+        }
+        __syncwarp();
+        if (tid == 0) {
+            mbar_expect_tx(q_bar, N * D);
+            tma_load_2d(q_s, &q_map, 0, b * N, q_bar);
+            for (int i = 0; i < nblk; ++i) {
+                const int s = i % STAGES;
+                mbar_wait(&empty[s], ((i / STAGES) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
+                const int phys = ids_s[i];
+                mbar_expect_tx(&full[s], KEY_BYTES + SCALE_BYTES);
+                tma_load_2d(keys_s + s * KEY_BYTES, &key_map, 0, phys * rows_per_page, &full[s]);
+                bulk_load(scales_s + s * T, cache + int64_t(phys) * page_bytes + KEY_BYTES, SCALE_BYTES, &full[s]);
+            }
+        }
+        return;
+    }
+
+    if constexpr (NEXT_N >= 3) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+    const int mw = wg - 1;  // math warpgroup 0 or 1: blocks mw, mw + 2, ...
+    const int warp = tid / 32, lane = tid % 32;
+    const int r0 = 16 * warp + lane / 4, c = lane % 4;  // this thread's tokens r0 and r0 + 8; its column pair
+    float wr[NEXT_N][8][2];  // w[row j, head 8k + 2c + e]: the heads of this thread's accumulator columns
+    const float* wrow = weights + int64_t(b) * NEXT_N * H;
+#pragma unroll
+    for (int j = 0; j < NEXT_N; ++j)
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) wr[j][k][e] = wrow[j * H + 8 * k + 2 * c + e];
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] = 0.f;
+    mbar_wait(q_bar, 0);
+    const uint64_t q_desc = smem_desc(q_s);
+    for (int i = mw, it = 0; i < nblk; i += 2, ++it) {
+        const int s = i % STAGES;
+        mbar_wait(&full[s], (i / STAGES) & 1);
+        const uint64_t k_desc = smem_desc(keys_s + s * KEY_BYTES);
+        fence_regs<R>(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 32; ++kk) mma_k32<N>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);  // +32 B
+        wgmma_commit();
+        wgmma_wait_all();
+        fence_regs<R>(acc);
+        const float sc0 = scales_s[s * T + r0], sc1 = scales_s[s * T + r0 + 8];
+        mbar_arrive(&empty[s]);  // the stage's keys (read by the MMA) and scales are no longer needed
+
+        const int blk = blk0 + i;
+        float v[NEXT_N][2];
+#pragma unroll
+        for (int j = 0; j < NEXT_N; ++j) {
+            float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) {
+                const float* a = acc + 4 * (8 * j + k);
+                s0 = fmaf(fmaxf(a[0], 0.f), wr[j][k][0], s0);
+                s0 = fmaf(fmaxf(a[1], 0.f), wr[j][k][1], s0);
+                s1 = fmaf(fmaxf(a[2], 0.f), wr[j][k][0], s1);
+                s1 = fmaf(fmaxf(a[3], 0.f), wr[j][k][1], s1);
+            }
+            s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+            s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+            s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+            s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+            const int col = blk * T + r0;
+            v[j][0] = col < lens[j] ? s0 * sc0 : -INFINITY;
+            v[j][1] = col + 8 < lens[j] ? s1 * sc1 : -INFINITY;
+        }
+        // a quad holds 2 * NEXT_N values (rows j, tokens r0 / r0 + 8): lane c stores those with (2j + h) % 4 == c
+#pragma unroll
+        for (int j = 0; j < NEXT_N; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                if ((2 * j + h) % 4 == c)
+                    out[(int64_t(b) * NEXT_N + j) * out_stride + int64_t(blk) * T + r0 + 8 * h] = v[j][h];
+        // block max: over the quads of a warp, then over the 4 warps through shared memory (double-buffered by
+        // iteration parity, so one named barrier an iteration suffices)
+        float* red = red_s + (mw * 2 + (it & 1)) * 16;
+#pragma unroll
+        for (int j = 0; j < NEXT_N; ++j) {
+            float m = fmaxf(v[j][0], v[j][1]);
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+            if (lane == 0) red[warp * 4 + j] = m;
+        }
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");
+        if (tid < NEXT_N) {
+            const float m = fmaxf(fmaxf(red[tid], red[4 + tid]), fmaxf(red[8 + tid], red[12 + tid]));
+            block_max[(int64_t(b) * NEXT_N + tid) * bmax_stride + blk] = m;
+        }
+    }
+}
+
+typedef CUresult (*EncodeTiled)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiled encode_fn() {  // the driver's cuTensorMapEncodeTiled, found at run time (no link to libcuda)
+    static EncodeTiled fn = nullptr;
+    if (fn == nullptr) {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult status;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &status) ==
+                cudaSuccess && status == cudaDriverEntryPointSuccess)
+            fn = reinterpret_cast<EncodeTiled>(p);
+    }
+    return fn;
+}
+
+// a [rows, 128] uint8 view of `base` read in boxes of box_rows rows with the 128-byte swizzle
+int make_map(CUtensorMap* map, void* base, uint64_t rows, uint32_t box_rows) {
+    EncodeTiled encode = encode_fn();
+    if (encode == nullptr) return -1;
+    cuuint64_t dims[2] = {uint64_t(D), rows};
+    cuuint64_t strides[1] = {uint64_t(D)};
+    cuuint32_t box[2] = {uint32_t(D), box_rows};
+    cuuint32_t elem_strides[2] = {1, 1};
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, base, dims, strides, box, elem_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS ? 0 : -2;
+}
+
+template <int NEXT_N>
+int launch(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* cache, const float* weights,
+           const int* seq_lens, const int* block_table, float* out, float* block_max, int batch, int width,
+           int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
+           int rows_per_page, int64_t page_bytes, cudaStream_t stream) {
+    constexpr int smem = smem_bytes<NEXT_N>();
+    static bool configured = false;  // the attribute is per function: set once
+    if (!configured) {
+        if (cudaFuncSetAttribute(paged_logits_kernel<NEXT_N>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+                cudaSuccess)
+            return -3;
+        configured = true;
+    }
+    dim3 grid(batch, (width + chunk - 1) / chunk);
+    paged_logits_kernel<NEXT_N><<<grid, 384, smem, stream>>>(key_map, q_map, cache, weights, seq_lens, block_table,
+                                                            out, block_max, stride_table, out_stride, bmax_stride,
+                                                            chunk, num_cache_blocks, rows_per_page, page_bytes);
+    return cudaGetLastError() == cudaSuccess ? 0 : -4;
+}
+
+}  // namespace
+
+// Returns 0, or a negative code: -1 no cuTensorMapEncodeTiled, -2 a tensor map rejected, -3 the shared-memory
+// attribute refused, -4 the launch failed, -5 bad arguments (the Python wrapper checks them first).
+extern "C" int spin_paged_logits_sm90(int next_n, void* q, void* cache, int64_t num_cache_blocks,
+                                      int64_t page_bytes, const float* weights, const int* seq_lens,
+                                      const int* block_table, int batch, int width, int stride_table, float* out,
+                                      int64_t out_stride, float* block_max, int64_t bmax_stride, int chunk,
+                                      void* stream) {
+    if (next_n < 1 || next_n > 4 || page_bytes % D != 0 || chunk < 1 || chunk > MAX_CHUNK) return -5;
+    if (batch == 0 || width == 0) return 0;
+    const int rows_per_page = int(page_bytes / D);
+    CUtensorMap key_map, q_map;
+    if (int rc = make_map(&key_map, cache, uint64_t(num_cache_blocks) * rows_per_page, T)) return rc;
+    if (int rc = make_map(&q_map, q, uint64_t(batch) * next_n * H, uint32_t(next_n * H))) return rc;
+    const uint8_t* c = static_cast<const uint8_t*>(cache);
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    switch (next_n) {
+        case 1: return launch<1>(key_map, q_map, c, weights, seq_lens, block_table, out, block_max, batch, width,
+                                 stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
+                                 page_bytes, s);
+        case 2: return launch<2>(key_map, q_map, c, weights, seq_lens, block_table, out, block_max, batch, width,
+                                 stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
+                                 page_bytes, s);
+        case 3: return launch<3>(key_map, q_map, c, weights, seq_lens, block_table, out, block_max, batch, width,
+                                 stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
+                                 page_bytes, s);
+        default: return launch<4>(key_map, q_map, c, weights, seq_lens, block_table, out, block_max, batch, width,
+                                  stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
+                                  page_bytes, s);
+    }
+}

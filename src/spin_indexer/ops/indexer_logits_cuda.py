@@ -1,0 +1,148 @@
+"""Paged indexer logits in CUDA for SM90 (csrc/paged_logits_sm90.cu), next_n 1-4: the MMA of one key block
+beside the epilogue of another, which the Triton kernel cannot do (issue #17; benchmarks/NOTES.md, runs 99-101).
+
+Built with nvcc on first use into a cache folder (SPIN_CUDA_CACHE, default ~/.cache/spin_indexer), keyed by the
+source's hash, and called through ctypes: no torch extension, no ninja. Where nvcc, an SM90 GPU or the build is
+missing, `supports` answers False and callers keep the Triton kernel.
+
+Same math and outputs as `paged_indexer_logits_triton(..., fill_tail=False)`: logits float32 [B*next_n, W*T]
+and their block maxima [B*next_n, W]; blocks past each request's longest row are left as they were. Shapes it
+takes: H = 64, D = 128, T = 64 (DeepSeek-V3.2's indexer), pages a whole number of 128-byte rows apart (the
+V3.2 layout, 8448 bytes; V4's padded pages are not).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..layout import page_stride_bytes
+from .indexer_logits import check_paged_indexer_args
+from .indexer_logits_triton import logits_outputs
+
+SOURCE = Path(__file__).with_name("csrc") / "paged_logits_sm90.cu"
+NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC")
+HEADS, DIM, TOKENS = 64, 128, 64
+MAX_CHUNK = 256  # blocks a CTA (the kernel stages their ids in shared memory)
+ERRORS = {-1: "no cuTensorMapEncodeTiled in the driver", -2: "a TMA tensor map was rejected",
+          -3: "the shared-memory attribute was refused", -4: "the launch failed", -5: "bad arguments"}
+
+
+def nvcc_path() -> str | None:
+    """nvcc on PATH, else under CUDA_HOME / CUDA_PATH / /usr/local/cuda; None if there is none."""
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and os.access(os.path.join(root, "bin", "nvcc"), os.X_OK):
+            return os.path.join(root, "bin", "nvcc")
+    return None
+
+
+def build(out_dir: str | os.PathLike | None = None) -> Path:
+    """Compiles the kernel library (about 5 s) unless the cache holds it; returns its path. Raises
+    RuntimeError with nvcc's message when nvcc is missing or fails."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found (PATH, CUDA_HOME): the CUDA logits kernel cannot be built")
+    src = SOURCE.read_bytes()
+    digest = hashlib.sha256(src + " ".join(NVCC_FLAGS).encode()).hexdigest()[:16]
+    folder = Path(out_dir or os.environ.get("SPIN_CUDA_CACHE") or Path.home() / ".cache" / "spin_indexer")
+    folder.mkdir(parents=True, exist_ok=True)
+    lib = folder / f"paged_logits_sm90_{digest}.so"
+    if lib.exists():
+        return lib
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:  # built aside, then renamed: no half-written library
+        part = Path(tmp) / lib.name
+        proc = subprocess.run([nvcc, *NVCC_FLAGS, "-o", str(part), str(SOURCE)], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"nvcc failed on {SOURCE.name}:\n{proc.stderr[-2000:]}")
+        os.replace(part, lib)
+    return lib
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except (RuntimeError, OSError):
+        return None
+    fn = lib.spin_paged_logits_sm90
+    i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
+    fn.argtypes = [i32, ptr, ptr, i64, i64, ptr, ptr, ptr, i32, i32, i32, ptr, i64, ptr, i64, i32, ptr]
+    fn.restype = i32
+    return lib
+
+
+def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    """Whether this kernel runs these inputs: CUDA tensors on an SM90 GPU, next_n 1-4, H = 64, D = 128,
+    T = 64, pages a whole number of 128-byte rows apart, and the library built."""
+    if not (q_fp8.is_cuda and q_fp8.dim() == 4 and kv_cache.dim() == 4):
+        return False
+    _, next_n, heads, dim = q_fp8.shape
+    if (heads, dim, kv_cache.shape[1]) != (HEADS, DIM, TOKENS) or not 1 <= next_n <= 4:
+        return False
+    if torch.cuda.get_device_capability(q_fp8.device) != (9, 0):
+        return False
+    try:
+        if page_stride_bytes(kv_cache) % DIM:
+            return False
+    except ValueError:
+        return False
+    return _library() is not None
+
+
+def default_chunk(batch: int, width: int) -> int:
+    """Blocks a CTA: 64, halved (down to 8) while the grid would be under two CTAs an SM (one CTA an SM fits:
+    384 threads, up to 168 registers)."""
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    chunk = 64
+    while chunk > 8 and batch * -(-width // chunk) < 2 * sms:
+        chunk //= 2
+    return chunk
+
+
+def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                              seq_lens: torch.Tensor, block_table: torch.Tensor, validate: bool = True,
+                              out: torch.Tensor | None = None, block_max_out: torch.Tensor | None = None,
+                              chunk: int | None = None) -> torch.Tensor:
+    """Paged indexer logits, blocks past each request's longest row left unwritten (as the Triton kernel with
+    fill_tail=False). q_fp8: float8_e4m3fn [B, next_n, 64, 128]; kv_cache: uint8 [num_blocks, 64, 1, 132];
+    weights: float32 [B*next_n, 64]; seq_lens: int32 [B, next_n]; block_table: int32 [B, W]; out: float32
+    [B*next_n, W*64]; block_max_out: float32 [B*next_n, W]; chunk: blocks a CTA (1-256; None: default_chunk).
+    Ids outside the cache read block 0 (validate=False: wrong logits, never a read outside the cache).
+    Raises ValueError for inputs `supports` rejects. returns out: float32 [B*next_n, W*64]."""
+    check_paged_indexer_args(q_fp8, kv_cache, weights, seq_lens, block_table, validate)
+    if not supports(q_fp8, kv_cache):
+        raise ValueError(f"q_fp8 / kv_cache: the CUDA logits kernel takes CUDA tensors on an SM90 GPU with next_n "
+                         f"1-4, H = {HEADS}, D = {DIM}, T = {TOKENS} and pages a whole number of {DIM}-byte rows "
+                         f"apart (and nvcc to build it); got q_fp8 {list(q_fp8.shape)} on {q_fp8.device}, kv_cache "
+                         f"{list(kv_cache.shape)}")
+    if chunk is not None and not 1 <= chunk <= MAX_CHUNK:
+        raise ValueError(f"chunk: expected 1..{MAX_CHUNK} blocks a CTA, got {chunk}")
+    batch, next_n = q_fp8.shape[:2]
+    width = block_table.shape[1]
+    out, block_max_out = logits_outputs(q_fp8, kv_cache, block_table, out, block_max_out)
+    if batch == 0 or width == 0:
+        return out
+    q = q_fp8 if q_fp8.is_contiguous() else q_fp8.contiguous()
+    w = weights if weights.is_contiguous() else weights.contiguous()
+    lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
+    if block_table.stride(1) != 1:
+        block_table = block_table.contiguous()
+    chunk = chunk or default_chunk(batch, width)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    rc = _library().spin_paged_logits_sm90(
+        next_n, q.data_ptr(), kv_cache.data_ptr(), kv_cache.shape[0], page_stride_bytes(kv_cache), w.data_ptr(),
+        lens.data_ptr(), block_table.data_ptr(), batch, width, block_table.stride(0), out.data_ptr(), out.stride(0),
+        block_max_out.data_ptr(), block_max_out.stride(0), chunk, stream)
+    if rc != 0:
+        raise RuntimeError(f"paged_indexer_logits_cuda: {ERRORS.get(rc, rc)}")
+    return out

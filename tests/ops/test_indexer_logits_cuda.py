@@ -1,0 +1,98 @@
+"""The CUDA paged logits kernel for SM90 (ops/indexer_logits_cuda.py, csrc/paged_logits_sm90.cu) against the
+independent float64 recomputation: odd lengths, chunks that cut requests, next_n 1-4, poisoned outputs, a
+corrupt block table. On an SM90 GPU with nvcc the kernel runs; elsewhere those tests skip, and what runs is
+the source's compile for sm_90a (where nvcc is) and the wrapper's refusals."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import T, assert_logits_close, logits_f64, make_paged_inputs, run_logits_poisoned
+from spin_indexer.ops import indexer_logits_cuda as C
+
+HEADS, DIM = C.HEADS, C.DIM
+
+
+def _gpu_or_skip():
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
+        pytest.skip("needs an SM90 GPU")
+    if C._library() is None:
+        pytest.skip("the CUDA logits library did not build (nvcc)")
+
+
+def _written(inputs) -> torch.Tensor:
+    """[rows, W] bool: the blocks the kernel writes (below each request's longest row)."""
+    lens = inputs.seq_lens.amax(dim=1)
+    width = inputs.block_table.shape[1]
+    used = torch.div(lens + T - 1, T, rounding_mode="floor")
+    return (torch.arange(width)[None, :] < used[:, None]).repeat_interleave(inputs.seq_lens.shape[1], dim=0)
+
+
+def _check(inputs, **knobs):
+    out, bmax = run_logits_poisoned(C.paged_indexer_logits_cuda, inputs, "cuda", **knobs)
+    expected, magnitude = logits_f64(*inputs.args())
+    written = _written(inputs)
+    cells = written.repeat_interleave(T, dim=1)
+    assert torch.isnan(out.cpu()[~cells]).all() and torch.isnan(bmax.cpu()[~written]).all(), "tail written"
+    got = torch.where(cells, out.cpu(), torch.zeros(()))
+    expected[~cells.numpy()], magnitude[~cells.numpy()] = 0.0, 0.0
+    assert_logits_close(got, expected, magnitude)
+    rows = expected.shape[0]
+    exp_blocks = np.where(written.numpy(), expected.reshape(rows, -1, T).max(axis=2), 0.0)
+    mag_blocks = magnitude.reshape(rows, -1, T).max(axis=2)
+    assert_logits_close(torch.where(written, bmax.cpu(), torch.zeros(())), exp_blocks, mag_blocks)
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 2, 3, 7])
+@pytest.mark.parametrize("next_n", [1, 2, 3, 4])
+def test_matches_float64(next_n, chunk, gen):
+    _gpu_or_skip()
+    # a partial last block, a request ending on a block edge, a 1-token request, a long one (many stages)
+    inputs = make_paged_inputs((5 * T + 17, 3 * T, 1, 40 * T + 5), next_n, HEADS, DIM, gen, extra_width=3)
+    _check(inputs, chunk=chunk)
+
+
+def test_one_block_and_empty_batch(gen):
+    _gpu_or_skip()
+    _check(make_paged_inputs((7,), 2, HEADS, DIM, gen, extra_width=0))
+    empty = make_paged_inputs((), 2, HEADS, DIM, gen)
+    out = C.paged_indexer_logits_cuda(*[t.cuda() for t in empty.args()])
+    assert out.shape == (0, empty.block_table.shape[1] * T)
+
+
+def test_bad_ids_read_inside_the_cache(gen):
+    """validate=False with ids outside the cache: block 0's keys, no fault (the next call still works)."""
+    _gpu_or_skip()
+    inputs = make_paged_inputs((3 * T,), 1, HEADS, DIM, gen)
+    table = inputs.block_table.clone()
+    table[0, :3] = torch.tensor([-5, 10 ** 6, 0])
+    args = [t.cuda() for t in inputs.args()]
+    args[4] = table.cuda()
+    out = C.paged_indexer_logits_cuda(*args, validate=False)
+    torch.cuda.synchronize()
+    assert torch.equal(out[:, :T], out[:, T:2 * T]) and torch.equal(out[:, :T], out[:, 2 * T:3 * T])
+
+
+def test_refuses_what_it_does_not_take(gen):
+    """Off an SM90 GPU, or at other head counts, a ValueError naming the inputs and what the kernel takes."""
+    inputs = make_paged_inputs((T,), 1, 16, 32, gen)
+    with pytest.raises(ValueError, match="q_fp8 / kv_cache: the CUDA logits kernel takes"):
+        C.paged_indexer_logits_cuda(*inputs.args())
+    assert not C.supports(inputs.q_fp8, inputs.kv_cache)
+
+
+def test_chunk_out_of_range_is_refused(gen):
+    _gpu_or_skip()
+    inputs = make_paged_inputs((T,), 1, HEADS, DIM, gen)
+    with pytest.raises(ValueError, match="chunk: expected 1..256"):
+        C.paged_indexer_logits_cuda(*[t.cuda() for t in inputs.args()], chunk=257)
+
+
+def test_source_compiles_for_sm90a(tmp_path):
+    """The kernel source builds with nvcc for sm_90a (no GPU needed); skipped where there is no nvcc."""
+    if C.nvcc_path() is None:
+        pytest.skip("no nvcc")
+    lib = C.build(tmp_path)
+    assert lib.exists() and lib.stat().st_size > 0
+    assert C.build(tmp_path) == lib  # cached by the source's hash

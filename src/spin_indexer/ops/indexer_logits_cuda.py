@@ -46,14 +46,16 @@ def nvcc_path() -> str | None:
     return None
 
 
-def build(out_dir: str | os.PathLike | None = None) -> Path:
-    """Compiles the kernel library (about 5 s) unless the cache holds it; returns its path. Raises
-    RuntimeError with nvcc's message when nvcc is missing or fails."""
+def build(out_dir: str | os.PathLike | None = None, defines: tuple[str, ...] = ()) -> Path:
+    """Compiles the kernel library (about 5 s) unless the cache holds it; returns its path. defines: -D
+    switches (NAME=VALUE) of the source's probe builds (benchmarks/cuda_logits_probe.py; none in the library
+    this module calls). Raises RuntimeError with nvcc's message when nvcc is missing or fails."""
     nvcc = nvcc_path()
     if nvcc is None:
         raise RuntimeError("nvcc not found (PATH, CUDA_HOME): the CUDA logits kernel cannot be built")
     src = SOURCE.read_bytes()
-    digest = hashlib.sha256(src + " ".join(NVCC_FLAGS).encode()).hexdigest()[:16]
+    flags = (*NVCC_FLAGS, *(f"-D{d}" for d in defines))
+    digest = hashlib.sha256(src + " ".join(flags).encode()).hexdigest()[:16]
     folder = Path(out_dir or os.environ.get("SPIN_CUDA_CACHE") or Path.home() / ".cache" / "spin_indexer")
     folder.mkdir(parents=True, exist_ok=True)
     lib = folder / f"paged_logits_sm90_{digest}.so"
@@ -61,7 +63,7 @@ def build(out_dir: str | os.PathLike | None = None) -> Path:
         return lib
     with tempfile.TemporaryDirectory(dir=folder) as tmp:  # built aside, then renamed: no half-written library
         part = Path(tmp) / lib.name
-        proc = subprocess.run([nvcc, *NVCC_FLAGS, "-o", str(part), str(SOURCE)], capture_output=True, text=True)
+        proc = subprocess.run([nvcc, *flags, "-o", str(part), str(SOURCE)], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"nvcc failed on {SOURCE.name}:\n{proc.stderr[-2000:]}")
         os.replace(part, lib)
@@ -69,9 +71,10 @@ def build(out_dir: str | os.PathLike | None = None) -> Path:
 
 
 @functools.cache
-def _library() -> ctypes.CDLL | None:
+def load_library(defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """The built library with its entry point typed; None where it does not build or load."""
     try:
-        lib = ctypes.CDLL(str(build()))
+        lib = ctypes.CDLL(str(build(defines=defines)))
     except (RuntimeError, OSError):
         return None
     fn = lib.spin_paged_logits_sm90
@@ -96,7 +99,7 @@ def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor) -> bool:
             return False
     except ValueError:
         return False
-    return _library() is not None
+    return load_library() is not None
 
 
 def default_chunk(batch: int, width: int) -> int:
@@ -112,12 +115,13 @@ def default_chunk(batch: int, width: int) -> int:
 def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                               seq_lens: torch.Tensor, block_table: torch.Tensor, validate: bool = True,
                               out: torch.Tensor | None = None, block_max_out: torch.Tensor | None = None,
-                              chunk: int | None = None) -> torch.Tensor:
+                              chunk: int | None = None, library: ctypes.CDLL | None = None) -> torch.Tensor:
     """Paged indexer logits, blocks past each request's longest row left unwritten (as the Triton kernel with
     fill_tail=False). q_fp8: float8_e4m3fn [B, next_n, 64, 128]; kv_cache: uint8 [num_blocks, 64, 1, 132];
     weights: float32 [B*next_n, 64]; seq_lens: int32 [B, next_n]; block_table: int32 [B, W]; out: float32
     [B*next_n, W*64]; block_max_out: float32 [B*next_n, W]; chunk: blocks a CTA (1-256; None: default_chunk).
     Ids outside the cache read block 0 (validate=False: wrong logits, never a read outside the cache).
+    library: a probe build (`load_library(defines)`, benchmarks only); None = the production one.
     Raises ValueError for inputs `supports` rejects. returns out: float32 [B*next_n, W*64]."""
     check_paged_indexer_args(q_fp8, kv_cache, weights, seq_lens, block_table, validate)
     if not supports(q_fp8, kv_cache):
@@ -139,7 +143,7 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
         block_table = block_table.contiguous()
     chunk = chunk or default_chunk(batch, width)
     stream = torch.cuda.current_stream(q.device).cuda_stream
-    rc = _library().spin_paged_logits_sm90(
+    rc = (library or load_library()).spin_paged_logits_sm90(
         next_n, q.data_ptr(), kv_cache.data_ptr(), kv_cache.shape[0], page_stride_bytes(kv_cache), w.data_ptr(),
         lens.data_ptr(), block_table.data_ptr(), batch, width, block_table.stride(0), out.data_ptr(), out.stride(0),
         block_max_out.data_ptr(), block_max_out.stride(0), chunk, stream)

@@ -21,6 +21,17 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+// Build-time switches for benchmarks/cuda_logits_probe.py only (the library ops/ builds sets none):
+// SPIN_LOGITS_PROBE leaves one stage out to time the rest (1: the epilogue's head sum, 2: the MMA, 3: the block
+// max); SPIN_LOGITS_ORDERED = 1 hands the tensor core from one math warpgroup to the other (each MMA waits for
+// the other warpgroup's previous one), which forces the MMA of one beside the epilogue of the other.
+#ifndef SPIN_LOGITS_PROBE
+#define SPIN_LOGITS_PROBE 0
+#endif
+#ifndef SPIN_LOGITS_ORDERED
+#define SPIN_LOGITS_ORDERED 0
+#endif
+
 namespace {
 
 constexpr int T = 64;             // tokens a block
@@ -293,17 +304,23 @@ __global__ void __launch_bounds__(384, 1) paged_logits_kernel(
     for (int i = 0; i < R; ++i) acc[i] = 0.f;
     mbar_wait(q_bar, 0);
     const uint64_t q_desc = smem_desc(q_s);
+    if (SPIN_LOGITS_ORDERED && mw == 1) asm volatile("bar.arrive 3, 256;" ::: "memory");  // warpgroup 0 goes first
     for (int i = mw, it = 0; i < nblk; i += 2, ++it) {
         const int s = i % STAGES;
         mbar_wait(&full[s], (i / STAGES) & 1);
         const uint64_t k_desc = smem_desc(keys_s + s * KEY_BYTES);
+        if (SPIN_LOGITS_ORDERED) asm volatile("bar.sync %0, 256;" ::"r"(3 + mw) : "memory");  // my turn
         fence_regs<R>(acc);
-        wgmma_fence();
+        if (SPIN_LOGITS_PROBE != 2) {
+            wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < D / 32; ++kk) mma_k32<N>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);  // +32 B
-        wgmma_commit();
-        wgmma_wait_all();
+            for (int kk = 0; kk < D / 32; ++kk) mma_k32<N>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);  // +32 B
+            wgmma_commit();
+            wgmma_wait_all();
+        }
         fence_regs<R>(acc);
+        if (SPIN_LOGITS_ORDERED && i + 1 < nblk)  // the other warpgroup's turn: block i + 1
+            asm volatile("bar.arrive %0, 256;" ::"r"(4 - mw) : "memory");
         const float sc0 = scales_s[s * T + r0], sc1 = scales_s[s * T + r0 + 8];
         mbar_arrive(&empty[s]);  // the stage's keys (read by the MMA) and scales are no longer needed
 
@@ -312,18 +329,23 @@ __global__ void __launch_bounds__(384, 1) paged_logits_kernel(
 #pragma unroll
         for (int j = 0; j < NEXT_N; ++j) {
             float s0 = 0.f, s1 = 0.f;
+            if (SPIN_LOGITS_PROBE == 1) {
+                s0 = acc[32 * j];
+                s1 = acc[32 * j + 2];
+            } else {
 #pragma unroll
-            for (int k = 0; k < 8; ++k) {
-                const float* a = acc + 4 * (8 * j + k);
-                s0 = fmaf(fmaxf(a[0], 0.f), wr[j][k][0], s0);
-                s0 = fmaf(fmaxf(a[1], 0.f), wr[j][k][1], s0);
-                s1 = fmaf(fmaxf(a[2], 0.f), wr[j][k][0], s1);
-                s1 = fmaf(fmaxf(a[3], 0.f), wr[j][k][1], s1);
+                for (int k = 0; k < 8; ++k) {
+                    const float* a = acc + 4 * (8 * j + k);
+                    s0 = fmaf(fmaxf(a[0], 0.f), wr[j][k][0], s0);
+                    s0 = fmaf(fmaxf(a[1], 0.f), wr[j][k][1], s0);
+                    s1 = fmaf(fmaxf(a[2], 0.f), wr[j][k][0], s1);
+                    s1 = fmaf(fmaxf(a[3], 0.f), wr[j][k][1], s1);
+                }
+                s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+                s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+                s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+                s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
             }
-            s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-            s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-            s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-            s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
             const int col = blk * T + r0;
             v[j][0] = col < lens[j] ? s0 * sc0 : -INFINITY;
             v[j][1] = col + 8 < lens[j] ? s1 * sc1 : -INFINITY;
@@ -337,6 +359,7 @@ __global__ void __launch_bounds__(384, 1) paged_logits_kernel(
                     out[(int64_t(b) * NEXT_N + j) * out_stride + int64_t(blk) * T + r0 + 8 * h] = v[j][h];
         // block max: over the quads of a warp, then over the 4 warps through shared memory (double-buffered by
         // iteration parity, so one named barrier an iteration suffices)
+        if (SPIN_LOGITS_PROBE == 3) continue;
         float* red = red_s + (mw * 2 + (it & 1)) * 16;
 #pragma unroll
         for (int j = 0; j < NEXT_N; ++j) {

@@ -1,0 +1,110 @@
+"""Where the CUDA logits kernel's time goes (issue #17): its production build beside probe builds of the same
+source that leave one stage out, and the ordered hand-off of the tensor core between its two math warpgroups,
+with the Triton production config and DeepGEMM in the same run (H200.md: "time variants that leave one stage
+out or do it twice, and take differences").
+
+    PYTHONPATH=src:benchmarks python3 benchmarks/cuda_logits_probe.py --out $OUT/probe
+
+Variants (ops/csrc/paged_logits_sm90.cu's build switches): cuda (production), no-headsum (SPIN_LOGITS_PROBE=1:
+no ReLU / weights / head sum), no-mma (=2), no-blockmax (=3), ordered (SPIN_LOGITS_ORDERED=1), each at the
+launcher's chunk and at 128 blocks a CTA. Per point (B x L x next_n, H = 64, D = 128), CUDA graphs, median of
+replays. The ordered build is also checked against the torch reference (it could become production); the
+probes compute wrong logits by design and are only timed. Writes <out>/cuda_probe.csv and .md.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import bench_mtp_logits as mtp  # noqa: E402
+from harness import KeyPool, environment, markdown_table, rel_err, time_graph  # noqa: E402
+from spin_indexer.ops import deepgemm, indexer_logits_cuda  # noqa: E402
+from spin_indexer.ops.indexer_logits import paged_indexer_logits_ref  # noqa: E402
+from spin_indexer.ops.indexer_logits_triton import CONFIGS  # noqa: E402
+
+VARIANTS = {"cuda": (), "no-headsum": ("SPIN_LOGITS_PROBE=1",), "no-mma": ("SPIN_LOGITS_PROBE=2",),
+            "no-blockmax": ("SPIN_LOGITS_PROBE=3",), "ordered": ("SPIN_LOGITS_ORDERED=1",)}
+POINTS = "96x131072x2,96x131072x1,96x131072x4,32x524288x2"
+COLUMNS = ["batch", "ctx", "next_n", "variant", "chunk", "us", "vs_cuda"]
+
+
+def check_ordered(env: dict) -> None:
+    """The ordered build against the reference at every next_n on a small odd shape (rel. error < 5e-3)."""
+    lib = indexer_logits_cuda.load_library(VARIANTS["ordered"])
+    for n in (1, 2, 3, 4):
+        pool = KeyPool(3 * -(-3001 // mtp.T) + 3, seed=n)
+        x = mtp.Inputs(pool, 3, 3001, n)
+        x.lens[-1] -= 70
+        ref = paged_indexer_logits_ref(x.q, x.cache, x.w, x.lens, x.table)
+        indexer_logits_cuda.paged_indexer_logits_cuda(x.q, x.cache, x.w, x.lens, x.table, validate=False,
+                                                      out=x.out, block_max_out=x.bmax, library=lib)
+        live = torch.isfinite(ref)
+        env[f"ordered_n{n}_rel_err"] = err = rel_err(torch.where(live, x.out, float("-inf")), ref)
+        if not err < 5e-3:
+            raise AssertionError(f"ordered n={n}: relative error {err:.2e}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True)
+    p.add_argument("--points", default=POINTS)
+    args = p.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+    env = environment()
+    libs = {name: indexer_logits_cuda.load_library(defines) for name, defines in VARIANTS.items()}
+    env["builds"] = {name: lib is not None for name, lib in libs.items()}
+    print(env, flush=True)
+    check_ordered(env)
+    rows = []
+    for spec in args.points.split(","):
+        batch, ctx, n = map(int, spec.split("x"))
+        pool = KeyPool(batch * -(-ctx // mtp.T), seed=batch + ctx)
+        x = mtp.Inputs(pool, batch, ctx, n)
+        here = []
+        for name, lib in libs.items():
+            for chunk in (None, 128):
+                def call(lib=lib, chunk=chunk):
+                    indexer_logits_cuda.paged_indexer_logits_cuda(x.q, x.cache, x.w, x.lens, x.table, validate=False,
+                                                                  out=x.out, block_max_out=x.bmax, chunk=chunk,
+                                                                  library=lib)
+                here.append(dict(batch=batch, ctx=ctx, next_n=n, variant=name, chunk=chunk or "default",
+                                 us=time_graph([call], max_reps=20).p50_us))
+        here.append(dict(batch=batch, ctx=ctx, next_n=n, variant=f"triton {mtp.config_name(CONFIGS[n])}",
+                         chunk="default", us=time_graph([x.own(CONFIGS[n])], max_reps=20).p50_us))
+        if deepgemm.available() and n <= 2:
+            here.append(dict(batch=batch, ctx=ctx, next_n=n, variant="deepgemm", chunk="",
+                             us=time_graph([x.deepgemm()], max_reps=20).p50_us))
+        base = {r["chunk"]: r["us"] for r in here if r["variant"] == "cuda"}
+        for r in here:
+            r["vs_cuda"] = r["us"] / base.get(r["chunk"], base["default"])
+        print(f"point {spec}: " + ", ".join(f"{r['variant']}/{r['chunk']} {r['us']:.1f}" for r in here), flush=True)
+        rows += here
+        del x, pool
+        torch.cuda.empty_cache()
+    with open(os.path.join(args.out, "cuda_probe.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    fmt = mtp.fmt
+    lines = ["# CUDA logits kernel: stages left out (issue #17)", "",
+             f"- {env.get('gpu')}, {env.get('date')}, torch {env.get('torch')}, commit {env.get('commit')}",
+             f"- command: `python benchmarks/cuda_logits_probe.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
+             f"- ordered build vs reference: " + ", ".join(f"n={n} {env[f'ordered_n{n}_rel_err']:.2e}" for n in (1, 2, 3, 4)),
+             ""] + markdown_table(COLUMNS, rows, fmt)
+    with open(os.path.join(args.out, "cuda_probe.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines[-len(rows) - 2:]))
+    print(f"total {time.time() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -172,7 +172,8 @@ class Inputs:
         return lambda: deepgemm.paged_indexer_logits_deepgemm(q, self.cache, self.w, lens, table, validate=False)
 
 
-def providers(next_n: int, have_dg: bool, have_cuda: bool = False) -> list[tuple[str, LogitsConfig | CudaLaunch | None]]:
+def providers(next_n: int, have_dg: bool,
+              have_cuda: bool = False) -> list[tuple[str, LogitsConfig | CudaLaunch | None]]:
     """(provider, config) pairs timed at this next_n (PROVIDERS of STYLE.md rule 11, config-parametrized)."""
     out = [("own", cfg) for cfg in CANDIDATES[next_n]]
     if have_cuda:

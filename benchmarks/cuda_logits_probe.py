@@ -96,8 +96,9 @@ def main(argv=None) -> int:
     fmt = mtp.fmt
     lines = ["# CUDA logits kernel: stages left out (issue #17)", "",
              f"- {env.get('gpu')}, {env.get('date')}, torch {env.get('torch')}, commit {env.get('commit')}",
-             f"- command: `python benchmarks/cuda_logits_probe.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
-             f"- ordered build vs reference: " + ", ".join(f"n={n} {env[f'ordered_n{n}_rel_err']:.2e}" for n in (1, 2, 3, 4)),
+             f"- command: `python benchmarks/cuda_logits_probe.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
+             "- ordered build vs reference: " + ", ".join(
+                 f"n={n} {env[f'ordered_n{n}_rel_err']:.2e}" for n in (1, 2, 3, 4)),
              ""] + markdown_table(COLUMNS, rows, fmt)
     with open(os.path.join(args.out, "cuda_probe.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -9,6 +9,9 @@
 #   bash benchmarks/h200_step.sh mtp [ARGS]     benchmarks/bench_mtp_logits.py (next_n 1-4 configs vs DeepGEMM and
 #                                               the floors; ARGS go to it) after the logits kernel's CUDA tests,
 #                                               ptxas counts of the device's triton in registers.log (7 files back)
+#   bash benchmarks/h200_step.sh cuda [ARGS]    the CUDA logits kernel (issue #17): its tests under a 60 s limit (a
+#                                               hung kernel must not eat the call), then, unless they hung,
+#                                               benchmarks/cuda_logits_probe.py (ARGS go to it) under 200 s
 #   bash benchmarks/h200_step.sh ncu [ARGS]     Nsight Compute over benchmarks/ncu_kernels.py (one launch of each
 #                                               kernel of the step and of the MTP logits) in $OUT/ncu.txt
 #   bash benchmarks/h200_step.sh cmd 'LINE'     LINE after the set-up (DeepGEMM built, PYTHONPATH, SPIN_COMMIT)
@@ -64,6 +67,15 @@ case "$stage" in
         tail -2 "$OUT/gputests.log"
         python3 benchmarks/logits_registers.py > "$OUT/registers.log" 2>&1
         python3 benchmarks/bench_mtp_logits.py --out "$OUT" "$@" 2>&1 | tee "$OUT/mtp.log" | tail -45 | cut -c1-400 ;;
+    cuda)  # the CUDA logits kernel: tests (exit 124 / 137: timed out, probably a hang), then the probe builds
+        timeout -k 5 "${CUDA_TESTS_S:-60}" python3 -m pytest -q -p no:cacheprovider tests/ops/test_indexer_logits_cuda.py \
+            > "$OUT/cudatests.log" 2>&1
+        rc=$?
+        echo "cuda tests: exit $rc"; grep -E "passed|failed|^E  " "$OUT/cudatests.log" | head -8 | cut -c1-250
+        if [ $rc -ne 124 ] && [ $rc -ne 137 ]; then
+            timeout -k 5 "${CUDA_PROBE_S:-200}" python3 benchmarks/cuda_logits_probe.py --out "$OUT/probe" "$@" 2>&1 \
+                | tee "$OUT/probe.log" | grep -E "^point|^- builds|^total|Error|error" | cut -c1-700
+        fi ;;
     ncu)  # Nsight Compute counters of one launch of each kernel of benchmarks/ncu_kernels.py's parts (ARGS go
           # to it); works on Firecracker machines only (KINDS.md); the text report in $OUT/ncu.txt. NCU_KERNELS
           # (a regex) profiles only those kernels; NCU_SOURCE=1 adds the SourceCounters section and writes the
@@ -126,5 +138,5 @@ case "$stage" in
     cmd)  # any command line after the set-up above (DeepGEMM on PYTHONPATH, SPIN_COMMIT exported): bash -c "$*"
         bash -c "$*" ;;
     *)
-        echo "unknown stage $stage (tests, grid, profile, v32, mtp, ncu, all, cmd)"; exit 2 ;;
+        echo "unknown stage $stage (tests, grid, profile, v32, mtp, cuda, ncu, all, cmd)"; exit 2 ;;
 esac

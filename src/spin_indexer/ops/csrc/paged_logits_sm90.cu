@@ -1,11 +1,13 @@
-// Paged indexer logits for SM90 (H100 / H200) in CUDA: the MMA of one key block beside the epilogue of another.
+// Paged indexer logits for SM90 (H100 / H200) in CUDA: a TMA producer and math warpgroups on alternate blocks.
 //
 // Why CUDA and not Triton: Triton 3.6 waits for every MMA right after issuing it (wgmma.wait_group 0; a dot
 // is asynchronous only when it accumulates into itself across iterations), so inside one program the MMA and
 // the epilogue (ReLU, weights, the head sum for next_n rows) run in series, and its automatic warp
 // specialization measured 2.4x slower (benchmarks/NOTES.md, runs 99-100). Here one CTA holds a TMA producer
-// warpgroup and two math warpgroups that take alternate key blocks: while one waits for its MMA, the other
-// runs its epilogue, and the producer keeps STAGES blocks in flight.
+// warpgroup that keeps STAGES blocks in flight and two math warpgroups that take alternate key blocks, meant to
+// run one's MMA beside the other's epilogue. Measured (runs 101-102, H200): at next_n = 1 it reads at copy
+// bandwidth; at next_n = 2 the two still add up (96 x 128K: 633 us, 434 without the MMA, 521 without the head
+// sum; DeepGEMM 449), so four math warpgroups are next (DeepGEMM's count; NOTES, runs 101-103).
 //
 // Math (as indexer_logits.paged_indexer_logits_ref): logits[b * next_n + j, t] = scale[t] *
 // sum_h w[b * next_n + j, h] * relu(k[t] . q[b, j, h]), -inf where t >= seq_lens[b, j]; block_max[r, blk] = the

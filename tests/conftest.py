@@ -400,3 +400,21 @@ def _vllm_cpu(request, monkeypatch):
     harness = getattr(request.module, "vh", None)
     if harness is not None and getattr(harness, "__name__", "") == "vllm_harness":
         harness.isolate(monkeypatch)
+
+
+# ------------------------------------------------------------------------------------------- padded pages
+POISON = 0xFF  # e4m3fn NaN as a key byte, and 0xFFFFFFFF is a float32 NaN as a scale
+
+
+def padded(kv_cache: torch.Tensor, pad: int, poison: int = POISON, lead: int = 0, device=None) -> torch.Tensor:
+    """The same pages `pad` bytes further apart, in a fresh allocation on `device` (default: kv_cache's) whose
+    padding (and `lead` bytes before the first page) hold `poison`; returns the view uint8 [num_blocks, T, 1,
+    D + 4] with stride(0) = page + pad. Build it on the device the kernel runs on: moving such a view with
+    .to() copies it into contiguous pages, and the padding is gone."""
+    num_blocks, tokens, _, row = kv_cache.shape
+    page = tokens * row
+    store = torch.full((lead + num_blocks * (page + pad),), poison, dtype=torch.uint8,
+                       device=kv_cache.device if device is None else device)
+    pages = torch.as_strided(store, (num_blocks, page), (page + pad, 1), lead)
+    pages.copy_(kv_cache.reshape(num_blocks, page))
+    return torch.as_strided(store, (num_blocks, tokens, 1, row), (page + pad, row, row, 1), lead)

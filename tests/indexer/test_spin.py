@@ -656,16 +656,6 @@ def test_requires_grad_inputs_never_attach_a_graph_to_the_state(cfg, gen):
             assert not t.requires_grad and t.grad_fn is None, name
 
 
-def _padded_cache(kv_cache, pad):
-    """The same pages `pad` bytes further apart (DeepSeek-V4's layout in vLLM), the padding poisoned with 0xFF
-    (NaN as an fp8 key and as an fp32 scale)."""
-    num_blocks, tokens, _, row = kv_cache.shape
-    page = tokens * row
-    store = torch.full((num_blocks * (page + pad),), 0xFF, dtype=torch.uint8, device=kv_cache.device)
-    torch.as_strided(store, (num_blocks, page), (page + pad, 1)).copy_(kv_cache.reshape(num_blocks, page))
-    return torch.as_strided(store, kv_cache.shape, (page + pad, row, row, 1))
-
-
 @pytest.mark.parametrize("next_n,pad,triton_logits", [
     pytest.param(1, 192, False, id="1-192-reference"), pytest.param(2, 256, False, id="2-256-reference"),
     cuda_only(1, 192, True, id="1-192-triton-logits", why="12 interpreted logits launches, ~12 s; 2-256 runs the "
@@ -693,7 +683,8 @@ def test_step_on_padded_pages_equals_the_contiguous_copy(next_n, pad, triton_log
                 return real(module, name, t)
             monkeypatch.setattr(ops, "_triton_twin", twin)
     x = make_paged_inputs((10 * T + 5, 6 * T, 2 * T + 1), next_n, 64, 128, gen, garbage=False).to(dev)
-    kv = _padded_cache(x.kv_cache, pad)
+    from conftest import padded  # V4's layout, the padding poisoned with 0xFF (NaN key and scale)
+    kv = padded(x.kv_cache, pad)
     cfg = SpinConfig(sparsity=0.5, topk=256)
     width = x.block_table.shape[1]
     pair = [_indexer(cfg, 3, width, next_n, num_cache_blocks=x.kv_cache.shape[0], device=dev) for _ in range(2)]

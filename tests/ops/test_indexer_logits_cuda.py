@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import FP8_MMA_RTOL, T, assert_logits_close, logits_f64, make_paged_inputs, run_logits_poisoned
+from conftest import (FP8_MMA_RTOL, T, PagedInputs, assert_logits_close, logits_f64, make_paged_inputs, padded,
+                      run_logits_poisoned)
 from spin_indexer.ops import indexer_logits_cuda as C
 
 HEADS, DIM = C.HEADS, C.DIM
@@ -29,8 +30,10 @@ def _written(inputs) -> torch.Tensor:
     return (torch.arange(width)[None, :] < used[:, None]).repeat_interleave(inputs.seq_lens.shape[1], dim=0)
 
 
-def _check(inputs, **knobs):
-    out, bmax = run_logits_poisoned(C.paged_indexer_logits_cuda, inputs, "cuda", **knobs)
+def _check(inputs, kv_cache=None, **knobs):
+    """The kernel on inputs (kv_cache: the same pages in another layout, already on the GPU) against float64."""
+    run_on = inputs if kv_cache is None else PagedInputs(inputs.q_fp8, kv_cache, *inputs.args()[2:])
+    out, bmax = run_logits_poisoned(C.paged_indexer_logits_cuda, run_on, "cuda", **knobs)
     expected, magnitude = logits_f64(*inputs.args())
     written = _written(inputs)
     cells = written.repeat_interleave(T, dim=1)
@@ -59,6 +62,21 @@ def test_one_block_and_empty_batch(gen):
     empty = make_paged_inputs((), 2, HEADS, DIM, gen)
     out = C.paged_indexer_logits_cuda(*[t.cuda() for t in empty.args()])
     assert out.shape == (0, empty.block_table.shape[1] * T)
+
+
+@pytest.mark.parametrize("next_n", [1, 2])
+def test_v4_pages_8704_bytes_apart(next_n, gen):
+    """V4's 8704-byte pages (68 rows of 128 bytes), padding poisoned with NaN bytes, 16 bytes into their
+    allocation: read through the same tensor map; 8640 (67.5 rows) is refused, naming what it takes."""
+    _gpu_or_skip()
+    inputs = make_paged_inputs((5 * T + 17, 2 * T, 3), next_n, HEADS, DIM, gen, extra_width=2, spare_blocks=3)
+    kv = padded(inputs.kv_cache, 256, lead=16, device="cuda")  # built there: .to() would drop the padding
+    assert kv.stride(0) == 8704 and C.supports(inputs.q_fp8.cuda(), kv)
+    _check(inputs, kv_cache=kv, chunk=2)
+    kv_8640 = padded(inputs.kv_cache, 192, device="cuda")
+    assert not C.supports(inputs.q_fp8.cuda(), kv_8640)
+    with pytest.raises(ValueError, match="whole number of 128-byte rows"):
+        C.paged_indexer_logits_cuda(inputs.q_fp8.cuda(), kv_8640, *[t.cuda() for t in inputs.args()[2:]])
 
 
 def test_bad_ids_read_inside_the_cache(gen):

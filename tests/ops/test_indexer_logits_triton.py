@@ -282,9 +282,9 @@ def test_prefetch2_padded_pages_match_float64(pad, gen, triton_device):
     """Padded pages (D = 32: 2304-B pages 2320 apart, no whole number of 32-B rows: the 3D key descriptor; 2336
     apart: 73 rows, the 2D one), padding poisoned with NaN bytes, pages 16 bytes into their allocation: the
     scales' addresses follow the page stride, and the padding is never read."""
-    from test_padded_cache import padded
+    from conftest import padded
     inputs = make_paged_inputs((3 * T + 7, T + 1), 3, 8, 32, gen, extra_width=1)
-    kv = padded(inputs.kv_cache, pad, lead=16)
+    kv = padded(inputs.kv_cache, pad, lead=16, device=triton_device)  # .to() would drop the padding
     assert kv.stride(0) == 2304 + pad
     q, _, w, lens, table = inputs.args()
     padded_inputs = type(inputs)(q, kv, w, lens, table)

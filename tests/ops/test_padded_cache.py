@@ -10,25 +10,13 @@ import pytest
 import torch
 
 from conftest import (ODD_IDS, ODD_SHAPES, T, assert_logits_close, logits_f64, make_case_inputs, make_paged_inputs,
-                      random_cache, random_fp8, row_lengths)
+                      padded, random_cache, random_fp8, row_lengths)
 from spin_indexer.layout import cache_views, page_stride_bytes
 from spin_indexer.ops import paged_indexer_logits, paged_indexer_logits_ref
 
-POISON = 0xFF  # e4m3fn NaN as a key byte, and 0xFFFFFFFF is a float32 NaN as a scale
 # 192 and 256: V4's 8640 / 8704 strides for D = 128 (8640 is no whole number of 128-byte rows: the Triton
 # kernel's 3D descriptor; 8704 is 68 rows: its 2D one); 16: the smallest legal pad, 3D for every D >= 32.
 PADS = [16, 192, 256]
-
-
-def padded(kv_cache: torch.Tensor, pad: int, poison: int = POISON, lead: int = 0) -> torch.Tensor:
-    """The same pages `pad` bytes further apart, in a fresh allocation whose padding (and `lead` bytes before
-    the first page) hold `poison`; returns the view uint8 [num_blocks, T, 1, D + 4] with stride(0) = page + pad."""
-    num_blocks, tokens, _, row = kv_cache.shape
-    page = tokens * row
-    store = torch.full((lead + num_blocks * (page + pad),), poison, dtype=torch.uint8)
-    pages = torch.as_strided(store, (num_blocks, page), (page + pad, 1), lead)
-    pages.copy_(kv_cache.reshape(num_blocks, page))
-    return torch.as_strided(store, (num_blocks, tokens, 1, row), (page + pad, row, row, 1), lead)
 
 
 def _args(inputs, kv_cache, device):
@@ -62,7 +50,9 @@ def test_triton_on_padded_pages_matches_float64_and_unpadded(case, pad, gen, tri
     rows = case.batch * case.next_n
     width = inputs.block_table.shape[1]
     outs = []
-    for kv in (inputs.kv_cache, padded(inputs.kv_cache, pad)):
+    padded_kv = padded(inputs.kv_cache, pad, device=triton_device)
+    assert page_stride_bytes(padded_kv) == inputs.kv_cache.stride(0) + pad  # on the device, still padded
+    for kv in (inputs.kv_cache, padded_kv):
         out = torch.full((rows, width * T), float("nan"), device=triton_device)
         bmax = torch.full((rows, width), float("nan"), device=triton_device)
         paged_indexer_logits_triton(*_args(inputs, kv, triton_device), out=out, block_max_out=bmax)
@@ -83,7 +73,9 @@ def test_v4_page_strides_with_next_n(next_n, pad, gen, triton_device):
     assert kv.stride(0) in (8640, 8704)
     expected, magnitude = logits_f64(*inputs.args())
     assert_logits_close(paged_indexer_logits(*_args(inputs, kv, "cpu")), expected, magnitude)
-    got = paged_indexer_logits_triton(*_args(inputs, kv, triton_device), chunk=2)
+    kv_dev = padded(inputs.kv_cache, pad, lead=16, device=triton_device)
+    assert kv_dev.stride(0) == kv.stride(0)
+    got = paged_indexer_logits_triton(*_args(inputs, kv_dev, triton_device), chunk=2)
     assert_logits_close(got, expected, magnitude)
 
 
@@ -144,9 +136,14 @@ def test_pages_of_a_fractional_number_of_key_rows(pad, gen, triton_device):
     padded by 64 it is 17 rows, the 2D one."""
     from spin_indexer.ops.indexer_logits_triton import paged_indexer_logits_triton
     tokens, dim = 16, 128
-    kv = padded(random_cache(9, dim, gen, tokens=tokens), pad) if pad else random_cache(9, dim, gen, tokens=tokens)
+    cache = random_cache(9, dim, gen, tokens=tokens)
+    kv = padded(cache, pad) if pad else cache
     table = torch.tensor([[3, 0, 7, 1, 5, 8], [2, 6, 0, 0, 0, 0]], dtype=torch.int32)
     args = (random_fp8((2, 1, 8, dim), gen), kv, torch.randn(2, 8, generator=gen),
             row_lengths((5 * tokens + 3, 2 * tokens), 1), table)
     expected, magnitude = logits_f64(*args)
-    assert_logits_close(paged_indexer_logits_triton(*[t.to(triton_device) for t in args]), expected, magnitude)
+    dev_args = [t.to(triton_device) for t in args]
+    if pad:  # built on the device: .to() would copy the pages contiguously
+        dev_args[1] = padded(cache, pad, device=triton_device)
+        assert dev_args[1].stride(0) == kv.stride(0)
+    assert_logits_close(paged_indexer_logits_triton(*dev_args), expected, magnitude)

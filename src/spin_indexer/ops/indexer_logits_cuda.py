@@ -9,8 +9,8 @@ missing, `supports` answers False and callers keep the Triton kernel.
 
 Same math and outputs as `paged_indexer_logits_triton(..., fill_tail=False)`: logits float32 [B*next_n, W*T]
 and their block maxima [B*next_n, W]; blocks past each request's longest row are left as they were. Shapes it
-takes: H = 64, D = 128, T = 64 (DeepSeek-V3.2's indexer), pages a whole number of 128-byte rows apart (the
-V3.2 layout, 8448 bytes; V4's padded pages are not).
+takes: H = 64, D = 128, T = 64 (DeepSeek-V3.2's indexer), pages a whole number of 128-byte rows apart (V3.2's
+8448 bytes and V4's 8704; not V4's 8640).
 """
 from __future__ import annotations
 

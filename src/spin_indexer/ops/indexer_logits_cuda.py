@@ -104,10 +104,10 @@ def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     return load_library() is not None
 
 
-def default_chunk(batch: int, width: int) -> int:
+def default_chunk(batch: int, width: int, device: torch.device) -> int:
     """Blocks a CTA: 64, halved (down to 8) while the grid would be under two CTAs an SM (one CTA an SM fits:
     384 threads, up to 168 registers)."""
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    sms = torch.cuda.get_device_properties(device).multi_processor_count  # the inputs' GPU, not the current one
     chunk = 64
     while chunk > 8 and batch * -(-width // chunk) < 2 * sms:
         chunk //= 2
@@ -143,7 +143,7 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
     lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
-    chunk = chunk or default_chunk(batch, width)
+    chunk = chunk or default_chunk(batch, width, q.device)
     stream = torch.cuda.current_stream(q.device).cuda_stream
     rc = (library or load_library()).spin_paged_logits_sm90(
         next_n, q.data_ptr(), kv_cache.data_ptr(), kv_cache.shape[0], page_stride_bytes(kv_cache), w.data_ptr(),

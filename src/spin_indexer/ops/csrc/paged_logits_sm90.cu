@@ -4,10 +4,11 @@
 // is asynchronous only when it accumulates into itself across iterations), so inside one program the MMA and
 // the epilogue (ReLU, weights, the head sum for next_n rows) run in series, and its automatic warp
 // specialization measured 2.4x slower (benchmarks/NOTES.md, runs 99-100). Here one CTA holds a TMA producer
-// warpgroup that keeps STAGES blocks in flight and two math warpgroups that take alternate key blocks, meant to
-// run one's MMA beside the other's epilogue. Measured (runs 101-102, H200): at next_n = 1 it reads at copy
-// bandwidth; at next_n = 2 the two still add up (96 x 128K: 633 us, 434 without the MMA, 521 without the head
-// sum; DeepGEMM 449), so four math warpgroups are next (DeepGEMM's count; NOTES, runs 101-103).
+// warpgroup and MATH_WG math warpgroups that take key blocks in turn (block i: warpgroup i % MATH_WG): while
+// some wait for their MMA, others run their epilogues, and the producer keeps STAGES blocks in flight. Four
+// math warpgroups at next_n <= 2 (run 102: with two, the MMA and the epilogue ran in series, 633 us at
+// 96 x 128K next_n = 2 against 434 without the MMA and 521 without the head sum; DeepGEMM 449), two at
+// next_n 3-4 (their accumulators). Four math warpgroups: compiled, not yet run on a GPU (NOTES, runs 101-103).
 //
 // Math (as indexer_logits.paged_indexer_logits_ref): logits[b * next_n + j, t] = scale[t] *
 // sum_h w[b * next_n + j, h] * relu(k[t] . q[b, j, h]), -inf where t >= seq_lens[b, j]; block_max[r, blk] = the
@@ -25,13 +26,12 @@
 
 // Build-time switches for benchmarks/cuda_logits_probe.py only (the library ops/ builds sets none):
 // SPIN_LOGITS_PROBE leaves one stage out to time the rest (1: the epilogue's head sum, 2: the MMA, 3: the block
-// max); SPIN_LOGITS_ORDERED = 1 hands the tensor core from one math warpgroup to the other (each MMA waits for
-// the other warpgroup's previous one), which forces the MMA of one beside the epilogue of the other.
+// max); SPIN_LOGITS_MATH_WG sets the math warpgroups at next_n <= 2 (default 4).
 #ifndef SPIN_LOGITS_PROBE
 #define SPIN_LOGITS_PROBE 0
 #endif
-#ifndef SPIN_LOGITS_ORDERED
-#define SPIN_LOGITS_ORDERED 0
+#ifndef SPIN_LOGITS_MATH_WG
+#define SPIN_LOGITS_MATH_WG 4
 #endif
 
 namespace {
@@ -39,7 +39,6 @@ namespace {
 constexpr int T = 64;             // tokens a block
 constexpr int D = 128;            // key bytes a token
 constexpr int H = 64;             // heads
-constexpr int STAGES = 6;         // key blocks in flight per CTA (even: stage s always feeds warpgroup s % 2)
 constexpr int KEY_BYTES = T * D;  // 8192: a stage's key tile (1024-aligned, as the 128-byte swizzle needs)
 constexpr int SCALE_BYTES = T * 4;
 
@@ -90,7 +89,10 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p) {
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+template <int PENDING>  // waits until at most PENDING commit groups of this warpgroup are still running
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(PENDING) : "memory");
+}
 
 // keeps the compiler from moving accumulator reads / writes across the asynchronous MMA
 template <int R>
@@ -210,123 +212,38 @@ __device__ __forceinline__ void mma_k32(float* d, uint64_t desc_a, uint64_t desc
 
 constexpr int MAX_CHUNK = 256;  // blocks a CTA (their ids staged in shared memory)
 
+// The CTA's shape at next_n rows: MATH_WG math warpgroups, 3 stages each (stage s always feeds warpgroup
+// s % MATH_WG), and the register split setmaxnreg makes between the producer and the math warpgroups
+// (producer + MATH_WG x math <= 512 registers a thread-slot: 24 + 4 x 120, or 40 + 2 x 232).
 template <int NEXT_N>
-constexpr int smem_bytes() {
-    return 1024                                  // slack to align the tiles to 1024 bytes
-           + NEXT_N * H * D                      // q [N, 128]
-           + STAGES * (KEY_BYTES + SCALE_BYTES)  // key tiles and their scales
-           + 2 * 2 * 4 * 4 * 4                   // block-max partials [math wg][parity][warp][row]
-           + MAX_CHUNK * 4                       // the chunk's block ids
-           + (2 * STAGES + 1) * 8;               // mbarriers
-}
+struct Shape {
+    static constexpr int MATH_WG = NEXT_N <= 2 ? SPIN_LOGITS_MATH_WG : 2;
+    static constexpr int THREADS = 128 * (1 + MATH_WG);
+    static constexpr int STAGES = 3 * MATH_WG;
+    static constexpr int PRODUCER_REGS = MATH_WG == 4 ? 24 : 40;
+    static constexpr int MATH_REGS = MATH_WG == 4 ? 120 : (MATH_WG == 3 ? 152 : 232);
+    static constexpr int RED_FLOATS = MATH_WG * 2 * 4 * 4;  // block-max partials [math wg][parity][warp][row]
+    static constexpr int SMEM = 1024                               // slack to align the tiles to 1024 bytes
+                                + NEXT_N * H * D                   // q [N, 128]
+                                + STAGES * (KEY_BYTES + SCALE_BYTES)  // key tiles and their scales
+                                + RED_FLOATS * 4
+                                + MAX_CHUNK * 4                    // the chunk's block ids
+                                + (2 * STAGES + 1) * 8;            // mbarriers
+};
 
-// grid (B, ceil(W / chunk)), 384 threads: warpgroup 0 issues the copies (one thread), 1 and 2 compute
-// alternate blocks of the chunk. Block ids outside [0, num_cache_blocks) read block 0 (never outside the cache).
+// The epilogue of one block in a math warpgroup: ReLU, weights and head sum of each row, the scale, -inf past
+// each row's length, the stores, and the block maxima (over the warpgroup's 4 warps: one named barrier)
 template <int NEXT_N>
-__global__ void __launch_bounds__(384, 1) paged_logits_kernel(
-        const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap q_map,
-        const uint8_t* __restrict__ cache, const float* __restrict__ weights, const int* __restrict__ seq_lens,
-        const int* __restrict__ block_table, float* __restrict__ out, float* __restrict__ block_max,
-        int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
-        int rows_per_page, int64_t page_bytes) {
-    constexpr int N = NEXT_N * H;
-    constexpr int R = N / 2;  // accumulators a thread
-    extern __shared__ uint8_t smem_raw[];
-    uint8_t* q_s = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-    uint8_t* keys_s = q_s + N * D;
-    float* scales_s = reinterpret_cast<float*>(keys_s + STAGES * KEY_BYTES);
-    float* red_s = scales_s + STAGES * T;
-    int* ids_s = reinterpret_cast<int*>(red_s + 2 * 2 * 4 * 4);
-    uint64_t* full = reinterpret_cast<uint64_t*>(ids_s + MAX_CHUNK);
-    uint64_t* empty = full + STAGES;
-    uint64_t* q_bar = empty + STAGES;
-
-    const int b = blockIdx.x;
-    const int blk0 = blockIdx.y * chunk;
-    int lens[NEXT_N];
-    int longest = 0;
-#pragma unroll
-    for (int j = 0; j < NEXT_N; ++j) {
-        lens[j] = seq_lens[b * NEXT_N + j];
-        longest = max(longest, lens[j]);
-    }
-    const int nblk = min(blk0 + chunk, (longest + T - 1) / T) - blk0;  // blocks of this chunk below the longest row
-    if (nblk <= 0) return;  // the whole CTA: nothing to score, the tail is left unwritten
-    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 128);  // every thread of the math warpgroup that read the stage
-        }
-        mbar_init(q_bar, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-
-    if (wg == 0) {  // the producer
-        if constexpr (NEXT_N >= 3) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-        if (tid >= 32) return;
-        // the chunk's ids in shared memory first (coalesced): one dependent global load a block would
-        // serialize the copies behind its latency
-        const int* ids = block_table + int64_t(b) * stride_table + blk0;
-        for (int i = tid; i < nblk; i += 32) {
-            const int raw = ids[i];
-            ids_s[i] = (raw >= 0 && raw < num_cache_blocks) ? raw : 0;
-        }
-        __syncwarp();
-        if (tid == 0) {
-            mbar_expect_tx(q_bar, N * D);
-            tma_load_2d(q_s, &q_map, 0, b * N, q_bar);
-            for (int i = 0; i < nblk; ++i) {
-                const int s = i % STAGES;
-                mbar_wait(&empty[s], ((i / STAGES) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
-                const int phys = ids_s[i];
-                mbar_expect_tx(&full[s], KEY_BYTES + SCALE_BYTES);
-                tma_load_2d(keys_s + s * KEY_BYTES, &key_map, 0, phys * rows_per_page, &full[s]);
-                bulk_load(scales_s + s * T, cache + int64_t(phys) * page_bytes + KEY_BYTES, SCALE_BYTES, &full[s]);
-            }
-        }
-        return;
-    }
-
-    if constexpr (NEXT_N >= 3) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-    const int mw = wg - 1;  // math warpgroup 0 or 1: blocks mw, mw + 2, ...
-    const int warp = tid / 32, lane = tid % 32;
-    const int r0 = 16 * warp + lane / 4, c = lane % 4;  // this thread's tokens r0 and r0 + 8; its column pair
+struct Epilogue {
+    float* out;
+    float* block_max;
+    float* red_s;  // [math warpgroups][2 iteration parities][4 warps][4 rows] partial maxima
+    int64_t out_stride, bmax_stride;
+    int b, r0, c, lane, warp, tid, mw;
     float wr[NEXT_N][8][2];  // w[row j, head 8k + 2c + e]: the heads of this thread's accumulator columns
-    const float* wrow = weights + int64_t(b) * NEXT_N * H;
-#pragma unroll
-    for (int j = 0; j < NEXT_N; ++j)
-#pragma unroll
-        for (int k = 0; k < 8; ++k)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) wr[j][k][e] = wrow[j * H + 8 * k + 2 * c + e];
-    float acc[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) acc[i] = 0.f;
-    mbar_wait(q_bar, 0);
-    const uint64_t q_desc = smem_desc(q_s);
-    if (SPIN_LOGITS_ORDERED && mw == 1) asm volatile("bar.arrive 3, 256;" ::: "memory");  // warpgroup 0 goes first
-    for (int i = mw, it = 0; i < nblk; i += 2, ++it) {
-        const int s = i % STAGES;
-        mbar_wait(&full[s], (i / STAGES) & 1);
-        const uint64_t k_desc = smem_desc(keys_s + s * KEY_BYTES);
-        if (SPIN_LOGITS_ORDERED) asm volatile("bar.sync %0, 256;" ::"r"(3 + mw) : "memory");  // my turn
-        fence_regs<R>(acc);
-        if (SPIN_LOGITS_PROBE != 2) {
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < D / 32; ++kk) mma_k32<N>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);  // +32 B
-            wgmma_commit();
-            wgmma_wait_all();
-        }
-        fence_regs<R>(acc);
-        if (SPIN_LOGITS_ORDERED && i + 1 < nblk)  // the other warpgroup's turn: block i + 1
-            asm volatile("bar.arrive %0, 256;" ::"r"(4 - mw) : "memory");
-        const float sc0 = scales_s[s * T + r0], sc1 = scales_s[s * T + r0 + 8];
-        mbar_arrive(&empty[s]);  // the stage's keys (read by the MMA) and scales are no longer needed
+    int lens[NEXT_N];
 
-        const int blk = blk0 + i;
+    __device__ __forceinline__ void operator()(const float* acc, float sc0, float sc1, int blk, int it) {
         float v[NEXT_N][2];
 #pragma unroll
         for (int j = 0; j < NEXT_N; ++j) {
@@ -359,9 +276,9 @@ __global__ void __launch_bounds__(384, 1) paged_logits_kernel(
             for (int h = 0; h < 2; ++h)
                 if ((2 * j + h) % 4 == c)
                     out[(int64_t(b) * NEXT_N + j) * out_stride + int64_t(blk) * T + r0 + 8 * h] = v[j][h];
+        if (SPIN_LOGITS_PROBE == 3) return;
         // block max: over the quads of a warp, then over the 4 warps through shared memory (double-buffered by
         // iteration parity, so one named barrier an iteration suffices)
-        if (SPIN_LOGITS_PROBE == 3) continue;
         float* red = red_s + (mw * 2 + (it & 1)) * 16;
 #pragma unroll
         for (int j = 0; j < NEXT_N; ++j) {
@@ -376,6 +293,132 @@ __global__ void __launch_bounds__(384, 1) paged_logits_kernel(
             const float m = fmaxf(fmaxf(red[tid], red[4 + tid]), fmaxf(red[8 + tid], red[12 + tid]));
             block_max[(int64_t(b) * NEXT_N + tid) * bmax_stride + blk] = m;
         }
+    }
+};
+
+// grid (B, ceil(W / chunk)), Shape::THREADS threads: warpgroup 0 issues the copies (one thread), the others
+// compute the chunk's blocks in turn. Block ids outside [0, num_cache_blocks) read block 0 (never outside the
+// cache).
+template <int NEXT_N>
+__global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel(
+        const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap q_map,
+        const uint8_t* __restrict__ cache, const float* __restrict__ weights, const int* __restrict__ seq_lens,
+        const int* __restrict__ block_table, float* __restrict__ out, float* __restrict__ block_max,
+        int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
+        int rows_per_page, int64_t page_bytes) {
+    constexpr int N = NEXT_N * H;
+    constexpr int R = N / 2;  // accumulators a thread
+    using S = Shape<NEXT_N>;
+    constexpr int STAGES = S::STAGES, MATH_WG = S::MATH_WG;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t* q_s = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+    uint8_t* keys_s = q_s + N * D;
+    float* scales_s = reinterpret_cast<float*>(keys_s + STAGES * KEY_BYTES);
+    float* red_s = scales_s + STAGES * T;
+    int* ids_s = reinterpret_cast<int*>(red_s + S::RED_FLOATS);
+    uint64_t* full = reinterpret_cast<uint64_t*>(ids_s + MAX_CHUNK);
+    uint64_t* empty = full + STAGES;
+    uint64_t* q_bar = empty + STAGES;
+
+    const int b = blockIdx.x;
+    const int blk0 = blockIdx.y * chunk;
+    int lens[NEXT_N];
+    int longest = 0;
+#pragma unroll
+    for (int j = 0; j < NEXT_N; ++j) {
+        lens[j] = seq_lens[b * NEXT_N + j];
+        longest = max(longest, lens[j]);
+    }
+    const int nblk = min(blk0 + chunk, (longest + T - 1) / T) - blk0;  // blocks of this chunk below the longest row
+    if (nblk <= 0) return;  // the whole CTA: nothing to score, the tail is left unwritten
+    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 128);  // every thread of the math warpgroup that read the stage
+        }
+        mbar_init(q_bar, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // the producer
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(S::PRODUCER_REGS));
+        if (tid >= 32) return;
+        // the chunk's ids in shared memory first (coalesced): one dependent global load a block would
+        // serialize the copies behind its latency
+        const int* ids = block_table + int64_t(b) * stride_table + blk0;
+        for (int i = tid; i < nblk; i += 32) {
+            const int raw = ids[i];
+            ids_s[i] = (raw >= 0 && raw < num_cache_blocks) ? raw : 0;
+        }
+        __syncwarp();
+        if (tid == 0) {
+            mbar_expect_tx(q_bar, N * D);
+            tma_load_2d(q_s, &q_map, 0, b * N, q_bar);
+            for (int i = 0; i < nblk; ++i) {
+                const int s = i % STAGES;
+                mbar_wait(&empty[s], ((i / STAGES) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
+                const int phys = ids_s[i];
+                mbar_expect_tx(&full[s], KEY_BYTES + SCALE_BYTES);
+                tma_load_2d(keys_s + s * KEY_BYTES, &key_map, 0, phys * rows_per_page, &full[s]);
+                bulk_load(scales_s + s * T, cache + int64_t(phys) * page_bytes + KEY_BYTES, SCALE_BYTES, &full[s]);
+            }
+        }
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(S::MATH_REGS));
+    const int mw = wg - 1;  // math warpgroup mw: blocks mw, mw + MATH_WG, ...
+    const int warp = tid / 32, lane = tid % 32;
+    const int r0 = 16 * warp + lane / 4, c = lane % 4;  // this thread's tokens r0 and r0 + 8; its column pair
+    float wr[NEXT_N][8][2];  // w[row j, head 8k + 2c + e]: the heads of this thread's accumulator columns
+    const float* wrow = weights + int64_t(b) * NEXT_N * H;
+#pragma unroll
+    for (int j = 0; j < NEXT_N; ++j)
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) wr[j][k][e] = wrow[j * H + 8 * k + 2 * c + e];
+    Epilogue<NEXT_N> epilogue{out, block_max, red_s, out_stride, bmax_stride, b, r0, c, lane, warp, tid, mw};
+#pragma unroll
+    for (int j = 0; j < NEXT_N; ++j) {
+        epilogue.lens[j] = lens[j];
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) epilogue.wr[j][k][e] = wr[j][k][e];
+    }
+    mbar_wait(q_bar, 0);
+    const uint64_t q_desc = smem_desc(q_s);
+    // waits for block i's stage and issues its MMA into acc (one commit group)
+    auto issue = [&](float* acc, int i) {
+        const int s = i % STAGES;
+        mbar_wait(&full[s], (i / STAGES) & 1);
+        const uint64_t k_desc = smem_desc(keys_s + s * KEY_BYTES);
+        fence_regs<R>(acc);
+        if (SPIN_LOGITS_PROBE != 2) {
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 32; ++kk) mma_k32<N>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);  // +32 B
+            wgmma_commit();
+        }
+    };
+    // block i's MMA is done (acc): its scales read, its stage released, its epilogue
+    auto finish = [&](float* acc, int i, int it) {
+        fence_regs<R>(acc);
+        const int s = i % STAGES;
+        const float sc0 = scales_s[s * T + r0], sc1 = scales_s[s * T + r0 + 8];
+        mbar_arrive(&empty[s]);  // the stage's keys (read by the MMA) and scales are no longer needed
+        epilogue(acc, sc0, sc1, blk0 + i, it);
+    };
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] = 0.f;
+    for (int i = mw, it = 0; i < nblk; i += MATH_WG, ++it) {
+        issue(acc, i);
+        wgmma_wait<0>();
+        finish(acc, i, it);
     }
 }
 
@@ -413,7 +456,7 @@ int launch(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* 
            const int* seq_lens, const int* block_table, float* out, float* block_max, int batch, int width,
            int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
            int rows_per_page, int64_t page_bytes, cudaStream_t stream) {
-    constexpr int smem = smem_bytes<NEXT_N>();
+    constexpr int smem = Shape<NEXT_N>::SMEM;
     static bool configured = false;  // the attribute is per function: set once
     if (!configured) {
         if (cudaFuncSetAttribute(paged_logits_kernel<NEXT_N>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
@@ -422,7 +465,7 @@ int launch(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* 
         configured = true;
     }
     dim3 grid(batch, (width + chunk - 1) / chunk);
-    paged_logits_kernel<NEXT_N><<<grid, 384, smem, stream>>>(key_map, q_map, cache, weights, seq_lens, block_table,
+    paged_logits_kernel<NEXT_N><<<grid, Shape<NEXT_N>::THREADS, smem, stream>>>(key_map, q_map, cache, weights, seq_lens, block_table,
                                                             out, block_max, stride_table, out_stride, bmax_stride,
                                                             chunk, num_cache_blocks, rows_per_page, page_bytes);
     return cudaGetLastError() == cudaSuccess ? 0 : -4;

@@ -213,15 +213,19 @@ __device__ __forceinline__ void mma_k32(float* d, uint64_t desc_a, uint64_t desc
 constexpr int MAX_CHUNK = 256;  // blocks a CTA (their ids staged in shared memory)
 
 // The CTA's shape at next_n rows: MATH_WG math warpgroups, 3 stages each (stage s always feeds warpgroup
-// s % MATH_WG), and the register split setmaxnreg makes between the producer and the math warpgroups
-// (producer + MATH_WG x math <= 512 registers a thread-slot: 24 + 4 x 120, or 40 + 2 x 232).
+// s % MATH_WG), and the register split setmaxnreg makes between the producer and the math warpgroups. The
+// split must fit the CTA's allocation at launch (65536 / THREADS a thread, rounded down to 8): 640 threads get
+// 96, so 128 x 24 + 512 x 112 <= 61440 (asking more blocks setmaxnreg.inc forever: run 103 hung); 512 threads
+// 128: 40 + 3 x 152; 384 threads 168: 40 + 2 x 232.
 template <int NEXT_N>
 struct Shape {
     static constexpr int MATH_WG = NEXT_N <= 2 ? SPIN_LOGITS_MATH_WG : 2;
     static constexpr int THREADS = 128 * (1 + MATH_WG);
     static constexpr int STAGES = 3 * MATH_WG;
     static constexpr int PRODUCER_REGS = MATH_WG == 4 ? 24 : 40;
-    static constexpr int MATH_REGS = MATH_WG == 4 ? 120 : (MATH_WG == 3 ? 152 : 232);
+    static constexpr int MATH_REGS = MATH_WG == 4 ? 112 : (MATH_WG == 3 ? 152 : 232);
+    static_assert(128 * PRODUCER_REGS + 128 * MATH_WG * MATH_REGS <= 128 * (1 + MATH_WG) * (65536 / (128 * (1 + MATH_WG)) / 8 * 8),
+                  "the setmaxnreg split exceeds the CTA's registers at launch");
     static constexpr int RED_FLOATS = MATH_WG * 2 * 4 * 4;  // block-max partials [math wg][parity][warp][row]
     static constexpr int SMEM = 1024                               // slack to align the tiles to 1024 bytes
                                 + NEXT_N * H * D                   // q [N, 128]

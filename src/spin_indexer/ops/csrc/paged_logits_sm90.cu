@@ -26,7 +26,7 @@
 
 // Build-time switches for benchmarks/cuda_logits_probe.py only (the library ops/ builds sets none):
 // SPIN_LOGITS_PROBE leaves one stage out to time the rest (1: the epilogue's head sum, 2: the MMA, 3: the block
-// max); SPIN_LOGITS_MATH_WG sets the math warpgroups at next_n <= 2 (default 4).
+// max); SPIN_LOGITS_MATH_WG sets the math warpgroups (default 4; see Shape).
 #ifndef SPIN_LOGITS_PROBE
 #define SPIN_LOGITS_PROBE 0
 #endif
@@ -212,45 +212,58 @@ __device__ __forceinline__ void mma_k32(float* d, uint64_t desc_a, uint64_t desc
 
 constexpr int MAX_CHUNK = 256;  // blocks a CTA (their ids staged in shared memory)
 
-// The CTA's shape at next_n rows: MATH_WG math warpgroups, 3 stages each (stage s always feeds warpgroup
-// s % MATH_WG), and the register split setmaxnreg makes between the producer and the math warpgroups. The
-// split must fit the CTA's allocation at launch (65536 / THREADS a thread, rounded down to 8): 640 threads get
-// 96, so 128 x 24 + 512 x 112 <= 61440 (asking more blocks setmaxnreg.inc forever: run 103 hung); 512 threads
-// 128: 40 + 3 x 152; 384 threads 168: 40 + 2 x 232.
+// The CTA's shape at next_n rows. A math warpgroup computes one row group (RG rows: next_n itself up to 2, else
+// 2; N = RG x 64 MMA columns) of one key block at a time; G row groups cover a block (next_n = 3 pads its
+// second group with a zero-weight row that is never stored), so the MATH_WG math warpgroups work on P =
+// MATH_WG / G blocks at once, warpgroup w on row group w % G of blocks w / G, w / G + P, ... Three stages per
+// block in flight (stage s always feeds the warpgroups of blocks s % P). setmaxnreg splits the registers between
+// the producer and the math warpgroups within the CTA's allocation at launch (65536 / THREADS a thread,
+// rounded down to 8): 640 threads get 96, so 128 x 24 + 512 x 112 <= 61440 (asking more blocks
+// setmaxnreg.inc forever: run 103 hung); 512 threads 128: 40 + 3 x 152; 384 threads 168: 40 + 2 x 232.
 template <int NEXT_N>
 struct Shape {
-    static constexpr int MATH_WG = NEXT_N <= 2 ? SPIN_LOGITS_MATH_WG : 2;
+    static constexpr int RG = NEXT_N <= 2 ? NEXT_N : 2;
+    static constexpr int G = (NEXT_N + RG - 1) / RG;
+    static constexpr int N = RG * H;
+    // SPIN_LOGITS_MATH_WG rounded down to a multiple of G (3 at next_n 3-4: 2)
+    static constexpr int MATH_WG = SPIN_LOGITS_MATH_WG / G * G;
+    static_assert(MATH_WG >= G, "a block's row groups must fit the math warpgroups");
+    static constexpr int P = MATH_WG / G;
     static constexpr int THREADS = 128 * (1 + MATH_WG);
-    static constexpr int STAGES = 3 * MATH_WG;
+    static constexpr int STAGES = 3 * P;
+    static constexpr int Q_ROWS = G * RG * H;  // q rows in shared memory, with next_n = 3's padded row
     static constexpr int PRODUCER_REGS = MATH_WG == 4 ? 24 : 40;
     static constexpr int MATH_REGS = MATH_WG == 4 ? 112 : (MATH_WG == 3 ? 152 : 232);
-    static_assert(128 * PRODUCER_REGS + 128 * MATH_WG * MATH_REGS <= 128 * (1 + MATH_WG) * (65536 / (128 * (1 + MATH_WG)) / 8 * 8),
+    static_assert(128 * PRODUCER_REGS + 128 * MATH_WG * MATH_REGS <=
+                      THREADS * (65536 / THREADS / 8 * 8),
                   "the setmaxnreg split exceeds the CTA's registers at launch");
     static constexpr int RED_FLOATS = MATH_WG * 2 * 4 * 4;  // block-max partials [math wg][parity][warp][row]
     static constexpr int SMEM = 1024                               // slack to align the tiles to 1024 bytes
-                                + NEXT_N * H * D                   // q [N, 128]
+                                + Q_ROWS * D                       // q [Q_ROWS, 128]
                                 + STAGES * (KEY_BYTES + SCALE_BYTES)  // key tiles and their scales
                                 + RED_FLOATS * 4
                                 + MAX_CHUNK * 4                    // the chunk's block ids
                                 + (2 * STAGES + 1) * 8;            // mbarriers
 };
 
-// The epilogue of one block in a math warpgroup: ReLU, weights and head sum of each row, the scale, -inf past
-// each row's length, the stores, and the block maxima (over the warpgroup's 4 warps: one named barrier)
-template <int NEXT_N>
+// The epilogue of one row group of one block in a math warpgroup: ReLU, weights and head sum of each row, the
+// scale, -inf past each row's length, the stores, and the block maxima (over the warpgroup's 4 warps: one named
+// barrier). Rows j < live are stored (row0 + j of the logits); a padded row is computed and dropped.
+template <int RG>
 struct Epilogue {
     float* out;
     float* block_max;
     float* red_s;  // [math warpgroups][2 iteration parities][4 warps][4 rows] partial maxima
     int64_t out_stride, bmax_stride;
-    int b, r0, c, lane, warp, tid, mw;
-    float wr[NEXT_N][8][2];  // w[row j, head 8k + 2c + e]: the heads of this thread's accumulator columns
-    int lens[NEXT_N];
+    int64_t row0;  // the group's first row of out / block_max
+    int live, r0, c, lane, warp, tid, mw;
+    float wr[RG][8][2];  // w[row j, head 8k + 2c + e]: the heads of this thread's accumulator columns
+    int lens[RG];
 
     __device__ __forceinline__ void operator()(const float* acc, float sc0, float sc1, int blk, int it) {
-        float v[NEXT_N][2];
+        float v[RG][2];
 #pragma unroll
-        for (int j = 0; j < NEXT_N; ++j) {
+        for (int j = 0; j < RG; ++j) {
             float s0 = 0.f, s1 = 0.f;
             if (SPIN_LOGITS_PROBE == 1) {
                 s0 = acc[32 * j];
@@ -276,19 +289,19 @@ struct Epilogue {
             v[j][0] = col < lens[j] ? s0 * sc0 : -INFINITY;
             v[j][1] = col + 8 < lens[j] ? s1 * sc1 : -INFINITY;
         }
-        // a quad holds 2 * NEXT_N values (rows j, tokens r0 / r0 + 8): lane c stores those with (2j + h) % 4 == c
+        // a quad holds 2 * RG values (rows j, tokens r0 / r0 + 8): lane c stores those with (2j + h) % 4 == c
 #pragma unroll
-        for (int j = 0; j < NEXT_N; ++j)
+        for (int j = 0; j < RG; ++j)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                if ((2 * j + h) % 4 == c)
-                    out[(int64_t(b) * NEXT_N + j) * out_stride + int64_t(blk) * T + r0 + 8 * h] = v[j][h];
+                if ((2 * j + h) % 4 == c && j < live)
+                    out[(row0 + j) * out_stride + int64_t(blk) * T + r0 + 8 * h] = v[j][h];
         if (SPIN_LOGITS_PROBE == 3) return;
         // block max: over the quads of a warp, then over the 4 warps through shared memory (double-buffered by
         // iteration parity, so one named barrier an iteration suffices)
         float* red = red_s + (mw * 2 + (it & 1)) * 16;
 #pragma unroll
-        for (int j = 0; j < NEXT_N; ++j) {
+        for (int j = 0; j < RG; ++j) {
             float m = fmaxf(v[j][0], v[j][1]);
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
@@ -296,16 +309,16 @@ struct Epilogue {
             if (lane == 0) red[warp * 4 + j] = m;
         }
         asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");
-        if (tid < NEXT_N) {
+        if (tid < live) {
             const float m = fmaxf(fmaxf(red[tid], red[4 + tid]), fmaxf(red[8 + tid], red[12 + tid]));
-            block_max[(int64_t(b) * NEXT_N + tid) * bmax_stride + blk] = m;
+            block_max[(row0 + tid) * bmax_stride + blk] = m;
         }
     }
 };
 
 // grid (B, ceil(W / chunk)), Shape::THREADS threads: warpgroup 0 issues the copies (one thread), the others
-// compute the chunk's blocks in turn. Block ids outside [0, num_cache_blocks) read block 0 (never outside the
-// cache).
+// compute the chunk's blocks (Shape says which). Block ids outside [0, num_cache_blocks) read block 0 (never
+// outside the cache).
 template <int NEXT_N>
 __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel(
         const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap q_map,
@@ -313,13 +326,12 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
         const int* __restrict__ block_table, float* __restrict__ out, float* __restrict__ block_max,
         int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
         int rows_per_page, int64_t page_bytes) {
-    constexpr int N = NEXT_N * H;
-    constexpr int R = N / 2;  // accumulators a thread
     using S = Shape<NEXT_N>;
-    constexpr int STAGES = S::STAGES, MATH_WG = S::MATH_WG;
+    constexpr int RG = S::RG, G = S::G, N = S::N, P = S::P, STAGES = S::STAGES;
+    constexpr int R = N / 2;  // accumulators a thread
     extern __shared__ uint8_t smem_raw[];
     uint8_t* q_s = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-    uint8_t* keys_s = q_s + N * D;
+    uint8_t* keys_s = q_s + S::Q_ROWS * D;
     float* scales_s = reinterpret_cast<float*>(keys_s + STAGES * KEY_BYTES);
     float* red_s = scales_s + STAGES * T;
     int* ids_s = reinterpret_cast<int*>(red_s + S::RED_FLOATS);
@@ -329,20 +341,21 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
 
     const int b = blockIdx.x;
     const int blk0 = blockIdx.y * chunk;
-    int lens[NEXT_N];
     int longest = 0;
 #pragma unroll
-    for (int j = 0; j < NEXT_N; ++j) {
-        lens[j] = seq_lens[b * NEXT_N + j];
-        longest = max(longest, lens[j]);
-    }
+    for (int j = 0; j < NEXT_N; ++j) longest = max(longest, seq_lens[b * NEXT_N + j]);
     const int nblk = min(blk0 + chunk, (longest + T - 1) / T) - blk0;  // blocks of this chunk below the longest row
     if (nblk <= 0) return;  // the whole CTA: nothing to score, the tail is left unwritten
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    if constexpr (S::Q_ROWS > NEXT_N * H) {  // next_n = 3: the padded row's q zero (its MMA columns stay finite)
+        for (int i = threadIdx.x; i < (S::Q_ROWS - NEXT_N * H) * D / 16; i += S::THREADS)
+            reinterpret_cast<uint4*>(q_s + NEXT_N * H * D)[i] = make_uint4(0, 0, 0, 0);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the MMA (the async proxy)
+    }
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 128);  // every thread of the math warpgroup that read the stage
+            mbar_init(&empty[s], 128 * G);  // every thread of the G math warpgroups that read the stage
         }
         mbar_init(q_bar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -361,8 +374,8 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
         }
         __syncwarp();
         if (tid == 0) {
-            mbar_expect_tx(q_bar, N * D);
-            tma_load_2d(q_s, &q_map, 0, b * N, q_bar);
+            mbar_expect_tx(q_bar, NEXT_N * H * D);
+            tma_load_2d(q_s, &q_map, 0, b * NEXT_N * H, q_bar);
             for (int i = 0; i < nblk; ++i) {
                 const int s = i % STAGES;
                 mbar_wait(&empty[s], ((i / STAGES) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
@@ -376,30 +389,31 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(S::MATH_REGS));
-    const int mw = wg - 1;  // math warpgroup mw: blocks mw, mw + MATH_WG, ...
+    const int mw = wg - 1;                  // math warpgroup mw:
+    const int group = mw % G, lead = mw / G;  // row group `group` of blocks lead, lead + P, ...
     const int warp = tid / 32, lane = tid % 32;
     const int r0 = 16 * warp + lane / 4, c = lane % 4;  // this thread's tokens r0 and r0 + 8; its column pair
-    float wr[NEXT_N][8][2];  // w[row j, head 8k + 2c + e]: the heads of this thread's accumulator columns
-    const float* wrow = weights + int64_t(b) * NEXT_N * H;
+    // rows of this group that exist: RG unless next_n = 3's second group (a constant where every group is full,
+    // which keeps the stores unpredicated)
+    const int live = NEXT_N % RG == 0 ? RG : min(RG, NEXT_N - group * RG);
+    Epilogue<RG> epilogue{out, block_max, red_s, out_stride, bmax_stride, int64_t(b) * NEXT_N + group * RG, live,
+                          r0, c, lane, warp, tid, mw};
 #pragma unroll
-    for (int j = 0; j < NEXT_N; ++j)
-#pragma unroll
-        for (int k = 0; k < 8; ++k)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) wr[j][k][e] = wrow[j * H + 8 * k + 2 * c + e];
-    Epilogue<NEXT_N> epilogue{out, block_max, red_s, out_stride, bmax_stride, b, r0, c, lane, warp, tid, mw};
-#pragma unroll
-    for (int j = 0; j < NEXT_N; ++j) {
-        epilogue.lens[j] = lens[j];
+    for (int j = 0; j < RG; ++j) {
+        const bool row_live = j < live;  // a padded row: weight 0, length 0 (all -inf), never stored
+        const float* wrow = weights + (epilogue.row0 + j) * H;
+        epilogue.lens[j] = row_live ? seq_lens[epilogue.row0 + j] : 0;
 #pragma unroll
         for (int k = 0; k < 8; ++k)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) epilogue.wr[j][k][e] = wr[j][k][e];
+            for (int e = 0; e < 2; ++e) epilogue.wr[j][k][e] = row_live ? wrow[8 * k + 2 * c + e] : 0.f;
     }
     mbar_wait(q_bar, 0);
-    const uint64_t q_desc = smem_desc(q_s);
-    // waits for block i's stage and issues its MMA into acc (one commit group)
-    auto issue = [&](float* acc, int i) {
+    const uint64_t q_desc = smem_desc(q_s + group * N * D);
+    float acc[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] = 0.f;
+    for (int i = lead, it = 0; i < nblk; i += P, ++it) {
         const int s = i % STAGES;
         mbar_wait(&full[s], (i / STAGES) & 1);
         const uint64_t k_desc = smem_desc(keys_s + s * KEY_BYTES);
@@ -409,23 +423,12 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
 #pragma unroll
             for (int kk = 0; kk < D / 32; ++kk) mma_k32<N>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);  // +32 B
             wgmma_commit();
+            wgmma_wait<0>();
         }
-    };
-    // block i's MMA is done (acc): its scales read, its stage released, its epilogue
-    auto finish = [&](float* acc, int i, int it) {
         fence_regs<R>(acc);
-        const int s = i % STAGES;
         const float sc0 = scales_s[s * T + r0], sc1 = scales_s[s * T + r0 + 8];
-        mbar_arrive(&empty[s]);  // the stage's keys (read by the MMA) and scales are no longer needed
+        mbar_arrive(&empty[s]);  // the stage's keys (read by the MMA) and scales are no longer needed here
         epilogue(acc, sc0, sc1, blk0 + i, it);
-    };
-    float acc[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) acc[i] = 0.f;
-    for (int i = mw, it = 0; i < nblk; i += MATH_WG, ++it) {
-        issue(acc, i);
-        wgmma_wait<0>();
-        finish(acc, i, it);
     }
 }
 

@@ -106,7 +106,7 @@ def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor) -> bool:
 
 def default_chunk(batch: int, width: int, device: torch.device) -> int:
     """Blocks a CTA: 64, halved (down to 8) while the grid would be under two CTAs an SM (one CTA an SM fits:
-    384 threads, up to 168 registers)."""
+    640 threads with four math warpgroups, the whole register file)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count  # the inputs' GPU, not the current one
     chunk = 64
     while chunk > 8 and batch * -(-width // chunk) < 2 * sms:

@@ -4,10 +4,11 @@
 // is asynchronous only when it accumulates into itself across iterations), so inside one program the MMA and
 // the epilogue (ReLU, weights, the head sum for next_n rows) run in series, and its automatic warp
 // specialization measured 2.4x slower (benchmarks/NOTES.md, runs 99-100). Here one CTA holds a TMA producer
-// warpgroup that keeps STAGES blocks in flight and two math warpgroups that take alternate key blocks, meant to
-// run one's MMA beside the other's epilogue. Measured (runs 101-102, H200): at next_n = 1 it reads at copy
-// bandwidth; at next_n = 2 the two still add up (96 x 128K: 633 us, 434 without the MMA, 521 without the head
-// sum; DeepGEMM 449), so four math warpgroups are next (DeepGEMM's count; NOTES, runs 101-103).
+// warpgroup and MATH_WG math warpgroups that take key blocks in turn (block i: warpgroup i % MATH_WG): while
+// some wait for their MMA, others run their epilogues, and the producer keeps STAGES blocks in flight. Four
+// math warpgroups at next_n <= 2 (run 102: with two, the MMA and the epilogue ran in series, 633 us at
+// 96 x 128K next_n = 2 against 434 without the MMA and 521 without the head sum; DeepGEMM 449), two at
+// next_n 3-4 (their accumulators). Four math warpgroups: compiled, not yet run on a GPU (NOTES, runs 101-103).
 //
 // Math (as indexer_logits.paged_indexer_logits_ref): logits[b * next_n + j, t] = scale[t] *
 // sum_h w[b * next_n + j, h] * relu(k[t] . q[b, j, h]), -inf where t >= seq_lens[b, j]; block_max[r, blk] = the
@@ -25,13 +26,12 @@
 
 // Build-time switches for benchmarks/cuda_logits_probe.py only (the library ops/ builds sets none):
 // SPIN_LOGITS_PROBE leaves one stage out to time the rest (1: the epilogue's head sum, 2: the MMA, 3: the block
-// max); SPIN_LOGITS_ORDERED = 1 hands the tensor core from one math warpgroup to the other (each MMA waits for
-// the other warpgroup's previous one), which forces the MMA of one beside the epilogue of the other.
+// max); SPIN_LOGITS_MATH_WG sets the math warpgroups (default 4; see Shape).
 #ifndef SPIN_LOGITS_PROBE
 #define SPIN_LOGITS_PROBE 0
 #endif
-#ifndef SPIN_LOGITS_ORDERED
-#define SPIN_LOGITS_ORDERED 0
+#ifndef SPIN_LOGITS_MATH_WG
+#define SPIN_LOGITS_MATH_WG 4
 #endif
 
 namespace {
@@ -39,7 +39,6 @@ namespace {
 constexpr int T = 64;             // tokens a block
 constexpr int D = 128;            // key bytes a token
 constexpr int H = 64;             // heads
-constexpr int STAGES = 6;         // key blocks in flight per CTA (even: stage s always feeds warpgroup s % 2)
 constexpr int KEY_BYTES = T * D;  // 8192: a stage's key tile (1024-aligned, as the 128-byte swizzle needs)
 constexpr int SCALE_BYTES = T * 4;
 
@@ -90,7 +89,10 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p) {
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+template <int PENDING>  // waits until at most PENDING commit groups of this warpgroup are still running
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(PENDING) : "memory");
+}
 
 // keeps the compiler from moving accumulator reads / writes across the asynchronous MMA
 template <int R>
@@ -210,53 +212,150 @@ __device__ __forceinline__ void mma_k32(float* d, uint64_t desc_a, uint64_t desc
 
 constexpr int MAX_CHUNK = 256;  // blocks a CTA (their ids staged in shared memory)
 
+// The CTA's shape at next_n rows. A math warpgroup computes one row group (RG rows: next_n itself up to 2, else
+// 2; N = RG x 64 MMA columns) of one key block at a time; G row groups cover a block (next_n = 3 pads its
+// second group with a zero-weight row that is never stored), so the MATH_WG math warpgroups work on P =
+// MATH_WG / G blocks at once, warpgroup w on row group w % G of blocks w / G, w / G + P, ... Three stages per
+// block in flight (stage s always feeds the warpgroups of blocks s % P). setmaxnreg splits the registers between
+// the producer and the math warpgroups within the CTA's allocation at launch (65536 / THREADS a thread,
+// rounded down to 8): 640 threads get 96, so 128 x 24 + 512 x 112 <= 61440 (asking more blocks
+// setmaxnreg.inc forever: run 103 hung); 512 threads 128: 40 + 3 x 152; 384 threads 168: 40 + 2 x 232.
 template <int NEXT_N>
-constexpr int smem_bytes() {
-    return 1024                                  // slack to align the tiles to 1024 bytes
-           + NEXT_N * H * D                      // q [N, 128]
-           + STAGES * (KEY_BYTES + SCALE_BYTES)  // key tiles and their scales
-           + 2 * 2 * 4 * 4 * 4                   // block-max partials [math wg][parity][warp][row]
-           + MAX_CHUNK * 4                       // the chunk's block ids
-           + (2 * STAGES + 1) * 8;               // mbarriers
-}
+struct Shape {
+    static constexpr int RG = NEXT_N <= 2 ? NEXT_N : 2;
+    static constexpr int G = (NEXT_N + RG - 1) / RG;
+    static constexpr int N = RG * H;
+    // SPIN_LOGITS_MATH_WG rounded down to a multiple of G (3 at next_n 3-4: 2)
+    static constexpr int MATH_WG = SPIN_LOGITS_MATH_WG / G * G;
+    static_assert(MATH_WG >= G, "a block's row groups must fit the math warpgroups");
+    static constexpr int P = MATH_WG / G;
+    static constexpr int THREADS = 128 * (1 + MATH_WG);
+    static constexpr int STAGES = 3 * P;
+    static constexpr int Q_ROWS = G * RG * H;  // q rows in shared memory, with next_n = 3's padded row
+    static constexpr int PRODUCER_REGS = MATH_WG == 4 ? 24 : 40;
+    static constexpr int MATH_REGS = MATH_WG == 4 ? 112 : (MATH_WG == 3 ? 152 : 232);
+    static_assert(128 * PRODUCER_REGS + 128 * MATH_WG * MATH_REGS <=
+                      THREADS * (65536 / THREADS / 8 * 8),
+                  "the setmaxnreg split exceeds the CTA's registers at launch");
+    static constexpr int RED_FLOATS = MATH_WG * 2 * 4 * 4;  // block-max partials [math wg][parity][warp][row]
+    static constexpr int SMEM = 1024                               // slack to align the tiles to 1024 bytes
+                                + Q_ROWS * D                       // q [Q_ROWS, 128]
+                                + STAGES * (KEY_BYTES + SCALE_BYTES)  // key tiles and their scales
+                                + RED_FLOATS * 4
+                                + MAX_CHUNK * 4                    // the chunk's block ids
+                                + (2 * STAGES + 1) * 8;            // mbarriers
+};
 
-// grid (B, ceil(W / chunk)), 384 threads: warpgroup 0 issues the copies (one thread), 1 and 2 compute
-// alternate blocks of the chunk. Block ids outside [0, num_cache_blocks) read block 0 (never outside the cache).
+// The epilogue of one row group of one block in a math warpgroup: ReLU, weights and head sum of each row, the
+// scale, -inf past each row's length, the stores, and the block maxima (over the warpgroup's 4 warps: one named
+// barrier). Rows j < live are stored (row0 + j of the logits); a padded row is computed and dropped.
+template <int RG>
+struct Epilogue {
+    float* out;
+    float* block_max;
+    float* red_s;  // [math warpgroups][2 iteration parities][4 warps][4 rows] partial maxima
+    int64_t out_stride, bmax_stride;
+    int64_t row0;  // the group's first row of out / block_max
+    int live, r0, c, lane, warp, tid, mw;
+    float wr[RG][8][2];  // w[row j, head 8k + 2c + e]: the heads of this thread's accumulator columns
+    int lens[RG];
+
+    __device__ __forceinline__ void operator()(const float* acc, float sc0, float sc1, int blk, int it) {
+        float v[RG][2];
+#pragma unroll
+        for (int j = 0; j < RG; ++j) {
+            float s0 = 0.f, s1 = 0.f;
+            if (SPIN_LOGITS_PROBE == 1) {
+                s0 = acc[32 * j];
+                s1 = acc[32 * j + 2];
+            } else {
+                // four independent chains of 8 (one per accumulator slot): half the dependent FMA latency of
+                // two chains of 16
+                float p[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    const float* a = acc + 4 * (8 * j + k);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) p[e] = fmaf(fmaxf(a[e], 0.f), wr[j][k][e & 1], p[e]);
+                }
+                s0 = p[0] + p[1];
+                s1 = p[2] + p[3];
+                s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
+                s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
+                s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
+                s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
+            }
+            const int col = blk * T + r0;
+            v[j][0] = col < lens[j] ? s0 * sc0 : -INFINITY;
+            v[j][1] = col + 8 < lens[j] ? s1 * sc1 : -INFINITY;
+        }
+        // a quad holds 2 * RG values (rows j, tokens r0 / r0 + 8): lane c stores those with (2j + h) % 4 == c
+#pragma unroll
+        for (int j = 0; j < RG; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                if ((2 * j + h) % 4 == c && j < live)
+                    out[(row0 + j) * out_stride + int64_t(blk) * T + r0 + 8 * h] = v[j][h];
+        if (SPIN_LOGITS_PROBE == 3) return;
+        // block max: over the quads of a warp, then over the 4 warps through shared memory (double-buffered by
+        // iteration parity, so one named barrier an iteration suffices)
+        float* red = red_s + (mw * 2 + (it & 1)) * 16;
+#pragma unroll
+        for (int j = 0; j < RG; ++j) {
+            float m = fmaxf(v[j][0], v[j][1]);
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+            if (lane == 0) red[warp * 4 + j] = m;
+        }
+        asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");
+        if (tid < live) {
+            const float m = fmaxf(fmaxf(red[tid], red[4 + tid]), fmaxf(red[8 + tid], red[12 + tid]));
+            block_max[(row0 + tid) * bmax_stride + blk] = m;
+        }
+    }
+};
+
+// grid (B, ceil(W / chunk)), Shape::THREADS threads: warpgroup 0 issues the copies (one thread), the others
+// compute the chunk's blocks (Shape says which). Block ids outside [0, num_cache_blocks) read block 0 (never
+// outside the cache).
 template <int NEXT_N>
-__global__ void __launch_bounds__(384, 1) paged_logits_kernel(
+__global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel(
         const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap q_map,
         const uint8_t* __restrict__ cache, const float* __restrict__ weights, const int* __restrict__ seq_lens,
         const int* __restrict__ block_table, float* __restrict__ out, float* __restrict__ block_max,
         int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
         int rows_per_page, int64_t page_bytes) {
-    constexpr int N = NEXT_N * H;
+    using S = Shape<NEXT_N>;
+    constexpr int RG = S::RG, G = S::G, N = S::N, P = S::P, STAGES = S::STAGES;
     constexpr int R = N / 2;  // accumulators a thread
     extern __shared__ uint8_t smem_raw[];
     uint8_t* q_s = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-    uint8_t* keys_s = q_s + N * D;
+    uint8_t* keys_s = q_s + S::Q_ROWS * D;
     float* scales_s = reinterpret_cast<float*>(keys_s + STAGES * KEY_BYTES);
     float* red_s = scales_s + STAGES * T;
-    int* ids_s = reinterpret_cast<int*>(red_s + 2 * 2 * 4 * 4);
+    int* ids_s = reinterpret_cast<int*>(red_s + S::RED_FLOATS);
     uint64_t* full = reinterpret_cast<uint64_t*>(ids_s + MAX_CHUNK);
     uint64_t* empty = full + STAGES;
     uint64_t* q_bar = empty + STAGES;
 
     const int b = blockIdx.x;
     const int blk0 = blockIdx.y * chunk;
-    int lens[NEXT_N];
     int longest = 0;
 #pragma unroll
-    for (int j = 0; j < NEXT_N; ++j) {
-        lens[j] = seq_lens[b * NEXT_N + j];
-        longest = max(longest, lens[j]);
-    }
+    for (int j = 0; j < NEXT_N; ++j) longest = max(longest, seq_lens[b * NEXT_N + j]);
     const int nblk = min(blk0 + chunk, (longest + T - 1) / T) - blk0;  // blocks of this chunk below the longest row
     if (nblk <= 0) return;  // the whole CTA: nothing to score, the tail is left unwritten
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    if constexpr (S::Q_ROWS > NEXT_N * H) {  // next_n = 3: the padded row's q zero (its MMA columns stay finite)
+        for (int i = threadIdx.x; i < (S::Q_ROWS - NEXT_N * H) * D / 16; i += S::THREADS)
+            reinterpret_cast<uint4*>(q_s + NEXT_N * H * D)[i] = make_uint4(0, 0, 0, 0);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the MMA (the async proxy)
+    }
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 128);  // every thread of the math warpgroup that read the stage
+            mbar_init(&empty[s], 128 * G);  // every thread of the G math warpgroups that read the stage
         }
         mbar_init(q_bar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -264,7 +363,7 @@ __global__ void __launch_bounds__(384, 1) paged_logits_kernel(
     __syncthreads();
 
     if (wg == 0) {  // the producer
-        if constexpr (NEXT_N >= 3) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(S::PRODUCER_REGS));
         if (tid >= 32) return;
         // the chunk's ids in shared memory first (coalesced): one dependent global load a block would
         // serialize the copies behind its latency
@@ -275,8 +374,8 @@ __global__ void __launch_bounds__(384, 1) paged_logits_kernel(
         }
         __syncwarp();
         if (tid == 0) {
-            mbar_expect_tx(q_bar, N * D);
-            tma_load_2d(q_s, &q_map, 0, b * N, q_bar);
+            mbar_expect_tx(q_bar, NEXT_N * H * D);
+            tma_load_2d(q_s, &q_map, 0, b * NEXT_N * H, q_bar);
             for (int i = 0; i < nblk; ++i) {
                 const int s = i % STAGES;
                 mbar_wait(&empty[s], ((i / STAGES) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
@@ -289,93 +388,47 @@ __global__ void __launch_bounds__(384, 1) paged_logits_kernel(
         return;
     }
 
-    if constexpr (NEXT_N >= 3) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-    const int mw = wg - 1;  // math warpgroup 0 or 1: blocks mw, mw + 2, ...
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(S::MATH_REGS));
+    const int mw = wg - 1;                  // math warpgroup mw:
+    const int group = mw % G, lead = mw / G;  // row group `group` of blocks lead, lead + P, ...
     const int warp = tid / 32, lane = tid % 32;
     const int r0 = 16 * warp + lane / 4, c = lane % 4;  // this thread's tokens r0 and r0 + 8; its column pair
-    float wr[NEXT_N][8][2];  // w[row j, head 8k + 2c + e]: the heads of this thread's accumulator columns
-    const float* wrow = weights + int64_t(b) * NEXT_N * H;
+    // rows of this group that exist: RG unless next_n = 3's second group (a constant where every group is full,
+    // which keeps the stores unpredicated)
+    const int live = NEXT_N % RG == 0 ? RG : min(RG, NEXT_N - group * RG);
+    Epilogue<RG> epilogue{out, block_max, red_s, out_stride, bmax_stride, int64_t(b) * NEXT_N + group * RG, live,
+                          r0, c, lane, warp, tid, mw};
 #pragma unroll
-    for (int j = 0; j < NEXT_N; ++j)
+    for (int j = 0; j < RG; ++j) {
+        const bool row_live = j < live;  // a padded row: weight 0, length 0 (all -inf), never stored
+        const float* wrow = weights + (epilogue.row0 + j) * H;
+        epilogue.lens[j] = row_live ? seq_lens[epilogue.row0 + j] : 0;
 #pragma unroll
         for (int k = 0; k < 8; ++k)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) wr[j][k][e] = wrow[j * H + 8 * k + 2 * c + e];
+            for (int e = 0; e < 2; ++e) epilogue.wr[j][k][e] = row_live ? wrow[8 * k + 2 * c + e] : 0.f;
+    }
+    mbar_wait(q_bar, 0);
+    const uint64_t q_desc = smem_desc(q_s + group * N * D);
     float acc[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) acc[i] = 0.f;
-    mbar_wait(q_bar, 0);
-    const uint64_t q_desc = smem_desc(q_s);
-    if (SPIN_LOGITS_ORDERED && mw == 1) asm volatile("bar.arrive 3, 256;" ::: "memory");  // warpgroup 0 goes first
-    for (int i = mw, it = 0; i < nblk; i += 2, ++it) {
+    for (int i = lead, it = 0; i < nblk; i += P, ++it) {
         const int s = i % STAGES;
         mbar_wait(&full[s], (i / STAGES) & 1);
         const uint64_t k_desc = smem_desc(keys_s + s * KEY_BYTES);
-        if (SPIN_LOGITS_ORDERED) asm volatile("bar.sync %0, 256;" ::"r"(3 + mw) : "memory");  // my turn
         fence_regs<R>(acc);
         if (SPIN_LOGITS_PROBE != 2) {
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < D / 32; ++kk) mma_k32<N>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);  // +32 B
             wgmma_commit();
-            wgmma_wait_all();
+            wgmma_wait<0>();
         }
         fence_regs<R>(acc);
-        if (SPIN_LOGITS_ORDERED && i + 1 < nblk)  // the other warpgroup's turn: block i + 1
-            asm volatile("bar.arrive %0, 256;" ::"r"(4 - mw) : "memory");
         const float sc0 = scales_s[s * T + r0], sc1 = scales_s[s * T + r0 + 8];
-        mbar_arrive(&empty[s]);  // the stage's keys (read by the MMA) and scales are no longer needed
-
-        const int blk = blk0 + i;
-        float v[NEXT_N][2];
-#pragma unroll
-        for (int j = 0; j < NEXT_N; ++j) {
-            float s0 = 0.f, s1 = 0.f;
-            if (SPIN_LOGITS_PROBE == 1) {
-                s0 = acc[32 * j];
-                s1 = acc[32 * j + 2];
-            } else {
-#pragma unroll
-                for (int k = 0; k < 8; ++k) {
-                    const float* a = acc + 4 * (8 * j + k);
-                    s0 = fmaf(fmaxf(a[0], 0.f), wr[j][k][0], s0);
-                    s0 = fmaf(fmaxf(a[1], 0.f), wr[j][k][1], s0);
-                    s1 = fmaf(fmaxf(a[2], 0.f), wr[j][k][0], s1);
-                    s1 = fmaf(fmaxf(a[3], 0.f), wr[j][k][1], s1);
-                }
-                s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-                s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-                s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-                s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-            }
-            const int col = blk * T + r0;
-            v[j][0] = col < lens[j] ? s0 * sc0 : -INFINITY;
-            v[j][1] = col + 8 < lens[j] ? s1 * sc1 : -INFINITY;
-        }
-        // a quad holds 2 * NEXT_N values (rows j, tokens r0 / r0 + 8): lane c stores those with (2j + h) % 4 == c
-#pragma unroll
-        for (int j = 0; j < NEXT_N; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                if ((2 * j + h) % 4 == c)
-                    out[(int64_t(b) * NEXT_N + j) * out_stride + int64_t(blk) * T + r0 + 8 * h] = v[j][h];
-        // block max: over the quads of a warp, then over the 4 warps through shared memory (double-buffered by
-        // iteration parity, so one named barrier an iteration suffices)
-        if (SPIN_LOGITS_PROBE == 3) continue;
-        float* red = red_s + (mw * 2 + (it & 1)) * 16;
-#pragma unroll
-        for (int j = 0; j < NEXT_N; ++j) {
-            float m = fmaxf(v[j][0], v[j][1]);
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-            if (lane == 0) red[warp * 4 + j] = m;
-        }
-        asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");
-        if (tid < NEXT_N) {
-            const float m = fmaxf(fmaxf(red[tid], red[4 + tid]), fmaxf(red[8 + tid], red[12 + tid]));
-            block_max[(int64_t(b) * NEXT_N + tid) * bmax_stride + blk] = m;
-        }
+        mbar_arrive(&empty[s]);  // the stage's keys (read by the MMA) and scales are no longer needed here
+        epilogue(acc, sc0, sc1, blk0 + i, it);
     }
 }
 
@@ -413,7 +466,7 @@ int launch(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* 
            const int* seq_lens, const int* block_table, float* out, float* block_max, int batch, int width,
            int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
            int rows_per_page, int64_t page_bytes, cudaStream_t stream) {
-    constexpr int smem = smem_bytes<NEXT_N>();
+    constexpr int smem = Shape<NEXT_N>::SMEM;
     static bool configured = false;  // the attribute is per function: set once
     if (!configured) {
         if (cudaFuncSetAttribute(paged_logits_kernel<NEXT_N>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
@@ -422,7 +475,7 @@ int launch(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* 
         configured = true;
     }
     dim3 grid(batch, (width + chunk - 1) / chunk);
-    paged_logits_kernel<NEXT_N><<<grid, 384, smem, stream>>>(key_map, q_map, cache, weights, seq_lens, block_table,
+    paged_logits_kernel<NEXT_N><<<grid, Shape<NEXT_N>::THREADS, smem, stream>>>(key_map, q_map, cache, weights, seq_lens, block_table,
                                                             out, block_max, stride_table, out_stride, bmax_stride,
                                                             chunk, num_cache_blocks, rows_per_page, page_bytes);
     return cudaGetLastError() == cudaSuccess ? 0 : -4;

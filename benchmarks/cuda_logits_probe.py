@@ -78,7 +78,7 @@ def main(argv=None) -> int:
         x = mtp.Inputs(pool, batch, ctx, n)
         here = []
         for name, lib in libs.items():
-            for chunk in (None, 128):
+            for chunk in (None, 128, 256):
                 def call(lib=lib, chunk=chunk):
                     indexer_logits_cuda.paged_indexer_logits_cuda(x.q, x.cache, x.w, x.lens, x.table, validate=False,
                                                                   out=x.out, block_max_out=x.bmax, chunk=chunk,

@@ -82,9 +82,10 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 
 // wgmma shared-memory descriptor of a K-major tile with the 128-byte swizzle: rows of 128 bytes, 8-row groups
 // 1024 bytes apart (the stride byte offset); the leading byte offset is unused in this mode (1 by convention)
+__host__ __device__ constexpr uint64_t smem_desc_hi() { return (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62); }
 __device__ __forceinline__ uint64_t smem_desc(const void* p) {
     uint64_t addr = smem_addr(p);
-    return ((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+    return ((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | smem_desc_hi();
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -212,113 +213,68 @@ __device__ __forceinline__ void mma_k32(float* d, uint64_t desc_a, uint64_t desc
 
 constexpr int MAX_CHUNK = 256;  // blocks a CTA (their ids staged in shared memory)
 
-// The CTA's shape at next_n rows. A math warpgroup computes one row group (RG rows: next_n itself up to 2, else
-// 2; N = RG x 64 MMA columns) of one key block at a time; G row groups cover a block (next_n = 3 pads its
-// second group with a zero-weight row that is never stored), so the MATH_WG math warpgroups work on P =
-// MATH_WG / G blocks at once, warpgroup w on row group w % G of blocks w / G, w / G + P, ... Three stages per
-// block in flight (stage s always feeds the warpgroups of blocks s % P). setmaxnreg splits the registers between
-// the producer and the math warpgroups within the CTA's allocation at launch (65536 / THREADS a thread,
-// rounded down to 8): 640 threads get 96, so 128 x 24 + 512 x 112 <= 61440 (asking more blocks
-// setmaxnreg.inc forever: run 103 hung); 512 threads 128: 40 + 3 x 152; 384 threads 168: 40 + 2 x 232.
+// The CTA's shape at next_n rows: MATH_WG math warpgroups take the chunk's blocks in turn (block i: warpgroup
+// i % MATH_WG), each computing all next_n rows of its block (N = next_n x 64 MMA columns, N / 2 accumulators a
+// thread); three stages a math warpgroup in flight (stage s always feeds warpgroup s % MATH_WG). setmaxnreg
+// splits the registers between the producer and the math warpgroups within the CTA's allocation at launch
+// (65536 / THREADS a thread, rounded down to 8; asking more blocks setmaxnreg.inc forever: run 103 hung):
+// 640 threads get 96: 128 x 24 + 512 x 112; 512 get 128: 40 + 3 x 152; 384 get 168: 40 + 2 x 232.
 template <int NEXT_N>
 struct Shape {
-    static constexpr int RG = NEXT_N <= 2 ? NEXT_N : 2;
-    static constexpr int G = (NEXT_N + RG - 1) / RG;
-    static constexpr int N = RG * H;
-    // SPIN_LOGITS_MATH_WG rounded down to a multiple of G (3 at next_n 3-4: 2)
-    static constexpr int MATH_WG = SPIN_LOGITS_MATH_WG / G * G;
-    static_assert(MATH_WG >= G, "a block's row groups must fit the math warpgroups");
-    static constexpr int P = MATH_WG / G;
+    static constexpr int N = NEXT_N * H;
+    // next_n 3-4: two (their 96-128 accumulators need 232 registers a thread)
+    static constexpr int MATH_WG = NEXT_N <= 2 ? SPIN_LOGITS_MATH_WG : 2;
+    static_assert(MATH_WG >= 2 && MATH_WG <= 4, "2-4 math warpgroups (named barriers 1-4)");
     static constexpr int THREADS = 128 * (1 + MATH_WG);
-    static constexpr int STAGES = 3 * P;
-    static constexpr int Q_ROWS = G * RG * H;  // q rows in shared memory, with next_n = 3's padded row
+    static constexpr int STAGES = 3 * MATH_WG;
     static constexpr int PRODUCER_REGS = MATH_WG == 4 ? 24 : 40;
     static constexpr int MATH_REGS = MATH_WG == 4 ? 112 : (MATH_WG == 3 ? 152 : 232);
-    static_assert(128 * PRODUCER_REGS + 128 * MATH_WG * MATH_REGS <=
-                      THREADS * (65536 / THREADS / 8 * 8),
+    static_assert(128 * PRODUCER_REGS + 128 * MATH_WG * MATH_REGS <= THREADS * (65536 / THREADS / 8 * 8),
                   "the setmaxnreg split exceeds the CTA's registers at launch");
-    static constexpr int RED_FLOATS = MATH_WG * 2 * 4 * 4;  // block-max partials [math wg][parity][warp][row]
-    static constexpr int SMEM = 1024                               // slack to align the tiles to 1024 bytes
-                                + Q_ROWS * D                       // q [Q_ROWS, 128]
+    static constexpr int PMAX_FLOATS = MAX_CHUNK * 4 * NEXT_N;  // block-max partials [block][warp][row]
+    static constexpr int SMEM = 1024                                   // slack to align the tiles to 1024 bytes
+                                + N * D                               // q [N, 128]
                                 + STAGES * (KEY_BYTES + SCALE_BYTES)  // key tiles and their scales
-                                + RED_FLOATS * 4
-                                + MAX_CHUNK * 4                    // the chunk's block ids
-                                + (2 * STAGES + 1) * 8;            // mbarriers
+                                + PMAX_FLOATS * 4
+                                + MAX_CHUNK * 4                       // the chunk's block ids
+                                + (2 * STAGES + 1) * 8;               // mbarriers
 };
 
-// The epilogue of one row group of one block in a math warpgroup: ReLU, weights and head sum of each row, the
-// scale, -inf past each row's length, the stores, and the block maxima (over the warpgroup's 4 warps: one named
-// barrier). Rows j < live are stored (row0 + j of the logits); a padded row is computed and dropped.
-template <int RG>
-struct Epilogue {
-    float* out;
-    float* block_max;
-    float* red_s;  // [math warpgroups][2 iteration parities][4 warps][4 rows] partial maxima
-    int64_t out_stride, bmax_stride;
-    int64_t row0;  // the group's first row of out / block_max
-    int live, r0, c, lane, warp, tid, mw;
-    float wr[RG][8][2];  // w[row j, head 8k + 2c + e]: the heads of this thread's accumulator columns
-    int lens[RG];
-
-    __device__ __forceinline__ void operator()(const float* acc, float sc0, float sc1, int blk, int it) {
-        float v[RG][2];
+// A quad's (4 lanes') head sums reduced and spread: v holds this lane's partial sums of value 2j + h (row j,
+// token r0 + 8h), VP of them (2 * next_n rounded up to a power of two; next_n = 3 pads a zero row). Each step
+// halves the values a lane keeps and adds its partner's half, so every partial crosses one shuffle (3 shuffles
+// at next_n = 2 where a butterfly over all values takes 8). Returns the index of the first value kept: lane c
+// keeps value 2(c / 2) + (c % 2) at next_n = 2 (row c / 2, token half c % 2), rows c at next_n 3-4 (both
+// halves, v[0] and v[1]), token half c / 2 at next_n = 1 (lanes c and c ^ 1 alike).
+template <int VP>
+__device__ __forceinline__ int quad_reduce_scatter(float (&v)[VP], int c) {
+    int base = 0;
+    constexpr int HALF2 = VP / 2;
+    const bool up2 = c & 2;
 #pragma unroll
-        for (int j = 0; j < RG; ++j) {
-            float s0 = 0.f, s1 = 0.f;
-            if (SPIN_LOGITS_PROBE == 1) {
-                s0 = acc[32 * j];
-                s1 = acc[32 * j + 2];
-            } else {
-                // four independent chains of 8 (one per accumulator slot): half the dependent FMA latency of
-                // two chains of 16
-                float p[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                for (int k = 0; k < 8; ++k) {
-                    const float* a = acc + 4 * (8 * j + k);
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) p[e] = fmaf(fmaxf(a[e], 0.f), wr[j][k][e & 1], p[e]);
-                }
-                s0 = p[0] + p[1];
-                s1 = p[2] + p[3];
-                s0 += __shfl_xor_sync(0xffffffffu, s0, 1);
-                s0 += __shfl_xor_sync(0xffffffffu, s0, 2);
-                s1 += __shfl_xor_sync(0xffffffffu, s1, 1);
-                s1 += __shfl_xor_sync(0xffffffffu, s1, 2);
-            }
-            const int col = blk * T + r0;
-            v[j][0] = col < lens[j] ? s0 * sc0 : -INFINITY;
-            v[j][1] = col + 8 < lens[j] ? s1 * sc1 : -INFINITY;
-        }
-        // a quad holds 2 * RG values (rows j, tokens r0 / r0 + 8): lane c stores those with (2j + h) % 4 == c
-#pragma unroll
-        for (int j = 0; j < RG; ++j)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-                if ((2 * j + h) % 4 == c && j < live)
-                    out[(row0 + j) * out_stride + int64_t(blk) * T + r0 + 8 * h] = v[j][h];
-        if (SPIN_LOGITS_PROBE == 3) return;
-        // block max: over the quads of a warp, then over the 4 warps through shared memory (double-buffered by
-        // iteration parity, so one named barrier an iteration suffices)
-        float* red = red_s + (mw * 2 + (it & 1)) * 16;
-#pragma unroll
-        for (int j = 0; j < RG; ++j) {
-            float m = fmaxf(v[j][0], v[j][1]);
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-            if (lane == 0) red[warp * 4 + j] = m;
-        }
-        asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");
-        if (tid < live) {
-            const float m = fmaxf(fmaxf(red[tid], red[4 + tid]), fmaxf(red[8 + tid], red[12 + tid]));
-            block_max[(row0 + tid) * bmax_stride + blk] = m;
-        }
+    for (int i = 0; i < HALF2; ++i) {
+        const float send = up2 ? v[i] : v[i + HALF2], keep = up2 ? v[i + HALF2] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
     }
-};
+    base += up2 ? HALF2 : 0;
+    if constexpr (HALF2 >= 2) {
+        constexpr int HALF1 = HALF2 / 2;
+        const bool up1 = c & 1;
+#pragma unroll
+        for (int i = 0; i < HALF1; ++i) {
+            const float send = up1 ? v[i] : v[i + HALF1], keep = up1 ? v[i + HALF1] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
+        }
+        base += up1 ? HALF1 : 0;
+    } else {
+        v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);
+    }
+    return base;
+}
 
 // grid (B, ceil(W / chunk)), Shape::THREADS threads: warpgroup 0 issues the copies (one thread), the others
-// compute the chunk's blocks (Shape says which). Block ids outside [0, num_cache_blocks) read block 0 (never
-// outside the cache).
+// compute the chunk's blocks in turn. Block ids outside [0, num_cache_blocks) read block 0 (never outside the
+// cache).
 template <int NEXT_N>
 __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel(
         const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap q_map,
@@ -327,14 +283,18 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
         int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
         int rows_per_page, int64_t page_bytes) {
     using S = Shape<NEXT_N>;
-    constexpr int RG = S::RG, G = S::G, N = S::N, P = S::P, STAGES = S::STAGES;
-    constexpr int R = N / 2;  // accumulators a thread
-    extern __shared__ uint8_t smem_raw[];
-    uint8_t* q_s = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-    uint8_t* keys_s = q_s + S::Q_ROWS * D;
+    constexpr int N = S::N, P = S::MATH_WG, STAGES = S::STAGES;
+    constexpr int R = N / 2;                                      // accumulators a thread
+    constexpr int VP = 2 * NEXT_N <= 2 ? 2 : (2 * NEXT_N <= 4 ? 4 : 8);  // values a quad reduces (see above)
+    constexpr int KEPT = VP >= 8 ? 2 : 1;                         // values a lane keeps
+    // the tiles 1024-aligned, as the 128-byte swizzle needs (SMEM keeps 1024 bytes of slack for it); offsets
+    // from the array itself keep the shared state space, so the compiler emits LDS / STS, not generic accesses
+    extern __shared__ __align__(1024) uint8_t smem[];
+    uint8_t* q_s = smem + ((1024 - (smem_addr(smem) & 1023)) & 1023);
+    uint8_t* keys_s = q_s + N * D;
     float* scales_s = reinterpret_cast<float*>(keys_s + STAGES * KEY_BYTES);
-    float* red_s = scales_s + STAGES * T;
-    int* ids_s = reinterpret_cast<int*>(red_s + S::RED_FLOATS);
+    float* pmax_s = scales_s + STAGES * T;
+    int* ids_s = reinterpret_cast<int*>(pmax_s + S::PMAX_FLOATS);
     uint64_t* full = reinterpret_cast<uint64_t*>(ids_s + MAX_CHUNK);
     uint64_t* empty = full + STAGES;
     uint64_t* q_bar = empty + STAGES;
@@ -347,15 +307,10 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
     const int nblk = min(blk0 + chunk, (longest + T - 1) / T) - blk0;  // blocks of this chunk below the longest row
     if (nblk <= 0) return;  // the whole CTA: nothing to score, the tail is left unwritten
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-    if constexpr (S::Q_ROWS > NEXT_N * H) {  // next_n = 3: the padded row's q zero (its MMA columns stay finite)
-        for (int i = threadIdx.x; i < (S::Q_ROWS - NEXT_N * H) * D / 16; i += S::THREADS)
-            reinterpret_cast<uint4*>(q_s + NEXT_N * H * D)[i] = make_uint4(0, 0, 0, 0);
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // visible to the MMA (the async proxy)
-    }
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 128 * G);  // every thread of the G math warpgroups that read the stage
+            mbar_init(&empty[s], 128);  // every thread of the math warpgroup that read the stage
         }
         mbar_init(q_bar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -374,8 +329,8 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
         }
         __syncwarp();
         if (tid == 0) {
-            mbar_expect_tx(q_bar, NEXT_N * H * D);
-            tma_load_2d(q_s, &q_map, 0, b * NEXT_N * H, q_bar);
+            mbar_expect_tx(q_bar, N * D);
+            tma_load_2d(q_s, &q_map, 0, b * N, q_bar);
             for (int i = 0; i < nblk; ++i) {
                 const int s = i % STAGES;
                 mbar_wait(&empty[s], ((i / STAGES) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
@@ -389,36 +344,49 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
     }
 
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(S::MATH_REGS));
-    const int mw = wg - 1;                  // math warpgroup mw:
-    const int group = mw % G, lead = mw / G;  // row group `group` of blocks lead, lead + P, ...
+    const int mw = wg - 1;  // math warpgroup mw: blocks mw, mw + P, ...
     const int warp = tid / 32, lane = tid % 32;
     const int r0 = 16 * warp + lane / 4, c = lane % 4;  // this thread's tokens r0 and r0 + 8; its column pair
-    // rows of this group that exist: RG unless next_n = 3's second group (a constant where every group is full,
-    // which keeps the stores unpredicated)
-    const int live = NEXT_N % RG == 0 ? RG : min(RG, NEXT_N - group * RG);
-    Epilogue<RG> epilogue{out, block_max, red_s, out_stride, bmax_stride, int64_t(b) * NEXT_N + group * RG, live,
-                          r0, c, lane, warp, tid, mw};
+    float wr[NEXT_N][8][2];  // w[row j, head 8k + 2c + e]: the heads of this thread's accumulator columns
+    const float* wrow = weights + int64_t(b) * NEXT_N * H;
 #pragma unroll
-    for (int j = 0; j < RG; ++j) {
-        const bool row_live = j < live;  // a padded row: weight 0, length 0 (all -inf), never stored
-        const float* wrow = weights + (epilogue.row0 + j) * H;
-        epilogue.lens[j] = row_live ? seq_lens[epilogue.row0 + j] : 0;
+    for (int j = 0; j < NEXT_N; ++j)
 #pragma unroll
         for (int k = 0; k < 8; ++k)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) epilogue.wr[j][k][e] = row_live ? wrow[8 * k + 2 * c + e] : 0.f;
+            for (int e = 0; e < 2; ++e) wr[j][k][e] = wrow[j * H + 8 * k + 2 * c + e];
+    // What this lane stores after the quad's reduce-scatter (see quad_reduce_scatter): value u of KEPT is
+    // row `row`, token half h[u]; the stores and the masks are set up once, a block only adds i * T
+    const int row = VP >= 8 ? c : (VP == 4 ? c / 2 : 0);
+    int h[KEPT];
+    if constexpr (KEPT == 2) h[0] = 0, h[1] = 1;
+    else h[0] = VP == 4 ? c % 2 : c / 2;
+    const bool stores = VP == 2 ? c % 2 == 0 : row < NEXT_N;  // next_n = 1: lanes c, c ^ 1 alike; 3: no row 3
+    const int row_len = row < NEXT_N ? seq_lens[b * NEXT_N + row] : 0;
+    // the CTA's corner of out (64-bit, the same in every thread) and 32-bit offsets from it (out_stride < 2^29)
+    float* const out_cta = out + int64_t(b) * NEXT_N * out_stride + int64_t(blk0) * T;
+    int dst[KEPT], lim[KEPT];  // offsets from out_cta; token offsets below this row's length (written: i * T < lim)
+#pragma unroll
+    for (int u = 0; u < KEPT; ++u) {
+        const int tok = r0 + 8 * h[u];
+        dst[u] = min(row, NEXT_N - 1) * int(out_stride) + tok;
+        lim[u] = row_len - blk0 * T - tok;
     }
     mbar_wait(q_bar, 0);
-    const uint64_t q_desc = smem_desc(q_s + group * N * D);
+    // descriptors: the high word is a constant of the layout; the low word (the address) is warp-uniform, which
+    // the shuffle tells the compiler, so the per-block descriptors are built in uniform registers
+    const uint64_t q_desc = smem_desc(q_s);
+    const uint32_t k_lo0 = __shfl_sync(0xffffffffu, uint32_t(smem_desc(keys_s)), 0);
+    constexpr uint64_t DESC_HI = smem_desc_hi();
     float acc[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) acc[i] = 0.f;
-    for (int i = lead, it = 0; i < nblk; i += P, ++it) {
-        const int s = i % STAGES;
-        mbar_wait(&full[s], (i / STAGES) & 1);
-        const uint64_t k_desc = smem_desc(keys_s + s * KEY_BYTES);
+    int s = __shfl_sync(0xffffffffu, mw, 0), phase = 0;  // block i's stage and fill parity: i % STAGES, i / STAGES % 2
+    for (int i = mw; i < nblk; i += P) {
+        mbar_wait(&full[s], phase);
         fence_regs<R>(acc);
         if (SPIN_LOGITS_PROBE != 2) {
+            const uint64_t k_desc = DESC_HI | (k_lo0 + uint32_t(s) * (KEY_BYTES >> 4));
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < D / 32; ++kk) mma_k32<N>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);  // +32 B
@@ -426,9 +394,58 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
             wgmma_wait<0>();
         }
         fence_regs<R>(acc);
-        const float sc0 = scales_s[s * T + r0], sc1 = scales_s[s * T + r0 + 8];
+        float sc[KEPT];
+#pragma unroll
+        for (int u = 0; u < KEPT; ++u) sc[u] = scales_s[s * T + r0 + 8 * h[u]];
         mbar_arrive(&empty[s]);  // the stage's keys (read by the MMA) and scales are no longer needed here
-        epilogue(acc, sc0, sc1, blk0 + i, it);
+        s += P;
+        if (s >= STAGES) s -= STAGES, phase ^= 1;
+
+        // ReLU, weights and this thread's part of each head sum: four independent FMA chains a row
+        float v[VP];
+#pragma unroll
+        for (int j = 0; j < VP / 2; ++j) {
+            if (j >= NEXT_N) {
+                v[2 * j] = v[2 * j + 1] = 0.f;
+            } else if (SPIN_LOGITS_PROBE == 1) {
+                v[2 * j] = acc[32 * j];
+                v[2 * j + 1] = acc[32 * j + 2];
+            } else {
+                float p[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int k = 0; k < 8; ++k)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) p[e] = fmaf(fmaxf(acc[4 * (8 * j + k) + e], 0.f), wr[j][k][e & 1], p[e]);
+                v[2 * j] = p[0] + p[1];
+                v[2 * j + 1] = p[2] + p[3];
+            }
+        }
+        if (SPIN_LOGITS_PROBE != 1) quad_reduce_scatter<VP>(v, c);
+        float m = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < KEPT; ++u) {
+            const float x = i * T < lim[u] ? v[u] * sc[u] : -INFINITY;
+            if (stores) out_cta[dst[u] + i * T] = x;
+            m = fmaxf(m, x);
+        }
+        if (SPIN_LOGITS_PROBE == 3) continue;
+        // this row's max over the warp's 16 tokens: the lanes holding the other token half and the other quads
+        if constexpr (VP == 4) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        if constexpr (VP == 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+        // the 4 warps' partials meet after the loop: no barrier in it
+        if (lane < 4 && stores) pmax_s[(i * 4 + warp) * NEXT_N + row] = m;
+    }
+    if (SPIN_LOGITS_PROBE == 3) return;
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");  // this warpgroup's partials written
+    const int mine = (nblk - mw + P - 1) / P;  // blocks of this warpgroup
+    for (int k = tid; k < mine * NEXT_N; k += 128) {
+        const int i = mw + (k / NEXT_N) * P, j = k % NEXT_N;
+        const float* p = pmax_s + i * 4 * NEXT_N + j;
+        block_max[(int64_t(b) * NEXT_N + j) * bmax_stride + blk0 + i] =
+            fmaxf(fmaxf(p[0], p[NEXT_N]), fmaxf(p[2 * NEXT_N], p[3 * NEXT_N]));
     }
 }
 

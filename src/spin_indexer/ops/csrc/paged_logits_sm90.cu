@@ -26,12 +26,16 @@
 
 // Build-time switches for benchmarks/cuda_logits_probe.py only (the library ops/ builds sets none):
 // SPIN_LOGITS_PROBE leaves one stage out to time the rest (1: the epilogue's head sum, 2: the MMA, 3: the block
-// max); SPIN_LOGITS_MATH_WG sets the math warpgroups (default 4; see Shape).
+// max); SPIN_LOGITS_MATH_WG sets the math warpgroups at next_n <= 2 (default 4; see Shape) and
+// SPIN_LOGITS_STAGES_PER_WG the key blocks each keeps in flight (default 3).
 #ifndef SPIN_LOGITS_PROBE
 #define SPIN_LOGITS_PROBE 0
 #endif
 #ifndef SPIN_LOGITS_MATH_WG
 #define SPIN_LOGITS_MATH_WG 4
+#endif
+#ifndef SPIN_LOGITS_STAGES_PER_WG
+#define SPIN_LOGITS_STAGES_PER_WG 3
 #endif
 
 namespace {
@@ -213,24 +217,21 @@ __device__ __forceinline__ void mma_k32(float* d, uint64_t desc_a, uint64_t desc
 
 constexpr int MAX_CHUNK = 256;  // blocks a CTA (their ids staged in shared memory)
 
-// The CTA's shape at next_n rows: MATH_WG math warpgroups take the chunk's blocks in turn (block i: warpgroup
+// The CTA's shape at next_n rows: MATH_WG warpgroups take the chunk's blocks in turn (block i: warpgroup
 // i % MATH_WG), each computing all next_n rows of its block (N = next_n x 64 MMA columns, N / 2 accumulators a
-// thread); three stages a math warpgroup in flight (stage s always feeds warpgroup s % MATH_WG). setmaxnreg
-// splits the registers between the producer and the math warpgroups within the CTA's allocation at launch
-// (65536 / THREADS a thread, rounded down to 8; asking more blocks setmaxnreg.inc forever: run 103 hung):
-// 640 threads get 96: 128 x 24 + 512 x 112; 512 get 128: 40 + 3 x 152; 384 get 168: 40 + 2 x 232.
+// thread). There is no producer warpgroup: each warpgroup refills its own STAGES_PER_WG stages (stage s always
+// feeds warpgroup s % MATH_WG), one thread issuing block i + STAGES's copies as soon as block i's MMA is done.
+// So every thread of the CTA is a math thread and the launch's even split of the registers is what they get
+// (65536 / THREADS, rounded down to 8; no setmaxnreg): 512 threads 128 a thread (next_n 1-2), 256 threads 255
+// (next_n 3-4: 96-128 accumulators). A producer warpgroup left the math ones 112 at next_n <= 2 (runs 104-105),
+// where the loop spilled once unrolled; a producer warp alone does not help, the 17th warp's SMSP then holds 5.
 template <int NEXT_N>
 struct Shape {
     static constexpr int N = NEXT_N * H;
-    // next_n 3-4: two (their 96-128 accumulators need 232 registers a thread)
     static constexpr int MATH_WG = NEXT_N <= 2 ? SPIN_LOGITS_MATH_WG : 2;
     static_assert(MATH_WG >= 2 && MATH_WG <= 4, "2-4 math warpgroups (named barriers 1-4)");
-    static constexpr int THREADS = 128 * (1 + MATH_WG);
-    static constexpr int STAGES = 3 * MATH_WG;
-    static constexpr int PRODUCER_REGS = MATH_WG == 4 ? 24 : 40;
-    static constexpr int MATH_REGS = MATH_WG == 4 ? 112 : (MATH_WG == 3 ? 152 : 232);
-    static_assert(128 * PRODUCER_REGS + 128 * MATH_WG * MATH_REGS <= THREADS * (65536 / THREADS / 8 * 8),
-                  "the setmaxnreg split exceeds the CTA's registers at launch");
+    static constexpr int THREADS = 128 * MATH_WG;
+    static constexpr int STAGES = SPIN_LOGITS_STAGES_PER_WG * MATH_WG;
     static constexpr int PMAX_FLOATS = MAX_CHUNK * 4 * NEXT_N;  // block-max partials [block][warp][row]
     static constexpr int SMEM = 1024                                   // slack to align the tiles to 1024 bytes
                                 + N * D                               // q [N, 128]
@@ -238,6 +239,7 @@ struct Shape {
                                 + PMAX_FLOATS * 4
                                 + MAX_CHUNK * 4                       // the chunk's block ids
                                 + (2 * STAGES + 1) * 8;               // mbarriers
+    static_assert(SMEM <= 227 * 1024, "shared memory");
 };
 
 // A quad's (4 lanes') head sums reduced and spread: v holds this lane's partial sums of value 2j + h (row j,
@@ -272,8 +274,8 @@ __device__ __forceinline__ int quad_reduce_scatter(float (&v)[VP], int c) {
     return base;
 }
 
-// grid (B, ceil(W / chunk)), Shape::THREADS threads: warpgroup 0 issues the copies (one thread), the others
-// compute the chunk's blocks in turn. Block ids outside [0, num_cache_blocks) read block 0 (never outside the
+// grid (B, ceil(W / chunk)), Shape::THREADS threads: the math warpgroups compute the chunk's blocks in turn,
+// one thread after them issues the copies. Block ids outside [0, num_cache_blocks) read block 0 (never outside the
 // cache).
 template <int NEXT_N>
 __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel(
@@ -306,45 +308,40 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
     for (int j = 0; j < NEXT_N; ++j) longest = max(longest, seq_lens[b * NEXT_N + j]);
     const int nblk = min(blk0 + chunk, (longest + T - 1) / T) - blk0;  // blocks of this chunk below the longest row
     if (nblk <= 0) return;  // the whole CTA: nothing to score, the tail is left unwritten
-    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    const int mw = threadIdx.x / 128, tid = threadIdx.x % 128;  // math warpgroup mw: blocks mw, mw + P, ...
+    // the chunk's ids in shared memory first (coalesced): one dependent global load a block would serialize the
+    // copies behind its latency
+    const int* ids = block_table + int64_t(b) * stride_table + blk0;
+    for (int i = threadIdx.x; i < nblk; i += S::THREADS) {
+        const int raw = ids[i];
+        ids_s[i] = (raw >= 0 && raw < num_cache_blocks) ? raw : 0;
+    }
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 128);  // every thread of the math warpgroup that read the stage
+            mbar_init(&empty[s], 128);  // every thread of the warpgroup, once it has read the stage's scales
         }
         mbar_init(q_bar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-
-    if (wg == 0) {  // the producer
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(S::PRODUCER_REGS));
-        if (tid >= 32) return;
-        // the chunk's ids in shared memory first (coalesced): one dependent global load a block would
-        // serialize the copies behind its latency
-        const int* ids = block_table + int64_t(b) * stride_table + blk0;
-        for (int i = tid; i < nblk; i += 32) {
-            const int raw = ids[i];
-            ids_s[i] = (raw >= 0 && raw < num_cache_blocks) ? raw : 0;
-        }
-        __syncwarp();
-        if (tid == 0) {
-            mbar_expect_tx(q_bar, N * D);
-            tma_load_2d(q_s, &q_map, 0, b * N, q_bar);
-            for (int i = 0; i < nblk; ++i) {
-                const int s = i % STAGES;
-                mbar_wait(&empty[s], ((i / STAGES) & 1) ^ 1);  // a fresh barrier passes parity 1 at once
-                const int phys = ids_s[i];
-                mbar_expect_tx(&full[s], KEY_BYTES + SCALE_BYTES);
-                tma_load_2d(keys_s + s * KEY_BYTES, &key_map, 0, phys * rows_per_page, &full[s]);
-                bulk_load(scales_s + s * T, cache + int64_t(phys) * page_bytes + KEY_BYTES, SCALE_BYTES, &full[s]);
-            }
-        }
-        return;
+    // block i's copies into stage s (one thread)
+    const auto load = [&](int i, int s) {
+        const int phys = ids_s[i];
+        mbar_expect_tx(&full[s], KEY_BYTES + SCALE_BYTES);
+        tma_load_2d(keys_s + s * KEY_BYTES, &key_map, 0, phys * rows_per_page, &full[s]);
+        bulk_load(scales_s + s * T, cache + int64_t(phys) * page_bytes + KEY_BYTES, SCALE_BYTES, &full[s]);
+    };
+    if (threadIdx.x == 0) {
+        mbar_expect_tx(q_bar, N * D);
+        tma_load_2d(q_s, &q_map, 0, b * N, q_bar);
     }
+    // the thread that refills this warpgroup's stages: in warp mw % 4, so the four warpgroups' copies are issued
+    // from the four SMSPs (warp w runs on SMSP w % 4)
+    const bool issuer = tid == 32 * (mw % 4);
+    if (issuer)  // this warpgroup's first blocks
+        for (int r = 0; r < SPIN_LOGITS_STAGES_PER_WG && mw + r * P < nblk; ++r) load(mw + r * P, mw + r * P);
 
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(S::MATH_REGS));
-    const int mw = wg - 1;  // math warpgroup mw: blocks mw, mw + P, ...
     const int warp = tid / 32, lane = tid % 32;
     const int r0 = 16 * warp + lane / 4, c = lane % 4;  // this thread's tokens r0 and r0 + 8; its column pair
     float wr[NEXT_N][8][2];  // w[row j, head 8k + 2c + e]: the heads of this thread's accumulator columns
@@ -381,62 +378,75 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
     float acc[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) acc[i] = 0.f;
-    int s = __shfl_sync(0xffffffffu, mw, 0), phase = 0;  // block i's stage and fill parity: i % STAGES, i / STAGES % 2
-    for (int i = mw; i < nblk; i += P) {
-        mbar_wait(&full[s], phase);
-        fence_regs<R>(acc);
-        if (SPIN_LOGITS_PROBE != 2) {
-            const uint64_t k_desc = DESC_HI | (k_lo0 + uint32_t(s) * (KEY_BYTES >> 4));
-            wgmma_fence();
+    // This warpgroup's blocks i = mw, mw + P, ... use its stages mw, mw + P, ... in turn: the loop is unrolled by
+    // its STAGES_PER_WG stages, so each copy's stage, descriptors and scale addresses are fixed offsets from loop
+    // invariants
+    constexpr int SPW = SPIN_LOGITS_STAGES_PER_WG;
+    const uint64_t k_desc_wg = DESC_HI | (k_lo0 + uint32_t(mw) * (KEY_BYTES >> 4));
+    for (int i0 = mw, phase = 0; i0 < nblk; i0 += SPW * P, phase ^= 1) {
 #pragma unroll
-            for (int kk = 0; kk < D / 32; ++kk) mma_k32<N>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);  // +32 B
-            wgmma_commit();
-            wgmma_wait<0>();
-        }
-        fence_regs<R>(acc);
-        float sc[KEPT];
+        for (int rep = 0; rep < SPW; ++rep) {
+            const int i = i0 + rep * P, s = mw + rep * P;
+            if (i >= nblk) break;
+            mbar_wait(&full[s], phase);
+            float sc[KEPT];
 #pragma unroll
-        for (int u = 0; u < KEPT; ++u) sc[u] = scales_s[s * T + r0 + 8 * h[u]];
-        mbar_arrive(&empty[s]);  // the stage's keys (read by the MMA) and scales are no longer needed here
-        s += P;
-        if (s >= STAGES) s -= STAGES, phase ^= 1;
-
-        // ReLU, weights and this thread's part of each head sum: four independent FMA chains a row
-        float v[VP];
+            for (int u = 0; u < KEPT; ++u) sc[u] = scales_s[s * T + r0 + 8 * h[u]];
+            mbar_arrive(&empty[s]);  // this thread's reads of the stage's scales are done (a release)
+            fence_regs<R>(acc);
+            if (SPIN_LOGITS_PROBE != 2) {
+                const uint64_t k_desc = k_desc_wg + uint64_t(rep * P * (KEY_BYTES >> 4));
+                wgmma_fence();
 #pragma unroll
-        for (int j = 0; j < VP / 2; ++j) {
-            if (j >= NEXT_N) {
-                v[2 * j] = v[2 * j + 1] = 0.f;
-            } else if (SPIN_LOGITS_PROBE == 1) {
-                v[2 * j] = acc[32 * j];
-                v[2 * j + 1] = acc[32 * j + 2];
-            } else {
-                float p[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                for (int k = 0; k < 8; ++k)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) p[e] = fmaf(fmaxf(acc[4 * (8 * j + k) + e], 0.f), wr[j][k][e & 1], p[e]);
-                v[2 * j] = p[0] + p[1];
-                v[2 * j + 1] = p[2] + p[3];
+                for (int kk = 0; kk < D / 32; ++kk) mma_k32<N>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);  // +32 B
+                wgmma_commit();
+                wgmma_wait<0>();
             }
-        }
-        if (SPIN_LOGITS_PROBE != 1) quad_reduce_scatter<VP>(v, c);
-        float m = -INFINITY;
+            fence_regs<R>(acc);
+            // the MMA has read the keys and every thread its scales (it arrived before its MMA, which needs all
+            // four warps): the stage takes block i + STAGES
+            if (issuer && i + STAGES < nblk) {
+                mbar_wait(&empty[s], phase);
+                load(i + STAGES, s);
+            }
+
+            // ReLU, weights and this thread's part of each head sum: four independent FMA chains a row
+            float v[VP];
 #pragma unroll
-        for (int u = 0; u < KEPT; ++u) {
-            const float x = i * T < lim[u] ? v[u] * sc[u] : -INFINITY;
-            if (stores) out_cta[dst[u] + i * T] = x;
-            m = fmaxf(m, x);
+            for (int j = 0; j < VP / 2; ++j) {
+                if (j >= NEXT_N) {
+                    v[2 * j] = v[2 * j + 1] = 0.f;
+                } else if (SPIN_LOGITS_PROBE == 1) {
+                    v[2 * j] = acc[32 * j];
+                    v[2 * j + 1] = acc[32 * j + 2];
+                } else {
+                    float p[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                    for (int k = 0; k < 8; ++k)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) p[e] = fmaf(fmaxf(acc[4 * (8 * j + k) + e], 0.f), wr[j][k][e & 1], p[e]);
+                    v[2 * j] = p[0] + p[1];
+                    v[2 * j + 1] = p[2] + p[3];
+                }
+            }
+            if (SPIN_LOGITS_PROBE != 1) quad_reduce_scatter<VP>(v, c);
+            float m = -INFINITY;
+#pragma unroll
+            for (int u = 0; u < KEPT; ++u) {
+                const float x = i * T < lim[u] ? v[u] * sc[u] : -INFINITY;
+                if (stores) out_cta[dst[u] + i * T] = x;
+                m = fmaxf(m, x);
+            }
+            if (SPIN_LOGITS_PROBE == 3) continue;
+            // this row's max over the warp's 16 tokens: the lanes holding the other token half and the other quads
+            if constexpr (VP == 4) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            if constexpr (VP == 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+            // the 4 warps' partials meet after the loop: no barrier in it
+            if (lane < 4 && stores) pmax_s[(i * 4 + warp) * NEXT_N + row] = m;
         }
-        if (SPIN_LOGITS_PROBE == 3) continue;
-        // this row's max over the warp's 16 tokens: the lanes holding the other token half and the other quads
-        if constexpr (VP == 4) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-        if constexpr (VP == 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-        // the 4 warps' partials meet after the loop: no barrier in it
-        if (lane < 4 && stores) pmax_s[(i * 4 + warp) * NEXT_N + row] = m;
     }
     if (SPIN_LOGITS_PROBE == 3) return;
     asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");  // this warpgroup's partials written

@@ -24,6 +24,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 // Build-time switches for benchmarks/cuda_logits_probe.py only (the library ops/ builds sets none):
 // SPIN_LOGITS_PROBE leaves one stage out to time the rest (1: the epilogue's head sum, 2: the MMA, 3: the block
 // max); SPIN_LOGITS_MATH_WG sets the math warpgroups at next_n <= 2 (default 4; see Shape) and
@@ -360,33 +362,60 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
     else h[0] = VP == 4 ? c % 2 : c / 2;
     const bool stores = VP == 2 ? c % 2 == 0 : row < NEXT_N;  // next_n = 1: lanes c, c ^ 1 alike; 3: no row 3
     const int row_len = row < NEXT_N ? seq_lens[b * NEXT_N + row] : 0;
-    // the CTA's corner of out (64-bit, the same in every thread) and 32-bit offsets from it (out_stride < 2^29)
-    float* const out_cta = out + int64_t(b) * NEXT_N * out_stride + int64_t(blk0) * T;
-    int dst[KEPT], lim[KEPT];  // offsets from out_cta; token offsets below this row's length (written: i * T < lim)
+    // this lane's store addresses for block 0 of the chunk (block i adds i * T) and its token offsets below the
+    // row's length (a value is a logit where i * T < lim, else -inf)
+    float* dst[KEPT];
+    int lim[KEPT];
 #pragma unroll
     for (int u = 0; u < KEPT; ++u) {
         const int tok = r0 + 8 * h[u];
-        dst[u] = min(row, NEXT_N - 1) * int(out_stride) + tok;
+        dst[u] = out + (int64_t(b) * NEXT_N + min(row, NEXT_N - 1)) * out_stride + int64_t(blk0) * T + tok;
         lim[u] = row_len - blk0 * T - tok;
     }
     mbar_wait(q_bar, 0);
-    // descriptors: the high word is a constant of the layout; the low word (the address) is warp-uniform, which
-    // the shuffle tells the compiler, so the per-block descriptors are built in uniform registers
-    const uint64_t q_desc = smem_desc(q_s);
-    const uint32_t k_lo0 = __shfl_sync(0xffffffffu, uint32_t(smem_desc(keys_s)), 0);
-    constexpr uint64_t DESC_HI = smem_desc_hi();
     float acc[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) acc[i] = 0.f;
-    // This warpgroup's blocks i = mw, mw + P, ... use its stages mw, mw + P, ... in turn: the loop is unrolled by
-    // its STAGES_PER_WG stages, so each copy's stage, descriptors and scale addresses are fixed offsets from loop
-    // invariants
+    // The loop of warpgroup MW, compiled once for each: its blocks i = MW, MW + P, ... use its stages MW, MW + P,
+    // ... in turn and the loop is unrolled by its SPW stages, so every stage index, barrier, descriptor and scale
+    // address in it is a constant offset from the shared window (uniform registers, nothing rebuilt a block)
     constexpr int SPW = SPIN_LOGITS_STAGES_PER_WG;
-    const uint64_t k_desc_wg = DESC_HI | (k_lo0 + uint32_t(mw) * (KEY_BYTES >> 4));
-    for (int i0 = mw, phase = 0; i0 < nblk; i0 += SPW * P, phase ^= 1) {
+    // A block's last steps (the quad's reduce-scatter, the scale, the mask, the store and the block max: shuffle
+    // chains, latency more than work) run while the next block's MMA does: `pending` holds its head sums
+    struct Pending {
+        float v[VP];   // this thread's partial head sums (see quad_reduce_scatter)
+        float sc[KEPT];  // the scales of the tokens this lane keeps
+        int i;         // the block, in the chunk
+    };
+    const auto finish = [&](Pending& d) {
+        if (SPIN_LOGITS_PROBE != 1) quad_reduce_scatter<VP>(d.v, c);
+        float m = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < KEPT; ++u) {
+            const float x = d.i * T < lim[u] ? d.v[u] * d.sc[u] : -INFINITY;
+            if (stores) dst[u][d.i * T] = x;
+            m = fmaxf(m, x);
+        }
+        if (SPIN_LOGITS_PROBE == 3) return;
+        // this row's max over the warp's 16 tokens: the lanes holding the other token half and the other quads
+        if constexpr (VP == 4) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        if constexpr (VP == 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
+        // the 4 warps' partials meet after the loop: no barrier in it
+        if (lane < 4 && stores) pmax_s[(d.i * 4 + warp) * NEXT_N + row] = m;
+    };
+    const auto loop = [&](auto mw_constant) {
+    constexpr int MW = decltype(mw_constant)::value;
+    const uint64_t q_desc = smem_desc(q_s), k_desc_wg = smem_desc(keys_s + MW * KEY_BYTES);
+    Pending pending;
+    pending.i = -1;  // none yet
+    for (int i0 = MW, phase = 0; i0 < nblk; i0 += SPW * P, phase ^= 1) {
 #pragma unroll
         for (int rep = 0; rep < SPW; ++rep) {
-            const int i = i0 + rep * P, s = mw + rep * P;
+            const int i = i0 + rep * P;
+            const int s = MW + rep * P;  // a constant once unrolled
             if (i >= nblk) break;
             mbar_wait(&full[s], phase);
             float sc[KEPT];
@@ -400,8 +429,9 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
 #pragma unroll
                 for (int kk = 0; kk < D / 32; ++kk) mma_k32<N>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);  // +32 B
                 wgmma_commit();
-                wgmma_wait<0>();
             }
+            if (pending.i >= 0) finish(pending);  // the previous block, beside this one's MMA
+            if (SPIN_LOGITS_PROBE != 2) wgmma_wait<0>();
             fence_regs<R>(acc);
             // the MMA has read the keys and every thread its scales (it arrived before its MMA, which needs all
             // four warps): the stage takes block i + STAGES
@@ -409,44 +439,37 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
                 mbar_wait(&empty[s], phase);
                 load(i + STAGES, s);
             }
-
             // ReLU, weights and this thread's part of each head sum: four independent FMA chains a row
-            float v[VP];
 #pragma unroll
             for (int j = 0; j < VP / 2; ++j) {
                 if (j >= NEXT_N) {
-                    v[2 * j] = v[2 * j + 1] = 0.f;
+                    pending.v[2 * j] = pending.v[2 * j + 1] = 0.f;
                 } else if (SPIN_LOGITS_PROBE == 1) {
-                    v[2 * j] = acc[32 * j];
-                    v[2 * j + 1] = acc[32 * j + 2];
+                    pending.v[2 * j] = acc[32 * j];
+                    pending.v[2 * j + 1] = acc[32 * j + 2];
                 } else {
                     float p[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                     for (int k = 0; k < 8; ++k)
 #pragma unroll
                         for (int e = 0; e < 4; ++e) p[e] = fmaf(fmaxf(acc[4 * (8 * j + k) + e], 0.f), wr[j][k][e & 1], p[e]);
-                    v[2 * j] = p[0] + p[1];
-                    v[2 * j + 1] = p[2] + p[3];
+                    pending.v[2 * j] = p[0] + p[1];
+                    pending.v[2 * j + 1] = p[2] + p[3];
                 }
             }
-            if (SPIN_LOGITS_PROBE != 1) quad_reduce_scatter<VP>(v, c);
-            float m = -INFINITY;
 #pragma unroll
-            for (int u = 0; u < KEPT; ++u) {
-                const float x = i * T < lim[u] ? v[u] * sc[u] : -INFINITY;
-                if (stores) out_cta[dst[u] + i * T] = x;
-                m = fmaxf(m, x);
-            }
-            if (SPIN_LOGITS_PROBE == 3) continue;
-            // this row's max over the warp's 16 tokens: the lanes holding the other token half and the other quads
-            if constexpr (VP == 4) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-            if constexpr (VP == 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-            // the 4 warps' partials meet after the loop: no barrier in it
-            if (lane < 4 && stores) pmax_s[(i * 4 + warp) * NEXT_N + row] = m;
+            for (int u = 0; u < KEPT; ++u) pending.sc[u] = sc[u];
+            pending.i = i;
         }
+    }
+    if (pending.i >= 0) finish(pending);
+    };
+    // (an if-chain, not a switch: each branch instantiates the loop only for warpgroups that exist)
+    if (mw == 0) loop(std::integral_constant<int, 0>{});
+    else if (mw == 1) loop(std::integral_constant<int, 1>{});
+    else if constexpr (P > 2) {
+        if (mw == 2) loop(std::integral_constant<int, 2>{});
+        else if constexpr (P > 3) loop(std::integral_constant<int, 3>{});
     }
     if (SPIN_LOGITS_PROBE == 3) return;
     asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");  // this warpgroup's partials written

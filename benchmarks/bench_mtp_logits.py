@@ -8,8 +8,8 @@ Per point (B requests x context L x next_n; H = 64, D = 128, T = 64; one random 
 tokens: each call reads >= 1.6 GB, far past the 60 MB L2), CUDA graphs, median of replays:
   own:<config>        paged_indexer_logits_triton(..., config=<config>), block max fused, tail unwritten, for
                       every candidate in CANDIDATES[next_n] (the first is the production one, CONFIGS[next_n])
-  own_cuda:<launch>   the CUDA kernel for SM90 (ops/indexer_logits_cuda.py: a TMA producer warpgroup and two math
-                      warpgroups on alternate blocks), blocks a CTA c<chunk> or the launcher's default; built with
+  own_cuda:<launch>   the CUDA kernel for SM90 (ops/indexer_logits_cuda.py: math warpgroups on blocks in turn,
+                      each refilling its own TMA stages), blocks a CTA c<chunk> or the launcher's default; built with
                       nvcc in the run; a failed build or check drops it from the run (said in the log)
   deepgemm            DeepGEMM fp8_paged_mqa_logits at this next_n (n <= 2, where deep_gemm imports)
   deepgemm_per_row    DeepGEMM at next_n = 1 over the B x next_n rows as requests (each row reads its own
@@ -82,7 +82,7 @@ class CudaLaunch:
     chunk: int | None = None
 
 
-CUDA_LAUNCHES = [CudaLaunch(), CudaLaunch(32), CudaLaunch(128)]  # emptied when the kernel fails its check
+CUDA_LAUNCHES = [CudaLaunch(), CudaLaunch(64), CudaLaunch(256)]  # emptied when the kernel fails its check
 
 
 def log(*a):

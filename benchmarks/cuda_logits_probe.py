@@ -6,9 +6,9 @@ differences").
     PYTHONPATH=src:benchmarks python3 benchmarks/cuda_logits_probe.py --out $OUT/probe
 
 Variants (ops/csrc/paged_logits_sm90.cu's build switches): cuda (production: 4 math warpgroups at next_n <= 2,
-3 stages each), 2wg / 3wg (SPIN_LOGITS_MATH_WG), 2spw / 4spw (SPIN_LOGITS_STAGES_PER_WG), no-headsum
-(SPIN_LOGITS_PROBE=1: no ReLU / weights / head sum), no-mma (=2), no-blockmax (=3), each at the launcher's chunk
-and at 128 and 256 blocks a CTA. Per point (B x L x next_n, H = 64, D = 128), CUDA graphs, median of replays.
+3 stages each), 3wg (SPIN_LOGITS_MATH_WG=3), pipe / nopipe (SPIN_LOGITS_PIPELINE=1 / 0: a block's last steps
+beside the next block's MMA, or not), no-headsum (SPIN_LOGITS_PROBE=1: no ReLU / weights / head sum), no-mma
+(=2), no-blockmax (=3), each at the launcher's chunk and at 128 and 256 blocks a CTA. Per point (B x L x next_n, H = 64, D = 128), CUDA graphs, median of replays.
 The builds that compute logits (CHECKED) are first checked against the torch reference; the probes compute
 wrong logits by design and are only timed. Writes <out>/cuda_probe.csv and .md.
 """
@@ -30,11 +30,10 @@ from spin_indexer.ops import deepgemm, indexer_logits_cuda  # noqa: E402
 from spin_indexer.ops.indexer_logits import paged_indexer_logits_ref  # noqa: E402
 from spin_indexer.ops.indexer_logits_triton import CONFIGS  # noqa: E402
 
-VARIANTS = {"cuda": (), "2wg": ("SPIN_LOGITS_MATH_WG=2",), "3wg": ("SPIN_LOGITS_MATH_WG=3",),
-            "2spw": ("SPIN_LOGITS_STAGES_PER_WG=2",), "4spw": ("SPIN_LOGITS_STAGES_PER_WG=4",),
-            "no-headsum": ("SPIN_LOGITS_PROBE=1",), "no-mma": ("SPIN_LOGITS_PROBE=2",),
-            "no-blockmax": ("SPIN_LOGITS_PROBE=3",)}
-CHECKED = ("cuda", "2wg", "3wg", "2spw", "4spw")  # the builds that compute the logits
+VARIANTS = {"cuda": (), "3wg": ("SPIN_LOGITS_MATH_WG=3",), "pipe": ("SPIN_LOGITS_PIPELINE=1",),
+            "nopipe": ("SPIN_LOGITS_PIPELINE=0",), "no-headsum": ("SPIN_LOGITS_PROBE=1",),
+            "no-mma": ("SPIN_LOGITS_PROBE=2",), "no-blockmax": ("SPIN_LOGITS_PROBE=3",)}
+CHECKED = ("cuda", "3wg", "pipe", "nopipe")  # the builds that compute the logits
 POINTS = "96x131072x2,96x131072x1,96x131072x4,32x524288x2"
 COLUMNS = ["batch", "ctx", "next_n", "variant", "chunk", "us", "vs_cuda"]
 

@@ -29,12 +29,16 @@
 // Build-time switches for benchmarks/cuda_logits_probe.py only (the library ops/ builds sets none):
 // SPIN_LOGITS_PROBE leaves one stage out to time the rest (1: the epilogue's head sum, 2: the MMA, 3: the block
 // max); SPIN_LOGITS_MATH_WG sets the math warpgroups at next_n <= 2 (default 4; see Shape) and
-// SPIN_LOGITS_STAGES_PER_WG the key blocks each keeps in flight (default 3).
+// SPIN_LOGITS_STAGES_PER_WG the key blocks each keeps in flight (default 3); SPIN_LOGITS_PIPELINE (0 / 1) whether
+// a block's last steps wait for the next block's MMA (default: at next_n = 3 only; see the kernel).
 #ifndef SPIN_LOGITS_PROBE
 #define SPIN_LOGITS_PROBE 0
 #endif
 #ifndef SPIN_LOGITS_MATH_WG
 #define SPIN_LOGITS_MATH_WG 4
+#endif
+#ifndef SPIN_LOGITS_PIPELINE
+#define SPIN_LOGITS_PIPELINE -1
 #endif
 #ifndef SPIN_LOGITS_STAGES_PER_WG
 #define SPIN_LOGITS_STAGES_PER_WG 3
@@ -234,7 +238,7 @@ struct Shape {
     static_assert(MATH_WG >= 2 && MATH_WG <= 4, "2-4 math warpgroups (named barriers 1-4)");
     static constexpr int THREADS = 128 * MATH_WG;
     static constexpr int STAGES = SPIN_LOGITS_STAGES_PER_WG * MATH_WG;
-    static constexpr int PMAX_FLOATS = MAX_CHUNK * 4 * NEXT_N;  // block-max partials [block][warp][row]
+    static constexpr int PMAX_FLOATS = MAX_CHUNK * NEXT_N * 32;  // block-max partials [block][row][warp, quad]
     static constexpr int SMEM = 1024                                   // slack to align the tiles to 1024 bytes
                                 + N * D                               // q [N, 128]
                                 + STAGES * (KEY_BYTES + SCALE_BYTES)  // key tiles and their scales
@@ -361,6 +365,8 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
     if constexpr (KEPT == 2) h[0] = 0, h[1] = 1;
     else h[0] = VP == 4 ? c % 2 : c / 2;
     const bool stores = VP == 2 ? c % 2 == 0 : row < NEXT_N;  // next_n = 1: lanes c, c ^ 1 alike; 3: no row 3
+    // the lane that writes its quad's block-max partial of row `row`: one a (quad, row)
+    const bool pmax_writer = VP == 2 ? c == 0 : (VP == 4 ? c % 2 == 0 : row < NEXT_N);
     const int row_len = row < NEXT_N ? seq_lens[b * NEXT_N + row] : 0;
     // this lane's store addresses for block 0 of the chunk (block i adds i * T) and its token offsets below the
     // row's length (a value is a logit where i * T < lim, else -inf)
@@ -381,7 +387,11 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
     // address in it is a constant offset from the shared window (uniform registers, nothing rebuilt a block)
     constexpr int SPW = SPIN_LOGITS_STAGES_PER_WG;
     // A block's last steps (the quad's reduce-scatter, the scale, the mask, the store and the block max: shuffle
-    // chains, latency more than work) run while the next block's MMA does: `pending` holds its head sums
+    // chains, latency more than work). PIPELINED: they run while the next block's MMA does (`pending` holds the
+    // head sums meanwhile): at next_n = 3 that measured 742 us against 804 (96 x 128K, run 107); at next_n = 2
+    // it lost (527 against 486: the compiler interleaves them with the MMA's instructions), at 4 it made no
+    // difference. SPIN_LOGITS_PIPELINE overrides (0 / 1).
+    constexpr bool PIPELINED = SPIN_LOGITS_PIPELINE < 0 ? NEXT_N == 3 : SPIN_LOGITS_PIPELINE == 1;
     struct Pending {
         float v[VP];   // this thread's partial head sums (see quad_reduce_scatter)
         float sc[KEPT];  // the scales of the tokens this lane keeps
@@ -397,14 +407,12 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
             m = fmaxf(m, x);
         }
         if (SPIN_LOGITS_PROBE == 3) return;
-        // this row's max over the warp's 16 tokens: the lanes holding the other token half and the other quads
+        // this row's max over the quad's 2 tokens (next_n 1-2: with the lane holding the other token half), one
+        // partial a quad: the 32 partials of a (block, row) meet after the loop (no barrier, no shuffle chain in
+        // it; 3 shuffles a block fewer than reducing over the warp here)
         if constexpr (VP == 4) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         if constexpr (VP == 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 4));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 8));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 16));
-        // the 4 warps' partials meet after the loop: no barrier in it
-        if (lane < 4 && stores) pmax_s[(d.i * 4 + warp) * NEXT_N + row] = m;
+        if (pmax_writer) pmax_s[(d.i * NEXT_N + row) * 32 + warp * 8 + lane / 4] = m;
     };
     const auto loop = [&](auto mw_constant) {
     constexpr int MW = decltype(mw_constant)::value;
@@ -430,7 +438,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
                 for (int kk = 0; kk < D / 32; ++kk) mma_k32<N>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);  // +32 B
                 wgmma_commit();
             }
-            if (pending.i >= 0) finish(pending);  // the previous block, beside this one's MMA
+            if (PIPELINED && pending.i >= 0) finish(pending);  // the previous block, beside this one's MMA
             if (SPIN_LOGITS_PROBE != 2) wgmma_wait<0>();
             fence_regs<R>(acc);
             // the MMA has read the keys and every thread its scales (it arrived before its MMA, which needs all
@@ -460,9 +468,10 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
 #pragma unroll
             for (int u = 0; u < KEPT; ++u) pending.sc[u] = sc[u];
             pending.i = i;
+            if (!PIPELINED) finish(pending);
         }
     }
-    if (pending.i >= 0) finish(pending);
+    if (PIPELINED && pending.i >= 0) finish(pending);
     };
     // (an if-chain, not a switch: each branch instantiates the loop only for warpgroups that exist)
     if (mw == 0) loop(std::integral_constant<int, 0>{});
@@ -476,9 +485,14 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
     const int mine = (nblk - mw + P - 1) / P;  // blocks of this warpgroup
     for (int k = tid; k < mine * NEXT_N; k += 128) {
         const int i = mw + (k / NEXT_N) * P, j = k % NEXT_N;
-        const float* p = pmax_s + i * 4 * NEXT_N + j;
-        block_max[(int64_t(b) * NEXT_N + j) * bmax_stride + blk0 + i] =
-            fmaxf(fmaxf(p[0], p[NEXT_N]), fmaxf(p[2 * NEXT_N], p[3 * NEXT_N]));
+        const float4* p = reinterpret_cast<const float4*>(pmax_s + (i * NEXT_N + j) * 32);
+        float m = -INFINITY;
+#pragma unroll
+        for (int q = 0; q < 8; ++q) {
+            const float4 x = p[q];
+            m = fmaxf(m, fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
+        }
+        block_max[(int64_t(b) * NEXT_N + j) * bmax_stride + blk0 + i] = m;
     }
 }
 

@@ -7,7 +7,8 @@ differences").
 
 Variants (ops/csrc/paged_logits_sm90.cu's build switches): cuda (production: 4 math warpgroups at next_n <= 2,
 3 stages each), 3wg (SPIN_LOGITS_MATH_WG=3), pipe / nopipe (SPIN_LOGITS_PIPELINE=1 / 0: a block's last steps
-beside the next block's MMA, or not), no-headsum (SPIN_LOGITS_PROBE=1: no ReLU / weights / head sum), no-mma
+beside the next block's MMA, or not), 2cta (SPIN_LOGITS_CTAS_PER_SM=2: the SM's warpgroups in two CTAs; chunks
+of at most 128 / 64 blocks, a larger chunk is skipped), no-headsum (SPIN_LOGITS_PROBE=1: no ReLU / weights / head sum), no-mma
 (=2), no-blockmax (=3), each at the launcher's chunk and at 128 and 256 blocks a CTA. Per point (B x L x next_n, H = 64, D = 128), CUDA graphs, median of replays.
 The builds that compute logits (CHECKED) are first checked against the torch reference; the probes compute
 wrong logits by design and are only timed. Writes <out>/cuda_probe.csv and .md.
@@ -31,9 +32,9 @@ from spin_indexer.ops.indexer_logits import paged_indexer_logits_ref  # noqa: E4
 from spin_indexer.ops.indexer_logits_triton import CONFIGS  # noqa: E402
 
 VARIANTS = {"cuda": (), "3wg": ("SPIN_LOGITS_MATH_WG=3",), "pipe": ("SPIN_LOGITS_PIPELINE=1",),
-            "nopipe": ("SPIN_LOGITS_PIPELINE=0",), "no-headsum": ("SPIN_LOGITS_PROBE=1",),
+            "nopipe": ("SPIN_LOGITS_PIPELINE=0",), "2cta": ("SPIN_LOGITS_CTAS_PER_SM=2",), "no-headsum": ("SPIN_LOGITS_PROBE=1",),
             "no-mma": ("SPIN_LOGITS_PROBE=2",), "no-blockmax": ("SPIN_LOGITS_PROBE=3",)}
-CHECKED = ("cuda", "3wg", "pipe", "nopipe")  # the builds that compute the logits
+CHECKED = ("cuda", "3wg", "pipe", "nopipe", "2cta")  # the builds that compute the logits
 POINTS = "96x131072x2,96x131072x1,96x131072x4,32x524288x2"
 COLUMNS = ["batch", "ctx", "next_n", "variant", "chunk", "us", "vs_cuda"]
 
@@ -83,6 +84,10 @@ def main(argv=None) -> int:
                     indexer_logits_cuda.paged_indexer_logits_cuda(x.q, x.cache, x.w, x.lens, x.table, validate=False,
                                                                   out=x.out, block_max_out=x.bmax, chunk=chunk,
                                                                   library=lib)
+                try:
+                    call()
+                except RuntimeError:  # a chunk past this build's CHUNK_MAX (2cta)
+                    continue
                 here.append(dict(batch=batch, ctx=ctx, next_n=n, variant=name, chunk=chunk or "default",
                                  us=time_graph([call], max_reps=20).p50_us))
         here.append(dict(batch=batch, ctx=ctx, next_n=n, variant=f"triton {mtp.config_name(CONFIGS[n])}",

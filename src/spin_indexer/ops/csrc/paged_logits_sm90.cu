@@ -28,14 +28,18 @@
 
 // Build-time switches for benchmarks/cuda_logits_probe.py only (the library ops/ builds sets none):
 // SPIN_LOGITS_PROBE leaves one stage out to time the rest (1: the epilogue's head sum, 2: the MMA, 3: the block
-// max); SPIN_LOGITS_MATH_WG sets the math warpgroups at next_n <= 2 (default 4; see Shape) and
+// max); SPIN_LOGITS_MATH_WG sets the math warpgroups an SM (default 0: 4 at next_n <= 2, 2 at 3-4; see Shape),
+// SPIN_LOGITS_CTAS_PER_SM how many CTAs share them (1 or 2),
 // SPIN_LOGITS_STAGES_PER_WG the key blocks each keeps in flight (default 3); SPIN_LOGITS_PIPELINE (0 / 1) whether
 // a block's last steps wait for the next block's MMA (default: at next_n = 3 only; see the kernel).
 #ifndef SPIN_LOGITS_PROBE
 #define SPIN_LOGITS_PROBE 0
 #endif
 #ifndef SPIN_LOGITS_MATH_WG
-#define SPIN_LOGITS_MATH_WG 4
+#define SPIN_LOGITS_MATH_WG 0
+#endif
+#ifndef SPIN_LOGITS_CTAS_PER_SM
+#define SPIN_LOGITS_CTAS_PER_SM 1
 #endif
 #ifndef SPIN_LOGITS_PIPELINE
 #define SPIN_LOGITS_PIPELINE -1
@@ -221,7 +225,7 @@ __device__ __forceinline__ void mma_k32(float* d, uint64_t desc_a, uint64_t desc
     else wgmma_m64n256k32(d, desc_a, desc_b, accumulate);
 }
 
-constexpr int MAX_CHUNK = 256;  // blocks a CTA (their ids staged in shared memory)
+constexpr int MAX_CHUNK = 256;  // blocks a CTA at most (their ids staged in shared memory; Shape::CHUNK_MAX)
 
 // The CTA's shape at next_n rows: MATH_WG warpgroups take the chunk's blocks in turn (block i: warpgroup
 // i % MATH_WG), each computing all next_n rows of its block (N = next_n x 64 MMA columns, N / 2 accumulators a
@@ -231,21 +235,32 @@ constexpr int MAX_CHUNK = 256;  // blocks a CTA (their ids staged in shared memo
 // (65536 / THREADS, rounded down to 8; no setmaxnreg): 512 threads 128 a thread (next_n 1-2), 256 threads 255
 // (next_n 3-4: 96-128 accumulators). A producer warpgroup left the math ones 112 at next_n <= 2 (runs 104-105),
 // where the loop spilled once unrolled; a producer warp alone does not help, the 17th warp's SMSP then holds 5.
+// SPIN_LOGITS_CTAS_PER_SM = 2 splits an SM's warpgroups over two CTAs (next_n <= 2: 2 + 2, 3-4: 1 + 1), each
+// with half the shared memory (chunks of at most 128 / 64 blocks), so that one CTA's start (ids, q, the first
+// copies: an idle SM while the only CTA there waits) overlaps the other's blocks.
 template <int NEXT_N>
 struct Shape {
     static constexpr int N = NEXT_N * H;
-    static constexpr int MATH_WG = NEXT_N <= 2 ? SPIN_LOGITS_MATH_WG : 2;
-    static_assert(MATH_WG >= 2 && MATH_WG <= 4, "2-4 math warpgroups (named barriers 1-4)");
+    static constexpr int CTAS = SPIN_LOGITS_CTAS_PER_SM;
+    static_assert(CTAS == 1 || CTAS == 2, "one or two CTAs an SM");
+    static constexpr int MATH_WG = (SPIN_LOGITS_MATH_WG > 0 ? SPIN_LOGITS_MATH_WG : (NEXT_N <= 2 ? 4 : 2)) / CTAS;
+    static_assert(MATH_WG >= 1 && MATH_WG <= 4, "1-4 math warpgroups (named barriers 1-4)");
     static constexpr int THREADS = 128 * MATH_WG;
     static constexpr int STAGES = SPIN_LOGITS_STAGES_PER_WG * MATH_WG;
-    static constexpr int PMAX_FLOATS = MAX_CHUNK * NEXT_N * 32;  // block-max partials [block][row][warp, quad]
-    static constexpr int SMEM = 1024                                   // slack to align the tiles to 1024 bytes
-                                + N * D                               // q [N, 128]
-                                + STAGES * (KEY_BYTES + SCALE_BYTES)  // key tiles and their scales
-                                + PMAX_FLOATS * 4
-                                + MAX_CHUNK * 4                       // the chunk's block ids
-                                + (2 * STAGES + 1) * 8;               // mbarriers
-    static_assert(SMEM <= 227 * 1024, "shared memory");
+    static constexpr int smem_at(int chunk) {
+        return 1024                                  // slack to align the tiles to 1024 bytes
+               + N * D                               // q [N, 128]
+               + STAGES * (KEY_BYTES + SCALE_BYTES)  // key tiles and their scales
+               + chunk * NEXT_N * 32 * 4             // block-max partials [block][row][warp, quad]
+               + chunk * 4                           // the chunk's block ids
+               + (2 * STAGES + 1) * 8;               // mbarriers
+    }
+    // the most blocks a CTA takes: 256, halved until CTAS CTAs fit an SM's 227 KB (1 KB of each reserved)
+    static constexpr int CHUNK_MAX = smem_at(256) * CTAS + (CTAS - 1) * 1024 <= 227 * 1024 ? 256
+                                   : smem_at(128) * CTAS + (CTAS - 1) * 1024 <= 227 * 1024 ? 128 : 64;
+    static constexpr int PMAX_FLOATS = CHUNK_MAX * NEXT_N * 32;
+    static constexpr int SMEM = smem_at(CHUNK_MAX);
+    static_assert(SMEM * CTAS + (CTAS - 1) * 1024 <= 227 * 1024, "shared memory");
 };
 
 // A quad's (4 lanes') head sums reduced and spread: v holds this lane's partial sums of value 2j + h (row j,
@@ -284,7 +299,7 @@ __device__ __forceinline__ int quad_reduce_scatter(float (&v)[VP], int c) {
 // one thread after them issues the copies. Block ids outside [0, num_cache_blocks) read block 0 (never outside the
 // cache).
 template <int NEXT_N>
-__global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel(
+__global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) paged_logits_kernel(
         const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap q_map,
         const uint8_t* __restrict__ cache, const float* __restrict__ weights, const int* __restrict__ seq_lens,
         const int* __restrict__ block_table, float* __restrict__ out, float* __restrict__ block_max,
@@ -303,7 +318,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
     float* scales_s = reinterpret_cast<float*>(keys_s + STAGES * KEY_BYTES);
     float* pmax_s = scales_s + STAGES * T;
     int* ids_s = reinterpret_cast<int*>(pmax_s + S::PMAX_FLOATS);
-    uint64_t* full = reinterpret_cast<uint64_t*>(ids_s + MAX_CHUNK);
+    uint64_t* full = reinterpret_cast<uint64_t*>(ids_s + S::CHUNK_MAX);
     uint64_t* empty = full + STAGES;
     uint64_t* q_bar = empty + STAGES;
 
@@ -475,10 +490,12 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, 1) paged_logits_kernel
     };
     // (an if-chain, not a switch: each branch instantiates the loop only for warpgroups that exist)
     if (mw == 0) loop(std::integral_constant<int, 0>{});
-    else if (mw == 1) loop(std::integral_constant<int, 1>{});
-    else if constexpr (P > 2) {
-        if (mw == 2) loop(std::integral_constant<int, 2>{});
-        else if constexpr (P > 3) loop(std::integral_constant<int, 3>{});
+    else if constexpr (P > 1) {
+        if (mw == 1) loop(std::integral_constant<int, 1>{});
+        else if constexpr (P > 2) {
+            if (mw == 2) loop(std::integral_constant<int, 2>{});
+            else if constexpr (P > 3) loop(std::integral_constant<int, 3>{});
+        }
     }
     if (SPIN_LOGITS_PROBE == 3) return;
     asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");  // this warpgroup's partials written
@@ -531,6 +548,7 @@ int launch(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* 
            int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
            int rows_per_page, int64_t page_bytes, cudaStream_t stream) {
     constexpr int smem = Shape<NEXT_N>::SMEM;
+    if (chunk > Shape<NEXT_N>::CHUNK_MAX) return -5;
     static bool configured = false;  // the attribute is per function: set once
     if (!configured) {
         if (cudaFuncSetAttribute(paged_logits_kernel<NEXT_N>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=

@@ -701,21 +701,23 @@ def test_step_on_padded_pages_equals_the_contiguous_copy(next_n, pad, triton_log
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the side stream)")
-@pytest.mark.parametrize("backend", ["deepgemm", "triton"])
-@pytest.mark.parametrize("next_n", [1, 2])
+@pytest.mark.parametrize("backend", ["deepgemm", "triton", "cuda"])
+@pytest.mark.parametrize("next_n", [1, 2, 3])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("in_topk_blocks", [1 << 20, 0], ids=["in-topk", "side-stream"])
 def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, next_n, graph, in_topk_blocks, gen,
                                                                      monkeypatch):
     """overlap_update=True (up to UPDATE_IN_TOPK_BLOCKS table blocks the update's programs in the top-k's
     threshold launch; else the update pass on a low-priority stream, the top-k on a high-priority one with, on
-    DeepGEMM, the maxima pass; off: the update in series, fused into the Triton kernel's epilogue or into
-    DeepGEMM's maxima pass) leaves the same history and returns the
+    DeepGEMM and the CUDA kernel, the maxima pass; off: the update in series, fused into the Triton kernel's
+    epilogue or into the maxima pass) leaves the same history and returns the
     same top-k as overlap_update=False, over three steps of three layers, also when the whole step (plan +
     every layer) is captured in one CUDA graph and replayed (the forks and joins are recorded)."""
-    from spin_indexer.ops import deepgemm
-    if backend == "deepgemm" and not deepgemm.available():
-        pytest.skip("needs deep_gemm")
+    from spin_indexer.ops import deepgemm, indexer_logits_cuda
+    if backend == "deepgemm" and (not deepgemm.available() or next_n > 2):
+        pytest.skip("needs deep_gemm (next_n 1-2)")
+    if backend == "cuda" and (torch.cuda.get_device_capability() != (9, 0) or indexer_logits_cuda.load_library() is None):
+        pytest.skip("needs SM90 and the CUDA logits library (nvcc)")
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", backend)
     from spin_indexer.indexer import spin
     monkeypatch.setattr(spin, "UPDATE_IN_TOPK_BLOCKS", in_topk_blocks)

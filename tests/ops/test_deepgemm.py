@@ -99,7 +99,8 @@ def test_a_backend_the_dispatcher_does_not_know_is_refused_by_name():
     w = torch.zeros(1, 64)
     lens = torch.ones(1, 1, dtype=torch.int32)
     table = torch.zeros(1, 1, dtype=torch.int32)
-    with pytest.raises(ValueError, match="backend: expected 'deepgemm', 'triton', 'reference' or None, got 'cuda'"):
-        ops.paged_indexer_logits(q, kv, w, lens, table, backend="cuda")
+    with pytest.raises(ValueError, match="backend: expected one of 'deepgemm', 'cuda', 'triton', 'reference' or "
+                                         "None, got 'cutlass'"):
+        ops.paged_indexer_logits(q, kv, w, lens, table, backend="cutlass")
     got = ops.paged_indexer_logits(q, kv, w, lens, table, backend="reference")  # the named one runs
     assert torch.equal(got, ops.paged_indexer_logits_ref(q, kv, w, lens, table))

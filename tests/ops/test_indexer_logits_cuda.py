@@ -114,3 +114,61 @@ def test_source_compiles_for_sm90a(tmp_path):
     lib = C.build(tmp_path)
     assert lib.exists() and lib.stat().st_size > 0
     assert C.build(tmp_path) == lib  # cached by the source's hash
+
+
+def test_backend_choice_puts_next_n_2_to_4_here_behind_deepgemm(monkeypatch):
+    """ops.logits_backend (simulated SM90 with the library built): DeepGEMM where it serves, else this kernel at
+    next_n 2-4, the Triton kernel at 1; SPIN_INDEXER_LOGITS forces either way; nothing routes here where it
+    does not run."""
+    from spin_indexer import ops
+    from spin_indexer.ops import deepgemm
+    monkeypatch.setattr(ops, "_triton_twin", lambda module, name, t: object())  # CUDA with Triton
+    monkeypatch.setattr(deepgemm, "supports", lambda q, kv: False)
+    monkeypatch.setattr(C, "supports", lambda q, kv: True)
+    monkeypatch.delenv("SPIN_INDEXER_LOGITS", raising=False)
+    kv = torch.empty(8, 64, 1, 132, dtype=torch.uint8, device="meta")
+
+    def choices():
+        return [ops.logits_backend(torch.empty(2, n, 64, 128, device="meta"), kv) for n in (1, 2, 3, 4)]
+
+    assert choices() == ["triton", "cuda", "cuda", "cuda"]
+    assert [C.step_uses(n) for n in (0, 1, 2, 4, 5)] == [False, False, True, True, False]
+    monkeypatch.setattr(deepgemm, "supports", lambda q, kv: q.shape[1] == 2)  # DeepGEMM first where it serves
+    assert choices() == ["triton", "deepgemm", "cuda", "cuda"]
+    monkeypatch.setenv("SPIN_INDEXER_LOGITS", "cuda")
+    monkeypatch.setattr(deepgemm, "supports", lambda q, kv: False)
+    assert choices() == ["cuda"] * 4
+    monkeypatch.setenv("SPIN_INDEXER_LOGITS", "triton")
+    assert choices() == ["triton"] * 4 and not C.step_uses(3)
+    monkeypatch.delenv("SPIN_INDEXER_LOGITS")
+    monkeypatch.setattr(C, "supports", lambda q, kv: False)  # no SM90, no nvcc, odd shapes
+    assert choices() == ["triton"] * 4
+
+
+@pytest.mark.parametrize("next_n", [2, 3])
+def test_logits_op_on_this_backend_writes_the_maxima_the_kernel_does_not(next_n, gen):
+    """ops.paged_indexer_logits(backend="cuda"): the kernel's logits, its block maxima, and where asked the
+    top-k's group maxima from the pass behind it (equal to the reference of the same logits); fill_tail=True
+    goes to the Triton kernel (this one leaves the tail). Outputs poisoned first."""
+    _gpu_or_skip()
+    from spin_indexer import ops
+    x = make_paged_inputs((5 * T + 17, 3 * T, 1, 12 * T + 5), next_n, HEADS, DIM, gen, extra_width=2).to("cuda")
+    rows, width = x.weights.shape[0], x.block_table.shape[1]
+    out = torch.full((rows, width * T), float("nan"), device="cuda")
+    bmax = torch.full((rows, width), float("nan"), device="cuda")
+    gmax = torch.full((rows, width * T // 16), float("nan"), device="cuda")
+    ops.paged_indexer_logits(*x.args(), validate=False, out=out, block_max_out=bmax, fill_tail=False,
+                             group_max_out=gmax, group=16, backend="cuda")
+    alone = torch.full_like(out, float("nan"))
+    alone_bmax = torch.full_like(bmax, float("nan"))
+    C.paged_indexer_logits_cuda(*x.args(), validate=False, out=alone, block_max_out=alone_bmax)
+    written = _written(x.to("cpu")).to("cuda")
+    cells = written.repeat_interleave(T, dim=1)
+    assert torch.equal(out[cells], alone[cells]) and torch.equal(bmax[written], alone_bmax[written])
+    lens = x.seq_lens.reshape(-1)
+    valid = torch.arange(width * T, device="cuda")[None, :] < lens[:, None].long()
+    want = ops.group_max_ref(torch.where(valid, out, float("-inf")), lens, 16)
+    used = cells[:, ::16]
+    assert torch.equal(gmax[used], want[used])
+    filled = ops.paged_indexer_logits(*x.args(), validate=False, fill_tail=True, backend="cuda")
+    assert torch.isneginf(filled[~valid]).all()  # the Triton kernel's tail: every column past the lengths

@@ -302,10 +302,11 @@ class SpinIndexer:
         # (`update_in_topk`), else on a side stream (`_forked`); in series with extensions (they read the
         # maxima in order), off CUDA, and with overlap_update=False, where the Triton kernel fuses it into its
         # epilogue. The maxima the top-k prunes with come from the Triton kernel's epilogue; DeepGEMM writes
-        # logits only, so there a pass before the top-k writes them.
+        # logits only (the CUDA kernel the block maxima only), so there a pass before the top-k writes them.
         side = self._update_stream if self.extensions is None and backend != "reference" else None
         in_topk = side is not None and self.update_in_topk(batch, width, history)
-        maxima_fused = side is None or backend == "triton"
+        # The CUDA kernel writes the block maxima; the group maxima, where the top-k wants them, need the pass
+        maxima_fused = side is None or backend == "triton" or (backend == "cuda" and group_max is None)
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
                                           validate=False, out=out, block_max_out=block_max if maxima_fused else None,
                                           fill_tail=self.extensions is not None,

@@ -39,22 +39,33 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     backend (deepgemm_schedule.schedule; SpinIndexer computes every layer's in plan()); ignored elsewhere.
     active_width: the block-table columns expected to hold blocks (SPIN's kept budget on a compact table):
     the Triton kernel sizes its programs by it (paged_indexer_logits_triton); None = all W.
-    Backends (one place decides, `logits_backend`): DeepGEMM where it imports and covers the shape (only
-    with fill_tail=False: it does not clean the tail), else the Triton kernel on CUDA, else the reference.
+    Backends (one place decides, `logits_backend`): DeepGEMM where it imports and covers the shape, the CUDA
+    kernel (indexer_logits_cuda.py) at next_n 2-4 where it builds (both only with fill_tail=False: they do not
+    clean the tail), else the Triton kernel on CUDA, else the reference. Behind DeepGEMM and the CUDA kernel,
+    one pass over the logits applies the update and writes the maxima they do not (DeepGEMM: none; the CUDA
+    kernel: the block maxima only).
     backend: what `logits_backend` answered the caller for these inputs (SpinIndexer asks it for its step,
     then applies the update itself on a side stream: history=None here); None = decided here.
     """
     if backend is None:
         backend = logits_backend(q_fp8, kv_cache)
-    elif backend not in ("deepgemm", "triton", "reference"):
-        raise ValueError(f"backend: expected 'deepgemm', 'triton', 'reference' or None, got {backend!r}")
-    if backend == "deepgemm" and fill_tail:  # DeepGEMM leaves the tail as it is: the Triton kernel fills it
+    elif backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(map(repr, BACKENDS))} or None, got {backend!r}")
+    if backend in ("deepgemm", "cuda") and fill_tail:  # they leave the tail as it is: the Triton kernel fills it
         backend = "triton"
-    if backend == "deepgemm":
-        from . import deepgemm
-        logits = deepgemm.paged_indexer_logits_deepgemm(q_fp8, kv_cache, weights, seq_lens, block_table,
-                                                        validate=validate, out=out, schedule=deepgemm_schedule)
-        if block_max_out is not None or history is not None or group_max_out is not None:
+    if backend in ("deepgemm", "cuda"):
+        if backend == "deepgemm":
+            from . import deepgemm
+            logits = deepgemm.paged_indexer_logits_deepgemm(q_fp8, kv_cache, weights, seq_lens, block_table,
+                                                            validate=validate, out=out, schedule=deepgemm_schedule)
+            kernel_wrote_block_max = False
+        else:
+            from .indexer_logits_cuda import paged_indexer_logits_cuda
+            logits = paged_indexer_logits_cuda(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate,
+                                               out=out, block_max_out=block_max_out)
+            kernel_wrote_block_max = True
+        if history is not None or group_max_out is not None or (block_max_out is not None
+                                                                 and not kernel_wrote_block_max):
             # The production kernel writes logits only: one pass over them gives the block max, the group
             # maxima and the update.
             bmax = block_max_out if block_max_out is not None else torch.empty(
@@ -84,20 +95,26 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     return logits
 
 
+BACKENDS = ("deepgemm", "cuda", "triton", "reference")
+
+
 def logits_backend(q_fp8, kv_cache) -> str:
-    """"deepgemm", "triton" or "reference": which kernel computes paged indexer logits for these inputs.
+    """"deepgemm", "cuda", "triton" or "reference": which kernel computes paged indexer logits for these inputs.
 
     DeepGEMM (deepgemm.py) where `deep_gemm` imports, on SM90, for its shapes, at next_n = 2 (the dense step
-    and SPIN's alike); at next_n = 1 the Triton kernel (its fused maxima win: deepgemm.spin_step_uses).
-    SPIN_INDEXER_LOGITS=triton / deepgemm forces one. The Triton twin on other CUDA inputs, among them
-    next_n = 3 and 4 (DeepGEMM takes 1 and 2; the twin's one-MMA-per-row-group configs, CONFIGS in
-    indexer_logits_triton.py, read each key tile once for all rows); the reference elsewhere (and everywhere
-    under SPIN_INDEXER_FORCE_REF=1)."""
+    and SPIN's alike); else the project's CUDA kernel (indexer_logits_cuda.py: SM90, nvcc to build it) at
+    next_n 2-4 (indexer_logits_cuda.step_uses: H200, runs 108-109, 96 x 128K: 490 us at next_n = 2 against the
+    Triton kernel's 580 and DeepGEMM's 440; 740 / 840 at 3 / 4 against 947 / 1092); at next_n = 1 the Triton
+    kernel (its fused maxima win: deepgemm.spin_step_uses). SPIN_INDEXER_LOGITS=triton / deepgemm / cuda forces
+    one. The Triton twin on other CUDA inputs; the reference elsewhere (and everywhere under
+    SPIN_INDEXER_FORCE_REF=1)."""
     if _triton_twin("indexer_logits_triton", "paged_indexer_logits_triton", q_fp8) is None:
         return "reference"
-    from . import deepgemm
+    from . import deepgemm, indexer_logits_cuda
     if deepgemm.supports(q_fp8, kv_cache):
         return "deepgemm"
+    if indexer_logits_cuda.step_uses(q_fp8.shape[1]) and indexer_logits_cuda.supports(q_fp8, kv_cache):
+        return "cuda"
     return "triton"
 
 

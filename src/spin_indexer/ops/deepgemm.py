@@ -9,7 +9,7 @@ DeepGEMM's code: the module is imported when present.
 
 Used at next_n = 2 (1.7x faster than the project's kernel, benchmarks/results run 8); at next_n = 1 the
 project's kernel serves both steps (its fused maxima save the pass DeepGEMM needs: `spin_step_uses`).
-SPIN_INDEXER_LOGITS=triton turns this backend off, =deepgemm forces it (benchmarks compare both).
+SPIN_INDEXER_LOGITS=triton / cuda turns this backend off, =deepgemm forces it (benchmarks compare them).
 DeepGEMM's kernel takes an SM schedule computed from the lengths; SpinIndexer.plan() writes every layer's
 at once (deepgemm_schedule.py) and run() passes it (`schedule=`), instead of one metadata launch per layer.
 """
@@ -47,7 +47,7 @@ def schedule_sms(device: torch.device) -> int:
     """The SM count DeepGEMM's schedule is computed for on `device` where DeepGEMM can serve it (SM90 with
     deep_gemm importing, not turned off by SPIN_INDEXER_LOGITS), else 0: SpinIndexer then keeps no
     per-layer schedule (deepgemm_schedule.py) and a DeepGEMM call computes its own."""
-    if device.type != "cuda" or os.environ.get("SPIN_INDEXER_LOGITS", "") in ("triton", "reference"):
+    if device.type != "cuda" or os.environ.get("SPIN_INDEXER_LOGITS", "") in ("triton", "cuda", "reference"):
         return 0
     if _module() is None or torch.cuda.get_device_capability(device) != (9, 0):
         return 0
@@ -56,7 +56,7 @@ def schedule_sms(device: torch.device) -> int:
 
 def spin_step_uses(next_n: int) -> bool:
     """Whether SPIN's step computes its logits with DeepGEMM where DeepGEMM covers the shape:
-    SPIN_INDEXER_LOGITS=deepgemm / triton forces the answer; else at next_n = 2 only. At next_n = 1 the
+    SPIN_INDEXER_LOGITS=deepgemm / triton / cuda forces the answer; else at next_n = 2 only. At next_n = 1 the
     project's kernel (scales prefetched on compact tables, the block / group maxima in its epilogue) beats
     DeepGEMM + the maxima pass the step needs after it, or trails it by <= 1%, at every grid point: H200, run 63 (commit 0af490f,
     step_us vs step_other_backend_us, s = 0.5): 96 x 1M 1845.1 vs 1882.8 us, 96 x 512K 957.4 vs 961.0, 96 x 128K
@@ -64,7 +64,7 @@ def spin_step_uses(next_n: int) -> bool:
     1 x 128K 34.8 vs 35.3; DeepGEMM ahead by <= 1%: 96 x 256K 520.9 vs 524.7, 8 x 128K 57.1 vs 57.6, 32 x 128K
     123.1 vs 123.5. A host rule on static shapes (a captured graph keeps its backend)."""
     choice = os.environ.get("SPIN_INDEXER_LOGITS", "")
-    if choice in ("triton", "reference") or next_n not in (1, 2):
+    if choice in ("triton", "cuda", "reference") or next_n not in (1, 2):
         return False
     return choice == "deepgemm" or next_n == 2
 

@@ -86,6 +86,18 @@ def load_library(defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     return lib
 
 
+def step_uses(next_n: int) -> bool:
+    """Whether the logits op picks this kernel at next_n where it runs (ops.logits_backend, after DeepGEMM):
+    SPIN_INDEXER_LOGITS=cuda forces it at next_n 1-4, =triton / deepgemm / reference never; else next_n 2-4
+    (faster there than the Triton kernel, runs 108-109; at next_n = 1 both read at copy bandwidth and the
+    Triton kernel also writes the top-k's group maxima and the update in its epilogue). A host rule on static
+    shapes."""
+    choice = os.environ.get("SPIN_INDEXER_LOGITS", "")
+    if choice in ("triton", "deepgemm", "reference") or not 1 <= next_n <= 4:
+        return False
+    return choice == "cuda" or next_n >= 2
+
+
 def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """Whether this kernel runs these inputs: CUDA tensors on an SM90 GPU, next_n 1-4, H = 64, D = 128,
     T = 64, pages a whole number of 128-byte rows apart, and the library built."""

@@ -207,7 +207,8 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
         guards = (0, "auto") if ctx < AUTO_DENSE_BELOW or batch * ctx < step_guard else (0,)
         for guard in guards:
             # the backend the step does not choose here (ops.logits_backend), forced
-            other = "triton" if ops.logits_backend(p.q[0][0], p.caches[0]) == "deepgemm" else "deepgemm"
+            # (DeepGEMM / the CUDA kernel chosen: the Triton kernel; the Triton kernel chosen: DeepGEMM)
+            other = "triton" if ops.logits_backend(p.q[0][0], p.caches[0]) in ("deepgemm", "cuda") else "deepgemm"
             backends = [(None, "")] + ([(other, "_other")] if have_dg and guard == 0 else [])
             for backend, suffix in backends:
                 with logits_backend(backend):

@@ -159,7 +159,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
         return [lambda i=i: fn(i) for i in range(p.layers)]
 
     out = {}
-    if have_dg:
+    if have_dg and next_n <= 2:  # DeepGEMM's SM90 kernel asserts next_n in {1, 2}
         out["deepgemm_logits_us"] = time_graph(each_layer(lambda i: deepgemm.paged_indexer_logits_deepgemm(
             p.q[i][0], p.caches[i], p.q[i][1], p.lens, p.table, validate=False)), **timing).p50_us
     logits = torch.empty(rows, width * 64, device=p.table.device)

@@ -148,7 +148,8 @@ def test_backend_choice_puts_next_n_2_to_4_here_behind_deepgemm(monkeypatch):
 @pytest.mark.parametrize("next_n", [2, 3])
 def test_logits_op_on_this_backend_writes_the_maxima_the_kernel_does_not(next_n, gen):
     """ops.paged_indexer_logits(backend="cuda"): the kernel's logits, its block maxima, and where asked the
-    top-k's group maxima from the pass behind it (equal to the reference of the same logits); fill_tail=True
+    top-k's group maxima from the pass behind it (equal to the reference of the same logits below each row's
+    length, all the top-k reads); fill_tail=True
     goes to the Triton kernel (this one leaves the tail). Outputs poisoned first."""
     _gpu_or_skip()
     from spin_indexer import ops
@@ -168,7 +169,7 @@ def test_logits_op_on_this_backend_writes_the_maxima_the_kernel_does_not(next_n,
     lens = x.seq_lens.reshape(-1)
     valid = torch.arange(width * T, device="cuda")[None, :] < lens[:, None].long()
     want = ops.group_max_ref(torch.where(valid, out, float("-inf")), lens, 16)
-    used = cells[:, ::16]
+    used = valid[:, ::16]  # the groups the top-k reads: those below the row's length (the pass writes those)
     assert torch.equal(gmax[used], want[used])
     filled = ops.paged_indexer_logits(*x.args(), validate=False, fill_tail=True, backend="cuda")
     assert torch.isneginf(filled[~valid]).all()  # the Triton kernel's tail: every column past the lengths

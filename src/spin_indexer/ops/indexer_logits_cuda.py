@@ -1,7 +1,8 @@
-"""Paged indexer logits in CUDA for SM90 (csrc/paged_logits_sm90.cu), next_n 1-4: a TMA producer warpgroup and
-math warpgroups on alternate key blocks, so that one block's MMA can run beside another's epilogue, which the
-Triton kernel cannot do (issue #17). Measured (runs 101-102): copy bandwidth at next_n = 1; at next_n = 2 still
-slower than the Triton kernel (646.8 against 580.5 us at 96 x 128K); benchmarks/NOTES.md, runs 99-103.
+"""Paged indexer logits in CUDA for SM90 (csrc/paged_logits_sm90.cu), next_n 1-4: math warpgroups on key blocks
+in turn, each refilling its own TMA stages, so that one block's MMA runs beside another's epilogue, which the
+Triton kernel cannot do (issue #17). The logits op's "cuda" backend at next_n 2-4 where DeepGEMM does not serve
+(`step_uses`, ops.logits_backend). Measured (H200, run 108, 96 x 128K): 494 us at next_n = 2 (Triton 582,
+DeepGEMM 446), 758 / 858 at 3 / 4 (Triton 1028 / 1143); benchmarks/NOTES.md, runs 101-111.
 
 Built with nvcc on first use into a cache folder (SPIN_CUDA_CACHE, default ~/.cache/spin_indexer), keyed by the
 source's hash, and called through ctypes: no torch extension, no ninja. Where nvcc, an SM90 GPU or the build is

@@ -1,14 +1,17 @@
-// Paged indexer logits for SM90 (H100 / H200) in CUDA: a TMA producer and math warpgroups on alternate blocks.
+// Paged indexer logits for SM90 (H100 / H200) in CUDA: math warpgroups on key blocks in turn, each feeding itself
+// with TMA. The logits op's "cuda" backend at next_n 2-4 where DeepGEMM does not serve (ops.logits_backend).
 //
 // Why CUDA and not Triton: Triton 3.6 waits for every MMA right after issuing it (wgmma.wait_group 0; a dot
 // is asynchronous only when it accumulates into itself across iterations), so inside one program the MMA and
 // the epilogue (ReLU, weights, the head sum for next_n rows) run in series, and its automatic warp
-// specialization measured 2.4x slower (benchmarks/NOTES.md, runs 99-100). Here one CTA holds a TMA producer
-// warpgroup and MATH_WG math warpgroups that take key blocks in turn (block i: warpgroup i % MATH_WG): while
-// some wait for their MMA, others run their epilogues, and the producer keeps STAGES blocks in flight. Four
-// math warpgroups at next_n <= 2 (run 102: with two, the MMA and the epilogue ran in series, 633 us at
-// 96 x 128K next_n = 2 against 434 without the MMA and 521 without the head sum; DeepGEMM 449), two at
-// next_n 3-4 (their accumulators). Four math warpgroups: compiled, not yet run on a GPU (NOTES, runs 101-103).
+// specialization measured 2.4x slower (benchmarks/NOTES.md, runs 99-100). Here a CTA holds MATH_WG math
+// warpgroups that take key blocks in turn (block i: warpgroup i % MATH_WG), four at next_n <= 2 and two at 3-4
+// (their accumulators), each refilling its own three stages: while some wait for their MMA, others run their
+// epilogues. What decides the time (runs 104-108, NOTES): the MMA and the epilogue's instruction count add up
+// whatever the number of warpgroups, so the epilogue is written for few instructions a block (a reduce-scatter
+// over the quad instead of a butterfly, block-max partials reduced once after the loop, uniform descriptors).
+// H200, 96 x 128K: next_n = 1 at copy bandwidth (as DeepGEMM), 2 at 1.11x DeepGEMM, 3 / 4 at 1.86x / 1.58x
+// the max of the copy and MMA floors (run 108).
 //
 // Math (as indexer_logits.paged_indexer_logits_ref): logits[b * next_n + j, t] = scale[t] *
 // sum_h w[b * next_n + j, h] * relu(k[t] . q[b, j, h]), -inf where t >= seq_lens[b, j]; block_max[r, blk] = the

@@ -269,33 +269,25 @@ struct Shape {
 // A quad's (4 lanes') head sums reduced and spread: v holds this lane's partial sums of value 2j + h (row j,
 // token r0 + 8h), VP of them (2 * next_n rounded up to a power of two; next_n = 3 pads a zero row). Each step
 // halves the values a lane keeps and adds its partner's half, so every partial crosses one shuffle (3 shuffles
-// at next_n = 2 where a butterfly over all values takes 8). Returns the index of the first value kept: lane c
-// keeps value 2(c / 2) + (c % 2) at next_n = 2 (row c / 2, token half c % 2), rows c at next_n 3-4 (both
-// halves, v[0] and v[1]), token half c / 2 at next_n = 1 (lanes c and c ^ 1 alike).
+// at next_n = 2 where a butterfly over all values takes 8). Lane c keeps value 2(c / 2) + (c % 2) at next_n = 2
+// (row c / 2, token half c % 2) in v[0], rows c at next_n 3-4 (both halves, v[0] and v[1]), token half c / 2 at
+// next_n = 1 (lanes c and c ^ 1 alike).
+// one step: lanes with `bit` set keep v[HALF, 2 HALF), the others v[0, HALF), each summed with its partner's
+template <int HALF, int VP>
+__device__ __forceinline__ void keep_half(float (&v)[VP], int c, int bit) {
+    const bool up = c & bit;
+#pragma unroll
+    for (int i = 0; i < HALF; ++i) {
+        const float send = up ? v[i] : v[i + HALF], keep = up ? v[i + HALF] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, bit);
+    }
+}
+
 template <int VP>
-__device__ __forceinline__ int quad_reduce_scatter(float (&v)[VP], int c) {
-    int base = 0;
-    constexpr int HALF2 = VP / 2;
-    const bool up2 = c & 2;
-#pragma unroll
-    for (int i = 0; i < HALF2; ++i) {
-        const float send = up2 ? v[i] : v[i + HALF2], keep = up2 ? v[i + HALF2] : v[i];
-        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
-    }
-    base += up2 ? HALF2 : 0;
-    if constexpr (HALF2 >= 2) {
-        constexpr int HALF1 = HALF2 / 2;
-        const bool up1 = c & 1;
-#pragma unroll
-        for (int i = 0; i < HALF1; ++i) {
-            const float send = up1 ? v[i] : v[i + HALF1], keep = up1 ? v[i + HALF1] : v[i];
-            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
-        }
-        base += up1 ? HALF1 : 0;
-    } else {
-        v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);
-    }
-    return base;
+__device__ __forceinline__ void quad_reduce_scatter(float (&v)[VP], int c) {
+    keep_half<VP / 2>(v, c, 2);
+    if constexpr (VP >= 4) keep_half<VP / 4>(v, c, 1);
+    else v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);  // next_n = 1: one value left, summed over both lanes
 }
 
 // grid (B, ceil(W / chunk)), Shape::THREADS threads: the math warpgroups compute the chunk's blocks in turn,
@@ -478,7 +470,8 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
 #pragma unroll
                     for (int k = 0; k < 8; ++k)
 #pragma unroll
-                        for (int e = 0; e < 4; ++e) p[e] = fmaf(fmaxf(acc[4 * (8 * j + k) + e], 0.f), wr[j][k][e & 1], p[e]);
+                        for (int e = 0; e < 4; ++e)
+                            p[e] = fmaf(fmaxf(acc[4 * (8 * j + k) + e], 0.f), wr[j][k][e & 1], p[e]);
                     pending.v[2 * j] = p[0] + p[1];
                     pending.v[2 * j + 1] = p[2] + p[3];
                 }
@@ -560,9 +553,9 @@ int launch(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* 
         configured = true;
     }
     dim3 grid(batch, (width + chunk - 1) / chunk);
-    paged_logits_kernel<NEXT_N><<<grid, Shape<NEXT_N>::THREADS, smem, stream>>>(key_map, q_map, cache, weights, seq_lens, block_table,
-                                                            out, block_max, stride_table, out_stride, bmax_stride,
-                                                            chunk, num_cache_blocks, rows_per_page, page_bytes);
+    paged_logits_kernel<NEXT_N><<<grid, Shape<NEXT_N>::THREADS, smem, stream>>>(
+        key_map, q_map, cache, weights, seq_lens, block_table, out, block_max, stride_table, out_stride, bmax_stride,
+        chunk, num_cache_blocks, rows_per_page, page_bytes);
     return cudaGetLastError() == cudaSuccess ? 0 : -4;
 }
 

@@ -35,7 +35,8 @@ NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-sh
 HEADS, DIM, TOKENS = 64, 128, 64
 MAX_CHUNK = 256  # blocks a CTA (the kernel stages their ids in shared memory)
 ERRORS = {-1: "no cuTensorMapEncodeTiled in the driver", -2: "a TMA tensor map was rejected",
-          -3: "the shared-memory attribute was refused", -4: "the launch failed", -5: "bad arguments"}
+          -3: "the shared-memory attribute was refused", -4: "the launch failed", -5: "bad arguments",
+          -6: "the inputs' device could not be made current"}
 
 
 def nvcc_path() -> str | None:
@@ -82,7 +83,7 @@ def load_library(defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
         return None
     fn = lib.spin_paged_logits_sm90
     i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [i32, ptr, ptr, i64, i64, ptr, ptr, ptr, i32, i32, i32, ptr, i64, ptr, i64, i32, ptr]
+    fn.argtypes = [i32, ptr, ptr, i64, i64, ptr, ptr, ptr, i32, i32, i32, ptr, i64, ptr, i64, i32, i32, ptr]
     fn.restype = i32
     return lib
 
@@ -158,11 +159,11 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
     chunk = chunk or default_chunk(batch, width, q.device)
-    stream = torch.cuda.current_stream(q.device).cuda_stream
+    stream = torch.cuda.current_stream(q.device).cuda_stream  # the library makes q's device its current one
     rc = (library or load_library()).spin_paged_logits_sm90(
         next_n, q.data_ptr(), kv_cache.data_ptr(), kv_cache.shape[0], page_stride_bytes(kv_cache), w.data_ptr(),
         lens.data_ptr(), block_table.data_ptr(), batch, width, block_table.stride(0), out.data_ptr(), out.stride(0),
-        block_max_out.data_ptr(), block_max_out.stride(0), chunk, stream)
+        block_max_out.data_ptr(), block_max_out.stride(0), chunk, q.device.index, stream)
     if rc != 0:
         raise RuntimeError(f"paged_indexer_logits_cuda: {ERRORS.get(rc, rc)}")
     return out

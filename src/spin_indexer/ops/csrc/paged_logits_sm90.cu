@@ -228,6 +228,7 @@ __device__ __forceinline__ void mma_k32(float* d, uint64_t desc_a, uint64_t desc
     else wgmma_m64n256k32(d, desc_a, desc_b, accumulate);
 }
 
+constexpr int MAX_DEVICES = 64;  // device ordinals the launcher takes
 constexpr int MAX_CHUNK = 256;  // blocks a CTA at most (their ids staged in shared memory; Shape::CHUNK_MAX)
 
 // The CTA's shape at next_n rows: MATH_WG warpgroups take the chunk's blocks in turn (block i: warpgroup
@@ -542,15 +543,15 @@ template <int NEXT_N>
 int launch(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* cache, const float* weights,
            const int* seq_lens, const int* block_table, float* out, float* block_max, int batch, int width,
            int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
-           int rows_per_page, int64_t page_bytes, cudaStream_t stream) {
+           int rows_per_page, int64_t page_bytes, int device, cudaStream_t stream) {
     constexpr int smem = Shape<NEXT_N>::SMEM;
     if (chunk > Shape<NEXT_N>::CHUNK_MAX) return -5;
-    static bool configured = false;  // the attribute is per function: set once
-    if (!configured) {
+    static bool configured[MAX_DEVICES] = {};  // the attribute is per function and device: set once each
+    if (!configured[device]) {
         if (cudaFuncSetAttribute(paged_logits_kernel<NEXT_N>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
                 cudaSuccess)
             return -3;
-        configured = true;
+        configured[device] = true;
     }
     dim3 grid(batch, (width + chunk - 1) / chunk);
     paged_logits_kernel<NEXT_N><<<grid, Shape<NEXT_N>::THREADS, smem, stream>>>(
@@ -562,14 +563,20 @@ int launch(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* 
 }  // namespace
 
 // Returns 0, or a negative code: -1 no cuTensorMapEncodeTiled, -2 a tensor map rejected, -3 the shared-memory
-// attribute refused, -4 the launch failed, -5 bad arguments (the Python wrapper checks them first).
+// attribute refused, -4 the launch failed, -5 bad arguments (the Python wrapper checks them first), -6 the
+// device could not be made current.
 extern "C" int spin_paged_logits_sm90(int next_n, void* q, void* cache, int64_t num_cache_blocks,
                                       int64_t page_bytes, const float* weights, const int* seq_lens,
                                       const int* block_table, int batch, int width, int stride_table, float* out,
                                       int64_t out_stride, float* block_max, int64_t bmax_stride, int chunk,
-                                      void* stream) {
+                                      int device, void* stream) {
     if (next_n < 1 || next_n > 4 || page_bytes % D != 0 || chunk < 1 || chunk > MAX_CHUNK) return -5;
+    if (device < 0 || device >= MAX_DEVICES) return -5;
     if (batch == 0 || width == 0) return 0;
+    // This library carries its own CUDA runtime (nvcc links it statically), whose current device is not torch's:
+    // the inputs' device is made current here, or a process on cuda:3 (an engine's tensor-parallel worker)
+    // would launch on device 0 with a stream of device 3
+    if (cudaSetDevice(device) != cudaSuccess) return -6;
     const int rows_per_page = int(page_bytes / D);
     CUtensorMap key_map, q_map;
     if (int rc = make_map(&key_map, cache, uint64_t(num_cache_blocks) * rows_per_page, T)) return rc;
@@ -579,15 +586,15 @@ extern "C" int spin_paged_logits_sm90(int next_n, void* q, void* cache, int64_t 
     switch (next_n) {
         case 1: return launch<1>(key_map, q_map, c, weights, seq_lens, block_table, out, block_max, batch, width,
                                  stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
-                                 page_bytes, s);
+                                 page_bytes, device, s);
         case 2: return launch<2>(key_map, q_map, c, weights, seq_lens, block_table, out, block_max, batch, width,
                                  stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
-                                 page_bytes, s);
+                                 page_bytes, device, s);
         case 3: return launch<3>(key_map, q_map, c, weights, seq_lens, block_table, out, block_max, batch, width,
                                  stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
-                                 page_bytes, s);
+                                 page_bytes, device, s);
         default: return launch<4>(key_map, q_map, c, weights, seq_lens, block_table, out, block_max, batch, width,
                                   stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
-                                  page_bytes, s);
+                                  page_bytes, device, s);
     }
 }

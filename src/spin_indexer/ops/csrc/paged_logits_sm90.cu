@@ -576,7 +576,10 @@ extern "C" int spin_paged_logits_sm90(int next_n, void* q, void* cache, int64_t 
     // This library carries its own CUDA runtime (nvcc links it statically), whose current device is not torch's:
     // the inputs' device is made current here, or a process on cuda:3 (an engine's tensor-parallel worker)
     // would launch on device 0 with a stream of device 3
-    if (cudaSetDevice(device) != cudaSuccess) return -6;
+    // (not called where it is current already: on one GPU this path is what runs 104-111 measured)
+    int current = -1;
+    if ((cudaGetDevice(&current) != cudaSuccess || current != device) && cudaSetDevice(device) != cudaSuccess)
+        return -6;
     const int rows_per_page = int(page_bytes / D);
     CUtensorMap key_map, q_map;
     if (int rc = make_map(&key_map, cache, uint64_t(num_cache_blocks) * rows_per_page, T)) return rc;

@@ -66,8 +66,8 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
             kernel_wrote_block_max = True
         if history is not None or group_max_out is not None or (block_max_out is not None
                                                                  and not kernel_wrote_block_max):
-            # The production kernel writes logits only: one pass over them gives the block max, the group
-            # maxima and the update.
+            # DeepGEMM writes logits only (the CUDA kernel their block maxima too): one pass over them gives the
+            # maxima it did not write and the update.
             bmax = block_max_out if block_max_out is not None else torch.empty(
                 logits.shape[0], block_table.shape[1], dtype=torch.float32, device=logits.device)
             # an explicit last dim: view(B, N, -1) is ambiguous for an empty batch

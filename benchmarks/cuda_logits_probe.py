@@ -6,12 +6,13 @@ differences").
     PYTHONPATH=src:benchmarks python3 benchmarks/cuda_logits_probe.py --out $OUT/probe
 
 Variants (ops/csrc/paged_logits_sm90.cu's build switches): cuda (production: 4 math warpgroups at next_n <= 2,
-3 stages each), 3wg (SPIN_LOGITS_MATH_WG=3), pipe / nopipe (SPIN_LOGITS_PIPELINE=1 / 0: a block's last steps
-beside the next block's MMA, or not), 2cta (SPIN_LOGITS_CTAS_PER_SM=2: the SM's warpgroups in two CTAs; chunks
-of at most 128 / 64 blocks, a larger chunk is skipped), no-headsum (SPIN_LOGITS_PROBE=1: no ReLU / weights / head sum), no-mma
-(=2), no-blockmax (=3), each at the launcher's chunk and at 128 and 256 blocks a CTA. Per point (B x L x next_n, H = 64, D = 128), CUDA graphs, median of replays.
-The builds that compute logits (CHECKED) are first checked against the torch reference; the probes compute
-wrong logits by design and are only timed. Writes <out>/cuda_probe.csv and .md.
+3 stages each), 3wg (SPIN_LOGITS_MATH_WG=3, at every next_n), pipe / nopipe (SPIN_LOGITS_PIPELINE=1 / 0: a
+block's last steps beside the next block's MMA, or not), 2cta (SPIN_LOGITS_CTAS_PER_SM=2: the SM's warpgroups in
+two CTAs; chunks of at most 128 / 64 blocks, a larger chunk is skipped), no-headsum (SPIN_LOGITS_PROBE=1: no
+ReLU / weights / head sum), no-mma (=2), no-blockmax (=3), each at the launcher's chunk and at 128 and 256
+blocks a CTA. Per point (B x L x next_n, H = 64, D = 128), CUDA graphs, median of replays. The builds that
+compute logits (CHECKED) are first checked against the torch reference; the probes compute wrong logits by
+design and are only timed. Writes <out>/cuda_probe.csv and .md.
 """
 from __future__ import annotations
 

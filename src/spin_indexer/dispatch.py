@@ -1,5 +1,7 @@
 """Backend choice shared by ops and predictor: CUDA tensors use the Triton twin, everything else the torch
-reference. SPIN_INDEXER_FORCE_REF=1 forces the reference everywhere (for debugging a kernel)."""
+reference. SPIN_INDEXER_FORCE_REF=1 forces the reference everywhere (for debugging a kernel);
+SPIN_INDEXER_LOGITS names the paged-logits backend to force (`forced_logits_backend`, read by each backend's rule:
+ops/deepgemm.py, ops/indexer_logits_cuda.py)."""
 from __future__ import annotations
 
 import importlib
@@ -16,3 +18,13 @@ def triton_twin(module: str, name: str, t):
         return getattr(importlib.import_module(module), name)
     except ImportError:  # no triton on this CUDA machine: the reference still works
         return None
+
+
+LOGITS_BACKENDS = ("deepgemm", "cuda", "triton", "reference")
+
+
+def forced_logits_backend() -> str | None:
+    """The paged-logits backend SPIN_INDEXER_LOGITS names (one of LOGITS_BACKENDS), or None: no backend forced
+    (unset, or a value naming none)."""
+    choice = os.environ.get("SPIN_INDEXER_LOGITS", "")
+    return choice if choice in LOGITS_BACKENDS else None

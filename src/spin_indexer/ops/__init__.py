@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..checks import check_tensor
-from ..dispatch import triton_twin
+from ..dispatch import LOGITS_BACKENDS, triton_twin
 from .history import HistoryUpdate, block_tokens, update_history_ref
 from .indexer_logits import block_max_ref, check_paged_indexer_args, paged_indexer_logits_ref
 from .kv_cache import dequantize_blocks, quantize_and_write, quantize_keys, read_kv_cache, write_kv_cache
@@ -49,8 +49,9 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     """
     if backend is None:
         backend = logits_backend(q_fp8, kv_cache)
-    elif backend not in BACKENDS:
-        raise ValueError(f"backend: expected one of {', '.join(map(repr, BACKENDS))} or None, got {backend!r}")
+    elif backend not in LOGITS_BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(map(repr, LOGITS_BACKENDS))} or None, "
+                         f"got {backend!r}")
     if backend in ("deepgemm", "cuda") and fill_tail:  # they leave the tail as it is: the Triton kernel fills it
         backend = "triton"
     if backend in ("deepgemm", "cuda"):
@@ -93,9 +94,6 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
         update_history_ref(history, logits.view(q_fp8.shape[0], q_fp8.shape[1], logits.shape[1]), block_table,
                            seq_lens)
     return logits
-
-
-BACKENDS = ("deepgemm", "cuda", "triton", "reference")
 
 
 def logits_backend(q_fp8, kv_cache) -> str:

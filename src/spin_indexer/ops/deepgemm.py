@@ -16,11 +16,11 @@ at once (deepgemm_schedule.py) and run() passes it (`schedule=`), instead of one
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
 from ..checks import check_tensor
+from ..dispatch import forced_logits_backend
 from .indexer_logits import check_paged_indexer_args
 
 
@@ -47,7 +47,7 @@ def schedule_sms(device: torch.device) -> int:
     """The SM count DeepGEMM's schedule is computed for on `device` where DeepGEMM can serve it (SM90 with
     deep_gemm importing, not turned off by SPIN_INDEXER_LOGITS), else 0: SpinIndexer then keeps no
     per-layer schedule (deepgemm_schedule.py) and a DeepGEMM call computes its own."""
-    if device.type != "cuda" or os.environ.get("SPIN_INDEXER_LOGITS", "") in ("triton", "cuda", "reference"):
+    if device.type != "cuda" or forced_logits_backend() not in (None, "deepgemm"):
         return 0
     if _module() is None or torch.cuda.get_device_capability(device) != (9, 0):
         return 0
@@ -63,10 +63,10 @@ def spin_step_uses(next_n: int) -> bool:
     283.8 vs 284.8, 96 x 64K 166.6 vs 171.0, 8 x 1M 203.6 vs 205.1, 8 x 512K 120.3 vs 120.7, 1 x 1M 71.2 vs 71.9,
     1 x 128K 34.8 vs 35.3; DeepGEMM ahead by <= 1%: 96 x 256K 520.9 vs 524.7, 8 x 128K 57.1 vs 57.6, 32 x 128K
     123.1 vs 123.5. A host rule on static shapes (a captured graph keeps its backend)."""
-    choice = os.environ.get("SPIN_INDEXER_LOGITS", "")
-    if choice in ("triton", "cuda", "reference") or next_n not in (1, 2):
+    forced = forced_logits_backend()
+    if forced not in (None, "deepgemm") or next_n not in (1, 2):
         return False
-    return choice == "deepgemm" or next_n == 2
+    return forced == "deepgemm" or next_n == 2
 
 
 def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor) -> bool:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from ..dispatch import forced_logits_backend
 from ..layout import page_stride_bytes
 from .indexer_logits import check_paged_indexer_args
 from .indexer_logits_triton import logits_outputs
@@ -94,10 +95,10 @@ def step_uses(next_n: int) -> bool:
     (faster there than the Triton kernel, runs 108-109; at next_n = 1 both read at copy bandwidth and the
     Triton kernel also writes the top-k's group maxima and the update in its epilogue). A host rule on static
     shapes."""
-    choice = os.environ.get("SPIN_INDEXER_LOGITS", "")
-    if choice in ("triton", "deepgemm", "reference") or not 1 <= next_n <= 4:
+    forced = forced_logits_backend()
+    if forced not in (None, "cuda") or not 1 <= next_n <= 4:
         return False
-    return choice == "cuda" or next_n >= 2
+    return forced == "cuda" or next_n >= 2
 
 
 def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor) -> bool:

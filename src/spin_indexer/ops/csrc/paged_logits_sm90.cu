@@ -99,10 +99,9 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 
 // wgmma shared-memory descriptor of a K-major tile with the 128-byte swizzle: rows of 128 bytes, 8-row groups
 // 1024 bytes apart (the stride byte offset); the leading byte offset is unused in this mode (1 by convention)
-__host__ __device__ constexpr uint64_t smem_desc_hi() { return (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62); }
 __device__ __forceinline__ uint64_t smem_desc(const void* p) {
     uint64_t addr = smem_addr(p);
-    return ((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | smem_desc_hi();
+    return ((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
@@ -396,7 +395,8 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     for (int i = 0; i < R; ++i) acc[i] = 0.f;
     // The loop of warpgroup MW, compiled once for each: its blocks i = MW, MW + P, ... use its stages MW, MW + P,
     // ... in turn and the loop is unrolled by its SPW stages, so every stage index, barrier, descriptor and scale
-    // address in it is a constant offset from the shared window (uniform registers, nothing rebuilt a block)
+    // address in it is a constant offset from the shared window (the descriptors in uniform registers; ptxas
+    // still adds their offsets each block, ~21 uniform instructions at next_n = 2)
     constexpr int SPW = SPIN_LOGITS_STAGES_PER_WG;
     // A block's last steps (the quad's reduce-scatter, the scale, the mask, the store and the block max: shuffle
     // chains, latency more than work). PIPELINED: they run while the next block's MMA does (`pending` holds the

@@ -78,8 +78,10 @@ COLUMNS = ["batch", "ctx", "next_n", "provider", "config", "us", "p20_us", "p80_
 
 @dataclasses.dataclass(frozen=True)
 class CudaLaunch:
-    """A launch of the CUDA kernel: blocks a CTA (None: indexer_logits_cuda.default_chunk)."""
+    """A launch of the CUDA kernel: blocks a CTA (None: indexer_logits_cuda.default_chunk); defines: the probe
+    build's switches (benchmarks/cuda_logits_probe.py; () = the library the logits op calls)."""
     chunk: int | None = None
+    defines: tuple[str, ...] = ()
 
 
 CUDA_LAUNCHES = [CudaLaunch(), CudaLaunch(64), CudaLaunch(256)]  # emptied when the kernel fails its check
@@ -156,9 +158,10 @@ class Inputs:
                                                    out=self.out, block_max_out=self.bmax, fill_tail=False, config=cfg)
 
     def own_cuda(self, launch: CudaLaunch):
+        lib = indexer_logits_cuda.load_library(launch.defines) if launch.defines else None
         return lambda: indexer_logits_cuda.paged_indexer_logits_cuda(
             self.q, self.cache, self.w, self.lens, self.table, validate=False, out=self.out, block_max_out=self.bmax,
-            chunk=launch.chunk)
+            chunk=launch.chunk, library=lib)
 
     def deepgemm(self):
         return lambda: deepgemm.paged_indexer_logits_deepgemm(self.q, self.cache, self.w, self.lens, self.table,
@@ -195,13 +198,8 @@ def check(have_dg: bool, env: dict, have_cuda: bool = False) -> None:
     """Every provider and config against the torch reference on a small odd shape; raises on a mismatch (the
     CUDA kernel's failure drops it from CUDA_LAUNCHES instead, logged and kept in env["cuda_failed"])."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    batch, ctx = (2, 100) if DEVICE == "cpu" else (3, 3001)
     for n in sorted(CANDIDATES):
-        pool = KeyPool(batch * -(-ctx // T) + 3, seed=n)
-        x = Inputs(pool, batch, ctx, n)
-        x.lens[-1] -= 70  # a shorter request: a partial last block and a block past its length
-        ref = paged_indexer_logits_ref(x.q, x.cache, x.w, x.lens, x.table)
-        live = torch.isfinite(ref)
+        x, ref, live = check_inputs(n)
         for provider, cfg in providers(n, have_dg, have_cuda and bool(CUDA_LAUNCHES)):
             try:
                 _check_one(x, provider, cfg, n, ref, live, env)
@@ -212,8 +210,18 @@ def check(have_dg: bool, env: dict, have_cuda: bool = False) -> None:
                 env["cuda_failed"] = f"{config_name(cfg)} n={n}: {exc!r:.300}"
                 CUDA_LAUNCHES.clear()
                 break
-        del pool, x
+        del x
     log(f"checks passed ({len(env['checks'])} provider x next_n)")
+
+
+def check_inputs(next_n: int) -> tuple[Inputs, torch.Tensor, torch.Tensor]:
+    """The checks' small odd shape at next_n (its last request shorter: a partial last block and a block past
+    its length), the reference logits and where they are finite."""
+    batch, ctx = (2, 100) if DEVICE == "cpu" else (3, 3001)
+    x = Inputs(KeyPool(batch * -(-ctx // T) + 3, seed=next_n), batch, ctx, next_n)
+    x.lens[-1] -= 70
+    ref = paged_indexer_logits_ref(x.q, x.cache, x.w, x.lens, x.table)
+    return x, ref, torch.isfinite(ref)
 
 
 def _check_one(x: Inputs, provider: str, cfg, n: int, ref: torch.Tensor, live: torch.Tensor, env: dict) -> None:

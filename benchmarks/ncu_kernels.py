@@ -1,6 +1,7 @@
 """The kernels worth hardware counters, for Nsight Compute (`h200_step.sh ncu`): SPIN's step at 96 x 128K,
 96 x 512K (one layer: the pipelined update pass) and 1 x 128K (plan, DeepGEMM or the Triton logits, the update
-pass, the top-k chain) and the Triton logits kernel alone at next_n = 2 and 4 in its production configurations.
+pass, the top-k chain), the Triton logits kernel alone at next_n = 2 and 4 in its production configurations and the
+CUDA logits kernel at 96 x 128K, next_n = 2 and 4 (cuda2, cuda4; cuda2ord, cuda4ord: its MMAs issued in block order).
 Each part runs once eagerly (compiles, warms), then once more inside an NVTX range "measure" (plan() and two
 layers of the step, one at 96 x 512K; one logits call), so `ncu --nvtx --nvtx-include measure/` profiles exactly
 one launch of each kernel of each part.
@@ -17,7 +18,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
-PARTS = ("step96", "step96x512k", "step1", "mtp2", "mtp4", "plan96x512k", "plan96x1m")
+PARTS = ("step96", "step96x512k", "step1", "mtp2", "mtp4", "plan96x512k", "plan96x1m",
+         "cuda2", "cuda4", "cuda2ord", "cuda4ord")
 
 
 def spin_step(batch: int, ctx: int, measured_layers: int = 2) -> None:
@@ -61,6 +63,23 @@ def mtp_logits(batch: int, ctx: int, next_n: int) -> None:
     torch.cuda.nvtx.range_pop()
 
 
+def cuda_logits(batch: int, ctx: int, next_n: int, defines: tuple[str, ...] = ()) -> None:
+    """The CUDA logits kernel (ops/csrc/paged_logits_sm90.cu) once, in the library build or a probe build."""
+    import torch
+    from bench_mtp_logits import CudaLaunch, Inputs
+    from harness import KeyPool
+
+    pool = KeyPool(batch * -(-ctx // 64), seed=3)
+    call = Inputs(pool, batch, ctx, next_n).own_cuda(CudaLaunch(defines=defines))
+    for measured in (False, True):
+        if measured:
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push("measure")
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+
+
 def main(argv=None) -> int:
     import torch
 
@@ -80,6 +99,8 @@ def main(argv=None) -> int:
             spin_step(1, 131072)
         elif part.startswith("plan96x"):  # plan() alone (reset + select of 61 layers) at 512K / 1M
             spin_step(96, 524288 if part.endswith("512k") else 1048576, measured_layers=0)
+        elif part.startswith("cuda"):  # 96 x 128K, the library's build or the ordered MMAs (probe build)
+            cuda_logits(96, 131072, int(part[4]), ("SPIN_LOGITS_ORDERED=1",) if part.endswith("ord") else ())
         elif part == "mtp2":
             mtp_logits(32, 131072, 2)
         else:

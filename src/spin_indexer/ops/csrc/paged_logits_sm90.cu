@@ -34,7 +34,8 @@
 // max); SPIN_LOGITS_MATH_WG sets the math warpgroups an SM (default 0: 4 at next_n <= 2, 2 at 3-4; see Shape),
 // SPIN_LOGITS_CTAS_PER_SM how many CTAs share them (1 or 2),
 // SPIN_LOGITS_STAGES_PER_WG the key blocks each keeps in flight (default 3); SPIN_LOGITS_PIPELINE (0 / 1) whether
-// a block's last steps wait for the next block's MMA (default: at next_n = 3 only; see the kernel).
+// a block's last steps wait for the next block's MMA (default: at next_n = 3 only; see the kernel);
+// SPIN_LOGITS_ORDERED (0 / 1) whether block i's MMA is issued only after block i - 1's (default: off).
 #ifndef SPIN_LOGITS_PROBE
 #define SPIN_LOGITS_PROBE 0
 #endif
@@ -46,6 +47,9 @@
 #endif
 #ifndef SPIN_LOGITS_PIPELINE
 #define SPIN_LOGITS_PIPELINE -1
+#endif
+#ifndef SPIN_LOGITS_ORDERED
+#define SPIN_LOGITS_ORDERED -1
 #endif
 #ifndef SPIN_LOGITS_STAGES_PER_WG
 #define SPIN_LOGITS_STAGES_PER_WG 3
@@ -404,6 +408,12 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     // it lost (527 against 486: the compiler interleaves them with the MMA's instructions), at 4 it made no
     // difference. SPIN_LOGITS_PIPELINE overrides (0 / 1).
     constexpr bool PIPELINED = SPIN_LOGITS_PIPELINE < 0 ? NEXT_N == 3 : SPIN_LOGITS_PIPELINE == 1;
+    // ORDERED: the warpgroups issue their MMAs in block order, each waiting (named barrier 5 + its index, the
+    // issuing warpgroup arriving) until block i - 1's MMA is issued. Without it, two warpgroups that reach their
+    // MMA together interleave on the tensor core, both wait the two MMAs' time and then run their epilogues at
+    // the same time (the MMA and the epilogue add up); in order, the tensor core runs block i - 1's MMA and then
+    // block i's while the warpgroup of i - 1 runs its epilogue (FlashAttention-3's ping-pong, read for the idea)
+    constexpr bool ORDERED = SPIN_LOGITS_ORDERED == 1 && P > 1 && SPIN_LOGITS_PROBE != 2;
     struct Pending {
         float v[VP];   // this thread's partial head sums (see quad_reduce_scatter)
         float sc[KEPT];  // the scales of the tokens this lane keeps
@@ -445,10 +455,12 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
             fence_regs<R>(acc);
             if (SPIN_LOGITS_PROBE != 2) {
                 const uint64_t k_desc = k_desc_wg + uint64_t(rep * P * (KEY_BYTES >> 4));
+                if (ORDERED && i > 0) asm volatile("bar.sync %0, 256;" ::"n"(5 + MW) : "memory");
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < D / 32; ++kk) mma_k32<N>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);  // +32 B
                 wgmma_commit();
+                if (ORDERED && i + 1 < nblk) asm volatile("bar.arrive %0, 256;" ::"n"(5 + (MW + 1) % P) : "memory");
             }
             if (PIPELINED && pending.i >= 0) finish(pending);  // the previous block, beside this one's MMA
             if (SPIN_LOGITS_PROBE != 2) wgmma_wait<0>();

@@ -85,7 +85,7 @@ case "$stage" in
         ncu --clock-control none --target-processes all --nvtx --nvtx-include "measure/" \
             ${NCU_KERNELS:+--kernel-name "regex:$NCU_KERNELS"} "${src_args[@]}" \
             --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-            --section SchedulerStats --section MemoryWorkloadAnalysis \
+            --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
             python3 benchmarks/ncu_kernels.py "$@" > "$OUT/ncu.txt" 2>&1
         if [ -n "${NCU_SOURCE:-}" ] && [ -f "$OUT/ncu.ncu-rep" ]; then
             ncu --import "$OUT/ncu.ncu-rep" --page details >> "$OUT/ncu.txt" 2>&1

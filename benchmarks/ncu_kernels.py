@@ -1,7 +1,8 @@
 """The kernels worth hardware counters, for Nsight Compute (`h200_step.sh ncu`): SPIN's step at 96 x 128K,
 96 x 512K (one layer: the pipelined update pass) and 1 x 128K (plan, DeepGEMM or the Triton logits, the update
 pass, the top-k chain), the Triton logits kernel alone at next_n = 2 and 4 in its production configurations and the
-CUDA logits kernel at 96 x 128K, next_n = 2 and 4 (cuda2, cuda4; cuda2ord, cuda4ord: its MMAs issued in block order).
+CUDA logits kernel at 96 x 128K, next_n = 2 and 4 (cuda2, cuda4; cuda2ord, cuda4ord: its MMAs issued in block order)
+with DeepGEMM's at next_n = 2 beside it (dg2).
 Each part runs once eagerly (compiles, warms), then once more inside an NVTX range "measure" (plan() and two
 layers of the step, one at 96 x 512K; one logits call), so `ncu --nvtx --nvtx-include measure/` profiles exactly
 one launch of each kernel of each part.
@@ -19,7 +20,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 PARTS = ("step96", "step96x512k", "step1", "mtp2", "mtp4", "plan96x512k", "plan96x1m",
-         "cuda2", "cuda4", "cuda2ord", "cuda4ord")
+         "cuda2", "cuda4", "cuda2ord", "cuda4ord", "dg2")
 
 
 def spin_step(batch: int, ctx: int, measured_layers: int = 2) -> None:
@@ -63,14 +64,16 @@ def mtp_logits(batch: int, ctx: int, next_n: int) -> None:
     torch.cuda.nvtx.range_pop()
 
 
-def cuda_logits(batch: int, ctx: int, next_n: int, defines: tuple[str, ...] = ()) -> None:
-    """The CUDA logits kernel (ops/csrc/paged_logits_sm90.cu) once, in the library build or a probe build."""
+def cuda_logits(batch: int, ctx: int, next_n: int, defines: tuple[str, ...] = (), deepgemm: bool = False) -> None:
+    """The CUDA logits kernel (ops/csrc/paged_logits_sm90.cu) once, in the library build or a probe build; or
+    (deepgemm) DeepGEMM's fp8_paged_mqa_logits on the same inputs."""
     import torch
     from bench_mtp_logits import CudaLaunch, Inputs
     from harness import KeyPool
 
     pool = KeyPool(batch * -(-ctx // 64), seed=3)
-    call = Inputs(pool, batch, ctx, next_n).own_cuda(CudaLaunch(defines=defines))
+    x = Inputs(pool, batch, ctx, next_n)
+    call = x.deepgemm() if deepgemm else x.own_cuda(CudaLaunch(defines=defines))
     for measured in (False, True):
         if measured:
             torch.cuda.synchronize()
@@ -101,6 +104,8 @@ def main(argv=None) -> int:
             spin_step(96, 524288 if part.endswith("512k") else 1048576, measured_layers=0)
         elif part.startswith("cuda"):  # 96 x 128K, the library's build or the ordered MMAs (probe build)
             cuda_logits(96, 131072, int(part[4]), ("SPIN_LOGITS_ORDERED=1",) if part.endswith("ord") else ())
+        elif part == "dg2":  # DeepGEMM beside cuda2 (its clock and cycles against the CUDA kernel's)
+            cuda_logits(96, 131072, 2, deepgemm=True)
         elif part == "mtp2":
             mtp_logits(32, 131072, 2)
         else:

@@ -1,8 +1,8 @@
 """The kernels worth hardware counters, for Nsight Compute (`h200_step.sh ncu`): SPIN's step at 96 x 128K,
 96 x 512K (one layer: the pipelined update pass) and 1 x 128K (plan, DeepGEMM or the Triton logits, the update
 pass, the top-k chain), the Triton logits kernel alone at next_n = 2 and 4 in its production configurations and the
-CUDA logits kernel at 96 x 128K, next_n = 2 and 4 (cuda2, cuda4; cuda2ord, cuda4ord: its MMAs issued in block order)
-with DeepGEMM's at next_n = 2 beside it (dg2).
+CUDA logits kernel at 96 x 128K, next_n = 2 and 4 (cuda2, cuda4; cudaN-VARIANT: a probe build of
+cuda_logits_probe.py) with DeepGEMM's at next_n = 2 beside it (dg2).
 Each part runs once eagerly (compiles, warms), then once more inside an NVTX range "measure" (plan() and two
 layers of the step, one at 96 x 512K; one logits call), so `ncu --nvtx --nvtx-include measure/` profiles exactly
 one launch of each kernel of each part.
@@ -20,7 +20,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 PARTS = ("step96", "step96x512k", "step1", "mtp2", "mtp4", "plan96x512k", "plan96x1m",
-         "cuda2", "cuda4", "cuda2ord", "cuda4ord", "dg2")
+         "cuda2", "cuda4", "cuda2-compact", "cuda4-rg", "cuda3-rg", "dg2")
 
 
 def spin_step(batch: int, ctx: int, measured_layers: int = 2) -> None:
@@ -102,8 +102,9 @@ def main(argv=None) -> int:
             spin_step(1, 131072)
         elif part.startswith("plan96x"):  # plan() alone (reset + select of 61 layers) at 512K / 1M
             spin_step(96, 524288 if part.endswith("512k") else 1048576, measured_layers=0)
-        elif part.startswith("cuda"):  # 96 x 128K, the library's build or the ordered MMAs (probe build)
-            cuda_logits(96, 131072, int(part[4]), ("SPIN_LOGITS_ORDERED=1",) if part.endswith("ord") else ())
+        elif part.startswith("cuda"):  # 96 x 128K, the library's build or a probe build (cuda_logits_probe's names)
+            from cuda_logits_probe import VARIANTS
+            cuda_logits(96, 131072, int(part[4]), VARIANTS[part[6:]] if "-" in part else ())
         elif part == "dg2":  # DeepGEMM beside cuda2 (its clock and cycles against the CUDA kernel's)
             cuda_logits(96, 131072, 2, deepgemm=True)
         elif part == "mtp2":

@@ -31,16 +31,21 @@
 
 // Build-time switches for benchmarks/cuda_logits_probe.py only (the library ops/ builds sets none):
 // SPIN_LOGITS_PROBE leaves one stage out to time the rest (1: the epilogue's head sum, 2: the MMA, 3: the block
-// max); SPIN_LOGITS_MATH_WG sets the math warpgroups an SM (default 0: 4 at next_n <= 2, 2 at 3-4; see Shape),
-// SPIN_LOGITS_CTAS_PER_SM how many CTAs share them (1 or 2),
-// SPIN_LOGITS_STAGES_PER_WG the key blocks each keeps in flight (default 3); SPIN_LOGITS_PIPELINE (0 / 1) whether
-// a block's last steps wait for the next block's MMA (default: at next_n = 3 only; see the kernel);
-// SPIN_LOGITS_ORDERED (0 / 1) whether block i's MMA is issued only after block i - 1's (default: off).
+// max); SPIN_LOGITS_MATH_WG sets the math warpgroups an SM (default 0: see Shape), SPIN_LOGITS_ROW_GROUPS how
+// many warpgroups share a block's rows (default 0: see Shape), SPIN_LOGITS_CTAS_PER_SM how many CTAs share the
+// warpgroups (1 or 2), SPIN_LOGITS_STAGES_PER_WG the key blocks each block set keeps in flight (default 3);
+// SPIN_LOGITS_PIPELINE (0 / 1) whether a block's last steps wait for the next block's MMA (default: at next_n = 3
+// with one row group only; see the kernel); SPIN_LOGITS_UNROLL (0 / 1, default 1) whether the loop is unrolled by
+// stages, SPIN_LOGITS_PER_WG (0 / 1, default 1) whether it is compiled once per warpgroup (constant stage offsets,
+// at the price of more code: see the kernel).
 #ifndef SPIN_LOGITS_PROBE
 #define SPIN_LOGITS_PROBE 0
 #endif
 #ifndef SPIN_LOGITS_MATH_WG
 #define SPIN_LOGITS_MATH_WG 0
+#endif
+#ifndef SPIN_LOGITS_ROW_GROUPS
+#define SPIN_LOGITS_ROW_GROUPS 0
 #endif
 #ifndef SPIN_LOGITS_CTAS_PER_SM
 #define SPIN_LOGITS_CTAS_PER_SM 1
@@ -48,11 +53,14 @@
 #ifndef SPIN_LOGITS_PIPELINE
 #define SPIN_LOGITS_PIPELINE -1
 #endif
-#ifndef SPIN_LOGITS_ORDERED
-#define SPIN_LOGITS_ORDERED -1
-#endif
 #ifndef SPIN_LOGITS_STAGES_PER_WG
 #define SPIN_LOGITS_STAGES_PER_WG 3
+#endif
+#ifndef SPIN_LOGITS_UNROLL
+#define SPIN_LOGITS_UNROLL 1
+#endif
+#ifndef SPIN_LOGITS_PER_WG
+#define SPIN_LOGITS_PER_WG 1
 #endif
 
 namespace {
@@ -120,6 +128,13 @@ template <int R>
 __device__ __forceinline__ void fence_regs(float* d) {
 #pragma unroll
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// an int from an int or a std::integral_constant (whose conversion operator is host-only for nvcc)
+template <class V>
+__device__ __forceinline__ constexpr int as_int(V v) {
+    if constexpr (std::is_integral_v<V>) return v;
+    else return V::value;
 }
 
 // The wgmma instructions, one per N (written out: inline PTX takes no operand lists)
@@ -234,27 +249,34 @@ __device__ __forceinline__ void mma_k32(float* d, uint64_t desc_a, uint64_t desc
 constexpr int MAX_DEVICES = 64;  // device ordinals the launcher takes
 constexpr int MAX_CHUNK = 256;  // blocks a CTA at most (their ids staged in shared memory; Shape::CHUNK_MAX)
 
-// The CTA's shape at next_n rows: MATH_WG warpgroups take the chunk's blocks in turn (block i: warpgroup
-// i % MATH_WG), each computing all next_n rows of its block (N = next_n x 64 MMA columns, N / 2 accumulators a
-// thread). There is no producer warpgroup: each warpgroup refills its own STAGES_PER_WG stages (stage s always
-// feeds warpgroup s % MATH_WG), one thread issuing block i + STAGES's copies as soon as block i's MMA is done.
-// So every thread of the CTA is a math thread and the launch's even split of the registers is what they get
-// (65536 / THREADS, rounded down to 8; no setmaxnreg): 512 threads 128 a thread (next_n 1-2), 256 threads 255
-// (next_n 3-4: 96-128 accumulators). A producer warpgroup left the math ones 112 at next_n <= 2 (runs 104-105),
-// where the loop spilled once unrolled; a producer warp alone does not help, the 17th warp's SMSP then holds 5.
-// SPIN_LOGITS_CTAS_PER_SM = 2 splits an SM's warpgroups over two CTAs (next_n <= 2: 2 + 2, 3-4: 1 + 1), each
-// with half the shared memory (chunks of at most 128 / 64 blocks), so that one CTA's start (ids, q, the first
-// copies: an idle SM while the only CTA there waits) overlaps the other's blocks. A probe build: it measured
-// slower (run 109: 538 against 490 us at 96 x 128K next_n = 2, 868 against 740 at next_n = 3).
+// The CTA's shape at next_n rows: MATH_WG warpgroups; G of them share a block (row groups: group 0 computes the
+// block's first ROWS0 rows, group 1 the rest, each with its own MMA of rows x 64 columns over the same key tile),
+// so BP = MATH_WG / G blocks are in flight, block i taken by the warpgroups of block set i % BP. There is no
+// producer warpgroup: one thread of each block set refills its STAGES_PER_WG stages (stage s always feeds block
+// set s % BP) as soon as every warpgroup of the set is done with the stage. So every thread of the CTA is a math
+// thread and the launch's even split of the registers is what they get (65536 / THREADS, rounded down to 8; no
+// setmaxnreg): 512 threads 128 a thread, 256 threads 255. A producer warpgroup left the math ones 112 at next_n
+// <= 2 (runs 104-105), where the loop spilled once unrolled.
+// Default: four warpgroups; at next_n 1-2 each takes whole blocks (up to 2 x 64 accumulators a thread); at 3-4
+// SPIN_LOGITS_ROW_GROUPS = 1 gives two warpgroups on whole blocks (96-128 accumulators, 255 registers): there one
+// warp an SMSP runs a block's epilogue while the other's MMA runs, and it issues an instruction only every ~3.5
+// cycles (ncu, run 113), so the tensor core idles half the time; row groups = 2 put four warps on each SMSP.
+// SPIN_LOGITS_CTAS_PER_SM = 2 splits an SM's warpgroups over two CTAs, each with half the shared memory (chunks of
+// at most 128 / 64 blocks): measured slower (run 109: 538 against 490 us at 96 x 128K next_n = 2).
 template <int NEXT_N>
 struct Shape {
     static constexpr int N = NEXT_N * H;
     static constexpr int CTAS = SPIN_LOGITS_CTAS_PER_SM;
     static_assert(CTAS == 1 || CTAS == 2, "one or two CTAs an SM");
-    static constexpr int MATH_WG = (SPIN_LOGITS_MATH_WG > 0 ? SPIN_LOGITS_MATH_WG : (NEXT_N <= 2 ? 4 : 2)) / CTAS;
-    static_assert(MATH_WG >= 1 && MATH_WG <= 4, "1-4 math warpgroups (named barriers 1-4)");
+    static constexpr int G = NEXT_N >= 3 && SPIN_LOGITS_ROW_GROUPS > 0 ? SPIN_LOGITS_ROW_GROUPS : 1;
+    static_assert(G == 1 || G == 2, "one or two row groups (next_n 3-4)");
+    static constexpr int ROWS0 = (NEXT_N + G - 1) / G;  // group 0's rows; group 1 has the others
+    static constexpr int MATH_WG =
+        (SPIN_LOGITS_MATH_WG > 0 ? SPIN_LOGITS_MATH_WG : (NEXT_N <= 2 || G == 2 ? 4 : 2)) / CTAS;
+    static_assert(MATH_WG >= 1 && MATH_WG <= 4 && MATH_WG % G == 0, "1-4 math warpgroups, whole block sets");
+    static constexpr int BP = MATH_WG / G;  // blocks in flight
     static constexpr int THREADS = 128 * MATH_WG;
-    static constexpr int STAGES = SPIN_LOGITS_STAGES_PER_WG * MATH_WG;
+    static constexpr int STAGES = SPIN_LOGITS_STAGES_PER_WG * BP;
     static constexpr int smem_at(int chunk) {
         return 1024                                  // slack to align the tiles to 1024 bytes
                + N * D                               // q [N, 128]
@@ -296,8 +318,8 @@ __device__ __forceinline__ void quad_reduce_scatter(float (&v)[VP], int c) {
 }
 
 // grid (B, ceil(W / chunk)), Shape::THREADS threads: the math warpgroups compute the chunk's blocks in turn,
-// one thread after them issues the copies. Block ids outside [0, num_cache_blocks) read block 0 (never outside the
-// cache).
+// one thread of each block set issuing its copies. Block ids outside [0, num_cache_blocks) read block 0 (never
+// outside the cache).
 template <int NEXT_N>
 __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) paged_logits_kernel(
         const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap q_map,
@@ -306,15 +328,12 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
         int rows_per_page, int64_t page_bytes) {
     using S = Shape<NEXT_N>;
-    constexpr int N = S::N, P = S::MATH_WG, STAGES = S::STAGES;
-    constexpr int R = N / 2;                                      // accumulators a thread
-    constexpr int VP = 2 * NEXT_N <= 2 ? 2 : (2 * NEXT_N <= 4 ? 4 : 8);  // values a quad reduces (see above)
-    constexpr int KEPT = VP >= 8 ? 2 : 1;                         // values a lane keeps
+    constexpr int G = S::G, BP = S::BP, STAGES = S::STAGES;
     // the tiles 1024-aligned, as the 128-byte swizzle needs (SMEM keeps 1024 bytes of slack for it); offsets
     // from the array itself keep the shared state space, so the compiler emits LDS / STS, not generic accesses
     extern __shared__ __align__(1024) uint8_t smem[];
     uint8_t* q_s = smem + ((1024 - (smem_addr(smem) & 1023)) & 1023);
-    uint8_t* keys_s = q_s + N * D;
+    uint8_t* keys_s = q_s + S::N * D;
     float* scales_s = reinterpret_cast<float*>(keys_s + STAGES * KEY_BYTES);
     float* pmax_s = scales_s + STAGES * T;
     int* ids_s = reinterpret_cast<int*>(pmax_s + S::PMAX_FLOATS);
@@ -329,7 +348,8 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     for (int j = 0; j < NEXT_N; ++j) longest = max(longest, seq_lens[b * NEXT_N + j]);
     const int nblk = min(blk0 + chunk, (longest + T - 1) / T) - blk0;  // blocks of this chunk below the longest row
     if (nblk <= 0) return;  // the whole CTA: nothing to score, the tail is left unwritten
-    const int mw = threadIdx.x / 128, tid = threadIdx.x % 128;  // math warpgroup mw: blocks mw, mw + P, ...
+    const int mw = threadIdx.x / 128, tid = threadIdx.x % 128;
+    const int set = mw / G;  // this warpgroup's block set: blocks set, set + BP, ... (row group mw % G of each)
     // the chunk's ids in shared memory first (coalesced): one dependent global load a block would serialize the
     // copies behind its latency
     const int* ids = block_table + int64_t(b) * stride_table + blk0;
@@ -340,7 +360,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(&full[s], 1);
-            mbar_init(&empty[s], 128);  // every thread of the warpgroup, once it has read the stage's scales
+            mbar_init(&empty[s], 128 * G);  // every thread of the set, once its MMA has read the stage
         }
         mbar_init(q_bar, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -354,35 +374,52 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         bulk_load(scales_s + s * T, cache + int64_t(phys) * page_bytes + KEY_BYTES, SCALE_BYTES, &full[s]);
     };
     if (threadIdx.x == 0) {
-        mbar_expect_tx(q_bar, N * D);
-        tma_load_2d(q_s, &q_map, 0, b * N, q_bar);
+        mbar_expect_tx(q_bar, S::N * D);
+        tma_load_2d(q_s, &q_map, 0, b * S::N, q_bar);
     }
-    // the thread that refills this warpgroup's stages: in warp mw % 4, so the four warpgroups' copies are issued
-    // from the four SMSPs (warp w runs on SMSP w % 4)
-    const bool issuer = tid == 32 * (mw % 4);
-    if (issuer)  // this warpgroup's first blocks
-        for (int r = 0; r < SPIN_LOGITS_STAGES_PER_WG && mw + r * P < nblk; ++r) load(mw + r * P, mw + r * P);
-
+    // the thread that refills this set's stages: in row group 0, in warp mw % 4, so the sets' copies are issued
+    // from different SMSPs (warp w runs on SMSP w % 4)
+    const bool issuer = mw % G == 0 && tid == 32 * (mw % 4);
+    constexpr int SPW = SPIN_LOGITS_STAGES_PER_WG;
+    if (issuer)  // this set's first blocks
+        for (int r = 0; r < SPW && set + r * BP < nblk; ++r) load(set + r * BP, set + r * BP);
     const int warp = tid / 32, lane = tid % 32;
     const int r0 = 16 * warp + lane / 4, c = lane % 4;  // this thread's tokens r0 and r0 + 8; its column pair
-    float wr[NEXT_N][8][2];  // w[row j, head 8k + 2c + e]: the heads of this thread's accumulator columns
-    const float* wrow = weights + int64_t(b) * NEXT_N * H;
+    mbar_wait(q_bar, 0);
+
+    // The work of one warpgroup of row group GI: rows [ROW0, ROW0 + NR) of its set's blocks. Compiled once per
+    // warpgroup (SPIN_LOGITS_PER_WG: MW a constant, so every stage index, barrier, descriptor and scale address in
+    // the loop is a constant offset from the shared window, the descriptors in uniform registers) or once per row
+    // group (MW at run time: a quarter of the code, where the per-warpgroup copies, each unrolled by stages, cost
+    // instruction fetch stalls: 26% of the samples at next_n = 2, run 113).
+    const auto work = [&](auto group_constant, auto mw_value) {
+    constexpr int GI = decltype(group_constant)::value;
+    constexpr int NR = GI == 0 ? S::ROWS0 : NEXT_N - S::ROWS0;  // rows
+    constexpr int ROW0 = GI == 0 ? 0 : S::ROWS0;
+    constexpr int NG = NR * H;                                   // MMA columns
+    constexpr int R = NG / 2;                                    // accumulators a thread
+    constexpr int VP = 2 * NR <= 2 ? 2 : (2 * NR <= 4 ? 4 : 8);  // values a quad reduces (see quad_reduce_scatter)
+    constexpr int KEPT = VP >= 8 ? 2 : 1;                        // values a lane keeps
+    const int MW = as_int(mw_value);
+    const int SET = MW / G;
+    float wr[NR][8][2];  // w[row ROW0 + j, head 8k + 2c + e]: the heads of this thread's accumulator columns
+    const float* wrow = weights + (int64_t(b) * NEXT_N + ROW0) * H;
 #pragma unroll
-    for (int j = 0; j < NEXT_N; ++j)
+    for (int j = 0; j < NR; ++j)
 #pragma unroll
         for (int k = 0; k < 8; ++k)
 #pragma unroll
             for (int e = 0; e < 2; ++e) wr[j][k][e] = wrow[j * H + 8 * k + 2 * c + e];
-    // What this lane stores after the quad's reduce-scatter (see quad_reduce_scatter): value u of KEPT is
-    // row `row`, token half h[u]; the stores and the masks are set up once, a block only adds i * T
+    // What this lane stores after the quad's reduce-scatter: value u of KEPT is row ROW0 + `row`, token half h[u];
+    // the stores and the masks are set up once, a block only adds i * T
     const int row = VP >= 8 ? c : (VP == 4 ? c / 2 : 0);
     int h[KEPT];
     if constexpr (KEPT == 2) h[0] = 0, h[1] = 1;
     else h[0] = VP == 4 ? c % 2 : c / 2;
-    const bool stores = VP == 2 ? c % 2 == 0 : row < NEXT_N;  // next_n = 1: lanes c, c ^ 1 alike; 3: no row 3
-    // the lane that writes its quad's block-max partial of row `row`: one a (quad, row)
-    const bool pmax_writer = VP == 2 ? c == 0 : (VP == 4 ? c % 2 == 0 : row < NEXT_N);
-    const int row_len = row < NEXT_N ? seq_lens[b * NEXT_N + row] : 0;
+    const bool stores = VP == 2 ? c % 2 == 0 : row < NR;  // one row: lanes c, c ^ 1 alike; three: no row 3
+    // the lane that writes its quad's block-max partial of its row: one a (quad, row)
+    const bool pmax_writer = VP == 2 ? c == 0 : (VP == 4 ? c % 2 == 0 : row < NR);
+    const int row_len = row < NR ? seq_lens[b * NEXT_N + ROW0 + row] : 0;
     // this lane's store addresses for block 0 of the chunk (block i adds i * T) and its token offsets below the
     // row's length (a value is a logit where i * T < lim, else -inf)
     float* dst[KEPT];
@@ -390,34 +427,22 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
 #pragma unroll
     for (int u = 0; u < KEPT; ++u) {
         const int tok = r0 + 8 * h[u];
-        dst[u] = out + (int64_t(b) * NEXT_N + min(row, NEXT_N - 1)) * out_stride + int64_t(blk0) * T + tok;
+        dst[u] = out + (int64_t(b) * NEXT_N + ROW0 + min(row, NR - 1)) * out_stride + int64_t(blk0) * T + tok;
         lim[u] = row_len - blk0 * T - tok;
     }
-    mbar_wait(q_bar, 0);
     float acc[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) acc[i] = 0.f;
-    // The loop of warpgroup MW, compiled once for each: its blocks i = MW, MW + P, ... use its stages MW, MW + P,
-    // ... in turn and the loop is unrolled by its SPW stages, so every stage index, barrier, descriptor and scale
-    // address in it is a constant offset from the shared window (the descriptors in uniform registers; ptxas
-    // still adds their offsets each block, ~21 uniform instructions at next_n = 2)
-    constexpr int SPW = SPIN_LOGITS_STAGES_PER_WG;
     // A block's last steps (the quad's reduce-scatter, the scale, the mask, the store and the block max: shuffle
     // chains, latency more than work). PIPELINED: they run while the next block's MMA does (`pending` holds the
-    // head sums meanwhile): at next_n = 3 that measured 742 us against 804 (96 x 128K, run 107); at next_n = 2
-    // it lost (527 against 486: the compiler interleaves them with the MMA's instructions), at 4 it made no
-    // difference. SPIN_LOGITS_PIPELINE overrides (0 / 1).
-    constexpr bool PIPELINED = SPIN_LOGITS_PIPELINE < 0 ? NEXT_N == 3 : SPIN_LOGITS_PIPELINE == 1;
-    // ORDERED: the warpgroups issue their MMAs in block order, each waiting (named barrier 5 + its index, the
-    // issuing warpgroup arriving) until block i - 1's MMA is issued. Without it, two warpgroups that reach their
-    // MMA together interleave on the tensor core, both wait the two MMAs' time and then run their epilogues at
-    // the same time (the MMA and the epilogue add up); in order, the tensor core runs block i - 1's MMA and then
-    // block i's while the warpgroup of i - 1 runs its epilogue (FlashAttention-3's ping-pong, read for the idea)
-    constexpr bool ORDERED = SPIN_LOGITS_ORDERED == 1 && P > 1 && SPIN_LOGITS_PROBE != 2;
+    // head sums meanwhile): at next_n = 3 on one row group that measured 742 us against 804 (96 x 128K, run 107);
+    // at next_n = 2 it lost (527 against 486: the compiler interleaves them with the MMA's instructions), at 4 it
+    // made no difference. SPIN_LOGITS_PIPELINE overrides (0 / 1).
+    constexpr bool PIPELINED = SPIN_LOGITS_PIPELINE < 0 ? NEXT_N == 3 && G == 1 : SPIN_LOGITS_PIPELINE == 1;
     struct Pending {
-        float v[VP];   // this thread's partial head sums (see quad_reduce_scatter)
+        float v[VP];     // this thread's partial head sums (see quad_reduce_scatter)
         float sc[KEPT];  // the scales of the tokens this lane keeps
-        int i;         // the block, in the chunk
+        int i;           // the block, in the chunk
     };
     const auto finish = [&](Pending& d) {
         if (SPIN_LOGITS_PROBE != 1) quad_reduce_scatter<VP>(d.v, c);
@@ -429,44 +454,44 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
             m = fmaxf(m, x);
         }
         if (SPIN_LOGITS_PROBE == 3) return;
-        // this row's max over the quad's 2 tokens (next_n 1-2: with the lane holding the other token half), one
-        // partial a quad: the 32 partials of a (block, row) meet after the loop (no barrier, no shuffle chain in
-        // it; 3 shuffles a block fewer than reducing over the warp here)
+        // this row's max over the quad's 2 tokens (one or two rows: with the lane holding the other token half),
+        // one partial a quad: the 32 partials of a (block, row) meet after the loop (no barrier, no shuffle chain
+        // in it; 3 shuffles a block fewer than reducing over the warp here)
         if constexpr (VP == 4) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         if constexpr (VP == 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        if (pmax_writer) pmax_s[(d.i * NEXT_N + row) * 32 + warp * 8 + lane / 4] = m;
+        if (pmax_writer) pmax_s[(d.i * NEXT_N + ROW0 + row) * 32 + warp * 8 + lane / 4] = m;
     };
-    const auto loop = [&](auto mw_constant) {
-    constexpr int MW = decltype(mw_constant)::value;
-    const uint64_t q_desc = smem_desc(q_s), k_desc_wg = smem_desc(keys_s + MW * KEY_BYTES);
+    const uint64_t q_desc = smem_desc(q_s + ROW0 * H * D), k_desc_set = smem_desc(keys_s + SET * KEY_BYTES);
     Pending pending;
     pending.i = -1;  // none yet
-    for (int i0 = MW, phase = 0; i0 < nblk; i0 += SPW * P, phase ^= 1) {
+    for (int i0 = SET, phase = 0; i0 < nblk; i0 += SPW * BP, phase ^= 1) {
+#if SPIN_LOGITS_UNROLL
 #pragma unroll
+#else
+#pragma unroll 1
+#endif
         for (int rep = 0; rep < SPW; ++rep) {
-            const int i = i0 + rep * P;
-            const int s = MW + rep * P;  // a constant once unrolled
+            const int i = i0 + rep * BP;
+            const int s = SET + rep * BP;  // a constant once unrolled, per warpgroup
             if (i >= nblk) break;
             mbar_wait(&full[s], phase);
             float sc[KEPT];
 #pragma unroll
             for (int u = 0; u < KEPT; ++u) sc[u] = scales_s[s * T + r0 + 8 * h[u]];
-            mbar_arrive(&empty[s]);  // this thread's reads of the stage's scales are done (a release)
             fence_regs<R>(acc);
             if (SPIN_LOGITS_PROBE != 2) {
-                const uint64_t k_desc = k_desc_wg + uint64_t(rep * P * (KEY_BYTES >> 4));
-                if (ORDERED && i > 0) asm volatile("bar.sync %0, 256;" ::"n"(5 + MW) : "memory");
+                const uint64_t k_desc = k_desc_set + uint64_t(rep * BP * (KEY_BYTES >> 4));
                 wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < D / 32; ++kk) mma_k32<N>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);  // +32 B
+                for (int kk = 0; kk < D / 32; ++kk) mma_k32<NG>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);  // +32 B
                 wgmma_commit();
-                if (ORDERED && i + 1 < nblk) asm volatile("bar.arrive %0, 256;" ::"n"(5 + (MW + 1) % P) : "memory");
             }
             if (PIPELINED && pending.i >= 0) finish(pending);  // the previous block, beside this one's MMA
             if (SPIN_LOGITS_PROBE != 2) wgmma_wait<0>();
             fence_regs<R>(acc);
-            // the MMA has read the keys and every thread its scales (it arrived before its MMA, which needs all
-            // four warps): the stage takes block i + STAGES
+            // this warpgroup's MMA has read the keys and its threads their scales: once every row group's has,
+            // the stage takes block i + STAGES
+            mbar_arrive(&empty[s]);
             if (issuer && i + STAGES < nblk) {
                 mbar_wait(&empty[s], phase);
                 load(i + STAGES, s);
@@ -474,7 +499,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
             // ReLU, weights and this thread's part of each head sum: four independent FMA chains a row
 #pragma unroll
             for (int j = 0; j < VP / 2; ++j) {
-                if (j >= NEXT_N) {
+                if (j >= NR) {
                     pending.v[2 * j] = pending.v[2 * j + 1] = 0.f;
                 } else if (SPIN_LOGITS_PROBE == 1) {
                     pending.v[2 * j] = acc[32 * j];
@@ -497,21 +522,11 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         }
     }
     if (PIPELINED && pending.i >= 0) finish(pending);
-    };
-    // (an if-chain, not a switch: each branch instantiates the loop only for warpgroups that exist)
-    if (mw == 0) loop(std::integral_constant<int, 0>{});
-    else if constexpr (P > 1) {
-        if (mw == 1) loop(std::integral_constant<int, 1>{});
-        else if constexpr (P > 2) {
-            if (mw == 2) loop(std::integral_constant<int, 2>{});
-            else if constexpr (P > 3) loop(std::integral_constant<int, 3>{});
-        }
-    }
     if (SPIN_LOGITS_PROBE == 3) return;
-    asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");  // this warpgroup's partials written
-    const int mine = (nblk - mw + P - 1) / P;  // blocks of this warpgroup
-    for (int k = tid; k < mine * NEXT_N; k += 128) {
-        const int i = mw + (k / NEXT_N) * P, j = k % NEXT_N;
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + MW) : "memory");  // this warpgroup's partials written
+    const int mine = (nblk - SET + BP - 1) / BP;  // blocks of this set
+    for (int k = tid; k < mine * NR; k += 128) {
+        const int i = SET + (k / NR) * BP, j = ROW0 + k % NR;
         const float4* p = reinterpret_cast<const float4*>(pmax_s + (i * NEXT_N + j) * 32);
         float m = -INFINITY;
 #pragma unroll
@@ -520,6 +535,26 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
             m = fmaxf(m, fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
         }
         block_max[(int64_t(b) * NEXT_N + j) * bmax_stride + blk0 + i] = m;
+    }
+    };
+    using std::integral_constant;
+    if constexpr (SPIN_LOGITS_PER_WG) {  // an if-chain: each branch instantiates only warpgroups that exist
+        const auto per_wg = [&](auto mw_constant) {
+            constexpr int M = decltype(mw_constant)::value;
+            work(integral_constant<int, M % G>{}, mw_constant);
+        };
+        constexpr int P = S::MATH_WG;
+        if (mw == 0) per_wg(integral_constant<int, 0>{});
+        else if constexpr (P > 1) {
+            if (mw == 1) per_wg(integral_constant<int, 1>{});
+            else if constexpr (P > 2) {
+                if (mw == 2) per_wg(integral_constant<int, 2>{});
+                else if constexpr (P > 3) per_wg(integral_constant<int, 3>{});
+            }
+        }
+    } else {
+        if (mw % G == 0) work(integral_constant<int, 0>{}, mw);
+        else if constexpr (G > 1) work(integral_constant<int, 1>{}, mw);
     }
 }
 

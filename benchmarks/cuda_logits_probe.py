@@ -12,7 +12,9 @@ two CTAs; chunks of at most 128 / 64 blocks, a larger chunk is skipped), no-head
 ReLU / weights / head sum), no-mma (=2), no-blockmax (=3), rg (SPIN_LOGITS_ROW_GROUPS=2: at next_n 3-4 four
 warpgroups, two a block, each on half its rows; rg-pipe, rg-noroll), noroll (SPIN_LOGITS_UNROLL=0: the loop not
 unrolled by stages), noperwg (SPIN_LOGITS_PER_WG=0: compiled once, not per warpgroup), compact (both), each at the launcher's chunk and at 128 and 256
-blocks a CTA. Per point (B x L x next_n, H = 64, D = 128), CUDA graphs, median of replays. The builds that
+blocks a CTA. Per point (B x L x next_n, H = 64, D = 128), CUDA graphs, every build and chunk timed in the same
+paired rounds (one replay of each in turn); us = the median, vs_cuda = the median of per-round ratios to the
+production build at its default chunk. The builds that
 compute logits (CHECKED) are first checked against the torch reference; the probes compute wrong logits by
 design and are only timed. Writes <out>/cuda_probe.csv and .md.
 """
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import statistics
 import sys
 import time
 
@@ -29,7 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import bench_mtp_logits as mtp  # noqa: E402
-from harness import KeyPool, environment, markdown_table, time_graph  # noqa: E402
+from harness import KeyPool, environment, markdown_table, time_graphs_paired  # noqa: E402
 from spin_indexer.ops import deepgemm, indexer_logits_cuda  # noqa: E402
 from spin_indexer.ops.indexer_logits_triton import CONFIGS  # noqa: E402
 
@@ -89,25 +92,24 @@ def main(argv=None) -> int:
         batch, ctx, n = map(int, spec.split("x"))
         pool = KeyPool(batch * -(-ctx // mtp.T), seed=batch + ctx)
         x = mtp.Inputs(pool, batch, ctx, n)
-        here = []
-        for name in (name for name, lib in libs.items() if lib is not None):  # a failed build: said in env
+        calls = {}  # every build, chunk and provider of the point, timed in the same rounds (see bench_mtp_logits)
+        for name in libs:  # a failed build: said in env
             for chunk in (None, 128, 256):
                 call = x.own_cuda(mtp.CudaLaunch(chunk, VARIANTS[name]))
                 try:
                     call()
                 except RuntimeError:  # a chunk past this build's CHUNK_MAX (2cta)
                     continue
-                here.append(dict(batch=batch, ctx=ctx, next_n=n, variant=name, chunk=chunk or "default",
-                                 us=time_graph([call], max_reps=20).p50_us))
-        here.append(dict(batch=batch, ctx=ctx, next_n=n, variant=f"triton {mtp.config_name(CONFIGS[n])}",
-                         chunk="default", us=time_graph([x.own(CONFIGS[n])], max_reps=20).p50_us))
+                calls[(name, chunk or "default")] = call
+        calls[(f"triton {mtp.config_name(CONFIGS[n])}", "default")] = x.own(CONFIGS[n])
         if deepgemm.available() and n <= 2:
-            here.append(dict(batch=batch, ctx=ctx, next_n=n, variant="deepgemm", chunk="",
-                             us=time_graph([x.deepgemm()], max_reps=20).p50_us))
-        base = {r["chunk"]: r["us"] for r in here if r["variant"] == "cuda"}
-        for r in here:
-            r["vs_cuda"] = r["us"] / base.get(r["chunk"], base["default"])
-        print(f"point {spec}: " + ", ".join(f"{r['variant']}/{r['chunk']} {r['us']:.1f}" for r in here), flush=True)
+            calls[("deepgemm", "")] = x.deepgemm()
+        ms = time_graphs_paired(calls, rounds=mtp.PAIRED_ROUNDS)
+        base = ms[("cuda", "default")]
+        here = [dict(batch=batch, ctx=ctx, next_n=n, variant=name, chunk=chunk, us=1e3 * statistics.median(t),
+                     vs_cuda=statistics.median(a / b for a, b in zip(t, base))) for (name, chunk), t in ms.items()]
+        print(f"point {spec}: " + ", ".join(f"{r['variant']}/{r['chunk']} {r['us']:.1f} ({r['vs_cuda']:.3f})"
+                                            for r in here), flush=True)
         rows += here
         del x, pool
         torch.cuda.empty_cache()

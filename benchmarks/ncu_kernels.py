@@ -20,7 +20,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 PARTS = ("step96", "step96x512k", "step1", "mtp2", "mtp4", "plan96x512k", "plan96x1m",
-         "cuda2", "cuda4", "cuda2-compact", "cuda4-rg", "cuda3-rg", "dg2")
+         "cuda2", "cuda4", "cuda2-compact", "cuda4-rg1", "cuda3-rg", "dg2")
 
 
 def spin_step(batch: int, ctx: int, measured_layers: int = 2) -> None:

@@ -4,14 +4,15 @@
 // Why CUDA and not Triton: Triton 3.6 waits for every MMA right after issuing it (wgmma.wait_group 0; a dot
 // is asynchronous only when it accumulates into itself across iterations), so inside one program the MMA and
 // the epilogue (ReLU, weights, the head sum for next_n rows) run in series, and its automatic warp
-// specialization measured 2.4x slower (benchmarks/NOTES.md, runs 99-100). Here a CTA holds MATH_WG math
-// warpgroups that take key blocks in turn (block i: warpgroup i % MATH_WG), four at next_n <= 2 and two at 3-4
-// (their accumulators), each refilling its own three stages: while some wait for their MMA, others run their
-// epilogues. What decides the time (runs 104-108, NOTES): the MMA and the epilogue's instruction count add up
-// whatever the number of warpgroups, so the epilogue is written for few instructions a block (a reduce-scatter
-// over the quad instead of a butterfly, block-max partials reduced once after the loop, uniform descriptors).
-// H200, 96 x 128K: next_n = 1 at copy bandwidth (as DeepGEMM), 2 at 1.11x DeepGEMM, 3 / 4 at 1.86x / 1.58x
-// the max of the copy and MMA floors (run 108).
+// specialization measured 2.4x slower (benchmarks/NOTES.md, runs 99-100). Here a CTA holds math warpgroups
+// that take key blocks in turn (see Shape: four on whole blocks at next_n <= 2, two at 3, four in two row groups
+// at 4), each block set refilling its own three stages: while some wait for their MMA, others run their
+// epilogues. What decides the time: the epilogue's instructions (a block's MMA is 256-512 tensor-core cycles, its
+// epilogue 220-400 instructions of one warp an SMSP, issued one every ~3.5 cycles where that warp is alone: ncu,
+// run 113) and the clock, which at the H200's power limit falls with the instructions issued (run 113). So the
+// epilogue is written for few instructions a block (a reduce-scatter over the quad instead of a butterfly,
+// block-max partials reduced once after the loop, uniform descriptors). Paired rounds under sustained load (run
+// 116): see benchmarks/results for the table against DeepGEMM and the floors.
 //
 // Math (as indexer_logits.paged_indexer_logits_ref): logits[b * next_n + j, t] = scale[t] *
 // sum_h w[b * next_n + j, h] * relu(k[t] . q[b, j, h]), -inf where t >= seq_lens[b, j]; block_max[r, blk] = the
@@ -32,12 +33,12 @@
 // Build-time switches for benchmarks/cuda_logits_probe.py only (the library ops/ builds sets none):
 // SPIN_LOGITS_PROBE leaves one stage out to time the rest (1: the epilogue's head sum, 2: the MMA, 3: the block
 // max); SPIN_LOGITS_MATH_WG sets the math warpgroups an SM (default 0: see Shape), SPIN_LOGITS_ROW_GROUPS how
-// many warpgroups share a block's rows (default 0: see Shape), SPIN_LOGITS_CTAS_PER_SM how many CTAs share the
-// warpgroups (1 or 2), SPIN_LOGITS_STAGES_PER_WG the key blocks each block set keeps in flight (default 3);
-// SPIN_LOGITS_PIPELINE (0 / 1) whether a block's last steps wait for the next block's MMA (default: at next_n = 3
-// with one row group only; see the kernel); SPIN_LOGITS_UNROLL (0 / 1, default 1) whether the loop is unrolled by
-// stages, SPIN_LOGITS_PER_WG (0 / 1, default 1) whether it is compiled once per warpgroup (constant stage offsets,
-// at the price of more code: see the kernel).
+// many warpgroups share a block's rows at next_n 3-4 (1 or 2; default 0: 2 at next_n = 4, see Shape),
+// SPIN_LOGITS_CTAS_PER_SM how many CTAs share the warpgroups (1 or 2), SPIN_LOGITS_STAGES_PER_WG the key blocks
+// each block set keeps in flight (default 3); SPIN_LOGITS_PIPELINE (0 / 1) whether a block's last steps wait for
+// the next block's MMA (default: at next_n 3-4, see the kernel); SPIN_LOGITS_UNROLL (0 / 1, default 1) whether
+// the loop is unrolled by stages, SPIN_LOGITS_PER_WG (0 / 1; default: 0 at next_n = 2, else 1) whether it is
+// compiled once per warpgroup (constant stage offsets, at the price of more code: see the kernel).
 #ifndef SPIN_LOGITS_PROBE
 #define SPIN_LOGITS_PROBE 0
 #endif
@@ -60,7 +61,7 @@
 #define SPIN_LOGITS_UNROLL 1
 #endif
 #ifndef SPIN_LOGITS_PER_WG
-#define SPIN_LOGITS_PER_WG 1
+#define SPIN_LOGITS_PER_WG -1
 #endif
 
 namespace {
@@ -257,10 +258,11 @@ constexpr int MAX_CHUNK = 256;  // blocks a CTA at most (their ids staged in sha
 // thread and the launch's even split of the registers is what they get (65536 / THREADS, rounded down to 8; no
 // setmaxnreg): 512 threads 128 a thread, 256 threads 255. A producer warpgroup left the math ones 112 at next_n
 // <= 2 (runs 104-105), where the loop spilled once unrolled.
-// Default: four warpgroups; at next_n 1-2 each takes whole blocks (up to 2 x 64 accumulators a thread); at 3-4
-// SPIN_LOGITS_ROW_GROUPS = 1 gives two warpgroups on whole blocks (96-128 accumulators, 255 registers): there one
-// warp an SMSP runs a block's epilogue while the other's MMA runs, and it issues an instruction only every ~3.5
-// cycles (ncu, run 113), so the tensor core idles half the time; row groups = 2 put four warps on each SMSP.
+// Default: four warpgroups on whole blocks at next_n 1-2 (up to 2 x 64 accumulators a thread); two at next_n = 3
+// (96 accumulators, 255 registers); four in two row groups at next_n = 4 (rows 0-1 and 2-3, 64 accumulators each).
+// With two warpgroups on whole blocks one warp an SMSP runs a block's epilogue while the other's MMA runs, and it
+// issues an instruction only every ~3.5 cycles (ncu, run 113), so the tensor core idles half the time; row
+// groups put four warps on each SMSP: 0.80x the time at next_n = 4, 1.03-1.05x at 3 (paired rounds, run 115).
 // SPIN_LOGITS_CTAS_PER_SM = 2 splits an SM's warpgroups over two CTAs, each with half the shared memory (chunks of
 // at most 128 / 64 blocks): measured slower (run 109: 538 against 490 us at 96 x 128K next_n = 2).
 template <int NEXT_N>
@@ -268,7 +270,7 @@ struct Shape {
     static constexpr int N = NEXT_N * H;
     static constexpr int CTAS = SPIN_LOGITS_CTAS_PER_SM;
     static_assert(CTAS == 1 || CTAS == 2, "one or two CTAs an SM");
-    static constexpr int G = NEXT_N >= 3 && SPIN_LOGITS_ROW_GROUPS > 0 ? SPIN_LOGITS_ROW_GROUPS : 1;
+    static constexpr int G = NEXT_N < 3 ? 1 : SPIN_LOGITS_ROW_GROUPS > 0 ? SPIN_LOGITS_ROW_GROUPS : (NEXT_N == 4 ? 2 : 1);
     static_assert(G == 1 || G == 2, "one or two row groups (next_n 3-4)");
     static constexpr int ROWS0 = (NEXT_N + G - 1) / G;  // group 0's rows; group 1 has the others
     static constexpr int MATH_WG =
@@ -388,10 +390,12 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     mbar_wait(q_bar, 0);
 
     // The work of one warpgroup of row group GI: rows [ROW0, ROW0 + NR) of its set's blocks. Compiled once per
-    // warpgroup (SPIN_LOGITS_PER_WG: MW a constant, so every stage index, barrier, descriptor and scale address in
-    // the loop is a constant offset from the shared window, the descriptors in uniform registers) or once per row
-    // group (MW at run time: a quarter of the code, where the per-warpgroup copies, each unrolled by stages, cost
-    // instruction fetch stalls: 26% of the samples at next_n = 2, run 113).
+    // warpgroup (PER_WG: MW a constant, so every stage index, barrier, descriptor and scale address in the loop is
+    // a constant offset from the shared window, the descriptors in uniform registers) or once per row group (MW at
+    // run time). At next_n = 2 the four per-warpgroup copies, each unrolled by stages, stalled on instruction
+    // fetch (26% of the samples, run 113) and one copy took 0.91x the time (paired rounds, run 115); at next_n = 3
+    // one copy took 1.17x, at 4 1.00x.
+    constexpr bool PER_WG = SPIN_LOGITS_PER_WG < 0 ? NEXT_N != 2 : SPIN_LOGITS_PER_WG == 1;
     const auto work = [&](auto group_constant, auto mw_value) {
     constexpr int GI = decltype(group_constant)::value;
     constexpr int NR = GI == 0 ? S::ROWS0 : NEXT_N - S::ROWS0;  // rows
@@ -435,10 +439,10 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     for (int i = 0; i < R; ++i) acc[i] = 0.f;
     // A block's last steps (the quad's reduce-scatter, the scale, the mask, the store and the block max: shuffle
     // chains, latency more than work). PIPELINED: they run while the next block's MMA does (`pending` holds the
-    // head sums meanwhile): at next_n = 3 on one row group that measured 742 us against 804 (96 x 128K, run 107);
-    // at next_n = 2 it lost (527 against 486: the compiler interleaves them with the MMA's instructions), at 4 it
-    // made no difference. SPIN_LOGITS_PIPELINE overrides (0 / 1).
-    constexpr bool PIPELINED = SPIN_LOGITS_PIPELINE < 0 ? NEXT_N == 3 && G == 1 : SPIN_LOGITS_PIPELINE == 1;
+    // head sums meanwhile): at next_n = 3 that measured 742 us against 804 (96 x 128K, run 107), at 4 in row
+    // groups 0.96x (run 115); at next_n = 2 it lost (527 against 486: the compiler interleaves them with the MMA's
+    // instructions). SPIN_LOGITS_PIPELINE overrides (0 / 1).
+    constexpr bool PIPELINED = SPIN_LOGITS_PIPELINE < 0 ? NEXT_N >= 3 : SPIN_LOGITS_PIPELINE == 1;
     struct Pending {
         float v[VP];     // this thread's partial head sums (see quad_reduce_scatter)
         float sc[KEPT];  // the scales of the tokens this lane keeps
@@ -538,7 +542,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     }
     };
     using std::integral_constant;
-    if constexpr (SPIN_LOGITS_PER_WG) {  // an if-chain: each branch instantiates only warpgroups that exist
+    if constexpr (PER_WG) {  // an if-chain: each branch instantiates only warpgroups that exist
         const auto per_wg = [&](auto mw_constant) {
             constexpr int M = decltype(mw_constant)::value;
             work(integral_constant<int, M % G>{}, mw_constant);

@@ -702,7 +702,7 @@ def test_step_on_padded_pages_equals_the_contiguous_copy(next_n, pad, triton_log
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the side stream)")
 @pytest.mark.parametrize("backend", ["deepgemm", "triton", "cuda"])
-@pytest.mark.parametrize("next_n", [1, 2, 3])
+@pytest.mark.parametrize("next_n", [1, 2, 3, 4])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
 @pytest.mark.parametrize("in_topk_blocks", [1 << 20, 0], ids=["in-topk", "side-stream"])
 def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, next_n, graph, in_topk_blocks, gen,

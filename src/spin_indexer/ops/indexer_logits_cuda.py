@@ -120,11 +120,12 @@ def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor) -> bool:
 
 
 def default_chunk(batch: int, width: int, device: torch.device) -> int:
-    """Blocks a CTA: 128, halved (down to 8) while the grid would be under two CTAs an SM (one CTA an SM fits).
-    128 over 64: 3-5% faster at 96 x 128K and 32 x 512K (runs 105-106: fewer CTA starts, each an empty pipeline);
-    256 was as fast or slower."""
+    """Blocks a CTA: 256, halved (down to 8) while the grid would be under two CTAs an SM (one CTA an SM fits).
+    Fewer, longer CTAs start fewer empty pipelines: 128 over 64 3-5% faster (runs 105-106), 256 over 128 2-3.5%
+    at next_n = 2 and 1-2% at 3-4 (96 x 128K, 32 x 512K, paired rounds, run 116; timings apart had called it
+    even)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count  # the inputs' GPU, not the current one
-    chunk = 128
+    chunk = 256
     while chunk > 8 and batch * -(-width // chunk) < 2 * sms:
         chunk //= 2
     return chunk

@@ -90,7 +90,7 @@ class CudaLaunch:
     defines: tuple[str, ...] = ()
 
 
-CUDA_LAUNCHES = [CudaLaunch(), CudaLaunch(64), CudaLaunch(128)]  # emptied when the kernel fails its check
+CUDA_LAUNCHES = [CudaLaunch(), CudaLaunch(128), CudaLaunch(256)]  # emptied when the kernel fails its check
 
 
 def log(*a):

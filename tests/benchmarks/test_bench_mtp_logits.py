@@ -75,6 +75,6 @@ def test_a_failing_cuda_kernel_is_dropped_not_fatal(monkeypatch):
 
 def test_cuda_launches_are_named_and_listed_only_when_available():
     bench = import_benchmark("bench_mtp_logits")
-    assert [bench.config_name(x) for x in bench.CUDA_LAUNCHES] == ["cuda", "cuda-c64", "cuda-c128"]
+    assert [bench.config_name(x) for x in bench.CUDA_LAUNCHES] == ["cuda", "cuda-c128", "cuda-c256"]
     assert "own_cuda" not in [p for p, _ in bench.providers(2, True)]
     assert [p for p, _ in bench.providers(2, True, True)].count("own_cuda") == len(bench.CUDA_LAUNCHES)

@@ -173,3 +173,25 @@ def test_logits_op_on_this_backend_writes_the_maxima_the_kernel_does_not(next_n,
     assert torch.equal(gmax[used], want[used])
     filled = ops.paged_indexer_logits(*x.args(), validate=False, fill_tail=True, backend="cuda")
     assert torch.isneginf(filled[~valid]).all()  # the Triton kernel's tail: every column past the lengths
+
+
+@pytest.mark.parametrize("batch,width,sms,expected", [(96, 2048, 132, 187), (32, 8192, 132, 249), (32, 2048, 132, 256),
+                                                      (1, 2048, 132, 16), (3, 5, 132, 5)])
+def test_default_chunk_fills_whole_waves(batch, width, sms, expected):
+    """96 x 128K: 11 chunks a request of 187 blocks (1056 CTAs = 8 waves of 132) beat 8 of 256 (5.8 waves: the
+    last one costs a whole wave); 32 x 128K: 8 of 256 (1.94 waves) stay best; one request: a wave of 16-block
+    CTAs; a table of 8 blocks or fewer: one chunk."""
+    assert C.balanced_chunk(batch, width, sms) == expected
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_default_chunk_is_no_worse_than_the_fixed_chunks_by_its_model(seed):
+    rng = np.random.default_rng(seed)
+    batch, width, sms = int(rng.integers(1, 200)), int(rng.integers(9, 20000)), int(rng.integers(1, 200))
+    chunk = C.balanced_chunk(batch, width, sms)
+
+    def cost(c):
+        return -(-batch * -(-width // c) // sms) * (min(c, width) + C.CTA_START_BLOCKS)
+
+    assert 8 <= chunk <= C.MAX_CHUNK and -(-width // chunk) * chunk >= width
+    assert cost(chunk) <= min(cost(256), cost(128), cost(64))

@@ -119,16 +119,34 @@ def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     return load_library() is not None
 
 
+# A CTA's start (the block ids, q, the first copies into an empty pipeline) costs about as much as 8 blocks: fit
+# to chunk 128 taking 1.03x chunk 256's time (96 x 128K and 32 x 512K, paired rounds, run 116)
+CTA_START_BLOCKS = 8
+
+
 def default_chunk(batch: int, width: int, device: torch.device) -> int:
-    """Blocks a CTA: 256, halved (down to 8) while the grid would be under two CTAs an SM (one CTA an SM fits).
-    Fewer, longer CTAs start fewer empty pipelines: 128 over 64 3-5% faster (runs 105-106), 256 over 128 2-3.5%
-    at next_n = 2 and 1-2% at 3-4 (96 x 128K, 32 x 512K, paired rounds, run 116; timings apart had called it
-    even)."""
+    """Blocks a CTA for a grid of batch x ceil(width / chunk) CTAs on this GPU (one CTA an SM fits): the one of
+    8..256 (as even a split of the width as that count of chunks allows) that minimizes waves x (chunk +
+    CTA_START_BLOCKS), i.e. the grid's time where every block costs alike. A last wave that fills a few SMs costs a
+    whole one: 96 x 128K (2048 blocks a request) takes 187 blocks a CTA (8 full waves) instead of 256 (5.8 waves,
+    the model's 1.5% more), 32 x 512K 249 instead of 256 (2.7%)."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count  # the inputs' GPU, not the current one
-    chunk = 256
-    while chunk > 8 and batch * -(-width // chunk) < 2 * sms:
-        chunk //= 2
-    return chunk
+    return balanced_chunk(batch, width, sms)
+
+
+@functools.lru_cache(maxsize=256)
+def balanced_chunk(batch: int, width: int, sms: int) -> int:
+    """default_chunk's rule for `sms` multiprocessors (a host rule on static shapes; cached)."""
+    if width <= 8:
+        return max(width, 1)
+    best_cost, best = None, MAX_CHUNK
+    for target in range(min(MAX_CHUNK, width), 7, -1):
+        count = -(-width // target)  # chunks a request
+        chunk = -(-width // count)   # the even split
+        cost = -(-batch * count // sms) * (chunk + CTA_START_BLOCKS)
+        if best_cost is None or cost < best_cost:
+            best_cost, best = cost, chunk
+    return best
 
 
 def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,

@@ -12,7 +12,8 @@
 // run 113) and the clock, which at the H200's power limit falls with the instructions issued (run 113). So the
 // epilogue is written for few instructions a block (a reduce-scatter over the quad instead of a butterfly,
 // block-max partials reduced once after the loop, uniform descriptors). H200, paired rounds under sustained load
-// (run 117): next_n = 2 at 1.14-1.16x DeepGEMM, 3 / 4 at 1.81x / 1.61-1.63x the max of the copy and MMA floors.
+// (runs 117-118): next_n = 2 at 1.14-1.16x DeepGEMM, 3 / 4 at 1.79-1.81x / 1.61-1.67x the max of the copy and
+// MMA floors.
 //
 // Math (as indexer_logits.paged_indexer_logits_ref): logits[b * next_n + j, t] = scale[t] *
 // sum_h w[b * next_n + j, h] * relu(k[t] . q[b, j, h]), -inf where t >= seq_lens[b, j]; block_max[r, blk] = the

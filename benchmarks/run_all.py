@@ -7,8 +7,9 @@
 Per grid point (B requests x context L x next_n, CUDA graphs, median of replays, every layer on its own
 random key cache so no replay hits L2), per layer:
   deepgemm_logits_us   DeepGEMM fp8_paged_mqa_logits, dense (empty where deep_gemm does not import)
-  dense_logits_us      the project's Triton logits, dense (block max fused, and the top-k's group maxima where it
-                       prunes finer than a block; tail unwritten)
+  dense_logits_us      the project's own logits kernel, dense, as the dense step runs it where DeepGEMM does not: the
+                       CUDA kernel where ops.logits_backend picks it (next_n 2-4), else the Triton one (block max
+                       fused, and the top-k's group maxima where it prunes finer than a block; tail unwritten)
   torch_topk_us        torch.topk(logits, K, sorted=False) over full rows (sorted=True with --topk-sorted): the same
                        contract as the steps' top-k
   own_topk_us          ops.topk_positions over the dense logits (with their block / group maxima), each layer's in turn
@@ -168,7 +169,9 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
     from spin_indexer.indexer.dense import fuses_group_max
     group = ops.topk_group(width * 64, k)
     gmax = torch.empty(rows, -(-width * 64 // group), device=p.table.device) if fuses_group_max(rows, group) else None
-    with logits_backend("triton"):
+    # the own kernel the dense step runs (it runs DeepGEMM's where that serves: deepgemm_logits_us)
+    own = "cuda" if ops.logits_backend(p.q[0][0], p.caches[0]) == "cuda" else "triton"
+    with logits_backend(own):
         out["dense_logits_us"] = time_graph(each_layer(lambda i: ops.paged_indexer_logits(
             p.q[i][0], p.caches[i], p.q[i][1], p.lens, p.table, validate=False, out=logits, block_max_out=bmax,
             fill_tail=False, group_max_out=gmax, group=group)), **timing).p50_us

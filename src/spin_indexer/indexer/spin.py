@@ -305,10 +305,12 @@ class SpinIndexer:
         # logits only (the CUDA kernel the block maxima only), so there a pass before the top-k writes them.
         side = self._update_stream if self.extensions is None and backend != "reference" else None
         in_topk = side is not None and self.update_in_topk(batch, width, history)
-        # The CUDA kernel writes the block maxima; the group maxima, where the top-k wants them, need the pass
+        # The CUDA kernel writes the block maxima (into the workspace, not a scratch of its own, whether or not
+        # the pass below rewrites them); the group maxima, where the top-k wants them, need the pass
         maxima_fused = side is None or backend == "triton" or (backend == "cuda" and group_max is None)
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
-                                          validate=False, out=out, block_max_out=block_max if maxima_fused else None,
+                                          validate=False, out=out,
+                                          block_max_out=block_max if maxima_fused or backend == "cuda" else None,
                                           fill_tail=self.extensions is not None,
                                           history=history if side is None else None,
                                           group_max_out=group_max if maxima_fused else None, group=group,

@@ -1,8 +1,8 @@
 """Paged indexer logits in CUDA for SM90 (csrc/paged_logits_sm90.cu), next_n 1-4: math warpgroups on key blocks
 in turn, each refilling its own TMA stages, so that one block's MMA runs beside another's epilogue, which the
 Triton kernel cannot do (issue #17). The logits op's "cuda" backend at next_n 2-4 where DeepGEMM does not serve
-(`step_uses`, ops.logits_backend). Measured (H200, run 108, 96 x 128K): 494 us at next_n = 2 (Triton 582,
-DeepGEMM 446), 758 / 858 at 3 / 4 (Triton 1028 / 1143); benchmarks/NOTES.md, runs 101-111.
+(`step_uses`, ops.logits_backend). Measured (H200, run 118, 96 x 128K, paired rounds): 520 us at next_n = 2
+(Triton 683, DeepGEMM 449), 739 / 920 at 3 / 4 (Triton 1014 / 1183); benchmarks/NOTES.md, runs 101-119.
 
 Built with nvcc on first use into a cache folder (SPIN_CUDA_CACHE, default ~/.cache/spin_indexer), keyed by the
 source's hash, and called through ctypes: no torch extension, no ninja. Where nvcc, an SM90 GPU or the build is
@@ -92,7 +92,7 @@ def load_library(defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
 def step_uses(next_n: int) -> bool:
     """Whether the logits op picks this kernel at next_n where it runs (ops.logits_backend, after DeepGEMM):
     SPIN_INDEXER_LOGITS=cuda forces it at next_n 1-4, =triton / deepgemm / reference never; else next_n 2-4
-    (faster there than the Triton kernel, runs 108-109; at next_n = 1 both read at copy bandwidth and the
+    (faster there than the Triton kernel, runs 108-118; at next_n = 1 both read at copy bandwidth and the
     Triton kernel also writes the top-k's group maxima and the update in its epilogue). A host rule on static
     shapes."""
     forced = forced_logits_backend()

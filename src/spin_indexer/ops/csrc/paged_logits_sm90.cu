@@ -263,7 +263,7 @@ constexpr int MAX_CHUNK = 256;  // blocks a CTA at most (their ids staged in sha
 // (96 accumulators, 255 registers); four in two row groups at next_n = 4 (rows 0-1 and 2-3, 64 accumulators each).
 // With two warpgroups on whole blocks one warp an SMSP runs a block's epilogue while the other's MMA runs, and it
 // issues an instruction only every ~3.5 cycles (ncu, run 113), so the tensor core idles half the time; row
-// groups put four warps on each SMSP: 0.80x the time at next_n = 4, 1.03-1.05x at 3 (paired rounds, run 115).
+// groups put four warps on each SMSP: 0.80x the time at next_n = 4, 0.99-1.05x at 3 (paired rounds, runs 115-116).
 // SPIN_LOGITS_CTAS_PER_SM = 2 splits an SM's warpgroups over two CTAs, each with half the shared memory (chunks of
 // at most 128 / 64 blocks): measured slower (run 109: 538 against 490 us at 96 x 128K next_n = 2).
 template <int NEXT_N>

@@ -5,7 +5,8 @@ DeepGEMM and against the floors, all measured in one run on one GPU.
     bash benchmarks/h200_step.sh mtp                  # the same on the H200, DeepGEMM built from .dg
 
 Per point (B requests x context L x next_n; H = 64, D = 128, T = 64; one random paged key cache of B x L
-tokens: each call reads >= 1.6 GB, far past the 60 MB L2), CUDA graphs, median of replays:
+tokens: each call reads >= 1.6 GB, far past the 60 MB L2), CUDA graphs, every provider timed in the same
+PAIRED_ROUNDS rounds (one replay of each in turn); us = the median, vs_deepgemm = the median per-round ratio:
   own:<config>        paged_indexer_logits_triton(..., config=<config>), block max fused, tail unwritten, for
                       every candidate in CANDIDATES[next_n] (the first is the production one, CONFIGS[next_n])
   own_cuda:<launch>   the CUDA kernel for SM90 (ops/indexer_logits_cuda.py: math warpgroups on blocks in turn,
@@ -327,7 +328,7 @@ def write_report(out_dir: str, rows: list[dict], env: dict, command: str) -> lis
              f"{max(env.get('checks', {0: 0.0}).values()):.2e} over {len(env.get('checks', {}))} provider x next_n",
              "- floor = max(B x L x 132 B / copy bandwidth, 2 H D x row tokens / FP8 peak): "
              + "; ".join(f"{b}x{c} n={n} {fl:.1f} us" for b, c, n, fl in floors),
-             "- CUDA graphs, median of replays; configs: g<rows per MMA>w<warps>s<stages>[r<register cap>]"
+             "- CUDA graphs, paired rounds (median; vs_deepgemm: median of per-round ratios); configs: g<rows per MMA>w<warps>s<stages>[r<register cap>]"
              "[p: scale prefetch, p2: two blocks ahead][t<target programs>]; "
              "production = CONFIGS[next_n]", "",
              "## Targets", ""] + [f"- {t}" for t in targets(rows)] + [""]

@@ -5,18 +5,19 @@ differences").
 
     PYTHONPATH=src:benchmarks python3 benchmarks/cuda_logits_probe.py --out $OUT/probe
 
-Variants (ops/csrc/paged_logits_sm90.cu's build switches): cuda (production: see the source's Shape), 3wg (SPIN_LOGITS_MATH_WG=3, at every next_n), pipe / nopipe (SPIN_LOGITS_PIPELINE=1 / 0: a
-block's last steps beside the next block's MMA, or not), 2cta (SPIN_LOGITS_CTAS_PER_SM=2: the SM's warpgroups in
-two CTAs; chunks of at most 128 / 64 blocks, a larger chunk is skipped), no-headsum (SPIN_LOGITS_PROBE=1: no
-ReLU / weights / head sum), no-mma (=2), no-blockmax (=3), rg / rg1 (SPIN_LOGITS_ROW_GROUPS=2 / 1: at next_n 3-4
-two warpgroups a block, each on half its rows, or one on all; rg1-nopipe = the next_n = 4 build before run 116),
-noroll (SPIN_LOGITS_UNROLL=0: the loop not unrolled by stages), perwg / noperwg (SPIN_LOGITS_PER_WG=1 / 0: the loop
-compiled per warpgroup or once), compact (noroll + noperwg), each at the launcher's chunk and at 128 and 256
-blocks a CTA. Per point (B x L x next_n, H = 64, D = 128), CUDA graphs, every build and chunk timed in the same
-paired rounds (one replay of each in turn); us = the median, vs_cuda = the median of per-round ratios to the
-production build at its default chunk. The builds that
-compute logits (CHECKED) are first checked against the torch reference; the probes compute wrong logits by
-design and are only timed. Writes <out>/cuda_probe.csv and .md.
+Variants (ops/csrc/paged_logits_sm90.cu's build switches): cuda (production: see the source's Shape), 3wg
+(SPIN_LOGITS_MATH_WG=3, at every next_n), pipe / nopipe (SPIN_LOGITS_PIPELINE=1 / 0: a block's last steps beside
+the next block's MMA, or not), 2cta (SPIN_LOGITS_CTAS_PER_SM=2: the SM's warpgroups in two CTAs; chunks of at most
+128 / 64 blocks, a larger chunk is skipped), no-headsum (SPIN_LOGITS_PROBE=1: no ReLU / weights / head sum),
+no-mma (=2), no-blockmax (=3), rg / rg1 (SPIN_LOGITS_ROW_GROUPS=2 / 1: at next_n 3-4 two warpgroups a block, each
+on half its rows, or one on all; rg1-nopipe = the next_n = 4 build before run 116), noroll (SPIN_LOGITS_UNROLL=0:
+the loop not unrolled by stages), perwg / noperwg (SPIN_LOGITS_PER_WG=1 / 0: the loop compiled per warpgroup or
+once), compact (noroll + noperwg), each at the launcher's chunk and at 128 and 256 blocks a CTA. Per point (B x L
+x next_n, H = 64, D = 128), CUDA graphs, every build and chunk timed in the same paired rounds (one replay of each
+in turn); us = the median, vs_cuda = the median of per-round ratios to the production build at its default
+chunk. The builds that compute logits (CHECKED) are first checked against the torch reference (a build that fails
+is reported and not timed); the probes compute wrong logits by design and are only timed. Writes
+<out>/cuda_probe.csv and .md.
 """
 from __future__ import annotations
 

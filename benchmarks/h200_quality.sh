@@ -21,7 +21,7 @@
 #   1 [carry runs/h200q/p0]      parts            start + copy (corpus, wheel, piece 0)            ~1.5 min
 #   2..K-1 [carry runs/h200q/pi] parts            copy (p1: the prompts too)                       ~0.5 min each
 #   K [carry the last part]      distill32k       join + check the GGUF, train, $OUT/head32k.safetensors ~9.3 min
-#                                (from scratch: DISTILL_MINUTES=3,3,2.5 gives the 4K stage the first pass's 2 min+)
+#                                (from scratch: DISTILL_MINUTES=2.5,3,2.5 keeps 8 min and gives the 4K stage 2.5)
 #   K+1 []                       capture+quality  both at once -> $OUT/capture.tgz, $OUT/quality.tgz ~9.3 min
 #   then [carry .dg]           e2e, then h200_step.sh all (issue #14), if time is left              ~8-9 min
 # (capture and quality also run alone; WEIGHTS=path overrides their head, default /tmp/head32k.safetensors.)

@@ -10,14 +10,15 @@ Variants (ops/csrc/paged_logits_sm90.cu's build switches): cuda (production: see
 the next block's MMA, or not), 2cta (SPIN_LOGITS_CTAS_PER_SM=2: the SM's warpgroups in two CTAs; chunks of at most
 128 / 64 blocks, a larger chunk is skipped), no-headsum (SPIN_LOGITS_PROBE=1: no ReLU / weights / head sum),
 no-mma (=2), no-blockmax (=3), rg / rg1 (SPIN_LOGITS_ROW_GROUPS=2 / 1: at next_n 3-4 two warpgroups a block, each
-on half its rows, or one on all; rg1-nopipe = the next_n = 4 build before run 116), noroll (SPIN_LOGITS_UNROLL=0:
-the loop not unrolled by stages), perwg / noperwg (SPIN_LOGITS_PER_WG=1 / 0: the loop compiled per warpgroup or
-once), compact (noroll + noperwg), each at the launcher's chunk and at 128 and 256 blocks a CTA. Per point (B x L
-x next_n, H = 64, D = 128), CUDA graphs, every build and chunk timed in the same paired rounds (one replay of each
-in turn); us = the median, vs_cuda = the median of per-round ratios to the production build at its default
-chunk. The builds that compute logits (CHECKED) are first checked against the torch reference (a build that fails
-is reported and not timed); the probes compute wrong logits by design and are only timed. Writes
-<out>/cuda_probe.csv and .md.
+on half its rows, or one on all; rg1-nopipe = the next_n = 4 build before run 116), rg3 / rg3x6 (next_n = 3 in
+three row groups of one row, 3 or 6 warpgroups), rg4 (next_n = 4 in four row groups of one row), noroll
+(SPIN_LOGITS_UNROLL=0: the loop not unrolled by stages), perwg / noperwg (SPIN_LOGITS_PER_WG=1 / 0: the loop
+compiled per warpgroup or once), compact (noroll + noperwg), each at the launcher's chunk and at 128 and 256
+blocks a CTA. Per point (B x L x next_n, H = 64, D = 128), CUDA graphs, every build and chunk timed in the same
+paired rounds (one replay of each in turn); us = the median, vs_cuda = the median of per-round ratios to the
+production build at its default chunk. The builds that compute logits (CHECKED) are first checked against the
+torch reference (a build that fails is reported and not timed); the probes compute wrong logits by design and
+are only timed. Writes <out>/cuda_probe.csv and .md.
 """
 from __future__ import annotations
 
@@ -41,11 +42,14 @@ VARIANTS = {"cuda": (), "3wg": ("SPIN_LOGITS_MATH_WG=3",), "pipe": ("SPIN_LOGITS
             "nopipe": ("SPIN_LOGITS_PIPELINE=0",), "2cta": ("SPIN_LOGITS_CTAS_PER_SM=2",), "no-headsum": ("SPIN_LOGITS_PROBE=1",),
             "no-mma": ("SPIN_LOGITS_PROBE=2",), "no-blockmax": ("SPIN_LOGITS_PROBE=3",),
             "rg": ("SPIN_LOGITS_ROW_GROUPS=2",), "rg1": ("SPIN_LOGITS_ROW_GROUPS=1",),
+            "rg3": ("SPIN_LOGITS_ROW_GROUPS_N3=3",), "rg3x6": ("SPIN_LOGITS_ROW_GROUPS_N3=3", "SPIN_LOGITS_MATH_WG_N3=6"),
+            "rg4": ("SPIN_LOGITS_ROW_GROUPS_N4=4",),
             "rg1-nopipe": ("SPIN_LOGITS_ROW_GROUPS=1", "SPIN_LOGITS_PIPELINE=0"),
             "noroll": ("SPIN_LOGITS_UNROLL=0",), "perwg": ("SPIN_LOGITS_PER_WG=1",), "noperwg": ("SPIN_LOGITS_PER_WG=0",),
             "compact": ("SPIN_LOGITS_UNROLL=0", "SPIN_LOGITS_PER_WG=0")}
 # the builds that compute the logits
-CHECKED = ("cuda", "3wg", "pipe", "nopipe", "2cta", "rg", "rg1", "rg1-nopipe", "noroll", "perwg", "noperwg", "compact")
+CHECKED = ("cuda", "3wg", "pipe", "nopipe", "2cta", "rg", "rg1", "rg1-nopipe", "rg3", "rg3x6", "rg4", "noroll", "perwg",
+           "noperwg", "compact")
 POINTS = "96x131072x2,96x131072x1,96x131072x4,32x524288x2"
 COLUMNS = ["batch", "ctx", "next_n", "variant", "chunk", "us", "vs_cuda"]
 

@@ -34,7 +34,9 @@
 // Build-time switches for benchmarks/cuda_logits_probe.py only (the library ops/ builds sets none):
 // SPIN_LOGITS_PROBE leaves one stage out to time the rest (1: the epilogue's head sum, 2: the MMA, 3: the block
 // max); SPIN_LOGITS_MATH_WG sets the math warpgroups an SM (default 0: see Shape), SPIN_LOGITS_ROW_GROUPS how
-// many warpgroups share a block's rows at next_n 3-4 (1 or 2; default 0: 2 at next_n = 4, see Shape),
+// many warpgroups share a block's rows at next_n 3-4 (1 to next_n; default 0: 2 at next_n = 4, see Shape), both
+// also per next_n (SPIN_LOGITS_MATH_WG_N3 / _N4, SPIN_LOGITS_ROW_GROUPS_N3 / _N4: 6 warpgroups fit next_n = 3's
+// registers at one row each, not next_n = 2's),
 // SPIN_LOGITS_CTAS_PER_SM how many CTAs share the warpgroups (1 or 2), SPIN_LOGITS_STAGES_PER_WG the key blocks
 // each block set keeps in flight (default 3); SPIN_LOGITS_PIPELINE (0 / 1) whether a block's last steps wait for
 // the next block's MMA (default: at next_n 3-4, see the kernel); SPIN_LOGITS_UNROLL (0 / 1, default 1) whether
@@ -46,8 +48,20 @@
 #ifndef SPIN_LOGITS_MATH_WG
 #define SPIN_LOGITS_MATH_WG 0
 #endif
+#ifndef SPIN_LOGITS_MATH_WG_N3  // per next_n (3, 4): MATH_WG and ROW_GROUPS for one next_n only
+#define SPIN_LOGITS_MATH_WG_N3 SPIN_LOGITS_MATH_WG
+#endif
+#ifndef SPIN_LOGITS_MATH_WG_N4
+#define SPIN_LOGITS_MATH_WG_N4 SPIN_LOGITS_MATH_WG
+#endif
 #ifndef SPIN_LOGITS_ROW_GROUPS
 #define SPIN_LOGITS_ROW_GROUPS 0
+#endif
+#ifndef SPIN_LOGITS_ROW_GROUPS_N3
+#define SPIN_LOGITS_ROW_GROUPS_N3 SPIN_LOGITS_ROW_GROUPS
+#endif
+#ifndef SPIN_LOGITS_ROW_GROUPS_N4
+#define SPIN_LOGITS_ROW_GROUPS_N4 SPIN_LOGITS_ROW_GROUPS
 #endif
 #ifndef SPIN_LOGITS_CTAS_PER_SM
 #define SPIN_LOGITS_CTAS_PER_SM 1
@@ -251,8 +265,8 @@ __device__ __forceinline__ void mma_k32(float* d, uint64_t desc_a, uint64_t desc
 constexpr int MAX_DEVICES = 64;  // device ordinals the launcher takes
 constexpr int MAX_CHUNK = 256;  // blocks a CTA at most (their ids staged in shared memory; Shape::CHUNK_MAX)
 
-// The CTA's shape at next_n rows: MATH_WG warpgroups; G of them share a block (row groups: group 0 computes the
-// block's first ROWS0 rows, group 1 the rest, each with its own MMA of rows x 64 columns over the same key tile),
+// The CTA's shape at next_n rows: MATH_WG warpgroups; G of them share a block (row groups: group g computes the
+// block's rows [g ROWS, (g + 1) ROWS), each with its own MMA of rows x 64 columns over the same key tile),
 // so BP = MATH_WG / G blocks are in flight, block i taken by the warpgroups of block set i % BP. There is no
 // producer warpgroup: one thread of each block set refills its STAGES_PER_WG stages (stage s always feeds block
 // set s % BP) as soon as every warpgroup of the set is done with the stage. So every thread of the CTA is a math
@@ -271,12 +285,15 @@ struct Shape {
     static constexpr int N = NEXT_N * H;
     static constexpr int CTAS = SPIN_LOGITS_CTAS_PER_SM;
     static_assert(CTAS == 1 || CTAS == 2, "one or two CTAs an SM");
-    static constexpr int G = NEXT_N < 3 ? 1 : SPIN_LOGITS_ROW_GROUPS > 0 ? SPIN_LOGITS_ROW_GROUPS : (NEXT_N == 4 ? 2 : 1);
-    static_assert(G == 1 || G == 2, "one or two row groups (next_n 3-4)");
-    static constexpr int ROWS0 = (NEXT_N + G - 1) / G;  // group 0's rows; group 1 has the others
-    static constexpr int MATH_WG =
-        (SPIN_LOGITS_MATH_WG > 0 ? SPIN_LOGITS_MATH_WG : (NEXT_N <= 2 || G == 2 ? 4 : 2)) / CTAS;
-    static_assert(MATH_WG >= 1 && MATH_WG <= 4 && MATH_WG % G == 0, "1-4 math warpgroups, whole block sets");
+    static constexpr int RG = NEXT_N == 3 ? SPIN_LOGITS_ROW_GROUPS_N3 : NEXT_N == 4 ? SPIN_LOGITS_ROW_GROUPS_N4 : 0;
+    static constexpr int G = NEXT_N < 3 ? 1 : RG > 0 ? RG : (NEXT_N == 4 ? 2 : 1);
+    static_assert(G >= 1 && G <= NEXT_N, "1 to next_n row groups");
+    static constexpr int ROWS = (NEXT_N + G - 1) / G;  // rows of each row group (the last one: what is left)
+    static_assert((G - 1) * ROWS < NEXT_N, "every row group has rows");
+    static constexpr int MW = NEXT_N == 3 ? SPIN_LOGITS_MATH_WG_N3 : NEXT_N == 4 ? SPIN_LOGITS_MATH_WG_N4
+                                                                                 : SPIN_LOGITS_MATH_WG;
+    static constexpr int MATH_WG = (MW > 0 ? MW : (G == 3 ? 3 : NEXT_N <= 2 || G >= 2 ? 4 : 2)) / CTAS;
+    static_assert(MATH_WG >= 1 && MATH_WG <= 8 && MATH_WG % G == 0, "1-8 math warpgroups, whole block sets");
     static constexpr int BP = MATH_WG / G;  // blocks in flight
     static constexpr int THREADS = 128 * MATH_WG;
     static constexpr int STAGES = SPIN_LOGITS_STAGES_PER_WG * BP;
@@ -399,8 +416,8 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     constexpr bool PER_WG = SPIN_LOGITS_PER_WG < 0 ? NEXT_N != 2 : SPIN_LOGITS_PER_WG == 1;
     const auto work = [&](auto group_constant, auto mw_value) {
     constexpr int GI = decltype(group_constant)::value;
-    constexpr int NR = GI == 0 ? S::ROWS0 : NEXT_N - S::ROWS0;  // rows
-    constexpr int ROW0 = GI == 0 ? 0 : S::ROWS0;
+    constexpr int ROW0 = GI * S::ROWS;                                      // first row
+    constexpr int NR = NEXT_N - ROW0 < S::ROWS ? NEXT_N - ROW0 : S::ROWS;  // rows
     constexpr int NG = NR * H;                                   // MMA columns
     constexpr int R = NG / 2;                                    // accumulators a thread
     constexpr int VP = 2 * NR <= 2 ? 2 : (2 * NR <= 4 ? 4 : 8);  // values a quad reduces (see quad_reduce_scatter)
@@ -554,12 +571,30 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
             if (mw == 1) per_wg(integral_constant<int, 1>{});
             else if constexpr (P > 2) {
                 if (mw == 2) per_wg(integral_constant<int, 2>{});
-                else if constexpr (P > 3) per_wg(integral_constant<int, 3>{});
+                else if constexpr (P > 3) {
+                    if (P == 4 || mw == 3) per_wg(integral_constant<int, 3>{});
+                    else if constexpr (P > 4) {  // probe builds only (SPIN_LOGITS_MATH_WG_N3 / _N4 = 5-8)
+                        if (mw == 4) per_wg(integral_constant<int, 4>{});
+                        else if constexpr (P > 5) {
+                            if (mw == 5) per_wg(integral_constant<int, 5>{});
+                            else if constexpr (P > 6) {
+                                if (mw == 6) per_wg(integral_constant<int, 6>{});
+                                else if constexpr (P > 7) per_wg(integral_constant<int, 7>{});
+                            }
+                        }
+                    }
+                }
             }
         }
     } else {
         if (mw % G == 0) work(integral_constant<int, 0>{}, mw);
-        else if constexpr (G > 1) work(integral_constant<int, 1>{}, mw);
+        else if constexpr (G > 1) {
+            if (G == 2 || mw % G == 1) work(integral_constant<int, 1>{}, mw);
+            else if constexpr (G > 2) {
+                if (G == 3 || mw % G == 2) work(integral_constant<int, 2>{}, mw);
+                else if constexpr (G > 3) work(integral_constant<int, 3>{}, mw);
+            }
+        }
     }
 }
 

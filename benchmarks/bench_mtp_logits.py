@@ -328,7 +328,8 @@ def write_report(out_dir: str, rows: list[dict], env: dict, command: str) -> lis
              f"{max(env.get('checks', {0: 0.0}).values()):.2e} over {len(env.get('checks', {}))} provider x next_n",
              "- floor = max(B x L x 132 B / copy bandwidth, 2 H D x row tokens / FP8 peak): "
              + "; ".join(f"{b}x{c} n={n} {fl:.1f} us" for b, c, n, fl in floors),
-             "- CUDA graphs, paired rounds (median; vs_deepgemm: median of per-round ratios); configs: g<rows per MMA>w<warps>s<stages>[r<register cap>]"
+             "- CUDA graphs, paired rounds (median; vs_deepgemm: median of per-round ratios); configs: "
+             "g<rows per MMA>w<warps>s<stages>[r<register cap>]"
              "[p: scale prefetch, p2: two blocks ahead][t<target programs>]; "
              "production = CONFIGS[next_n]", "",
              "## Targets", ""] + [f"- {t}" for t in targets(rows)] + [""]

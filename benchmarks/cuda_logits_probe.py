@@ -39,14 +39,16 @@ from spin_indexer.ops import deepgemm, indexer_logits_cuda  # noqa: E402
 from spin_indexer.ops.indexer_logits_triton import CONFIGS  # noqa: E402
 
 VARIANTS = {"cuda": (), "3wg": ("SPIN_LOGITS_MATH_WG=3",), "pipe": ("SPIN_LOGITS_PIPELINE=1",),
-            "nopipe": ("SPIN_LOGITS_PIPELINE=0",), "2cta": ("SPIN_LOGITS_CTAS_PER_SM=2",), "no-headsum": ("SPIN_LOGITS_PROBE=1",),
-            "no-mma": ("SPIN_LOGITS_PROBE=2",), "no-blockmax": ("SPIN_LOGITS_PROBE=3",),
+            "nopipe": ("SPIN_LOGITS_PIPELINE=0",), "2cta": ("SPIN_LOGITS_CTAS_PER_SM=2",),
+            "no-headsum": ("SPIN_LOGITS_PROBE=1",), "no-mma": ("SPIN_LOGITS_PROBE=2",),
+            "no-blockmax": ("SPIN_LOGITS_PROBE=3",),
             "rg": ("SPIN_LOGITS_ROW_GROUPS=2",), "rg1": ("SPIN_LOGITS_ROW_GROUPS=1",),
-            "rg3": ("SPIN_LOGITS_ROW_GROUPS_N3=3",), "rg3x6": ("SPIN_LOGITS_ROW_GROUPS_N3=3", "SPIN_LOGITS_MATH_WG_N3=6"),
+            "rg3": ("SPIN_LOGITS_ROW_GROUPS_N3=3",),
+            "rg3x6": ("SPIN_LOGITS_ROW_GROUPS_N3=3", "SPIN_LOGITS_MATH_WG_N3=6"),
             "rg4": ("SPIN_LOGITS_ROW_GROUPS_N4=4",),
             "rg1-nopipe": ("SPIN_LOGITS_ROW_GROUPS=1", "SPIN_LOGITS_PIPELINE=0"),
-            "noroll": ("SPIN_LOGITS_UNROLL=0",), "perwg": ("SPIN_LOGITS_PER_WG=1",), "noperwg": ("SPIN_LOGITS_PER_WG=0",),
-            "compact": ("SPIN_LOGITS_UNROLL=0", "SPIN_LOGITS_PER_WG=0")}
+            "noroll": ("SPIN_LOGITS_UNROLL=0",), "perwg": ("SPIN_LOGITS_PER_WG=1",),
+            "noperwg": ("SPIN_LOGITS_PER_WG=0",), "compact": ("SPIN_LOGITS_UNROLL=0", "SPIN_LOGITS_PER_WG=0")}
 # the builds that compute the logits
 CHECKED = ("cuda", "3wg", "pipe", "nopipe", "2cta", "rg", "rg1", "rg1-nopipe", "rg3", "rg3x6", "rg4", "noroll", "perwg",
            "noperwg", "compact")

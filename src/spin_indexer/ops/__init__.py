@@ -103,8 +103,8 @@ def logits_backend(q_fp8, kv_cache) -> str:
     and SPIN's alike); else the project's CUDA kernel (indexer_logits_cuda.py: SM90, nvcc to build it) at
     next_n 2-4 (indexer_logits_cuda.step_uses: H200, run 118, 96 x 128K, paired rounds: 520 us at next_n = 2
     against the Triton kernel's 683 and DeepGEMM's 449; 739 / 920 at 3 / 4 against 1014 / 1183); at next_n = 1
-    the Triton kernel (its fused maxima win: deepgemm.spin_step_uses). SPIN_INDEXER_LOGITS=triton / deepgemm / cuda forces
-    one. The Triton twin on other CUDA inputs; the reference elsewhere (and everywhere under
+    the Triton kernel (its fused maxima win: deepgemm.spin_step_uses). SPIN_INDEXER_LOGITS=triton / deepgemm /
+    cuda forces one. The Triton twin on other CUDA inputs; the reference elsewhere (and everywhere under
     SPIN_INDEXER_FORCE_REF=1)."""
     if _triton_twin("indexer_logits_triton", "paged_indexer_logits_triton", q_fp8) is None:
         return "reference"

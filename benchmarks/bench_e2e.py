@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from harness import DEVICE, environment
+from harness import DEVICE, environment, quantile
 
 from spin_indexer.model.decode import Caches, decode_one_step, prefill
 
@@ -207,11 +207,6 @@ def decode_config(model, indexer, caches, lengths0, first, config: str, k: int, 
         del graph
     sparsity = float("nan") if selector is None else float(selector.block_plan.sparsity().float().mean())
     return times, wall, torch.stack(tokens), sparsity
-
-
-def quantile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
 
 def main(argv=None) -> int:

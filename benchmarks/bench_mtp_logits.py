@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 import torch  # noqa: E402
 
 from harness import (DEVICE, KeyPool, copy_bandwidth_gbps, decode_lens, environment, markdown_table,  # noqa: E402
-                     random_queries, rel_err, time_graph, time_graphs_paired)
+                     quantile, random_queries, rel_err, time_graph, time_graphs_paired)
 
 from spin_indexer.ops import deepgemm  # noqa: E402
 from spin_indexer.ops import indexer_logits_cuda  # noqa: E402
@@ -257,7 +257,7 @@ def time_case(case: dict, pool: KeyPool, have_dg: bool, env: dict, timing: dict)
     ms = time_graphs_paired(calls, rounds=timing.get("rounds", PAIRED_ROUNDS))
     dg = next((i for i, (provider, _) in enumerate(todo) if provider == "deepgemm"), None)
     for i, (provider, cfg) in enumerate(todo):
-        per_round = sorted(1e3 * t for t in ms[i]) if DEVICE != "cpu" else [1.0]
+        per_round = [1e3 * t for t in ms[i]] if DEVICE != "cpu" else [1.0]
         us = statistics.median(per_round)
         vs_dg = statistics.median(a / b for a, b in zip(ms[i], ms[dg])) if dg is not None and DEVICE != "cpu" else \
             float("nan")
@@ -269,10 +269,6 @@ def time_case(case: dict, pool: KeyPool, have_dg: bool, env: dict, timing: dict)
                          production=bool(provider == "own" and cfg == CONFIGS[case["next_n"]])))
     del x
     return rows
-
-
-def quantile(sorted_values: list[float], p: float) -> float:
-    return sorted_values[min(len(sorted_values) - 1, int(round(p * (len(sorted_values) - 1))))]
 
 
 # ---------------------------------------------------------------------------------------------- report

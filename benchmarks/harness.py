@@ -63,6 +63,12 @@ def rotations_for(bytes_per_call: int, limit: int = MAX_ROTATIONS) -> int:
     return max(1, min(limit, math.ceil(L2_ROTATE_BYTES / max(1, bytes_per_call))))
 
 
+def quantile(values, p: float) -> float:
+    """The nearest-rank p-quantile of values (p in [0, 1]; 0.5: the median of an odd count)."""
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
+
+
 def time_graph(calls, target_s: float = 0.06, min_reps: int = 5, max_reps: int = 30) -> Timing:
     """Median time of one call: `calls` is a list of zero-argument callables (one per rotation)."""
     if DEVICE == "cpu":  # dry run: exercise the calls, time nothing
@@ -95,13 +101,9 @@ def time_graph(calls, target_s: float = 0.06, min_reps: int = 5, max_reps: int =
         graph.replay()
         b.record()
     torch.cuda.synchronize()
-    per_call = sorted(a.elapsed_time(b) * 1e3 / len(calls) for a, b in events)
+    per_call = [a.elapsed_time(b) * 1e3 / len(calls) for a, b in events]
     del graph
-
-    def q(p):
-        return per_call[min(len(per_call) - 1, int(round(p * (len(per_call) - 1))))]
-
-    return Timing(q(0.5), q(0.2), q(0.8), reps, len(calls))
+    return Timing(quantile(per_call, 0.5), quantile(per_call, 0.2), quantile(per_call, 0.8), reps, len(calls))
 
 
 def time_graphs_paired(calls: dict, rounds: int = 10) -> dict:

@@ -41,7 +41,8 @@
 // each block set keeps in flight (default 3); SPIN_LOGITS_PIPELINE (0 / 1) whether a block's last steps wait for
 // the next block's MMA (default: at next_n 3-4, see the kernel); SPIN_LOGITS_UNROLL (0 / 1, default 1) whether
 // the loop is unrolled by stages, SPIN_LOGITS_PER_WG (0 / 1; default: 0 at next_n = 2, else 1) whether it is
-// compiled once per warpgroup (constant stage offsets, at the price of more code: see the kernel).
+// compiled once per warpgroup (constant stage offsets, at the price of more code: see the kernel),
+// SPIN_LOGITS_UNIFORM_WG (0 / 1, default 1) whether the loop compiled once takes the warpgroup index broadcast.
 #ifndef SPIN_LOGITS_PROBE
 #define SPIN_LOGITS_PROBE 0
 #endif
@@ -77,6 +78,9 @@
 #endif
 #ifndef SPIN_LOGITS_PER_WG
 #define SPIN_LOGITS_PER_WG -1
+#endif
+#ifndef SPIN_LOGITS_UNIFORM_WG
+#define SPIN_LOGITS_UNIFORM_WG 1
 #endif
 
 namespace {
@@ -307,7 +311,12 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     for (int j = 0; j < NEXT_N; ++j) longest = max(longest, seq_lens[b * NEXT_N + j]);
     const int nblk = min(blk0 + chunk, (longest + T - 1) / T) - blk0;  // blocks of this chunk below the longest row
     if (nblk <= 0) return;  // the whole CTA: nothing to score, the tail is left unwritten
-    const int mw = threadIdx.x / 128, tid = threadIdx.x % 128;
+    // Compiled once per warpgroup (PER_WG, see `work` below) or once for all. In the second case the warpgroup
+    // index is broadcast from lane 0, so the compiler knows it is warp-uniform and keeps the stage addresses and
+    // descriptors derived from it in uniform registers (at next_n = 2: ~201 SASS instructions a block, not ~215)
+    constexpr bool PER_WG = SPIN_LOGITS_PER_WG < 0 ? NEXT_N != 2 : SPIN_LOGITS_PER_WG == 1;
+    const int mw = PER_WG || !SPIN_LOGITS_UNIFORM_WG ? int(threadIdx.x) / 128 : __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
+    const int tid = threadIdx.x % 128;
     const int set = mw / G;  // this warpgroup's block set: blocks set, set + BP, ... (row group mw % G of each)
     // the chunk's ids in shared memory first (coalesced): one dependent global load a block would serialize the
     // copies behind its latency
@@ -352,7 +361,6 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     // run time). At next_n = 2 the four per-warpgroup copies, each unrolled by stages, stalled on instruction
     // fetch (26% of the samples, run 113) and one copy took 0.91x the time (paired rounds, run 115); at next_n = 3
     // one copy took 1.17x, at 4 1.00x.
-    constexpr bool PER_WG = SPIN_LOGITS_PER_WG < 0 ? NEXT_N != 2 : SPIN_LOGITS_PER_WG == 1;
     const auto work = [&](auto group_constant, auto mw_value) {
     constexpr int GI = decltype(group_constant)::value;
     constexpr int ROW0 = GI * S::ROWS;                                      // first row

@@ -53,3 +53,21 @@ def test_declines_what_it_does_not_take():
     assert rotate_triton(torch.randn(2, 4, 3, 16).double(), cos, sin, 16) is None  # float64
     assert rotate_triton(torch.randn(2, 4, 3, 16), cos, sin, 8) is None  # table width != rope_dim
     assert rotate_triton(torch.randn(2, 4, 3, 8), cos, sin, 16) is None  # rope_dim > D
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the kernel path runs on CUDA only")
+def test_rotation_keeps_autograd_on_cuda():
+    """Distillation rotates the indexer's keys with grad enabled: the kernel (no backward) must step aside there,
+    so the gradient reaches x and equals the torch form's (session 45: distill32k on the H200 failed without it)."""
+    tables = Rope(32, 10000.0, 1024).at(torch.arange(100, 107))
+    cos, sin = (t.cuda() for t in tables._float32)
+    x = torch.randn(2, 7, 1, 64, device="cuda", requires_grad=True)
+    from spin_indexer.model.llama import RotaryTables
+    y = RotaryTables(cos, sin).rotate(x, 32)
+    assert y.requires_grad
+    (y * torch.arange(64, device="cuda")).sum().backward()
+    x2 = x.detach().clone().requires_grad_(True)
+    (_torch_form(x2, cos, sin, 32) * torch.arange(64, device="cuda")).sum().backward()
+    assert torch.equal(x.grad, x2.grad)
+    with torch.no_grad():  # and without autograd the kernel still runs, same values
+        assert torch.equal(RotaryTables(cos, sin).rotate(x, 32), y.detach())

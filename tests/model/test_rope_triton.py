@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spin_indexer.model.llama import Rope, _rotate_half
+from spin_indexer.model.llama import Rope, RotaryTables, _rotate_half
 
 
 def _torch_form(x, cos, sin, dims):
@@ -62,12 +62,11 @@ def test_rotation_keeps_autograd_on_cuda():
     tables = Rope(32, 10000.0, 1024).at(torch.arange(100, 107))
     cos, sin = (t.cuda() for t in tables._float32)
     x = torch.randn(2, 7, 1, 64, device="cuda", requires_grad=True)
-    from spin_indexer.model.llama import RotaryTables
     y = RotaryTables(cos, sin).rotate(x, 32)
     assert y.requires_grad
     (y * torch.arange(64, device="cuda")).sum().backward()
     x2 = x.detach().clone().requires_grad_(True)
     (_torch_form(x2, cos, sin, 32) * torch.arange(64, device="cuda")).sum().backward()
     assert torch.equal(x.grad, x2.grad)
-    with torch.no_grad():  # and without autograd the kernel still runs, same values
+    with torch.no_grad():  # the kernel's path (no autograd): the same values
         assert torch.equal(RotaryTables(cos, sin).rotate(x, 32), y.detach())

@@ -316,7 +316,8 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     // index is broadcast from lane 0, so the compiler knows it is warp-uniform and keeps the stage addresses and
     // descriptors derived from it in uniform registers (at next_n = 2: ~201 SASS instructions a block, not ~215)
     constexpr bool PER_WG = SPIN_LOGITS_PER_WG < 0 ? NEXT_N != 2 : SPIN_LOGITS_PER_WG == 1;
-    const int mw = PER_WG || !SPIN_LOGITS_UNIFORM_WG ? int(threadIdx.x) / 128 : __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
+    const int mw = PER_WG || !SPIN_LOGITS_UNIFORM_WG ? int(threadIdx.x) / 128
+                                                     : __shfl_sync(0xffffffffu, int(threadIdx.x) / 128, 0);
     const int tid = threadIdx.x % 128;
     const int set = mw / G;  // this warpgroup's block set: blocks set, set + BP, ... (row group mw % G of each)
     // the chunk's ids in shared memory first (coalesced): one dependent global load a block would serialize the

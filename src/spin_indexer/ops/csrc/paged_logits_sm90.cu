@@ -38,8 +38,8 @@
 // also per next_n (SPIN_LOGITS_MATH_WG_N3 / _N4, SPIN_LOGITS_ROW_GROUPS_N3 / _N4: 6 warpgroups fit next_n = 3's
 // registers at one row each, not next_n = 2's),
 // SPIN_LOGITS_CTAS_PER_SM how many CTAs share the warpgroups (1 or 2), SPIN_LOGITS_STAGES_PER_WG the key blocks
-// each block set keeps in flight (default 3); SPIN_LOGITS_PIPELINE (0 / 1) whether a block's last steps wait for
-// the next block's MMA (default: at next_n 3-4, see the kernel); SPIN_LOGITS_UNROLL (0 / 1, default 1) whether
+// each block set keeps in flight (default 0: per next_n, see Shape::SPW); SPIN_LOGITS_PIPELINE (0 / 1) whether a
+// block's last steps wait for the next block's MMA (default: at next_n 3-4, see the kernel); SPIN_LOGITS_UNROLL (0 / 1, default 1) whether
 // the loop is unrolled by stages, SPIN_LOGITS_PER_WG (0 / 1; default: 0 at next_n = 2, else 1) whether it is
 // compiled once per warpgroup (constant stage offsets, at the price of more code: see the kernel),
 // SPIN_LOGITS_UNIFORM_WG (0 / 1, default 1) whether the loop compiled once takes the warpgroup index broadcast.
@@ -71,7 +71,7 @@
 #define SPIN_LOGITS_PIPELINE -1
 #endif
 #ifndef SPIN_LOGITS_STAGES_PER_WG
-#define SPIN_LOGITS_STAGES_PER_WG 3
+#define SPIN_LOGITS_STAGES_PER_WG 0
 #endif
 #ifndef SPIN_LOGITS_UNROLL
 #define SPIN_LOGITS_UNROLL 1
@@ -240,7 +240,11 @@ struct Shape {
     static_assert(MATH_WG >= 1 && MATH_WG <= 8 && MATH_WG % G == 0, "1-8 math warpgroups, whole block sets");
     static constexpr int BP = MATH_WG / G;  // blocks in flight
     static constexpr int THREADS = 128 * MATH_WG;
-    static constexpr int STAGES = SPIN_LOGITS_STAGES_PER_WG * BP;
+    // key blocks each block set keeps in flight (and the loop's unroll): 4 at next_n = 2 (0.97-0.98x the time of 3),
+    // 2 at next_n = 4 (0.96x), 3 elsewhere (paired rounds, run 122)
+    static constexpr int SPW = SPIN_LOGITS_STAGES_PER_WG > 0 ? SPIN_LOGITS_STAGES_PER_WG
+                             : NEXT_N == 2 ? 4 : NEXT_N == 4 ? 2 : 3;
+    static constexpr int STAGES = SPW * BP;
     static constexpr int smem_at(int chunk) {
         return 1024                                  // slack to align the tiles to 1024 bytes
                + N * D                               // q [N, 128]
@@ -350,7 +354,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     // the thread that refills this set's stages: in row group 0, in warp mw % 4, so the sets' copies are issued
     // from different SMSPs (warp w runs on SMSP w % 4)
     const bool issuer = mw % G == 0 && tid == 32 * (mw % 4);
-    constexpr int SPW = SPIN_LOGITS_STAGES_PER_WG;
+    constexpr int SPW = S::SPW;
     if (issuer)  // this set's first blocks
         for (int r = 0; r < SPW && set + r * BP < nblk; ++r) load(set + r * BP, set + r * BP);
     const int warp = tid / 32, lane = tid % 32;

@@ -12,7 +12,7 @@
 // run 113) and the clock, which at the H200's power limit falls with the instructions issued (run 113). So the
 // epilogue is written for few instructions a block (a reduce-scatter over the quad instead of a butterfly,
 // block-max partials reduced once after the loop, uniform descriptors). H200, paired rounds under sustained load
-// (runs 117-120): next_n = 2 at 1.14-1.18x DeepGEMM, 3 / 4 at 1.79-1.85x / 1.61-1.67x the max of the copy and
+// (runs 117-122): next_n = 2 at 1.13-1.18x DeepGEMM, 3 / 4 at 1.79-1.87x / 1.59-1.67x the max of the copy and
 // MMA floors.
 //
 // Math (as indexer_logits.paged_indexer_logits_ref): logits[b * next_n + j, t] = scale[t] *
@@ -39,9 +39,10 @@
 // registers at one row each, not next_n = 2's),
 // SPIN_LOGITS_CTAS_PER_SM how many CTAs share the warpgroups (1 or 2), SPIN_LOGITS_STAGES_PER_WG the key blocks
 // each block set keeps in flight (default 0: per next_n, see Shape::SPW); SPIN_LOGITS_PIPELINE (0 / 1) whether a
-// block's last steps wait for the next block's MMA (default: at next_n 3-4, see the kernel); SPIN_LOGITS_UNROLL (0 / 1, default 1) whether
-// the loop is unrolled by stages, SPIN_LOGITS_PER_WG (0 / 1; default: 0 at next_n = 2, else 1) whether it is
-// compiled once per warpgroup (constant stage offsets, at the price of more code: see the kernel),
+// block's last steps wait for the next block's MMA (default: at next_n 3-4, see the kernel); SPIN_LOGITS_UNROLL
+// (0 / 1, default 1) whether the loop is unrolled by stages, SPIN_LOGITS_PER_WG (0 / 1; default: 0 at next_n = 2,
+// else 1) whether it is compiled once per warpgroup (constant stage offsets, at the price of more code: see the
+// kernel),
 // SPIN_LOGITS_UNIFORM_WG (0 / 1, default 1) whether the loop compiled once takes the warpgroup index broadcast.
 #ifndef SPIN_LOGITS_PROBE
 #define SPIN_LOGITS_PROBE 0

@@ -6,7 +6,7 @@
 // the epilogue (ReLU, weights, the head sum for next_n rows) run in series, and its automatic warp
 // specialization measured 2.4x slower (benchmarks/NOTES.md, runs 99-100). Here a CTA holds math warpgroups
 // that take key blocks in turn (see Shape: four on whole blocks at next_n <= 2, two at 3, four in two row groups
-// at 4), each block set refilling its own three stages: while some wait for their MMA, others run their
+// at 4), each block set refilling its own stages (2-4, Shape::SPW): while some wait for their MMA, others run their
 // epilogues. What decides the time: the epilogue's instructions (a block's MMA is 256-512 tensor-core cycles, its
 // epilogue 220-400 instructions of one warp an SMSP, issued one every ~3.5 cycles where that warp is alone: ncu,
 // run 113) and the clock, which at the H200's power limit falls with the instructions issued (run 113). So the

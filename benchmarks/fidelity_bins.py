@@ -23,7 +23,7 @@ TARGET_50_P99 = 0.285      # p99 at 50% (paper 28.52%)
 def load(folder: str) -> list[dict]:
     """Every `all`-context row of every <bin>/<sweep>-<domain>/summary.csv, with bin, sweep and domain added."""
     rows = []
-    for bin_name in sorted(os.listdir(folder), key=lambda s: (not s.isdigit(), int(s) if s.isdigit() else s)):
+    for bin_name in sorted(os.listdir(folder)):  # the tables sort the bins themselves
         path = os.path.join(folder, bin_name)
         if not (bin_name.isdigit() and os.path.isdir(path)):
             continue

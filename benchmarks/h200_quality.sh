@@ -170,9 +170,9 @@ gputests)  # the copy above, then the CUDA tests of the code the stages run (bat
         tests/model/test_distill_chunks.py tests/model/test_decode.py 2>&1 | tee "$OUT/gputests.log" | tail -5 ;;
 distill32k)
     assemble || exit 1
-    SHIPPED=src/spin_indexer/weights/smollm2_indexer.safetensors
-    [ -f /tmp/init_head.safetensors ] && SHIPPED=/tmp/init_head.safetensors
-    INIT=${DISTILL_INIT-$SHIPPED}  # a carried INIT_HEAD, else the shipped head; DISTILL_INIT= (empty): from scratch
+    DEFAULT_INIT=src/spin_indexer/weights/smollm2_indexer.safetensors  # the shipped head, unless one was carried
+    [ -f /tmp/init_head.safetensors ] && DEFAULT_INIT=/tmp/init_head.safetensors
+    INIT=${DISTILL_INIT-$DEFAULT_INIT}  # DISTILL_INIT= (empty): from scratch
     [ -n "$INIT" ] && [ ! -f "$INIT" ] && { echo "DISTILL_INIT: no file $INIT: training from scratch"; INIT=; }
     timeout 570 $Q distill32k --corpus /tmp/corpus.pt ${DISTILL_MINUTES:+--minutes $DISTILL_MINUTES} \
         ${INIT:+--init $INIT} --out /tmp/distill32k 2>&1 | grep -v clean_up | tee /tmp/distill32k.log

@@ -43,7 +43,11 @@
 // (0 / 1, default 1) whether the loop is unrolled by stages, SPIN_LOGITS_PER_WG (0 / 1; default: 0 at next_n = 2,
 // else 1) whether it is compiled once per warpgroup (constant stage offsets, at the price of more code: see the
 // kernel),
-// SPIN_LOGITS_UNIFORM_WG (0 / 1, default 1) whether the loop compiled once takes the warpgroup index broadcast.
+// SPIN_LOGITS_UNIFORM_WG (0 / 1, default 1) whether the loop compiled once takes the warpgroup index broadcast,
+// SPIN_LOGITS_DESC32 (0 / 1, default 0) whether the loop steps the descriptors' 32-bit low words only.
+#ifndef SPIN_LOGITS_DESC32
+#define SPIN_LOGITS_DESC32 0
+#endif
 #ifndef SPIN_LOGITS_PROBE
 #define SPIN_LOGITS_PROBE 0
 #endif
@@ -132,10 +136,14 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 
 // wgmma shared-memory descriptor of a K-major tile with the 128-byte swizzle: rows of 128 bytes, 8-row groups
 // 1024 bytes apart (the stride byte offset); the leading byte offset is unused in this mode (1 by convention)
-__device__ __forceinline__ uint64_t smem_desc(const void* p) {
-    uint64_t addr = smem_addr(p);
-    return ((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+// Its high word (the stride and the swizzle) is the same for every tile: the loop steps the low word only
+// (32-bit adds; ptxas then pairs each with the one constant instead of carrying 64-bit adds).
+constexpr uint32_t DESC_HI = (1024 >> 4) | (1u << 30);
+__device__ __forceinline__ uint32_t smem_desc_lo(const void* p) {
+    return ((smem_addr(p) & 0x3FFFF) >> 4) | (1u << 16);
 }
+__device__ __forceinline__ uint64_t smem_desc_of(uint32_t lo) { return (uint64_t(DESC_HI) << 32) | lo; }
+__device__ __forceinline__ uint64_t smem_desc(const void* p) { return smem_desc_of(smem_desc_lo(p)); }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -241,10 +249,10 @@ struct Shape {
     static_assert(MATH_WG >= 1 && MATH_WG <= 8 && MATH_WG % G == 0, "1-8 math warpgroups, whole block sets");
     static constexpr int BP = MATH_WG / G;  // blocks in flight
     static constexpr int THREADS = 128 * MATH_WG;
-    // key blocks each block set keeps in flight (and the loop's unroll): 4 at next_n = 2 (0.97-0.98x the time of 3),
-    // 2 at next_n = 4 (0.96x), 3 elsewhere (paired rounds, run 122)
+    // key blocks each block set keeps in flight (and the loop's unroll): 4 at next_n = 2 (0.97-0.98x the time of 3)
+    // and 3 (0.986x), 2 at next_n = 4 (0.96x), 3 at next_n = 1 (paired rounds, run 122)
     static constexpr int SPW = SPIN_LOGITS_STAGES_PER_WG > 0 ? SPIN_LOGITS_STAGES_PER_WG
-                             : NEXT_N == 2 ? 4 : NEXT_N == 4 ? 2 : 3;
+                             : NEXT_N == 2 || NEXT_N == 3 ? 4 : NEXT_N == 4 ? 2 : 3;
     static constexpr int STAGES = SPW * BP;
     static constexpr int smem_at(int chunk) {
         return 1024                                  // slack to align the tiles to 1024 bytes
@@ -437,7 +445,11 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         if constexpr (VP == 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         if (pmax_writer) pmax_s[(d.i * NEXT_N + ROW0 + row) * 32 + warp * 8 + lane / 4] = m;
     };
+#if SPIN_LOGITS_DESC32
+    const uint32_t q_lo = smem_desc_lo(q_s + ROW0 * H * D), k_lo_set = smem_desc_lo(keys_s + SET * KEY_BYTES);
+#else
     const uint64_t q_desc = smem_desc(q_s + ROW0 * H * D), k_desc_set = smem_desc(keys_s + SET * KEY_BYTES);
+#endif
     Pending pending;
     pending.i = -1;  // none yet
     for (int i0 = SET, phase = 0; i0 < nblk; i0 += SPW * BP, phase ^= 1) {
@@ -456,11 +468,18 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
             for (int u = 0; u < KEPT; ++u) sc[u] = scales_s[s * T + r0 + 8 * h[u]];
             fence_regs<R>(acc);
             if (SPIN_LOGITS_PROBE != 2) {
-                const uint64_t k_desc = k_desc_set + uint64_t(rep * BP * (KEY_BYTES >> 4));
                 wgmma_fence();
                 // k step kk: both descriptors + 32 bytes (2 in their 16-byte units)
+#if SPIN_LOGITS_DESC32
+                const uint32_t k_lo = k_lo_set + uint32_t(rep * BP * (KEY_BYTES >> 4));
+#pragma unroll
+                for (int kk = 0; kk < D / 32; ++kk)
+                    mma_k32<NG>(acc, smem_desc_of(k_lo + 2 * kk), smem_desc_of(q_lo + 2 * kk), kk > 0);
+#else
+                const uint64_t k_desc = k_desc_set + uint64_t(rep * BP * (KEY_BYTES >> 4));
 #pragma unroll
                 for (int kk = 0; kk < D / 32; ++kk) mma_k32<NG>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);
+#endif
                 wgmma_commit();
             }
             if (PIPELINED && pending.i >= 0) finish(pending);  // the previous block, beside this one's MMA

@@ -50,8 +50,7 @@ VARIANTS = {"cuda": (), "3wg": ("SPIN_LOGITS_MATH_WG=3",), "pipe": ("SPIN_LOGITS
             "noroll": ("SPIN_LOGITS_UNROLL=0",), "perwg": ("SPIN_LOGITS_PER_WG=1",),
             "noperwg": ("SPIN_LOGITS_PER_WG=0",), "compact": ("SPIN_LOGITS_UNROLL=0", "SPIN_LOGITS_PER_WG=0"),
             "nouni": ("SPIN_LOGITS_UNIFORM_WG=0",), "s4": ("SPIN_LOGITS_STAGES_PER_WG=4",),
-            "s2": ("SPIN_LOGITS_STAGES_PER_WG=2",), "s3": ("SPIN_LOGITS_STAGES_PER_WG=3",),
-            "d32": ("SPIN_LOGITS_DESC32=1",)}
+            "s2": ("SPIN_LOGITS_STAGES_PER_WG=2",), "s3": ("SPIN_LOGITS_STAGES_PER_WG=3",)}
 # the builds that compute the logits: all but the probes (SPIN_LOGITS_PROBE leaves a stage out)
 CHECKED = tuple(name for name, defines in VARIANTS.items()
                 if not any(d.startswith("SPIN_LOGITS_PROBE=") for d in defines))

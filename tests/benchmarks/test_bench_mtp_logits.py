@@ -75,6 +75,25 @@ def test_a_failing_cuda_kernel_is_dropped_not_fatal(monkeypatch):
 
 def test_cuda_launches_are_named_and_listed_only_when_available():
     bench = import_benchmark("bench_mtp_logits")
-    assert [bench.config_name(x) for x in bench.CUDA_LAUNCHES] == ["cuda", "cuda-c128", "cuda-c256"]
+    assert [bench.config_name(x) for x in bench.CUDA_LAUNCHES] == ["cuda", "cuda-c128", "cuda-c256", "cuda-nomax",
+                                                                   "cuda-c256-nomax"]
     assert "own_cuda" not in [p for p, _ in bench.providers(2, True)]
     assert [p for p, _ in bench.providers(2, True, True)].count("own_cuda") == len(bench.CUDA_LAUNCHES)
+
+
+def test_targets_name_the_best_with_block_maxima_when_the_logits_only_build_wins():
+    """The n = 2 target line's best may be the logits-only build (as DeepGEMM's output); the line after it then
+    gives the best build that also writes the block maxima SPIN's step reads."""
+    bench = import_benchmark("bench_mtp_logits")
+
+    def row(provider, config, us, production=False):
+        return dict(batch=96, ctx=131072, next_n=2, provider=provider, config=config, us=us, floor_us=390.0,
+                    vs_deepgemm=us / 450.0, production=production)
+
+    rows = [row("own", "g2w4s3p", 680.0, True), row("own_cuda", "cuda", 520.0), row("own_cuda", "cuda-nomax", 490.0),
+            row("deepgemm", "", 450.0)]
+    lines = bench.targets(rows)
+    assert "best own cuda-nomax 490.0 us" in lines[0]
+    assert lines[1].strip().startswith("with the block maxima") and "cuda 520.0 us, 1.156x" in lines[1]
+    rows[2]["us"] = 530.0  # the build with maxima is the best: no second line
+    assert not any("with the block maxima" in line for line in bench.targets(rows))

@@ -145,6 +145,24 @@ def test_backend_choice_puts_next_n_2_to_4_here_behind_deepgemm(monkeypatch):
     assert choices() == ["triton"] * 4
 
 
+@pytest.mark.parametrize("next_n", [1, 2, 3, 4])
+def test_without_block_max_out_the_same_logits(next_n, gen):
+    """block_max_out=None runs the build without the block maxima (logits only): the same logits bit for bit as
+    the build with them, the tail left as it was; through the op (no history, no group maxima) too."""
+    _gpu_or_skip()
+    from spin_indexer import ops
+    x = make_paged_inputs((5 * T + 17, 1, 40 * T + 5, 3 * T), next_n, HEADS, DIM, gen, extra_width=3).to("cuda")
+    with_max, _ = run_logits_poisoned(C.paged_indexer_logits_cuda, x, "cuda", validate=False)
+    alone = torch.full_like(with_max, float("nan"))
+    assert C.paged_indexer_logits_cuda(*x.args(), validate=False, out=alone) is alone
+    torch.testing.assert_close(alone, with_max, rtol=0, atol=0, equal_nan=True)
+    cells = _written(x.to("cpu")).to("cuda").repeat_interleave(T, dim=1)
+    assert not alone[cells].isnan().any() and alone[~cells].isnan().all()
+    via_op = torch.full_like(with_max, float("nan"))
+    ops.paged_indexer_logits(*x.args(), validate=False, out=via_op, fill_tail=False, backend="cuda")
+    torch.testing.assert_close(via_op, with_max, rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("next_n", [2, 3])
 def test_logits_op_on_this_backend_writes_the_maxima_the_kernel_does_not(next_n, gen):
     """ops.paged_indexer_logits(backend="cuda"): the kernel's logits, its block maxima, and where asked the

@@ -157,7 +157,9 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
     """Paged indexer logits, blocks past each request's longest row left unwritten (as the Triton kernel with
     fill_tail=False). q_fp8: float8_e4m3fn [B, next_n, 64, 128]; kv_cache: uint8 [num_blocks, 64, 1, 132];
     weights: float32 [B*next_n, 64]; seq_lens: int32 [B, next_n]; block_table: int32 [B, W]; out: float32
-    [B*next_n, W*64]; block_max_out: float32 [B*next_n, W]; chunk: blocks a CTA (1-256; None: default_chunk).
+    [B*next_n, W*64]; block_max_out: float32 [B*next_n, W], or None: the kernel built without the block maxima runs
+    (logits only, as DeepGEMM's; 0.94-0.95x the time at next_n = 2, run 106); chunk: blocks a CTA (1-256; None:
+    default_chunk).
     Ids outside the cache read block 0 (validate=False: wrong logits, never a read outside the cache).
     library: a probe build (`load_library(defines)`, benchmarks only); None = the production one.
     Raises ValueError for inputs `supports` rejects. returns out: float32 [B*next_n, W*64]."""
@@ -171,7 +173,8 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
         raise ValueError(f"chunk: expected 1..{MAX_CHUNK} blocks a CTA, got {chunk}")
     batch, next_n = q_fp8.shape[:2]
     width = block_table.shape[1]
-    out, block_max_out = logits_outputs(q_fp8, kv_cache, block_table, out, block_max_out)
+    out, block_max_out = logits_outputs(q_fp8, kv_cache, block_table, out, block_max_out,
+                                        maxima=block_max_out is not None)
     if batch == 0 or width == 0:
         return out
     q = q_fp8 if q_fp8.is_contiguous() else q_fp8.contiguous()
@@ -184,7 +187,8 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
     rc = (library or load_library()).spin_paged_logits_sm90(
         next_n, q.data_ptr(), kv_cache.data_ptr(), kv_cache.shape[0], page_stride_bytes(kv_cache), w.data_ptr(),
         lens.data_ptr(), block_table.data_ptr(), batch, width, block_table.stride(0), out.data_ptr(), out.stride(0),
-        block_max_out.data_ptr(), block_max_out.stride(0), chunk, q.device.index, stream)
+        block_max_out.data_ptr() if block_max_out is not None else None,
+        block_max_out.stride(0) if block_max_out is not None else 0, chunk, q.device.index, stream)
     if rc != 0:
         raise RuntimeError(f"paged_indexer_logits_cuda: {ERRORS.get(rc, rc)}")
     return out

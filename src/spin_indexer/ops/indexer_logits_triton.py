@@ -181,9 +181,11 @@ def _kernel_supports(next_n: int, heads: int, dim: int, tokens: int) -> bool:
 
 
 def logits_outputs(q_fp8: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
-                   out: torch.Tensor | None, block_max_out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                   out: torch.Tensor | None, block_max_out: torch.Tensor | None,
+                   maxima: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(out float32 [B*next_n, W*T], block_max_out float32 [B*next_n, W]) of a paged logits launch: the
-    caller's buffers checked (dtype, shape, device, out's unit column stride), or new ones."""
+    caller's buffers checked (dtype, shape, device, out's unit column stride), or new ones; with maxima=False and
+    no block_max_out, block_max_out stays None (a kernel that can leave the maxima out)."""
     batch, next_n = q_fp8.shape[:2]
     tokens, width = kv_cache.shape[1], block_table.shape[1]
     rows, dev = batch * next_n, q_fp8.device
@@ -194,6 +196,8 @@ def logits_outputs(q_fp8: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     if out.stride(1) != 1:
         raise ValueError(f"out: expected unit column stride, got strides {out.stride()}")
     if block_max_out is None:
+        if not maxima:
+            return out, None
         block_max_out = torch.empty(rows, width, dtype=torch.float32, device=dev)
     check_tensor("block_max_out", block_max_out, dtype=torch.float32, shape=(rows, width),
                  shape_names="[B*next_n, W]", device=dev, device_of="q_fp8")

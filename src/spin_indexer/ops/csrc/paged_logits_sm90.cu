@@ -17,7 +17,9 @@
 //
 // Math (as indexer_logits.paged_indexer_logits_ref): logits[b * next_n + j, t] = scale[t] *
 // sum_h w[b * next_n + j, h] * relu(k[t] . q[b, j, h]), -inf where t >= seq_lens[b, j]; block_max[r, blk] = the
-// max of block blk's 64 written logits. Blocks past a request's longest row are not written (fill_tail=False).
+// max of block blk's 64 written logits (where the caller gives block_max: with a null pointer the kernel built
+// without them runs, which writes the logits only, as DeepGEMM's does: 0.94-0.95x the time at next_n = 2, run 106's
+// no-blockmax probe). Blocks past a request's longest row are not written (fill_tail=False).
 // Shapes: H = 64 heads, D = 128, T = 64 tokens a block, next_n 1-4; the key cache uint8 [num_blocks, 64, 1, 132]
 // (pages of 64 x 128 key bytes then 64 fp32 scales, a whole number of 128-byte rows apart).
 //
@@ -43,11 +45,7 @@
 // (0 / 1, default 1) whether the loop is unrolled by stages, SPIN_LOGITS_PER_WG (0 / 1; default: 0 at next_n = 2,
 // else 1) whether it is compiled once per warpgroup (constant stage offsets, at the price of more code: see the
 // kernel),
-// SPIN_LOGITS_UNIFORM_WG (0 / 1, default 1) whether the loop compiled once takes the warpgroup index broadcast,
-// SPIN_LOGITS_DESC32 (0 / 1, default 0) whether the loop steps the descriptors' 32-bit low words only.
-#ifndef SPIN_LOGITS_DESC32
-#define SPIN_LOGITS_DESC32 0
-#endif
+// SPIN_LOGITS_UNIFORM_WG (0 / 1, default 1) whether the loop compiled once takes the warpgroup index broadcast.
 #ifndef SPIN_LOGITS_PROBE
 #define SPIN_LOGITS_PROBE 0
 #endif
@@ -136,14 +134,10 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 
 // wgmma shared-memory descriptor of a K-major tile with the 128-byte swizzle: rows of 128 bytes, 8-row groups
 // 1024 bytes apart (the stride byte offset); the leading byte offset is unused in this mode (1 by convention)
-// Its high word (the stride and the swizzle) is the same for every tile: the loop steps the low word only
-// (32-bit adds; ptxas then pairs each with the one constant instead of carrying 64-bit adds).
-constexpr uint32_t DESC_HI = (1024 >> 4) | (1u << 30);
-__device__ __forceinline__ uint32_t smem_desc_lo(const void* p) {
-    return ((smem_addr(p) & 0x3FFFF) >> 4) | (1u << 16);
+__device__ __forceinline__ uint64_t smem_desc(const void* p) {
+    uint64_t addr = smem_addr(p);
+    return ((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
-__device__ __forceinline__ uint64_t smem_desc_of(uint32_t lo) { return (uint64_t(DESC_HI) << 32) | lo; }
-__device__ __forceinline__ uint64_t smem_desc(const void* p) { return smem_desc_of(smem_desc_lo(p)); }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
@@ -297,7 +291,7 @@ __device__ __forceinline__ void quad_reduce_scatter(float (&v)[VP], int c) {
 // grid (B, ceil(W / chunk)), Shape::THREADS threads: the math warpgroups compute the chunk's blocks in turn,
 // one thread of each block set issuing its copies. Block ids outside [0, num_cache_blocks) read block 0 (never
 // outside the cache).
-template <int NEXT_N>
+template <int NEXT_N, bool MAXIMA>
 __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) paged_logits_kernel(
         const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap q_map,
         const uint8_t* __restrict__ cache, const float* __restrict__ weights, const int* __restrict__ seq_lens,
@@ -437,7 +431,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
             if (stores) dst[u][d.i * T] = x;
             m = fmaxf(m, x);
         }
-        if (SPIN_LOGITS_PROBE == 3) return;
+        if (SPIN_LOGITS_PROBE == 3 || !MAXIMA) return;
         // this row's max over the quad's 2 tokens (one or two rows: with the lane holding the other token half),
         // one partial a quad: the 32 partials of a (block, row) meet after the loop (no barrier, no shuffle chain
         // in it; 3 shuffles a block fewer than reducing over the warp here)
@@ -445,11 +439,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         if constexpr (VP == 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         if (pmax_writer) pmax_s[(d.i * NEXT_N + ROW0 + row) * 32 + warp * 8 + lane / 4] = m;
     };
-#if SPIN_LOGITS_DESC32
-    const uint32_t q_lo = smem_desc_lo(q_s + ROW0 * H * D), k_lo_set = smem_desc_lo(keys_s + SET * KEY_BYTES);
-#else
     const uint64_t q_desc = smem_desc(q_s + ROW0 * H * D), k_desc_set = smem_desc(keys_s + SET * KEY_BYTES);
-#endif
     Pending pending;
     pending.i = -1;  // none yet
     for (int i0 = SET, phase = 0; i0 < nblk; i0 += SPW * BP, phase ^= 1) {
@@ -470,16 +460,9 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
             if (SPIN_LOGITS_PROBE != 2) {
                 wgmma_fence();
                 // k step kk: both descriptors + 32 bytes (2 in their 16-byte units)
-#if SPIN_LOGITS_DESC32
-                const uint32_t k_lo = k_lo_set + uint32_t(rep * BP * (KEY_BYTES >> 4));
-#pragma unroll
-                for (int kk = 0; kk < D / 32; ++kk)
-                    mma_k32<NG>(acc, smem_desc_of(k_lo + 2 * kk), smem_desc_of(q_lo + 2 * kk), kk > 0);
-#else
                 const uint64_t k_desc = k_desc_set + uint64_t(rep * BP * (KEY_BYTES >> 4));
 #pragma unroll
                 for (int kk = 0; kk < D / 32; ++kk) mma_k32<NG>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);
-#endif
                 wgmma_commit();
             }
             if (PIPELINED && pending.i >= 0) finish(pending);  // the previous block, beside this one's MMA
@@ -518,7 +501,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         }
     }
     if (PIPELINED && pending.i >= 0) finish(pending);
-    if (SPIN_LOGITS_PROBE == 3) return;
+    if (SPIN_LOGITS_PROBE == 3 || !MAXIMA) return;
     asm volatile("bar.sync %0, 128;" ::"r"(1 + MW) : "memory");  // this warpgroup's partials written
     const int mine = (nblk - SET + BP - 1) / BP;  // blocks of this set
     for (int k = tid; k < mine * NR; k += 128) {
@@ -601,8 +584,8 @@ int make_map(CUtensorMap* map, void* base, uint64_t rows, uint32_t box_rows) {
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS ? 0 : -2;
 }
 
-template <int NEXT_N>
-int launch(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* cache, const float* weights,
+template <int NEXT_N, bool MAXIMA>
+int launch_kernel(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* cache, const float* weights,
            const int* seq_lens, const int* block_table, float* out, float* block_max, int batch, int width,
            int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
            int rows_per_page, int64_t page_bytes, int device, cudaStream_t stream) {
@@ -610,16 +593,30 @@ int launch(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* 
     if (chunk > Shape<NEXT_N>::CHUNK_MAX) return -5;
     static bool configured[MAX_DEVICES] = {};  // the attribute is per function and device: set once each
     if (!configured[device]) {
-        if (cudaFuncSetAttribute(paged_logits_kernel<NEXT_N>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+        if (cudaFuncSetAttribute(paged_logits_kernel<NEXT_N, MAXIMA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 smem) !=
                 cudaSuccess)
             return -3;
         configured[device] = true;
     }
     dim3 grid(batch, (width + chunk - 1) / chunk);
-    paged_logits_kernel<NEXT_N><<<grid, Shape<NEXT_N>::THREADS, smem, stream>>>(
+    paged_logits_kernel<NEXT_N, MAXIMA><<<grid, Shape<NEXT_N>::THREADS, smem, stream>>>(
         key_map, q_map, cache, weights, seq_lens, block_table, out, block_max, stride_table, out_stride, bmax_stride,
         chunk, num_cache_blocks, rows_per_page, page_bytes);
     return cudaGetLastError() == cudaSuccess ? 0 : -4;
+}
+
+template <int NEXT_N>
+int launch(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* cache, const float* weights,
+           const int* seq_lens, const int* block_table, float* out, float* block_max, int batch, int width,
+           int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
+           int rows_per_page, int64_t page_bytes, int device, cudaStream_t stream) {
+    const auto go = [&](auto kernel_launch) {
+        return kernel_launch(key_map, q_map, cache, weights, seq_lens, block_table, out, block_max, batch, width,
+                             stride_table, out_stride, bmax_stride, chunk, num_cache_blocks, rows_per_page,
+                             page_bytes, device, stream);
+    };
+    return block_max != nullptr ? go(launch_kernel<NEXT_N, true>) : go(launch_kernel<NEXT_N, false>);
 }
 
 }  // namespace

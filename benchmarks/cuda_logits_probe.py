@@ -13,8 +13,9 @@ no-mma (=2), no-blockmax (=3), rg / rg1 (SPIN_LOGITS_ROW_GROUPS=2 / 1: at next_n
 on half its rows, or one on all; rg1-nopipe = the next_n = 4 build before run 116), rg3 / rg3x6 (next_n = 3 in
 three row groups of one row, 3 or 6 warpgroups), rg4 (next_n = 4 in four row groups of one row), noroll
 (SPIN_LOGITS_UNROLL=0: the loop not unrolled by stages), perwg / noperwg (SPIN_LOGITS_PER_WG=1 / 0: the loop
-compiled per warpgroup or once), compact (noroll + noperwg), each at the launcher's chunk and at 128 and 256
-blocks a CTA. Per point (B x L x next_n, H = 64, D = 128), CUDA graphs, every build and chunk timed in the same
+compiled per warpgroup or once), compact (noroll + noperwg), nouni (SPIN_LOGITS_UNIFORM_WG=0), s2 / s3 / s4
+(SPIN_LOGITS_STAGES_PER_WG: key blocks in flight a block set at every next_n), each at the launcher's chunk and at
+128 and 256 blocks a CTA; --nomax times every build without block_max_out (its logits-only kernel). Per point (B x L x next_n, H = 64, D = 128), CUDA graphs, every build and chunk timed in the same
 paired rounds (one replay of each in turn); us = the median, vs_cuda = the median of per-round ratios to the
 production build at its default chunk. The builds that compute logits (CHECKED) are first checked against the
 torch reference (a build that fails is reported and not timed); the probes compute wrong logits by design and
@@ -84,6 +85,8 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--points", default=POINTS)
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names of VARIANTS ('cuda' first)")
+    p.add_argument("--nomax", action="store_true",
+                   help="time every build without block_max_out (the logits-only kernels, as DeepGEMM's output)")
     args = p.parse_args(argv)
     names = args.variants.split(",")
     if names[0] != "cuda" or any(n not in VARIANTS for n in names):
@@ -104,7 +107,7 @@ def main(argv=None) -> int:
         calls = {}  # every build, chunk and provider of the point, timed in the same rounds (see bench_mtp_logits)
         for name in libs:  # a failed build: said in env
             for chunk in (None, 128, 256):
-                call = x.own_cuda(mtp.CudaLaunch(chunk, VARIANTS[name]))
+                call = x.own_cuda(mtp.CudaLaunch(chunk, VARIANTS[name], maxima=not args.nomax))
                 try:
                     call()
                 except RuntimeError:  # a chunk past this build's CHUNK_MAX (2cta)

@@ -1,8 +1,9 @@
 """Paged indexer logits in CUDA for SM90 (csrc/paged_logits_sm90.cu), next_n 1-4: math warpgroups on key blocks
 in turn, each refilling its own TMA stages, so that one block's MMA runs beside another's epilogue, which the
 Triton kernel cannot do (issue #17). The logits op's "cuda" backend at next_n 2-4 where DeepGEMM does not serve
-(`step_uses`, ops.logits_backend). Measured (H200, run 118, 96 x 128K, paired rounds): 520 us at next_n = 2
-(Triton 683, DeepGEMM 449), 739 / 920 at 3 / 4 (Triton 1014 / 1183); benchmarks/NOTES.md, runs 101-119.
+(`step_uses`, ops.logits_backend). Measured (H200, run 124, 96 x 128K, paired rounds): at next_n = 2 473 us
+writing the logits only (DeepGEMM 434), 500 us with the block maxima; 736 / 786 at 3 / 4 (873 at 4 with maxima;
+Triton 1009 / 1180); benchmarks/NOTES.md, runs 101-125.
 
 Built with nvcc on first use into a cache folder (SPIN_CUDA_CACHE, default ~/.cache/spin_indexer), keyed by the
 source's hash, and called through ctypes: no torch extension, no ninja. Where nvcc, an SM90 GPU or the build is

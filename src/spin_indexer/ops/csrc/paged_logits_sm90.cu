@@ -12,8 +12,9 @@
 // run 113) and the clock, which at the H200's power limit falls with the instructions issued (run 113). So the
 // epilogue is written for few instructions a block (a reduce-scatter over the quad instead of a butterfly,
 // block-max partials reduced once after the loop, uniform descriptors). H200, paired rounds under sustained load
-// (runs 117-122): next_n = 2 at 1.13-1.18x DeepGEMM, 3 / 4 at 1.79-1.87x / 1.59-1.67x the max of the copy and
-// MMA floors.
+// (run 124): next_n = 2 at 1.07-1.09x DeepGEMM writing the logits only, as DeepGEMM does (1.14-1.15x with the
+// block maxima SPIN's step reads), 3 / 4 at 1.80x / 1.43-1.44x the max of the copy and MMA floors (1.58-1.60x at 4
+// with maxima).
 //
 // Math (as indexer_logits.paged_indexer_logits_ref): logits[b * next_n + j, t] = scale[t] *
 // sum_h w[b * next_n + j, h] * relu(k[t] . q[b, j, h]), -inf where t >= seq_lens[b, j]; block_max[r, blk] = the

@@ -1,0 +1,58 @@
+"""benchmarks/coarse_blocks_sim.py: block key summaries and the closed-loop simulation, on random q / k (no model)."""
+from __future__ import annotations
+
+import torch
+
+from conftest import import_benchmark
+
+sim = import_benchmark("coarse_blocks_sim")
+T = sim.T
+
+
+def _inputs(rows=6, context=5 * T + 9, heads=4, dim=16, repeat=1, seed=0):
+    """q [rows, H, D], w [rows, H], keys [context + rows, D]; each run of `repeat` keys identical."""
+    gen = torch.Generator().manual_seed(seed)
+    n = context + rows
+    keys = torch.randn(-(-n // repeat), dim, generator=gen).repeat_interleave(repeat, dim=0)[:n]
+    return torch.randn(rows, heads, dim, generator=gen), torch.rand(rows, heads, generator=gen), keys
+
+
+def test_summaries_of_constant_sub_blocks_are_exact():
+    """Keys constant over each 8-token run: the sub8 summary of a block is its exact best token score."""
+    q, w, keys = _inputs(repeat=8)
+    length = keys.shape[0] - 3  # a partial last block
+    exact = torch.einsum("hd,nd->hn", q[0], keys[:length]).relu().mul(w[0][:, None]).sum(0)
+    nb = -(-length // T)
+    padded = torch.full((nb * T,), float("-inf"))
+    padded[:length] = exact
+    got = sim.summary_scores(q[0], w[0], torch.nn.functional.pad(keys, (0, 0, 0, T)), length, "sub8")
+    torch.testing.assert_close(got, padded.view(nb, T).amax(1))
+
+
+def test_nothing_skipped_misses_nothing_and_the_warm_rows_are_not_scored():
+    q, w, keys = _inputs()
+    context = keys.shape[0] - q.shape[0]
+    for config in ("hist", "mix-sub4-0.5", "coarse-mean"):
+        misses = sim.simulate(q, w, keys, context, 32, 0.0, config, warm=2, gamma=0.05,
+                              gen=torch.Generator().manual_seed(0))
+        assert misses == [0.0] * (q.shape[0] - 2)
+
+
+def test_exact_summaries_choose_as_the_current_scores_do():
+    """With exact summaries and no exploration, coarse-sub8 keeps the blocks of the highest current block maxima
+    (the newest forced): its misses equal that choice's, computed here directly."""
+    q, w, keys = _inputs(rows=5, repeat=8, seed=3)
+    context, k, sparsity = keys.shape[0] - q.shape[0], 48, 0.5
+    got = sim.simulate(q, w, keys, context, k, sparsity, "coarse-sub8", warm=0, gamma=0.0,
+                       gen=torch.Generator().manual_seed(0))
+    want = []
+    for r in range(q.shape[0]):
+        length = context + r + 1
+        nb = -(-length // T)
+        row = torch.einsum("hd,nd->hn", q[r], keys[:length]).relu().mul(w[r][:, None]).sum(0)
+        padded = torch.full((nb * T,), float("-inf"))
+        padded[:length] = row
+        keep = sim.choose(padded.view(nb, T).amax(1), sim.budget_of(nb, sparsity, k, T))
+        topk = row.topk(k).indices.int()
+        want.append(float(sim.miss_per_row(keep, topk[None], 1, T)[0]))
+    assert len(got) == q.shape[0] and got == want

@@ -15,9 +15,10 @@ three row groups of one row, 3 or 6 warpgroups), rg4 (next_n = 4 in four row gro
 (SPIN_LOGITS_UNROLL=0: the loop not unrolled by stages), perwg / noperwg (SPIN_LOGITS_PER_WG=1 / 0: the loop
 compiled per warpgroup or once), compact (noroll + noperwg), nouni (SPIN_LOGITS_UNIFORM_WG=0), s2 / s3 / s4
 (SPIN_LOGITS_STAGES_PER_WG: key blocks in flight a block set at every next_n), each at the launcher's chunk and at
-128 and 256 blocks a CTA; --nomax times every build without block_max_out (its logits-only kernel). Per point (B x L x next_n, H = 64, D = 128), CUDA graphs, every build and chunk timed in the same
-paired rounds (one replay of each in turn); us = the median, vs_cuda = the median of per-round ratios to the
-production build at its default chunk. The builds that compute logits (CHECKED) are first checked against the
+128 and 256 blocks a CTA; --nomax times every build without block_max_out (its logits-only kernel). Per point
+(B x L x next_n, H = 64, D = 128), CUDA graphs, every build and chunk timed in the same paired rounds (one replay
+of each in turn); us = the median, vs_cuda = the median of per-round ratios to the production build at its default
+chunk. The builds that compute logits (CHECKED) are first checked against the
 torch reference (a build that fails is reported and not timed); the probes compute wrong logits by design and
 are only timed. Writes <out>/cuda_probe.csv and .md.
 """

@@ -587,16 +587,15 @@ int make_map(CUtensorMap* map, void* base, uint64_t rows, uint32_t box_rows) {
 
 template <int NEXT_N, bool MAXIMA>
 int launch_kernel(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* cache, const float* weights,
-           const int* seq_lens, const int* block_table, float* out, float* block_max, int batch, int width,
-           int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
-           int rows_per_page, int64_t page_bytes, int device, cudaStream_t stream) {
+                  const int* seq_lens, const int* block_table, float* out, float* block_max, int batch, int width,
+                  int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
+                  int rows_per_page, int64_t page_bytes, int device, cudaStream_t stream) {
     constexpr int smem = Shape<NEXT_N>::SMEM;
     if (chunk > Shape<NEXT_N>::CHUNK_MAX) return -5;
     static bool configured[MAX_DEVICES] = {};  // the attribute is per function and device: set once each
     if (!configured[device]) {
-        if (cudaFuncSetAttribute(paged_logits_kernel<NEXT_N, MAXIMA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 smem) !=
-                cudaSuccess)
+        const auto kernel = paged_logits_kernel<NEXT_N, MAXIMA>;
+        if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
             return -3;
         configured[device] = true;
     }

@@ -297,7 +297,7 @@ def spin_step(p, sparsity: float, k: int, guard, indexer_kw: dict | None = None,
     # pass) when the top-k prunes finer than a block: given here too, so topk_us is the step's top-k and their
     # cost stays in spin_own_us.
     clens = plan0.compact_seq_lens.reshape(-1)
-    group = ops.topk_group(logits.shape[1], k)
+    group = SpinIndexer.topk_group(logits.shape[1], budget_of(p.width, sparsity, k, 64) * 64, k)  # as the step
     inputs = []
     with logits_backend("triton"):
         for i in range(p.layers):
@@ -312,7 +312,7 @@ def spin_step(p, sparsity: float, k: int, guard, indexer_kw: dict | None = None,
     sorted_ = (indexer_kw or {}).get("topk_sorted", False)
     topk_calls = [lambda x=x, bm=bm, gm=gm: ops.topk_positions(
         x, clens, k, block_max=bm, kept_blocks=plan0.kept_blocks, next_n=p.next_n, validate=False, group_max=gm,
-        tau_hint=hint, sorted=sorted_) for x, bm, gm in inputs]
+        tau_hint=hint, sorted=sorted_, group=group) for x, bm, gm in inputs]
     # plan(), the step, the logits alone and the top-k alone replayed in turn, one replay of each per round: own
     # work is a difference of these, taken per round (a drift of clocks hits all four alike) and then the median
     graphs = {"plan": plan, "step": step, "logits": lambda: [fn() for fn in calls],

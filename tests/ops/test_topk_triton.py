@@ -257,3 +257,28 @@ def test_tau_hint_of_the_wrong_shape_is_refused_by_name(triton_device, gen):
         topk_triton(torch.zeros(2, 0, device=triton_device), torch.zeros(2, dtype=torch.int32, device=triton_device),
                     8, out=out, tau_hint=torch.zeros(3, dtype=torch.int32, device=triton_device))
     assert bool((out == 7).all())
+
+
+@pytest.mark.parametrize("group", [1, 8, 16, 64])
+def test_any_group_gives_the_reference_result_and_prunes_tighter_when_finer(group, gen, triton_device):
+    """`group` (SPIN's step picks it by the kept columns, not the buffer's width) changes only how tightly the
+    threshold prunes: the result equals the reference at every group, with the caller's group maxima at that
+    group or the top-k's own; rows that fill a third of the columns admit no more candidates at a finer group
+    than at topk_group(C, k)'s. A group that is no power of two <= 64 is refused naming it."""
+    from spin_indexer.ops.topk import group_max_ref
+    dev = triton_device
+    logits, _ = masked_logits(4, 3000, gen)
+    lengths = torch.full((4,), 1000, dtype=torch.int32)  # a third of the columns, as compact rows at s = 0.67
+    k = 24
+    gm = group_max_ref(logits, lengths, group) if group < 64 else None
+    stats = torch.zeros(4, dtype=torch.int32, device=dev)
+    got = topk_triton(logits.to(dev), lengths.to(dev), k, group=group, stats=stats,
+                      group_max=None if gm is None else gm.to(dev)).cpu()
+    assert torch.equal(got, topk_ref(logits, lengths, k))
+    wide = torch.zeros(4, dtype=torch.int32, device=dev)
+    topk_triton(logits.to(dev), lengths.to(dev), k, stats=wide)
+    if group <= topk_group(1000, k):
+        assert (stats.cpu() <= wide.cpu()).all(), (stats.tolist(), wide.tolist())
+    for bad in (3, 128, 0):
+        with pytest.raises(ValueError, match="group"):
+            topk_triton(logits.to(dev), lengths.to(dev), k, group=bad)

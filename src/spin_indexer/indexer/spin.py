@@ -291,10 +291,11 @@ class SpinIndexer:
         out = None if backend == "deepgemm" else self.workspace.logits[:rows, :cols]
         block_max = self.workspace.block_max[:rows, :width]
         history = self._history_args(layer, st, plan)
-        # The top-k prunes at G columns (topk_group). Finer than a block, the logits op writes those maxima
-        # (DeepGEMM's update pass reads the logits anyway; elsewhere one pass, as the top-k's own would be):
-        # the top-k's group-max launch cost ~10 us at 96 x 128K.
-        group = ops.topk_group(cols, self.config.topk)
+        # The top-k prunes at G columns. Finer than a block, the logits op writes those maxima (DeepGEMM's
+        # update pass reads the logits anyway; elsewhere one pass, as the top-k's own would be): the top-k's
+        # group-max launch cost ~10 us at 96 x 128K.
+        active = budget_of(width, self.config.sparsity, self.config.topk, self.config.tokens_per_block)
+        group = self.topk_group(cols, active * self.config.tokens_per_block, self.config.topk)
         group_max = None
         if self.workspace.GROUP_MIN <= group < self.config.tokens_per_block:
             group_max = self.workspace.group_max[:rows, :-(-cols // group)]
@@ -314,17 +315,15 @@ class SpinIndexer:
                                           fill_tail=self.extensions is not None,
                                           history=history if side is None else None,
                                           group_max_out=group_max if maxima_fused else None, group=group,
-                                          deepgemm_schedule=schedule,
-                                          active_width=budget_of(width, self.config.sparsity, self.config.topk,
-                                                                 self.config.tokens_per_block), backend=backend)
+                                          deepgemm_schedule=schedule, active_width=active, backend=backend)
         if side is None:
-            return self._topk(layer, st, plan, logits, block_max, group_max)
+            return self._topk(layer, st, plan, logits, block_max, group_max, group=group)
         rows3 = logits.view(batch, self.next_n, logits.shape[1])  # not -1: ambiguous for an empty batch
         if in_topk:
             if not maxima_fused:
                 ops.update_history(None, rows3, plan.compact_block_table, plan.compact_seq_lens,
                                    block_max_out=block_max, group_max_out=group_max, group=group)
-            return self._topk(layer, st, plan, logits, block_max, group_max, history)
+            return self._topk(layer, st, plan, logits, block_max, group_max, history, group=group)
         # The top-k's launches first, then the update's: the top-k's programs (its threshold's take a whole SM)
         # are then dispatched before the update's thousands fill the GPU (H200, run 74: 96 x 1M s = 0.4 2367 ->
         # 2334 us, 96 x 512K 1198 -> 1193, 32 x 128K 141.6 -> 140.6; never slower by more than 0.2 us).
@@ -333,12 +332,23 @@ class SpinIndexer:
             if not maxima_fused:
                 ops.update_history(None, rows3, plan.compact_block_table, plan.compact_seq_lens,
                                    block_max_out=block_max, group_max_out=group_max, group=group)
-            positions = self._topk(layer, st, plan, logits, block_max, group_max)
+            positions = self._topk(layer, st, plan, logits, block_max, group_max, group=group)
         with self._forked(side):
             ops.update_history(history, rows3, plan.compact_block_table, plan.compact_seq_lens)
         main.wait_stream(self._topk_stream)
         main.wait_stream(side)
         return positions
+
+    @staticmethod
+    def topk_group(cols: int, active_cols: int, k: int) -> int:
+        """The top-k's group size for compact logits of `cols` columns whose rows hold about `active_cols` (the
+        kept budget): topk_group of the active columns, so that a row has ~4k groups below its length (with
+        topk_group(cols), SPIN's rows held half as many at s = 0.5 and the threshold admitted many more
+        candidates: run 126), but never below Workspace.GROUP_MIN where the full width allows it (the step
+        writes maxima down to it; finer ones would cost the top-k a maxima launch of its own). A host rule on
+        static shapes; any group gives the same top-k."""
+        full = ops.topk_group(cols, k)
+        return max(ops.topk_group(active_cols, k), min(full, Workspace.GROUP_MIN))
 
     @staticmethod
     def update_in_topk(batch: int, width: int, history: ops.HistoryUpdate) -> bool:
@@ -484,7 +494,7 @@ class SpinIndexer:
 
     def _topk(self, layer: int, st: _Step, plan: BlockPlan, logits: torch.Tensor,
               block_max: torch.Tensor, group_max: torch.Tensor | None = None,
-              history: ops.HistoryUpdate | None = None) -> torch.Tensor:
+              history: ops.HistoryUpdate | None = None, group: int | None = None) -> torch.Tensor:
         """The top-k over compact logits, written as logical positions (history: its EMA update too, inside
         the top-k's launches)."""
         rows = logits.shape[0]
@@ -494,7 +504,7 @@ class SpinIndexer:
                            tokens_per_block=self.config.tokens_per_block, out=out, validate=False,
                            group_max=group_max, tau_hint=self.workspace.tau_hint[layer, :rows] if self.tau_hint else None,
                            history=history, compact_table=None if history is None else plan.compact_block_table,
-                           sorted=self.topk_sorted)
+                           sorted=self.topk_sorted, group=group)
         if self.extensions is not None:
             self.extensions.after_layer(layer, st.meta, plan, out, block_max)
         self.block_plan = plan

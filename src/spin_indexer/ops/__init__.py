@@ -153,7 +153,8 @@ def topk(logits, lengths, k: int, validate: bool = True, block_max=None):
 
 def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, next_n: int = 1,
                    tokens_per_block: int = 64, out=None, validate: bool = True, group_max=None, tau_hint=None,
-                   history: HistoryUpdate | None = None, compact_table=None, sorted: bool = True):
+                   history: HistoryUpdate | None = None, compact_table=None, sorted: bool = True,
+                   group: int | None = None):
     """Top-k positions int32 [R, k], best first (sorted=False: the same set in no particular order, one
     launch fewer on CUDA), -1 padded, through SPIN's compact-to-logical map; see
     `topk_positions_ref`. On CUDA the Triton top-k (block_max / group_max let it read only the groups that
@@ -163,7 +164,8 @@ def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, ne
     history, compact_table: also apply SPIN's EMA update of `history` from these compact logits (viewed
     [R // next_n, next_n, C], lengths their compact lengths; compact_table int32 [R // next_n, M]), as
     update_history(history, ...) would: on CUDA the update pass's programs run in the top-k's first launch
-    (topk_triton's `update`), elsewhere after the top-k."""
+    (topk_triton's `update`), elsewhere after the top-k. group: the top-k's group size (topk_positions_ref;
+    None: topk_group(C, k)), the one group_max was written at."""
     if (history is None) != (compact_table is None):
         raise ValueError("history, compact_table: expected both or neither")
     if history is not None:
@@ -184,17 +186,17 @@ def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, ne
                          device=logits.device, device_of="logits", contiguous=True)
         out = topk_positions_ref(logits, lengths, k, block_max=block_max, kept_blocks=kept_blocks, next_n=next_n,
                                  tokens_per_block=tokens_per_block, out=out, validate=validate, group_max=group_max,
-                                 sorted=sorted)
+                                 sorted=sorted, group=group)
         if history is not None:
             update_history(history, logits.view(logits.shape[0] // next_n, next_n, logits.shape[1]), compact_table,
                            lengths.view(-1, next_n))
         return out
     from .topk import check_topk_positions_args
     check_topk_positions_args(logits, lengths, k, block_max, kept_blocks, next_n, tokens_per_block, out, validate,
-                              group_max, sorted)
+                              group_max, sorted, group)
     return twin(logits, lengths, k, validate=False, block_max=block_max, kept_blocks=kept_blocks, next_n=next_n,
                 out=out, group_max=group_max, tau_hint=tau_hint,
-                update=None if history is None else (history, compact_table), sorted=sorted)
+                update=None if history is None else (history, compact_table), sorted=sorted, group=group)
 
 
 def _check_outputs(logits, width, dev, out, block_max_out) -> None:

@@ -120,9 +120,19 @@ def topk_ref(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: bool
     return out if sorted else ascending(out)
 
 
+def pruning_group(group, cols: int, k: int) -> int:
+    """The top-k's group size: `group` checked (an int, a power of two dividing TOKENS_PER_GROUP_MAX), or
+    topk_group(cols, k) for None."""
+    if group is None:
+        return topk_group(cols, k)
+    check_int("group", group)
+    check_group(group, TOKENS_PER_GROUP_MAX)
+    return group
+
+
 def check_topk_positions_args(logits, lengths, k, block_max=None, kept_blocks=None, next_n: int = 1,
                               tokens_per_block: int = 64, out=None, validate: bool = True,
-                              group_max=None, sorted: bool = True) -> None:
+                              group_max=None, sorted: bool = True, group: int | None = None) -> None:
     """The argument checks shared by `topk_positions_ref` and its Triton twin (same messages)."""
     check_topk_args(logits, lengths, k, validate, sorted)
     rows, cols = logits.shape
@@ -135,10 +145,10 @@ def check_topk_positions_args(logits, lengths, k, block_max=None, kept_blocks=No
     if block_max is not None:
         check_tensor("block_max", block_max, dtype=torch.float32, shape=(rows, width),
                      shape_names="[R, ceil(C / T)]", device=dev, device_of="logits")
+    g = pruning_group(group, cols, k)
     if group_max is not None:
-        g = topk_group(cols, k)
         check_tensor("group_max", group_max, dtype=torch.float32, shape=(rows, -(-cols // g)),
-                     shape_names=f"[R, ceil(C / G)] with G = topk_group(C, k) = {g}", device=dev, device_of="logits")
+                     shape_names=f"[R, ceil(C / G)] with G = {g}", device=dev, device_of="logits")
     if kept_blocks is not None:
         if rows % next_n:
             raise ValueError(f"next_n: expected a divisor of R = {rows} (kept_blocks has one row per request), "
@@ -154,15 +164,18 @@ def check_topk_positions_args(logits, lengths, k, block_max=None, kept_blocks=No
 
 def topk_positions_ref(logits: torch.Tensor, lengths: torch.Tensor, k: int, block_max=None, kept_blocks=None,
                        next_n: int = 1, tokens_per_block: int = 64, out=None, validate: bool = True,
-                       group_max=None, sorted: bool = True) -> torch.Tensor:
+                       group_max=None, sorted: bool = True, group: int | None = None) -> torch.Tensor:
     """`topk_ref` of compact logits, written as logical positions: the decode step's top-k.
 
     logits: float32 [R, C]; columns >= lengths[r] are ignored (whatever they hold).
     lengths: int32 [R] in [0, C].  k: int >= 1 (may exceed C or a row's length).
     block_max: optional float32 [R, ceil(C / T)], the exact max of each T-column block of valid logits; only
       checked here (the Triton twin uses it to skip blocks).
-    group_max: optional float32 [R, ceil(C / G)], G = topk_group(C, k): the same at the top-k's group size
-      (group_max_ref); only checked here, the twin prunes with it instead of computing it.
+    group_max: optional float32 [R, ceil(C / G)]: the same at the top-k's group size G (group_max_ref); only
+      checked here, the twin prunes with it instead of computing it.
+    group: the top-k's group size G, a power of two <= 64 (None: topk_group(C, k)). It changes how tightly the
+      Triton twin prunes, never the result: a caller whose rows fill only part of C (SPIN's compact logits) picks
+      it by the columns its rows hold.
     kept_blocks: optional int32 [R // next_n, M >= ceil(C / T)]: column c of row r is position
       kept_blocks[r // next_n, c // T] * T + c % T; None = identity. Example: T = 64, kept [0, 2]: columns
       0-63 -> positions 0-63, 64-65 -> 128-129.
@@ -174,7 +187,7 @@ def topk_positions_ref(logits: torch.Tensor, lengths: torch.Tensor, k: int, bloc
     raises ValueError or TypeError naming the argument.
     """
     check_topk_positions_args(logits, lengths, k, block_max, kept_blocks, next_n, tokens_per_block, out, validate,
-                              group_max, sorted)
+                              group_max, sorted, group)
     rows, cols = logits.shape
     picked = topk_ref(logits, lengths, k, validate=False, sorted=sorted)  # [R, k] columns, -1 padded
     if kept_blocks is not None and rows:

@@ -35,7 +35,7 @@ import torch
 
 from ..checks import check_tensor
 from .history import block_tokens
-from .topk import TOKENS_PER_GROUP_MAX, check_topk_args, topk_group, topk_ref
+from .topk import TOKENS_PER_GROUP_MAX, check_topk_args, pruning_group, topk_ref
 
 try:  # the package imports this module only for CUDA tensors; without triton the reference is used
     import triton
@@ -102,7 +102,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
                 stats: torch.Tensor | None = None, _stages: int = 5, kept_blocks: torch.Tensor | None = None,
                 next_n: int = 1, out: torch.Tensor | None = None,
                 group_max: torch.Tensor | None = None, tau_hint: torch.Tensor | None = None,
-                update: tuple | None = None, sorted: bool = True) -> torch.Tensor:
+                update: tuple | None = None, sorted: bool = True, group: int | None = None) -> torch.Tensor:
     """Top-k positions per row, same meaning as `topk_ref`.
 
     logits: float32 [R, C]; columns >= lengths[r] are ignored. lengths: int32 [R] in [0, C]. k: int >= 1.
@@ -117,9 +117,12 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     kept_blocks, next_n: optional int32 [R // next_n, M]: column c of row r is written as position
     kept_blocks[r // next_n, c // 64] * 64 + c % 64 (the compact-to-logical map of SPIN's plan), in the
     final write. out: optional int32 [R, k] to write into.
-    group_max: optional float32 [R, ceil(C / G)], G = topk_group(C, k): the exact max of every G columns of
-    valid logits (NaN for a group holding a NaN), written by a pass that read the logits anyway (SPIN's
-    update pass): used instead of the group-max launch when G < 64.
+    group_max: optional float32 [R, ceil(C / G)]: the exact max of every G columns of valid logits (NaN for a
+    group holding a NaN), written by a pass that read the logits anyway (SPIN's update pass): used instead of
+    the group-max launch when G < 64.
+    group: G, the columns a group maximum covers (a power of two <= 64; None: topk_group(C, k), >= 4k groups in
+    a full row). The threshold is the k-th largest group maximum's bucket: with fewer than ~4k groups below a
+    row's length it admits many more candidates (SPIN's compact rows fill only the kept share of C: run 126).
     tau_hint: optional int32 [R], read and written (rows whose group maxima fit one tile): the
     threshold's 16-bit key of each row from an earlier call (any value: a hint never changes the result).
     Where this call's key lies within TAU_HINT_RADIUS of it, one packed count confirms the bracket and the
@@ -139,6 +142,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     check_topk_args(logits, lengths, k, validate, sorted)
     rows, cols = logits.shape
     dev = logits.device
+    group = pruning_group(group, cols, k)
     if tau_hint is not None:
         check_tensor("tau_hint", tau_hint, dtype=torch.int32, shape=(rows,), shape_names="[R]", device=dev,
                      device_of="logits", contiguous=True)
@@ -160,12 +164,10 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
     k_pow = _next_pow2(max(k, 16))
     cap = max(cap or 2 * k_pow, 2 * k_pow)  # the overflow merge keeps K_POW keys and takes as many
-    group = topk_group(cols, k)
     num_groups = -(-cols // group)
     if group_max is not None:
         check_tensor("group_max", group_max, dtype=torch.float32, shape=(rows, num_groups),
-                     shape_names=f"[R, ceil(C / G)] with G = topk_group(C, k) = {group}", device=dev,
-                     device_of="logits")
+                     shape_names=f"[R, ceil(C / G)] with G = {group}", device=dev, device_of="logits")
     if group == TOKENS_PER_GROUP_MAX and block_max is not None:
         summary = block_max if block_max.stride(1) == 1 else block_max.contiguous()
     elif group_max is not None:

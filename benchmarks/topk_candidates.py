@@ -6,7 +6,7 @@ the Triton top-k's candidate counts per row, per layer, for each configuration o
 One eager step (bench_e2e's model, cache and selector, as profile_e2e.py) with `topk_triton` wrapped so that every
 call also fills its `stats` (the candidate count of each row: elements >= the row's threshold; > cap means the
 row took the overflow merge). Per configuration: calls, the logits' columns, the group size the threshold used
-(topk_group(C, k)), and over all rows of all layers the candidate count's
+(the caller's `group`, else topk_group(C, k)), and over all rows of all layers the candidate count's
 median / p90 / max and the share of rows above cap. Writes <out>/topk_candidates.md.
 """
 from __future__ import annotations
@@ -34,7 +34,8 @@ def recording(calls: list[dict]):
         stats = torch.zeros(logits.shape[0], dtype=torch.int32, device=logits.device)
         out = original(logits, lengths, k, *args, stats=stats, **kwargs)
         k_pow = tt._next_pow2(max(k, 16))
-        group, cap = topk_group(logits.shape[1], k), max(kwargs.get("cap") or 2 * k_pow, 2 * k_pow)  # as topk_triton
+        group = kwargs.get("group") or topk_group(logits.shape[1], k)  # as topk_triton
+        cap = max(kwargs.get("cap") or 2 * k_pow, 2 * k_pow)
         calls.append(dict(cols=logits.shape[1], k=k, group=group, cap=cap, counts=stats.cpu().tolist()))
         return out
 

@@ -164,6 +164,20 @@ def make_selector(config: str, model, caches, k: int):
     return spin
 
 
+def each_config(args, model, indexer, tok, points, steps: int):
+    """For the per-step tools (profile_e2e.py, topk_candidates.py): (batch, context, config, caches, selector,
+    token) for every point and configuration, the batch prefilled once a point (room for `steps` more tokens)
+    and reset to the prefill before each configuration; token int64 [B, 1], the prefill's next tokens."""
+    for batch, context in points:
+        prompts = prompts_for(args, tok, context, model.cfg.vocab_size)
+        caches, lengths0, first = fill_batch(model, indexer, batch, context + steps + 8, prompts)
+        for config in args.configs:
+            caches.lengths.copy_(lengths0)
+            yield batch, context, config, caches, make_selector(config, model, caches, args.k), first.clone()
+        del caches
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+
+
 def decode_config(model, indexer, caches, lengths0, first, config: str, k: int, warmup: int, steps: int):
     """Greedy decoding of the whole batch from the prefilled state: `warmup` eager steps, then `steps`
     replays of one captured step. returns (per-step ms list, wall seconds, tokens int64 [steps, B], sparsity)."""

@@ -37,29 +37,21 @@ def main(argv=None) -> int:
     max_len = max(c for _, c in points) + steps + 8
     model, indexer, tok, name = bench_e2e.load(args, max_len, max(c for _, c in points))
     lines = [f"# e2e step profile: {json.dumps(environment())}, model {name}"]
-    for batch, context in points:
-        prompts = bench_e2e.prompts_for(args, tok, context, model.cfg.vocab_size)
-        caches, lengths0, first = bench_e2e.fill_batch(model, indexer, batch, context + steps + 8, prompts)
-        for config in args.configs:
-            caches.lengths.copy_(lengths0)
-            selector = bench_e2e.make_selector(config, model, caches, args.k)
-            token = first.clone()
+    for batch, context, config, caches, selector, token in bench_e2e.each_config(args, model, indexer, tok, points,
+                                                                                  steps):
+        def step():
+            logits = decode_one_step(model, caches, token, "lightning", args.k, indexer, selector, validate=False)
+            token.copy_(logits[:, -1].argmax(-1, keepdim=True))
 
-            def step():
-                logits = decode_one_step(model, caches, token, "lightning", args.k, indexer, selector, validate=False)
-                token.copy_(logits[:, -1].argmax(-1, keepdim=True))
-
-            step()
-            rows = kernel_table(step, iters=3)
-            total = sum(t for t, _, _ in rows)
-            launches = sum(c for _, c, _ in rows)
-            lines.append(f"\n== {config} B={batch} L={context}: {total / 1000:.2f} ms of kernels per step, "
-                         f"{launches:.0f} launches")
-            for t, c, kname in rows[:args.top]:
-                lines.append(f"  {t:9.1f} us  {c:5.0f}x  {kname[:110]}")
-            print("\n".join(lines[-args.top - 1:]), flush=True)
-        del caches
-        torch.cuda.empty_cache()
+        step()
+        rows = kernel_table(step, iters=3)
+        total = sum(t for t, _, _ in rows)
+        launches = sum(c for _, c, _ in rows)
+        lines.append(f"\n== {config} B={batch} L={context}: {total / 1000:.2f} ms of kernels per step, "
+                     f"{launches:.0f} launches")
+        for t, c, kname in rows[:args.top]:
+            lines.append(f"  {t:9.1f} us  {c:5.0f}x  {kname[:110]}")
+        print("\n".join(lines[-args.top - 1:]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "profile_e2e.txt").write_text("\n".join(lines) + "\n")
     return 0

@@ -74,25 +74,18 @@ def main(argv=None) -> int:
              "|---|---|---|---|---|---|---|---|"]
     calls: list[dict] = []
     original, wrapped = recording(calls)
-    for batch, context in points:
-        prompts = bench_e2e.prompts_for(args, tok, context, model.cfg.vocab_size)
-        caches, lengths0, first = bench_e2e.fill_batch(model, indexer, batch, context + steps + 8, prompts)
-        for config in args.configs:
-            caches.lengths.copy_(lengths0)
-            selector = bench_e2e.make_selector(config, model, caches, args.k)
-            token = first.clone()
-            decode_one_step(model, caches, token, "lightning", args.k, indexer, selector, validate=False)  # warm
-            calls.clear()
-            tt.topk_triton = wrapped
-            try:
-                decode_one_step(model, caches, token, "lightning", args.k, indexer, selector, validate=False)
-                torch.cuda.synchronize() if torch.cuda.is_available() else None
-            finally:
-                tt.topk_triton = original
-            lines.append(summary(f"{config} B={batch} L={context}", calls))
-            print(lines[-1], flush=True)
-        del caches
-        torch.cuda.empty_cache()
+    for batch, context, config, caches, selector, token in bench_e2e.each_config(args, model, indexer, tok, points,
+                                                                                  steps):
+        decode_one_step(model, caches, token, "lightning", args.k, indexer, selector, validate=False)  # warm
+        calls.clear()
+        tt.topk_triton = wrapped
+        try:
+            decode_one_step(model, caches, token, "lightning", args.k, indexer, selector, validate=False)
+            torch.cuda.synchronize() if torch.cuda.is_available() else None
+        finally:
+            tt.topk_triton = original
+        lines.append(summary(f"{config} B={batch} L={context}", calls))
+        print(lines[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "topk_candidates.md").write_text("\n".join(lines) + "\n")
     return 0

@@ -49,3 +49,33 @@ def test_configs_parse_and_reject(bench_e2e):
     for bad in ("spin-x", "spin-1.5", "dense", "spin-0.5-fast"):
         with pytest.raises(SystemExit, match="--configs"):
             bench_e2e.parse_config(bad)
+
+
+def test_each_config_resets_the_batch_before_every_configuration(bench_e2e):
+    """each_config (profile_e2e.py, topk_candidates.py): every configuration starts from the prefill: the cache
+    lengths as filled, a fresh copy of the first tokens, the selector that configuration names."""
+    import argparse
+    args = argparse.Namespace(tiny=True, random_weights=False, distinct=2, task="niah_single_2", k=32,
+                              configs=["all-keep", "spin-0.5", "spin-0.4"])
+    model, indexer, tok, _ = bench_e2e.load(args, 300 + 12, 300)
+    seen = []
+    for batch, context, config, caches, selector, token in bench_e2e.each_config(args, model, indexer, tok,
+                                                                                  [(2, 300)], 4):
+        seen.append((config, selector is None, caches.lengths.clone(), token.clone()))
+        caches.lengths.add_(5)  # what a decode step would do to the shared batch
+        token.fill_(-1)
+    assert [s[0] for s in seen] == args.configs and [s[1] for s in seen] == [True, False, False]
+    for _, _, lengths, token in seen[1:]:
+        assert torch.equal(lengths, seen[0][2]) and torch.equal(token, seen[0][3]) and (token >= 0).all()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU dry run")
+def test_topk_candidates_summary_counts_rows_over_the_buffer(tmp_path):
+    tc = import_benchmark("topk_candidates")
+    calls = [dict(cols=640, k=8, group=4, cap=32, counts=[10, 40, 12]), dict(cols=640, k=8, group=4, cap=32,
+                                                                            counts=[33, 9, 11])]
+    line = tc.summary("x", calls)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[:5] == ["x", "2", "640-640", "4", "12"] and cells[6] == "40" and cells[7] == "33.3%"
+    assert tc.main(["--tiny", "--points", "2x256", "--configs", "all-keep", "--k", "32", "--out", str(tmp_path)]) == 0
+    assert "| all-keep B=2 L=256 | 0 |" in (tmp_path / "topk_candidates.md").read_text()  # CPU: no Triton top-k

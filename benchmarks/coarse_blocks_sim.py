@@ -17,6 +17,7 @@ row keeps SPIN's budget (budget_of; the newest block always; random exploration 
                 from the kept blocks' scores (skipped positions keep their estimate), as the replay does
   coarse-<s>    the summary score alone (s = mean, sub2, sub4, sub8)
   mix-<s>-<w>   (1 - w) * percentile(hist) + w * percentile(summary) (hybrid.percentile's rule)
+  zmix-<s>-<w>  the same with standardized scores ((x - mean) / std a row) instead of percentiles
 miss = the share of the row's exact top-k (float scores) in skipped blocks (predictor/miss.py), mean and nearest-rank
 p99 over rows past the warm-up. Writes <out>/coarse.csv and <out>/coarse.md.
 """
@@ -82,6 +83,16 @@ def summary_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, length:
     return torch.where(valid.any(2), scores, -1e30).amax(1)
 
 
+def standardized(x: torch.Tensor) -> torch.Tensor:
+    """(x - mean) / std over the finite-looking entries (> -1e29); the others (never observed) at the minimum."""
+    seen = x > -1e29
+    if seen.sum() < 2:
+        return torch.zeros_like(x)
+    v = x[seen]
+    z = (x - v.mean()) / v.std().clamp(min=1e-12)
+    return torch.where(seen, z, z[seen].min())
+
+
 def simulate(q, w, keys, context: int, k: int, sparsity: float, config: str, warm: int, gamma: float,
              gen: torch.Generator) -> list[float]:
     """Per-row misses of one (document, layer) in closed loop (the module docstring)."""
@@ -91,7 +102,7 @@ def simulate(q, w, keys, context: int, k: int, sparsity: float, config: str, war
     scores = torch.einsum("rhd,nd->rhn", q, keys[:n]).relu().mul(w[:, :, None]).sum(1)  # [rows, n]
     vertical = torch.full((n + T,), float("nan"))
     diagonal = torch.full((n + T,), float("nan"))  # by offset q - i
-    kind, weight = None, None
+    kind, weight, parts = None, None, [config]
     if config != "hist":
         parts = config.split("-")
         kind, weight = parts[1], (1.0 if parts[0] == "coarse" else float(parts[2]))
@@ -113,8 +124,11 @@ def simulate(q, w, keys, context: int, k: int, sparsity: float, config: str, war
             else:
                 summary = summary_scores(q[r], w[r], keys, length, kind)
                 every = torch.ones(nb, dtype=torch.bool)
-                block = summary if weight == 1.0 else \
-                    (1 - weight) * percentile(hist, every) + weight * percentile(summary, every)
+                if parts[0] == "zmix":  # standardized scores: two reductions a row instead of two rankings
+                    block = (1 - weight) * standardized(hist) + weight * standardized(summary)
+                else:
+                    block = summary if weight == 1.0 else \
+                        (1 - weight) * percentile(hist, every) + weight * percentile(summary, every)
             kept = budget_of(nb, sparsity, k, T)
             explore = int(gamma * kept + 0.5)
             keep = choose(block, kept - explore)[0]

@@ -56,3 +56,14 @@ def test_exact_summaries_choose_as_the_current_scores_do():
         topk = row.topk(k).indices.int()
         want.append(float(sim.miss_per_row(keep, topk[None], 1, T)[0]))
     assert len(got) == q.shape[0] and got == want
+
+
+def test_standardized_puts_unseen_blocks_last_and_zmix_runs():
+    z = sim.standardized(torch.tensor([1.0, 3.0, -1e30, 5.0]))
+    torch.testing.assert_close(z[[0, 1, 3]], torch.tensor([-1.0, 0.0, 1.0]))
+    assert z[2] == z.min()
+    q, w, keys = _inputs()
+    context = keys.shape[0] - q.shape[0]
+    misses = sim.simulate(q, w, keys, context, 32, 0.4, "zmix-sub4-0.5", warm=2, gamma=0.0,
+                          gen=torch.Generator().manual_seed(0))
+    assert len(misses) == q.shape[0] - 2 and all(0.0 <= m <= 1.0 for m in misses)

@@ -9,7 +9,7 @@ Variants (ops/csrc/paged_logits_sm90.cu's build switches): cuda (production: see
 (SPIN_LOGITS_MATH_WG=3, at every next_n), pipe / nopipe (SPIN_LOGITS_PIPELINE=1 / 0: a block's last steps beside
 the next block's MMA, or not), 2cta (SPIN_LOGITS_CTAS_PER_SM=2: the SM's warpgroups in two CTAs; chunks of at most
 128 / 64 blocks, a larger chunk is skipped), no-headsum (SPIN_LOGITS_PROBE=1: no ReLU / weights / head sum),
-no-mma (=2), no-blockmax (=3), rg / rg1 (SPIN_LOGITS_ROW_GROUPS=2 / 1: at next_n 3-4 two warpgroups a block, each
+no-mma (=2) (the block maxima left out: --nomax), rg / rg1 (SPIN_LOGITS_ROW_GROUPS=2 / 1: at next_n 3-4 two warpgroups a block, each
 on half its rows, or one on all; rg1-nopipe = the next_n = 4 build before run 116), rg3 / rg3x6 (next_n = 3 in
 three row groups of one row, 3 or 6 warpgroups), rg4 (next_n = 4 in four row groups of one row), noroll
 (SPIN_LOGITS_UNROLL=0: the loop not unrolled by stages), perwg / noperwg (SPIN_LOGITS_PER_WG=1 / 0: the loop
@@ -43,7 +43,6 @@ from spin_indexer.ops.indexer_logits_triton import CONFIGS  # noqa: E402
 VARIANTS = {"cuda": (), "3wg": ("SPIN_LOGITS_MATH_WG=3",), "pipe": ("SPIN_LOGITS_PIPELINE=1",),
             "nopipe": ("SPIN_LOGITS_PIPELINE=0",), "2cta": ("SPIN_LOGITS_CTAS_PER_SM=2",),
             "no-headsum": ("SPIN_LOGITS_PROBE=1",), "no-mma": ("SPIN_LOGITS_PROBE=2",),
-            "no-blockmax": ("SPIN_LOGITS_PROBE=3",),
             "rg": ("SPIN_LOGITS_ROW_GROUPS=2",), "rg1": ("SPIN_LOGITS_ROW_GROUPS=1",),
             "rg3": ("SPIN_LOGITS_ROW_GROUPS_N3=3",),
             "rg3x6": ("SPIN_LOGITS_ROW_GROUPS_N3=3", "SPIN_LOGITS_MATH_WG_N3=6"),

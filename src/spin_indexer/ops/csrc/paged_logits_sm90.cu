@@ -19,8 +19,7 @@
 // Math (as indexer_logits.paged_indexer_logits_ref): logits[b * next_n + j, t] = scale[t] *
 // sum_h w[b * next_n + j, h] * relu(k[t] . q[b, j, h]), -inf where t >= seq_lens[b, j]; block_max[r, blk] = the
 // max of block blk's 64 written logits (where the caller gives block_max: with a null pointer the kernel built
-// without them runs, which writes the logits only, as DeepGEMM's does: 0.94-0.95x the time at next_n = 2, run 106's
-// no-blockmax probe). Blocks past a request's longest row are not written (fill_tail=False).
+// without them runs, which writes the logits only, as DeepGEMM's does: 0.94-0.95x the time at next_n = 2, run 124). Blocks past a request's longest row are not written (fill_tail=False).
 // Shapes: H = 64 heads, D = 128, T = 64 tokens a block, next_n 1-4; the key cache uint8 [num_blocks, 64, 1, 132]
 // (pages of 64 x 128 key bytes then 64 fp32 scales, a whole number of 128-byte rows apart).
 //
@@ -35,8 +34,8 @@
 #include <type_traits>
 
 // Build-time switches for benchmarks/cuda_logits_probe.py only (the library ops/ builds sets none):
-// SPIN_LOGITS_PROBE leaves one stage out to time the rest (1: the epilogue's head sum, 2: the MMA, 3: the block
-// max); SPIN_LOGITS_MATH_WG sets the math warpgroups an SM (default 0: see Shape), SPIN_LOGITS_ROW_GROUPS how
+// SPIN_LOGITS_PROBE leaves one stage out to time the rest (1: the epilogue's head sum, 2: the MMA; the block
+// maxima: the MAXIMA = false build, a null block_max); SPIN_LOGITS_MATH_WG sets the math warpgroups an SM (default 0: see Shape), SPIN_LOGITS_ROW_GROUPS how
 // many warpgroups share a block's rows at next_n 3-4 (1 to next_n; default 0: 2 at next_n = 4, see Shape), both
 // also per next_n (SPIN_LOGITS_MATH_WG_N3 / _N4, SPIN_LOGITS_ROW_GROUPS_N3 / _N4: 6 warpgroups fit next_n = 3's
 // registers at one row each, not next_n = 2's),
@@ -432,7 +431,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
             if (stores) dst[u][d.i * T] = x;
             m = fmaxf(m, x);
         }
-        if (SPIN_LOGITS_PROBE == 3 || !MAXIMA) return;
+        if (!MAXIMA) return;
         // this row's max over the quad's 2 tokens (one or two rows: with the lane holding the other token half),
         // one partial a quad: the 32 partials of a (block, row) meet after the loop (no barrier, no shuffle chain
         // in it; 3 shuffles a block fewer than reducing over the warp here)
@@ -502,7 +501,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         }
     }
     if (PIPELINED && pending.i >= 0) finish(pending);
-    if (SPIN_LOGITS_PROBE == 3 || !MAXIMA) return;
+    if (!MAXIMA) return;
     asm volatile("bar.sync %0, 128;" ::"r"(1 + MW) : "memory");  // this warpgroup's partials written
     const int mine = (nblk - SET + BP - 1) / BP;  // blocks of this set
     for (int k = tid; k < mine * NR; k += 128) {

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 import torch  # noqa: E402
 
-from fidelity_bounds import choose  # noqa: E402
+from fidelity_bounds import choose, pooled  # noqa: E402
 from spin_indexer.eval.metrics import nearest_rank  # noqa: E402
 from spin_indexer.predictor.hybrid import percentile  # noqa: E402
 from spin_indexer.predictor.miss import miss_per_row  # noqa: E402
@@ -118,7 +118,7 @@ def simulate(q, w, keys, context: int, k: int, sparsity: float, config: str, war
             cols = torch.arange(nb * T)
             aligned = torch.where(cols < length, diagonal[(length - 1 - cols).clamp(min=0)], float("nan"))
             pred = torch.fmax(vertical[:nb * T], aligned)
-            hist = torch.where(torch.isnan(pred), -1e30, pred).view(nb, T).amax(1)
+            hist = pooled(pred, nb, T, "max")  # A1-Max
             if kind is None:
                 block = hist
             else:

@@ -33,7 +33,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 import torch  # noqa: E402
 
 from spin_indexer.eval.metrics import nearest_rank  # noqa: E402
+from spin_indexer.predictor.config import Reduce  # noqa: E402
 from spin_indexer.predictor.miss import miss_per_row  # noqa: E402
+from spin_indexer.predictor.score import pool_blocks  # noqa: E402
 from spin_indexer.predictor.select import budget_of  # noqa: E402
 from spin_indexer.traces.schema import load_trace  # noqa: E402
 
@@ -42,15 +44,17 @@ ALPHA = 0.5  # SpinConfig's default EMA weight of the newest observation
 
 
 def pooled(scores: torch.Tensor, nb: int, t: int, pool: str, topk: torch.Tensor | None = None) -> torch.Tensor:
-    """float32 [nb] block scores of one row's scores [>= nb * t] (non-finite = never chosen first)."""
+    """float32 [nb] block scores of one row's scores [>= nb * t] (NaN, never observed, counts as -inf); max and
+    top4 are SPIN's own reductions (predictor.score.pool_blocks)."""
     s = scores[:nb * t].float()
-    s = torch.where(torch.isfinite(s), s, torch.full_like(s, -1e30)).view(nb, t)
-    if pool == "max":
-        return s.amax(1)
-    if pool in ("top4", "top8"):
-        return s.topk(int(pool[3:]), dim=1).values.mean(1)
+    s = torch.where(torch.isnan(s), float("-inf"), s)
+    if pool in ("max", "top4"):
+        return pool_blocks(s, t, Reduce.MAX if pool == "max" else Reduce.TOP4)
+    blocks = s.view(nb, t)
+    if pool == "top8":
+        return blocks.topk(8, dim=1).values.mean(1)
     counts = torch.bincount(topk[topk >= 0].long() // t, minlength=nb)[:nb].float()
-    return counts + 1e-6 * torch.tanh(s.amax(1))  # ties (empty blocks) broken by the block max
+    return counts + 1e-6 * torch.tanh(blocks.amax(1))  # ties (empty blocks) broken by the block max
 
 
 def choose(block_scores: torch.Tensor, kept: int) -> torch.Tensor:

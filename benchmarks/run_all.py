@@ -276,6 +276,7 @@ def spin_step(p, sparsity: float, k: int, guard, indexer_kw: dict | None = None,
     logits = torch.empty(rows, p.width * 64, device=p.table.device)
     bmax = torch.empty(rows, p.width, device=p.table.device)
     from spin_indexer.ops import deepgemm
+    active = budget_of(p.width, sparsity, k, 64)  # the kept budget, as the step sizes its kernels by it
     # the step's backend, logits only
     if ops.logits_backend(p.q[0][0], p.caches[0]) == "deepgemm":
         # with the SM schedule plan() wrote for layer 0 (as the step calls it: no metadata launch)
@@ -285,7 +286,6 @@ def spin_step(p, sparsity: float, k: int, guard, indexer_kw: dict | None = None,
     else:
         # sized by the kept budget as the step sizes it (active_width: the Triton kernel's chunk and its
         # compact-table configuration, indexer_logits_triton.default_config)
-        active = budget_of(p.width, sparsity, k, 64)
         # (their own output buffers: the top-k's inputs below must not change under the paired replays)
         alone, alone_max = torch.empty_like(logits), torch.empty_like(bmax)
         calls = [lambda i=i: ops.paged_indexer_logits(p.q[i][0], p.caches[i], p.q[i][1], plan0.compact_seq_lens,
@@ -297,7 +297,7 @@ def spin_step(p, sparsity: float, k: int, guard, indexer_kw: dict | None = None,
     # pass) when the top-k prunes finer than a block: given here too, so topk_us is the step's top-k and their
     # cost stays in spin_own_us.
     clens = plan0.compact_seq_lens.reshape(-1)
-    group = SpinIndexer.topk_group(logits.shape[1], budget_of(p.width, sparsity, k, 64) * 64, k)  # as the step
+    group = SpinIndexer.topk_group(logits.shape[1], active * 64, k)  # as the step
     inputs = []
     with logits_backend("triton"):
         for i in range(p.layers):

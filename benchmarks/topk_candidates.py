@@ -23,7 +23,7 @@ from harness import environment
 
 from spin_indexer.model.decode import decode_one_step
 from spin_indexer.ops import topk_triton as tt
-from spin_indexer.ops.topk import topk_group
+from spin_indexer.ops.topk import pruning_group
 
 
 def recording(calls: list[dict]):
@@ -33,9 +33,8 @@ def recording(calls: list[dict]):
     def wrapped(logits, lengths, k, *args, **kwargs):
         stats = torch.zeros(logits.shape[0], dtype=torch.int32, device=logits.device)
         out = original(logits, lengths, k, *args, stats=stats, **kwargs)
-        k_pow = tt._next_pow2(max(k, 16))
-        group = kwargs.get("group") or topk_group(logits.shape[1], k)  # as topk_triton
-        cap = max(kwargs.get("cap") or 2 * k_pow, 2 * k_pow)
+        group = pruning_group(kwargs.get("group"), logits.shape[1], k)  # topk_triton's own rules
+        cap = tt.candidate_cap(k, kwargs.get("cap"))
         calls.append(dict(cols=logits.shape[1], k=k, group=group, cap=cap, counts=stats.cpu().tolist()))
         return out
 

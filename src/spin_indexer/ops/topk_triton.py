@@ -97,6 +97,14 @@ def threshold_warps(tile: int) -> int:
     return THRESHOLD_WARPS.get(tile, 8)
 
 
+def candidate_cap(k: int, cap: int | None = None) -> int:
+    """The per-row candidate buffer of topk_triton for k (cap: a caller's request, raised to the minimum): a row
+    with more candidates takes the overflow merge, which keeps K_POW = next_pow2(max(k, 16)) keys and takes as
+    many."""
+    k_pow = _next_pow2(max(k, 16))
+    return max(cap or 2 * k_pow, 2 * k_pow)
+
+
 def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: bool = True,
                 block_max: torch.Tensor | None = None, cap: int | None = None,
                 stats: torch.Tensor | None = None, _stages: int = 5, kept_blocks: torch.Tensor | None = None,
@@ -163,7 +171,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
         return out.fill_(-1)
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
     k_pow = _next_pow2(max(k, 16))
-    cap = max(cap or 2 * k_pow, 2 * k_pow)  # the overflow merge keeps K_POW keys and takes as many
+    cap = candidate_cap(k, cap)
     num_groups = -(-cols // group)
     if group_max is not None:
         check_tensor("group_max", group_max, dtype=torch.float32, shape=(rows, num_groups),

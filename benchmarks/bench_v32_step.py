@@ -42,7 +42,6 @@ import torch  # noqa: E402
 from harness import (DEVICE, KeyPool, decode_lens, environment, markdown_table, random_queries,  # noqa: E402
                      time_graphs_paired)
 
-from spin_indexer import ops  # noqa: E402
 from spin_indexer.indexer import DenseIndexer, SpinIndexer  # noqa: E402
 from spin_indexer.predictor import SpinConfig  # noqa: E402
 from sparse_mla import MLA_HEADS, QK_DIM, T, sparse_mla_decode  # noqa: E402
@@ -175,8 +174,6 @@ VARIANTS = {
                    "before run 68; production: indexer_logits_triton.COMPACT_TARGET_PROGRAMS = 4096)",
     "compact-uncapped": "SPIN's compact Triton logits up to 256 blocks a program (the rule before run 95; "
                         "production: indexer_logits_triton.COMPACT_MAX_CHUNK)",
-    "topk-group-width": "SPIN's top-k group chosen from the compact buffer's width (ops.topk_group(cols, k): the "
-                        "rule before run 127) instead of from the kept budget's columns (SpinIndexer.topk_group)",
     "tau-hint": "SPIN's top-k threshold starts from the previous step's key (SpinIndexer(tau_hint=True)); this "
                 "benchmark's logits repeat every step, so every hint hits: an upper bound of the gain",
 }
@@ -188,7 +185,6 @@ def variant(name: str):
     if name not in VARIANTS:
         raise SystemExit(f"--variants: unknown {name!r}; expected some of {sorted(VARIANTS)}")
     schedule, env = SpinIndexer._schedule_layers, os.environ.get("SPIN_INDEXER_LOGITS")
-    group_rule = SpinIndexer.__dict__["topk_group"]
     init, dense_init = SpinIndexer.__init__, DenseIndexer.__init__
     from spin_indexer.ops import indexer_logits_triton as ilt
     default_config = ilt.default_config
@@ -206,15 +202,12 @@ def variant(name: str):
             SpinIndexer.__init__ = functools.partialmethod(init, overlap_update=False)
         elif name == "tau-hint":
             SpinIndexer.__init__ = functools.partialmethod(init, tau_hint=True)
-        elif name == "topk-group-width":
-            SpinIndexer.topk_group = staticmethod(lambda cols, active_cols, k: ops.topk_group(cols, k))
         elif name == "topk-sorted":
             SpinIndexer.__init__ = functools.partialmethod(init, topk_sorted=True)
             DenseIndexer.__init__ = functools.partialmethod(dense_init, topk_sorted=True)
         yield
     finally:
         SpinIndexer._schedule_layers, SpinIndexer.__init__ = schedule, init
-        SpinIndexer.topk_group = group_rule
         ilt.default_config = default_config
         DenseIndexer.__init__ = dense_init
         if env is None:

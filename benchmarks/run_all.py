@@ -144,7 +144,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
     from harness import time_graph
 
     from spin_indexer import ops
-    from spin_indexer.indexer import DenseIndexer, SpinIndexer
+    from spin_indexer.indexer import DenseIndexer
     from spin_indexer.ops import deepgemm
     from spin_indexer.predictor import SpinConfig
     from spin_indexer.predictor.config import AUTO_DENSE_BELOW
@@ -254,7 +254,6 @@ def spin_step(p, sparsity: float, k: int, guard, indexer_kw: dict | None = None,
     from harness import time_graphs_paired
 
     from spin_indexer import ops
-    from spin_indexer.indexer import SpinIndexer
     from spin_indexer.predictor import SpinConfig
     from spin_indexer.predictor.select import budget_of
 
@@ -297,7 +296,7 @@ def spin_step(p, sparsity: float, k: int, guard, indexer_kw: dict | None = None,
     # pass) when the top-k prunes finer than a block: given here too, so topk_us is the step's top-k and their
     # cost stays in spin_own_us.
     clens = plan0.compact_seq_lens.reshape(-1)
-    group = SpinIndexer.topk_group(logits.shape[1], active * 64, k)  # as the step
+    group = ops.topk_group(logits.shape[1], k)  # as the step
     inputs = []
     with logits_backend("triton"):
         for i in range(p.layers):

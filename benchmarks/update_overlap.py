@@ -30,8 +30,6 @@ the dense step, per layer:
                 production 32 since run 97, 64 in run 96, 256 before)
   lpf<P>        SPIN's compact logits with the scales loaded P blocks ahead by hand (LogitsConfig.prefetch;
                 production 1)
-  gw            the top-k's group chosen from the compact buffer's width (ops.topk_group(cols, k): the rule
-                before run 127) instead of from the kept budget's columns (SpinIndexer.topk_group)
   update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
                 _st2: those passes alone)
 
@@ -57,7 +55,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
 VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "stg<N>", "prog<N>", "pipe",
-            "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lch<N>", "lpf<P>", "gw", "after_thr", "after_gat")
+            "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lch<N>", "lpf<P>", "after_thr", "after_gat")
 
 
 @contextlib.contextmanager
@@ -94,8 +92,6 @@ def variant(idx, name: str):
         patches = [(indexer_logits_triton, "default_config", config)]
     elif name == "pipe":
         patches = [(history_triton, "PIPELINED_MIN_BLOCKS", 0)]
-    elif name == "gw":  # an instance attribute: self.topk_group(cols, active_cols, k) calls it unbound
-        patches = [(idx, "topk_group", lambda cols, active_cols, k: ops.topk_group(cols, k))]
     elif name in ("spin", "fused"):
         patches = []
     elif name in ("after_thr", "after_gat"):

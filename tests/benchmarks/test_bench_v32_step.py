@@ -96,7 +96,6 @@ def test_bench_v32_step_dry_run(tmp_path):
 def test_variants_switch_one_part_each_and_restore_it(monkeypatch):
     # the A/B switches of --variants change exactly their part while active and put it back after,
     # also when the body raises; an unknown name is refused naming the option
-    from spin_indexer import ops
     from spin_indexer.indexer import SpinIndexer
 
     v32 = import_benchmark("bench_v32_step")
@@ -137,14 +136,6 @@ def test_variants_switch_one_part_each_and_restore_it(monkeypatch):
         assert ilt.default_config(1, 96 * 1024, True) == dataclasses.replace(config(1, 96 * 1024, True), max_chunk=256)
         assert ilt.default_config(1, 96 * 2048, False) == config(1, 96 * 2048, False)
     assert ilt.default_config is config and config(1, 96 * 1024, True).max_chunk == ilt.COMPACT_MAX_CHUNK
-    # topk-group-width: SPIN's top-k group from the buffer's width (the rule before run 127), then the rule back
-    rule = SpinIndexer.__dict__["topk_group"]
-    cols, active = 8192 * 64, 4096 * 64  # a 512K row half kept: groups of 64 by width, 32 by budget
-    assert SpinIndexer.topk_group(cols, active, 2048) != ops.topk_group(cols, 2048)
-    with pytest.raises(RuntimeError), v32.variant("topk-group-width"):
-        assert SpinIndexer.topk_group(cols, active, 2048) == ops.topk_group(cols, 2048)
-        raise RuntimeError("body")
-    assert SpinIndexer.__dict__["topk_group"] is rule
     with pytest.raises(SystemExit, match="--variants"), v32.variant("topk-v3"):
         pass
 

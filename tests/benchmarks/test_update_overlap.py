@@ -16,7 +16,7 @@ from conftest import import_benchmark, run_benchmark_dry
 def test_every_variant_runs_in_a_dry_run(tmp_path):
     pytest.importorskip("triton")
     variants = ("spin,topk_first,no_update,fused,onetile,st2,stg4,prog8,pipe,thr4,sel8,gat4096,ltp64,lch32,lpf2,"
-                "gw,after_thr,after_gat")
+                "after_thr,after_gat")
     proc = run_benchmark_dry("update_overlap.py", ["--out", tmp_path, "--points", "2x8192x1", "--sparsities", "0.4",
                                                    "--variants", variants, "--rounds", "2"], timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -69,24 +69,6 @@ def test_the_update_reroutes_patch_inside_their_block_only():
             assert ops.update_history is not original and "_topk" in vars(idx), name
             assert ops.update_history(object(), None) is None  # held back (topk_first) or dropped (no_update)
         assert ops.update_history is original and "_topk" not in vars(idx) and idx._topk() == "top-k", name
-
-
-def test_group_by_width_patches_the_indexer_inside_its_block_only():
-    """gw: the indexer's top-k group from the buffer's width (ops.topk_group(cols, k), the rule before run 127)
-    inside the block; after it the class's rule is back and the indexer holds no attribute of its own."""
-    pytest.importorskip("triton")
-    overlap = import_benchmark("update_overlap")
-    from spin_indexer import ops
-    from spin_indexer.indexer import SpinIndexer
-
-    class Indexer:
-        topk_group = SpinIndexer.__dict__["topk_group"]  # the staticmethod itself
-    idx = Indexer()
-    cols, active = 8192 * 64, 4096 * 64  # a 512K row half kept: groups of 64 by width, 32 by budget
-    assert idx.topk_group(cols, active, 2048) != ops.topk_group(cols, 2048)
-    with overlap.variant(idx, "gw"):
-        assert idx.topk_group(cols, active, 2048) == ops.topk_group(cols, 2048)
-    assert "topk_group" not in vars(idx) and idx.topk_group(cols, active, 2048) == SpinIndexer.topk_group(cols, active, 2048)
 
 
 def test_pass_configs_patch_inside_their_block_only():

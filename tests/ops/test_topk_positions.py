@@ -154,24 +154,6 @@ def test_bad_arguments_name_the_argument(kind, exc, name):
         topk_positions(logits, lengths, 5, **kwargs)
 
 
-def test_spin_topk_group_follows_the_kept_columns():
-    """SpinIndexer.topk_group: topk_group of the kept budget's columns (>= 4k groups below a compact row's
-    length), not of the buffer's width, and never below the workspace's finest maxima where the width allows."""
-    from spin_indexer.indexer import SpinIndexer
-    from spin_indexer.indexer.workspace import Workspace
-    from spin_indexer.ops.topk import topk_group
-    # e2e at 32K, k = 512 (run 126): the buffer's 32832 columns give 16, the half kept at s = 0.5 8
-    assert topk_group(32832, 512) == 16 and SpinIndexer.topk_group(32832, 16448, 512) == 8
-    # V3.2 at 512K, k = 2048, s = 0.4: 64 -> 32
-    assert SpinIndexer.topk_group(524288, 314624, 2048) == 32
-    # never finer than GROUP_MIN where the full width's group is at least that
-    assert SpinIndexer.topk_group(65536, 20000, 2048) == Workspace.GROUP_MIN
-    # a full width whose group is already finer keeps it
-    assert SpinIndexer.topk_group(4096, 2048, 256) == topk_group(4096, 256) == 4
-    for cols, active, k in [(131072, 65536, 2048), (8192, 8192, 64), (1 << 20, 1 << 19, 2048)]:
-        assert SpinIndexer.topk_group(cols, active, k) <= topk_group(cols, k)
-
-
 def test_a_bad_group_is_refused_by_name_on_every_path():
     logits = torch.randn(2, 300)
     lengths = torch.full((2,), 300, dtype=torch.int32)

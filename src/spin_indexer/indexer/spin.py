@@ -291,11 +291,13 @@ class SpinIndexer:
         out = None if backend == "deepgemm" else self.workspace.logits[:rows, :cols]
         block_max = self.workspace.block_max[:rows, :width]
         history = self._history_args(layer, st, plan)
-        # The top-k prunes at G columns. Finer than a block, the logits op writes those maxima (DeepGEMM's
-        # update pass reads the logits anyway; elsewhere one pass, as the top-k's own would be): the top-k's
-        # group-max launch cost ~10 us at 96 x 128K.
+        # The top-k prunes at G columns (topk_group of the buffer's width). Finer than a block, the logits op
+        # writes those maxima (DeepGEMM's update pass reads the logits anyway; elsewhere one pass, as the top-k's
+        # own would be): the top-k's group-max launch cost ~10 us at 96 x 128K. A group chosen from the kept
+        # budget's columns instead (finer at s = 0.4-0.5: fewer candidates past the threshold, run 126) cost the
+        # step 1-5% at 96 x 128K / 512K, paired (run 128), for +1% in the 32K e2e (run 127): not taken.
         active = budget_of(width, self.config.sparsity, self.config.topk, self.config.tokens_per_block)
-        group = self.topk_group(cols, active * self.config.tokens_per_block, self.config.topk)
+        group = ops.topk_group(cols, self.config.topk)
         group_max = None
         if self.workspace.GROUP_MIN <= group < self.config.tokens_per_block:
             group_max = self.workspace.group_max[:rows, :-(-cols // group)]
@@ -338,17 +340,6 @@ class SpinIndexer:
         main.wait_stream(self._topk_stream)
         main.wait_stream(side)
         return positions
-
-    @staticmethod
-    def topk_group(cols: int, active_cols: int, k: int) -> int:
-        """The top-k's group size for compact logits of `cols` columns whose rows hold about `active_cols` (the
-        kept budget): topk_group of the active columns, so that a row has ~4k groups below its length (with
-        topk_group(cols), SPIN's rows held half as many at s = 0.5 and the threshold admitted many more
-        candidates: run 126), but never below Workspace.GROUP_MIN where the full width allows it (the step
-        writes maxima down to it; finer ones would cost the top-k a maxima launch of its own). A host rule on
-        static shapes; any group gives the same top-k."""
-        full = ops.topk_group(cols, k)
-        return max(ops.topk_group(active_cols, k), min(full, Workspace.GROUP_MIN))
 
     @staticmethod
     def update_in_topk(batch: int, width: int, history: ops.HistoryUpdate) -> bool:

@@ -149,10 +149,18 @@ def test_quality_refuses_mixed_settings(fake_model, tmp_path, capsys):
     assert cli.main(base + ["--topk", "64"]) == 0
     assert cli.main(base + ["--topk", "32"]) == 1  # same folder, another top-k: refused before any work
     assert "mixes settings" in capsys.readouterr().err and len(fake_model) == 1
-    with open(out / "samples-z.jsonl", "w") as f:  # a foreign row makes the report refuse too
-        f.write(json.dumps({"task": "vt", "context": 300, "seed": 0, "config": "dense", "indexer": "lightning",
+    # a dense row of another setting pairs (dense never runs the indexer), and the report names the folder's
+    with open(out / "samples-y.jsonl", "w") as f:
+        f.write(json.dumps({"task": "niah_single_1", "context": 300, "seed": 0, "config": "dense",
+                            "indexer": "lightning", "topk": 32, "indexer_weights": "sha256:0123456789ab",
+                            "score": 1.0, "steps": 1, "text": "x"}) + "\n")
+    assert cli.main(["quality", "--report-only", "--from", str(out), "--out", str(out.parent / "r")]) == 0
+    readme = (out.parent / "r" / "README.md").read_text()
+    assert "| niah_single_1 | 300 | dense | 1 |" in readme and "0123456789ab" not in readme and "top-k = 64" in readme
+    with open(out / "samples-z.jsonl", "w") as f:  # a foreign row of a config that reads the indexer: refused
+        f.write(json.dumps({"task": "vt", "context": 300, "seed": 0, "config": "all-keep", "indexer": "lightning",
                             "topk": 64, "score": 0.0, "steps": 1}) + "\n")
-    assert cli.main(["quality", "--report-only", "--from", str(out), "--out", str(out.parent / "r")]) == 1
+    assert cli.main(["quality", "--report-only", "--from", str(out), "--out", str(out.parent / "r2")]) == 1
     assert "mixes settings" in capsys.readouterr().err
 
 

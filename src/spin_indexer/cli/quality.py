@@ -296,7 +296,9 @@ def _done_keys(out: Path, indexer: str, topk: int, weights_id: str | None = None
 
 
 def _check_one_setting(out: Path, rows: list[dict], expected: tuple | None = None) -> None:
-    settings = {(r.get("indexer"), r.get("topk"), r.get("indexer_weights")) for r in rows}
+    # dense rows attend to every token and never run the indexer, so they pair with any head's rows on the
+    # same prompts (a new head's folder can reuse the dense rows decoded beside an earlier one)
+    settings = {(r.get("indexer"), r.get("topk"), r.get("indexer_weights")) for r in rows if r.get("config") != "dense"}
     settings |= {expected} if expected else set()
     if len(settings) > 1:
         found = ", ".join(f"{i} indexer / top-k {k} / weights {w or FIRST_HEAD}"
@@ -333,7 +335,8 @@ def _report(out: Path, command: str, meta: dict | None, quiet: bool, dest: Path 
     rows.sort(key=lambda r: (r["task"] == "all", r["task"], r["context"], order.get(r["config"], 99), r["config"]))
     _write_csv(out / "ruler.csv", rows, CSV_COLUMNS)
     _write_csv(out / "ruler_detail.csv", rows, CSV_COLUMNS + ("ci_low", "ci_high", "sparsity", "acceptance", "steps"))
-    meta = meta or {k: samples[-1].get(k) for k in ("indexer", "topk", "indexer_weights", "threads", "device",
+    last = next((r for r in reversed(samples) if r.get("config") != "dense"), samples[-1])  # the folder's setting
+    meta = meta or {k: last.get(k) for k in ("indexer", "topk", "indexer_weights", "threads", "device",
                                                     "torch", "cpu")}
     table = format_table(rows) + "\n\n" + paired_table(samples, list(dict.fromkeys(r["config"] for r in rows if r["task"] == "all")))
     _write_readme(out / "README.md", command, meta, samples, table, notes_from=source / "README.md")

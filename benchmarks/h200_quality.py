@@ -131,7 +131,7 @@ def capture_chains(args, traces: Path) -> tuple[list, list]:
             replays.append((f"replay {label}", [
                 ["eval", "--traces", where, "--name", label, "--sweep", sweep, *extra, "--device", args.device,
                  "--quiet", "--no-plots", "--out", args.out / "fid" / str(ctx) / f"{sweep}-{name}"]
-                for sweep, extra in REPLAYS]))
+                for sweep, extra in REPLAYS if sweep in args.sweeps]))
     return captures, replays
 
 
@@ -290,6 +290,8 @@ def parse(argv):
     g.add_argument("--domain", default="python_stdlib")
     g.add_argument("--steps", type=int, default=32)
     g.add_argument("--indexers", default="lightning,oracle", help="traced indexers (capture --indexer)")
+    g.add_argument("--sweeps", nargs="+", default=[sweep for sweep, _ in REPLAYS], choices=[sweep for sweep, _ in REPLAYS],
+                   help="the replays of each trace set, in REPLAYS' order (main alone: ~1/3 of the replay time)")
     g.add_argument("--jobs", type=int, default=None,
                    help="processes at once (1: all in this process, in turn; default 8, 1 with --dry-run)")
     g.add_argument("--budget-s", type=float, default=float("inf"),

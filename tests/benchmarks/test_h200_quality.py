@@ -93,6 +93,20 @@ def test_capture_dry_run_in_worker_processes_stops_at_its_deadlines(dry, tmp_pat
     assert all(r["rc"] is None and r["traces"] == 0 for r in timing["captures"].values()) and timing["replays"] == {}
 
 
+def test_capture_sweeps_chooses_the_replays(tmp_path):
+    """--sweeps main: each trace set's replay chain is the main sweep alone (the same argv as in the full chain)."""
+    from types import SimpleNamespace
+
+    h = h200_quality
+    args = SimpleNamespace(weights=None, steps=4, k=8, indexers="lightning", device="cpu", contexts=[384, 512],
+                           prompts=2, prompt_file=tmp_path / "p.jsonl", domain="d", out=tmp_path,
+                           sweeps=[sweep for sweep, _ in h.REPLAYS])
+    full = h.capture_chains(args, tmp_path / "traces")[1]
+    main = h.capture_chains(SimpleNamespace(**{**vars(args), "sweeps": ["main"]}), tmp_path / "traces")[1]
+    assert [label for label, _ in main] == [label for label, _ in full] and len(full[0][1]) == len(h.REPLAYS)
+    assert all(chain == [argvs[0]] and "main" in argvs[0] for (_, chain), (_, argvs) in zip(main, full))
+
+
 def test_quality_dry_run_batches_prompts_and_pairs_configs(dry, tmp_path):
     assert dry("quality", tmp_path) == 0
     rows = [json.loads(line) for line in (tmp_path / "quality" / "samples-h200-384.jsonl").read_text().splitlines()]

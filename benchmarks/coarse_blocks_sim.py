@@ -15,7 +15,12 @@ sim: per document and layer, rows in order; the first --warm rows score every bl
 row keeps SPIN's budget (budget_of; the newest block always; random exploration round(gamma m) of it) by:
   hist          SPIN's A1-Max prediction: max(V[i], D[q - i]) max-pooled, V / D EMAs (alpha 0.5) updated only
                 from the kept blocks' scores (skipped positions keep their estimate), as the replay does
-  coarse-<s>    the summary score alone (s = mean, sub2, sub4, sub8)
+  coarse-<s>    the summary score alone (s = mean, sub2, sub4, sub8, or one of the two below)
+  bound<S>      Quest-style channel bounds (S = 1, 2, 4 sub-blocks a block): each sub-block's per-dimension key min
+                and max; ub_h = sum_d max(q_hd kmin_d, q_hd kmax_d), lb_h the same with min; summary = max over
+                sub-blocks of sum_h w_h ReLU(ub_h if w_h >= 0 else lb_h), an upper bound of every token's score
+  top<m>        the keys of the m tokens of the block that scored highest when the block was last kept, scored
+                exactly with this step's query, the max over them (top<m>+<s>: the max of that and summary <s>)
   mix-<s>-<w>   (1 - w) * percentile(hist) + w * percentile(summary) (hybrid.percentile's rule)
   zmix-<s>-<w>  the same with standardized scores ((x - mean) / std a row) instead of percentiles
 miss = the share of the row's exact top-k (float scores) in skipped blocks (predictor/miss.py), mean and nearest-rank
@@ -72,15 +77,33 @@ def capture(context: int, rows: int, out: str) -> None:
 
 
 def summary_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, length: int, kind: str) -> torch.Tensor:
-    """float32 [nb] summary score of each block of a row of `length` tokens: q [H, D], w [H], keys [>= nb*T, D]."""
+    """float32 [nb] summary score of each block of a row of `length` tokens: q [H, D], w [H], keys [>= nb*T, D];
+    kind mean / sub<S> (mean keys) or bound<S> (channel bounds)."""
     nb = -(-length // T)
-    parts = 1 if kind == "mean" else int(kind[3:])
+    parts = 1 if kind == "mean" else int(kind.removeprefix("bound").removeprefix("sub"))
     size = T // parts
     valid = (torch.arange(nb * T) < length).view(nb, parts, size)
-    blocks = keys[:nb * T].view(nb, parts, size, -1) * valid[..., None]
-    means = blocks.sum(2) / valid.sum(2, keepdim=True).clamp(min=1)
-    scores = torch.einsum("hd,bsd->hbs", q, means).relu().mul(w[:, None, None]).sum(0)
+    if kind.startswith("bound"):
+        blocks = keys[:nb * T].view(nb, parts, size, -1)
+        kmin = torch.where(valid[..., None], blocks, float("inf")).amin(2)
+        kmax = torch.where(valid[..., None], blocks, float("-inf")).amax(2)
+        qp, qn = q.clamp(min=0), q.clamp(max=0)
+        ub = torch.einsum("hd,bsd->hbs", qp, kmax) + torch.einsum("hd,bsd->hbs", qn, kmin)
+        lb = torch.einsum("hd,bsd->hbs", qp, kmin) + torch.einsum("hd,bsd->hbs", qn, kmax)
+        scores = torch.where(w[:, None, None] >= 0, ub, lb).relu().mul(w[:, None, None]).sum(0)
+    else:
+        blocks = keys[:nb * T].view(nb, parts, size, -1) * valid[..., None]
+        means = blocks.sum(2) / valid.sum(2, keepdim=True).clamp(min=1)
+        scores = torch.einsum("hd,bsd->hbs", q, means).relu().mul(w[:, None, None]).sum(0)
     return torch.where(valid.any(2), scores, -1e30).amax(1)
+
+
+def top_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, length: int, best: torch.Tensor) -> torch.Tensor:
+    """float32 [nb] the best score, with q [H, D] and w [H], of each block's remembered tokens best [nb, m] (token
+    indices; -1 or past `length`: none, -1e30)."""
+    known = (best >= 0) & (best < length)
+    scores = torch.einsum("hd,bmd->hbm", q, keys[best.clamp(min=0)]).relu().mul(w[:, None, None]).sum(0)
+    return torch.where(known, scores, -1e30).amax(1)
 
 
 def standardized(x: torch.Tensor) -> torch.Tensor:
@@ -106,6 +129,11 @@ def simulate(q, w, keys, context: int, k: int, sparsity: float, config: str, war
     if config != "hist":
         parts = config.split("-")
         kind, weight = parts[1], (1.0 if parts[0] == "coarse" else float(parts[2]))
+    top, also = 0, None  # top<m>[+<s>]: m remembered tokens a block (their indices in best), summary s besides
+    if kind is not None and kind.startswith("top"):
+        top, _, also = kind[3:].partition("+")
+        top, also = int(top), also or None
+        best = torch.full((-(-n // T), top), -1)
     misses = []
     for r in range(q.shape[0]):
         length = context + r + 1
@@ -122,7 +150,12 @@ def simulate(q, w, keys, context: int, k: int, sparsity: float, config: str, war
             if kind is None:
                 block = hist
             else:
-                summary = summary_scores(q[r], w[r], keys, length, kind)
+                if top:
+                    summary = top_scores(q[r], w[r], keys, length, best[:nb])
+                    if also:
+                        summary = torch.maximum(summary, summary_scores(q[r], w[r], keys, length, also))
+                else:
+                    summary = summary_scores(q[r], w[r], keys, length, kind)
                 every = torch.ones(nb, dtype=torch.bool)
                 if parts[0] == "zmix":  # standardized scores: two reductions a row instead of two rankings
                     block = (1 - weight) * standardized(hist) + weight * standardized(summary)
@@ -136,6 +169,11 @@ def simulate(q, w, keys, context: int, k: int, sparsity: float, config: str, war
             if explore and len(skipped):
                 keep[skipped[torch.randperm(len(skipped), generator=gen)[:explore]]] = True
             misses.append(float(miss_per_row(keep[None], topk[None], 1, T)[0]))
+        if top:  # the kept blocks' best tokens this row
+            padded = torch.full((nb * T,), float("-inf"))
+            padded[:length] = row
+            idx = padded.view(nb, T).topk(top, dim=1).indices + torch.arange(nb)[:, None] * T
+            best[:nb][keep.flatten()] = idx[keep.flatten()]
         seen = torch.arange(length)[keep.repeat_interleave(T)[:length]]
         s = row[seen]
         vertical[seen] = torch.where(torch.isnan(vertical[seen]), s, ALPHA * s + (1 - ALPHA) * vertical[seen])

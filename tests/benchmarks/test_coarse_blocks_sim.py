@@ -67,3 +67,61 @@ def test_standardized_puts_unseen_blocks_last_and_zmix_runs():
     misses = sim.simulate(q, w, keys, context, 32, 0.4, "zmix-sub4-0.5", warm=2, gamma=0.0,
                           gen=torch.Generator().manual_seed(0))
     assert len(misses) == q.shape[0] - 2 and all(0.0 <= m <= 1.0 for m in misses)
+
+
+def _block_max(q, w, keys, length):
+    """float32 [nb] the exact best token score of each block (w may be negative)."""
+    exact = torch.einsum("hd,nd->hn", q, keys[:length]).relu().mul(w[:, None]).sum(0)
+    nb = -(-length // T)
+    padded = torch.full((nb * T,), float("-inf"))
+    padded[:length] = exact
+    return padded.view(nb, T).amax(1)
+
+
+def test_bound_summaries_are_upper_bounds_and_tighten_with_sub_blocks():
+    """Signed head weights, a partial last block: bound<S> >= every token's score in the block; bound1 >= bound2 >=
+    bound4; keys constant over each 16-token run: bound4 is the exact block max."""
+    for repeat in (1, 16):
+        q, _, keys = _inputs(repeat=repeat, seed=1)
+        w = torch.randn(q.shape[:2], generator=torch.Generator().manual_seed(2))
+        length = keys.shape[0] - 3
+        padded = torch.nn.functional.pad(keys, (0, 0, 0, T))
+        want = _block_max(q[0], w[0], keys, length)
+        got = {s: sim.summary_scores(q[0], w[0], padded, length, f"bound{s}") for s in (1, 2, 4)}
+        for s in (1, 2, 4):
+            assert (got[s] >= want - 1e-4).all()
+        assert (got[1] >= got[2] - 1e-4).all() and (got[2] >= got[4] - 1e-4).all()
+        if repeat == 16:
+            torch.testing.assert_close(got[4], want)
+
+
+def test_top1_with_a_fixed_query_chooses_as_the_current_scores_do():
+    """The same query every row: the remembered best token of each (complete) block is its argmax, so coarse-top1
+    keeps what the exact block maxima keep (here missing less than the mean keys do)."""
+    q, w, keys = _inputs(rows=5, context=9 * T + 9, seed=4)
+    q, w = q[:1].expand_as(q), w[:1].expand_as(w)
+    context, k, sparsity = keys.shape[0] - q.shape[0], 8, 0.5
+    got = sim.simulate(q, w, keys, context, k, sparsity, "coarse-top1", warm=1, gamma=0.0,
+                       gen=torch.Generator().manual_seed(0))
+    want = []
+    for r in range(1, q.shape[0]):
+        length = context + r + 1
+        keep = sim.choose(_block_max(q[r], w[r], keys, length), sim.budget_of(-(-length // T), sparsity, k, T))
+        topk = torch.einsum("hd,nd->hn", q[r], keys[:length]).relu().mul(w[r][:, None]).sum(0).topk(k).indices
+        want.append(float(sim.miss_per_row(keep, topk.int()[None], 1, T)[0]))
+    assert got == want
+    mean = sim.simulate(q, w, keys, context, k, sparsity, "coarse-mean", warm=1, gamma=0.0,
+                        gen=torch.Generator().manual_seed(0))
+    assert sum(got) < sum(mean)
+
+
+def test_bound_and_top_configs_parse_and_run():
+    q, w, keys = _inputs()
+    context = keys.shape[0] - q.shape[0]
+    for config in ("coarse-bound2", "mix-bound4-0.7", "zmix-bound1-0.5", "coarse-top2", "mix-top1-0.5",
+                   "zmix-top1+sub4-0.7"):
+        for sparsity in (0.0, 0.4):
+            misses = sim.simulate(q, w, keys, context, 32, sparsity, config, warm=2, gamma=0.05,
+                                  gen=torch.Generator().manual_seed(0))
+            assert len(misses) == q.shape[0] - 2 and all(0.0 <= m <= 1.0 for m in misses)
+            assert sparsity or misses == [0.0] * len(misses)

@@ -4,8 +4,11 @@
               the prediction's real miss (predictor/adaptive.py)
     hybrid    this layer's block scores mixed with what the previous layer's indexer computed in the same
               step (predictor/hybrid.py); it needs that layer's scores, so it selects at run() time
+    summary   this layer's block scores mixed with this step's query scored against each block's sub-block
+              mean keys (predictor/summary.py, ops.block_summary_scores); it needs the layer's query and keys,
+              so it selects at run() time too
 
-SpinIndexer calls `select(layer, meta)` for each layer's plan and `after_layer(...)` once the layer's top-k
+SpinIndexer calls `select(layer, meta, out, inputs)` for each layer's plan and `after_layer(...)` once the layer's top-k
 and block plan exist; the paper's step itself has no branch for either.
 """
 from __future__ import annotations
@@ -14,14 +17,16 @@ import torch
 
 from ..predictor.adaptive import (audit_mask, curve_miss, prediction_miss, probe_miss, update_curve_,
                                   update_levels_)
+from .. import ops
 from ..predictor.hybrid import hybrid_scores
 from ..predictor.plan import layer_scores, select_layer
 from ..predictor.select import budget_blocks, explore_blocks, rank_of
+from ..predictor.summary import summary_scores
 from .block_plan import BlockPlan
 
 
 class Extensions:
-    """The adaptive and hybrid hooks of one SpinIndexer (state: its SpinState; config: its SpinConfig)."""
+    """The adaptive, hybrid and summary hooks of one SpinIndexer (state: its SpinState; config: its SpinConfig)."""
 
     def __init__(self, config, state, next_n: int):
         self.config, self.state, self.next_n = config, state, next_n
@@ -29,18 +34,29 @@ class Extensions:
 
     @property
     def selects_per_layer(self) -> bool:
-        """True when selection must wait for run(layer) (hybrid reads the previous layer of this step)."""
-        return self.config.hybrid > 0
+        """True when selection must wait for run(layer) (hybrid reads the previous layer of this step, summary
+        the layer's query)."""
+        return self.config.hybrid > 0 or self.config.summary > 0
 
     def begin_step(self) -> None:
         self.previous = None
 
-    def select(self, layer: int, meta, out: BlockPlan) -> BlockPlan:
-        """Plan `layer` into `out` with the extensions' budgets and scores."""
+    def select(self, layer: int, meta, out: BlockPlan, inputs: tuple | None = None) -> BlockPlan:
+        """Plan `layer` into `out` with the extensions' budgets and scores. inputs: (q_fp8, kv_cache, weights)
+        of run(layer), which the summary mix scores the blocks with (None where run() is not the caller:
+        then the summary mix is refused, naming what it needs)."""
         cfg, t = self.config, self.config.tokens_per_block
         scores = layer_scores(cfg, self.state, layer, meta)
         if cfg.hybrid > 0 and self.previous is not None:
             scores = hybrid_scores(scores, self.previous, meta.valid, cfg.hybrid)
+        if cfg.summary > 0:
+            if inputs is None:
+                raise RuntimeError("SpinConfig.summary scores the blocks with the layer's query and keys: only "
+                                   "SpinIndexer.run() has them (not run_from_scores, whose replay has scores only)")
+            q_fp8, kv_cache, weights = inputs
+            now = ops.block_summary_scores(q_fp8, kv_cache, weights, meta.seq_lens, meta.block_table,
+                                           cfg.summary_parts, validate=False)
+            scores = summary_scores(scores, now, meta.valid, cfg.summary)
         budget, explore, audit = meta.budget, meta.explore, None
         dense = meta.keep_all | meta.guarded
         if cfg.adaptive is not None:

@@ -128,7 +128,8 @@ class SpinIndexer:
             raise allocation_error("SpinIndexer workspace", need, self.device,
                                    f"num_layers={num_layers}, max_batch={max_batch}, max_blocks={max_blocks}, "
                                    f"next_n={next_n}") from exc
-        self.extensions = Extensions(config, self.state, next_n) if (config.adaptive or config.hybrid) else None
+        self.extensions = (Extensions(config, self.state, next_n)
+                           if (config.adaptive or config.hybrid or config.summary) else None)
         # The stream the EMA update runs on (`_forked`); None (in series, on the caller's stream) off
         # CUDA or with overlap_update=False.
         self._update_stream = self._topk_stream = None
@@ -150,7 +151,7 @@ class SpinIndexer:
         """The block plan of `layer` for the current step."""
         st = self._current(layer)
         if st.plans[layer] is None:
-            raise RuntimeError(f"SpinIndexer.plans: layer {layer} is selected when it runs (hybrid mode)")
+            raise RuntimeError(f"SpinIndexer.plans: layer {layer} is selected when it runs (hybrid or summary mode)")
         return st.plans[layer]
 
     # -- plan ------------------------------------------------------------------------------------------
@@ -281,7 +282,7 @@ class SpinIndexer:
     def _run(self, layer: int, st: _Step, q_fp8, kv_cache, weights) -> torch.Tensor:
         batch, width = st.block_table.shape
         late = st.plans[layer] is None  # hybrid: selected now, after plan() wrote the schedules
-        plan = self._plan_of(layer, st)
+        plan = self._plan_of(layer, st, (q_fp8, kv_cache, weights))
         schedule = None if late or not st.scheduled else self._schedule_of(layer, plan)
         rows, cols = batch * self.next_n, width * self.config.tokens_per_block
         if self._guarded_by_shape(batch, width):
@@ -434,13 +435,15 @@ class SpinIndexer:
         return self._topk(layer, st, plan, logits, block_max)
 
     # -- the per-layer steps -------------------------------------------------------------------------
-    def _plan_of(self, layer: int, st: _Step) -> BlockPlan:
+    def _plan_of(self, layer: int, st: _Step, inputs: tuple | None = None) -> BlockPlan:
+        """The layer's plan; a layer that selects at run time (hybrid, summary) selects now, given run()'s
+        (q_fp8, kv_cache, weights) as `inputs`."""
         if layer in st.done:
             raise RuntimeError(f"SpinIndexer.run: layer {layer} already ran this step; call plan() for the next step")
         plan = st.plans[layer]
-        if plan is None:  # hybrid: this layer selects now, after the previous layer's scores
+        if plan is None:  # hybrid / summary: this layer selects now, after the previous layer's scores or q
             out = self._workspace_plan(layer, *st.block_table.shape)
-            plan = st.plans[layer] = self.extensions.select(layer, st.meta, out)
+            plan = st.plans[layer] = self.extensions.select(layer, st.meta, out, inputs)
         st.done.add(layer)
         return plan
 

@@ -8,6 +8,7 @@ import torch
 
 from ..checks import check_tensor
 from ..dispatch import LOGITS_BACKENDS, triton_twin
+from .block_summary import block_summary_scores_ref
 from .history import HistoryUpdate, block_tokens, update_history_ref
 from .indexer_logits import block_max_ref, check_paged_indexer_args, paged_indexer_logits_ref
 from .kv_cache import dequantize_blocks, quantize_and_write, quantize_keys, read_kv_cache, write_kv_cache
@@ -226,7 +227,14 @@ def block_max(logits, tokens_per_block: int = 64):
     return block_max_ref(logits, tokens_per_block)
 
 
+def block_summary_scores(q_fp8, kv_cache, weights, seq_lens, block_table, parts: int = 4, validate: bool = True):
+    """float32 [B, W]: each block's sub-block mean keys scored with this step's query (block_summary_scores_ref
+    for the math and shapes). The torch reference on every device: no kernel yet (docs/current_step_selection.md)."""
+    return block_summary_scores_ref(q_fp8, kv_cache, weights, seq_lens, block_table, parts, validate)
+
+
 __all__ = [
+    "block_summary_scores", "block_summary_scores_ref",
     "HistoryUpdate", "update_history", "logits_backend",
     "paged_indexer_logits", "paged_indexer_logits_ref", "check_paged_indexer_args", "topk", "topk_ref",
     "topk_positions", "topk_positions_ref", "topk_group", "group_max_ref",

@@ -109,6 +109,10 @@ class SpinConfig:
     hybrid: weight in [0, 1] of the previous layer's scores from the same step (what that layer's indexer
         just computed) against this layer's own history, mixed as block-score percentiles
         (predictor/hybrid.py). 0 = the paper's history-only predictor.
+    summary: weight in [0, 1] of this step's query scored against each block's sub-block mean keys
+        (ops.block_summary_scores), mixed with this layer's history as standardized scores
+        (predictor/summary.py; docs/current_step_selection.md). It needs the layer's query and keys, so the
+        layer selects in run(). 0 = off. summary_parts: sub-blocks a block (a divisor of tokens_per_block).
     diagonal_window: offsets from the query (tokens) that keep diagonal history; the diagonal patterns
         live near the query, and a bounded window keeps a request's state the same size at any context.
         None = every offset (the paper's unbounded table; sized to the indexer's maximum context).
@@ -139,6 +143,8 @@ class SpinConfig:
     state_dtype: torch.dtype = torch.float16
     adaptive: AdaptiveConfig | None = None
     hybrid: float = 0.0
+    summary: float = 0.0
+    summary_parts: int = 4
     diagonal_window: int | None = 8192
     dense_below: int | str = 0
     dense_batch_below: int | str = 0
@@ -152,9 +158,14 @@ class SpinConfig:
         self._set("alpha", check_float("SpinConfig.alpha", self.alpha, low=0, high=1, low_open=True))
         self._set("gamma", check_float("SpinConfig.gamma", self.gamma, low=0, high=1, high_open=True))
         self._set("hybrid", check_float("SpinConfig.hybrid", self.hybrid, low=0, high=1))
+        self._set("summary", check_float("SpinConfig.summary", self.summary, low=0, high=1))
+        self._set("summary_parts", check_int("SpinConfig.summary_parts", self.summary_parts, low=1))
         self._set("topk", check_int("SpinConfig.topk", self.topk, low=1))
         self._set("seed", check_int("SpinConfig.seed", self.seed, low=0, high=2**31 - 1))
         self._set("tokens_per_block", check_int("SpinConfig.tokens_per_block", self.tokens_per_block, low=1))
+        if self.tokens_per_block % self.summary_parts:
+            raise ValueError(f"SpinConfig.summary_parts: expected a divisor of tokens_per_block "
+                             f"({self.tokens_per_block}), got {self.summary_parts}")
         if self.adaptive is not None and not isinstance(self.adaptive, AdaptiveConfig):
             raise TypeError(f"SpinConfig.adaptive: expected an AdaptiveConfig or None, got {describe(self.adaptive)}")
         if self.diagonal_window is not None:

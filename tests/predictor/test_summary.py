@@ -1,0 +1,78 @@
+"""The summary mix (beyond the paper, issue #18): standardized scores, the mix, and SpinIndexer selecting a
+layer at run() time by this step's query against each block's sub-block mean keys (ops.block_summary_scores)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import T, make_paged_inputs
+from spin_indexer import ops
+from spin_indexer.eval.quality import parse_config
+from spin_indexer.indexer import SpinIndexer
+from spin_indexer.predictor import SpinConfig
+from spin_indexer.predictor.summary import standardized, summary_scores
+
+
+def test_standardized_rows():
+    inf = float("inf")
+    x = torch.tensor([[1.0, 2.0, 3.0, 9.0, -inf], [5.0, 5.0, 5.0, 5.0, 5.0], [-inf, -inf, 1.0, 2.0, 3.0]])
+    valid = torch.tensor([[True, True, True, False, True], [True] * 5, [False, True, True, True, True]])
+    z = standardized(x, valid)
+    s = math.sqrt(2 / 3)
+    # row 0: 1, 2, 3 standardized; the invalid 9 and the never-seen -inf at the row's lowest z
+    assert z[0].tolist() == pytest.approx([-1 / s, 0.0, 1 / s, -1 / s, -1 / s])
+    assert z[1].tolist() == [0.0] * 5  # all equal: 0, no division by zero
+    assert z[2].tolist() == pytest.approx([-1 / s, -1 / s, -1 / s, 0.0, 1 / s])
+    assert standardized(torch.full((1, 3), -inf), torch.ones(1, 3, dtype=torch.bool)).tolist() == [[0.0] * 3]
+
+
+def test_the_mix_follows_its_weight():
+    valid = torch.tensor([[True, True, True, True, False]])
+    history = torch.tensor([[[4.0, 3.0, 2.0, 1.0, 0.0]]])
+    summary = torch.tensor([[1.0, 2.0, 3.0, 40.0, 0.0]])
+    by_history = summary_scores(history, summary, valid, 0.0)[0, 0, :4]
+    by_summary = summary_scores(history, summary, valid, 1.0)[0, 0, :4]
+    assert by_history.argsort(descending=True).tolist() == [0, 1, 2, 3]
+    assert by_summary.argsort(descending=True).tolist() == [3, 2, 1, 0]
+    assert torch.isneginf(summary_scores(history, summary, valid, 0.5)[0, 0, 4])
+
+
+def _step(idx, x, slots, layers=1):
+    idx.plan(x.block_table, x.seq_lens, slots)
+    return [idx.run(layer, x.q_fp8, x.kv_cache, x.weights) for layer in range(layers)]
+
+
+def test_summary_weight_one_keeps_the_best_summarized_blocks(gen):
+    """After a step that scored every block, summary = 1 keeps, besides the forced blocks (the newest),
+    exactly the blocks whose summary scores are highest: every kept unforced block outscores every skipped one."""
+    x = make_paged_inputs((24 * T,), 1, 4, 32, gen, extra_width=0)
+    cfg = SpinConfig(sparsity=0.5, topk=64, exploration="none", gamma=0.0, summary=1.0, summary_parts=4)
+    idx = SpinIndexer(cfg, num_layers=1, max_batch=1, max_blocks=24, num_cache_blocks=x.kv_cache.shape[0])
+    slots = torch.tensor([idx.state.allocate()], dtype=torch.int32)
+    _step(idx, x, slots)  # no history yet: every block is kept (and so observed)
+    _step(idx, x, slots)
+    keep = idx.block_plan.keep_mask[0, :24]
+    assert 0 < int(keep.sum()) < 24
+    score = ops.block_summary_scores(*x.args(), parts=4)[0]
+    newest = torch.arange(24) == 23  # forced: the request's last block
+    kept, skipped = score[keep & ~newest], score[~keep]
+    assert kept.min() >= skipped.max()
+
+
+def test_summary_needs_run_not_a_replay_and_validates(gen):
+    cfg = SpinConfig(sparsity=0.5, topk=64, summary=0.5)
+    idx = SpinIndexer(cfg, num_layers=1, max_batch=1, max_blocks=8)
+    slots = torch.tensor([idx.state.allocate()], dtype=torch.int32)
+    lens = torch.tensor([[8 * T]], dtype=torch.int32)
+    idx.plan(torch.arange(8, dtype=torch.int32)[None], lens, slots)
+    with pytest.raises(RuntimeError, match="run\\(\\)"):
+        idx.run_from_scores(0, torch.randn(1, 8 * T))
+    with pytest.raises(ValueError, match="SpinConfig.summary"):
+        SpinConfig(summary=1.5)
+    with pytest.raises(ValueError, match="SpinConfig.summary_parts"):
+        SpinConfig(summary_parts=3)
+    assert parse_config("spin-0.4-sum0.7").spin_config(512, 0).summary == 0.7
+    with pytest.raises(ValueError, match="sum<w>"):  # the form is refused: weights above 1 do not parse
+        parse_config("spin-0.4-sum1.5")

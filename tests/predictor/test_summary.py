@@ -76,3 +76,17 @@ def test_summary_needs_run_not_a_replay_and_validates(gen):
     assert parse_config("spin-0.4-sum0.7").spin_config(512, 0).summary == 0.7
     with pytest.raises(ValueError, match="sum<w>"):  # the form is refused: weights above 1 do not parse
         parse_config("spin-0.4-sum1.5")
+
+
+def test_a_refused_replay_leaves_the_layer_to_run(gen):
+    """run_from_scores under the summary mix is refused without consuming the layer: run() then selects it."""
+    x = make_paged_inputs((8 * T,), 1, 4, 32, gen, extra_width=0)
+    idx = SpinIndexer(SpinConfig(sparsity=0.5, topk=64, summary=0.5), num_layers=1, max_batch=1, max_blocks=8,
+                      num_cache_blocks=x.kv_cache.shape[0])
+    slots = torch.tensor([idx.state.allocate()], dtype=torch.int32)
+    idx.plan(x.block_table, x.seq_lens, slots)
+    vertical = idx.state.vertical.clone()
+    with pytest.raises(RuntimeError, match="run\\(\\)"):
+        idx.run_from_scores(0, torch.randn(1, 8 * T))
+    assert torch.equal(idx.state.vertical, vertical)
+    assert idx.run(0, x.q_fp8, x.kv_cache, x.weights).shape == (1, 64)

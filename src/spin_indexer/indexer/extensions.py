@@ -8,16 +8,16 @@
               mean keys (predictor/summary.py, ops.block_summary_scores); it needs the layer's query and keys,
               so it selects at run() time too
 
-SpinIndexer calls `select(layer, meta, out, inputs)` for each layer's plan and `after_layer(...)` once the layer's top-k
-and block plan exist; the paper's step itself has no branch for either.
+SpinIndexer calls `select(layer, meta, out, inputs)` for each layer's plan and `after_layer(...)` once the
+layer's top-k and block plan exist; the paper's step itself has no branch for either.
 """
 from __future__ import annotations
 
 import torch
 
+from .. import ops
 from ..predictor.adaptive import (audit_mask, curve_miss, prediction_miss, probe_miss, update_curve_,
                                   update_levels_)
-from .. import ops
 from ..predictor.hybrid import hybrid_scores
 from ..predictor.plan import layer_scores, select_layer
 from ..predictor.select import budget_blocks, explore_blocks, rank_of
@@ -46,13 +46,13 @@ class Extensions:
         of run(layer), which the summary mix scores the blocks with (None where run() is not the caller:
         then the summary mix is refused, naming what it needs)."""
         cfg, t = self.config, self.config.tokens_per_block
+        if cfg.summary > 0 and inputs is None:  # refused before anything is read or written
+            raise RuntimeError("SpinConfig.summary scores the blocks with the layer's query and keys: only "
+                               "SpinIndexer.run() has them (not run_from_scores, whose replay has scores only)")
         scores = layer_scores(cfg, self.state, layer, meta)
         if cfg.hybrid > 0 and self.previous is not None:
             scores = hybrid_scores(scores, self.previous, meta.valid, cfg.hybrid)
         if cfg.summary > 0:
-            if inputs is None:
-                raise RuntimeError("SpinConfig.summary scores the blocks with the layer's query and keys: only "
-                                   "SpinIndexer.run() has them (not run_from_scores, whose replay has scores only)")
             q_fp8, kv_cache, weights = inputs
             now = ops.block_summary_scores(q_fp8, kv_cache, weights, meta.seq_lens, meta.block_table,
                                            cfg.summary_parts, validate=False)

@@ -15,7 +15,7 @@ import torch
 
 from ..checks import check_int
 from ..layout import FP8_DTYPE, cache_views
-from .indexer_logits import check_paged_indexer_args
+from .indexer_logits import check_paged_indexer_args, used_block_table
 
 
 def block_summary_scores_ref(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
@@ -37,9 +37,7 @@ def block_summary_scores_ref(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weight
     if batch == 0 or width == 0:
         return out
     longest = seq_lens.amax(dim=1).long()  # [B]
-    used = (longest + tokens - 1) // tokens
-    blocks = torch.arange(width, device=q_fp8.device)
-    safe_table = torch.where(blocks[None, :] < used[:, None], block_table, torch.zeros_like(block_table)).long()
+    safe_table = used_block_table(block_table, seq_lens, tokens)
     position = torch.arange(width * tokens, device=q_fp8.device).view(width, parts, size)
     for b in range(batch):  # one request at a time, as the logits reference
         ids = safe_table[b]

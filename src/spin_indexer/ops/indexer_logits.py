@@ -42,10 +42,16 @@ def check_paged_indexer_args(q_fp8, kv_cache, weights, seq_lens, block_table, va
         width = block_table.shape[1]
         check_values_in_range("seq_lens", seq_lens, 0, width * tokens, "lengths (at most W*T)")
         if batch > 0:
-            used = (seq_lens.amax(dim=1).long() + tokens - 1) // tokens  # blocks each request touches
-            in_use = torch.arange(width, device=dev)[None, :] < used[:, None]
-            check_values_in_range("block_table", torch.where(in_use, block_table, 0), 0, kv_cache.shape[0] - 1,
-                                  "block ids of used blocks")
+            check_values_in_range("block_table", used_block_table(block_table, seq_lens, tokens), 0,
+                                   kv_cache.shape[0] - 1, "block ids of used blocks")
+
+
+def used_block_table(block_table: torch.Tensor, seq_lens: torch.Tensor, tokens: int) -> torch.Tensor:
+    """int64 [B, W]: block_table with the entries past each request's last used block (below its longest row)
+    set to 0, so that a reference reading every entry never reads outside the cache."""
+    used = (seq_lens.amax(dim=1).long() + tokens - 1) // tokens if seq_lens.shape[0] else seq_lens.new_zeros(0)
+    in_use = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < used[:, None]
+    return torch.where(in_use, block_table, torch.zeros_like(block_table)).long()
 
 
 def paged_indexer_logits_ref(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
@@ -66,9 +72,7 @@ def paged_indexer_logits_ref(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weight
     tokens, width = kv_cache.shape[1], block_table.shape[1]
     values, scales = cache_views(kv_cache)
     out = torch.full((batch * next_n, width * tokens), float("-inf"), dtype=torch.float32, device=q_fp8.device)
-    used = (seq_lens.amax(dim=1).long() + tokens - 1) // tokens if batch else seq_lens.new_zeros(0)
-    in_use = torch.arange(width, device=q_fp8.device)[None, :] < used[:, None]
-    safe_table = torch.where(in_use, block_table, torch.zeros_like(block_table)).long()
+    safe_table = used_block_table(block_table, seq_lens, tokens)
     cols = torch.arange(width * tokens, device=q_fp8.device)
     for b in range(batch):  # one request at a time keeps memory at [next_n, H, W*T]
         ids = safe_table[b]

@@ -143,7 +143,7 @@ def decode(model, indexer, ids, steps: int, variant: str, k_attn: int, ks, spars
         if layer == 0:
             lens_seen.append(int(lengths[0]))
 
-    def observer(layer, scores, topk):  # dense (all-keep) scores of every cached position
+    def observer(layer, scores, topk, _inputs):  # dense (all-keep) scores of every cached position
         store(layer, scores, (caches.lengths + 1).to(torch.int32).expand(scores.shape[0]).contiguous())
 
     logits = first

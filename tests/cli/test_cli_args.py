@@ -124,7 +124,8 @@ def test_report_writes_to_out(tmp_path, capsys):
     (["--layers", "5-2"], "--layers"), (["--layers", "0-8:0"], "--layers"), (["--k", "0"], "--k"),
     (["--steps", "-1"], "--steps"), (["--prompts", "0"], "--prompts"), (["--context", "10"], "--context"),
     (["--next-n", "0"], "--next-n"), (["--out", "/dev/null/x"], "--out"), (["--task", "nope"], "task"),
-    (["--indexer", "lightning", "--weights", "/no/such.safetensors"], "--weights")])
+    (["--indexer", "lightning", "--weights", "/no/such.safetensors"], "--weights"),
+    (["--summary-parts", "3"], "--summary-parts: expected divisors"), (["--summary-parts", "128"], "--summary-parts")])
 def test_capture_rejects_before_loading(no_model_load, tmp_path, capsys, argv, needle):
     out = ["--out", str(tmp_path / "tr")] if "--out" not in argv else []
     assert cli.main(["capture", "--indexer", "oracle", "--quiet", *out, *argv]) != 0

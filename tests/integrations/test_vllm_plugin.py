@@ -122,6 +122,8 @@ def test_settings_precedence_and_errors():
         st.load_settings({"spin": {"sparsty": 0.3}}, {})
     with pytest.raises(ValueError, match="policy"):
         st.load_settings(None, {"SPIN_POLICY": "nope"}).spin_config(512)
+    with pytest.raises(ValueError, match="SpinVllmSettings.policy: 'summary8-0.7' is an evaluation policy"):
+        st.load_settings({"spin": {"policy": "summary8-0.7"}}, {})
 
 
 def test_unsupported_vllm_names_the_version(monkeypatch):

@@ -30,7 +30,7 @@ def test_capture_roundtrip_and_contents(tmp_path, mode):
         tok = logits.argmax(-1).view(1, 1)
         assert int(tok) == int(generated[s])
         logits = decode_one_step(model, caches, tok, mode, 32, idx,
-                                 observer=lambda layer, sc, tk: seen.__setitem__((s, layer), (sc, tk)))[0, -1]
+                                 observer=lambda layer, sc, tk, _: seen.__setitem__((s, layer), (sc, tk)))[0, -1]
     sc, tk = seen[(3, 1)]
     n = 154
     torch.testing.assert_close(trace.scores[3, 1, 0, :n].float(), sc[0, :n], rtol=1e-3, atol=1e-3)
@@ -218,3 +218,41 @@ def test_capture_mtp_draft_noise_rejects_and_still_decodes_greedily():
     assert torch.equal(generated, greedy[:generated.numel()])  # rejections never change what is emitted
     with pytest.raises(ValueError, match="draft_noise"):
         capture_trace(model, prompt, 2, "oracle", 16, prompt_id="bad", next_n=2, draft_noise=1.5)
+
+
+def test_capture_records_block_summaries_that_replay_reads(tmp_path):
+    """summary_parts records ops.block_summary_scores of the live step (checked against a hand decode), the trace
+    round-trips with them, and a summary-mix replay reads them (refused on a trace without them)."""
+    from spin_indexer import ops
+    from spin_indexer.predictor import SpinConfig
+    from spin_indexer.traces.replay import replay
+
+    model, idx = tiny_model(max_len=512), tiny_indexer(max_len=512)
+    prompt = torch.randint(0, 97, (300,))
+    trace, generated = capture_trace(model, prompt, 5, "lightning", 32, idx, prompt_id="p0", summary_parts=(4, 16))
+    width = -(-305 // 64)
+    assert trace.summary.shape == (5, 2, 2, width) and trace.meta.extra["summary_parts"] == [4, 16]
+    seen = {}
+    caches = Caches.allocate(model, 1, 320, idx)
+    logits = prefill(model, caches, 0, prompt, idx)
+    for s in range(3):
+        tok = logits.argmax(-1).view(1, 1)
+        logits = decode_one_step(model, caches, tok, "lightning", 32, idx,
+                                 observer=lambda layer, sc, tk, x: seen.__setitem__(
+                                     layer, ops.block_summary_scores(*x, parts=16)))[0, -1]
+    torch.testing.assert_close(trace.summary_of(16)[2, 1], seen[1][0, :width])
+    assert torch.isfinite(trace.summary).all()  # every block holds tokens from step 0 (301 > 4 x 64)
+    back = load_trace(trace.save(tmp_path))
+    assert torch.equal(back.summary, trace.summary) and back.meta.extra["summary_parts"] == [4, 16]
+    cfg = SpinConfig(sparsity=0.5, topk=32, summary=0.7, summary_parts=4)
+    assert replay(back, cfg).miss["p0"].shape == (5, 2, 1)
+    with pytest.raises(ValueError, match="summary_parts = 8.*has \\[4, 16\\]"):
+        replay(back, SpinConfig(sparsity=0.5, summary=0.7, summary_parts=8))
+    bare, _ = capture_trace(model, prompt, 2, "lightning", 32, idx, prompt_id="bare")
+    assert bare.summary is None
+    with pytest.raises(ValueError, match="trace bare: .*none"):
+        replay(bare, cfg)
+    with pytest.raises(ValueError, match="summary_parts"):
+        capture_trace(model, prompt, 2, "oracle", 32, None, prompt_id="o", summary_parts=(4,))
+    with pytest.raises(ValueError, match="summary_parts"):
+        capture_trace(model, prompt, 2, "lightning", 32, idx, prompt_id="o", summary_parts=(3,))

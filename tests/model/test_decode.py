@@ -74,7 +74,7 @@ def test_dense_indexer_selector_equals_all_keep(model, indexer, mode):
     for selector in (None, DenseIndexer(topk=k)):
         caches = Caches.allocate(model, 1, 200, indexer if mode == "lightning" else None)
         prefill(model, caches, 0, tokens[0, :170], indexer)
-        observer = (lambda layer, s, t: seen.append(t.clone())) if selector is None else None
+        observer = (lambda layer, s, t, _: seen.append(t.clone())) if selector is None else None
         results.append(torch.stack([decode_one_step(model, caches, tokens[:, p:p + 1], mode, k, indexer, selector,
                                                     observer) for p in range(170, 175)]))
     torch.testing.assert_close(results[0], results[1])

@@ -11,6 +11,7 @@ from conftest import T, make_paged_inputs
 from spin_indexer import ops
 from spin_indexer.eval.quality import parse_config
 from spin_indexer.indexer import SpinIndexer
+from spin_indexer.ops.indexer_logits import paged_indexer_logits_ref
 from spin_indexer.predictor import SpinConfig
 from spin_indexer.predictor.summary import standardized, summary_scores
 
@@ -61,14 +62,23 @@ def test_summary_weight_one_keeps_the_best_summarized_blocks(gen):
     assert kept.min() >= skipped.max()
 
 
-def test_summary_needs_run_not_a_replay_and_validates(gen):
+def test_summary_replay_needs_the_recorded_summaries_and_validates(gen):
     cfg = SpinConfig(sparsity=0.5, topk=64, summary=0.5)
     idx = SpinIndexer(cfg, num_layers=1, max_batch=1, max_blocks=8)
     slots = torch.tensor([idx.state.allocate()], dtype=torch.int32)
     lens = torch.tensor([[8 * T]], dtype=torch.int32)
     idx.plan(torch.arange(8, dtype=torch.int32)[None], lens, slots)
-    with pytest.raises(RuntimeError, match="run\\(\\)"):
+    with pytest.raises(ValueError, match="summary: expected the block summary scores"):
         idx.run_from_scores(0, torch.randn(1, 8 * T))
+    with pytest.raises(ValueError, match="summary: expected shape"):
+        idx.run_from_scores(0, torch.randn(1, 8 * T), torch.randn(1, 7))
+    with pytest.raises(TypeError, match="summary"):
+        idx.run_from_scores(0, torch.randn(1, 8 * T), torch.randn(1, 8, dtype=torch.float64))
+    plain = SpinIndexer(SpinConfig(sparsity=0.5, topk=64), num_layers=1, max_batch=1, max_blocks=8)
+    plain.plan(torch.arange(8, dtype=torch.int32)[None], lens,
+               torch.tensor([plain.state.allocate()], dtype=torch.int32))
+    with pytest.raises(ValueError, match="summary: expected the block summary scores exactly when"):
+        plain.run_from_scores(0, torch.randn(1, 8 * T), torch.randn(1, 8))
     with pytest.raises(ValueError, match="SpinConfig.summary"):
         SpinConfig(summary=1.5)
     with pytest.raises(ValueError, match="SpinConfig.summary_parts"):
@@ -79,14 +89,42 @@ def test_summary_needs_run_not_a_replay_and_validates(gen):
 
 
 def test_a_refused_replay_leaves_the_layer_to_run(gen):
-    """run_from_scores under the summary mix is refused without consuming the layer: run() then selects it."""
+    """run_from_scores under the summary mix without summaries is refused without consuming the layer: run()
+    then selects it."""
     x = make_paged_inputs((8 * T,), 1, 4, 32, gen, extra_width=0)
     idx = SpinIndexer(SpinConfig(sparsity=0.5, topk=64, summary=0.5), num_layers=1, max_batch=1, max_blocks=8,
                       num_cache_blocks=x.kv_cache.shape[0])
     slots = torch.tensor([idx.state.allocate()], dtype=torch.int32)
     idx.plan(x.block_table, x.seq_lens, slots)
     vertical = idx.state.vertical.clone()
-    with pytest.raises(RuntimeError, match="run\\(\\)"):
+    with pytest.raises(ValueError, match="summary"):
         idx.run_from_scores(0, torch.randn(1, 8 * T))
     assert torch.equal(idx.state.vertical, vertical)
     assert idx.run(0, x.q_fp8, x.kv_cache, x.weights).shape == (1, 64)
+
+
+@pytest.mark.parametrize("next_n", [1, 3])
+def test_replay_with_recorded_summaries_equals_live_run(gen, next_n):
+    """run_from_scores given the logits and the block summary scores run() would compute makes the same plans and
+    the same top-k as run() over several steps (two requests, a partial last block): a trace that records the
+    summaries replays the mix exactly."""
+    lens = (20 * T + 5, 13 * T)
+    x = make_paged_inputs(lens, next_n, 4, 32, gen, extra_width=1)
+    cfg = SpinConfig(sparsity=0.4, topk=64, exploration="none", gamma=0.0, summary=0.6, summary_parts=8)
+    live, replayed = (SpinIndexer(cfg, num_layers=2, max_batch=2, max_blocks=x.block_table.shape[1], next_n=next_n,
+                                  num_cache_blocks=x.kv_cache.shape[0], topk_sorted=True) for _ in range(2))
+    slots = [torch.tensor([i.state.allocate() for _ in lens], dtype=torch.int32) for i in (live, replayed)]
+    for step in range(3):
+        weights = x.weights * (1.0 + 0.3 * step)  # the query weights change a little between steps
+        scores = paged_indexer_logits_ref(x.q_fp8, x.kv_cache, weights, x.seq_lens, x.block_table)
+        summary = ops.block_summary_scores(x.q_fp8, x.kv_cache, weights, x.seq_lens, x.block_table, parts=8)
+        live.plan(x.block_table, x.seq_lens, slots[0])
+        replayed.plan(x.block_table, x.seq_lens, slots[1])
+        for layer in range(2):
+            a = live.run(layer, x.q_fp8, x.kv_cache, weights)
+            keep_a = live.block_plan.keep_mask.clone()
+            b = replayed.run_from_scores(layer, scores, summary)
+            assert torch.equal(keep_a, replayed.block_plan.keep_mask)
+            if step:
+                assert not bool(keep_a[:, :13].all())  # the mix skipped something: the test compares choices
+            assert torch.equal(a.sort(dim=1).values, b.sort(dim=1).values)

@@ -126,3 +126,29 @@ def test_hybrid_configs_replay_layer_by_layer():
     assert torch.equal(auto.miss["h"], replay(t, cfg, fold_layers=False).miss["h"])
     with pytest.raises(ValueError, match="fold_layers: expected False"):
         replay(t, cfg, fold_layers=True)
+
+
+def test_summary_replay_follows_the_recorded_summaries():
+    """SpinConfig.summary replays from Trace.summary: on a stationary trace (hot blocks 2 and 5), summaries that
+    point at the hot blocks miss nothing, summaries that point elsewhere make the weight-1 mix skip them; folding
+    the layers changes nothing (exploration off)."""
+    t = _stationary_trace(steps=8, context=1500, k=128)
+    steps, layers, _, cols = t.scores.shape
+    width = -(-cols // 64)
+
+    def with_summary(hot, name, cold=()):
+        s = torch.ones(steps, layers, 1, width)
+        s[..., list(hot)] = 5.0
+        s[..., list(cold)] = 0.0
+        meta = dataclasses.replace(t.meta, prompt_id=name, extra={"summary_parts": [4]})
+        return Trace(t.scores, t.seq_lens, meta, summary=s)
+
+    cfg = SpinConfig(sparsity=0.5, exploration="none", gamma=0.0, summary=1.0, summary_parts=4)
+    right, wrong = with_summary((2, 5), "right"), with_summary((9, 11), "wrong", cold=(2, 5))
+    res = replay([right, wrong], cfg)
+    assert res.miss["right"].max() == 0
+    assert res.miss["wrong"][2:].min() > 0  # the hot blocks skipped once the summary alone decides
+    assert replay([right, wrong], dataclasses.replace(cfg, summary=0.0)).miss["wrong"].max() == 0
+    unfolded = replay([right, wrong], cfg, fold_layers=False)
+    for name in ("right", "wrong"):
+        assert torch.equal(res.miss[name], unfolded.miss[name])

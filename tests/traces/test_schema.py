@@ -202,3 +202,35 @@ def test_steps_past_the_end_are_clipped(tmp_path):
     back = load_trace(t.save(tmp_path), steps=range(1, 100))
     assert back.num_steps == 3 and torch.equal(back.scores, t.scores[1:])
     assert torch.equal(back.accepted, t.accepted[1:])
+
+
+
+def test_summary_tensor_is_validated(tmp_path):
+    import dataclasses
+    from spin_indexer.traces.schema import validate_trace
+
+    t = make_trace(context=60)  # rows of 61-65 tokens: block 1 is past the longest row of steps 0-2
+    steps, layers, _, cols = t.scores.shape
+    width = -(-cols // 64)
+    past = torch.arange(width)[None, :] >= -(-t.seq_lens.long().amax(dim=1)[:, None] // 64)  # [S, W]
+    assert past.any() and not past.all()
+    good = torch.where(past[:, None, None, :], float("-inf"), torch.randn(steps, layers, 1, width))
+    meta = dataclasses.replace(t.meta, extra={"summary_parts": [4]})
+    back = load_trace(Trace(t.scores, t.seq_lens, meta, t.topk, t.accepted, good).save(tmp_path))
+    assert torch.equal(back.summary, good) and torch.equal(back.summary_of(4), good[:, :, 0])
+    assert torch.equal(load_trace(tmp_path / "p0", layers=[2, 0]).summary, good[:, [2, 0]])
+    with pytest.raises(ValueError, match="summary_parts = 8"):
+        back.summary_of(8)
+    with pytest.raises(TraceFormatError, match="extra.summary_parts"):
+        Trace(t.scores, t.seq_lens, t.meta, summary=good)  # no extra.summary_parts beside it
+    with pytest.raises(TraceFormatError, match="summary: expected the tensor"):
+        Trace(t.scores, t.seq_lens, meta)
+    with pytest.raises(TraceFormatError, match="summary: expected shape"):
+        Trace(t.scores, t.seq_lens, meta, summary=good[..., :-1])
+    bad = torch.where(past[:, None, None, :], 1.0, good)
+    with pytest.raises(TraceFormatError, match="summary: expected -inf past"):
+        validate_trace(Trace(t.scores, t.seq_lens, meta, summary=bad))
+    nan = good.clone()
+    nan[3, 0, 0, 0] = float("nan")
+    with pytest.raises(TraceFormatError, match="NaN"):
+        validate_trace(Trace(t.scores, t.seq_lens, meta, summary=nan))

@@ -61,6 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="RULER seed of the first prompt")
     p.add_argument("--out", type=Path, default=Path("runs/traces"), metavar="DIR",
                    help="folder for the <name>.safetensors + <name>.json traces")
+    p.add_argument("--summary-parts", type=int, nargs="*", default=[4, 8, 16], metavar="S",
+                   help="also record each block's summary score at these sub-block counts (divisors of 64; "
+                        "lightning traces only; none: --summary-parts with no value), which replays of "
+                        "SpinConfig.summary (the 'summary' sweep) read (default 4 8 16: 3/32 of the scores' bytes)")
     p.add_argument("--quiet", action="store_true", help="no progress bars, only the final table")
 
 
@@ -102,7 +106,8 @@ def run(args: argparse.Namespace) -> int:
             trace, generated = capture_trace(model, ids, args.steps, mode, args.k, indexer, prompt_id=name,
                                              task=task, progress=not args.quiet, layers=layers,
                                              extra=extra, next_n=args.next_n, draft_noise=args.draft_noise,
-                                             noise_seed=extra["seed"])
+                                             noise_seed=extra["seed"],
+                                             summary_parts=args.summary_parts if mode == "lightning" else ())
             text = tok.decode(generated.tolist(), skip_special_tokens=True)
             score = score_fn(text)
             trace.meta.extra.update({"generated": text, "score": score, "yarn_factor": model.cfg.yarn_factor,
@@ -190,6 +195,9 @@ def check_args(args) -> tuple[list[str], list[int] | None, torch.device, list | 
     check_int("--steps", args.steps, low=1)
     check_int("--k", args.k, low=1)
     layers = _parse_layers(args.layers)
+    for parts in args.summary_parts:
+        if not 1 <= parts <= 64 or 64 % parts:
+            raise ValueError(f"--summary-parts: expected divisors of the 64 tokens a block, got {parts}")
     if "lightning" in indexers:
         from ..model.loader import INDEXER_WEIGHTS
 

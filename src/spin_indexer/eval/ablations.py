@@ -37,9 +37,12 @@ SWEEPS: dict[str, tuple[tuple[str, ...], tuple[float, ...], str]] = {
     "mtp": (("mtp-row0", "mtp-row-local"), SPARSITIES, "paper Fig. 2 / Table 7 (needs next_n > 1 traces)"),
     "history": (("spin-default", "combine-vertical", "combine-diagonal", "combine-sum", "alpha-0.25",
                  "alpha-1.0"), SPARSITIES, "vertical vs diagonal table, EMA decay"),
+    "summary": (("spin-default", "explore-none", "summary4-0.5", "summary8-0.7", "summary16-0.8",
+                 "summary16-0.8-noexp"), SPARSITIES,
+                "history mixed with this step's query against sub-block mean keys (traces with block summaries)"),
 }
 SWEEPS["all"] = (tuple(dict.fromkeys(p for name in ("main", "pooling", "exploration", "mtp", "history")
-                                     for p in SWEEPS[name][0])), SPARSITIES, "every sweep above")
+                                     for p in SWEEPS[name][0])), SPARSITIES, "every sweep above but summary")
 
 
 def get_sweep(name: str, sparsities: tuple[float, ...] | None = None,

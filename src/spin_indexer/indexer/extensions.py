@@ -41,22 +41,25 @@ class Extensions:
     def begin_step(self) -> None:
         self.previous = None
 
-    def select(self, layer: int, meta, out: BlockPlan, inputs: tuple | None = None) -> BlockPlan:
-        """Plan `layer` into `out` with the extensions' budgets and scores. inputs: (q_fp8, kv_cache, weights)
-        of run(layer), which the summary mix scores the blocks with (None where run() is not the caller:
-        then the summary mix is refused, naming what it needs)."""
+    def select(self, layer: int, meta, out: BlockPlan, inputs: tuple | None = None,
+               summary: torch.Tensor | None = None) -> BlockPlan:
+        """Plan `layer` into `out` with the extensions' budgets and scores. The summary mix scores the blocks
+        with this step's query: from `summary` (float32 [B, W], ops.block_summary_scores' output: a replay's
+        recorded one) or else from `inputs` = (q_fp8, kv_cache, weights) of run(layer); with neither it is
+        refused, naming what it needs."""
         cfg, t = self.config, self.config.tokens_per_block
-        if cfg.summary > 0 and inputs is None:  # refused before anything is read or written
-            raise RuntimeError("SpinConfig.summary scores the blocks with the layer's query and keys: only "
-                               "SpinIndexer.run() has them (not run_from_scores, whose replay has scores only)")
+        if cfg.summary > 0 and inputs is None and summary is None:  # refused before anything is read or written
+            raise RuntimeError("SpinConfig.summary scores the blocks with the layer's query and keys: run() has "
+                               "them; run_from_scores needs the recorded block summaries (its `summary`)")
         scores = layer_scores(cfg, self.state, layer, meta)
         if cfg.hybrid > 0 and self.previous is not None:
             scores = hybrid_scores(scores, self.previous, meta.valid, cfg.hybrid)
         if cfg.summary > 0:
-            q_fp8, kv_cache, weights = inputs
-            now = ops.block_summary_scores(q_fp8, kv_cache, weights, meta.seq_lens, meta.block_table,
-                                           cfg.summary_parts, validate=False)
-            scores = summary_scores(scores, now, meta.valid, cfg.summary)
+            if summary is None:
+                q_fp8, kv_cache, weights = inputs
+                summary = ops.block_summary_scores(q_fp8, kv_cache, weights, meta.seq_lens, meta.block_table,
+                                                   cfg.summary_parts, validate=False)
+            scores = summary_scores(scores, summary, meta.valid, cfg.summary)
         budget, explore, audit = meta.budget, meta.explore, None
         dense = meta.keep_all | meta.guarded
         if cfg.adaptive is not None:

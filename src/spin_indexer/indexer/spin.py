@@ -400,25 +400,34 @@ class SpinIndexer:
         self.block_plan = plan
         return out
 
-    def run_from_scores(self, layer: int, scores: torch.Tensor) -> torch.Tensor:
+    def run_from_scores(self, layer: int, scores: torch.Tensor, summary: torch.Tensor | None = None) -> torch.Tensor:
         """Replay: like run(), with the indexer scores of every logical position given.
 
         scores: float32 [B*next_n, W*T] (values at/after a row's length are ignored). Only the columns
         of kept blocks are read, exactly what the paged kernel would have computed.
+        summary: float32 [B, W], the layer's block summary scores at SpinConfig.summary_parts (what run()
+        computes with ops.block_summary_scores; traces record them): required when SpinConfig.summary > 0,
+        refused otherwise.
         """
         st = self._current(layer)
         batch, width = st.block_table.shape
         t = self.config.tokens_per_block
         check_tensor("scores", scores, dtype=torch.float32, shape=(batch * self.next_n, width * t),
                      shape_names="[B*next_n, W*T]", device=self.device, device_of="SpinIndexer")
+        if (summary is None) != (self.config.summary == 0):
+            raise ValueError(f"summary: expected the block summary scores exactly when SpinConfig.summary > 0 "
+                             f"(it is {self.config.summary:g}), got {'none' if summary is None else 'a tensor'}")
+        if summary is not None:
+            check_tensor("summary", summary, dtype=torch.float32, shape=(batch, width), shape_names="[B, W]",
+                         device=self.device, device_of="SpinIndexer")
         self._check_owners(st)
         with torch.no_grad():
-            return self._run_from_scores(layer, st, scores)
+            return self._run_from_scores(layer, st, scores, summary)
 
-    def _run_from_scores(self, layer: int, st: _Step, scores: torch.Tensor) -> torch.Tensor:
+    def _run_from_scores(self, layer: int, st: _Step, scores: torch.Tensor, summary=None) -> torch.Tensor:
         batch, width = st.block_table.shape
         t = self.config.tokens_per_block
-        plan = self._plan_of(layer, st)
+        plan = self._plan_of(layer, st, summary=summary)
         blocks = width
         if not scores.is_cuda and batch > 0:
             # Off the GPU nothing is captured in a graph, so the compact columns can stop at the most
@@ -435,15 +444,15 @@ class SpinIndexer:
         return self._topk(layer, st, plan, logits, block_max)
 
     # -- the per-layer steps -------------------------------------------------------------------------
-    def _plan_of(self, layer: int, st: _Step, inputs: tuple | None = None) -> BlockPlan:
+    def _plan_of(self, layer: int, st: _Step, inputs: tuple | None = None, summary=None) -> BlockPlan:
         """The layer's plan; a layer that selects at run time (hybrid, summary) selects now, given run()'s
-        (q_fp8, kv_cache, weights) as `inputs`."""
+        (q_fp8, kv_cache, weights) as `inputs` or a replay's block summary scores as `summary`."""
         if layer in st.done:
             raise RuntimeError(f"SpinIndexer.run: layer {layer} already ran this step; call plan() for the next step")
         plan = st.plans[layer]
         if plan is None:  # hybrid / summary: this layer selects now, after the previous layer's scores or q
             out = self._workspace_plan(layer, *st.block_table.shape)
-            plan = st.plans[layer] = self.extensions.select(layer, st.meta, out, inputs)
+            plan = st.plans[layer] = self.extensions.select(layer, st.meta, out, inputs, summary)
         st.done.add(layer)
         return plan
 

@@ -111,7 +111,11 @@ def _check(key: str, value):
     if key == "seed":
         return check_int(name, value, low=0, high=2**31 - 1)
     if key == "policy":
-        return check_choice(name, value, policy_names(), what="a policy, one of")
+        check_choice(name, value, policy_names(), what="a policy, one of")
+        if get_policy(value, 0.0).summary > 0:  # its op is a torch reference that reads every key each layer
+            raise ValueError(f"{name}: {value!r} is an evaluation policy (the summary mix has no kernel yet); "
+                             f"expected one without SpinConfig.summary")
+        return value
     if key == "exploration":
         return None if value is None else check_choice(name, value, [m.value for m in Exploration])
     raise AssertionError(key)  # _ENV and this function list the same keys

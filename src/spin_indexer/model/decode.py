@@ -16,7 +16,7 @@ seq_lens[b, j] = L_b + j + 1 tokens, L_b the length before the step.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -28,8 +28,23 @@ from .indexer_head import Indexer, quantize_queries
 from .llama import Llama, rms_norm
 
 MODES = ("dense", "oracle", "lightning")
-# observer(layer, scores float32 [B*N, P], topk int32 [B*N, K]) sees every layer's dense indexer scores
-Observer = Callable[[int, torch.Tensor, torch.Tensor], None]
+
+
+class IndexerInputs(NamedTuple):
+    """What the lightning indexer scored a layer with (ops.paged_indexer_logits' arguments): q_fp8
+    float8_e4m3fn [B, N, H, D], kv_cache uint8 [num_blocks, T, 1, D + 4], weights float32 [B*N, H], seq_lens
+    int32 [B, N], block_table int32 [B, W]."""
+    q_fp8: torch.Tensor
+    kv_cache: torch.Tensor
+    weights: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+
+
+# observer(layer, scores float32 [B*N, P], topk int32 [B*N, K], inputs) sees every layer's dense indexer scores;
+# inputs: the IndexerInputs behind them in lightning mode (trace capture records block summaries from them),
+# None in oracle mode (the scores are the attention's own)
+Observer = Callable[[int, torch.Tensor, torch.Tensor, "IndexerInputs | None"], None]
 
 
 def check_mode(mode: str) -> str:
@@ -222,7 +237,7 @@ def _oracle_topk(layer, q, keys, seq_lens, k, selector, observer):
         return selector.run_from_scores(layer, scores)
     topk = ops.topk(scores, seq_lens.view(-1), k, validate=False)
     if observer is not None:
-        observer(layer, scores, topk)
+        observer(layer, scores, topk, None)
     return topk
 
 
@@ -239,7 +254,8 @@ def _lightning_topk(indexer, layer, h, rope, slots, caches, seq_lens, k, selecto
                                       validate=False)
     topk = ops.topk(scores, seq_lens.view(-1), k, validate=False)
     if observer is not None:
-        observer(layer, scores, topk)
+        observer(layer, scores, topk, IndexerInputs(q_fp8, caches.index_kv[layer], weights, seq_lens,
+                                                    caches.block_table))
     return topk
 
 

@@ -8,7 +8,7 @@ import torch
 
 from ..checks import check_tensor
 from ..dispatch import LOGITS_BACKENDS, triton_twin
-from .block_summary import block_summary_scores_ref
+from .block_summary import block_summary_scores_ref, paged_summary_scores_ref, write_block_summaries_ref
 from .history import HistoryUpdate, block_tokens, update_history_ref
 from .indexer_logits import block_max_ref, check_paged_indexer_args, paged_indexer_logits_ref
 from .kv_cache import dequantize_blocks, quantize_and_write, quantize_keys, read_kv_cache, write_kv_cache
@@ -227,6 +227,20 @@ def block_max(logits, tokens_per_block: int = 64):
     return block_max_ref(logits, tokens_per_block)
 
 
+def write_block_summaries(kv_cache, summaries, block_table, first, stop, validate: bool = True) -> None:
+    """Write the summary cache's rows of logical blocks [first[b], stop[b]) of each request (full blocks only;
+    write_block_summaries_ref has the shapes): the Triton twin on CUDA, else the reference."""
+    twin = _triton_twin("block_summary_triton", "write_block_summaries_triton", kv_cache)
+    return (twin or write_block_summaries_ref)(kv_cache, summaries, block_table, first, stop, validate)
+
+
+def paged_summary_scores(q_fp8, summaries, weights, block_table, num_summarized, validate: bool = True):
+    """float32 [B, W]: this step's query against the summary cache, max over rows and sub-blocks; -inf past
+    num_summarized (paged_summary_scores_ref has the shapes): the Triton twin on CUDA, else the reference."""
+    twin = _triton_twin("block_summary_triton", "paged_summary_scores_triton", q_fp8)
+    return (twin or paged_summary_scores_ref)(q_fp8, summaries, weights, block_table, num_summarized, validate)
+
+
 def block_summary_scores(q_fp8, kv_cache, weights, seq_lens, block_table, parts: int = 4, validate: bool = True):
     """float32 [B, W]: each block's sub-block mean keys scored with this step's query (block_summary_scores_ref
     for the math and shapes). The torch reference on every device: no kernel yet (docs/current_step_selection.md)."""
@@ -234,7 +248,8 @@ def block_summary_scores(q_fp8, kv_cache, weights, seq_lens, block_table, parts:
 
 
 __all__ = [
-    "block_summary_scores", "block_summary_scores_ref",
+    "block_summary_scores", "block_summary_scores_ref", "write_block_summaries", "write_block_summaries_ref",
+    "paged_summary_scores", "paged_summary_scores_ref",
     "HistoryUpdate", "update_history", "logits_backend",
     "paged_indexer_logits", "paged_indexer_logits_ref", "check_paged_indexer_args", "topk", "topk_ref",
     "topk_positions", "topk_positions_ref", "topk_group", "group_max_ref",

@@ -1,21 +1,31 @@
 """Block key summaries scored with this step's query: a current-step signal for SPIN's block choice (issue #18,
-docs/current_step_selection.md). The torch reference: the semantics a kernel must match.
+docs/current_step_selection.md). The torch references: the semantics the kernels must match.
 
     summary[b, j, s] = mean over the tokens t of sub-block s of block j of k_scale[t] * k_fp8[t]   (D floats)
     score[b, j]      = max over the rows r of request b and the sub-blocks s of
                        sum_h weights[r, h] * relu(q[r, h] . summary[b, j, s])
 
-A sub-block holds T / parts consecutive tokens; only tokens below the request's longest row count (a partial last
-block is summarized over its valid tokens). It is the indexer's score of a sub-block's mean key: 1/(T / parts) of
-the logits' work a block. Math in float32 (fp8 inputs are exact in float32).
+A sub-block holds T / S consecutive tokens (S = parts). It is the indexer's score of a sub-block's mean key:
+1/(T / S) of the logits' work a block. Math in float32 (fp8 inputs are exact in float32).
+
+Two forms:
+- block_summary_scores_ref computes the means from the keys every call (only tokens below the request's longest
+  row count, so a partial last block is summarized over its valid tokens): what traces record, and the
+  evaluation reference; it reads every key, as many bytes as the logits.
+- the summary cache: the means of full blocks, stored once per physical block when the block fills, in the key
+  cache's own layout with S rows a page (uint8 [num_blocks, S, 1, D + 4]: S x D fp8 values, then S fp32 scales;
+  each row quantized as a key is, ops.quantize_keys). write_block_summaries_ref fills it, paged_summary_scores_ref
+  scores it: S x 132 B a block instead of 64 x 132. Shared prefix blocks share their summaries (they are a
+  property of the block's keys); a block not yet written scores -inf (the caller keeps such blocks anyway).
 """
 from __future__ import annotations
 
 import torch
 
-from ..checks import check_int
-from ..layout import FP8_DTYPE, cache_views
+from ..checks import check_int, check_tensor, check_values_in_range
+from ..layout import FP8_DTYPE, SCALE_BYTES, cache_views
 from .indexer_logits import check_paged_indexer_args, used_block_table
+from .kv_cache import quantize_keys, write_kv_cache
 
 
 def block_summary_scores_ref(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
@@ -55,3 +65,105 @@ def block_summary_scores_ref(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weight
         out[b] = scores.amax(dim=2).amax(dim=0)
     return out
 
+
+
+def check_summary_cache(summaries: torch.Tensor, kv_cache: torch.Tensor) -> int:
+    """S of a summary cache that fits kv_cache: uint8 [num_blocks, S, 1, D + 4] with the cache's num_blocks and
+    D, S a divisor of the cache's T; raises TypeError/ValueError naming `summaries` otherwise."""
+    num_blocks, tokens, _, row = kv_cache.shape
+    check_tensor("summaries", summaries, dtype=torch.uint8, ndim=4, device=kv_cache.device, device_of="kv_cache",
+                 contiguous=True)
+    parts = summaries.shape[1]
+    if summaries.shape[0] != num_blocks or summaries.shape[2:] != (1, row) or parts < 1 or tokens % parts:
+        raise ValueError(f"summaries: expected shape [{num_blocks}, S, 1, {row}] (kv_cache's blocks and row bytes, "
+                         f"S dividing its {tokens} tokens a block), got {list(summaries.shape)}")
+    return parts
+
+
+def check_block_ranges(first: torch.Tensor, stop: torch.Tensor, block_table: torch.Tensor, num_blocks: int,
+                       validate: bool) -> None:
+    """first / stop int32 [B] on block_table's device; with validate (a host sync), 0 <= first, stop <= W and every
+    table entry in [first, stop) a block id below num_blocks."""
+    batch, width = block_table.shape
+    for name, t in (("first", first), ("stop", stop)):
+        check_tensor(name, t, dtype=torch.int32, shape=(batch,), shape_names="[B]", device=block_table.device,
+                     device_of="block_table")
+    if validate and batch:
+        check_values_in_range("first", first, 0, width, "logical blocks")
+        check_values_in_range("stop", stop, 0, width, "logical blocks")
+        cols = torch.arange(width, device=block_table.device)[None, :]
+        written = (cols >= first[:, None]) & (cols < stop[:, None])
+        check_values_in_range("block_table", torch.where(written, block_table, 0), 0, num_blocks - 1,
+                              "block ids (of the blocks written)")
+
+
+def write_block_summaries_ref(kv_cache: torch.Tensor, summaries: torch.Tensor, block_table: torch.Tensor,
+                              first: torch.Tensor, stop: torch.Tensor, validate: bool = True) -> None:
+    """Write the summaries of logical blocks first[b] <= j < stop[b] of each request b (module docstring): for
+    every such block, its S sub-block mean keys, quantized as keys are, into summaries[block_table[b, j]].
+
+    kv_cache: uint8 [num_blocks, T, 1, D + 4]; summaries: uint8 [num_blocks, S, 1, D + 4] (check_summary_cache);
+    block_table: int32 [B, W]; first, stop: int32 [B]. The blocks must be full (all T keys written): the caller
+    passes stop <= (committed tokens) // T. validate: check the ranges and the written ids (a host sync); without
+    it an out-of-range id is clamped into the cache (a wrong block, never a read or write outside it).
+    """
+    check_tensor("kv_cache", kv_cache, dtype=torch.uint8, ndim=4)
+    check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=kv_cache.device, device_of="kv_cache")
+    parts = check_summary_cache(summaries, kv_cache)
+    num_blocks, tokens = kv_cache.shape[:2]
+    check_block_ranges(first, stop, block_table, num_blocks, validate)
+    if block_table.numel() == 0 or num_blocks == 0:
+        return
+    width = block_table.shape[1]
+    cols = torch.arange(width, device=kv_cache.device)[None, :]
+    written = (cols >= first[:, None].long()) & (cols < stop[:, None].long())  # [B, W]
+    ids = block_table.long().clamp(0, num_blocks - 1)[written]  # [n] (a host sync: the reference)
+    if ids.numel() == 0:
+        return
+    values, scales = cache_views(kv_cache)
+    keys = values[ids].float() * scales[ids][..., None]  # [n, T, D]
+    means = keys.view(ids.numel(), parts, tokens // parts, -1).mean(dim=2)  # [n, S, D]
+    k_fp8, k_scale = quantize_keys(means.reshape(-1, means.shape[-1]))
+    slots = (ids[:, None] * parts + torch.arange(parts, device=ids.device)[None, :]).reshape(-1)
+    write_kv_cache(summaries, k_fp8, k_scale, slots, validate=False)
+
+
+def paged_summary_scores_ref(q_fp8: torch.Tensor, summaries: torch.Tensor, weights: torch.Tensor,
+                             block_table: torch.Tensor, num_summarized: torch.Tensor,
+                             validate: bool = True) -> torch.Tensor:
+    """float32 [B, W]: score[b, j] = max over the rows r and sub-blocks s of sum_h weights[r, h] *
+    relu(q[b, r, h] . summary[block_table[b, j], s]) for j < num_summarized[b] (blocks whose summaries were
+    written), -inf for the others.
+
+    q_fp8: float8_e4m3fn [B, next_n, H, D]; summaries: uint8 [num_blocks, S, 1, D + 4]; weights: float32
+    [B*next_n, H]; block_table: int32 [B, W]; num_summarized: int32 [B] (values past W read as W, below 0 as
+    0). validate: the
+    table's entries below num_summarized are block ids (a host sync); without it they are clamped into the cache.
+    """
+    check_tensor("q_fp8", q_fp8, dtype=FP8_DTYPE, ndim=4)
+    batch, next_n, heads, dim = q_fp8.shape
+    check_tensor("summaries", summaries, dtype=torch.uint8, shape=(None, None, 1, dim + SCALE_BYTES),
+                 shape_names="[num_blocks, S, 1, D + 4]", device=q_fp8.device, device_of="q_fp8", contiguous=True)
+    check_tensor("weights", weights, dtype=torch.float32, shape=(batch * next_n, heads), shape_names="[B*next_n, H]",
+                 device=q_fp8.device, device_of="q_fp8")
+    check_tensor("block_table", block_table, dtype=torch.int32, shape=(batch, None), shape_names="[B, W]",
+                 device=q_fp8.device, device_of="q_fp8")
+    check_tensor("num_summarized", num_summarized, dtype=torch.int32, shape=(batch,), shape_names="[B]",
+                 device=q_fp8.device, device_of="q_fp8")
+    num_blocks = summaries.shape[0]
+    width = block_table.shape[1]
+    live = torch.arange(width, device=q_fp8.device)[None, :] < num_summarized[:, None].long()  # [B, W]
+    if validate and batch and width:
+        check_values_in_range("block_table", torch.where(live, block_table, 0), 0, num_blocks - 1,
+                              "block ids (of the summarized blocks)")
+    out = torch.full((batch, width), float("-inf"), dtype=torch.float32, device=q_fp8.device)
+    if batch == 0 or width == 0 or num_blocks == 0:
+        return out
+    values, scales = cache_views(summaries)
+    ids = block_table.long().clamp(0, num_blocks - 1)  # [B, W]
+    means = values[ids].float() * scales[ids][..., None]  # [B, W, S, D]
+    q = q_fp8.float()  # [B, N, H, D]
+    per_head = torch.relu(torch.einsum("bnhd,bwsd->bnhws", q, means))
+    scores = (per_head * weights.view(batch, next_n, heads, 1, 1)).sum(dim=2)  # [B, N, W, S]
+    out = torch.where(live, scores.amax(dim=3).amax(dim=1), out)
+    return out

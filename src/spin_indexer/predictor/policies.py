@@ -49,6 +49,14 @@ POLICIES: dict[str, tuple[dict, str]] = {
     "alpha-0.25": ({"alpha": 0.25}, "EMA weight of the newest observation 0.25"),
     "alpha-1.0": ({"alpha": 1.0}, "no averaging: the last observation only"),
 }
+# the summary mix (beyond the paper, issue #18): history mixed with this step's query against S sub-block mean keys
+# a block at weight w (SpinConfig.summary; replays need traces that recorded the summaries at S)
+for _parts, _weight in ((4, 0.5), (8, 0.7), (16, 0.8)):
+    POLICIES[f"summary{_parts}-{_weight:g}"] = (
+        {"summary": _weight, "summary_parts": _parts},
+        f"history mixed with the query against {_parts} sub-block mean keys a block, weight {_weight:g}")
+POLICIES["summary16-0.8-noexp"] = ({"summary": 0.8, "summary_parts": 16, "exploration": "none", "gamma": 0.0},
+                                   "summary16-0.8 without exploration (its 5% kept by the mix)")
 
 
 def policy_names() -> list[str]:

@@ -18,7 +18,8 @@ accepted[s] in [0, N - 1] = the accepted drafts, which is what replay passes to 
 Size: scores dominate, S x L x N x C x 2 bytes (C = the longest row, about context + S x N at full
 acceptance): 256 steps x 30 layers at 32K is 256 x 30 x 1 x (32768 + 256) x 2 = 507 MB at next_n = 1 and
 256 x 30 x 3 x (32768 + 768) x 2 = 1545 MB at next_n = 3; 4K x 64 steps = 16 MB at next_n = 1. top-k adds
-S x L x N x K x 4 bytes (7.9 MB at K = 256, next_n = 1).
+S x L x N x K x 4 bytes (7.9 MB at K = 256, next_n = 1). Block summaries (summary_parts) add
+S x L x P x C / 64 x 4 bytes, 1/32 of the scores' a sub-block count.
 """
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import ops
 from ..checks import check_int, check_range, check_tensor
+from ..layout import TOKENS_PER_BLOCK
 from ..model.decode import Caches, check_mode, prefill, verify_step
 from .schema import Trace, TraceMeta
 
@@ -38,7 +41,7 @@ def capture_trace(model, prompt: torch.Tensor, steps: int, mode: str, k: int, in
                   task: str = "", model_name: str = "SmolLM2-135M-Instruct", eos_id: int | None = None,
                   progress: bool = False, layers: list[int] | None = None, extra: dict | None = None,
                   next_n: int = 1, draft: torch.Tensor | None = None, draft_noise: float = 0.0,
-                  noise_seed: int = 0) -> tuple[Trace, torch.Tensor]:
+                  noise_seed: int = 0, summary_parts: tuple[int, ...] = ()) -> tuple[Trace, torch.Tensor]:
     """Decode `steps` greedy steps after `prompt` and record the trace.
 
     prompt: int64 [S0] token ids; mode: "oracle" or "lightning" (the indexer whose scores are recorded);
@@ -50,7 +53,9 @@ def capture_trace(model, prompt: torch.Tensor, steps: int, mode: str, k: int, in
     token 0); default the model's own greedy continuation. draft_noise: probability that a draft token is
     replaced by another (seeded by noise_seed): the model's own continuation is accepted almost always,
     while an MTP head accepts less; noise makes rejections, and so the row-local policy, show up in the
-    trace. returns (trace, generated int64 [G]): the
+    trace. summary_parts: sub-block counts (divisors of the block's tokens) at which to record each block's
+    summary score too (ops.block_summary_scores; lightning only), so a replay can run SpinConfig.summary.
+    returns (trace, generated int64 [G]): the
     tokens the valid rows consumed, G = steps at next_n = 1, sum(accepted + 1) otherwise.
     """
     check_tensor("prompt", prompt, dtype=torch.int64, ndim=1)
@@ -60,6 +65,14 @@ def capture_trace(model, prompt: torch.Tensor, steps: int, mode: str, k: int, in
     check_range("draft_noise", draft_noise, low=0.0, high=1.0)
     if check_mode(mode) == "dense":
         raise ValueError("mode: expected 'oracle' or 'lightning' (dense attention has no indexer), got 'dense'")
+    summary_parts = list(summary_parts)
+    for parts in summary_parts:
+        check_int("summary_parts", parts, low=1, high=TOKENS_PER_BLOCK)
+        if TOKENS_PER_BLOCK % parts:
+            raise ValueError(f"summary_parts: expected divisors of the {TOKENS_PER_BLOCK} tokens a block, got {parts}")
+    if summary_parts and mode != "lightning":
+        raise ValueError("summary_parts: block summaries score the lightning indexer's keys: expected mode "
+                         f"'lightning', got {mode!r}")
     if draft is not None:
         check_tensor("draft", draft, dtype=torch.int64, ndim=1, device=prompt.device, device_of="prompt")
     context = prompt.shape[0]
@@ -84,12 +97,16 @@ def capture_trace(model, prompt: torch.Tensor, steps: int, mode: str, k: int, in
         draft_source += f", each token replaced with probability {draft_noise:g} (seed {noise_seed})"
     scores = torch.full((steps, len(layers), next_n, max_len), float("-inf"), dtype=torch.float16, device=dev)
     topk = torch.full((steps, len(layers), next_n, k), -1, dtype=torch.int32, device=dev)
+    width = -(-max_len // TOKENS_PER_BLOCK)
+    summary = torch.full((steps, len(layers), len(summary_parts), width), float("-inf"), device=dev)
     step = [0]
 
-    def observe(layer: int, layer_scores: torch.Tensor, layer_topk: torch.Tensor) -> None:
+    def observe(layer: int, layer_scores: torch.Tensor, layer_topk: torch.Tensor, inputs) -> None:
         if layer not in slot_of:
             return
         layer = slot_of[layer]
+        for i, parts in enumerate(summary_parts):
+            summary[step[0], layer, i] = ops.block_summary_scores(*inputs, parts, validate=False)[0, :width]
         # fp16 keeps ~3 significant digits; clamp so large finite scores never turn into +-inf
         finite = layer_scores[:, :max_len].clamp(-FP16_MAX, FP16_MAX)
         finite = torch.where(torch.isneginf(layer_scores[:, :max_len]), float("-inf"), finite)
@@ -111,7 +128,11 @@ def capture_trace(model, prompt: torch.Tensor, steps: int, mode: str, k: int, in
                            "acceptance_rate": float(accepted.double().mean()) / (next_n - 1),
                            "tokens_per_step": float(accepted.double().mean()) + 1})
     cols = int(seq_lens.max())  # the longest row: drop the columns no row reached
-    trace = Trace(scores[:done, ..., :cols].cpu(), seq_lens, meta, topk[:done].cpu(), accepted)
+    kept = None
+    if summary_parts:
+        meta.extra["summary_parts"] = summary_parts
+        kept = summary[:done, ..., :-(-cols // TOKENS_PER_BLOCK)].cpu()
+    trace = Trace(scores[:done, ..., :cols].cpu(), seq_lens, meta, topk[:done].cpu(), accepted, kept)
     return trace, run.generated(eos_id)
 
 

@@ -85,7 +85,9 @@ def replay(traces: Trace | list[Trace], config: SpinConfig, device: torch.device
            max_batch: int = 4, fold_layers: bool | None = None, progress=None) -> ReplayResult:
     """Replay `config` over traces; returns per-trace miss and sparsity (see ReplayResult).
 
-    config.topk is replaced by the traces' k. fold_layers: None = fold unless the config couples layers
+    config.topk is replaced by the traces' k. SpinConfig.summary > 0 replays from the block summaries the
+    traces recorded (Trace.summary_of; a ValueError naming the trace when one has none at summary_parts).
+    fold_layers: None = fold unless the config couples layers
     (hybrid > 0 reads the previous layer's scores of the same step, so layers must run in order).
     progress: optional callable(n) called after each step with the rows x layers done (a tqdm's update).
     """
@@ -129,6 +131,9 @@ def _replay_batch(batch: list[Trace], config: SpinConfig, device: torch.device, 
     n_blocks = torch.zeros(num_req, steps, layers, dtype=torch.int32)
     n_kept = torch.zeros(num_req, steps, layers, dtype=torch.int32)
     buf = torch.empty(num_req, layers, next_n, width * t, dtype=torch.float32, device=device)
+    # SpinConfig.summary: the block summary scores the capture recorded ([S, L, W] a trace), else None
+    recorded = [tr.summary_of(cfg.summary_parts) for tr in batch] if cfg.summary > 0 else None
+    sbuf = torch.empty(num_req, layers, width, dtype=torch.float32, device=device) if recorded else None
     tables = torch.arange(num_req * per_req * width, dtype=torch.int32, device=device).view(-1, width)
     start = time.perf_counter()
     for s in range(steps):
@@ -141,6 +146,10 @@ def _replay_batch(batch: list[Trace], config: SpinConfig, device: torch.device, 
         for b in live:
             sc = batch[b].scores[s]  # [L, N, C_b]
             buf[b, :, :, :sc.shape[-1]] = sc.to(device=device, dtype=torch.float32)
+        if sbuf is not None:
+            sbuf.fill_(float("-inf"))
+            for b in live:
+                sbuf[b, :, :recorded[b].shape[-1]] = recorded[b][s].to(device)
         topk = torch.stack([_dense_topk(batch[b], s, buf[b], k) for b in live])  # [B', L, N, K]
         live_t = torch.tensor(live, dtype=torch.int64, device=device)
         if fold:
@@ -149,7 +158,7 @@ def _replay_batch(batch: list[Trace], config: SpinConfig, device: torch.device, 
             idx.plan(tables[req], rep(lens).contiguous(), slots[req],
                      None if acc is None else rep(acc), validate=(s == 0))
             scores = buf[live_t].reshape(len(live) * layers * next_n, width * t)
-            idx.run_from_scores(0, scores)
+            idx.run_from_scores(0, scores, None if sbuf is None else sbuf[live_t].reshape(-1, width))
             plan = idx.block_plan
             keep = plan.keep_mask.view(len(live), layers, width)
             m = miss_per_row(plan.keep_mask, topk.reshape(-1, k), next_n, t).view(len(live), layers, next_n)
@@ -161,7 +170,7 @@ def _replay_batch(batch: list[Trace], config: SpinConfig, device: torch.device, 
             ms, sps, nbs, nks = [], [], [], []
             for layer in range(layers):
                 scores = buf[live_t, layer].reshape(len(live) * next_n, width * t)
-                idx.run_from_scores(layer, scores)
+                idx.run_from_scores(layer, scores, None if sbuf is None else sbuf[live_t, layer])
                 plan = idx.block_plan
                 ms.append(miss_per_row(plan.keep_mask, topk[:, layer].reshape(-1, k), next_n, t).view(-1, next_n))
                 sps.append(plan.sparsity())

@@ -11,6 +11,12 @@ files side by side:
         topk      int32   [S, L, N, K]  optional: the dense top-k positions (best first, -1 padded), as the
                                         live indexer picked them from its fp32 logits. When absent it is
                                         recomputed from `scores` (fp16 ties may then differ).
+        summary   float32 [S, L, P, W]  optional: each logical block's summary score (ops.block_summary_scores:
+                                        this step's query against the block's sub-block mean keys, max over
+                                        rows and sub-blocks), for each sub-block count in
+                                        extra["summary_parts"] (P values); W = ceil(C / tokens_per_block);
+                                        -inf past the step's longest row. Replay of SpinConfig.summary needs
+                                        it: the mix reads keys, which a trace does not keep.
     <name>.json
         {"format_version": 1, "model": ..., "indexer": "oracle"|"lightning"|..., "prompt_id": ...,
          "task": ..., "context_len": prompt tokens (cache length before decode step 0), "k": top-k,
@@ -33,7 +39,7 @@ from ..checks import check_int, check_tensor
 from ..layout import TOKENS_PER_BLOCK
 
 FORMAT_VERSION = 1
-TENSOR_NAMES = ("scores", "seq_lens", "topk")
+TENSOR_NAMES = ("scores", "seq_lens", "topk", "summary")
 META_REQUIRED = ("format_version", "model", "indexer", "prompt_id", "task", "context_len", "k",
                  "tokens_per_block", "next_n")
 
@@ -62,13 +68,16 @@ class Trace:
     """One prompt's per-step, per-layer indexer scores (shapes in the module docstring).
 
     scores: float16 (or float32) [S, L, N, C]; seq_lens: int32 [S, N]; topk: int32 [S, L, N, K] or None;
-    accepted: int32 [S] (accepted draft rows per step, for MTP prefix-valid updates) or None.
+    accepted: int32 [S] (accepted draft rows per step, for MTP prefix-valid updates) or None;
+    summary: float32 [S, L, P, W] block summary scores for the P sub-block counts of
+    meta.extra["summary_parts"], or None.
     """
     scores: torch.Tensor
     seq_lens: torch.Tensor
     meta: TraceMeta
     topk: torch.Tensor | None = None
     accepted: torch.Tensor | None = None
+    summary: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         validate_trace(self, read_data=False)
@@ -92,6 +101,16 @@ class Trace:
     @property
     def name(self) -> str:
         return self.meta.prompt_id
+
+    def summary_of(self, parts: int) -> torch.Tensor:
+        """float32 [S, L, W]: the block summary scores at `parts` sub-blocks a block. raises ValueError naming
+        the trace and the sub-block counts it has when it has none at `parts`."""
+        have = list(self.meta.extra.get("summary_parts", [])) if self.summary is not None else []
+        if parts not in have:
+            raise ValueError(f"trace {self.name}: expected block summaries at summary_parts = {parts} (SpinConfig."
+                             f"summary replays from them), the trace has {have or 'none'}: capture with "
+                             f"--summary-parts {parts}")
+        return self.summary[:, :, have.index(parts)]
 
     def save(self, directory: str | Path, name: str | None = None) -> Path:
         """Write `<name>.safetensors` and `<name>.json` into `directory`; returns the .safetensors path."""
@@ -130,6 +149,17 @@ def _validate(trace: Trace, read_data: bool) -> None:
                      shape_names="[S, L, N, K]", device=scores.device, device_of="scores")
     if trace.accepted is not None:
         check_tensor("accepted", trace.accepted, dtype=torch.int32, shape=(steps,), shape_names="[S]")
+    parts = meta.extra.get("summary_parts")
+    if trace.summary is not None:
+        if not (isinstance(parts, list) and parts and all(type(p) is int and p >= 1 for p in parts)):
+            raise ValueError(f"extra.summary_parts: expected a non-empty list of sub-block counts beside the "
+                             f"summary tensor, got {parts!r}")
+        width = -(-max_len // meta.tokens_per_block)
+        check_tensor("summary", trace.summary, dtype=torch.float32, shape=(steps, layers, len(parts), width),
+                     shape_names="[S, L, P, W] (P = len(extra.summary_parts), W = ceil(max_len / T))",
+                     device=scores.device, device_of="scores")
+    elif parts is not None:
+        raise ValueError(f"summary: expected the tensor that extra.summary_parts = {parts!r} describes, got none")
     if not read_data or steps == 0:
         return
     lens = trace.seq_lens.long()
@@ -152,6 +182,15 @@ def _validate(trace: Trace, read_data: bool) -> None:
         acc = trace.accepted
         if bool((acc < 0).any()) or bool((acc >= next_n).any()):
             raise ValueError(f"accepted: expected values in [0, next_n - 1 = {next_n - 1}]")
+    if trace.summary is not None:
+        t = meta.tokens_per_block
+        blocks = -(-lens.amax(dim=1) // t)  # [S]: the blocks the step's longest row reaches
+        past = torch.arange(trace.summary.shape[-1], device=scores.device)[None, :] >= blocks[:, None]  # [S, W]
+        summary = trace.summary
+        if not bool(torch.isneginf(summary).masked_select(past[:, None, None].expand_as(summary)).all()):
+            raise ValueError("summary: expected -inf past the blocks each step's longest row reaches")
+        if bool(torch.isnan(summary).any()) or bool(torch.isposinf(summary).any()):
+            raise ValueError("summary: expected finite values (or -inf) before, found NaN or +inf")
 
 
 def _paths(path: str | Path) -> tuple[Path, Path]:
@@ -171,6 +210,8 @@ def save_trace(trace: Trace, directory: str | Path, name: str | None = None) -> 
     tensors = {"scores": trace.scores.contiguous().cpu(), "seq_lens": trace.seq_lens.contiguous().cpu()}
     if trace.topk is not None:
         tensors["topk"] = trace.topk.contiguous().cpu()
+    if trace.summary is not None:
+        tensors["summary"] = trace.summary.contiguous().cpu()
     save_file(tensors, str(tensors_path))
     meta = asdict(trace.meta)
     meta["accepted"] = None if trace.accepted is None else [int(a) for a in trace.accepted.cpu()]
@@ -240,7 +281,7 @@ def load_trace(path: str | Path, layers: list[int] | range | None = None, steps:
         accepted = accepted[steps.start:steps.stop]
     scores = tensors["scores"] if dtype is None else tensors["scores"].to(dtype)
     try:
-        trace = Trace(scores, tensors["seq_lens"], meta, tensors.get("topk"), accepted)
+        trace = Trace(scores, tensors["seq_lens"], meta, tensors.get("topk"), accepted, tensors.get("summary"))
     except TraceFormatError as err:
         raise TraceFormatError(f"{tensors_path}: {str(err).removeprefix('trace: ')}") from None
     if validate:

@@ -1,0 +1,175 @@
+"""Triton twins of the summary cache's two ops (block_summary.py has the references and the layout).
+
+write_block_summaries_triton: grid (B, G). Program (b, g) walks request b's blocks first[b] + g, + G, ... below
+stop[b]: it reads the block's T x D fp8 keys and T scales (T x 132 B), averages each of the S sub-blocks in
+float32, quantizes each mean as ops.quantize_keys does (a power-of-two scale, computed from the float's bits so it
+is exact), and writes S x (D + 4) bytes. In decoding one block fills per request every T / next_n steps, so
+most steps write nothing; a request's first step writes all its full blocks once (one pass over its keys).
+
+paged_summary_scores_triton: grid (B, cdiv(W, J)) with J = max(1, 64 / S) blocks a program, so one MMA scores
+J x S = 64 summary rows against a query row's heads: [64, D] x [D, H] per row, ReLU, weights, the head sum, the
+max over the rows, then over each block's S rows. Bytes: S x (D + 4) a block, S / T of the logits' key bytes.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..layout import FP8_DTYPE, FP8_MAX, SCALE_BYTES, SCALE_FLOOR
+from .block_summary import check_block_ranges, check_summary_cache
+
+try:  # the package imports this module only for CUDA tensors (or under TRITON_INTERPRET=1 in tests)
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+WRITE_PROGRAMS = 8  # G: programs a request; a first step's whole prompt is written G blocks at a time
+ROWS_A_PROGRAM = 64  # J x S summary rows a scoring program's MMA covers
+
+
+def write_block_summaries_triton(kv_cache: torch.Tensor, summaries: torch.Tensor, block_table: torch.Tensor,
+                                 first: torch.Tensor, stop: torch.Tensor, validate: bool = True) -> None:
+    """write_block_summaries_ref's semantics (and checks). kv_cache: contiguous pages (no padded page stride:
+    V4's padded pages are not supported here yet), D a multiple of 4."""
+    from ..checks import check_tensor
+
+    check_tensor("kv_cache", kv_cache, dtype=torch.uint8, ndim=4, contiguous=True)
+    check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=kv_cache.device, device_of="kv_cache")
+    parts = check_summary_cache(summaries, kv_cache)
+    num_blocks, tokens, _, row = kv_cache.shape
+    check_block_ranges(first, stop, block_table, num_blocks, validate)
+    batch, width = block_table.shape
+    if batch == 0 or width == 0 or num_blocks == 0:
+        return
+    dim = row - SCALE_BYTES
+    if dim % SCALE_BYTES:
+        raise ValueError(f"kv_cache: the Triton kernel needs D a multiple of 4 (fp32 scales at aligned offsets), "
+                         f"got D = {dim}")
+    _write_kernel[(batch, WRITE_PROGRAMS)](
+        kv_cache.view(-1).view(FP8_DTYPE), kv_cache.view(-1).view(torch.float32), summaries.view(-1),
+        summaries.view(-1).view(torch.float32), block_table.contiguous(),
+        first.contiguous(), stop.contiguous(), width, num_blocks, T=tokens, S=parts, D=dim, G=WRITE_PROGRAMS,
+        FP8_MAX_=FP8_MAX, FLOOR=SCALE_FLOOR, num_warps=4)
+
+
+def paged_summary_scores_triton(q_fp8: torch.Tensor, summaries: torch.Tensor, weights: torch.Tensor,
+                                block_table: torch.Tensor, num_summarized: torch.Tensor, validate: bool = True,
+                                out: torch.Tensor | None = None) -> torch.Tensor:
+    """paged_summary_scores_ref's semantics (and checks); out: optional float32 [B, W] written in place (every
+    entry) and returned."""
+    from ..checks import check_tensor, check_values_in_range
+
+    check_tensor("q_fp8", q_fp8, dtype=FP8_DTYPE, ndim=4)
+    batch, next_n, heads, dim = q_fp8.shape
+    check_tensor("summaries", summaries, dtype=torch.uint8, shape=(None, None, 1, dim + SCALE_BYTES),
+                 shape_names="[num_blocks, S, 1, D + 4]", device=q_fp8.device, device_of="q_fp8", contiguous=True)
+    check_tensor("weights", weights, dtype=torch.float32, shape=(batch * next_n, heads), shape_names="[B*next_n, H]",
+                 device=q_fp8.device, device_of="q_fp8")
+    check_tensor("block_table", block_table, dtype=torch.int32, shape=(batch, None), shape_names="[B, W]",
+                 device=q_fp8.device, device_of="q_fp8")
+    check_tensor("num_summarized", num_summarized, dtype=torch.int32, shape=(batch,), shape_names="[B]",
+                 device=q_fp8.device, device_of="q_fp8")
+    num_blocks, parts = summaries.shape[:2]
+    width = block_table.shape[1]
+    if out is None:
+        out = torch.empty(batch, width, dtype=torch.float32, device=q_fp8.device)
+    check_tensor("out", out, dtype=torch.float32, shape=(batch, width), shape_names="[B, W]", device=q_fp8.device,
+                 device_of="q_fp8", contiguous=True)
+    if validate and batch and width:
+        live = torch.arange(width, device=q_fp8.device)[None, :] < num_summarized[:, None].long()
+        check_values_in_range("block_table", torch.where(live, block_table, 0), 0, num_blocks - 1,
+                              "block ids (of the summarized blocks)")
+    if batch == 0 or width == 0:
+        return out
+    if num_blocks == 0:
+        return out.fill_(float("-inf"))
+    if dim < 16 or dim & (dim - 1) or ROWS_A_PROGRAM % parts:
+        raise ValueError(f"q_fp8: the Triton kernel needs D a power of two >= 16 and S dividing 64, got D = {dim}, "
+                         f"S = {parts}")
+    per_program = max(1, ROWS_A_PROGRAM // parts)
+    grid = (batch, triton.cdiv(width, per_program))
+    _score_kernel[grid](
+        q_fp8.contiguous(), summaries.view(-1).view(FP8_DTYPE), summaries.view(-1).view(torch.float32),
+        weights.contiguous(), block_table.contiguous(), num_summarized.contiguous(), out, width, num_blocks,
+        NEXT_N=next_n, H=heads, HP=max(16, triton.next_power_of_2(heads)), D=dim, S=parts, J=per_program,
+        num_warps=4)
+    return out
+
+
+if triton is not None:
+    @triton.jit
+    def _pow2_scale(amax, FP8_MAX_: tl.constexpr, FLOOR: tl.constexpr):
+        """2 ** ceil(log2(max(amax, FLOOR) / FP8_MAX_)) from the float's bits (exact, as quantize_keys)."""
+        x = tl.maximum(amax, FLOOR) / FP8_MAX_
+        bits = x.to(tl.int32, bitcast=True)
+        exp = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)  # biased exponent, rounded up
+        return (exp << 23).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _round_e4m3(x):
+        """x (|x| <= 448) rounded to the nearest e4m3 value, ties to even, as float32 (then its fp8 conversion is
+        exact). Not left to the conversion itself: the interpreter's drops the carry into the exponent (1.9375
+        became 1.0, 125 became 64 on Triton 3.9), and these bits must be testable off the GPU. Adding and
+        subtracting 1.5 x 2^23 spacings rounds at the spacing in the FPU's own mode (nearest, ties to even)."""
+        bits = x.to(tl.int32, bitcast=True)
+        exp = ((bits >> 23) & 0xFF) - 127  # floor(log2 |x|)
+        spacing = tl.maximum(exp, -6) - 3  # log2 of e4m3's spacing at |x| (fixed below 2^-6: subnormals)
+        c = ((spacing + 150) << 23).to(tl.float32, bitcast=True) * 1.5  # 1.5 x 2^(spacing + 23)
+        r = (tl.abs(x) + c) - c
+        return (r.to(tl.int32, bitcast=True) | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)  # x's sign
+
+    @triton.jit
+    def _write_kernel(keys_ptr, key_scale_ptr, out_ptr, out_scale_ptr, table_ptr, first_ptr, stop_ptr, width,
+                      num_blocks, T: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
+                      FP8_MAX_: tl.constexpr, FLOOR: tl.constexpr):
+        b = tl.program_id(0)
+        g = tl.program_id(1)
+        lo = tl.maximum(tl.load(first_ptr + b), 0)
+        hi = tl.minimum(tl.load(stop_ptr + b), width)
+        PAGE: tl.constexpr = T * (D + 4)  # bytes a key page
+        SPAGE: tl.constexpr = S * (D + 4)  # bytes a summary page
+        t = tl.arange(0, T)
+        d = tl.arange(0, D)
+        s = tl.arange(0, S)
+        for j in range(lo + g, hi, G):
+            phys = tl.minimum(tl.maximum(tl.load(table_ptr + b.to(tl.int64) * width + j), 0), num_blocks - 1)
+            base = phys.to(tl.int64) * PAGE
+            k = tl.load(keys_ptr + base + t[:, None] * D + d[None, :]).to(tl.float32)  # [T, D]
+            sc = tl.load(key_scale_ptr + (base + T * D) // 4 + t)  # [T]
+            means = tl.sum(tl.reshape(k * sc[:, None], (S, T // S, D)), axis=1) / (T // S)  # [S, D]
+            scale = _pow2_scale(tl.max(tl.abs(means), axis=1), FP8_MAX_, FLOOR)  # [S]
+            vals = _round_e4m3(tl.minimum(tl.maximum(means / scale[:, None], -FP8_MAX_), FP8_MAX_)).to(tl.float8e4nv)
+            sbase = phys.to(tl.int64) * SPAGE
+            tl.store(out_ptr + sbase + s[:, None] * D + d[None, :], vals.to(tl.uint8, bitcast=True))
+            tl.store(out_scale_ptr + (sbase + S * D) // 4 + s, scale)
+
+    @triton.jit
+    def _score_kernel(q_ptr, sum_ptr, sum_scale_ptr, w_ptr, table_ptr, count_ptr, out_ptr, width, num_blocks,
+                      NEXT_N: tl.constexpr, H: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
+                      J: tl.constexpr):
+        b = tl.program_id(0)
+        j0 = tl.program_id(1) * J
+        C: tl.constexpr = J * S  # summary rows this program scores
+        SPAGE: tl.constexpr = S * (D + 4)
+        c = tl.arange(0, C)
+        blk = j0 + c // S  # [C] logical block of each row
+        count = tl.minimum(tl.load(count_ptr + b), width)
+        live = blk < count
+        raw = tl.load(table_ptr + b.to(tl.int64) * width + blk, mask=blk < width, other=0)
+        phys = tl.minimum(tl.maximum(raw, 0), num_blocks - 1).to(tl.int64)
+        d = tl.arange(0, D)
+        k = tl.load(sum_ptr + phys[:, None] * SPAGE + (c % S)[:, None] * D + d[None, :], mask=live[:, None],
+                    other=0.0)  # [C, D] fp8
+        sc = tl.load(sum_scale_ptr + (phys * SPAGE + S * D) // 4 + c % S, mask=live, other=0.0)  # [C]
+        h = tl.arange(0, HP)
+        best = tl.full([C], float("-inf"), tl.float32)
+        for n in tl.static_range(NEXT_N):
+            row = b.to(tl.int64) * NEXT_N + n
+            q = tl.load(q_ptr + (row * H + h[:, None]) * D + d[None, :], mask=(h < H)[:, None], other=0.0)  # [HP, D]
+            w = tl.load(w_ptr + row * H + h, mask=h < H, other=0.0)  # [HP]
+            x = tl.maximum(tl.dot(k, tl.trans(q)), 0.0) * w[None, :]  # [C, HP]
+            best = tl.maximum(best, tl.sum(x, axis=1) * sc)
+        score = tl.max(tl.reshape(best, (J, S)), axis=1)  # [J]
+        jj = j0 + tl.arange(0, J)
+        score = tl.where(jj < count, score, float("-inf"))
+        tl.store(out_ptr + b.to(tl.int64) * width + jj, score, mask=jj < width)

@@ -101,6 +101,30 @@ def test_batched_runner_stops_each_request_where_the_per_prompt_runner_does():
         assert spin["miss_values"].numel() == spin["miss_rows"]
 
 
+def test_batched_runner_with_the_summary_mix_matches_the_per_prompt_runner():
+    """spin-<s>-sum<w> (lightning only): its summary cache is per request and per layer, so B prompts decoded
+    together make the per-prompt runner's plans (no exploration); the mix changes the plans of spin-0.5-noexp;
+    oracle mode refuses it up front."""
+    model = tiny_llama(max_len=1024)
+    idx = _indexer(model)
+    names = ["spin-0.5-noexp", "spin-0.5-sum1-noexp", "spin-0.5-sum0.6-noexp"]
+    configs = [q.parse_config(c) for c in names]
+    prompts = _prompts((700, 523), max_new=7)
+    single = q.QualityRunner(model, _text, mode="lightning", indexer=idx, k=64)
+    got = BatchedQualityRunner(model, _text, mode="lightning", indexer=idx, k=64).run_batch(prompts, configs, _score)
+    for prompt, rows in zip(prompts, got):
+        want = single.run(prompt, configs, _score)
+        for a, b in zip(rows, want):
+            assert a["text"] == b["text"] and a["miss_rows"] == b["miss_rows"] > 0
+            torch.testing.assert_close(a["miss_values"], b["miss_values"], rtol=0, atol=1e-6)
+        assert not torch.equal(rows[1]["miss_values"], rows[0]["miss_values"])
+    refused = "spin-0.5-sum1-noexp.*expected mode 'lightning'"
+    with pytest.raises(ValueError, match=refused):
+        q.QualityRunner(model, _text, mode="oracle", k=64).run(prompts[0], configs, _score)
+    with pytest.raises(ValueError, match=refused):
+        BatchedQualityRunner(model, _text, mode="oracle", k=64).run_batch(prompts, configs, _score)
+
+
 def test_batched_runner_refuses_mtp_and_adaptive():
     runner = BatchedQualityRunner(tiny_llama(), _text, mode="oracle", k=64)
     for name in ("mtp3-all-keep", "adaptive-0.1"):

@@ -2,6 +2,7 @@
 layer at run() time by this step's query against each block's sub-block mean keys (ops.block_summary_scores)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -45,18 +46,28 @@ def _step(idx, x, slots, layers=1):
     return [idx.run(layer, x.q_fp8, x.kv_cache, x.weights) for layer in range(layers)]
 
 
+def cached_scores(x, parts: int) -> torch.Tensor:
+    """float32 [B, W]: what run() scores the blocks with: every full block (of row 0) summarized into a fresh
+    summary cache, then scored with this step's query."""
+    full = (x.seq_lens[:, 0] // T).clamp(max=x.block_table.shape[1]).to(torch.int32)
+    summaries = torch.zeros(x.kv_cache.shape[0], parts, 1, x.kv_cache.shape[3], dtype=torch.uint8)
+    ops.write_block_summaries(x.kv_cache, summaries, x.block_table, torch.zeros_like(full), full)
+    return ops.paged_summary_scores(x.q_fp8, summaries, x.weights, x.block_table, full)
+
+
 def test_summary_weight_one_keeps_the_best_summarized_blocks(gen):
     """After a step that scored every block, summary = 1 keeps, besides the forced blocks (the newest),
     exactly the blocks whose summary scores are highest: every kept unforced block outscores every skipped one."""
     x = make_paged_inputs((24 * T,), 1, 4, 32, gen, extra_width=0)
     cfg = SpinConfig(sparsity=0.5, topk=64, exploration="none", gamma=0.0, summary=1.0, summary_parts=4)
-    idx = SpinIndexer(cfg, num_layers=1, max_batch=1, max_blocks=24, num_cache_blocks=x.kv_cache.shape[0])
+    idx = SpinIndexer(cfg, num_layers=1, max_batch=1, max_blocks=24, num_cache_blocks=x.kv_cache.shape[0],
+                      head_dim=32)
     slots = torch.tensor([idx.state.allocate()], dtype=torch.int32)
     _step(idx, x, slots)  # no history yet: every block is kept (and so observed)
     _step(idx, x, slots)
     keep = idx.block_plan.keep_mask[0, :24]
     assert 0 < int(keep.sum()) < 24
-    score = ops.block_summary_scores(*x.args(), parts=4)[0]
+    score = cached_scores(x, 4)[0]
     newest = torch.arange(24) == 23  # forced: the request's last block
     kept, skipped = score[keep & ~newest], score[~keep]
     assert kept.min() >= skipped.max()
@@ -93,7 +104,7 @@ def test_a_refused_replay_leaves_the_layer_to_run(gen):
     then selects it."""
     x = make_paged_inputs((8 * T,), 1, 4, 32, gen, extra_width=0)
     idx = SpinIndexer(SpinConfig(sparsity=0.5, topk=64, summary=0.5), num_layers=1, max_batch=1, max_blocks=8,
-                      num_cache_blocks=x.kv_cache.shape[0])
+                      num_cache_blocks=x.kv_cache.shape[0], head_dim=32)
     slots = torch.tensor([idx.state.allocate()], dtype=torch.int32)
     idx.plan(x.block_table, x.seq_lens, slots)
     vertical = idx.state.vertical.clone()
@@ -105,19 +116,20 @@ def test_a_refused_replay_leaves_the_layer_to_run(gen):
 
 @pytest.mark.parametrize("next_n", [1, 3])
 def test_replay_with_recorded_summaries_equals_live_run(gen, next_n):
-    """run_from_scores given the logits and the block summary scores run() would compute makes the same plans and
-    the same top-k as run() over several steps (two requests, a partial last block): a trace that records the
-    summaries replays the mix exactly."""
+    """run_from_scores given the logits and the block summary scores run() computes (from its summary cache) makes
+    the same plans and the same top-k as run() over several steps (two requests, a partial last block): replay
+    and the live step share the mix."""
     lens = (20 * T + 5, 13 * T)
     x = make_paged_inputs(lens, next_n, 4, 32, gen, extra_width=1)
     cfg = SpinConfig(sparsity=0.4, topk=64, exploration="none", gamma=0.0, summary=0.6, summary_parts=8)
     live, replayed = (SpinIndexer(cfg, num_layers=2, max_batch=2, max_blocks=x.block_table.shape[1], next_n=next_n,
-                                  num_cache_blocks=x.kv_cache.shape[0], topk_sorted=True) for _ in range(2))
+                                  num_cache_blocks=x.kv_cache.shape[0], topk_sorted=True, head_dim=32)
+                      for _ in range(2))
     slots = [torch.tensor([i.state.allocate() for _ in lens], dtype=torch.int32) for i in (live, replayed)]
     for step in range(3):
         weights = x.weights * (1.0 + 0.3 * step)  # the query weights change a little between steps
         scores = paged_indexer_logits_ref(x.q_fp8, x.kv_cache, weights, x.seq_lens, x.block_table)
-        summary = ops.block_summary_scores(x.q_fp8, x.kv_cache, weights, x.seq_lens, x.block_table, parts=8)
+        summary = cached_scores(dataclasses.replace(x, weights=weights), 8)
         live.plan(x.block_table, x.seq_lens, slots[0])
         replayed.plan(x.block_table, x.seq_lens, slots[1])
         for layer in range(2):

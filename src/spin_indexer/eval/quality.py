@@ -172,6 +172,21 @@ class MissRecorder:
         return miss_summary(miss, spars)
 
 
+def check_configs_for_mode(configs, mode: str) -> None:
+    """The summary mix scores the lightning indexer's keys: ValueError naming a -sum config in oracle mode."""
+    for cfg in configs:
+        if cfg.summary > 0 and mode != "lightning":
+            raise ValueError(f"configs: {cfg.name!r} mixes in block summaries of the lightning indexer's keys: "
+                             f"expected mode 'lightning', got {mode!r}")
+
+
+def index_head_dim(caches) -> int:
+    """D of the lightning indexer's key cache (the summary cache's row), HEAD_DIM when there is none."""
+    from ..layout import HEAD_DIM, SCALE_BYTES
+
+    return caches.index_kv[0].shape[3] - SCALE_BYTES if caches.index_kv else HEAD_DIM
+
+
 def miss_summary(miss: torch.Tensor, sparsity: torch.Tensor) -> dict:
     """{mean_miss, p99_miss (nearest rank), miss_rows, sparsity (mean)} of float miss values [n] and realized
     sparsities [m] (NaN where empty)."""
@@ -212,6 +227,7 @@ class QualityRunner:
         """One result dict per config: name, text, score (0..1), steps, tokens, miss/sparsity, acceptance."""
         from ..model.decode import Caches, prefill
 
+        check_configs_for_mode(configs, self.mode)
         n_max = max(c.next_n for c in configs)
         capacity = prompt.ids.shape[0] + prompt.max_new + n_max
         idx = self.indexer if self.mode == "lightning" else None
@@ -257,7 +273,8 @@ class QualityRunner:
 
         spin = SpinIndexer(cfg.spin_config(self.k, self.seed), num_layers=self.model.cfg.num_layers, max_batch=1,
                            max_blocks=caches.block_table.shape[1], next_n=cfg.next_n,
-                           device=caches.block_table.device, topk_sorted=True)  # all-keep's ops.topk order
+                           device=caches.block_table.device, topk_sorted=True,  # all-keep's ops.topk order
+                           head_dim=index_head_dim(caches))
         caches.slot_ids[0] = spin.state.allocate()
         return MissRecorder(spin, self.k, self.record_blocks)
 

@@ -28,7 +28,8 @@ from typing import Callable
 
 import torch
 
-from .quality import MissRecorder, Prompt, QualityConfig, QualityRunner, miss_summary
+from .quality import (MissRecorder, Prompt, QualityConfig, QualityRunner, check_configs_for_mode, index_head_dim,
+                      miss_summary)
 from ..predictor.miss import miss_per_row
 
 Score = Callable[[str, list[str]], float]
@@ -90,6 +91,7 @@ class BatchedQualityRunner(QualityRunner):
         for cfg in configs:
             if cfg.next_n > 1 or cfg.adaptive is not None:
                 raise ValueError(f"configs: {cfg.name!r} is not run batched (MTP and adaptive budgets: use --batch 1)")
+        check_configs_for_mode(configs, self.mode)
         if not prompts:
             return []
         scores = list(score) if isinstance(score, (list, tuple)) else [score] * len(prompts)
@@ -163,7 +165,8 @@ class BatchedQualityRunner(QualityRunner):
 
         spin = SpinIndexer(cfg.spin_config(self.k, self.seed), num_layers=self.model.cfg.num_layers, max_batch=batch,
                            max_blocks=caches.block_table.shape[1], device=caches.block_table.device,
-                           topk_sorted=True)  # all-keep's ops.topk order: the attention sums in the same order
+                           topk_sorted=True,  # all-keep's ops.topk order: the attention sums in the same order
+                           head_dim=index_head_dim(caches))
         caches.slot_ids.copy_(torch.tensor([spin.state.allocate() for _ in range(batch)], dtype=torch.int32))
         return spin
 

@@ -44,9 +44,9 @@ class Extensions:
     def select(self, layer: int, meta, out: BlockPlan, inputs: tuple | None = None,
                summary: torch.Tensor | None = None) -> BlockPlan:
         """Plan `layer` into `out` with the extensions' budgets and scores. The summary mix scores the blocks
-        with this step's query: from `summary` (float32 [B, W], ops.block_summary_scores' output: a replay's
-        recorded one) or else from `inputs` = (q_fp8, kv_cache, weights) of run(layer); with neither it is
-        refused, naming what it needs."""
+        with this step's query: from `summary` (float32 [B, W]: a replay's recorded ops.block_summary_scores) or
+        else from `inputs` = (q_fp8, kv_cache, weights) of run(layer), through the summary cache
+        (`cached_summary_scores`); with neither it is refused, naming what it needs."""
         cfg, t = self.config, self.config.tokens_per_block
         if cfg.summary > 0 and inputs is None and summary is None:  # refused before anything is read or written
             raise RuntimeError("SpinConfig.summary scores the blocks with the layer's query and keys: run() has "
@@ -56,9 +56,7 @@ class Extensions:
             scores = hybrid_scores(scores, self.previous, meta.valid, cfg.hybrid)
         if cfg.summary > 0:
             if summary is None:
-                q_fp8, kv_cache, weights = inputs
-                summary = ops.block_summary_scores(q_fp8, kv_cache, weights, meta.seq_lens, meta.block_table,
-                                                   cfg.summary_parts, validate=False)
+                summary = self.cached_summary_scores(layer, meta, *inputs)
             scores = summary_scores(scores, summary, meta.valid, cfg.summary)
         budget, explore, audit = meta.budget, meta.explore, None
         dense = meta.keep_all | meta.guarded
@@ -79,6 +77,21 @@ class Extensions:
             key = torch.where(forced, float("inf"), torch.where(meta.valid, scores.amax(dim=1), float("-inf")))
             plan.pred_rank = rank_of(key)
         return plan
+
+    def cached_summary_scores(self, layer: int, meta, q_fp8, kv_cache, weights) -> torch.Tensor:
+        """float32 [B, W]: write the summaries of the blocks each request filled since its last step (row 0's
+        blocks: its tokens are committed, drafts are not), then score every summarized block with this step's
+        query (ops.paged_summary_scores). The newest, partial block scores -inf: plan keeps it anyway. Reads
+        S x (D + 4) B a block, writes as much a block that filled; no host sync."""
+        state, t = self.state, self.config.tokens_per_block
+        width = meta.block_table.shape[1]
+        full = torch.clamp(meta.seq_lens[:, 0] // t, max=width).to(torch.int32)  # [B]
+        slots = meta.slot_ids.long()
+        ops.write_block_summaries(kv_cache, state.summaries[layer], meta.block_table,
+                                  state.summarized[layer, slots], full, validate=False)
+        state.summarized[layer, slots] = full
+        return ops.paged_summary_scores(q_fp8, state.summaries[layer], weights, meta.block_table, full,
+                                        validate=False)
 
     def after_layer(self, layer: int, meta, plan: BlockPlan, topk: torch.Tensor, block_max: torch.Tensor) -> None:
         """Controllers and the hybrid hand-over, once `layer`'s top-k (logical positions) is known.

@@ -34,7 +34,7 @@ import torch
 
 from .. import ops
 from ..checks import allocation_error, check_device, check_int, check_tensor
-from ..layout import FP8_DTYPE
+from ..layout import FP8_DTYPE, HEAD_DIM, SCALE_BYTES
 from ..ops import deepgemm, deepgemm_schedule
 from ..ops.indexer_logits import check_paged_indexer_args
 from ..predictor import plan as plan_ref
@@ -92,6 +92,7 @@ class SpinIndexer:
     best first (True) or, by default, the same set in no particular order (it may differ between runs): what the
     engines' sparse attention reads, and on CUDA from SET_SELECT_MIN_ROWS rows one select launch instead of the
     top-k's sort and rank (the eval pins True: its committed numbers keep their attention's summation order).
+    head_dim: D of the key cache, which sizes the summary cache of SpinConfig.summary > 0 (unused otherwise).
     State lives in `self.state` (allocate() a slot per request, free() it when done); plans of the last
     step in `self.plans(layer)`, the last run layer's in `self.block_plan`.
     """
@@ -99,7 +100,7 @@ class SpinIndexer:
     def __init__(self, config: SpinConfig, num_layers: int, max_batch: int, max_blocks: int, next_n: int = 1,
                  device: torch.device | str = "cpu", max_requests: int | None = None,
                  num_cache_blocks: int | None = None, overlap_update: bool = True, tau_hint: bool = False,
-                 topk_sorted: bool = False):
+                 topk_sorted: bool = False, head_dim: int = HEAD_DIM):
         if not isinstance(config, SpinConfig):
             raise TypeError(f"config: expected a SpinConfig, got {type(config).__name__}")
         check_int("num_layers", num_layers, low=1)
@@ -120,7 +121,7 @@ class SpinIndexer:
         slots = max_requests or max_batch
         sms = deepgemm.schedule_sms(self.device)  # > 0: plan() writes every layer's DeepGEMM schedule
         self.state = SpinState(config, num_layers, slots, num_cache_blocks or slots * max_blocks, max_blocks * t,
-                               self.device)
+                               self.device, head_dim)
         try:
             self.workspace = Workspace(num_layers, max_batch, max_blocks, next_n, t, config.topk, self.device, sms)
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
@@ -272,6 +273,9 @@ class SpinIndexer:
         if kv_cache.shape[1] != self.config.tokens_per_block:
             raise ValueError(f"kv_cache: expected T = SpinConfig.tokens_per_block = {self.config.tokens_per_block} "
                              f"tokens per block, got shape {list(kv_cache.shape)}")
+        if self.state.summaries is not None and kv_cache.shape[3] != self.state.head_dim + SCALE_BYTES:
+            raise ValueError(f"kv_cache: expected D + 4 = {self.state.head_dim + SCALE_BYTES} bytes a row (the "
+                             f"summary cache's head_dim, SpinIndexer(head_dim=)), got shape {list(kv_cache.shape)}")
         # every remaining argument check before the layer counts as run (free: shapes, dtypes, devices)
         check_paged_indexer_args(q_fp8, kv_cache, weights, st.seq_lens, st.block_table, validate=False)
         check_ids_fit_cache(st.max_block_id, kv_cache)

@@ -8,7 +8,11 @@ Per request slot (a bounded window, so a slot costs the same at 4K and at 1M):
   diagonal[l, s, d]   EMA of the score at offset d = q - i from the query q, d < window      fp16 [L, S, DW]
   step[s]             decode steps the slot has planned (keys its exploration hash)          int32 [S]
   seen_len[s]         context length at its last plan: blocks past it are new to the slot    int32 [S]
-and one `clock` (plans so far). -inf means "no observation yet". Each table has one extra trash entry
+and one `clock` (plans so far). With SpinConfig.summary > 0 (the summary mix, beyond the paper), also
+  summaries[l, p]     the sub-block mean keys of full block p, in the key cache's layout    uint8 [L, P, S, 1, D + 4]
+  summarized[l, s]    full blocks of slot s whose summaries layer l has written              int32 [L, S]
+(ops.write_block_summaries / paged_summary_scores; S x (D + 4) / T bytes a token a layer: 8.25 at S = 4, D = 128).
+-inf means "no observation yet". Each table has one extra trash entry
 (block P, offset DW): fixed-shape updates send their dead lanes there, and nothing ever reads it.
 
 Sharing, by design: two requests that hold the same physical block (a shared prefix) share its vertical
@@ -25,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from ..checks import allocation_error, check_device, check_int
+from ..layout import HEAD_DIM, SCALE_BYTES
 from .config import Exploration, SpinConfig
 
 
@@ -32,17 +37,19 @@ class SpinState:
     """History for `num_layers` layers over a cache of `num_cache_blocks` physical blocks, and
     `max_requests` request slots (allocate() a slot per request, free() it when the request ends).
 
-    max_context: longest context a request may have (tokens); bounds the diagonal window.
+    max_context: longest context a request may have (tokens); bounds the diagonal window. head_dim: D of the
+    key cache, which sizes the summary cache (only with SpinConfig.summary > 0).
     """
 
     def __init__(self, config: SpinConfig, num_layers: int, max_requests: int, num_cache_blocks: int,
-                 max_context: int, device: torch.device | str = "cpu"):
+                 max_context: int, device: torch.device | str = "cpu", head_dim: int = HEAD_DIM):
         if not isinstance(config, SpinConfig):
             raise TypeError(f"config: expected a SpinConfig, got {type(config).__name__}")
         check_int("num_layers", num_layers, low=1)
         check_int("max_requests", max_requests, low=1)
         check_int("num_cache_blocks", num_cache_blocks, low=1)
         check_int("max_context", max_context, low=1)
+        self.head_dim = check_int("head_dim", head_dim, low=1)
         self.config = config
         self.num_layers, self.max_requests, self.num_cache_blocks = num_layers, max_requests, num_cache_blocks
         self.device = check_device("device", device)
@@ -75,6 +82,10 @@ class SpinState:
         self.audit_next = torch.zeros(num_layers, max_requests, dtype=torch.bool, device=self.device)
         levels = len(adaptive.menu) if adaptive else 1
         self.curve = torch.zeros(num_layers, max_requests, levels, dtype=torch.float32, device=self.device)
+        self.summaries = self.summarized = None
+        if config.summary > 0:
+            self._allocate_summaries()
+            self.summarized = torch.zeros(num_layers, max_requests, dtype=torch.int32, device=self.device)
         self._free = list(range(max_requests - 1, -1, -1))
         self._in_use = [False] * max_requests
         # Host counters of ownership changes: generation[s] is bumped by every allocate()/free() of slot s,
@@ -138,6 +149,8 @@ class SpinState:
         self.calm.index_fill_(1, slots, 0)
         self.audit_next.index_fill_(1, slots, False)
         self.curve.index_fill_(1, slots, 0.0)
+        if self.summarized is not None:  # its blocks' summaries are (re)written at its first run()
+            self.summarized.index_fill_(1, slots, 0)
 
     def reset_blocks_(self, blocks: torch.Tensor) -> None:
         """Forget the vertical history of physical blocks `blocks` (int64 [n], all layers), on the device.
@@ -182,6 +195,19 @@ class SpinState:
         self.vertical, self.block_max, self.num_cache_blocks = vertical, block_max, blocks - 1
         if self.last_seen is not None:
             self.last_seen = torch.full((blocks, self.num_layers), -1, dtype=torch.int32, device=self.device)
+        if self.summaries is not None:  # one row per physical block of the new size, every slot rewritten
+            self._allocate_summaries()
+            self.summarized.zero_()
+
+    def _allocate_summaries(self) -> None:
+        shape = (self.num_layers, self.num_cache_blocks, self.config.summary_parts, 1, self.head_dim + SCALE_BYTES)
+        try:
+            self.summaries = torch.zeros(shape, dtype=torch.uint8, device=self.device)
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            need = 1
+            for n in shape:
+                need *= n
+            raise allocation_error("SpinState summaries", need, self.device, f"shape={list(shape)}") from exc
 
     def is_allocated(self, slot: int) -> bool:
         self._check_slot(slot)
@@ -196,7 +222,8 @@ class SpinState:
         """Vertical-history bytes per cached token per layer (compare with the key cache's 132)."""
         elem = torch.empty((), dtype=self.config.state_dtype).element_size()
         t = self.config.tokens_per_block
-        return elem + elem / t + (4 / t if self.last_seen is not None else 0.0)
+        summary = self.config.summary_parts * (self.head_dim + SCALE_BYTES) / t if self.summaries is not None else 0.0
+        return elem + elem / t + (4 / t if self.last_seen is not None else 0.0) + summary
 
     def bytes_per_request(self) -> int:
         """Per-request bytes over all layers (the diagonal window and counters)."""
@@ -204,7 +231,7 @@ class SpinState:
 
     def nbytes(self) -> int:
         tensors = (self.vertical, self.block_max, self.diagonal, self.last_seen, self.step, self.seen_len,
-                   self.clock, self.level, self.calm, self.audit_next, self.curve)
+                   self.clock, self.level, self.calm, self.audit_next, self.curve, self.summaries, self.summarized)
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
     def _check_slot(self, slot: int) -> None:

@@ -95,6 +95,10 @@ def test_summary_replay_needs_the_recorded_summaries_and_validates(gen):
     with pytest.raises(ValueError, match="SpinConfig.summary_parts"):
         SpinConfig(summary_parts=3)
     assert parse_config("spin-0.4-sum0.7").spin_config(512, 0).summary == 0.7
+    cfg = parse_config("spin-0.4-sum0.8x16-noexp").spin_config(512, 0)
+    assert (cfg.summary, cfg.summary_parts, cfg.gamma) == (0.8, 16, 0.0)
+    with pytest.raises(ValueError, match="summary sub-blocks: expected a divisor"):
+        parse_config("spin-0.4-sum0.8x3")
     with pytest.raises(ValueError, match="sum<w>"):  # the form is refused: weights above 1 do not parse
         parse_config("spin-0.4-sum1.5")
 

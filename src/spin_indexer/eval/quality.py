@@ -8,7 +8,8 @@ greedily decodes from a copy of that cache:
     spin-<s>-noexp      the same without exploration
     spin-<s>-hybrid<w>  SPIN with the hybrid predictor (SpinConfig.hybrid = w, previous layer's same-step scores)
     spin-<s>-sum<w>     SPIN with the summary mix (SpinConfig.summary = w: this step's query against each block's
-                        sub-block mean keys, docs/current_step_selection.md)
+                        sub-block mean keys, docs/current_step_selection.md); -sum<w>x<S>: S sub-blocks a block
+                        (SpinConfig.summary_parts, default 4); lightning mode only
     adaptive-<t>        SPIN with adaptive per-(layer, request) budgets, per-audit (p99) miss target t, starting
                         at PRESETS["adaptive"]'s sparsity and menu (predictor/adaptive.py); sparsity = realized
     mtp<N>-all-keep     next_n = N rows per step; drafts = the all-keep greedy continuation of the sample
@@ -43,9 +44,9 @@ DEFAULT_CONFIGS = (("dense", "all-keep") + tuple(f"spin-{s}" for s in _SPARSITIE
 DEFAULT_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "vt")
 _NUM = r"0?\.\d+|0|1(?:\.0*)?"  # range-checked after parsing
 _NAME = re.compile(rf"^(?:mtp(?P<n>[2-8])-)?(?:(?P<dense>dense)|(?P<allkeep>all-keep)|"
-                   rf"spin-(?P<s>{_NUM})(?:-hybrid(?P<w>{_NUM}))?(?:-sum(?P<sw>{_NUM}))?(?P<noexp>-noexp)?|"
+                   rf"spin-(?P<s>{_NUM})(?:-hybrid(?P<w>{_NUM}))?(?:-sum(?P<sw>{_NUM})(?:x(?P<sp>\d+))?)?(?P<noexp>-noexp)?|"
                    rf"adaptive-(?P<t>{_NUM}))$")
-_FORMS = ("dense, all-keep, spin-<s>, spin-<s>-noexp, spin-<s>-hybrid<w>[-noexp], spin-<s>[-hybrid<w>]-sum<w>[-noexp], "
+_FORMS = ("dense, all-keep, spin-<s>, spin-<s>-noexp, spin-<s>-hybrid<w>[-noexp], spin-<s>[-hybrid<w>]-sum<w>[x<S>][-noexp], "
           "adaptive-<t>, mtp<N>-all-keep, "
           "mtp<N>-spin-<s>[...], mtp<N>-adaptive-<t> (0 <= s < 1, 0 <= w <= 1, 0 <= t <= 1, 2 <= N <= 8)")
 CSV_COLUMNS = ("task", "context", "config", "samples", "score", "mean_miss", "p99_miss")
@@ -62,6 +63,7 @@ class QualityConfig:
     next_n: int = 1
     hybrid: float = 0.0  # SpinConfig.hybrid
     summary: float = 0.0  # SpinConfig.summary
+    summary_parts: int = 4  # SpinConfig.summary_parts
     adaptive: float | None = None  # AdaptiveConfig.target_miss; None = fixed budget
 
     def spin_config(self, topk: int, seed: int):
@@ -74,7 +76,7 @@ class QualityConfig:
             adaptive = dataclasses.replace(PRESETS["adaptive"].adaptive, target_miss=self.adaptive)
         return SpinConfig(sparsity=self.sparsity, topk=topk, exploration="random" if self.exploration else "none",
                           gamma=0.05 if self.exploration else 0.0, seed=seed, hybrid=self.hybrid,
-                          summary=self.summary, adaptive=adaptive,
+                          summary=self.summary, summary_parts=self.summary_parts, adaptive=adaptive,
                           dense_below=0)  # quality measures the predictor: the speed guard is off
 
 
@@ -102,7 +104,11 @@ def parse_config(name: str) -> QualityConfig:
     check_range(f"config {name!r}: hybrid weight", w, low=0.0, high=1.0)
     sw = 0.0 if m["sw"] is None else float(m["sw"])
     check_range(f"config {name!r}: summary weight", sw, low=0.0, high=1.0)
-    return QualityConfig(name, "spin", s, m["noexp"] is None, n, hybrid=w, summary=sw)
+    parts = 4 if m["sp"] is None else int(m["sp"])
+    if not 1 <= parts <= 64 or 64 % parts:
+        raise ValueError(f"config {name!r}: summary sub-blocks: expected a divisor of the 64 tokens a block, got "
+                         f"{parts}")
+    return QualityConfig(name, "spin", s, m["noexp"] is None, n, hybrid=w, summary=sw, summary_parts=parts)
 
 
 def wilson_interval(p: float, n: int, z: float = 1.959964) -> tuple[float, float]:

@@ -1,0 +1,102 @@
+"""What the summary mix's two kernels cost a layer beside the dense logits (issue #18, docs/current_step_selection.md).
+
+    PYTHONPATH=src:benchmarks python benchmarks/bench_summary.py --points 96x131072,96x524288,8x131072 \
+        --parts 4,16 --out benchmarks/results/summary_cost.json
+
+Per point (B requests x L tokens, next_n = 1, V3.2's indexer: 64 heads x 128 dims) and sub-block count S:
+  write   ops.write_block_summaries in decoding's steady state: one block filled a request (first = W - 1):
+          reads 64 x 132 B, writes S x 132 B a request
+  score   ops.paged_summary_scores over every full block: reads S x 132 B a block (S / 64 of the keys' bytes)
+  logits  ops.paged_indexer_logits over every block (the dense logits, own Triton kernel): 64 x 132 B a block
+Each is checked against its torch reference on the first rotation before it is timed (CUDA graph, rotated
+inputs, harness.time_graph), and reported with its bytes and bandwidth. Bytes first: score / logits should be
+about S / 64 in time too, if both stream at the same bandwidth.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "src"))
+
+ROW_BYTES = 132  # D + 4 bytes a key (or a summary row)
+
+
+def point(batch: int, ctx: int, parts: int, pool) -> dict:
+    import torch
+    from harness import DEVICE, decode_lens, random_queries, rel_err, rotations_for, time_graph
+
+    from spin_indexer import ops
+    from spin_indexer.ops.block_summary import paged_summary_scores_ref, write_block_summaries_ref
+    # the Triton twins themselves (ops' dispatch would take the references in a CPU dry run)
+    from spin_indexer.ops.block_summary_triton import paged_summary_scores_triton as score
+    from spin_indexer.ops.block_summary_triton import write_block_summaries_triton as write
+
+    width = ctx // 64
+    rot = rotations_for(batch * width * 64 * ROW_BYTES)
+    tables = pool.tables(batch, width, rot)
+    q, w = random_queries(batch, 1)
+    lens = decode_lens(batch, 1, ctx)
+    full = torch.full((batch,), width, dtype=torch.int32, device=DEVICE)
+    first = full - 1
+    summaries = torch.zeros(pool.num_blocks, parts, 1, ROW_BYTES, dtype=torch.uint8, device=DEVICE)
+    for table in tables:  # every block of every rotation summarized once (the state a long decode leaves)
+        write(pool.cache, summaries, table, torch.zeros_like(full), full, validate=False)
+    # checks against the references on the first rotation (on a copy: the reference writes too)
+    want = summaries.clone()
+    write_block_summaries_ref(pool.cache, want, tables[0], first, full, validate=False)
+    got = summaries.clone()
+    write(pool.cache, got, tables[0], first, full, validate=False)
+    write_ok = bool((got == want).double().mean() > 0.99)
+    score_err = rel_err(score(q, summaries, w, tables[0], full, validate=False),
+                        paged_summary_scores_ref(q, summaries, w, tables[0], full, validate=False))
+    t_write = time_graph([lambda t=t: write(pool.cache, summaries, t, first, full, validate=False) for t in tables])
+    scores = torch.empty(batch, width, device=DEVICE)
+    t_score = time_graph([lambda t=t: score(q, summaries, w, t, full, validate=False, out=scores) for t in tables])
+    out = torch.empty(batch, width * 64, device=DEVICE)
+    t_logits = time_graph([lambda t=t: ops.paged_indexer_logits(q, pool.cache, w, lens, t, validate=False, out=out,
+                                                                fill_tail=False, backend="triton") for t in tables])
+    write_bytes = batch * (64 + parts) * ROW_BYTES
+    score_bytes = batch * width * parts * ROW_BYTES
+    logits_bytes = batch * width * 64 * ROW_BYTES + batch * width * 64 * 4  # keys read, logits written
+    row = dict(batch=batch, ctx=ctx, parts=parts, write_us=t_write.p50_us, score_us=t_score.p50_us,
+               logits_us=t_logits.p50_us, write_bytes=write_bytes, score_bytes=score_bytes,
+               logits_bytes=logits_bytes, write_matches=write_ok, score_rel_err=score_err)
+    for name in ("write", "score", "logits"):
+        row[f"{name}_gbps"] = row[f"{name}_bytes"] / (row[f"{name}_us"] * 1e-6) / 1e9
+    row["summary_over_logits"] = (row["write_us"] + row["score_us"]) / row["logits_us"]
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--points", default="96x131072,96x524288,8x131072,1x131072", help="BxL,BxL,...")
+    p.add_argument("--parts", default="4,16", help="sub-block counts S")
+    p.add_argument("--out", default=None, help="a JSON file for the rows and the environment")
+    args = p.parse_args(argv)
+    from harness import KeyPool, environment
+
+    env = environment()
+    points = [tuple(int(x) for x in s.split("x")) for s in args.points.split(",")]
+    most = max(b * (l // 64) for b, l in points)
+    pool = KeyPool(max(2 * most, 64))
+    rows = [point(b, ctx, int(s), pool) for b, ctx in points for s in args.parts.split(",")]
+    print(f"{'B x L':>12s} {'S':>3s} {'write us':>9s} {'score us':>9s} {'logits us':>10s} {'(w+s)/logits':>13s} "
+          f"{'score GB/s':>11s} {'logits GB/s':>12s} ok")
+    for r in rows:
+        ok = r["write_matches"] and r["score_rel_err"] < 1e-4
+        print(f"{r['batch']:>4d} x {r['ctx']:>6d} {r['parts']:>3d} {r['write_us']:9.1f} {r['score_us']:9.1f} "
+              f"{r['logits_us']:10.1f} {r['summary_over_logits']:13.3f} {r['score_gbps']:11.0f} "
+              f"{r['logits_gbps']:12.0f} {'yes' if ok else 'NO'}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"env": env, "rows": rows}, f, indent=1)
+    return 0 if all(r["write_matches"] and r["score_rel_err"] < 1e-4 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

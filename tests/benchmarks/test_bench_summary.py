@@ -1,0 +1,22 @@
+"""benchmarks/bench_summary.py (the summary mix's kernels beside the dense logits) in a CPU dry run: both Triton
+twins run interpreted, are checked against their references, and every row carries its bytes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_benchmark_dry
+
+
+@pytest.mark.interpreter
+def test_dry_run_checks_the_kernels(tmp_path):
+    pytest.importorskip("triton")
+    out = tmp_path / "summary.json"
+    proc = run_benchmark_dry("bench_summary.py", ["--points", "2x512", "--parts", "4,16", "--out", out], timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["parts"] for r in rows] == [4, 16]
+    for r in rows:
+        assert r["write_matches"] and r["score_rel_err"] < 1e-4
+        assert r["score_bytes"] == 2 * 8 * r["parts"] * 132 and r["write_bytes"] == 2 * (64 + r["parts"]) * 132

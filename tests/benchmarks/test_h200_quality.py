@@ -74,9 +74,14 @@ def test_capture_dry_run_traces_two_domains_and_replays_them(dry, tmp_path):
                 with open(tmp_path / "fid" / str(ctx) / f"{sweep}-{name}" / "summary.csv") as f:
                     rows = list(csv.DictReader(f))
                 assert policies <= {r["policy"] for r in rows} and {r["indexer"] for r in rows} == {"lightning", "oracle"}
+            # the summary mix: lightning traces only (they record block summaries; the oracle's do not)
+            with open(tmp_path / "fid" / str(ctx) / f"summary-{name}" / "summary.csv") as f:
+                rows = list(csv.DictReader(f))
+            mixed = {r["indexer"] for r in rows if r["policy"].startswith("summary")}
+            assert mixed == {"lightning"} and {float(r["sparsity_target"]) for r in rows} == {0.4, 0.5}
     timing = json.loads((tmp_path / "capture_timing.json").read_text())
     assert len(timing["captures"]) == 4 and all(r["traces"] == 4 and r["rc"] == 0 for r in timing["captures"].values())
-    assert all(r["done"] == 3 for r in timing["replays"].values())
+    assert all(r["done"] == 4 for r in timing["replays"].values())
 
 
 def test_capture_dry_run_in_worker_processes_stops_at_its_deadlines(dry, tmp_path):

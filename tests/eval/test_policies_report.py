@@ -179,3 +179,25 @@ def test_run_sweep_parallel_jobs_equal_serial():
     assert seen == [work] * 3
     with pytest.raises(ValueError, match="jobs"):
         run_sweep(sets, pairs, jobs=0)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_summary_policies_replay_only_traces_with_summaries(jobs):
+    """In a set where one trace recorded block summaries (at S = 4 and 8) and one did not, a summary policy
+    replays the first alone (its rows count only its prompts), other policies both; S = 16 has no rows at all."""
+    import dataclasses
+
+    from spin_indexer.traces.schema import Trace
+
+    plain = generate("v4-like", seed=0, prompt_id="plain", num_steps=6, num_layers=2, context_len=1000, k=128)
+    other = generate("v4-like", seed=1, prompt_id="rich", num_steps=6, num_layers=2, context_len=1000, k=128)
+    width = -(-other.max_len // 64)
+    lens = other.seq_lens.long().amax(dim=1)
+    past = torch.arange(width)[None, :] >= -(-lens[:, None] // 64)
+    summary = torch.where(past[:, None, None, :], float("-inf"), torch.randn(6, 2, 2, width))
+    meta = dataclasses.replace(other.meta, extra={**other.meta.extra, "summary_parts": [4, 8]})
+    rich = Trace(other.scores, other.seq_lens, meta, other.topk, other.accepted, summary)
+    rows = run_sweep({"s": [plain, rich]}, [("spin-default", 0.4), ("summary4-0.5", 0.4), ("summary16-0.8", 0.4)],
+                     jobs=jobs)
+    prompts = {r["policy"]: r["prompts"] for r in rows if r["context"] == "all"}
+    assert prompts == {"spin-default": 2, "summary4-0.5": 1}

@@ -118,9 +118,13 @@ def run_sweep(trace_sets: dict[str, list[Trace]], pairs: list[tuple[str, float]]
         if not traces:
             continue
         k = traces[0].meta.k
-        bins = _bins(traces)
         cfgs = {pair: get_policy(pair[0], pair[1], topk=k, seed=seed) for pair in pairs}
-        unique = list(dict.fromkeys(cfg.to_json() for cfg in cfgs.values()))
+        # summary-mix policies replay only the traces that recorded block summaries at their sub-block count
+        # (lightning captures; oracle traces have none): the other bins get no row for them
+        usable = {key: [t for t in traces if cfg.summary == 0 or t.has_summary(cfg.summary_parts)]
+                  for key, cfg in ((c.to_json(), c) for c in cfgs.values())}
+        unique = [key for key in dict.fromkeys(cfg.to_json() for cfg in cfgs.values())
+                  if len(usable[key]) == len(traces)]  # the forked workers replay every trace
         if jobs > 1 and torch.device(device).type == "cpu" and len(unique) > 1:
             cache = _replay_parallel(traces, {c.to_json(): c for c in cfgs.values()}, unique, max_batch, jobs,
                                      on_step)
@@ -129,10 +133,13 @@ def run_sweep(trace_sets: dict[str, list[Trace]], pairs: list[tuple[str, float]]
         for policy, sparsity in pairs:
             cfg = cfgs[(policy, sparsity)]
             key = cfg.to_json()
+            if not usable[key]:
+                continue
             if key not in cache:
-                cache[key] = replay(traces, cfg, device=device, max_batch=max_batch, progress=on_step)
+                cache[key] = replay(usable[key], cfg, device=device, max_batch=max_batch, progress=on_step)
             res = cache[key]
-            for (indexer, ctx), names in sorted(bins.items(), key=lambda kv: (kv[0][0], _ctx_order(kv[0][1]))):
+            for (indexer, ctx), names in sorted(_bins(usable[key]).items(),
+                                                key=lambda kv: (kv[0][0], _ctx_order(kv[0][1]))):
                 row = {"trace_set": set_name, "indexer": indexer, "context": ctx, "sparsity_target": sparsity,
                        "policy": policy, **summarize(res, names), "prompts": len(names),
                        "steps": max(res.miss[n].shape[0] for n in names),

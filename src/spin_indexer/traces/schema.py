@@ -102,11 +102,15 @@ class Trace:
     def name(self) -> str:
         return self.meta.prompt_id
 
+    def has_summary(self, parts: int) -> bool:
+        """True when the trace recorded block summaries at `parts` sub-blocks a block."""
+        return self.summary is not None and parts in self.meta.extra.get("summary_parts", [])
+
     def summary_of(self, parts: int) -> torch.Tensor:
         """float32 [S, L, W]: the block summary scores at `parts` sub-blocks a block. raises ValueError naming
         the trace and the sub-block counts it has when it has none at `parts`."""
         have = list(self.meta.extra.get("summary_parts", [])) if self.summary is not None else []
-        if parts not in have:
+        if not self.has_summary(parts):
             raise ValueError(f"trace {self.name}: expected block summaries at summary_parts = {parts} (SpinConfig."
                              f"summary replays from them), the trace has {have or 'none'}: capture with "
                              f"--summary-parts {parts}")

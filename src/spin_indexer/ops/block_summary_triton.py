@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
+from ..checks import check_tensor
 from ..layout import FP8_DTYPE, FP8_MAX, SCALE_BYTES, SCALE_FLOOR
-from .block_summary import check_block_ranges, check_summary_cache
+from .block_summary import check_block_ranges, check_summary_cache, check_summary_score_args
 
 try:  # the package imports this module only for CUDA tensors (or under TRITON_INTERPRET=1 in tests)
     import triton
@@ -31,8 +32,6 @@ def write_block_summaries_triton(kv_cache: torch.Tensor, summaries: torch.Tensor
                                  first: torch.Tensor, stop: torch.Tensor, validate: bool = True) -> None:
     """write_block_summaries_ref's semantics (and checks). kv_cache: contiguous pages (no padded page stride:
     V4's padded pages are not supported here yet), D a multiple of 4."""
-    from ..checks import check_tensor
-
     check_tensor("kv_cache", kv_cache, dtype=torch.uint8, ndim=4, contiguous=True)
     check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=kv_cache.device, device_of="kv_cache")
     parts = check_summary_cache(summaries, kv_cache)
@@ -57,28 +56,14 @@ def paged_summary_scores_triton(q_fp8: torch.Tensor, summaries: torch.Tensor, we
                                 out: torch.Tensor | None = None) -> torch.Tensor:
     """paged_summary_scores_ref's semantics (and checks); out: optional float32 [B, W] written in place (every
     entry) and returned."""
-    from ..checks import check_tensor, check_values_in_range
-
-    check_tensor("q_fp8", q_fp8, dtype=FP8_DTYPE, ndim=4)
+    check_summary_score_args(q_fp8, summaries, weights, block_table, num_summarized, validate)
     batch, next_n, heads, dim = q_fp8.shape
-    check_tensor("summaries", summaries, dtype=torch.uint8, shape=(None, None, 1, dim + SCALE_BYTES),
-                 shape_names="[num_blocks, S, 1, D + 4]", device=q_fp8.device, device_of="q_fp8", contiguous=True)
-    check_tensor("weights", weights, dtype=torch.float32, shape=(batch * next_n, heads), shape_names="[B*next_n, H]",
-                 device=q_fp8.device, device_of="q_fp8")
-    check_tensor("block_table", block_table, dtype=torch.int32, shape=(batch, None), shape_names="[B, W]",
-                 device=q_fp8.device, device_of="q_fp8")
-    check_tensor("num_summarized", num_summarized, dtype=torch.int32, shape=(batch,), shape_names="[B]",
-                 device=q_fp8.device, device_of="q_fp8")
     num_blocks, parts = summaries.shape[:2]
     width = block_table.shape[1]
     if out is None:
         out = torch.empty(batch, width, dtype=torch.float32, device=q_fp8.device)
     check_tensor("out", out, dtype=torch.float32, shape=(batch, width), shape_names="[B, W]", device=q_fp8.device,
                  device_of="q_fp8", contiguous=True)
-    if validate and batch and width:
-        live = torch.arange(width, device=q_fp8.device)[None, :] < num_summarized[:, None].long()
-        check_values_in_range("block_table", torch.where(live, block_table, 0), 0, num_blocks - 1,
-                              "block ids (of the summarized blocks)")
     if batch == 0 or width == 0:
         return out
     if num_blocks == 0:

@@ -101,6 +101,11 @@ def test_write_shared_prefix_and_empty_ranges(gen):
     write_block_summaries_ref(inputs.kv_cache, both, table, torch.full((2,), 1, dtype=torch.int32),
                               torch.full((2,), 1, dtype=torch.int32))
     assert torch.equal(both, same)
+    # a summary cache with more rows than the key cache has blocks (SpinState sizes it for num_cache_blocks)
+    bigger = torch.full((both.shape[0] + 3, *both.shape[1:]), POISON, dtype=torch.uint8)
+    ops.write_block_summaries(inputs.kv_cache, bigger, table, torch.zeros(2, dtype=torch.int32),
+                              torch.full((2,), 2, dtype=torch.int32))
+    assert torch.equal(bigger[:both.shape[0]], both) and (bigger[both.shape[0]:] == POISON).all()
     empty = make_paged_inputs((), 1, HEADS, DIM, gen)
     none = torch.zeros(0, dtype=torch.int32)
     write_block_summaries_ref(empty.kv_cache, poisoned_summaries(empty.kv_cache, 4), empty.block_table, none, none)

@@ -409,9 +409,9 @@ class SpinIndexer:
 
         scores: float32 [B*next_n, W*T] (values at/after a row's length are ignored). Only the columns
         of kept blocks are read, exactly what the paged kernel would have computed.
-        summary: float32 [B, W], the layer's block summary scores at SpinConfig.summary_parts (what run()
-        computes with ops.block_summary_scores; traces record them): required when SpinConfig.summary > 0,
-        refused otherwise.
+        summary: float32 [B, W], the layer's block summary scores at SpinConfig.summary_parts, as traces record
+        them (ops.block_summary_scores: float means of the valid tokens; run() scores its fp8 summary cache of
+        full blocks instead): required when SpinConfig.summary > 0, refused otherwise.
         """
         st = self._current(layer)
         batch, width = st.block_table.shape

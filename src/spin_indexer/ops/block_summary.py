@@ -66,17 +66,17 @@ def block_summary_scores_ref(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weight
     return out
 
 
-
 def check_summary_cache(summaries: torch.Tensor, kv_cache: torch.Tensor) -> int:
-    """S of a summary cache that fits kv_cache: uint8 [num_blocks, S, 1, D + 4] with the cache's num_blocks and
-    D, S a divisor of the cache's T; raises TypeError/ValueError naming `summaries` otherwise."""
+    """S of a summary cache that fits kv_cache: uint8 [P, S, 1, D + 4] with P >= the cache's num_blocks (a row per
+    physical block id), the cache's D, S a divisor of the cache's T; raises TypeError/ValueError naming
+    `summaries` otherwise."""
     num_blocks, tokens, _, row = kv_cache.shape
     check_tensor("summaries", summaries, dtype=torch.uint8, ndim=4, device=kv_cache.device, device_of="kv_cache",
                  contiguous=True)
     parts = summaries.shape[1]
-    if summaries.shape[0] != num_blocks or summaries.shape[2:] != (1, row) or parts < 1 or tokens % parts:
-        raise ValueError(f"summaries: expected shape [{num_blocks}, S, 1, {row}] (kv_cache's blocks and row bytes, "
-                         f"S dividing its {tokens} tokens a block), got {list(summaries.shape)}")
+    if summaries.shape[0] < num_blocks or summaries.shape[2:] != (1, row) or parts < 1 or tokens % parts:
+        raise ValueError(f"summaries: expected shape [>= {num_blocks}, S, 1, {row}] (a row per kv_cache block, its row "
+                         f"bytes, S dividing its {tokens} tokens a block), got {list(summaries.shape)}")
     return parts
 
 
@@ -102,7 +102,7 @@ def write_block_summaries_ref(kv_cache: torch.Tensor, summaries: torch.Tensor, b
     """Write the summaries of logical blocks first[b] <= j < stop[b] of each request b (module docstring): for
     every such block, its S sub-block mean keys, quantized as keys are, into summaries[block_table[b, j]].
 
-    kv_cache: uint8 [num_blocks, T, 1, D + 4]; summaries: uint8 [num_blocks, S, 1, D + 4] (check_summary_cache);
+    kv_cache: uint8 [num_blocks, T, 1, D + 4]; summaries: uint8 [>= num_blocks, S, 1, D + 4] (check_summary_cache);
     block_table: int32 [B, W]; first, stop: int32 [B]. The blocks must be full (all T keys written): the caller
     passes stop <= (committed tokens) // T. validate: check the ranges and the written ids (a host sync); without
     it an out-of-range id is clamped into the cache (a wrong block, never a read or write outside it).

@@ -18,8 +18,8 @@ accepted[s] in [0, N - 1] = the accepted drafts, which is what replay passes to 
 Size: scores dominate, S x L x N x C x 2 bytes (C = the longest row, about context + S x N at full
 acceptance): 256 steps x 30 layers at 32K is 256 x 30 x 1 x (32768 + 256) x 2 = 507 MB at next_n = 1 and
 256 x 30 x 3 x (32768 + 768) x 2 = 1545 MB at next_n = 3; 4K x 64 steps = 16 MB at next_n = 1. top-k adds
-S x L x N x K x 4 bytes (7.9 MB at K = 256, next_n = 1). Block summaries (summary_parts) add
-S x L x P x C / 64 x 4 bytes, 1/32 of the scores' a sub-block count.
+S x L x N x K x 4 bytes (7.9 MB at K = 256, next_n = 1). Block summaries (P sub-block counts in
+summary_parts) add S x L x P x C / 64 x 4 bytes: P / 32 of the scores' bytes at next_n = 1.
 """
 from __future__ import annotations
 

@@ -144,3 +144,27 @@ def test_replay_with_recorded_summaries_equals_live_run(gen, next_n):
             if step:
                 assert not bool(keep_a[:, :13].all())  # the mix skipped something: the test compares choices
             assert torch.equal(a.sort(dim=1).values, b.sort(dim=1).values)
+
+
+def test_summary_state_sizes_resets_and_checks_the_cache(gen):
+    """SpinState holds the summary cache only with summary > 0 (S x (D + 4) / T bytes a token a layer more), a
+    reallocated slot rewrites its blocks (its counter back at 0), and run() refuses a key cache of another D."""
+    x = make_paged_inputs((5 * T,), 1, 4, 32, gen, extra_width=0)
+    plain = SpinIndexer(SpinConfig(sparsity=0.5, topk=64), num_layers=2, max_batch=1, max_blocks=5)
+    idx = SpinIndexer(SpinConfig(sparsity=0.5, topk=64, summary=0.5, summary_parts=8), num_layers=2, max_batch=1,
+                      max_blocks=5, num_cache_blocks=x.kv_cache.shape[0] + 4, head_dim=32)
+    assert plain.state.summaries is None
+    assert idx.state.summaries.shape == (2, x.kv_cache.shape[0] + 4, 8, 1, 36)
+    assert idx.state.bytes_per_token() == pytest.approx(plain.state.bytes_per_token() + 8 * 36 / T)
+    slot = idx.state.allocate()
+    slots = torch.tensor([slot], dtype=torch.int32)
+    _step(idx, x, slots, layers=2)
+    assert idx.state.summarized[:, slot].tolist() == [5, 5]
+    written = idx.state.summaries.clone()
+    idx.state.free(slot)
+    assert idx.state.allocate() == slot and idx.state.summarized[:, slot].tolist() == [0, 0]
+    assert torch.equal(idx.state.summaries, written)  # rows are rewritten when needed, never cleared
+    wide = make_paged_inputs((5 * T,), 1, 4, 64, gen, extra_width=0)
+    idx.plan(wide.block_table, wide.seq_lens, slots)
+    with pytest.raises(ValueError, match="kv_cache: expected D \\+ 4 = 36"):
+        idx.run(0, wide.q_fp8, wide.kv_cache, wide.weights)

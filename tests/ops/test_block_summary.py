@@ -74,3 +74,15 @@ def test_empty_batch_and_bad_parts(gen):
     with pytest.raises(TypeError, match="weights"):
         ops.block_summary_scores(inputs.q_fp8, inputs.kv_cache, inputs.weights.double(), inputs.seq_lens,
                                  inputs.block_table)
+
+
+def test_many_sub_block_counts_at_once_equal_each_alone(gen):
+    from spin_indexer.ops.block_summary import block_summary_scores_many_ref
+
+    inputs = make_paged_inputs((3 * T + 21, 1, 2 * T), 2, HEADS, DIM, gen, extra_width=2)
+    many = block_summary_scores_many_ref(*inputs.args(), parts=(4, 16, 1))
+    assert many.shape == (3, *inputs.block_table.shape)
+    for i, parts in enumerate((4, 16, 1)):
+        assert torch.equal(many[i], ops.block_summary_scores(*inputs.args(), parts=parts))
+    with pytest.raises(ValueError, match="parts"):
+        block_summary_scores_many_ref(*inputs.args(), parts=(4, 3))

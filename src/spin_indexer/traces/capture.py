@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import ops
 from ..checks import check_int, check_range, check_tensor
 from ..layout import TOKENS_PER_BLOCK
 from ..model.decode import Caches, check_mode, prefill, verify_step
+from ..ops.block_summary import block_summary_scores_many_ref
 from .schema import Trace, TraceMeta
 
 FP16_MAX = 65504.0
@@ -105,8 +105,9 @@ def capture_trace(model, prompt: torch.Tensor, steps: int, mode: str, k: int, in
         if layer not in slot_of:
             return
         layer = slot_of[layer]
-        for i, parts in enumerate(summary_parts):
-            summary[step[0], layer, i] = ops.block_summary_scores(*inputs, parts, validate=False)[0, :width]
+        if summary_parts:  # every sub-block count from one dequantization of the keys
+            summary[step[0], layer] = block_summary_scores_many_ref(*inputs, tuple(summary_parts),
+                                                                    validate=False)[:, 0, :width]
         # fp16 keeps ~3 significant digits; clamp so large finite scores never turn into +-inf
         finite = layer_scores[:, :max_len].clamp(-FP16_MAX, FP16_MAX)
         finite = torch.where(torch.isneginf(layer_scores[:, :max_len]), float("-inf"), finite)

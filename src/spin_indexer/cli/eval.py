@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     syn.add_argument("--next-n", type=int, default=None,
                      help="synthetic query rows per step (MTP: 4; default: the preset's)")
     sw = parser.add_argument_group("sweep")
-    sw.add_argument("--sweep", default="main", help="smoke, main, pooling, exploration, mtp, history, all, summary (needs traces captured with block summaries)")
+    sw.add_argument("--sweep", default="main", help="smoke, main, pooling, exploration, mtp, history, all, "
+                    "summary (needs traces captured with block summaries)")
     sw.add_argument("--sparsity", type=float, nargs="+", default=None, help="override the sweep's targets")
     sw.add_argument("--policy", nargs="+", default=None, help="override the sweep's policies")
     sw.add_argument("--layer-stride", type=int, default=1, help="replay every n-th layer of real traces (>= 1)")

@@ -46,11 +46,9 @@ class Extensions:
         """Plan `layer` into `out` with the extensions' budgets and scores. The summary mix scores the blocks
         with this step's query: from `summary` (float32 [B, W]: a replay's recorded ops.block_summary_scores) or
         else from `inputs` = (q_fp8, kv_cache, weights) of run(layer), through the summary cache
-        (`cached_summary_scores`); with neither it is refused, naming what it needs."""
+        (`cached_summary_scores`). run() always passes `inputs`; run_from_scores refuses a missing `summary`
+        before it gets here."""
         cfg, t = self.config, self.config.tokens_per_block
-        if cfg.summary > 0 and inputs is None and summary is None:  # refused before anything is read or written
-            raise RuntimeError("SpinConfig.summary scores the blocks with the layer's query and keys: run() has "
-                               "them; run_from_scores needs the recorded block summaries (its `summary`)")
         scores = layer_scores(cfg, self.state, layer, meta)
         if cfg.hybrid > 0 and self.previous is not None:
             scores = hybrid_scores(scores, self.previous, meta.valid, cfg.hybrid)

@@ -108,6 +108,16 @@ def check_block_ranges(first: torch.Tensor, stop: torch.Tensor, block_table: tor
                               "block ids (of the blocks written)")
 
 
+def check_write_args(kv_cache, summaries, block_table, first, stop, validate: bool, contiguous: bool = False) -> int:
+    """write_block_summaries' arguments (its docstring has the shapes; contiguous: the cache's pages too, as
+    the Triton twin reads them); returns S. Raises TypeError / ValueError naming the argument."""
+    check_tensor("kv_cache", kv_cache, dtype=torch.uint8, ndim=4, contiguous=contiguous)
+    check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=kv_cache.device, device_of="kv_cache")
+    parts = check_summary_cache(summaries, kv_cache)
+    check_block_ranges(first, stop, block_table, kv_cache.shape[0], validate)
+    return parts
+
+
 def write_block_summaries_ref(kv_cache: torch.Tensor, summaries: torch.Tensor, block_table: torch.Tensor,
                               first: torch.Tensor, stop: torch.Tensor, validate: bool = True) -> None:
     """Write the summaries of logical blocks first[b] <= j < stop[b] of each request b (module docstring): for
@@ -118,11 +128,8 @@ def write_block_summaries_ref(kv_cache: torch.Tensor, summaries: torch.Tensor, b
     passes stop <= (committed tokens) // T. validate: check the ranges and the written ids (a host sync); without
     it an out-of-range id is clamped into the cache (a wrong block, never a read or write outside it).
     """
-    check_tensor("kv_cache", kv_cache, dtype=torch.uint8, ndim=4)
-    check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=kv_cache.device, device_of="kv_cache")
-    parts = check_summary_cache(summaries, kv_cache)
+    parts = check_write_args(kv_cache, summaries, block_table, first, stop, validate)
     num_blocks, tokens = kv_cache.shape[:2]
-    check_block_ranges(first, stop, block_table, num_blocks, validate)
     if block_table.numel() == 0 or num_blocks == 0:
         return
     width = block_table.shape[1]

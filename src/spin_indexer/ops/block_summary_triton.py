@@ -16,7 +16,7 @@ import torch
 
 from ..checks import check_tensor
 from ..layout import FP8_DTYPE, FP8_MAX, SCALE_BYTES, SCALE_FLOOR
-from .block_summary import check_block_ranges, check_summary_cache, check_summary_score_args
+from .block_summary import check_summary_score_args, check_write_args
 
 try:  # the package imports this module only for CUDA tensors (or under TRITON_INTERPRET=1 in tests)
     import triton
@@ -32,11 +32,8 @@ def write_block_summaries_triton(kv_cache: torch.Tensor, summaries: torch.Tensor
                                  first: torch.Tensor, stop: torch.Tensor, validate: bool = True) -> None:
     """write_block_summaries_ref's semantics (and checks). kv_cache: contiguous pages (no padded page stride:
     V4's padded pages are not supported here yet), D a multiple of 4."""
-    check_tensor("kv_cache", kv_cache, dtype=torch.uint8, ndim=4, contiguous=True)
-    check_tensor("block_table", block_table, dtype=torch.int32, ndim=2, device=kv_cache.device, device_of="kv_cache")
-    parts = check_summary_cache(summaries, kv_cache)
+    parts = check_write_args(kv_cache, summaries, block_table, first, stop, validate, contiguous=True)
     num_blocks, tokens, _, row = kv_cache.shape
-    check_block_ranges(first, stop, block_table, num_blocks, validate)
     batch, width = block_table.shape
     if batch == 0 or width == 0 or num_blocks == 0:
         return

@@ -26,6 +26,8 @@ against the key cache's 132, plus DW x 2 B per request slot and layer for the di
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..checks import allocation_error, check_device, check_int
@@ -204,10 +206,8 @@ class SpinState:
         try:
             self.summaries = torch.zeros(shape, dtype=torch.uint8, device=self.device)
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
-            need = 1
-            for n in shape:
-                need *= n
-            raise allocation_error("SpinState summaries", need, self.device, f"shape={list(shape)}") from exc
+            raise allocation_error("SpinState summaries", math.prod(shape), self.device,
+                                   f"shape={list(shape)}") from exc
 
     def is_allocated(self, slot: int) -> bool:
         self._check_slot(slot)

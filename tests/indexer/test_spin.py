@@ -788,8 +788,9 @@ def test_tau_hint_gives_the_same_steps_and_keeps_a_key_per_layer_and_row(gen):
     assert bool((i1.workspace.tau_hint[:, :batch] > 0).all())
 
 
-@pytest.mark.parametrize("sms", [0, 4])
-def test_workspace_bytes_needed_is_what_it_allocates(sms):
+@pytest.mark.parametrize("sms,summary", [(0, False), (4, False), (0, True)])
+def test_workspace_bytes_needed_is_what_it_allocates(sms, summary):
     from spin_indexer.indexer.workspace import Workspace
     args = (3, 5, 7, 2, 64, 16)
-    assert Workspace(*args, torch.device("cpu"), sms).nbytes() == Workspace.bytes_needed(*args, sms)
+    assert (Workspace(*args, torch.device("cpu"), sms, summary).nbytes()
+            == Workspace.bytes_needed(*args, sms, summary))

@@ -123,14 +123,20 @@ class SpinIndexer:
         self.state = SpinState(config, num_layers, slots, num_cache_blocks or slots * max_blocks, max_blocks * t,
                                self.device, head_dim)
         try:
-            self.workspace = Workspace(num_layers, max_batch, max_blocks, next_n, t, config.topk, self.device, sms)
+            self.workspace = Workspace(num_layers, max_batch, max_blocks, next_n, t, config.topk, self.device, sms,
+                                       config.summary > 0)
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
-            need = Workspace.bytes_needed(num_layers, max_batch, max_blocks, next_n, t, config.topk, sms)
+            need = Workspace.bytes_needed(num_layers, max_batch, max_blocks, next_n, t, config.topk, sms,
+                                          config.summary > 0)
             raise allocation_error("SpinIndexer workspace", need, self.device,
                                    f"num_layers={num_layers}, max_batch={max_batch}, max_blocks={max_blocks}, "
                                    f"next_n={next_n}") from exc
         self.extensions = (Extensions(config, self.state, next_n)
                            if (config.adaptive or config.hybrid or config.summary) else None)
+        # Extensions that read every layer's scores after it runs (adaptive audits, the hybrid hand-over): they
+        # keep the torch path of plan(), the EMA update in series and the logits' tail filled. The summary mix
+        # alone reads only the layer's query before it runs: the fused step covers it.
+        self._layer_hooks = config.adaptive is not None or config.hybrid > 0
         # The stream the EMA update runs on (`_forked`); None (in series, on the caller's stream) off
         # CUDA or with overlap_update=False.
         self._update_stream = self._topk_stream = None
@@ -206,9 +212,11 @@ class SpinIndexer:
         fused = self._fused_plan(block_table)
         if fused is not None:
             fused(cfg, self.state, ws, block_table, seq_lens, slots, num_accepted)
+            if cfg.summary > 0:  # the summary mix: each layer selects in run(), with its query (_select_in_run)
+                plans = [None] * self.num_layers
             # the state's clock itself (plan() alone advances it): no copy
             self._step = _Step(block_table, seq_lens, slots, self.state.clock, plans,
-                               scheduled=self._schedule_layers(batch, width))
+                               scheduled=cfg.summary == 0 and self._schedule_layers(batch, width))
             return
         meta = plan_ref.step_meta(cfg, self.state, block_table, seq_lens, slots, num_accepted)
         plan_ref.reset_entered_(self.state, meta)
@@ -311,7 +319,7 @@ class SpinIndexer:
         # maxima in order), off CUDA, and with overlap_update=False, where the Triton kernel fuses it into its
         # epilogue. The maxima the top-k prunes with come from the Triton kernel's epilogue; DeepGEMM writes
         # logits only (the CUDA kernel the block maxima only), so there a pass before the top-k writes them.
-        side = self._update_stream if self.extensions is None and backend != "reference" else None
+        side = self._update_stream if not self._layer_hooks and backend != "reference" else None
         in_topk = side is not None and self.update_in_topk(batch, width, history)
         # The CUDA kernel writes the block maxima (into the workspace, not a scratch of its own, whether or not
         # the pass below rewrites them); the group maxima, where the top-k wants them, need the pass
@@ -319,7 +327,7 @@ class SpinIndexer:
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
                                           validate=False, out=out,
                                           block_max_out=block_max if maxima_fused or backend == "cuda" else None,
-                                          fill_tail=self.extensions is not None,
+                                          fill_tail=self._layer_hooks,
                                           history=history if side is None else None,
                                           group_max_out=group_max if maxima_fused else None, group=group,
                                           deepgemm_schedule=schedule, active_width=active, backend=backend)
@@ -390,7 +398,7 @@ class SpinIndexer:
         per-step guard's threshold, so plan() guarded every request whatever its length (a host decision
         on static shapes: a captured graph keeps it)."""
         tokens = batch * width * self.config.tokens_per_block
-        return self.extensions is None and tokens < self.config.guard_batch_tokens_for(batch * self.next_n)
+        return not self._layer_hooks and tokens < self.config.guard_batch_tokens_for(batch * self.next_n)
 
     def _run_dense(self, layer: int, st: _Step, plan: BlockPlan, q_fp8, kv_cache, weights) -> torch.Tensor:
         """The dense step's kernels on the full table (every block kept, no history: what plan() decided for
@@ -456,9 +464,34 @@ class SpinIndexer:
         plan = st.plans[layer]
         if plan is None:  # hybrid / summary: this layer selects now, after the previous layer's scores or q
             out = self._workspace_plan(layer, *st.block_table.shape)
-            plan = st.plans[layer] = self.extensions.select(layer, st.meta, out, inputs, summary)
+            if st.meta is None:  # the fused step (summary mix)
+                plan = st.plans[layer] = self._select_in_run(layer, st, out, inputs, summary)
+            else:
+                plan = st.plans[layer] = self.extensions.select(layer, st.meta, out, inputs, summary)
         st.done.add(layer)
         return plan
+
+    def _select_in_run(self, layer: int, st: _Step, out: BlockPlan, inputs: tuple | None,
+                       summary: torch.Tensor | None) -> BlockPlan:
+        """The fused step's selection of `layer` with the summary mix, into `out` (the workspace's views): the
+        summary cache takes the blocks each request filled since this layer last ran and scores this step's
+        query (two launches; plan() wrote each request's range, ws.summary_first / full_blocks), then one select
+        launch mixes those scores with the layer's history, selects, compacts and records the cache's new
+        extent (plan_triton.select_layer_triton). A replay passes its recorded `summary` instead of `inputs`."""
+        from ..predictor.plan_triton import select_layer_triton
+        ws, state = self.workspace, self.state
+        batch, width = st.block_table.shape
+        cached = summary is None  # a replay's recorded scores leave the summary cache alone
+        if cached:
+            q_fp8, kv_cache, weights = inputs
+            full = ws.full_blocks[:batch]
+            ops.write_block_summaries(kv_cache, state.summaries[layer], st.block_table, ws.summary_first[layer, :batch],
+                                      full, validate=False)
+            summary = ops.paged_summary_scores(q_fp8, state.summaries[layer], weights, st.block_table, full,
+                                               validate=False, out=ws.summary_scores[:batch, :width])
+        select_layer_triton(self.config, state, ws, layer, st.block_table, st.seq_lens, st.slot_ids, summary,
+                            cached=cached)
+        return out
 
     def _dense_plan(self, block_table: torch.Tensor, seq_lens: torch.Tensor) -> BlockPlan:
         """The plan of a step the table's shape guards (`_guarded_by_shape`): every block of every request
@@ -519,13 +552,13 @@ class SpinIndexer:
 
     def _fused_plan(self, block_table: torch.Tensor):
         """The fused planning launcher when it covers this config on this device, else None."""
-        if self.extensions is not None:
+        if self._layer_hooks:
             return None
         fn = triton_twin("spin_indexer.predictor.plan_triton", "plan_step_triton", block_table)
         if fn is None:
             return None
         from ..predictor.plan_triton import supports
-        return fn if supports(self.config) else None
+        return fn if supports(self.config, block_table.shape[1]) else None
 
     def _current(self, layer: int) -> _Step:
         if self._step is None:

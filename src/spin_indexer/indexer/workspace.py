@@ -19,13 +19,19 @@ class Workspace:
     top-k's group maxima when it prunes finer than a block; leading [:, :W*T / G] used); topk: int32 [L, B*N, K];
     deepgemm_schedule: int32 [L, S + 1, 2], every layer's SM schedule for DeepGEMM's logits (S = schedule_sms,
     the GPU's SMs where DeepGEMM serves; None when schedule_sms = 0); tau_hint: int32 [L, B*N], each layer and
-    row's last top-k threshold key (ops.topk_positions(tau_hint=): a hint only, any value is correct).
+    row's last top-k threshold key (ops.topk_positions(tau_hint=): a hint only, any value is correct);
+    plan_stash: int32 [max(B, 1), 2], the fused plan's (step, first entered block) of each request, read by its
+    select launches (in plan(), or in run() with the summary mix).
+    With summary (SpinConfig.summary > 0; None otherwise): summary_first: int32 [L, B], each layer's first block
+    of a request not yet in the summary cache; full_blocks: int32 [B], its full blocks (row 0's length // T, at
+    most W); summary_scores: float32 [B, W], the layer's summary scores; select_scratch: float32 [B, W], the
+    per-layer select's scratch row.
     """
 
     GROUP_MIN = 8  # the finest group the step writes maxima for (topk_group of a wide table is 8-64)
 
     def __init__(self, num_layers: int, max_batch: int, max_blocks: int, next_n: int, tokens_per_block: int,
-                 topk: int, device: torch.device, schedule_sms: int = 0):
+                 topk: int, device: torch.device, schedule_sms: int = 0, summary: bool = False):
         L, B, W, N, T = num_layers, max_batch, max_blocks, next_n, tokens_per_block
         i32 = dict(dtype=torch.int32, device=device)
         self.kept_blocks = torch.full((L, B, W), -1, **i32)
@@ -42,15 +48,22 @@ class Workspace:
         self.topk = torch.empty((L, B * N, topk), **i32)
         self.deepgemm_schedule = torch.zeros((L, schedule_sms + 1, 2), **i32) if schedule_sms else None
         self.tau_hint = torch.zeros((L, B * N), **i32)
+        self.plan_stash = torch.zeros((max(B, 1), 2), **i32)
+        self.summary_first = torch.zeros((L, B), **i32) if summary else None
+        self.full_blocks = torch.zeros((B,), **i32) if summary else None
+        self.summary_scores = torch.empty((B, W), dtype=torch.float32, device=device) if summary else None
+        self.select_scratch = torch.empty((B, W), dtype=torch.float32, device=device) if summary else None
 
     @staticmethod
     def bytes_needed(num_layers: int, max_batch: int, max_blocks: int, next_n: int, tokens_per_block: int,
-                     topk: int, schedule_sms: int = 0) -> int:
+                     topk: int, schedule_sms: int = 0, summary: bool = False) -> int:
         """Bytes the buffers take (what __init__ allocates)."""
         L, B, W, N, T = num_layers, max_batch, max_blocks, next_n, tokens_per_block
         group_max = B * N * -(-W * T // Workspace.GROUP_MIN)
+        summary_words = L * B + B + 2 * B * W if summary else 0
         return 4 * (2 * L * B * W + L * B + L * B * N + B + W + B * N * W * T + B * N * W + group_max
-                    + L * B * N * topk + (L * (schedule_sms + 1) * 2 if schedule_sms else 0) + L * B * N) + B + B * N
+                    + L * B * N * topk + (L * (schedule_sms + 1) * 2 if schedule_sms else 0) + L * B * N
+                    + 2 * max(B, 1) + summary_words) + B + B * N
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))

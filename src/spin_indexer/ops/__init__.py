@@ -234,11 +234,12 @@ def write_block_summaries(kv_cache, summaries, block_table, first, stop, validat
     return (twin or write_block_summaries_ref)(kv_cache, summaries, block_table, first, stop, validate)
 
 
-def paged_summary_scores(q_fp8, summaries, weights, block_table, num_summarized, validate: bool = True):
+def paged_summary_scores(q_fp8, summaries, weights, block_table, num_summarized, validate: bool = True, out=None):
     """float32 [B, W]: this step's query against the summary cache, max over rows and sub-blocks; -inf past
-    num_summarized (paged_summary_scores_ref has the shapes): the Triton twin on CUDA, else the reference."""
+    num_summarized (paged_summary_scores_ref has the shapes; out: optional float32 [B, W] written and returned):
+    the Triton twin on CUDA, else the reference."""
     twin = _triton_twin("block_summary_triton", "paged_summary_scores_triton", q_fp8)
-    return (twin or paged_summary_scores_ref)(q_fp8, summaries, weights, block_table, num_summarized, validate)
+    return (twin or paged_summary_scores_ref)(q_fp8, summaries, weights, block_table, num_summarized, validate, out)
 
 
 def block_summary_scores(q_fp8, kv_cache, weights, seq_lens, block_table, parts: int = 4, validate: bool = True):

@@ -146,9 +146,11 @@ def write_block_summaries_ref(kv_cache: torch.Tensor, summaries: torch.Tensor, b
     write_kv_cache(summaries, k_fp8, k_scale, slots, validate=False)
 
 
-def check_summary_score_args(q_fp8, summaries, weights, block_table, num_summarized, validate: bool) -> None:
-    """paged_summary_scores' arguments (its docstring has the shapes); with validate, the block ids below
-    num_summarized (a host sync). Raises TypeError / ValueError naming the argument."""
+def check_summary_score_args(q_fp8, summaries, weights, block_table, num_summarized, validate: bool,
+                             out: torch.Tensor | None = None) -> None:
+    """paged_summary_scores' arguments (its docstring has the shapes; out: None or float32 [B, W], contiguous);
+    with validate, the block ids below num_summarized (a host sync). Raises TypeError / ValueError naming the
+    argument."""
     check_tensor("q_fp8", q_fp8, dtype=FP8_DTYPE, ndim=4)
     batch, next_n, heads, dim = q_fp8.shape
     check_tensor("summaries", summaries, dtype=torch.uint8, shape=(None, None, 1, dim + SCALE_BYTES),
@@ -160,6 +162,9 @@ def check_summary_score_args(q_fp8, summaries, weights, block_table, num_summari
     check_tensor("num_summarized", num_summarized, dtype=torch.int32, shape=(batch,), shape_names="[B]",
                  device=q_fp8.device, device_of="q_fp8")
     width = block_table.shape[1]
+    if out is not None:
+        check_tensor("out", out, dtype=torch.float32, shape=(batch, width), shape_names="[B, W]", device=q_fp8.device,
+                     device_of="q_fp8", contiguous=True)
     if validate and batch and width:
         live = torch.arange(width, device=q_fp8.device)[None, :] < num_summarized[:, None].long()
         check_values_in_range("block_table", torch.where(live, block_table, 0), 0, summaries.shape[0] - 1,
@@ -168,7 +173,7 @@ def check_summary_score_args(q_fp8, summaries, weights, block_table, num_summari
 
 def paged_summary_scores_ref(q_fp8: torch.Tensor, summaries: torch.Tensor, weights: torch.Tensor,
                              block_table: torch.Tensor, num_summarized: torch.Tensor,
-                             validate: bool = True) -> torch.Tensor:
+                             validate: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
     """float32 [B, W]: score[b, j] = max over the rows r and sub-blocks s of sum_h weights[r, h] *
     relu(q[b, r, h] . summary[block_table[b, j], s]) for j < num_summarized[b] (blocks whose summaries were
     written), -inf for the others.
@@ -176,13 +181,15 @@ def paged_summary_scores_ref(q_fp8: torch.Tensor, summaries: torch.Tensor, weigh
     q_fp8: float8_e4m3fn [B, next_n, H, D]; summaries: uint8 [num_blocks, S, 1, D + 4]; weights: float32
     [B*next_n, H]; block_table: int32 [B, W]; num_summarized: int32 [B] (values past W read as W, below 0 as
     0). validate: the table's entries below num_summarized are block ids (a host sync); without it they are
-    clamped into the cache.
+    clamped into the cache. out: optional float32 [B, W], written in place (every entry) and returned.
     """
-    check_summary_score_args(q_fp8, summaries, weights, block_table, num_summarized, validate)
+    check_summary_score_args(q_fp8, summaries, weights, block_table, num_summarized, validate, out)
     batch, next_n, heads, _ = q_fp8.shape
     num_blocks, width = summaries.shape[0], block_table.shape[1]
     live = torch.arange(width, device=q_fp8.device)[None, :] < num_summarized[:, None].long()  # [B, W]
-    out = torch.full((batch, width), float("-inf"), dtype=torch.float32, device=q_fp8.device)
+    if out is None:
+        out = torch.empty((batch, width), dtype=torch.float32, device=q_fp8.device)
+    out.fill_(float("-inf"))
     if batch == 0 or width == 0 or num_blocks == 0:
         return out
     values, scales = cache_views(summaries)
@@ -191,5 +198,4 @@ def paged_summary_scores_ref(q_fp8: torch.Tensor, summaries: torch.Tensor, weigh
     q = q_fp8.float()  # [B, N, H, D]
     per_head = torch.relu(torch.einsum("bnhd,bwsd->bnhws", q, means))
     scores = (per_head * weights.view(batch, next_n, heads, 1, 1)).sum(dim=2)  # [B, N, W, S]
-    out = torch.where(live, scores.amax(dim=3).amax(dim=1), out)
-    return out
+    return out.copy_(torch.where(live, scores.amax(dim=3).amax(dim=1), out))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import torch
 
-from ..checks import check_tensor
 from ..layout import FP8_DTYPE, FP8_MAX, SCALE_BYTES, SCALE_FLOOR
 from .block_summary import check_summary_score_args, check_write_args
 
@@ -51,16 +50,13 @@ def write_block_summaries_triton(kv_cache: torch.Tensor, summaries: torch.Tensor
 def paged_summary_scores_triton(q_fp8: torch.Tensor, summaries: torch.Tensor, weights: torch.Tensor,
                                 block_table: torch.Tensor, num_summarized: torch.Tensor, validate: bool = True,
                                 out: torch.Tensor | None = None) -> torch.Tensor:
-    """paged_summary_scores_ref's semantics (and checks); out: optional float32 [B, W] written in place (every
-    entry) and returned."""
-    check_summary_score_args(q_fp8, summaries, weights, block_table, num_summarized, validate)
+    """paged_summary_scores_ref's semantics (and checks, `out` included)."""
+    check_summary_score_args(q_fp8, summaries, weights, block_table, num_summarized, validate, out)
     batch, next_n, heads, dim = q_fp8.shape
     num_blocks, parts = summaries.shape[:2]
     width = block_table.shape[1]
     if out is None:
         out = torch.empty(batch, width, dtype=torch.float32, device=q_fp8.device)
-    check_tensor("out", out, dtype=torch.float32, shape=(batch, width), shape_names="[B, W]", device=q_fp8.device,
-                 device_of="q_fp8", contiguous=True)
     if batch == 0 or width == 0:
         return out
     if num_blocks == 0:

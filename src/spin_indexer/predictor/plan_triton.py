@@ -96,9 +96,13 @@ MAX_TILE = 16384  # widest register tile (blocks): 32 per thread at 16 warps
 _COMBINE = {Combine.MAX: 0, Combine.SUM: 1, Combine.VERTICAL: 2, Combine.DIAGONAL: 3}
 
 
-def supports(config: SpinConfig) -> bool:
-    """Whether the fused planner covers `config`: A1 pooling with max or mean, any combine rule, no or random
-    exploration, no adaptive budgets, no hybrid scores (everything else runs the torch path)."""
+def supports(config: SpinConfig, width: int | None = None) -> bool:
+    """Whether the fused planner covers `config` (on a table `width` blocks wide, where given): A1 pooling with
+    max or mean, any combine rule, no or random exploration, no adaptive budgets, no hybrid scores; the summary
+    mix on tables of at most MAX_TILE blocks (its select runs the register path only). Everything else runs
+    the torch path."""
+    if config.summary > 0 and width is not None and _next_pow2(max(width, 1)) > MAX_TILE:
+        return False
     return (config.pooling is Pooling.A1 and config.reduce in (Reduce.MAX, Reduce.MEAN)
             and config.exploration in (Exploration.NONE, Exploration.RANDOM)
             and config.adaptive is None and config.hybrid == 0)
@@ -149,6 +153,9 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
     register tile (capped at MAX_TILE); a table whose next_pow2(W) exceeds it takes the chunked path (tests
     pass 0 to force it). max_registers: the register path's cap per thread, None = _register_maxnreg(warps),
     0 = ptxas's choice (benchmarks/bench_plan.py times the choices).
+    With config.summary > 0 (the summary mix) no layer is selected here: the reset launch also writes each
+    layer's summary range (ws.summary_first, ws.full_blocks), a one-program launch advances the counters, and
+    each layer selects in run(layer) with this step's summary scores (select_layer_triton).
     """
     batch, width = block_table.shape
     next_n = seq_lens.shape[1]
@@ -160,9 +167,68 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
     lens = seq_lens.contiguous()
     slots = slot_ids.contiguous()
     acc = num_accepted.contiguous() if num_accepted is not None else lens
-    rows_b = max(batch, 1)
-    wp = _next_pow2(max(width, 1))
+    late = config.summary > 0
+    stash = ws.plan_stash
+    tp, np_, wp = _next_pow2(t), _next_pow2(next_n), _next_pow2(max(width, 1))
+    if batch > 0:
+        vert, bmax = state.vertical, state.block_max
+        upd = ws.update_rows.view(torch.uint8)
+        summarized = state.summarized if late else stash  # a placeholder pointer without the summary mix
+        first, full = (ws.summary_first, ws.full_blocks) if late else (stash, stash)
+        _plan_reset_kernel[(batch, layers)](
+            table, table.stride(0), lens, slots, state.step, state.seen_len, acc,
+            vert, vert.stride(0), vert.stride(1), bmax, bmax.stride(0), bmax.stride(1),
+            ws.num_blocks, ws.guarded.view(torch.uint8), upd, upd.stride(0), stash,
+            summarized, summarized.stride(0), first, first.stride(0), full, width,
+            next_n, state.num_cache_blocks, config.topk, config.guard_tokens, batch, step_guard,
+            T=t, TP=tp, NP=np_, SB=min(32, _next_pow2(block), wp),
+            ROW0=config.mtp is MtpPolicy.ROW0, HAS_ACC=num_accepted is not None, SUMMARY=late)
+    if late:
+        _plan_finish_kernel[(1,)](lens, next_n, slots, stash, state.step, state.seen_len, state.clock, batch,
+                                  NP=np_, BB=min(1024, _next_pow2(max(batch, 1))), num_warps=4)
+        return
     reg = wp <= min(register_tile, MAX_TILE)
+    rows_b = max(batch, 1)
+    # the register path keeps its flags in registers: no flag scratch
+    scratch = torch.empty(rows_b * layers, max(width, 1), dtype=torch.float32, device=dev)
+    flags = torch.empty(1 if reg else rows_b * layers, 1 if reg else max(width, 1), dtype=torch.int8, device=dev)
+    _launch_select(config, state, ws, table, lens, slots, scratch, flags, step_guard, 0, layers, reg, block,
+                   score_block, num_warps, max_registers, finish=True)
+
+
+def select_layer_triton(config: SpinConfig, state, ws, layer: int, block_table: torch.Tensor,
+                        seq_lens: torch.Tensor, slot_ids: torch.Tensor, summary: torch.Tensor, cached: bool = True,
+                        score_block: int = 64, num_warps: int | None = None,
+                        max_registers: int | None = None) -> None:
+    """One layer's selection with the summary mix (config.summary > 0), in run(layer) after plan_step_triton:
+    writes that layer's kept_blocks, compact_table, num_kept and compact_lens in ws, as the torch path's
+    Extensions.select does up to the order of the standardization's sums (float32 rounding).
+
+    summary: float32 [B, W] this step's block summary scores (ops.paged_summary_scores; -inf where a block has
+    none); cached: they came from the summary cache, which now holds every full block of the step's requests:
+    state.summarized[layer] of their slots = ws.full_blocks (False: a replay's recorded scores, the cache
+    untouched). The other arguments as plan_step_triton's (the same step); one launch of B programs, register
+    path only (supports(config, W))."""
+    batch, width = block_table.shape
+    if not supports(config, width) or config.summary == 0:
+        raise ValueError(f"select_layer_triton: expected a summary config the fused planner covers on {width} "
+                         f"blocks (supports(config, W)), got {config}")
+    table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
+    step_guard = config.guard_batch_tokens_for(batch * seq_lens.shape[1])
+    _launch_select(config, state, ws, table, seq_lens.contiguous(), slot_ids.contiguous(), ws.select_scratch,
+                   ws.select_scratch, step_guard, layer, 1, True, 1024, score_block, num_warps, max_registers,
+                   finish=False, summary=summary, cached=cached)
+
+
+def _launch_select(config: SpinConfig, state, ws, table, lens, slots, scratch, flags, step_guard: int, layer0: int,
+                   layers: int, reg: bool, block: int, score_block: int, num_warps: int | None,
+                   max_registers: int | None, finish: bool, summary: torch.Tensor | None = None,
+                   cached: bool = False) -> None:
+    """The select kernel over layers [layer0, layer0 + layers) of every request (module docstring, launch 2)."""
+    batch, width = table.shape
+    next_n = lens.shape[1]
+    t = config.tokens_per_block
+    wp = _next_pow2(max(width, 1))
     if reg:  # one tile holds every block of a request (SB >= n)
         sb = wp
         warps = num_warps or _register_warps(sb)
@@ -170,28 +236,16 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
         sb = min(_next_pow2(block), wp)
         warps = num_warps or 4
     sbs = min(_next_pow2(score_block), sb)
-    stash = torch.empty(rows_b, 2, dtype=torch.int32, device=dev)
-    scratch = torch.empty(rows_b * layers, max(width, 1), dtype=torch.float32, device=dev)
-    # the register path keeps its flags in registers: no flag scratch
-    flags = torch.empty(1 if reg else rows_b * layers, 1 if reg else max(width, 1), dtype=torch.int8, device=dev)
-    guarded = ws.guarded.view(torch.uint8)
-    upd = ws.update_rows.view(torch.uint8)
     vert, bmax, diag = state.vertical, state.block_max, state.diagonal
-    tp, np_ = _next_pow2(t), _next_pow2(next_n)
-    common = dict(T=t, TP=tp, NP=np_)
-    if batch > 0:
-        _plan_reset_kernel[(batch, layers)](
-            table, table.stride(0), lens, slots, state.step, state.seen_len, acc,
-            vert, vert.stride(0), vert.stride(1), bmax, bmax.stride(0), bmax.stride(1),
-            ws.num_blocks, guarded, upd, upd.stride(0), stash,
-            next_n, state.num_cache_blocks, config.topk, config.guard_tokens, batch, step_guard,
-            SB=min(32, _next_pow2(block), wp), ROW0=config.mtp is MtpPolicy.ROW0, HAS_ACC=num_accepted is not None,
-            **common)
-    explore = config.exploration is Exploration.RANDOM
-    mean = config.reduce is Reduce.MEAN
-    combine = _COMBINE[config.combine]
-    _plan_select_kernel[(layers, rows_b)](  # layer fastest: see the module docstring (grid order)
-        table, table.stride(0), lens, slots, stash,
+    mixed = summary is not None
+    if mixed:
+        summary = summary if summary.stride(-1) == 1 else summary.contiguous()
+        full, summarized = ws.full_blocks, state.summarized
+    else:
+        summary, full, summarized = scratch, ws.plan_stash, ws.plan_stash  # placeholder pointers, never read
+    weight = config.summary
+    _plan_select_kernel[(layers, max(batch, 1))](  # layer fastest: see the module docstring (grid order)
+        table, table.stride(0), lens, slots, ws.plan_stash,
         vert, vert.stride(0), vert.stride(1), bmax, bmax.stride(0), bmax.stride(1),
         diag, diag.stride(0), diag.stride(1), scratch, flags, scratch.stride(0),
         ws.kept_blocks, ws.compact_table, ws.kept_blocks.stride(0), ws.kept_blocks.stride(1),
@@ -200,11 +254,13 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
         state.step, state.seen_len, state.clock,
         batch, next_n, 1 if config.mtp is MtpPolicy.ROW0 else next_n, state.num_cache_blocks, state.window,
         config.topk, config.guard_tokens, step_guard, -(-config.topk // t) + 1,
-        _f64_bits(config.sparsity), _f64_bits(config.gamma), (config.seed * 0x9E3779B1) & _MASK31,
-        SB=sb, SBS=sbs, SLOT=mean or config.combine is Combine.SUM, COMBINE=combine, MEAN=mean,
-        EXPLORE=explore, REG=reg, enable_fp_fusion=False, num_warps=warps,
-        maxnreg=(_register_maxnreg(warps) if max_registers is None else max_registers or None) if reg else None,
-        **common)
+        _f64_bits(config.sparsity), _f64_bits(config.gamma), (config.seed * 0x9E3779B1) & _MASK31, layer0,
+        summary, summary.stride(0), full, summarized, summarized.stride(0), 1.0 - weight, weight,
+        T=t, TP=_next_pow2(t), NP=_next_pow2(next_n), SB=sb, SBS=sbs,
+        SLOT=config.reduce is Reduce.MEAN or config.combine is Combine.SUM, COMBINE=_COMBINE[config.combine],
+        MEAN=config.reduce is Reduce.MEAN, EXPLORE=config.exploration is Exploration.RANDOM, REG=reg,
+        FINISH=finish, SUMMARY=mixed, CACHED=cached, enable_fp_fusion=False, num_warps=warps,
+        maxnreg=(_register_maxnreg(warps) if max_registers is None else max_registers or None) if reg else None)
 
 
 def dense_plan_triton(seq_lens: torch.Tensor, tokens_per_block: int, num_blocks: torch.Tensor,
@@ -285,21 +341,28 @@ if triton is not None:
     @triton.jit
     def _score_tile(blk, ok, phys, bm, q, in_win, vert_l, stride_vp, diag_row, window,
                     T: tl.constexpr, TP: tl.constexpr, SBS: tl.constexpr, SLOT: tl.constexpr,
-                    COMBINE: tl.constexpr, MEAN: tl.constexpr):
+                    COMBINE: tl.constexpr, MEAN: tl.constexpr, vin, RAW: tl.constexpr = False):
         """A1 block scores float32 [SBS] of query position q for the ok blocks (valid, not forced: every slot
         of them lies inside every row, so no length mask), -inf elsewhere. The diagonal is read only when
-        the tile reaches the window (in_win), and only at offsets q - i in [0, window)."""
+        the tile reaches the window (in_win), and only at offsets q - i in [0, window).
+        RAW (the summary mix, which standardizes over every valid block): ok may hold forced blocks too, so the
+        slots past q are masked (plan.layer_scores' length mask) and the vertical history is read per slot (the
+        block max of the newest block may hold slots past q) and only for the vin blocks (ids inside the cache;
+        the others read as the trash block: -inf)."""
         t = tl.arange(0, TP)[None, :]
         cell_ok = ok[:, None] & (t < T)
+        if RAW:
+            cell_ok = cell_ok & (blk[:, None] * T + t <= q)
         d = tl.full([SBS, TP], NEG_INF, tl.float32)
         if in_win:
             off = q - blk[:, None] * T - t
             dm = cell_ok & (off >= 0) & (off < window)
             d = tl.load(diag_row + off, mask=dm, other=NEG_INF).to(tl.float32)
-        if SLOT:  # per-slot combine, then pool (reduce=mean, or combine=sum)
+        if SLOT or RAW:  # per-slot combine, then pool (reduce=mean, or combine=sum; RAW: every rule)
             v = tl.full([SBS, TP], NEG_INF, tl.float32)
             if COMBINE != 3:
-                v = tl.load(vert_l + phys[:, None] * stride_vp + t, mask=cell_ok, other=NEG_INF).to(tl.float32)
+                v = tl.load(vert_l + phys[:, None] * stride_vp + t, mask=cell_ok & vin[:, None],
+                            other=NEG_INF).to(tl.float32)
             if COMBINE == 0:
                 x = tl.maximum(v, d)
             elif COMBINE == 1:  # both: v + d; one missing: twice the other (score.combine)
@@ -347,7 +410,7 @@ if triton is not None:
         f = tl.load(flg + blk, mask=m, other=1)
         forced = f == 1
         s = _score_tile(blk, m & ~forced, phys, bm, q, start + SBS > wlo, vert_l, stride_vp, diag_row, window,
-                        T, TP, SBS, SLOT, COMBINE, MEAN)
+                        T, TP, SBS, SLOT, COMBINE, MEAN, m & ~forced)
         s = tl.where(forced, float("inf"), s)
         return _ukey(s), m & (s > NEG_INF)
 
@@ -392,6 +455,28 @@ if triton is not None:
         return s.to(tl.int32, bitcast=True) == 0x7FC00001
 
     @triton.jit
+    def _standardized(x, seen):
+        """summary.standardized on one [SB] lane tensor: (x - mean) / std over the seen lanes (two passes, as
+        torch), the others at the lowest z (0 when none is seen). Rounded division and square root, so the
+        values differ from torch's only by the order of the two sums."""
+        cnt = tl.maximum(tl.sum(seen.to(tl.int32), axis=0), 1).to(tl.float32)
+        xs = tl.where(seen, x, 0.0)
+        mean = tl.math.div_rn(tl.sum(xs, axis=0), cnt)
+        dev = tl.where(seen, xs - mean, 0.0)
+        var = tl.math.div_rn(tl.sum(dev * dev, axis=0), cnt)
+        z = tl.where(seen, tl.math.div_rn(xs - mean, tl.maximum(tl.sqrt_rn(var), 1e-12)), float("inf"))
+        low = tl.min(z, axis=0)
+        low = tl.where(low < float("inf"), low, 0.0)
+        return tl.where(seen, z, low)
+
+    @triton.jit
+    def _summary_mixed(h, zs, forced, m, w_hist, w_sum):
+        """float32 [SB]: summary.summary_scores of one prediction row (raw history h, -inf where never scored;
+        zs the standardized summary scores), _forced_value() on the forced blocks, -inf past the request."""
+        x = w_hist * _standardized(h, m & (h > NEG_INF)) + w_sum * zs
+        return tl.where(forced, _forced_value(), tl.where(m, x, NEG_INF))
+
+    @triton.jit
     def _tile_key(s, SHIFT: tl.constexpr):
         """uint32 [S] search key of scores s float32 [S] (forced blocks _forced_value(): +inf): the order key of
         _ukey >> SHIFT, and 0 on the lanes that are not candidates (-inf). SHIFT = 13 when every score is a
@@ -407,24 +492,31 @@ if triton is not None:
     def _scores_via_scratch(scr, blk, lo, n, tb, bmax_l, stride_bp, num_cache_blocks, first_new, first_entered,
                             dense, q, wlo, vert_l, stride_vp, diag_row, window, T: tl.constexpr,
                             TP: tl.constexpr, SBS: tl.constexpr, SLOT: tl.constexpr, COMBINE: tl.constexpr,
-                            MEAN: tl.constexpr, read_lo=-1):
+                            MEAN: tl.constexpr, read_lo=-1, RAW: tl.constexpr = False):
         """float32 [SB] (the shape of blk, int32 [SB]): A1 scores of query position q for blocks [lo, n),
         _forced_value() on the forced ones, -inf elsewhere (lo, n: int32 scalars); with read_lo >= 0, the
         scratch's blocks [read_lo, lo) are read back too (row 0's scores parked there). The scores are
         computed in [SBS, TP] tiles, which cannot be placed into the [SB] register tile directly (no register
         indexing), so each tile goes to the program's scratch row and the [SB] tile is read back in one load. The barrier before the
         writes orders them after the previous read-back of the same row (write after read). Forced blocks
-        come back as _forced_value() so that a row past the first needs no [SB] forced mask."""
+        come back as _forced_value() so that a row past the first needs no [SB] forced mask.
+        RAW: every valid block's own score, the forced ones too (_score_tile's RAW; the summary mix keeps the
+        forced mask apart)."""
         tl.debug_barrier()
         offs_s = tl.arange(0, SBS)
         for start in range(lo, n, SBS):
             sblk = start + offs_s
             sm = sblk < n
             phys, inside, bm = _phys_bm(tb, sblk, sm, bmax_l, stride_bp, num_cache_blocks)
-            forced = _forced_tile(sblk, sm, bm, first_new, first_entered, dense)
-            sc = _score_tile(sblk, sm & ~forced, phys, bm, q, start + SBS > wlo, vert_l, stride_vp, diag_row,
-                             window, T, TP, SBS, SLOT, COMBINE, MEAN)
-            tl.store(scr + sblk, tl.where(forced, _forced_value(), sc), mask=sm)
+            if RAW:
+                sc = _score_tile(sblk, sm, phys, bm, q, start + SBS > wlo, vert_l, stride_vp, diag_row,
+                                 window, T, TP, SBS, SLOT, COMBINE, MEAN, inside, True)
+            else:
+                forced = _forced_tile(sblk, sm, bm, first_new, first_entered, dense)
+                sc = _score_tile(sblk, sm & ~forced, phys, bm, q, start + SBS > wlo, vert_l, stride_vp, diag_row,
+                                 window, T, TP, SBS, SLOT, COMBINE, MEAN, sm & ~forced)
+                sc = tl.where(forced, _forced_value(), sc)
+            tl.store(scr + sblk, sc, mask=sm)
         tl.debug_barrier()  # the read-back below takes other threads' tiles
         first = lo
         if read_lo >= 0:
@@ -543,15 +635,20 @@ if triton is not None:
     def _plan_reset_kernel(table_ptr, stride_tb, lens_ptr, slot_ptr, step_ptr, seen_ptr, acc_ptr,
                            vert_ptr, stride_vl, stride_vp, bmax_ptr, stride_bp, stride_bl,
                            nblk_ptr, guard_ptr, upd_ptr, stride_upd, stash_ptr,
+                           summarized_ptr, stride_sml, sfirst_ptr, stride_sfl, full_ptr, width,
                            next_n, num_cache_blocks, topk, guard_tokens, batch, guard_batch,
                            T: tl.constexpr, TP: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr,
-                           ROW0: tl.constexpr, HAS_ACC: tl.constexpr):
+                           ROW0: tl.constexpr, HAS_ACC: tl.constexpr, SUMMARY: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
         pl = tl.program_id(1)
         l = pl.to(tl.int64)
         longest, n, first_new, keep_all, guarded = _meta(lens_ptr, b, batch, next_n, topk, guard_tokens, guard_batch,
                                                          T, NP)
         slot = tl.load(slot_ptr + b).to(tl.int64)
+        if SUMMARY:  # the summary cache's range this step: [summarized[l, slot], full blocks of row 0)
+            tl.store(sfirst_ptr + l * stride_sfl + b, tl.load(summarized_ptr + l * stride_sml + slot))
+            if pl == 0:
+                tl.store(full_ptr + b, tl.minimum(tl.maximum(tl.load(lens_ptr + b * next_n), 0) // T, width))
         first_entered = (tl.load(seen_ptr + slot).to(tl.int64) + T - 1) // T
         offs = tl.arange(0, SB).to(tl.int64)
         t = tl.arange(0, TP)[None, :]
@@ -581,21 +678,40 @@ if triton is not None:
             tl.store(stash_ptr + b * 2 + 1, first_entered.to(tl.int32))
 
     @triton.jit
+    def _plan_finish_kernel(lens_ptr, next_n, slot_ptr, stash_ptr, step_ptr, seen_ptr, clock_ptr, batch,
+                            NP: tl.constexpr, BB: tl.constexpr):
+        """plan.finish_step_ in one program, where the layers select in run() (the summary mix): every request's
+        step and seen_len, then the clock."""
+        offs = tl.arange(0, BB)
+        j = tl.arange(0, NP)
+        for start in range(0, batch, BB):
+            b = start + offs
+            mb = b < batch
+            lens = tl.load(lens_ptr + b[:, None] * next_n + j[None, :], mask=mb[:, None] & (j[None, :] < next_n),
+                           other=0)
+            slot = tl.load(slot_ptr + b, mask=mb, other=0).to(tl.int64)
+            tl.store(step_ptr + slot, tl.load(stash_ptr + b * 2, mask=mb, other=0), mask=mb)
+            tl.store(seen_ptr + slot, tl.max(lens, axis=1).to(tl.int32), mask=mb)
+        tl.store(clock_ptr, tl.load(clock_ptr) + 1)
+
+    @triton.jit
     def _plan_select_kernel(table_ptr, stride_tb, lens_ptr, slot_ptr, stash_ptr,
                             vert_ptr, stride_vl, stride_vp, bmax_ptr, stride_bp, stride_bl,
                             diag_ptr, stride_dl, stride_ds, scr_ptr, flg_ptr, stride_scr,
                             kept_ptr, ctab_ptr, stride_kl, stride_kb, stride_tl, stride_tbb, nkept_ptr, stride_nl,
                             clen_ptr, stride_cl, stride_cb, step_ptr, seen_ptr, clock_ptr,
                             batch, next_n, num_rows, num_cache_blocks, window, topk, guard_tokens, guard_batch, cover,
-                            sparsity_bits, gamma_bits, hash0,
+                            sparsity_bits, gamma_bits, hash0, layer0,
+                            sum_ptr, stride_sum, full_ptr, summarized_ptr, stride_sml, w_hist, w_sum,
                             T: tl.constexpr, TP: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr,
                             SBS: tl.constexpr, SLOT: tl.constexpr, COMBINE: tl.constexpr, MEAN: tl.constexpr,
-                            EXPLORE: tl.constexpr, REG: tl.constexpr):
+                            EXPLORE: tl.constexpr, REG: tl.constexpr, FINISH: tl.constexpr, SUMMARY: tl.constexpr,
+                            CACHED: tl.constexpr):
         pl = tl.program_id(0)  # layer fastest: a request's layers run together and share its block-max sectors
         pb = tl.program_id(1)
         if pb < batch:
             b = pb.to(tl.int64)
-            l = pl.to(tl.int64)
+            l = (pl + layer0).to(tl.int64)
             longest, n, first_new, keep_all, guarded = _meta(lens_ptr, b, batch, next_n, topk, guard_tokens,
                                                              guard_batch, T, NP)
             dense = tl.maximum(keep_all, guarded)  # 0 or 1 (a small step guards keep_all requests too)
@@ -616,7 +732,7 @@ if triton is not None:
             vert_l = vert_ptr + l * stride_vl
             bmax_l = bmax_ptr + l * stride_bl
             diag_row = diag_ptr + l * stride_dl + slot * stride_ds
-            row = b * tl.num_programs(0) + l
+            row = b * tl.num_programs(0) + pl
             scr = scr_ptr + row * stride_scr
             flg = flg_ptr + row * stride_scr
             # both paths: the prediction rows' queries and windows, the exploration hash, the output rows
@@ -638,8 +754,9 @@ if triton is not None:
                 # D. Lane tensors are int32 (block ids, physical ids) with one int64 base pointer per row (an
                 # int64 or pointer [SB] tensor costs 2 registers per lane). Only the scores made in [SBS, TP]
                 # tiles (the diagonal window's blocks; every block of a per-slot rule) go through the scratch.
-                SHIFT: tl.constexpr = 0 if SLOT else (13 if bmax_ptr.dtype.element_ty.primitive_bitwidth == 16
-                                                          and diag_ptr.dtype.element_ty.primitive_bitwidth == 16 else 0)
+                SHIFT: tl.constexpr = 0 if SLOT or SUMMARY else (
+                    13 if bmax_ptr.dtype.element_ty.primitive_bitwidth == 16
+                    and diag_ptr.dtype.element_ty.primitive_bitwidth == 16 else 0)
                 blk = tl.arange(0, SB)
                 n32 = n.to(tl.int32)
                 m = blk < n32
@@ -656,18 +773,32 @@ if triton is not None:
                     lo = n32 * 0
                 if COMBINE == 3:  # diagonal only, and no diagonal history before the window
                     bm = tl.full([SB], NEG_INF, tl.float32)
-                # one float tensor from here on: the forced blocks as the _forced_value() NaN (no second mask live
-                # through the window's scoring), the blocks before the window scored by their block max
-                s = tl.where(forced, _forced_value(), tl.where(blk < lo, bm, NEG_INF))
-                sw = _scores_via_scratch(scr, blk, lo, n32, tb, bmax_l, stride_bp, num_cache_blocks, first_new,
-                                         first_entered, dense, q0, wlo0, vert_l, stride_vp, diag_row, window,
-                                         T, TP, SBS, SLOT, COMBINE, MEAN)
-                s = tl.where(blk >= lo, sw, s)
-                if num_rows * (1 - dense) > 1:
-                    # rows past 0 read row 0's scores of the blocks before their windows back from the
-                    # scratch (the window's blocks [lo, n) are there already), rather than row 0's keys
-                    # staying live in registers through every row
-                    tl.store(scr + blk, s, mask=blk < lo)
+                if SUMMARY:
+                    # the summary mix standardizes every valid block's own history (the forced ones too, as
+                    # summary.summary_scores): raw scores, the forced mask kept apart, then the mixed scores
+                    h = tl.where(blk < lo, bm, NEG_INF)
+                    hw = _scores_via_scratch(scr, blk, lo, n32, tb, bmax_l, stride_bp, num_cache_blocks, first_new,
+                                             first_entered, dense, q0, wlo0, vert_l, stride_vp, diag_row, window,
+                                             T, TP, SBS, SLOT, COMBINE, MEAN, -1, True)
+                    h = tl.where(blk >= lo, hw, h)
+                    if num_rows * (1 - dense) > 1:
+                        tl.store(scr + blk, h, mask=blk < lo)
+                    summ = tl.load(sum_ptr + b * stride_sum + blk, mask=m, other=NEG_INF)
+                    zs = _standardized(summ, m & (summ > NEG_INF))
+                    s = _summary_mixed(h, zs, forced, m, w_hist, w_sum)
+                else:
+                    # one float tensor from here on: the forced blocks as the _forced_value() NaN (no second mask
+                    # live through the window's scoring), the blocks before the window scored by their block max
+                    s = tl.where(forced, _forced_value(), tl.where(blk < lo, bm, NEG_INF))
+                    sw = _scores_via_scratch(scr, blk, lo, n32, tb, bmax_l, stride_bp, num_cache_blocks, first_new,
+                                             first_entered, dense, q0, wlo0, vert_l, stride_vp, diag_row, window,
+                                             T, TP, SBS, SLOT, COMBINE, MEAN)
+                    s = tl.where(blk >= lo, sw, s)
+                    if num_rows * (1 - dense) > 1:
+                        # rows past 0 read row 0's scores of the blocks before their windows back from the
+                        # scratch (the window's blocks [lo, n) are there already), rather than row 0's keys
+                        # staying live in registers through every row
+                        tl.store(scr + blk, s, mask=blk < lo)
                 key = _tile_key(s, SHIFT)
                 k1 = tl.maximum(num_forced, budget - explore)
                 kept = _is_forced(s)  # select_blocks: keep1 |= forced, whatever the ranks
@@ -684,7 +815,9 @@ if triton is not None:
                         sj = _scores_via_scratch(scr, blk, rec_lo, n32, tb, bmax_l, stride_bp, num_cache_blocks,
                                                  first_new, first_entered, dense, qj, _wlo(qj, window, T), vert_l,
                                                  stride_vp, diag_row, window, T, TP, SBS, SLOT, COMBINE, MEAN,
-                                                 read_lo=0)
+                                                 0, SUMMARY)
+                        if SUMMARY:
+                            sj = _summary_mixed(sj, zs, forced, m, w_hist, w_sum)
                         key = _tile_key(sj, SHIFT)
                     t1, ties1 = _threshold(key, k1)
                     kept = kept | _take(key, t1, ties1)
@@ -737,7 +870,7 @@ if triton is not None:
                     phys, inside, bm = _phys_bm(tb, blk, m, bmax_l, stride_bp, num_cache_blocks)
                     forced = m & ((blk >= first_new) | (bm == NEG_INF) | (blk >= first_entered) | ((blk * 0 + dense) > 0))
                     s = _score_tile(blk, m & ~forced, phys, bm, q0, start + SBS > wlo0, vert_l, stride_vp, diag_row,
-                                    window, T, TP, SBS, SLOT, COMBINE, MEAN)
+                                    window, T, TP, SBS, SLOT, COMBINE, MEAN, m & ~forced)
                     tl.store(scr + blk, tl.where(forced, float("inf"), s), mask=m)
                     tl.store(flg + blk, forced.to(tl.int8), mask=m)
                     num_forced += tl.sum(forced.to(tl.int64), axis=0)
@@ -842,9 +975,13 @@ if triton is not None:
             clen = (done - n + last // T) * T + last % T + 1
             tl.store(clen_ptr + l * stride_cl + b * stride_cb + jn, tl.where(lens > 0, clen, 0).to(tl.int32),
                      mask=jn < next_n)
-            if pl == 0:  # finish_step_: every program of this request read the stash, not the state
-                tl.store(step_ptr + slot, step)
-                tl.store(seen_ptr + slot, longest.to(tl.int32))
-        if pb == 0:
-            if pl == 0:
-                tl.store(clock_ptr, tl.load(clock_ptr) + 1)
+            if CACHED:  # the summary cache now holds this layer's full blocks of the request
+                tl.store(summarized_ptr + l * stride_sml + slot, tl.load(full_ptr + b))
+            if FINISH:
+                if pl == 0:  # finish_step_: every program of this request read the stash, not the state
+                    tl.store(step_ptr + slot, step)
+                    tl.store(seen_ptr + slot, longest.to(tl.int32))
+        if FINISH:
+            if pb == 0:
+                if pl == 0:
+                    tl.store(clock_ptr, tl.load(clock_ptr) + 1)

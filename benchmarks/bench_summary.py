@@ -8,6 +8,9 @@ Per point (B requests x L tokens, next_n = 1, V3.2's indexer: 64 heads x 128 dim
           reads 64 x 132 B, writes S x 132 B a request
   score   ops.paged_summary_scores over every full block: reads S x 132 B a block (S / 64 of the keys' bytes)
   logits  ops.paged_indexer_logits over every block (the dense logits, own Triton kernel): 64 x 132 B a block
+  select  the mix's per-layer select launch (plan_triton.select_layer_triton: the layer's history and summary
+          scores standardized, mixed, selected, compacted) beside the paper's fused plan() for one layer
+          (plan_step_triton, reset + select: `paper_select`), both at s = 0.4 over a random history
 Each is checked against its torch reference on the first rotation before it is timed (CUDA graph, rotated
 inputs, harness.time_graph), and reported with its bytes and bandwidth. Bytes first: score / logits should be
 about S / 64 in time too, if both stream at the same bandwidth.
@@ -69,7 +72,46 @@ def point(batch: int, ctx: int, parts: int, pool) -> dict:
     for name in ("write", "score", "logits"):
         row[f"{name}_gbps"] = row[f"{name}_bytes"] / (row[f"{name}_us"] * 1e-6) / 1e9
     row["summary_over_logits"] = (row["write_us"] + row["score_us"]) / row["logits_us"]
+    row.update(select_times(batch, width, parts, tables, lens, scores, pool.num_blocks))
+    row["mix_over_logits"] = (row["write_us"] + row["score_us"] + row["select_us"]) / row["logits_us"]
     return row
+
+
+def select_times(batch: int, width: int, parts: int, tables, lens, summary, num_blocks: int) -> dict:
+    """The mix's select launch and the paper's one-layer plan(), timed over one random history (every block
+    scored, no block entering: decoding's steady state). summary: float32 [B, W] scores to mix."""
+    import dataclasses
+
+    import torch
+    from harness import DEVICE, time_graph
+
+    from spin_indexer.indexer import SpinIndexer
+    from spin_indexer.predictor import SpinConfig
+    from spin_indexer.predictor.plan_triton import plan_step_triton, select_layer_triton
+
+    paper = SpinConfig(sparsity=0.4, topk=2048)
+    mixed = dataclasses.replace(paper, summary=0.5, summary_parts=parts)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    out = {}
+    for name, cfg in (("paper_select", paper), ("select", mixed)):
+        idx = SpinIndexer(cfg, num_layers=1, max_batch=batch, max_blocks=width, num_cache_blocks=num_blocks,
+                          device=DEVICE)
+        st = idx.state
+        slots = torch.tensor([st.allocate() for _ in range(batch)], dtype=torch.int64, device=DEVICE)
+        st.vertical.copy_(torch.randn(st.vertical.shape, generator=gen, device=DEVICE).to(st.vertical.dtype))
+        st.block_max.copy_(st.vertical.float().amax(dim=2).t().to(st.block_max.dtype))
+        st.diagonal.copy_(torch.randn(st.diagonal.shape, generator=gen, device=DEVICE).to(st.diagonal.dtype))
+        st.seen_len[slots] = lens[:, 0]
+        ws = idx.workspace
+        if cfg.summary:
+            plan_step_triton(cfg, st, ws, tables[0], lens, slots, None)  # the step's stash, once
+            calls = [lambda t=t: select_layer_triton(cfg, st, ws, 0, t, lens, slots, summary, cached=False)
+                     for t in tables]
+        else:
+            calls = [lambda t=t: plan_step_triton(cfg, st, ws, t, lens, slots, None) for t in tables]
+        out[f"{name}_us"] = time_graph(calls).p50_us
+        del idx
+    return out
 
 
 def main(argv=None) -> int:
@@ -86,12 +128,13 @@ def main(argv=None) -> int:
     pool = KeyPool(max(2 * most, 64))
     rows = [point(b, ctx, int(s), pool) for b, ctx in points for s in args.parts.split(",")]
     print(f"{'B x L':>12s} {'S':>3s} {'write us':>9s} {'score us':>9s} {'logits us':>10s} {'(w+s)/logits':>13s} "
-          f"{'score GB/s':>11s} {'logits GB/s':>12s} ok")
+          f"{'score GB/s':>11s} {'logits GB/s':>12s} {'mix select':>11s} {'paper plan':>11s} {'mix/logits':>11s} ok")
     for r in rows:
         ok = r["write_matches"] and r["score_rel_err"] < 1e-4
         print(f"{r['batch']:>4d} x {r['ctx']:>6d} {r['parts']:>3d} {r['write_us']:9.1f} {r['score_us']:9.1f} "
               f"{r['logits_us']:10.1f} {r['summary_over_logits']:13.3f} {r['score_gbps']:11.0f} "
-              f"{r['logits_gbps']:12.0f} {'yes' if ok else 'NO'}")
+              f"{r['logits_gbps']:12.0f} {r['select_us']:11.1f} {r['paper_select_us']:11.1f} "
+              f"{r['mix_over_logits']:11.3f} {'yes' if ok else 'NO'}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"env": env, "rows": rows}, f, indent=1)

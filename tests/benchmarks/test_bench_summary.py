@@ -1,5 +1,6 @@
-"""benchmarks/bench_summary.py (the summary mix's kernels beside the dense logits) in a CPU dry run: both Triton
-twins run interpreted, are checked against their references, and every row carries its bytes."""
+"""benchmarks/bench_summary.py (the summary mix's kernels beside the dense logits) in a CPU dry run: the Triton
+twins and the select launches run interpreted, the twins are checked against their references, and every row carries
+its bytes and times."""
 from __future__ import annotations
 
 import json
@@ -20,3 +21,4 @@ def test_dry_run_checks_the_kernels(tmp_path):
     for r in rows:
         assert r["write_matches"] and r["score_rel_err"] < 1e-4
         assert r["score_bytes"] == 2 * 8 * r["parts"] * 132 and r["write_bytes"] == 2 * (64 + r["parts"]) * 132
+        assert r["select_us"] > 0 and r["paper_select_us"] > 0 and r["mix_over_logits"] > 0

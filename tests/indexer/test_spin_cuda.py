@@ -21,10 +21,14 @@ def _pair(cfg, batch, width, next_n, layers):
 
 @pytest.mark.parametrize("next_n", [1, 2])
 @pytest.mark.parametrize("mtp", ["row0", "row-local"])
-def test_cuda_step_matches_cpu_reference(next_n, mtp, gen):
+@pytest.mark.parametrize("summary", [0.0, 0.5], ids=["paper", "summary-mix"])
+def test_cuda_step_matches_cpu_reference(next_n, mtp, summary, gen):
+    """The fused step (with the summary mix: plan() resets, run(layer) writes and scores the summary cache and
+    selects in one launch) against the CPU's torch path. The mix standardizes fp32 scores summed in another
+    order (and the summary scores come from an fp8 MMA): a block at a near-tie may flip, two a step at most."""
     lengths = (9000, 4100, 700)
     x = make_paged_inputs(lengths, next_n, 64, 128, gen, garbage=False)
-    cfg = SpinConfig(sparsity=0.4, topk=512, mtp=mtp)
+    cfg = SpinConfig(sparsity=0.4, topk=512, mtp=mtp, summary=summary)
     width = x.block_table.shape[1]
     (cpu, s_cpu), (gpu, s_gpu) = _pair(cfg, len(lengths), width, next_n, 2)
     xg = x.to("cuda")
@@ -35,11 +39,13 @@ def test_cuda_step_matches_cpu_reference(next_n, mtp, gen):
         for layer in range(2):
             a = cpu.run(layer, x.q_fp8, x.kv_cache, w)
             b = gpu.run(layer, xg.q_fp8, xg.kv_cache, w.cuda())
-            assert torch.equal(cpu.block_plan.keep_mask, gpu.block_plan.keep_mask.cpu()), (step, layer)
-            # fp32 sums in another order may swap near-ties: compare as sets, demand near-total overlap
+            flips = int((cpu.block_plan.keep_mask ^ gpu.block_plan.keep_mask.cpu()).sum())
+            assert flips <= (2 if summary else 0), (step, layer, flips)
+            # fp32 sums in another order may swap near-ties: compare as sets, demand near-total overlap (a
+            # flipped block may move its 64 tokens in or out)
             for r in range(a.shape[0]):
                 sa, sb = set(a[r].tolist()), set(b[r].cpu().tolist())
-                assert len(sa ^ sb) <= 4, (step, layer, r, len(sa ^ sb))
+                assert len(sa ^ sb) <= 4 + 2 * 64 * flips, (step, layer, r, len(sa ^ sb))
         # The last block is the trash block of padding lanes: its content is unspecified. Logits differ by
         # summation order (tensor-core fp8 MMA vs fp32 CPU), so tolerance scales with the logits' magnitude.
         ref = cpu.state.vertical[:, :-1].float()
@@ -47,10 +53,11 @@ def test_cuda_step_matches_cpu_reference(next_n, mtp, gen):
         torch.testing.assert_close(gpu.state.vertical[:, :-1].cpu().float(), ref, rtol=2e-2, atol=5e-3 * scale)
 
 
-def test_whole_step_captures_in_a_cuda_graph(gen):
+@pytest.mark.parametrize("summary", [0.0, 0.5], ids=["paper", "summary-mix"])
+def test_whole_step_captures_in_a_cuda_graph(summary, gen):
     lengths, next_n, layers = (20000, 13000), 1, 4
     x = make_paged_inputs(lengths, next_n, 64, 128, gen, garbage=False).to("cuda")
-    cfg = SpinConfig(sparsity=0.5, topk=2048)
+    cfg = SpinConfig(sparsity=0.5, topk=2048, summary=summary)
     idx = SpinIndexer(cfg, layers, 2, x.block_table.shape[1], next_n=next_n, device="cuda")
     slots = torch.tensor([idx.state.allocate() for _ in range(2)], dtype=torch.int32, device="cuda")
     outs = [torch.empty(2, 2048, dtype=torch.int32, device="cuda") for _ in range(layers)]
@@ -72,7 +79,8 @@ def test_whole_step_captures_in_a_cuda_graph(gen):
     eager = SpinIndexer(cfg, layers, 2, x.block_table.shape[1], next_n=next_n, device="cuda")
     for _ in range(2):
         eager.state.allocate()  # (clears its slots: copy the history after)
-    names = ("vertical", "block_max", "diagonal", "last_seen", "step", "seen_len", "clock")
+    names = ("vertical", "block_max", "diagonal", "last_seen", "step", "seen_len", "clock", "summaries",
+             "summarized")
     for name in names:
         if getattr(idx.state, name) is not None:
             getattr(eager.state, name).copy_(getattr(idx.state, name))

@@ -168,3 +168,44 @@ def test_summary_state_sizes_resets_and_checks_the_cache(gen):
     idx.plan(wide.block_table, wide.seq_lens, slots)
     with pytest.raises(ValueError, match="kv_cache: expected D \\+ 4 = 36"):
         idx.run(0, wide.q_fp8, wide.kv_cache, wide.weights)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("next_n,mtp", [(1, "row0"), (2, "row-local")])
+def test_fused_step_equals_the_torch_path(gen, next_n, mtp, monkeypatch, triton_device):
+    """SpinIndexer with the fused planner (plan_triton: plan() resets and advances, run(layer) selects with the
+    summary mix in one launch, the summary cache written and scored by ops) returns the top-k of the torch path
+    (Extensions.select) and leaves the same history, summary cache and counters, over three steps of two layers
+    with random exploration (its hash reads the step from the fused plan's stash). Off CUDA the planner is forced
+    here (the interpreter); every other op runs its reference on both sides."""
+    from spin_indexer.indexer import spin as spin_module
+    from spin_indexer.predictor import plan_triton
+    lens = (20 * T + 5, 13 * T, 3 * T + 1)
+    x = make_paged_inputs(lens, next_n, 4, 32, gen, extra_width=1)
+    cfg = SpinConfig(sparsity=0.4, topk=64, gamma=0.2, summary=0.6, summary_parts=8, mtp=mtp)
+    pair = [SpinIndexer(cfg, num_layers=2, max_batch=3, max_blocks=x.block_table.shape[1], next_n=next_n,
+                        num_cache_blocks=x.kv_cache.shape[0], topk_sorted=True, head_dim=32) for _ in range(2)]
+    slots = [torch.tensor([i.state.allocate() for _ in lens], dtype=torch.int32) for i in pair]
+    real = spin_module.triton_twin
+
+    def fused_planner(module, name, t):
+        return getattr(plan_triton, name) if name == "plan_step_triton" else real(module, name, t)
+
+    for step in range(3):
+        weights = x.weights * (1.0 + 0.3 * step)
+        outs = []
+        for idx, s, fused in zip(pair, slots, (False, True)):
+            with monkeypatch.context() as m:
+                if fused:
+                    m.setattr(spin_module, "triton_twin", fused_planner)
+                idx.plan(x.block_table, x.seq_lens, s)
+                assert (idx._step.meta is None) == fused  # the fused path ran (no torch step metadata)
+                outs.append([(idx.run(layer, x.q_fp8, x.kv_cache, weights), idx.block_plan.keep_mask.clone())
+                             for layer in range(2)])
+        for (a, keep_a), (b, keep_b) in zip(*outs):
+            assert torch.equal(keep_a, keep_b)
+            assert torch.equal(a, b)
+        if step:
+            assert not bool(outs[0][0][1][:, :13].all())  # the mix skipped blocks: the test compares choices
+    for name in ("vertical", "block_max", "diagonal", "step", "seen_len", "clock", "summaries", "summarized"):
+        assert torch.equal(getattr(pair[0].state, name), getattr(pair[1].state, name)), name

@@ -1,4 +1,6 @@
-"""Beyond the paper, as hooks around SpinIndexer's step (torch path only; off by default).
+"""Beyond the paper, as hooks around SpinIndexer's step (the torch path; off by default). On CUDA the summary mix
+alone runs the fused step instead (SpinIndexer._select_in_run, plan_triton.select_layer_triton): this is its
+reference.
 
     adaptive  per-(layer, request) budgets from a sparsity menu, audits that score every block and measure
               the prediction's real miss (predictor/adaptive.py)

@@ -112,9 +112,9 @@ def _check(key: str, value):
         return check_int(name, value, low=0, high=2**31 - 1)
     if key == "policy":
         check_choice(name, value, policy_names(), what="a policy, one of")
-        if get_policy(value, 0.0).summary > 0:  # its mix and select run as torch ops outside the fused step
-            raise ValueError(f"{name}: {value!r} is an evaluation policy (the summary mix selects with torch ops, "
-                             f"outside the fused step); expected one without SpinConfig.summary")
+        if get_policy(value, 0.0).summary > 0:  # its cache is not in vLLM's KV-cache manager; its cost unmeasured
+            raise ValueError(f"{name}: {value!r} is an evaluation policy (the summary mix's cache is not allocated "
+                             f"through vLLM's KV-cache manager yet); expected one without SpinConfig.summary")
         return value
     if key == "exploration":
         return None if value is None else check_choice(name, value, [m.value for m in Exploration])

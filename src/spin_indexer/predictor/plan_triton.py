@@ -1,6 +1,7 @@
 """Triton twin of SpinIndexer.plan()'s torch path (plan.py): step metadata, reset of the blocks that entered
 a request, every layer's block selection and compaction, and the per-slot counters, in two launches with no
-host sync and no data-dependent shape (CUDA-graph capturable).
+host sync and no data-dependent shape (CUDA-graph capturable); with the summary mix, the selection per layer in
+run() (below).
 
 Launch 1, `_plan_reset_kernel`, grid (B, L): program (b, l) resets layer l of request b's entered blocks
   (w in [ceil(seen_len / T), n): vertical[l, p, :] and block_max[p, l] = -inf, O(entered blocks)); program
@@ -44,6 +45,16 @@ Launch 2, `_plan_select_kernel`, grid (L, max(B, 1)): program (l, b) does the se
   passes of 8 bits, tl.histogram) with a mark pass writing flag 2; D reads the flags back.
 A step whose table shape guards it runs neither launch: `dense_plan_triton` writes its block counts and flags in
 one (plan.dense_plan_ in torch).
+The summary mix (SpinConfig.summary > 0, issue #18) selects with this step's query, so plan() runs launch 1 (which
+also copies each layer's summary-cache extent summarized[l, slot] to ws.summary_first and writes ws.full_blocks,
+row 0's full blocks) and `_plan_finish_kernel` (step, seen_len, clock; one program), and launch 2 runs per layer
+in run(layer) over B programs (`select_layer_triton`, register path only), after ops.write_block_summaries and
+ops.paged_summary_scores. Its pass A scores every valid block's own history, the forced ones too (slots past the
+query masked, the vertical history read per slot: 2 B a slot for the window's blocks, where the paper's pass
+reads their block max), standardizes it and the summary scores (4 B a block) over the request's valid blocks and
+mixes them as predictor/summary.py; B-D run unchanged on the mixed float32 keys (no 13-bit shift), and the program
+records summarized[l, slot] = full. Against the torch path the mixed scores differ only by the order of the
+standardization's two sums (float32 rounding), so a block at a near-tie of the cut may flip.
 Bytes per program (W' = n blocks of the request, DW the diagonal window, K' the kept blocks, reduce=max with
 combine max / vertical / diagonal): register path: A reads 4 B (table) + 2 B (block_max) per block, the
 window's blocks again plus 2 B x DW of diagonal and 8 B of scratch each; B re-scores the window per row

@@ -231,3 +231,59 @@ def test_scores_refuse_bad_arguments(gen):
     none = torch.zeros(0, dtype=torch.int32)
     assert ops.paged_summary_scores(empty.q_fp8, poisoned_summaries(empty.kv_cache, 4), empty.weights,
                                     empty.block_table, none).shape == (0, empty.block_table.shape[1])
+
+
+@pytest.mark.parametrize("next_n,parts", [(1, 4), (3, 16)])
+def test_update_and_score_twin_matches_write_then_score(triton_device, next_n, parts, gen):
+    """ops.update_and_score_summaries (the decode step's one launch: each scoring program first writes its own
+    blocks that filled) equals the reference's write then score: the written rows (scales exact, values within an
+    fp8 step, poison elsewhere) and the scores. The ranges: most of a 20-block request from block 3 (several
+    programs write), nothing to write (first == stop), a request sharing request 0's first blocks whose range
+    covers them too (both write the same bytes), an empty range at 0."""
+    from spin_indexer.ops.block_summary import update_and_score_summaries_ref
+    from spin_indexer.ops.block_summary_triton import update_and_score_summaries_triton
+
+    inputs = make_paged_inputs((20 * T + 3, 7 * T, 6 * T + 1, T - 1), next_n, HEADS, DIM, gen, extra_width=2)
+    table = inputs.block_table.clone()
+    table[2, :4] = table[0, :4]
+    stop = (inputs.seq_lens[:, 0] // T).to(torch.int32)
+    first = torch.tensor([3, int(stop[1]), 0, 0], dtype=torch.int32)
+    base = poisoned_summaries(inputs.kv_cache, parts)
+    write_block_summaries_ref(inputs.kv_cache, base, table, torch.zeros_like(first), first)  # written before
+    want_cache = base.clone()
+    want = update_and_score_summaries_ref(inputs.q_fp8, inputs.kv_cache, want_cache, inputs.weights, table, first,
+                                          stop)
+    dev = triton_device
+    got_cache = base.clone().to(dev)
+    out = torch.full(table.shape, float("nan"), device=dev)
+    got = update_and_score_summaries_triton(inputs.q_fp8.to(dev), inputs.kv_cache.to(dev), got_cache,
+                                            inputs.weights.to(dev), table.to(dev), first.to(dev), stop.to(dev),
+                                            out=out)
+    assert got is out
+    gv, gs = split_cache_bytes(got_cache.cpu())
+    wv, ws = split_cache_bytes(want_cache)
+    assert np.array_equal(gs, ws)  # the same blocks written, with the same power-of-two scales
+    step = np.maximum(np.abs(E4M3FN[wv]) * 2.0 ** -3, 2.0 ** -9)
+    diff = np.abs(E4M3FN[gv].astype(np.float64) - E4M3FN[wv])
+    assert np.all(np.isnan(diff) | (diff <= step + 1e-12)) and np.mean(gv == wv) > 0.99
+    assert not np.array_equal(ws, split_cache_bytes(base)[1])  # something was written
+    got = got.cpu()
+    assert torch.equal(torch.isneginf(got), torch.isneginf(want)) and not got.isnan().any()
+    live = torch.isfinite(want)
+    assert int(live.sum()) == int(stop.sum())
+    torch.testing.assert_close(got[live], want[live], rtol=1e-3, atol=1e-4)  # rows an fp8 step apart, rarely
+
+
+def test_update_and_score_refuses_bad_arguments_without_writing(gen):
+    inputs = make_paged_inputs((3 * T,), 1, HEADS, DIM, gen)
+    summaries = poisoned_summaries(inputs.kv_cache, 4)
+    first, stop = torch.zeros(1, dtype=torch.int32), torch.full((1,), 3, dtype=torch.int32)
+    args = dict(q_fp8=inputs.q_fp8, kv_cache=inputs.kv_cache, summaries=summaries, weights=inputs.weights,
+                block_table=inputs.block_table, first=first, stop=stop)
+    cases = [(dict(stop=torch.full((1,), inputs.block_table.shape[1] + 1, dtype=torch.int32)), ValueError, "stop"),
+             (dict(weights=inputs.weights[:, :2]), ValueError, "weights"),
+             (dict(out=torch.empty(2, 2)), ValueError, "out")]
+    for change, exc, needle in cases:
+        with pytest.raises(exc, match=needle):
+            ops.update_and_score_summaries(**{**args, **change})
+        assert (summaries.numpy() == POISON).all()

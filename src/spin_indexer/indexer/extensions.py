@@ -81,17 +81,16 @@ class Extensions:
     def cached_summary_scores(self, layer: int, meta, q_fp8, kv_cache, weights) -> torch.Tensor:
         """float32 [B, W]: write the summaries of the blocks each request filled since its last step (row 0's
         blocks: its tokens are committed, drafts are not), then score every summarized block with this step's
-        query (ops.paged_summary_scores). The newest, partial block scores -inf: plan keeps it anyway. Reads
+        query (ops.update_and_score_summaries). The newest, partial block scores -inf: plan keeps it anyway. Reads
         S x (D + 4) B a block, writes as much a block that filled; no host sync."""
         state, t = self.state, self.config.tokens_per_block
         width = meta.block_table.shape[1]
         full = torch.clamp(meta.seq_lens[:, 0] // t, max=width).to(torch.int32)  # [B]
         slots = meta.slot_ids.long()
-        ops.write_block_summaries(kv_cache, state.summaries[layer], meta.block_table,
-                                  state.summarized[layer, slots], full, validate=False)
+        scores = ops.update_and_score_summaries(q_fp8, kv_cache, state.summaries[layer], weights, meta.block_table,
+                                                state.summarized[layer, slots], full, validate=False)
         state.summarized[layer, slots] = full
-        return ops.paged_summary_scores(q_fp8, state.summaries[layer], weights, meta.block_table, full,
-                                        validate=False)
+        return scores
 
     def after_layer(self, layer: int, meta, plan: BlockPlan, topk: torch.Tensor, block_max: torch.Tensor) -> None:
         """Controllers and the hybrid hand-over, once `layer`'s top-k (logical positions) is known.

@@ -19,8 +19,8 @@ low-priority side stream (the top-k then on a high-priority one); no host sync a
 (validate=False): a whole step captures in one CUDA graph. With overlap_update=False the update runs in
 series, fused into the Triton kernel's epilogue or into DeepGEMM's maxima pass.
 With the summary mix (SpinConfig.summary > 0) a layer selects with its own query: plan() is the reset launch
-and a one-program counter update, and run(layer) adds three launches before the logits (the summary cache's
-write and score, ops; the select, plan_triton.select_layer_triton: `_select_in_run`).
+and a one-program counter update, and run(layer) adds two launches before the logits (the summary cache's
+write and score, ops.update_and_score_summaries; the select, plan_triton.select_layer_triton: `_select_in_run`).
 A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards every
 request) runs the dense step's kernels on the full table instead (`_run_dense`), and plan() launches none of its
 kernels for it (`_dense_plan`). Everything else
@@ -478,20 +478,19 @@ class SpinIndexer:
                        summary: torch.Tensor | None) -> BlockPlan:
         """The fused step's selection of `layer` with the summary mix, into `out` (the workspace's views): the
         summary cache takes the blocks each request filled since this layer last ran and scores this step's
-        query (two launches; plan() wrote each request's range, ws.summary_first / full_blocks), then one select
-        launch mixes those scores with the layer's history, selects, compacts and records the cache's new
-        extent (plan_triton.select_layer_triton). A replay passes its recorded `summary` instead of `inputs`."""
+        query (one launch, ops.update_and_score_summaries; plan() wrote each request's range, ws.summary_first /
+        full_blocks), then one select launch mixes those scores with the layer's history, selects, compacts and
+        records the cache's new extent (plan_triton.select_layer_triton). A replay passes its recorded `summary`
+        instead of `inputs`."""
         from ..predictor.plan_triton import select_layer_triton
         ws, state = self.workspace, self.state
         batch, width = st.block_table.shape
         cached = summary is None  # a replay's recorded scores leave the summary cache alone
         if cached:
             q_fp8, kv_cache, weights = inputs
-            full = ws.full_blocks[:batch]
-            ops.write_block_summaries(kv_cache, state.summaries[layer], st.block_table, ws.summary_first[layer, :batch],
-                                      full, validate=False)
-            summary = ops.paged_summary_scores(q_fp8, state.summaries[layer], weights, st.block_table, full,
-                                               validate=False, out=ws.summary_scores[:batch, :width])
+            summary = ops.update_and_score_summaries(q_fp8, kv_cache, state.summaries[layer], weights, st.block_table,
+                                                     ws.summary_first[layer, :batch], ws.full_blocks[:batch],
+                                                     validate=False, out=ws.summary_scores[:batch, :width])
         select_layer_triton(self.config, state, ws, layer, st.block_table, st.seq_lens, st.slot_ids, summary,
                             cached=cached)
         return out

@@ -8,7 +8,8 @@ import torch
 
 from ..checks import check_tensor
 from ..dispatch import LOGITS_BACKENDS, triton_twin
-from .block_summary import block_summary_scores_ref, paged_summary_scores_ref, write_block_summaries_ref
+from .block_summary import (block_summary_scores_ref, paged_summary_scores_ref, update_and_score_summaries_ref,
+                            write_block_summaries_ref)
 from .history import HistoryUpdate, block_tokens, update_history_ref
 from .indexer_logits import block_max_ref, check_paged_indexer_args, paged_indexer_logits_ref
 from .kv_cache import dequantize_blocks, quantize_and_write, quantize_keys, read_kv_cache, write_kv_cache
@@ -242,6 +243,16 @@ def paged_summary_scores(q_fp8, summaries, weights, block_table, num_summarized,
     return (twin or paged_summary_scores_ref)(q_fp8, summaries, weights, block_table, num_summarized, validate, out)
 
 
+def update_and_score_summaries(q_fp8, kv_cache, summaries, weights, block_table, first, stop, validate: bool = True,
+                               out=None):
+    """float32 [B, W]: write the summaries of blocks [first[b], stop[b]) of each request, then score every block
+    below stop[b] with this step's query (update_and_score_summaries_ref has the shapes): one Triton launch on CUDA,
+    else the reference."""
+    twin = _triton_twin("block_summary_triton", "update_and_score_summaries_triton", q_fp8)
+    return (twin or update_and_score_summaries_ref)(q_fp8, kv_cache, summaries, weights, block_table, first, stop,
+                                                    validate, out)
+
+
 def block_summary_scores(q_fp8, kv_cache, weights, seq_lens, block_table, parts: int = 4, validate: bool = True):
     """float32 [B, W]: each block's sub-block mean keys scored with this step's query (block_summary_scores_ref
     for the math and shapes). The torch reference on every device: no kernel yet (docs/current_step_selection.md)."""
@@ -250,7 +261,8 @@ def block_summary_scores(q_fp8, kv_cache, weights, seq_lens, block_table, parts:
 
 __all__ = [
     "block_summary_scores", "block_summary_scores_ref", "write_block_summaries", "write_block_summaries_ref",
-    "paged_summary_scores", "paged_summary_scores_ref",
+    "paged_summary_scores", "paged_summary_scores_ref", "update_and_score_summaries",
+    "update_and_score_summaries_ref",
     "HistoryUpdate", "update_history", "logits_backend",
     "paged_indexer_logits", "paged_indexer_logits_ref", "check_paged_indexer_args", "topk", "topk_ref",
     "topk_positions", "topk_positions_ref", "topk_group", "group_max_ref",

@@ -15,7 +15,8 @@ Two forms:
 - the summary cache: the means of full blocks, stored once per physical block when the block fills, in the key
   cache's own layout with S rows a page (uint8 [num_blocks, S, 1, D + 4]: S x D fp8 values, then S fp32 scales;
   each row quantized as a key is, ops.quantize_keys). write_block_summaries_ref fills it, paged_summary_scores_ref
-  scores it: S x 132 B a block instead of 64 x 132. Shared prefix blocks share their summaries (they are a
+  scores it (update_and_score_summaries_ref: both, the decode step's form): S x 132 B a block instead of 64 x 132.
+  Shared prefix blocks share their summaries (they are a
   property of the block's keys); a block not yet written scores -inf (the caller keeps such blocks anyway).
 """
 from __future__ import annotations
@@ -199,3 +200,16 @@ def paged_summary_scores_ref(q_fp8: torch.Tensor, summaries: torch.Tensor, weigh
     per_head = torch.relu(torch.einsum("bnhd,bwsd->bnhws", q, means))
     scores = (per_head * weights.view(batch, next_n, heads, 1, 1)).sum(dim=2)  # [B, N, W, S]
     return out.copy_(torch.where(live, scores.amax(dim=3).amax(dim=1), out))
+
+
+def update_and_score_summaries_ref(q_fp8: torch.Tensor, kv_cache: torch.Tensor, summaries: torch.Tensor,
+                                   weights: torch.Tensor, block_table: torch.Tensor, first: torch.Tensor,
+                                   stop: torch.Tensor, validate: bool = True,
+                                   out: torch.Tensor | None = None) -> torch.Tensor:
+    """The decode step's use of the cache: write_block_summaries_ref of blocks [first[b], stop[b]), then
+    paged_summary_scores_ref of every block below stop[b] (float32 [B, W], into `out` when given). Shapes as the
+    two; both checks run before anything is written."""
+    check_write_args(kv_cache, summaries, block_table, first, stop, validate)
+    check_summary_score_args(q_fp8, summaries, weights, block_table, stop, validate, out)
+    write_block_summaries_ref(kv_cache, summaries, block_table, first, stop, validate=False)
+    return paged_summary_scores_ref(q_fp8, summaries, weights, block_table, stop, validate=False, out=out)

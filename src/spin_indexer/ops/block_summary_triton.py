@@ -9,6 +9,10 @@ most steps write nothing; a request's first step writes all its full blocks once
 paged_summary_scores_triton: grid (B, cdiv(W, J)) with J = max(1, 64 / S) blocks a program, so one MMA scores
 J x S = 64 summary rows against a query row's heads: [64, D] x [D, H] per row, ReLU, weights, the head sum, the
 max over the rows, then over each block's S rows. Bytes: S x (D + 4) a block, S / T of the logits' key bytes.
+
+update_and_score_summaries_triton: the two in one launch (the decode step's form): program (b, g) of the score grid
+first writes the summaries of its own J blocks that are in [first[b], stop[b]) (usually none, one when a block
+filled), then, after a barrier (its writes are visible to its own threads), scores its J blocks as above.
 """
 from __future__ import annotations
 
@@ -36,10 +40,7 @@ def write_block_summaries_triton(kv_cache: torch.Tensor, summaries: torch.Tensor
     batch, width = block_table.shape
     if batch == 0 or width == 0 or num_blocks == 0:
         return
-    dim = row - SCALE_BYTES
-    if dim % SCALE_BYTES:
-        raise ValueError(f"kv_cache: the Triton kernel needs D a multiple of 4 (fp32 scales at aligned offsets), "
-                         f"got D = {dim}")
+    dim = _key_dim(kv_cache)
     _write_kernel[(batch, WRITE_PROGRAMS)](
         kv_cache.view(-1).view(FP8_DTYPE), kv_cache.view(-1).view(torch.float32), summaries.view(-1),
         summaries.view(-1).view(torch.float32), block_table.contiguous(),
@@ -47,11 +48,36 @@ def write_block_summaries_triton(kv_cache: torch.Tensor, summaries: torch.Tensor
         FP8_MAX_=FP8_MAX, FLOOR=SCALE_FLOOR, num_warps=4)
 
 
+def _key_dim(kv_cache: torch.Tensor) -> int:
+    """D of a key cache the Triton kernels read (fp32 scales at aligned offsets: D a multiple of 4)."""
+    dim = kv_cache.shape[3] - SCALE_BYTES
+    if dim % SCALE_BYTES:
+        raise ValueError(f"kv_cache: the Triton kernel needs D a multiple of 4 (fp32 scales at aligned offsets), "
+                         f"got D = {dim}")
+    return dim
+
+
 def paged_summary_scores_triton(q_fp8: torch.Tensor, summaries: torch.Tensor, weights: torch.Tensor,
                                 block_table: torch.Tensor, num_summarized: torch.Tensor, validate: bool = True,
                                 out: torch.Tensor | None = None) -> torch.Tensor:
     """paged_summary_scores_ref's semantics (and checks, `out` included)."""
     check_summary_score_args(q_fp8, summaries, weights, block_table, num_summarized, validate, out)
+    return _score(q_fp8, summaries, weights, block_table, num_summarized, out)
+
+
+def update_and_score_summaries_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, summaries: torch.Tensor,
+                                      weights: torch.Tensor, block_table: torch.Tensor, first: torch.Tensor,
+                                      stop: torch.Tensor, validate: bool = True,
+                                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """update_and_score_summaries_ref's semantics (and checks) in one launch (module docstring)."""
+    check_write_args(kv_cache, summaries, block_table, first, stop, validate, contiguous=True)
+    check_summary_score_args(q_fp8, summaries, weights, block_table, stop, validate, out)
+    return _score(q_fp8, summaries, weights, block_table, stop, out, kv_cache, first)
+
+
+def _score(q_fp8, summaries, weights, block_table, num_summarized, out, kv_cache=None, first=None) -> torch.Tensor:
+    """The score launch (checked arguments); with kv_cache and first, each program writes its blocks in
+    [first, num_summarized) first."""
     batch, next_n, heads, dim = q_fp8.shape
     num_blocks, parts = summaries.shape[:2]
     width = block_table.shape[1]
@@ -64,12 +90,22 @@ def paged_summary_scores_triton(q_fp8: torch.Tensor, summaries: torch.Tensor, we
     if dim < 16 or dim & (dim - 1) or ROWS_A_PROGRAM % parts:
         raise ValueError(f"q_fp8: the Triton kernel needs D a power of two >= 16 and S dividing 64, got D = {dim}, "
                          f"S = {parts}")
+    write = kv_cache is not None
+    if write:
+        _key_dim(kv_cache)
+        keys, key_scales, key_blocks = (kv_cache.view(-1).view(FP8_DTYPE), kv_cache.view(-1).view(torch.float32),
+                                        kv_cache.shape[0])
+        first = first.contiguous()
+    else:  # placeholder pointers, never read
+        keys, key_scales, key_blocks, first = q_fp8, weights, 1, num_summarized
     per_program = max(1, ROWS_A_PROGRAM // parts)
     grid = (batch, triton.cdiv(width, per_program))
     _score_kernel[grid](
         q_fp8.contiguous(), summaries.view(-1).view(FP8_DTYPE), summaries.view(-1).view(torch.float32),
         weights.contiguous(), block_table.contiguous(), num_summarized.contiguous(), out, width, num_blocks,
+        keys, key_scales, summaries.view(-1), first, key_blocks,
         NEXT_N=next_n, H=heads, HP=max(16, triton.next_power_of_2(heads)), D=dim, S=parts, J=per_program,
+        T=kv_cache.shape[1] if write else ROWS_A_PROGRAM, WRITE=write, FP8_MAX_=FP8_MAX, FLOOR=SCALE_FLOOR,
         num_warps=4)
     return out
 
@@ -97,6 +133,25 @@ if triton is not None:
         return (r.to(tl.int32, bitcast=True) | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)  # x's sign
 
     @triton.jit
+    def _write_block(keys_ptr, key_scale_ptr, out_ptr, out_scale_ptr, phys, T: tl.constexpr, S: tl.constexpr,
+                     D: tl.constexpr, FP8_MAX_: tl.constexpr, FLOOR: tl.constexpr):
+        """Write the S sub-block means of key block `phys` (an int64 id inside the cache) as quantized rows."""
+        PAGE: tl.constexpr = T * (D + 4)  # bytes a key page
+        SPAGE: tl.constexpr = S * (D + 4)  # bytes a summary page
+        t = tl.arange(0, T)
+        d = tl.arange(0, D)
+        s = tl.arange(0, S)
+        base = phys * PAGE
+        k = tl.load(keys_ptr + base + t[:, None] * D + d[None, :]).to(tl.float32)  # [T, D]
+        sc = tl.load(key_scale_ptr + (base + T * D) // 4 + t)  # [T]
+        means = tl.sum(tl.reshape(k * sc[:, None], (S, T // S, D)), axis=1) / (T // S)  # [S, D]
+        scale = _pow2_scale(tl.max(tl.abs(means), axis=1), FP8_MAX_, FLOOR)  # [S]
+        vals = _round_e4m3(tl.minimum(tl.maximum(means / scale[:, None], -FP8_MAX_), FP8_MAX_)).to(tl.float8e4nv)
+        sbase = phys * SPAGE
+        tl.store(out_ptr + sbase + s[:, None] * D + d[None, :], vals.to(tl.uint8, bitcast=True))
+        tl.store(out_scale_ptr + (sbase + S * D) // 4 + s, scale)
+
+    @triton.jit
     def _write_kernel(keys_ptr, key_scale_ptr, out_ptr, out_scale_ptr, table_ptr, first_ptr, stop_ptr, width,
                       num_blocks, T: tl.constexpr, S: tl.constexpr, D: tl.constexpr, G: tl.constexpr,
                       FP8_MAX_: tl.constexpr, FLOOR: tl.constexpr):
@@ -104,34 +159,31 @@ if triton is not None:
         g = tl.program_id(1)
         lo = tl.maximum(tl.load(first_ptr + b), 0)
         hi = tl.minimum(tl.load(stop_ptr + b), width)
-        PAGE: tl.constexpr = T * (D + 4)  # bytes a key page
-        SPAGE: tl.constexpr = S * (D + 4)  # bytes a summary page
-        t = tl.arange(0, T)
-        d = tl.arange(0, D)
-        s = tl.arange(0, S)
         for j in range(lo + g, hi, G):
             phys = tl.minimum(tl.maximum(tl.load(table_ptr + b.to(tl.int64) * width + j), 0), num_blocks - 1)
-            base = phys.to(tl.int64) * PAGE
-            k = tl.load(keys_ptr + base + t[:, None] * D + d[None, :]).to(tl.float32)  # [T, D]
-            sc = tl.load(key_scale_ptr + (base + T * D) // 4 + t)  # [T]
-            means = tl.sum(tl.reshape(k * sc[:, None], (S, T // S, D)), axis=1) / (T // S)  # [S, D]
-            scale = _pow2_scale(tl.max(tl.abs(means), axis=1), FP8_MAX_, FLOOR)  # [S]
-            vals = _round_e4m3(tl.minimum(tl.maximum(means / scale[:, None], -FP8_MAX_), FP8_MAX_)).to(tl.float8e4nv)
-            sbase = phys.to(tl.int64) * SPAGE
-            tl.store(out_ptr + sbase + s[:, None] * D + d[None, :], vals.to(tl.uint8, bitcast=True))
-            tl.store(out_scale_ptr + (sbase + S * D) // 4 + s, scale)
+            _write_block(keys_ptr, key_scale_ptr, out_ptr, out_scale_ptr, phys.to(tl.int64), T, S, D, FP8_MAX_, FLOOR)
 
     @triton.jit
     def _score_kernel(q_ptr, sum_ptr, sum_scale_ptr, w_ptr, table_ptr, count_ptr, out_ptr, width, num_blocks,
+                      keys_ptr, key_scale_ptr, sum_bytes_ptr, first_ptr, key_blocks,
                       NEXT_N: tl.constexpr, H: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
-                      J: tl.constexpr):
+                      J: tl.constexpr, T: tl.constexpr, WRITE: tl.constexpr, FP8_MAX_: tl.constexpr,
+                      FLOOR: tl.constexpr):
         b = tl.program_id(0)
         j0 = tl.program_id(1) * J
         C: tl.constexpr = J * S  # summary rows this program scores
         SPAGE: tl.constexpr = S * (D + 4)
+        count = tl.minimum(tl.load(count_ptr + b), width)
+        if WRITE:  # this program's blocks that filled since they were last written (update_and_score_summaries)
+            lo = tl.maximum(tl.maximum(tl.load(first_ptr + b), 0), j0)
+            for j in range(lo, tl.minimum(count, j0 + J)):
+                raw_j = tl.load(table_ptr + b.to(tl.int64) * width + j)
+                phys_j = tl.minimum(tl.maximum(raw_j, 0), key_blocks - 1).to(tl.int64)
+                _write_block(keys_ptr, key_scale_ptr, sum_bytes_ptr, sum_scale_ptr, phys_j, T, S, D, FP8_MAX_,
+                             FLOOR)
+            tl.debug_barrier()  # the rows just written are read below by other threads of this program
         c = tl.arange(0, C)
         blk = j0 + c // S  # [C] logical block of each row
-        count = tl.minimum(tl.load(count_ptr + b), width)
         live = blk < count
         raw = tl.load(table_ptr + b.to(tl.int64) * width + blk, mask=blk < width, other=0)
         phys = tl.minimum(tl.maximum(raw, 0), num_blocks - 1).to(tl.int64)

@@ -14,6 +14,9 @@
 #                                               benchmarks/cuda_logits_probe.py (ARGS go to it) under 200 s
 #   bash benchmarks/h200_step.sh ncu [ARGS]     Nsight Compute over benchmarks/ncu_kernels.py (one launch of each
 #                                               kernel of the step and of the MTP logits) in $OUT/ncu.txt
+#   bash benchmarks/h200_step.sh summary [ARGS] the summary mix (issue #18): its CUDA tests under a limit (a hung
+#                                               kernel must not eat the call), then benchmarks/bench_summary.py
+#                                               (ARGS go to it; rows in summary_cost.json)
 #   bash benchmarks/h200_step.sh cmd 'LINE'     LINE after the set-up (DeepGEMM built, PYTHONPATH, SPIN_COMMIT)
 #   bash benchmarks/h200_step.sh all            tests of the step's kernels + grid + v32 (+ profile, + a command:
 #                                               ALL_* variables, see the stage) in one call, packed into
@@ -114,7 +117,9 @@ case "$stage" in
         timeout "${ALL_TESTS_S:-3600}" python3 -m pytest -q -p no:cacheprovider $XDIST ${ALL_TESTS:-tests/ops/test_history.py \
             tests/ops/test_indexer_logits_triton.py tests/ops/test_topk_triton.py tests/ops/test_topk_positions.py \
             tests/ops/test_deepgemm.py tests/ops/test_deepgemm_schedule.py tests/predictor/test_plan_triton.py tests/predictor/test_step_guard.py \
-            tests/indexer/test_spin.py tests/ops/test_topk_attention.py tests/model/test_rope_triton.py} > "$OUT/all/gputests.log" 2>&1
+            tests/indexer/test_spin.py tests/ops/test_topk_attention.py tests/model/test_rope_triton.py \
+            tests/ops/test_summary_cache.py tests/predictor/test_plan_summary_triton.py tests/indexer/test_spin_cuda.py} \
+            > "$OUT/all/gputests.log" 2>&1
         tail -2 "$OUT/all/gputests.log"
         if [ -n "${warm_pid:-}" ]; then wait "$warm_pid"; tail -3 "$OUT/all/warm.log"; fi
         timeout "${ALL_GRID_S:-3600}" python3 benchmarks/run_all.py --out "$OUT/all/grid" --sparsities "${ALL_SPARSITIES:-0.5,0.4,0.3,0.2}" --budget-s "${ALL_BUDGET_S:-170}" \
@@ -135,8 +140,15 @@ case "$stage" in
             tail -30 "$OUT/all/extra/extra.log" | cut -c1-300
         fi
         tar czf "$OUT/h200_all.tgz" -C "$OUT" all && rm -rf "$OUT/all" "$OUT/deepgemm_build.log" ;;
+    summary)  # the summary mix: the cache ops, the per-layer select and the step with it, on the device; then its cost
+        timeout -k 5 "${SUMMARY_TESTS_S:-300}" python3 -m pytest -q -p no:cacheprovider $XDIST tests/ops/test_summary_cache.py \
+            tests/predictor/test_plan_summary_triton.py tests/predictor/test_summary.py tests/indexer/test_spin_cuda.py \
+            > "$OUT/summarytests.log" 2>&1
+        echo "summary tests: exit $?"; grep -E "passed|failed|^E  " "$OUT/summarytests.log" | head -8 | cut -c1-250
+        timeout -k 5 "${SUMMARY_BENCH_S:-240}" python3 benchmarks/bench_summary.py --out "$OUT/summary_cost.json" "$@" \
+            2>&1 | tee "$OUT/summary.log" | tail -20 ;;
     cmd)  # any command line after the set-up above (DeepGEMM on PYTHONPATH, SPIN_COMMIT exported): bash -c "$*"
         bash -c "$*" ;;
     *)
-        echo "unknown stage $stage (tests, grid, profile, v32, mtp, cuda, ncu, all, cmd)"; exit 2 ;;
+        echo "unknown stage $stage (tests, grid, profile, v32, mtp, cuda, ncu, summary, all, cmd)"; exit 2 ;;
 esac

@@ -266,7 +266,7 @@ def _launch_select(config: SpinConfig, state, ws, table, lens, slots, scratch, f
         batch, next_n, 1 if config.mtp is MtpPolicy.ROW0 else next_n, state.num_cache_blocks, state.window,
         config.topk, config.guard_tokens, step_guard, -(-config.topk // t) + 1,
         _f64_bits(config.sparsity), _f64_bits(config.gamma), (config.seed * 0x9E3779B1) & _MASK31, layer0,
-        summary, summary.stride(0), full, summarized, summarized.stride(0), 1.0 - weight, weight,
+        summary, summary.stride(0), width, full, summarized, summarized.stride(0), 1.0 - weight, weight,
         T=t, TP=_next_pow2(t), NP=_next_pow2(next_n), SB=sb, SBS=sbs,
         SLOT=config.reduce is Reduce.MEAN or config.combine is Combine.SUM, COMBINE=_COMBINE[config.combine],
         MEAN=config.reduce is Reduce.MEAN, EXPLORE=config.exploration is Exploration.RANDOM, REG=reg,
@@ -713,7 +713,7 @@ if triton is not None:
                             clen_ptr, stride_cl, stride_cb, step_ptr, seen_ptr, clock_ptr,
                             batch, next_n, num_rows, num_cache_blocks, window, topk, guard_tokens, guard_batch, cover,
                             sparsity_bits, gamma_bits, hash0, layer0,
-                            sum_ptr, stride_sum, full_ptr, summarized_ptr, stride_sml, w_hist, w_sum,
+                            sum_ptr, stride_sum, width, full_ptr, summarized_ptr, stride_sml, w_hist, w_sum,
                             T: tl.constexpr, TP: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr,
                             SBS: tl.constexpr, SLOT: tl.constexpr, COMBINE: tl.constexpr, MEAN: tl.constexpr,
                             EXPLORE: tl.constexpr, REG: tl.constexpr, FINISH: tl.constexpr, SUMMARY: tl.constexpr,
@@ -794,7 +794,8 @@ if triton is not None:
                     h = tl.where(blk >= lo, hw, h)
                     if num_rows * (1 - dense) > 1:
                         tl.store(scr + blk, h, mask=blk < lo)
-                    summ = tl.load(sum_ptr + b * stride_sum + blk, mask=m, other=NEG_INF)
+                    # (blk < width: lengths past the table, possible with plan(validate=False), read no summary)
+                    summ = tl.load(sum_ptr + b * stride_sum + blk, mask=m & (blk < width), other=NEG_INF)
                     zs = _standardized(summ, m & (summ > NEG_INF))
                     s = _summary_mixed(h, zs, forced, m, w_hist, w_sum)
                 else:

@@ -794,3 +794,24 @@ def test_workspace_bytes_needed_is_what_it_allocates(sms, summary):
     args = (3, 5, 7, 2, 64, 16)
     assert (Workspace(*args, torch.device("cpu"), sms, summary).nbytes()
             == Workspace.bytes_needed(*args, sms, summary))
+
+
+@pytest.mark.parametrize("next_n", [1, 2])
+def test_a_table_narrower_than_max_blocks_runs_as_a_full_width_one(next_n, gen):
+    """W < max_blocks (a step's table narrower than the workspace, what the docstring allows): the workspace's
+    logits, block maxima and group maxima are handed out as packed [rows, cols] views (Workspace.packed), so run()
+    returns what an indexer sized exactly for the table returns, step after step (it once refused the strided
+    [:rows, :cols] slice of its own logits buffer)."""
+    from conftest import make_paged_inputs
+    x = make_paged_inputs((20 * T + 5, 13 * T, 3 * T + 1), next_n, 4, 32, gen, extra_width=1)
+    cfg = SpinConfig(sparsity=0.4, topk=64)
+    width = x.block_table.shape[1]
+    exact, wide = (SpinIndexer(cfg, num_layers=2, max_batch=4, max_blocks=w, next_n=next_n,
+                               num_cache_blocks=x.kv_cache.shape[0], topk_sorted=True) for w in (width, width + 5))
+    slots = [torch.tensor([i.state.allocate() for _ in range(3)], dtype=torch.int32) for i in (exact, wide)]
+    for step in range(3):
+        w = x.weights * (1.0 + 0.3 * step)
+        for idx, s in zip((exact, wide), slots):
+            idx.plan(x.block_table, x.seq_lens, s)
+        for layer in range(2):
+            assert torch.equal(exact.run(layer, x.q_fp8, x.kv_cache, w), wide.run(layer, x.q_fp8, x.kv_cache, w))

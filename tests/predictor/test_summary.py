@@ -183,7 +183,8 @@ def test_fused_step_equals_the_torch_path(gen, next_n, mtp, monkeypatch, triton_
     lens = (20 * T + 5, 13 * T, 3 * T + 1)
     x = make_paged_inputs(lens, next_n, 4, 32, gen, extra_width=1)
     cfg = SpinConfig(sparsity=0.4, topk=64, gamma=0.2, summary=0.6, summary_parts=8, mtp=mtp)
-    pair = [SpinIndexer(cfg, num_layers=2, max_batch=3, max_blocks=x.block_table.shape[1], next_n=next_n,
+    # max_blocks past the table's width: the workspace's [:B, :W] slices are not contiguous
+    pair = [SpinIndexer(cfg, num_layers=2, max_batch=4, max_blocks=x.block_table.shape[1] + 3, next_n=next_n,
                         num_cache_blocks=x.kv_cache.shape[0], topk_sorted=True, head_dim=32) for _ in range(2)]
     slots = [torch.tensor([i.state.allocate() for _ in lens], dtype=torch.int32) for i in pair]
     real = spin_module.triton_twin

@@ -304,8 +304,8 @@ class SpinIndexer:
             return self._run_dense(layer, st, plan, q_fp8, kv_cache, weights)
         # DeepGEMM allocates its own logits: handing it the workspace would cost a copy of every logit.
         backend = ops.logits_backend(q_fp8, kv_cache)
-        out = None if backend == "deepgemm" else self.workspace.logits[:rows, :cols]
-        block_max = self.workspace.block_max[:rows, :width]
+        out = None if backend == "deepgemm" else self.workspace.packed("logits", rows, cols)
+        block_max = self.workspace.packed("block_max", rows, width)
         history = self._history_args(layer, st, plan)
         # The top-k prunes at G columns (topk_group of the buffer's width). Finer than a block, the logits op
         # writes those maxima (DeepGEMM's update pass reads the logits anyway; elsewhere one pass, as the top-k's
@@ -316,7 +316,7 @@ class SpinIndexer:
         group = ops.topk_group(cols, self.config.topk)
         group_max = None
         if self.workspace.GROUP_MIN <= group < self.config.tokens_per_block:
-            group_max = self.workspace.group_max[:rows, :-(-cols // group)]
+            group_max = self.workspace.packed("group_max", rows, -(-cols // group))
         # The EMA update runs beside the top-k wherever it can: at a few rows inside the top-k's first launch
         # (`update_in_topk`), else on a side stream (`_forked`); in series with extensions (they read the
         # maxima in order), off CUDA, and with overlap_update=False, where the Triton kernel fuses it into its
@@ -410,7 +410,8 @@ class SpinIndexer:
         rows, cols = batch * self.next_n, width * self.config.tokens_per_block
         ws = self.workspace
         out = dense_topk(q_fp8, kv_cache, weights, st.seq_lens, st.block_table, self.config.topk,
-                         self.config.tokens_per_block, ws.block_max[:rows, :width], logits_out=ws.logits[:rows, :cols],
+                         self.config.tokens_per_block, ws.packed("block_max", rows, width),
+                         logits_out=ws.packed("logits", rows, cols),
                          out=ws.topk[layer, :rows], group_max=ws.group_max, sorted=self.topk_sorted)
         self.block_plan = plan
         return out
@@ -490,7 +491,7 @@ class SpinIndexer:
             q_fp8, kv_cache, weights = inputs
             summary = ops.update_and_score_summaries(q_fp8, kv_cache, state.summaries[layer], weights, st.block_table,
                                                      ws.summary_first[layer, :batch], ws.full_blocks[:batch],
-                                                     validate=False, out=ws.summary_scores[:batch, :width])
+                                                     validate=False, out=ws.packed("summary_scores", batch, width))
         select_layer_triton(self.config, state, ws, layer, st.block_table, st.seq_lens, st.slot_ids, summary,
                             cached=cached)
         return out

@@ -65,5 +65,11 @@ class Workspace:
                     + L * B * N * topk + (L * (schedule_sms + 1) * 2 if schedule_sms else 0) + L * B * N
                     + 2 * max(B, 1) + summary_words) + B + B * N
 
+    def packed(self, name: str, rows: int, cols: int) -> torch.Tensor:
+        """A contiguous [rows, cols] view over the first rows x cols elements of 2-D buffer `name` (logits,
+        block_max, group_max, summary_scores): a step narrower than the buffer (W < max_blocks) gets rows as the
+        ops' `out=` arguments want them (a [:rows, :cols] slice would keep the buffer's row stride)."""
+        return getattr(self, name).view(-1)[:rows * cols].view(rows, cols)
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in vars(self).values() if isinstance(t, torch.Tensor))

@@ -149,7 +149,8 @@ def write_block_summaries_ref(kv_cache: torch.Tensor, summaries: torch.Tensor, b
 
 def check_summary_score_args(q_fp8, summaries, weights, block_table, num_summarized, validate: bool,
                              out: torch.Tensor | None = None) -> None:
-    """paged_summary_scores' arguments (its docstring has the shapes; out: None or float32 [B, W], contiguous);
+    """paged_summary_scores' arguments (its docstring has the shapes; out: None or float32 [B, W] with contiguous
+    rows, e.g. the leading columns of a wider buffer);
     with validate, the block ids below num_summarized (a host sync). Raises TypeError / ValueError naming the
     argument."""
     check_tensor("q_fp8", q_fp8, dtype=FP8_DTYPE, ndim=4)
@@ -165,7 +166,9 @@ def check_summary_score_args(q_fp8, summaries, weights, block_table, num_summari
     width = block_table.shape[1]
     if out is not None:
         check_tensor("out", out, dtype=torch.float32, shape=(batch, width), shape_names="[B, W]", device=q_fp8.device,
-                     device_of="q_fp8", contiguous=True)
+                     device_of="q_fp8")
+        if width and out.stride(1) != 1:  # rows may be a wider buffer's leading columns, each row contiguous
+            raise ValueError(f"out: expected contiguous rows (stride 1 along W), got strides {out.stride()}")
     if validate and batch and width:
         live = torch.arange(width, device=q_fp8.device)[None, :] < num_summarized[:, None].long()
         check_values_in_range("block_table", torch.where(live, block_table, 0), 0, summaries.shape[0] - 1,

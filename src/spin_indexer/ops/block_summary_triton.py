@@ -102,8 +102,8 @@ def _score(q_fp8, summaries, weights, block_table, num_summarized, out, kv_cache
     grid = (batch, triton.cdiv(width, per_program))
     _score_kernel[grid](
         q_fp8.contiguous(), summaries.view(-1).view(FP8_DTYPE), summaries.view(-1).view(torch.float32),
-        weights.contiguous(), block_table.contiguous(), num_summarized.contiguous(), out, width, num_blocks,
-        keys, key_scales, summaries.view(-1), first, key_blocks,
+        weights.contiguous(), block_table.contiguous(), num_summarized.contiguous(), out, out.stride(0), width,
+        num_blocks, keys, key_scales, summaries.view(-1), first, key_blocks,
         NEXT_N=next_n, H=heads, HP=max(16, triton.next_power_of_2(heads)), D=dim, S=parts, J=per_program,
         T=kv_cache.shape[1] if write else ROWS_A_PROGRAM, WRITE=write, FP8_MAX_=FP8_MAX, FLOOR=SCALE_FLOOR,
         num_warps=4)
@@ -164,7 +164,8 @@ if triton is not None:
             _write_block(keys_ptr, key_scale_ptr, out_ptr, out_scale_ptr, phys.to(tl.int64), T, S, D, FP8_MAX_, FLOOR)
 
     @triton.jit
-    def _score_kernel(q_ptr, sum_ptr, sum_scale_ptr, w_ptr, table_ptr, count_ptr, out_ptr, width, num_blocks,
+    def _score_kernel(q_ptr, sum_ptr, sum_scale_ptr, w_ptr, table_ptr, count_ptr, out_ptr, stride_out, width,
+                      num_blocks,
                       keys_ptr, key_scale_ptr, sum_bytes_ptr, first_ptr, key_blocks,
                       NEXT_N: tl.constexpr, H: tl.constexpr, HP: tl.constexpr, D: tl.constexpr, S: tl.constexpr,
                       J: tl.constexpr, T: tl.constexpr, WRITE: tl.constexpr, FP8_MAX_: tl.constexpr,
@@ -202,4 +203,4 @@ if triton is not None:
         score = tl.max(tl.reshape(best, (J, S)), axis=1)  # [J]
         jj = j0 + tl.arange(0, J)
         score = tl.where(jj < count, score, float("-inf"))
-        tl.store(out_ptr + b.to(tl.int64) * width + jj, score, mask=jj < width)
+        tl.store(out_ptr + b.to(tl.int64) * stride_out + jj, score, mask=jj < width)

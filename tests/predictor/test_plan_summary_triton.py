@@ -2,8 +2,8 @@
 > 0) against the torch path (SpinIndexer.plan() + Extensions.select with the same summary scores), under
 TRITON_INTERPRET=1 on the CPU or on CUDA.
 
-plan() must reset and advance the state as the torch path does and select nothing; each layer's select launch
-must then keep the same blocks. The kernel standardizes with its own order of sums, so a block whose mixed score
+plan() must reset and advance the state as the torch path does and select only the requests that do not mix
+(SpinConfig.summary_below); each layer's select launch must then keep the same blocks for the others. The kernel standardizes with its own order of sums, so a block whose mixed score
 sits within float32 rounding of the cut may flip: a row that differs must be such a near-tie in the float64
 recomputation (and at most one row a test may be one). Random states and lengths come from test_plan_triton's
 helpers; workspace outputs are poisoned first."""
@@ -16,7 +16,7 @@ from test_plan_triton import BASE, STATE, T, _Host, _copy_state, _poison, _rando
 
 from spin_indexer.indexer import SpinIndexer
 from spin_indexer.predictor import plan as plan_ref
-from spin_indexer.predictor.summary import summary_scores
+from spin_indexer.predictor.summary import mixing_requests, summary_scores
 
 pytestmark = pytest.mark.interpreter
 MIX = dataclasses.replace(BASE, summary=0.5)
@@ -105,14 +105,17 @@ def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accept
         args = [x.to(dev) if x is not None else None for x in (step_table, seq_lens, slot_ids.long(), acc)]
         plan_step_triton(cfg, got.state, got.workspace, *args, score_block=8)
         host = _Host(got)
-        # plan(): the torch path's counters and resets, no layer selected, each layer's summary range
+        # plan(): the torch path's counters and resets, only the requests that do not mix selected (summary_below),
+        # each layer's summary range (none for those)
         assert torch.equal(host.workspace.num_blocks[:batch], ref.workspace.num_blocks[:batch])
         assert torch.equal(host.workspace.guarded[:batch].bool(), ref.workspace.guarded[:batch])
         assert torch.equal(host.workspace.update_rows[:batch].bool(), ref.workspace.update_rows[:batch])
-        assert bool((host.workspace.num_kept[:, :batch] == -7).all()), "plan() selected a layer"
+        mixes = mixing_requests(seq_lens, cfg.summary_below)
+        assert bool((host.workspace.num_kept[:, :batch][:, mixes] == -7).all()), "plan() selected a mixing request"
+        assert bool((host.workspace.num_kept[:, :batch][:, ~mixes] >= 0).all()), "plan() left a request unselected"
         for name in STATE:
             assert torch.equal(getattr(host.state, name), getattr(ref.state, name)), f"state.{name}"
-        full = torch.clamp(seq_lens[:, 0] // T, max=width).int()
+        full = torch.where(mixes, torch.clamp(seq_lens[:, 0] // T, max=width), 0).int()
         assert torch.equal(got.workspace.full_blocks[:batch].cpu(), full)
         assert torch.equal(got.workspace.summary_first[:, :batch].cpu(), summarized_before[:, slot_ids])
         for layer in range(layers):
@@ -146,14 +149,16 @@ LENS = (37 * T + 5, 400, 100, 64, 0)
     dataclasses.replace(MIX, combine="sum", summary=1.0),
     dataclasses.replace(MIX, combine="diagonal", diagonal_window=150, summary=0.3),
     dataclasses.replace(MIX, reduce="mean", summary=0.0001),
-], ids=["max-random", "none-0.8", "sum-1.0", "diagonal", "mean"])
+    dataclasses.replace(MIX, summary_below=2000),  # the long request selects in plan(), the others in run()
+], ids=["max-random", "none-0.8", "sum-1.0", "diagonal", "mean", "below-2000"])
 def test_summary_select_matches_torch(cfg, gen, triton_device):
     _run(cfg, LENS, 1, gen, triton_device, grow=[70, 0])
 
 
-@pytest.mark.parametrize("next_n,mtp,accepted", [(2, "row-local", True), (4, "row0", False)])
-def test_summary_select_next_n(next_n, mtp, accepted, gen, triton_device):
-    cfg = dataclasses.replace(MIX, mtp=mtp)
+@pytest.mark.parametrize("next_n,mtp,accepted,below", [(2, "row-local", True, 0), (4, "row0", False, 0),
+                                                       (2, "row-local", True, 300)])
+def test_summary_select_next_n(next_n, mtp, accepted, below, gen, triton_device):
+    cfg = dataclasses.replace(MIX, mtp=mtp, summary_below=below)
     _run(cfg, LENS[:4] + (3,), next_n, gen, triton_device, grow=[next_n, 0], accepted=accepted)
 
 

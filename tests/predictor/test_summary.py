@@ -171,18 +171,19 @@ def test_summary_state_sizes_resets_and_checks_the_cache(gen):
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("next_n,mtp", [(1, "row0"), (2, "row-local")])
-def test_fused_step_equals_the_torch_path(gen, next_n, mtp, monkeypatch, triton_device):
+@pytest.mark.parametrize("next_n,mtp,below", [(1, "row0", 0), (2, "row-local", 0), (1, "row0", 14 * T)])
+def test_fused_step_equals_the_torch_path(gen, next_n, mtp, below, monkeypatch, triton_device):
     """SpinIndexer with the fused planner (plan_triton: plan() resets and advances, run(layer) selects with the
     summary mix in one launch, the summary cache written and scored by ops) returns the top-k of the torch path
     (Extensions.select) and leaves the same history, summary cache and counters, over three steps of two layers
-    with random exploration (its hash reads the step from the fused plan's stash). Off CUDA the planner is forced
-    here (the interpreter); every other op runs its reference on both sides."""
+    with random exploration (its hash reads the step from the fused plan's stash); with summary_below, the long
+    request selects in plan() and the two short ones in run(). Off CUDA the planner is forced here (the
+    interpreter); every other op runs its reference on both sides."""
     from spin_indexer.indexer import spin as spin_module
     from spin_indexer.predictor import plan_triton
     lens = (20 * T + 5, 13 * T, 3 * T + 1)
     x = make_paged_inputs(lens, next_n, 4, 32, gen, extra_width=1)
-    cfg = SpinConfig(sparsity=0.4, topk=64, gamma=0.2, summary=0.6, summary_parts=8, mtp=mtp)
+    cfg = SpinConfig(sparsity=0.4, topk=64, gamma=0.2, summary=0.6, summary_parts=8, mtp=mtp, summary_below=below)
     # max_blocks past the table's width: the workspace's [:B, :W] slices are not contiguous
     pair = [SpinIndexer(cfg, num_layers=2, max_batch=4, max_blocks=x.block_table.shape[1] + 3, next_n=next_n,
                         num_cache_blocks=x.kv_cache.shape[0], topk_sorted=True, head_dim=32) for _ in range(2)]
@@ -210,3 +211,31 @@ def test_fused_step_equals_the_torch_path(gen, next_n, mtp, monkeypatch, triton_
             assert not bool(outs[0][0][1][:, :13].all())  # the mix skipped blocks: the test compares choices
     for name in ("vertical", "block_max", "diagonal", "step", "seen_len", "clock", "summaries", "summarized"):
         assert torch.equal(getattr(pair[0].state, name), getattr(pair[1].state, name)), name
+
+
+def test_requests_past_summary_below_select_from_the_history_alone(gen):
+    """SpinConfig.summary_below: a request whose longest row holds at least that many tokens selects as the paper's
+    predictor does (the same plans and top-k as summary = 0, step after step) and neither writes nor scores the
+    summary cache (its extent stays 0); a shorter request in the same batch takes the mix (as with
+    summary_below = 0)."""
+    lens = (20 * T + 5, 9 * T + 3)
+    x = make_paged_inputs(lens, 1, 4, 32, gen, extra_width=1)
+    base = SpinConfig(sparsity=0.5, topk=64, exploration="none", gamma=0.0, summary_parts=8)
+    cfgs = [dataclasses.replace(base, summary=1.0, summary_below=10 * T), base, dataclasses.replace(base, summary=1.0)]
+    idx = [SpinIndexer(c, num_layers=2, max_batch=2, max_blocks=x.block_table.shape[1], topk_sorted=True,
+                       num_cache_blocks=x.kv_cache.shape[0], head_dim=32) for c in cfgs]
+    slots = [torch.tensor([i.state.allocate() for _ in lens], dtype=torch.int32) for i in idx]
+    mixed_something = False
+    for step in range(3):
+        weights = torch.randn(x.weights.shape, generator=gen)  # the query moves: history and mix disagree
+        for i, s in zip(idx, slots):
+            i.plan(x.block_table, x.seq_lens, s)
+        for layer in range(2):
+            below, paper, mix = (i.run(layer, x.q_fp8, x.kv_cache, weights) for i in idx)
+            assert torch.equal(below[0], paper[0])  # the long request: the history alone
+            assert torch.equal(below[1], mix[1])  # the short one: the mix
+            keeps = [i.block_plan.keep_mask for i in idx]
+            mixed_something |= not torch.equal(keeps[2][1], keeps[1][1])
+    assert mixed_something  # the mix chose differently from the history for the short request: a real check
+    assert idx[0].state.summarized[:, int(slots[0][0])].tolist() == [0, 0]
+    assert idx[0].state.summarized[:, int(slots[0][1])].tolist() == [9, 9]

@@ -23,7 +23,7 @@ from ..predictor.adaptive import (audit_mask, curve_miss, prediction_miss, probe
 from ..predictor.hybrid import hybrid_scores
 from ..predictor.plan import layer_scores, select_layer
 from ..predictor.select import budget_blocks, explore_blocks, rank_of
-from ..predictor.summary import summary_scores
+from ..predictor.summary import mixing_requests, summary_scores
 from .block_plan import BlockPlan
 
 
@@ -57,7 +57,9 @@ class Extensions:
         if cfg.summary > 0:
             if summary is None:
                 summary = self.cached_summary_scores(layer, meta, *inputs)
-            scores = summary_scores(scores, summary, meta.valid, cfg.summary)
+            mixes = mixing_requests(meta.seq_lens, cfg.summary_below)  # the others keep the history's scores
+            scores = torch.where(mixes[:, None, None], summary_scores(scores, summary, meta.valid, cfg.summary),
+                                 scores)
         budget, explore, audit = meta.budget, meta.explore, None
         dense = meta.keep_all | meta.guarded
         if cfg.adaptive is not None:
@@ -86,6 +88,7 @@ class Extensions:
         state, t = self.state, self.config.tokens_per_block
         width = meta.block_table.shape[1]
         full = torch.clamp(meta.seq_lens[:, 0] // t, max=width).to(torch.int32)  # [B]
+        full = torch.where(mixing_requests(meta.seq_lens, self.config.summary_below), full, 0)  # the others: none
         slots = meta.slot_ids.long()
         scores = ops.update_and_score_summaries(q_fp8, kv_cache, state.summaries[layer], weights, meta.block_table,
                                                 state.summarized[layer, slots], full, validate=False)

@@ -76,6 +76,7 @@ class _Step:
     generations: list = dataclasses.field(default_factory=list)  # SpinState.generations() at plan()
     max_block_id: int | None = None  # largest block id of a used block (validated plans only, else None)
     scheduled: bool = False  # plan() wrote every layer's DeepGEMM schedule (workspace.deepgemm_schedule)
+    select_in_run: bool = False  # the fused summary mix: each run(layer) selects the requests that mix
 
 
 class SpinIndexer:
@@ -160,7 +161,7 @@ class SpinIndexer:
     def plans(self, layer: int) -> BlockPlan:
         """The block plan of `layer` for the current step."""
         st = self._current(layer)
-        if st.plans[layer] is None:
+        if st.plans[layer] is None or (st.select_in_run and layer not in st.done):
             raise RuntimeError(f"SpinIndexer.plans: layer {layer} is selected when it runs (hybrid or summary mode)")
         return st.plans[layer]
 
@@ -215,11 +216,11 @@ class SpinIndexer:
         fused = self._fused_plan(block_table)
         if fused is not None:
             fused(cfg, self.state, ws, block_table, seq_lens, slots, num_accepted)
-            if cfg.summary > 0:  # the summary mix: each layer selects in run(), with its query (_select_in_run)
-                plans = [None] * self.num_layers
-            # the state's clock itself (plan() alone advances it): no copy
+            # the state's clock itself (plan() alone advances it): no copy. The summary mix: the requests that mix
+            # are selected in run(layer), with its query (_select_in_run); plan() selected the others
             self._step = _Step(block_table, seq_lens, slots, self.state.clock, plans,
-                               scheduled=cfg.summary == 0 and self._schedule_layers(batch, width))
+                               scheduled=cfg.summary == 0 and self._schedule_layers(batch, width),
+                               select_in_run=cfg.summary > 0)
             return
         meta = plan_ref.step_meta(cfg, self.state, block_table, seq_lens, slots, num_accepted)
         plan_ref.reset_entered_(self.state, meta)
@@ -466,23 +467,22 @@ class SpinIndexer:
         if layer in st.done:
             raise RuntimeError(f"SpinIndexer.run: layer {layer} already ran this step; call plan() for the next step")
         plan = st.plans[layer]
-        if plan is None:  # hybrid / summary: this layer selects now, after the previous layer's scores or q
+        if plan is None:  # hybrid / summary on the torch path: selected now, after the previous layer's scores or q
             out = self._workspace_plan(layer, *st.block_table.shape)
-            if st.meta is None:  # the fused step (summary mix)
-                plan = st.plans[layer] = self._select_in_run(layer, st, out, inputs, summary)
-            else:
-                plan = st.plans[layer] = self.extensions.select(layer, st.meta, out, inputs, summary)
+            plan = st.plans[layer] = self.extensions.select(layer, st.meta, out, inputs, summary)
+        elif st.select_in_run:  # the fused summary mix: the requests that mix select now, with this layer's q
+            self._select_in_run(layer, st, inputs, summary)
         st.done.add(layer)
         return plan
 
-    def _select_in_run(self, layer: int, st: _Step, out: BlockPlan, inputs: tuple | None,
-                       summary: torch.Tensor | None) -> BlockPlan:
-        """The fused step's selection of `layer` with the summary mix, into `out` (the workspace's views): the
-        summary cache takes the blocks each request filled since this layer last ran and scores this step's
-        query (one launch, ops.update_and_score_summaries; plan() wrote each request's range, ws.summary_first /
-        full_blocks), then one select launch mixes those scores with the layer's history, selects, compacts and
-        records the cache's new extent (plan_triton.select_layer_triton). A replay passes its recorded `summary`
-        instead of `inputs`."""
+    def _select_in_run(self, layer: int, st: _Step, inputs: tuple | None, summary: torch.Tensor | None) -> None:
+        """The fused step's selection of `layer` for the requests that take the summary mix (shorter than
+        SpinConfig.summary_below, or all), into the layer's workspace plan: the summary cache takes the blocks
+        each of them filled since this layer last ran and scores this step's query (one launch,
+        ops.update_and_score_summaries; plan() wrote each request's range, ws.summary_first / full_blocks, empty
+        for the others), then one select launch mixes those scores with the layer's history, selects, compacts and
+        records the cache's new extent (plan_triton.select_layer_triton); plan() selected the other requests. A
+        replay passes its recorded `summary` instead of `inputs`."""
         from ..predictor.plan_triton import select_layer_triton
         ws, state = self.workspace, self.state
         batch, width = st.block_table.shape
@@ -494,7 +494,6 @@ class SpinIndexer:
                                                      validate=False, out=ws.packed("summary_scores", batch, width))
         select_layer_triton(self.config, state, ws, layer, st.block_table, st.seq_lens, st.slot_ids, summary,
                             cached=cached)
-        return out
 
     def _dense_plan(self, block_table: torch.Tensor, seq_lens: torch.Tensor) -> BlockPlan:
         """The plan of a step the table's shape guards (`_guarded_by_shape`): every block of every request

@@ -184,22 +184,24 @@ if triton is not None:
                              FLOOR)
             tl.debug_barrier()  # the rows just written are read below by other threads of this program
         c = tl.arange(0, C)
-        blk = j0 + c // S  # [C] logical block of each row
-        live = blk < count
-        raw = tl.load(table_ptr + b.to(tl.int64) * width + blk, mask=blk < width, other=0)
-        phys = tl.minimum(tl.maximum(raw, 0), num_blocks - 1).to(tl.int64)
-        d = tl.arange(0, D)
-        k = tl.load(sum_ptr + phys[:, None] * SPAGE + (c % S)[:, None] * D + d[None, :], mask=live[:, None],
-                    other=0.0)  # [C, D] fp8
-        sc = tl.load(sum_scale_ptr + (phys * SPAGE + S * D) // 4 + c % S, mask=live, other=0.0)  # [C]
-        h = tl.arange(0, HP)
         best = tl.full([C], float("-inf"), tl.float32)
-        for n in tl.static_range(NEXT_N):
-            row = b.to(tl.int64) * NEXT_N + n
-            q = tl.load(q_ptr + (row * H + h[:, None]) * D + d[None, :], mask=(h < H)[:, None], other=0.0)  # [HP, D]
-            w = tl.load(w_ptr + row * H + h, mask=h < H, other=0.0)  # [HP]
-            x = tl.maximum(tl.dot(k, tl.trans(q)), 0.0) * w[None, :]  # [C, HP]
-            best = tl.maximum(best, tl.sum(x, axis=1) * sc)
+        if j0 < count:  # no MMA for a tile with nothing summarized (a request that does not mix: count 0)
+            blk = j0 + c // S  # [C] logical block of each row
+            live = blk < count
+            raw = tl.load(table_ptr + b.to(tl.int64) * width + blk, mask=blk < width, other=0)
+            phys = tl.minimum(tl.maximum(raw, 0), num_blocks - 1).to(tl.int64)
+            d = tl.arange(0, D)
+            k = tl.load(sum_ptr + phys[:, None] * SPAGE + (c % S)[:, None] * D + d[None, :], mask=live[:, None],
+                        other=0.0)  # [C, D] fp8
+            sc = tl.load(sum_scale_ptr + (phys * SPAGE + S * D) // 4 + c % S, mask=live, other=0.0)  # [C]
+            h = tl.arange(0, HP)
+            for n in tl.static_range(NEXT_N):
+                row = b.to(tl.int64) * NEXT_N + n
+                q = tl.load(q_ptr + (row * H + h[:, None]) * D + d[None, :], mask=(h < H)[:, None],
+                            other=0.0)  # [HP, D]
+                w = tl.load(w_ptr + row * H + h, mask=h < H, other=0.0)  # [HP]
+                x = tl.maximum(tl.dot(k, tl.trans(q)), 0.0) * w[None, :]  # [C, HP]
+                best = tl.maximum(best, tl.sum(x, axis=1) * sc)
         score = tl.max(tl.reshape(best, (J, S)), axis=1)  # [J]
         jj = j0 + tl.arange(0, J)
         score = tl.where(jj < count, score, float("-inf"))

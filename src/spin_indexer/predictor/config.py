@@ -113,6 +113,10 @@ class SpinConfig:
         (ops.block_summary_scores), mixed with this layer's history as standardized scores
         (predictor/summary.py; docs/current_step_selection.md). It needs the layer's query and keys, so the
         layer selects in run(). 0 = off. summary_parts: sub-blocks a block (a divisor of tokens_per_block).
+        summary_below: requests whose longest row holds at least this many tokens select from the history alone
+        (the paper's scores, selected in plan() with the other layers) and neither write nor read the summary
+        cache; 0 = every request mixes. The mix's select is one launch of B programs a layer, one program's
+        chain of reductions: cheap at short contexts only (benchmarks/NOTES.md, session 49).
     diagonal_window: offsets from the query (tokens) that keep diagonal history; the diagonal patterns
         live near the query, and a bounded window keeps a request's state the same size at any context.
         None = every offset (the paper's unbounded table; sized to the indexer's maximum context).
@@ -145,6 +149,7 @@ class SpinConfig:
     hybrid: float = 0.0
     summary: float = 0.0
     summary_parts: int = 4
+    summary_below: int = 0
     diagonal_window: int | None = 8192
     dense_below: int | str = 0
     dense_batch_below: int | str = 0
@@ -160,6 +165,7 @@ class SpinConfig:
         self._set("hybrid", check_float("SpinConfig.hybrid", self.hybrid, low=0, high=1))
         self._set("summary", check_float("SpinConfig.summary", self.summary, low=0, high=1))
         self._set("summary_parts", check_int("SpinConfig.summary_parts", self.summary_parts, low=1))
+        self._set("summary_below", check_int("SpinConfig.summary_below", self.summary_below, low=0))
         self._set("topk", check_int("SpinConfig.topk", self.topk, low=1))
         self._set("seed", check_int("SpinConfig.seed", self.seed, low=0, high=2**31 - 1))
         self._set("tokens_per_block", check_int("SpinConfig.tokens_per_block", self.tokens_per_block, low=1))

@@ -46,14 +46,16 @@ Launch 2, `_plan_select_kernel`, grid (L, max(B, 1)): program (l, b) does the se
 A step whose table shape guards it runs neither launch: `dense_plan_triton` writes its block counts and flags in
 one (plan.dense_plan_ in torch).
 The summary mix (SpinConfig.summary > 0, issue #18) selects with this step's query, so plan() runs launch 1 (which
-also copies each layer's summary-cache extent summarized[l, slot] to ws.summary_first and writes ws.full_blocks,
-row 0's full blocks) and `_plan_finish_kernel` (step, seen_len, clock; one program), and launch 2 runs per layer
-in run(layer) over B programs (`select_layer_triton`, register path only), after ops.write_block_summaries and
-ops.paged_summary_scores. Its pass A scores every valid block's own history, the forced ones too (slots past the
-query masked, the vertical history read per slot: 2 B a slot for the window's blocks, where the paper's pass
-reads their block max), standardizes it and the summary scores (4 B a block) over the request's valid blocks and
-mixes them as predictor/summary.py; B-D run unchanged on the mixed float32 keys (no 13-bit shift), and the program
-records summarized[l, slot] = full. Against the torch path the mixed scores differ only by the order of the
+also copies each layer's summary-cache extent summarized[l, slot] to ws.summary_first and writes ws.full_blocks, row
+0's full blocks, 0 for a request that does not mix), then launch 2 for the requests at or past
+SpinConfig.summary_below tokens only (part 1: the others' programs select nothing; with summary_below = 0 every
+request mixes and `_plan_finish_kernel`, one program, advances the counters instead), and launch 2 runs again per
+layer in run(layer) over B programs for the requests that mix (part 2, `select_layer_triton`, register path only),
+after ops.update_and_score_summaries. Its pass A scores every valid block's own history, the forced ones too (slots
+past the query masked, the vertical history read per slot: 2 B a slot for the window's blocks, where the paper's
+pass reads their block max), standardizes it and the summary scores (4 B a block) over the request's valid blocks
+and mixes them as predictor/summary.py; B-D run unchanged on the mixed float32 keys (no 13-bit shift), and the
+program records summarized[l, slot] = full. Against the torch path the mixed scores differ only by the order of the
 standardization's two sums (float32 rounding), so a block at a near-tie of the cut may flip.
 Bytes per program (W' = n blocks of the request, DW the diagonal window, K' the kept blocks, reduce=max with
 combine max / vertical / diagonal): register path: A reads 4 B (table) + 2 B (block_max) per block, the
@@ -119,6 +121,11 @@ def supports(config: SpinConfig, width: int | None = None) -> bool:
             and config.adaptive is None and config.hybrid == 0)
 
 
+def _mix_below(config: SpinConfig) -> int:
+    """The kernels' summary_below: requests shorter than it mix (2**62 for 0, every request)."""
+    return config.summary_below or 1 << 62
+
+
 def _f64_bits(x: float) -> int:
     """The IEEE bits of float64 x as an int64 (Triton passes Python floats as float32)."""
     return struct.unpack("<q", struct.pack("<d", float(x)))[0]
@@ -164,9 +171,11 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
     register tile (capped at MAX_TILE); a table whose next_pow2(W) exceeds it takes the chunked path (tests
     pass 0 to force it). max_registers: the register path's cap per thread, None = _register_maxnreg(warps),
     0 = ptxas's choice (benchmarks/bench_plan.py times the choices).
-    With config.summary > 0 (the summary mix) no layer is selected here: the reset launch also writes each
-    layer's summary range (ws.summary_first, ws.full_blocks), a one-program launch advances the counters, and
-    each layer selects in run(layer) with this step's summary scores (select_layer_triton).
+    With config.summary > 0 (the summary mix) the requests that mix are not selected here: the reset launch also
+    writes each layer's summary range (ws.summary_first, ws.full_blocks), the select launch takes only the
+    requests at or past config.summary_below tokens (and advances the counters; a one-program launch does that
+    alone where every request mixes, summary_below = 0), and each layer selects the others in run(layer) with this
+    step's summary scores (select_layer_triton).
     """
     batch, width = block_table.shape
     next_n = seq_lens.shape[1]
@@ -190,11 +199,11 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
             table, table.stride(0), lens, slots, state.step, state.seen_len, acc,
             vert, vert.stride(0), vert.stride(1), bmax, bmax.stride(0), bmax.stride(1),
             ws.num_blocks, ws.guarded.view(torch.uint8), upd, upd.stride(0), stash,
-            summarized, summarized.stride(0), first, first.stride(0), full, width,
+            summarized, summarized.stride(0), first, first.stride(0), full, width, _mix_below(config),
             next_n, state.num_cache_blocks, config.topk, config.guard_tokens, batch, step_guard,
             T=t, TP=tp, NP=np_, SB=min(32, _next_pow2(block), wp),
             ROW0=config.mtp is MtpPolicy.ROW0, HAS_ACC=num_accepted is not None, SUMMARY=late)
-    if late:
+    if late and config.summary_below == 0:  # every request mixes: every layer selects in run()
         _plan_finish_kernel[(1,)](lens, next_n, slots, stash, state.step, state.seen_len, state.clock, batch,
                                   NP=np_, BB=min(1024, _next_pow2(max(batch, 1))), num_warps=4)
         return
@@ -203,23 +212,25 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
     # the register path keeps its flags in registers: no flag scratch
     scratch = torch.empty(rows_b * layers, max(width, 1), dtype=torch.float32, device=dev)
     flags = torch.empty(1 if reg else rows_b * layers, 1 if reg else max(width, 1), dtype=torch.int8, device=dev)
+    # with summary_below, the requests that do not mix select here, every layer at once (part 1)
     _launch_select(config, state, ws, table, lens, slots, scratch, flags, step_guard, 0, layers, reg, block,
-                   score_block, num_warps, max_registers, finish=True)
+                   score_block, num_warps, max_registers, finish=True, part=1 if late else 0)
 
 
 def select_layer_triton(config: SpinConfig, state, ws, layer: int, block_table: torch.Tensor,
                         seq_lens: torch.Tensor, slot_ids: torch.Tensor, summary: torch.Tensor, cached: bool = True,
                         score_block: int = 64, num_warps: int | None = None,
                         max_registers: int | None = None) -> None:
-    """One layer's selection with the summary mix (config.summary > 0), in run(layer) after plan_step_triton:
-    writes that layer's kept_blocks, compact_table, num_kept and compact_lens in ws, as the torch path's
-    Extensions.select does up to the order of the standardization's sums (float32 rounding).
+    """One layer's selection with the summary mix (config.summary > 0) of the requests that mix (shorter than
+    config.summary_below, or all), in run(layer) after plan_step_triton: writes their kept_blocks, compact_table,
+    num_kept and compact_lens of that layer in ws, as the torch path's Extensions.select does up to the order of
+    the standardization's sums (float32 rounding); the other requests' plans (written by plan()) stay.
 
     summary: float32 [B, W] this step's block summary scores (ops.paged_summary_scores; -inf where a block has
-    none); cached: they came from the summary cache, which now holds every full block of the step's requests:
-    state.summarized[layer] of their slots = ws.full_blocks (False: a replay's recorded scores, the cache
-    untouched). The other arguments as plan_step_triton's (the same step); one launch of B programs, register
-    path only (supports(config, W))."""
+    none); cached: they came from the summary cache, which now holds every full block of the requests that mix:
+    state.summarized[layer] of the step's slots = ws.full_blocks (0 for the others; False: a replay's recorded
+    scores, the cache untouched). The other arguments as plan_step_triton's (the same step); one launch of B
+    programs, register path only (supports(config, W))."""
     batch, width = block_table.shape
     if not supports(config, width) or config.summary == 0:
         raise ValueError(f"select_layer_triton: expected a summary config the fused planner covers on {width} "
@@ -228,14 +239,15 @@ def select_layer_triton(config: SpinConfig, state, ws, layer: int, block_table: 
     step_guard = config.guard_batch_tokens_for(batch * seq_lens.shape[1])
     _launch_select(config, state, ws, table, seq_lens.contiguous(), slot_ids.contiguous(), ws.select_scratch,
                    ws.select_scratch, step_guard, layer, 1, True, 1024, score_block, num_warps, max_registers,
-                   finish=False, summary=summary, cached=cached)
+                   finish=False, summary=summary, cached=cached, part=2)
 
 
 def _launch_select(config: SpinConfig, state, ws, table, lens, slots, scratch, flags, step_guard: int, layer0: int,
                    layers: int, reg: bool, block: int, score_block: int, num_warps: int | None,
                    max_registers: int | None, finish: bool, summary: torch.Tensor | None = None,
-                   cached: bool = False) -> None:
-    """The select kernel over layers [layer0, layer0 + layers) of every request (module docstring, launch 2)."""
+                   cached: bool = False, part: int = 0) -> None:
+    """The select kernel over layers [layer0, layer0 + layers) of every request (module docstring, launch 2);
+    part 1 / 2: only the requests that do not / do take the summary mix (SpinConfig.summary_below)."""
     batch, width = table.shape
     next_n = lens.shape[1]
     t = config.tokens_per_block
@@ -267,10 +279,11 @@ def _launch_select(config: SpinConfig, state, ws, table, lens, slots, scratch, f
         config.topk, config.guard_tokens, step_guard, -(-config.topk // t) + 1,
         _f64_bits(config.sparsity), _f64_bits(config.gamma), (config.seed * 0x9E3779B1) & _MASK31, layer0,
         summary, summary.stride(0), width, full, summarized, summarized.stride(0), 1.0 - weight, weight,
+        _mix_below(config),
         T=t, TP=_next_pow2(t), NP=_next_pow2(next_n), SB=sb, SBS=sbs,
         SLOT=config.reduce is Reduce.MEAN or config.combine is Combine.SUM, COMBINE=_COMBINE[config.combine],
         MEAN=config.reduce is Reduce.MEAN, EXPLORE=config.exploration is Exploration.RANDOM, REG=reg,
-        FINISH=finish, SUMMARY=mixed, CACHED=cached, enable_fp_fusion=False, num_warps=warps,
+        FINISH=finish, SUMMARY=mixed, CACHED=cached, PART=part, enable_fp_fusion=False, num_warps=warps,
         maxnreg=(_register_maxnreg(warps) if max_registers is None else max_registers or None) if reg else None)
 
 
@@ -646,7 +659,7 @@ if triton is not None:
     def _plan_reset_kernel(table_ptr, stride_tb, lens_ptr, slot_ptr, step_ptr, seen_ptr, acc_ptr,
                            vert_ptr, stride_vl, stride_vp, bmax_ptr, stride_bp, stride_bl,
                            nblk_ptr, guard_ptr, upd_ptr, stride_upd, stash_ptr,
-                           summarized_ptr, stride_sml, sfirst_ptr, stride_sfl, full_ptr, width,
+                           summarized_ptr, stride_sml, sfirst_ptr, stride_sfl, full_ptr, width, summary_below,
                            next_n, num_cache_blocks, topk, guard_tokens, batch, guard_batch,
                            T: tl.constexpr, TP: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr,
                            ROW0: tl.constexpr, HAS_ACC: tl.constexpr, SUMMARY: tl.constexpr):
@@ -658,8 +671,9 @@ if triton is not None:
         slot = tl.load(slot_ptr + b).to(tl.int64)
         if SUMMARY:  # the summary cache's range this step: [summarized[l, slot], full blocks of row 0)
             tl.store(sfirst_ptr + l * stride_sfl + b, tl.load(summarized_ptr + l * stride_sml + slot))
-            if pl == 0:
-                tl.store(full_ptr + b, tl.minimum(tl.maximum(tl.load(lens_ptr + b * next_n), 0) // T, width))
+            if pl == 0:  # none for a request that does not mix (SpinConfig.summary_below)
+                full = tl.minimum(tl.maximum(tl.load(lens_ptr + b * next_n), 0) // T, width)
+                tl.store(full_ptr + b, tl.where(longest < summary_below, full, 0))
         first_entered = (tl.load(seen_ptr + slot).to(tl.int64) + T - 1) // T
         offs = tl.arange(0, SB).to(tl.int64)
         t = tl.arange(0, TP)[None, :]
@@ -714,10 +728,11 @@ if triton is not None:
                             batch, next_n, num_rows, num_cache_blocks, window, topk, guard_tokens, guard_batch, cover,
                             sparsity_bits, gamma_bits, hash0, layer0,
                             sum_ptr, stride_sum, width, full_ptr, summarized_ptr, stride_sml, w_hist, w_sum,
+                            summary_below,
                             T: tl.constexpr, TP: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr,
                             SBS: tl.constexpr, SLOT: tl.constexpr, COMBINE: tl.constexpr, MEAN: tl.constexpr,
                             EXPLORE: tl.constexpr, REG: tl.constexpr, FINISH: tl.constexpr, SUMMARY: tl.constexpr,
-                            CACHED: tl.constexpr):
+                            CACHED: tl.constexpr, PART: tl.constexpr):
         pl = tl.program_id(0)  # layer fastest: a request's layers run together and share its block-max sectors
         pb = tl.program_id(1)
         if pb < batch:
@@ -725,6 +740,14 @@ if triton is not None:
             l = (pl + layer0).to(tl.int64)
             longest, n, first_new, keep_all, guarded = _meta(lens_ptr, b, batch, next_n, topk, guard_tokens,
                                                              guard_batch, T, NP)
+            active = longest * 0 + 1  # this launch selects for request b (PART 0: every request)
+            if PART != 0:  # with SpinConfig.summary_below: plan() takes the requests that do not mix, run() the others
+                mixes = (longest < summary_below).to(tl.int64)
+                if PART == 1:
+                    active = 1 - mixes
+                else:
+                    active = mixes
+                n = n * active  # an inactive request selects nothing and writes nothing
             dense = tl.maximum(keep_all, guarded)  # 0 or 1 (a small step guards keep_all requests too)
             step = tl.load(stash_ptr + b * 2)
             first_entered = tl.load(stash_ptr + b * 2 + 1).to(tl.int64)
@@ -978,16 +1001,17 @@ if triton is not None:
                     tl.store(kept_row + rank, blk.to(tl.int32), mask=keep)
                     tl.store(ctab_row + rank, tl.load(tb + blk, mask=keep, other=0), mask=keep)
                     done += tl.sum(ki, axis=0)
-            tl.store(nkept_ptr + l * stride_nl + b, done.to(tl.int32))
+            tl.store(nkept_ptr + l * stride_nl + b, done.to(tl.int32), mask=active != 0)
             # Every block from a row's last block to the newest is forced, so the compact rank of row j's
             # last block is done - n + last_block (length 130, kept [0, 2]: rank 1, compact length 66).
             jn = tl.arange(0, NP)
             lens = tl.load(lens_ptr + b * next_n + jn, mask=jn < next_n, other=0).to(tl.int64)
             last = tl.maximum(lens - 1, 0)
             clen = (done - n + last // T) * T + last % T + 1
+            # (active as a lane tensor: the interpreter fails on the & of a lane mask and a 0-d one)
             tl.store(clen_ptr + l * stride_cl + b * stride_cb + jn, tl.where(lens > 0, clen, 0).to(tl.int32),
-                     mask=jn < next_n)
-            if CACHED:  # the summary cache now holds this layer's full blocks of the request
+                     mask=(jn < next_n) & ((jn * 0 + active) != 0))
+            if CACHED:  # the summary cache now holds this layer's full blocks of the request (none: not mixing)
                 tl.store(summarized_ptr + l * stride_sml + slot, tl.load(full_ptr + b))
             if FINISH:
                 if pl == 0:  # finish_step_: every program of this request read the stash, not the state

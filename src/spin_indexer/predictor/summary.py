@@ -34,3 +34,11 @@ def summary_scores(history: torch.Tensor, summary: torch.Tensor, valid: torch.Te
     own = standardized(history, valid_p)
     now = standardized(summary, valid)[:, None, :]
     return torch.where(valid_p, (1.0 - weight) * own + weight * now, float("-inf"))
+
+
+def mixing_requests(seq_lens: torch.Tensor, below: int) -> torch.Tensor:
+    """bool [B]: the requests that take the mix under SpinConfig.summary_below = `below` (their longest row
+    shorter than it; every request for 0). seq_lens: int32 [B, N]."""
+    if below == 0 or seq_lens.shape[0] == 0:
+        return torch.ones(seq_lens.shape[0], dtype=torch.bool, device=seq_lens.device)
+    return seq_lens.amax(dim=1) < below

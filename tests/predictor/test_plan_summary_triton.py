@@ -3,9 +3,10 @@
 TRITON_INTERPRET=1 on the CPU or on CUDA.
 
 plan() must reset and advance the state as the torch path does and select only the requests that do not mix
-(SpinConfig.summary_below); each layer's select launch must then keep the same blocks for the others. The kernel standardizes with its own order of sums, so a block whose mixed score
-sits within float32 rounding of the cut may flip: a row that differs must be such a near-tie in the float64
-recomputation (and at most one row a test may be one). Random states and lengths come from test_plan_triton's
+(SpinConfig.summary_below); each layer's select launch must then keep the same blocks for the others. The kernel
+standardizes with its own order of sums, so a block whose mixed score sits within float32 rounding of the cut may
+flip: a row that differs must be such a near-tie in the float64 recomputation (and at most one row a test may be
+one). Random states and lengths come from test_plan_triton's
 helpers; workspace outputs are poisoned first."""
 import dataclasses
 

@@ -96,7 +96,10 @@ def test_summary_replay_needs_the_recorded_summaries_and_validates(gen):
         SpinConfig(summary_parts=3)
     assert parse_config("spin-0.4-sum0.7").spin_config(512, 0).summary == 0.7
     cfg = parse_config("spin-0.4-sum0.8x16-noexp").spin_config(512, 0)
-    assert (cfg.summary, cfg.summary_parts, cfg.gamma) == (0.8, 16, 0.0)
+    assert (cfg.summary, cfg.summary_parts, cfg.gamma, cfg.summary_below) == (0.8, 16, 0.0, 0)
+    cfg = parse_config("spin-0.4-sum0.5x4b16k").spin_config(512, 0)
+    assert (cfg.summary, cfg.summary_parts, cfg.gamma, cfg.summary_below) == (0.5, 4, 0.05, 16384)
+    assert parse_config("spin-0.3-sum0.5b32k-noexp").spin_config(512, 0).summary_below == 32768
     with pytest.raises(ValueError, match="summary sub-blocks: expected a divisor"):
         parse_config("spin-0.4-sum0.8x3")
     with pytest.raises(ValueError, match="sum<w>"):  # the form is refused: weights above 1 do not parse

@@ -9,7 +9,8 @@ greedily decodes from a copy of that cache:
     spin-<s>-hybrid<w>  SPIN with the hybrid predictor (SpinConfig.hybrid = w, previous layer's same-step scores)
     spin-<s>-sum<w>     SPIN with the summary mix (SpinConfig.summary = w: this step's query against each block's
                         sub-block mean keys, docs/current_step_selection.md); -sum<w>x<S>: S sub-blocks a block
-                        (SpinConfig.summary_parts, default 4); lightning mode only
+                        (SpinConfig.summary_parts, default 4); -sum<w>[x<S>]b<K>k: only requests shorter than K x
+                        1024 tokens mix (SpinConfig.summary_below); lightning mode only
     adaptive-<t>        SPIN with adaptive per-(layer, request) budgets, per-audit (p99) miss target t, starting
                         at PRESETS["adaptive"]'s sparsity and menu (predictor/adaptive.py); sparsity = realized
     mtp<N>-all-keep     next_n = N rows per step; drafts = the all-keep greedy continuation of the sample
@@ -44,9 +45,11 @@ DEFAULT_CONFIGS = (("dense", "all-keep") + tuple(f"spin-{s}" for s in _SPARSITIE
 DEFAULT_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "vt")
 _NUM = r"0?\.\d+|0|1(?:\.0*)?"  # range-checked after parsing
 _NAME = re.compile(rf"^(?:mtp(?P<n>[2-8])-)?(?:(?P<dense>dense)|(?P<allkeep>all-keep)|"
-                   rf"spin-(?P<s>{_NUM})(?:-hybrid(?P<w>{_NUM}))?(?:-sum(?P<sw>{_NUM})(?:x(?P<sp>\d+))?)?(?P<noexp>-noexp)?|"
+                   rf"spin-(?P<s>{_NUM})(?:-hybrid(?P<w>{_NUM}))?"
+                   rf"(?:-sum(?P<sw>{_NUM})(?:x(?P<sp>\d+))?(?:b(?P<sb>\d+)k)?)?(?P<noexp>-noexp)?|"
                    rf"adaptive-(?P<t>{_NUM}))$")
-_FORMS = ("dense, all-keep, spin-<s>, spin-<s>-noexp, spin-<s>-hybrid<w>[-noexp], spin-<s>[-hybrid<w>]-sum<w>[x<S>][-noexp], "
+_FORMS = ("dense, all-keep, spin-<s>, spin-<s>-noexp, spin-<s>-hybrid<w>[-noexp], "
+          "spin-<s>[-hybrid<w>]-sum<w>[x<S>][b<K>k][-noexp], "
           "adaptive-<t>, mtp<N>-all-keep, "
           "mtp<N>-spin-<s>[...], mtp<N>-adaptive-<t> (0 <= s < 1, 0 <= w <= 1, 0 <= t <= 1, 2 <= N <= 8)")
 CSV_COLUMNS = ("task", "context", "config", "samples", "score", "mean_miss", "p99_miss")
@@ -64,6 +67,7 @@ class QualityConfig:
     hybrid: float = 0.0  # SpinConfig.hybrid
     summary: float = 0.0  # SpinConfig.summary
     summary_parts: int = 4  # SpinConfig.summary_parts
+    summary_below: int = 0  # SpinConfig.summary_below (tokens)
     adaptive: float | None = None  # AdaptiveConfig.target_miss; None = fixed budget
 
     def spin_config(self, topk: int, seed: int):
@@ -76,7 +80,8 @@ class QualityConfig:
             adaptive = dataclasses.replace(PRESETS["adaptive"].adaptive, target_miss=self.adaptive)
         return SpinConfig(sparsity=self.sparsity, topk=topk, exploration="random" if self.exploration else "none",
                           gamma=0.05 if self.exploration else 0.0, seed=seed, hybrid=self.hybrid,
-                          summary=self.summary, summary_parts=self.summary_parts, adaptive=adaptive,
+                          summary=self.summary, summary_parts=self.summary_parts,
+                          summary_below=self.summary_below, adaptive=adaptive,
                           dense_below=0)  # quality measures the predictor: the speed guard is off
 
 
@@ -108,7 +113,9 @@ def parse_config(name: str) -> QualityConfig:
     if not 1 <= parts <= 64 or 64 % parts:
         raise ValueError(f"config {name!r}: summary sub-blocks: expected a divisor of the 64 tokens a block, got "
                          f"{parts}")
-    return QualityConfig(name, "spin", s, m["noexp"] is None, n, hybrid=w, summary=sw, summary_parts=parts)
+    below = 0 if m["sb"] is None else int(m["sb"]) * 1024
+    return QualityConfig(name, "spin", s, m["noexp"] is None, n, hybrid=w, summary=sw, summary_parts=parts,
+                         summary_below=below)
 
 
 def wilson_interval(p: float, n: int, z: float = 1.959964) -> tuple[float, float]:

@@ -11,7 +11,9 @@ Per point (B requests x L tokens, next_n = 1, V3.2's indexer: 64 heads x 128 dim
   logits  ops.paged_indexer_logits over every block (the dense logits, own Triton kernel): 64 x 132 B a block
   select  the mix's per-layer select launch (plan_triton.select_layer_triton: the layer's history and summary
           scores standardized, mixed, selected, compacted) beside the paper's fused plan() for one layer
-          (plan_step_triton, reset + select: `paper_select`), both at s = 0.4 over a random history
+          (plan_step_triton, reset + select: `paper_select`), both at s = 0.4 over a random history, and the same
+          launch where every request is past SpinConfig.summary_below (`idle_select`: what run() pays a layer for
+          long requests when the mix is configured for short ones)
 Each is checked against its torch reference on the first rotation before it is timed (CUDA graph, rotated
 inputs, harness.time_graph), and reported with its bytes and bandwidth. Bytes first: score / logits should be
 about S / 64 in time too, if both stream at the same bandwidth.
@@ -97,7 +99,8 @@ def select_times(batch: int, width: int, parts: int, tables, lens, summary, num_
     mixed = dataclasses.replace(paper, summary=0.5, summary_parts=parts)
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     out = {}
-    for name, cfg in (("paper_select", paper), ("select", mixed)):
+    idle = dataclasses.replace(mixed, summary_below=1)  # every request is past it: the launch selects nothing
+    for name, cfg in (("paper_select", paper), ("select", mixed), ("idle_select", idle)):
         idx = SpinIndexer(cfg, num_layers=1, max_batch=batch, max_blocks=width, num_cache_blocks=num_blocks,
                           device=DEVICE)
         st = idx.state
@@ -109,10 +112,11 @@ def select_times(batch: int, width: int, parts: int, tables, lens, summary, num_
         ws = idx.workspace
         if cfg.summary:
             plan_step_triton(cfg, st, ws, tables[0], lens, slots, None)  # the step's stash, once
-            calls = [lambda t=t: select_layer_triton(cfg, st, ws, 0, t, lens, slots, summary, cached=False)
-                     for t in tables]
+            calls = [lambda t=t, cfg=cfg, st=st, ws=ws: select_layer_triton(cfg, st, ws, 0, t, lens, slots, summary,
+                                                                             cached=False) for t in tables]
         else:
-            calls = [lambda t=t: plan_step_triton(cfg, st, ws, t, lens, slots, None) for t in tables]
+            calls = [lambda t=t, cfg=cfg, st=st, ws=ws: plan_step_triton(cfg, st, ws, t, lens, slots, None)
+                     for t in tables]
         out[f"{name}_us"] = time_graph(calls).p50_us
         del idx
     return out
@@ -133,12 +137,13 @@ def main(argv=None) -> int:
     rows = [point(b, ctx, int(s), pool) for b, ctx in points for s in args.parts.split(",")]
     print(f"{'B x L':>12s} {'S':>3s} {'write us':>9s} {'score us':>9s} {'logits us':>10s} {'(w+s)/logits':>13s} "
           f"{'score GB/s':>11s} {'logits GB/s':>12s} {'fused us':>9s} {'mix select':>11s} {'paper plan':>11s} "
-          f"{'mix/logits':>11s} ok")
+          f"{'idle sel':>9s} {'mix/logits':>11s} ok")
     for r in rows:
         ok = r["write_matches"] and r["score_rel_err"] < 1e-4
         print(f"{r['batch']:>4d} x {r['ctx']:>6d} {r['parts']:>3d} {r['write_us']:9.1f} {r['score_us']:9.1f} "
               f"{r['logits_us']:10.1f} {r['summary_over_logits']:13.3f} {r['score_gbps']:11.0f} "
               f"{r['logits_gbps']:12.0f} {r['fused_us']:9.1f} {r['select_us']:11.1f} {r['paper_select_us']:11.1f} "
+              f"{r['idle_select_us']:9.1f} "
               f"{r['mix_over_logits']:11.3f} {'yes' if ok else 'NO'}")
     if args.out:
         with open(args.out, "w") as f:

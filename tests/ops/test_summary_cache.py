@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import E4M3FN, T, decode_fp8, make_paged_inputs, split_cache_bytes
+from conftest import E4M3FN, FP8_MMA_RTOL, T, decode_fp8, make_paged_inputs, split_cache_bytes
 from spin_indexer import ops
 from spin_indexer.ops.block_summary import paged_summary_scores_ref, write_block_summaries_ref
 
@@ -192,7 +192,24 @@ def test_scores_twin_matches_reference(triton_device, next_n, parts, gen):
     got = got.cpu()
     assert torch.equal(torch.isneginf(got), torch.isneginf(want)) and not got.isnan().any()
     live = torch.isfinite(want)
-    torch.testing.assert_close(got[live], want[live], rtol=1e-4, atol=1e-5)
+    if dev == "cuda":  # the fp8 MMA's ~14-bit accumulator: bounded by the magnitude of the terms, as the logits
+        err = (got - want).abs()[live].double()
+        bound = FP8_MMA_RTOL * score_magnitude(inputs, summaries)[live] + 1e-6
+        assert bool((err <= bound).all()), f"scores off by {float((err - bound).max()):.3e} past the bound"
+    else:
+        torch.testing.assert_close(got[live], want[live], rtol=1e-4, atol=1e-5)
+
+
+def score_magnitude(inputs, summaries) -> torch.Tensor:
+    """float64 [B, W]: each block's largest sum of |terms| over its rows and sub-blocks, sum_h |w_h| |q_h| . |mean|
+    (what an accumulator's relative rounding scales with)."""
+    values, scales = split_cache_bytes(summaries)
+    means = torch.from_numpy(np.abs(E4M3FN[values] * scales[..., None]))  # [num_blocks, S, D]
+    q = torch.from_numpy(np.abs(decode_fp8(inputs.q_fp8)))  # [B, N, H, D]
+    w = inputs.weights.double().abs().view(*q.shape[:3])
+    ids = inputs.block_table.long().clamp(0, means.shape[0] - 1)
+    per = torch.einsum("bnhd,bwsd->bnhws", q, means[ids])  # [B, N, H, W, S]
+    return (per * w[..., None, None]).sum(dim=2).amax(dim=3).amax(dim=1)
 
 
 def test_scores_follow_the_float_means(gen):

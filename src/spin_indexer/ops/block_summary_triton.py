@@ -171,7 +171,11 @@ if triton is not None:
                       J: tl.constexpr, T: tl.constexpr, WRITE: tl.constexpr, FP8_MAX_: tl.constexpr,
                       FLOOR: tl.constexpr):
         b = tl.program_id(0)
-        j0 = tl.program_id(1) * J
+        # tiles in reverse launch order: a request's newest blocks, the ones a decode step fills and writes here,
+        # are in its last tile, which the first programs dispatched then take: their write overlaps the other
+        # programs' scoring instead of extending the launch's tail (H200 run 129, tiles in order, 96 x 128K, S = 4:
+        # the fused launch 72.7 us against 46.3 for the scores alone and 11.0 for the write alone)
+        j0 = (tl.num_programs(1) - 1 - tl.program_id(1)) * J
         C: tl.constexpr = J * S  # summary rows this program scores
         SPAGE: tl.constexpr = S * (D + 4)
         count = tl.minimum(tl.load(count_ptr + b), width)

@@ -747,18 +747,27 @@ if triton is not None:
                 l = (pl + layer0).to(tl.int64)
             longest, n, first_new, keep_all, guarded = _meta(lens_ptr, b, batch, next_n, topk, guard_tokens,
                                                              guard_batch, T, NP)
-            active = longest * 0 + 1  # this launch selects for request b (PART 0: every request)
-            if PART != 0:  # with SpinConfig.summary_below: plan() takes the requests that do not mix, run() the others
-                mixes = (longest < summary_below).to(tl.int64)
-                if PART == 1:
-                    active = 1 - mixes
-                else:
-                    active = mixes
-                n = n * active  # an inactive request selects nothing and writes nothing
             dense = tl.maximum(keep_all, guarded)  # 0 or 1 (a small step guards keep_all requests too)
             step = tl.load(stash_ptr + b * 2)
             first_entered = tl.load(stash_ptr + b * 2 + 1).to(tl.int64)
             slot = tl.load(slot_ptr + b).to(tl.int64)
+            if PART != 0:  # with SpinConfig.summary_below: plan() takes the requests that do not mix, run() the others
+                mixes = longest < summary_below
+                if PART == 1:
+                    skip = mixes
+                else:
+                    skip = longest >= summary_below
+                if skip:  # not this launch's request: its bookkeeping only, then out (a program that ran the
+                    # whole select on no block cost 14-17 us a layer on the H200: run 129, idle_select_us)
+                    if CACHED:  # it writes no summary (not mixing): its extent is 0
+                        tl.store(summarized_ptr + l * stride_sml + slot, tl.load(full_ptr + b))
+                    if FINISH:
+                        if pl == 0:
+                            tl.store(step_ptr + slot, step)
+                            tl.store(seen_ptr + slot, longest.to(tl.int32))
+                            if pb == 0:
+                                tl.store(clock_ptr, tl.load(clock_ptr) + 1)
+                    return
             # budget_blocks / explore_blocks in float64 (no FMA: enable_fp_fusion=False at launch)
             sparsity = (tl.zeros([], tl.int64) + sparsity_bits).to(tl.float64, bitcast=True)
             skipped = (n.to(tl.float64) * sparsity + tl.full([], 1e-9, tl.float64)).to(tl.int64)
@@ -1008,16 +1017,15 @@ if triton is not None:
                     tl.store(kept_row + rank, blk.to(tl.int32), mask=keep)
                     tl.store(ctab_row + rank, tl.load(tb + blk, mask=keep, other=0), mask=keep)
                     done += tl.sum(ki, axis=0)
-            tl.store(nkept_ptr + l * stride_nl + b, done.to(tl.int32), mask=active != 0)
+            tl.store(nkept_ptr + l * stride_nl + b, done.to(tl.int32))
             # Every block from a row's last block to the newest is forced, so the compact rank of row j's
             # last block is done - n + last_block (length 130, kept [0, 2]: rank 1, compact length 66).
             jn = tl.arange(0, NP)
             lens = tl.load(lens_ptr + b * next_n + jn, mask=jn < next_n, other=0).to(tl.int64)
             last = tl.maximum(lens - 1, 0)
             clen = (done - n + last // T) * T + last % T + 1
-            # (active as a lane tensor: the interpreter fails on the & of a lane mask and a 0-d one)
             tl.store(clen_ptr + l * stride_cl + b * stride_cb + jn, tl.where(lens > 0, clen, 0).to(tl.int32),
-                     mask=(jn < next_n) & ((jn * 0 + active) != 0))
+                     mask=jn < next_n)
             if CACHED:  # the summary cache now holds this layer's full blocks of the request (none: not mixing)
                 tl.store(summarized_ptr + l * stride_sml + slot, tl.load(full_ptr + b))
             if FINISH:

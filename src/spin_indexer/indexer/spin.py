@@ -19,8 +19,8 @@ low-priority side stream (the top-k then on a high-priority one); no host sync a
 (validate=False): a whole step captures in one CUDA graph. With overlap_update=False the update runs in
 series, fused into the Triton kernel's epilogue or into DeepGEMM's maxima pass.
 With the summary mix (SpinConfig.summary > 0) a layer selects the requests that mix (shorter than summary_below,
-or all) with its own query: plan() is the reset launch and the select launch of the other requests (a one-program
-counter update where every request mixes), and run(layer) adds two launches before the logits (the summary
+or all) with its own query: plan() is the reset launch and the select launch of the other requests (which also
+advances every request's counters), and run(layer) adds two launches before the logits (the summary
 cache's write and score, ops.update_and_score_summaries; the select, plan_triton.select_layer_triton:
 `_select_in_run`).
 A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards every

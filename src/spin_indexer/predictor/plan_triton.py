@@ -38,8 +38,8 @@ Launch 2, `_plan_select_kernel`, grid (L, max(B, 1)): program (l, b) does the se
      narrowed by two probes around the hashes' expected quantile (exact counts: the result never depends
      on the hashes being uniform);
   D. compaction in ascending block order from the register mask (one scan): only kept entries of
-     kept_blocks / compact_table, num_kept, compact_lens; program (b, 0) then writes step and seen_len of
-     the slot, (0, 0) the clock.
+     kept_blocks / compact_table, num_kept, compact_lens. Program (b, 0) writes step and seen_len of the slot,
+     (0, 0) the clock, at its start (no program of the launch reads them: they read the stash).
   Chunked path (wider tables, or register_tile=0): tiles of `block` blocks, keys and flags staged in the
   scratch (float32 key and int8 flag per block) and re-read by every pass: B and C are radix selects (4
   passes of 8 bits, tl.histogram) with a mark pass writing flag 2; D reads the flags back.
@@ -48,8 +48,8 @@ one (plan.dense_plan_ in torch).
 The summary mix (SpinConfig.summary > 0, issue #18) selects with this step's query, so plan() runs launch 1 (which
 also copies each layer's summary-cache extent summarized[l, slot] to ws.summary_first and writes ws.full_blocks, row
 0's full blocks, 0 for a request that does not mix), then launch 2 for the requests at or past
-SpinConfig.summary_below tokens only (part 1: the others' programs select nothing; with summary_below = 0 every
-request mixes and `_plan_finish_kernel`, one program, advances the counters instead), and launch 2 runs again per
+SpinConfig.summary_below tokens only (part 1: the others' programs advance their counters and return; with
+summary_below = 0 every request mixes), and launch 2 runs again per
 layer in run(layer) over B programs for the requests that mix (part 2, `select_layer_triton`, register path only),
 after ops.update_and_score_summaries. Its pass A scores every valid block's own history, the forced ones too (slots
 past the query masked, the vertical history read per slot: 2 B a slot for the window's blocks, where the paper's
@@ -173,9 +173,8 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
     0 = ptxas's choice (benchmarks/bench_plan.py times the choices).
     With config.summary > 0 (the summary mix) the requests that mix are not selected here: the reset launch also
     writes each layer's summary range (ws.summary_first, ws.full_blocks), the select launch takes only the
-    requests at or past config.summary_below tokens (and advances the counters; a one-program launch does that
-    alone where every request mixes, summary_below = 0), and each layer selects the others in run(layer) with this
-    step's summary scores (select_layer_triton).
+    requests at or past config.summary_below tokens (every program still advances its counters), and each layer
+    selects the others in run(layer) with this step's summary scores (select_layer_triton).
     """
     batch, width = block_table.shape
     next_n = seq_lens.shape[1]
@@ -203,10 +202,6 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
             next_n, state.num_cache_blocks, config.topk, config.guard_tokens, batch, step_guard,
             T=t, TP=tp, NP=np_, SB=min(32, _next_pow2(block), wp),
             ROW0=config.mtp is MtpPolicy.ROW0, HAS_ACC=num_accepted is not None, SUMMARY=late)
-    if late and config.summary_below == 0:  # every request mixes: every layer selects in run()
-        _plan_finish_kernel[(1,)](lens, next_n, slots, stash, state.step, state.seen_len, state.clock, batch,
-                                  NP=np_, BB=min(1024, _next_pow2(max(batch, 1))), num_warps=4)
-        return
     reg = wp <= min(register_tile, MAX_TILE)
     rows_b = max(batch, 1)
     # the register path keeps its flags in registers: no flag scratch
@@ -708,23 +703,6 @@ if triton is not None:
             tl.store(stash_ptr + b * 2 + 1, first_entered.to(tl.int32))
 
     @triton.jit
-    def _plan_finish_kernel(lens_ptr, next_n, slot_ptr, stash_ptr, step_ptr, seen_ptr, clock_ptr, batch,
-                            NP: tl.constexpr, BB: tl.constexpr):
-        """plan.finish_step_ in one program, where the layers select in run() (the summary mix): every request's
-        step and seen_len, then the clock."""
-        offs = tl.arange(0, BB)
-        j = tl.arange(0, NP)
-        for start in range(0, batch, BB):
-            b = start + offs
-            mb = b < batch
-            lens = tl.load(lens_ptr + b[:, None] * next_n + j[None, :], mask=mb[:, None] & (j[None, :] < next_n),
-                           other=0)
-            slot = tl.load(slot_ptr + b, mask=mb, other=0).to(tl.int64)
-            tl.store(step_ptr + slot, tl.load(stash_ptr + b * 2, mask=mb, other=0), mask=mb)
-            tl.store(seen_ptr + slot, tl.max(lens, axis=1).to(tl.int32), mask=mb)
-        tl.store(clock_ptr, tl.load(clock_ptr) + 1)
-
-    @triton.jit
     def _plan_select_kernel(table_ptr, stride_tb, lens_ptr, slot_ptr, stash_ptr,
                             vert_ptr, stride_vl, stride_vp, bmax_ptr, stride_bp, stride_bl,
                             diag_ptr, stride_dl, stride_ds, scr_ptr, flg_ptr, stride_scr,
@@ -740,6 +718,10 @@ if triton is not None:
                             CACHED: tl.constexpr, PART: tl.constexpr):
         pl = tl.program_id(0)  # layer fastest: a request's layers run together and share its block-max sectors
         pb = tl.program_id(1)
+        if FINISH:  # finish_step_'s clock (nothing in this launch reads it)
+            if pb == 0:
+                if pl == 0:
+                    tl.store(clock_ptr, tl.load(clock_ptr) + 1)
         if pb < batch:
             b = pb.to(tl.int64)
             l = pl.to(tl.int64)
@@ -751,6 +733,10 @@ if triton is not None:
             step = tl.load(stash_ptr + b * 2)
             first_entered = tl.load(stash_ptr + b * 2 + 1).to(tl.int64)
             slot = tl.load(slot_ptr + b).to(tl.int64)
+            if FINISH:
+                if pl == 0:  # finish_step_: every program of this request reads the stash, not the state
+                    tl.store(step_ptr + slot, step)
+                    tl.store(seen_ptr + slot, longest.to(tl.int32))
             if PART != 0:  # with SpinConfig.summary_below: plan() takes the requests that do not mix, run() the others
                 mixes = longest < summary_below
                 if PART == 1:
@@ -761,12 +747,6 @@ if triton is not None:
                     # whole select on no block cost 14-17 us a layer on the H200: run 129, idle_select_us)
                     if CACHED:  # it writes no summary (not mixing): its extent is 0
                         tl.store(summarized_ptr + l * stride_sml + slot, tl.load(full_ptr + b))
-                    if FINISH:
-                        if pl == 0:
-                            tl.store(step_ptr + slot, step)
-                            tl.store(seen_ptr + slot, longest.to(tl.int32))
-                            if pb == 0:
-                                tl.store(clock_ptr, tl.load(clock_ptr) + 1)
                     return
             # budget_blocks / explore_blocks in float64 (no FMA: enable_fp_fusion=False at launch)
             sparsity = (tl.zeros([], tl.int64) + sparsity_bits).to(tl.float64, bitcast=True)
@@ -1028,11 +1008,4 @@ if triton is not None:
                      mask=jn < next_n)
             if CACHED:  # the summary cache now holds this layer's full blocks of the request (none: not mixing)
                 tl.store(summarized_ptr + l * stride_sml + slot, tl.load(full_ptr + b))
-            if FINISH:
-                if pl == 0:  # finish_step_: every program of this request read the stash, not the state
-                    tl.store(step_ptr + slot, step)
-                    tl.store(seen_ptr + slot, longest.to(tl.int32))
-        if FINISH:
-            if pb == 0:
-                if pl == 0:
-                    tl.store(clock_ptr, tl.load(clock_ptr) + 1)
+

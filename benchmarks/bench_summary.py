@@ -14,6 +14,9 @@ Per point (B requests x L tokens, next_n = 1, V3.2's indexer: 64 heads x 128 dim
           (plan_step_triton, reset + select: `paper_select`), both at s = 0.4 over a random history, and the same
           launch where every request is past SpinConfig.summary_below (`idle_select`: what run() pays a layer for
           long requests when the mix is configured for short ones)
+Variants in the same call: --score-tiles (tiles a scoring program, block_summary_triton.SCORE_TILES: score / fused
+at each, `score_us_t<N>`, `fused_us_t<N>`) and --select-warps (the mix's select at N warps, `select_us_w<N>`); the
+first of each list is the row's `score_us` / `fused_us` / `select_us`.
 Each is checked against its torch reference on the first rotation before it is timed (CUDA graph, rotated
 inputs, harness.time_graph), and reported with its bytes and bandwidth. Bytes first: score / logits should be
 about S / 64 in time too, if both stream at the same bandwidth.
@@ -35,12 +38,13 @@ ROW_BYTES = 132  # D + 4 bytes a key (or a summary row)
 SCORE_REL_ERR_MAX = 1e-3
 
 
-def point(batch: int, ctx: int, parts: int, pool) -> dict:
+def point(batch: int, ctx: int, parts: int, pool, score_tiles=(None,), select_warps=(None,)) -> dict:
     import torch
     from harness import DEVICE, decode_lens, random_queries, rel_err, rotations_for, time_graph
 
     from spin_indexer import ops
     from spin_indexer.ops.block_summary import paged_summary_scores_ref, write_block_summaries_ref
+    from spin_indexer.ops.block_summary_triton import SCORE_TILES
     # the Triton twins themselves (ops' dispatch would take the references in a CPU dry run)
     from spin_indexer.ops.block_summary_triton import paged_summary_scores_triton as score
     from spin_indexer.ops.block_summary_triton import update_and_score_summaries_triton as fused
@@ -62,33 +66,43 @@ def point(batch: int, ctx: int, parts: int, pool) -> dict:
     got = summaries.clone()
     write(pool.cache, got, tables[0], first, full, validate=False)
     write_ok = bool((got == want).double().mean() > 0.99)
-    score_err = rel_err(score(q, summaries, w, tables[0], full, validate=False),
-                        paged_summary_scores_ref(q, summaries, w, tables[0], full, validate=False))
+    score_tiles = [n or SCORE_TILES for n in score_tiles]
+    score_err = max(rel_err(score(q, summaries, w, tables[0], full, validate=False, score_tiles=n),
+                            paged_summary_scores_ref(q, summaries, w, tables[0], full, validate=False))
+                    for n in score_tiles)
     t_write = time_graph([lambda t=t: write(pool.cache, summaries, t, first, full, validate=False) for t in tables])
     scores = torch.empty(batch, width, device=DEVICE)
-    t_score = time_graph([lambda t=t: score(q, summaries, w, t, full, validate=False, out=scores) for t in tables])
-    t_fused = time_graph([lambda t=t: fused(q, pool.cache, summaries, w, t, first, full, validate=False, out=scores)
-                          for t in tables])
+    by_tiles = {}
+    for n in score_tiles:
+        by_tiles[f"score_us_t{n}"] = time_graph([lambda t=t, n=n: score(q, summaries, w, t, full, validate=False,
+                                                                        out=scores, score_tiles=n)
+                                                 for t in tables]).p50_us
+        by_tiles[f"fused_us_t{n}"] = time_graph([lambda t=t, n=n: fused(q, pool.cache, summaries, w, t, first, full,
+                                                                        validate=False, out=scores, score_tiles=n)
+                                                 for t in tables]).p50_us
     out = torch.empty(batch, width * 64, device=DEVICE)
     t_logits = time_graph([lambda t=t: ops.paged_indexer_logits(q, pool.cache, w, lens, t, validate=False, out=out,
                                                                 fill_tail=False, backend="triton") for t in tables])
     write_bytes = batch * (64 + parts) * ROW_BYTES
     score_bytes = batch * width * parts * ROW_BYTES
     logits_bytes = batch * width * 64 * ROW_BYTES + batch * width * 64 * 4  # keys read, logits written
-    row = dict(batch=batch, ctx=ctx, parts=parts, write_us=t_write.p50_us, score_us=t_score.p50_us,
-               logits_us=t_logits.p50_us, fused_us=t_fused.p50_us, write_bytes=write_bytes, score_bytes=score_bytes,
-               logits_bytes=logits_bytes, write_matches=write_ok, score_rel_err=score_err)
+    row = dict(batch=batch, ctx=ctx, parts=parts, write_us=t_write.p50_us,
+               score_us=by_tiles[f"score_us_t{score_tiles[0]}"], logits_us=t_logits.p50_us,
+               fused_us=by_tiles[f"fused_us_t{score_tiles[0]}"], write_bytes=write_bytes, score_bytes=score_bytes,
+               logits_bytes=logits_bytes, write_matches=write_ok, score_rel_err=score_err, **by_tiles)
     for name in ("write", "score", "logits"):
         row[f"{name}_gbps"] = row[f"{name}_bytes"] / (row[f"{name}_us"] * 1e-6) / 1e9
     row["summary_over_logits"] = (row["write_us"] + row["score_us"]) / row["logits_us"]
-    row.update(select_times(batch, width, parts, tables, lens, scores, pool.num_blocks))
+    row.update(select_times(batch, width, parts, tables, lens, scores, pool.num_blocks, select_warps))
     row["mix_over_logits"] = (row["fused_us"] + row["select_us"]) / row["logits_us"]
     return row
 
 
-def select_times(batch: int, width: int, parts: int, tables, lens, summary, num_blocks: int) -> dict:
-    """The mix's select launch and the paper's one-layer plan(), timed over one random history (every block
-    scored, no block entering: decoding's steady state). summary: float32 [B, W] scores to mix."""
+def select_times(batch: int, width: int, parts: int, tables, lens, summary, num_blocks: int,
+                 select_warps=(None,)) -> dict:
+    """The mix's select launch (at each of select_warps, None = the launcher's choice) and the paper's one-layer
+    plan(), timed over one random history (every block scored, no block entering: decoding's steady state).
+    summary: float32 [B, W] scores to mix."""
     import dataclasses
 
     import torch
@@ -115,12 +129,18 @@ def select_times(batch: int, width: int, parts: int, tables, lens, summary, num_
         ws = idx.workspace
         if cfg.summary:
             plan_step_triton(cfg, st, ws, tables[0], lens, slots, None)  # the step's stash, once
-            calls = [lambda t=t, cfg=cfg, st=st, ws=ws: select_layer_triton(cfg, st, ws, 0, t, lens, slots, summary,
-                                                                             cached=False) for t in tables]
+            for i, warps in enumerate(select_warps if name == "select" else select_warps[:1]):
+                calls = [lambda t=t, cfg=cfg, st=st, ws=ws, warps=warps: select_layer_triton(
+                    cfg, st, ws, 0, t, lens, slots, summary, cached=False, num_warps=warps) for t in tables]
+                us = time_graph(calls).p50_us
+                if i == 0:
+                    out[f"{name}_us"] = us
+                if name == "select":
+                    out[f"select_us_w{warps or 0}"] = us
         else:
             calls = [lambda t=t, cfg=cfg, st=st, ws=ws: plan_step_triton(cfg, st, ws, t, lens, slots, None)
                      for t in tables]
-        out[f"{name}_us"] = time_graph(calls).p50_us
+            out[f"{name}_us"] = time_graph(calls).p50_us
         del idx
     return out
 
@@ -129,6 +149,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--points", default="96x131072,96x524288,8x131072,1x131072", help="BxL,BxL,...")
     p.add_argument("--parts", default="4,16", help="sub-block counts S")
+    p.add_argument("--score-tiles", default="0", help="tiles a scoring program to time (0 = the default)")
+    p.add_argument("--select-warps", default="0", help="warps of the mix's select to time (0 = the launcher's)")
     p.add_argument("--out", default=None, help="a JSON file for the rows and the environment")
     args = p.parse_args(argv)
     from harness import KeyPool, environment
@@ -137,7 +159,9 @@ def main(argv=None) -> int:
     points = [tuple(int(x) for x in s.split("x")) for s in args.points.split(",")]
     most = max(b * (l // 64) for b, l in points)
     pool = KeyPool(max(2 * most, 64))
-    rows = [point(b, ctx, int(s), pool) for b, ctx in points for s in args.parts.split(",")]
+    tiles = tuple(int(x) or None for x in args.score_tiles.split(","))
+    warps = tuple(int(x) or None for x in args.select_warps.split(","))
+    rows = [point(b, ctx, int(s), pool, tiles, warps) for b, ctx in points for s in args.parts.split(",")]
     print(f"{'B x L':>12s} {'S':>3s} {'write us':>9s} {'score us':>9s} {'logits us':>10s} {'(w+s)/logits':>13s} "
           f"{'score GB/s':>11s} {'logits GB/s':>12s} {'fused us':>9s} {'mix select':>11s} {'paper plan':>11s} "
           f"{'idle sel':>9s} {'mix/logits':>11s} ok")
@@ -148,6 +172,9 @@ def main(argv=None) -> int:
               f"{r['logits_gbps']:12.0f} {r['fused_us']:9.1f} {r['select_us']:11.1f} {r['paper_select_us']:11.1f} "
               f"{r['idle_select_us']:9.1f} "
               f"{r['mix_over_logits']:11.3f} {'yes' if ok else 'NO'}")
+        variants = {k: v for k, v in r.items() if k.startswith(("score_us_t", "fused_us_t", "select_us_w"))}
+        if len(variants) > 3:
+            print("      " + "  ".join(f"{k} {v:.1f}" for k, v in variants.items()))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"env": env, "rows": rows}, f, indent=1)

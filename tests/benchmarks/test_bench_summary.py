@@ -13,8 +13,10 @@ from conftest import run_benchmark_dry
 @pytest.mark.interpreter
 def test_dry_run_checks_the_kernels(tmp_path):
     pytest.importorskip("triton")
+    from spin_indexer.ops.block_summary_triton import SCORE_TILES
     out = tmp_path / "summary.json"
-    proc = run_benchmark_dry("bench_summary.py", ["--points", "2x512", "--parts", "4,16", "--out", out], timeout=600)
+    proc = run_benchmark_dry("bench_summary.py", ["--points", "2x512", "--parts", "4,16", "--score-tiles", "0,1",
+                                                  "--select-warps", "0,1", "--out", out], timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     rows = json.loads(out.read_text())["rows"]
     assert [r["parts"] for r in rows] == [4, 16]
@@ -22,3 +24,6 @@ def test_dry_run_checks_the_kernels(tmp_path):
         assert r["write_matches"] and r["score_rel_err"] < 1e-4
         assert r["score_bytes"] == 2 * 8 * r["parts"] * 132 and r["write_bytes"] == 2 * (64 + r["parts"]) * 132
         assert r["select_us"] > 0 and r["paper_select_us"] > 0 and r["idle_select_us"] > 0 and r["mix_over_logits"] > 0
+        # the variants: the default tiles (first) and 1 tile a program, the launcher's warps (first) and 1 warp
+        assert r["score_us"] == r[f"score_us_t{SCORE_TILES}"] and r["score_us_t1"] > 0 and r["fused_us_t1"] > 0
+        assert r["select_us"] == r["select_us_w0"] and r["select_us_w1"] > 0

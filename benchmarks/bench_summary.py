@@ -67,8 +67,8 @@ def point(batch: int, ctx: int, parts: int, pool, score_tiles=(None,), select_wa
     write(pool.cache, got, tables[0], first, full, validate=False)
     write_ok = bool((got == want).double().mean() > 0.99)
     score_tiles = [n or SCORE_TILES for n in score_tiles]
-    score_err = max(rel_err(score(q, summaries, w, tables[0], full, validate=False, score_tiles=n),
-                            paged_summary_scores_ref(q, summaries, w, tables[0], full, validate=False))
+    want_scores = paged_summary_scores_ref(q, summaries, w, tables[0], full, validate=False)
+    score_err = max(rel_err(score(q, summaries, w, tables[0], full, validate=False, score_tiles=n), want_scores)
                     for n in score_tiles)
     t_write = time_graph([lambda t=t: write(pool.cache, summaries, t, first, full, validate=False) for t in tables])
     scores = torch.empty(batch, width, device=DEVICE)

@@ -1008,4 +1008,3 @@ if triton is not None:
                      mask=jn < next_n)
             if CACHED:  # the summary cache now holds this layer's full blocks of the request (none: not mixing)
                 tl.store(summarized_ptr + l * stride_sml + slot, tl.load(full_ptr + b))
-

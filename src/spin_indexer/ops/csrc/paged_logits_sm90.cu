@@ -165,25 +165,20 @@ __device__ __forceinline__ constexpr int as_int(V v) {
 }
 
 // The wgmma instructions, one per N. Inline PTX takes no operand lists, so each instruction's 32-128 accumulator
-// operands are spelled out: SPIN_ACC32(o) is d[o .. o + 32) as read-write outputs, SPIN_REGS_k their "%n"
-// references; SPIN_WGMMA(N, regs, desc_a, desc_b, accumulate operand numbers, accumulators...) defines
+// operands are spelled out: SPIN_ACC16(o) / SPIN_ACC32(o) are d[o .. o + 16) / d[o .. o + 32) as read-write
+// outputs, SPIN_REGS_k their "%n" references (SPIN_REGS_1H the first half of SPIN_REGS_1);
+// SPIN_WGMMA(N, regs, desc_a, desc_b, accumulate operand numbers, accumulators...) defines
 // wgmma_m64n<N>k32: D[64 x N] (+)= A[64 x 32] . B[N x 32]^T, fp8 e4m3 operands in shared memory (K-major, 128B
 // swizzle), adding to D where `accumulate` is nonzero.
-#define SPIN_ACC32(o) \
-    "+f"(d[o + 0]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), \
-    "+f"(d[o + 6]), "+f"(d[o + 7]), "+f"(d[o + 8]), "+f"(d[o + 9]), "+f"(d[o + 10]), "+f"(d[o + 11]), \
-    "+f"(d[o + 12]), "+f"(d[o + 13]), "+f"(d[o + 14]), "+f"(d[o + 15]), "+f"(d[o + 16]), "+f"(d[o + 17]), \
-    "+f"(d[o + 18]), "+f"(d[o + 19]), "+f"(d[o + 20]), "+f"(d[o + 21]), "+f"(d[o + 22]), "+f"(d[o + 23]), \
-    "+f"(d[o + 24]), "+f"(d[o + 25]), "+f"(d[o + 26]), "+f"(d[o + 27]), "+f"(d[o + 28]), "+f"(d[o + 29]), \
-    "+f"(d[o + 30]), "+f"(d[o + 31])
 #define SPIN_ACC16(o) \
     "+f"(d[o + 0]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), \
     "+f"(d[o + 6]), "+f"(d[o + 7]), "+f"(d[o + 8]), "+f"(d[o + 9]), "+f"(d[o + 10]), "+f"(d[o + 11]), \
     "+f"(d[o + 12]), "+f"(d[o + 13]), "+f"(d[o + 14]), "+f"(d[o + 15])
+#define SPIN_ACC32(o) SPIN_ACC16(o), SPIN_ACC16(o + 16)
 #define SPIN_REGS_1H ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
 #define SPIN_REGS_0 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" \
     ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define SPIN_REGS_1 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
+#define SPIN_REGS_1 SPIN_REGS_1H \
     ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define SPIN_REGS_2 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79" \
     ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
@@ -411,7 +406,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     // SPLIT: the row this group shares with the next one (its last) or the previous one (its first); the
     // first group hands its partial head sums of it over (PASS), the second adds them and finishes the row (TAKE)
     constexpr bool PASS = C1 % 8 != 0, TAKE = C0 % 8 != 0;
-    constexpr int OWN0 = 0, OWN = NR - (PASS ? 1 : 0);  // the rows it stores: [ROW0 + OWN0, ROW0 + OWN)
+    constexpr int OWN = NR - (PASS ? 1 : 0);  // the rows it stores: [ROW0, ROW0 + OWN)
     static_assert(S::SPLIT || (!PASS && !TAKE), "partial rows only in the SPLIT build");
     constexpr int R = NG / 2;                                    // accumulators a thread
     constexpr int VP = 2 * NR <= 2 ? 2 : (2 * NR <= 4 ? 4 : 8);  // values a quad reduces (see quad_reduce_scatter)
@@ -568,7 +563,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     asm volatile("bar.sync %0, 128;" ::"r"(1 + MW) : "memory");  // this warpgroup's partials written
     const int mine = (nblk - SET + BP - 1) / BP;  // blocks of this set
     for (int k = tid; k < mine * OWN; k += 128) {  // the rows this group stores
-        const int i = SET + (k / OWN) * BP, j = ROW0 + OWN0 + k % OWN;
+        const int i = SET + (k / OWN) * BP, j = ROW0 + k % OWN;
         const float4* p = reinterpret_cast<const float4*>(pmax_s + (i * NEXT_N + j) * 32);
         float m = -INFINITY;
 #pragma unroll

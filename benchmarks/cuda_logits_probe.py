@@ -11,8 +11,7 @@ the next block's MMA, or not), 2cta (SPIN_LOGITS_CTAS_PER_SM=2: the SM's warpgro
 128 / 64 blocks, a larger chunk is skipped), no-headsum (SPIN_LOGITS_PROBE=1: no ReLU / weights / head sum),
 no-mma (=2) (the block maxima left out: --nomax), rg / rg1 (SPIN_LOGITS_ROW_GROUPS=2 / 1: at next_n 3-4 two warpgroups a block, each
 on half its rows, or one on all; rg1-nopipe = the next_n = 4 build before run 116), rg3 / rg3x6 (next_n = 3 in
-three row groups of one row, 3 or 6 warpgroups), rg4 (next_n = 4 in four row groups of one row), split3
-(SPIN_LOGITS_SPLIT_N3=1: next_n = 3 in two row groups of 96 columns, row 1's head sum split between them), noroll
+three row groups of one row, 3 or 6 warpgroups), rg4 (next_n = 4 in four row groups of one row), noroll
 (SPIN_LOGITS_UNROLL=0: the loop not unrolled by stages), perwg / noperwg (SPIN_LOGITS_PER_WG=1 / 0: the loop
 compiled per warpgroup or once), compact (noroll + noperwg), nouni (SPIN_LOGITS_UNIFORM_WG=0), s2 / s3 / s4
 (SPIN_LOGITS_STAGES_PER_WG: key blocks in flight a block set at every next_n), each at the launcher's chunk and at
@@ -47,7 +46,7 @@ VARIANTS = {"cuda": (), "3wg": ("SPIN_LOGITS_MATH_WG=3",), "pipe": ("SPIN_LOGITS
             "rg": ("SPIN_LOGITS_ROW_GROUPS=2",), "rg1": ("SPIN_LOGITS_ROW_GROUPS=1",),
             "rg3": ("SPIN_LOGITS_ROW_GROUPS_N3=3",),
             "rg3x6": ("SPIN_LOGITS_ROW_GROUPS_N3=3", "SPIN_LOGITS_MATH_WG_N3=6"),
-            "rg4": ("SPIN_LOGITS_ROW_GROUPS_N4=4",), "split3": ("SPIN_LOGITS_SPLIT_N3=1",),
+            "rg4": ("SPIN_LOGITS_ROW_GROUPS_N4=4",),
             "rg1-nopipe": ("SPIN_LOGITS_ROW_GROUPS=1", "SPIN_LOGITS_PIPELINE=0"),
             "noroll": ("SPIN_LOGITS_UNROLL=0",), "perwg": ("SPIN_LOGITS_PER_WG=1",),
             "noperwg": ("SPIN_LOGITS_PER_WG=0",), "compact": ("SPIN_LOGITS_UNROLL=0", "SPIN_LOGITS_PER_WG=0"),

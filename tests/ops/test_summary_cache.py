@@ -172,10 +172,10 @@ def test_scores_reference_matches_float64(next_n, parts, gen):
 
 
 @pytest.mark.parametrize("next_n", [1, 3, 4])
-@pytest.mark.parametrize("parts", [4, 16])
-@pytest.mark.parametrize("tiles", [1, 3, None])
+@pytest.mark.parametrize("parts", [1, 4, 16])
+@pytest.mark.parametrize("tiles", [1, 3, 4])
 def test_scores_twin_matches_reference(triton_device, next_n, parts, tiles, gen):
-    from spin_indexer.ops.block_summary_triton import SCORE_TILES, paged_summary_scores_triton
+    from spin_indexer.ops.block_summary_triton import paged_summary_scores_triton
 
     # 20 blocks: more than one tile's J blocks at S = 4 (16) and S = 16 (4), and with 1 or 3 tiles a program more
     # than one program a request, the last one partly past W; a count past W reads as W
@@ -190,7 +190,7 @@ def test_scores_twin_matches_reference(triton_device, next_n, parts, tiles, gen)
     out = wider[:, :width]
     got = paged_summary_scores_triton(inputs.q_fp8.to(dev), summaries.to(dev), inputs.weights.to(dev),
                                       inputs.block_table.to(dev), count.to(dev), validate=False, out=out,
-                                      score_tiles=tiles or SCORE_TILES)
+                                      score_tiles=tiles)
     assert got is out and bool(wider[:, width:].isnan().all())
     got = got.cpu()
     assert torch.equal(torch.isneginf(got), torch.isneginf(want)) and not got.isnan().any()
@@ -255,7 +255,7 @@ def test_scores_refuse_bad_arguments(gen):
                                     empty.block_table, none).shape == (0, empty.block_table.shape[1])
 
 
-@pytest.mark.parametrize("next_n,parts,tiles", [(1, 4, 1), (1, 4, 4), (3, 16, 2)])
+@pytest.mark.parametrize("next_n,parts,tiles", [(1, 1, 1), (1, 4, 1), (1, 4, 4), (3, 16, 2)])
 def test_update_and_score_twin_matches_write_then_score(triton_device, next_n, parts, tiles, gen):
     """ops.update_and_score_summaries (the decode step's one launch: each scoring program first writes its own
     blocks that filled) equals the reference's write then score: the written rows (scales exact, values within an

@@ -8,10 +8,8 @@ most steps write nothing; a request's first step writes all its full blocks once
 
 paged_summary_scores_triton: grid (B, cdiv(W, J x TILES)) with J = max(1, 64 / S) blocks a tile, so one MMA
 scores J x S = 64 summary rows against a query row's heads: [64, D] x [D, H] per row, ReLU, weights, the head sum,
-the max over the rows, then over each block's S rows. A program scores TILES tiles with its query rows loaded
-once: a tile's summary rows (64 x 132 B) are as many bytes as the query row's heads (64 x 128 B), so one tile a
-program read the query as often as the summaries (H200 run 129, 96 x 128K, S = 4: 2.2 TB/s). Bytes: S x (D + 4) a
-block, S / T of the logits' key bytes.
+the max over the rows, then over each block's S rows. A program scores TILES tiles (SCORE_TILES, 1) with its query
+rows loaded once. Bytes: S x (D + 4) a block, S / T of the logits' key bytes.
 
 update_and_score_summaries_triton: the two in one launch (the decode step's form): program (b, g) of the score grid
 first writes the summaries of its own J blocks that are in [first[b], stop[b]) (usually none, one when a block
@@ -32,7 +30,11 @@ except ImportError:  # pragma: no cover
 
 WRITE_PROGRAMS = 8  # G: programs a request; a first step's whole prompt is written G blocks at a time
 ROWS_A_PROGRAM = 64  # J x S summary rows a scoring program's MMA covers (a tile)
-SCORE_TILES = 4  # tiles a scoring program (module docstring); score_tiles= overrides it (benchmarks)
+# Tiles a scoring program (module docstring); score_tiles= overrides it (benchmarks). 1: run 130 (H100, the same
+# call) timed 1 / 2 / 4 / 8 tiles: 51.6 / 48.9 / 51.6 / 56.0 us at 96 x 128K, S = 4, and 2.6 / 3.3 / 5.4 / 9.3 us at
+# 1 x 128K: fewer, longer programs cost more at small batch and save nothing at large B (the query rows a tile
+# re-reads come from L2, not DRAM: the 2.2 TB/s of run 129 was not the query's bytes).
+SCORE_TILES = 1
 
 
 def write_block_summaries_triton(kv_cache: torch.Tensor, summaries: torch.Tensor, block_table: torch.Tensor,

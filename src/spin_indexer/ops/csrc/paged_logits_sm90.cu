@@ -45,8 +45,7 @@
 // (0 / 1, default 1) whether the loop is unrolled by stages, SPIN_LOGITS_PER_WG (0 / 1; default: 0 at next_n = 2,
 // else 1) whether it is compiled once per warpgroup (constant stage offsets, at the price of more code: see the
 // kernel),
-// SPIN_LOGITS_UNIFORM_WG (0 / 1, default 1) whether the loop compiled once takes the warpgroup index broadcast;
-// SPIN_LOGITS_SPLIT_N3 (0 / 1, default 0) next_n = 3 in two row groups of 96 columns (Shape::SPLIT).
+// SPIN_LOGITS_UNIFORM_WG (0 / 1, default 1) whether the loop compiled once takes the warpgroup index broadcast.
 #ifndef SPIN_LOGITS_PROBE
 #define SPIN_LOGITS_PROBE 0
 #endif
@@ -70,9 +69,6 @@
 #endif
 #ifndef SPIN_LOGITS_CTAS_PER_SM
 #define SPIN_LOGITS_CTAS_PER_SM 1
-#endif
-#ifndef SPIN_LOGITS_SPLIT_N3  // next_n = 3 in two row groups of 1.5 rows each (96 columns; see Shape)
-#define SPIN_LOGITS_SPLIT_N3 0
 #endif
 #ifndef SPIN_LOGITS_PIPELINE
 #define SPIN_LOGITS_PIPELINE -1
@@ -165,20 +161,20 @@ __device__ __forceinline__ constexpr int as_int(V v) {
 }
 
 // The wgmma instructions, one per N. Inline PTX takes no operand lists, so each instruction's 32-128 accumulator
-// operands are spelled out: SPIN_ACC16(o) / SPIN_ACC32(o) are d[o .. o + 16) / d[o .. o + 32) as read-write
-// outputs, SPIN_REGS_k their "%n" references (SPIN_REGS_1H the first half of SPIN_REGS_1);
-// SPIN_WGMMA(N, regs, desc_a, desc_b, accumulate operand numbers, accumulators...) defines
+// operands are spelled out: SPIN_ACC32(o) is d[o .. o + 32) as read-write outputs, SPIN_REGS_k their "%n"
+// references; SPIN_WGMMA(N, regs, desc_a, desc_b, accumulate operand numbers, accumulators...) defines
 // wgmma_m64n<N>k32: D[64 x N] (+)= A[64 x 32] . B[N x 32]^T, fp8 e4m3 operands in shared memory (K-major, 128B
 // swizzle), adding to D where `accumulate` is nonzero.
-#define SPIN_ACC16(o) \
+#define SPIN_ACC32(o) \
     "+f"(d[o + 0]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3]), "+f"(d[o + 4]), "+f"(d[o + 5]), \
     "+f"(d[o + 6]), "+f"(d[o + 7]), "+f"(d[o + 8]), "+f"(d[o + 9]), "+f"(d[o + 10]), "+f"(d[o + 11]), \
-    "+f"(d[o + 12]), "+f"(d[o + 13]), "+f"(d[o + 14]), "+f"(d[o + 15])
-#define SPIN_ACC32(o) SPIN_ACC16(o), SPIN_ACC16(o + 16)
-#define SPIN_REGS_1H ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+    "+f"(d[o + 12]), "+f"(d[o + 13]), "+f"(d[o + 14]), "+f"(d[o + 15]), "+f"(d[o + 16]), "+f"(d[o + 17]), \
+    "+f"(d[o + 18]), "+f"(d[o + 19]), "+f"(d[o + 20]), "+f"(d[o + 21]), "+f"(d[o + 22]), "+f"(d[o + 23]), \
+    "+f"(d[o + 24]), "+f"(d[o + 25]), "+f"(d[o + 26]), "+f"(d[o + 27]), "+f"(d[o + 28]), "+f"(d[o + 29]), \
+    "+f"(d[o + 30]), "+f"(d[o + 31])
 #define SPIN_REGS_0 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" \
     ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-#define SPIN_REGS_1 SPIN_REGS_1H \
+#define SPIN_REGS_1 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
     ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define SPIN_REGS_2 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79" \
     ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
@@ -193,15 +189,12 @@ __device__ __forceinline__ constexpr int as_int(V v) {
                      : "l"(desc_a), "l"(desc_b), "r"(accumulate)); \
     }
 SPIN_WGMMA(64, SPIN_REGS_0, 32, 33, 34, SPIN_ACC32(0))
-SPIN_WGMMA(96, SPIN_REGS_0 SPIN_REGS_1H, 48, 49, 50, SPIN_ACC32(0), SPIN_ACC16(32))
 SPIN_WGMMA(128, SPIN_REGS_0 SPIN_REGS_1, 64, 65, 66, SPIN_ACC32(0), SPIN_ACC32(32))
 SPIN_WGMMA(192, SPIN_REGS_0 SPIN_REGS_1 SPIN_REGS_2, 96, 97, 98, SPIN_ACC32(0), SPIN_ACC32(32), SPIN_ACC32(64))
 SPIN_WGMMA(256, SPIN_REGS_0 SPIN_REGS_1 SPIN_REGS_2 SPIN_REGS_3, 128, 129, 130, SPIN_ACC32(0), SPIN_ACC32(32),
            SPIN_ACC32(64), SPIN_ACC32(96))
 #undef SPIN_WGMMA
 #undef SPIN_ACC32
-#undef SPIN_ACC16
-#undef SPIN_REGS_1H
 #undef SPIN_REGS_0
 #undef SPIN_REGS_1
 #undef SPIN_REGS_2
@@ -210,7 +203,6 @@ SPIN_WGMMA(256, SPIN_REGS_0 SPIN_REGS_1 SPIN_REGS_2 SPIN_REGS_3, 128, 129, 130, 
 template <int N>
 __device__ __forceinline__ void mma_k32(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
     if constexpr (N == 64) wgmma_m64n64k32(d, desc_a, desc_b, accumulate);
-    else if constexpr (N == 96) wgmma_m64n96k32(d, desc_a, desc_b, accumulate);
     else if constexpr (N == 128) wgmma_m64n128k32(d, desc_a, desc_b, accumulate);
     else if constexpr (N == 192) wgmma_m64n192k32(d, desc_a, desc_b, accumulate);
     else wgmma_m64n256k32(d, desc_a, desc_b, accumulate);
@@ -240,23 +232,11 @@ struct Shape {
     static constexpr int N = NEXT_N * H;
     static constexpr int CTAS = SPIN_LOGITS_CTAS_PER_SM;
     static_assert(CTAS == 1 || CTAS == 2, "one or two CTAs an SM");
-    // SPLIT (next_n = 3, SPIN_LOGITS_SPLIT_N3): two row groups of 96 columns each, i.e. row 0 + heads 0-31 of
-    // row 1, and heads 32-63 of row 1 + row 2, so both carry 3/4 of a next_n = 4 row group's MMA and epilogue (rows
-    // 0-1 / 2 leave one group with two rows: the block waits for it). Row 1's two partial head sums meet in shared
-    // memory: group 0 writes its partial, group 1 adds it and finishes the row (stores, block max).
-    static constexpr bool SPLIT = NEXT_N == 3 && SPIN_LOGITS_SPLIT_N3 != 0;
     static constexpr int RG = NEXT_N == 3 ? SPIN_LOGITS_ROW_GROUPS_N3 : NEXT_N == 4 ? SPIN_LOGITS_ROW_GROUPS_N4 : 0;
-    static constexpr int G = SPLIT ? 2 : NEXT_N < 3 ? 1 : RG > 0 ? RG : (NEXT_N == 4 ? 2 : 1);
+    static constexpr int G = NEXT_N < 3 ? 1 : RG > 0 ? RG : (NEXT_N == 4 ? 2 : 1);
     static_assert(G >= 1 && G <= NEXT_N, "1 to next_n row groups");
     static constexpr int ROWS = (NEXT_N + G - 1) / G;  // rows of each row group (the last one: what is left)
     static_assert((G - 1) * ROWS < NEXT_N, "every row group has rows");
-    static_assert(!SPLIT || SPIN_LOGITS_ROW_GROUPS_N3 == 0, "SPLIT sets next_n = 3's row groups itself");
-    // row group gi's MMA columns [C0, C1) in n8 tiles (8 columns: (row, head) pairs, row-major): whole rows, or
-    // with SPLIT an even share of the N columns
-    __host__ __device__ static constexpr int tile_lo(int gi) { return SPLIT ? gi * (N / 8 / G) : 8 * gi * ROWS; }
-    __host__ __device__ static constexpr int tile_hi(int gi) {
-        return SPLIT ? (gi + 1) * (N / 8 / G) : 8 * (gi * ROWS + (NEXT_N - gi * ROWS < ROWS ? NEXT_N - gi * ROWS : ROWS));
-    }
     static constexpr int MW = NEXT_N == 3 ? SPIN_LOGITS_MATH_WG_N3 : NEXT_N == 4 ? SPIN_LOGITS_MATH_WG_N4
                                                                                  : SPIN_LOGITS_MATH_WG;
     static constexpr int MATH_WG = (MW > 0 ? MW : (G == 3 ? 3 : NEXT_N <= 2 || G >= 2 ? 4 : 2)) / CTAS;
@@ -274,9 +254,7 @@ struct Shape {
                + STAGES * (KEY_BYTES + SCALE_BYTES)  // key tiles and their scales
                + chunk * NEXT_N * 32 * 4             // block-max partials [block][row][warp, quad]
                + chunk * 4                           // the chunk's block ids
-               + (SPLIT ? STAGES * T * 4 : 0)        // SPLIT: row 1's partial head sums, one row a stage
-               + (2 * STAGES + 1) * 8                // mbarriers
-               + (SPLIT ? 2 * STAGES * 8 : 0);       // SPLIT: the partials' full / empty barriers
+               + (2 * STAGES + 1) * 8;               // mbarriers
     }
     // the most blocks a CTA takes: 256, halved until CTAS CTAs fit an SM's 227 KB (1 KB of each reserved)
     static constexpr int CHUNK_MAX = smem_at(256) * CTAS + (CTAS - 1) * 1024 <= 227 * 1024 ? 256
@@ -330,12 +308,9 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     float* scales_s = reinterpret_cast<float*>(keys_s + STAGES * KEY_BYTES);
     float* pmax_s = scales_s + STAGES * T;
     int* ids_s = reinterpret_cast<int*>(pmax_s + S::PMAX_FLOATS);
-    float* part_s = reinterpret_cast<float*>(ids_s + S::CHUNK_MAX);  // SPLIT: [STAGES][T] row 1's partials
-    uint64_t* full = reinterpret_cast<uint64_t*>(part_s + (S::SPLIT ? STAGES * T : 0));
+    uint64_t* full = reinterpret_cast<uint64_t*>(ids_s + S::CHUNK_MAX);
     uint64_t* empty = full + STAGES;
     uint64_t* q_bar = empty + STAGES;
-    uint64_t* part_full = q_bar + 1;  // SPLIT: a stage's partials written (group 0's 128 threads arrive)
-    uint64_t* part_empty = part_full + STAGES;  // SPLIT: and read (group 1's 128 threads arrive)
 
     const int b = blockIdx.x;
     const int blk0 = blockIdx.y * chunk;
@@ -365,8 +340,6 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
             mbar_init(&empty[s], 128 * G);  // every thread of the set, once its MMA has read the stage
         }
         mbar_init(q_bar, 1);
-        if constexpr (S::SPLIT)
-            for (int s = 0; s < STAGES; ++s) mbar_init(&part_full[s], 128), mbar_init(&part_empty[s], 128);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -399,15 +372,9 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     // one copy took 1.17x, at 4 1.00x.
     const auto work = [&](auto group_constant, auto mw_value) {
     constexpr int GI = decltype(group_constant)::value;
-    constexpr int C0 = S::tile_lo(GI), C1 = S::tile_hi(GI);  // this group's MMA columns, in n8 tiles
-    constexpr int ROW0 = C0 / 8;                              // first row
-    constexpr int NR = (C1 - 1) / 8 - ROW0 + 1;               // rows (with SPLIT: some of them in part)
-    constexpr int NG = 8 * (C1 - C0);                         // MMA columns
-    // SPLIT: the row this group shares with the next one (its last) or the previous one (its first); the
-    // first group hands its partial head sums of it over (PASS), the second adds them and finishes the row (TAKE)
-    constexpr bool PASS = C1 % 8 != 0, TAKE = C0 % 8 != 0;
-    constexpr int OWN = NR - (PASS ? 1 : 0);  // the rows it stores: [ROW0, ROW0 + OWN)
-    static_assert(S::SPLIT || (!PASS && !TAKE), "partial rows only in the SPLIT build");
+    constexpr int ROW0 = GI * S::ROWS;                                      // first row
+    constexpr int NR = NEXT_N - ROW0 < S::ROWS ? NEXT_N - ROW0 : S::ROWS;  // rows
+    constexpr int NG = NR * H;                                   // MMA columns
     constexpr int R = NG / 2;                                    // accumulators a thread
     constexpr int VP = 2 * NR <= 2 ? 2 : (2 * NR <= 4 ? 4 : 8);  // values a quad reduces (see quad_reduce_scatter)
     constexpr int KEPT = VP >= 8 ? 2 : 1;                        // values a lane keeps
@@ -427,12 +394,9 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     int h[KEPT];
     if constexpr (KEPT == 2) h[0] = 0, h[1] = 1;
     else h[0] = VP == 4 ? c % 2 : c / 2;
-    // one row: lanes c, c ^ 1 alike; three: no row 3; PASS: not the shared row (the next group stores it)
-    const bool stores = VP == 2 ? c % 2 == 0 : row < OWN;
-    const bool passes = PASS && row == NR - 1;  // this lane hands its value over (the shared row)
-    const bool takes = TAKE && row == 0;        // this lane adds the previous group's value first
+    const bool stores = VP == 2 ? c % 2 == 0 : row < NR;  // one row: lanes c, c ^ 1 alike; three: no row 3
     // the lane that writes its quad's block-max partial of its row: one a (quad, row)
-    const bool pmax_writer = (VP == 2 ? c == 0 : (VP == 4 ? c % 2 == 0 : row < NR)) && row < OWN;
+    const bool pmax_writer = VP == 2 ? c == 0 : (VP == 4 ? c % 2 == 0 : row < NR);
     const int row_len = row < NR ? seq_lens[b * NEXT_N + ROW0 + row] : 0;
     // this lane's store addresses for block 0 of the chunk (block i adds i * T) and its token offsets below the
     // row's length (a value is a logit where i * T < lim, else -inf)
@@ -457,24 +421,9 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         float v[VP];     // this thread's partial head sums (see quad_reduce_scatter)
         float sc[KEPT];  // the scales of the tokens this lane keeps
         int i;           // the block, in the chunk
-        int s, phase;    // its stage and that stage's phase (SPLIT: the partials' slot and barrier parity)
     };
     const auto finish = [&](Pending& d) {
         if (SPIN_LOGITS_PROBE != 1) quad_reduce_scatter<VP>(d.v, c);
-        if constexpr (PASS) {  // the shared row's partials to the next group (its slot free once it read them)
-            if (passes) {
-                mbar_wait(&part_empty[d.s], d.phase ^ 1);  // the first use of a slot passes at once
-                part_s[d.s * T + r0 + 8 * h[0]] = d.v[0];
-            }
-            mbar_arrive(&part_full[d.s]);
-        }
-        if constexpr (TAKE) {  // the previous group's partials of the shared row first
-            if (takes) {
-                mbar_wait(&part_full[d.s], d.phase);
-                d.v[0] += part_s[d.s * T + r0 + 8 * h[0]];
-            }
-            mbar_arrive(&part_empty[d.s]);
-        }
         float m = -INFINITY;
 #pragma unroll
         for (int u = 0; u < KEPT; ++u) {
@@ -490,7 +439,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         if constexpr (VP == 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         if (pmax_writer) pmax_s[(d.i * NEXT_N + ROW0 + row) * 32 + warp * 8 + lane / 4] = m;
     };
-    const uint64_t q_desc = smem_desc(q_s + 8 * C0 * D), k_desc_set = smem_desc(keys_s + SET * KEY_BYTES);
+    const uint64_t q_desc = smem_desc(q_s + ROW0 * H * D), k_desc_set = smem_desc(keys_s + SET * KEY_BYTES);
     Pending pending;
     pending.i = -1;  // none yet
     for (int i0 = SET, phase = 0; i0 < nblk; i0 += SPW * BP, phase ^= 1) {
@@ -526,26 +475,21 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
                 mbar_wait(&empty[s], phase);
                 load(i + STAGES, s);
             }
-            // ReLU, weights and this thread's part of each head sum: four independent FMA chains a row (row
-            // ROW0 + j's head tiles k in [k_lo, k_hi): all 8 but for a SPLIT group's shared row)
+            // ReLU, weights and this thread's part of each head sum: four independent FMA chains a row
 #pragma unroll
             for (int j = 0; j < VP / 2; ++j) {
-                const int k_lo = C0 - 8 * (ROW0 + j) > 0 ? C0 - 8 * (ROW0 + j) : 0;
-                const int k_hi = C1 - 8 * (ROW0 + j) < 8 ? C1 - 8 * (ROW0 + j) : 8;
-                const int t0 = 8 * (ROW0 + j) - C0;  // accumulator tile of head tile 0 (local: acc[4 (t0 + k) + e])
                 if (j >= NR) {
                     pending.v[2 * j] = pending.v[2 * j + 1] = 0.f;
                 } else if (SPIN_LOGITS_PROBE == 1) {
-                    pending.v[2 * j] = acc[4 * (t0 + k_lo)];
-                    pending.v[2 * j + 1] = acc[4 * (t0 + k_lo) + 2];
+                    pending.v[2 * j] = acc[32 * j];
+                    pending.v[2 * j + 1] = acc[32 * j + 2];
                 } else {
                     float p[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
                     for (int k = 0; k < 8; ++k)
 #pragma unroll
                         for (int e = 0; e < 4; ++e)
-                            if (k >= k_lo && k < k_hi)
-                                p[e] = fmaf(fmaxf(acc[4 * (t0 + k) + e], 0.f), wr[j][k][e & 1], p[e]);
+                            p[e] = fmaf(fmaxf(acc[4 * (8 * j + k) + e], 0.f), wr[j][k][e & 1], p[e]);
                     pending.v[2 * j] = p[0] + p[1];
                     pending.v[2 * j + 1] = p[2] + p[3];
                 }
@@ -553,8 +497,6 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
 #pragma unroll
             for (int u = 0; u < KEPT; ++u) pending.sc[u] = sc[u];
             pending.i = i;
-            pending.s = s;
-            pending.phase = phase;
             if (!PIPELINED) finish(pending);
         }
     }
@@ -562,8 +504,8 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     if (!MAXIMA) return;
     asm volatile("bar.sync %0, 128;" ::"r"(1 + MW) : "memory");  // this warpgroup's partials written
     const int mine = (nblk - SET + BP - 1) / BP;  // blocks of this set
-    for (int k = tid; k < mine * OWN; k += 128) {  // the rows this group stores
-        const int i = SET + (k / OWN) * BP, j = ROW0 + k % OWN;
+    for (int k = tid; k < mine * NR; k += 128) {
+        const int i = SET + (k / NR) * BP, j = ROW0 + k % NR;
         const float4* p = reinterpret_cast<const float4*>(pmax_s + (i * NEXT_N + j) * 32);
         float m = -INFINITY;
 #pragma unroll

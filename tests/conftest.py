@@ -333,6 +333,33 @@ def run_logits_poisoned(launch, inputs: PagedInputs, device, **knobs) -> tuple[t
     return out, bmax
 
 
+def check_lengths_past_the_table(launch, device, next_n: int, heads: int, dim: int, gen: torch.Generator,
+                                 **knobs) -> None:
+    """A paged-logits launcher called with validate=False on rows longer than its table (W = 4 blocks; the last
+    request holds 5 x T + 7 tokens) writes what the same call with the lengths capped at W x T writes, bit for
+    bit: it reads no id past a row (the table is a view of a 6-wide one whose columns 4-5 hold that request's
+    next used blocks) and writes no logit or block max past its rows (the outputs are the leading rows of
+    NaN-poisoned buffers one request taller, whose last rows must stay NaN)."""
+    x = make_paged_inputs((3 * T, 5 * T + 7), next_n, heads, dim, gen, extra_width=0)
+    wide = x.block_table.to(device)
+    assert wide.shape[1] == 6
+    view = wide[:, :4]
+    lens = x.seq_lens.to(device)
+    rows = 2 * next_n
+    outs = []
+    for table, lengths in ((view, lens), (view.contiguous(), lens.clamp(max=4 * T))):
+        args = [t.to(device) for t in (x.q_fp8, x.kv_cache, x.weights)] + [lengths, table]
+        out = torch.full((rows + next_n, 4 * T), float("nan"), device=device)
+        bmax = torch.full((rows + next_n, 4), float("nan"), device=device)
+        assert launch(*args, validate=False, out=out[:rows], block_max_out=bmax[:rows], **knobs) is not None
+        outs.append((out.cpu(), bmax.cpu()))
+    (out, bmax), (want, want_bmax) = outs
+    assert not out[next_n:rows].isnan().any()  # the long request: every column a logit (the table's width)
+    assert out[rows:].isnan().all() and bmax[rows:].isnan().all()  # nothing written past the rows
+    assert torch.equal(out.nan_to_num(7.0), want.nan_to_num(7.0))
+    assert torch.equal(bmax.nan_to_num(7.0), want_bmax.nan_to_num(7.0))
+
+
 def masked_logits(rows: int, cols: int, gen: torch.Generator, ties: bool = False):
     """Random top-k input: logits float32 [rows, cols] (few distinct values when ties) and
     lengths int32 [rows] in [0, cols], with the masked tail filled with +inf/NaN/huge poison."""

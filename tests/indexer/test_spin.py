@@ -815,3 +815,30 @@ def test_a_table_narrower_than_max_blocks_runs_as_a_full_width_one(next_n, gen):
             idx.plan(x.block_table, x.seq_lens, s)
         for layer in range(2):
             assert torch.equal(exact.run(layer, x.q_fp8, x.kv_cache, w), wide.run(layer, x.q_fp8, x.kv_cache, w))
+
+
+@pytest.mark.parametrize("next_n", [1, 2])
+def test_lengths_past_the_table_read_as_the_table(next_n, gen):
+    """plan(validate=False) with rows longer than W x T (request 1 by 2 blocks and 7 tokens): every step, the
+    top-k, the plans and the history equal those of the same steps with the lengths capped at W x T, for SPIN
+    (s = 0.5, history and all) and the dense indexer; the table is a view of a wider one whose extra columns
+    hold that request's next used blocks, so a read past a row would change them."""
+    x = make_paged_inputs((5 * T, 8 * T + 7), next_n, 8, 32, gen, extra_width=0)
+    view = x.block_table[:, :6]
+    capped = x.seq_lens.clamp(max=6 * T)
+    cfg = SpinConfig(sparsity=0.5, topk=96, dense_below=0)
+    pair = [_indexer(cfg, 2, 6, next_n, num_cache_blocks=x.kv_cache.shape[0]) for _ in range(2)]
+    dense = [DenseIndexer(96, next_n=next_n) for _ in range(2)]
+    for step in range(3):
+        w = torch.randn(x.weights.shape, generator=gen)
+        outs = []
+        for (idx, slots), dix, lens in zip(pair, dense, (x.seq_lens, capped)):
+            table = view if lens is x.seq_lens else view.contiguous()
+            idx.plan(table, lens, slots, validate=lens is capped)
+            dix.plan(table, lens, validate=lens is capped)
+            outs.append([idx.run(layer, x.q_fp8, x.kv_cache, w) for layer in range(2)]
+                        + [dix.run(0, x.q_fp8, x.kv_cache, w), idx.block_plan.keep_mask])
+        assert all(torch.equal(a, b) for a, b in zip(*outs)), step
+    assert torch.equal(pair[0][0].state.vertical, pair[1][0].state.vertical)
+    assert torch.equal(pair[0][0].state.diagonal, pair[1][0].state.diagonal)
+    assert torch.equal(pair[0][0].state.seen_len, pair[1][0].state.seen_len)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (FP8_MMA_RTOL, T, PagedInputs, assert_logits_close, logits_f64, make_paged_inputs, padded,
-                      run_logits_poisoned)
+from conftest import (FP8_MMA_RTOL, T, PagedInputs, assert_logits_close, check_lengths_past_the_table, logits_f64,
+                      make_paged_inputs, padded, run_logits_poisoned)
 from spin_indexer.ops import indexer_logits_cuda as C
 
 HEADS, DIM = C.HEADS, C.DIM
@@ -90,6 +90,14 @@ def test_bad_ids_read_inside_the_cache(gen):
     out = C.paged_indexer_logits_cuda(*args, validate=False)
     torch.cuda.synchronize()
     assert torch.equal(out[:, :T], out[:, T:2 * T]) and torch.equal(out[:, :T], out[:, 2 * T:3 * T])
+
+
+@pytest.mark.parametrize("next_n", [1, 2, 3, 4])
+def test_lengths_past_the_table_read_as_the_table(next_n, gen):
+    """validate=False with rows longer than W x T: the logits of the capped lengths, nothing read or written past
+    a row (conftest.check_lengths_past_the_table; the launcher's chunk spans the whole 4-block table)."""
+    _gpu_or_skip()
+    check_lengths_past_the_table(C.paged_indexer_logits_cuda, "cuda", next_n, HEADS, DIM, gen)
 
 
 def test_refuses_what_it_does_not_take(gen):

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (ODD_IDS, ODD_SHAPES, T, assert_logits_close, logits_f64, make_case_inputs, make_paged_inputs,
-                      run_logits_poisoned)
+from conftest import (ODD_IDS, ODD_SHAPES, T, assert_logits_close, check_lengths_past_the_table, logits_f64,
+                      make_case_inputs, make_paged_inputs, run_logits_poisoned)
 
 pytest.importorskip("triton")
 from spin_indexer.ops.indexer_logits import block_max_ref, paged_indexer_logits_ref  # noqa: E402
@@ -132,6 +132,14 @@ def test_unchecked_bad_block_ids_never_read_outside_the_cache(gen, triton_device
     expected, magnitude = logits_f64(*x.args())
     assert torch.isfinite(out[0, :130]).all()  # clamped ids: some block's keys, finite
     assert_logits_close(out[1:2, :64], expected[1:2, :64], magnitude[1:2, :64])  # the untouched request
+
+
+@pytest.mark.parametrize("next_n,chunk", [(1, 3), (2, 3), (2, None)])
+def test_lengths_past_the_table_read_as_the_table(next_n, chunk, gen, triton_device):
+    """validate=False with rows longer than W x T: the logits of the capped lengths, nothing read or written past
+    a row (conftest.check_lengths_past_the_table). chunk 3 over W = 4: the second program's chunk reaches past
+    the table; None: the launcher's."""
+    check_lengths_past_the_table(paged_indexer_logits_triton, triton_device, next_n, 8, 32, gen, chunk=chunk)
 
 
 @pytest.mark.parametrize("what", ["weights", "q_fp8"])

@@ -282,3 +282,26 @@ def test_any_group_gives_the_reference_result_and_prunes_tighter_when_finer(grou
     for bad in (3, 128, 0):
         with pytest.raises(ValueError, match="group"):
             topk_triton(logits.to(dev), lengths.to(dev), k, group=bad)
+
+
+@pytest.mark.parametrize("use_block_max,sorted_", [(False, True), (True, True), (False, False)])
+def test_lengths_past_the_row_read_as_the_row(use_block_max, sorted_, gen, triton_device, monkeypatch):
+    """validate=False with lengths past C (a caller that skipped the check): a row reads as its C columns, never
+    the row below (its values would win) or past the tensor's end: the result of the clamped lengths, and
+    topk_ref's. Sorted (the rank launch), unsorted (the set select, forced at 3 rows), and the overflow merge
+    of both (row 2: every value tied, more candidates than the buffer holds)."""
+    import spin_indexer.ops.topk_triton as topk_module
+    monkeypatch.setattr(topk_module, "SET_SELECT_MIN_ROWS", 1)
+    cols = 64 * 20
+    logits = torch.randn(3, cols, generator=gen)
+    logits[1] += 100.0  # a read past row 0 would take these
+    logits[2] = 0.5
+    lengths = torch.tensor([cols + 5, cols, 50 * cols], dtype=torch.int32)
+    bmax = _block_max(logits, lengths.clamp(max=cols)).to(triton_device) if use_block_max else None
+    stats = torch.zeros(3, dtype=torch.int32, device=triton_device)
+    got = topk_triton(logits.to(triton_device), lengths.to(triton_device), 40, validate=False, block_max=bmax,
+                      sorted=sorted_, stats=stats).cpu()
+    assert int(stats[2]) > topk_module.candidate_cap(40, None)  # row 2 took the overflow merge
+    want = topk_ref(logits, lengths.clamp(max=cols), 40, sorted=sorted_)
+    assert torch.equal(got.sort(dim=1).values, want.sort(dim=1).values) if not sorted_ else torch.equal(got, want)
+    assert torch.equal(topk_ref(logits, lengths, 40, validate=False, sorted=sorted_), want)

@@ -73,7 +73,7 @@ def _table(final_lens, width, num_cache_blocks, gen, bad=False):
     table = torch.full((len(final_lens), width), -1, dtype=torch.int32)
     at = 0
     for b, length in enumerate(final_lens):
-        used = -(-length // T)
+        used = min(-(-length // T), width)
         table[b, :used] = perm[at:at + used].int()
         at += used
         if bad and used:
@@ -88,7 +88,7 @@ def _step_table(table, lens):
     out = table.clone()
     junk = torch.tensor([-1, 2**31 - 1, -(2**31), 10**6], dtype=torch.int32)
     for b, length in enumerate(lens):
-        used = -(-length // T)
+        used = min(-(-length // T), out.shape[1])
         out[b, used:] = junk[torch.arange(out.shape[1] - used) % 4]
     return out
 
@@ -125,11 +125,12 @@ def _check(ref, got, batch, width, layers):
 
 
 def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accepted=False, bad=False, seen=None,
-         grid=None, graph=False, path="register", extra_width=2, shared=0):
+         grid=None, graph=False, path="register", extra_width=2, shared=0, view_pad=0):
     """Plan `steps` steps with the torch path and the kernel from the same random state and compare everything
     each step. path: the kernel's selection path ("register" or "chunked"); extra_width: table columns past
-    the longest request; shared: the first `shared` blocks of every request are request 0's (a prefix-cache
-    hit)."""
+    the longest request (< 0: lengths past the table, as plan(validate=False) may get); shared: the first
+    `shared` blocks of every request are request 0's (a prefix-cache hit); view_pad: the table is a view of a
+    view_pad columns wider one whose extra columns hold ids of used blocks (a read past a row finds them)."""
     from spin_indexer.predictor.plan_triton import plan_step_triton, supports
     assert supports(cfg)
     batch = len(final_lens)
@@ -160,8 +161,11 @@ def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accept
     for s in range(steps):
         seq_lens = _rows(lens, next_n)
         step_table = _step_table(table, lens)
+        if view_pad:
+            wide = torch.cat([step_table, table.flip(0)[:, :view_pad].clamp(0, cache - 1)], dim=1)
+            step_table = wide[:, :width]
         acc = torch.randint(0, next_n, (batch,), generator=gen).int() if accepted else None
-        ref.plan(step_table, seq_lens, slot_ids, num_accepted=acc, validate=not bad)
+        ref.plan(step_table, seq_lens, slot_ids, num_accepted=acc, validate=not bad and extra_width >= 0)
         _poison(got.workspace)
         args = [x.to(dev) if x is not None else None for x in (step_table, seq_lens, slot_ids.long(), acc)]
         if graph:  # capture the step in a CUDA graph (no host sync, fixed shapes), replay it once
@@ -251,6 +255,16 @@ def test_out_of_range_block_ids(gen, triton_device, plan_path):
          seen=[10 * T, 0, 0, 0], path=plan_path)
     _run(dataclasses.replace(BASE, reduce="mean", combine="sum"), LENS[:2], 1, gen, triton_device, steps=1,
          bad=True, seen=[0, 100], path=plan_path)
+
+
+@pytest.mark.parametrize("cfg", [BASE, dataclasses.replace(BASE, mtp="row-local", reduce="mean")],
+                         ids=["base", "row-local-mean"])
+def test_lengths_past_the_table_read_as_the_table(cfg, gen, triton_device, plan_path):
+    # plan(validate=False) with rows longer than W x T (request 0 by 3 blocks, request 2 by a few tokens): both
+    # paths span min(ceil(len / T), W) blocks, and the kernel reads no id past a row (the wider table behind
+    # the view holds used ids there: a read past the row would keep, score or reset them)
+    _run(cfg, (40 * T + 5, 20 * T, 37 * T + 7, 5 * T), 2, gen, triton_device, steps=2, grow=[T, 0],
+         extra_width=-3, view_pad=4, path=plan_path)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
@@ -373,8 +387,9 @@ def test_threshold_on_wide_hash_tiles(uniform, gen, triton_device):
                                                    (7, 4, True)])
 def test_dense_plan_counters_match_the_reference(batch, next_n, strided, gen, triton_device):
     """The shape-guarded plan's one launch (plan_triton.dense_plan_triton) writes what plan.dense_plan_ does:
-    ceil(longest row / T) blocks (0 for empty rows), guarded True, update_rows False; rows past B untouched.
-    1100 requests cross the kernel's 1024-request tile; strided lengths (a column slice) are read in place."""
+    ceil(longest row / T) blocks (0 for empty rows) capped at the table's W = 70 (rows up to 5000 tokens: some
+    past W x T, as plan(validate=False) may get), guarded True, update_rows False; rows past B untouched. 1100
+    requests cross the kernel's 1024-request tile; strided lengths (a column slice) are read in place."""
     from spin_indexer.predictor.plan import dense_plan_
     from spin_indexer.predictor.plan_triton import dense_plan_triton
     lens = torch.randint(0, 5000, (batch, next_n + 1 if strided else next_n), generator=gen, dtype=torch.int32)
@@ -388,11 +403,12 @@ def test_dense_plan_counters_match_the_reference(batch, next_n, strided, gen, tr
         blocks = torch.full((cap,), -7, dtype=torch.int32, device=dev)
         guarded = torch.zeros(cap, dtype=torch.bool, device=dev)
         update = torch.ones(cap, next_n, dtype=torch.bool, device=dev)
-        fn(lens.to(dev), T, blocks[:batch], guarded[:batch], update[:batch])
+        fn(lens.to(dev), T, blocks[:batch], guarded[:batch], update[:batch], 70)
         outs[name] = [x.cpu() for x in (blocks, guarded, update)]
     for want, got in zip(outs["ref"], outs["kernel"]):
         assert torch.equal(want, got)
     blocks, guarded, update = outs["kernel"]
-    assert torch.equal(blocks[:batch], ((lens.amax(dim=1) + T - 1) // T if batch else blocks[:0]).int())
+    assert torch.equal(blocks[:batch], ((lens.amax(dim=1) + T - 1) // T if batch else blocks[:0]).clamp(max=70).int())
+    assert batch < 5 or int(lens.amax()) > 70 * T  # the cap was exercised
     assert bool(guarded[:batch].all()) and not bool(guarded[batch:].any())
     assert not bool(update[:batch].any()) and bool(update[batch:].all()) and bool((blocks[batch:] == -7).all())

@@ -88,10 +88,10 @@ class DenseIndexer:
         """block_table int32 [B, W]; seq_lens int32 [B, next_n] in [0, W*T]; slot_ids and num_accepted are
         ignored.
 
-        validate: check the data too (a host sync). Skipped with validate=False: the seq_lens range, block
-        ids of the used blocks >= 0, and in every run() of the step the check of those ids against
-        kv_cache.shape[0] (the paged kernels clamp out-of-range ids instead of reading outside). Shape,
-        dtype and device checks always run. A rejected call changes no state (block_plan keeps the previous
+        validate: check the data too (a host sync). Skipped with validate=False: the seq_lens range (a length
+        past W*T reads as W*T), block ids of the used blocks >= 0, and in every run() of the step the check of
+        those ids against kv_cache.shape[0] (the paged kernels clamp out-of-range ids instead of reading
+        outside). Shape, dtype and device checks always run. A rejected call changes no state (block_plan keeps the previous
         step's) and leaves run() unusable until the next plan().
         """
         self._meta = None  # a rejected plan must not leave the previous step runnable

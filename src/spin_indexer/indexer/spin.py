@@ -177,7 +177,8 @@ class SpinIndexer:
         slot_ids: int32/int64 [B] allocated, distinct state slots; num_accepted: int32 [B] in
         [0, next_n - 1] or None (see predictor/mtp.py).
         validate: check the data too (a host sync; turn off when capturing a CUDA graph). Skipped with
-        validate=False: length ranges and row increments, slot ids allocated and distinct, block ids of the
+        validate=False: length ranges (a length past W*T reads as W*T: plan.step_lengths) and row
+        increments, slot ids allocated and distinct, block ids of the
         used blocks inside the cache (kernels clamp them into the trash block instead of reading outside),
         and in every run() of the step the check of those block ids against kv_cache.shape[0]. Shape, dtype
         and device checks always run. A rejected call changes no state and leaves run() unusable until the
@@ -224,6 +225,7 @@ class SpinIndexer:
                                scheduled=cfg.summary == 0 and self._schedule_layers(batch, width),
                                select_in_run=cfg.summary > 0)
             return
+        seq_lens = plan_ref.step_lengths(seq_lens, width, cfg.tokens_per_block)
         meta = plan_ref.step_meta(cfg, self.state, block_table, seq_lens, slots, num_accepted)
         plan_ref.reset_entered_(self.state, meta)
         ws.num_blocks[:batch] = meta.num_blocks.to(torch.int32)
@@ -509,7 +511,7 @@ class SpinIndexer:
         # update_rows False: replay (run_from_scores) updates no history either
         write = (triton_twin("spin_indexer.predictor.plan_triton", "dense_plan_triton", seq_lens)
                  or plan_ref.dense_plan_)
-        write(seq_lens, t, num_blocks, ws.guarded[:batch], ws.update_rows[:batch])
+        write(seq_lens, t, num_blocks, ws.guarded[:batch], ws.update_rows[:batch], width)
         return BlockPlan(ws.block_ids[:width].expand(batch, width), num_blocks, num_blocks, block_table, seq_lens,
                          t, ws.guarded[:batch])
 

@@ -27,6 +27,9 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
                          group_max_out=None, group: int = 64, deepgemm_schedule=None,
                          active_width: int | None = None, backend: str | None = None):
     """Paged indexer logits float32 [B*next_n, W*T]; see `paged_indexer_logits_ref` for shapes.
+    validate=False skips the data checks: a length past W*T then reads as W*T on the project's kernels (no id
+    past a row is read, no logit past a row written) and out-of-range ids are clamped into the cache. DeepGEMM
+    (the next_n = 2 backend) takes lengths and ids as they are: its callers pass checked ones.
 
     out: optional float32 [B*next_n, W*T] written in place; block_max_out: optional float32 [B*next_n, W]
     receiving the per-block max (fused into the kernel on CUDA: pass it on to `topk(..., block_max=)`).
@@ -142,7 +145,8 @@ def update_history(history: HistoryUpdate | None, logits, compact_table, compact
 def topk(logits, lengths, k: int, validate: bool = True, block_max=None):
     """Top-k positions int32 [R, k], -1 padded; see `topk_ref`. block_max: optional float32 [R, ceil(C/64)]
     exact per-block max of the valid logits (as `paged_indexer_logits(..., block_max_out=)` writes it):
-    lets the Triton top-k read only the blocks that can hold a winner; the reference ignores it."""
+    lets the Triton top-k read only the blocks that can hold a winner; the reference ignores it.
+    validate=False: a length past C reads as C (no column of another row is read)."""
     twin = _triton_twin("topk_triton", "topk_triton", logits)
     if twin is not None:
         return twin(logits, lengths, k, validate=validate, block_max=block_max)

@@ -388,7 +388,9 @@ if triton is not None:
         NP: tl.constexpr = 4 if NEXT_N == 3 else NEXT_N  # arange needs a power of two
         offs_n = tl.arange(0, NP)
         lens = tl.load(lens_ptr + row0 + offs_n, mask=offs_n < NEXT_N, other=0)
-        used = (tl.max(lens, axis=0) + T - 1) // T  # blocks the longest row touches
+        # blocks the longest row touches, at most the table's (validate=False lengths past W x T read no id past
+        # the row)
+        used = tl.minimum((tl.max(lens, axis=0) + T - 1) // T, width)
         blk_end = tl.minimum(blk0 + chunk, used)
         chunk_end = tl.minimum(blk0 + chunk, width)
         ids = table_ptr + b.to(tl.int64) * stride_table

@@ -223,7 +223,7 @@ def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _s
     # The threshold program also zeroes the candidate count and fills the row's output with -1 (the rank
     # launch writes only the ranks it finds): no memset launches on the per-layer path.
     has_hint = tau_hint is not None
-    threshold_args = (summary, lengths, thresh, live, num_live, count, num_groups, summary.stride(0), k, out,
+    threshold_args = (summary, lengths, cols, thresh, live, num_live, count, num_groups, summary.stride(0), k, out,
                       tau_hint if has_hint else thresh)
     threshold_meta = dict(G=group, SB=sum_block, CAP=cap, HINT=has_hint, HINT_R=TAU_HINT_RADIUS,
                           HINT_STEPS=(2 * TAU_HINT_RADIUS).bit_length(), num_warps=threshold_warps(sum_block))
@@ -243,20 +243,21 @@ def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _s
     if _stages < 3:
         return out
     lb = max(16, GATHER_VALUES // group)
-    _gather_kernel[(rows, triton.cdiv(cap, lb))](logits, lengths, live, num_live, thresh, count, cand,
+    _gather_kernel[(rows, triton.cdiv(cap, lb))](logits, lengths, cols, live, num_live, thresh, count, cand,
                                                  logits.stride(0), G=group, LB=lb, CAP=cap, EVEN=cols % group == 0,
                                                  num_warps=4)
     if _stages < 4:
         return out
     if not ordered and rows >= SET_SELECT_MIN_ROWS:  # the set: one select launch instead of the sort and rank
-        _select_set_kernel[(rows,)](logits, lengths, count, cand, thresh, out, logits.stride(0), k, kept, kept_stride,
+        _select_set_kernel[(rows,)](logits, lengths, cols, count, cand, thresh, out, logits.stride(0), k, kept,
+                                    kept_stride,
                                     next_n, K_POW=k_pow, CAP=cap, MAP=mapped, num_warps=set_select_warps(cap))
         return out
     chunk = min(SORT_CHUNK, cap)
     _chunk_sort_kernel[(rows, cap // chunk)](count, cand, CAP=cap, CH=chunk, num_warps=4)
     if _stages < 5:
         return out
-    _rank_kernel[(rows, triton.cdiv(cap, RANK_BI))](logits, lengths, count, cand, out, logits.stride(0), k, kept,
+    _rank_kernel[(rows, triton.cdiv(cap, RANK_BI))](logits, lengths, cols, count, cand, out, logits.stride(0), k, kept,
                                                     kept_stride, next_n, K_POW=k_pow, CAP=cap, CH=chunk,
                                                     LOG_CH=chunk.bit_length() - 1, BI=RANK_BI, MAP=mapped,
                                                     num_warps=4, maxnreg=RANK_MAXNREG)
@@ -310,14 +311,20 @@ if triton is not None:
         return cnt
 
     @triton.jit
-    def _threshold_kernel(s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
+    def _row_length(len_ptr, r, cols):
+        """Row r's length, at most the row's C columns: a length past them (validate=False) reads the row only,
+        never the row below or past the tensor's end."""
+        return tl.minimum(tl.load(len_ptr + r), cols)
+
+    @triton.jit
+    def _threshold_kernel(s_ptr, len_ptr, cols, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
                           out_ptr, hint_ptr, G: tl.constexpr, SB: tl.constexpr, CAP: tl.constexpr,
                           HINT: tl.constexpr, HINT_R: tl.constexpr, HINT_STEPS: tl.constexpr):
-        _threshold_row(tl.program_id(0), s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups,
+        _threshold_row(tl.program_id(0), s_ptr, len_ptr, cols, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups,
                        stride_s, k, out_ptr, hint_ptr, G, SB, CAP, HINT, HINT_R, HINT_STEPS)
 
     @triton.jit
-    def _threshold_update_kernel(s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s,
+    def _threshold_update_kernel(s_ptr, len_ptr, cols, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s,
                                  k, out_ptr, hint_ptr, rows, tiles, x_ptr, x_stride_b, x_stride_n, table_ptr,
                                  table_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                                  clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
@@ -329,7 +336,7 @@ if triton is not None:
         pass's programs (history_triton.update_tile, row 0 updating, no maxima) over the same logits."""
         pid = tl.program_id(0)
         if pid < rows:
-            _threshold_row(pid, s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
+            _threshold_row(pid, s_ptr, len_ptr, cols, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
                            out_ptr, hint_ptr, G, SB, CAP, HINT, HINT_R, HINT_STEPS)
         else:
             u = pid - rows
@@ -339,7 +346,7 @@ if triton is not None:
                         next_n, num_blocks, 0, T, BLOCKS, HAS_SEEN, False, NP, False, T, DB)
 
     @triton.jit
-    def _threshold_row(r, s_ptr, len_ptr, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
+    def _threshold_row(r, s_ptr, len_ptr, cols, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
                        out_ptr, hint_ptr, G: tl.constexpr, SB: tl.constexpr, CAP: tl.constexpr,
                        HINT: tl.constexpr, HINT_R: tl.constexpr, HINT_STEPS: tl.constexpr):
         """Row r's threshold: tau (the lower edge of the 16-bit key bucket of the k-th largest group max) and
@@ -350,7 +357,7 @@ if triton is not None:
             c = c0 + tl.arange(0, 1024)
             tl.store(out_ptr + r.to(tl.int64) * k + c, tl.full([1024], -1, tl.int32), mask=c < k)
         tl.debug_barrier()  # the overflow mark below must land after the zero
-        length = tl.load(len_ptr + r)
+        length = _row_length(len_ptr, r, cols)
         n_valid = (length + G - 1) // G
         base = s_ptr + r.to(tl.int64) * stride_s
         tau = length * 0  # 0 = the smallest key: every valid element is a candidate
@@ -401,7 +408,7 @@ if triton is not None:
             tl.store(count_ptr + r, CAP + 1)
 
     @triton.jit
-    def _gather_kernel(x_ptr, len_ptr, live_ptr, nlive_ptr, thresh_ptr, count_ptr, cand_ptr, stride_x,
+    def _gather_kernel(x_ptr, len_ptr, cols, live_ptr, nlive_ptr, thresh_ptr, count_ptr, cand_ptr, stride_x,
                        G: tl.constexpr, LB: tl.constexpr, CAP: tl.constexpr, EVEN: tl.constexpr):
         r = tl.program_id(0)
         i0 = tl.program_id(1) * LB
@@ -412,7 +419,7 @@ if triton is not None:
         # the fourth (the gather is latency-bound: ~50 us alone at 96 x 512K, ~117 beside the EMA update;
         # run 94: still ~111-115 beside it, the step a tie at 512K and ~10 us shorter at 1M).
         n_live = tl.load(nlive_ptr + r)
-        length = tl.load(len_ptr + r)
+        length = _row_length(len_ptr, r, cols)
         tau = tl.load(thresh_ptr + r).to(tl.uint32, bitcast=True)
         g = tl.load(live_ptr + r.to(tl.int64) * CAP + i, mask=i < CAP, other=0)
         if (i0 < n_live) & (n_live <= CAP):
@@ -453,7 +460,7 @@ if triton is not None:
             tl.store(cbase + i, key)
 
     @triton.jit
-    def _rank_kernel(x_ptr, len_ptr, count_ptr, cand_ptr, out_ptr, stride_x, k, kept_ptr, kept_stride, next_n,
+    def _rank_kernel(x_ptr, len_ptr, cols, count_ptr, cand_ptr, out_ptr, stride_x, k, kept_ptr, kept_stride, next_n,
                      K_POW: tl.constexpr, CAP: tl.constexpr, CH: tl.constexpr, LOG_CH: tl.constexpr,
                      BI: tl.constexpr, MAP: tl.constexpr):
         """out[r, rank(key)] = position for BI candidates, rank = number of larger keys (keys are distinct),
@@ -463,7 +470,7 @@ if triton is not None:
         i0 = tl.program_id(1) * BI
         n = tl.load(count_ptr + r)
         if (n > CAP) & (i0 == 0):
-            _merge_overflow(x_ptr, r, tl.load(len_ptr + r), stride_x, cand_ptr + r.to(tl.int64) * CAP, out_ptr, k,
+            _merge_overflow(x_ptr, r, _row_length(len_ptr, r, cols), stride_x, cand_ptr + r.to(tl.int64) * CAP, out_ptr, k,
                             kept_ptr, kept_stride, next_n, K_POW, CAP, MAP)
         if (n <= CAP) & (i0 < n):
             MIN_KEY: tl.constexpr = -9223372036854775807 - 1
@@ -498,7 +505,7 @@ if triton is not None:
         return _level_counts(tl.where(m, ((ukey >> shift) & 0xFFFF).to(tl.int32), -1), lo, q)
 
     @triton.jit
-    def _select_set_kernel(x_ptr, len_ptr, count_ptr, cand_ptr, thresh_ptr, out_ptr, stride_x, k, kept_ptr,
+    def _select_set_kernel(x_ptr, len_ptr, cols, count_ptr, cand_ptr, thresh_ptr, out_ptr, stride_x, k, kept_ptr,
                            kept_stride, next_n, K_POW: tl.constexpr, CAP: tl.constexpr, MAP: tl.constexpr):
         """Row r's top k as a set (sorted=False, in no particular order); one program per row.
 
@@ -518,7 +525,7 @@ if triton is not None:
         MIN_KEY: tl.constexpr = -9223372036854775807 - 1
         n = tl.load(count_ptr + r)
         if n > CAP:
-            _merge_overflow(x_ptr, r, tl.load(len_ptr + r), stride_x, cand_ptr + r.to(tl.int64) * CAP, out_ptr, k,
+            _merge_overflow(x_ptr, r, _row_length(len_ptr, r, cols), stride_x, cand_ptr + r.to(tl.int64) * CAP, out_ptr, k,
                             kept_ptr, kept_stride, next_n, K_POW, CAP, MAP)
         else:
             i = tl.arange(0, CAP)

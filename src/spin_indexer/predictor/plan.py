@@ -52,6 +52,13 @@ class StepMeta:
         return torch.arange(width, device=self.block_table.device)[None, :] < self.num_blocks[:, None]
 
 
+def step_lengths(seq_lens: torch.Tensor, width: int, tokens_per_block: int) -> torch.Tensor:
+    """seq_lens int32 [B, N] with every length capped at W x T (a new tensor; the torch path's one extra launch).
+    plan(validate=True) refuses longer rows; with validate=False a row longer than its table reads as the whole
+    table, so that no kernel reads a block id past its row (the fused planner caps where it loads them)."""
+    return seq_lens.clamp(max=width * tokens_per_block)
+
+
 def step_meta(config: SpinConfig, state: SpinState, block_table: torch.Tensor, seq_lens: torch.Tensor,
               slot_ids: torch.Tensor, num_accepted: torch.Tensor | None) -> StepMeta:
     """Per-request metadata of one step, from the state before the step (no state is written)."""
@@ -77,12 +84,12 @@ def step_meta(config: SpinConfig, state: SpinState, block_table: torch.Tensor, s
 
 
 def dense_plan_(seq_lens: torch.Tensor, tokens_per_block: int, num_blocks: torch.Tensor, guarded: torch.Tensor,
-                update_rows: torch.Tensor) -> None:
+                update_rows: torch.Tensor, width: int) -> None:
     """The counters of a step whose table shape guards it (every block kept, no history read or written):
-    num_blocks int32 [B] = ceil(longest row / T) (lengths below 0 count as 0), guarded bool [B] = True,
-    update_rows bool [B, N] = False. seq_lens: int32 [B, N]. Written in place."""
+    num_blocks int32 [B] = ceil(longest row / T), lengths read in [0, width x T] (step_lengths), guarded bool
+    [B] = True, update_rows bool [B, N] = False. seq_lens: int32 [B, N]; width: W. Written in place."""
     if seq_lens.shape[0]:
-        longest = seq_lens.amax(dim=1).clamp_min(0)
+        longest = seq_lens.amax(dim=1).clamp(0, width * tokens_per_block)
         torch.floor_divide(longest + (tokens_per_block - 1), tokens_per_block, out=num_blocks)
     guarded.fill_(True)
     update_rows.fill_(False)

@@ -230,7 +230,7 @@ def select_layer_triton(config: SpinConfig, state, ws, layer: int, block_table: 
     sm_90a (benchmarks/plan_registers.py --part 2, local triton 3.9): 64-block tiles under plan()'s cap of 128
     spilled 656 / 592 B at 256 blocks, 210 spill instructions inside the bisection loops (912 / 832 B at 2048);
     16-block tiles without the cap use 87 registers (256 blocks) and 238 (2048), no spill. The launch is B
-    programs, about one wave: registers cost no overlap there."""
+    programs, about one wave: registers cost no overlap there. Warps: _mix_select_warps."""
     batch, width = block_table.shape
     if not supports(config, width) or config.summary == 0:
         raise ValueError(f"select_layer_triton: expected a summary config the fused planner covers on {width} "
@@ -238,8 +238,18 @@ def select_layer_triton(config: SpinConfig, state, ws, layer: int, block_table: 
     table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
     step_guard = config.guard_batch_tokens_for(batch * seq_lens.shape[1])
     _launch_select(config, state, ws, table, seq_lens.contiguous(), slot_ids.contiguous(), ws.select_scratch,
-                   ws.select_scratch, step_guard, layer, 1, True, 1024, score_block, num_warps, max_registers,
+                   ws.select_scratch, step_guard, layer, 1, True, 1024, score_block,
+                   num_warps or _mix_select_warps(_next_pow2(max(width, 1))), max_registers,
                    finish=False, summary=summary, cached=cached, part=2)
+
+
+def _mix_select_warps(sb: int) -> int:
+    """Warps of select_layer_triton's program for an [sb] tile: 8 from 2048 blocks (128K tokens), else
+    _register_warps's. Run 130 (H100, bench_summary.py --select-warps, us a layer; 4 = the former default):
+    2048 blocks: 4 / 8 warps 32.6 / 31.2 (96 x 128K), 29.5 / 24.3 (8 x 128K), 23.0 / 22.1 (1 x 128K); 1 and 2 warps
+    79 and 42 (ptxas fits 1 warp in 219-244 registers: one warp's chain is 4x longer); 256 / 128 blocks: 18.4 / 18.8
+    (96 x 16K) and 15.5 / 16.1 (8 x 8K)."""
+    return 8 if 2048 <= sb <= 8192 else _register_warps(sb)
 
 
 def _launch_select(config: SpinConfig, state, ws, table, lens, slots, scratch, flags, step_guard: int, layer0: int,
@@ -288,16 +298,17 @@ def _launch_select(config: SpinConfig, state, ws, table, lens, slots, scratch, f
 
 
 def dense_plan_triton(seq_lens: torch.Tensor, tokens_per_block: int, num_blocks: torch.Tensor,
-                      guarded: torch.Tensor, update_rows: torch.Tensor) -> None:
+                      guarded: torch.Tensor, update_rows: torch.Tensor, width: int) -> None:
     """plan.dense_plan_ in one launch (the torch form is 5: amax, clamp, add, floor_divide and two fills, ~8 us
     of a shape-guarded step, ~0.15 us a layer over 61 layers, which a guarded step pays beside the dense
-    kernels). seq_lens: int32 [B, N]; num_blocks: int32 [B]; guarded: bool [B]; update_rows: bool [B, N]."""
+    kernels). seq_lens: int32 [B, N]; num_blocks: int32 [B]; guarded: bool [B]; update_rows: bool [B, N]; width: W,
+    the table's blocks (the counts' cap)."""
     batch, next_n = seq_lens.shape
     if batch == 0:
         return
     _dense_plan_kernel[(1,)](seq_lens, seq_lens.stride(0), seq_lens.stride(1), next_n, num_blocks,
                              guarded.view(torch.uint8), update_rows.view(torch.uint8), update_rows.stride(0),
-                             update_rows.stride(1), batch,
+                             update_rows.stride(1), batch, width,
                              T=tokens_per_block, NP=_next_pow2(next_n), BB=min(1024, _next_pow2(batch)),
                              num_warps=4)
 
@@ -331,12 +342,21 @@ if triton is not None:
         return b, tl.sum(tl.where(bins > b, hist, 0), axis=0)
 
     @triton.jit
-    def _meta(lens_ptr, b, batch, next_n, topk, guard_tokens, guard_batch, T: tl.constexpr, NP: tl.constexpr):
+    def _row_lens(lens_ptr, b, next_n, width, T: tl.constexpr, NP: tl.constexpr):
+        """int64 [NP]: request b's row lengths (0 past next_n), capped at width x T: a longer row (possible with
+        plan(validate=False)) reads as the whole table, never a block id past its row (plan.step_lengths)."""
+        j = tl.arange(0, NP)
+        return tl.minimum(tl.load(lens_ptr + b * next_n + j, mask=j < next_n, other=0), width * T).to(tl.int64)
+
+    @triton.jit
+    def _meta(lens_ptr, b, batch, next_n, topk, guard_tokens, guard_batch, width, T: tl.constexpr,
+              NP: tl.constexpr):
         """(longest, n blocks, first new block, keep_all 0/1, guarded 0/1) of request b (plan.step_meta).
         With the per-step guard on (guard_batch > 0) every program sums the batch's longest rows itself
-        (B x N int32 reads from L2): the step's decision needs no host sync and no extra launch."""
+        (B x N int32 reads from L2): the step's decision needs no host sync and no extra launch. Lengths read
+        as at most width x T (_row_lens)."""
         j = tl.arange(0, NP)
-        lens = tl.load(lens_ptr + b * next_n + j, mask=j < next_n, other=0).to(tl.int64)
+        lens = _row_lens(lens_ptr, b, next_n, width, T, NP)
         longest = tl.max(lens, axis=0)
         shortest = tl.min(tl.where(j < next_n, lens, 1 << 40), axis=0)
         n = (longest + T - 1) // T
@@ -347,8 +367,8 @@ if triton is not None:
             total = tl.zeros([], tl.int64)
             for b0 in range(0, batch, 256):
                 i = b0 + tl.arange(0, 256)
-                rows = tl.load(lens_ptr + i[:, None] * next_n + j[None, :],
-                               mask=(i[:, None] < batch) & (j[None, :] < next_n), other=0)
+                rows = tl.minimum(tl.load(lens_ptr + i[:, None] * next_n + j[None, :],
+                                          mask=(i[:, None] < batch) & (j[None, :] < next_n), other=0), width * T)
                 total += tl.sum(tl.max(rows, axis=1).to(tl.int64), axis=0)
             small = tl.maximum(small, (total < guard_batch).to(tl.int32))
         guarded = small
@@ -642,7 +662,7 @@ if triton is not None:
 
     @triton.jit
     def _dense_plan_kernel(lens_ptr, stride_lb, stride_ln, next_n, nblk_ptr, guard_ptr, upd_ptr, stride_ub,
-                           stride_un, batch, T: tl.constexpr, NP: tl.constexpr, BB: tl.constexpr):
+                           stride_un, batch, width, T: tl.constexpr, NP: tl.constexpr, BB: tl.constexpr):
         offs = tl.arange(0, BB)
         j = tl.arange(0, NP)
         for start in range(0, batch, BB):
@@ -651,7 +671,7 @@ if triton is not None:
             m2 = mb[:, None] & (j[None, :] < next_n)
             lens = tl.load(lens_ptr + b[:, None] * stride_lb + j[None, :] * stride_ln, mask=m2, other=0)
             longest = tl.maximum(tl.max(lens, axis=1), 0)
-            tl.store(nblk_ptr + b, (longest + (T - 1)) // T, mask=mb)
+            tl.store(nblk_ptr + b, tl.minimum((longest + (T - 1)) // T, width), mask=mb)
             tl.store(guard_ptr + b, tl.full([BB], 1, tl.uint8), mask=mb)
             tl.store(upd_ptr + b[:, None] * stride_ub + j[None, :] * stride_un, tl.zeros([BB, NP], tl.uint8), mask=m2)
 
@@ -667,7 +687,7 @@ if triton is not None:
         pl = tl.program_id(1)
         l = pl.to(tl.int64)
         longest, n, first_new, keep_all, guarded = _meta(lens_ptr, b, batch, next_n, topk, guard_tokens, guard_batch,
-                                                         T, NP)
+                                                         width, T, NP)
         slot = tl.load(slot_ptr + b).to(tl.int64)
         if SUMMARY:  # the summary cache's range this step: [summarized[l, slot], full blocks of row 0)
             tl.store(sfirst_ptr + l * stride_sfl + b, tl.load(summarized_ptr + l * stride_sml + slot))
@@ -728,7 +748,7 @@ if triton is not None:
             if PART == 2:  # select_layer_triton: one layer a launch (plan()'s launches start at layer 0)
                 l = (pl + layer0).to(tl.int64)
             longest, n, first_new, keep_all, guarded = _meta(lens_ptr, b, batch, next_n, topk, guard_tokens,
-                                                             guard_batch, T, NP)
+                                                             guard_batch, width, T, NP)
             dense = tl.maximum(keep_all, guarded)  # 0 or 1 (a small step guards keep_all requests too)
             step = tl.load(stash_ptr + b * 2)
             first_entered = tl.load(stash_ptr + b * 2 + 1).to(tl.int64)
@@ -767,8 +787,9 @@ if triton is not None:
             flg = flg_ptr + row * stride_scr
             # both paths: the prediction rows' queries and windows, the exploration hash, the output rows
             j_all = tl.arange(0, NP)
-            row_lens = tl.load(lens_ptr + b * next_n + j_all, mask=j_all < num_rows, other=0).to(tl.int64)
-            q0 = tl.load(lens_ptr + b * next_n).to(tl.int64) - 1
+            row_lens = tl.minimum(tl.load(lens_ptr + b * next_n + j_all, mask=j_all < num_rows, other=0),
+                                  width * T).to(tl.int64)
+            q0 = tl.minimum(tl.load(lens_ptr + b * next_n), width * T).to(tl.int64) - 1
             wlo0 = _wlo(q0, window, T)
             wmin = tl.min(tl.where(j_all < num_rows, _wlo(row_lens - 1, window, T), 1 << 40), axis=0)
             hp = _mix(tl.zeros([], tl.int64) + hash0 ^ (slot & 0x7FFFFFFF))
@@ -841,7 +862,7 @@ if triton is not None:
                 # scores back from the scratch.
                 for j in range(0, num_rows * (1 - dense)):
                     if j > 0:  # row j's scores for [rec_lo, n), row 0's before: the whole row from the scratch
-                        qj = tl.load(lens_ptr + b * next_n + j).to(tl.int64) - 1
+                        qj = tl.minimum(tl.load(lens_ptr + b * next_n + j), width * T).to(tl.int64) - 1
                         rec_lo = tl.minimum(wmin, n).to(tl.int32)
                         sj = _scores_via_scratch(scr, blk, rec_lo, n32, tb, bmax_l, stride_bp, num_cache_blocks,
                                                  first_new, first_entered, dense, qj, _wlo(qj, window, T), vert_l,
@@ -911,7 +932,7 @@ if triton is not None:
                 # B. stage 1 per prediction row: the k1 best keys (forced = +inf), ties to the lower block
                 # (keep_all / guarded: every valid block is forced and k1 = n, nothing to select)
                 for j in range(0, num_rows * (1 - dense)):
-                    qj = tl.load(lens_ptr + b * next_n + j).to(tl.int64) - 1
+                    qj = tl.minimum(tl.load(lens_ptr + b * next_n + j), width * T).to(tl.int64) - 1
                     wloj = _wlo(qj, window, T)
                     rec_lo = tl.where(j > 0, tl.minimum(wmin, n), n)  # rows past 0 re-score the window blocks
                     prefix = tl.zeros([], tl.uint32)
@@ -1001,7 +1022,7 @@ if triton is not None:
             # Every block from a row's last block to the newest is forced, so the compact rank of row j's
             # last block is done - n + last_block (length 130, kept [0, 2]: rank 1, compact length 66).
             jn = tl.arange(0, NP)
-            lens = tl.load(lens_ptr + b * next_n + jn, mask=jn < next_n, other=0).to(tl.int64)
+            lens = _row_lens(lens_ptr, b, next_n, width, T, NP)
             last = tl.maximum(lens - 1, 0)
             clen = (done - n + last // T) * T + last % T + 1
             tl.store(clen_ptr + l * stride_cl + b * stride_cb + jn, tl.where(lens > 0, clen, 0).to(tl.int32),

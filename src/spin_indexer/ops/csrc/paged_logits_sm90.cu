@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap q_map,
         const uint8_t* __restrict__ cache, const float* __restrict__ weights, const int* __restrict__ seq_lens,
         const int* __restrict__ block_table, float* __restrict__ out, float* __restrict__ block_max,
-        int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
+        int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int width, int num_cache_blocks,
         int rows_per_page, int64_t page_bytes) {
     using S = Shape<NEXT_N>;
     constexpr int G = S::G, BP = S::BP, STAGES = S::STAGES;
@@ -317,7 +317,9 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     int longest = 0;
 #pragma unroll
     for (int j = 0; j < NEXT_N; ++j) longest = max(longest, seq_lens[b * NEXT_N + j]);
-    const int nblk = min(blk0 + chunk, (longest + T - 1) / T) - blk0;  // blocks of this chunk below the longest row
+    // blocks of this chunk below the longest row and inside the table (a length past W x T, possible with
+    // validate=False, reads no id past the row and writes no logit past it)
+    const int nblk = min(min(blk0 + chunk, width), (longest + T - 1) / T) - blk0;
     if (nblk <= 0) return;  // the whole CTA: nothing to score, the tail is left unwritten
     // Compiled once per warpgroup (PER_WG, see `work` below) or once for all. In the second case the warpgroup
     // index is broadcast from lane 0, so the compiler knows it is warp-uniform and keeps the stage addresses and
@@ -601,7 +603,7 @@ int launch_kernel(const CUtensorMap& key_map, const CUtensorMap& q_map, const ui
     dim3 grid(batch, (width + chunk - 1) / chunk);
     paged_logits_kernel<NEXT_N, MAXIMA><<<grid, Shape<NEXT_N>::THREADS, smem, stream>>>(
         key_map, q_map, cache, weights, seq_lens, block_table, out, block_max, stride_table, out_stride, bmax_stride,
-        chunk, num_cache_blocks, rows_per_page, page_bytes);
+        chunk, width, num_cache_blocks, rows_per_page, page_bytes);
     return cudaGetLastError() == cudaSuccess ? 0 : -4;
 }
 

@@ -40,7 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="synthetic query rows per step (MTP: 4; default: the preset's)")
     sw = parser.add_argument_group("sweep")
     sw.add_argument("--sweep", default="main", help="smoke, main, pooling, exploration, mtp, history, all, "
-                    "summary (needs traces captured with block summaries)")
+                    "summary (traces with block summaries at 4, 8, 16 sub-blocks, what capture records unless "
+                    "told), summary-coarse (at 1, 2, 4: capture --summary-parts 1 2 4)")
     sw.add_argument("--sparsity", type=float, nargs="+", default=None, help="override the sweep's targets")
     sw.add_argument("--policy", nargs="+", default=None, help="override the sweep's policies")
     sw.add_argument("--layer-stride", type=int, default=1, help="replay every n-th layer of real traces (>= 1)")

@@ -248,7 +248,8 @@ def _mix_select_warps(sb: int) -> int:
     _register_warps's. Run 130 (H100, bench_summary.py --select-warps, us a layer; 4 = the former default):
     2048 blocks: 4 / 8 warps 32.6 / 31.2 (96 x 128K), 29.5 / 24.3 (8 x 128K), 23.0 / 22.1 (1 x 128K); 1 and 2 warps
     79 and 42 (ptxas fits 1 warp in 219-244 registers: one warp's chain is 4x longer); 256 / 128 blocks: 18.4 / 18.8
-    (96 x 16K) and 15.5 / 16.1 (8 x 8K)."""
+    (96 x 16K) and 15.5 / 16.1 (8 x 8K). On the H200 (run 131) 8 and 4 warps tie at 2048 blocks (27.8 / 27.6,
+    24.3 / 24.1, 22.3 / 23.2 us): the rule costs nothing there."""
     return 8 if 2048 <= sb <= 8192 else _register_warps(sb)
 
 

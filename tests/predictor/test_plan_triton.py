@@ -304,7 +304,7 @@ try:
     import triton
     import triton.language as tl
 
-    from spin_indexer.predictor.plan_triton import _take, _threshold
+    from spin_indexer.predictor.select_triton import _take, _threshold
 
     @triton.jit
     def _threshold_probe(key_ptr, ok_ptr, need_ptr, out_ptr, S: tl.constexpr, UNIFORM: tl.constexpr):

@@ -40,8 +40,8 @@ SWEEPS: dict[str, tuple[tuple[str, ...], tuple[float, ...], str]] = {
     "summary": (("spin-default", "explore-none", "summary4-0.5", "summary8-0.7", "summary16-0.8",
                  "summary16-0.8-noexp"), SPARSITIES,
                 "history mixed with this step's query against sub-block mean keys (traces with block summaries)"),
-    "summary-coarse": (("spin-default", "summary1-0.5", "summary1-0.7", "summary1-0.7-noexp", "summary2-0.5",
-                        "summary4-0.5"), SPARSITIES,
+    "summary-coarse": (("spin-default", "summary1-0.5", "summary1-0.7", "summary1-0.5-noexp", "summary1-0.7-noexp",
+                        "summary2-0.5", "summary4-0.5"), SPARSITIES,
                        "the mix with one or two mean keys a block (traces captured with --summary-parts 1 2 4)"),
 }
 SWEEPS["all"] = (tuple(dict.fromkeys(p for name in ("main", "pooling", "exploration", "mtp", "history")

@@ -51,12 +51,14 @@ POLICIES: dict[str, tuple[dict, str]] = {
 }
 # the summary mix (beyond the paper, issue #18): history mixed with this step's query against S sub-block mean keys
 # a block at weight w (SpinConfig.summary; replays need traces that recorded the summaries at S)
-for _parts, _weight in ((1, 0.3), (1, 0.4), (1, 0.5), (1, 0.6), (1, 0.7), (2, 0.5), (4, 0.5), (8, 0.7), (16, 0.8)):
+for _parts, _weight in ((1, 0.5), (1, 0.7), (2, 0.5), (4, 0.5), (8, 0.7), (16, 0.8)):
     POLICIES[f"summary{_parts}-{_weight:g}"] = (
         {"summary": _weight, "summary_parts": _parts},
         f"history mixed with the query against {_parts} sub-block mean keys a block, weight {_weight:g}")
-POLICIES["summary1-0.7-noexp"] = ({"summary": 0.7, "summary_parts": 1, "exploration": "none", "gamma": 0.0},
-                                  "summary1-0.7 without exploration (one mean key a block: 132 B a block)")
+for _weight in (0.5, 0.7):
+    POLICIES[f"summary1-{_weight:g}-noexp"] = (
+        {"summary": _weight, "summary_parts": 1, "exploration": "none", "gamma": 0.0},
+        f"summary1-{_weight:g} without exploration (one mean key a block: 132 B a block)")
 POLICIES["summary16-0.8-noexp"] = ({"summary": 0.8, "summary_parts": 16, "exploration": "none", "gamma": 0.0},
                                    "summary16-0.8 without exploration (its 5% kept by the mix)")
 
@@ -86,8 +88,3 @@ def _known(name: str) -> str:
     if name not in POLICIES:
         raise ValueError(f"policy: expected one of {', '.join(POLICIES)}, got {name!r}")
     return name
-
-for _w in (0.3, 0.4, 0.5, 0.6):
-    POLICIES[f"summary1-{_w:g}-noexp"] = ({"summary": _w, "summary_parts": 1, "exploration": "none", "gamma": 0.0}, "x")
-for _w in (0.4, 0.5):
-    POLICIES[f"summary1-{_w:g}-top4"] = ({"summary": _w, "summary_parts": 1, "reduce": "top4"}, "x")

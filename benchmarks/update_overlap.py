@@ -30,6 +30,10 @@ the dense step, per layer:
                 production 32 since run 97, 64 in run 96, 256 before)
   lpf<P>        SPIN's compact logits with the scales loaded P blocks ahead by hand (LogitsConfig.prefetch;
                 production 1)
+  cudafused     SPIN's logits on the CUDA kernel with the EMA update (and the top-k's group maxima) in its epilogue
+                (indexer_logits_cuda.STEP_FUSES_UPDATE): no pass reads the logits again, no side stream
+  cudalogits    SPIN's logits on the CUDA kernel at every next_n (indexer_logits_cuda.step_uses), the update as the
+                production pass: separates the kernel's speed from the fusion's
   update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
                 _st2: those passes alone)
 
@@ -54,7 +58,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-VARIANTS = ("spin", "topk_first", "no_update", "fused", "onetile", "st2", "stg<N>", "prog<N>", "pipe",
+VARIANTS = ("spin", "topk_first", "no_update", "fused", "cudafused", "cudalogits", "onetile", "st2", "stg<N>", "prog<N>", "pipe",
             "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lch<N>", "lpf<P>", "after_thr", "after_gat")
 
 
@@ -63,7 +67,7 @@ def variant(idx, name: str):
     """The step's update rearranged as `name` while the block runs (patches this process's ops / indexer)."""
     from spin_indexer import ops
     from spin_indexer.indexer import spin as spin_module
-    from spin_indexer.ops import history_triton, indexer_logits_triton, topk_triton
+    from spin_indexer.ops import history_triton, indexer_logits_cuda, indexer_logits_triton, topk_triton
 
     # (module or object, attribute, value while the block runs)
     per_sm = history_triton.PASS_PROGRAMS_PER_SM
@@ -90,6 +94,10 @@ def variant(idx, name: str):
             cfg = default(next_n, blocks, compact)
             return dataclasses.replace(cfg, prefetch=ahead) if compact else cfg
         patches = [(indexer_logits_triton, "default_config", config)]
+    elif name == "cudafused":
+        patches = [(indexer_logits_cuda, "STEP_FUSES_UPDATE", True)]
+    elif name == "cudalogits":
+        patches = [(indexer_logits_cuda, "step_uses", lambda next_n: 1 <= next_n <= 4)]
     elif name == "pipe":
         patches = [(history_triton, "PIPELINED_MIN_BLOCKS", 0)]
     elif name in ("spin", "fused"):
@@ -262,6 +270,9 @@ def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lin
     if torch.cuda.is_available():
         lines.append(f"  timeline of one replay of the production step ({p.layers} layers + plan):")
         tl = timeline(calls["spin"], lines)
+        if "cudafused" in calls:
+            lines.append(f"  timeline of one replay of the cudafused step ({p.layers} layers + plan):")
+            timeline(calls["cudafused"], lines)
     return dict(batch=batch, ctx=ctx, next_n=next_n, sparsity=sparsity, layers=p.layers, us=med,
                 dense_over=ratio, timeline=tl)
 

@@ -221,3 +221,110 @@ def test_default_chunk_is_no_worse_than_the_fixed_chunks_by_its_model(seed):
 
     assert 8 <= chunk <= C.MAX_CHUNK and -(-width // chunk) * chunk >= width
     assert cost(chunk) <= min(cost(256), cost(128), cost(64))
+
+
+# ------------------------------------------------------------------- the fused epilogue (history=, group_max_out=)
+def _fused_case(next_n, gen):
+    """Three requests on a compact plan (partial last blocks, one long), a random float16 history (alpha 0.3, a
+    150-position window, holes of -inf), row 0 updating except in request 1, and one kept block of request 0
+    whose id lies outside the cache (its keys read block 0, its V goes to the trash row)."""
+    from test_history import make_history, make_plan
+    lengths = (5 * T + 17, 2 * T + 9, 40 * T + 5)
+    full = make_paged_inputs(lengths, next_n, HEADS, DIM, gen, spare_blocks=3)
+    num_blocks = full.kv_cache.shape[0]
+    plan = make_plan(lengths, next_n, num_blocks, gen, width=full.block_table.shape[1])
+    plan.table[0, 1] = num_blocks + 5
+    update_rows = torch.zeros(len(lengths), next_n, dtype=torch.bool)
+    update_rows[:, 0] = True
+    update_rows[1, 0] = False
+    h = make_history(plan, num_blocks, 4, 150, gen, rows=1, update_rows=update_rows)
+    return full, plan, h
+
+
+@pytest.mark.parametrize("group", [64, 16, 32])
+@pytest.mark.parametrize("next_n", [1, 2, 3, 4])
+def test_fused_update_leaves_the_reference_state(next_n, group, gen):
+    """history= (row 0's EMA update in the epilogue): the logits and block maxima are the unfused kernel's, and
+    the state (V, its block max, D inside the window, last_seen) equals update_history_ref applied to those logits,
+    bit for bit (the EMA's products and sum rounded apart, as torch computes them); group_max_out= equals
+    group_max_ref of the same logits below each row's length. Outputs poisoned first."""
+    _gpu_or_skip()
+    from test_history import assert_state_equal, clone_history, history_on
+    from spin_indexer.ops import group_max_ref
+    from spin_indexer.ops.history import update_history_ref
+    full, plan, h = _fused_case(next_n, gen)
+    ref = clone_history(h)
+    moved = history_on(h, "cuda")
+    before = (ref.vertical.clone(), ref.diagonal.clone())
+    args = [t.cuda() for t in (full.q_fp8, full.kv_cache, full.weights, plan.lens, plan.table)]
+    rows, width = full.weights.shape[0], plan.table.shape[1]
+    out = torch.full((rows, width * T), float("nan"), device="cuda")
+    bmax = torch.full((rows, width), float("nan"), device="cuda")
+    gmax = torch.full((rows, width * T // group), float("nan"), device="cuda") if group < T else None
+    C.paged_indexer_logits_cuda(*args, validate=False, out=out, block_max_out=bmax, group_max_out=gmax, group=group,
+                                history=moved)
+    alone, alone_bmax = torch.full_like(out, float("nan")), torch.full_like(bmax, float("nan"))
+    C.paged_indexer_logits_cuda(*args, validate=False, out=alone, block_max_out=alone_bmax)
+    lens = plan.lens.cuda()
+    used = torch.div(lens.amax(dim=1) + T - 1, T, rounding_mode="floor")
+    written = (torch.arange(width, device="cuda")[None, :] < used[:, None]).repeat_interleave(next_n, dim=0)
+    cells = written.repeat_interleave(T, dim=1)
+    assert torch.equal(out[cells], alone[cells]) and torch.equal(bmax[written], alone_bmax[written])
+    update_history_ref(ref, out.cpu().view(-1, next_n, width * T), plan.table, plan.lens)
+    assert_state_equal(moved, tuple(t.numpy() for t in (ref.vertical, ref.block_max, ref.diagonal, ref.last_seen)))
+    assert (moved.vertical.cpu() != before[0]).any() and (moved.diagonal.cpu() != before[1]).any()
+    # request 1's row 0 does not update: its diagonal row is untouched
+    slot1 = int(moved.slot_ids[1])
+    assert torch.equal(moved.diagonal.cpu()[slot1], before[1][slot1])
+    if gmax is not None:
+        flat = lens.reshape(-1)
+        valid = torch.arange(width * T, device="cuda")[None, :] < flat[:, None].long()
+        want = group_max_ref(torch.where(valid, out, float("-inf")), flat, group)
+        assert torch.equal(gmax[valid[:, ::group]], want[valid[:, ::group]])
+
+
+def test_fused_maxima_keep_a_nan(gen):
+    """A NaN logit (a NaN key scale) stays in its block's and group's maximum under the fused build, as
+    group_max_ref keeps it: the pruning top-k must never skip it."""
+    _gpu_or_skip()
+    x = make_paged_inputs((5 * T + 17, 3 * T), 1, HEADS, DIM, gen, extra_width=1)
+    cache = x.kv_cache.clone()
+    blk = int(x.block_table[0, 2])
+    cache.view(cache.shape[0], -1)[blk, T * DIM + 4 * 5:T * DIM + 4 * 6] = torch.tensor(
+        [0, 0, 0xC0, 0x7F], dtype=torch.uint8)  # token 5's scale: a float32 NaN
+    args = [t.cuda() for t in (x.q_fp8, cache, x.weights, x.seq_lens, x.block_table)]
+    rows, width = x.weights.shape[0], x.block_table.shape[1]
+    out = torch.empty(rows, width * T, device="cuda")
+    bmax = torch.full((rows, width), 0.0, device="cuda")
+    gmax = torch.full((rows, width * T // 16), 0.0, device="cuda")
+    C.paged_indexer_logits_cuda(*args, validate=False, out=out, block_max_out=bmax, group_max_out=gmax, group=16)
+    assert torch.isnan(out[0, 2 * T + 5])
+    assert torch.isnan(bmax[0, 2]) and torch.isnan(gmax[0, 8]) and not torch.isnan(gmax[0, 9])
+    assert not torch.isnan(bmax[1]).any()
+
+
+def test_fused_arguments_are_refused_clearly(gen):
+    """group_max_out / history need block_max_out; group maxima come at 16 or 32 columns; a history the epilogue
+    cannot read (rows > 1, a float32 V) is named."""
+    _gpu_or_skip()
+    import dataclasses
+    full, plan, h = _fused_case(1, gen)
+    from test_history import history_on
+    moved = history_on(h, "cuda")
+    args = [t.cuda() for t in (full.q_fp8, full.kv_cache, full.weights, plan.lens, plan.table)]
+    rows, width = full.weights.shape[0], plan.table.shape[1]
+    bmax = torch.empty(rows, width, device="cuda")
+    with pytest.raises(ValueError, match="block_max_out"):
+        C.paged_indexer_logits_cuda(*args, validate=False, history=moved)
+    with pytest.raises(ValueError, match="group: expected 16 or 32"):
+        C.paged_indexer_logits_cuda(*args, validate=False, block_max_out=bmax,
+                                    group_max_out=torch.empty(rows, width * 8, device="cuda"), group=8)
+    with pytest.raises(ValueError, match="history.rows"):
+        C.paged_indexer_logits_cuda(*args, validate=False, block_max_out=bmax,
+                                    history=dataclasses.replace(moved, rows=2))
+    with pytest.raises(TypeError, match="history.vertical"):
+        C.paged_indexer_logits_cuda(*args, validate=False, block_max_out=bmax,
+                                    history=dataclasses.replace(moved, vertical=moved.vertical.float()))
+    assert not C.fuses(args[0], args[1], dataclasses.replace(moved, rows=2), 64)
+    assert not C.fuses(args[0], args[1], moved, 8)
+    assert C.fuses(args[0], args[1], moved, 16)

@@ -328,6 +328,15 @@ class SpinIndexer:
         # epilogue. The maxima the top-k prunes with come from the Triton kernel's epilogue; DeepGEMM writes
         # logits only (the CUDA kernel the block maxima only), so there a pass before the top-k writes them.
         side = self._update_stream if not self._layer_hooks and backend != "reference" else None
+        # Where the CUDA kernel takes the update in its epilogue (ops.step_fuses_update), nothing reads the
+        # logits again for it: no side stream, no pass; it writes the block (and group) maxima too.
+        if side is not None and ops.step_fuses_update(q_fp8, kv_cache, history, group):
+            logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens,
+                                              plan.compact_block_table, validate=False,
+                                              out=self.workspace.packed("logits", rows, cols),
+                                              block_max_out=block_max, fill_tail=False, history=history,
+                                              group_max_out=group_max, group=group, backend="cuda")
+            return self._topk(layer, st, plan, logits, block_max, group_max, group=group)
         in_topk = side is not None and self.update_in_topk(batch, width, history)
         # The CUDA kernel writes the block maxima (into the workspace, not a scratch of its own, whether or not
         # the pass below rewrites them); the group maxima, where the top-k wants them, need the pass

@@ -17,7 +17,10 @@ topk_sorted: ops/topk_triton.py), with the EMA update beside
 the top-k: up to UPDATE_IN_TOPK_BLOCKS table blocks its programs run in the top-k's first launch, above it on a
 low-priority side stream (the top-k then on a high-priority one); no host sync and no data-dependent shape
 (validate=False): a whole step captures in one CUDA graph. With overlap_update=False the update runs in
-series, fused into the Triton kernel's epilogue or into DeepGEMM's maxima pass.
+series, fused into the Triton kernel's epilogue or into DeepGEMM's maxima pass. Where ops.step_fuses_update
+answers yes (the CUDA kernel on SM90 with its FUSED epilogue: row 0 updates, float16 history; switched by
+indexer_logits_cuda.STEP_FUSES_UPDATE) run() is the CUDA logits kernel, which also applies the update and writes
+the maxima, then the top-k: no pass, no side stream.
 With the summary mix (SpinConfig.summary > 0) a layer selects the requests that mix (shorter than summary_below,
 or all) with its own query: plan() is the reset launch and the select launch of the other requests (which also
 advances every request's counters), and run(layer) adds two launches before the logits (the summary

@@ -20,6 +20,8 @@
 // sum_h w[b * next_n + j, h] * relu(k[t] . q[b, j, h]), -inf where t >= seq_lens[b, j]; block_max[r, blk] = the
 // max of block blk's 64 written logits (where the caller gives block_max: with a null pointer the kernel built
 // without them runs, which writes the logits only, as DeepGEMM's does: 0.94-0.95x the time at next_n = 2, run 124). Blocks past a request's longest row are not written (fill_tail=False).
+// The FUSED build (FusedArgs) also writes the top-k's group maxima at 16 or 32 columns and applies SPIN's EMA update
+// of row 0 from the scores in its epilogue (see FusedArgs): SPIN's step then needs no pass over the logits.
 // Shapes: H = 64 heads, D = 128, T = 64 tokens a block, next_n 1-4; the key cache uint8 [num_blocks, 64, 1, 132]
 // (pages of 64 x 128 key bytes then 64 fp32 scales, a whole number of 128-byte rows apart).
 //

@@ -122,6 +122,8 @@ def test_source_compiles_for_sm90a(tmp_path):
     lib = C.build(tmp_path)
     assert lib.exists() and lib.stat().st_size > 0
     assert C.build(tmp_path) == lib  # cached by the source's hash
+    import ctypes  # the entry point is exported (a type of internal linkage in its signature once hid it)
+    assert hasattr(ctypes.CDLL(str(lib)), "spin_paged_logits_sm90")
 
 
 def test_backend_choice_puts_next_n_2_to_4_here_behind_deepgemm(monkeypatch):

@@ -89,6 +89,34 @@
 #define SPIN_LOGITS_UNIFORM_WG 1
 #endif
 
+// What the fused build (FUSED) also writes: the top-k's group maxima at G = 16 or 32 columns, and SPIN's EMA update
+// of row 0 (ops/history.py: V and its block max through the physical block, D inside the diagonal window,
+// last_seen) from the scores the epilogue holds, so that no pass reads the logits again for them. Null pointers
+// leave a part out. The layout of every tensor as in history.HistoryUpdate (V float16 [P + 1, T] rows, row P the
+// trash block).
+// (outside the unnamed namespace: the exported entry point takes it, and a type with internal linkage in
+// its signature would make that function internal too)
+struct FusedArgs {
+    float* group_max;         // [B * next_n, >= W * T / group], or null
+    int64_t gmax_stride;
+    int group;                // 16 or 32
+    __half* v;                // [P + 1, T], or null: no update
+    __half* vb;               // the blocks' max of V, [P + 1] at vb_stride
+    int64_t vb_stride;
+    __half* d;                // [S, DW + 1]
+    int64_t d_stride;
+    int* seen;                // last_seen [P + 1] at seen_stride, or null
+    int64_t seen_stride;
+    const int* clock;         // [1]
+    const int64_t* slot_ids;  // [B]
+    const int* kept;          // [B, W] the compact blocks' logical ids
+    int64_t kept_stride;
+    const int* lens;          // [B, next_n] the rows' real lengths (the query at lens - 1)
+    const uint8_t* upd;       // [B, next_n] bool: the rows that update
+    float alpha, beta, lo, hi;  // beta = float(1 - alpha) computed in double, as torch's (1.0 - alpha) * old
+    int window, trash;
+};
+
 namespace {
 
 constexpr int T = 64;             // tokens a block
@@ -210,32 +238,6 @@ __device__ __forceinline__ void mma_k32(float* d, uint64_t desc_a, uint64_t desc
     else if constexpr (N == 192) wgmma_m64n192k32(d, desc_a, desc_b, accumulate);
     else wgmma_m64n256k32(d, desc_a, desc_b, accumulate);
 }
-
-// What the fused build (FUSED) also writes: the top-k's group maxima at G = 16 or 32 columns, and SPIN's EMA update
-// of row 0 (ops/history.py: V and its block max through the physical block, D inside the diagonal window,
-// last_seen) from the scores the epilogue holds, so that no pass reads the logits again for them. Null pointers
-// leave a part out. The layout of every tensor as in history.HistoryUpdate (V float16 [P + 1, T] rows, row P the
-// trash block).
-struct FusedArgs {
-    float* group_max;         // [B * next_n, >= W * T / group], or null
-    int64_t gmax_stride;
-    int group;                // 16 or 32
-    __half* v;                // [P + 1, T], or null: no update
-    __half* vb;               // the blocks' max of V, [P + 1] at vb_stride
-    int64_t vb_stride;
-    __half* d;                // [S, DW + 1]
-    int64_t d_stride;
-    int* seen;                // last_seen [P + 1] at seen_stride, or null
-    int64_t seen_stride;
-    const int* clock;         // [1]
-    const int64_t* slot_ids;  // [B]
-    const int* kept;          // [B, W] the compact blocks' logical ids
-    int64_t kept_stride;
-    const int* lens;          // [B, next_n] the rows' real lengths (the query at lens - 1)
-    const uint8_t* upd;       // [B, next_n] bool: the rows that update
-    float alpha, beta, lo, hi;  // beta = float(1 - alpha) computed in double, as torch's (1.0 - alpha) * old
-    int window, trash;
-};
 
 // max that keeps a NaN (max.NaN): a group holding a NaN must never be pruned by the top-k (topk.group_max_ref)
 __device__ __forceinline__ float max_nan(float a, float b) {

@@ -82,9 +82,9 @@ def load_library(defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """The built library with its entry point typed; None where it does not build or load."""
     try:
         lib = ctypes.CDLL(str(build(defines=defines)))
-    except (RuntimeError, OSError):
+        fn = lib.spin_paged_logits_sm90
+    except (RuntimeError, OSError, AttributeError):  # AttributeError: a library without the entry point
         return None
-    fn = lib.spin_paged_logits_sm90
     i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = [i32, ptr, ptr, i64, i64, ptr, ptr, ptr, i32, i32, i32, ptr, i64, ptr, i64, i32, ptr, i32, ptr]
     fn.restype = i32

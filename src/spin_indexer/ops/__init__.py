@@ -67,8 +67,9 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
             kernel_wrote_block_max = False
         else:
             from . import indexer_logits_cuda as cuda
-            if history is not None and cuda.fuses(q_fp8, kv_cache, history, group):
+            if history is not None and cuda.step_fuses_update(q_fp8, kv_cache, history, group):
                 # the update (and the group maxima) in the kernel's epilogue: no pass over the logits behind it
+                # (behind the same switch as the step's: untimed so far, so the pass stays the default)
                 bmax = block_max_out if block_max_out is not None else torch.empty(
                     q_fp8.shape[0] * q_fp8.shape[1], block_table.shape[1], dtype=torch.float32, device=q_fp8.device)
                 return cuda.paged_indexer_logits_cuda(

@@ -310,9 +310,7 @@ class SpinIndexer:
         rows, cols = batch * self.next_n, width * self.config.tokens_per_block
         if self._guarded_by_shape(batch, width):
             return self._run_dense(layer, st, plan, q_fp8, kv_cache, weights)
-        # DeepGEMM allocates its own logits: handing it the workspace would cost a copy of every logit.
         backend = ops.logits_backend(q_fp8, kv_cache)
-        out = None if backend == "deepgemm" else self.workspace.packed("logits", rows, cols)
         block_max = self.workspace.packed("block_max", rows, width)
         history = self._history_args(layer, st, plan)
         # The top-k prunes at G columns (topk_group of the buffer's width). Finer than a block, the logits op
@@ -332,18 +330,16 @@ class SpinIndexer:
         # logits only (the CUDA kernel the block maxima only), so there a pass before the top-k writes them.
         side = self._update_stream if not self._layer_hooks and backend != "reference" else None
         # Where the CUDA kernel takes the update in its epilogue (ops.step_fuses_update), nothing reads the
-        # logits again for it: no side stream, no pass; it writes the block (and group) maxima too.
+        # logits again for it: the step runs as in series (no side stream, no pass), the kernel writing the block
+        # and group maxima too.
         if side is not None and ops.step_fuses_update(q_fp8, kv_cache, history, group):
-            logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens,
-                                              plan.compact_block_table, validate=False,
-                                              out=self.workspace.packed("logits", rows, cols),
-                                              block_max_out=block_max, fill_tail=False, history=history,
-                                              group_max_out=group_max, group=group, backend="cuda")
-            return self._topk(layer, st, plan, logits, block_max, group_max, group=group)
+            backend, side = "cuda", None
         in_topk = side is not None and self.update_in_topk(batch, width, history)
         # The CUDA kernel writes the block maxima (into the workspace, not a scratch of its own, whether or not
         # the pass below rewrites them); the group maxima, where the top-k wants them, need the pass
         maxima_fused = side is None or backend == "triton" or (backend == "cuda" and group_max is None)
+        # DeepGEMM allocates its own logits: handing it the workspace would cost a copy of every logit.
+        out = None if backend == "deepgemm" else self.workspace.packed("logits", rows, cols)
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
                                           validate=False, out=out,
                                           block_max_out=block_max if maxima_fused or backend == "cuda" else None,

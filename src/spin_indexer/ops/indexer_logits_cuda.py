@@ -114,17 +114,11 @@ def fuses(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history, group: int) -> b
     inputs it runs (`supports`), one updating row (history.rows == 1: row 0's update, MtpPolicy.ROW0), a float16
     history with V rows of T contiguous cells, and the top-k's group maxima at 16, 32 or 64 columns. A host rule on
     static shapes and dtypes."""
-    if history is None or history.rows != 1 or group not in FUSED_GROUPS:
+    if history is None or group not in FUSED_GROUPS:
         return False
-    v, d = history.vertical, history.diagonal
-    if v.dtype != torch.float16 or d.dtype != torch.float16 or history.block_max.dtype != torch.float16:
-        return False
-    if v.dim() != 2 or v.shape[1] != TOKENS or v.stride() != (TOKENS, 1) or d.stride(1) != 1:
-        return False
-    h = history
-    if h.kept_blocks.dtype != torch.int32 or h.kept_blocks.stride(1) != 1 or h.slot_ids.dtype != torch.int64:
-        return False
-    if not (h.seq_lens.is_contiguous() and h.update_rows.is_contiguous() and h.slot_ids.is_contiguous()):
+    try:  # the layouts paged_indexer_logits_cuda(history=) takes (the table's width is checked there)
+        _check_history(history, q_fp8.shape[0], 0, q_fp8.shape[1], q_fp8.device)
+    except (TypeError, ValueError):
         return False
     return supports(q_fp8, kv_cache)
 
@@ -158,11 +152,10 @@ def _fused_args(history, group_max_out: torch.Tensor | None, group: int) -> Fuse
     return fa
 
 
-def _check_history(history, block_table: torch.Tensor, next_n: int) -> None:
-    """The layouts the fused epilogue reads (TypeError / ValueError naming the field)."""
+def _check_history(history, batch: int, width: int, next_n: int, dev: torch.device) -> None:
+    """The layouts the fused epilogue reads for a table of B = batch rows, at least `width` of them kept ids
+    (TypeError / ValueError naming the field)."""
     h = history
-    batch, width = block_table.shape
-    dev = block_table.device
     check_tensor("history.vertical", h.vertical, dtype=torch.float16, ndim=2, device=dev)
     if h.vertical.shape[1] != TOKENS or h.vertical.stride() != (TOKENS, 1):
         raise ValueError(f"history.vertical: expected float16 [P + 1, {TOKENS}] with contiguous rows, got shape "
@@ -298,7 +291,7 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
                              f"{width * TOKENS // group}] with contiguous rows, got shape "
                              f"{list(group_max_out.shape)} strides {group_max_out.stride()}")
     if history is not None:
-        _check_history(history, block_table, next_n)
+        _check_history(history, batch, width, next_n, q_fp8.device)
     out, block_max_out = logits_outputs(q_fp8, kv_cache, block_table, out, block_max_out,
                                         maxima=block_max_out is not None)
     if batch == 0 or width == 0:

@@ -244,8 +244,7 @@ def _fused_case(next_n, gen):
 
 
 @pytest.mark.parametrize("group", [64, 16, 32])
-@pytest.mark.parametrize("next_n", [1, 2, 3, 4])
-def test_fused_update_leaves_the_reference_state(next_n, group, gen):
+def test_fused_update_leaves_the_reference_state(group, gen):
     """history= (row 0's EMA update in the epilogue): the logits and block maxima are the unfused kernel's, and
     the state (V, its block max, D inside the window, last_seen) equals update_history_ref applied to those logits,
     bit for bit (the EMA's products and sum rounded apart, as torch computes them); group_max_out= equals
@@ -254,6 +253,7 @@ def test_fused_update_leaves_the_reference_state(next_n, group, gen):
     from test_history import assert_state_equal, clone_history, history_on
     from spin_indexer.ops import group_max_ref
     from spin_indexer.ops.history import update_history_ref
+    next_n = C.FUSED_NEXT_N
     full, plan, h = _fused_case(next_n, gen)
     ref = clone_history(h)
     moved = history_on(h, "cuda")
@@ -307,7 +307,7 @@ def test_fused_maxima_keep_a_nan(gen):
 
 def test_fused_arguments_are_refused_clearly(gen):
     """group_max_out / history need block_max_out; group maxima come at 16 or 32 columns; a history the epilogue
-    cannot read (rows > 1, a float32 V) is named."""
+    cannot read (rows > 1, a float32 V) is named; next_n other than 1 is refused (the fused build's one)."""
     _gpu_or_skip()
     import dataclasses
     full, plan, h = _fused_case(1, gen)
@@ -327,6 +327,13 @@ def test_fused_arguments_are_refused_clearly(gen):
     with pytest.raises(TypeError, match="history.vertical"):
         C.paged_indexer_logits_cuda(*args, validate=False, block_max_out=bmax,
                                     history=dataclasses.replace(moved, vertical=moved.vertical.float()))
+    two, two_plan, two_h = _fused_case(2, gen)
+    two_args = [t.cuda() for t in (two.q_fp8, two.kv_cache, two.weights, two_plan.lens, two_plan.table)]
+    two_moved = history_on(two_h, "cuda")
+    with pytest.raises(ValueError, match="next_n = 1"):
+        C.paged_indexer_logits_cuda(*two_args, validate=False, block_max_out=torch.empty(
+            two.weights.shape[0], width, device="cuda"), history=two_moved)
+    assert not C.fuses(two_args[0], two_args[1], two_moved, 64)
     assert not C.fuses(args[0], args[1], dataclasses.replace(moved, rows=2), 64)
     assert not C.fuses(args[0], args[1], moved, 8)
     assert C.fuses(args[0], args[1], moved, 16)

@@ -107,14 +107,17 @@ class FusedArgs(ctypes.Structure):
 # SPIN_STEP_FUSED_UPDATE=1, until a paired A/B (benchmarks/update_overlap.py --variants spin,cudafused) says it wins.
 STEP_FUSES_UPDATE = os.environ.get("SPIN_STEP_FUSED_UPDATE", "0") == "1"
 FUSED_GROUPS = (16, 32, 64)  # group maxima the epilogue writes (64: the block maxima themselves)
+# The fused build's one next_n: at 2 (row 0's update beside two rows' scores) it spilled registers and its step
+# ran 0.86x the pass's (H100, run 133); at 3-4 it spilled more.
+FUSED_NEXT_N = 1
 
 
 def fuses(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history, group: int) -> bool:
     """Whether the kernel takes this update in its epilogue (see `paged_indexer_logits_cuda(history=)`): the
-    inputs it runs (`supports`), one updating row (history.rows == 1: row 0's update, MtpPolicy.ROW0), a float16
-    history with V rows of T contiguous cells, and the top-k's group maxima at 16, 32 or 64 columns. A host rule on
-    static shapes and dtypes."""
-    if history is None or group not in FUSED_GROUPS:
+    inputs it runs (`supports`) at next_n = 1, one updating row (history.rows == 1), a float16 history with V rows
+    of T contiguous cells, and the top-k's group maxima at 16, 32 or 64 columns. A host rule on static shapes and
+    dtypes."""
+    if history is None or group not in FUSED_GROUPS or q_fp8.dim() != 4 or q_fp8.shape[1] != FUSED_NEXT_N:
         return False
     try:  # the layouts paged_indexer_logits_cuda(history=) takes (the table's width is checked there)
         _check_history(history, q_fp8.shape[0], 0, q_fp8.shape[1], q_fp8.device)
@@ -259,6 +262,7 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
     default_chunk).
     Ids outside the cache read block 0 (validate=False: wrong logits, never a read outside the cache).
     library: a probe build (`load_library(defines)`, benchmarks only); None = the production one.
+    The fused epilogue (group_max_out=, history=) runs at next_n = 1 only (FUSED_NEXT_N).
     group_max_out, group: optional float32 [B*next_n, >= W*64 / group], the max of every `group` (16 or 32)
     columns below each request's longest row, as group_max_ref (a NaN kept); needs block_max_out.
     history: optional ops.HistoryUpdate with rows == 1 (block_table is then its compact table): row 0's EMA update
@@ -277,6 +281,9 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
     batch, next_n = q_fp8.shape[:2]
     width = block_table.shape[1]
     fused = history is not None or group_max_out is not None
+    if fused and next_n != FUSED_NEXT_N:
+        raise ValueError(f"history= / group_max_out=: the fused epilogue runs at next_n = {FUSED_NEXT_N}, got "
+                         f"q_fp8 with next_n = {next_n}")
     if fused and block_max_out is None:
         raise ValueError("block_max_out: the fused epilogue (history=, group_max_out=) writes the block maxima too: "
                          "expected a float32 [B*next_n, W] buffer, got None")

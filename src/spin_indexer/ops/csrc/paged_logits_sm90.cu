@@ -299,7 +299,8 @@ struct Shape {
                + STAGES * (KEY_BYTES + SCALE_BYTES)  // key tiles and their scales
                + chunk * NEXT_N * 32 * 4             // block-max partials [block][row][warp, quad]
                + chunk * 4                           // the chunk's block ids
-               + chunk * (4 + 4 + 4 * 4 + 4)         // FUSED: V's block, logical id, V max and live flag a warp
+               + (NEXT_N == 1 ? chunk * (4 + 4 + 32 * 5) : 0)  // FUSED (next_n = 1): V's block, logical id,
+                                                              // V max and live flag a quad
                + (2 * STAGES + 1) * 8;               // mbarriers
     }
     // the most blocks a CTA takes: 256, halved until CTAS CTAs fit an SM's 227 KB (1 KB of each reserved)
@@ -346,6 +347,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         int rows_per_page, int64_t page_bytes, const __grid_constant__ FusedArgs fa) {
     using S = Shape<NEXT_N>;
     static_assert(!FUSED || MAXIMA, "the fused build writes the block maxima");
+    static_assert(!FUSED || NEXT_N == 1, "the fused build runs at next_n = 1 (at 2 it spilled and lost, run 133)");
     constexpr int G = S::G, BP = S::BP, STAGES = S::STAGES;
     // the tiles 1024-aligned, as the 128-byte swizzle needs (SMEM keeps 1024 bytes of slack for it); offsets
     // from the array itself keep the shared state space, so the compiler emits LDS / STS, not generic accesses
@@ -355,11 +357,15 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     float* scales_s = reinterpret_cast<float*>(keys_s + STAGES * KEY_BYTES);
     float* pmax_s = scales_s + STAGES * T;
     int* ids_s = reinterpret_cast<int*>(pmax_s + S::PMAX_FLOATS);
+    constexpr int FCH = NEXT_N == 1 ? S::CHUNK_MAX : 0;  // blocks the FUSED arrays hold (next_n = 1 only)
     int* vphys_s = ids_s + S::CHUNK_MAX;     // FUSED: the V row of each block (the trash row where not kept)
-    int* kb_s = vphys_s + S::CHUNK_MAX;      // FUSED: each block's logical id
-    float* vmax_s = reinterpret_cast<float*>(kb_s + S::CHUNK_MAX);  // FUSED: [block][warp] max of V's new row
-    int* vlive_s = reinterpret_cast<int*>(vmax_s + 4 * S::CHUNK_MAX);  // FUSED: [block] warps that updated (bits)
-    uint64_t* full = reinterpret_cast<uint64_t*>(vlive_s + S::CHUNK_MAX);
+    int* kb_s = vphys_s + FCH;               // FUSED: each block's logical id
+    // FUSED: [block][quad] the max of V's row after the update over the quad's tokens, and whether one updated:
+    // 32 partials a block, as the block-max partials (a max over the warp by shuffles there cost a 5-deep chain
+    // a block in every warp, run 133)
+    float* vmax_s = reinterpret_cast<float*>(kb_s + FCH);
+    uint8_t* vlive_s = reinterpret_cast<uint8_t*>(vmax_s + 32 * FCH);
+    uint64_t* full = reinterpret_cast<uint64_t*>(vlive_s + 32 * FCH);
     uint64_t* empty = full + STAGES;
     uint64_t* q_bar = empty + STAGES;
 
@@ -391,7 +397,6 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
                 const int kb = fa.kept[int64_t(b) * fa.kept_stride + blk0 + i];
                 kb_s[i] = kb;
                 vphys_s[i] = (kb >= 0 && raw >= 0 && raw < fa.trash) ? raw : fa.trash;
-                vlive_s[i] = 0;
             }
         }
     }
@@ -536,12 +541,12 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
                         }
                     }
                 }
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, o));
-                any = __any_sync(0xffffffffu, any);
-                if (lane == 0) {
-                    vmax_s[d.i * 4 + warp] = vm;
-                    if (any) atomicOr(&vlive_s[d.i], 1);
+                // the quad's two token halves (lanes c and c ^ 2; c ^ 1 holds c's), two independent shuffles
+                vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, 2));
+                any = __shfl_xor_sync(0xffffffffu, int(any), 2) != 0 || any;
+                if (pmax_writer) {
+                    vmax_s[d.i * 32 + warp * 8 + lane / 4] = vm;
+                    vlive_s[d.i * 32 + warp * 8 + lane / 4] = any;
                 }
             }
         }
@@ -673,10 +678,18 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         if (hist) {
             for (int k = tid; k < mine; k += 128) {
                 const int i = SET + k * BP;
-                if (vlive_s[i] == 0) continue;
-                const float4 x = reinterpret_cast<const float4*>(vmax_s)[i];
+                const uint4* live = reinterpret_cast<const uint4*>(vlive_s + i * 32);
+                const uint4 l0 = live[0], l1 = live[1];
+                if ((l0.x | l0.y | l0.z | l0.w | l1.x | l1.y | l1.z | l1.w) == 0) continue;
+                const float4* p = reinterpret_cast<const float4*>(vmax_s + i * 32);
+                float m = -INFINITY;
+#pragma unroll
+                for (int q = 0; q < 8; ++q) {
+                    const float4 x = p[q];
+                    m = fmaxf(m, fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
+                }
                 const int64_t pv = vphys_s[i];
-                fa.vb[pv * fa.vb_stride] = __float2half_rn(fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
+                fa.vb[pv * fa.vb_stride] = __float2half_rn(m);
                 if (fa.seen != nullptr) fa.seen[pv * fa.seen_stride] = clock;
             }
         }
@@ -782,7 +795,9 @@ int launch(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* 
                              stride_table, out_stride, bmax_stride, chunk, num_cache_blocks, rows_per_page,
                              page_bytes, fused != nullptr ? *fused : none, device, stream);
     };
-    if (fused != nullptr) return go(launch_kernel<NEXT_N, true, true>);
+    if constexpr (NEXT_N == 1) {
+        if (fused != nullptr) return go(launch_kernel<NEXT_N, true, true>);
+    }
     return block_max != nullptr ? go(launch_kernel<NEXT_N, true, false>) : go(launch_kernel<NEXT_N, false, false>);
 }
 
@@ -797,8 +812,9 @@ extern "C" int spin_paged_logits_sm90(int next_n, void* q, void* cache, int64_t 
                                       int64_t out_stride, float* block_max, int64_t bmax_stride, int chunk,
                                       const FusedArgs* fused, int device, void* stream) {
     if (next_n < 1 || next_n > 4 || page_bytes % D != 0 || chunk < 1 || chunk > MAX_CHUNK) return -5;
-    if (fused != nullptr && (block_max == nullptr || (fused->group_max != nullptr && fused->group != 16 &&
-                                                       fused->group != 32))) return -5;
+    if (fused != nullptr && (next_n != 1 || block_max == nullptr || (fused->group_max != nullptr &&
+                                                                     fused->group != 16 && fused->group != 32)))
+        return -5;
     if (device < 0 || device >= MAX_DEVICES) return -5;
     if (batch == 0 || width == 0) return 0;
     // This library carries its own CUDA runtime (nvcc links it statically), whose current device is not torch's:

@@ -174,8 +174,6 @@ VARIANTS = {
                    "before run 68; production: indexer_logits_triton.COMPACT_TARGET_PROGRAMS = 4096)",
     "compact-uncapped": "SPIN's compact Triton logits up to 256 blocks a program (the rule before run 95; "
                         "production: indexer_logits_triton.COMPACT_MAX_CHUNK)",
-    "cuda-fused": "SPIN's logits on the CUDA kernel with the EMA update and the top-k's group maxima in its epilogue "
-                  "(indexer_logits_cuda.STEP_FUSES_UPDATE): no update pass, no side stream; the dense step as default",
     "tau-hint": "SPIN's top-k threshold starts from the previous step's key (SpinIndexer(tau_hint=True)); this "
                 "benchmark's logits repeat every step, so every hint hits: an upper bound of the gain",
 }
@@ -188,9 +186,8 @@ def variant(name: str):
         raise SystemExit(f"--variants: unknown {name!r}; expected some of {sorted(VARIANTS)}")
     schedule, env = SpinIndexer._schedule_layers, os.environ.get("SPIN_INDEXER_LOGITS")
     init, dense_init = SpinIndexer.__init__, DenseIndexer.__init__
-    from spin_indexer.ops import indexer_logits_cuda as ilc
     from spin_indexer.ops import indexer_logits_triton as ilt
-    default_config, fuses = ilt.default_config, ilc.STEP_FUSES_UPDATE
+    default_config = ilt.default_config
     try:
         if name in ("compact-16k", "compact-uncapped"):
             change = {"target_programs": ilt.CONFIGS[1].target_programs} if name == "compact-16k" else \
@@ -203,8 +200,6 @@ def variant(name: str):
             os.environ["SPIN_INDEXER_LOGITS"] = name.removeprefix("logits-")
         elif name == "no-overlap":
             SpinIndexer.__init__ = functools.partialmethod(init, overlap_update=False)
-        elif name == "cuda-fused":
-            ilc.STEP_FUSES_UPDATE = True
         elif name == "tau-hint":
             SpinIndexer.__init__ = functools.partialmethod(init, tau_hint=True)
         elif name == "topk-sorted":
@@ -213,7 +208,7 @@ def variant(name: str):
         yield
     finally:
         SpinIndexer._schedule_layers, SpinIndexer.__init__ = schedule, init
-        ilt.default_config, ilc.STEP_FUSES_UPDATE = default_config, fuses
+        ilt.default_config = default_config
         DenseIndexer.__init__ = dense_init
         if env is None:
             os.environ.pop("SPIN_INDEXER_LOGITS", None)

@@ -30,10 +30,6 @@ the dense step, per layer:
                 production 32 since run 97, 64 in run 96, 256 before)
   lpf<P>        SPIN's compact logits with the scales loaded P blocks ahead by hand (LogitsConfig.prefetch;
                 production 1)
-  cudafused     SPIN's logits on the CUDA kernel with the EMA update (and the top-k's group maxima) in its epilogue
-                (indexer_logits_cuda.STEP_FUSES_UPDATE): no pass reads the logits again, no side stream
-  cudafused-pipe  cudafused with the kernel built SPIN_LOGITS_PIPELINE=1 (a block's epilogue beside the next
-                block's MMA; the probe build, patched in as the library)
   cudalogits    SPIN's logits on the CUDA kernel at every next_n (indexer_logits_cuda.step_uses), the update as the
                 production pass: separates the kernel's speed from the fusion's
   update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
@@ -60,7 +56,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-VARIANTS = ("spin", "topk_first", "no_update", "fused", "cudafused", "cudafused-pipe", "cudalogits", "onetile", "st2", "stg<N>", "prog<N>", "pipe",
+VARIANTS = ("spin", "topk_first", "no_update", "fused", "cudalogits", "onetile", "st2", "stg<N>", "prog<N>", "pipe",
             "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lch<N>", "lpf<P>", "after_thr", "after_gat")
 
 
@@ -96,12 +92,6 @@ def variant(idx, name: str):
             cfg = default(next_n, blocks, compact)
             return dataclasses.replace(cfg, prefetch=ahead) if compact else cfg
         patches = [(indexer_logits_triton, "default_config", config)]
-    elif name == "cudafused":
-        patches = [(indexer_logits_cuda, "STEP_FUSES_UPDATE", True)]
-    elif name == "cudafused-pipe":
-        probe = indexer_logits_cuda.load_library(("SPIN_LOGITS_PIPELINE=1",))
-        patches = [(indexer_logits_cuda, "STEP_FUSES_UPDATE", True),
-                   (indexer_logits_cuda, "load_library", lambda defines=(): probe)]
     elif name == "cudalogits":
         patches = [(indexer_logits_cuda, "step_uses", lambda next_n: 1 <= next_n <= 4)]
     elif name == "pipe":
@@ -276,9 +266,6 @@ def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lin
     if torch.cuda.is_available():
         lines.append(f"  timeline of one replay of the production step ({p.layers} layers + plan):")
         tl = timeline(calls["spin"], lines)
-        if "cudafused" in calls:
-            lines.append(f"  timeline of one replay of the cudafused step ({p.layers} layers + plan):")
-            timeline(calls["cudafused"], lines)
     return dict(batch=batch, ctx=ctx, next_n=next_n, sparsity=sparsity, layers=p.layers, us=med,
                 dense_over=ratio, timeline=tl)
 

@@ -17,10 +17,7 @@ topk_sorted: ops/topk_triton.py), with the EMA update beside
 the top-k: up to UPDATE_IN_TOPK_BLOCKS table blocks its programs run in the top-k's first launch, above it on a
 low-priority side stream (the top-k then on a high-priority one); no host sync and no data-dependent shape
 (validate=False): a whole step captures in one CUDA graph. With overlap_update=False the update runs in
-series, fused into the Triton kernel's epilogue or into DeepGEMM's maxima pass. Where ops.step_fuses_update
-answers yes (the CUDA kernel on SM90 with its FUSED epilogue: row 0 updates, float16 history; switched by
-indexer_logits_cuda.STEP_FUSES_UPDATE) run() is the CUDA logits kernel, which also applies the update and writes
-the maxima, then the top-k: no pass, no side stream.
+series, fused into the Triton kernel's epilogue or into DeepGEMM's maxima pass.
 With the summary mix (SpinConfig.summary > 0) a layer selects the requests that mix (shorter than summary_below,
 or all) with its own query: plan() is the reset launch and the select launch of the other requests (which also
 advances every request's counters), and run(layer) adds two launches before the logits (the summary
@@ -310,7 +307,9 @@ class SpinIndexer:
         rows, cols = batch * self.next_n, width * self.config.tokens_per_block
         if self._guarded_by_shape(batch, width):
             return self._run_dense(layer, st, plan, q_fp8, kv_cache, weights)
+        # DeepGEMM allocates its own logits: handing it the workspace would cost a copy of every logit.
         backend = ops.logits_backend(q_fp8, kv_cache)
+        out = None if backend == "deepgemm" else self.workspace.packed("logits", rows, cols)
         block_max = self.workspace.packed("block_max", rows, width)
         history = self._history_args(layer, st, plan)
         # The top-k prunes at G columns (topk_group of the buffer's width). Finer than a block, the logits op
@@ -329,17 +328,10 @@ class SpinIndexer:
         # epilogue. The maxima the top-k prunes with come from the Triton kernel's epilogue; DeepGEMM writes
         # logits only (the CUDA kernel the block maxima only), so there a pass before the top-k writes them.
         side = self._update_stream if not self._layer_hooks and backend != "reference" else None
-        # Where the CUDA kernel takes the update in its epilogue (ops.step_fuses_update), nothing reads the
-        # logits again for it: the step runs as in series (no side stream, no pass), the kernel writing the block
-        # and group maxima too.
-        if side is not None and ops.step_fuses_update(q_fp8, kv_cache, history, group):
-            backend, side = "cuda", None
         in_topk = side is not None and self.update_in_topk(batch, width, history)
         # The CUDA kernel writes the block maxima (into the workspace, not a scratch of its own, whether or not
         # the pass below rewrites them); the group maxima, where the top-k wants them, need the pass
         maxima_fused = side is None or backend == "triton" or (backend == "cuda" and group_max is None)
-        # DeepGEMM allocates its own logits: handing it the workspace would cost a copy of every logit.
-        out = None if backend == "deepgemm" else self.workspace.packed("logits", rows, cols)
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
                                           validate=False, out=out,
                                           block_max_out=block_max if maxima_fused or backend == "cuda" else None,

@@ -66,18 +66,9 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
                                                             validate=validate, out=out, schedule=deepgemm_schedule)
             kernel_wrote_block_max = False
         else:
-            from . import indexer_logits_cuda as cuda
-            if history is not None and cuda.step_fuses_update(q_fp8, kv_cache, history, group):
-                # the update (and the group maxima) in the kernel's epilogue: no pass over the logits behind it
-                # (behind the same switch as the step's: untimed so far, so the pass stays the default)
-                bmax = block_max_out if block_max_out is not None else torch.empty(
-                    q_fp8.shape[0] * q_fp8.shape[1], block_table.shape[1], dtype=torch.float32, device=q_fp8.device)
-                return cuda.paged_indexer_logits_cuda(
-                    q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate, out=out, block_max_out=bmax,
-                    group_max_out=group_max_out if group < block_tokens(history) else None, group=group,
-                    history=history)
-            logits = cuda.paged_indexer_logits_cuda(q_fp8, kv_cache, weights, seq_lens, block_table,
-                                                    validate=validate, out=out, block_max_out=block_max_out)
+            from .indexer_logits_cuda import paged_indexer_logits_cuda
+            logits = paged_indexer_logits_cuda(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate,
+                                               out=out, block_max_out=block_max_out)
             kernel_wrote_block_max = True
         if history is not None or group_max_out is not None or (block_max_out is not None
                                                                  and not kernel_wrote_block_max):
@@ -128,17 +119,6 @@ def logits_backend(q_fp8, kv_cache) -> str:
     if indexer_logits_cuda.step_uses(q_fp8.shape[1]) and indexer_logits_cuda.supports(q_fp8, kv_cache):
         return "cuda"
     return "triton"
-
-
-def step_fuses_update(q_fp8, kv_cache, history: HistoryUpdate | None, group: int) -> bool:
-    """Whether SPIN's step computes its logits on the CUDA kernel with this EMA update (and the top-k's group
-    maxima at `group` columns) in the kernel's epilogue, so that no pass reads the logits again for them
-    (indexer_logits_cuda.step_fuses_update: the kernel builds and runs here, row 0 updates, float16 history).
-    The step then calls paged_indexer_logits(backend="cuda", history=...)."""
-    if history is None or _triton_twin("indexer_logits_triton", "paged_indexer_logits_triton", q_fp8) is None:
-        return False
-    from . import indexer_logits_cuda
-    return indexer_logits_cuda.step_fuses_update(q_fp8, kv_cache, history, group)
 
 
 def update_history(history: HistoryUpdate | None, logits, compact_table, compact_lens, block_max_out=None,
@@ -287,7 +267,7 @@ __all__ = [
     "block_summary_scores", "block_summary_scores_ref", "write_block_summaries", "write_block_summaries_ref",
     "paged_summary_scores", "paged_summary_scores_ref", "update_and_score_summaries",
     "update_and_score_summaries_ref",
-    "HistoryUpdate", "update_history", "logits_backend", "step_fuses_update",
+    "HistoryUpdate", "update_history", "logits_backend",
     "paged_indexer_logits", "paged_indexer_logits_ref", "check_paged_indexer_args", "topk", "topk_ref",
     "topk_positions", "topk_positions_ref", "topk_group", "group_max_ref",
     "block_max", "block_max_ref", "quantize_keys", "write_kv_cache", "quantize_and_write", "read_kv_cache",

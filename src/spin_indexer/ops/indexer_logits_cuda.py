@@ -27,7 +27,6 @@ from pathlib import Path
 
 import torch
 
-from ..checks import check_tensor
 from ..dispatch import forced_logits_backend
 from ..layout import page_stride_bytes
 from .indexer_logits import check_paged_indexer_args
@@ -86,105 +85,9 @@ def load_library(defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     except (RuntimeError, OSError, AttributeError):  # AttributeError: a library without the entry point
         return None
     i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [i32, ptr, ptr, i64, i64, ptr, ptr, ptr, i32, i32, i32, ptr, i64, ptr, i64, i32, ptr, i32, ptr]
+    fn.argtypes = [i32, ptr, ptr, i64, i64, ptr, ptr, ptr, i32, i32, i32, ptr, i64, ptr, i64, i32, i32, ptr]
     fn.restype = i32
     return lib
-
-
-class FusedArgs(ctypes.Structure):
-    """The kernel's FusedArgs (csrc/paged_logits_sm90.cu): group maxima and row 0's EMA update in the epilogue."""
-    _fields_ = [("group_max", ctypes.c_void_p), ("gmax_stride", ctypes.c_int64), ("group", ctypes.c_int),
-                ("v", ctypes.c_void_p), ("vb", ctypes.c_void_p), ("vb_stride", ctypes.c_int64),
-                ("d", ctypes.c_void_p), ("d_stride", ctypes.c_int64), ("seen", ctypes.c_void_p),
-                ("seen_stride", ctypes.c_int64), ("clock", ctypes.c_void_p), ("slot_ids", ctypes.c_void_p),
-                ("kept", ctypes.c_void_p), ("kept_stride", ctypes.c_int64), ("lens", ctypes.c_void_p),
-                ("upd", ctypes.c_void_p), ("alpha", ctypes.c_float), ("beta", ctypes.c_float),
-                ("lo", ctypes.c_float), ("hi", ctypes.c_float), ("window", ctypes.c_int), ("trash", ctypes.c_int)]
-
-
-# Whether SPIN's step computes its logits here with the EMA update fused into the epilogue (`fuses`) instead of
-# running the update as a pass over the logits on a side stream. Unmeasured on the step: off unless
-# SPIN_STEP_FUSED_UPDATE=1, until a paired A/B (benchmarks/update_overlap.py --variants spin,cudafused) says it wins.
-STEP_FUSES_UPDATE = os.environ.get("SPIN_STEP_FUSED_UPDATE", "0") == "1"
-FUSED_GROUPS = (16, 32, 64)  # group maxima the epilogue writes (64: the block maxima themselves)
-# The fused build's one next_n: at 2 (row 0's update beside two rows' scores) it spilled registers and its step
-# ran 0.86x the pass's (H100, run 133); at 3-4 it spilled more.
-FUSED_NEXT_N = 1
-
-
-def fuses(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history, group: int) -> bool:
-    """Whether the kernel takes this update in its epilogue (see `paged_indexer_logits_cuda(history=)`): the
-    inputs it runs (`supports`) at next_n = 1, one updating row (history.rows == 1), a float16 history with V rows
-    of T contiguous cells, and the top-k's group maxima at 16, 32 or 64 columns. A host rule on static shapes and
-    dtypes."""
-    if history is None or group not in FUSED_GROUPS or q_fp8.dim() != 4 or q_fp8.shape[1] != FUSED_NEXT_N:
-        return False
-    try:  # the layouts paged_indexer_logits_cuda(history=) takes (the table's width is checked there)
-        _check_history(history, q_fp8.shape[0], 0, q_fp8.shape[1], q_fp8.device)
-    except (TypeError, ValueError):
-        return False
-    return supports(q_fp8, kv_cache)
-
-
-def step_fuses_update(q_fp8: torch.Tensor, kv_cache: torch.Tensor, history, group: int) -> bool:
-    """Whether SPIN's step takes the fused epilogue (STEP_FUSES_UPDATE and `fuses`); SPIN_INDEXER_LOGITS other than
-    cuda keeps the pass."""
-    forced = forced_logits_backend()
-    return STEP_FUSES_UPDATE and forced in (None, "cuda") and fuses(q_fp8, kv_cache, history, group)
-
-
-def _fused_args(history, group_max_out: torch.Tensor | None, group: int) -> FusedArgs:
-    """The FusedArgs of an update (history may be None: group maxima only)."""
-    fa = FusedArgs()
-    if group_max_out is not None and group < TOKENS:
-        fa.group_max, fa.gmax_stride, fa.group = group_max_out.data_ptr(), group_max_out.stride(0), group
-    if history is None:
-        return fa
-    h = history
-    finfo = torch.finfo(h.vertical.dtype)
-    fa.v, fa.vb, fa.vb_stride = h.vertical.data_ptr(), h.block_max.data_ptr(), h.block_max.stride(0)
-    fa.d, fa.d_stride = h.diagonal.data_ptr(), h.diagonal.stride(0)
-    if h.last_seen is not None:
-        fa.seen, fa.seen_stride = h.last_seen.data_ptr(), h.last_seen.stride(0)
-    fa.clock, fa.slot_ids = h.clock.data_ptr(), h.slot_ids.data_ptr()
-    fa.kept, fa.kept_stride = h.kept_blocks.data_ptr(), h.kept_blocks.stride(0)
-    fa.lens, fa.upd = h.seq_lens.data_ptr(), h.update_rows.data_ptr()
-    # beta as torch computes (1.0 - alpha) * old: the difference in double, then float32
-    fa.alpha, fa.beta, fa.lo, fa.hi = h.alpha, 1.0 - h.alpha, finfo.min, finfo.max
-    fa.window, fa.trash = int(h.window), h.trash_block
-    return fa
-
-
-def _check_history(history, batch: int, width: int, next_n: int, dev: torch.device) -> None:
-    """The layouts the fused epilogue reads for a table of B = batch rows, at least `width` of them kept ids
-    (TypeError / ValueError naming the field)."""
-    h = history
-    check_tensor("history.vertical", h.vertical, dtype=torch.float16, ndim=2, device=dev)
-    if h.vertical.shape[1] != TOKENS or h.vertical.stride() != (TOKENS, 1):
-        raise ValueError(f"history.vertical: expected float16 [P + 1, {TOKENS}] with contiguous rows, got shape "
-                         f"{list(h.vertical.shape)} strides {h.vertical.stride()}")
-    check_tensor("history.block_max", h.block_max, dtype=torch.float16, shape=(h.vertical.shape[0],),
-                 shape_names="[P + 1]", device=dev)
-    check_tensor("history.diagonal", h.diagonal, dtype=torch.float16, ndim=2, device=dev)
-    if h.diagonal.shape[1] != h.window + 1 or h.diagonal.stride(1) != 1:
-        raise ValueError(f"history.diagonal: expected [S, window + 1 = {h.window + 1}] with contiguous rows, got "
-                         f"shape {list(h.diagonal.shape)} strides {h.diagonal.stride()}")
-    if h.last_seen is not None:
-        check_tensor("history.last_seen", h.last_seen, dtype=torch.int32, shape=(h.vertical.shape[0],),
-                     shape_names="[P + 1]", device=dev)
-    check_tensor("history.clock", h.clock, dtype=torch.int32, shape=(1,), shape_names="[1]", device=dev)
-    check_tensor("history.slot_ids", h.slot_ids, dtype=torch.int64, shape=(batch,), shape_names="[B]", device=dev,
-                 contiguous=True)
-    check_tensor("history.kept_blocks", h.kept_blocks, dtype=torch.int32, ndim=2, device=dev)
-    if h.kept_blocks.shape[0] != batch or h.kept_blocks.shape[1] < width or h.kept_blocks.stride(1) != 1:
-        raise ValueError(f"history.kept_blocks: expected int32 [B = {batch}, >= W = {width}] with contiguous rows, "
-                         f"got shape {list(h.kept_blocks.shape)} strides {h.kept_blocks.stride()}")
-    check_tensor("history.seq_lens", h.seq_lens, dtype=torch.int32, shape=(batch, next_n),
-                 shape_names="[B, next_n]", device=dev, contiguous=True)
-    check_tensor("history.update_rows", h.update_rows, dtype=torch.bool, shape=(batch, next_n),
-                 shape_names="[B, next_n]", device=dev, contiguous=True)
-    if h.rows != 1:
-        raise ValueError(f"history.rows: the fused epilogue updates row 0 only (MtpPolicy.ROW0), got {h.rows}")
 
 
 def step_uses(next_n: int) -> bool:
@@ -251,9 +154,7 @@ def balanced_chunk(batch: int, width: int, sms: int) -> int:
 def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                               seq_lens: torch.Tensor, block_table: torch.Tensor, validate: bool = True,
                               out: torch.Tensor | None = None, block_max_out: torch.Tensor | None = None,
-                              chunk: int | None = None, library: ctypes.CDLL | None = None,
-                              group_max_out: torch.Tensor | None = None, group: int = 64,
-                              history=None) -> torch.Tensor:
+                              chunk: int | None = None, library: ctypes.CDLL | None = None) -> torch.Tensor:
     """Paged indexer logits, blocks past each request's longest row left unwritten (as the Triton kernel with
     fill_tail=False). q_fp8: float8_e4m3fn [B, next_n, 64, 128]; kv_cache: uint8 [num_blocks, 64, 1, 132];
     weights: float32 [B*next_n, 64]; seq_lens: int32 [B, next_n]; block_table: int32 [B, W]; out: float32
@@ -262,13 +163,6 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
     default_chunk).
     Ids outside the cache read block 0 (validate=False: wrong logits, never a read outside the cache).
     library: a probe build (`load_library(defines)`, benchmarks only); None = the production one.
-    The fused epilogue (group_max_out=, history=) runs at next_n = 1 only (FUSED_NEXT_N).
-    group_max_out, group: optional float32 [B*next_n, >= W*64 / group], the max of every `group` (16 or 32)
-    columns below each request's longest row, as group_max_ref (a NaN kept); needs block_max_out.
-    history: optional ops.HistoryUpdate with rows == 1 (block_table is then its compact table): row 0's EMA update
-    applied in the epilogue from the scores it holds, as history.update_history_ref would after the logits (V,
-    its block max, D inside the window, last_seen); needs block_max_out. Its block maxima (and group maxima)
-    then keep a NaN, as group_max_ref does.
     Raises ValueError for inputs `supports` rejects. returns out: float32 [B*next_n, W*64]."""
     check_paged_indexer_args(q_fp8, kv_cache, weights, seq_lens, block_table, validate)
     if not supports(q_fp8, kv_cache):
@@ -280,25 +174,6 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
         raise ValueError(f"chunk: expected 1..{MAX_CHUNK} blocks a CTA, got {chunk}")
     batch, next_n = q_fp8.shape[:2]
     width = block_table.shape[1]
-    fused = history is not None or group_max_out is not None
-    if fused and next_n != FUSED_NEXT_N:
-        raise ValueError(f"history= / group_max_out=: the fused epilogue runs at next_n = {FUSED_NEXT_N}, got "
-                         f"q_fp8 with next_n = {next_n}")
-    if fused and block_max_out is None:
-        raise ValueError("block_max_out: the fused epilogue (history=, group_max_out=) writes the block maxima too: "
-                         "expected a float32 [B*next_n, W] buffer, got None")
-    if group_max_out is not None:
-        if group not in (16, 32):
-            raise ValueError(f"group: expected 16 or 32 columns a group maximum (64: block_max_out), got {group}")
-        check_tensor("group_max_out", group_max_out, dtype=torch.float32, ndim=2, device=q_fp8.device,
-                     device_of="q_fp8")
-        if group_max_out.shape[0] != batch * next_n or group_max_out.shape[1] < width * TOKENS // group or \
-                group_max_out.stride(1) != 1:
-            raise ValueError(f"group_max_out: expected float32 [B*next_n = {batch * next_n}, >= W*64 / group = "
-                             f"{width * TOKENS // group}] with contiguous rows, got shape "
-                             f"{list(group_max_out.shape)} strides {group_max_out.stride()}")
-    if history is not None:
-        _check_history(history, batch, width, next_n, q_fp8.device)
     out, block_max_out = logits_outputs(q_fp8, kv_cache, block_table, out, block_max_out,
                                         maxima=block_max_out is not None)
     if batch == 0 or width == 0:
@@ -314,8 +189,7 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
         next_n, q.data_ptr(), kv_cache.data_ptr(), kv_cache.shape[0], page_stride_bytes(kv_cache), w.data_ptr(),
         lens.data_ptr(), block_table.data_ptr(), batch, width, block_table.stride(0), out.data_ptr(), out.stride(0),
         block_max_out.data_ptr() if block_max_out is not None else None,
-        block_max_out.stride(0) if block_max_out is not None else 0, chunk,
-        ctypes.byref(_fused_args(history, group_max_out, group)) if fused else None, q.device.index, stream)
+        block_max_out.stride(0) if block_max_out is not None else 0, chunk, q.device.index, stream)
     if rc != 0:
         raise RuntimeError(f"paged_indexer_logits_cuda: {ERRORS.get(rc, rc)}")
     return out

@@ -20,8 +20,6 @@
 // sum_h w[b * next_n + j, h] * relu(k[t] . q[b, j, h]), -inf where t >= seq_lens[b, j]; block_max[r, blk] = the
 // max of block blk's 64 written logits (where the caller gives block_max: with a null pointer the kernel built
 // without them runs, which writes the logits only, as DeepGEMM's does: 0.94-0.95x the time at next_n = 2, run 124). Blocks past a request's longest row are not written (fill_tail=False).
-// The FUSED build (FusedArgs) also writes the top-k's group maxima at 16 or 32 columns and applies SPIN's EMA update
-// of row 0 from the scores in its epilogue (see FusedArgs): SPIN's step then needs no pass over the logits.
 // Shapes: H = 64 heads, D = 128, T = 64 tokens a block, next_n 1-4; the key cache uint8 [num_blocks, 64, 1, 132]
 // (pages of 64 x 128 key bytes then 64 fp32 scales, a whole number of 128-byte rows apart).
 //
@@ -30,7 +28,6 @@
 // hold, for n8 tile i, D[r0][8i + 2c + {0, 1}] and D[r0 + 8][...] with r0 = 16 * warp + lane / 4, c = lane % 4:
 // a row's 64 heads are 8 tiles, so a thread sums 16 of them and a quad (4 lanes) the 64.
 #include <cuda.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -88,34 +85,6 @@
 #ifndef SPIN_LOGITS_UNIFORM_WG
 #define SPIN_LOGITS_UNIFORM_WG 1
 #endif
-
-// What the fused build (FUSED) also writes: the top-k's group maxima at G = 16 or 32 columns, and SPIN's EMA update
-// of row 0 (ops/history.py: V and its block max through the physical block, D inside the diagonal window,
-// last_seen) from the scores the epilogue holds, so that no pass reads the logits again for them. Null pointers
-// leave a part out. The layout of every tensor as in history.HistoryUpdate (V float16 [P + 1, T] rows, row P the
-// trash block).
-// (outside the unnamed namespace: the exported entry point takes it, and a type with internal linkage in
-// its signature would make that function internal too)
-struct FusedArgs {
-    float* group_max;         // [B * next_n, >= W * T / group], or null
-    int64_t gmax_stride;
-    int group;                // 16 or 32
-    __half* v;                // [P + 1, T], or null: no update
-    __half* vb;               // the blocks' max of V, [P + 1] at vb_stride
-    int64_t vb_stride;
-    __half* d;                // [S, DW + 1]
-    int64_t d_stride;
-    int* seen;                // last_seen [P + 1] at seen_stride, or null
-    int64_t seen_stride;
-    const int* clock;         // [1]
-    const int64_t* slot_ids;  // [B]
-    const int* kept;          // [B, W] the compact blocks' logical ids
-    int64_t kept_stride;
-    const int* lens;          // [B, next_n] the rows' real lengths (the query at lens - 1)
-    const uint8_t* upd;       // [B, next_n] bool: the rows that update
-    float alpha, beta, lo, hi;  // beta = float(1 - alpha) computed in double, as torch's (1.0 - alpha) * old
-    int window, trash;
-};
 
 namespace {
 
@@ -239,20 +208,6 @@ __device__ __forceinline__ void mma_k32(float* d, uint64_t desc_a, uint64_t desc
     else wgmma_m64n256k32(d, desc_a, desc_b, accumulate);
 }
 
-// max that keeps a NaN (max.NaN): a group holding a NaN must never be pruned by the top-k (topk.group_max_ref)
-__device__ __forceinline__ float max_nan(float a, float b) {
-    float r;
-    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-
-// the EMA rule of history.ema in float32: two rounded products and a rounded sum (no FMA contraction), no history
-// (old not finite) -> obs, clamped into float16's finite range
-__device__ __forceinline__ float ema_rule(float obs, float old, const FusedArgs& fa) {
-    const float e = isfinite(old) ? __fadd_rn(__fmul_rn(fa.alpha, obs), __fmul_rn(fa.beta, old)) : obs;
-    return fminf(fmaxf(e, fa.lo), fa.hi);
-}
-
 constexpr int MAX_DEVICES = 64;  // device ordinals the launcher takes
 constexpr int MAX_CHUNK = 256;  // blocks a CTA at most (their ids staged in shared memory; Shape::CHUNK_MAX)
 
@@ -299,8 +254,6 @@ struct Shape {
                + STAGES * (KEY_BYTES + SCALE_BYTES)  // key tiles and their scales
                + chunk * NEXT_N * 32 * 4             // block-max partials [block][row][warp, quad]
                + chunk * 4                           // the chunk's block ids
-               + (NEXT_N == 1 ? chunk * (4 + 4 + 32 * 5) : 0)  // FUSED (next_n = 1): V's block, logical id,
-                                                              // V max and live flag a quad
                + (2 * STAGES + 1) * 8;               // mbarriers
     }
     // the most blocks a CTA takes: 256, halved until CTAS CTAs fit an SM's 227 KB (1 KB of each reserved)
@@ -338,16 +291,14 @@ __device__ __forceinline__ void quad_reduce_scatter(float (&v)[VP], int c) {
 // grid (B, ceil(W / chunk)), Shape::THREADS threads: the math warpgroups compute the chunk's blocks in turn,
 // one thread of each block set issuing its copies. Block ids outside [0, num_cache_blocks) read block 0 (never
 // outside the cache).
-template <int NEXT_N, bool MAXIMA, bool FUSED>
+template <int NEXT_N, bool MAXIMA>
 __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) paged_logits_kernel(
         const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap q_map,
         const uint8_t* __restrict__ cache, const float* __restrict__ weights, const int* __restrict__ seq_lens,
         const int* __restrict__ block_table, float* __restrict__ out, float* __restrict__ block_max,
         int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int width, int num_cache_blocks,
-        int rows_per_page, int64_t page_bytes, const __grid_constant__ FusedArgs fa) {
+        int rows_per_page, int64_t page_bytes) {
     using S = Shape<NEXT_N>;
-    static_assert(!FUSED || MAXIMA, "the fused build writes the block maxima");
-    static_assert(!FUSED || NEXT_N == 1, "the fused build runs at next_n = 1 (at 2 it spilled and lost, run 133)");
     constexpr int G = S::G, BP = S::BP, STAGES = S::STAGES;
     // the tiles 1024-aligned, as the 128-byte swizzle needs (SMEM keeps 1024 bytes of slack for it); offsets
     // from the array itself keep the shared state space, so the compiler emits LDS / STS, not generic accesses
@@ -357,15 +308,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     float* scales_s = reinterpret_cast<float*>(keys_s + STAGES * KEY_BYTES);
     float* pmax_s = scales_s + STAGES * T;
     int* ids_s = reinterpret_cast<int*>(pmax_s + S::PMAX_FLOATS);
-    constexpr int FCH = NEXT_N == 1 ? S::CHUNK_MAX : 0;  // blocks the FUSED arrays hold (next_n = 1 only)
-    int* vphys_s = ids_s + S::CHUNK_MAX;     // FUSED: the V row of each block (the trash row where not kept)
-    int* kb_s = vphys_s + FCH;               // FUSED: each block's logical id
-    // FUSED: [block][quad] the max of V's row after the update over the quad's tokens, and whether one updated:
-    // 32 partials a block, as the block-max partials (a max over the warp by shuffles there cost a 5-deep chain
-    // a block in every warp, run 133)
-    float* vmax_s = reinterpret_cast<float*>(kb_s + FCH);
-    uint8_t* vlive_s = reinterpret_cast<uint8_t*>(vmax_s + 32 * FCH);
-    uint64_t* full = reinterpret_cast<uint64_t*>(vlive_s + 32 * FCH);
+    uint64_t* full = reinterpret_cast<uint64_t*>(ids_s + S::CHUNK_MAX);
     uint64_t* empty = full + STAGES;
     uint64_t* q_bar = empty + STAGES;
 
@@ -392,13 +335,6 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     for (int i = threadIdx.x; i < nblk; i += S::THREADS) {
         const int raw = ids[i];
         ids_s[i] = (raw >= 0 && raw < num_cache_blocks) ? raw : 0;
-        if constexpr (FUSED) {
-            if (fa.v != nullptr) {  // as update_history_ref: an id outside the history, or a block not kept: trash
-                const int kb = fa.kept[int64_t(b) * fa.kept_stride + blk0 + i];
-                kb_s[i] = kb;
-                vphys_s[i] = (kb >= 0 && raw >= 0 && raw < fa.trash) ? raw : fa.trash;
-            }
-        }
     }
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
@@ -474,23 +410,6 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         dst[u] = out + (int64_t(b) * NEXT_N + ROW0 + min(row, NR - 1)) * out_stride + int64_t(blk0) * T + tok;
         lim[u] = row_len - blk0 * T - tok;
     }
-    // FUSED: row 0's EMA update, by the lanes that hold row 0 (every lane at next_n = 1; the row group with row 0
-    // at next_n = 4). Uniform per warpgroup: `hist`; the row's constants once, before the loop.
-    [[maybe_unused]] const bool hist = FUSED && ROW0 == 0 && fa.v != nullptr;
-    [[maybe_unused]] bool upd_lane = false;  // this lane holds row-0 tokens of a row that updates
-    [[maybe_unused]] int64_t q_pos = 0, slot = 0;
-    [[maybe_unused]] int clock = 0;
-    int tok[KEPT];
-#pragma unroll
-    for (int u = 0; u < KEPT; ++u) tok[u] = r0 + 8 * h[u];
-    if constexpr (FUSED) {
-        if (hist) {
-            upd_lane = row == 0 && fa.upd[b * NEXT_N] != 0;
-            q_pos = int64_t(fa.lens[b * NEXT_N]) - 1;
-            slot = fa.slot_ids[b];
-            if (fa.seen != nullptr) clock = *fa.clock;
-        }
-    }
     float acc[R];
 #pragma unroll
     for (int i = 0; i < R; ++i) acc[i] = 0.f;
@@ -503,61 +422,23 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     struct Pending {
         float v[VP];     // this thread's partial head sums (see quad_reduce_scatter)
         float sc[KEPT];  // the scales of the tokens this lane keeps
-        float old[KEPT]; // FUSED: V of those tokens before the update
         int i;           // the block, in the chunk
     };
     const auto finish = [&](Pending& d) {
         if (SPIN_LOGITS_PROBE != 1) quad_reduce_scatter<VP>(d.v, c);
         float m = -INFINITY;
-        float xs[KEPT];
 #pragma unroll
         for (int u = 0; u < KEPT; ++u) {
             const float x = d.i * T < lim[u] ? d.v[u] * d.sc[u] : -INFINITY;
             if (stores) dst[u][d.i * T] = x;
-            m = FUSED ? max_nan(m, x) : fmaxf(m, x);
-            xs[u] = x;
-        }
-        if constexpr (FUSED) {
-            if (hist) {  // the EMA of row 0's finite scores of a kept block (history.update_history_ref)
-                float vm = -INFINITY;  // the max of this lane's V cells after the update
-                bool any = false;
-                if (upd_lane) {
-                    const int kb = kb_s[d.i];
-                    const int64_t cell0 = int64_t(vphys_s[d.i]) * T;
-#pragma unroll
-                    for (int u = 0; u < KEPT; ++u) {
-                        const float x = xs[u];
-                        const bool live = kb >= 0 && isfinite(x);
-                        const __half nh = __float2half_rn(ema_rule(x, d.old[u], fa));
-                        vm = fmaxf(vm, live ? __half2float(nh) : d.old[u]);
-                        any |= live;
-                        if (live && stores) {
-                            fa.v[cell0 + tok[u]] = nh;
-                            const int64_t off = q_pos - (int64_t(kb) * T + tok[u]);
-                            if (off >= 0 && off < fa.window) {  // inside the diagonal window
-                                __half* dc = fa.d + slot * fa.d_stride + off;
-                                *dc = __float2half_rn(ema_rule(x, __half2float(*dc), fa));
-                            }
-                        }
-                    }
-                }
-                // the quad's two token halves (lanes c and c ^ 2; c ^ 1 holds c's), two independent shuffles
-                vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, 2));
-                any = __shfl_xor_sync(0xffffffffu, int(any), 2) != 0 || any;
-                if (pmax_writer) {
-                    vmax_s[d.i * 32 + warp * 8 + lane / 4] = vm;
-                    vlive_s[d.i * 32 + warp * 8 + lane / 4] = any;
-                }
-            }
+            m = fmaxf(m, x);
         }
         if (!MAXIMA) return;
         // this row's max over the quad's 2 tokens (one or two rows: with the lane holding the other token half),
         // one partial a quad: the 32 partials of a (block, row) meet after the loop (no barrier, no shuffle chain
         // in it; 3 shuffles a block fewer than reducing over the warp here)
-        if constexpr (VP == 4) m = FUSED ? max_nan(m, __shfl_xor_sync(0xffffffffu, m, 1))
-                                         : fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-        if constexpr (VP == 2) m = FUSED ? max_nan(m, __shfl_xor_sync(0xffffffffu, m, 2))
-                                         : fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        if constexpr (VP == 4) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        if constexpr (VP == 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         if (pmax_writer) pmax_s[(d.i * NEXT_N + ROW0 + row) * 32 + warp * 8 + lane / 4] = m;
     };
     const uint64_t q_desc = smem_desc(q_s + ROW0 * H * D), k_desc_set = smem_desc(keys_s + SET * KEY_BYTES);
@@ -573,15 +454,6 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
             const int i = i0 + rep * BP;
             const int s = SET + rep * BP;  // a constant once unrolled, per warpgroup
             if (i >= nblk) break;
-            // FUSED: V of this lane's tokens, loaded before the stage's wait so that its latency hides there
-            [[maybe_unused]] float old[KEPT];
-            if constexpr (FUSED) {
-                if (upd_lane) {
-                    const __half* vrow = fa.v + int64_t(vphys_s[i]) * T;
-#pragma unroll
-                    for (int u = 0; u < KEPT; ++u) old[u] = __half2float(vrow[tok[u]]);
-                }
-            }
             mbar_wait(&full[s], phase);
             float sc[KEPT];
 #pragma unroll
@@ -626,10 +498,6 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
             }
 #pragma unroll
             for (int u = 0; u < KEPT; ++u) pending.sc[u] = sc[u];
-            if constexpr (FUSED) {
-#pragma unroll
-                for (int u = 0; u < KEPT; ++u) pending.old[u] = old[u];
-            }
             pending.i = i;
             if (!PIPELINED) finish(pending);
         }
@@ -641,58 +509,13 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     for (int k = tid; k < mine * NR; k += 128) {
         const int i = SET + (k / NR) * BP, j = ROW0 + k % NR;
         const float4* p = reinterpret_cast<const float4*>(pmax_s + (i * NEXT_N + j) * 32);
-        if constexpr (FUSED) {
-            // the 32 partials are quads w * 8 + q (tokens 16 w + q and 16 w + q + 8): warp w's 8 hold group w of 16
-            float wm[4];
+        float m = -INFINITY;
 #pragma unroll
-            for (int w = 0; w < 4; ++w) {
-                const float4 x = p[2 * w], y = p[2 * w + 1];
-                wm[w] = max_nan(max_nan(max_nan(x.x, x.y), max_nan(x.z, x.w)),
-                                max_nan(max_nan(y.x, y.y), max_nan(y.z, y.w)));
-            }
-            block_max[(int64_t(b) * NEXT_N + j) * bmax_stride + blk0 + i] =
-                max_nan(max_nan(wm[0], wm[1]), max_nan(wm[2], wm[3]));
-            if (fa.group_max != nullptr) {
-                float* gm = fa.group_max + (int64_t(b) * NEXT_N + j) * fa.gmax_stride + int64_t(blk0 + i) * (T / fa.group);
-                if (fa.group == 16) {
-#pragma unroll
-                    for (int w = 0; w < 4; ++w) gm[w] = wm[w];
-                } else {
-                    gm[0] = max_nan(wm[0], wm[1]);
-                    gm[1] = max_nan(wm[2], wm[3]);
-                }
-            }
-        } else {
-            float m = -INFINITY;
-#pragma unroll
-            for (int q = 0; q < 8; ++q) {
-                const float4 x = p[q];
-                m = fmaxf(m, fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
-            }
-            block_max[(int64_t(b) * NEXT_N + j) * bmax_stride + blk0 + i] = m;
+        for (int q = 0; q < 8; ++q) {
+            const float4 x = p[q];
+            m = fmaxf(m, fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
         }
-    }
-    if constexpr (FUSED) {
-        // V's block max and last_seen of the blocks this set updated (a block's 4 warps meet here, after the
-        // barrier above): the max over the block's 64 cells, those not updated included (update_history_ref)
-        if (hist) {
-            for (int k = tid; k < mine; k += 128) {
-                const int i = SET + k * BP;
-                const uint4* live = reinterpret_cast<const uint4*>(vlive_s + i * 32);
-                const uint4 l0 = live[0], l1 = live[1];
-                if ((l0.x | l0.y | l0.z | l0.w | l1.x | l1.y | l1.z | l1.w) == 0) continue;
-                const float4* p = reinterpret_cast<const float4*>(vmax_s + i * 32);
-                float m = -INFINITY;
-#pragma unroll
-                for (int q = 0; q < 8; ++q) {
-                    const float4 x = p[q];
-                    m = fmaxf(m, fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
-                }
-                const int64_t pv = vphys_s[i];
-                fa.vb[pv * fa.vb_stride] = __float2half_rn(m);
-                if (fa.seen != nullptr) fa.seen[pv * fa.seen_stride] = clock;
-            }
-        }
+        block_max[(int64_t(b) * NEXT_N + j) * bmax_stride + blk0 + i] = m;
     }
     };
     using std::integral_constant;
@@ -763,24 +586,24 @@ int make_map(CUtensorMap* map, void* base, uint64_t rows, uint32_t box_rows) {
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS ? 0 : -2;
 }
 
-template <int NEXT_N, bool MAXIMA, bool FUSED>
+template <int NEXT_N, bool MAXIMA>
 int launch_kernel(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* cache, const float* weights,
                   const int* seq_lens, const int* block_table, float* out, float* block_max, int batch, int width,
                   int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
-                  int rows_per_page, int64_t page_bytes, const FusedArgs& fa, int device, cudaStream_t stream) {
+                  int rows_per_page, int64_t page_bytes, int device, cudaStream_t stream) {
     constexpr int smem = Shape<NEXT_N>::SMEM;
     if (chunk > Shape<NEXT_N>::CHUNK_MAX) return -5;
     static bool configured[MAX_DEVICES] = {};  // the attribute is per function and device: set once each
     if (!configured[device]) {
-        const auto kernel = paged_logits_kernel<NEXT_N, MAXIMA, FUSED>;
+        const auto kernel = paged_logits_kernel<NEXT_N, MAXIMA>;
         if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
             return -3;
         configured[device] = true;
     }
     dim3 grid(batch, (width + chunk - 1) / chunk);
-    paged_logits_kernel<NEXT_N, MAXIMA, FUSED><<<grid, Shape<NEXT_N>::THREADS, smem, stream>>>(
+    paged_logits_kernel<NEXT_N, MAXIMA><<<grid, Shape<NEXT_N>::THREADS, smem, stream>>>(
         key_map, q_map, cache, weights, seq_lens, block_table, out, block_max, stride_table, out_stride, bmax_stride,
-        chunk, width, num_cache_blocks, rows_per_page, page_bytes, fa);
+        chunk, width, num_cache_blocks, rows_per_page, page_bytes);
     return cudaGetLastError() == cudaSuccess ? 0 : -4;
 }
 
@@ -788,17 +611,13 @@ template <int NEXT_N>
 int launch(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* cache, const float* weights,
            const int* seq_lens, const int* block_table, float* out, float* block_max, int batch, int width,
            int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
-           int rows_per_page, int64_t page_bytes, const FusedArgs* fused, int device, cudaStream_t stream) {
-    const FusedArgs none = {};
+           int rows_per_page, int64_t page_bytes, int device, cudaStream_t stream) {
     const auto go = [&](auto kernel_launch) {
         return kernel_launch(key_map, q_map, cache, weights, seq_lens, block_table, out, block_max, batch, width,
                              stride_table, out_stride, bmax_stride, chunk, num_cache_blocks, rows_per_page,
-                             page_bytes, fused != nullptr ? *fused : none, device, stream);
+                             page_bytes, device, stream);
     };
-    if constexpr (NEXT_N == 1) {
-        if (fused != nullptr) return go(launch_kernel<NEXT_N, true, true>);
-    }
-    return block_max != nullptr ? go(launch_kernel<NEXT_N, true, false>) : go(launch_kernel<NEXT_N, false, false>);
+    return block_max != nullptr ? go(launch_kernel<NEXT_N, true>) : go(launch_kernel<NEXT_N, false>);
 }
 
 }  // namespace
@@ -810,11 +629,8 @@ extern "C" int spin_paged_logits_sm90(int next_n, void* q, void* cache, int64_t 
                                       int64_t page_bytes, const float* weights, const int* seq_lens,
                                       const int* block_table, int batch, int width, int stride_table, float* out,
                                       int64_t out_stride, float* block_max, int64_t bmax_stride, int chunk,
-                                      const FusedArgs* fused, int device, void* stream) {
+                                      int device, void* stream) {
     if (next_n < 1 || next_n > 4 || page_bytes % D != 0 || chunk < 1 || chunk > MAX_CHUNK) return -5;
-    if (fused != nullptr && (next_n != 1 || block_max == nullptr || (fused->group_max != nullptr &&
-                                                                     fused->group != 16 && fused->group != 32)))
-        return -5;
     if (device < 0 || device >= MAX_DEVICES) return -5;
     if (batch == 0 || width == 0) return 0;
     // This library carries its own CUDA runtime (nvcc links it statically), whose current device is not torch's:
@@ -833,15 +649,15 @@ extern "C" int spin_paged_logits_sm90(int next_n, void* q, void* cache, int64_t 
     switch (next_n) {
         case 1: return launch<1>(key_map, q_map, c, weights, seq_lens, block_table, out, block_max, batch, width,
                                  stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
-                                 page_bytes, fused, device, s);
+                                 page_bytes, device, s);
         case 2: return launch<2>(key_map, q_map, c, weights, seq_lens, block_table, out, block_max, batch, width,
                                  stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
-                                 page_bytes, fused, device, s);
+                                 page_bytes, device, s);
         case 3: return launch<3>(key_map, q_map, c, weights, seq_lens, block_table, out, block_max, batch, width,
                                  stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
-                                 page_bytes, fused, device, s);
+                                 page_bytes, device, s);
         default: return launch<4>(key_map, q_map, c, weights, seq_lens, block_table, out, block_max, batch, width,
                                   stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
-                                  page_bytes, fused, device, s);
+                                  page_bytes, device, s);
     }
 }

@@ -147,10 +147,10 @@ if triton is not None:
             # applied in increasing order, a probe that the one before moved outside (lo, hi] changes nothing.
             # (Counting by arithmetic instead of compares changed nothing on the H200, run 94: the select is bound
             # by the reductions' rounds, not by this count.)
-            span = hi - lo
-            x1 = hi - (3 * span) // 4
-            x2 = hi - span // 2
-            x3 = hi - span // 4
+            gap = hi - lo  # (int64: `span` above is the bracket's float64)
+            x1 = hi - (3 * gap) // 4
+            x2 = hi - gap // 2
+            x3 = hi - gap // 4
             c1, c2, c3 = tl.reduce(((key >= x1.to(tl.uint32)).to(tl.int32), (key >= x2.to(tl.uint32)).to(tl.int32),
                                     (key >= x3.to(tl.uint32)).to(tl.int32)), 0, _add3)
             lo, hi = _probe(lo, hi, x1, c1, need)

@@ -355,11 +355,11 @@ def _check_threshold(keys, ok, need, uniform, dev, what):
     assert torch.equal(out.cpu(), want), what
 
 
-@pytest.mark.parametrize("uniform", [False, True], ids=["quarters", "bracketed"])
+@pytest.mark.parametrize("uniform", [False, True], ids=["bisect", "bracketed"])
 def test_threshold_matches_a_sort(uniform, gen, triton_device):
-    # the register path's k-th largest search (three probes a step): the needs from 0 to past the count on
-    # each case, every need on the random keys; the bracketed search (probes around the quantile of uniform
-    # hashes first) must be exact on any keys
+    # the register path's k-th largest search: needs from 0 to past the count on each case (every one on the
+    # random keys); the bracketed search (probes around the quantile of uniform hashes first) must be exact on
+    # any keys
     if triton is None:
         pytest.skip("triton")
     size = 32
@@ -370,7 +370,7 @@ def test_threshold_matches_a_sort(uniform, gen, triton_device):
             _check_threshold(keys, ok, need, uniform, triton_device, f"{name}, need {need} of {count}")
 
 
-@pytest.mark.parametrize("uniform", [False, True], ids=["quarters", "bracketed"])
+@pytest.mark.parametrize("uniform", [False, True], ids=["bisect", "bracketed"])
 def test_threshold_on_wide_hash_tiles(uniform, gen, triton_device):
     # stage C's shape: 31-bit hashes + 1 over a wide tile, some lanes kept (0); the bracket around the
     # quantile is narrow here, so the needs near the ends and the ties exercise both probe outcomes

@@ -101,7 +101,7 @@ try:  # the package imports this module only for CUDA tensors; without triton th
     import triton.language as tl
 
     from ..ops.topk_triton import _ukey  # fp32 -> order-preserving uint32, the top-k's own key
-    from .select_triton import (NEG_INF, _add2, _digit_hist, _forced_value, _is_forced, _mix, _mix32, _pick_digit,
+    from .select_triton import (NEG_INF, _digit_hist, _forced_value, _is_forced, _mix, _mix32, _pick_digit,
                                 _take, _threshold, _tile_key)
 except ImportError:  # pragma: no cover
     triton = None
@@ -454,69 +454,26 @@ if triton is not None:
         return m & ((blk >= first_new) | (bm == NEG_INF) | (blk >= first_entered) | ((blk * 0 + dense) > 0))
 
     @triton.jit
-    def _sum_min(c0, s0, m0, c1, s1, m1):
-        return c0 + c1, s0 + s1, tl.minimum(m0, m1)
-
-    @triton.jit
-    def _sum_min_pair(c0, s0, m0, d0, t0, n0, c1, s1, m1, d1, t1, n1):
-        return c0 + c1, s0 + s1, tl.minimum(m0, m1), d0 + d1, t0 + t1, tl.minimum(n0, n1)
-
-    @triton.jit
-    def _z(x, seen, cnt, mean, sq, low_x):
-        """The standardized lanes of summary.standardized from a lane tensor's count, mean, sum of squared
-        deviations and lowest seen value: (x - mean) / std where seen, the lowest z elsewhere (0 when none is
-        seen). The lowest z is the z of the lowest value (x - mean and the division by a positive std are
-        monotone roundings), so no reduction over z is needed."""
-        sd = tl.maximum(tl.sqrt_rn(tl.math.div_rn(sq, cnt)), 1e-12)
-        low = tl.where(low_x < float("inf"), tl.math.div_rn(low_x - mean, sd), 0.0)
-        return tl.where(seen, tl.math.div_rn(x - mean, sd), low)
-
-    @triton.jit
-    def _moments(x, seen):
-        """(count >= 1 as float32, mean, lowest seen value or +inf) of the seen lanes in one block reduction."""
-        cnt, tot, low_x = tl.reduce((seen.to(tl.int32), tl.where(seen, x, 0.0), tl.where(seen, x, float("inf"))),
-                                    0, _sum_min)
-        cnt = tl.maximum(cnt, 1).to(tl.float32)
-        return cnt, tl.math.div_rn(tot, cnt), low_x
-
-    @triton.jit
     def _standardized(x, seen):
         """summary.standardized on one [SB] lane tensor: (x - mean) / std over the seen lanes (two passes, as
         torch), the others at the lowest z (0 when none is seen). Rounded division and square root, so the
-        values differ from torch's only by the order of the two sums. Two block reductions (count, sum and
-        minimum in one; the squared deviations): each is a dependent round of shuffles and a barrier, the
-        select's latency."""
-        cnt, mean, low_x = _moments(x, seen)
-        dev = tl.where(seen, x - mean, 0.0)
-        return _z(x, seen, cnt, mean, tl.sum(dev * dev, axis=0), low_x)
-
-    @triton.jit
-    def _standardized_pair(x, sx, y, sy):
-        """_standardized of two lane tensors at once: the same two block reductions carry both."""
-        cx, tx, lx, cy, ty, ly = tl.reduce((sx.to(tl.int32), tl.where(sx, x, 0.0), tl.where(sx, x, float("inf")),
-                                            sy.to(tl.int32), tl.where(sy, y, 0.0), tl.where(sy, y, float("inf"))),
-                                           0, _sum_min_pair)
-        cx = tl.maximum(cx, 1).to(tl.float32)
-        cy = tl.maximum(cy, 1).to(tl.float32)
-        mx = tl.math.div_rn(tx, cx)
-        my = tl.math.div_rn(ty, cy)
-        dx = tl.where(sx, x - mx, 0.0)
-        dy = tl.where(sy, y - my, 0.0)
-        qx, qy = tl.reduce((dx * dx, dy * dy), 0, _add2)
-        return _z(x, sx, cx, mx, qx, lx), _z(y, sy, cy, my, qy, ly)
-
-    @triton.jit
-    def _mixed(zh, zs, forced, m, w_hist, w_sum):
-        """float32 [SB]: summary.summary_scores from the standardized history zh and summary scores zs,
-        _forced_value() on the forced blocks, -inf past the request."""
-        x = w_hist * zh + w_sum * zs
-        return tl.where(forced, _forced_value(), tl.where(m, x, NEG_INF))
+        values differ from torch's only by the order of the two sums."""
+        cnt = tl.maximum(tl.sum(seen.to(tl.int32), axis=0), 1).to(tl.float32)
+        xs = tl.where(seen, x, 0.0)
+        mean = tl.math.div_rn(tl.sum(xs, axis=0), cnt)
+        dev = tl.where(seen, xs - mean, 0.0)
+        var = tl.math.div_rn(tl.sum(dev * dev, axis=0), cnt)
+        z = tl.where(seen, tl.math.div_rn(xs - mean, tl.maximum(tl.sqrt_rn(var), 1e-12)), float("inf"))
+        low = tl.min(z, axis=0)
+        low = tl.where(low < float("inf"), low, 0.0)
+        return tl.where(seen, z, low)
 
     @triton.jit
     def _summary_mixed(h, zs, forced, m, w_hist, w_sum):
         """float32 [SB]: summary.summary_scores of one prediction row (raw history h, -inf where never scored;
         zs the standardized summary scores), _forced_value() on the forced blocks, -inf past the request."""
-        return _mixed(_standardized(h, m & (h > NEG_INF)), zs, forced, m, w_hist, w_sum)
+        x = w_hist * _standardized(h, m & (h > NEG_INF)) + w_sum * zs
+        return tl.where(forced, _forced_value(), tl.where(m, x, NEG_INF))
 
     @triton.jit
     def _scores_via_scratch(scr, blk, lo, n, tb, bmax_l, stride_bp, num_cache_blocks, first_new, first_entered,
@@ -729,8 +686,8 @@ if triton is not None:
                         tl.store(scr + blk, h, mask=blk < lo)
                     # (blk < width: lengths past the table, possible with plan(validate=False), read no summary)
                     summ = tl.load(sum_ptr + b * stride_sum + blk, mask=m & (blk < width), other=NEG_INF)
-                    zh, zs = _standardized_pair(h, m & (h > NEG_INF), summ, m & (summ > NEG_INF))
-                    s = _mixed(zh, zs, forced, m, w_hist, w_sum)
+                    zs = _standardized(summ, m & (summ > NEG_INF))
+                    s = _summary_mixed(h, zs, forced, m, w_hist, w_sum)
                 else:
                     # one float tensor from here on: the forced blocks as the _forced_value() NaN (no second mask
                     # live through the window's scoring), the blocks before the window scored by their block max

@@ -25,20 +25,13 @@ try:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
+    from triton.runtime.jit import JITFunction, mangle_type
 except ImportError:  # pragma: no cover - no triton: nothing to check
     triton = None
 
 TARGET = ("cuda", 90, 32)  # the H200 / H100: sm_90, 32-thread warps
 LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "enable_fp_fusion", "maxnreg")
 PACKAGE = "spin_indexer"
-DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
-          torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8",
-          torch.bool: "i1", torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5"}
-for _name, _code in (("uint16", "u16"), ("uint32", "u32"), ("uint64", "u64")):
-    if hasattr(torch, _name):
-        DTYPES[getattr(torch, _name)] = _code
-
 _compiled: set = set()       # the launches compiled (their keys), once each per process
 _twins: dict = {}            # python function -> its JITFunction
 _lock = threading.Lock()
@@ -72,26 +65,6 @@ def _twin_of(fn) -> "JITFunction":
     if twin is None:
         twin = _twins[fn] = JITFunction(fn)
     return twin
-
-
-def _arg_type(value) -> str:
-    """Triton's signature type of a launch argument (None: a constexpr None)."""
-    if isinstance(value, torch.Tensor):
-        try:
-            return "*" + DTYPES[value.dtype]
-        except KeyError:
-            raise TypeError(f"sm90_compile: no triton type for a {value.dtype} tensor argument") from None
-    if value is None:
-        return "constexpr"
-    if isinstance(value, bool):
-        return "i1"
-    if isinstance(value, int):
-        if -2**31 <= value < 2**31:
-            return "i32"
-        return "i64" if -2**63 <= value < 2**63 else "u64"
-    if isinstance(value, float):
-        return "fp32"
-    raise TypeError(f"sm90_compile: no triton type for a {type(value).__name__} launch argument")
 
 
 def _key_of(value):
@@ -187,7 +160,7 @@ def compile_launch(kernel: "InterpretedFunction", args: tuple, kwargs: dict) -> 
             signature[p.name] = "constexpr"
             constexprs[p.name] = value
         else:
-            signature[p.name] = _arg_type(value)
+            signature[p.name] = mangle_type(value)  # triton's own: *fp32, i32, tensordesc<u8[64, 128]>, ...
     key = (kernel.fn, tuple(signature.items()), tuple((k, _key_of(v)) for k, v in constexprs.items()),
            tuple(sorted(options.items())))
     with _lock:

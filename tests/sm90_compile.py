@@ -1,10 +1,12 @@
-"""Every Triton launch the interpreter runs, compiled for the H200 (sm_90) too, on a machine without a GPU.
+"""Every launch of the package's Triton kernels that the interpreter runs also goes through the compiler for the
+H200 (sm_90), on a machine without a GPU.
 
 The interpreter executes a kernel's Python line by line and never runs Triton's compiler, so a kernel can pass
 every CPU test and still fail to build on the GPU (run 136: a loop-carried variable whose type changed, which the
-compiler refuses and the interpreter never checks). Triton's CUDA backend compiles without a GPU (front end,
-passes, PTX, ptxas: all on the host), so each distinct launch (kernel, argument types, constexprs, launch options)
-is compiled here once for sm_90 before the interpreter runs it; a compile error fails the test that launched it.
+compiler refuses and the interpreter never checks). Triton's CUDA backend compiles without a GPU, so each
+distinct launch (kernel, argument types, constexprs, launch options) goes once through the compiler's front end
+for sm_90 (`front_end`; SPIN_SM90_COMPILE=full: to a cubin) before the interpreter runs it; a compile error fails
+the test that launched it.
 
 `install()` wraps InterpretedFunction.run (conftest.py calls it under TRITON_INTERPRET=1 where the compiler is
 usable and SPIN_SM90_COMPILE is not 0). The code generator resolves a kernel's callees through its module
@@ -38,7 +40,8 @@ _lock = threading.Lock()
 
 
 def usable() -> bool:
-    """Whether this triton can compile for sm_90 here (its CUDA backend and ptxas are installed)."""
+    """Whether this triton can compile for sm_90 here (its CUDA backend and the front-end calls `front_end`
+    makes)."""
     if triton is None:
         return False
     try:
@@ -77,7 +80,7 @@ _pristine: list = []  # (module or class of triton.language, its attributes befo
 def _snapshot_lang() -> None:
     """The attributes of triton.language's modules and of the classes they define, before the interpreter runs:
     its device-function calls patch triton.language.core and never restore it (triton 3.9)."""
-    import triton.language as tl
+    import triton.language  # noqa: F401 - its modules loaded before the snapshot
     seen = set()
     for name, module in list(sys.modules.items()):
         if module is None or not (name == "triton.language" or name.startswith("triton.language.")):
@@ -87,7 +90,6 @@ def _snapshot_lang() -> None:
             if id(obj) not in seen:
                 seen.add(id(obj))
                 _pristine.append((obj, dict(vars(obj))))
-    del tl
 
 
 class _PristineLang:

@@ -24,8 +24,8 @@ import torch
 # default (no opt-in flag): they must stay tiny.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-# Each distinct interpreted launch is also compiled for sm_90 (tests/sm90_compile.py): a kernel that only the
-# interpreter accepts fails here, not on the GPU. SPIN_SM90_COMPILE=0 turns it off.
+# Each distinct interpreted launch also goes through Triton's compiler front end for sm_90 (tests/sm90_compile.py):
+# a kernel that only the interpreter accepts fails here, not on the GPU. SPIN_SM90_COMPILE=0 turns it off.
 if os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("SPIN_SM90_COMPILE", "1") != "0":
     import sm90_compile
 

@@ -18,9 +18,6 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-import threading
-
-import torch
 
 try:
     import triton
@@ -36,7 +33,6 @@ LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "enable_fp_fusion", "ma
 PACKAGE = "spin_indexer"
 _compiled: set = set()       # the launches compiled (their keys), once each per process
 _twins: dict = {}            # python function -> its JITFunction
-_lock = threading.Lock()
 
 
 def usable() -> bool:
@@ -68,10 +64,6 @@ def _twin_of(fn) -> "JITFunction":
     if twin is None:
         twin = _twins[fn] = JITFunction(fn)
     return twin
-
-
-def _key_of(value):
-    return repr(value) if not isinstance(value, torch.dtype) else str(value)
 
 
 _pristine: list = []  # (module or class of triton.language, its attributes before any interpretation)
@@ -163,14 +155,13 @@ def compile_launch(kernel: "InterpretedFunction", args: tuple, kwargs: dict) -> 
             constexprs[p.name] = value
         else:
             signature[p.name] = mangle_type(value)  # triton's own: *fp32, i32, tensordesc<u8[64, 128]>, ...
-    key = (kernel.fn, tuple(signature.items()), tuple((k, _key_of(v)) for k, v in constexprs.items()),
+    key = (kernel.fn, tuple(signature.items()), tuple((k, repr(v)) for k, v in constexprs.items()),
            tuple(sorted(options.items())))
-    with _lock:
-        if key in _compiled:
-            return
-        with _PristineLang(), _JitGlobals():
-            front_end(ASTSource(twin, signature, constexprs), options)
-        _compiled.add(key)
+    if key in _compiled:
+        return
+    with _PristineLang(), _JitGlobals():
+        front_end(ASTSource(twin, signature, constexprs), options)
+    _compiled.add(key)
 
 
 def front_end(src: "ASTSource", options: dict):

@@ -19,13 +19,23 @@ def _pair(cfg, batch, width, next_n, layers):
     return out
 
 
+def _share_state(src, dst) -> None:
+    """Every tensor of SpinState src copied into dst's (same shapes: both indexers built alike)."""
+    for name, value in vars(src).items():
+        if isinstance(value, torch.Tensor):
+            getattr(dst, name).copy_(value)
+
+
 @pytest.mark.parametrize("next_n", [1, 2])
 @pytest.mark.parametrize("mtp", ["row0", "row-local"])
 @pytest.mark.parametrize("summary", [0.0, 0.5], ids=["paper", "summary-mix"])
 def test_cuda_step_matches_cpu_reference(next_n, mtp, summary, gen):
     """The fused step (with the summary mix: plan() resets, run(layer) writes and scores the summary cache and
-    selects in one launch) against the CPU's torch path. The mix standardizes fp32 scores summed in another
-    order (and the summary scores come from an fp8 MMA): a block at a near-tie may flip, two a step at most."""
+    selects in one launch) against the CPU's torch path, both planning from the same state each step (the GPU
+    takes the CPU's history before plan(): histories written from fp8-MMA logits drift apart by rounding, and a
+    drifted near-tie would flip a block whatever the kernels do). So the paper's plan must match exactly; the
+    mix standardizes fp32 scores summed in another order (and its summary scores come from an fp8 MMA): a block
+    at a near-tie may flip, two a step at most."""
     lengths = (9000, 4100, 700)
     x = make_paged_inputs(lengths, next_n, 64, 128, gen, garbage=False)
     cfg = SpinConfig(sparsity=0.4, topk=512, mtp=mtp, summary=summary)
@@ -34,6 +44,7 @@ def test_cuda_step_matches_cpu_reference(next_n, mtp, summary, gen):
     xg = x.to("cuda")
     for step in range(4):
         w = torch.randn_like(x.weights)  # the query side moves every step
+        _share_state(cpu.state, gpu.state)
         cpu.plan(x.block_table, x.seq_lens, s_cpu)
         gpu.plan(xg.block_table, xg.seq_lens, s_gpu)
         for layer in range(2):

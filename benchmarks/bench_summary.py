@@ -16,7 +16,8 @@ Per point (B requests x L tokens, next_n = 1, V3.2's indexer: 64 heads x 128 dim
           long requests when the mix is configured for short ones)
 Variants in the same call: --score-tiles (tiles a scoring program, block_summary_triton.SCORE_TILES: score / fused
 at each, `score_us_t<N>`, `fused_us_t<N>`) and --select-warps (the mix's select at N warps, `select_us_w<N>`); the
-first of each list is the row's `score_us` / `fused_us` / `select_us`.
+first of each list is the row's `score_us` / `fused_us` / `select_us`; --select-tiles (the mix's select with N-block
+score tiles, select_layer_triton's score_block, at the launcher's warps: `select_us_s<N>`).
 Each is checked against its torch reference on the first rotation before it is timed (CUDA graph, rotated
 inputs, harness.time_graph), and reported with its bytes and bandwidth. Bytes first: score / logits should be
 about S / 64 in time too, if both stream at the same bandwidth.
@@ -38,7 +39,8 @@ ROW_BYTES = 132  # D + 4 bytes a key (or a summary row)
 SCORE_REL_ERR_MAX = 1e-3
 
 
-def point(batch: int, ctx: int, parts: int, pool, score_tiles=(None,), select_warps=(None,)) -> dict:
+def point(batch: int, ctx: int, parts: int, pool, score_tiles=(None,), select_warps=(None,),
+          select_tiles=()) -> dict:
     import torch
     from harness import DEVICE, decode_lens, random_queries, rel_err, rotations_for, time_graph
 
@@ -93,15 +95,17 @@ def point(batch: int, ctx: int, parts: int, pool, score_tiles=(None,), select_wa
     for name in ("write", "score", "logits"):
         row[f"{name}_gbps"] = row[f"{name}_bytes"] / (row[f"{name}_us"] * 1e-6) / 1e9
     row["summary_over_logits"] = (row["write_us"] + row["score_us"]) / row["logits_us"]
-    row.update(select_times(batch, width, parts, tables, lens, scores, pool.num_blocks, select_warps))
+    row.update(select_times(batch, width, parts, tables, lens, scores, pool.num_blocks, select_warps,
+                            select_tiles))
     row["mix_over_logits"] = (row["fused_us"] + row["select_us"]) / row["logits_us"]
     return row
 
 
 def select_times(batch: int, width: int, parts: int, tables, lens, summary, num_blocks: int,
-                 select_warps=(None,)) -> dict:
-    """The mix's select launch (at each of select_warps, None = the launcher's choice) and the paper's one-layer
-    plan(), timed over one random history (every block scored, no block entering: decoding's steady state).
+                 select_warps=(None,), select_tiles=()) -> dict:
+    """The mix's select launch (at each of select_warps, None = the launcher's choice, then at each of
+    select_tiles' score tiles) and the paper's one-layer plan(), timed over one random history (every block
+    scored, no block entering: decoding's steady state).
     summary: float32 [B, W] scores to mix."""
     import dataclasses
 
@@ -137,6 +141,17 @@ def select_times(batch: int, width: int, parts: int, tables, lens, summary, num_
                     out[f"{name}_us"] = us
                 if name == "select":
                     out[f"select_us_w{warps or 0}"] = us
+            def selected(tiles=16):  # the first table's plan at these tiles (the tiling must not change it)
+                select_layer_triton(cfg, st, ws, 0, tables[0], lens, slots, summary, cached=False, score_block=tiles)
+                return ws.num_kept.clone(), ws.kept_blocks.clone()
+
+            want = selected() if name == "select" and select_tiles else None
+            for tiles in select_tiles if name == "select" else ():
+                got = selected(tiles)
+                out[f"select_same_s{tiles}"] = all(torch.equal(g, w) for g, w in zip(got, want))
+                calls = [lambda t=t, cfg=cfg, st=st, ws=ws, tiles=tiles: select_layer_triton(
+                    cfg, st, ws, 0, t, lens, slots, summary, cached=False, score_block=tiles) for t in tables]
+                out[f"select_us_s{tiles}"] = time_graph(calls).p50_us
         else:
             calls = [lambda t=t, cfg=cfg, st=st, ws=ws: plan_step_triton(cfg, st, ws, t, lens, slots, None)
                      for t in tables]
@@ -151,6 +166,7 @@ def main(argv=None) -> int:
     p.add_argument("--parts", default="4,16", help="sub-block counts S")
     p.add_argument("--score-tiles", default="0", help="tiles a scoring program to time (0 = the default)")
     p.add_argument("--select-warps", default="0", help="warps of the mix's select to time (0 = the launcher's)")
+    p.add_argument("--select-tiles", default="", help="score tiles (blocks) of the mix's select to time too")
     p.add_argument("--out", default=None, help="a JSON file for the rows and the environment")
     args = p.parse_args(argv)
     from harness import KeyPool, environment
@@ -161,7 +177,9 @@ def main(argv=None) -> int:
     pool = KeyPool(max(2 * most, 64))
     tiles = tuple(int(x) or None for x in args.score_tiles.split(","))
     warps = tuple(int(x) or None for x in args.select_warps.split(","))
-    rows = [point(b, ctx, int(s), pool, tiles, warps) for b, ctx in points for s in args.parts.split(",")]
+    select_tiles = tuple(int(x) for x in args.select_tiles.split(",") if x)
+    rows = [point(b, ctx, int(s), pool, tiles, warps, select_tiles) for b, ctx in points
+            for s in args.parts.split(",")]
     print(f"{'B x L':>12s} {'S':>3s} {'write us':>9s} {'score us':>9s} {'logits us':>10s} {'(w+s)/logits':>13s} "
           f"{'score GB/s':>11s} {'logits GB/s':>12s} {'fused us':>9s} {'mix select':>11s} {'paper plan':>11s} "
           f"{'idle sel':>9s} {'mix/logits':>11s} ok")
@@ -172,13 +190,17 @@ def main(argv=None) -> int:
               f"{r['logits_gbps']:12.0f} {r['fused_us']:9.1f} {r['select_us']:11.1f} {r['paper_select_us']:11.1f} "
               f"{r['idle_select_us']:9.1f} "
               f"{r['mix_over_logits']:11.3f} {'yes' if ok else 'NO'}")
-        variants = {k: v for k, v in r.items() if k.startswith(("score_us_t", "fused_us_t", "select_us_w"))}
+        variants = {k: v for k, v in r.items()
+                    if k.startswith(("score_us_t", "fused_us_t", "select_us_w", "select_us_s"))}
         if len(variants) > 3:
             print("      " + "  ".join(f"{k} {v:.1f}" for k, v in variants.items()))
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"env": env, "rows": rows}, f, indent=1)
-    return 0 if all(r["write_matches"] and r["score_rel_err"] < SCORE_REL_ERR_MAX for r in rows) else 1
+    same = all(v for r in rows for k, v in r.items() if k.startswith("select_same_s"))
+    if not same:
+        print("the mix's select chose other blocks at some --select-tiles (select_same_s<N> false)")
+    return 0 if same and all(r["write_matches"] and r["score_rel_err"] < SCORE_REL_ERR_MAX for r in rows) else 1
 
 
 if __name__ == "__main__":

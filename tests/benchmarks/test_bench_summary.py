@@ -16,7 +16,8 @@ def test_dry_run_checks_the_kernels(tmp_path):
     from spin_indexer.ops.block_summary_triton import SCORE_TILES
     out = tmp_path / "summary.json"
     proc = run_benchmark_dry("bench_summary.py", ["--points", "2x512", "--parts", "4,16", "--score-tiles", "0,1",
-                                                  "--select-warps", "0,1", "--out", out], timeout=600)
+                                                  "--select-warps", "0,1", "--select-tiles", "4,8",
+                                                  "--out", out], timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     rows = json.loads(out.read_text())["rows"]
     assert [r["parts"] for r in rows] == [4, 16]
@@ -27,3 +28,5 @@ def test_dry_run_checks_the_kernels(tmp_path):
         # the variants: the default tiles (first) and 1 tile a program, the launcher's warps (first) and 1 warp
         assert r["score_us"] == r[f"score_us_t{SCORE_TILES}"] and r["score_us_t1"] > 0 and r["fused_us_t1"] > 0
         assert r["select_us"] == r["select_us_w0"] and r["select_us_w1"] > 0
+        # the mix's select at other score tiles: timed, and the same plan as the default's
+        assert r["select_us_s4"] > 0 and r["select_us_s8"] > 0 and r["select_same_s4"] and r["select_same_s8"]

@@ -381,8 +381,13 @@ if triton is not None:
         if SLOT or RAW:  # per-slot combine, then pool (reduce=mean, or combine=sum; RAW: every rule)
             v = tl.full([SBS, TP], NEG_INF, tl.float32)
             if COMBINE != 3:
-                v = tl.load(vert_l + phys[:, None] * stride_vp + t, mask=cell_ok & vin[:, None],
-                            other=NEG_INF).to(tl.float32)
+                # whole V rows (a mask constant along the row, so each thread loads its 8 slots as one 16-byte
+                # vector rather than 8 scalars); the slots past q are dropped after the load
+                row_ok = ok[:, None] & vin[:, None]
+                if TP != T:
+                    row_ok = row_ok & (t < T)
+                v = tl.load(vert_l + phys[:, None] * stride_vp + t, mask=row_ok, other=NEG_INF)
+                v = tl.where(cell_ok, v.to(tl.float32), NEG_INF)
             if COMBINE == 0:
                 x = tl.maximum(v, d)
             elif COMBINE == 1:  # both: v + d; one missing: twice the other (score.combine)

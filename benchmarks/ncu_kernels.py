@@ -2,7 +2,8 @@
 96 x 512K (one layer: the pipelined update pass) and 1 x 128K (plan, DeepGEMM or the Triton logits, the update
 pass, the top-k chain), the Triton logits kernel alone at next_n = 2 and 4 in its production configurations and the
 CUDA logits kernel at 96 x 128K, next_n = 2 and 4 (cuda2, cuda4; cudaN-VARIANT: a probe build of
-cuda_logits_probe.py) with DeepGEMM's at next_n = 2 beside it (dg2).
+cuda_logits_probe.py) with DeepGEMM's at next_n = 2 beside it (dg2), and the summary mix's per-layer select
+(mix8x8k: one program's chain; mix96x128k).
 Each part runs once eagerly (compiles, warms), then once more inside an NVTX range "measure" (plan() and two
 layers of the step, one at 96 x 512K; one logits call), so `ncu --nvtx --nvtx-include measure/` profiles exactly
 one launch of each kernel of each part.
@@ -20,7 +21,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 PARTS = ("step96", "step96x512k", "step1", "mtp2", "mtp4", "plan96x512k", "plan96x1m",
-         "cuda2", "cuda4", "cuda2-compact", "cuda4-rg1", "cuda3-rg", "dg2")
+         "cuda2", "cuda4", "cuda2-compact", "cuda4-rg1", "cuda3-rg", "dg2", "mix8x8k", "mix96x128k")
 
 
 def spin_step(batch: int, ctx: int, measured_layers: int = 2) -> None:
@@ -41,6 +42,44 @@ def spin_step(batch: int, ctx: int, measured_layers: int = 2) -> None:
             idx.run(i, p.q[i][0], p.caches[i], p.q[i][1])
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
+
+
+def mix_select(batch: int, ctx: int) -> None:
+    """The summary mix's per-layer select launch (plan_triton.select_layer_triton, S = 1, s = 0.4) over a random
+    history and random summary scores, after one plan() for the step's stash (bench_summary.select_times' set-up)."""
+    import dataclasses
+
+    import torch
+    from harness import DEVICE, decode_lens
+
+    from spin_indexer.indexer import SpinIndexer
+    from spin_indexer.predictor import SpinConfig
+    from spin_indexer.predictor.plan_triton import plan_step_triton, select_layer_triton
+
+    width = ctx // 64
+    cfg = dataclasses.replace(SpinConfig(sparsity=0.4, topk=2048), summary=0.5, summary_parts=1)
+    idx = SpinIndexer(cfg, num_layers=1, max_batch=batch, max_blocks=width, num_cache_blocks=batch * width + 1,
+                      device=DEVICE)
+    st, ws = idx.state, idx.workspace
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    slots = torch.tensor([st.allocate() for _ in range(batch)], dtype=torch.int64, device=DEVICE)
+    st.vertical.copy_(torch.randn(st.vertical.shape, generator=gen, device=DEVICE).to(st.vertical.dtype))
+    st.block_max.copy_(st.vertical.float().amax(dim=2).t().to(st.block_max.dtype))
+    st.diagonal.copy_(torch.randn(st.diagonal.shape, generator=gen, device=DEVICE).to(st.diagonal.dtype))
+    table = torch.randperm(batch * width, device=DEVICE).to(torch.int32).view(batch, width)
+    lens = decode_lens(batch, 1, ctx)
+    st.seen_len[slots] = lens[:, 0]
+    summary = torch.randn(batch, width, generator=gen, device=DEVICE)
+    plan_step_triton(cfg, st, ws, table, lens, slots, None)  # the step's stash, once
+    gpu = DEVICE == "cuda"  # SPIN_BENCH_DEVICE=cpu: a dry run of the part under the interpreter
+    for measured in (False, True):
+        if measured and gpu:
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push("measure")
+        select_layer_triton(cfg, st, ws, 0, table, lens, slots, summary, cached=False)
+    if gpu:
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
 
 
 def mtp_logits(batch: int, ctx: int, next_n: int) -> None:
@@ -107,6 +146,8 @@ def main(argv=None) -> int:
             cuda_logits(96, 131072, int(part[4]), VARIANTS[part[6:]] if "-" in part else ())
         elif part == "dg2":  # DeepGEMM beside cuda2 (its clock and cycles against the CUDA kernel's)
             cuda_logits(96, 131072, 2, deepgemm=True)
+        elif part.startswith("mix"):  # the summary mix's select: one program's chain (8 x 8K) and a full wave
+            mix_select(*((8, 8192) if part == "mix8x8k" else (96, 131072)))
         elif part == "mtp2":
             mtp_logits(32, 131072, 2)
         else:

@@ -11,3 +11,13 @@ def test_unknown_part_is_rejected_with_the_known_names():
     ncu_kernels = import_benchmark("ncu_kernels")
     with pytest.raises(SystemExit, match="step96, step96x512k, step1, mtp2, mtp4.*'step2'"):
         ncu_kernels.main(["--parts", "step96,step2"])
+
+
+@pytest.mark.interpreter
+def test_mix_select_part_runs_dry():
+    # the summary mix's select part (its set-up, plan() for the stash, the launch) as a CPU dry run
+    pytest.importorskip("triton")
+    from conftest import run_benchmark_dry
+    proc = run_benchmark_dry("ncu_kernels.py", ["--parts", "mix8x8k"], timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "mix8x8k: done" in proc.stdout

@@ -373,10 +373,19 @@ if triton is not None:
         cell_ok = ok[:, None] & (t < T)
         if RAW:
             cell_ok = cell_ok & (blk[:, None] * T + t <= q)
+        # D_POOLED: the block's score is a max over its slots of max(v, d), of v or of d alone, so which d a slot
+        # meets does not matter: d is read in address order (offsets increasing along the tile's row, slot
+        # T - 1 - t) instead of slot order (offsets decreasing), which the compiler could not coalesce: every
+        # lane's 2 bytes took their own sector (ncu, run 139: the top stall of the mix's select)
+        D_POOLED: tl.constexpr = (not MEAN) and COMBINE != 1
         d = tl.full([SBS, TP], NEG_INF, tl.float32)
         if in_win:
-            off = q - blk[:, None] * T - t
-            dm = cell_ok & (off >= 0) & (off < window)
+            if D_POOLED:
+                off = q - blk[:, None] * T - (T - 1) + t
+                dm = ok[:, None] & (t < T) & (off >= 0) & (off < window)  # off >= 0: the slot is at or before q
+            else:
+                off = q - blk[:, None] * T - t
+                dm = cell_ok & (off >= 0) & (off < window)
             d = tl.load(diag_row + off, mask=dm, other=NEG_INF).to(tl.float32)
         if SLOT or RAW:  # per-slot combine, then pool (reduce=mean, or combine=sum; RAW: every rule)
             v = tl.full([SBS, TP], NEG_INF, tl.float32)
@@ -388,23 +397,31 @@ if triton is not None:
                     row_ok = row_ok & (t < T)
                 v = tl.load(vert_l + phys[:, None] * stride_vp + t, mask=row_ok, other=NEG_INF)
                 v = tl.where(cell_ok, v.to(tl.float32), NEG_INF)
-            if COMBINE == 0:
-                x = tl.maximum(v, d)
-            elif COMBINE == 1:  # both: v + d; one missing: twice the other (score.combine)
-                hv = (v > NEG_INF) & (v < float("inf"))
-                hd = (d > NEG_INF) & (d < float("inf"))
-                x = tl.where(hv & hd, v + d, tl.where(hv, 2 * v, tl.where(hd, 2 * d, NEG_INF)))
-            elif COMBINE == 2:
-                x = v
-            else:
-                x = d
-            if MEAN:  # mean over the finite slots, -inf if none (score.pool_blocks)
-                fin = (x > NEG_INF) & (x < float("inf"))
-                cnt = tl.sum(fin.to(tl.int32), axis=1)
-                tot = tl.sum(tl.where(fin, x, 0.0), axis=1)
-                s = tl.where(cnt > 0, tl.math.div_rn(tot, tl.maximum(cnt, 1).to(tl.float32)), NEG_INF)
-            else:
-                s = tl.max(x, axis=1)
+            if D_POOLED:  # max over the slots of v, of d (in address order), or of both
+                if COMBINE == 0:
+                    s = tl.maximum(tl.max(v, axis=1), tl.max(d, axis=1))
+                elif COMBINE == 2:
+                    s = tl.max(v, axis=1)
+                else:
+                    s = tl.max(d, axis=1)
+            else:  # slot by slot (d in slot order), then the pooling
+                if COMBINE == 0:
+                    x = tl.maximum(v, d)
+                elif COMBINE == 1:  # both: v + d; one missing: twice the other (score.combine)
+                    hv = (v > NEG_INF) & (v < float("inf"))
+                    hd = (d > NEG_INF) & (d < float("inf"))
+                    x = tl.where(hv & hd, v + d, tl.where(hv, 2 * v, tl.where(hd, 2 * d, NEG_INF)))
+                elif COMBINE == 2:
+                    x = v
+                else:
+                    x = d
+                if MEAN:  # mean over the finite slots, -inf if none (score.pool_blocks)
+                    fin = (x > NEG_INF) & (x < float("inf"))
+                    cnt = tl.sum(fin.to(tl.int32), axis=1)
+                    tot = tl.sum(tl.where(fin, x, 0.0), axis=1)
+                    s = tl.where(cnt > 0, tl.math.div_rn(tot, tl.maximum(cnt, 1).to(tl.float32)), NEG_INF)
+                else:
+                    s = tl.max(x, axis=1)
         else:  # reduce=max: the vertical part of a block is its block max (one fp16 read per block)
             dpart = tl.max(d, axis=1)
             if COMBINE == 2:

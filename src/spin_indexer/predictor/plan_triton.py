@@ -373,11 +373,14 @@ if triton is not None:
         cell_ok = ok[:, None] & (t < T)
         if RAW:
             cell_ok = cell_ok & (blk[:, None] * T + t <= q)
-        # D_POOLED: the block's score is a max over its slots of max(v, d), of v or of d alone, so which d a slot
-        # meets does not matter: d is read in address order (offsets increasing along the tile's row, slot
-        # T - 1 - t) instead of slot order (offsets decreasing), which the compiler could not coalesce: every
-        # lane's 2 bytes took their own sector (ncu, run 139: the top stall of the mix's select)
-        D_POOLED: tl.constexpr = (not MEAN) and COMBINE != 1
+        # D_POOLED (the summary mix's per-slot scoring, RAW, where the block's score is a max over its slots of
+        # max(v, d), of v or of d alone, so which d a slot meets does not matter): d is read in address order
+        # (offsets increasing along the tile's row, slot T - 1 - t) instead of slot order (offsets decreasing),
+        # which the compiler could not coalesce: every lane's 2 bytes took their own sector (ncu, run 139: the
+        # top stall of the mix's select). Run 140 (H100): the mix's select 0.6-3.6 us faster; the paper's plan
+        # (reduce=max, d pooled alone) 4.5-5 us slower in address order (its row max then crosses lanes), so
+        # it keeps slot order.
+        D_POOLED: tl.constexpr = RAW and (not MEAN) and COMBINE != 1
         d = tl.full([SBS, TP], NEG_INF, tl.float32)
         if in_win:
             if D_POOLED:

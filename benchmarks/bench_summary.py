@@ -141,8 +141,10 @@ def select_times(batch: int, width: int, parts: int, tables, lens, summary, num_
                     out[f"{name}_us"] = us
                 if name == "select":
                     out[f"select_us_w{warps or 0}"] = us
-            def selected(tiles=16):  # the first table's plan at these tiles (the tiling must not change it)
-                select_layer_triton(cfg, st, ws, 0, tables[0], lens, slots, summary, cached=False, score_block=tiles)
+            def selected(tiles=None):  # the first table's plan at these tiles (None: the launcher's default;
+                # the tiling must not change the plan)
+                extra = {} if tiles is None else dict(score_block=tiles)
+                select_layer_triton(cfg, st, ws, 0, tables[0], lens, slots, summary, cached=False, **extra)
                 return ws.num_kept.clone(), ws.kept_blocks.clone()
 
             want = selected() if name == "select" and select_tiles else None

@@ -110,9 +110,8 @@ def select_times(batch: int, width: int, parts: int, tables, lens, summary, num_
     import dataclasses
 
     import torch
-    from harness import DEVICE, time_graph
+    from harness import DEVICE, random_history_indexer, time_graph
 
-    from spin_indexer.indexer import SpinIndexer
     from spin_indexer.predictor import SpinConfig
     from spin_indexer.predictor.plan_triton import plan_step_triton, select_layer_triton
 
@@ -122,15 +121,8 @@ def select_times(batch: int, width: int, parts: int, tables, lens, summary, num_
     out = {}
     idle = dataclasses.replace(mixed, summary_below=1)  # every request is past it: the launch selects nothing
     for name, cfg in (("paper_select", paper), ("select", mixed), ("idle_select", idle)):
-        idx = SpinIndexer(cfg, num_layers=1, max_batch=batch, max_blocks=width, num_cache_blocks=num_blocks,
-                          device=DEVICE)
-        st = idx.state
-        slots = torch.tensor([st.allocate() for _ in range(batch)], dtype=torch.int64, device=DEVICE)
-        st.vertical.copy_(torch.randn(st.vertical.shape, generator=gen, device=DEVICE).to(st.vertical.dtype))
-        st.block_max.copy_(st.vertical.float().amax(dim=2).t().to(st.block_max.dtype))
-        st.diagonal.copy_(torch.randn(st.diagonal.shape, generator=gen, device=DEVICE).to(st.diagonal.dtype))
-        st.seen_len[slots] = lens[:, 0]
-        ws = idx.workspace
+        idx, slots = random_history_indexer(cfg, batch, width, lens, gen, num_cache_blocks=num_blocks)
+        st, ws = idx.state, idx.workspace
         if cfg.summary:
             plan_step_triton(cfg, st, ws, tables[0], lens, slots, None)  # the step's stash, once
             for i, warps in enumerate(select_warps if name == "select" else select_warps[:1]):

@@ -221,6 +221,24 @@ def decode_lens(batch: int, next_n: int, ctx: int) -> torch.Tensor:
     return (ctx - next_n + 1 + j)[None, :].expand(batch, next_n).contiguous()
 
 
+def random_history_indexer(cfg, batch: int, width: int, lens: torch.Tensor, gen: torch.Generator,
+                           num_cache_blocks: int | None = None):
+    """(SpinIndexer, slots int64 [B]): a one-layer indexer of batch requests x width blocks whose history is random
+    (every block scored, none entering: decoding's steady state), its slots allocated and seen up to lens[:, 0];
+    the history drawn from gen (vertical, then diagonal). num_cache_blocks: default batch * width + 1."""
+    from spin_indexer.indexer import SpinIndexer
+
+    idx = SpinIndexer(cfg, num_layers=1, max_batch=batch, max_blocks=width,
+                      num_cache_blocks=num_cache_blocks or batch * width + 1, device=DEVICE)
+    st = idx.state
+    slots = torch.tensor([st.allocate() for _ in range(batch)], dtype=torch.int64, device=DEVICE)
+    st.vertical.copy_(torch.randn(st.vertical.shape, generator=gen, device=DEVICE).to(st.vertical.dtype))
+    st.block_max.copy_(st.vertical.float().amax(dim=2).t().to(st.block_max.dtype))
+    st.diagonal.copy_(torch.randn(st.diagonal.shape, generator=gen, device=DEVICE).to(st.diagonal.dtype))
+    st.seen_len[slots] = lens[:, 0]
+    return idx, slots
+
+
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     """||got - want|| / ||want|| over the finite entries of want; inf if the -inf masks differ."""
     fin = torch.isfinite(want)

@@ -50,25 +50,18 @@ def mix_select(batch: int, ctx: int) -> None:
     import dataclasses
 
     import torch
-    from harness import DEVICE, decode_lens
+    from harness import DEVICE, decode_lens, random_history_indexer
 
-    from spin_indexer.indexer import SpinIndexer
     from spin_indexer.predictor import SpinConfig
     from spin_indexer.predictor.plan_triton import plan_step_triton, select_layer_triton
 
     width = ctx // 64
     cfg = dataclasses.replace(SpinConfig(sparsity=0.4, topk=2048), summary=0.5, summary_parts=1)
-    idx = SpinIndexer(cfg, num_layers=1, max_batch=batch, max_blocks=width, num_cache_blocks=batch * width + 1,
-                      device=DEVICE)
-    st, ws = idx.state, idx.workspace
     gen = torch.Generator(device=DEVICE).manual_seed(0)
-    slots = torch.tensor([st.allocate() for _ in range(batch)], dtype=torch.int64, device=DEVICE)
-    st.vertical.copy_(torch.randn(st.vertical.shape, generator=gen, device=DEVICE).to(st.vertical.dtype))
-    st.block_max.copy_(st.vertical.float().amax(dim=2).t().to(st.block_max.dtype))
-    st.diagonal.copy_(torch.randn(st.diagonal.shape, generator=gen, device=DEVICE).to(st.diagonal.dtype))
-    table = torch.randperm(batch * width, device=DEVICE).to(torch.int32).view(batch, width)
     lens = decode_lens(batch, 1, ctx)
-    st.seen_len[slots] = lens[:, 0]
+    idx, slots = random_history_indexer(cfg, batch, width, lens, gen)
+    st, ws = idx.state, idx.workspace
+    table = torch.randperm(batch * width, device=DEVICE).to(torch.int32).view(batch, width)
     summary = torch.randn(batch, width, generator=gen, device=DEVICE)
     plan_step_triton(cfg, st, ws, table, lens, slots, None)  # the step's stash, once
     gpu = DEVICE == "cuda"  # SPIN_BENCH_DEVICE=cpu: a dry run of the part under the interpreter

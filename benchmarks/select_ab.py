@@ -46,30 +46,11 @@ def load_variant(path: str):
     return module
 
 
-def _indexer(cfg, batch: int, width: int, lens, seed: int = 0):
-    """A one-layer SpinIndexer with a random history (every block scored: no block entering)."""
-    import torch
-    from harness import DEVICE
-
-    from spin_indexer.indexer import SpinIndexer
-
-    idx = SpinIndexer(cfg, num_layers=1, max_batch=batch, max_blocks=width, num_cache_blocks=batch * width + 1,
-                      device=DEVICE)
-    st = idx.state
-    gen = torch.Generator(device=DEVICE).manual_seed(seed)
-    slots = torch.tensor([st.allocate() for _ in range(batch)], dtype=torch.int64, device=DEVICE)
-    st.vertical.copy_(torch.randn(st.vertical.shape, generator=gen, device=DEVICE).to(st.vertical.dtype))
-    st.block_max.copy_(st.vertical.float().amax(dim=2).t().to(st.block_max.dtype))
-    st.diagonal.copy_(torch.randn(st.diagonal.shape, generator=gen, device=DEVICE).to(st.diagonal.dtype))
-    st.seen_len[slots] = lens[:, 0]
-    return idx, slots
-
-
 def point(batch: int, ctx: int, variant, rounds: int, calls_per_graph: int) -> dict:
     import dataclasses
 
     import torch
-    from harness import DEVICE, decode_lens, time_graphs_paired
+    from harness import DEVICE, decode_lens, random_history_indexer, time_graphs_paired
 
     from spin_indexer.predictor import SpinConfig
     from spin_indexer.predictor import plan_triton as tree
@@ -86,7 +67,8 @@ def point(batch: int, ctx: int, variant, rounds: int, calls_per_graph: int) -> d
     for kind, cfg in (("paper", paper), ("mix", mixed)):
         plans = {}
         for build, mod in (("tree", tree), ("variant", variant)):
-            idx, slots = _indexer(cfg, batch, width, lens)
+            # the same random history for both builds
+            idx, slots = random_history_indexer(cfg, batch, width, lens, torch.Generator(device=DEVICE).manual_seed(0))
             st, ws = idx.state, idx.workspace
             if kind == "paper":
                 def call(mod=mod, st=st, ws=ws, slots=slots):

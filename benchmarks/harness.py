@@ -222,13 +222,13 @@ def decode_lens(batch: int, next_n: int, ctx: int) -> torch.Tensor:
 
 
 def random_history_indexer(cfg, batch: int, width: int, lens: torch.Tensor, gen: torch.Generator,
-                           num_cache_blocks: int | None = None):
-    """(SpinIndexer, slots int64 [B]): a one-layer indexer of batch requests x width blocks whose history is random
-    (every block scored, none entering: decoding's steady state), its slots allocated and seen up to lens[:, 0];
-    the history drawn from gen (vertical, then diagonal). num_cache_blocks: default batch * width + 1."""
+                           num_cache_blocks: int | None = None, num_layers: int = 1):
+    """(SpinIndexer, slots int64 [B]): an indexer of num_layers layers x batch requests x width blocks whose history
+    is random (every block scored, none entering: decoding's steady state), its slots allocated and seen up to
+    lens[:, 0]; the history drawn from gen (vertical, then diagonal). num_cache_blocks: default batch * width + 1."""
     from spin_indexer.indexer import SpinIndexer
 
-    idx = SpinIndexer(cfg, num_layers=1, max_batch=batch, max_blocks=width,
+    idx = SpinIndexer(cfg, num_layers=num_layers, max_batch=batch, max_blocks=width,
                       num_cache_blocks=num_cache_blocks or batch * width + 1, device=DEVICE)
     st = idx.state
     slots = torch.tensor([st.allocate() for _ in range(batch)], dtype=torch.int64, device=DEVICE)

@@ -20,7 +20,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
-PARTS = ("step96", "step96x512k", "step1", "mtp2", "mtp4", "plan96x512k", "plan96x1m",
+PARTS = ("step96", "step96x512k", "step1", "mtp2", "mtp4", "plan96x128k", "plan96x512k", "plan96x1m", "plan8x128k", "plan1x128k",
          "cuda2", "cuda4", "cuda2-compact", "cuda4-rg1", "cuda3-rg", "dg2", "mix8x8k", "mix96x128k")
 
 
@@ -132,8 +132,9 @@ def main(argv=None) -> int:
             spin_step(96, 524288, measured_layers=1)
         elif part == "step1":
             spin_step(1, 131072)
-        elif part.startswith("plan96x"):  # plan() alone (reset + select of 61 layers) at 512K / 1M
-            spin_step(96, 524288 if part.endswith("512k") else 1048576, measured_layers=0)
+        elif part.startswith("plan"):  # plan() alone (reset + select of 61 layers): plan<batch>x<128k|512k|1m>
+            batch, ctx = part[4:].split("x")
+            spin_step(int(batch), {"128k": 131072, "512k": 524288, "1m": 1048576}[ctx], measured_layers=0)
         elif part.startswith("cuda"):  # 96 x 128K, the library's build or a probe build (cuda_logits_probe's names)
             from cuda_logits_probe import VARIANTS
             cuda_logits(96, 131072, int(part[4]), VARIANTS[part[6:]] if "-" in part else ())

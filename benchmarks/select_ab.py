@@ -6,7 +6,9 @@ process, each captured in its own CUDA graph, in paired rounds (harness.time_gra
 hits both alike and the per-round ratio (variant / this tree) is the measurement. Timed per point (B requests x L
 tokens, next_n = 1, s = 0.4, random history: decoding's steady state, as bench_summary.select_times):
 
-  paper  plan_step_triton: the paper's plan() of one layer (reset + select), SpinConfig(sparsity=0.4, topk=2048)
+  paper  plan_step_triton: the paper's plan() of --layers layers (reset + select; 1 by default: one program a
+         request, the select's latency; 61: V3.2's plan(), L x B programs, its throughput),
+         SpinConfig(sparsity=0.4, topk=2048)
   mix    select_layer_triton: the summary mix's per-layer select (S = 1, weight 0.5) after one plan()
 
 Before timing, each build's plan is compared with this tree's (`same_paper`, `same_mix`: kept blocks and counts
@@ -46,7 +48,7 @@ def load_variant(path: str):
     return module
 
 
-def point(batch: int, ctx: int, variant, rounds: int, calls_per_graph: int) -> dict:
+def point(batch: int, ctx: int, variant, rounds: int, calls_per_graph: int, layers: int = 1) -> dict:
     import dataclasses
 
     import torch
@@ -62,13 +64,14 @@ def point(batch: int, ctx: int, variant, rounds: int, calls_per_graph: int) -> d
     summary = torch.randn(batch, width, generator=gen, device=DEVICE)
     paper = SpinConfig(sparsity=0.4, topk=2048)
     mixed = dataclasses.replace(paper, summary=0.5, summary_parts=1)
-    row = dict(batch=batch, ctx=ctx)
+    row = dict(batch=batch, ctx=ctx, layers=layers)
     calls = {}
     for kind, cfg in (("paper", paper), ("mix", mixed)):
         plans = {}
         for build, mod in (("tree", tree), ("variant", variant)):
             # the same random history for both builds
-            idx, slots = random_history_indexer(cfg, batch, width, lens, torch.Generator(device=DEVICE).manual_seed(0))
+            idx, slots = random_history_indexer(cfg, batch, width, lens, torch.Generator(device=DEVICE).manual_seed(0),
+                                                num_layers=layers if kind == "paper" else 1)
             st, ws = idx.state, idx.workspace
             if kind == "paper":
                 def call(mod=mod, st=st, ws=ws, slots=slots):
@@ -98,6 +101,7 @@ def main(argv=None) -> int:
     p.add_argument("--points", default="96x131072,8x131072,1x131072,96x16384,8x8192", help="BxL,BxL,...")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--calls", type=int, default=8, help="calls a graph (each round's time is divided by it)")
+    p.add_argument("--layers", type=int, default=1, help="layers of the paper's plan() (the mix's select: one)")
     p.add_argument("--out", default=None, help="a JSON file for the rows and the environment")
     args = p.parse_args(argv)
     from harness import environment
@@ -105,7 +109,9 @@ def main(argv=None) -> int:
     variant = load_variant(args.variant)
     env = dict(environment(), variant=os.path.abspath(args.variant))
     points = [tuple(int(x) for x in s.split("x")) for s in args.points.split(",")]
-    rows = [point(b, ctx, variant, args.rounds, args.calls) for b, ctx in points]
+    if args.layers < 1:
+        raise SystemExit(f"--layers: expected an int >= 1, got {args.layers}")
+    rows = [point(b, ctx, variant, args.rounds, args.calls, args.layers) for b, ctx in points]
     print(f"{'B x L':>12s} {'paper tree':>11s} {'variant':>8s} {'ratio':>6s} {'mix tree':>9s} {'variant':>8s} "
           f"{'ratio':>6s} same")
     for r in rows:

@@ -1,5 +1,5 @@
 """benchmarks/select_ab.py (a paired A/B of plan_triton.py builds) in a CPU dry run: a variant equal to the tree's
-passes its same-plan check, and one that keeps a block fewer fails it."""
+passes its same-plan check (plan() of two layers there), and one that keeps a block fewer fails it."""
 from __future__ import annotations
 
 import json
@@ -23,9 +23,10 @@ def test_variant_is_checked_before_it_is_timed(mutated, tmp_path):
     variant.write_text(source.replace(BUDGET, BUDGET.replace("n - skipped", "n - skipped - 1")) if mutated else source)
     out = tmp_path / "ab.json"
     proc = run_benchmark_dry("select_ab.py", ["--variant", variant, "--points", "2x16384", "--rounds", "2",
-                                              "--calls", "1", "--out", out], timeout=600)
+                                              "--calls", "1", "--layers", "1" if mutated else "2", "--out", out],
+                            timeout=600)
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["batch"], r["ctx"]) for r in rows] == [(2, 16384)]
+    assert [(r["batch"], r["ctx"], r["layers"]) for r in rows] == [(2, 16384, 1 if mutated else 2)]
     if mutated:
         assert proc.returncode == 1 and not rows[0]["same_paper"] and not rows[0]["same_mix"], proc.stdout[-2000:]
     else:

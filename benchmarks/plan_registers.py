@@ -80,7 +80,8 @@ def compile_counts(sb: int, warps: int, maxnreg: int | None, rows: int = 1, slot
     requests that do not mix), 2 the summary mix's per-layer launch in run() (select_layer_triton)."""
     fn = P._plan_select_kernel
     cfg = dict(T=64, TP=64, NP=rows, SB=sb, SBS=sbs, SLOT=slot, COMBINE=combine, MEAN=slot, EXPLORE=explore,
-               REG=reg, FINISH=part != 2, SUMMARY=part == 2, CACHED=part == 2, PART=part)
+               REG=reg, FINISH=part != 2, SUMMARY=part == 2, CACHED=part == 2, PART=part,
+               WIN_ROWS=P._window_rows(64, warps) if reg and part != 2 and not slot and combine in (0, 3) else 0)
     def arg_type(name):
         return PTR.get(name, "i64" if name in ("sparsity_bits", "gamma_bits", "summary_below") else "i32")
 

@@ -245,6 +245,11 @@ def select_layer_triton(config: SpinConfig, state, ws, layer: int, block_table: 
                    finish=False, summary=summary, cached=cached, part=2)
 
 
+def _window_rows(tokens_per_block: int, warps: int) -> int:
+    """Rows of _window_diag_max's [rows, T] chunk tiles: 16 cells a thread (8 rows a warp at T = 64)."""
+    return max(1, 16 * 32 * warps // tokens_per_block)
+
+
 def _mix_select_warps(sb: int) -> int:
     """Warps of select_layer_triton's program for an [sb] tile: 8 from 2048 blocks (128K tokens), else
     _register_warps's. Run 130 (H100, bench_summary.py --select-warps, us a layer; 4 = the former default):
@@ -280,6 +285,11 @@ def _launch_select(config: SpinConfig, state, ws, table, lens, slots, scratch, f
     else:
         summary, full, summarized = scratch, ws.plan_stash, ws.plan_stash  # placeholder pointers, never read
     weight = config.summary
+    slot_rule = config.reduce is Reduce.MEAN or config.combine is Combine.SUM
+    # row 0's window in address order (_window_diag_max): reduce=max over V's block max and D (or D alone), on the
+    # register path without the summary mix
+    win_rows = (_window_rows(t, warps) if reg and not mixed and not slot_rule and t == _next_pow2(t)
+                and config.combine in (Combine.MAX, Combine.DIAGONAL) else 0)
     _plan_select_kernel[(layers, max(batch, 1))](  # layer fastest: see the module docstring (grid order)
         table, table.stride(0), lens, slots, ws.plan_stash,
         vert, vert.stride(0), vert.stride(1), bmax, bmax.stride(0), bmax.stride(1),
@@ -294,9 +304,10 @@ def _launch_select(config: SpinConfig, state, ws, table, lens, slots, scratch, f
         summary, summary.stride(0), width, full, summarized, summarized.stride(0), 1.0 - weight, weight,
         _mix_below(config),
         T=t, TP=_next_pow2(t), NP=_next_pow2(next_n), SB=sb, SBS=sbs,
-        SLOT=config.reduce is Reduce.MEAN or config.combine is Combine.SUM, COMBINE=_COMBINE[config.combine],
+        SLOT=slot_rule, COMBINE=_COMBINE[config.combine],
         MEAN=config.reduce is Reduce.MEAN, EXPLORE=config.exploration is Exploration.RANDOM, REG=reg,
-        FINISH=finish, SUMMARY=mixed, CACHED=cached, PART=part, enable_fp_fusion=False, num_warps=warps,
+        FINISH=finish, SUMMARY=mixed, CACHED=cached, PART=part, WIN_ROWS=win_rows,
+        WIN_VEC=16 // diag.element_size(), enable_fp_fusion=False, num_warps=warps,  # 8 or 4: fp16 / bf16 / fp32
         maxnreg=(_register_maxnreg(warps) if max_registers is None else max_registers or None) if reg else None)
 
 
@@ -440,6 +451,53 @@ if triton is not None:
         """First block holding an offset q - i < window (the blocks the diagonal window reaches)."""
         x = q - window + 1
         return tl.where(x > 0, x // T, 0)
+
+    @triton.jit
+    def _window_diag_max(scr, blk, diag_ptr, row_start, q, lo, window, T: tl.constexpr, CR: tl.constexpr,
+                         VEC: tl.constexpr):
+        """float32 [SB] (the shape of blk): the diagonal part of reduce=max's block score of query position q, the
+        max of D[q - i] over the slots i of block blk inside the window (offsets < window), for blk in [lo, q // T)
+        (-inf elsewhere, and where the window holds nothing); blk's newer blocks are forced, never scored.
+
+        D is read in address order, in whole 16-byte vectors: chunks of T offsets from the row's start rounded
+        down to VEC elements (base = row_start - phi), so each load is aligned whatever the slot's row offset (rows are
+        window + 1 elements apart). Block q // T - 1 - c is the tail of chunk c (offsets past the split rp) and
+        the head of chunk c + 1, so row c of the [CR, T] tile takes one tile's tail and the next one's head (a
+        select per cell, the split the same in every row), then a row max. The older layout, [blocks, T] tiles
+        in slot order (offsets decreasing along a row), loaded 2 bytes a lane with lanes a block apart: the top
+        stall of plan() at 96 x 128K x 61 layers (ncu, run 141: ~24% of its samples on those loads and maxima).
+        Reads stay inside the tensor: chunks start at or after the tensor's start, and SpinState allocates T
+        elements of slack past its end. The scores are placed into the [SB] tile through the scratch row."""
+        tl.debug_barrier()  # write after read: the scratch row's earlier read-backs
+        qc = tl.maximum(q, 0)
+        base = (row_start // VEC) * VEC
+        phi = row_start - base
+        qp = qc + phi
+        big_q = qc // T
+        qp_blk = qp // T
+        rp = qp % T
+        t = tl.arange(0, T)
+        head = t <= rp  # from chunk c + 1; the tail (t > rp) from chunk c
+        u = t - phi + tl.where(head, T, 0)  # a cell's offset from q is c * T + u
+        c_last = qp_blk - 1 - lo  # the row of block lo
+        for c0 in range(qp_blk - big_q, c_last + 1, CR):  # rows of blocks [lo, q // T)
+            c = c0 + tl.arange(0, CR)
+            live = c <= c_last
+            row = base + c.to(tl.int64) * T
+            # the alignment, said to the compiler (it does not derive it from base's construction): 16-byte loads
+            if VEC == 8:
+                row = tl.multiple_of(row, 8)
+            else:
+                row = tl.multiple_of(row, 4)
+            tail = tl.load(diag_ptr + row[:, None] + t[None, :], mask=(live & (c * T - phi < window))[:, None],
+                           other=NEG_INF)
+            nxt = tl.load(diag_ptr + row[:, None] + T + t[None, :],
+                          mask=(live & ((c + 1) * T - phi < window))[:, None], other=NEG_INF)
+            x = tl.where(head[None, :], nxt, tail)
+            x = tl.where(u[None, :] < (window - c * T)[:, None], x, NEG_INF)
+            tl.store(scr + (qp_blk - 1 - c), tl.max(x, axis=1).to(tl.float32), mask=live)
+        tl.debug_barrier()  # the read-back takes other threads' rows
+        return tl.load(scr + blk, mask=(blk >= lo) & (blk < big_q), other=NEG_INF)
 
     @triton.jit
     def _flat_key(scr, flg, blk, mm):
@@ -610,7 +668,8 @@ if triton is not None:
                             T: tl.constexpr, TP: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr,
                             SBS: tl.constexpr, SLOT: tl.constexpr, COMBINE: tl.constexpr, MEAN: tl.constexpr,
                             EXPLORE: tl.constexpr, REG: tl.constexpr, FINISH: tl.constexpr, SUMMARY: tl.constexpr,
-                            CACHED: tl.constexpr, PART: tl.constexpr):
+                            CACHED: tl.constexpr, PART: tl.constexpr, WIN_ROWS: tl.constexpr = 0,
+                            WIN_VEC: tl.constexpr = 8):
         pl = tl.program_id(0)  # layer fastest: a request's layers run together and share its block-max sectors
         pb = tl.program_id(1)
         if FINISH:  # finish_step_'s clock (nothing in this launch reads it)
@@ -717,9 +776,14 @@ if triton is not None:
                     # one float tensor from here on: the forced blocks as the _forced_value() NaN (no second mask
                     # live through the window's scoring), the blocks before the window scored by their block max
                     s = tl.where(forced, _forced_value(), tl.where(blk < lo, bm, NEG_INF))
-                    sw = _scores_via_scratch(scr, blk, lo, n32, tb, bmax_l, stride_bp, num_cache_blocks, first_new,
-                                             first_entered, dense, q0, wlo0, vert_l, stride_vp, diag_row, window,
-                                             T, TP, SBS, SLOT, COMBINE, MEAN)
+                    if WIN_ROWS > 0:  # reduce=max, the block max and D's window max (_window_diag_max)
+                        dp = _window_diag_max(scr, blk, diag_ptr, l * stride_dl + slot * stride_ds, q0, lo, window,
+                                              T, WIN_ROWS, WIN_VEC)
+                        sw = tl.where(forced, _forced_value(), tl.where(m, tl.maximum(bm, dp), NEG_INF))
+                    else:
+                        sw = _scores_via_scratch(scr, blk, lo, n32, tb, bmax_l, stride_bp, num_cache_blocks,
+                                                 first_new, first_entered, dense, q0, wlo0, vert_l, stride_vp, diag_row,
+                                                 window, T, TP, SBS, SLOT, COMBINE, MEAN)
                     s = tl.where(blk >= lo, sw, s)
                     if num_rows * (1 - dense) > 1:
                         # rows past 0 read row 0's scores of the blocks before their windows back from the

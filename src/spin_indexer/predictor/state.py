@@ -60,12 +60,15 @@ class SpinState:
         neg = float("-inf")
         blocks = num_cache_blocks + 1  # + the trash block
         elem = torch.empty((), dtype=dtype).element_size()
-        need = num_layers * (blocks * (t + 1) + max_requests * (self.window + 1)) * elem
+        need = (num_layers * (blocks * (t + 1) + max_requests * (self.window + 1)) + t) * elem
         try:
             self.vertical = torch.full((num_layers, blocks, t), neg, dtype=dtype, device=self.device)
             self.block_max = torch.full((blocks, num_layers), neg, dtype=dtype, device=self.device)
-            self.diagonal = torch.full((num_layers, max_requests, self.window + 1), neg, dtype=dtype,
-                                       device=self.device)
+            # T elements of slack past the last row: the fused plan reads D's window in aligned chunks of T
+            # (plan_triton._window_diag_max), which may run up to T - 1 elements past a row's end
+            shape = (num_layers, max_requests, self.window + 1)
+            self.diagonal = torch.full((math.prod(shape) + t,), neg, dtype=dtype,
+                                       device=self.device)[:math.prod(shape)].view(shape)
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
             raise allocation_error("SpinState", need, self.device,
                                    f"num_layers={num_layers}, num_cache_blocks={num_cache_blocks}, "

@@ -176,9 +176,6 @@ VARIANTS = {
                         "production: indexer_logits_triton.COMPACT_MAX_CHUNK)",
     "tau-hint": "SPIN's top-k threshold starts from the previous step's key (SpinIndexer(tau_hint=True)); this "
                 "benchmark's logits repeat every step, so every hint hits: an upper bound of the gain",
-    "plan-all": "plan() selects every layer in one launch (SpinIndexer.select_ahead = False), not layer l + 1 "
-                "beside layer l's tail",
-    "select-ahead": "select-ahead forced on (SpinIndexer.select_ahead = True) whatever the batch",
 }
 
 
@@ -188,7 +185,6 @@ def variant(name: str):
     if name not in VARIANTS:
         raise SystemExit(f"--variants: unknown {name!r}; expected some of {sorted(VARIANTS)}")
     schedule, env = SpinIndexer._schedule_layers, os.environ.get("SPIN_INDEXER_LOGITS")
-    ahead_rule = SpinIndexer._selects_ahead
     init, dense_init = SpinIndexer.__init__, DenseIndexer.__init__
     from spin_indexer.ops import indexer_logits_triton as ilt
     default_config = ilt.default_config
@@ -204,9 +200,6 @@ def variant(name: str):
             os.environ["SPIN_INDEXER_LOGITS"] = name.removeprefix("logits-")
         elif name == "no-overlap":
             SpinIndexer.__init__ = functools.partialmethod(init, overlap_update=False)
-        elif name in ("plan-all", "select-ahead"):
-            SpinIndexer._selects_ahead = ((lambda self, batch: False) if name == "plan-all" else
-                                          (lambda self, batch: self._select_stream is not None))
         elif name == "tau-hint":
             SpinIndexer.__init__ = functools.partialmethod(init, tau_hint=True)
         elif name == "topk-sorted":
@@ -215,7 +208,6 @@ def variant(name: str):
         yield
     finally:
         SpinIndexer._schedule_layers, SpinIndexer.__init__ = schedule, init
-        SpinIndexer._selects_ahead = ahead_rule
         ilt.default_config = default_config
         DenseIndexer.__init__ = dense_init
         if env is None:

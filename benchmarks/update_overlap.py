@@ -57,7 +57,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
 VARIANTS = ("spin", "topk_first", "no_update", "fused", "cudalogits", "onetile", "st2", "stg<N>", "prog<N>", "pipe",
-            "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lch<N>", "lpf<P>", "after_thr", "after_gat", "ahead", "plan_all")
+            "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lch<N>", "lpf<P>", "after_thr", "after_gat")
 
 
 @contextlib.contextmanager
@@ -96,8 +96,6 @@ def variant(idx, name: str):
         patches = [(indexer_logits_cuda, "step_uses", lambda next_n: 1 <= next_n <= 4)]
     elif name == "pipe":
         patches = [(history_triton, "PIPELINED_MIN_BLOCKS", 0)]
-    elif name in ("ahead", "plan_all"):  # select-ahead forced on / off (SpinIndexer.select_ahead; spin: the rule)
-        patches = [(idx, "select_ahead", name == "ahead")]
     elif name in ("spin", "fused"):
         patches = []
     elif name in ("after_thr", "after_gat"):

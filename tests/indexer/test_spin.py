@@ -788,13 +788,12 @@ def test_tau_hint_gives_the_same_steps_and_keeps_a_key_per_layer_and_row(gen):
     assert bool((i1.workspace.tau_hint[:, :batch] > 0).all())
 
 
-@pytest.mark.parametrize("sms,summary,ahead", [(0, False, False), (4, False, False), (0, True, False),
-                                               (0, False, True), (0, True, True)])
-def test_workspace_bytes_needed_is_what_it_allocates(sms, summary, ahead):
+@pytest.mark.parametrize("sms,summary", [(0, False), (4, False), (0, True)])
+def test_workspace_bytes_needed_is_what_it_allocates(sms, summary):
     from spin_indexer.indexer.workspace import Workspace
     args = (3, 5, 7, 2, 64, 16)
-    assert (Workspace(*args, torch.device("cpu"), sms, summary, ahead).nbytes()
-            == Workspace.bytes_needed(*args, sms, summary, ahead))
+    assert (Workspace(*args, torch.device("cpu"), sms, summary).nbytes()
+            == Workspace.bytes_needed(*args, sms, summary))
 
 
 @pytest.mark.parametrize("next_n", [1, 2])
@@ -843,55 +842,3 @@ def test_lengths_past_the_table_read_as_the_table(next_n, gen):
     assert torch.equal(pair[0][0].state.vertical, pair[1][0].state.vertical)
     assert torch.equal(pair[0][0].state.diagonal, pair[1][0].state.diagonal)
     assert torch.equal(pair[0][0].state.seen_len, pair[1][0].state.seen_len)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the select stream)")
-@pytest.mark.parametrize("next_n", [1, 2])
-@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_select_ahead_equals_the_plan_of_every_layer(next_n, graph, gen):
-    """select_ahead=True (plan() selects layer 0, run(l) launches layer l + 1's select on its own stream after its
-    logits and joins it before returning) returns the same top-k and leaves the same history as select_ahead=False
-    over three steps of four layers, also captured whole in one CUDA graph; plans(l) of a layer not yet run
-    selects it first (a read before its turn)."""
-    x = make_paged_inputs([64 * 90 + 17, 64 * 70, 64 * 33 + 5, 64 * 120], next_n, 64, 128, gen).to("cuda")
-    batch, width = x.block_table.shape
-    layers, k = 4, 96
-    runs = {}
-    for ahead in (False, True):
-        idx = SpinIndexer(SpinConfig(sparsity=0.5, topk=k), num_layers=layers, max_batch=batch, max_blocks=width,
-                          next_n=next_n, device="cuda", num_cache_blocks=x.kv_cache.shape[0])
-        idx.select_ahead = ahead
-        slots = torch.tensor([idx.state.allocate() for _ in range(batch)], device="cuda")
-        outs = []
-
-        def step():
-            idx.plan(x.block_table, x.seq_lens, slots, validate=False)
-            return [idx.run(i, x.q_fp8, x.kv_cache, x.weights) for i in range(layers)]
-
-        if graph:
-            step()  # compiles every kernel outside the capture (one step more on both sides)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                captured = step()
-            for _ in range(3):
-                g.replay()
-                outs.append(torch.stack(captured).clone())
-        else:
-            for s in range(3):
-                if s == 1:  # a plan read before its layer runs
-                    idx.plan(x.block_table, x.seq_lens, slots, validate=False)
-                    early = idx.plans(2).kept_blocks.clone()
-                    assert idx._step.ahead == ahead and idx._step.selected == (3 if ahead else layers)
-                    outs.append(torch.stack([idx.run(i, x.q_fp8, x.kv_cache, x.weights) for i in range(layers)]).clone())
-                    assert torch.equal(early, idx.plans(2).kept_blocks)
-                else:
-                    outs.append(torch.stack(step()).clone())
-        torch.cuda.synchronize()
-        runs[ahead] = (outs, idx.state)
-    (plain, s0), (ahead, s1) = runs[False], runs[True]
-    for a, b in zip(plain, ahead):
-        assert torch.equal(a, b)
-    for name in ("vertical", "block_max", "diagonal", "step", "seen_len", "clock"):
-        assert torch.equal(getattr(s0, name), getattr(s1, name)), name

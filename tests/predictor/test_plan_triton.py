@@ -125,15 +125,13 @@ def _check(ref, got, batch, width, layers):
 
 
 def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accepted=False, bad=False, seen=None,
-         grid=None, graph=False, path="register", extra_width=2, shared=0, view_pad=0, ahead=False):
+         grid=None, graph=False, path="register", extra_width=2, shared=0, view_pad=0):
     """Plan `steps` steps with the torch path and the kernel from the same random state and compare everything
     each step. path: the kernel's selection path ("register" or "chunked"); extra_width: table columns past
     the longest request (< 0: lengths past the table, as plan(validate=False) may get); shared: the first
     `shared` blocks of every request are request 0's (a prefix-cache hit); view_pad: the table is a view of a
-    view_pad columns wider one whose extra columns hold ids of used blocks (a read past a row finds them).
-    ahead: the kernel's plan selects layer 0 and select_layers_triton each later layer in its own launch (the
-    select-ahead step), compared with the torch plan of every layer all the same."""
-    from spin_indexer.predictor.plan_triton import plan_step_triton, select_layers_triton, supports
+    view_pad columns wider one whose extra columns hold ids of used blocks (a read past a row finds them)."""
+    from spin_indexer.predictor.plan_triton import plan_step_triton, supports
     assert supports(cfg)
     batch = len(final_lens)
     grow = [0] * (steps - 1) + [0] if grow is None else grow
@@ -180,14 +178,6 @@ def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accept
             with torch.cuda.graph(g):
                 plan_step_triton(cfg, got.state, got.workspace, *args)
             g.replay()
-        elif ahead:
-            tile = 0 if path == "chunked" else 1 << 14
-            plan_step_triton(cfg, got.state, got.workspace, *args, register_tile=tile, select_layers=1)
-            scratch = torch.full((batch + 1, width), float("nan"), device=dev)
-            flags = torch.full((batch + 1, width), 7, dtype=torch.int8, device=dev)
-            for layer in range(1, layers):
-                select_layers_triton(cfg, got.state, got.workspace, layer, 1, args[0], args[1], args[2], scratch,
-                                     flags, register_tile=tile)
         else:
             plan_step_triton(cfg, got.state, got.workspace, *args, block=16, score_block=8,
                              register_tile=0 if path == "chunked" else 1 << 14)
@@ -198,17 +188,6 @@ def _run(cfg, final_lens, next_n, gen, dev, steps=2, layers=2, grow=None, accept
         for name in ("vertical", "block_max", "diagonal"):
             getattr(got.state, name).copy_(getattr(ref.state, name))
         lens = [x + grow[s] if x else 0 for x in lens]
-
-
-@pytest.mark.parametrize("next_n,mtp,path", [(1, "row0", "register"), (2, "row-local", "register"),
-                                             (1, "row0", "chunked")])
-def test_layers_selected_one_launch_each_match_torch(next_n, mtp, path, gen, triton_device):
-    """Select-ahead's launches (plan_step_triton(select_layers=1), then select_layers_triton per layer, as
-    SpinIndexer runs them beside the previous layer's tail): every layer's plan and the state as the torch plan
-    of every layer, over steps where requests grow and enter."""
-    cfg = dataclasses.replace(BASE, mtp=mtp)
-    _run(cfg, [40 * T + 9, 3 * T, 25 * T + 63, 9 * T + 1], next_n, gen, triton_device, steps=3, layers=3,
-         grow=[1, 70, 0], ahead=True, path=path)
 
 
 @pytest.mark.parametrize("seen", [[0, 30 * T], [30 * T, 0]], ids=["first-enters", "second-enters"])

@@ -23,10 +23,6 @@ or all) with its own query: plan() is the reset launch and the select launch of 
 advances every request's counters), and run(layer) adds two launches before the logits (the summary
 cache's write and score, ops.update_and_score_summaries; the select, plan_triton.select_layer_triton:
 `_select_in_run`).
-With many requests (select_ahead, SELECT_AHEAD_MIN_BATCH) plan() selects layer 0 only and run(l) launches layer
-l + 1's selection right after its logits, on a third stream, beside the top-k and the EMA update that end the
-layer (plan_triton.select_layers_triton), joined before run(l) returns: plan()'s launch of every layer at once
-was on the step's path (~18 us a layer at 96 x 512K, a whole-GPU launch nothing ran beside).
 A table too small for SPIN to pay (B x W x T below the per-step guard's threshold, so plan() guards every
 request) runs the dense step's kernels on the full table instead (`_run_dense`), and plan() launches none of its
 kernels for it (`_dense_plan`). Everything else
@@ -66,11 +62,6 @@ from .workspace import Workspace
 # 206.1 / 290.6 (the update's programs, at the threshold's 8-16 warps and 127 registers, outlast its rows').
 UPDATE_IN_TOPK_BLOCKS = 16384
 
-# Requests from which plan() selects layer 0 only and each run(l) selects layer l + 1 beside its own tail
-# (SpinIndexer.select_ahead): a one-layer launch is B programs, one program's chain long, which hides in a layer's
-# tail only when plan()'s launch of every layer (L x B programs) is several waves. Placeholder until measured.
-SELECT_AHEAD_MIN_BATCH = 32
-
 
 @dataclasses.dataclass
 class _Step:
@@ -88,8 +79,6 @@ class _Step:
     max_block_id: int | None = None  # largest block id of a used block (validated plans only, else None)
     scheduled: bool = False  # plan() wrote every layer's DeepGEMM schedule (workspace.deepgemm_schedule)
     select_in_run: bool = False  # the fused summary mix: each run(layer) selects the requests that mix
-    ahead: bool = False  # select-ahead: plan() selected layer 0, run(l) selects layer l + 1 (SpinIndexer._select_next)
-    selected: int = 0  # with ahead: layers [0, selected) have their select launched
 
 
 class SpinIndexer:
@@ -139,19 +128,17 @@ class SpinIndexer:
         sms = deepgemm.schedule_sms(self.device)  # > 0: plan() writes every layer's DeepGEMM schedule
         self.state = SpinState(config, num_layers, slots, num_cache_blocks or slots * max_blocks, max_blocks * t,
                                self.device, head_dim)
-        has_extensions = bool(config.adaptive or config.hybrid or config.summary)
-        # select-ahead needs the fused plan and no extension (they select in run() or read every layer's scores)
-        self._ahead_capable = ahead = not has_extensions and num_layers > 1
         try:
             self.workspace = Workspace(num_layers, max_batch, max_blocks, next_n, t, config.topk, self.device, sms,
-                                       config.summary > 0, ahead)
+                                       config.summary > 0)
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
             need = Workspace.bytes_needed(num_layers, max_batch, max_blocks, next_n, t, config.topk, sms,
-                                          config.summary > 0, ahead)
+                                          config.summary > 0)
             raise allocation_error("SpinIndexer workspace", need, self.device,
                                    f"num_layers={num_layers}, max_batch={max_batch}, max_blocks={max_blocks}, "
                                    f"next_n={next_n}") from exc
-        self.extensions = Extensions(config, self.state, next_n) if has_extensions else None
+        self.extensions = (Extensions(config, self.state, next_n)
+                           if (config.adaptive or config.hybrid or config.summary) else None)
         # Extensions that read every layer's scores after it runs (adaptive audits, the hybrid hand-over): they
         # keep the torch path of plan(), the EMA update in series and the logits' tail filled. The summary mix
         # alone reads only the layer's query before it runs: the fused step covers it.
@@ -166,12 +153,6 @@ class SpinIndexer:
             # (torch maps a priority past the device's range to its end: -8 is the highest, 0 the default/lowest)
             self._update_stream = torch.cuda.Stream(self.device, priority=0)
             self._topk_stream = torch.cuda.Stream(self.device, priority=-8)
-        # the stream of the next layer's select (select-ahead); its launch comes before the top-k's and the
-        # update's, so its B programs are dispatched first as the logits drain
-        self._select_stream = torch.cuda.Stream(self.device, priority=0) if ahead and self._update_stream is not None else None
-        # select-ahead: None = the rule (_selects_ahead: B >= SELECT_AHEAD_MIN_BATCH, on CUDA), True / False forced
-        # (True off CUDA: the same launches in series, which the interpreter's tests compare with plan()'s)
-        self.select_ahead: bool | None = None
         self._step: _Step | None = None
         self.block_plan: BlockPlan | None = None
 
@@ -184,7 +165,6 @@ class SpinIndexer:
         st = self._current(layer)
         if st.plans[layer] is None or (st.select_in_run and layer not in st.done):
             raise RuntimeError(f"SpinIndexer.plans: layer {layer} is selected when it runs (hybrid or summary mode)")
-        self._select_upto(st, layer + 1)  # select-ahead: a layer not run yet may not be selected yet
         return st.plans[layer]
 
     # -- plan ------------------------------------------------------------------------------------------
@@ -238,14 +218,12 @@ class SpinIndexer:
         plans = [self._workspace_plan(layer, batch, width) for layer in range(self.num_layers)]
         fused = self._fused_plan(block_table)
         if fused is not None:
-            ahead = self._selects_ahead(batch)
-            fused(cfg, self.state, ws, block_table, seq_lens, slots, num_accepted, select_layers=1 if ahead else None)
+            fused(cfg, self.state, ws, block_table, seq_lens, slots, num_accepted)
             # the state's clock itself (plan() alone advances it): no copy. The summary mix: the requests that mix
-            # are selected in run(layer), with its query (_select_in_run); plan() selected the others. Select-ahead:
-            # the other layers' compact lengths come later, so DeepGEMM computes its own schedules
+            # are selected in run(layer), with its query (_select_in_run); plan() selected the others
             self._step = _Step(block_table, seq_lens, slots, self.state.clock, plans,
-                               scheduled=cfg.summary == 0 and not ahead and self._schedule_layers(batch, width),
-                               select_in_run=cfg.summary > 0, ahead=ahead, selected=1 if ahead else self.num_layers)
+                               scheduled=cfg.summary == 0 and self._schedule_layers(batch, width),
+                               select_in_run=cfg.summary > 0)
             return
         seq_lens = plan_ref.step_lengths(seq_lens, width, cfg.tokens_per_block)
         meta = plan_ref.step_meta(cfg, self.state, block_table, seq_lens, slots, num_accepted)
@@ -282,44 +260,6 @@ class SpinIndexer:
             return False
         deepgemm_schedule.schedule(ws.compact_lens[:, :batch], ws.deepgemm_schedule.shape[1] - 1,
                                    out=ws.deepgemm_schedule)
-        return True
-
-    def _selects_ahead(self, batch: int) -> bool:
-        """Whether this step's layers past 0 are selected in run() beside the previous layer's tail (a host rule on
-        static shapes: a captured graph keeps it). Forced by `select_ahead` where the stream exists; by the rule
-        where plan() writes no DeepGEMM schedule (it needs every layer's compact lengths in plan())."""
-        if not self._ahead_capable or self.select_ahead is False:
-            return False
-        if self.select_ahead:
-            return True
-        if self._select_stream is None:
-            return False
-        schedules = self.workspace.deepgemm_schedule is not None and deepgemm.spin_step_uses(self.next_n)
-        return not schedules and batch >= SELECT_AHEAD_MIN_BATCH
-
-    def _select_upto(self, st: _Step, layers: int) -> None:
-        """Select-ahead: launch the selects of layers [st.selected, layers) on the caller's stream, one launch a
-        layer (the workspace's scratch holds one), in series: layers asked for before their turn (plans(), or
-        run() out of order)."""
-        from ..predictor.plan_triton import select_layers_triton
-
-        ws = self.workspace
-        while st.ahead and st.selected < min(layers, self.num_layers):
-            select_layers_triton(self.config, self.state, ws, st.selected, 1, st.block_table, st.seq_lens,
-                                 st.slot_ids, ws.select_scratch, ws.select_flags)
-            st.selected += 1
-
-    def _select_next(self, layer: int, st: _Step) -> bool:
-        """Select-ahead: layer + 1's select on the select stream, after everything on the caller's (this layer's
-        logits), so it runs beside this layer's top-k and update; True when launched (run() then joins the
-        stream before it returns)."""
-        if not st.ahead or st.selected != layer + 1 or layer + 1 >= self.num_layers:
-            return False
-        if self._select_stream is None:  # forced off CUDA (or overlap_update=False): in series
-            self._select_upto(st, layer + 2)
-            return False
-        with self._forked(self._select_stream):
-            self._select_upto(st, layer + 2)
         return True
 
     # -- run -------------------------------------------------------------------------------------------
@@ -360,20 +300,13 @@ class SpinIndexer:
             return self._run(layer, st, q_fp8, kv_cache, weights)
 
     def _run(self, layer: int, st: _Step, q_fp8, kv_cache, weights) -> torch.Tensor:
-        positions, ahead = self._run_layer(layer, st, q_fp8, kv_cache, weights)
-        if ahead:  # the next layer's select, launched beside this layer's tail: done before the next layer
-            torch.cuda.current_stream(self.device).wait_stream(self._select_stream)
-        return positions
-
-    def _run_layer(self, layer: int, st: _Step, q_fp8, kv_cache, weights) -> tuple[torch.Tensor, bool]:
-        """(top-k positions, whether the next layer's select was launched on the select stream)."""
         batch, width = st.block_table.shape
         late = st.plans[layer] is None  # hybrid: selected now, after plan() wrote the schedules
         plan = self._plan_of(layer, st, (q_fp8, kv_cache, weights))
         schedule = None if late or not st.scheduled else self._schedule_of(layer, plan)
         rows, cols = batch * self.next_n, width * self.config.tokens_per_block
         if self._guarded_by_shape(batch, width):
-            return self._run_dense(layer, st, plan, q_fp8, kv_cache, weights), False
+            return self._run_dense(layer, st, plan, q_fp8, kv_cache, weights)
         # DeepGEMM allocates its own logits: handing it the workspace would cost a copy of every logit.
         backend = ops.logits_backend(q_fp8, kv_cache)
         out = None if backend == "deepgemm" else self.workspace.packed("logits", rows, cols)
@@ -406,15 +339,14 @@ class SpinIndexer:
                                           history=history if side is None else None,
                                           group_max_out=group_max if maxima_fused else None, group=group,
                                           deepgemm_schedule=schedule, active_width=active, backend=backend)
-        ahead = self._select_next(layer, st)
         if side is None:
-            return self._topk(layer, st, plan, logits, block_max, group_max, group=group), ahead
+            return self._topk(layer, st, plan, logits, block_max, group_max, group=group)
         rows3 = logits.view(batch, self.next_n, logits.shape[1])  # not -1: ambiguous for an empty batch
         if in_topk:
             if not maxima_fused:
                 ops.update_history(None, rows3, plan.compact_block_table, plan.compact_seq_lens,
                                    block_max_out=block_max, group_max_out=group_max, group=group)
-            return self._topk(layer, st, plan, logits, block_max, group_max, history, group=group), ahead
+            return self._topk(layer, st, plan, logits, block_max, group_max, history, group=group)
         # The top-k's launches first, then the update's: the top-k's programs (its threshold's take a whole SM)
         # are then dispatched before the update's thousands fill the GPU (H200, run 74: 96 x 1M s = 0.4 2367 ->
         # 2334 us, 96 x 512K 1198 -> 1193, 32 x 128K 141.6 -> 140.6; never slower by more than 0.2 us).
@@ -428,7 +360,7 @@ class SpinIndexer:
             ops.update_history(history, rows3, plan.compact_block_table, plan.compact_seq_lens)
         main.wait_stream(self._topk_stream)
         main.wait_stream(side)
-        return positions, ahead
+        return positions
 
     @staticmethod
     def update_in_topk(batch: int, width: int, history: ops.HistoryUpdate) -> bool:
@@ -538,7 +470,6 @@ class SpinIndexer:
         (q_fp8, kv_cache, weights) as `inputs` or a replay's block summary scores as `summary`."""
         if layer in st.done:
             raise RuntimeError(f"SpinIndexer.run: layer {layer} already ran this step; call plan() for the next step")
-        self._select_upto(st, layer + 1)  # select-ahead: launched by run(layer - 1) already, unless out of order
         plan = st.plans[layer]
         if plan is None:  # hybrid / summary on the torch path: selected now, after the previous layer's scores or q
             out = self._workspace_plan(layer, *st.block_table.shape)

@@ -26,15 +26,12 @@ class Workspace:
     of a request not yet in the summary cache; full_blocks: int32 [B], its full blocks (row 0's length // T, at
     most W); summary_scores: float32 [B, W], the layer's summary scores; select_scratch: float32 [B, W], the
     per-layer select's scratch row.
-    With select_ahead (SpinIndexer's select of layer l + 1 beside layer l's tail; None otherwise): select_scratch
-    (as above) and select_flags: int8 [B, W], that launch's scratch rows (plan_triton.select_layers_triton).
     """
 
     GROUP_MIN = 8  # the finest group the step writes maxima for (topk_group of a wide table is 8-64)
 
     def __init__(self, num_layers: int, max_batch: int, max_blocks: int, next_n: int, tokens_per_block: int,
-                 topk: int, device: torch.device, schedule_sms: int = 0, summary: bool = False,
-                 select_ahead: bool = False):
+                 topk: int, device: torch.device, schedule_sms: int = 0, summary: bool = False):
         L, B, W, N, T = num_layers, max_batch, max_blocks, next_n, tokens_per_block
         i32 = dict(dtype=torch.int32, device=device)
         self.kept_blocks = torch.full((L, B, W), -1, **i32)
@@ -55,20 +52,18 @@ class Workspace:
         self.summary_first = torch.zeros((L, B), **i32) if summary else None
         self.full_blocks = torch.zeros((B,), **i32) if summary else None
         self.summary_scores = torch.empty((B, W), dtype=torch.float32, device=device) if summary else None
-        self.select_scratch = (torch.empty((B, W), dtype=torch.float32, device=device)
-                               if summary or select_ahead else None)
-        self.select_flags = torch.empty((B, W), dtype=torch.int8, device=device) if select_ahead else None
+        self.select_scratch = torch.empty((B, W), dtype=torch.float32, device=device) if summary else None
 
     @staticmethod
     def bytes_needed(num_layers: int, max_batch: int, max_blocks: int, next_n: int, tokens_per_block: int,
-                     topk: int, schedule_sms: int = 0, summary: bool = False, select_ahead: bool = False) -> int:
+                     topk: int, schedule_sms: int = 0, summary: bool = False) -> int:
         """Bytes the buffers take (what __init__ allocates)."""
         L, B, W, N, T = num_layers, max_batch, max_blocks, next_n, tokens_per_block
         group_max = B * N * -(-W * T // Workspace.GROUP_MIN)
-        summary_words = (L * B + B + B * W if summary else 0) + (B * W if summary or select_ahead else 0)
+        summary_words = L * B + B + 2 * B * W if summary else 0
         return 4 * (2 * L * B * W + L * B + L * B * N + B + W + B * N * W * T + B * N * W + group_max
                     + L * B * N * topk + (L * (schedule_sms + 1) * 2 if schedule_sms else 0) + L * B * N
-                    + 2 * max(B, 1) + summary_words) + B + B * N + (B * W if select_ahead else 0)
+                    + 2 * max(B, 1) + summary_words) + B + B * N
 
     def packed(self, name: str, rows: int, cols: int) -> torch.Tensor:
         """A contiguous [rows, cols] view over the first rows x cols elements of 2-D buffer `name` (logits,

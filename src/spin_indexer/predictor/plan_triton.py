@@ -161,11 +161,9 @@ def _register_maxnreg(warps: int) -> int | None:
 def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, seq_lens: torch.Tensor,
                      slot_ids: torch.Tensor, num_accepted: torch.Tensor | None, block: int = 1024,
                      score_block: int = 64, num_warps: int | None = None, register_tile: int = MAX_TILE,
-                     max_registers: int | None = None, select_layers: int | None = None) -> None:
+                     max_registers: int | None = None) -> None:
     """The fused plan(): writes ws (kept_blocks, compact_table, num_kept, compact_lens of every layer, and
     num_blocks, guarded, update_rows) and advances the state exactly as the torch path of SpinIndexer.plan().
-    select_layers: select only layers [0, select_layers) here (None: all); select_layers_triton selects the others
-    later in the step, with the same result (the state's per-step counters advance here, in this launch).
 
     config: a SpinConfig with supports(config); state: SpinState; ws: Workspace (leading [:B, :W] slices are
     written); block_table: int32 [B, W]; seq_lens: int32 [B, N]; slot_ids: int32/int64 [B] distinct;
@@ -208,40 +206,12 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
             ROW0=config.mtp is MtpPolicy.ROW0, HAS_ACC=num_accepted is not None, SUMMARY=late)
     reg = wp <= min(register_tile, MAX_TILE)
     rows_b = max(batch, 1)
-    now = layers if select_layers is None else select_layers
-    if not 1 <= now <= layers or (late and now != layers):
-        raise ValueError(f"select_layers: expected 1..{layers} (all of them with the summary mix), got {select_layers}")
     # the register path keeps its flags in registers: no flag scratch
-    scratch = torch.empty(rows_b * now, max(width, 1), dtype=torch.float32, device=dev)
-    flags = torch.empty(1 if reg else rows_b * now, 1 if reg else max(width, 1), dtype=torch.int8, device=dev)
+    scratch = torch.empty(rows_b * layers, max(width, 1), dtype=torch.float32, device=dev)
+    flags = torch.empty(1 if reg else rows_b * layers, 1 if reg else max(width, 1), dtype=torch.int8, device=dev)
     # with summary_below, the requests that do not mix select here, every layer at once (part 1)
-    _launch_select(config, state, ws, table, lens, slots, scratch, flags, step_guard, 0, now, reg, block,
+    _launch_select(config, state, ws, table, lens, slots, scratch, flags, step_guard, 0, layers, reg, block,
                    score_block, num_warps, max_registers, finish=True, part=1 if late else 0)
-
-
-def select_layers_triton(config: SpinConfig, state, ws, layer0: int, layers: int, block_table: torch.Tensor,
-                         seq_lens: torch.Tensor, slot_ids: torch.Tensor, scratch: torch.Tensor,
-                         flags: torch.Tensor, register_tile: int = MAX_TILE) -> None:
-    """plan()'s selection of layers [layer0, layer0 + layers) after plan_step_triton(select_layers=k <= layer0) of
-    the same step: writes their kept_blocks, compact_table, num_kept and compact_lens in ws, as the launch of
-    plan_step_triton would have (it reads the step's counters from ws.plan_stash, not the state). One launch of
-    layers x B programs, so it can run beside an earlier layer's tail (SpinIndexer's select-ahead).
-    scratch: float32 [>= layers x B, >= W]; flags: int8 [>= layers x B, >= W] (the chunked path's; unused on the
-    register path) with scratch's row stride, owned by the caller until the launch has run; register_tile as
-    plan_step_triton's (tests pass 0 for the chunked path)."""
-    batch, width = block_table.shape
-    if config.summary > 0:
-        raise ValueError("select_layers_triton: the summary mix selects in run() (select_layer_triton)")
-    if batch == 0 or layers == 0:
-        return
-    if scratch.shape[0] < layers * batch or scratch.shape[1] < width or flags.stride(0) != scratch.stride(0):
-        raise ValueError(f"select_layers_triton: expected scratch [>= {layers * batch}, >= {width}] and flags with its "
-                         f"row stride, got {list(scratch.shape)} / {list(flags.shape)}")
-    reg = _next_pow2(max(width, 1)) <= min(register_tile, MAX_TILE)
-    table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
-    step_guard = config.guard_batch_tokens_for(batch * seq_lens.shape[1])
-    _launch_select(config, state, ws, table, seq_lens.contiguous(), slot_ids.contiguous(), scratch, flags,
-                   step_guard, layer0, layers, reg, 1024, 64, None, None, finish=False, part=0)
 
 
 def select_layer_triton(config: SpinConfig, state, ws, layer: int, block_table: torch.Tensor,
@@ -708,7 +678,9 @@ if triton is not None:
                     tl.store(clock_ptr, tl.load(clock_ptr) + 1)
         if pb < batch:
             b = pb.to(tl.int64)
-            l = (pl + layer0).to(tl.int64)  # layers [layer0, layer0 + launch's layers): plan()'s first launch at 0
+            l = pl.to(tl.int64)
+            if PART == 2:  # select_layer_triton: one layer a launch (plan()'s launches start at layer 0)
+                l = (pl + layer0).to(tl.int64)
             longest, n, first_new, keep_all, guarded = _meta(lens_ptr, b, batch, next_n, topk, guard_tokens,
                                                              guard_batch, width, T, NP)
             dense = tl.maximum(keep_all, guarded)  # 0 or 1 (a small step guards keep_all requests too)

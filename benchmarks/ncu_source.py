@@ -9,6 +9,10 @@ samples by opcode. The report needs `--section SourceCounters --section WarpStat
 with NCU_SOURCE=1 exports it and runs this).
 
     python benchmarks/ncu_source.py benchmarks/results/run93_ncu_pass_plan/source.csv.gz
+
+With --sass, the samples are also summed by source line: each FILE is `nvdisasm --print-line-info -c` of a cubin
+the run compiled (Triton's cache on the device: ~/.triton/cache/*/KERNEL.cubin; nvdisasm ships with triton), and
+each kernel takes the listing whose instructions match its own at the same offsets (from the kernel's first).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import collections
 import csv
 import gzip
 import io
+import os
 import re
 
 
@@ -78,11 +83,51 @@ def summarize(kernel: dict, top: int = 15) -> list[str]:
     return lines
 
 
+def parse_sass(text: str) -> tuple[dict, dict]:
+    """({offset: "file.py:line"}, {offset: instruction}) of an nvdisasm --print-line-info listing."""
+    lines, code, where = {}, {}, None
+    for line in text.splitlines():
+        m = re.search(r'File ".*?([^/"]+)", line (\d+)', line)
+        if m:
+            where = f"{m.group(1)}:{m.group(2)}"
+            continue
+        m = re.match(r"\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;", line)
+        if m:
+            lines[int(m.group(1), 16)] = where
+            code[int(m.group(1), 16)] = m.group(2)
+    return lines, code
+
+
+def by_source_line(kernel: dict, listings: list[tuple[str, dict, dict]], top: int = 25) -> list[str]:
+    """The kernel's samples summed by source line, from the listing (name, lines, code) whose opcodes agree with
+    the kernel's rows at the most offsets (counted from the kernel's first instruction)."""
+    col = {name: i for i, name in enumerate(kernel["header"])}
+    base = int(kernel["rows"][0][col["Address"]], 16)
+    rows = [(int(r[col["Address"]], 16) - base, r[col["Source"]], float(r[col[SAMPLES]] or 0)) for r in kernel["rows"]]
+    name, lines, _ = max(listings, key=lambda x: sum(opcode(x[2].get(off, "?")) == opcode(src) for off, src, _ in rows))
+    total = sum(s for *_, s in rows) or 1.0
+    agg = collections.Counter()
+    for off, _, samples in rows:
+        agg[lines.get(off) or "?"] += samples
+    out = [f"  by source line ({name}):"]
+    out += [f"    {where:32s} {100 * samples / total:5.1f}%" for where, samples in agg.most_common(top)]
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("csv", help="the source page as CSV (.gz allowed)")
     ap.add_argument("--top", type=int, default=15, help="instructions listed per kernel (default 15)")
+    ap.add_argument("--sass", nargs="+", default=[], metavar="FILE",
+                    help="nvdisasm --print-line-info listings of the run's cubins: samples by source line too")
     args = ap.parse_args(argv)
+    listings = []
+    for path in args.sass:
+        with open(path) as f:
+            lines, code = parse_sass(f.read())
+        if not code:
+            raise SystemExit(f"--sass: {path} has no SASS instructions: expected nvdisasm --print-line-info -c output")
+        listings.append((os.path.basename(path), lines, code))
     opener = gzip.open if args.csv.endswith(".gz") else open
     with opener(args.csv, "rt") as f:
         found = kernels(f.read())
@@ -90,6 +135,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"{args.csv}: no 'Kernel Name' rows: expected ncu --page source --csv output")
     for kernel in found:
         print("\n".join(summarize(kernel, args.top)))
+        if listings:
+            print("\n".join(by_source_line(kernel, listings)))
     return 0
 
 

@@ -53,3 +53,36 @@ def test_a_file_without_kernels_is_rejected(tmp_path):
     path.write_text("Section: GPU Speed Of Light Throughput\n")
     with pytest.raises(SystemExit, match="details.txt: no 'Kernel Name' rows"):
         ncu_source.main([str(path)])
+
+
+SASS = """\
+        //## File "/src/k.py", line 7
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        //## File "/triton/language/standard.py", line 293
+        /*0010*/                   SHFL.BFLY PT, R1, R2, 0x4, 0x1f ;
+        /*0020*/                   IMAD.IADD R3, R1, 0x1, R3 ;
+        //## File "/src/k.py", line 9
+        /*0030*/                   LDG.E.U16 R4, desc[UR4][R2.64] ;
+"""
+
+
+def test_samples_by_source_line_come_from_the_matching_listing(tmp_path, capsys):
+    ncu_source = import_benchmark("ncu_source")
+    rows = [("0x7f00", "LDC R1, c[0x0][0x28]", 1, 0, 0, 0, 0, 0, 0, 0),
+            ("0x7f10", "SHFL.BFLY PT, R1, R2, 0x4, 0x1f", 30, 0, 0, 0, 0, 0, 30, 0),
+            ("0x7f20", "IMAD.IADD R3, R1, 0x1, R3", 9, 0, 0, 0, 0, 0, 9, 0),
+            ("0x7f30", "LDG.E.U16 R4, desc[UR4][R2.64]", 60, 0, 0, 0, 0, 60, 0, 60)]
+    page = tmp_path / "source.csv"
+    page.write_text(_page([("_k", rows)]))
+    good, other = tmp_path / "good.sass", tmp_path / "other.sass"
+    good.write_text(SASS)
+    other.write_text(SASS.replace("SHFL.BFLY", "FADD").replace("IMAD.IADD", "FMUL").replace("LDG.E.U16", "STS"))
+    assert ncu_source.main([str(page), "--sass", str(other), str(good)]) == 0
+    out = capsys.readouterr().out
+    assert "by source line (good.sass):" in out  # the listing whose opcodes agree at the kernel's offsets
+    shares = [line.split() for line in out.split("by source line")[1].splitlines()[1:]]
+    assert shares == [["k.py:9", "60.0%"], ["standard.py:293", "39.0%"], ["k.py:7", "1.0%"]]
+    empty = tmp_path / "empty.sass"
+    empty.write_text("no code here\n")
+    with pytest.raises(SystemExit, match="empty.sass has no SASS instructions"):
+        ncu_source.main([str(page), "--sass", str(empty)])

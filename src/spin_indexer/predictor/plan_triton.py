@@ -747,7 +747,7 @@ if triton is not None:
                 m = blk < n32
                 # A. row 0's scores; forced blocks (key +inf). One gather of every block's id and block max
                 # (int32 ids, widened only inside the address).
-                phys = tl.load(tb + blk, mask=m, other=-1)
+                phys = tl.load(tb + blk, mask=blk < width, other=-1)
                 inside = m & (phys >= 0) & (phys < num_cache_blocks)
                 bm = tl.load(bmax_l + phys.to(tl.int64) * stride_bp, mask=inside, other=NEG_INF).to(tl.float32)
                 forced = m & ((blk >= first_new.to(tl.int32)) | (bm == NEG_INF) | (blk >= first_entered.to(tl.int32))
@@ -829,7 +829,7 @@ if triton is not None:
                 ki = kept.to(tl.int32)
                 rank = tl.cumsum(ki, 0) - 1
                 tl.store(kept_row + rank, blk, mask=kept)
-                tl.store(ctab_row + rank, tl.load(tb + blk, mask=kept, other=0), mask=kept)
+                tl.store(ctab_row + rank, tl.load(tb + blk, mask=blk < width, other=0), mask=kept)
                 done = tl.sum(ki, axis=0).to(tl.int64)
             else:  # chunked path (next_pow2(W) > the register tile): keys and flags staged in the scratch
                 offs = tl.arange(0, SB).to(tl.int64)

@@ -23,9 +23,11 @@ Launch 2, `_plan_select_kernel`, grid (L, max(B, 1)): program (l, b) does the se
   request's blocks are the lanes of one [SB = next_pow2(W)] tile. Live from A to D: one float32 score
   tensor in A (forced blocks as a NaN payload), then a uint32 key (0 = not a candidate) and the kept mask
   through B, then one uint32 exploration key (0 = kept or invalid) through C and D; lane tensors are int32:
-  A. one gather of every block's id and block max; forced blocks (+inf key); row 0's scores: reduce=max
-     takes the block max before the diagonal window, the window's blocks (every block of a per-slot rule)
-     are scored in [score_block, T] tiles written to a float32 scratch row and read back once;
+  A. one gather of every block's id (the table row in 16-byte vectors) and block max; forced blocks (+inf key);
+     row 0's scores: reduce=max takes the block max before the diagonal window and, in the window, its max with
+     D's window max read in aligned 16-byte chunks (_window_diag_max); the window's blocks of a per-slot rule
+     (and of the summary mix) are scored in [score_block, T] tiles; both go through a float32 scratch row
+     and are read back once;
   B. per prediction row (1 for row0, next_n for row-local): the exact k1-th largest key t by bisection on
      the key value (count(key >= mid) per step, from [min, max] of the keys, early exit when a count equals
      k1; the keys are the fp32 order key >> 13 when every score is a 16-bit float, so at most 19 steps,

@@ -62,3 +62,22 @@ def test_window_max_matches_the_offsets(t, window, q, lo, dtype, gen, triton_dev
         want = _expected(row, q, lo, window, t, sb)
         torch.testing.assert_close(out_d.cpu(), want, rtol=0, atol=0,
                                    msg=lambda m: f"row_start {row_start}: {m}")
+
+
+@pytest.mark.parametrize("t,cell_bytes,combine,reduce,reg,mixed,takes", [
+    (64, 2, "max", "max", True, False, True), (64, 4, "diagonal", "max", True, False, True),
+    (8, 2, "max", "max", True, False, True), (4, 4, "max", "max", True, False, True),
+    (4, 2, "max", "max", True, False, False),  # a chunk of 4 fp16 cells: rows would start off the 16-byte grid
+    (48, 2, "max", "max", True, False, False),  # T not a power of two
+    (64, 2, "sum", "max", True, False, False), (64, 2, "vertical", "max", True, False, False),
+    (64, 2, "max", "mean", True, False, False), (64, 2, "max", "max", False, False, False),
+    (64, 2, "max", "max", True, True, False),
+])
+def test_the_launcher_takes_the_window_path_only_where_its_loads_stay_aligned(t, cell_bytes, combine, reduce, reg,
+                                                                               mixed, takes):
+    from spin_indexer.predictor import SpinConfig
+    cfg = SpinConfig(sparsity=0.4, topk=64, tokens_per_block=t, combine=combine, reduce=reduce)
+    rows = plan_triton._window_path_rows(cfg, 4, reg, mixed, cell_bytes)
+    assert (rows > 0) == takes
+    if takes:
+        assert rows * t == 16 * 32 * 4 or (rows == 1 and t > 16 * 32 * 4)  # 16 cells a thread at 4 warps

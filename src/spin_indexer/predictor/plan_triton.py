@@ -252,6 +252,19 @@ def _window_rows(tokens_per_block: int, warps: int) -> int:
     return max(1, 16 * 32 * warps // tokens_per_block)
 
 
+def _window_path_rows(config: SpinConfig, warps: int, reg: bool, mixed: bool, cell_bytes: int) -> int:
+    """_window_diag_max's tile rows where row 0's window takes it, else 0 (the [score_block, T] tiles): the register
+    path of reduce=max with max or diagonal combine, no summary mix, and T a power of two and a whole number of
+    16-byte vectors of D's cells (every chunk then starts aligned, which the kernel tells the compiler)."""
+    t = config.tokens_per_block
+    slot_rule = config.reduce is Reduce.MEAN or config.combine is Combine.SUM
+    if not reg or mixed or slot_rule or config.combine not in (Combine.MAX, Combine.DIAGONAL):
+        return 0
+    if t != _next_pow2(t) or t % (16 // cell_bytes):
+        return 0
+    return _window_rows(t, warps)
+
+
 def _mix_select_warps(sb: int) -> int:
     """Warps of select_layer_triton's program for an [sb] tile: 8 from 2048 blocks (128K tokens), else
     _register_warps's. Run 130 (H100, bench_summary.py --select-warps, us a layer; 4 = the former default):
@@ -288,10 +301,8 @@ def _launch_select(config: SpinConfig, state, ws, table, lens, slots, scratch, f
         summary, full, summarized = scratch, ws.plan_stash, ws.plan_stash  # placeholder pointers, never read
     weight = config.summary
     slot_rule = config.reduce is Reduce.MEAN or config.combine is Combine.SUM
-    # row 0's window in address order (_window_diag_max): reduce=max over V's block max and D (or D alone), on the
-    # register path without the summary mix
-    win_rows = (_window_rows(t, warps) if reg and not mixed and not slot_rule and t == _next_pow2(t)
-                and config.combine in (Combine.MAX, Combine.DIAGONAL) else 0)
+    # row 0's window in address order (_window_diag_max) where it applies
+    win_rows = _window_path_rows(config, warps, reg, mixed, diag.element_size())
     _plan_select_kernel[(layers, max(batch, 1))](  # layer fastest: see the module docstring (grid order)
         table, table.stride(0), lens, slots, ws.plan_stash,
         vert, vert.stride(0), vert.stride(1), bmax, bmax.stride(0), bmax.stride(1),

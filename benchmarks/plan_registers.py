@@ -28,6 +28,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from spin_indexer.predictor import SpinConfig  # noqa: E402
 from spin_indexer.predictor import plan_triton as P  # noqa: E402
 
 PTR = {"table_ptr": "*i32", "lens_ptr": "*i32", "slot_ptr": "*i64", "stash_ptr": "*i32", "vert_ptr": "*fp16",
@@ -79,9 +80,12 @@ def compile_counts(sb: int, warps: int, maxnreg: int | None, rows: int = 1, slot
     """part: 0 the paper's plan() launch (every layer, every request), 1 the same with summary_below (only the
     requests that do not mix), 2 the summary mix's per-layer launch in run() (select_layer_triton)."""
     fn = P._plan_select_kernel
+    # the launcher's choice of the window path for this rule (fp16 state: 2-byte cells)
+    rule = SpinConfig(sparsity=0.4, topk=2048, reduce="mean" if slot else "max",
+                      combine={v: k for k, v in P._COMBINE.items()}[combine])
     cfg = dict(T=64, TP=64, NP=rows, SB=sb, SBS=sbs, SLOT=slot, COMBINE=combine, MEAN=slot, EXPLORE=explore,
                REG=reg, FINISH=part != 2, SUMMARY=part == 2, CACHED=part == 2, PART=part,
-               WIN_ROWS=P._window_rows(64, warps) if reg and part != 2 and not slot and combine in (0, 3) else 0)
+               WIN_ROWS=P._window_path_rows(rule, warps, reg, part == 2, 2))
     def arg_type(name):
         return PTR.get(name, "i64" if name in ("sparsity_bits", "gamma_bits", "summary_below") else "i32")
 

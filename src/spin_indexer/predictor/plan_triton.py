@@ -247,22 +247,22 @@ def select_layer_triton(config: SpinConfig, state, ws, layer: int, block_table: 
                    finish=False, summary=summary, cached=cached, part=2)
 
 
-def _window_rows(tokens_per_block: int, warps: int) -> int:
-    """Rows of _window_diag_max's [rows, T] chunk tiles: 16 cells a thread (8 rows a warp at T = 64)."""
-    return max(1, 16 * 32 * warps // tokens_per_block)
+def _slot_rule(config: SpinConfig) -> bool:
+    """Whether block scores come slot by slot (reduce=mean, or combine=sum): the kernels' SLOT."""
+    return config.reduce is Reduce.MEAN or config.combine is Combine.SUM
 
 
 def _window_path_rows(config: SpinConfig, warps: int, reg: bool, mixed: bool, cell_bytes: int) -> int:
-    """_window_diag_max's tile rows where row 0's window takes it, else 0 (the [score_block, T] tiles): the register
-    path of reduce=max with max or diagonal combine, no summary mix, and T a power of two and a whole number of
-    16-byte vectors of D's cells (every chunk then starts aligned, which the kernel tells the compiler)."""
+    """Rows of _window_diag_max's [rows, T] chunk tiles (16 cells a thread: 8 rows a warp at T = 64) where row 0's
+    window takes it, else 0 (the [score_block, T] tiles): the register path of reduce=max with max or diagonal
+    combine, no summary mix, and T a power of two and a whole number of 16-byte vectors of D's cells (every chunk
+    then starts aligned, which the kernel tells the compiler)."""
     t = config.tokens_per_block
-    slot_rule = config.reduce is Reduce.MEAN or config.combine is Combine.SUM
-    if not reg or mixed or slot_rule or config.combine not in (Combine.MAX, Combine.DIAGONAL):
+    if not reg or mixed or _slot_rule(config) or config.combine not in (Combine.MAX, Combine.DIAGONAL):
         return 0
     if t != _next_pow2(t) or t % (16 // cell_bytes):
         return 0
-    return _window_rows(t, warps)
+    return max(1, 16 * 32 * warps // t)
 
 
 def _mix_select_warps(sb: int) -> int:
@@ -300,7 +300,6 @@ def _launch_select(config: SpinConfig, state, ws, table, lens, slots, scratch, f
     else:
         summary, full, summarized = scratch, ws.plan_stash, ws.plan_stash  # placeholder pointers, never read
     weight = config.summary
-    slot_rule = config.reduce is Reduce.MEAN or config.combine is Combine.SUM
     # row 0's window in address order (_window_diag_max) where it applies
     win_rows = _window_path_rows(config, warps, reg, mixed, diag.element_size())
     _plan_select_kernel[(layers, max(batch, 1))](  # layer fastest: see the module docstring (grid order)
@@ -317,7 +316,7 @@ def _launch_select(config: SpinConfig, state, ws, table, lens, slots, scratch, f
         summary, summary.stride(0), width, full, summarized, summarized.stride(0), 1.0 - weight, weight,
         _mix_below(config),
         T=t, TP=_next_pow2(t), NP=_next_pow2(next_n), SB=sb, SBS=sbs,
-        SLOT=slot_rule, COMBINE=_COMBINE[config.combine],
+        SLOT=_slot_rule(config), COMBINE=_COMBINE[config.combine],
         MEAN=config.reduce is Reduce.MEAN, EXPLORE=config.exploration is Exploration.RANDOM, REG=reg,
         FINISH=finish, SUMMARY=mixed, CACHED=cached, PART=part, WIN_ROWS=win_rows,
         WIN_VEC=16 // diag.element_size(), enable_fp_fusion=False, num_warps=warps,  # 8 or 4: fp16 / bf16 / fp32

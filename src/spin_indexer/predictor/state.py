@@ -67,8 +67,8 @@ class SpinState:
             # T elements of slack past the last row: the fused plan reads D's window in aligned chunks of T
             # (plan_triton._window_diag_max), which may run up to T - 1 elements past a row's end
             shape = (num_layers, max_requests, self.window + 1)
-            self.diagonal = torch.full((math.prod(shape) + t,), neg, dtype=dtype,
-                                       device=self.device)[:math.prod(shape)].view(shape)
+            cells = math.prod(shape)
+            self.diagonal = torch.full((cells + t,), neg, dtype=dtype, device=self.device)[:cells].view(shape)
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
             raise allocation_error("SpinState", need, self.device,
                                    f"num_layers={num_layers}, num_cache_blocks={num_cache_blocks}, "

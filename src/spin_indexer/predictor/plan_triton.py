@@ -836,8 +836,9 @@ if triton is not None:
                     kept = m & ((key2 == 0) | _take(key2, t2, ties2))
 
                 # D. compaction, ascending, from the register mask (no scratch: it never left this program's
-                # registers). The table is read again for the kept blocks rather than holding phys through B
-                # and C (registers are the tighter resource here; the reads are L1/L2 hits).
+                # registers). The table row is read again (in 16-byte vectors, as in A; stored for the kept
+                # blocks) rather than holding phys through B and C (registers are the tighter resource here; the
+                # reads are L1/L2 hits).
                 ki = kept.to(tl.int32)
                 rank = tl.cumsum(ki, 0) - 1
                 tl.store(kept_row + rank, blk, mask=kept)

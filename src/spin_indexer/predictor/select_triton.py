@@ -86,10 +86,6 @@ if triton is not None:
         return a0 + a1, b0 + b1
 
     @triton.jit
-    def _add3(a0, b0, c0, a1, b1, c1):
-        return a0 + a1, b0 + b1, c0 + c1
-
-    @triton.jit
     def _probe(lo, hi, x, c, need):
         """One bisection update from c = count(key >= x) at a probe x: lo keeps count(key >= lo) >= need, hi
         keeps count(key > hi) < need, c == need ends the search at x; a probe outside (lo, hi] changes
@@ -107,19 +103,19 @@ if triton is not None:
         lane with key == t is taken (no tie is cut: _take then needs no lane search). key: uint32 [S], 0 =
         not a candidate (every candidate is >= 1); need: int scalar.
 
-        t is the need-th largest candidate key, by a quaternary search on the key value with three counts per
-        step (three compares per element and one block reduction, no histogram): lo keeps count(key >= lo) >=
-        need, hi keeps count(key > hi) < need. It starts from [min, max] of the candidate keys (about
-        bit_length(max - min) / 2 steps: <= 10 on the shifted 16-bit-score keys, <= 16 on hashes) and stops
-        early when a count hits need exactly: every key >= that pivot is then taken and no tie is cut, which the
-        returned (t, ties) still say exactly. need >= count: t = min (all); need <= 0: t = max and no ties
-        (none). Every count compares against a pivot >= 1 (pivot > lo >= min >= 1), so the 0 lanes never
-        count. Each block reduction is a dependent round of shuffles and a barrier, so the count, min and max
-        go in one (tuple) reduction, and so do the counts above and at t.
+        t is the need-th largest candidate key, by bisection on the key value with one count per step (a
+        compare per element and a block reduction, no histogram): lo keeps count(key >= lo) >= need, hi keeps
+        count(key > hi) < need. It starts from [min, max] of the candidate keys (at most bit_length(max - min)
+        steps: <= 19 on the shifted 16-bit-score keys, <= 31 on hashes) and stops early when a count hits need
+        exactly: every key >= mid is then taken and no tie is cut, which the returned (t, ties) still say
+        exactly. need >= count: t = min (all); need <= 0: t = max and no ties (none). Every count compares
+        against mid >= 1 (mid > lo >= min >= 1), so the 0 lanes never count. Each block reduction is a
+        dependent round of shuffles and a barrier, so the count, min and max go in one (tuple) reduction, and
+        so do the counts above and at t.
 
         UNIFORM: the candidate keys are uniform on [1, 2**31] (exploration hashes + 1): before bisecting, the
         search probes both ends of a bracket around the expected need-th largest key (the binomial quantile
-        +- 4 sigma and one mean gap) in one reduction, which narrows 31 bits to ~25 and saves ~3 steps; the
+        +- 4 sigma and one mean gap) in one reduction, which narrows 31 bits to ~25 and saves ~6 steps; the
         probes are exact counts, so the result never depends on the keys being uniform."""
         cand = key != 0
         count, lo, hi = tl.reduce((cand.to(tl.int32), tl.where(cand, key, 0xFFFFFFFF), key), 0, _count_min_max)
@@ -141,21 +137,12 @@ if triton is not None:
             lo, hi = _probe(lo, hi, x1, c1, need)
             lo, hi = _probe(lo, hi, x2, c2, need)
         while lo < hi:
-            # Three probes a step, counted in one reduction: the bracket shrinks 4x a step, not 2x. A step costs
-            # its block reduction's dependent rounds (shuffles, a barrier), not its compares: counting by
-            # arithmetic cut the one-probe loop from 147 to 118 SASS instructions and changed nothing on the
-            # H200 (run 94), so two more compares per key cost little and the chain is half as long (<= 10
-            # steps on 19-bit keys instead of 19). lo < m1 <= m2 <= m3 <= hi; each probe is exact, so their
-            # order and any coincident pivots change nothing.
-            gap = hi - lo
-            m1 = hi - (3 * gap) // 4
-            m2 = hi - gap // 2
-            m3 = hi - gap // 4
-            c1, c2, c3 = tl.reduce(((key >= m1.to(tl.uint32)).to(tl.int32), (key >= m2.to(tl.uint32)).to(tl.int32),
-                                    (key >= m3.to(tl.uint32)).to(tl.int32)), 0, _add3)
-            lo, hi = _probe(lo, hi, m3, c3, need)
-            lo, hi = _probe(lo, hi, m2, c2, need)
-            lo, hi = _probe(lo, hi, m1, c1, need)
+            mid = hi - (hi - lo) // 2  # upper middle: lo < mid <= hi
+            # Counting by arithmetic (the sum of the top bits of mid - 1 - key, keys <= 2**31) cut this loop from
+            # 147 to 118 SASS instructions and changed nothing on the H200 (run 94: 1150.6 -> 1149.9 us a step at
+            # 96 x 512K, 22.8 -> 22.6 at 1 x 128K): the select is not bound by this count.
+            c = tl.sum((key >= mid.to(tl.uint32)).to(tl.int32), axis=0)
+            lo, hi = _probe(lo, hi, mid, c, need)
         t = lo.to(tl.uint32)
         above, at = tl.reduce(((key > t).to(tl.int32), (key == t).to(tl.int32)), 0, _add2)
         ties = need - above

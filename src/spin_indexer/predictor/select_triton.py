@@ -140,7 +140,8 @@ if triton is not None:
             mid = hi - (hi - lo) // 2  # upper middle: lo < mid <= hi
             # Counting by arithmetic (the sum of the top bits of mid - 1 - key, keys <= 2**31) cut this loop from
             # 147 to 118 SASS instructions and changed nothing on the H200 (run 94: 1150.6 -> 1149.9 us a step at
-            # 96 x 512K, 22.8 -> 22.6 at 1 x 128K): the select is not bound by this count.
+            # 96 x 512K, 22.8 -> 22.6 at 1 x 128K): the select is not bound by this count. Three probes a step in
+            # one reduction (half the steps) measured slower in plan() twice (run 65; run 137: 3-7% at every point).
             c = tl.sum((key >= mid.to(tl.uint32)).to(tl.int32), axis=0)
             lo, hi = _probe(lo, hi, mid, c, need)
         t = lo.to(tl.uint32)

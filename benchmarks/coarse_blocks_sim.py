@@ -23,8 +23,19 @@ row keeps SPIN's budget (budget_of; the newest block always; random exploration 
                 exactly with this step's query, the max over them (top<m>+<s>: the max of that and summary <s>)
   mix-<s>-<w>   (1 - w) * percentile(hist) + w * percentile(summary) (hybrid.percentile's rule)
   zmix-<s>-<w>  the same with standardized scores ((x - mean) / std a row) instead of percentiles
+  xmix-<src>-<w>  (1 - w) * percentile(hist) + w * percentile(the previous layer's block scores of this row):
+                layers run in order within a step, so when layer l selects, layer l - 1 has scored its kept
+                blocks (src = kept: its exact block max there and its own history's prediction elsewhere, as a
+                per-layer select would see them; src = all: its exact block max everywhere, the upper bound of
+                the signal). Layer 0 has no previous layer: hist. No key bytes: O(blocks) a row.
 miss = the share of the row's exact top-k (float scores) in skipped blocks (predictor/miss.py), mean and nearest-rank
 p99 over rows past the warm-up. Writes <out>/coarse.csv and <out>/coarse.md.
+
+layers: per-layer budgets at the same mean sparsity (the step saves the same key bytes). hist (with exploration) is
+simulated at every sparsity of --menu for every (document, layer); a dynamic program then gives each layer one
+menu sparsity so that their mean is --sparsity and the mean miss over the calibration documents is least. Scored
+in-sample and across halves of the documents (calibrated on one half, evaluated on the other, both ways).
+Writes <out>/layers.json (every row's miss) and <out>/layers.md.
 """
 from __future__ import annotations
 
@@ -117,8 +128,10 @@ def standardized(x: torch.Tensor) -> torch.Tensor:
 
 
 def simulate(q, w, keys, context: int, k: int, sparsity: float, config: str, warm: int, gamma: float,
-             gen: torch.Generator) -> list[float]:
-    """Per-row misses of one (document, layer) in closed loop (the module docstring)."""
+             gen: torch.Generator, prev: list | None = None) -> tuple[list[float], list[dict]]:
+    """Per-row misses of one (document, layer) in closed loop (the module docstring), and per row this layer's
+    block signals for the next layer's xmix: {"all": exact block max of every block, "kept": exact where kept,
+    the history's prediction elsewhere}. prev: the previous layer's (None for layer 0, or for other configs)."""
     q, w, keys = q.float(), w.float(), keys.float()
     n = keys.shape[0]
     keys = torch.nn.functional.pad(keys, (0, 0, 0, -(-n // T) * T - n))
@@ -134,12 +147,14 @@ def simulate(q, w, keys, context: int, k: int, sparsity: float, config: str, war
         top, _, also = kind[3:].partition("+")
         top, also = int(top), also or None
         best = torch.full((-(-n // T), top), -1)
-    misses = []
+    misses, signals = [], []
     for r in range(q.shape[0]):
         length = context + r + 1
         nb = -(-length // T)
         row = scores[r, :length]
         topk = row.topk(k).indices.int()
+        exact = pooled(torch.nn.functional.pad(row, (0, nb * T - length), value=float("nan")), nb, T, "max")
+        hist = None
         if r < warm:
             keep = torch.ones(nb, dtype=torch.bool)
         else:
@@ -149,6 +164,9 @@ def simulate(q, w, keys, context: int, k: int, sparsity: float, config: str, war
             hist = pooled(pred, nb, T, "max")  # A1-Max
             if kind is None:
                 block = hist
+            elif parts[0] == "xmix":
+                block = hist if prev is None else (1 - weight) * percentile(hist, torch.ones(nb, dtype=torch.bool)) \
+                    + weight * percentile(prev[r][kind][:nb], torch.ones(nb, dtype=torch.bool))
             else:
                 if top:
                     summary = top_scores(q[r], w[r], keys, length, best[:nb])
@@ -169,6 +187,7 @@ def simulate(q, w, keys, context: int, k: int, sparsity: float, config: str, war
             if explore and len(skipped):
                 keep[skipped[torch.randperm(len(skipped), generator=gen)[:explore]]] = True
             misses.append(float(miss_per_row(keep[None], topk[None], 1, T)[0]))
+        signals.append({"all": exact, "kept": exact if hist is None else torch.where(keep, exact, hist)})
         if top:  # the kept blocks' best tokens this row
             padded = torch.full((nb * T,), float("-inf"))
             padded[:length] = row
@@ -180,7 +199,77 @@ def simulate(q, w, keys, context: int, k: int, sparsity: float, config: str, war
         offsets = length - 1 - seen
         diagonal[offsets] = torch.where(torch.isnan(diagonal[offsets]), s,
                                         ALPHA * s + (1 - ALPHA) * diagonal[offsets])
-    return misses
+    return misses, signals
+
+
+def allocate(miss: dict, docs: list, menu: list, sparsity: float) -> list[int]:
+    """Menu index per layer (mean sparsity = sparsity, on the menu's grid) minimizing the mean miss of docs.
+    miss[doc][layer][i]: that layer's per-row misses at menu[i]."""
+    layers = len(miss[docs[0]])
+    step = menu[1] - menu[0]
+    units = [round(m / step) for m in menu]  # menu values in grid units (an evenly spaced menu)
+    target = round(sparsity * layers / step)
+    mean = [[sum(sum(miss[d][layer][i]) for d in docs) / sum(len(miss[d][layer][i]) for d in docs)
+             for i in range(len(menu))] for layer in range(layers)]
+    best = {0: (0.0, [])}  # units spent -> (summed mean miss, choice so far)
+    for layer in range(layers):
+        nxt = {}
+        for spent, (cost, choice) in best.items():
+            for i, u in enumerate(units):
+                c = (cost + mean[layer][i], choice + [i])
+                if spent + u not in nxt or c[0] < nxt[spent + u][0]:
+                    nxt[spent + u] = c
+        best = nxt
+    if target not in best:
+        raise SystemExit(f"--sparsity {sparsity}: not a mean the menu {menu} can make over {layers} layers")
+    return best[target][1]
+
+
+def layer_budgets(data: dict, args) -> None:
+    menu = sorted(args.menu)
+    if any(abs((b - a) - (menu[1] - menu[0])) > 1e-9 for a, b in zip(menu, menu[1:])):
+        raise SystemExit(f"--menu: expected evenly spaced sparsities, got {menu}")
+    miss = {}
+    for doc, layers in data["docs"].items():
+        miss[doc] = []
+        for layer, (q, w, keys) in enumerate(layers):
+            per = []
+            for s in menu:
+                gen = torch.Generator().manual_seed(layer)
+                per.append(simulate(q, w, keys, data["context"], args.k, s, "hist", args.warm, args.gamma, gen)[0])
+            miss[doc].append(per)
+        print(f"simulated {doc}", flush=True)
+    docs = list(miss)
+    layers = len(miss[docs[0]])
+    uniform = min(range(len(menu)), key=lambda i: abs(menu[i] - args.sparsity))
+
+    def score(eval_docs, choice):
+        m = torch.tensor([x for d in eval_docs for layer in range(layers) for x in miss[d][layer][choice[layer]]])
+        return float(m.mean()), nearest_rank(m, 0.99)
+
+    rows = []
+    for name, cal, ev in (("in-sample", docs, docs), ("first half -> second", docs[0::2], docs[1::2]),
+                          ("second half -> first", docs[1::2], docs[0::2])):
+        choice = allocate(miss, cal, menu, args.sparsity)
+        rows.append(dict(split=name, uniform=score(ev, [uniform] * layers), allocated=score(ev, choice),
+                         sparsities=[menu[i] for i in choice]))
+        print(f"{name}: uniform {rows[-1]['uniform']}, allocated {rows[-1]['allocated']}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "layers.json"), "w") as f:
+        json.dump(dict(context=data["context"], k=args.k, menu=menu, sparsity=args.sparsity, miss=miss, rows=rows),
+                  f)
+    per_layer = [sum(sum(miss[d][layer][uniform]) for d in docs) / sum(len(miss[d][layer][uniform]) for d in docs)
+                 for layer in range(layers)]
+    lines = [f"# Per-layer budgets at mean sparsity {args.sparsity:g} ({data['context']} tokens, k = {args.k})", "",
+             f"`python benchmarks/coarse_blocks_sim.py {' '.join(sys.argv[1:])}`", "",
+             f"Mean miss a layer at uniform {menu[uniform]:g} (%): " + " ".join(f"{100 * x:.1f}" for x in per_layer), "",
+             "| calibrated -> evaluated | uniform mean / p99 | per-layer mean / p99 | sparsity a layer |",
+             "|---|---|---|---|"]
+    lines += [f"| {r['split']} | {100 * r['uniform'][0]:.2f} / {100 * r['uniform'][1]:.2f} | "
+              f"{100 * r['allocated'][0]:.2f} / {100 * r['allocated'][1]:.2f} | "
+              f"{' '.join(f'{x:g}' for x in r['sparsities'])} |" for r in rows]
+    with open(os.path.join(args.out, "layers.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 def main(argv=None) -> int:
@@ -198,18 +287,33 @@ def main(argv=None) -> int:
     s.add_argument("--gamma", type=float, default=0.05)
     s.add_argument("--configs", nargs="+", default=list(CONFIGS))
     s.add_argument("--out", required=True)
+    y = sub.add_parser("layers")
+    y.add_argument("--qk", required=True)
+    y.add_argument("--k", type=int, default=256)
+    y.add_argument("--sparsity", type=float, default=0.4, help="the mean sparsity over the layers")
+    y.add_argument("--menu", type=float, nargs="+", default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7])
+    y.add_argument("--warm", type=int, default=8)
+    y.add_argument("--gamma", type=float, default=0.05)
+    y.add_argument("--out", required=True)
     args = p.parse_args(argv)
     torch.set_num_threads(min(2, os.cpu_count() or 1))
     if args.cmd == "capture":
         capture(args.context, args.rows, args.out)
         return 0
     data = torch.load(args.qk)
+    if args.cmd == "layers":
+        layer_budgets(data, args)
+        return 0
     table = []
     for config in args.configs:
         gen = torch.Generator().manual_seed(0)
-        misses = [m for layers in data["docs"].values() for q, w, keys in layers
-                  for m in simulate(q, w, keys, data["context"], args.k, args.sparsity, config, args.warm, args.gamma,
-                                    gen)]
+        misses = []
+        for layers in data["docs"].values():
+            prev = None  # layers in order: xmix reads the previous layer's signals of the same rows
+            for q, w, keys in layers:
+                rows, prev = simulate(q, w, keys, data["context"], args.k, args.sparsity, config, args.warm,
+                                      args.gamma, gen, prev)
+                misses += rows
         m = torch.tensor(misses)
         table.append(dict(config=config, sparsity=args.sparsity, k=args.k, mean_miss=float(m.mean()),
                           p99_miss=nearest_rank(m, 0.99), rows=len(misses)))

@@ -44,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     "told), summary-coarse (at 1, 2, 4: capture --summary-parts 1 2 4)")
     sw.add_argument("--sparsity", type=float, nargs="+", default=None, help="override the sweep's targets")
     sw.add_argument("--policy", nargs="+", default=None, help="override the sweep's policies")
+    sw.add_argument("--sparsity-profile", default=None, metavar="FILE",
+                    help="a per-layer profile (spin-indexer calibrate's profile.json): every policy replays with it, "
+                         "reported as <policy>+profile")
     sw.add_argument("--layer-stride", type=int, default=1, help="replay every n-th layer of real traces (>= 1)")
     sw.add_argument("--max-steps", type=int, default=None,
                     help="replay only the first n (>= 1) decode steps (default: all)")
@@ -150,6 +153,11 @@ def run(args) -> int:
         torch.set_num_threads(max(1, args.threads))
         pairs = get_sweep(args.sweep, tuple(args.sparsity) if args.sparsity else None,
                           tuple(args.policy) if args.policy else None)
+        profile = None
+        if args.sparsity_profile:
+            from .calibrate import load_profile
+
+            profile = load_profile(args.sparsity_profile)
         start = time.perf_counter()
         sets = _load_sets(args)
         out = Path(args.out)
@@ -165,7 +173,7 @@ def run(args) -> int:
             bar = tqdm(total=work, unit="row", unit_scale=True, desc=f"eval {args.sweep}", file=sys.stderr)
         sweep_start = time.perf_counter()
         rows = run_sweep(sets, pairs, device=args.device, max_batch=args.batch, seed=args.seed,
-                         on_step=bar.update if bar else None, jobs=args.jobs)
+                         on_step=bar.update if bar else None, jobs=args.jobs, profile=profile)
         sweep_s = time.perf_counter() - sweep_start
         if bar:
             bar.close()

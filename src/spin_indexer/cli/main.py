@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, str] = {
     "report": "merge evaluation runs into one summary page",
     "capture": "run the proxy model and record per-step indexer logits and top-k traces",
     "distill": "fit the proxy model's indexer head to its own attention",
+    "calibrate": "a per-layer sparsity profile from traces (SpinConfig.sparsity_profile)",
     "quality": "task scores of the proxy model with the dense and the SPIN indexer",
 }
 

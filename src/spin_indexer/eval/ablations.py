@@ -11,6 +11,7 @@ SpinConfig (spin-default, a1-max, explore-random, mtp-row0) are replayed once an
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Callable
 
@@ -108,12 +109,14 @@ def _bins(traces: list[Trace]) -> dict[tuple[str, str], list[str]]:
 def run_sweep(trace_sets: dict[str, list[Trace]], pairs: list[tuple[str, float]], device: str = "cpu",
               max_batch: int = 4, seed: int = 0,
               on_step: Callable[[int], None] | None = None,
-              on_run: Callable[[dict], None] | None = None, jobs: int = 1) -> list[dict]:
+              on_run: Callable[[dict], None] | None = None, jobs: int = 1,
+              profile: tuple[float, ...] | None = None) -> list[dict]:
     """Replay every (policy, sparsity) over every trace set; one row per (set, indexer, context bin).
 
     on_step(n): progress in rows x layers; on_run(row): called with each finished 'all'-context row.
     jobs: CPU worker processes, one distinct config each at a time (configs are independent; one torch
     thread per worker). 1 = in this process; ignored on a GPU.
+    profile: a SpinConfig.sparsity_profile every policy replays with (rows name the policy <policy>+profile).
     """
     check_int("jobs", jobs, low=1)
     rows = []
@@ -122,6 +125,8 @@ def run_sweep(trace_sets: dict[str, list[Trace]], pairs: list[tuple[str, float]]
             continue
         k = traces[0].meta.k
         cfgs = {pair: get_policy(pair[0], pair[1], topk=k, seed=seed) for pair in pairs}
+        if profile:
+            cfgs = {pair: dataclasses.replace(cfg, sparsity_profile=profile) for pair, cfg in cfgs.items()}
         # summary-mix policies replay only the traces that recorded block summaries at their sub-block count
         # (lightning captures; oracle traces have none): the other bins get no row for them
         usable = {key: [t for t in traces if cfg.summary == 0 or t.has_summary(cfg.summary_parts)]
@@ -144,7 +149,7 @@ def run_sweep(trace_sets: dict[str, list[Trace]], pairs: list[tuple[str, float]]
             for (indexer, ctx), names in sorted(_bins(usable[key]).items(),
                                                 key=lambda kv: (kv[0][0], _ctx_order(kv[0][1]))):
                 row = {"trace_set": set_name, "indexer": indexer, "context": ctx, "sparsity_target": sparsity,
-                       "policy": policy, **summarize(res, names), "prompts": len(names),
+                       "policy": f"{policy}+profile" if profile else policy, **summarize(res, names), "prompts": len(names),
                        "steps": max(res.miss[n].shape[0] for n in names),
                        "layers": res.miss[names[0]].shape[1], "k": k, "next_n": res.miss[names[0]].shape[2],
                        "seconds": res.seconds, "throughput": res.throughput, "config": json.loads(key)}

@@ -4,6 +4,8 @@ reference.
 
     adaptive  per-(layer, request) budgets from a sparsity menu, audits that score every block and measure
               the prediction's real miss (predictor/adaptive.py)
+    profile   a fixed sparsity a layer (SpinConfig.sparsity_profile: the budget moved to the layers whose history
+              predicts them worst, at the same mean)
     hybrid    this layer's block scores mixed with what the previous layer's indexer computed in the same
               step (predictor/hybrid.py); it needs that layer's scores, so it selects at run() time
     summary   this layer's block scores mixed with this step's query scored against each block's sub-block
@@ -62,6 +64,9 @@ class Extensions:
                                  scores)
         budget, explore, audit = meta.budget, meta.explore, None
         dense = meta.keep_all | meta.guarded
+        if cfg.sparsity_profile:
+            budget = budget_blocks(meta.num_blocks, cfg.layer_sparsity(layer), cfg.topk, t, dense)
+            explore = explore_blocks(budget, cfg.gamma, cfg.exploration, dense)
         if cfg.adaptive is not None:
             menu = torch.tensor(cfg.adaptive.menu, dtype=torch.float64, device=scores.device)
             sparsity = menu[self.state.level[layer, meta.slot_ids].long()]

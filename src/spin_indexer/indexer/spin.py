@@ -113,6 +113,9 @@ class SpinIndexer:
         check_int("max_batch", max_batch, low=1)
         check_int("max_blocks", max_blocks, low=1)
         check_int("next_n", next_n, low=1, high=8)
+        if config.sparsity_profile and len(config.sparsity_profile) != num_layers:
+            raise ValueError(f"config: expected a sparsity_profile of num_layers = {num_layers} entries, got "
+                             f"{len(config.sparsity_profile)}")
         if max_requests is not None:
             check_int("max_requests", max_requests, low=1)
         if num_cache_blocks is not None:
@@ -138,7 +141,8 @@ class SpinIndexer:
                                    f"num_layers={num_layers}, max_batch={max_batch}, max_blocks={max_blocks}, "
                                    f"next_n={next_n}") from exc
         self.extensions = (Extensions(config, self.state, next_n)
-                           if (config.adaptive or config.hybrid or config.summary) else None)
+                           if (config.adaptive or config.hybrid or config.summary or config.sparsity_profile)
+                           else None)
         # Extensions that read every layer's scores after it runs (adaptive audits, the hybrid hand-over): they
         # keep the torch path of plan(), the EMA update in series and the logits' tail filled. The summary mix
         # alone reads only the layer's query before it runs: the fused step covers it.
@@ -317,7 +321,7 @@ class SpinIndexer:
         # own would be): the top-k's group-max launch cost ~10 us at 96 x 128K. A group chosen from the kept
         # budget's columns instead (finer at s = 0.4-0.5: fewer candidates past the threshold, run 126) cost the
         # step 1-5% at 96 x 128K / 512K, paired (run 128), for +1% in the 32K e2e (run 127): not taken.
-        active = budget_of(width, self.config.sparsity, self.config.topk, self.config.tokens_per_block)
+        active = budget_of(width, self.config.layer_sparsity(layer), self.config.topk, self.config.tokens_per_block)
         group = ops.topk_group(cols, self.config.topk)
         group_max = None
         if self.workspace.GROUP_MIN <= group < self.config.tokens_per_block:

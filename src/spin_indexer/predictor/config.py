@@ -8,10 +8,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 
 import torch
 
-from ..checks import check_enum, check_float, check_int, describe
+from ..checks import check_enum, check_float, check_int, check_sequence, describe
 from .adaptive import AdaptiveConfig
 
 
@@ -117,6 +118,11 @@ class SpinConfig:
         (the paper's scores, selected in plan() with the other layers) and neither write nor read the summary
         cache; 0 = every request mixes. The mix's select is one launch of B programs a layer, one program's
         chain of reductions: cheap at short contexts only (benchmarks/NOTES.md, session 49).
+    sparsity_profile: per-layer multipliers of `sparsity`: layer l skips sparsity x sparsity_profile[l] of its
+        blocks (layer_sparsity). Layers differ in how well their history predicts them (the proxy's head: 0.3-13%
+        mean miss a layer at 8K, 40%); a profile of mean 1 moves budget to the hard layers and keeps the step's
+        key bytes. One entry a layer of the model (SpinIndexer checks the count); () = every layer at `sparsity`
+        (the paper). Calibrated from traces: `spin-indexer calibrate`. Not with adaptive budgets.
     diagonal_window: offsets from the query (tokens) that keep diagonal history; the diagonal patterns
         live near the query, and a bounded window keeps a request's state the same size at any context.
         None = every offset (the paper's unbounded table; sized to the indexer's maximum context).
@@ -150,6 +156,7 @@ class SpinConfig:
     summary: float = 0.0
     summary_parts: int = 4
     summary_below: int = 0
+    sparsity_profile: tuple[float, ...] = ()
     diagonal_window: int | None = 8192
     dense_below: int | str = 0
     dense_batch_below: int | str = 0
@@ -174,6 +181,7 @@ class SpinConfig:
                              f"({self.tokens_per_block}), got {self.summary_parts}")
         if self.adaptive is not None and not isinstance(self.adaptive, AdaptiveConfig):
             raise TypeError(f"SpinConfig.adaptive: expected an AdaptiveConfig or None, got {describe(self.adaptive)}")
+        self._set("sparsity_profile", self._checked_profile())
         if self.diagonal_window is not None:
             if isinstance(self.diagonal_window, bool) or not isinstance(self.diagonal_window, int):
                 raise TypeError(f"SpinConfig.diagonal_window: expected an int or None, got {describe(self.diagonal_window)}")
@@ -184,6 +192,22 @@ class SpinConfig:
                 self.state_dtype not in (torch.float16, torch.bfloat16, torch.float32):
             raise TypeError(f"SpinConfig.state_dtype: expected torch.float16, bfloat16 or float32, "
                             f"got {describe(self.state_dtype)}")
+
+    def _checked_profile(self) -> tuple[float, ...]:
+        profile = check_sequence("SpinConfig.sparsity_profile", self.sparsity_profile,
+                                 lambda name, x: check_float(name, x, low=0, high=math.inf, high_open=True))
+        if profile and self.adaptive is not None:
+            raise ValueError("SpinConfig.sparsity_profile: expected () with adaptive budgets (the controller moves "
+                             "each layer's sparsity itself)")
+        if profile and self.sparsity * max(profile) >= 1:
+            worst = max(range(len(profile)), key=profile.__getitem__)
+            raise ValueError(f"SpinConfig.sparsity_profile: expected sparsity x every entry < 1, got "
+                             f"{self.sparsity:g} x {profile[worst]:g} (layer {worst})")
+        return profile
+
+    def layer_sparsity(self, layer: int) -> float:
+        """The sparsity of `layer`'s budget: sparsity x sparsity_profile[layer], or sparsity without a profile."""
+        return self.sparsity * self.sparsity_profile[layer] if self.sparsity_profile else self.sparsity
 
     def _set(self, name: str, value) -> None:
         object.__setattr__(self, name, value)  # frozen: the normalized (checked) value replaces the given one

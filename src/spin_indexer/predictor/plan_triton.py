@@ -115,14 +115,15 @@ _COMBINE = {Combine.MAX: 0, Combine.SUM: 1, Combine.VERTICAL: 2, Combine.DIAGONA
 
 def supports(config: SpinConfig, width: int | None = None) -> bool:
     """Whether the fused planner covers `config` (on a table `width` blocks wide, where given): A1 pooling with
-    max or mean, any combine rule, no or random exploration, no adaptive budgets, no hybrid scores; the summary
+    max or mean, any combine rule, no or random exploration, no adaptive budgets, no hybrid scores, one sparsity
+    for every layer (no sparsity_profile: the kernel takes one); the summary
     mix on tables of at most MAX_TILE blocks (its select runs the register path only). Everything else runs
     the torch path."""
     if config.summary > 0 and width is not None and _next_pow2(max(width, 1)) > MAX_TILE:
         return False
     return (config.pooling is Pooling.A1 and config.reduce in (Reduce.MAX, Reduce.MEAN)
             and config.exploration in (Exploration.NONE, Exploration.RANDOM)
-            and config.adaptive is None and config.hybrid == 0)
+            and config.adaptive is None and config.hybrid == 0 and not config.sparsity_profile)
 
 
 def _mix_below(config: SpinConfig) -> int:

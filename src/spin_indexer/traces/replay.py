@@ -94,12 +94,14 @@ def replay(traces: Trace | list[Trace], config: SpinConfig, device: torch.device
     traces = [traces] if isinstance(traces, Trace) else list(traces)
     if not isinstance(config, SpinConfig):
         raise TypeError(f"config: expected a SpinConfig, got {type(config).__name__}")
-    couples_layers = getattr(config, "hybrid", 0.0) > 0
+    # hybrid > 0 reads the previous layer's scores of the same step; a sparsity profile budgets each layer apart
+    couples_layers = getattr(config, "hybrid", 0.0) > 0 or bool(getattr(config, "sparsity_profile", ()))
     if fold_layers is None:
         fold_layers = not couples_layers
     elif fold_layers and couples_layers:
-        raise ValueError("fold_layers: expected False (or None) with SpinConfig.hybrid > 0: the hybrid predictor "
-                         "reads the previous layer of the same step, so layers cannot run as separate requests")
+        raise ValueError("fold_layers: expected False (or None) with SpinConfig.hybrid > 0 or a sparsity_profile: "
+                         "the hybrid predictor reads the previous layer of the same step, a profile budgets each "
+                         "layer by its index, so layers cannot run as separate requests")
     names = [t.name for t in traces]
     if len(set(names)) != len(names):
         raise ValueError(f"traces: expected distinct prompt_id names, got duplicates in {names}")

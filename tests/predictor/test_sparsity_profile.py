@@ -1,0 +1,95 @@
+"""SpinConfig.sparsity_profile: a sparsity a layer (sparsity x the layer's entry), on the torch path of the step and
+in replay; refused where it cannot apply."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import row_lengths
+from spin_indexer.indexer import SpinIndexer
+from spin_indexer.predictor import SpinConfig
+from spin_indexer.predictor.adaptive import AdaptiveConfig
+from spin_indexer.predictor.plan_triton import supports
+from spin_indexer.traces.replay import replay
+
+T = 64
+
+
+def _step_counts(cfg, layers, lengths, width, steps, gen):
+    """Kept blocks a request [layers, B] after `steps` steps of random scores, and every layer's top-k."""
+    batch = len(lengths)
+    idx = SpinIndexer(cfg, num_layers=layers, max_batch=batch, max_blocks=width)
+    slots = torch.tensor([idx.state.allocate() for _ in range(batch)], dtype=torch.int32)
+    table = torch.arange(batch * width, dtype=torch.int32).view(batch, width)
+    outs = []
+    for step in range(steps):
+        seq_lens = row_lengths([n + step for n in lengths], 1)
+        scores = torch.randn(batch, width * T, generator=gen)
+        idx.plan(table, seq_lens, slots)
+        outs.append([idx.run_from_scores(layer, scores).clone() for layer in range(layers)])
+    return torch.stack([idx.plans(layer).num_kept.long() for layer in range(layers)]), outs
+
+
+def test_each_layer_keeps_its_own_budget(gen):
+    lengths, width, s = (6400, 3000, 64 * 20 + 5), 101, 0.4
+    profile = (0.5, 1.0, 1.75)
+    cfg = SpinConfig(sparsity=s, topk=256, sparsity_profile=profile)
+    kept, _ = _step_counts(cfg, 3, lengths, width, 3, gen)
+    n = torch.tensor([-(-(L + 2) // T) for L in lengths])
+    for layer, p in enumerate(profile):
+        budget = torch.clamp(n - torch.floor(n * (s * p) + 1e-9).long(), min=-(-256 // T) + 1)
+        assert torch.equal(kept[layer], budget), layer
+    assert (kept[0] > kept[2]).all()  # the profile moved budget, not only relabelled it
+
+
+def test_a_flat_profile_is_the_paper_step():
+    lengths, width = (5000, 2600), 80
+    kept_a, out_a = _step_counts(SpinConfig(sparsity=0.45, topk=256, sparsity_profile=(1.0, 1.0)), 2, lengths, width,
+                                 4, torch.Generator().manual_seed(3))
+    kept_b, out_b = _step_counts(SpinConfig(sparsity=0.45, topk=256), 2, lengths, width, 4,
+                                 torch.Generator().manual_seed(3))
+    assert torch.equal(kept_a, kept_b)
+    for a, b in zip(out_a, out_b):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("bad, error, words", [
+    ("0.5,1.5", TypeError, "tuple or list"),
+    ((1.0, -0.1), ValueError, "sparsity_profile[1]"),
+    ((1.0, float("nan")), ValueError, "sparsity_profile[1]"),
+    ((1.0, float("inf")), ValueError, "sparsity_profile[1]"),
+    ((1.0, 2.5), ValueError, "layer 1"),  # 0.4 x 2.5 = 1: no block left to skip from
+    ((1.0, True), TypeError, "sparsity_profile[1]"),
+])
+def test_bad_profiles_are_refused_with_the_entry_named(bad, error, words):
+    with pytest.raises(error, match="sparsity_profile") as info:
+        SpinConfig(sparsity=0.4, sparsity_profile=bad)
+    assert words in str(info.value)
+
+
+def test_profile_refuses_adaptive_budgets_and_a_wrong_layer_count():
+    with pytest.raises(ValueError, match="adaptive"):
+        SpinConfig(sparsity=0.2, sparsity_profile=(1.0, 1.0), adaptive=AdaptiveConfig())
+    cfg = SpinConfig(sparsity=0.4, sparsity_profile=(1.0, 1.0, 1.0))
+    with pytest.raises(ValueError, match="num_layers = 2 entries, got 3"):
+        SpinIndexer(cfg, num_layers=2, max_batch=1, max_blocks=4)
+
+
+def test_the_fused_planner_does_not_claim_a_profile():
+    # the kernel takes one sparsity a launch: a profile runs the torch path until it takes one a layer
+    assert supports(SpinConfig(sparsity=0.4))
+    assert not supports(SpinConfig(sparsity=0.4, sparsity_profile=(1.0, 0.5)))
+
+
+def test_replay_runs_layers_apart_and_budgets_each():
+    from spin_indexer.traces.synthetic import generate
+
+    trace = generate("v4-like", seed=1, prompt_id="p", context_len=4096, num_steps=6, num_layers=3, k=256)
+    cfg = SpinConfig(sparsity=0.4, sparsity_profile=(0.25, 1.0, 1.75))
+    with pytest.raises(ValueError, match="sparsity_profile"):
+        replay(trace, cfg, fold_layers=True)
+    sparsity = replay(trace, cfg).sparsity["p"]  # [steps, layers]
+    late = sparsity[2:].mean(0)  # past the first steps' never-scored blocks
+    assert late[0] < late[1] < late[2]
+    assert late.tolist() == pytest.approx([0.1, 0.4, 0.7], abs=0.03)

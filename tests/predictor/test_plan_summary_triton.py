@@ -151,7 +151,8 @@ LENS = (37 * T + 5, 400, 100, 64, 0)
     dataclasses.replace(MIX, combine="diagonal", diagonal_window=150, summary=0.3),
     dataclasses.replace(MIX, reduce="mean", summary=0.0001),
     dataclasses.replace(MIX, summary_below=2000),  # the long request selects in plan(), the others in run()
-], ids=["max-random", "none-0.8", "sum-1.0", "diagonal", "mean", "below-2000"])
+    dataclasses.replace(MIX, summary_below=2000, sparsity_profile=(1.5, 0.5)),  # both launches budget by layer
+], ids=["max-random", "none-0.8", "sum-1.0", "diagonal", "mean", "below-2000", "below-2000-profile"])
 def test_summary_select_matches_torch(cfg, gen, triton_device):
     _run(cfg, LENS, 1, gen, triton_device, grow=[70, 0])
 

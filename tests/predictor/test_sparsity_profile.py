@@ -1,5 +1,5 @@
 """SpinConfig.sparsity_profile: a sparsity a layer (sparsity x the layer's entry), on the torch path of the step and
-in replay; refused where it cannot apply."""
+in replay; refused where it cannot apply. The fused planner's twin: test_plan_triton.py (the "profile" configs)."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +9,6 @@ from conftest import row_lengths
 from spin_indexer.indexer import SpinIndexer
 from spin_indexer.predictor import SpinConfig
 from spin_indexer.predictor.adaptive import AdaptiveConfig
-from spin_indexer.predictor.plan_triton import supports
 from spin_indexer.traces.replay import replay
 
 T = 64
@@ -74,12 +73,6 @@ def test_profile_refuses_adaptive_budgets_and_a_wrong_layer_count():
     cfg = SpinConfig(sparsity=0.4, sparsity_profile=(1.0, 1.0, 1.0))
     with pytest.raises(ValueError, match="num_layers = 2 entries, got 3"):
         SpinIndexer(cfg, num_layers=2, max_batch=1, max_blocks=4)
-
-
-def test_the_fused_planner_does_not_claim_a_profile():
-    # the kernel takes one sparsity a launch: a profile runs the torch path until it takes one a layer
-    assert supports(SpinConfig(sparsity=0.4))
-    assert not supports(SpinConfig(sparsity=0.4, sparsity_profile=(1.0, 0.5)))
 
 
 def test_replay_runs_layers_apart_and_budgets_each():

@@ -115,15 +115,14 @@ _COMBINE = {Combine.MAX: 0, Combine.SUM: 1, Combine.VERTICAL: 2, Combine.DIAGONA
 
 def supports(config: SpinConfig, width: int | None = None) -> bool:
     """Whether the fused planner covers `config` (on a table `width` blocks wide, where given): A1 pooling with
-    max or mean, any combine rule, no or random exploration, no adaptive budgets, no hybrid scores, one sparsity
-    for every layer (no sparsity_profile: the kernel takes one); the summary
+    max or mean, any combine rule, no or random exploration, no adaptive budgets, no hybrid scores; the summary
     mix on tables of at most MAX_TILE blocks (its select runs the register path only). Everything else runs
     the torch path."""
     if config.summary > 0 and width is not None and _next_pow2(max(width, 1)) > MAX_TILE:
         return False
     return (config.pooling is Pooling.A1 and config.reduce in (Reduce.MAX, Reduce.MEAN)
             and config.exploration in (Exploration.NONE, Exploration.RANDOM)
-            and config.adaptive is None and config.hybrid == 0 and not config.sparsity_profile)
+            and config.adaptive is None and config.hybrid == 0)
 
 
 def _mix_below(config: SpinConfig) -> int:
@@ -314,13 +313,13 @@ def _launch_select(config: SpinConfig, state, ws, table, lens, slots, scratch, f
         batch, next_n, 1 if config.mtp is MtpPolicy.ROW0 else next_n, state.num_cache_blocks, state.window,
         config.topk, config.guard_tokens, step_guard, -(-config.topk // t) + 1,
         _f64_bits(config.sparsity), _f64_bits(config.gamma), (config.seed * 0x9E3779B1) & _MASK31, layer0,
-        summary, summary.stride(0), width, full, summarized, summarized.stride(0), 1.0 - weight, weight,
-        _mix_below(config),
+        ws.layer_sparsity, summary, summary.stride(0), width, full, summarized, summarized.stride(0), 1.0 - weight,
+        weight, _mix_below(config),
         T=t, TP=_next_pow2(t), NP=_next_pow2(next_n), SB=sb, SBS=sbs,
         SLOT=_slot_rule(config), COMBINE=_COMBINE[config.combine],
         MEAN=config.reduce is Reduce.MEAN, EXPLORE=config.exploration is Exploration.RANDOM, REG=reg,
         FINISH=finish, SUMMARY=mixed, CACHED=cached, PART=part, WIN_ROWS=win_rows,
-        WIN_VEC=16 // diag.element_size(), enable_fp_fusion=False, num_warps=warps,  # 8 or 4: fp16 / bf16 / fp32
+        WIN_VEC=16 // diag.element_size(), PROFILE=bool(config.sparsity_profile), enable_fp_fusion=False, num_warps=warps,  # 8 or 4: fp16 / bf16 / fp32
         maxnreg=(_register_maxnreg(warps) if max_registers is None else max_registers or None) if reg else None)
 
 
@@ -675,14 +674,14 @@ if triton is not None:
                             kept_ptr, ctab_ptr, stride_kl, stride_kb, stride_tl, stride_tbb, nkept_ptr, stride_nl,
                             clen_ptr, stride_cl, stride_cb, step_ptr, seen_ptr, clock_ptr,
                             batch, next_n, num_rows, num_cache_blocks, window, topk, guard_tokens, guard_batch, cover,
-                            sparsity_bits, gamma_bits, hash0, layer0,
+                            sparsity_bits, gamma_bits, hash0, layer0, layer_sparsity_ptr,
                             sum_ptr, stride_sum, width, full_ptr, summarized_ptr, stride_sml, w_hist, w_sum,
                             summary_below,
                             T: tl.constexpr, TP: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr,
                             SBS: tl.constexpr, SLOT: tl.constexpr, COMBINE: tl.constexpr, MEAN: tl.constexpr,
                             EXPLORE: tl.constexpr, REG: tl.constexpr, FINISH: tl.constexpr, SUMMARY: tl.constexpr,
                             CACHED: tl.constexpr, PART: tl.constexpr, WIN_ROWS: tl.constexpr = 0,
-                            WIN_VEC: tl.constexpr = 8):
+                            WIN_VEC: tl.constexpr = 8, PROFILE: tl.constexpr = False):
         pl = tl.program_id(0)  # layer fastest: a request's layers run together and share its block-max sectors
         pb = tl.program_id(1)
         if FINISH:  # finish_step_'s clock (nothing in this launch reads it)
@@ -717,6 +716,8 @@ if triton is not None:
                     return
             # budget_blocks / explore_blocks in float64 (no FMA: enable_fp_fusion=False at launch)
             sparsity = (tl.zeros([], tl.int64) + sparsity_bits).to(tl.float64, bitcast=True)
+            if PROFILE:  # SpinConfig.sparsity_profile: the layer's own (SpinConfig.layer_sparsity, exact float64)
+                sparsity = tl.load(layer_sparsity_ptr + l)
             skipped = (n.to(tl.float64) * sparsity + tl.full([], 1e-9, tl.float64)).to(tl.int64)
             budget = tl.minimum(n, tl.maximum(n - skipped, cover))
             budget = tl.where(dense > 0, n, budget)

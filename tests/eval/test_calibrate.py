@@ -98,3 +98,9 @@ def test_cli_calibrate_names_a_bad_argument(tmp_path, capsys):
     assert code == 1 and "--traces" in capsys.readouterr().err
     code = cli.main(["calibrate", "--traces", str(tmp_path), "--policy", "nope", "--out", str(tmp_path / "o")])
     assert code == 1 and "policy" in capsys.readouterr().err
+
+
+def test_cli_quality_profile_configs_need_the_file(tmp_path, capsys):
+    code = cli.main(["quality", "--configs", "all-keep", "spin-0.4-profile", "--out", str(tmp_path / "q")])
+    err = capsys.readouterr().err
+    assert code == 1 and "spin-0.4-profile need --sparsity-profile" in err

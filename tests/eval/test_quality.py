@@ -220,3 +220,27 @@ def test_runner_adaptive_and_hybrid():
     for name in names:
         assert cells[name]["sparsity"] == pytest.approx(by[name]["sparsity"])
         assert cells[name]["mean_miss"] == pytest.approx(by[name]["mean_miss"])
+
+
+def test_profile_configs_take_the_runs_profile():
+    """spin-<s>[...]-profile parses (the runner's profile set later); a flat profile is the uniform config exactly,
+    a skewed one changes the plans at the same mean sparsity."""
+    import dataclasses
+
+    c = q.parse_config("spin-0.4-noexp-profile")
+    assert (c.sparsity, c.exploration, c.profiled, c.sparsity_profile) == (0.4, False, True, ())
+    assert not q.parse_config("spin-0.4").profiled
+    with pytest.raises(ValueError, match="config"):
+        q.parse_config("spin-0.4-profile-noexp")
+    model = _tiny(5)
+    layers = model.cfg.num_layers
+    runner = q.QualityRunner(model, _text, mode="oracle", k=64, seed=0, stop_when_scored=False)
+    skew = tuple(1.5 if i % 2 else 0.5 for i in range(layers))
+    configs = [q.parse_config("spin-0.4"),
+               dataclasses.replace(q.parse_config("spin-0.4-profile"), sparsity_profile=(1.0,) * layers),
+               dataclasses.replace(q.parse_config("spin-0.4-profile"), name="skew", sparsity_profile=skew)]
+    assert configs[2].spin_config(64, 0).sparsity_profile == skew
+    by = {r["config"]: r for r in runner.run(_prompt(6, length=900, max_new=24), configs, _score)}
+    flat, uniform, skewed = by["spin-0.4-profile"], by["spin-0.4"], by["skew"]
+    assert flat["text"] == uniform["text"] and torch.equal(flat["miss_values"], uniform["miss_values"])
+    assert not torch.equal(skewed["miss_values"], uniform["miss_values"])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -43,7 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--first-seed", type=int, default=0, help="RULER seed of the first prompt (seeds n, n+1, ...)")
     p.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS),
                    help="dense, all-keep, spin-<s>[-noexp], spin-<s>-hybrid<w>[-noexp], adaptive-<t>, "
-                        "mtp<N>-all-keep, mtp<N>-spin-<s>, mtp<N>-adaptive-<t> (default: the paper's set)")
+                        "mtp<N>-all-keep, mtp<N>-spin-<s>, mtp<N>-adaptive-<t>, spin-<s>[...]-profile (with "
+                        "--sparsity-profile) (default: the paper's set)")
+    p.add_argument("--sparsity-profile", default=None, metavar="FILE",
+                   help="a per-layer profile (spin-indexer calibrate's profile.json) for the configs named "
+                        "spin-<s>[...]-profile")
     p.add_argument("--topk", type=int, default=512,
                    help="tokens each layer attends to (default 512; at 256 the distilled indexer misses 4K needles)")
     p.add_argument("--indexer", choices=("auto", "oracle", "lightning"), default="auto",
@@ -90,6 +95,14 @@ def run(args) -> int:
     samples_path = out / (f"samples-{args.shard}.jsonl" if args.shard else "samples.jsonl")
     command = _command(args)
     configs = [parse_config(c) for c in args.configs]
+    profiled = [c.name for c in configs if c.profiled]
+    if profiled and not args.sparsity_profile:
+        raise ValueError(f"--configs: {', '.join(profiled)} need --sparsity-profile FILE")
+    if args.sparsity_profile:
+        from .calibrate import load_profile
+
+        profile = load_profile(args.sparsity_profile)
+        configs = [dataclasses.replace(c, sparsity_profile=profile) if c.profiled else c for c in configs]
     check_int("--samples", args.samples, low=1)
     check_int("--batch", args.batch, low=1)
     if args.batch > 1:
@@ -270,6 +283,8 @@ def _command(args) -> str:
         parts += ["--dtype", args.dtype]
     if args.shard:
         parts += ["--shard", args.shard]
+    if args.sparsity_profile:
+        parts += ["--sparsity-profile", str(args.sparsity_profile)]
     return " ".join(shlex.quote(p) for p in parts)
 
 

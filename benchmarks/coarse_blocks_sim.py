@@ -262,7 +262,8 @@ def layer_budgets(data: dict, args) -> None:
                  for layer in range(layers)]
     lines = [f"# Per-layer budgets at mean sparsity {args.sparsity:g} ({data['context']} tokens, k = {args.k})", "",
              f"`python benchmarks/coarse_blocks_sim.py {' '.join(sys.argv[1:])}`", "",
-             f"Mean miss a layer at uniform {menu[uniform]:g} (%): " + " ".join(f"{100 * x:.1f}" for x in per_layer), "",
+             f"Mean miss a layer at uniform {menu[uniform]:g} (%): " + " ".join(f"{100 * x:.1f}" for x in per_layer),
+             "",
              "| calibrated -> evaluated | uniform mean / p99 | per-layer mean / p99 | sparsity a layer |",
              "|---|---|---|---|"]
     lines += [f"| {r['split']} | {100 * r['uniform'][0]:.2f} / {100 * r['uniform'][1]:.2f} | "

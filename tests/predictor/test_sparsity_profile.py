@@ -41,6 +41,20 @@ def test_each_layer_keeps_its_own_budget(gen):
     assert (kept[0] > kept[2]).all()  # the profile moved budget, not only relabelled it
 
 
+def test_requests_shorter_than_profile_from_keep_the_uniform_budget(gen):
+    lengths, width, s = (6400, 3000), 101, 0.4
+    profile = (0.5, 1.75)
+    cfg = SpinConfig(sparsity=s, topk=256, sparsity_profile=profile, profile_from=4000)
+    kept, _ = _step_counts(cfg, 2, lengths, width, 3, gen)
+    n = torch.tensor([-(-(L + 2) // T) for L in lengths])
+    for layer, p in enumerate(profile):
+        sparsity = torch.tensor([s * p, s], dtype=torch.float64)  # 6402 tokens >= 4000: the profile; 3002: not
+        budget = torch.clamp(n - torch.floor(n * sparsity + 1e-9).long(), min=-(-256 // T) + 1)
+        assert torch.equal(kept[layer], budget), layer
+    with pytest.raises(ValueError, match="profile_from"):
+        SpinConfig(profile_from=-1)
+
+
 def test_a_flat_profile_is_the_paper_step():
     lengths, width = (5000, 2600), 80
     kept_a, out_a = _step_counts(SpinConfig(sparsity=0.45, topk=256, sparsity_profile=(1.0, 1.0)), 2, lengths, width,

@@ -149,7 +149,8 @@ def run_sweep(trace_sets: dict[str, list[Trace]], pairs: list[tuple[str, float]]
             for (indexer, ctx), names in sorted(_bins(usable[key]).items(),
                                                 key=lambda kv: (kv[0][0], _ctx_order(kv[0][1]))):
                 row = {"trace_set": set_name, "indexer": indexer, "context": ctx, "sparsity_target": sparsity,
-                       "policy": f"{policy}+profile" if profile else policy, **summarize(res, names), "prompts": len(names),
+                       "policy": f"{policy}+profile" if profile else policy, **summarize(res, names),
+                       "prompts": len(names),
                        "steps": max(res.miss[n].shape[0] for n in names),
                        "layers": res.miss[names[0]].shape[1], "k": k, "next_n": res.miss[names[0]].shape[2],
                        "seconds": res.seconds, "throughput": res.throughput, "config": json.loads(key)}

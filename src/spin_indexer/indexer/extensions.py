@@ -64,8 +64,12 @@ class Extensions:
                                  scores)
         budget, explore, audit = meta.budget, meta.explore, None
         dense = meta.keep_all | meta.guarded
-        if cfg.sparsity_profile:
-            budget = budget_blocks(meta.num_blocks, cfg.layer_sparsity(layer), cfg.topk, t, dense)
+        if cfg.sparsity_profile:  # requests shorter than profile_from keep the uniform sparsity
+            # float64 values exactly as the fused planner reads them (a float32 where() would round them)
+            sparsity = torch.full(meta.num_blocks.shape, cfg.sparsity, dtype=torch.float64,
+                                  device=meta.num_blocks.device)
+            sparsity.masked_fill_(meta.seq_lens.amax(dim=1) >= cfg.profile_from, cfg.layer_sparsity(layer))
+            budget = budget_blocks(meta.num_blocks, sparsity, cfg.topk, t, dense)
             explore = explore_blocks(budget, cfg.gamma, cfg.exploration, dense)
         if cfg.adaptive is not None:
             menu = torch.tensor(cfg.adaptive.menu, dtype=torch.float64, device=scores.device)

@@ -122,7 +122,10 @@ class SpinConfig:
         blocks (layer_sparsity). Layers differ in how well their history predicts them (the proxy's head: 0.3-13%
         mean miss a layer at 8K, 40%); a profile of mean 1 moves budget to the hard layers and keeps the step's
         key bytes. One entry a layer of the model (SpinIndexer checks the count); () = every layer at `sparsity`
-        (the paper). Calibrated from traces: `spin-indexer calibrate`. Not with adaptive budgets.
+        (the paper). Calibrated from traces at the sparsity it serves: `spin-indexer calibrate` (scaled to another
+        sparsity it is an approximation). Not with adaptive budgets. profile_from: requests whose longest row
+        holds fewer tokens budget every layer at `sparsity` (0 = every request takes the profile): on the proxy
+        the profile's tail gain held across domains from 8K, not at 4K (benchmarks/NOTES.md, session 56).
     diagonal_window: offsets from the query (tokens) that keep diagonal history; the diagonal patterns
         live near the query, and a bounded window keeps a request's state the same size at any context.
         None = every offset (the paper's unbounded table; sized to the indexer's maximum context).
@@ -157,6 +160,7 @@ class SpinConfig:
     summary_parts: int = 4
     summary_below: int = 0
     sparsity_profile: tuple[float, ...] = ()
+    profile_from: int = 0
     diagonal_window: int | None = 8192
     dense_below: int | str = 0
     dense_batch_below: int | str = 0
@@ -182,6 +186,7 @@ class SpinConfig:
         if self.adaptive is not None and not isinstance(self.adaptive, AdaptiveConfig):
             raise TypeError(f"SpinConfig.adaptive: expected an AdaptiveConfig or None, got {describe(self.adaptive)}")
         self._set("sparsity_profile", self._checked_profile())
+        self._set("profile_from", check_int("SpinConfig.profile_from", self.profile_from, low=0))
         if self.diagonal_window is not None:
             if isinstance(self.diagonal_window, bool) or not isinstance(self.diagonal_window, int):
                 raise TypeError(f"SpinConfig.diagonal_window: expected an int or None, got {describe(self.diagonal_window)}")

@@ -313,13 +313,14 @@ def _launch_select(config: SpinConfig, state, ws, table, lens, slots, scratch, f
         batch, next_n, 1 if config.mtp is MtpPolicy.ROW0 else next_n, state.num_cache_blocks, state.window,
         config.topk, config.guard_tokens, step_guard, -(-config.topk // t) + 1,
         _f64_bits(config.sparsity), _f64_bits(config.gamma), (config.seed * 0x9E3779B1) & _MASK31, layer0,
-        ws.layer_sparsity, summary, summary.stride(0), width, full, summarized, summarized.stride(0), 1.0 - weight,
-        weight, _mix_below(config),
+        ws.layer_sparsity, config.profile_from, summary, summary.stride(0), width, full, summarized,
+        summarized.stride(0), 1.0 - weight, weight, _mix_below(config),
         T=t, TP=_next_pow2(t), NP=_next_pow2(next_n), SB=sb, SBS=sbs,
         SLOT=_slot_rule(config), COMBINE=_COMBINE[config.combine],
         MEAN=config.reduce is Reduce.MEAN, EXPLORE=config.exploration is Exploration.RANDOM, REG=reg,
         FINISH=finish, SUMMARY=mixed, CACHED=cached, PART=part, WIN_ROWS=win_rows,
-        WIN_VEC=16 // diag.element_size(), PROFILE=bool(config.sparsity_profile), enable_fp_fusion=False, num_warps=warps,  # 8 or 4: fp16 / bf16 / fp32
+        WIN_VEC=16 // diag.element_size(), PROFILE=bool(config.sparsity_profile),  # WIN_VEC 8 / 4: 2 / 4-byte D
+        enable_fp_fusion=False, num_warps=warps,
         maxnreg=(_register_maxnreg(warps) if max_registers is None else max_registers or None) if reg else None)
 
 
@@ -674,7 +675,7 @@ if triton is not None:
                             kept_ptr, ctab_ptr, stride_kl, stride_kb, stride_tl, stride_tbb, nkept_ptr, stride_nl,
                             clen_ptr, stride_cl, stride_cb, step_ptr, seen_ptr, clock_ptr,
                             batch, next_n, num_rows, num_cache_blocks, window, topk, guard_tokens, guard_batch, cover,
-                            sparsity_bits, gamma_bits, hash0, layer0, layer_sparsity_ptr,
+                            sparsity_bits, gamma_bits, hash0, layer0, layer_sparsity_ptr, profile_from,
                             sum_ptr, stride_sum, width, full_ptr, summarized_ptr, stride_sml, w_hist, w_sum,
                             summary_below,
                             T: tl.constexpr, TP: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr,
@@ -717,7 +718,7 @@ if triton is not None:
             # budget_blocks / explore_blocks in float64 (no FMA: enable_fp_fusion=False at launch)
             sparsity = (tl.zeros([], tl.int64) + sparsity_bits).to(tl.float64, bitcast=True)
             if PROFILE:  # SpinConfig.sparsity_profile: the layer's own (SpinConfig.layer_sparsity, exact float64)
-                sparsity = tl.load(layer_sparsity_ptr + l)
+                sparsity = tl.where(longest >= profile_from, tl.load(layer_sparsity_ptr + l), sparsity)
             skipped = (n.to(tl.float64) * sparsity + tl.full([], 1e-9, tl.float64)).to(tl.int64)
             budget = tl.minimum(n, tl.maximum(n - skipped, cover))
             budget = tl.where(dense > 0, n, budget)

@@ -38,6 +38,9 @@ WRONG = {
     "float_seq": (["0.1", None, 0.1, ("a",), (True,), (None,), (0.0, "0.2")], [(), (0.2, 0.1), (0.0, 1.0)]),
     "int_seq": ([None, 2, "02", (0.5, 2), (True, 2), ("0", 2), (0, 2.0)], [(), (2, 0), (0, 0)]),
     "pair_seq": ([None, 3, (3, 2), ((3, 0.5),), ((3, "2"),), ((True, 2),)], [((3,),), ((3, 2, 1),)]),
+    # SpinConfig.sparsity_profile at the default sparsity 0.3: an entry of 4 asks to skip 120% of the blocks
+    "profile": (["0.5", None, 0.5, ("a",), (True,), (None,), (1.0, "0.2")],
+                [(-0.1,), (float("nan"),), (float("inf"),), (1.0, 4.0)]),
 }
 
 # config class -> (build(**changes), {field: kind}, {field: valid values, one per accepted type})
@@ -45,7 +48,8 @@ SPIN = {
     "sparsity": "float01", "topk": "int", "alpha": "float01", "exploration": "enum", "gamma": "float01",
     "pooling": "enum", "reduce": "enum", "combine": "enum", "mtp": "enum", "seed": "int",
     "tokens_per_block": "int", "state_dtype": "state_dtype", "adaptive": "adaptive", "hybrid": "float01",
-    "summary": "float01", "summary_parts": "int", "summary_below": "int", "diagonal_window": "opt_int",
+    "summary": "float01", "summary_parts": "int", "summary_below": "int", "sparsity_profile": "profile",
+    "profile_from": "int", "diagonal_window": "opt_int",
     "dense_below": "dense_below", "dense_batch_below": "dense_below",
 }
 SPIN_OK = {
@@ -53,7 +57,7 @@ SPIN_OK = {
     "gamma": [0, 0.1], "pooling": [Pooling.A2, "a0"], "reduce": ["top4"], "combine": ["vertical"],
     "mtp": ["row-local"], "seed": [0, 2**31 - 1], "tokens_per_block": [32], "state_dtype": [torch.bfloat16],
     "adaptive": [None, AdaptiveConfig()], "hybrid": [0, 1, 0.3], "summary": [0, 1, 0.5], "summary_parts": [1, 8, 64],
-    "summary_below": [0, 32768],
+    "summary_below": [0, 32768], "sparsity_profile": [(), (1.0, 0.5), [1, 2]], "profile_from": [0, 8192],
     "diagonal_window": [None, 1, 8192],
     "dense_below": [0, 3000, "auto"], "dense_batch_below": [0, 1 << 21, "auto"],
 }
@@ -81,7 +85,7 @@ CLASSES = {"SpinConfig": SpinConfig, "AdaptiveConfig": AdaptiveConfig, "C4AConfi
            "SpinVllmSettings": vs.SpinVllmSettings}
 # A field's exact type once accepted (ints given to float fields come back as float, lists as tuples).
 NORMAL = {"float01": float, "int": int, "bool": bool, "opt_int": (int, type(None)),
-          "opt_float01": (float, type(None)), "float_seq": tuple, "int_seq": tuple, "pair_seq": tuple}
+          "opt_float01": (float, type(None)), "float_seq": tuple, "profile": tuple, "int_seq": tuple, "pair_seq": tuple}
 
 
 def _cases(bad: int):

@@ -11,7 +11,7 @@ import torch
 
 from spin_indexer.cli import main as cli
 from spin_indexer.eval.ablations import run_sweep
-from spin_indexer.eval.calibrate import allocate, calibrate, layer_miss
+from spin_indexer.eval.calibrate import allocate, calibrate, layer_miss, load_profiles
 from spin_indexer.predictor.policies import get_policy
 from spin_indexer.traces.schema import save_trace
 from spin_indexer.traces.synthetic import generate
@@ -74,19 +74,27 @@ def test_cli_calibrate_then_eval_with_the_profile(tmp_path, capsys):
     for tr in _traces():
         save_trace(tr, tmp_path / "traces")
     out = tmp_path / "cal"
-    code = cli.main(["calibrate", "--traces", str(tmp_path / "traces"), "--sparsity", "0.4", "--menu", "0.2", "0.3",
-                     "0.4", "0.5", "0.6", "--policy", "explore-none", "--out", str(out)])
+    code = cli.main(["calibrate", "--traces", str(tmp_path / "traces"), "--sparsity", "0.4", "0.3",
+                     "--policy", "explore-none", "--out", str(out)])
     assert code == 0, capsys.readouterr().err
     record = json.loads((out / "profile.json").read_text())
-    assert len(record["sparsity_profile"]) == 3 and record["policy"] == "explore-none"
+    assert sorted(record["profiles"]) == ["0.3", "0.4"] and record["policy"] == "explore-none"
+    assert all(len(p) == 3 for p in record["profiles"].values())
+    assert record["calibrations"]["0.4"]["menu"] == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7])
+    assert record["calibrations"]["0.3"]["menu"] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6])
     assert record["traces"] == ["p1", "p2"] and record["command"].startswith("spin-indexer calibrate")
     assert "predicted mean miss" in capsys.readouterr().out
-    rows = run_sweep({"syn": _traces()}, [("explore-none", 0.4)], profile=tuple(record["sparsity_profile"]))
+    profiles = load_profiles(str(out / "profile.json"))
+    rows = run_sweep({"syn": _traces()}, [("explore-none", 0.4)], profile=(profiles, "p.json"))
     every = [r for r in rows if r["context"] == "all"][0]
     assert every["policy"] == "explore-none+profile"
-    assert every["mean_miss"] == pytest.approx(sum(record["chosen_miss"]) / 3, rel=0.2)  # rows weigh steps alike
+    assert every["config"]["sparsity_profile"] == pytest.approx(record["profiles"]["0.4"])
+    chosen = record["calibrations"]["0.4"]["chosen_miss"]
+    assert every["mean_miss"] == pytest.approx(sum(chosen) / 3, rel=0.2)  # rows weigh steps alike
+    with pytest.raises(ValueError, match="no profile calibrated at sparsity 0.5"):
+        run_sweep({"syn": _traces()}, [("explore-none", 0.5)], profile=(profiles, "p.json"))
     code = cli.main(["eval", "--traces", str(tmp_path / "traces"), "--sweep", "smoke", "--policy", "explore-none",
-                     "--sparsity", "0.4", "--sparsity-profile", str(out / "profile.json"), "--no-table1",
+                     "--sparsity", "0.4", "0.3", "--sparsity-profile", str(out / "profile.json"), "--no-table1",
                      "--no-plots", "--quiet", "--out", str(tmp_path / "ev")])
     assert code == 0, capsys.readouterr().err
     summary = (tmp_path / "ev" / "summary.csv").read_text()

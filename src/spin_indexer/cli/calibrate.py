@@ -1,10 +1,12 @@
 """`spin-indexer calibrate`: a per-layer sparsity profile from traces (eval/calibrate.py).
 
     spin-indexer capture --prompts my_text.jsonl --context 8192 --steps 32 --out runs/traces/mine
-    spin-indexer calibrate --traces runs/traces/mine --sparsity 0.4 --out runs/calibrate
+    spin-indexer calibrate --traces runs/traces/mine --sparsity 0.3 0.4 0.5 --out runs/calibrate
     spin-indexer eval --traces runs/traces/other --sparsity-profile runs/calibrate/profile.json --sparsity 0.4
-Writes OUT/profile.json: {"sparsity_profile": [...], "sparsity", "menu", "policy", "miss" (the replays behind
-it), "chosen_miss", "traces", "command", "commit", "date"}; SpinConfig(sparsity_profile=...) takes the list.
+Writes OUT/profile.json: {"profiles": {"<sparsity>": [one entry a layer]}, "calibrations": {"<sparsity>": {menu,
+miss (the replays behind it), chosen_miss}}, "policy", "traces", "command", "commit", "date"}. A profile is
+calibrated for its sparsity: SpinConfig(sparsity=s, sparsity_profile=profiles[s]) (scaled to another sparsity it
+was measured worse: benchmarks/NOTES.md, session 56), so eval and quality take the entry of their sparsity.
 """
 from __future__ import annotations
 
@@ -13,15 +15,19 @@ import datetime
 import json
 from pathlib import Path
 
-MENU = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
+def default_menu(sparsity: float) -> list[float]:
+    """Sparsities a layer may take: sparsity - 0.3 ... sparsity + 0.3 in steps of 0.1, inside [0, 0.9]."""
+    return [round(sparsity + d / 10, 10) for d in range(-3, 4) if 0 <= sparsity + d / 10 <= 0.9 + 1e-9]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--traces", action="append", default=[], metavar="DIR", required=True,
                         help="directory of traces (searched recursively; repeat for more)")
-    parser.add_argument("--sparsity", type=float, default=0.4, help="the mean sparsity over the layers (default 0.4)")
-    parser.add_argument("--menu", type=float, nargs="+", default=list(MENU),
-                        help="evenly spaced sparsities a layer may take (default 0.1 ... 0.7)")
+    parser.add_argument("--sparsity", type=float, nargs="+", default=[0.4],
+                        help="mean sparsities over the layers, one profile each (default 0.4)")
+    parser.add_argument("--menu", type=float, nargs="+", default=None,
+                        help="evenly spaced sparsities a layer may take (default: each target -0.3 ... +0.3 in "
+                             "steps of 0.1, inside [0, 0.9])")
     parser.add_argument("--policy", default="spin-default", help="the policy whose miss is balanced (default "
                         "spin-default)")
     parser.add_argument("--batch", type=int, default=4, help="traces per replay batch")
@@ -41,7 +47,7 @@ def run(args) -> int:
     out = Path(args.out or "runs/calibrate")
     check_int("--batch", args.batch, low=1)
     check_out_dir("--out", str(out))
-    config = get_policy(args.policy, args.sparsity)  # an unknown policy or a sparsity out of range: refused here
+    configs = {s: get_policy(args.policy, s) for s in args.sparsity}  # an unknown policy or a bad sparsity: here
     traces = []
     for d in args.traces:
         if not Path(d).is_dir():
@@ -50,30 +56,22 @@ def run(args) -> int:
         if not files:
             raise FileNotFoundError(f"--traces {d}: no <name>.safetensors with a <name>.json beside it")
         traces += [load_trace(f, validate=True) for f in files]
-    result = calibrate(traces, config, args.sparsity, args.menu, device=args.device or "cpu", max_batch=args.batch)
-    record = {"sparsity_profile": result.profile, **result.to_dict(), "policy": args.policy,
+    profiles, calibrations, lines = {}, {}, []
+    for s, config in configs.items():
+        result = calibrate(traces, config, s, args.menu or default_menu(s), device=args.device or "cpu",
+                           max_batch=args.batch)
+        profiles[f"{s:g}"] = result.profile
+        calibrations[f"{s:g}"] = {k: v for k, v in result.to_dict().items() if k not in ("profile", "sparsity")}
+        layers = len(result.profile)
+        line = f"{s:g}: predicted mean miss {sum(result.chosen_miss) / layers:.2%}"
+        uniform = [i for i, m in enumerate(result.menu) if abs(m - s) < 1e-9]
+        if uniform:
+            line += f" (uniform {sum(result.miss[uniform[0]]) / layers:.2%})"
+        lines.append(line)
+    record = {"profiles": profiles, "calibrations": calibrations, "policy": args.policy,
               "traces": [t.name for t in traces], "command": "spin-indexer " + " ".join(getattr(args, "argv", [])),
-              "commit": _commit(),
-              "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-    record.pop("profile")
+              "commit": _commit(), "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     out.mkdir(parents=True, exist_ok=True)
     (out / "profile.json").write_text(json.dumps(record, indent=1) + "\n")
-    layers = len(result.profile)
-    uniform = [m for m in result.menu if abs(m - result.sparsity) < 1e-9]
-    line = f"calibrate: {layers} layers, mean sparsity {result.sparsity:g}; predicted mean miss " \
-           f"{sum(result.chosen_miss) / layers:.2%}"
-    if uniform:
-        row = result.miss[result.menu.index(uniform[0])]
-        line += f" (uniform {sum(row) / layers:.2%})"
-    print(f"{line}; wrote {out / 'profile.json'}")
+    print(f"calibrate: {len(traces)} traces; {'; '.join(lines)}; wrote {out / 'profile.json'}")
     return 0
-
-
-def load_profile(path: str) -> tuple[float, ...]:
-    """The sparsity_profile of a calibrate output (or a JSON list of floats) at `path`."""
-    data = json.loads(Path(path).read_text())
-    profile = data.get("sparsity_profile") if isinstance(data, dict) else data
-    if not isinstance(profile, list) or not profile:
-        raise ValueError(f"--sparsity-profile {path}: expected a calibrate output (a 'sparsity_profile' list) or a "
-                         f"JSON list of floats")
-    return tuple(profile)

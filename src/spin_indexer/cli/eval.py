@@ -45,8 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sw.add_argument("--sparsity", type=float, nargs="+", default=None, help="override the sweep's targets")
     sw.add_argument("--policy", nargs="+", default=None, help="override the sweep's policies")
     sw.add_argument("--sparsity-profile", default=None, metavar="FILE",
-                    help="a per-layer profile (spin-indexer calibrate's profile.json): every policy replays with it, "
-                         "reported as <policy>+profile")
+                    help="per-layer profiles (spin-indexer calibrate's profile.json): every policy replays with the "
+                         "one calibrated at its sparsity, reported as <policy>+profile")
     sw.add_argument("--layer-stride", type=int, default=1, help="replay every n-th layer of real traces (>= 1)")
     sw.add_argument("--max-steps", type=int, default=None,
                     help="replay only the first n (>= 1) decode steps (default: all)")
@@ -155,9 +155,9 @@ def run(args) -> int:
                           tuple(args.policy) if args.policy else None)
         profile = None
         if args.sparsity_profile:
-            from .calibrate import load_profile
+            from ..eval.calibrate import load_profiles
 
-            profile = load_profile(args.sparsity_profile)
+            profile = (load_profiles(args.sparsity_profile), args.sparsity_profile)
         start = time.perf_counter()
         sets = _load_sets(args)
         out = Path(args.out)

@@ -47,8 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "mtp<N>-all-keep, mtp<N>-spin-<s>, mtp<N>-adaptive-<t>, spin-<s>[...]-profile (with "
                         "--sparsity-profile) (default: the paper's set)")
     p.add_argument("--sparsity-profile", default=None, metavar="FILE",
-                   help="a per-layer profile (spin-indexer calibrate's profile.json) for the configs named "
-                        "spin-<s>[...]-profile")
+                   help="per-layer profiles (spin-indexer calibrate's profile.json) for the configs named "
+                        "spin-<s>[...]-profile (each takes the one calibrated at its sparsity)")
     p.add_argument("--topk", type=int, default=512,
                    help="tokens each layer attends to (default 512; at 256 the distilled indexer misses 4K needles)")
     p.add_argument("--indexer", choices=("auto", "oracle", "lightning"), default="auto",
@@ -99,10 +99,11 @@ def run(args) -> int:
     if profiled and not args.sparsity_profile:
         raise ValueError(f"--configs: {', '.join(profiled)} need --sparsity-profile FILE")
     if args.sparsity_profile:
-        from .calibrate import load_profile
+        from ..eval.calibrate import load_profiles, profile_at
 
-        profile = load_profile(args.sparsity_profile)
-        configs = [dataclasses.replace(c, sparsity_profile=profile) if c.profiled else c for c in configs]
+        profiles = load_profiles(args.sparsity_profile)
+        configs = [dataclasses.replace(c, sparsity_profile=profile_at(profiles, c.sparsity, args.sparsity_profile))
+                   if c.profiled else c for c in configs]
     check_int("--samples", args.samples, low=1)
     check_int("--batch", args.batch, low=1)
     if args.batch > 1:

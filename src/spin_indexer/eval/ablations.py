@@ -20,6 +20,7 @@ import torch
 from ..checks import check_int
 from ..traces.replay import ReplayResult, replay
 from ..traces.schema import Trace, context_bin
+from .calibrate import profile_at
 from .metrics import nearest_rank, table1_rows
 from ..predictor.policies import get_policy
 
@@ -110,13 +111,14 @@ def run_sweep(trace_sets: dict[str, list[Trace]], pairs: list[tuple[str, float]]
               max_batch: int = 4, seed: int = 0,
               on_step: Callable[[int], None] | None = None,
               on_run: Callable[[dict], None] | None = None, jobs: int = 1,
-              profile: tuple[float, ...] | None = None) -> list[dict]:
+              profile: tuple[dict, str] | None = None) -> list[dict]:
     """Replay every (policy, sparsity) over every trace set; one row per (set, indexer, context bin).
 
     on_step(n): progress in rows x layers; on_run(row): called with each finished 'all'-context row.
     jobs: CPU worker processes, one distinct config each at a time (configs are independent; one torch
     thread per worker). 1 = in this process; ignored on a GPU.
-    profile: a SpinConfig.sparsity_profile every policy replays with (rows name the policy <policy>+profile).
+    profile: (eval.calibrate.load_profiles' {sparsity: profile}, its source) or None: every policy replays with the
+    profile calibrated at its sparsity (rows name the policy <policy>+profile; a sparsity without one raises).
     """
     check_int("jobs", jobs, low=1)
     rows = []
@@ -126,7 +128,8 @@ def run_sweep(trace_sets: dict[str, list[Trace]], pairs: list[tuple[str, float]]
         k = traces[0].meta.k
         cfgs = {pair: get_policy(pair[0], pair[1], topk=k, seed=seed) for pair in pairs}
         if profile:
-            cfgs = {pair: dataclasses.replace(cfg, sparsity_profile=profile) for pair, cfg in cfgs.items()}
+            cfgs = {pair: dataclasses.replace(cfg, sparsity_profile=profile_at(profile[0], pair[1], profile[1]))
+                    for pair, cfg in cfgs.items()}
         # summary-mix policies replay only the traces that recorded block summaries at their sub-block count
         # (lightning captures; oracle traces have none): the other bins get no row for them
         usable = {key: [t for t in traces if cfg.summary == 0 or t.has_summary(cfg.summary_parts)]

@@ -2,6 +2,8 @@
 in replay; refused where it cannot apply. The fused planner's twin: test_plan_triton.py (the "profile" configs)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -100,3 +102,23 @@ def test_replay_runs_layers_apart_and_budgets_each():
     late = sparsity[2:].mean(0)  # past the first steps' never-scored blocks
     assert late[0] < late[1] < late[2]
     assert late.tolist() == pytest.approx([0.1, 0.4, 0.7], abs=0.03)
+
+
+def test_the_shipped_profiles_keep_the_mean_and_fit_the_head():
+    from spin_indexer.predictor.policies import PROFILE_FROM, get_policy
+
+    for s in (0.2, 0.3, 0.4, 0.5):
+        cfg = get_policy("spin-layers", s, topk=256)
+        assert len(cfg.sparsity_profile) == 30 and cfg.profile_from == PROFILE_FROM  # the shipped head's layers
+        assert sum(cfg.layer_sparsity(i) for i in range(30)) / 30 == pytest.approx(s)  # the same key bytes
+        assert get_policy("spin-default", s, topk=256) == dataclasses.replace(cfg, sparsity_profile=(),
+                                                                              profile_from=0)
+    with pytest.raises(ValueError, match="calibrated at 0.2, 0.3, 0.4, 0.5, got 0.45"):
+        get_policy("spin-layers", 0.45)
+
+
+def test_vllm_settings_refuse_the_proxy_profile():
+    from spin_indexer.integrations import settings
+
+    with pytest.raises(ValueError, match="proxy model's per-layer budgets"):
+        settings.SpinVllmSettings(policy="spin-layers")

@@ -22,7 +22,7 @@ from ..traces.replay import ReplayResult, replay
 from ..traces.schema import Trace, context_bin
 from .calibrate import profile_at
 from .metrics import nearest_rank, table1_rows
-from ..predictor.policies import get_policy
+from ..predictor.policies import describe, get_policy
 
 SPARSITIES = (0.2, 0.3, 0.4, 0.5)
 SUMMARY_COLUMNS = ("trace_set", "indexer", "context", "sparsity_target", "policy", "mean_miss", "p99_miss",
@@ -46,6 +46,8 @@ SWEEPS: dict[str, tuple[tuple[str, ...], tuple[float, ...], str]] = {
                         "summary2-0.5", "summary4-0.5"), SPARSITIES,
                        "the mix with one or two mean keys a block (traces captured with --summary-parts 1 2 4)"),
 }
+SWEEPS["layers"] = (("spin-default", "spin-layers"), SPARSITIES,
+                    "the shipped head's per-layer budgets against uniform ones (proxy traces of 30 layers)")
 SWEEPS["all"] = (tuple(dict.fromkeys(p for name in ("main", "pooling", "exploration", "mtp", "history")
                                      for p in SWEEPS[name][0])), SPARSITIES, "every sweep above but summary")
 
@@ -58,7 +60,7 @@ def get_sweep(name: str, sparsities: tuple[float, ...] | None = None,
     pols, sps, _ = SWEEPS[name]
     if policies:
         for p in policies:
-            get_policy(p, 0.0)  # unknown names raise with the list of known ones
+            describe(p)  # unknown names raise with the list of known ones
         pols = tuple(policies)
     return [(p, s) for p in pols for s in (sparsities or sps)]
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 from ..checks import check_bool, check_choice, check_float, check_int, describe
 from ..predictor.config import Exploration
-from ..predictor.policies import get_policy, policy_names
+from ..predictor.policies import LAYERED, get_policy, policy_names
 
 # The only spellings an environment variable may use for a bool (any case, surrounding blanks ignored);
 # anything else, the empty string included, is an error naming the variable: never "truthy".
@@ -112,6 +112,9 @@ def _check(key: str, value):
         return check_int(name, value, low=0, high=2**31 - 1)
     if key == "policy":
         check_choice(name, value, policy_names(), what="a policy, one of")
+        if value in LAYERED:  # budgets calibrated for the proxy model's 30 layers, not a served model's
+            raise ValueError(f"{name}: {value!r} holds the proxy model's per-layer budgets (an evaluation policy); "
+                             f"expected a policy without a sparsity_profile")
         if get_policy(value, 0.0).summary > 0:  # its cache is not in vLLM's KV-cache manager; its cost unmeasured
             raise ValueError(f"{name}: {value!r} is an evaluation policy (the summary mix's cache is not allocated "
                              f"through vLLM's KV-cache manager yet); expected one without SpinConfig.summary")

@@ -11,6 +11,8 @@ gamma = 5%, alpha = 0.5, max-combine of the vertical and diagonal histories, row
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 from .config import SpinConfig
 
@@ -63,13 +65,31 @@ POLICIES["summary16-0.8-noexp"] = ({"summary": 0.8, "summary_parts": 16, "explor
                                    "summary16-0.8 without exploration (its 5% kept by the mix)")
 
 
+# Per-layer budgets of the proxy model's shipped head (SpinConfig.sparsity_profile): calibrated by `spin-indexer
+# calibrate` on text of neither evaluation domain (weights/README.md says how); requests of PROFILE_FROM tokens
+# or more take them (on the proxy their tail gain held across domains from 8K, not at 4K: benchmarks/NOTES.md,
+# session 56). Only for 30-layer traces of that head (SpinIndexer refuses another layer count).
+SHIPPED_PROFILES = Path(__file__).resolve().parent.parent / "weights" / "smollm2_indexer.profile.json"
+PROFILE_FROM = 6144
+LAYERED = {"spin-layers": ({}, "spin-default with the shipped head's per-layer budgets (calibrated at each sparsity)")}
+
+
+def shipped_profile(sparsity: float) -> tuple[float, ...]:
+    """The shipped head's profile calibrated at `sparsity` (a ValueError naming the calibrated ones)."""
+    data = json.loads(SHIPPED_PROFILES.read_text())
+    for s, profile in data["profiles"].items():
+        if abs(float(s) - sparsity) < 1e-9:
+            return tuple(profile)
+    raise ValueError(f"sparsity: spin-layers has profiles calibrated at {', '.join(data['profiles'])}, got {sparsity:g}")
+
+
 def policy_names() -> list[str]:
-    return list(POLICIES)
+    return list(POLICIES) + list(LAYERED)
 
 
 def describe(name: str) -> str:
     """One-line description of a policy."""
-    return POLICIES[_known(name)][1]
+    return {**POLICIES, **LAYERED}[_known(name)][1]
 
 
 def get_policy(name: str, sparsity: float, topk: int | None = None, seed: int = 0) -> SpinConfig:
@@ -77,14 +97,16 @@ def get_policy(name: str, sparsity: float, topk: int | None = None, seed: int = 
 
     raises ValueError listing the known names when `name` is unknown.
     """
-    changes, _ = POLICIES[_known(name)]
+    changes, _ = {**POLICIES, **LAYERED}[_known(name)]
     extra = {"sparsity": sparsity, "seed": seed}
+    if name in LAYERED:
+        extra.update(sparsity_profile=shipped_profile(sparsity), profile_from=PROFILE_FROM)
     if topk is not None:
         extra["topk"] = topk
     return dataclasses.replace(DEFAULT, **changes, **extra)
 
 
 def _known(name: str) -> str:
-    if name not in POLICIES:
-        raise ValueError(f"policy: expected one of {', '.join(POLICIES)}, got {name!r}")
+    if name not in POLICIES and name not in LAYERED:
+        raise ValueError(f"policy: expected one of {', '.join(policy_names())}, got {name!r}")
     return name

@@ -35,7 +35,7 @@ PTR = {"table_ptr": "*i32", "lens_ptr": "*i32", "slot_ptr": "*i64", "stash_ptr":
        "bmax_ptr": "*fp16", "diag_ptr": "*fp16", "scr_ptr": "*fp32", "flg_ptr": "*i8", "kept_ptr": "*i32",
        "ctab_ptr": "*i32", "nkept_ptr": "*i32", "clen_ptr": "*i32", "step_ptr": "*i32", "seen_ptr": "*i32",
        "clock_ptr": "*i32", "sum_ptr": "*fp32", "full_ptr": "*i32", "summarized_ptr": "*i32", "w_hist": "fp32",
-       "w_sum": "fp32"}
+       "w_sum": "fp32", "layer_sparsity_ptr": "*fp64"}
 
 
 def _tool(name: str) -> str:
@@ -76,7 +76,8 @@ def compile_sm90(fn, consts: dict, arg_type, script: str, div16=(), **options):
 
 
 def compile_counts(sb: int, warps: int, maxnreg: int | None, rows: int = 1, slot: bool = False,
-                   explore: bool = True, combine: int = 0, sbs: int = 64, reg: bool = True, part: int = 0) -> dict:
+                   explore: bool = True, combine: int = 0, sbs: int = 64, reg: bool = True, part: int = 0,
+                   profile: bool = False) -> dict:
     """part: 0 the paper's plan() launch (every layer, every request), 1 the same with summary_below (only the
     requests that do not mix), 2 the summary mix's per-layer launch in run() (select_layer_triton)."""
     fn = P._plan_select_kernel
@@ -85,7 +86,7 @@ def compile_counts(sb: int, warps: int, maxnreg: int | None, rows: int = 1, slot
                       combine={v: k for k, v in P._COMBINE.items()}[combine])
     cfg = dict(T=64, TP=64, NP=rows, SB=sb, SBS=sbs, SLOT=slot, COMBINE=combine, MEAN=slot, EXPLORE=explore,
                REG=reg, FINISH=part != 2, SUMMARY=part == 2, CACHED=part == 2, PART=part,
-               WIN_ROWS=P._window_path_rows(rule, warps, reg, part == 2, 2))
+               WIN_ROWS=P._window_path_rows(rule, warps, reg, part == 2, 2), PROFILE=profile)
     def arg_type(name):
         return PTR.get(name, "i64" if name in ("sparsity_bits", "gamma_bits", "summary_below") else "i32")
 
@@ -125,6 +126,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1, help="NP: prediction rows (next_n, a power of two)")
     ap.add_argument("--slot", action="store_true", help="a per-slot rule (reduce=mean)")
     ap.add_argument("--no-explore", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="a SpinConfig.sparsity_profile (PROFILE)")
     ap.add_argument("--part", type=int, default=0, choices=(0, 1, 2),
                     help="0: plan()'s launch; 1: with summary_below; 2: the summary mix's launch in run() (its "
                          "launcher's defaults: 16-block score tiles, no register cap)")
@@ -136,7 +138,7 @@ def main() -> None:
         default_cap = None if a.part == 2 else P._register_maxnreg(warps)
         cap = default_cap if a.maxnreg is None else (a.maxnreg or None)
         c = compile_counts(sb, warps, cap, rows=a.rows, slot=a.slot, explore=not a.no_explore, part=a.part,
-                           sbs=a.sbs or (16 if a.part == 2 else 64))
+                           sbs=a.sbs or (16 if a.part == 2 else 64), profile=a.profile)
         print(f"{sb:>6} {warps:>5} {str(cap):>7} {str(c['regs']):>5} {c['spill_st']:>6}/{c['spill_ld']:<7} "
               f"{c['inner']:>11}" + (f"  {c['log'][-300:]}" if c["log"] else ""))
 

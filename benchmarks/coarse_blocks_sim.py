@@ -51,6 +51,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 import torch  # noqa: E402
 
 from fidelity_bounds import choose, pooled  # noqa: E402
+from spin_indexer.eval.calibrate import allocate as calibrate_allocate  # noqa: E402
 from spin_indexer.eval.metrics import nearest_rank  # noqa: E402
 from spin_indexer.predictor.hybrid import percentile  # noqa: E402
 from spin_indexer.predictor.miss import miss_per_row  # noqa: E402
@@ -203,26 +204,12 @@ def simulate(q, w, keys, context: int, k: int, sparsity: float, config: str, war
 
 
 def allocate(miss: dict, docs: list, menu: list, sparsity: float) -> list[int]:
-    """Menu index per layer (mean sparsity = sparsity, on the menu's grid) minimizing the mean miss of docs.
-    miss[doc][layer][i]: that layer's per-row misses at menu[i]."""
+    """Menu index per layer (mean sparsity = sparsity, on the menu's grid) minimizing the mean miss of docs
+    (eval.calibrate.allocate). miss[doc][layer][i]: that layer's per-row misses at menu[i]."""
     layers = len(miss[docs[0]])
-    step = menu[1] - menu[0]
-    units = [round(m / step) for m in menu]  # menu values in grid units (an evenly spaced menu)
-    target = round(sparsity * layers / step)
-    mean = [[sum(sum(miss[d][layer][i]) for d in docs) / sum(len(miss[d][layer][i]) for d in docs)
-             for i in range(len(menu))] for layer in range(layers)]
-    best = {0: (0.0, [])}  # units spent -> (summed mean miss, choice so far)
-    for layer in range(layers):
-        nxt = {}
-        for spent, (cost, choice) in best.items():
-            for i, u in enumerate(units):
-                c = (cost + mean[layer][i], choice + [i])
-                if spent + u not in nxt or c[0] < nxt[spent + u][0]:
-                    nxt[spent + u] = c
-        best = nxt
-    if target not in best:
-        raise SystemExit(f"--sparsity {sparsity}: not a mean the menu {menu} can make over {layers} layers")
-    return best[target][1]
+    mean = torch.tensor([[sum(sum(miss[d][layer][i]) for d in docs) / sum(len(miss[d][layer][i]) for d in docs)
+                          for layer in range(layers)] for i in range(len(menu))], dtype=torch.float64)
+    return calibrate_allocate(mean, menu, sparsity)
 
 
 def layer_budgets(data: dict, args) -> None:

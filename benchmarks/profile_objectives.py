@@ -17,6 +17,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
+from spin_indexer.eval.calibrate import allocate as allocate_menu  # noqa: E402
 from spin_indexer.eval.metrics import nearest_rank  # noqa: E402
 from spin_indexer.predictor.policies import get_policy  # noqa: E402
 from spin_indexer.traces import list_traces, load_trace  # noqa: E402
@@ -68,20 +69,10 @@ def score(rows: list[list[torch.Tensor]], choice: list[int]) -> tuple[float, flo
 
 
 def allocate(rows, target: float, cost, lo: int, hi: int) -> list[int]:
-    """Menu index a layer (within MENU[lo:hi]) with mean sparsity target and the least summed cost (a DP in
-    tenths of sparsity, as eval/calibrate.allocate)."""
-    layers, budget = len(rows[0]), round(target * 10 * len(rows[0]))
-    best = {0: (0.0, [])}
-    for layer in range(layers):
-        nxt = {}
-        for spent, (total, choice) in best.items():
-            for i in range(lo, hi):
-                units = spent + round(MENU[i] * 10)
-                cand = (total + cost(rows[i][layer]), choice + [i])
-                if units <= budget and (units not in nxt or cand[0] < nxt[units][0]):
-                    nxt[units] = cand
-        best = nxt
-    return best[budget][1]
+    """Menu index a layer (within MENU[lo:hi]) with mean sparsity target and the least summed cost
+    (eval.calibrate.allocate over the cost of every (sparsity, layer))."""
+    costs = torch.tensor([[cost(x) for x in rows[i]] for i in range(lo, hi)], dtype=torch.float64)
+    return [lo + i for i in allocate_menu(costs, MENU[lo:hi], target)]
 
 
 def main() -> int:

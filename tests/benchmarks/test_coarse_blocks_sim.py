@@ -33,7 +33,7 @@ def test_nothing_skipped_misses_nothing_and_the_warm_rows_are_not_scored():
     q, w, keys = _inputs()
     context = keys.shape[0] - q.shape[0]
     for config in ("hist", "mix-sub4-0.5", "coarse-mean"):
-        misses = sim.simulate(q, w, keys, context, 32, 0.0, config, warm=2, gamma=0.05,
+        misses, _ = sim.simulate(q, w, keys, context, 32, 0.0, config, warm=2, gamma=0.05,
                               gen=torch.Generator().manual_seed(0))
         assert misses == [0.0] * (q.shape[0] - 2)
 
@@ -43,7 +43,7 @@ def test_exact_summaries_choose_as_the_current_scores_do():
     (the newest forced): its misses equal that choice's, computed here directly."""
     q, w, keys = _inputs(rows=5, repeat=8, seed=3)
     context, k, sparsity = keys.shape[0] - q.shape[0], 48, 0.5
-    got = sim.simulate(q, w, keys, context, k, sparsity, "coarse-sub8", warm=0, gamma=0.0,
+    got, _ = sim.simulate(q, w, keys, context, k, sparsity, "coarse-sub8", warm=0, gamma=0.0,
                        gen=torch.Generator().manual_seed(0))
     want = []
     for r in range(q.shape[0]):
@@ -64,7 +64,7 @@ def test_standardized_puts_unseen_blocks_last_and_zmix_runs():
     assert z[2] == z.min()
     q, w, keys = _inputs()
     context = keys.shape[0] - q.shape[0]
-    misses = sim.simulate(q, w, keys, context, 32, 0.4, "zmix-sub4-0.5", warm=2, gamma=0.0,
+    misses, _ = sim.simulate(q, w, keys, context, 32, 0.4, "zmix-sub4-0.5", warm=2, gamma=0.0,
                           gen=torch.Generator().manual_seed(0))
     assert len(misses) == q.shape[0] - 2 and all(0.0 <= m <= 1.0 for m in misses)
 
@@ -101,7 +101,7 @@ def test_top1_with_a_fixed_query_chooses_as_the_current_scores_do():
     q, w, keys = _inputs(rows=5, context=9 * T + 9, seed=4)
     q, w = q[:1].expand_as(q), w[:1].expand_as(w)
     context, k, sparsity = keys.shape[0] - q.shape[0], 8, 0.5
-    got = sim.simulate(q, w, keys, context, k, sparsity, "coarse-top1", warm=1, gamma=0.0,
+    got, _ = sim.simulate(q, w, keys, context, k, sparsity, "coarse-top1", warm=1, gamma=0.0,
                        gen=torch.Generator().manual_seed(0))
     want = []
     for r in range(1, q.shape[0]):
@@ -110,7 +110,7 @@ def test_top1_with_a_fixed_query_chooses_as_the_current_scores_do():
         topk = torch.einsum("hd,nd->hn", q[r], keys[:length]).relu().mul(w[r][:, None]).sum(0).topk(k).indices
         want.append(float(sim.miss_per_row(keep, topk.int()[None], 1, T)[0]))
     assert got == want
-    mean = sim.simulate(q, w, keys, context, k, sparsity, "coarse-mean", warm=1, gamma=0.0,
+    mean, _ = sim.simulate(q, w, keys, context, k, sparsity, "coarse-mean", warm=1, gamma=0.0,
                         gen=torch.Generator().manual_seed(0))
     assert sum(got) < sum(mean)
 
@@ -121,7 +121,37 @@ def test_bound_and_top_configs_parse_and_run():
     for config in ("coarse-bound2", "mix-bound4-0.7", "zmix-bound1-0.5", "coarse-top2", "mix-top1-0.5",
                    "zmix-top1+sub4-0.7"):
         for sparsity in (0.0, 0.4):
-            misses = sim.simulate(q, w, keys, context, 32, sparsity, config, warm=2, gamma=0.05,
+            misses, _ = sim.simulate(q, w, keys, context, 32, sparsity, config, warm=2, gamma=0.05,
                                   gen=torch.Generator().manual_seed(0))
             assert len(misses) == q.shape[0] - 2 and all(0.0 <= m <= 1.0 for m in misses)
             assert sparsity or misses == [0.0] * len(misses)
+
+
+def test_xmix_with_this_rows_exact_block_maxima_chooses_as_the_current_scores_do():
+    """xmix reads the previous layer's signals of the same rows; handed this layer's own exact block maxima ("all")
+    at weight 1, it keeps what the exact current scores keep (test_exact_summaries' choice)."""
+    q, w, keys = _inputs(rows=5, repeat=8, seed=3)
+    context, k, sparsity = keys.shape[0] - q.shape[0], 48, 0.5
+    exact, signals = sim.simulate(q, w, keys, context, k, sparsity, "coarse-sub8", warm=0, gamma=0.0,
+                                  gen=torch.Generator().manual_seed(0))
+    got, _ = sim.simulate(q, w, keys, context, k, sparsity, "xmix-all-1.0", warm=0, gamma=0.0,
+                          gen=torch.Generator().manual_seed(0), prev=signals)
+    assert got == exact
+    # the kept signal is exact on the kept blocks and the history's prediction elsewhere; without prev, hist
+    alone, _ = sim.simulate(q, w, keys, context, k, sparsity, "hist", warm=0, gamma=0.0,
+                            gen=torch.Generator().manual_seed(0))
+    first, _ = sim.simulate(q, w, keys, context, k, sparsity, "xmix-kept-0.5", warm=0, gamma=0.0,
+                            gen=torch.Generator().manual_seed(0))
+    assert first == alone
+
+
+def test_layer_allocation_is_the_calibrators():
+    """`layers`' allocation (means over documents) is eval.calibrate.allocate's on the same means."""
+    from spin_indexer.eval.calibrate import allocate
+
+    gen = torch.Generator().manual_seed(5)
+    menu = [0.2, 0.3, 0.4, 0.5, 0.6]
+    miss = {d: [[torch.rand(3, generator=gen).tolist() for _ in menu] for _ in range(4)] for d in ("a", "b")}
+    mean = torch.tensor([[sum(sum(miss[d][layer][i]) for d in miss) / 6 for layer in range(4)]
+                         for i in range(len(menu))], dtype=torch.float64)
+    assert sim.allocate(miss, ["a", "b"], menu, 0.4) == allocate(mean, menu, 0.4)

@@ -15,6 +15,7 @@ import datetime
 import json
 from pathlib import Path
 
+
 def default_menu(sparsity: float) -> list[float]:
     """Sparsities a layer may take: sparsity - 0.3 ... sparsity + 0.3 in steps of 0.1, inside [0, 0.9]."""
     return [round(sparsity + d / 10, 10) for d in range(-3, 4) if 0 <= sparsity + d / 10 <= 0.9 + 1e-9]

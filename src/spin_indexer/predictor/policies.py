@@ -80,7 +80,8 @@ def shipped_profile(sparsity: float) -> tuple[float, ...]:
     for s, profile in data["profiles"].items():
         if abs(float(s) - sparsity) < 1e-9:
             return tuple(profile)
-    raise ValueError(f"sparsity: spin-layers has profiles calibrated at {', '.join(data['profiles'])}, got {sparsity:g}")
+    raise ValueError(f"sparsity: spin-layers has profiles calibrated at {', '.join(data['profiles'])}, "
+                     f"got {sparsity:g}")
 
 
 def policy_names() -> list[str]:

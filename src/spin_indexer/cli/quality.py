@@ -49,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sparsity-profile", default=None, metavar="FILE",
                    help="per-layer profiles (spin-indexer calibrate's profile.json) for the configs named "
                         "spin-<s>[...]-profile (each takes the one calibrated at its sparsity)")
+    p.add_argument("--profile-from", type=int, default=0,
+                   help="with --sparsity-profile: prompts shorter than this many tokens budget uniformly "
+                        "(SpinConfig.profile_from; spin-layers uses 6144; default 0: every prompt)")
     p.add_argument("--topk", type=int, default=512,
                    help="tokens each layer attends to (default 512; at 256 the distilled indexer misses 4K needles)")
     p.add_argument("--indexer", choices=("auto", "oracle", "lightning"), default="auto",
@@ -102,8 +105,9 @@ def run(args) -> int:
         from ..eval.calibrate import load_profiles, profile_at
 
         profiles = load_profiles(args.sparsity_profile)
-        configs = [dataclasses.replace(c, sparsity_profile=profile_at(profiles, c.sparsity, args.sparsity_profile))
-                   if c.profiled else c for c in configs]
+        check_int("--profile-from", args.profile_from, low=0)
+        configs = [dataclasses.replace(c, sparsity_profile=profile_at(profiles, c.sparsity, args.sparsity_profile),
+                                       profile_from=args.profile_from) if c.profiled else c for c in configs]
     check_int("--samples", args.samples, low=1)
     check_int("--batch", args.batch, low=1)
     if args.batch > 1:
@@ -285,7 +289,7 @@ def _command(args) -> str:
     if args.shard:
         parts += ["--shard", args.shard]
     if args.sparsity_profile:
-        parts += ["--sparsity-profile", str(args.sparsity_profile)]
+        parts += ["--sparsity-profile", str(args.sparsity_profile), "--profile-from", str(args.profile_from)]
     return " ".join(shlex.quote(p) for p in parts)
 
 

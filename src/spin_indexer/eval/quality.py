@@ -71,6 +71,7 @@ class QualityConfig:
     adaptive: float | None = None  # AdaptiveConfig.target_miss; None = fixed budget
     profiled: bool = False  # the name ends in -profile: SpinConfig.sparsity_profile from the run's profile file
     sparsity_profile: tuple[float, ...] = ()  # SpinConfig.sparsity_profile (the runner sets it on -profile names)
+    profile_from: int = 0  # SpinConfig.profile_from (likewise)
 
     def spin_config(self, topk: int, seed: int):
         """The SpinConfig of a spin kind: 5% random exploration (or none), hybrid weight, adaptive budgets."""
@@ -84,7 +85,7 @@ class QualityConfig:
                           gamma=0.05 if self.exploration else 0.0, seed=seed, hybrid=self.hybrid,
                           summary=self.summary, summary_parts=self.summary_parts,
                           summary_below=self.summary_below, adaptive=adaptive,
-                          sparsity_profile=self.sparsity_profile,
+                          sparsity_profile=self.sparsity_profile, profile_from=self.profile_from,
                           dense_below=0)  # quality measures the predictor: the speed guard is off
 
 

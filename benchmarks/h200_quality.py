@@ -112,8 +112,10 @@ def distill32k(args) -> int:
 # the replays of every (context, domain) trace set, in this order (a chain: the first matters most): the main
 # sweep at every layer (Table-1 statistics on 8 evenly spaced steps: they run on the CPU), the summary mix at every
 # layer at 40% / 50% (#18's targets; its policies replay the lightning traces, which record block summaries), the
-# pooling and exploration sweeps at every 3rd layer (10 of 30) without Table 1
+# shipped per-layer budgets against uniform ones (spin-layers) at every layer, the pooling and exploration sweeps at
+# every 3rd layer (10 of 30) without Table 1
 REPLAYS = (("main", ("--table1-steps", "8")), ("summary", ("--sparsity", "0.4", "0.5", "--no-table1")),
+           ("layers", ("--no-table1",)),
            ("pooling", ("--layer-stride", "3", "--no-table1")),
            ("exploration", ("--layer-stride", "3", "--no-table1")))
 

@@ -79,9 +79,12 @@ def test_capture_dry_run_traces_two_domains_and_replays_them(dry, tmp_path):
                 rows = list(csv.DictReader(f))
             mixed = {r["indexer"] for r in rows if r["policy"].startswith("summary")}
             assert mixed == {"lightning"} and {float(r["sparsity_target"]) for r in rows} == {0.4, 0.5}
+            # spin-layers holds the proxy's 30 layers: the dry run's 2-layer traces replay spin-default alone
+            with open(tmp_path / "fid" / str(ctx) / f"layers-{name}" / "summary.csv") as f:
+                assert {r["policy"] for r in csv.DictReader(f)} == {"spin-default"}
     timing = json.loads((tmp_path / "capture_timing.json").read_text())
     assert len(timing["captures"]) == 4 and all(r["traces"] == 4 and r["rc"] == 0 for r in timing["captures"].values())
-    assert all(r["done"] == 4 for r in timing["replays"].values())
+    assert all(r["done"] == len(h200_quality.REPLAYS) for r in timing["replays"].values())
 
 
 def test_capture_dry_run_in_worker_processes_stops_at_its_deadlines(dry, tmp_path):

@@ -133,8 +133,10 @@ def run_sweep(trace_sets: dict[str, list[Trace]], pairs: list[tuple[str, float]]
             cfgs = {pair: dataclasses.replace(cfg, sparsity_profile=profile_at(profile[0], pair[1], profile[1]))
                     for pair, cfg in cfgs.items()}
         # summary-mix policies replay only the traces that recorded block summaries at their sub-block count
-        # (lightning captures; oracle traces have none): the other bins get no row for them
-        usable = {key: [t for t in traces if cfg.summary == 0 or t.has_summary(cfg.summary_parts)]
+        # (lightning captures; oracle traces have none), a sparsity profile only traces of as many layers (spin-layers
+        # is the proxy's 30): the other bins get no row for them
+        usable = {key: [t for t in traces if (cfg.summary == 0 or t.has_summary(cfg.summary_parts))
+                        and (not cfg.sparsity_profile or len(cfg.sparsity_profile) == t.num_layers)]
                   for key, cfg in ((c.to_json(), c) for c in cfgs.values())}
         unique = [key for key in dict.fromkeys(cfg.to_json() for cfg in cfgs.values())
                   if len(usable[key]) == len(traces)]  # the forked workers replay every trace

@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sw = parser.add_argument_group("sweep")
     sw.add_argument("--sweep", default="main", help="smoke, main, pooling, exploration, mtp, history, all, "
                     "summary (traces with block summaries at 4, 8, 16 sub-blocks, what capture records unless "
-                    "told), summary-coarse (at 1, 2, 4: capture --summary-parts 1 2 4)")
+                    "told), summary-coarse (at 1, 2, 4: capture --summary-parts 1 2 4), layers (spin-layers: the "
+                    "shipped head's per-layer budgets, 30-layer traces)")
     sw.add_argument("--sparsity", type=float, nargs="+", default=None, help="override the sweep's targets")
     sw.add_argument("--policy", nargs="+", default=None, help="override the sweep's policies")
     sw.add_argument("--sparsity-profile", default=None, metavar="FILE",

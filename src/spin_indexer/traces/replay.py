@@ -87,8 +87,8 @@ def replay(traces: Trace | list[Trace], config: SpinConfig, device: torch.device
 
     config.topk is replaced by the traces' k. SpinConfig.summary > 0 replays from the block summaries the
     traces recorded (Trace.summary_of; a ValueError naming the trace when one has none at summary_parts).
-    fold_layers: None = fold unless the config couples layers
-    (hybrid > 0 reads the previous layer's scores of the same step, so layers must run in order).
+    fold_layers: None = fold unless the config couples layers (hybrid > 0 reads the previous layer's scores of the
+    same step, so layers must run in order; a sparsity_profile budgets each layer by its index).
     progress: optional callable(n) called after each step with the rows x layers done (a tqdm's update).
     """
     traces = [traces] if isinstance(traces, Trace) else list(traces)

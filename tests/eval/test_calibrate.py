@@ -11,8 +11,8 @@ import torch
 
 from spin_indexer.cli import main as cli
 from spin_indexer.eval.ablations import run_sweep
-from spin_indexer.eval.calibrate import allocate, calibrate, layer_miss, load_profiles
-from spin_indexer.predictor.policies import get_policy
+from spin_indexer.eval.calibrate import allocate, calibrate, layer_miss
+from spin_indexer.predictor.policies import get_policy, load_profiles
 from spin_indexer.traces.schema import save_trace
 from spin_indexer.traces.synthetic import generate
 

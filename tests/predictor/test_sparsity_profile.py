@@ -113,7 +113,7 @@ def test_the_shipped_profiles_keep_the_mean_and_fit_the_head():
         assert sum(cfg.layer_sparsity(i) for i in range(30)) / 30 == pytest.approx(s)  # the same key bytes
         assert get_policy("spin-default", s, topk=256) == dataclasses.replace(cfg, sparsity_profile=(),
                                                                               profile_from=0)
-    with pytest.raises(ValueError, match="calibrated at 0.2, 0.3, 0.4, 0.5, got 0.45"):
+    with pytest.raises(ValueError, match=r"no profile calibrated at sparsity 0.45 \(it has 0.2, 0.3, 0.4, 0.5\)"):
         get_policy("spin-layers", 0.45)
 
 

@@ -156,7 +156,7 @@ def run(args) -> int:
                           tuple(args.policy) if args.policy else None)
         profile = None
         if args.sparsity_profile:
-            from ..eval.calibrate import load_profiles
+            from ..predictor.policies import load_profiles
 
             profile = (load_profiles(args.sparsity_profile), args.sparsity_profile)
         start = time.perf_counter()

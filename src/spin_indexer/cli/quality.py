@@ -102,7 +102,7 @@ def run(args) -> int:
     if profiled and not args.sparsity_profile:
         raise ValueError(f"--configs: {', '.join(profiled)} need --sparsity-profile FILE")
     if args.sparsity_profile:
-        from ..eval.calibrate import load_profiles, profile_at
+        from ..predictor.policies import load_profiles, profile_at
 
         profiles = load_profiles(args.sparsity_profile)
         check_int("--profile-from", args.profile_from, low=0)

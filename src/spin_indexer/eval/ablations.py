@@ -20,9 +20,8 @@ import torch
 from ..checks import check_int
 from ..traces.replay import ReplayResult, replay
 from ..traces.schema import Trace, context_bin
-from .calibrate import profile_at
 from .metrics import nearest_rank, table1_rows
-from ..predictor.policies import describe, get_policy
+from ..predictor.policies import describe, get_policy, profile_at
 
 SPARSITIES = (0.2, 0.3, 0.4, 0.5)
 SUMMARY_COLUMNS = ("trace_set", "indexer", "context", "sparsity_target", "policy", "mean_miss", "p99_miss",
@@ -119,7 +118,7 @@ def run_sweep(trace_sets: dict[str, list[Trace]], pairs: list[tuple[str, float]]
     on_step(n): progress in rows x layers; on_run(row): called with each finished 'all'-context row.
     jobs: CPU worker processes, one distinct config each at a time (configs are independent; one torch
     thread per worker). 1 = in this process; ignored on a GPU.
-    profile: (eval.calibrate.load_profiles' {sparsity: profile}, its source) or None: every policy replays with the
+    profile: (predictor.policies.load_profiles' {sparsity: profile}, its source) or None: every policy replays with the
     profile calibrated at its sparsity (rows name the policy <policy>+profile; a sparsity without one raises).
     """
     check_int("jobs", jobs, low=1)

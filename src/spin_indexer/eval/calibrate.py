@@ -14,8 +14,6 @@ budget from the layers SPIN predicts well to the ones it predicts badly lowers t
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
 
 import torch
 
@@ -98,20 +96,3 @@ def calibrate(traces: list[Trace], config: SpinConfig, sparsity: float, menu: li
     return Calibration(sparsity, menu, [menu[i] / sparsity for i in choice], miss.tolist(),
                        [float(miss[i, layer]) for layer, i in enumerate(choice)])
 
-
-def load_profiles(path: str) -> dict[float, tuple[float, ...]]:
-    """{sparsity: profile} of a calibrate output at `path`."""
-    data = json.loads(Path(path).read_text())
-    profiles = data.get("profiles") if isinstance(data, dict) else None
-    if not isinstance(profiles, dict) or not profiles:
-        raise ValueError(f"sparsity profile {path}: expected a calibrate output (a 'profiles' object), got none")
-    return {float(s): tuple(p) for s, p in profiles.items()}
-
-
-def profile_at(profiles: dict[float, tuple[float, ...]], sparsity: float, source: str) -> tuple[float, ...]:
-    """The profile calibrated at `sparsity` (a ValueError naming the ones there are)."""
-    for s, profile in profiles.items():
-        if abs(s - sparsity) < 1e-9:
-            return profile
-    raise ValueError(f"sparsity profile {source}: no profile calibrated at sparsity {sparsity:g} (it has "
-                     f"{', '.join(f'{s:g}' for s in profiles)}): calibrate with --sparsity {sparsity:g}")

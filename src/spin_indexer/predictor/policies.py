@@ -71,17 +71,27 @@ POLICIES["summary16-0.8-noexp"] = ({"summary": 0.8, "summary_parts": 16, "explor
 # session 56). Only for 30-layer traces of that head (SpinIndexer refuses another layer count).
 SHIPPED_PROFILES = Path(__file__).resolve().parent.parent / "weights" / "smollm2_indexer.profile.json"
 PROFILE_FROM = 6144
-LAYERED = {"spin-layers": ({}, "spin-default with the shipped head's per-layer budgets (calibrated at each sparsity)")}
+# apart from POLICIES (every one of which is a SpinConfig at any sparsity): these exist at the calibrated ones only
+LAYERED = {"spin-layers": ({"profile_from": PROFILE_FROM},
+                           "spin-default with the shipped head's per-layer budgets (calibrated at each sparsity)")}
 
 
-def shipped_profile(sparsity: float) -> tuple[float, ...]:
-    """The shipped head's profile calibrated at `sparsity` (a ValueError naming the calibrated ones)."""
-    data = json.loads(SHIPPED_PROFILES.read_text())
-    for s, profile in data["profiles"].items():
-        if abs(float(s) - sparsity) < 1e-9:
-            return tuple(profile)
-    raise ValueError(f"sparsity: spin-layers has profiles calibrated at {', '.join(data['profiles'])}, "
-                     f"got {sparsity:g}")
+def load_profiles(path: str) -> dict[float, tuple[float, ...]]:
+    """{sparsity: profile} of a calibrate output at `path` (`spin-indexer calibrate`'s profile.json)."""
+    data = json.loads(Path(path).read_text())
+    profiles = data.get("profiles") if isinstance(data, dict) else None
+    if not isinstance(profiles, dict) or not profiles:
+        raise ValueError(f"sparsity profile {path}: expected a calibrate output (a 'profiles' object), got none")
+    return {float(s): tuple(p) for s, p in profiles.items()}
+
+
+def profile_at(profiles: dict[float, tuple[float, ...]], sparsity: float, source: str) -> tuple[float, ...]:
+    """The profile calibrated at `sparsity` (a ValueError naming the ones there are)."""
+    for s, profile in profiles.items():
+        if abs(s - sparsity) < 1e-9:
+            return profile
+    raise ValueError(f"sparsity profile {source}: no profile calibrated at sparsity {sparsity:g} (it has "
+                     f"{', '.join(f'{s:g}' for s in profiles)}): calibrate with --sparsity {sparsity:g}")
 
 
 def policy_names() -> list[str]:
@@ -101,7 +111,7 @@ def get_policy(name: str, sparsity: float, topk: int | None = None, seed: int = 
     changes, _ = {**POLICIES, **LAYERED}[_known(name)]
     extra = {"sparsity": sparsity, "seed": seed}
     if name in LAYERED:
-        extra.update(sparsity_profile=shipped_profile(sparsity), profile_from=PROFILE_FROM)
+        extra["sparsity_profile"] = profile_at(load_profiles(SHIPPED_PROFILES), sparsity, name)
     if topk is not None:
         extra["topk"] = topk
     return dataclasses.replace(DEFAULT, **changes, **extra)

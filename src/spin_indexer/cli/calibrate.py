@@ -41,22 +41,14 @@ def run(args) -> int:
     from ..checks import check_int
     from ..eval.calibrate import calibrate
     from ..predictor.policies import get_policy
-    from ..traces import list_traces, load_trace
-    from .eval import _commit
+    from .eval import _commit, load_trace_dir
     from .main import check_out_dir
 
     out = Path(args.out or "runs/calibrate")
     check_int("--batch", args.batch, low=1)
     check_out_dir("--out", str(out))
     configs = {s: get_policy(args.policy, s) for s in args.sparsity}  # an unknown policy or a bad sparsity: here
-    traces = []
-    for d in args.traces:
-        if not Path(d).is_dir():
-            raise FileNotFoundError(f"--traces {d}: not a directory")
-        files = list_traces(d)
-        if not files:
-            raise FileNotFoundError(f"--traces {d}: no <name>.safetensors with a <name>.json beside it")
-        traces += [load_trace(f, validate=True) for f in files]
+    traces = [trace for d in args.traces for trace in load_trace_dir(d)]
     profiles, calibrations, lines = {}, {}, []
     for s, config in configs.items():
         result = calibrate(traces, config, s, args.menu or default_menu(s), device=args.device or "cpu",

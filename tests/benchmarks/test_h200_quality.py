@@ -124,6 +124,22 @@ def test_quality_dry_run_batches_prompts_and_pairs_configs(dry, tmp_path):
     assert "Paired with all-keep" in (tmp_path / "quality" / "README.md").read_text()
 
 
+def test_quality_dry_run_passes_the_sparsity_profile(dry, tmp_path, capsys):
+    """--sparsity-profile / --profile-from reach the quality CLI: a spin-<s>-profile config runs with the file's
+    profile (one that names no such sparsity is refused, so the file was read), and a config given is kept."""
+    layers = 2  # the dry run's tiny model (benchmarks/dry_run.py); a profile of another length is refused
+    good = tmp_path / "profile.json"
+    good.write_text(json.dumps({"profiles": {"0.4": [1.0] * layers}}))
+    assert dry("quality", tmp_path / "a", "--configs", "all-keep", "spin-0.4-profile", "--sparsity-profile", str(good),
+               "--profile-from", "100") == 0
+    with open(tmp_path / "a" / "quality" / "ruler.csv") as f:
+        assert {r["config"] for r in csv.DictReader(f)} == {"all-keep", "spin-0.4-profile"}
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"profiles": {"0.3": [1.0] * layers}}))
+    assert dry("quality", tmp_path / "b", "--configs", "spin-0.4-profile", "--sparsity-profile", str(other)) != 0
+    assert "no profile calibrated at sparsity 0.4" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("stage, tgzs", [("quality", ("quality",)), ("capture+quality", ("capture", "quality"))])
 def test_shell_dry_run_packs_one_tgz_per_stage(tmp_path, stage, tgzs):
     """DRY=1 bash benchmarks/h200_quality.sh STAGE: each stage's log and tables come back in one .tgz;

@@ -2,10 +2,11 @@
 
 Sources, highest precedence first:
   1. additional_config={"spin": {"enable": true, "sparsity": 0.4, "exploration": "random",
-     "policy": "spin-default", "gamma": 0.05, "seed": 0, "mtp": "row0", "shadow": false}}
+     "policy": "spin-default", "gamma": 0.05, "seed": 0, "mtp": "row0", "shadow": false,
+     "sparsity_profile": "profile.json", "profile_from": 0}}
      (vLLM's --additional-config JSON)
   2. environment variables SPIN_ENABLE, SPIN_SPARSITY, SPIN_EXPLORATION, SPIN_POLICY, SPIN_GAMMA, SPIN_SEED,
-     SPIN_MTP, SPIN_SHADOW
+     SPIN_MTP, SPIN_SHADOW, SPIN_SPARSITY_PROFILE, SPIN_PROFILE_FROM
   3. the defaults below: SPIN is OFF unless enabled.
 The policy names are those of spin_indexer.predictor.policies (the paper's variants); top-k always comes from
 the model (the layer's index_topk). MTP "row-local" takes the accepted-draft counts that the request tracker
@@ -27,7 +28,7 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _ENV = {"enable": "SPIN_ENABLE", "sparsity": "SPIN_SPARSITY", "exploration": "SPIN_EXPLORATION",
         "policy": "SPIN_POLICY", "gamma": "SPIN_GAMMA", "seed": "SPIN_SEED", "mtp": "SPIN_MTP",
-        "shadow": "SPIN_SHADOW"}
+        "shadow": "SPIN_SHADOW", "sparsity_profile": "SPIN_SPARSITY_PROFILE", "profile_from": "SPIN_PROFILE_FROM"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +37,10 @@ class SpinVllmSettings:
     spin_indexer.predictor.policies; exploration/gamma: override the policy's (None keeps the policy's);
     seed: exploration randomness; mtp: "row0" or "row-local" (num_accepted inferred on the device from
     consecutive steps' seq_lens); shadow: SPIN predicts and records its miss and realized sparsity against the
-    dense indexer, which still decides (integrations/shadow.py)."""
+    dense indexer, which still decides (integrations/shadow.py); sparsity_profile: a `spin-indexer calibrate`
+    output (profile.json) for the served model's layers: each layer's budget at `sparsity` moves by the profile
+    calibrated at that sparsity (the same key bytes a step, more kept where the model's own traces showed SPIN
+    misses most); profile_from: requests shorter than this many tokens keep the uniform budget."""
 
     enable: bool = False
     sparsity: float = 0.3
@@ -46,10 +50,30 @@ class SpinVllmSettings:
     seed: int = 0
     mtp: str = "row0"
     shadow: bool = False
+    sparsity_profile: str | None = None
+    profile_from: int = 0
+    _profile: tuple[float, ...] = dataclasses.field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for key in _ENV:
             object.__setattr__(self, key, _check(key, getattr(self, key)))  # frozen: store the checked value
+        object.__setattr__(self, "_profile", self._read_profile())
+
+    def _read_profile(self) -> tuple[float, ...]:
+        """The file's profile at this sparsity, read once (a missing file or sparsity fails at start-up)."""
+        if self.sparsity_profile is None:
+            return ()
+        from ..predictor.policies import load_profiles, profile_at
+
+        name = "SpinVllmSettings.sparsity_profile"
+        try:
+            profile = profile_at(load_profiles(self.sparsity_profile), self.sparsity, self.sparsity_profile)
+        except OSError as e:
+            raise ValueError(f"{name}: expected a readable profile.json (spin-indexer calibrate's output), got "
+                             f"{self.sparsity_profile!r} ({e.strerror})") from None
+        except ValueError as e:  # json's errors are ValueErrors too
+            raise ValueError(f"{name}: {e}") from None
+        return profile
 
     def spin_config(self, topk: int, tokens_per_block: int = 64):
         """The SpinConfig for a layer with top-k `topk` (the policy name was checked at construction)."""
@@ -59,6 +83,8 @@ class SpinVllmSettings:
             changes["exploration"] = self.exploration
         if self.gamma is not None:
             changes["gamma"] = self.gamma
+        if self._profile:  # its length is checked against the model's layers where the indexer is built
+            changes.update(sparsity_profile=self._profile, profile_from=self.profile_from)
         return dataclasses.replace(cfg, **changes)
 
 
@@ -110,11 +136,18 @@ def _check(key: str, value):
         return None if value is None else check_float(name, value, low=0, high=1, high_open=True)
     if key == "seed":
         return check_int(name, value, low=0, high=2**31 - 1)
+    if key == "profile_from":
+        return check_int(name, value, low=0)
+    if key == "sparsity_profile":
+        if value is not None and not (isinstance(value, str) and value):
+            raise TypeError(f"{name}: expected a path (str) or None, got {describe(value)}")
+        return value
     if key == "policy":
         check_choice(name, value, policy_names(), what="a policy, one of")
         if value in LAYERED:  # budgets calibrated for the proxy model's 30 layers, not a served model's
             raise ValueError(f"{name}: {value!r} holds the proxy model's per-layer budgets (an evaluation policy); "
-                             f"expected a policy without a sparsity_profile")
+                             f"expected a policy without a sparsity_profile (SpinVllmSettings.sparsity_profile takes the served "
+                             f"model's own calibrated budgets)")
         if get_policy(value, 0.0).summary > 0:  # its cache is not in vLLM's KV-cache manager; its cost unmeasured
             raise ValueError(f"{name}: {value!r} is an evaluation policy (the summary mix's cache is not allocated "
                              f"through vLLM's KV-cache manager yet); expected one without SpinConfig.summary")
@@ -134,9 +167,9 @@ def _parse_env(env: str, key: str, raw: str):
     try:
         if key in ("sparsity", "gamma"):
             return float(text)
-        if key == "seed":
+        if key in ("seed", "profile_from"):
             return int(text)
     except ValueError:
-        want = "an int" if key == "seed" else "a float"
+        want = "an int" if key in ("seed", "profile_from") else "a float"
         raise ValueError(f"{env}: expected {want}, got {raw!r}") from None
     return text

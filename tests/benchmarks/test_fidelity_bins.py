@@ -43,10 +43,26 @@ def test_targets_and_sweeps(tmp_path):
     assert "| 8K | ruler | lightning | 3.60% | 10.00% | 38.00% | 10.00% | 28.50% | missed | met |" in lines
     assert "| bin | domain | a1-max | a1-top4 |" in lines  # a0 (almost no sparsity realized) left out
     assert "| 4K | ruler | 5.00 / 20.0 ; 5.00 / 20.0 | 4.00 / 20.0 ; 4.00 / 20.0 |" in lines
-    assert "exploration" not in text
+    assert "exploration" not in text and "spin-layers" not in text  # no layers sweep here: no section
     assert fb.main([str(tmp_path)]) == 0 and (tmp_path / "bins.md").read_text() == fb.render(str(tmp_path))
 
 
 def test_empty_folder_is_an_error(tmp_path):
     with pytest.raises(SystemExit, match="no <bin>"):
         fb.render(str(tmp_path))
+
+
+def test_layers_sweep_gets_its_own_target_table(tmp_path):
+    """spin-layers' rows of a layers sweep are checked against the same targets in their own section; the sweep's
+    spin-default rows stay out of it (the main sweep's table is spin-default's)."""
+    write(tmp_path, 8192, "main-ruler", [
+        ["r", "lightning", "all", s, "spin-default", "0.04", "0.22", "0.38"] for s in ("0.4", "0.5")])
+    write(tmp_path, 8192, "layers-ruler", [
+        ["r", "lightning", "all", s, p, m, q, "0.38"] for s in ("0.4", "0.5")
+        for p, m, q in (("spin-default", "0.04", "0.22"), ("spin-layers", "0.03", "0.17"))])
+    lines = fb.render(str(tmp_path)).splitlines()
+    head = lines.index("## spin-layers (spin-default with the shipped head's per-layer budgets), layers sweep "
+                       "(all 30 layers)")
+    assert lines[head + 4] == "| 8K | ruler | lightning | 3.00% | 17.00% | 38.00% | 3.00% | 17.00% | met | met |"
+    assert lines[head + 5:] == []
+    assert "| 8K | ruler | lightning | 4.00% | 22.00% | 38.00% | 4.00% | 22.00% | missed | met |" in lines[:head]

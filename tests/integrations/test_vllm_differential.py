@@ -105,6 +105,38 @@ def test_sparse_positions_valid_inside_kept_blocks_and_exact(next_n, gen):
     assert skipped > 0, "s = 0.5 never skipped a block: SPIN did not run sparsely"
 
 
+def test_sparsity_profile_moves_budget_between_layers_inside_vllm(tmp_path, gen):
+    """SPIN_SPARSITY_PROFILE through vLLM's config: layer 0 at 0.5 x 1.5, layer 1 at 0.5 x 0.5 skip the blocks
+    their budgets say (more in layer 0 than in 1), and every row's top-k is still the exact top-k of its kept
+    blocks."""
+    import json
+
+    topk, lens0 = 512, [4000, 2600, 3500]
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps({"profiles": {"0.5": [1.5, 0.5]}}))
+    num_blocks = sum(-(-(L + 8) // vh.T) for L in lens0) + 4
+    kvs = [vh.make_cache(num_blocks, gen, 2), vh.make_cache(num_blocks, gen, 2)]
+    cfg = vh.vllm_config({"enable": True, "sparsity": 0.5, "sparsity_profile": str(profile)})
+    layers, buffer = vh.build_layers(cfg, kvs, topk, MAX_MODEL_LEN)
+    tables = vh.random_tables([L + 8 for L in lens0], num_blocks, gen)
+    skipped = [0, 0]
+    for s in range(3):
+        step = vh.make_step([L + s for L in lens0], tables, 1, WIDTH, gen)
+        for i, layer in enumerate(layers):
+            got = vh.run_layer(cfg, layers, layer, step)
+            plan = layer.spin_runtime.indexer.block_plan
+            masked = torch.where(plan.token_mask(), vh.dense_logits(layer, step), float("-inf"))
+            want = torch.full((len(lens0), topk), -1, dtype=torch.int64)
+            for r in range(len(lens0)):
+                n = min(topk, int((masked[r] > float("-inf")).sum()))
+                want[r, :n] = masked[r].topk(n).indices
+            vh.assert_same_topk(got[:len(lens0)], want, masked, topk)
+            valid = torch.arange(WIDTH)[None] < plan.num_blocks[:, None].long()
+            skipped[i] += int((~plan.keep_mask & valid).sum())
+    assert layers[0].spin_runtime.indexer.config.sparsity_profile == (1.5, 0.5)
+    assert skipped[0] > 2 * skipped[1] > 0, skipped
+
+
 def test_op_under_torch_compile_matches_eager(gen):
     """torch.compile(fullgraph=True) traces the layer's op as one opaque node (fake impl, declared
     mutation of the top-k buffer) and the compiled call writes what the eager call writes."""

@@ -28,6 +28,9 @@ def test_settings_take_a_calibrated_sparsity_profile(tmp_path):
         st.load_settings(None, {"SPIN_SPARSITY": "0.2", "SPIN_SPARSITY_PROFILE": str(path)})
     with pytest.raises(ValueError, match="sparsity_profile: expected a readable profile.json"):
         st.load_settings(None, {"SPIN_SPARSITY_PROFILE": str(tmp_path / "none.json")})
+    path.write_text(json.dumps({"profiles": {"0.4": [2.5, 0.5, 0.5]}}))  # layer 0 at 0.4 x 2.5 = 1: no budget
+    with pytest.raises(ValueError, match="SpinVllmSettings.sparsity_profile: .*sparsity x every entry < 1"):
+        st.load_settings(None, {"SPIN_SPARSITY": "0.4", "SPIN_SPARSITY_PROFILE": str(path)})
     with pytest.raises(TypeError, match="sparsity_profile: expected a path"):
         st.load_settings({"spin": {"sparsity_profile": 3}}, {})
     with pytest.raises(ValueError, match="SPIN_PROFILE_FROM: expected an int"):

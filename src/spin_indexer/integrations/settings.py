@@ -68,11 +68,13 @@ class SpinVllmSettings:
         name = "SpinVllmSettings.sparsity_profile"
         try:
             profile = profile_at(load_profiles(self.sparsity_profile), self.sparsity, self.sparsity_profile)
+            # the entries checked here (numbers, sparsity x entry < 1), not when the first layer is built
+            dataclasses.replace(get_policy(self.policy, self.sparsity), sparsity_profile=profile)
         except OSError as e:
             raise ValueError(f"{name}: expected a readable profile.json (spin-indexer calibrate's output), got "
                              f"{self.sparsity_profile!r} ({e.strerror})") from None
-        except ValueError as e:  # json's errors are ValueErrors too
-            raise ValueError(f"{name}: {e}") from None
+        except (TypeError, ValueError) as e:  # json's errors are ValueErrors too
+            raise type(e)(f"{name}: {e}") from None
         return profile
 
     def spin_config(self, topk: int, tokens_per_block: int = 64):
@@ -146,8 +148,8 @@ def _check(key: str, value):
         check_choice(name, value, policy_names(), what="a policy, one of")
         if value in LAYERED:  # budgets calibrated for the proxy model's 30 layers, not a served model's
             raise ValueError(f"{name}: {value!r} holds the proxy model's per-layer budgets (an evaluation policy); "
-                             f"expected a policy without a sparsity_profile (SpinVllmSettings.sparsity_profile takes the served "
-                             f"model's own calibrated budgets)")
+                             f"expected a policy without a sparsity_profile (SpinVllmSettings.sparsity_profile "
+                             f"takes the served model's own calibrated budgets)")
         if get_policy(value, 0.0).summary > 0:  # its cache is not in vLLM's KV-cache manager; its cost unmeasured
             raise ValueError(f"{name}: {value!r} is an evaluation policy (the summary mix's cache is not allocated "
                              f"through vLLM's KV-cache manager yet); expected one without SpinConfig.summary")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,7 +42,11 @@ WRONG = {
     # SpinConfig.sparsity_profile at the default sparsity 0.3: an entry of 4 asks to skip 120% of the blocks
     "profile": (["0.5", None, 0.5, ("a",), (True,), (None,), (1.0, "0.2")],
                 [(-0.1,), (float("nan"),), (float("inf"),), (1.0, 4.0)]),
+    # SpinVllmSettings.sparsity_profile: a calibrate output's path, read at construction
+    "profile_path": ([3, True, b"p.json", ("p.json",)], ["", "/no/such/profile.json"]),
 }
+SHIPPED_PROFILE = str(Path(__file__).resolve().parents[1] / "src" / "spin_indexer" / "weights" /
+                      "smollm2_indexer.profile.json")  # has a profile at SpinVllmSettings' default sparsity 0.3
 
 # config class -> (build(**changes), {field: kind}, {field: valid values, one per accepted type})
 SPIN = {
@@ -70,10 +75,12 @@ C4A = {"num_layers": "int", "indexer_layers": "int_seq", "reuse": "pair_seq", "r
 C4A_OK = {"num_layers": [6, 61], "indexer_layers": [(0, 2), [0, 2, 4]], "reuse": [(), ((3, 2),), [[3, 2], [5, 0]]],
           "ratio": [1, 4], "window": [0, 128]}
 VLLM = {"enable": "bool", "sparsity": "float01", "policy": "choice", "exploration": "opt_choice",
-        "gamma": "opt_float01", "seed": "int", "mtp": "choice", "shadow": "bool"}
+        "gamma": "opt_float01", "seed": "int", "mtp": "choice", "shadow": "bool", "sparsity_profile": "profile_path",
+        "profile_from": "int"}
 VLLM_OK = {"enable": [True, False], "sparsity": [0, 0.4], "policy": ["spin-default", "a1-mean"],
            "exploration": [None, "none", "block_age"], "gamma": [None, 0, 0.05], "seed": [0, 7],
-           "mtp": ["row0", "row-local"], "shadow": [True, False]}
+           "mtp": ["row0", "row-local"], "shadow": [True, False], "sparsity_profile": [None, SHIPPED_PROFILE],
+           "profile_from": [0, 6144]}
 
 CONFIGS = {
     "SpinConfig": (SpinConfig, SPIN, SPIN_OK),
@@ -217,7 +224,8 @@ def test_env_numbers_and_names_parse():
 
 @pytest.mark.parametrize("key, value", [("enable", "true"), ("enable", 1), ("enable", None), ("sparsity", "0.4"),
                                         ("sparsity", True), ("gamma", "0.1"), ("seed", 2.0), ("seed", "3"),
-                                        ("policy", None), ("exploration", 0)])
+                                        ("policy", None), ("exploration", 0), ("sparsity_profile", 3),
+                                        ("profile_from", "6144")])
 def test_additional_config_takes_json_types_only(key, value):
     where = re.escape(f"(from additional_config['spin']['{key}'])")
     with pytest.raises(TypeError, match=rf"^SpinVllmSettings\.{key}: .*{where}$"):

@@ -52,12 +52,11 @@ class SpinVllmSettings:
     shadow: bool = False
     sparsity_profile: str | None = None
     profile_from: int = 0
-    _profile: tuple[float, ...] = dataclasses.field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for key in _ENV:
             object.__setattr__(self, key, _check(key, getattr(self, key)))  # frozen: store the checked value
-        object.__setattr__(self, "_profile", self._read_profile())
+        object.__setattr__(self, "_profile", self._read_profile())  # not a field: derived from the file
 
     def _read_profile(self) -> tuple[float, ...]:
         """The file's profile at this sparsity, read once (a missing file or sparsity fails at start-up)."""
@@ -141,8 +140,10 @@ def _check(key: str, value):
     if key == "profile_from":
         return check_int(name, value, low=0)
     if key == "sparsity_profile":
-        if value is not None and not (isinstance(value, str) and value):
+        if value is not None and not isinstance(value, str):
             raise TypeError(f"{name}: expected a path (str) or None, got {describe(value)}")
+        if value == "":
+            raise ValueError(f"{name}: expected a path to a profile.json or None, got ''")
         return value
     if key == "policy":
         check_choice(name, value, policy_names(), what="a policy, one of")

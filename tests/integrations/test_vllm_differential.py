@@ -96,11 +96,7 @@ def test_sparse_positions_valid_inside_kept_blocks_and_exact(next_n, gen):
                 assert bool(keep_tokens[r, pos].all()), f"row {r}: position in a skipped block"
                 assert len(set(pos.tolist())) == pos.numel()
             masked = torch.where(keep_tokens, logits, float("-inf"))
-            want = torch.full((rows, topk), -1, dtype=torch.int64)
-            for r in range(rows):
-                n = min(topk, int((masked[r] > float("-inf")).sum()))
-                want[r, :n] = masked[r].topk(n).indices
-            vh.assert_same_topk(got[:rows], want, masked, topk)
+            vh.assert_same_topk(got[:rows], vh.finite_topk(masked, topk), masked, topk)
             skipped += int((~plan.keep_mask & (torch.arange(WIDTH)[None] < plan.num_blocks[:, None].long())).sum())
     assert skipped > 0, "s = 0.5 never skipped a block: SPIN did not run sparsely"
 
@@ -126,11 +122,7 @@ def test_sparsity_profile_moves_budget_between_layers_inside_vllm(tmp_path, gen)
             got = vh.run_layer(cfg, layers, layer, step)
             plan = layer.spin_runtime.indexer.block_plan
             masked = torch.where(plan.token_mask(), vh.dense_logits(layer, step), float("-inf"))
-            want = torch.full((len(lens0), topk), -1, dtype=torch.int64)
-            for r in range(len(lens0)):
-                n = min(topk, int((masked[r] > float("-inf")).sum()))
-                want[r, :n] = masked[r].topk(n).indices
-            vh.assert_same_topk(got[:len(lens0)], want, masked, topk)
+            vh.assert_same_topk(got[:len(lens0)], vh.finite_topk(masked, topk), masked, topk)
             valid = torch.arange(WIDTH)[None] < plan.num_blocks[:, None].long()
             skipped[i] += int((~plan.keep_mask & valid).sum())
     assert layers[0].spin_runtime.indexer.config.sparsity_profile == (1.5, 0.5)

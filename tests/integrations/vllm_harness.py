@@ -205,6 +205,15 @@ def dense_logits(layer, step: Step) -> torch.Tensor:
     return logits.reshape(batch * next_n, width * T)
 
 
+def finite_topk(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """int64 [rows, k]: each row's top-k positions among its finite logits (all of them when fewer), -1 after."""
+    want = torch.full((logits.shape[0], k), -1, dtype=torch.int64)
+    for r in range(logits.shape[0]):
+        n = min(k, int((logits[r] > float("-inf")).sum()))
+        want[r, :n] = logits[r].topk(n).indices
+    return want
+
+
 def assert_same_topk(got: torch.Tensor, want: torch.Tensor, logits: torch.Tensor, k: int, rel: float = 1e-5):
     """Row by row: same number of -1, same set of positions, except swaps between exact-or-near ties at the
     k-th value (fp32 summation order differs between implementations)."""

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default="spin-default", help="the policy whose miss is balanced (default "
                         "spin-default)")
     parser.add_argument("--batch", type=int, default=4, help="traces per replay batch")
-    if not any(f in parser._option_string_actions for f in ("--out",)):
+    if "--out" not in parser._option_string_actions:  # main's shared parser may have added it
         parser.add_argument("--out", default=None, metavar="DIR",
                             help="output directory of profile.json (default runs/calibrate)")
 

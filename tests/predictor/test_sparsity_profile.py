@@ -87,7 +87,7 @@ def test_profile_refuses_adaptive_budgets_and_a_wrong_layer_count():
     with pytest.raises(ValueError, match="adaptive"):
         SpinConfig(sparsity=0.2, sparsity_profile=(1.0, 1.0), adaptive=AdaptiveConfig())
     cfg = SpinConfig(sparsity=0.4, sparsity_profile=(1.0, 1.0, 1.0))
-    with pytest.raises(ValueError, match="num_layers = 2 entries, got 3"):
+    with pytest.raises(ValueError, match=r"^config: expected a sparsity_profile of num_layers = 2 entries .*got 3$"):
         SpinIndexer(cfg, num_layers=2, max_batch=1, max_blocks=4)
 
 

@@ -113,9 +113,7 @@ class SpinIndexer:
         check_int("max_batch", max_batch, low=1)
         check_int("max_blocks", max_blocks, low=1)
         check_int("next_n", next_n, low=1, high=8)
-        if config.sparsity_profile and len(config.sparsity_profile) != num_layers:
-            raise ValueError(f"config: expected a sparsity_profile of num_layers = {num_layers} entries, got "
-                             f"{len(config.sparsity_profile)}")
+        config.check_profile_layers(num_layers)
         if max_requests is not None:
             check_int("max_requests", max_requests, low=1)
         if num_cache_blocks is not None:

@@ -33,10 +33,8 @@ def build_state(settings: SpinVllmSettings, topk: int, num_layers: int, max_batc
     from ..indexer import SpinIndexer
     width = max(width, -(-max_model_len // tokens))
     config = settings.spin_config(topk, tokens_per_block=tokens)
-    if config.sparsity_profile and len(config.sparsity_profile) != num_layers:
-        raise ValueError(f"SpinVllmSettings.sparsity_profile: expected a profile of the model's {num_layers} indexer "
-                         f"layers (calibrated on this model's traces), got {len(config.sparsity_profile)} entries "
-                         f"in {settings.sparsity_profile}")
+    # before SpinIndexer's own check, to name the vLLM setting and the file
+    config.check_profile_layers(num_layers, f"SpinVllmSettings.sparsity_profile ({settings.sparsity_profile})")
     num_slots = 2 * max_batch  # room for requests that skip a step; slot num_slots is the trash
     indexer = SpinIndexer(config, num_layers=num_layers, max_batch=max_batch, max_blocks=width, next_n=next_n,
                           device=device, max_requests=num_slots + 1, num_cache_blocks=1)

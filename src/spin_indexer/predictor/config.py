@@ -210,6 +210,13 @@ class SpinConfig:
                              f"{self.sparsity:g} x {profile[worst]:g} (layer {worst})")
         return profile
 
+    def check_profile_layers(self, num_layers: int, source: str = "config") -> None:
+        """A ValueError naming `source` (the argument or setting the profile came from) unless the profile, if
+        any, has one entry per indexer layer: a profile is calibrated on one model's layers."""
+        if self.sparsity_profile and len(self.sparsity_profile) != num_layers:
+            raise ValueError(f"{source}: expected a sparsity_profile of num_layers = {num_layers} entries (one per "
+                             f"indexer layer, calibrated on this model's traces), got {len(self.sparsity_profile)}")
+
     def layer_sparsity(self, layer: int) -> float:
         """The sparsity of `layer`'s budget: sparsity x sparsity_profile[layer], or sparsity without a profile."""
         return self.sparsity * self.sparsity_profile[layer] if self.sparsity_profile else self.sparsity

@@ -167,12 +167,10 @@ def _parse_env(env: str, key: str, raw: str):
         if text.lower() in _TRUE or text.lower() in _FALSE:
             return text.lower() in _TRUE
         raise ValueError(f"{env}: expected one of {', '.join(_TRUE + _FALSE)} (any case), got {raw!r}")
+    number = {"sparsity": float, "gamma": float, "seed": int, "profile_from": int}.get(key)
+    if number is None:
+        return text
     try:
-        if key in ("sparsity", "gamma"):
-            return float(text)
-        if key in ("seed", "profile_from"):
-            return int(text)
+        return number(text)
     except ValueError:
-        want = "an int" if key in ("seed", "profile_from") else "a float"
-        raise ValueError(f"{env}: expected {want}, got {raw!r}") from None
-    return text
+        raise ValueError(f"{env}: expected {'an int' if number is int else 'a float'}, got {raw!r}") from None

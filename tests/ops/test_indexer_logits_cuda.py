@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from conftest import (FP8_MMA_RTOL, T, PagedInputs, assert_logits_close, check_lengths_past_the_table, logits_f64,
-                      make_paged_inputs, padded, run_logits_poisoned)
+                      make_paged_inputs, padded, random_fp8, run_logits_poisoned)
 from spin_indexer.ops import indexer_logits_cuda as C
 
 HEADS, DIM = C.HEADS, C.DIM
@@ -54,6 +55,52 @@ def test_matches_float64(next_n, chunk, gen):
     # a partial last block, a request ending on a block edge, a 1-token request, a long one (many stages)
     inputs = make_paged_inputs((5 * T + 17, 3 * T, 1, 40 * T + 5), next_n, HEADS, DIM, gen, extra_width=3)
     _check(inputs, chunk=chunk)
+
+
+@pytest.mark.parametrize("next_n", [1, 2, 3, 4])
+def test_matches_float64_over_wide_ranges(next_n, gen):
+    """Queries spread over 2^+-6, weights of both signs over 2^+-8, and a row whose every dot product is negative (its
+    logits are 0, the |s| head sum's two halves cancel): the same tolerance."""
+    _gpu_or_skip()
+    inputs = make_paged_inputs((3 * T + 5, 9 * T, 2 * T - 1), next_n, HEADS, DIM, gen, extra_width=1)
+    q = random_fp8(inputs.q_fp8.shape, gen, spread=6.0)
+    # request 0: queries <= 0 and its first block's keys >= 0 (sign bits cleared), so every head's dot product there
+    # is <= 0 and the block's logits are exactly 0
+    q[0] = (-q[0].float().abs()).to(torch.float8_e4m3fn)
+    cache = inputs.kv_cache.clone()
+    pages = cache.view(cache.shape[0], -1)
+    pages[int(inputs.block_table[0, 0]), : T * DIM] &= 0x7F
+    weights = torch.randn(inputs.weights.shape, generator=gen) * torch.exp2(
+        (torch.rand(inputs.weights.shape, generator=gen) * 2 - 1) * 8.0)
+    wide = PagedInputs(q, cache, weights, inputs.seq_lens, inputs.block_table)
+    assert (logits_f64(*wide.args())[0][:next_n, :T] == 0).all()
+    _check(wide, chunk=2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), q_spread=st.floats(0.0, 6.0), w_spread=st.floats(0.0, 8.0))
+def test_weighted_query_terms_keep_4_bits_a_term(seed, q_spread, w_spread):
+    """The |s| head sum's prologue (weighted_query_terms_ref; CPU): 4 e4m3 terms with power-of-two scales rebuild
+    q_w = sum_h w_h q_h to 2^-16 of sum_h |w_h q_h| element by element (measured worst ~2^-19), for queries spread over
+    2^+-6 and weights of both signs over 2^+-8; and through relu(s) = (s + |s|) / 2 the logits they give are the
+    float64 ones to 2^-16 of the tests' magnitude, a quarter of FP8_MMA_RTOL (the MMA's own rounding is the rest)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = 6
+    q = random_fp8((2, 3, HEADS, DIM), gen, spread=q_spread)
+    w = torch.randn(rows, HEADS, generator=gen) * torch.exp2((torch.rand(rows, HEADS, generator=gen) * 2 - 1) * w_spread)
+    e, scale = C.weighted_query_terms_ref(q, w)
+    assert e.shape == (rows, C.ABS_SUM_TERMS, DIM) and e.dtype == torch.float8_e4m3fn
+    assert torch.equal(torch.frexp(scale)[0], torch.full_like(scale, 0.5)), "scales are powers of two"
+    qd, wd = q.double().reshape(rows, HEADS, DIM), w.double()
+    exact = torch.einsum("rh,rhd->rd", wd, qd)
+    rebuilt = (e.double() * scale.double()[:, :, None]).sum(dim=1)
+    assert ((rebuilt - exact).abs() <= 2.0**-16 * torch.einsum("rh,rhd->rd", wd.abs(), qd.abs())).all()
+    keys = random_fp8((40, DIM), gen, spread=2.0).double()
+    dots = torch.einsum("rhd,td->rth", qd, keys)  # [rows, tokens, heads]
+    want = (torch.relu(dots) * wd[:, None, :]).sum(-1)
+    got = 0.5 * (dots.abs() * wd[:, None, :]).sum(-1) + 0.5 * rebuilt @ keys.T
+    magnitude = torch.einsum("rhd,td->rth", qd.abs(), keys.abs()).mul(wd.abs()[:, None, :]).sum(-1)
+    assert ((got - want).abs() <= 2.0**-16 * magnitude).all()
 
 
 def test_one_block_and_empty_batch(gen):

@@ -36,6 +36,7 @@ SOURCE = Path(__file__).with_name("csrc") / "paged_logits_sm90.cu"
 NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC")
 HEADS, DIM, TOKENS = 64, 128, 64
 MAX_CHUNK = 256  # blocks a CTA (the kernel stages their ids in shared memory)
+ABS_SUM_TERMS = 4  # the kernel's TERMS: FP8 terms of each row's weighted query (see weighted_query_terms_ref)
 ERRORS = {-1: "no cuTensorMapEncodeTiled in the driver", -2: "a TMA tensor map was rejected",
           -3: "the shared-memory attribute was refused", -4: "the launch failed", -5: "bad arguments",
           -6: "the inputs' device could not be made current"}
@@ -88,6 +89,28 @@ def load_library(defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     fn.argtypes = [i32, ptr, ptr, i64, i64, ptr, ptr, ptr, i32, i32, i32, ptr, i64, ptr, i64, i32, i32, ptr]
     fn.restype = i32
     return lib
+
+
+def weighted_query_terms_ref(q_fp8: torch.Tensor, weights: torch.Tensor,
+                             terms: int = ABS_SUM_TERMS) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's head sum through |s| (csrc: AbsSum), its prologue in torch: relu(s) = (s + |s|) / 2 turns
+    sum_h w_h relu(q_h . k) into 1/2 sum_h w_h |q_h . k| + 1/2 q_w . k with q_w = sum_h w_h q_h, which the MMA scores
+    as `terms` e4m3 terms beside the heads. Each term rounds the residual over a power-of-two scale that puts its
+    largest element at [128, 256), so it keeps 4 significant bits of each element: q_w - sum_t scale_t e_t is ~2^-16
+    of q_w after 4 terms (tests/ops/test_indexer_logits_cuda.py checks the bound and the identity on the CPU).
+    q_fp8: float8_e4m3fn [B, next_n, 64, 128]; weights: float32 [B*next_n, 64].
+    returns (e float8_e4m3fn [B*next_n, terms, 128], scale float32 [B*next_n, terms])."""
+    rows = q_fp8.shape[0] * q_fp8.shape[1]
+    residual = torch.einsum("rh,rhd->rd", weights.float(), q_fp8.reshape(rows, HEADS, DIM).float())
+    out_e, out_scale = [], []
+    for _ in range(terms):
+        _, exponent = torch.frexp(residual.abs().amax(dim=1))  # max = f 2^exponent, f in [0.5, 1) (0 for 0)
+        scale = torch.ldexp(torch.ones(rows), exponent.clamp_min(-100) - 8)
+        e = (residual / scale[:, None]).to(torch.float8_e4m3fn)  # nearest; below 256, nothing saturates
+        residual = residual - e.float() * scale[:, None]  # exact: e * scale is within one rounding of it
+        out_e.append(e)
+        out_scale.append(scale)
+    return torch.stack(out_e, dim=1), torch.stack(out_scale, dim=1)
 
 
 def step_uses(next_n: int) -> bool:

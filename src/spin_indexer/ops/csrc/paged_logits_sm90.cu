@@ -28,6 +28,7 @@
 // hold, for n8 tile i, D[r0][8i + 2c + {0, 1}] and D[r0 + 8][...] with r0 = 16 * warp + lane / 4, c = lane % 4:
 // a row's 64 heads are 8 tiles, so a thread sums 16 of them and a quad (4 lanes) the 64.
 #include <cuda.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -85,6 +86,9 @@
 #ifndef SPIN_LOGITS_UNIFORM_WG
 #define SPIN_LOGITS_UNIFORM_WG 1
 #endif
+#ifndef SPIN_LOGITS_ABS_SUM  // the head sum through |s| (1, see AbsSum below) or through ReLU (0: the build of run 124)
+#define SPIN_LOGITS_ABS_SUM 1
+#endif
 
 namespace {
 
@@ -93,6 +97,19 @@ constexpr int D = 128;            // key bytes a token
 constexpr int H = 64;             // heads
 constexpr int KEY_BYTES = T * D;  // 8192: a stage's key tile (1024-aligned, as the 128-byte swizzle needs)
 constexpr int SCALE_BYTES = T * 4;
+
+// AbsSum: the head sum with one instruction a score instead of two. relu(s) = (s + |s|) / 2, so
+//     sum_h w_h relu(s_h) = 1/2 sum_h w_h |s_h| + 1/2 (sum_h w_h q_h) . k:
+// the first sum is one FFMA a score (ptxas folds the |.| into the FFMA's operand; ReLU then weight took FMNMX +
+// FFMA), and the second is one more dot product with the row's weighted query q_w = sum_h w_h q_h, which the MMA
+// computes beside the heads: q_w (fp32, in the prologue) is written as TERMS FP8 terms, q_w ~ sum_t sigma_t e_t
+// with sigma_t a power of two (e_t = the e4m3 rounding of the residual / sigma_t, the residual's max at [128, 256)),
+// so each term keeps 4 significant bits of what the previous ones left: 4 terms leave ~2^-16 of |q_w|, element by
+// element. Error (terms of `magnitude` = scale * sum_h |w_h| |q_h| . |k|, as the tests bound it): the MMA's
+// accumulator (~2^-14 of each dot product's |terms|) reaches both halves once, each halved: about 2^-14 of the
+// magnitude as before, plus 2^-17 for the terms, inside FP8_MMA_RTOL = 2^-13. The cost: 8 more MMA columns a pair of
+// rows (N = 72 / 136 / 208 at 1 / 2 / 3 rows: 6-12% more tensor-core work) and a short prologue a CTA.
+constexpr int TERMS = 4;
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -188,13 +205,21 @@ __device__ __forceinline__ constexpr int as_int(V v) {
                      : __VA_ARGS__ \
                      : "l"(desc_a), "l"(desc_b), "r"(accumulate)); \
     }
+// the |s| head sum's query tiles (AbsSum): 8 more columns a pair of rows
+#define SPIN_ACC4(o) "+f"(d[o + 0]), "+f"(d[o + 1]), "+f"(d[o + 2]), "+f"(d[o + 3])
 SPIN_WGMMA(64, SPIN_REGS_0, 32, 33, 34, SPIN_ACC32(0))
+SPIN_WGMMA(72, SPIN_REGS_0 ", %32, %33, %34, %35", 36, 37, 38, SPIN_ACC32(0), SPIN_ACC4(32))
 SPIN_WGMMA(128, SPIN_REGS_0 SPIN_REGS_1, 64, 65, 66, SPIN_ACC32(0), SPIN_ACC32(32))
+SPIN_WGMMA(136, SPIN_REGS_0 SPIN_REGS_1 ", %64, %65, %66, %67", 68, 69, 70, SPIN_ACC32(0), SPIN_ACC32(32),
+           SPIN_ACC4(64))
 SPIN_WGMMA(192, SPIN_REGS_0 SPIN_REGS_1 SPIN_REGS_2, 96, 97, 98, SPIN_ACC32(0), SPIN_ACC32(32), SPIN_ACC32(64))
+SPIN_WGMMA(208, SPIN_REGS_0 SPIN_REGS_1 SPIN_REGS_2 ", %96, %97, %98, %99, %100, %101, %102, %103", 104, 105, 106,
+           SPIN_ACC32(0), SPIN_ACC32(32), SPIN_ACC32(64), SPIN_ACC4(96), SPIN_ACC4(100))
 SPIN_WGMMA(256, SPIN_REGS_0 SPIN_REGS_1 SPIN_REGS_2 SPIN_REGS_3, 128, 129, 130, SPIN_ACC32(0), SPIN_ACC32(32),
            SPIN_ACC32(64), SPIN_ACC32(96))
 #undef SPIN_WGMMA
 #undef SPIN_ACC32
+#undef SPIN_ACC4
 #undef SPIN_REGS_0
 #undef SPIN_REGS_1
 #undef SPIN_REGS_2
@@ -202,9 +227,13 @@ SPIN_WGMMA(256, SPIN_REGS_0 SPIN_REGS_1 SPIN_REGS_2 SPIN_REGS_3, 128, 129, 130, 
 
 template <int N>
 __device__ __forceinline__ void mma_k32(float* d, uint64_t desc_a, uint64_t desc_b, int accumulate) {
+    static_assert(N == 64 || N == 72 || N == 128 || N == 136 || N == 192 || N == 208 || N == 256, "an MMA width");
     if constexpr (N == 64) wgmma_m64n64k32(d, desc_a, desc_b, accumulate);
+    else if constexpr (N == 72) wgmma_m64n72k32(d, desc_a, desc_b, accumulate);
     else if constexpr (N == 128) wgmma_m64n128k32(d, desc_a, desc_b, accumulate);
+    else if constexpr (N == 136) wgmma_m64n136k32(d, desc_a, desc_b, accumulate);
     else if constexpr (N == 192) wgmma_m64n192k32(d, desc_a, desc_b, accumulate);
+    else if constexpr (N == 208) wgmma_m64n208k32(d, desc_a, desc_b, accumulate);
     else wgmma_m64n256k32(d, desc_a, desc_b, accumulate);
 }
 
@@ -229,7 +258,6 @@ constexpr int MAX_CHUNK = 256;  // blocks a CTA at most (their ids staged in sha
 // at most 128 / 64 blocks): measured slower (run 109: 538 against 490 us at 96 x 128K next_n = 2).
 template <int NEXT_N>
 struct Shape {
-    static constexpr int N = NEXT_N * H;
     static constexpr int CTAS = SPIN_LOGITS_CTAS_PER_SM;
     static_assert(CTAS == 1 || CTAS == 2, "one or two CTAs an SM");
     static constexpr int RG = NEXT_N == 3 ? SPIN_LOGITS_ROW_GROUPS_N3 : NEXT_N == 4 ? SPIN_LOGITS_ROW_GROUPS_N4 : 0;
@@ -237,6 +265,13 @@ struct Shape {
     static_assert(G >= 1 && G <= NEXT_N, "1 to next_n row groups");
     static constexpr int ROWS = (NEXT_N + G - 1) / G;  // rows of each row group (the last one: what is left)
     static_assert((G - 1) * ROWS < NEXT_N, "every row group has rows");
+    // The |s| head sum (see AbsSum): a row group's query tile in shared memory is its rows' heads, then
+    // XT = ceil(rows / 2) tiles of 8 columns holding each row's weighted query as TERMS FP8 terms (4 columns a row)
+    static constexpr bool ABS = SPIN_LOGITS_ABS_SUM != 0;
+    static constexpr int XT = ABS ? (ROWS + 1) / 2 : 0;
+    static constexpr int QG = ROWS * H + 8 * XT;  // query rows of a row group (a multiple of 8: 1024-byte aligned)
+    static constexpr int QROWS = G * QG;
+    static_assert(ROWS * H + 8 * XT <= 256, "an MMA is at most 256 columns (next_n = 4 needs two row groups)");
     static constexpr int MW = NEXT_N == 3 ? SPIN_LOGITS_MATH_WG_N3 : NEXT_N == 4 ? SPIN_LOGITS_MATH_WG_N4
                                                                                  : SPIN_LOGITS_MATH_WG;
     static constexpr int MATH_WG = (MW > 0 ? MW : (G == 3 ? 3 : NEXT_N <= 2 || G >= 2 ? 4 : 2)) / CTAS;
@@ -250,7 +285,9 @@ struct Shape {
     static constexpr int STAGES = SPW * BP;
     static constexpr int smem_at(int chunk) {
         return 1024                                  // slack to align the tiles to 1024 bytes
-               + N * D                               // q [N, 128]
+               + QROWS * D                           // q [QROWS, 128]
+               + NEXT_N * TERMS * 4                  // the terms' scales (AbsSum)
+               + MATH_WG * 4 * 4                     // the terms' per-warp maxima
                + STAGES * (KEY_BYTES + SCALE_BYTES)  // key tiles and their scales
                + chunk * NEXT_N * 32 * 4             // block-max partials [block][row][warp, quad]
                + chunk * 4                           // the chunk's block ids
@@ -288,13 +325,87 @@ __device__ __forceinline__ void quad_reduce_scatter(float (&v)[VP], int c) {
     else v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);  // next_n = 1: one value left, summed over both lanes
 }
 
+__device__ __forceinline__ float e4m3_to_float(uint8_t byte) {
+    __nv_fp8_e4m3 v;
+    v.__x = byte;
+    return float(v);
+}
+
+// AbsSum's prologue, by every thread of the CTA: each row's weighted query q_w[d] = sum_h w[r, h] q[r, h, d] (fp32,
+// heads in order; warpgroup mw takes rows mw, mw + MATH_WG, ..., thread tid dimension tid) as TERMS e4m3 terms in
+// its row group's extra query tile (columns 4 (r % 2) + t of tile (r % ROWS) / 2 after the group's heads), their
+// halved scales in sigma_s[r][t]; returns once every thread can read them (the MMA's operands: stores of the generic
+// proxy, fenced for the async one). Waits for q_bar on the way: the TMA's boxes may cover the extra tiles.
+template <int NEXT_N>
+__device__ __forceinline__ void weighted_query_terms(const uint8_t* __restrict__ q_bytes,
+                                                     const float* __restrict__ weights, int b, uint8_t* q_s,
+                                                     float* sigma_s, float* wmax_s, uint64_t* q_bar, int mw, int tid) {
+    using S = Shape<NEXT_N>;
+    constexpr int PASSES = (NEXT_N + S::MATH_WG - 1) / S::MATH_WG;
+    float qw[PASSES];
+#pragma unroll
+    for (int p = 0; p < PASSES; ++p) {
+        const int r = p * S::MATH_WG + mw;
+        qw[p] = 0.f;
+        if (r < NEXT_N) {
+            const uint8_t* qr = q_bytes + (int64_t(b) * NEXT_N + r) * H * D + tid;
+            const float* wr = weights + (int64_t(b) * NEXT_N + r) * H;
+#pragma unroll 16
+            for (int h = 0; h < H; ++h) qw[p] = fmaf(wr[h], e4m3_to_float(qr[h * D]), qw[p]);
+        }
+    }
+    mbar_wait(q_bar, 0);
+    // the extra tiles zeroed first: a column no row uses must read 0 (bytes of NaN there would give NaN * 0 = NaN)
+#pragma unroll
+    for (int g = 0; g < S::G; ++g) {
+        const int rows = min(S::ROWS, NEXT_N - g * S::ROWS);
+        uint4* x = reinterpret_cast<uint4*>(q_s + (g * S::QG + rows * H) * D);
+        for (int i = threadIdx.x; i < (rows + 1) / 2 * 8 * D / 16; i += S::THREADS) x[i] = make_uint4(0, 0, 0, 0);
+    }
+    __syncthreads();
+    const int warp = tid / 32, lane = tid % 32;
+#pragma unroll
+    for (int p = 0; p < PASSES; ++p) {
+        const int r = p * S::MATH_WG + mw;  // the same in the whole warpgroup
+        if (r >= NEXT_N) break;
+        const int g = r / S::ROWS, j = r % S::ROWS;
+        const int row = g * S::QG + min(S::ROWS, NEXT_N - g * S::ROWS) * H + (j / 2) * 8 + (j % 2) * TERMS;
+        float res = qw[p];
+#pragma unroll
+        for (int t = 0; t < TERMS; ++t) {
+            float m = fabsf(res);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            if (lane == 0) wmax_s[mw * 4 + warp] = m;
+            asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");
+            m = fmaxf(fmaxf(wmax_s[mw * 4], wmax_s[mw * 4 + 1]), fmaxf(wmax_s[mw * 4 + 2], wmax_s[mw * 4 + 3]));
+            asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");  // read before the next term's maxima
+            // sigma = 2^(e - 8) puts the residual's max at [128, 256) (e4m3's largest is 448): the rounding keeps 4
+            // significant bits of every element, and residual - e sigma is exact in fp32 (e sigma is within one
+            // rounding of it); e clamped so that 1 / sigma stays finite for residuals below 2^-100
+            int e;
+            frexpf(m, &e);
+            e = max(e, -100);
+            const float inv = ldexpf(1.f, 8 - e), sigma = ldexpf(1.f, e - 8);
+            const uint8_t byte = __nv_cvt_float_to_fp8(res * inv, __NV_SATFINITE, __NV_E4M3);
+            res -= e4m3_to_float(byte) * sigma;
+            const int rt = row + t;  // the term's row of the tile, in the 128-byte swizzle the TMA writes
+            q_s[rt * D + ((((tid >> 4) ^ (rt & 7)) << 4) | (tid & 15))] = byte;
+            if (tid == 0) sigma_s[r * TERMS + t] = 0.5f * sigma;
+        }
+    }
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+}
+
 // grid (B, ceil(W / chunk)), Shape::THREADS threads: the math warpgroups compute the chunk's blocks in turn,
 // one thread of each block set issuing its copies. Block ids outside [0, num_cache_blocks) read block 0 (never
 // outside the cache).
 template <int NEXT_N, bool MAXIMA>
 __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) paged_logits_kernel(
         const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap q_map,
-        const uint8_t* __restrict__ cache, const float* __restrict__ weights, const int* __restrict__ seq_lens,
+        const uint8_t* __restrict__ q_bytes, const uint8_t* __restrict__ cache, const float* __restrict__ weights,
+        const int* __restrict__ seq_lens,
         const int* __restrict__ block_table, float* __restrict__ out, float* __restrict__ block_max,
         int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int width, int num_cache_blocks,
         int rows_per_page, int64_t page_bytes) {
@@ -304,11 +415,13 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     // from the array itself keep the shared state space, so the compiler emits LDS / STS, not generic accesses
     extern __shared__ __align__(1024) uint8_t smem[];
     uint8_t* q_s = smem + ((1024 - (smem_addr(smem) & 1023)) & 1023);
-    uint8_t* keys_s = q_s + S::N * D;
+    uint8_t* keys_s = q_s + S::QROWS * D;
     float* scales_s = reinterpret_cast<float*>(keys_s + STAGES * KEY_BYTES);
     float* pmax_s = scales_s + STAGES * T;
     int* ids_s = reinterpret_cast<int*>(pmax_s + S::PMAX_FLOATS);
-    uint64_t* full = reinterpret_cast<uint64_t*>(ids_s + S::CHUNK_MAX);
+    float* sigma_s = reinterpret_cast<float*>(ids_s + S::CHUNK_MAX);  // [NEXT_N][TERMS] halved term scales
+    float* wmax_s = sigma_s + NEXT_N * TERMS;                         // [MATH_WG][4] per-warp maxima
+    uint64_t* full = reinterpret_cast<uint64_t*>(wmax_s + S::MATH_WG * 4);
     uint64_t* empty = full + STAGES;
     uint64_t* q_bar = empty + STAGES;
 
@@ -352,9 +465,10 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         tma_load_2d(keys_s + s * KEY_BYTES, &key_map, 0, phys * rows_per_page, &full[s]);
         bulk_load(scales_s + s * T, cache + int64_t(phys) * page_bytes + KEY_BYTES, SCALE_BYTES, &full[s]);
     };
-    if (threadIdx.x == 0) {
-        mbar_expect_tx(q_bar, S::N * D);
-        tma_load_2d(q_s, &q_map, 0, b * S::N, q_bar);
+    if (threadIdx.x == 0) {  // each row group's rows of q at the start of its query tile (boxes of ROWS x 64 rows)
+        mbar_expect_tx(q_bar, G * S::ROWS * H * D);
+#pragma unroll
+        for (int g = 0; g < G; ++g) tma_load_2d(q_s + g * S::QG * D, &q_map, 0, (b * NEXT_N + g * S::ROWS) * H, q_bar);
     }
     // the thread that refills this set's stages: in row group 0, in warp mw % 4, so the sets' copies are issued
     // from different SMSPs (warp w runs on SMSP w % 4)
@@ -364,7 +478,8 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         for (int r = 0; r < SPW && set + r * BP < nblk; ++r) load(set + r * BP, set + r * BP);
     const int warp = tid / 32, lane = tid % 32;
     const int r0 = 16 * warp + lane / 4, c = lane % 4;  // this thread's tokens r0 and r0 + 8; its column pair
-    mbar_wait(q_bar, 0);
+    if constexpr (S::ABS) weighted_query_terms<NEXT_N>(q_bytes, weights, b, q_s, sigma_s, wmax_s, q_bar, mw, tid);
+    else mbar_wait(q_bar, 0);
 
     // The work of one warpgroup of row group GI: rows [ROW0, ROW0 + NR) of its set's blocks. Compiled once per
     // warpgroup (PER_WG: MW a constant, so every stage index, barrier, descriptor and scale address in the loop is
@@ -376,7 +491,8 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     constexpr int GI = decltype(group_constant)::value;
     constexpr int ROW0 = GI * S::ROWS;                                      // first row
     constexpr int NR = NEXT_N - ROW0 < S::ROWS ? NEXT_N - ROW0 : S::ROWS;  // rows
-    constexpr int NG = NR * H;                                   // MMA columns
+    constexpr int XT = S::ABS ? (NR + 1) / 2 : 0;                // AbsSum's term tiles
+    constexpr int NG = NR * H + 8 * XT;                          // MMA columns
     constexpr int R = NG / 2;                                    // accumulators a thread
     constexpr int VP = 2 * NR <= 2 ? 2 : (2 * NR <= 4 ? 4 : 8);  // values a quad reduces (see quad_reduce_scatter)
     constexpr int KEPT = VP >= 8 ? 2 : 1;                        // values a lane keeps
@@ -389,7 +505,15 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
 #pragma unroll
         for (int k = 0; k < 8; ++k)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) wr[j][k][e] = wrow[j * H + 8 * k + 2 * c + e];
+            for (int e = 0; e < 2; ++e) wr[j][k][e] = (S::ABS ? 0.5f : 1.f) * wrow[j * H + 8 * k + 2 * c + e];
+    // AbsSum: the halved scales of the terms in this lane's columns of row j's term tile (tile j / 2: row j's terms
+    // in columns 4 (j % 2) .. + 3; lane c holds columns 2c, 2c + 1), 0 where they are the other row's
+    float ts[NR][2];
+#pragma unroll
+    for (int j = 0; j < NR; ++j)
+#pragma unroll
+        for (int u = 0; u < 2; ++u)
+            ts[j][u] = S::ABS && (c >> 1) == (j & 1) ? sigma_s[(ROW0 + j) * TERMS + 2 * (c & 1) + u] : 0.f;
     // What this lane stores after the quad's reduce-scatter: value u of KEPT is row ROW0 + `row`, token half h[u];
     // the stores and the masks are set up once, a block only adds i * T
     const int row = VP >= 8 ? c : (VP == 4 ? c / 2 : 0);
@@ -441,7 +565,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         if constexpr (VP == 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         if (pmax_writer) pmax_s[(d.i * NEXT_N + ROW0 + row) * 32 + warp * 8 + lane / 4] = m;
     };
-    const uint64_t q_desc = smem_desc(q_s + ROW0 * H * D), k_desc_set = smem_desc(keys_s + SET * KEY_BYTES);
+    const uint64_t q_desc = smem_desc(q_s + GI * S::QG * D), k_desc_set = smem_desc(keys_s + SET * KEY_BYTES);
     Pending pending;
     pending.i = -1;  // none yet
     for (int i0 = SET, phase = 0; i0 < nblk; i0 += SPW * BP, phase ^= 1) {
@@ -487,11 +611,22 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
                     pending.v[2 * j + 1] = acc[32 * j + 2];
                 } else {
                     float p[4] = {0.f, 0.f, 0.f, 0.f};
+                    if constexpr (S::ABS) {  // 1/2 q_w . k from the term tile, then 1/2 sum_h w_h |s_h|
+                        const int X = 4 * (8 * NR + j / 2);  // a constant once unrolled
 #pragma unroll
-                    for (int k = 0; k < 8; ++k)
+                        for (int e = 0; e < 4; ++e) p[e] = ts[j][e & 1] * acc[X + e];
 #pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            p[e] = fmaf(fmaxf(acc[4 * (8 * j + k) + e], 0.f), wr[j][k][e & 1], p[e]);
+                        for (int k = 0; k < 8; ++k)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e)
+                                p[e] = fmaf(fabsf(acc[4 * (8 * j + k) + e]), wr[j][k][e & 1], p[e]);
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < 8; ++k)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e)
+                                p[e] = fmaf(fmaxf(acc[4 * (8 * j + k) + e], 0.f), wr[j][k][e & 1], p[e]);
+                    }
                     pending.v[2 * j] = p[0] + p[1];
                     pending.v[2 * j + 1] = p[2] + p[3];
                 }
@@ -587,7 +722,8 @@ int make_map(CUtensorMap* map, void* base, uint64_t rows, uint32_t box_rows) {
 }
 
 template <int NEXT_N, bool MAXIMA>
-int launch_kernel(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* cache, const float* weights,
+int launch_kernel(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* q, const uint8_t* cache,
+                  const float* weights,
                   const int* seq_lens, const int* block_table, float* out, float* block_max, int batch, int width,
                   int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
                   int rows_per_page, int64_t page_bytes, int device, cudaStream_t stream) {
@@ -602,19 +738,22 @@ int launch_kernel(const CUtensorMap& key_map, const CUtensorMap& q_map, const ui
     }
     dim3 grid(batch, (width + chunk - 1) / chunk);
     paged_logits_kernel<NEXT_N, MAXIMA><<<grid, Shape<NEXT_N>::THREADS, smem, stream>>>(
-        key_map, q_map, cache, weights, seq_lens, block_table, out, block_max, stride_table, out_stride, bmax_stride,
-        chunk, width, num_cache_blocks, rows_per_page, page_bytes);
+        key_map, q_map, q, cache, weights, seq_lens, block_table, out, block_max, stride_table, out_stride,
+        bmax_stride, chunk, width, num_cache_blocks, rows_per_page, page_bytes);
     return cudaGetLastError() == cudaSuccess ? 0 : -4;
 }
 
 template <int NEXT_N>
-int launch(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* cache, const float* weights,
+int launch(const CUtensorMap& key_map, void* q, const uint8_t* cache, const float* weights,
            const int* seq_lens, const int* block_table, float* out, float* block_max, int batch, int width,
            int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
            int rows_per_page, int64_t page_bytes, int device, cudaStream_t stream) {
+    CUtensorMap q_map;  // boxes of one row group's rows (Shape::ROWS x 64 rows of 128 bytes)
+    if (int rc = make_map(&q_map, q, uint64_t(batch) * NEXT_N * H, uint32_t(Shape<NEXT_N>::ROWS * H))) return rc;
+    const uint8_t* q_bytes = static_cast<const uint8_t*>(q);
     const auto go = [&](auto kernel_launch) {
-        return kernel_launch(key_map, q_map, cache, weights, seq_lens, block_table, out, block_max, batch, width,
-                             stride_table, out_stride, bmax_stride, chunk, num_cache_blocks, rows_per_page,
+        return kernel_launch(key_map, q_map, q_bytes, cache, weights, seq_lens, block_table, out, block_max, batch,
+                             width, stride_table, out_stride, bmax_stride, chunk, num_cache_blocks, rows_per_page,
                              page_bytes, device, stream);
     };
     return block_max != nullptr ? go(launch_kernel<NEXT_N, true>) : go(launch_kernel<NEXT_N, false>);
@@ -641,22 +780,21 @@ extern "C" int spin_paged_logits_sm90(int next_n, void* q, void* cache, int64_t 
     if ((cudaGetDevice(&current) != cudaSuccess || current != device) && cudaSetDevice(device) != cudaSuccess)
         return -6;
     const int rows_per_page = int(page_bytes / D);
-    CUtensorMap key_map, q_map;
+    CUtensorMap key_map;
     if (int rc = make_map(&key_map, cache, uint64_t(num_cache_blocks) * rows_per_page, T)) return rc;
-    if (int rc = make_map(&q_map, q, uint64_t(batch) * next_n * H, uint32_t(next_n * H))) return rc;
     const uint8_t* c = static_cast<const uint8_t*>(cache);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     switch (next_n) {
-        case 1: return launch<1>(key_map, q_map, c, weights, seq_lens, block_table, out, block_max, batch, width,
+        case 1: return launch<1>(key_map, q, c, weights, seq_lens, block_table, out, block_max, batch, width,
                                  stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
                                  page_bytes, device, s);
-        case 2: return launch<2>(key_map, q_map, c, weights, seq_lens, block_table, out, block_max, batch, width,
+        case 2: return launch<2>(key_map, q, c, weights, seq_lens, block_table, out, block_max, batch, width,
                                  stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
                                  page_bytes, device, s);
-        case 3: return launch<3>(key_map, q_map, c, weights, seq_lens, block_table, out, block_max, batch, width,
+        case 3: return launch<3>(key_map, q, c, weights, seq_lens, block_table, out, block_max, batch, width,
                                  stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
                                  page_bytes, device, s);
-        default: return launch<4>(key_map, q_map, c, weights, seq_lens, block_table, out, block_max, batch, width,
+        default: return launch<4>(key_map, q, c, weights, seq_lens, block_table, out, block_max, batch, width,
                                   stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
                                   page_bytes, device, s);
     }

@@ -287,7 +287,7 @@ struct Shape {
         return 1024                                  // slack to align the tiles to 1024 bytes
                + QROWS * D                           // q [QROWS, 128]
                + NEXT_N * TERMS * 4                  // the terms' scales (AbsSum)
-               + MATH_WG * 4 * 4                     // the terms' per-warp maxima
+               + NEXT_N * H * 4                      // the rows' weights (AbsSum's prologue)
                + STAGES * (KEY_BYTES + SCALE_BYTES)  // key tiles and their scales
                + chunk * NEXT_N * 32 * 4             // block-max partials [block][row][warp, quad]
                + chunk * 4                           // the chunk's block ids
@@ -331,55 +331,46 @@ __device__ __forceinline__ float e4m3_to_float(uint8_t byte) {
     return float(v);
 }
 
-// AbsSum's prologue, by every thread of the CTA: each row's weighted query q_w[d] = sum_h w[r, h] q[r, h, d] (fp32,
-// heads in order; warpgroup mw takes rows mw, mw + MATH_WG, ..., thread tid dimension tid) as TERMS e4m3 terms in
-// its row group's extra query tile (columns 4 (r % 2) + t of tile (r % ROWS) / 2 after the group's heads), their
-// halved scales in sigma_s[r][t]; returns once every thread can read them (the MMA's operands: stores of the generic
-// proxy, fenced for the async one). Waits for q_bar on the way: the TMA's boxes may cover the extra tiles.
+// AbsSum's prologue (every thread of the CTA calls it): warp r < next_n turns row r's weighted query q_w[d] =
+// sum_h w[r, h] q[r, h, d] (fp32, heads in order, 4 dimensions a lane, q read from the tile the TMA wrote) into
+// TERMS e4m3 terms in its row group's extra query tile (rows 4 (j % 2) + t of tile j / 2 after the group's heads,
+// j = r's index in the group; the partner's 4 rows zeroed where a group has an odd row count: a column no row uses
+// must read 0, not NaN bytes) and their halved scales into sigma_s[r][t]. Returns once every thread can read them
+// (the MMA's operands: generic-proxy stores, fenced for the async proxy).
 template <int NEXT_N>
-__device__ __forceinline__ void weighted_query_terms(const uint8_t* __restrict__ q_bytes,
-                                                     const float* __restrict__ weights, int b, uint8_t* q_s,
-                                                     float* sigma_s, float* wmax_s, uint64_t* q_bar, int mw, int tid) {
+__device__ __forceinline__ void weighted_query_terms(const float* __restrict__ weights, int b, uint8_t* q_s,
+                                                     float* sigma_s, float* w_s, uint64_t* q_bar) {
     using S = Shape<NEXT_N>;
-    constexpr int PASSES = (NEXT_N + S::MATH_WG - 1) / S::MATH_WG;
-    float qw[PASSES];
-#pragma unroll
-    for (int p = 0; p < PASSES; ++p) {
-        const int r = p * S::MATH_WG + mw;
-        qw[p] = 0.f;
-        if (r < NEXT_N) {
-            const uint8_t* qr = q_bytes + (int64_t(b) * NEXT_N + r) * H * D + tid;
-            const float* wr = weights + (int64_t(b) * NEXT_N + r) * H;
-#pragma unroll 16
-            for (int h = 0; h < H; ++h) qw[p] = fmaf(wr[h], e4m3_to_float(qr[h * D]), qw[p]);
-        }
+    const int r = threadIdx.x / 32, lane = threadIdx.x % 32;  // warp r: row r
+    if (r < NEXT_N) {
+        const float* wrow = weights + (int64_t(b) * NEXT_N + r) * H;
+        w_s[r * H + 2 * lane] = wrow[2 * lane];
+        w_s[r * H + 2 * lane + 1] = wrow[2 * lane + 1];
+        __syncwarp();
     }
     mbar_wait(q_bar, 0);
-    // the extra tiles zeroed first: a column no row uses must read 0 (bytes of NaN there would give NaN * 0 = NaN)
-#pragma unroll
-    for (int g = 0; g < S::G; ++g) {
-        const int rows = min(S::ROWS, NEXT_N - g * S::ROWS);
-        uint4* x = reinterpret_cast<uint4*>(q_s + (g * S::QG + rows * H) * D);
-        for (int i = threadIdx.x; i < (rows + 1) / 2 * 8 * D / 16; i += S::THREADS) x[i] = make_uint4(0, 0, 0, 0);
-    }
-    __syncthreads();
-    const int warp = tid / 32, lane = tid % 32;
-#pragma unroll
-    for (int p = 0; p < PASSES; ++p) {
-        const int r = p * S::MATH_WG + mw;  // the same in the whole warpgroup
-        if (r >= NEXT_N) break;
-        const int g = r / S::ROWS, j = r % S::ROWS;
-        const int row = g * S::QG + min(S::ROWS, NEXT_N - g * S::ROWS) * H + (j / 2) * 8 + (j % 2) * TERMS;
-        float res = qw[p];
+    if (r < NEXT_N) {
+        const int g = r / S::ROWS, j = r % S::ROWS, rows = min(S::ROWS, NEXT_N - g * S::ROWS);
+        // lane: dimensions 4 lane .. + 3, bytes 4 (lane % 4) of 16-byte chunk lane / 4 (swizzled by the row)
+        const auto at = [&](int row) { return row * D + ((((lane >> 2) ^ (row & 7)) << 4) | ((lane & 3) << 2)); };
+        float qw[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 16
+        for (int h = 0; h < H; ++h) {
+            const uint32_t four = *reinterpret_cast<const uint32_t*>(q_s + at(g * S::QG + j * H + h));
+            const float2 lo = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(four & 0xFFFF, __NV_E4M3)));
+            const float2 hi = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(four >> 16, __NV_E4M3)));
+            const float w = w_s[r * H + h];
+            qw[0] = fmaf(w, lo.x, qw[0]);
+            qw[1] = fmaf(w, lo.y, qw[1]);
+            qw[2] = fmaf(w, hi.x, qw[2]);
+            qw[3] = fmaf(w, hi.y, qw[3]);
+        }
+        const int first = g * S::QG + rows * H + (j / 2) * 8 + (j % 2) * TERMS;  // this row's first term row
 #pragma unroll
         for (int t = 0; t < TERMS; ++t) {
-            float m = fabsf(res);
+            float m = fmaxf(fmaxf(fabsf(qw[0]), fabsf(qw[1])), fmaxf(fabsf(qw[2]), fabsf(qw[3])));
 #pragma unroll
             for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-            if (lane == 0) wmax_s[mw * 4 + warp] = m;
-            asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");
-            m = fmaxf(fmaxf(wmax_s[mw * 4], wmax_s[mw * 4 + 1]), fmaxf(wmax_s[mw * 4 + 2], wmax_s[mw * 4 + 3]));
-            asm volatile("bar.sync %0, 128;" ::"r"(1 + mw) : "memory");  // read before the next term's maxima
             // sigma = 2^(e - 8) puts the residual's max at [128, 256) (e4m3's largest is 448): the rounding keeps 4
             // significant bits of every element, and residual - e sigma is exact in fp32 (e sigma is within one
             // rounding of it); e clamped so that 1 / sigma stays finite for residuals below 2^-100
@@ -387,11 +378,16 @@ __device__ __forceinline__ void weighted_query_terms(const uint8_t* __restrict__
             frexpf(m, &e);
             e = max(e, -100);
             const float inv = ldexpf(1.f, 8 - e), sigma = ldexpf(1.f, e - 8);
-            const uint8_t byte = __nv_cvt_float_to_fp8(res * inv, __NV_SATFINITE, __NV_E4M3);
-            res -= e4m3_to_float(byte) * sigma;
-            const int rt = row + t;  // the term's row of the tile, in the 128-byte swizzle the TMA writes
-            q_s[rt * D + ((((tid >> 4) ^ (rt & 7)) << 4) | (tid & 15))] = byte;
-            if (tid == 0) sigma_s[r * TERMS + t] = 0.5f * sigma;
+            uint32_t bytes = 0;
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const uint8_t byte = __nv_cvt_float_to_fp8(qw[u] * inv, __NV_SATFINITE, __NV_E4M3);
+                qw[u] -= e4m3_to_float(byte) * sigma;
+                bytes |= uint32_t(byte) << (8 * u);
+            }
+            *reinterpret_cast<uint32_t*>(q_s + at(first + t)) = bytes;
+            if (j % 2 == 0 && j + 1 == rows) *reinterpret_cast<uint32_t*>(q_s + at(first + TERMS + t)) = 0u;
+            if (lane == 0) sigma_s[r * TERMS + t] = 0.5f * sigma;
         }
     }
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -404,8 +400,7 @@ __device__ __forceinline__ void weighted_query_terms(const uint8_t* __restrict__
 template <int NEXT_N, bool MAXIMA>
 __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) paged_logits_kernel(
         const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap q_map,
-        const uint8_t* __restrict__ q_bytes, const uint8_t* __restrict__ cache, const float* __restrict__ weights,
-        const int* __restrict__ seq_lens,
+        const uint8_t* __restrict__ cache, const float* __restrict__ weights, const int* __restrict__ seq_lens,
         const int* __restrict__ block_table, float* __restrict__ out, float* __restrict__ block_max,
         int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int width, int num_cache_blocks,
         int rows_per_page, int64_t page_bytes) {
@@ -420,8 +415,8 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     float* pmax_s = scales_s + STAGES * T;
     int* ids_s = reinterpret_cast<int*>(pmax_s + S::PMAX_FLOATS);
     float* sigma_s = reinterpret_cast<float*>(ids_s + S::CHUNK_MAX);  // [NEXT_N][TERMS] halved term scales
-    float* wmax_s = sigma_s + NEXT_N * TERMS;                         // [MATH_WG][4] per-warp maxima
-    uint64_t* full = reinterpret_cast<uint64_t*>(wmax_s + S::MATH_WG * 4);
+    float* w_s = sigma_s + NEXT_N * TERMS;                            // [NEXT_N][64] the rows' weights
+    uint64_t* full = reinterpret_cast<uint64_t*>(w_s + NEXT_N * H);
     uint64_t* empty = full + STAGES;
     uint64_t* q_bar = empty + STAGES;
 
@@ -478,7 +473,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         for (int r = 0; r < SPW && set + r * BP < nblk; ++r) load(set + r * BP, set + r * BP);
     const int warp = tid / 32, lane = tid % 32;
     const int r0 = 16 * warp + lane / 4, c = lane % 4;  // this thread's tokens r0 and r0 + 8; its column pair
-    if constexpr (S::ABS) weighted_query_terms<NEXT_N>(q_bytes, weights, b, q_s, sigma_s, wmax_s, q_bar, mw, tid);
+    if constexpr (S::ABS) weighted_query_terms<NEXT_N>(weights, b, q_s, sigma_s, w_s, q_bar);
     else mbar_wait(q_bar, 0);
 
     // The work of one warpgroup of row group GI: rows [ROW0, ROW0 + NR) of its set's blocks. Compiled once per
@@ -722,8 +717,7 @@ int make_map(CUtensorMap* map, void* base, uint64_t rows, uint32_t box_rows) {
 }
 
 template <int NEXT_N, bool MAXIMA>
-int launch_kernel(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* q, const uint8_t* cache,
-                  const float* weights,
+int launch_kernel(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* cache, const float* weights,
                   const int* seq_lens, const int* block_table, float* out, float* block_max, int batch, int width,
                   int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
                   int rows_per_page, int64_t page_bytes, int device, cudaStream_t stream) {
@@ -738,8 +732,8 @@ int launch_kernel(const CUtensorMap& key_map, const CUtensorMap& q_map, const ui
     }
     dim3 grid(batch, (width + chunk - 1) / chunk);
     paged_logits_kernel<NEXT_N, MAXIMA><<<grid, Shape<NEXT_N>::THREADS, smem, stream>>>(
-        key_map, q_map, q, cache, weights, seq_lens, block_table, out, block_max, stride_table, out_stride,
-        bmax_stride, chunk, width, num_cache_blocks, rows_per_page, page_bytes);
+        key_map, q_map, cache, weights, seq_lens, block_table, out, block_max, stride_table, out_stride, bmax_stride,
+        chunk, width, num_cache_blocks, rows_per_page, page_bytes);
     return cudaGetLastError() == cudaSuccess ? 0 : -4;
 }
 
@@ -750,10 +744,9 @@ int launch(const CUtensorMap& key_map, void* q, const uint8_t* cache, const floa
            int rows_per_page, int64_t page_bytes, int device, cudaStream_t stream) {
     CUtensorMap q_map;  // boxes of one row group's rows (Shape::ROWS x 64 rows of 128 bytes)
     if (int rc = make_map(&q_map, q, uint64_t(batch) * NEXT_N * H, uint32_t(Shape<NEXT_N>::ROWS * H))) return rc;
-    const uint8_t* q_bytes = static_cast<const uint8_t*>(q);
     const auto go = [&](auto kernel_launch) {
-        return kernel_launch(key_map, q_map, q_bytes, cache, weights, seq_lens, block_table, out, block_max, batch,
-                             width, stride_table, out_stride, bmax_stride, chunk, num_cache_blocks, rows_per_page,
+        return kernel_launch(key_map, q_map, cache, weights, seq_lens, block_table, out, block_max, batch, width,
+                             stride_table, out_stride, bmax_stride, chunk, num_cache_blocks, rows_per_page,
                              page_bytes, device, stream);
     };
     return block_max != nullptr ? go(launch_kernel<NEXT_N, true>) : go(launch_kernel<NEXT_N, false>);

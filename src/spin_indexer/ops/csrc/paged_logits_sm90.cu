@@ -5,16 +5,17 @@
 // is asynchronous only when it accumulates into itself across iterations), so inside one program the MMA and
 // the epilogue (ReLU, weights, the head sum for next_n rows) run in series, and its automatic warp
 // specialization measured 2.4x slower (benchmarks/NOTES.md, runs 99-100). Here a CTA holds math warpgroups
-// that take key blocks in turn (see Shape: four on whole blocks at next_n <= 2, two at 3, four in two row groups
-// at 4), each block set refilling its own stages (2-4, Shape::SPW): while some wait for their MMA, others run their
+// that take key blocks in turn (see Shape: four on whole blocks at next_n <= 2, four in two row groups at 3 and 4),
+// each block set refilling its own stages (2-4, Shape::SPW): while some wait for their MMA, others run their
 // epilogues. What decides the time: the epilogue's instructions (a block's MMA is 256-512 tensor-core cycles, its
-// epilogue 220-400 instructions of one warp an SMSP, issued one every ~3.5 cycles where that warp is alone: ncu,
-// run 113) and the clock, which at the H200's power limit falls with the instructions issued (run 113). So the
-// epilogue is written for few instructions a block (a reduce-scatter over the quad instead of a butterfly,
-// block-max partials reduced once after the loop, uniform descriptors). H200, paired rounds under sustained load
-// (run 124): next_n = 2 at 1.07-1.09x DeepGEMM writing the logits only, as DeepGEMM does (1.14-1.15x with the
-// block maxima SPIN's step reads), 3 / 4 at 1.80x / 1.43-1.44x the max of the copy and MMA floors (1.58-1.60x at 4
-// with maxima).
+// epilogue 220-400 instructions of one warp an SMSP before the |s| head sum, issued one every ~3.5 cycles where that
+// warp is alone: ncu, run 113) and the clock, which at the H200's power limit falls with the instructions issued (run
+// 113). So the epilogue is written for few instructions a block (one FFMA a score: AbsSum; a reduce-scatter over the
+// quad instead of a butterfly, block-max partials reduced once after the loop, uniform descriptors). H200, paired
+// rounds under sustained load, before AbsSum (run 124): next_n = 2 at 1.07-1.09x DeepGEMM writing the logits only, as
+// DeepGEMM does (1.14-1.15x with the block maxima SPIN's step reads), 3 / 4 at 1.80x / 1.43-1.44x the max of the copy
+// and MMA floors (1.58-1.60x at 4 with maxima). AbsSum (runs 147-148, H100, against the ReLU build in the same rounds):
+// 0.91-0.92x the time at next_n = 4, 0.95x at 3 (with row groups), 0.99-1.00x at 2.
 //
 // Math (as indexer_logits.paged_indexer_logits_ref): logits[b * next_n + j, t] = scale[t] *
 // sum_h w[b * next_n + j, h] * relu(k[t] . q[b, j, h]), -inf where t >= seq_lens[b, j]; block_max[r, blk] = the
@@ -248,8 +249,9 @@ constexpr int MAX_CHUNK = 256;  // blocks a CTA at most (their ids staged in sha
 // thread and the launch's even split of the registers is what they get (65536 / THREADS, rounded down to 8; no
 // setmaxnreg): 512 threads 128 a thread, 256 threads 255. A producer warpgroup left the math ones 112 at next_n
 // <= 2 (runs 104-105), where the loop spilled once unrolled.
-// Default: four warpgroups on whole blocks at next_n 1-2 (up to 2 x 64 accumulators a thread); two at next_n = 3
-// (96 accumulators, 255 registers); four in two row groups at next_n = 4 (rows 0-1 and 2-3, 64 accumulators each).
+// Default: four warpgroups on whole blocks at next_n 1-2 (up to 2 x 64 (+ 4) accumulators a thread); four in two row
+// groups at next_n = 3 (rows 0-1 and 2) and 4 (rows 0-1 and 2-3), 64 (+ 4) accumulators each (the ReLU build,
+// SPIN_LOGITS_ABS_SUM=0: two warpgroups on whole blocks at next_n = 3, 96 accumulators, 255 registers).
 // With two warpgroups on whole blocks one warp an SMSP runs a block's epilogue while the other's MMA runs, and it
 // issues an instruction only every ~3.5 cycles (ncu, run 113), so the tensor core idles half the time; row
 // groups put four warps on each SMSP: 0.80x the time at next_n = 4, 0.99-1.05x at 3 (paired rounds, runs 115-116);
@@ -598,7 +600,8 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
                 mbar_wait(&empty[s], phase);
                 load(i + STAGES, s);
             }
-            // ReLU, weights and this thread's part of each head sum: four independent FMA chains a row
+            // ReLU (or |s| and the terms, AbsSum), weights and this thread's part of each head sum: four independent FMA
+            // chains a row
 #pragma unroll
             for (int j = 0; j < VP / 2; ++j) {
                 if (j >= NR) {

@@ -14,8 +14,8 @@ on half its rows, or one on all; rg1-nopipe = the next_n = 4 build before run 11
 three row groups of one row, 3 or 6 warpgroups), rg4 (next_n = 4 in four row groups of one row), noroll
 (SPIN_LOGITS_UNROLL=0: the loop not unrolled by stages), perwg / noperwg (SPIN_LOGITS_PER_WG=1 / 0: the loop
 compiled per warpgroup or once), compact (noroll + noperwg), nouni (SPIN_LOGITS_UNIFORM_WG=0), s2 / s3 / s4
-(SPIN_LOGITS_STAGES_PER_WG: key blocks in flight a block set at every next_n), relu (SPIN_LOGITS_ABS_SUM=0: the
-head sum as ReLU then weight, the build before the |s| one), each at the launcher's chunk and at
+(SPIN_LOGITS_STAGES_PER_WG: key blocks in flight a block set at every next_n), abs (SPIN_LOGITS_ABS_SUM=1: the head
+sum through |s|, one FFMA a score, with row groups at next_n = 3; runs 147-149), each at the launcher's chunk and at
 128 and 256 blocks a CTA; --nomax times every build without block_max_out (its logits-only kernel). Per point
 (B x L x next_n, H = 64, D = 128), CUDA graphs, every build and chunk timed in the same paired rounds (one replay
 of each in turn); us = the median, vs_cuda = the median of per-round ratios to the production build at its default
@@ -53,7 +53,7 @@ VARIANTS = {"cuda": (), "3wg": ("SPIN_LOGITS_MATH_WG=3",), "pipe": ("SPIN_LOGITS
             "noperwg": ("SPIN_LOGITS_PER_WG=0",), "compact": ("SPIN_LOGITS_UNROLL=0", "SPIN_LOGITS_PER_WG=0"),
             "nouni": ("SPIN_LOGITS_UNIFORM_WG=0",), "s4": ("SPIN_LOGITS_STAGES_PER_WG=4",),
             "s2": ("SPIN_LOGITS_STAGES_PER_WG=2",), "s3": ("SPIN_LOGITS_STAGES_PER_WG=3",),
-            "relu": ("SPIN_LOGITS_ABS_SUM=0",)}
+            "abs": ("SPIN_LOGITS_ABS_SUM=1",)}
 # the builds that compute the logits: all but the probes (SPIN_LOGITS_PROBE leaves a stage out)
 CHECKED = tuple(name for name, defines in VARIANTS.items()
                 if not any(d.startswith("SPIN_LOGITS_PROBE=") for d in defines))

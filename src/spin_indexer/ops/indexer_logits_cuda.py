@@ -3,9 +3,10 @@ in turn, each refilling its own TMA stages, so that one block's MMA runs beside 
 Triton kernel cannot do (issue #17). The logits op's "cuda" backend at next_n 2-4 where DeepGEMM does not serve
 (`step_uses`, ops.logits_backend). Measured (H200, run 124, 96 x 128K, paired rounds): at next_n = 2 473 us
 writing the logits only (DeepGEMM 434), 500 us with the block maxima; 736 / 786 at 3 / 4 (873 at 4 with maxima;
-Triton 1009 / 1180); benchmarks/NOTES.md, runs 101-125. Since then the head sum through |s| (one FFMA a score, the
-weighted query's dot product in the MMA: weighted_query_terms_ref) took 0.91-0.95x that time at next_n 3-4 on an
-H100 (runs 147-148).
+Triton 1009 / 1180); benchmarks/NOTES.md, runs 101-125. A build with the head sum through |s| (SPIN_LOGITS_ABS_SUM=1:
+one FFMA a score, the weighted query's dot product in the MMA, weighted_query_terms_ref) takes 0.91-0.95x that time
+at next_n 3-4 on an H100 (runs 147-148) but is not the library's: where every head's score is <= 0 it misses the
+FP8-MMA tolerance on widely spread inputs (run 149).
 
 Built with nvcc on first use into a cache folder (SPIN_CUDA_CACHE, default ~/.cache/spin_indexer), keyed by the
 source's hash, and called through ctypes: no torch extension, no ninja. Where nvcc, an SM90 GPU or the build is
@@ -95,11 +96,12 @@ def load_library(defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
 
 def weighted_query_terms_ref(q_fp8: torch.Tensor, weights: torch.Tensor,
                              terms: int = ABS_SUM_TERMS) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's head sum through |s| (csrc: AbsSum), its prologue in torch: relu(s) = (s + |s|) / 2 turns
-    sum_h w_h relu(q_h . k) into 1/2 sum_h w_h |q_h . k| + 1/2 q_w . k with q_w = sum_h w_h q_h, which the MMA scores
-    as `terms` e4m3 terms beside the heads. Each term rounds the residual over a power-of-two scale that puts its
-    largest element at [128, 256), so it keeps 4 significant bits of each element: q_w - sum_t scale_t e_t is ~2^-16
-    of q_w after 4 terms (tests/ops/test_indexer_logits_cuda.py checks the bound and the identity on the CPU).
+    """The head sum through |s| of the SPIN_LOGITS_ABS_SUM=1 build (csrc: AbsSum), its prologue in torch:
+    relu(s) = (s + |s|) / 2 turns sum_h w_h relu(q_h . k) into 1/2 sum_h w_h |q_h . k| + 1/2 q_w . k with
+    q_w = sum_h w_h q_h, which the MMA scores as `terms` e4m3 terms beside the heads. Each term rounds the residual
+    over a power-of-two scale that puts its largest element at [128, 256), so it keeps 4 significant bits of each
+    element: q_w - sum_t scale_t e_t is ~2^-16 of q_w after 4 terms (tests/ops/test_indexer_logits_cuda.py checks the
+    bound and the identity on the CPU).
     q_fp8: float8_e4m3fn [B, next_n, 64, 128]; weights: float32 [B*next_n, 64].
     returns (e float8_e4m3fn [B*next_n, terms, 128], scale float32 [B*next_n, terms])."""
     rows = q_fp8.shape[0] * q_fp8.shape[1]

@@ -5,17 +5,17 @@
 // is asynchronous only when it accumulates into itself across iterations), so inside one program the MMA and
 // the epilogue (ReLU, weights, the head sum for next_n rows) run in series, and its automatic warp
 // specialization measured 2.4x slower (benchmarks/NOTES.md, runs 99-100). Here a CTA holds math warpgroups
-// that take key blocks in turn (see Shape: four on whole blocks at next_n <= 2, four in two row groups at 3 and 4),
-// each block set refilling its own stages (2-4, Shape::SPW): while some wait for their MMA, others run their
+// that take key blocks in turn (see Shape: four on whole blocks at next_n <= 2, two at 3, four in two row groups
+// at 4), each block set refilling its own stages (2-4, Shape::SPW): while some wait for their MMA, others run their
 // epilogues. What decides the time: the epilogue's instructions (a block's MMA is 256-512 tensor-core cycles, its
-// epilogue 220-400 instructions of one warp an SMSP before the |s| head sum, issued one every ~3.5 cycles where that
-// warp is alone: ncu, run 113) and the clock, which at the H200's power limit falls with the instructions issued (run
-// 113). So the epilogue is written for few instructions a block (one FFMA a score: AbsSum; a reduce-scatter over the
-// quad instead of a butterfly, block-max partials reduced once after the loop, uniform descriptors). H200, paired
-// rounds under sustained load, before AbsSum (run 124): next_n = 2 at 1.07-1.09x DeepGEMM writing the logits only, as
-// DeepGEMM does (1.14-1.15x with the block maxima SPIN's step reads), 3 / 4 at 1.80x / 1.43-1.44x the max of the copy
-// and MMA floors (1.58-1.60x at 4 with maxima). AbsSum (runs 147-148, H100, against the ReLU build in the same rounds):
-// 0.91-0.92x the time at next_n = 4, 0.95x at 3 (with row groups), 0.99-1.00x at 2.
+// epilogue 220-400 instructions of one warp an SMSP, issued one every ~3.5 cycles where that warp is alone: ncu,
+// run 113) and the clock, which at the H200's power limit falls with the instructions issued (run 113). So the
+// epilogue is written for few instructions a block (a reduce-scatter over the quad instead of a butterfly,
+// block-max partials reduced once after the loop, uniform descriptors). H200, paired rounds under sustained load
+// (run 124): next_n = 2 at 1.07-1.09x DeepGEMM writing the logits only, as DeepGEMM does (1.14-1.15x with the
+// block maxima SPIN's step reads), 3 / 4 at 1.80x / 1.43-1.44x the max of the copy and MMA floors (1.58-1.60x at 4
+// with maxima). A build with one instruction a score (AbsSum, SPIN_LOGITS_ABS_SUM=1) is faster at next_n 3-4 and
+// less exact where scores cancel: see AbsSum.
 //
 // Math (as indexer_logits.paged_indexer_logits_ref): logits[b * next_n + j, t] = scale[t] *
 // sum_h w[b * next_n + j, h] * relu(k[t] . q[b, j, h]), -inf where t >= seq_lens[b, j]; block_max[r, blk] = the
@@ -87,8 +87,8 @@
 #ifndef SPIN_LOGITS_UNIFORM_WG
 #define SPIN_LOGITS_UNIFORM_WG 1
 #endif
-#ifndef SPIN_LOGITS_ABS_SUM  // the head sum through |s| (1, see AbsSum below) or through ReLU (0: the build of run 124)
-#define SPIN_LOGITS_ABS_SUM 1
+#ifndef SPIN_LOGITS_ABS_SUM  // the head sum through ReLU (0, the default) or through |s| (1: see AbsSum below)
+#define SPIN_LOGITS_ABS_SUM 0
 #endif
 
 namespace {
@@ -110,6 +110,12 @@ constexpr int SCALE_BYTES = T * 4;
 // accumulator (~2^-14 of each dot product's |terms|) reaches both halves once, each halved: about 2^-14 of the
 // magnitude as before, plus 2^-17 for the terms, inside FP8_MMA_RTOL = 2^-13. The cost: 8 more MMA columns a pair of
 // rows (N = 72 / 136 / 208 at 1 / 2 / 3 rows: 6-12% more tensor-core work) and a short prologue a CTA.
+// Measured (runs 147-149, H100, paired against the ReLU build): 0.91-0.92x the time at next_n = 4, 0.95x at 3 (with
+// row groups), 0.99-1.00x at 2. Not the default, for exactness: where every head's dot product is <= 0 the ReLU sum is
+// exactly 0 but the two halves here cancel, and the FP8 MMA's accumulator (truncating, so both halves' errors point
+// the same way) leaves up to ~2x the 2^-13 bound there once queries or weights are widely spread (run 149: 6 of 8
+// cases of test_matches_float64_over_wide_ranges fail with this build). SPIN_LOGITS_ABS_SUM=1 builds it (the probe's
+// `abs` variant); the library builds the ReLU sum.
 constexpr int TERMS = 4;
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -249,9 +255,10 @@ constexpr int MAX_CHUNK = 256;  // blocks a CTA at most (their ids staged in sha
 // thread and the launch's even split of the registers is what they get (65536 / THREADS, rounded down to 8; no
 // setmaxnreg): 512 threads 128 a thread, 256 threads 255. A producer warpgroup left the math ones 112 at next_n
 // <= 2 (runs 104-105), where the loop spilled once unrolled.
-// Default: four warpgroups on whole blocks at next_n 1-2 (up to 2 x 64 (+ 4) accumulators a thread); four in two row
-// groups at next_n = 3 (rows 0-1 and 2) and 4 (rows 0-1 and 2-3), 64 (+ 4) accumulators each (the ReLU build,
-// SPIN_LOGITS_ABS_SUM=0: two warpgroups on whole blocks at next_n = 3, 96 accumulators, 255 registers).
+// Default: four warpgroups on whole blocks at next_n 1-2 (up to 2 x 64 accumulators a thread); two at next_n = 3
+// (96 accumulators, 255 registers); four in two row groups at next_n = 4 (rows 0-1 and 2-3, 64 accumulators each).
+// The AbsSum build (SPIN_LOGITS_ABS_SUM=1) puts next_n = 3 in two row groups too (rows 0-1 and 2; 4 more
+// accumulators a row pair).
 // With two warpgroups on whole blocks one warp an SMSP runs a block's epilogue while the other's MMA runs, and it
 // issues an instruction only every ~3.5 cycles (ncu, run 113), so the tensor core idles half the time; row
 // groups put four warps on each SMSP: 0.80x the time at next_n = 4, 0.99-1.05x at 3 (paired rounds, runs 115-116);
@@ -263,8 +270,8 @@ struct Shape {
     static constexpr int CTAS = SPIN_LOGITS_CTAS_PER_SM;
     static_assert(CTAS == 1 || CTAS == 2, "one or two CTAs an SM");
     static constexpr int RG = NEXT_N == 3 ? SPIN_LOGITS_ROW_GROUPS_N3 : NEXT_N == 4 ? SPIN_LOGITS_ROW_GROUPS_N4 : 0;
-    // row groups: 2 at next_n = 4, and at 3 with the |s| head sum (run 148, H100: 0.95x the ReLU build's time on whole
-    // blocks; the |s| build on whole blocks 1.05x, N = 208 columns a warpgroup)
+    // row groups: 2 at next_n = 4, and at 3 in the AbsSum build (run 148, H100: 0.95x the ReLU build's time on whole
+    // blocks; the AbsSum build on whole blocks 1.05x, N = 208 columns a warpgroup)
     static constexpr int G = NEXT_N < 3 ? 1 : RG > 0 ? RG : (NEXT_N == 4 || SPIN_LOGITS_ABS_SUM ? 2 : 1);
     static_assert(G >= 1 && G <= NEXT_N, "1 to next_n row groups");
     static constexpr int ROWS = (NEXT_N + G - 1) / G;  // rows of each row group (the last one: what is left)
@@ -600,8 +607,8 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
                 mbar_wait(&empty[s], phase);
                 load(i + STAGES, s);
             }
-            // ReLU (or |s| and the terms, AbsSum), weights and this thread's part of each head sum: four independent FMA
-            // chains a row
+            // ReLU (or |s| and the terms: AbsSum), weights and this thread's part of each head sum: four independent
+            // FMA chains a row
 #pragma unroll
             for (int j = 0; j < VP / 2; ++j) {
                 if (j >= NR) {

@@ -63,8 +63,8 @@ def test_matches_float64_over_wide_ranges(next_n, wide, gen):
     """Queries spread over 2^+-6, or weights of both signs over 2^+-8, and a block whose logits are exactly 0 (every
     dot product <= 0): the same tolerance. Measured worst without that block (run 148, H100, 12 draws a case): the
     library's ReLU build 2^-13.8 / 2^-13.3 of the magnitude (its zero block is exact), the AbsSum build (csrc,
-    SPIN_LOGITS_ABS_SUM=1) 2^-14.0 / 2^-13.6, but on the zero block, where its two halves cancel, it fails 6 of these 8
-    cases (run 149): why it is not the default. Both spreads at once exceed what the FP8 MMA's accumulator keeps for
+    SPIN_LOGITS_ABS_SUM=1) 2^-14.0 / 2^-13.6, but with the zero block, where its two halves cancel, it failed 6 of
+    these 8 cases (run 149): why it is not the default. Both spreads at once exceed what the FP8 MMA's accumulator keeps for
     either build (2^-11.9 / 2^-12.5): not asserted."""
     _gpu_or_skip()
     inputs = make_paged_inputs((3 * T + 5, 9 * T, 2 * T - 1), next_n, HEADS, DIM, gen, extra_width=1)

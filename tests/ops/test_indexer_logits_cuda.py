@@ -1,7 +1,7 @@
 """The CUDA paged logits kernel for SM90 (ops/indexer_logits_cuda.py, csrc/paged_logits_sm90.cu) against the
 independent float64 recomputation: odd lengths, chunks that cut requests, next_n 1-4, poisoned outputs, a
 corrupt block table. On an SM90 GPU with nvcc the kernel runs; elsewhere those tests skip, and what runs is
-the source's compile for sm_90a (where nvcc is) and the wrapper's refusals."""
+the source's compile for sm_90a (where nvcc is), the wrapper's refusals and the AbsSum build's prologue reference."""
 from __future__ import annotations
 
 import numpy as np

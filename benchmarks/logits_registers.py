@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton  # noqa: E402
 
-from plan_registers import compile_sm90, ptxas_counts, sass_loops  # noqa: E402
+from plan_registers import compile_sm90, opcode_counts, ptxas_counts, sass_loops  # noqa: E402
 from spin_indexer.ops import indexer_logits_triton as L  # noqa: E402
 
 PTR = {"q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "w_ptr": "*fp32", "lens_ptr": "*i32", "table_ptr": "*i32",
@@ -82,12 +82,7 @@ def _block_loop(sass: str) -> collections.Counter:
     """Opcode counts of the longest loop of the SASS (a label, then a branch back to it)."""
     lines = sass.splitlines()
     best = max(sass_loops(lines), key=lambda loop: loop[1] - loop[0], default=(0, 0))
-    ops = collections.Counter()
-    for line in lines[best[0]:best[1] + 1]:
-        m = re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)
-        if m:
-            ops[m.group(1)] += 1
-    return ops
+    return opcode_counts(lines[best[0]:best[1] + 1])
 
 
 def sweep_configs():

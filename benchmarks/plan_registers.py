@@ -16,6 +16,7 @@ under 3.9.
 from __future__ import annotations
 
 import argparse
+import collections
 import glob
 import os
 import re
@@ -38,7 +39,8 @@ PTR = {"table_ptr": "*i32", "lens_ptr": "*i32", "slot_ptr": "*i64", "stash_ptr":
        "w_sum": "fp32", "layer_sparsity_ptr": "*fp64"}
 
 
-def _tool(name: str) -> str:
+def triton_tool(name: str) -> str:
+    """The newest of triton's bundled CUDA tools called `name` (ptxas, nvdisasm, ...), else `name` (from PATH)."""
     found = sorted(glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin", name + "*")))
     # the ptxas without a suffix may be too old for the PTX of this triton: prefer the newest one
     return found[-1] if found else name
@@ -51,9 +53,9 @@ def ptxas_counts(kernel) -> dict:
         ptx, cubin = os.path.join(tmp, "k.ptx"), os.path.join(tmp, "k.cubin")
         with open(ptx, "w") as f:
             f.write(kernel.asm["ptx"])
-        r = subprocess.run([_tool("ptxas"), "-v", "--gpu-name", "sm_90a", ptx, "-o", cubin],
+        r = subprocess.run([triton_tool("ptxas"), "-v", "--gpu-name", "sm_90a", ptx, "-o", cubin],
                            capture_output=True, text=True)
-        sass = subprocess.run([_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True).stdout
+        sass = subprocess.run([triton_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True).stdout
     regs = re.search(r"Used (\d+) registers", r.stderr)
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)
     return dict(regs=int(regs.group(1)) if regs else None, spill_st=int(spill.group(1)) if spill else None,
@@ -110,12 +112,21 @@ def sass_loops(lines: list[str]) -> list[tuple[int, int]]:
     return loops
 
 
+def opcode_counts(lines: list[str]) -> collections.Counter:
+    """Opcodes (without modifiers) of nvdisasm SASS lines, counted (shared by the *_registers.py scripts)."""
+    return collections.Counter(m.group(1) for line in lines
+                               if (m := re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)))
+
+
+def innermost(loops: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The loops of sass_loops that contain no other loop (shared by the *_registers.py scripts)."""
+    return [(a, b) for a, b in loops if not any(a < c and d < b for c, d in loops if (c, d) != (a, b))]
+
+
 def _inner_loop_spills(sass: str) -> int:
     """LDL/STL inside loops that contain no other loop (a label, then a branch back to it)."""
     lines = sass.splitlines()
-    loops = sass_loops(lines)
-    inner = [(a, b) for a, b in loops if not any(a < c and d < b for c, d in loops if (c, d) != (a, b))]
-    return sum(1 for a, b in inner for l in lines[a:b] if re.search(r"\b(LDL|STL)\b", l))
+    return sum(1 for a, b in innermost(sass_loops(lines)) for l in lines[a:b] if re.search(r"\b(LDL|STL)\b", l))
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Registers, spills and SASS of the CUDA logits kernel (ops/csrc/paged_logits_sm90.cu) per instantiation
 (next_n 1-4, with and without block maxima), without a GPU: nvcc compiles the source for sm_90a as the library does,
-ptxas reports registers and spills, triton's nvdisasm disassembles (plan_registers.py's loop and opcode helpers).
+ptxas reports registers and spills, triton's nvdisasm disassembles (sass_tools.py: loops and opcodes).
 
 What it prints per kernel: registers, spill bytes (stores / loads), and the block loop of each math warpgroup (the
 innermost backward branch around QGMMA: SPW blocks an iteration): its instruction count and the epilogue's
@@ -21,7 +21,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from plan_registers import innermost, opcode_counts, sass_loops, triton_tool  # noqa: E402
+from sass_tools import innermost, opcode_counts, sass_loops, triton_tool  # noqa: E402
 from spin_indexer.ops.indexer_logits_cuda import NVCC_FLAGS, SOURCE, nvcc_path  # noqa: E402
 
 EPILOGUE_OPS = ("FFMA", "FMNMX", "FMUL", "FADD", "SHFL")

@@ -28,7 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton  # noqa: E402
 
-from plan_registers import compile_sm90, opcode_counts, ptxas_counts, sass_loops  # noqa: E402
+from plan_registers import compile_sm90, ptxas_counts  # noqa: E402
+from sass_tools import opcode_counts, sass_loops  # noqa: E402
 from spin_indexer.ops import indexer_logits_triton as L  # noqa: E402
 
 PTR = {"q_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "w_ptr": "*fp32", "lens_ptr": "*i32", "table_ptr": "*i32",

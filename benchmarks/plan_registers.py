@@ -16,8 +16,6 @@ under 3.9.
 from __future__ import annotations
 
 import argparse
-import collections
-import glob
 import os
 import re
 import subprocess
@@ -29,6 +27,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from sass_tools import innermost, sass_loops, triton_tool  # noqa: E402
+
 from spin_indexer.predictor import SpinConfig  # noqa: E402
 from spin_indexer.predictor import plan_triton as P  # noqa: E402
 
@@ -37,13 +37,6 @@ PTR = {"table_ptr": "*i32", "lens_ptr": "*i32", "slot_ptr": "*i64", "stash_ptr":
        "ctab_ptr": "*i32", "nkept_ptr": "*i32", "clen_ptr": "*i32", "step_ptr": "*i32", "seen_ptr": "*i32",
        "clock_ptr": "*i32", "sum_ptr": "*fp32", "full_ptr": "*i32", "summarized_ptr": "*i32", "w_hist": "fp32",
        "w_sum": "fp32", "layer_sparsity_ptr": "*fp64"}
-
-
-def triton_tool(name: str) -> str:
-    """The newest of triton's bundled CUDA tools called `name` (ptxas, nvdisasm, ...), else `name` (from PATH)."""
-    found = sorted(glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin", name + "*")))
-    # the ptxas without a suffix may be too old for the PTX of this triton: prefer the newest one
-    return found[-1] if found else name
 
 
 def ptxas_counts(kernel) -> dict:
@@ -98,29 +91,6 @@ def compile_counts(sb: int, warps: int, maxnreg: int | None, rows: int = 1, slot
                                   enable_fp_fusion=False, maxnreg=maxnreg or None))
     return dict(regs=c["regs"], spill_st=c["spill_st"], spill_ld=c["spill_ld"], inner=_inner_loop_spills(c["sass"]),
                 log=c["log"] if c["regs"] is None else "")
-
-
-def sass_loops(lines: list[str]) -> list[tuple[int, int]]:
-    """(label line, branch line) of every loop of nvdisasm SASS lines: a label, then a branch back to it (shared
-    by the *_registers.py scripts)."""
-    labels = {m.group(1): i for i, l in enumerate(lines) if (m := re.match(r"\s*(\.L_x_\d+):", l))}
-    loops = []
-    for i, l in enumerate(lines):
-        m = re.search(r"BRA\s+`?\(?(\.L_x_\d+)", l)
-        if m and m.group(1) in labels and labels[m.group(1)] < i:
-            loops.append((labels[m.group(1)], i))
-    return loops
-
-
-def opcode_counts(lines: list[str]) -> collections.Counter:
-    """Opcodes (without modifiers) of nvdisasm SASS lines, counted (shared by the *_registers.py scripts)."""
-    return collections.Counter(m.group(1) for line in lines
-                               if (m := re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", line)))
-
-
-def innermost(loops: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The loops of sass_loops that contain no other loop (shared by the *_registers.py scripts)."""
-    return [(a, b) for a, b in loops if not any(a < c and d < b for c, d in loops if (c, d) != (a, b))]
 
 
 def _inner_loop_spills(sass: str) -> int:

@@ -26,7 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import triton  # noqa: E402
 
-from plan_registers import compile_sm90, ptxas_counts, sass_loops  # noqa: E402
+from plan_registers import compile_sm90, ptxas_counts  # noqa: E402
+from sass_tools import sass_loops  # noqa: E402
 from spin_indexer.ops import history_triton as U  # noqa: E402
 from spin_indexer.ops import maxima_triton as MX  # noqa: E402
 

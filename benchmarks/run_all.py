@@ -165,12 +165,16 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
             p.q[i][0], p.caches[i], p.q[i][1], p.lens, p.table, validate=False)), **timing).p50_us
     logits = torch.empty(rows, width * 64, device=p.table.device)
     bmax = torch.empty(rows, width, device=p.table.device)
-    # as dense_topk: the top-k's group maxima from the logits kernel where the dense step takes them from there
+    # the own kernel the dense step runs where DeepGEMM does not serve (where it does: deepgemm_logits_us): the
+    # CUDA kernel where the op picks it after DeepGEMM (next_n 2-4), else the Triton one
     from spin_indexer.indexer.dense import fuses_group_max
+    from spin_indexer.ops import indexer_logits_cuda
+    own = "cuda" if indexer_logits_cuda.step_uses(next_n) and indexer_logits_cuda.supports(p.q[0][0], p.caches[0]) \
+        else "triton"
+    # as dense_topk: the top-k's group maxima from the logits kernel where the dense step takes them from there
     group = ops.topk_group(width * 64, k)
-    gmax = torch.empty(rows, -(-width * 64 // group), device=p.table.device) if fuses_group_max(rows, group) else None
-    # the own kernel the dense step runs (it runs DeepGEMM's where that serves: deepgemm_logits_us)
-    own = "cuda" if ops.logits_backend(p.q[0][0], p.caches[0]) == "cuda" else "triton"
+    gmax = torch.empty(rows, -(-width * 64 // group), device=p.table.device) if fuses_group_max(rows, group, own) \
+        else None
     with logits_backend(own):
         out["dense_logits_us"] = time_graph(each_layer(lambda i: ops.paged_indexer_logits(
             p.q[i][0], p.caches[i], p.q[i][1], p.lens, p.table, validate=False, out=logits, block_max_out=bmax,

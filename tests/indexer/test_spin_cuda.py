@@ -36,9 +36,26 @@ def test_cuda_step_matches_cpu_reference(next_n, mtp, summary, gen):
     drifted near-tie would flip a block whatever the kernels do). So the paper's plan must match exactly; the
     mix standardizes fp32 scores summed in another order (and its summary scores come from an fp8 MMA): a block
     at a near-tie may flip, two a step at most."""
+    _check_step_matches_cpu(next_n, mtp, summary, 512, gen)
+
+
+@pytest.mark.parametrize("next_n", [2, 3])
+@pytest.mark.parametrize("topk", [128, 64])
+def test_cuda_kernel_group_maxima_in_the_step(next_n, topk, gen, monkeypatch):
+    """The step on the CUDA logits kernel (forced: DeepGEMM would serve next_n = 2) with the top-k pruning at 16
+    (topk 128) or 32 (topk 64) columns, whose group maxima the kernel writes from its block maxima's partials
+    (no pass behind it): the same plans, top-k sets and history as the CPU reference, as above."""
+    from spin_indexer.ops import indexer_logits_cuda
+    if torch.cuda.get_device_capability() != (9, 0) or indexer_logits_cuda.load_library() is None:
+        pytest.skip("needs an SM90 GPU and the CUDA logits library")
+    monkeypatch.setenv("SPIN_INDEXER_LOGITS", "cuda")
+    _check_step_matches_cpu(next_n, "row0", 0.0, topk, gen)
+
+
+def _check_step_matches_cpu(next_n, mtp, summary, topk, gen):
     lengths = (9000, 4100, 700)
     x = make_paged_inputs(lengths, next_n, 64, 128, gen, garbage=False)
-    cfg = SpinConfig(sparsity=0.4, topk=512, mtp=mtp, summary=summary)
+    cfg = SpinConfig(sparsity=0.4, topk=topk, mtp=mtp, summary=summary)
     width = x.block_table.shape[1]
     (cpu, s_cpu), (gpu, s_gpu) = _pair(cfg, len(lengths), width, next_n, 2)
     xg = x.to("cuda")

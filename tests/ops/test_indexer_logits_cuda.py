@@ -162,6 +162,20 @@ def test_refuses_what_it_does_not_take(gen):
     assert not C.supports(inputs.q_fp8, inputs.kv_cache)
 
 
+def test_group_maxima_only_at_16_or_32_columns(gen):
+    """group_max_out at a group the kernel's partials do not cover (8, 64) is refused naming `group`, before
+    anything runs (no GPU needed); writes_group_max says where each backend's kernel writes them."""
+    from spin_indexer import ops
+    inputs = make_paged_inputs((T,), 1, HEADS, DIM, gen)
+    for group in (8, 64):
+        with pytest.raises(ValueError, match=f"group: the CUDA kernel writes the maxima of groups of 16 or 32 "
+                                             f"columns, got {group}"):
+            C.paged_indexer_logits_cuda(*inputs.args(), group_max_out=torch.empty(1, 64 // group), group=group)
+    assert [ops.writes_group_max("cuda", g) for g in (8, 16, 32, 64)] == [False, True, True, False]
+    assert all(ops.writes_group_max("triton", g) for g in (8, 16, 32, 64))
+    assert not any(ops.writes_group_max(b, 16) for b in ("deepgemm", "reference"))
+
+
 def test_chunk_out_of_range_is_refused(gen):
     _gpu_or_skip()
     inputs = make_paged_inputs((T,), 1, HEADS, DIM, gen)
@@ -227,21 +241,63 @@ def test_without_block_max_out_the_same_logits(next_n, gen):
     torch.testing.assert_close(via_op, with_max, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("group", [16, 32])
+@pytest.mark.parametrize("chunk", [None, 2])
+@pytest.mark.parametrize("next_n", [1, 2, 3, 4])
+def test_group_maxima_from_the_block_maxima_partials(next_n, chunk, group, gen):
+    """group_max_out (16 or 32 columns): every group of the blocks written equals group_max_ref of the kernel's own
+    logits below each row's length (-inf for a group past it), bit for bit; groups of blocks not written keep
+    their poison; the logits and block maxima are those of the call without it. A token whose scale is NaN makes
+    its logits NaN, and its block's and group's maxima NaN (a pruning top-k must not skip them), the others not."""
+    _gpu_or_skip()
+    x = make_paged_inputs((5 * T + 17, 3 * T, 1, 12 * T + 5), next_n, HEADS, DIM, gen, extra_width=2)
+    pages = x.kv_cache.view(x.kv_cache.shape[0], -1)
+    nan_token = 2 * T + 21  # request 0's block 2, below all its rows' lengths
+    scale_at = T * DIM + 4 * (nan_token % T)
+    pages[int(x.block_table[0, nan_token // T]), scale_at: scale_at + 4] = torch.tensor([0, 0, 0xC0, 0x7F],
+                                                                                       dtype=torch.uint8)
+    x = x.to("cuda")
+    rows, width = x.weights.shape[0], x.block_table.shape[1]
+    out = torch.full((rows, width * T), float("nan"), device="cuda")
+    bmax = torch.full((rows, width), float("nan"), device="cuda")
+    gmax = torch.full((rows, width * T // group), float("nan"), device="cuda")
+    C.paged_indexer_logits_cuda(*x.args(), validate=False, out=out, block_max_out=bmax, chunk=chunk,
+                                group_max_out=gmax, group=group)
+    alone = torch.full_like(out, float("nan"))
+    alone_bmax = torch.full_like(bmax, float("nan"))
+    C.paged_indexer_logits_cuda(*x.args(), validate=False, out=alone, block_max_out=alone_bmax, chunk=chunk)
+    torch.testing.assert_close(out, alone, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(bmax, alone_bmax, rtol=0, atol=0, equal_nan=True)
+    written = _written(x.to("cpu")).to("cuda")
+    groups_written = written.repeat_interleave(T // group, dim=1)
+    lens = x.seq_lens.reshape(-1)
+    valid = torch.arange(width * T, device="cuda")[None, :] < lens[:, None].long()
+    want = ops.group_max_ref(torch.where(valid, out, float("-inf")), lens, group)
+    torch.testing.assert_close(gmax[groups_written], want[groups_written], rtol=0, atol=0, equal_nan=True)
+    assert gmax[~groups_written].isnan().all()
+    nan_rows = torch.arange(x.seq_lens.shape[1], device="cuda")  # request 0's rows
+    assert out[nan_rows, nan_token].isnan().all() and bmax[nan_rows, nan_token // T].isnan().all()
+    assert gmax[nan_rows, nan_token // group].isnan().all()
+    assert gmax[groups_written].isnan().sum() == len(nan_rows), "only the NaN token's group is NaN"
+
+
+@pytest.mark.parametrize("group", [8, 16, 32])
 @pytest.mark.parametrize("next_n", [2, 3])
-def test_logits_op_on_this_backend_writes_the_maxima_the_kernel_does_not(next_n, gen):
+def test_logits_op_on_this_backend_writes_the_maxima_the_kernel_does_not(next_n, group, gen):
     """ops.paged_indexer_logits(backend="cuda"): the kernel's logits, its block maxima, and where asked the
-    top-k's group maxima from the pass behind it (equal to the reference of the same logits below each row's
-    length, all the top-k reads); fill_tail=True
+    top-k's group maxima, from the kernel at 16 and 32 columns and from the pass behind it at 8 (equal to the
+    reference of the same logits below each row's length, all the top-k reads); fill_tail=True
     goes to the Triton kernel (this one leaves the tail). Outputs poisoned first."""
     _gpu_or_skip()
     from spin_indexer import ops
+    assert ops.writes_group_max("cuda", group) == (group != 8)
     x = make_paged_inputs((5 * T + 17, 3 * T, 1, 12 * T + 5), next_n, HEADS, DIM, gen, extra_width=2).to("cuda")
     rows, width = x.weights.shape[0], x.block_table.shape[1]
     out = torch.full((rows, width * T), float("nan"), device="cuda")
     bmax = torch.full((rows, width), float("nan"), device="cuda")
-    gmax = torch.full((rows, width * T // 16), float("nan"), device="cuda")
+    gmax = torch.full((rows, width * T // group), float("nan"), device="cuda")
     ops.paged_indexer_logits(*x.args(), validate=False, out=out, block_max_out=bmax, fill_tail=False,
-                             group_max_out=gmax, group=16, backend="cuda")
+                             group_max_out=gmax, group=group, backend="cuda")
     alone = torch.full_like(out, float("nan"))
     alone_bmax = torch.full_like(bmax, float("nan"))
     C.paged_indexer_logits_cuda(*x.args(), validate=False, out=alone, block_max_out=alone_bmax)
@@ -250,8 +306,8 @@ def test_logits_op_on_this_backend_writes_the_maxima_the_kernel_does_not(next_n,
     assert torch.equal(out[cells], alone[cells]) and torch.equal(bmax[written], alone_bmax[written])
     lens = x.seq_lens.reshape(-1)
     valid = torch.arange(width * T, device="cuda")[None, :] < lens[:, None].long()
-    want = ops.group_max_ref(torch.where(valid, out, float("-inf")), lens, 16)
-    used = valid[:, ::16]  # the groups the top-k reads: those below the row's length (the pass writes those)
+    want = ops.group_max_ref(torch.where(valid, out, float("-inf")), lens, group)
+    used = valid[:, ::group]  # the groups the top-k reads: those below the row's length (the pass writes those)
     assert torch.equal(gmax[used], want[used])
     filled = ops.paged_indexer_logits(*x.args(), validate=False, fill_tail=True, backend="cuda")
     assert torch.isneginf(filled[~valid]).all()  # the Triton kernel's tail: every column past the lengths

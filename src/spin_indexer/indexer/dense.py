@@ -22,10 +22,15 @@ FUSED_GROUP_MAX_ROWS = 1
 FUSED_GROUP_MAX_LARGEST = 16
 
 
-def fuses_group_max(rows: int, group: int) -> bool:
+def fuses_group_max(rows: int, group: int, backend: str = "triton") -> bool:
     """Whether the dense step takes the top-k's G-column maxima (G = group) for `rows` query rows from the
-    logits kernel (the two bounds above), rather than from the top-k's own launch."""
-    return Workspace.GROUP_MIN <= group <= FUSED_GROUP_MAX_LARGEST and rows <= FUSED_GROUP_MAX_ROWS
+    logits kernel of `backend` rather than from the top-k's own launch: the Triton kernel within the two bounds
+    above; the CUDA kernel wherever it writes them (16 or 32 columns, from its block maxima's partials after the
+    loop: no epilogue work a block); DeepGEMM never."""
+    if backend == "cuda":
+        return ops.writes_group_max(backend, group)
+    return (backend == "triton" and Workspace.GROUP_MIN <= group <= FUSED_GROUP_MAX_LARGEST
+            and rows <= FUSED_GROUP_MAX_ROWS)
 
 
 def dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, topk: int, tokens_per_block: int,
@@ -48,7 +53,7 @@ def dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, topk: int, token
     rows, cols = block_max.shape[0], block_table.shape[1] * tokens_per_block
     group = ops.topk_group(cols, topk)
     gmax = None
-    if fuses_group_max(rows, group):
+    if fuses_group_max(rows, group, backend):
         n = -(-cols // group)
         gmax = group_max[:rows, :n] if group_max is not None else torch.empty(rows, n, dtype=torch.float32,
                                                                                device=block_max.device)

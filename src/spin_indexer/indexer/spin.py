@@ -327,13 +327,15 @@ class SpinIndexer:
         # The EMA update runs beside the top-k wherever it can: at a few rows inside the top-k's first launch
         # (`update_in_topk`), else on a side stream (`_forked`); in series with extensions (they read the
         # maxima in order), off CUDA, and with overlap_update=False, where the Triton kernel fuses it into its
-        # epilogue. The maxima the top-k prunes with come from the Triton kernel's epilogue; DeepGEMM writes
-        # logits only (the CUDA kernel the block maxima only), so there a pass before the top-k writes them.
+        # epilogue. The maxima the top-k prunes with come from the logits kernel (the Triton kernel's epilogue, the
+        # CUDA kernel's block maxima and its group maxima of 16 or 32 columns); DeepGEMM writes logits only, so
+        # there (and for the CUDA kernel's 8-column groups) a pass before the top-k writes them.
         side = self._update_stream if not self._layer_hooks and backend != "reference" else None
         in_topk = side is not None and self.update_in_topk(batch, width, history)
         # The CUDA kernel writes the block maxima (into the workspace, not a scratch of its own, whether or not
-        # the pass below rewrites them); the group maxima, where the top-k wants them, need the pass
-        maxima_fused = side is None or backend == "triton" or (backend == "cuda" and group_max is None)
+        # the pass below rewrites them)
+        maxima_fused = side is None or (group_max is None and backend != "deepgemm") or (
+            group_max is not None and ops.writes_group_max(backend, group))
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
                                           validate=False, out=out,
                                           block_max_out=block_max if maxima_fused or backend == "cuda" else None,

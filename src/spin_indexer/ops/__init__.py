@@ -38,8 +38,9 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     history: a HistoryUpdate: also apply SPIN's EMA update from these logits (block_table is then the
     compact table of history.kept_blocks), folded into the kernel's epilogue where the kernel can.
     group_max_out: optional float32 [B*next_n, >= W*T / group] receiving the max of every `group` columns
-    (group_max_ref; a power of two dividing T): the top-k's group maxima (topk_positions(group_max=)). On
-    the DeepGEMM backend the pass that applies the update writes them; the Triton kernel in its epilogue.
+    (group_max_ref; a power of two dividing T): the top-k's group maxima (topk_positions(group_max=)). The
+    Triton kernel writes them in its epilogue, the CUDA kernel at 16 or 32 columns (`writes_group_max`), else
+    the pass behind the kernel.
     deepgemm_schedule: optional int32 [num_sms + 1, 2], DeepGEMM's schedule for these seq_lens when it is the
     backend (deepgemm_schedule.schedule; SpinIndexer computes every layer's in plan()); ignored elsewhere.
     active_width: the block-table columns expected to hold blocks (SPIN's kept budget on a compact table):
@@ -48,7 +49,7 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     kernel (indexer_logits_cuda.py) at next_n 2-4 where it builds (both only with fill_tail=False: they do not
     clean the tail), else the Triton kernel on CUDA, else the reference. Behind DeepGEMM and the CUDA kernel,
     one pass over the logits applies the update and writes the maxima they do not (DeepGEMM: none; the CUDA
-    kernel: the block maxima only).
+    kernel: the block maxima, and the group maxima where `writes_group_max`).
     backend: what `logits_backend` answered the caller for these inputs (SpinIndexer asks it for its step,
     then applies the update itself on a side stream: history=None here); None = decided here.
     """
@@ -60,25 +61,27 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     if backend in ("deepgemm", "cuda") and fill_tail:  # they leave the tail as it is: the Triton kernel fills it
         backend = "triton"
     if backend in ("deepgemm", "cuda"):
+        kernel_groups = writes_group_max(backend, group) and group_max_out is not None
         if backend == "deepgemm":
             from . import deepgemm
             logits = deepgemm.paged_indexer_logits_deepgemm(q_fp8, kv_cache, weights, seq_lens, block_table,
                                                             validate=validate, out=out, schedule=deepgemm_schedule)
-            kernel_wrote_block_max = False
         else:
             from .indexer_logits_cuda import paged_indexer_logits_cuda
             logits = paged_indexer_logits_cuda(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate,
-                                               out=out, block_max_out=block_max_out)
-            kernel_wrote_block_max = True
-        if history is not None or group_max_out is not None or (block_max_out is not None
-                                                                 and not kernel_wrote_block_max):
-            # DeepGEMM writes logits only (the CUDA kernel their block maxima too): one pass over them gives the
-            # maxima it did not write and the update.
+                                               out=out, block_max_out=block_max_out,
+                                               group_max_out=group_max_out if kernel_groups else None, group=group)
+        kernel_block_max = backend == "cuda"
+        if history is not None or (group_max_out is not None and not kernel_groups) or (
+                block_max_out is not None and not kernel_block_max):
+            # DeepGEMM writes logits only (the CUDA kernel their block maxima too, and the group maxima of
+            # 16 or 32 columns): one pass over them gives the maxima it did not write and the update.
             bmax = block_max_out if block_max_out is not None else torch.empty(
                 logits.shape[0], block_table.shape[1], dtype=torch.float32, device=logits.device)
             # an explicit last dim: view(B, N, -1) is ambiguous for an empty batch
             update_history(history, logits.view(q_fp8.shape[0], q_fp8.shape[1], logits.shape[1]), block_table,
-                           seq_lens, block_max_out=bmax, group_max_out=group_max_out, group=group)
+                           seq_lens, block_max_out=None if kernel_block_max else bmax,
+                           group_max_out=None if kernel_groups else group_max_out, group=group)
         return logits
     if backend == "triton":
         from .indexer_logits_triton import paged_indexer_logits_triton
@@ -119,6 +122,19 @@ def logits_backend(q_fp8, kv_cache) -> str:
     if indexer_logits_cuda.step_uses(q_fp8.shape[1]) and indexer_logits_cuda.supports(q_fp8, kv_cache):
         return "cuda"
     return "triton"
+
+
+def writes_group_max(backend: str, group: int) -> bool:
+    """Whether the logits kernel of `backend` writes the top-k's `group`-column maxima itself (group_max_out=
+    of paged_indexer_logits), so that no pass over the logits runs behind it for them: the Triton kernel in its
+    epilogue, the CUDA kernel at indexer_logits_cuda.FUSED_GROUPS from its block maxima's partials; DeepGEMM and
+    the reference never (the pass, or the reference's own, computes them)."""
+    if backend == "triton":
+        return True
+    if backend == "cuda":
+        from .indexer_logits_cuda import FUSED_GROUPS
+        return group in FUSED_GROUPS
+    return False
 
 
 def update_history(history: HistoryUpdate | None, logits, compact_table, compact_lens, block_max_out=None,
@@ -267,7 +283,7 @@ __all__ = [
     "block_summary_scores", "block_summary_scores_ref", "write_block_summaries", "write_block_summaries_ref",
     "paged_summary_scores", "paged_summary_scores_ref", "update_and_score_summaries",
     "update_and_score_summaries_ref",
-    "HistoryUpdate", "update_history", "logits_backend",
+    "HistoryUpdate", "update_history", "logits_backend", "writes_group_max",
     "paged_indexer_logits", "paged_indexer_logits_ref", "check_paged_indexer_args", "topk", "topk_ref",
     "topk_positions", "topk_positions_ref", "topk_group", "group_max_ref",
     "block_max", "block_max_ref", "quantize_keys", "write_kv_cache", "quantize_and_write", "read_kv_cache",

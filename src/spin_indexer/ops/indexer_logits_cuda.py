@@ -39,6 +39,9 @@ SOURCE = Path(__file__).with_name("csrc") / "paged_logits_sm90.cu"
 NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC")
 HEADS, DIM, TOKENS = 64, 128, 64
 MAX_CHUNK = 256  # blocks a CTA (the kernel stages their ids in shared memory)
+# Group sizes (columns) whose maxima the kernel writes beside the block maxima: a block-max partial covers two
+# tokens 8 apart, so groups of 16 (a warp's accumulator rows) and 32 come from the partials, 8 does not
+FUSED_GROUPS = (16, 32)
 ABS_SUM_TERMS = 4  # the kernel's TERMS: FP8 terms of each row's weighted query (see weighted_query_terms_ref)
 ERRORS = {-1: "no cuTensorMapEncodeTiled in the driver", -2: "a TMA tensor map was rejected",
           -3: "the shared-memory attribute was refused", -4: "the launch failed", -5: "bad arguments",
@@ -89,7 +92,8 @@ def load_library(defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     except (RuntimeError, OSError, AttributeError):  # AttributeError: a library without the entry point
         return None
     i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [i32, ptr, ptr, i64, i64, ptr, ptr, ptr, i32, i32, i32, ptr, i64, ptr, i64, i32, i32, ptr]
+    fn.argtypes = [i32, ptr, ptr, i64, i64, ptr, ptr, ptr, i32, i32, i32, ptr, i64, ptr, i64, ptr, i64, i32, i32, i32,
+                   ptr]
     fn.restype = i32
     return lib
 
@@ -181,17 +185,24 @@ def balanced_chunk(batch: int, width: int, sms: int) -> int:
 def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
                               seq_lens: torch.Tensor, block_table: torch.Tensor, validate: bool = True,
                               out: torch.Tensor | None = None, block_max_out: torch.Tensor | None = None,
-                              chunk: int | None = None, library: ctypes.CDLL | None = None) -> torch.Tensor:
+                              chunk: int | None = None, library: ctypes.CDLL | None = None,
+                              group_max_out: torch.Tensor | None = None, group: int = 16) -> torch.Tensor:
     """Paged indexer logits, blocks past each request's longest row left unwritten (as the Triton kernel with
     fill_tail=False). q_fp8: float8_e4m3fn [B, next_n, 64, 128]; kv_cache: uint8 [num_blocks, 64, 1, 132];
     weights: float32 [B*next_n, 64]; seq_lens: int32 [B, next_n]; block_table: int32 [B, W]; out: float32
     [B*next_n, W*64]; block_max_out: float32 [B*next_n, W], or None: the kernel built without the block maxima runs
     (logits only, as DeepGEMM's; 0.94-0.95x the time at next_n = 2, run 106); chunk: blocks a CTA (1-256; None:
-    default_chunk).
+    default_chunk). group_max_out: optional float32 [B*next_n, >= W*T / group] receiving the max of every `group`
+    columns (group in FUSED_GROUPS; the top-k's group maxima, ops.topk.group_max_ref) of the blocks written, from
+    the block maxima's partials (block_max_out is then computed too, allocated when not given). A NaN logit makes
+    its block's and group's max NaN.
     Ids outside the cache read block 0 (validate=False: wrong logits, never a read outside the cache).
     library: a probe build (`load_library(defines)`, benchmarks only); None = the production one.
     Raises ValueError for inputs `supports` rejects. returns out: float32 [B*next_n, W*64]."""
     check_paged_indexer_args(q_fp8, kv_cache, weights, seq_lens, block_table, validate)
+    if group_max_out is not None and group not in FUSED_GROUPS:
+        raise ValueError(f"group: the CUDA kernel writes the maxima of groups of {' or '.join(map(str, FUSED_GROUPS))} "
+                         f"columns, got {group}")
     if not supports(q_fp8, kv_cache):
         raise ValueError(f"q_fp8 / kv_cache: the CUDA logits kernel takes CUDA tensors on an SM90 GPU with next_n "
                          f"1-4, H = {HEADS}, D = {DIM}, T = {TOKENS} and pages a whole number of {DIM}-byte rows "
@@ -202,7 +213,8 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
     batch, next_n = q_fp8.shape[:2]
     width = block_table.shape[1]
     out, block_max_out = logits_outputs(q_fp8, kv_cache, block_table, out, block_max_out,
-                                        maxima=block_max_out is not None)
+                                        maxima=block_max_out is not None or group_max_out is not None,
+                                        group_max_out=group_max_out, group=group)
     if batch == 0 or width == 0:
         return out
     q = q_fp8 if q_fp8.is_contiguous() else q_fp8.contiguous()
@@ -216,7 +228,9 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
         next_n, q.data_ptr(), kv_cache.data_ptr(), kv_cache.shape[0], page_stride_bytes(kv_cache), w.data_ptr(),
         lens.data_ptr(), block_table.data_ptr(), batch, width, block_table.stride(0), out.data_ptr(), out.stride(0),
         block_max_out.data_ptr() if block_max_out is not None else None,
-        block_max_out.stride(0) if block_max_out is not None else 0, chunk, q.device.index, stream)
+        block_max_out.stride(0) if block_max_out is not None else 0,
+        group_max_out.data_ptr() if group_max_out is not None else None,
+        group_max_out.stride(0) if group_max_out is not None else 0, group, chunk, q.device.index, stream)
     if rc != 0:
         raise RuntimeError(f"paged_indexer_logits_cuda: {ERRORS.get(rc, rc)}")
     return out

@@ -182,10 +182,13 @@ def _kernel_supports(next_n: int, heads: int, dim: int, tokens: int) -> bool:
 
 def logits_outputs(q_fp8: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                    out: torch.Tensor | None, block_max_out: torch.Tensor | None,
-                   maxima: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   maxima: bool = True, group_max_out: torch.Tensor | None = None,
+                   group: int = 64) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(out float32 [B*next_n, W*T], block_max_out float32 [B*next_n, W]) of a paged logits launch: the
     caller's buffers checked (dtype, shape, device, out's unit column stride), or new ones; with maxima=False and
-    no block_max_out, block_max_out stays None (a kernel that can leave the maxima out)."""
+    no block_max_out, block_max_out stays None (a kernel that can leave the maxima out). group_max_out, when
+    given, is checked too: float32 [B*next_n, >= W*T / group], unit column stride, group a power of two
+    dividing T."""
     batch, next_n = q_fp8.shape[:2]
     tokens, width = kv_cache.shape[1], block_table.shape[1]
     rows, dev = batch * next_n, q_fp8.device
@@ -195,6 +198,14 @@ def logits_outputs(q_fp8: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
                  device=dev, device_of="q_fp8")
     if out.stride(1) != 1:
         raise ValueError(f"out: expected unit column stride, got strides {out.stride()}")
+    if group_max_out is not None:
+        check_tensor("group_max_out", group_max_out, dtype=torch.float32, ndim=2, device=dev, device_of="q_fp8")
+        check_group(group, tokens)
+        if group_max_out.shape[0] != rows or group_max_out.shape[1] < width * tokens // group:
+            raise ValueError(f"group_max_out: expected shape [B*next_n, >= W*T / group] = [{rows}, >= "
+                             f"{width * tokens // group}], got {list(group_max_out.shape)}")
+        if group_max_out.stride(1) != 1:
+            raise ValueError(f"group_max_out: expected unit column stride, got strides {group_max_out.stride()}")
     if block_max_out is None:
         if not maxima:
             return out, None
@@ -240,15 +251,8 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     tokens, width = kv_cache.shape[1], block_table.shape[1]
     rows = batch * next_n
     dev = q_fp8.device
-    out, block_max_out = logits_outputs(q_fp8, kv_cache, block_table, out, block_max_out)
-    if group_max_out is not None:
-        check_tensor("group_max_out", group_max_out, dtype=torch.float32, ndim=2, device=dev, device_of="q_fp8")
-        check_group(group, tokens)
-        if group_max_out.shape[0] != rows or group_max_out.shape[1] < width * tokens // group:
-            raise ValueError(f"group_max_out: expected shape [B*next_n, >= W*T / group] = [{rows}, >= "
-                             f"{width * tokens // group}], got {list(group_max_out.shape)}")
-        if group_max_out.stride(1) != 1:
-            raise ValueError(f"group_max_out: expected unit column stride, got strides {group_max_out.stride()}")
+    out, block_max_out = logits_outputs(q_fp8, kv_cache, block_table, out, block_max_out,
+                                        group_max_out=group_max_out, group=group)
     if batch == 0 or width == 0:
         return out
     if not _kernel_supports(next_n, heads, dim, tokens):

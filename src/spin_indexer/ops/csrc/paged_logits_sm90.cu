@@ -20,7 +20,11 @@
 // Math (as indexer_logits.paged_indexer_logits_ref): logits[b * next_n + j, t] = scale[t] *
 // sum_h w[b * next_n + j, h] * relu(k[t] . q[b, j, h]), -inf where t >= seq_lens[b, j]; block_max[r, blk] = the
 // max of block blk's 64 written logits (where the caller gives block_max: with a null pointer the kernel built
-// without them runs, which writes the logits only, as DeepGEMM's does: 0.94-0.95x the time at next_n = 2, run 124). Blocks past a request's longest row are not written (fill_tail=False).
+// without them runs, which writes the logits only, as DeepGEMM's does: 0.94-0.95x the time at next_n = 2, run 124);
+// group_max[r, g] (with block_max, group = 16 or 32) the max of columns [group * g, group * (g + 1)), the top-k's
+// group maxima where it prunes finer than a block, from the same partials after the loop (no pass over the logits
+// behind the kernel). A NaN logit makes its block's and group's max NaN. Blocks past a request's longest row are
+// not written (fill_tail=False).
 // Shapes: H = 64 heads, D = 128, T = 64 tokens a block, next_n 1-4; the key cache uint8 [num_blocks, 64, 1, 132]
 // (pages of 64 x 128 key bytes then 64 fp32 scales, a whole number of 128-byte rows apart).
 //
@@ -175,6 +179,14 @@ template <int R>
 __device__ __forceinline__ void fence_regs(float* d) {
 #pragma unroll
     for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// max that returns NaN when either input is NaN (fmaxf returns the other): a block or group holding a NaN logit
+// must keep a NaN maximum, which a pruning top-k never skips (ops.topk.group_max_ref); the same one FMNMX as fmaxf
+__device__ __forceinline__ float max_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
 }
 
 // an int from an int or a std::integral_constant (whose conversion operator is host-only for nvcc)
@@ -413,8 +425,8 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap q_map,
         const uint8_t* __restrict__ cache, const float* __restrict__ weights, const int* __restrict__ seq_lens,
         const int* __restrict__ block_table, float* __restrict__ out, float* __restrict__ block_max,
-        int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int width, int num_cache_blocks,
-        int rows_per_page, int64_t page_bytes) {
+        float* __restrict__ group_max, int stride_table, int64_t out_stride, int64_t bmax_stride, int64_t gmax_stride,
+        int group, int chunk, int width, int num_cache_blocks, int rows_per_page, int64_t page_bytes) {
     using S = Shape<NEXT_N>;
     constexpr int G = S::G, BP = S::BP, STAGES = S::STAGES;
     // the tiles 1024-aligned, as the 128-byte swizzle needs (SMEM keeps 1024 bytes of slack for it); offsets
@@ -561,14 +573,14 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         for (int u = 0; u < KEPT; ++u) {
             const float x = d.i * T < lim[u] ? d.v[u] * d.sc[u] : -INFINITY;
             if (stores) dst[u][d.i * T] = x;
-            m = fmaxf(m, x);
+            m = max_nan(m, x);
         }
         if (!MAXIMA) return;
         // this row's max over the quad's 2 tokens (one or two rows: with the lane holding the other token half),
         // one partial a quad: the 32 partials of a (block, row) meet after the loop (no barrier, no shuffle chain
         // in it; 3 shuffles a block fewer than reducing over the warp here)
-        if constexpr (VP == 4) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-        if constexpr (VP == 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        if constexpr (VP == 4) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        if constexpr (VP == 2) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, 2));
         if (pmax_writer) pmax_s[(d.i * NEXT_N + ROW0 + row) * 32 + warp * 8 + lane / 4] = m;
     };
     const uint64_t q_desc = smem_desc(q_s + GI * S::QG * D), k_desc_set = smem_desc(keys_s + SET * KEY_BYTES);
@@ -650,14 +662,26 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     const int mine = (nblk - SET + BP - 1) / BP;  // blocks of this set
     for (int k = tid; k < mine * NR; k += 128) {
         const int i = SET + (k / NR) * BP, j = ROW0 + k % NR;
+        // partial 8w + g covers tokens 16w + g and 16w + g + 8 (warp w's accumulator rows), so float4 q holds four
+        // of warp q / 2's: 16-token group w is float4s 2w, 2w + 1, 32-token group g float4s 4g .. 4g + 3
         const float4* p = reinterpret_cast<const float4*>(pmax_s + (i * NEXT_N + j) * 32);
-        float m = -INFINITY;
+        float m16[4];
 #pragma unroll
-        for (int q = 0; q < 8; ++q) {
-            const float4 x = p[q];
-            m = fmaxf(m, fmaxf(fmaxf(x.x, x.y), fmaxf(x.z, x.w)));
+        for (int w = 0; w < 4; ++w) {
+            const float4 x = p[2 * w], y = p[2 * w + 1];
+            m16[w] = max_nan(max_nan(max_nan(x.x, x.y), max_nan(x.z, x.w)),
+                             max_nan(max_nan(y.x, y.y), max_nan(y.z, y.w)));
         }
-        block_max[(int64_t(b) * NEXT_N + j) * bmax_stride + blk0 + i] = m;
+        const float m32[2] = {max_nan(m16[0], m16[1]), max_nan(m16[2], m16[3])};
+        const int64_t out_row = int64_t(b) * NEXT_N + j;
+        block_max[out_row * bmax_stride + blk0 + i] = max_nan(m32[0], m32[1]);
+        if (group == 16) {
+#pragma unroll
+            for (int w = 0; w < 4; ++w) group_max[out_row * gmax_stride + 4 * (blk0 + i) + w] = m16[w];
+        } else if (group == 32) {
+#pragma unroll
+            for (int g = 0; g < 2; ++g) group_max[out_row * gmax_stride + 2 * (blk0 + i) + g] = m32[g];
+        }
     }
     };
     using std::integral_constant;
@@ -730,9 +754,10 @@ int make_map(CUtensorMap* map, void* base, uint64_t rows, uint32_t box_rows) {
 
 template <int NEXT_N, bool MAXIMA>
 int launch_kernel(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* cache, const float* weights,
-                  const int* seq_lens, const int* block_table, float* out, float* block_max, int batch, int width,
-                  int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
-                  int rows_per_page, int64_t page_bytes, int device, cudaStream_t stream) {
+                  const int* seq_lens, const int* block_table, float* out, float* block_max, float* group_max,
+                  int batch, int width, int stride_table, int64_t out_stride, int64_t bmax_stride,
+                  int64_t gmax_stride, int group, int chunk, int num_cache_blocks, int rows_per_page,
+                  int64_t page_bytes, int device, cudaStream_t stream) {
     constexpr int smem = Shape<NEXT_N>::SMEM;
     if (chunk > Shape<NEXT_N>::CHUNK_MAX) return -5;
     static bool configured[MAX_DEVICES] = {};  // the attribute is per function and device: set once each
@@ -744,22 +769,22 @@ int launch_kernel(const CUtensorMap& key_map, const CUtensorMap& q_map, const ui
     }
     dim3 grid(batch, (width + chunk - 1) / chunk);
     paged_logits_kernel<NEXT_N, MAXIMA><<<grid, Shape<NEXT_N>::THREADS, smem, stream>>>(
-        key_map, q_map, cache, weights, seq_lens, block_table, out, block_max, stride_table, out_stride, bmax_stride,
-        chunk, width, num_cache_blocks, rows_per_page, page_bytes);
+        key_map, q_map, cache, weights, seq_lens, block_table, out, block_max, group_max, stride_table, out_stride,
+        bmax_stride, gmax_stride, group, chunk, width, num_cache_blocks, rows_per_page, page_bytes);
     return cudaGetLastError() == cudaSuccess ? 0 : -4;
 }
 
 template <int NEXT_N>
 int launch(const CUtensorMap& key_map, void* q, const uint8_t* cache, const float* weights,
-           const int* seq_lens, const int* block_table, float* out, float* block_max, int batch, int width,
-           int stride_table, int64_t out_stride, int64_t bmax_stride, int chunk, int num_cache_blocks,
-           int rows_per_page, int64_t page_bytes, int device, cudaStream_t stream) {
+           const int* seq_lens, const int* block_table, float* out, float* block_max, float* group_max, int batch,
+           int width, int stride_table, int64_t out_stride, int64_t bmax_stride, int64_t gmax_stride, int group,
+           int chunk, int num_cache_blocks, int rows_per_page, int64_t page_bytes, int device, cudaStream_t stream) {
     CUtensorMap q_map;  // boxes of one row group's rows (Shape::ROWS x 64 rows of 128 bytes)
     if (int rc = make_map(&q_map, q, uint64_t(batch) * NEXT_N * H, uint32_t(Shape<NEXT_N>::ROWS * H))) return rc;
     const auto go = [&](auto kernel_launch) {
-        return kernel_launch(key_map, q_map, cache, weights, seq_lens, block_table, out, block_max, batch, width,
-                             stride_table, out_stride, bmax_stride, chunk, num_cache_blocks, rows_per_page,
-                             page_bytes, device, stream);
+        return kernel_launch(key_map, q_map, cache, weights, seq_lens, block_table, out, block_max, group_max,
+                             batch, width, stride_table, out_stride, bmax_stride, gmax_stride, group, chunk,
+                             num_cache_blocks, rows_per_page, page_bytes, device, stream);
     };
     return block_max != nullptr ? go(launch_kernel<NEXT_N, true>) : go(launch_kernel<NEXT_N, false>);
 }
@@ -772,9 +797,11 @@ int launch(const CUtensorMap& key_map, void* q, const uint8_t* cache, const floa
 extern "C" int spin_paged_logits_sm90(int next_n, void* q, void* cache, int64_t num_cache_blocks,
                                       int64_t page_bytes, const float* weights, const int* seq_lens,
                                       const int* block_table, int batch, int width, int stride_table, float* out,
-                                      int64_t out_stride, float* block_max, int64_t bmax_stride, int chunk,
-                                      int device, void* stream) {
+                                      int64_t out_stride, float* block_max, int64_t bmax_stride, float* group_max,
+                                      int64_t gmax_stride, int group, int chunk, int device, void* stream) {
     if (next_n < 1 || next_n > 4 || page_bytes % D != 0 || chunk < 1 || chunk > MAX_CHUNK) return -5;
+    // group maxima (16 or 32 columns) come from the block maxima's partials: only with them
+    if (group_max != nullptr && (block_max == nullptr || (group != 16 && group != 32))) return -5;
     if (device < 0 || device >= MAX_DEVICES) return -5;
     if (batch == 0 || width == 0) return 0;
     // This library carries its own CUDA runtime (nvcc links it statically), whose current device is not torch's:
@@ -790,17 +817,17 @@ extern "C" int spin_paged_logits_sm90(int next_n, void* q, void* cache, int64_t 
     const uint8_t* c = static_cast<const uint8_t*>(cache);
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     switch (next_n) {
-        case 1: return launch<1>(key_map, q, c, weights, seq_lens, block_table, out, block_max, batch, width,
-                                 stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
-                                 page_bytes, device, s);
-        case 2: return launch<2>(key_map, q, c, weights, seq_lens, block_table, out, block_max, batch, width,
-                                 stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
-                                 page_bytes, device, s);
-        case 3: return launch<3>(key_map, q, c, weights, seq_lens, block_table, out, block_max, batch, width,
-                                 stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
-                                 page_bytes, device, s);
-        default: return launch<4>(key_map, q, c, weights, seq_lens, block_table, out, block_max, batch, width,
-                                  stride_table, out_stride, bmax_stride, chunk, int(num_cache_blocks), rows_per_page,
-                                  page_bytes, device, s);
+        case 1: return launch<1>(key_map, q, c, weights, seq_lens, block_table, out, block_max, group_max,
+            batch, width, stride_table, out_stride, bmax_stride, gmax_stride, group, chunk,
+            int(num_cache_blocks), rows_per_page, page_bytes, device, s);
+        case 2: return launch<2>(key_map, q, c, weights, seq_lens, block_table, out, block_max, group_max,
+            batch, width, stride_table, out_stride, bmax_stride, gmax_stride, group, chunk,
+            int(num_cache_blocks), rows_per_page, page_bytes, device, s);
+        case 3: return launch<3>(key_map, q, c, weights, seq_lens, block_table, out, block_max, group_max,
+            batch, width, stride_table, out_stride, bmax_stride, gmax_stride, group, chunk,
+            int(num_cache_blocks), rows_per_page, page_bytes, device, s);
+        default: return launch<4>(key_map, q, c, weights, seq_lens, block_table, out, block_max, group_max,
+            batch, width, stride_table, out_stride, bmax_stride, gmax_stride, group, chunk,
+            int(num_cache_blocks), rows_per_page, page_bytes, device, s);
     }
 }

@@ -230,7 +230,8 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
         block_max_out.data_ptr() if block_max_out is not None else None,
         block_max_out.stride(0) if block_max_out is not None else 0,
         group_max_out.data_ptr() if group_max_out is not None else None,
-        group_max_out.stride(0) if group_max_out is not None else 0, group, chunk, q.device.index, stream)
+        group_max_out.stride(0) if group_max_out is not None else 0, group if group_max_out is not None else 0,
+        chunk, q.device.index, stream)
     if rc != 0:
         raise RuntimeError(f"paged_indexer_logits_cuda: {ERRORS.get(rc, rc)}")
     return out

@@ -802,6 +802,7 @@ extern "C" int spin_paged_logits_sm90(int next_n, void* q, void* cache, int64_t 
     if (next_n < 1 || next_n > 4 || page_bytes % D != 0 || chunk < 1 || chunk > MAX_CHUNK) return -5;
     // group maxima (16 or 32 columns) come from the block maxima's partials: only with them
     if (group_max != nullptr && (block_max == nullptr || (group != 16 && group != 32))) return -5;
+    if (group_max == nullptr) group = 0;  // the kernel writes group maxima where group is 16 or 32
     if (device < 0 || device >= MAX_DEVICES) return -5;
     if (batch == 0 || width == 0) return 0;
     // This library carries its own CUDA runtime (nvcc links it statically), whose current device is not torch's:

@@ -250,6 +250,7 @@ def test_group_maxima_from_the_block_maxima_partials(next_n, chunk, group, gen):
     their poison; the logits and block maxima are those of the call without it. A token whose scale is NaN makes
     its logits NaN, and its block's and group's maxima NaN (a pruning top-k must not skip them), the others not."""
     _gpu_or_skip()
+    from spin_indexer import ops
     x = make_paged_inputs((5 * T + 17, 3 * T, 1, 12 * T + 5), next_n, HEADS, DIM, gen, extra_width=2)
     pages = x.kv_cache.view(x.kv_cache.shape[0], -1)
     nan_token = 2 * T + 21  # request 0's block 2, below all its rows' lengths

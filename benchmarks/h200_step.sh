@@ -114,7 +114,7 @@ case "$stage" in
                 --points "$points${ALL_PROFILE:+,$ALL_PROFILE}" > "$OUT/all/warm.log" 2>&1 &
             warm_pid=$!
         fi
-        timeout "${ALL_TESTS_S:-3600}" python3 -m pytest -q -p no:cacheprovider $XDIST ${ALL_TESTS:-tests/ops/test_history.py \
+        timeout "${ALL_TESTS_S:-3600}" python3 -m pytest -q -p no:cacheprovider $XDIST ${ALL_TESTS:-tests/ops/test_indexer_logits_cuda.py tests/ops/test_history.py \
             tests/ops/test_indexer_logits_triton.py tests/ops/test_topk_triton.py tests/ops/test_topk_positions.py \
             tests/ops/test_deepgemm.py tests/ops/test_deepgemm_schedule.py tests/predictor/test_plan_triton.py tests/predictor/test_step_guard.py \
             tests/indexer/test_spin.py tests/ops/test_topk_attention.py tests/model/test_rope_triton.py \

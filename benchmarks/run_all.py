@@ -8,8 +8,10 @@ Per grid point (B requests x context L x next_n, CUDA graphs, median of replays,
 random key cache so no replay hits L2), per layer:
   deepgemm_logits_us   DeepGEMM fp8_paged_mqa_logits, dense (empty where deep_gemm does not import)
   dense_logits_us      the project's own logits kernel, dense, as the dense step runs it where DeepGEMM does not: the
-                       CUDA kernel where ops.logits_backend picks it (next_n 2-4), else the Triton one (block max
-                       fused, and the top-k's group maxima where it prunes finer than a block; tail unwritten)
+                       CUDA kernel at next_n 2-4 (where the op picks it after DeepGEMM; before run 151 this column
+                       was the Triton kernel at next_n = 2 whenever DeepGEMM imported), else the Triton one (block
+                       max fused, and the top-k's group maxima where the dense step takes them from the kernel:
+                       dense.fuses_group_max; tail unwritten)
   torch_topk_us        torch.topk(logits, K, sorted=False) over full rows (sorted=True with --topk-sorted): the same
                        contract as the steps' top-k
   own_topk_us          ops.topk_positions over the dense logits (with their block / group maxima), each layer's in turn

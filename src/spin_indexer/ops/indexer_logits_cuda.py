@@ -12,8 +12,9 @@ Built with nvcc on first use into a cache folder (SPIN_CUDA_CACHE, default ~/.ca
 source's hash, and called through ctypes: no torch extension, no ninja. Where nvcc, an SM90 GPU or the build is
 missing, `supports` answers False and callers keep the Triton kernel.
 
-Same math and outputs as `paged_indexer_logits_triton(..., fill_tail=False)`: logits float32 [B*next_n, W*T]
-and their block maxima [B*next_n, W]; blocks past each request's longest row are left as they were. Shapes it
+Same math and outputs as `paged_indexer_logits_triton(..., fill_tail=False)`: logits float32 [B*next_n, W*T],
+their block maxima [B*next_n, W] and, where asked, the top-k's group maxima of 16 or 32 columns (FUSED_GROUPS);
+blocks past each request's longest row are left as they were. Shapes it
 takes: H = 64, D = 128, T = 64 (DeepSeek-V3.2's indexer), pages a whole number of 128-byte rows apart (V3.2's
 8448 bytes and V4's 8704; not V4's 8640).
 """

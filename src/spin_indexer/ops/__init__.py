@@ -76,12 +76,12 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
                 block_max_out is not None and not kernel_block_max):
             # DeepGEMM writes logits only (the CUDA kernel their block maxima too, and the group maxima of
             # 16 or 32 columns): one pass over them gives the maxima it did not write and the update.
-            bmax = block_max_out if block_max_out is not None else torch.empty(
+            bmax = None if kernel_block_max else block_max_out if block_max_out is not None else torch.empty(
                 logits.shape[0], block_table.shape[1], dtype=torch.float32, device=logits.device)
             # an explicit last dim: view(B, N, -1) is ambiguous for an empty batch
             update_history(history, logits.view(q_fp8.shape[0], q_fp8.shape[1], logits.shape[1]), block_table,
-                           seq_lens, block_max_out=None if kernel_block_max else bmax,
-                           group_max_out=None if kernel_groups else group_max_out, group=group)
+                           seq_lens, block_max_out=bmax, group_max_out=None if kernel_groups else group_max_out,
+                           group=group)
         return logits
     if backend == "triton":
         from .indexer_logits_triton import paged_indexer_logits_triton

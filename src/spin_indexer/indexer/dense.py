@@ -45,8 +45,9 @@ def dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, topk: int, token
     maxima when it prunes at 8 or 16 columns (allocated here when needed and not given); sorted: best first,
     or the set in no particular order (ops.topk_positions). returns the top-k int32 [B*N, K] (out when given).
     Where the top-k prunes at G < T columns (ops.topk_group: tables under 4k blocks), the logits op writes
-    the G-column maxima too at one row and G <= 16 (in the Triton kernel's epilogue), so the top-k launches
-    no group-max pass of its own; elsewhere that launch measured faster (FUSED_GROUP_MAX_ROWS)."""
+    the G-column maxima too where `fuses_group_max` says so (the Triton kernel's epilogue at one row and G <= 16,
+    the CUDA kernel at G = 16 or 32), so the top-k launches no group-max pass of its own; elsewhere that launch
+    measured faster (FUSED_GROUP_MAX_ROWS) or the kernel cannot write them."""
     backend = ops.logits_backend(q_fp8, kv_cache)
     if logits_out is not None and backend == "deepgemm":
         logits_out = None

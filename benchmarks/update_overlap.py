@@ -32,6 +32,9 @@ the dense step, per layer:
                 production 1)
   cudalogits    SPIN's logits on the CUDA kernel at every next_n (indexer_logits_cuda.step_uses), the update as the
                 production pass: separates the kernel's speed from the fusion's
+  gpass         the top-k's 16 / 32-column group maxima from the pass behind the CUDA logits kernel, as before
+                session 60 (ops.writes_group_max: the Triton kernel only), not from the kernel's block-max
+                partials; with it the dense step is timed the same way too (dense_gpass)
   update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
                 _st2: those passes alone)
 
@@ -56,8 +59,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-VARIANTS = ("spin", "topk_first", "no_update", "fused", "cudalogits", "onetile", "st2", "stg<N>", "prog<N>", "pipe",
-            "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lch<N>", "lpf<P>", "after_thr", "after_gat")
+VARIANTS = ("spin", "topk_first", "no_update", "fused", "cudalogits", "gpass", "onetile", "st2", "stg<N>", "prog<N>",
+            "pipe", "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lch<N>", "lpf<P>", "after_thr", "after_gat")
 
 
 @contextlib.contextmanager
@@ -94,6 +97,8 @@ def variant(idx, name: str):
         patches = [(indexer_logits_triton, "default_config", config)]
     elif name == "cudalogits":
         patches = [(indexer_logits_cuda, "step_uses", lambda next_n: 1 <= next_n <= 4)]
+    elif name == "gpass":
+        patches = [(ops, "writes_group_max", lambda backend, group: backend == "triton")]
     elif name == "pipe":
         patches = [(history_triton, "PIPELINED_MIN_BLOCKS", 0)]
     elif name in ("spin", "fused"):
@@ -214,6 +219,11 @@ def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lin
         for i in range(p.layers):
             dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])
     calls = {"dense": dense_step}
+    if "gpass" in variants:  # the dense step with its group maxima from the pass too (its plan is no variant's)
+        def dense_gpass():
+            with variant(None, "gpass"):
+                dense_step()
+        calls["dense_gpass"] = dense_gpass
     indexers = {}
     for name in variants:
         idx, slots = steady_indexer(p, SpinConfig(sparsity=sparsity, topk=k), overlap_update=name != "fused")

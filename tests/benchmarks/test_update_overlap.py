@@ -16,23 +16,24 @@ from conftest import import_benchmark, run_benchmark_dry
 def test_every_variant_runs_in_a_dry_run(tmp_path):
     pytest.importorskip("triton")
     variants = ("spin,topk_first,no_update,fused,onetile,st2,stg4,prog8,pipe,thr4,sel8,gat4096,ltp64,lch32,lpf2,"
-                "after_thr,after_gat")
+                "after_thr,after_gat,gpass")
     proc = run_benchmark_dry("update_overlap.py", ["--out", tmp_path, "--points", "2x8192x1", "--sparsities", "0.4",
                                                    "--variants", variants, "--rounds", "2"], timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     (result,) = json.loads((tmp_path / "update_overlap.json").read_text())
     assert set(variants.split(",")) <= set(result["us"])
-    assert {"update_alone", "update_alone_prog8", "update_alone_pipe"} <= set(result["us"])
+    assert {"update_alone", "update_alone_prog8", "update_alone_pipe", "dense_gpass"} <= set(result["us"])
 
 
 def test_variants_patch_inside_their_block_only():
     pytest.importorskip("triton")
     overlap = import_benchmark("update_overlap")
+    from spin_indexer import ops
     from spin_indexer.ops import history_triton, topk_triton
     from spin_indexer.ops import indexer_logits_triton as ilt
     cpu = torch.device("cpu")
     def state():
-        return (topk_triton.threshold_warps(8192), topk_triton.set_select_warps(4096),
+        return (ops.writes_group_max("cuda", 16), topk_triton.threshold_warps(8192), topk_triton.set_select_warps(4096),
                 history_triton.PIPELINED_MIN_BLOCKS, history_triton.pass_programs(cpu), topk_triton.GATHER_VALUES,
                 ilt.COMPACT_TARGET_PROGRAMS, ilt.default_config(1, 1 << 20, True),
                 ilt.default_config(1, 1 << 20, False))
@@ -44,6 +45,7 @@ def test_variants_patch_inside_their_block_only():
               "gat4096": lambda: topk_triton.GATHER_VALUES == 4096,
               "ltp16384": lambda: ilt.default_config(1, 1 << 20, True).target_programs == 16384,
               "lch256": lambda: ilt.default_config(1, 1 << 20, True).max_chunk == 256,
+              "gpass": lambda: not ops.writes_group_max("cuda", 16) and ops.writes_group_max("triton", 16),
               "lpf2": lambda: ilt.default_config(1, 1 << 20, True).prefetch == 2
               and ilt.default_config(1, 1 << 20, False) == before[-1]}
     for name, inside in checks.items():

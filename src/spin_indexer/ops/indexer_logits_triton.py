@@ -249,8 +249,6 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     check_paged_indexer_args(q_fp8, kv_cache, weights, seq_lens, block_table, validate)
     batch, next_n, heads, dim = q_fp8.shape
     tokens, width = kv_cache.shape[1], block_table.shape[1]
-    rows = batch * next_n
-    dev = q_fp8.device
     out, block_max_out = logits_outputs(q_fp8, kv_cache, block_table, out, block_max_out,
                                         group_max_out=group_max_out, group=group)
     if batch == 0 or width == 0:

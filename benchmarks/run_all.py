@@ -170,9 +170,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
     # the own kernel the dense step runs where DeepGEMM does not serve (where it does: deepgemm_logits_us): the
     # CUDA kernel where the op picks it after DeepGEMM (next_n 2-4), else the Triton one
     from spin_indexer.indexer.dense import fuses_group_max
-    from spin_indexer.ops import indexer_logits_cuda
-    own = "cuda" if indexer_logits_cuda.step_uses(next_n) and indexer_logits_cuda.supports(p.q[0][0], p.caches[0]) \
-        else "triton"
+    own = "cuda" if ops.logits_backend(p.q[0][0], p.caches[0], deepgemm=False) == "cuda" else "triton"
     # as dense_topk: the top-k's group maxima from the logits kernel where the dense step takes them from there
     group = ops.topk_group(width * 64, k)
     gmax = torch.empty(rows, -(-width * 64 // group), device=p.table.device) if fuses_group_max(rows, group, own) \

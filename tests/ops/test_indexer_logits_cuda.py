@@ -195,9 +195,9 @@ def test_source_compiles_for_sm90a(tmp_path):
 
 
 def test_backend_choice_puts_next_n_2_to_4_here_behind_deepgemm(monkeypatch):
-    """ops.logits_backend (simulated SM90 with the library built): DeepGEMM where it serves, else this kernel at
-    next_n 2-4, the Triton kernel at 1; SPIN_INDEXER_LOGITS forces either way; nothing routes here where it
-    does not run."""
+    """ops.logits_backend (simulated SM90 with the library built): DeepGEMM where it serves (unless asked for the
+    project's own kernel, deepgemm=False), else this kernel at next_n 2-4, the Triton kernel at 1;
+    SPIN_INDEXER_LOGITS forces either way; nothing routes here where it does not run."""
     from spin_indexer import ops
     from spin_indexer.ops import deepgemm
     monkeypatch.setattr(ops, "_triton_twin", lambda module, name, t: object())  # CUDA with Triton
@@ -206,13 +206,14 @@ def test_backend_choice_puts_next_n_2_to_4_here_behind_deepgemm(monkeypatch):
     monkeypatch.delenv("SPIN_INDEXER_LOGITS", raising=False)
     kv = torch.empty(8, 64, 1, 132, dtype=torch.uint8, device="meta")
 
-    def choices():
-        return [ops.logits_backend(torch.empty(2, n, 64, 128, device="meta"), kv) for n in (1, 2, 3, 4)]
+    def choices(deepgemm=True):
+        return [ops.logits_backend(torch.empty(2, n, 64, 128, device="meta"), kv, deepgemm) for n in (1, 2, 3, 4)]
 
     assert choices() == ["triton", "cuda", "cuda", "cuda"]
     assert [C.step_uses(n) for n in (0, 1, 2, 4, 5)] == [False, False, True, True, False]
     monkeypatch.setattr(deepgemm, "supports", lambda q, kv: q.shape[1] == 2)  # DeepGEMM first where it serves
     assert choices() == ["triton", "deepgemm", "cuda", "cuda"]
+    assert choices(deepgemm=False) == ["triton", "cuda", "cuda", "cuda"]  # the own kernel where DeepGEMM does not serve
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "cuda")
     monkeypatch.setattr(deepgemm, "supports", lambda q, kv: False)
     assert choices() == ["cuda"] * 4

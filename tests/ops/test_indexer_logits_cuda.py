@@ -57,6 +57,30 @@ def test_matches_float64(next_n, chunk, gen):
     _check(inputs, chunk=chunk)
 
 
+@pytest.mark.parametrize("active_width,chunk", [(1, None), (3, None), (3, 2), (7, 5), (44, None), (90, None)])
+@pytest.mark.parametrize("next_n", [1, 2, 3, 4])
+def test_active_width_chunks_the_leading_columns_and_still_writes_the_rest(next_n, active_width, chunk, gen):
+    """active_width (SPIN's kept budget on a compact table): the first active_width columns in chunks, the rest in
+    the kernel's largest ones. Every block below a request's longest row is still written (here requests 0 and 3
+    keep more blocks than active_width: the tail's CTAs score them), against float64, nothing past them; the
+    logits, block and group maxima equal the call without it bit for bit. A width past W reads as W."""
+    _gpu_or_skip()
+    inputs = make_paged_inputs((5 * T + 17, 3 * T, 1, 40 * T + 5), next_n, HEADS, DIM, gen, extra_width=3)
+    _check(inputs, chunk=chunk, active_width=active_width)
+    x = inputs.to("cuda")
+    rows, width = x.weights.shape[0], x.block_table.shape[1]
+    outs = []
+    for kw in ({}, {"active_width": active_width}):
+        out = torch.full((rows, width * T), float("nan"), device="cuda")
+        bmax = torch.full((rows, width), float("nan"), device="cuda")
+        gmax = torch.full((rows, width * T // 16), float("nan"), device="cuda")
+        C.paged_indexer_logits_cuda(*x.args(), validate=False, out=out, block_max_out=bmax, group_max_out=gmax,
+                                    group=16, chunk=chunk, **kw)
+        outs.append((out, bmax, gmax))
+    for got, want in zip(outs[1], outs[0]):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("wide", ["queries", "weights"])
 @pytest.mark.parametrize("next_n", [1, 2, 3, 4])
 def test_matches_float64_over_wide_ranges(next_n, wide, gen):

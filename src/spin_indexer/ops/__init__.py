@@ -44,7 +44,7 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     deepgemm_schedule: optional int32 [num_sms + 1, 2], DeepGEMM's schedule for these seq_lens when it is the
     backend (deepgemm_schedule.schedule; SpinIndexer computes every layer's in plan()); ignored elsewhere.
     active_width: the block-table columns expected to hold blocks (SPIN's kept budget on a compact table):
-    the Triton kernel sizes its programs by it (paged_indexer_logits_triton); None = all W.
+    the project's kernels size their programs by it (paged_indexer_logits_triton, _cuda); None = all W.
     Backends (one place decides, `logits_backend`): DeepGEMM where it imports and covers the shape, the CUDA
     kernel (indexer_logits_cuda.py) at next_n 2-4 where it builds (both only with fill_tail=False: they do not
     clean the tail), else the Triton kernel on CUDA, else the reference. Behind DeepGEMM and the CUDA kernel,
@@ -70,7 +70,8 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
             from .indexer_logits_cuda import paged_indexer_logits_cuda
             logits = paged_indexer_logits_cuda(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate,
                                                out=out, block_max_out=block_max_out,
-                                               group_max_out=group_max_out if kernel_groups else None, group=group)
+                                               group_max_out=group_max_out if kernel_groups else None, group=group,
+                                               active_width=active_width)
         kernel_block_max = backend == "cuda"
         if history is not None or (group_max_out is not None and not kernel_groups) or (
                 block_max_out is not None and not kernel_block_max):

@@ -35,6 +35,8 @@ the dense step, per layer:
   gpass         the top-k's 16 / 32-column group maxima from the pass behind the CUDA logits kernel, as before
                 session 60 (ops.writes_group_max: the Triton kernel only), not from the kernel's block-max
                 partials; with it the dense step is timed the same way too (dense_gpass)
+  wchunk        the CUDA logits kernel chunked by the whole table width, not the kept budget's (before d7bc01b:
+                on a compact table the CTAs past the kept columns had nothing to do)
   update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
                 _st2: those passes alone)
 
@@ -59,8 +61,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-VARIANTS = ("spin", "topk_first", "no_update", "fused", "cudalogits", "gpass", "onetile", "st2", "stg<N>", "prog<N>",
-            "pipe", "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lch<N>", "lpf<P>", "after_thr", "after_gat")
+VARIANTS = ("spin", "topk_first", "no_update", "fused", "cudalogits", "gpass", "wchunk", "onetile", "st2", "stg<N>",
+            "prog<N>", "pipe", "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lch<N>", "lpf<P>", "after_thr", "after_gat")
 
 
 @contextlib.contextmanager
@@ -97,6 +99,11 @@ def variant(idx, name: str):
         patches = [(indexer_logits_triton, "default_config", config)]
     elif name == "cudalogits":
         patches = [(indexer_logits_cuda, "step_uses", lambda next_n: 1 <= next_n <= 4)]
+    elif name == "wchunk":
+        def whole_width(*args, original=indexer_logits_cuda.paged_indexer_logits_cuda, **kw):
+            kw.pop("active_width", None)
+            return original(*args, **kw)
+        patches = [(indexer_logits_cuda, "paged_indexer_logits_cuda", whole_width)]
     elif name == "gpass":
         patches = [(ops, "writes_group_max", lambda backend, group: backend == "triton")]
     elif name == "pipe":

@@ -201,7 +201,7 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
     on a compact table; None = all W): the default chunk splits those over the GPU, and the columns past them go in
     the kernel's largest chunks (256 blocks): CTAs that return at once unless a request keeps blocks there. Sized by W instead, a compact
     table of one request at 128K (1024 of 2048 columns used) left half the SMs idle: 9.5 us against DeepGEMM's 7.0
-    (H100, session 61).
+    (H100, run 153).
     Ids outside the cache read block 0 (validate=False: wrong logits, never a read outside the cache).
     library: a probe build (`load_library(defines)`, benchmarks only); None = the production one.
     Raises ValueError for inputs `supports` rejects. returns out: float32 [B*next_n, W*64]."""

@@ -199,9 +199,10 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
     the block maxima's partials (block_max_out is then computed too, allocated when not given). A NaN logit makes
     its block's and group's max NaN. active_width: the table columns expected to hold blocks (SPIN's kept budget
     on a compact table; None = all W): the default chunk splits those over the GPU, and the columns past them go in
-    the kernel's largest chunks (256 blocks): CTAs that return at once unless a request keeps blocks there. Sized by W instead, a compact
-    table of one request at 128K (1024 of 2048 columns used) left half the SMs idle: 9.5 us against DeepGEMM's 7.0
-    (H100, run 153).
+    the kernel's largest chunks (256 blocks), CTAs that return at once unless a request keeps blocks there. Chunked
+    by W instead, half the CTAs of a compact table at s = 0.5 had nothing to do: SPIN's step at 8 x 128K next_n = 4
+    took 108.1 us instead of 78.2 (H100, run 153; unchanged at 1 request and at 32-96, 3% slower at 8 x 512K
+    next_n = 2, where DeepGEMM serves when it imports).
     Ids outside the cache read block 0 (validate=False: wrong logits, never a read outside the cache).
     library: a probe build (`load_library(defines)`, benchmarks only); None = the production one.
     Raises ValueError for inputs `supports` rejects. returns out: float32 [B*next_n, W*64]."""

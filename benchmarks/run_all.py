@@ -216,7 +216,10 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
             # the backend the step does not choose here (ops.logits_backend), forced
             # (DeepGEMM / the CUDA kernel chosen: the Triton kernel; the Triton kernel chosen: DeepGEMM)
             other = "triton" if ops.logits_backend(p.q[0][0], p.caches[0]) in ("deepgemm", "cuda") else "deepgemm"
-            backends = [(None, "")] + ([(other, "_other")] if have_dg and guard == 0 else [])
+            # SPIN_INDEXER_LOGITS, where set, forces the step's backend too (before session 61 it was popped
+            # here, so a forced run timed SPIN's step on the backend the op picks)
+            forced = os.environ.get("SPIN_INDEXER_LOGITS") or None
+            backends = [(forced, "")] + ([(other, "_other")] if have_dg and guard == 0 else [])
             for backend, suffix in backends:
                 with logits_backend(backend):
                     times = spin_step(p, s, k, guard, indexer_kw, dense_step if not suffix else None)

@@ -30,6 +30,10 @@ random key cache so no replay hits L2), per layer:
   dense_other_us       dense_step_us - dense_logits_us - own_topk_us: the same difference for the dense step (what
                        its kernels cost inside the step beyond their times alone; at B = 1 a few us that
                        spin_own_us holds too)
+  dense_step_other_backend_us  dense_step_us with the logits backend the dense step does not pick here (DeepGEMM
+                       + the maxima pass where it takes the project's kernel, the project's kernel with its maxima
+                       where it takes DeepGEMM), when DeepGEMM imports and serves next_n (1-2): which one a dense
+                       step should take, per shape (run 153 saw the CUDA kernel 6-11% ahead at next_n = 2 on an H100)
   plan_update_us       the same as spin_own_us, under the column name of the earlier runs
   step_other_backend_us  step_us with the logits backend the step does not choose at this point (Triton with
                        the maxima in its epilogue, or DeepGEMM + the maxima pass; the update on the side stream
@@ -64,7 +68,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 COLUMNS = ["batch", "ctx", "next_n", "sparsity", "deepgemm_logits_us", "dense_logits_us", "torch_topk_us",
            "own_topk_us", "dense_step_us", "spin_logits_us", "topk_us", "plan_us", "plan_update_us", "step_us",
-           "spin_own_us", "dense_other_us",
+           "spin_own_us", "dense_other_us", "dense_step_other_backend_us",
            "step_other_backend_us", "guard_step_us", "realized_sparsity", "spin_own_bytes", "spin_own_pct_copy_bw",
            "key_GBps", "copy_GBps", "dense_step_paired_us", "vs_dense_paired", "guard_vs_dense_paired"]
 TOPK = 2048
@@ -203,6 +207,10 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
         for i in range(p.layers):
             dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])
     out["dense_step_us"] = time_graph([dense_step], **timing).p50_us / p.layers
+    if have_dg and next_n <= 2:  # the dense step on the other backend (the variable is read when it is captured)
+        picked = ops.logits_backend(p.q[0][0], p.caches[0])
+        with logits_backend(own if picked == "deepgemm" else "deepgemm"):
+            out["dense_step_other_backend_us"] = time_graph([dense_step], **timing).p50_us / p.layers
     del logits, bmax, gmax, dense_inputs
     results = []
     for s in sparsities:

@@ -86,7 +86,7 @@ PAIRED_ROUNDS = 30
 
 @dataclasses.dataclass(frozen=True)
 class CudaLaunch:
-    """A launch of the CUDA kernel: blocks a CTA (None: indexer_logits_cuda.default_chunk); defines: the probe
+    """A launch of the CUDA kernel: blocks a CTA (None: indexer_logits_cuda.balanced_chunk); defines: the probe
     build's switches (benchmarks/cuda_logits_probe.py; () = the library the logits op calls)."""
     chunk: int | None = None
     defines: tuple[str, ...] = ()

@@ -61,7 +61,7 @@ def test_matches_float64(next_n, chunk, gen):
 @pytest.mark.parametrize("next_n", [1, 2, 3, 4])
 def test_active_width_chunks_the_leading_columns_and_still_writes_the_rest(next_n, active_width, chunk, gen):
     """active_width (SPIN's kept budget on a compact table): the first active_width columns in chunks, the rest in
-    the kernel's largest ones. Every block below a request's longest row is still written (here requests 0 and 3
+    chunks of grid_chunks' tail size. Every block below a request's longest row is still written (here requests 0 and 3
     keep more blocks than active_width: the tail's CTAs score them), against float64, nothing past them; the
     logits, block and group maxima equal the call without it bit for bit. A width past W reads as W."""
     _gpu_or_skip()
@@ -79,6 +79,27 @@ def test_active_width_chunks_the_leading_columns_and_still_writes_the_rest(next_
         outs.append((out, bmax, gmax))
     for got, want in zip(outs[1], outs[0]):
         torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_grid_chunks_cover_the_table_and_bound_every_cta(seed):
+    """grid_chunks: the lead is active_width clamped into [1, W] (W without it) in chunks of the given chunk or
+    balanced_chunk's for B x lead; the columns past it in chunks of the larger of that and balanced_chunk's for the
+    full table (a request that keeps every block, as on its first step, gets no CTA larger than either rule's); the
+    grid covers W exactly once."""
+    rng = np.random.default_rng(seed)
+    batch, width, sms = int(rng.integers(1, 120)), int(rng.integers(1, 20000)), int(rng.integers(1, 200))
+    active = [None, int(rng.integers(-3, width + 5))][seed % 2]
+    given = [None, int(rng.integers(1, C.MAX_CHUNK + 1))][seed % 3 == 0]
+    lead, chunk, tail = C.grid_chunks(batch, width, active, given, sms)
+    assert lead == (width if active is None else min(max(active, 1), width))
+    assert chunk == (given or C.balanced_chunk(batch, lead, sms))
+    assert 1 <= chunk <= tail <= C.MAX_CHUNK
+    assert tail == (max(chunk, C.balanced_chunk(batch, width, sms)) if lead < width else chunk)
+    starts = list(range(0, lead, chunk)) + list(range(lead, width, tail))
+    ends = ([min(x + chunk, lead) for x in range(0, lead, chunk)]
+            + [min(x + tail, width) for x in range(lead, width, tail)])
+    assert starts[0] == 0 and ends[-1] == width and all(e == s for e, s in zip(ends, starts[1:]))
 
 
 @pytest.mark.parametrize("wide", ["queries", "weights"])

@@ -94,7 +94,7 @@ def load_library(defines: tuple[str, ...] = ()) -> ctypes.CDLL | None:
         return None
     i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
     fn.argtypes = [i32, ptr, ptr, i64, i64, ptr, ptr, ptr, i32, i32, i32, ptr, i64, ptr, i64, ptr, i64, i32, i32, i32,
-                   i32, ptr]
+                   i32, i32, ptr]
     fn.restype = i32
     return lib
 
@@ -157,20 +157,15 @@ def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor) -> bool:
 CTA_START_BLOCKS = 8
 
 
-def default_chunk(batch: int, width: int, device: torch.device) -> int:
-    """Blocks a CTA for a grid of batch x ceil(width / chunk) CTAs on this GPU (one CTA an SM fits): the one of
-    8..256 (as even a split of the width as that count of chunks allows) that minimizes waves x (chunk +
+@functools.lru_cache(maxsize=256)
+def balanced_chunk(batch: int, width: int, sms: int) -> int:
+    """Blocks a CTA for a grid of batch x ceil(width / chunk) CTAs on `sms` multiprocessors (one CTA an SM fits):
+    the one of 8..256 (as even a split of the width as that count of chunks allows) that minimizes waves x (chunk +
     CTA_START_BLOCKS), i.e. the grid's time where every block costs alike. A last wave that fills a few SMs costs a
     whole one: 96 x 128K (2048 blocks a request) takes 187 blocks a CTA (8 full waves) instead of 256 (5.8 waves,
     the model's 1.5% more), 32 x 512K 249 instead of 256 (2.7%). Measured (run 118, paired rounds): half that:
-    32 x 512K 1.9% faster at next_n = 2, 96 x 128K even at 2 and 1.1% slower at 4, 0.6-1.2% faster at 3-4."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count  # the inputs' GPU, not the current one
-    return balanced_chunk(batch, width, sms)
-
-
-@functools.lru_cache(maxsize=256)
-def balanced_chunk(batch: int, width: int, sms: int) -> int:
-    """default_chunk's rule for `sms` multiprocessors (a host rule on static shapes; cached)."""
+    32 x 512K 1.9% faster at next_n = 2, 96 x 128K even at 2 and 1.1% slower at 4, 0.6-1.2% faster at 3-4.
+    A host rule on static shapes (cached)."""
     if width <= 8:
         return max(width, 1)
     best_cost, best = None, MAX_CHUNK
@@ -181,6 +176,17 @@ def balanced_chunk(batch: int, width: int, sms: int) -> int:
         if best_cost is None or cost < best_cost:
             best_cost, best = cost, chunk
     return best
+
+
+def grid_chunks(batch: int, width: int, active_width: int | None, chunk: int | None, sms: int) -> tuple[int, int, int]:
+    """(lead, chunk, tail_chunk) of the kernel's grid: the table's first `lead` columns (active_width clamped into
+    [1, W]; W without it) in chunks of `chunk` (given, or balanced_chunk for B x lead), the rest in chunks of
+    max(chunk, balanced_chunk for B x W). The rest is empty on a compact table but where a request keeps more
+    blocks than the budget (its first step: every block unscored, so kept): then no CTA there takes more blocks
+    than the larger of the two chunks, never one long CTA behind the others."""
+    lead = width if active_width is None else min(max(int(active_width), 1), width)
+    chunk = chunk or balanced_chunk(batch, lead, sms)
+    return lead, chunk, (max(chunk, balanced_chunk(batch, width, sms)) if lead < width else chunk)
 
 
 def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
@@ -194,15 +200,16 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
     weights: float32 [B*next_n, 64]; seq_lens: int32 [B, next_n]; block_table: int32 [B, W]; out: float32
     [B*next_n, W*64]; block_max_out: float32 [B*next_n, W], or None: the kernel built without the block maxima runs
     (logits only, as DeepGEMM's; 0.94-0.95x the time at next_n = 2, run 106); chunk: blocks a CTA (1-256; None:
-    default_chunk). group_max_out: optional float32 [B*next_n, >= W*T / group] receiving the max of every `group`
-    columns (group in FUSED_GROUPS; the top-k's group maxima, ops.topk.group_max_ref) of the blocks written, from
-    the block maxima's partials (block_max_out is then computed too, allocated when not given). A NaN logit makes
-    its block's and group's max NaN. active_width: the table columns expected to hold blocks (SPIN's kept budget
-    on a compact table; None = all W): the default chunk splits those over the GPU, and the columns past them go in
-    the kernel's largest chunks (256 blocks), CTAs that return at once unless a request keeps blocks there. Chunked
-    by W instead, half the CTAs of a compact table at s = 0.5 had nothing to do: SPIN's step at 8 x 128K next_n = 4
-    took 108.1 us instead of 78.2 (H100, run 153; unchanged at 1 request and at 32-96, 3% slower at 8 x 512K
-    next_n = 2, where DeepGEMM serves when it imports).
+    balanced_chunk, see grid_chunks). group_max_out: optional float32 [B*next_n, >= W*T / group] receiving the max
+    of every `group` columns (group in FUSED_GROUPS; the top-k's group maxima, ops.topk.group_max_ref) of the
+    blocks written, from the block maxima's partials (block_max_out is then computed too, allocated when not
+    given). A NaN logit makes its block's and group's max NaN. active_width: the table columns expected to hold
+    blocks (SPIN's kept budget on a compact table; None = all W): the default chunk splits those over the GPU, and
+    the columns past them go in chunks of the larger of that chunk and the full table's, CTAs that return at once
+    unless a request keeps more blocks (`grid_chunks`). Chunked by W instead, half the CTAs of a compact table at
+    s = 0.5 had nothing to do: SPIN's step at 8 x 128K next_n = 4 took 108.1 us instead of 78.2 (H100, run 153,
+    with the columns past the budget in 256-block chunks; 3% slower at 8 x 512K next_n = 2, where DeepGEMM serves
+    when it imports; the tail's chunk rule since is not timed).
     Ids outside the cache read block 0 (validate=False: wrong logits, never a read outside the cache).
     library: a probe build (`load_library(defines)`, benchmarks only); None = the production one.
     Raises ValueError for inputs `supports` rejects. returns out: float32 [B*next_n, W*64]."""
@@ -229,8 +236,8 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
     lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
-    lead = width if active_width is None else min(max(int(active_width), 1), width)  # columns split by chunk
-    chunk = chunk or default_chunk(batch, lead, q.device)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count  # the inputs' GPU, not the current one
+    lead, chunk, tail_chunk = grid_chunks(batch, width, active_width, chunk, sms)
     stream = torch.cuda.current_stream(q.device).cuda_stream  # the library makes q's device its current one
     rc = (library or load_library()).spin_paged_logits_sm90(
         next_n, q.data_ptr(), kv_cache.data_ptr(), kv_cache.shape[0], page_stride_bytes(kv_cache), w.data_ptr(),
@@ -239,7 +246,7 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
         block_max_out.stride(0) if block_max_out is not None else 0,
         group_max_out.data_ptr() if group_max_out is not None else None,
         group_max_out.stride(0) if group_max_out is not None else 0, group if group_max_out is not None else 0,
-        chunk, lead, q.device.index, stream)
+        chunk, lead, tail_chunk, q.device.index, stream)
     if rc != 0:
         raise RuntimeError(f"paged_indexer_logits_cuda: {ERRORS.get(rc, rc)}")
     return out

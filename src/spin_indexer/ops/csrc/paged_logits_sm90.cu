@@ -417,11 +417,11 @@ __device__ __forceinline__ void weighted_query_terms(const float* __restrict__ w
     __syncthreads();
 }
 
-// grid (B, ceil(lead / chunk) + ceil((W - lead) / CHUNK_MAX)), Shape::THREADS threads: the table's first `lead`
-// columns in chunks of `chunk` blocks, the rest in chunks of CHUNK_MAX (on SPIN's compact tables lead is the kept
-// budget: the CTAs that have work fill the GPU, and the few past it, empty unless a request keeps more, return at
-// once; lead = W on a full table); the math warpgroups compute the chunk's blocks in turn, one thread of each
-// block set issuing its copies. Block ids outside [0, num_cache_blocks) read block 0 (never
+// grid (B, ceil(lead / chunk) + ceil((W - lead) / tail_chunk)), Shape::THREADS threads: the table's first `lead`
+// columns in chunks of `chunk` blocks, the rest in chunks of `tail_chunk` (on SPIN's compact tables lead is the kept
+// budget: the CTAs that have work fill the GPU, and those past it return at once unless a request keeps more, as
+// on its first step, when every block is unscored; lead = W on a full table); the math warpgroups compute the
+// chunk's blocks in turn, one thread of each block set issuing its copies. Block ids outside [0, num_cache_blocks) read block 0 (never
 // outside the cache).
 template <int NEXT_N, bool MAXIMA>
 __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) paged_logits_kernel(
@@ -429,7 +429,8 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         const uint8_t* __restrict__ cache, const float* __restrict__ weights, const int* __restrict__ seq_lens,
         const int* __restrict__ block_table, float* __restrict__ out, float* __restrict__ block_max,
         float* __restrict__ group_max, int stride_table, int64_t out_stride, int64_t bmax_stride, int64_t gmax_stride,
-        int group, int chunk, int lead, int width, int num_cache_blocks, int rows_per_page, int64_t page_bytes) {
+        int group, int chunk, int lead, int tail_chunk, int width, int num_cache_blocks, int rows_per_page,
+        int64_t page_bytes) {
     using S = Shape<NEXT_N>;
     constexpr int G = S::G, BP = S::BP, STAGES = S::STAGES;
     // the tiles 1024-aligned, as the 128-byte swizzle needs (SMEM keeps 1024 bytes of slack for it); offsets
@@ -449,8 +450,8 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     const int b = blockIdx.x;
     const int lead_chunks = (lead + chunk - 1) / chunk;
     const bool in_lead = int(blockIdx.y) < lead_chunks;
-    const int blk0 = in_lead ? blockIdx.y * chunk : lead + (blockIdx.y - lead_chunks) * S::CHUNK_MAX;
-    const int end = in_lead ? min(blk0 + chunk, lead) : blk0 + S::CHUNK_MAX;
+    const int blk0 = in_lead ? blockIdx.y * chunk : lead + (blockIdx.y - lead_chunks) * tail_chunk;
+    const int end = in_lead ? min(blk0 + chunk, lead) : blk0 + tail_chunk;
     int longest = 0;
 #pragma unroll
     for (int j = 0; j < NEXT_N; ++j) longest = max(longest, seq_lens[b * NEXT_N + j]);
@@ -762,10 +763,10 @@ template <int NEXT_N, bool MAXIMA>
 int launch_kernel(const CUtensorMap& key_map, const CUtensorMap& q_map, const uint8_t* cache, const float* weights,
                   const int* seq_lens, const int* block_table, float* out, float* block_max, float* group_max,
                   int batch, int width, int stride_table, int64_t out_stride, int64_t bmax_stride,
-                  int64_t gmax_stride, int group, int chunk, int lead, int num_cache_blocks, int rows_per_page,
-                  int64_t page_bytes, int device, cudaStream_t stream) {
-    constexpr int smem = Shape<NEXT_N>::SMEM, CHUNK_MAX = Shape<NEXT_N>::CHUNK_MAX;
-    if (chunk > CHUNK_MAX) return -5;
+                  int64_t gmax_stride, int group, int chunk, int lead, int tail_chunk, int num_cache_blocks,
+                  int rows_per_page, int64_t page_bytes, int device, cudaStream_t stream) {
+    constexpr int smem = Shape<NEXT_N>::SMEM;
+    if (chunk > Shape<NEXT_N>::CHUNK_MAX || tail_chunk > Shape<NEXT_N>::CHUNK_MAX) return -5;
     static bool configured[MAX_DEVICES] = {};  // the attribute is per function and device: set once each
     if (!configured[device]) {
         const auto kernel = paged_logits_kernel<NEXT_N, MAXIMA>;
@@ -773,10 +774,10 @@ int launch_kernel(const CUtensorMap& key_map, const CUtensorMap& q_map, const ui
             return -3;
         configured[device] = true;
     }
-    dim3 grid(batch, (lead + chunk - 1) / chunk + (width - lead + CHUNK_MAX - 1) / CHUNK_MAX);
+    dim3 grid(batch, (lead + chunk - 1) / chunk + (width - lead + tail_chunk - 1) / tail_chunk);
     paged_logits_kernel<NEXT_N, MAXIMA><<<grid, Shape<NEXT_N>::THREADS, smem, stream>>>(
         key_map, q_map, cache, weights, seq_lens, block_table, out, block_max, group_max, stride_table, out_stride,
-        bmax_stride, gmax_stride, group, chunk, lead, width, num_cache_blocks, rows_per_page, page_bytes);
+        bmax_stride, gmax_stride, group, chunk, lead, tail_chunk, width, num_cache_blocks, rows_per_page, page_bytes);
     return cudaGetLastError() == cudaSuccess ? 0 : -4;
 }
 
@@ -784,14 +785,14 @@ template <int NEXT_N>
 int launch(const CUtensorMap& key_map, void* q, const uint8_t* cache, const float* weights,
            const int* seq_lens, const int* block_table, float* out, float* block_max, float* group_max, int batch,
            int width, int stride_table, int64_t out_stride, int64_t bmax_stride, int64_t gmax_stride, int group,
-           int chunk, int lead, int num_cache_blocks, int rows_per_page, int64_t page_bytes, int device,
-           cudaStream_t stream) {
+           int chunk, int lead, int tail_chunk, int num_cache_blocks, int rows_per_page, int64_t page_bytes,
+           int device, cudaStream_t stream) {
     CUtensorMap q_map;  // boxes of one row group's rows (Shape::ROWS x 64 rows of 128 bytes)
     if (int rc = make_map(&q_map, q, uint64_t(batch) * NEXT_N * H, uint32_t(Shape<NEXT_N>::ROWS * H))) return rc;
     const auto go = [&](auto kernel_launch) {
         return kernel_launch(key_map, q_map, cache, weights, seq_lens, block_table, out, block_max, group_max,
                              batch, width, stride_table, out_stride, bmax_stride, gmax_stride, group, chunk, lead,
-                             num_cache_blocks, rows_per_page, page_bytes, device, stream);
+                             tail_chunk, num_cache_blocks, rows_per_page, page_bytes, device, stream);
     };
     return block_max != nullptr ? go(launch_kernel<NEXT_N, true>) : go(launch_kernel<NEXT_N, false>);
 }
@@ -805,10 +806,11 @@ extern "C" int spin_paged_logits_sm90(int next_n, void* q, void* cache, int64_t 
                                       int64_t page_bytes, const float* weights, const int* seq_lens,
                                       const int* block_table, int batch, int width, int stride_table, float* out,
                                       int64_t out_stride, float* block_max, int64_t bmax_stride, float* group_max,
-                                      int64_t gmax_stride, int group, int chunk, int lead, int device,
-                                      void* stream) {
+                                      int64_t gmax_stride, int group, int chunk, int lead, int tail_chunk,
+                                      int device, void* stream) {
     if (next_n < 1 || next_n > 4 || page_bytes % D != 0 || chunk < 1 || chunk > MAX_CHUNK) return -5;
-    if (lead < 0 || lead > width) return -5;  // the leading columns chunked by `chunk` (0: all W)
+    // the leading columns chunked by `chunk` (0: all W), the rest by `tail_chunk`
+    if (lead < 0 || lead > width || tail_chunk < 1 || tail_chunk > MAX_CHUNK) return -5;
     if (lead == 0) lead = width;
     // group maxima (16 or 32 columns) come from the block maxima's partials: only with them
     if (group_max != nullptr && (block_max == nullptr || (group != 16 && group != 32))) return -5;
@@ -829,16 +831,16 @@ extern "C" int spin_paged_logits_sm90(int next_n, void* q, void* cache, int64_t 
     cudaStream_t s = static_cast<cudaStream_t>(stream);
     switch (next_n) {
         case 1: return launch<1>(key_map, q, c, weights, seq_lens, block_table, out, block_max, group_max,
-            batch, width, stride_table, out_stride, bmax_stride, gmax_stride, group, chunk, lead,
+            batch, width, stride_table, out_stride, bmax_stride, gmax_stride, group, chunk, lead, tail_chunk,
             int(num_cache_blocks), rows_per_page, page_bytes, device, s);
         case 2: return launch<2>(key_map, q, c, weights, seq_lens, block_table, out, block_max, group_max,
-            batch, width, stride_table, out_stride, bmax_stride, gmax_stride, group, chunk, lead,
+            batch, width, stride_table, out_stride, bmax_stride, gmax_stride, group, chunk, lead, tail_chunk,
             int(num_cache_blocks), rows_per_page, page_bytes, device, s);
         case 3: return launch<3>(key_map, q, c, weights, seq_lens, block_table, out, block_max, group_max,
-            batch, width, stride_table, out_stride, bmax_stride, gmax_stride, group, chunk, lead,
+            batch, width, stride_table, out_stride, bmax_stride, gmax_stride, group, chunk, lead, tail_chunk,
             int(num_cache_blocks), rows_per_page, page_bytes, device, s);
         default: return launch<4>(key_map, q, c, weights, seq_lens, block_table, out, block_max, group_max,
-            batch, width, stride_table, out_stride, bmax_stride, gmax_stride, group, chunk, lead,
+            batch, width, stride_table, out_stride, bmax_stride, gmax_stride, group, chunk, lead, tail_chunk,
             int(num_cache_blocks), rows_per_page, page_bytes, device, s);
     }
 }

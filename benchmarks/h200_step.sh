@@ -108,7 +108,7 @@ case "$stage" in
         cp "$OUT/deepgemm_build.log" "$OUT/all/" 2>/dev/null
         points=${ALL_POINTS:-96x524288x1,96x1048576x1,96x131072x1,96x262144x1,32x524288x2,96x131072x2,\
 8x131072x1,1x131072x1,32x131072x1,8x524288x1,1x1048576x1,1x65536x1,8x65536x1,96x65536x1,8x131072x2,1x131072x2,\
-1x262144x1,1x524288x1,8x1048576x1}
+1x262144x1,1x524288x1,8x1048576x1,1x524288x2,1x1048576x2,8x524288x2}
         if [ "${ALL_WARM:-1}" = 1 ]; then  # the grid's and profile's kernels compiled meanwhile, in parallel
             timeout "${ALL_WARM_S:-400}" python3 benchmarks/warm_cache.py --out "$OUT/all/warm" \
                 --points "$points${ALL_PROFILE:+,$ALL_PROFILE}" > "$OUT/all/warm.log" 2>&1 &

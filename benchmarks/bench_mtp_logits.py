@@ -16,6 +16,11 @@ PAIRED_ROUNDS rounds (one replay of each in turn); us = the median, vs_deepgemm 
   deepgemm            DeepGEMM fp8_paged_mqa_logits at this next_n (n <= 2, where deep_gemm imports)
   deepgemm_per_row    DeepGEMM at next_n = 1 over the B x next_n rows as requests (each row reads its own
                       keys: the cost of an engine that flattens MTP rows)
+A point BxLxNxS (S > 0, e.g. 96x131072x4x0.5) times the same providers on SPIN's compact table at sparsity S
+instead: each request's kept blocks (predictor.select.budget_of with K = TOPK: the first columns of a table of
+ceil(L / T) columns, the rest ids no kernel reads) and rows as long as those blocks; the project's kernels are told
+the kept width (active_width, as SPIN's step tells them), DeepGEMM gets the same table and lengths. Its floor and
+bytes count the kept tokens; no #17 target is set there (they are for full tables).
 Same run: copy bandwidth (4 GiB device-to-device, read + written) and the FP8 MMA peak (torch._scaled_mm,
 fast accumulation, the best of two large shapes). Floor of a point = max(key bytes / copy bandwidth, MMA
 FLOPs / FP8 peak), key bytes = B x L x 132, MMA FLOPs = 2 x H x D x (sum of the rows' lengths).
@@ -49,6 +54,7 @@ from spin_indexer.ops import deepgemm  # noqa: E402
 from spin_indexer.ops import indexer_logits_cuda  # noqa: E402
 from spin_indexer.ops.indexer_logits import block_max_ref, paged_indexer_logits_ref  # noqa: E402
 from spin_indexer.ops.indexer_logits_triton import CONFIGS, LogitsConfig, paged_indexer_logits_triton  # noqa: E402
+from spin_indexer.predictor.select import budget_of  # noqa: E402
 
 H, D, T = 64, 128, 64
 C = LogitsConfig
@@ -73,15 +79,19 @@ CANDIDATES = {
 }
 CASES = [dict(batch=b, ctx=c, next_n=n) for b, c, n in (
     (96, 131072, 2), (32, 524288, 2), (96, 131072, 3), (48, 393216, 4), (96, 131072, 4), (32, 524288, 3),
-    (32, 524288, 4), (96, 131072, 1))]
-DRY_CASES = [dict(batch=1, ctx=70, next_n=n) for n in (2, 3, 4, 1)]
-COLUMNS = ["batch", "ctx", "next_n", "provider", "config", "us", "p20_us", "p80_us", "key_GBps", "pct_copy_bw",
-           "floor_us", "x_floor", "vs_deepgemm", "production"]
+    (32, 524288, 4), (96, 131072, 1))] + [dict(batch=b, ctx=c, next_n=n, sparsity=0.5) for b, c, n in (
+    (96, 131072, 4), (8, 131072, 4))]  # SPIN's compact tables (its step at next_n 3-4 runs these kernels there)
+DRY_CASES = [dict(batch=1, ctx=70, next_n=n) for n in (2, 3, 4, 1)] + [dict(batch=2, ctx=300, next_n=3, sparsity=0.5)]
+COLUMNS = ["batch", "ctx", "next_n", "sparsity", "provider", "config", "us", "p20_us", "p80_us", "key_GBps",
+           "pct_copy_bw", "floor_us", "x_floor", "vs_deepgemm", "production"]
 # Every provider of a point is timed in the same rounds (harness.time_graphs_paired: one replay of each in turn),
 # and vs_deepgemm is the median over rounds of the per-round ratio. Under sustained load the H200 sits at its
 # power limit and its SM clock follows the kernel (run 113: 1.33-1.68 GHz), so medians taken apart moved by up to
 # 10-24% between timings of the same build (runs 109, 114); ratios within a round do not see that drift.
 PAIRED_ROUNDS = 30
+# The top-k a compact point's budget covers (SPIN's budget never drops below K tokens + a block); 64 in a CPU dry
+# run, whose tiny contexts would otherwise keep every block
+TOPK = 64 if DEVICE == "cpu" else 2048
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,19 +123,28 @@ def config_name(cfg: LogitsConfig | CudaLaunch) -> str:
     return name + (f"t{cfg.target_programs}" if cfg.target_programs != C().target_programs else "")
 
 
+def scored_tokens(case: dict) -> int:
+    """Tokens a request's rows reach: L, or on a compact point (sparsity S > 0) its kept blocks' worth (the
+    budget of ceil(L / T) blocks at S, capped at L)."""
+    if not case.get("sparsity"):
+        return case["ctx"]
+    kept = budget_of(-(-case["ctx"] // T), case["sparsity"], min(TOPK, case["ctx"]), T)
+    return min(case["ctx"], kept * T)
+
+
 def key_bytes(case: dict) -> int:
-    return case["batch"] * case["ctx"] * (D + 4)
+    return case["batch"] * scored_tokens(case) * (D + 4)
 
 
 def bytes_moved(case: dict) -> int:
     """Keys read + logits and block maxima written (over the blocks the rows touch)."""
-    rows, width = case["batch"] * case["next_n"], -(-case["ctx"] // T)
+    rows, width = case["batch"] * case["next_n"], -(-scored_tokens(case) // T)
     return key_bytes(case) + rows * width * (T + 1) * 4
 
 
 def mma_flops(case: dict) -> int:
-    """2 H D per (row, token): row j of a request has L - next_n + j + 1 tokens."""
-    n, ctx = case["next_n"], case["ctx"]
+    """2 H D per (row, token): row j of a request has L - next_n + j + 1 tokens (L: scored_tokens)."""
+    n, ctx = case["next_n"], scored_tokens(case)
     return 2 * H * D * case["batch"] * sum(ctx - n + j + 1 for j in range(n))
 
 
@@ -151,28 +170,33 @@ def fp8_mma_peak_tflops() -> float:
 
 
 class Inputs:
-    """Queries, weights, lengths and block table of one point over a key pool of B x W blocks."""
+    """Queries, weights, lengths and block table of one point over a key pool of B x W blocks; sparsity > 0: SPIN's
+    compact table (the rows as long as the kept blocks, `active` = those blocks, told to the project's kernels)."""
 
-    def __init__(self, pool: KeyPool, batch: int, ctx: int, next_n: int):
+    def __init__(self, pool: KeyPool, batch: int, ctx: int, next_n: int, sparsity: float = 0.0):
         self.batch, self.ctx, self.next_n = batch, ctx, next_n
         self.width = -(-ctx // T)
         self.cache = pool.cache
         self.table = pool.tables(batch, self.width, 1)[0]
         self.q, self.w = random_queries(batch, next_n, H, D, seed=next_n)
-        self.lens = decode_lens(batch, next_n, ctx)
+        scored = scored_tokens(dict(ctx=ctx, sparsity=sparsity))
+        self.active = -(-scored // T) if sparsity else None
+        self.lens = decode_lens(batch, next_n, scored)
         rows = batch * next_n
         self.out = torch.empty(rows, self.width * T, device=DEVICE)
         self.bmax = torch.empty(rows, self.width, device=DEVICE)
 
     def own(self, cfg: LogitsConfig):
         return lambda: paged_indexer_logits_triton(self.q, self.cache, self.w, self.lens, self.table, validate=False,
-                                                   out=self.out, block_max_out=self.bmax, fill_tail=False, config=cfg)
+                                                   out=self.out, block_max_out=self.bmax, fill_tail=False, config=cfg,
+                                                   active_width=self.active)
 
     def own_cuda(self, launch: CudaLaunch):
         lib = indexer_logits_cuda.load_library(launch.defines) if launch.defines else None
         return lambda: indexer_logits_cuda.paged_indexer_logits_cuda(
             self.q, self.cache, self.w, self.lens, self.table, validate=False, out=self.out,
-            block_max_out=self.bmax if launch.maxima else None, chunk=launch.chunk, library=lib)
+            block_max_out=self.bmax if launch.maxima else None, chunk=launch.chunk, library=lib,
+            active_width=self.active)
 
     def deepgemm(self):
         return lambda: deepgemm.paged_indexer_logits_deepgemm(self.q, self.cache, self.w, self.lens, self.table,
@@ -254,7 +278,7 @@ def _check_one(x: Inputs, provider: str, cfg, n: int, ref: torch.Tensor, live: t
 
 
 def time_case(case: dict, pool: KeyPool, have_dg: bool, env: dict, timing: dict) -> list[dict]:
-    x = Inputs(pool, case["batch"], case["ctx"], case["next_n"])
+    x = Inputs(pool, case["batch"], case["ctx"], case["next_n"], case.get("sparsity", 0.0))
     floor_us = max(key_bytes(case) / env["copy_GBps"] / 1e3, mma_flops(case) / env["fp8_peak_tflops"] / 1e6
                    if env["fp8_peak_tflops"] == env["fp8_peak_tflops"] else 0.0)
     rows = []
@@ -267,7 +291,8 @@ def time_case(case: dict, pool: KeyPool, have_dg: bool, env: dict, timing: dict)
         us = statistics.median(per_round)
         vs_dg = statistics.median(a / b for a, b in zip(ms[i], ms[dg])) if dg is not None and DEVICE != "cpu" else \
             float("nan")
-        rows.append(dict(case, provider=provider, config=config_name(cfg) if cfg else "", us=us,
+        rows.append(dict(case, sparsity=case.get("sparsity", 0.0), provider=provider,
+                         config=config_name(cfg) if cfg else "", us=us,
                          p20_us=quantile(per_round, 0.2), p80_us=quantile(per_round, 0.8),
                          key_GBps=key_bytes(case) / us / 1e3,
                          pct_copy_bw=100 * bytes_moved(case) / us / 1e3 / env["copy_GBps"], floor_us=floor_us,
@@ -287,9 +312,10 @@ def fmt(v):
 def targets(rows: list[dict]) -> list[str]:
     """The issue's targets, each beside its measured value (best candidate, and the production config)."""
     out = []
-    points = sorted({(r["batch"], r["ctx"], r["next_n"]) for r in rows}, key=lambda p: (p[2], p[0] * p[1]))
-    for b, c, n in points:
-        here = [r for r in rows if (r["batch"], r["ctx"], r["next_n"]) == (b, c, n)]
+    points = sorted({(r["batch"], r["ctx"], r["next_n"], r.get("sparsity", 0.0)) for r in rows},
+                    key=lambda p: (p[3], p[2], p[0] * p[1]))
+    for b, c, n, sp in points:
+        here = [r for r in rows if (r["batch"], r["ctx"], r["next_n"], r.get("sparsity", 0.0)) == (b, c, n, sp)]
         own = [r for r in here if r["provider"] in ("own", "own_cuda")]  # the project's kernels, Triton and CUDA
         if not own:
             continue
@@ -297,6 +323,14 @@ def targets(rows: list[dict]) -> list[str]:
         prod = next((r for r in own if r["production"]), best)
         dg = next((r["us"] for r in here if r["provider"] == "deepgemm"), float("nan"))
         per_row = next((r["us"] for r in here if r["provider"] == "deepgemm_per_row"), float("nan"))
+        if sp:  # SPIN's compact table: reported, no target (the issue's are for full tables)
+            dg_here = f", DeepGEMM on the same table {dg:.1f} us (best own {best['vs_deepgemm']:.3f}x)" if dg == dg \
+                else ""
+            out.append(f"B={b} L={c} n={n} compact at s={sp:g} (kept {scored_tokens(here[0])} tokens a request): best "
+                       f"own {best['config']} {best['us']:.1f} us, production {prod['config']} {prod['us']:.1f} us, "
+                       f"{best['x_floor']:.2f}x / {prod['x_floor']:.2f}x the kept keys' floor {best['floor_us']:.1f} "
+                       f"us{dg_here}")
+            continue
         head = f"B={b} L={c} n={n}: best own {best['config']} {best['us']:.1f} us, production {prod['config']} " \
                f"{prod['us']:.1f} us, floor {best['floor_us']:.1f} us"
         if n == 2:
@@ -323,7 +357,7 @@ def write_report(out_dir: str, rows: list[dict], env: dict, command: str) -> lis
         w.writeheader()
         w.writerows([{**{c: fmt(r.get(c, float("nan"))) for c in COLUMNS},
                       **{k: env.get(k) for k in ("gpu", "torch", "triton", "commit", "date")}} for r in rows])
-    floors = sorted({(r["batch"], r["ctx"], r["next_n"], r["floor_us"]) for r in rows})
+    floors = sorted({(r["batch"], r["ctx"], r["next_n"], r.get("sparsity", 0.0), r["floor_us"]) for r in rows})
     lines = ["# MTP-native paged logits on one GPU (issue #17)", "",
              f"- GPU: {env.get('gpu')} ({env.get('sms')} SMs), {env.get('date')}, torch {env.get('torch')}, triton "
              f"{env.get('triton')}, CUDA {env.get('cuda')}, commit {env.get('commit')}, DeepGEMM "
@@ -334,7 +368,7 @@ def write_report(out_dir: str, rows: list[dict], env: dict, command: str) -> lis
              f"- checks vs paged_indexer_logits_ref: worst rel. error "
              f"{max(env.get('checks', {0: 0.0}).values()):.2e} over {len(env.get('checks', {}))} provider x next_n",
              "- floor = max(B x L x 132 B / copy bandwidth, 2 H D x row tokens / FP8 peak): "
-             + "; ".join(f"{b}x{c} n={n} {fl:.1f} us" for b, c, n, fl in floors),
+             + "; ".join(f"{b}x{c} n={n}{f' s={sp:g}' if sp else ''} {fl:.1f} us" for b, c, n, sp, fl in floors),
              "- CUDA graphs, paired rounds (median; vs_deepgemm: median of per-round ratios); configs: "
              "g<rows per MMA>w<warps>s<stages>[r<register cap>]"
              "[p: scale prefetch, p2: two blocks ahead][t<target programs>]; "
@@ -358,10 +392,24 @@ def cuda_kernel_available(env: dict) -> bool:
     return indexer_logits_cuda.supports(q, cache)
 
 
+def point_case(text: str) -> dict:
+    """A case from BxLxN or BxLxNxS (S: sparsity of a compact point)."""
+    parts = text.split("x")
+    if len(parts) not in (3, 4):
+        raise ValueError(f"--points: expected BxLxN or BxLxNxS, got {text!r}")
+    case = dict(zip(("batch", "ctx", "next_n"), map(int, parts[:3])))
+    if len(parts) == 4:
+        case["sparsity"] = float(parts[3])
+        if not 0.0 <= case["sparsity"] < 1.0:
+            raise ValueError(f"--points: expected a sparsity in [0, 1) in {text!r}")
+    return case
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(HERE, "results", "mtp"))
-    p.add_argument("--points", default=None, help="comma list of BxLxN points instead of CASES")
+    p.add_argument("--points", default=None,
+                   help="comma list of BxLxN points (BxLxNxS: SPIN's compact table at sparsity S) instead of CASES")
     p.add_argument("--budget-s", type=float, default=120, help="start no new point after this many seconds")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
@@ -377,7 +425,7 @@ def main(argv=None) -> int:
     check(have_dg, env, have_cuda)
     log(f"check done at {time.time() - t0:.0f} s")
     if args.points:
-        cases = [dict(zip(("batch", "ctx", "next_n"), map(int, s.split("x")))) for s in args.points.split(",")]
+        cases = [point_case(s) for s in args.points.split(",")]
     else:
         cases = DRY_CASES if dry else CASES
     timing = {} if dry else dict(rounds=PAIRED_ROUNDS)

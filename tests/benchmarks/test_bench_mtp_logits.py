@@ -4,11 +4,14 @@ floors and targets."""
 from __future__ import annotations
 
 import csv
+import re
 
 import pytest
 import torch
 
 from conftest import import_benchmark, run_benchmark_dry
+
+T_ONE = 64  # tokens a block
 
 
 @pytest.mark.interpreter
@@ -25,13 +28,22 @@ def test_bench_mtp_logits_dry_run(tmp_path):
         assert column in reader.fieldnames, column
     bench = import_benchmark("bench_mtp_logits")
     CANDIDATES, config_name = bench.CANDIDATES, bench.config_name
+    full = [r for r in rows if float(r["sparsity"]) == 0]
     for n, configs in CANDIDATES.items():
-        got = [r["config"] for r in rows if r["next_n"] == str(n) and r["provider"] == "own"]
+        got = [r["config"] for r in full if r["next_n"] == str(n) and r["provider"] == "own"]
         assert got == [config_name(c) for c in configs], n  # every candidate, production first
-        assert [r["production"] for r in rows if r["next_n"] == str(n)][0] == "True"
+        assert [r["production"] for r in full if r["next_n"] == str(n)][0] == "True"
     assert not any(r["provider"].startswith("deepgemm") for r in rows)  # no DeepGEMM here: no made-up rows
+    # the compact point (DRY_CASES' last): every candidate again, its floor over the kept tokens only
+    compact = [r for r in rows if float(r["sparsity"]) == 0.5]
+    case = bench.DRY_CASES[-1]
+    assert [r["config"] for r in compact if r["provider"] == "own"] == [
+        config_name(c) for c in CANDIDATES[case["next_n"]]]
     text = (tmp_path / "mtp_logits.md").read_text()
     assert "## Targets" in text and "floor = max(" in text
+    kept = int(re.search(r"compact at s=0\.5 \(kept (\d+) tokens a request\)", text).group(1))
+    assert T_ONE * 2 <= kept < case["ctx"] and kept % T_ONE == 0  # a compact table: some blocks kept, not all
+    assert bench.key_bytes(dict(case, sparsity=0.0, ctx=kept)) == case["batch"] * kept * 132
 
 
 def test_candidates_are_distinct_and_start_with_production():
@@ -97,3 +109,20 @@ def test_targets_name_the_best_with_block_maxima_when_the_logits_only_build_wins
     assert lines[1].strip().startswith("with the block maxima") and "cuda 520.0 us, 1.156x" in lines[1]
     rows[2]["us"] = 530.0  # the build with maxima is the best: no second line
     assert not any("with the block maxima" in line for line in bench.targets(rows))
+
+
+def test_points_take_an_optional_sparsity():
+    """--points: BxLxN (a full table) or BxLxNxS (SPIN's compact table at sparsity S in [0, 1)); anything else is
+    refused by name. A compact point's floor counts the kept tokens only: its key bytes are those of a full point
+    of that length."""
+    bench = import_benchmark("bench_mtp_logits")
+    assert bench.point_case("8x131072x2") == dict(batch=8, ctx=131072, next_n=2)
+    assert bench.point_case("96x131072x4x0.5") == dict(batch=96, ctx=131072, next_n=4, sparsity=0.5)
+    for bad in ("2x300", "2x300x3x1.5", "2x300x3x0.5x1"):
+        with pytest.raises(ValueError, match="--points"):
+            bench.point_case(bad)
+    case = bench.point_case("96x131072x4x0.5")
+    kept = bench.scored_tokens(case)
+    assert kept % T_ONE == 0 and 0 < kept < case["ctx"]
+    assert bench.key_bytes(case) == bench.key_bytes(dict(batch=96, ctx=kept, next_n=4))
+    assert bench.mma_flops(case) == bench.mma_flops(dict(batch=96, ctx=kept, next_n=4))

@@ -334,8 +334,8 @@ class SpinIndexer:
         in_topk = side is not None and self.update_in_topk(batch, width, history)
         # The CUDA kernel writes the block maxima (into the workspace, not a scratch of its own, whether or not
         # the pass below rewrites them)
-        maxima_fused = side is None or (group_max is None and backend != "deepgemm") or (
-            group_max is not None and ops.writes_group_max(backend, group))
+        maxima_fused = side is None or (backend != "deepgemm" and (
+            group_max is None or ops.writes_group_max(backend, group)))
         logits = ops.paged_indexer_logits(q_fp8, kv_cache, weights, plan.compact_seq_lens, plan.compact_block_table,
                                           validate=False, out=out,
                                           block_max_out=block_max if maxima_fused or backend == "cuda" else None,

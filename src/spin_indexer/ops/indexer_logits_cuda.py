@@ -35,6 +35,7 @@ from ..dispatch import forced_logits_backend
 from ..layout import page_stride_bytes
 from .indexer_logits import check_paged_indexer_args
 from .indexer_logits_triton import logits_outputs
+from .maxima_triton import sm_count
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_logits_sm90.cu"
 NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC")
@@ -236,8 +237,7 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
     lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
     if block_table.stride(1) != 1:
         block_table = block_table.contiguous()
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count  # the inputs' GPU, not the current one
-    lead, chunk, tail_chunk = grid_chunks(batch, width, active_width, chunk, sms)
+    lead, chunk, tail_chunk = grid_chunks(batch, width, active_width, chunk, sm_count(q.device))  # q's GPU's SMs
     stream = torch.cuda.current_stream(q.device).cuda_stream  # the library makes q's device its current one
     rc = (library or load_library()).spin_paged_logits_sm90(
         next_n, q.data_ptr(), kv_cache.data_ptr(), kv_cache.shape[0], page_stride_bytes(kv_cache), w.data_ptr(),

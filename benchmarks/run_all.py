@@ -173,6 +173,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
     bmax = torch.empty(rows, width, device=p.table.device)
     # the own kernel the dense step runs where DeepGEMM does not serve (where it does: deepgemm_logits_us): the
     # CUDA kernel where the op picks it after DeepGEMM (next_n 2-4), else the Triton one
+    from spin_indexer.dispatch import forced_logits_backend
     from spin_indexer.indexer.dense import fuses_group_max
     own = "cuda" if ops.logits_backend(p.q[0][0], p.caches[0], deepgemm=False) == "cuda" else "triton"
     # as dense_topk: the top-k's group maxima from the logits kernel where the dense step takes them from there
@@ -226,8 +227,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
             other = "triton" if ops.logits_backend(p.q[0][0], p.caches[0]) in ("deepgemm", "cuda") else "deepgemm"
             # SPIN_INDEXER_LOGITS, where set, forces the step's backend too (before session 61 it was popped
             # here, so a forced run timed SPIN's step on the backend the op picks)
-            forced = os.environ.get("SPIN_INDEXER_LOGITS") or None
-            backends = [(forced, "")] + ([(other, "_other")] if have_dg and guard == 0 else [])
+            backends = [(forced_logits_backend(), "")] + ([(other, "_other")] if have_dg and guard == 0 else [])
             for backend, suffix in backends:
                 with logits_backend(backend):
                     times = spin_step(p, s, k, guard, indexer_kw, dense_step if not suffix else None)

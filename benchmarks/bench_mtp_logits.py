@@ -96,7 +96,7 @@ TOPK = 64 if DEVICE == "cpu" else 2048
 
 @dataclasses.dataclass(frozen=True)
 class CudaLaunch:
-    """A launch of the CUDA kernel: blocks a CTA (None: indexer_logits_cuda.balanced_chunk); defines: the probe
+    """A launch of the CUDA kernel: blocks a CTA (None: indexer_logits_cuda.makespan_chunk); defines: the probe
     build's switches (benchmarks/cuda_logits_probe.py; () = the library the logits op calls)."""
     chunk: int | None = None
     defines: tuple[str, ...] = ()

@@ -1,23 +1,26 @@
-"""Experiment (#14 / #17): the CUDA logits kernel's grid on SPIN's compact table, steady state and first step.
+"""Experiment (#14 / #17): the CUDA logits kernel's grid rules on SPIN's compact table and on the dense table.
 
 SPIN's step passes the kept budget as `active_width`: the table's first columns are chunked over the GPU and the
 columns past them go in larger chunks (indexer_logits_cuda.grid_chunks). In steady state those columns are empty
 (each request keeps about the budget); on a request's first step every block is unscored, so kept, and the whole
-table holds blocks. This times, in paired rounds (harness.time_graphs_paired), per point:
+table holds blocks. The dense step passes no active_width. Paired rounds (harness.time_graphs_paired), per point:
 
-  steady_*   each request's compact length = the budget's tokens (the columns past it empty)
-  first_*    each request's compact length = the whole context (every block kept: a first step)
+  steady       each request's compact length = the budget's tokens (the columns past it empty), active_width =
+               the budget: production (makespan_chunk)
+  first        each request's compact length = the whole context (every block kept: a first step), the same grid
+  dense        the dense table (active_width None, the whole context)
+  *_wave       the same with the chunk rule before run 154 (update_overlap.wave_chunk: whole waves)
+  first_tail256  d7bc01b's grid: the columns past the budget in 256-block chunks (8aff430 bounded them)
 
-under three grids: `width` (active_width None: chunked by the table's width, the rule before d7bc01b),
-`budget` (production: grid_chunks with the budget) and `tail256` (d7bc01b's rule: the columns past the budget in
-256-block chunks). Prediction: steady budget < steady width (idle CTAs gone); first budget ~= first width (no
-CTA larger than the width rule's), first tail256 slower at small B (a few long CTAs).
+and each variant's time over production's, per round, median (`<name>_vs_prod`). Prediction: the tail rule keeps
+first ~= dense (no CTA larger than the dense grid's); tail256 slower at small B (a few long CTAs).
 
     PYTHONPATH=src:benchmarks python benchmarks/cuda_first_step.py --points 1x131072x2,8x131072x4,8x524288x2
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -27,14 +30,16 @@ from unittest import mock
 import torch
 
 from harness import KeyPool, environment, random_queries, time_graphs_paired
+from update_overlap import wave_chunk
 from spin_indexer.ops import indexer_logits_cuda as cu
 from spin_indexer.predictor.select import budget_of
 
 TOPK = 2048
+GRID_CHUNKS = cu.grid_chunks  # production's, before the patches below
 
 
 def tail256(batch, width, active_width, chunk, sms):
-    lead, chunk, _ = cu.grid_chunks(batch, width, active_width, chunk, sms)
+    lead, chunk, _ = GRID_CHUNKS(batch, width, active_width, chunk, sms)
     return lead, chunk, (cu.MAX_CHUNK if lead < width else chunk)
 
 
@@ -44,32 +49,43 @@ def time_point(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int) 
     pool = KeyPool(batch * width + 1)
     table = pool.tables(batch, width, 1)[0]
     q, w = random_queries(batch, next_n)
-    lens = {"steady": budget * 64, "first": ctx}
     out = torch.empty(batch * next_n, width * 64, device="cuda")
     bmax = torch.empty(batch * next_n, width, device="cuda")
     gmax = torch.empty(batch * next_n, width * 64 // 16, device="cuda")
 
-    def call(kind, active):
-        seq = torch.full((batch, next_n), lens[kind], dtype=torch.int32, device="cuda")
+    def call(tokens, active, patch=None):  # patch: a context manager factory
+        seq = torch.full((batch, next_n), tokens, dtype=torch.int32, device="cuda")
         seq -= torch.arange(next_n - 1, -1, -1, dtype=torch.int32, device="cuda")  # MTP rows: one token apart
-        return lambda: cu.paged_indexer_logits_cuda(q, pool.cache, w, seq, table, validate=False, out=out,
-                                                    block_max_out=bmax, group_max_out=gmax, group=16,
-                                                    active_width=active)
 
-    calls = {f"{kind}_width": call(kind, None) for kind in lens}
-    calls.update({f"{kind}_budget": call(kind, budget) for kind in lens})
-    with mock.patch.object(cu, "grid_chunks", tail256):
-        times = time_graphs_paired({**calls, **{f"{kind}_tail256": call(kind, budget) for kind in lens}}, rounds)
+        def launch():
+            with (patch or contextlib.nullcontext)():  # a host rule: the patch acts when the graph is captured
+                cu.paged_indexer_logits_cuda(q, pool.cache, w, seq, table, validate=False, out=out, block_max_out=bmax,
+                                             group_max_out=gmax, group=16, active_width=active)
+        return launch
+
+    def wave():
+        return mock.patch.object(cu, "makespan_chunk", wave_chunk)
+
+    def tail():
+        return mock.patch.object(cu, "grid_chunks", tail256)
+
+    calls = {"steady": call(budget * 64, budget), "first": call(ctx, budget), "dense": call(ctx, None),
+             "steady_wave": call(budget * 64, budget, wave), "first_wave": call(ctx, budget, wave),
+             "dense_wave": call(ctx, None, wave), "first_tail256": call(ctx, budget, tail)}
+    times = time_graphs_paired(calls, rounds)
     sms = cu.sm_count(q.device)
-    row = dict(batch=batch, ctx=ctx, next_n=next_n, sparsity=sparsity, budget=budget,
-               grid_budget=cu.grid_chunks(batch, width, budget, None, sms), grid_width=cu.grid_chunks(
-                   batch, width, None, None, sms))
+    row = dict(batch=batch, ctx=ctx, next_n=next_n, sparsity=sparsity, budget=budget, sms=sms,
+               grid=cu.grid_chunks(batch, width, budget, None, sms), dense_grid=cu.grid_chunks(batch, width, None, None,
+                                                                                                sms),
+               grid_wave=(budget, wave_chunk(batch, budget, sms), max(wave_chunk(batch, budget, sms),
+                                                                      wave_chunk(batch, width, sms))),
+               dense_grid_wave=wave_chunk(batch, width, sms))
     for name, ms in times.items():
         row[f"{name}_us"] = 1e3 * statistics.median(ms)
-    for kind in lens:
-        for var in ("budget", "tail256"):
-            row[f"{kind}_{var}_vs_width"] = statistics.median(
-                a / b for a, b in zip(times[f"{kind}_{var}"], times[f"{kind}_width"]))
+    for name in calls:
+        prod = name.split("_")[0]
+        if name != prod:
+            row[f"{name}_vs_prod"] = statistics.median(a / b for a, b in zip(times[name], times[prod]))
     return row
 
 

@@ -37,8 +37,8 @@ the dense step, per layer:
                 partials; with it the dense step is timed the same way too (dense_gpass)
   wchunk        the CUDA logits kernel chunked by the whole table width, not the kept budget's (before d7bc01b:
                 on a compact table the CTAs past the kept columns had nothing to do)
-  mkspan        the CUDA logits kernel's chunk from `makespan_chunk` (a short last chunk may fill a wave's spare
-                SMs) instead of indexer_logits_cuda.balanced_chunk (whole waves of even chunks)
+  wave          the CUDA logits kernel's chunk from `wave_chunk` (whole waves of even chunks: the rule before run
+                154) instead of indexer_logits_cuda.makespan_chunk (a short last chunk may fill a wave's spare SMs)
   update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
                 _st2: those passes alone)
 
@@ -63,36 +63,26 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-VARIANTS = ("spin", "topk_first", "no_update", "fused", "cudalogits", "gpass", "wchunk", "mkspan", "onetile", "st2",
+VARIANTS = ("spin", "topk_first", "no_update", "fused", "cudalogits", "gpass", "wchunk", "wave", "onetile", "st2",
             "stg<N>", "prog<N>", "pipe", "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lch<N>", "lpf<P>", "after_thr",
             "after_gat")
 
 
-def chunk_makespan(batch: int, width: int, sms: int, chunk: int) -> int:
-    """Finish time, in blocks, of a grid of batch x ceil(width / chunk) CTAs (each chunk + CTA_START_BLOCKS; the
-    last chunk of a request what is left) dispatched in the grid's order (every request's chunk 0, then 1, ...) to
-    the SM that frees first, one CTA an SM."""
-    import heapq
-
-    from spin_indexer.ops.indexer_logits_cuda import CTA_START_BLOCKS
-    full, part = divmod(width, chunk)
-    waves, spare = divmod(batch * full, sms)
-    loads = [(waves + 1) * (chunk + CTA_START_BLOCKS)] * spare + [waves * (chunk + CTA_START_BLOCKS)] * (sms - spare)
-    if part:
-        heapq.heapify(loads)
-        for _ in range(batch):
-            heapq.heappush(loads, heapq.heappop(loads) + part + CTA_START_BLOCKS)
-    return max(loads)
-
-
-def makespan_chunk(batch: int, width: int, sms: int) -> int:
-    """Blocks a CTA minimizing chunk_makespan (8..256; ties: the larger chunk). Run 153's 8 x 512K next_n = 2
-    compact table (4096 kept blocks a request) was 3% faster in 16 chunks of 249 and one of 112 (the 8 short CTAs
-    beside the long ones on 4 spare SMs) than in 16 of 256, which balanced_chunk picks: this model picks 249."""
-    from spin_indexer.ops.indexer_logits_cuda import MAX_CHUNK
+def wave_chunk(batch: int, width: int, sms: int) -> int:
+    """The CUDA kernel's default chunk before run 154 (indexer_logits_cuda.balanced_chunk then): the one of
+    8..256, as even a split of the width as that count of chunks allows, minimizing waves x (chunk +
+    CTA_START_BLOCKS), a last wave that fills a few SMs costing a whole one."""
+    from spin_indexer.ops.indexer_logits_cuda import CTA_START_BLOCKS, MAX_CHUNK
     if width <= 8:
         return max(width, 1)
-    return min(range(min(MAX_CHUNK, width), 7, -1), key=lambda c: (chunk_makespan(batch, width, sms, c), -c))
+    best_cost, best = None, MAX_CHUNK
+    for target in range(min(MAX_CHUNK, width), 7, -1):
+        count = -(-width // target)  # chunks a request
+        chunk = -(-width // count)   # the even split
+        cost = -(-batch * count // sms) * (chunk + CTA_START_BLOCKS)
+        if best_cost is None or cost < best_cost:
+            best_cost, best = cost, chunk
+    return best
 
 
 @contextlib.contextmanager
@@ -134,8 +124,8 @@ def variant(idx, name: str):
             kw.pop("active_width", None)
             return original(*args, **kw)
         patches = [(indexer_logits_cuda, "paged_indexer_logits_cuda", whole_width)]
-    elif name == "mkspan":
-        patches = [(indexer_logits_cuda, "balanced_chunk", makespan_chunk)]
+    elif name == "wave":
+        patches = [(indexer_logits_cuda, "makespan_chunk", wave_chunk)]
     elif name == "gpass":
         patches = [(ops, "writes_group_max", lambda backend, group: backend == "triton")]
     elif name == "pipe":

@@ -16,7 +16,7 @@ from conftest import import_benchmark, run_benchmark_dry
 def test_every_variant_runs_in_a_dry_run(tmp_path):
     pytest.importorskip("triton")
     variants = ("spin,topk_first,no_update,fused,onetile,st2,stg4,prog8,pipe,thr4,sel8,gat4096,ltp64,lch32,lpf2,"
-                "after_thr,after_gat,gpass,wchunk,mkspan")
+                "after_thr,after_gat,gpass,wchunk,wave")
     proc = run_benchmark_dry("update_overlap.py", ["--out", tmp_path, "--points", "2x8192x1", "--sparsities", "0.4",
                                                    "--variants", variants, "--rounds", "2"], timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
@@ -56,43 +56,19 @@ def test_variants_patch_inside_their_block_only():
 
 
 def test_chunk_variants_patch_inside_their_block_only(monkeypatch):
-    """wchunk: the CUDA kernel's wrapper called without active_width (the table's width chunks it); mkspan:
-    balanced_chunk replaced by makespan_chunk; both undone after the block."""
+    """wchunk: the CUDA kernel's wrapper called without active_width (the table's width chunks it); wave:
+    makespan_chunk replaced by wave_chunk (the whole-wave rule); both undone after the block."""
     overlap = import_benchmark("update_overlap")
     from spin_indexer.ops import indexer_logits_cuda as C
     calls = []
     monkeypatch.setattr(C, "paged_indexer_logits_cuda", lambda *a, **kw: calls.append((a, kw)))
-    recorder, balanced = C.paged_indexer_logits_cuda, C.balanced_chunk
+    recorder, makespan = C.paged_indexer_logits_cuda, C.makespan_chunk
     with overlap.variant(None, "wchunk"):
         C.paged_indexer_logits_cuda(1, 2, active_width=5, chunk=3)
     assert calls == [((1, 2), {"chunk": 3})] and C.paged_indexer_logits_cuda is recorder
-    with overlap.variant(None, "mkspan"):
-        assert C.balanced_chunk(8, 4096, 132) == 249 and balanced(8, 4096, 132) == 256
-    assert C.balanced_chunk is balanced
-
-
-@pytest.mark.parametrize("seed", range(30))
-def test_chunk_makespan_is_the_greedy_schedule_of_every_cta(seed):
-    """chunk_makespan (by rows of equal CTAs) equals a CTA-by-CTA greedy schedule in the grid's order, and
-    makespan_chunk's chunk is no worse by it than balanced_chunk's."""
-    import heapq
-
-    import numpy as np
-    overlap = import_benchmark("update_overlap")
-    from spin_indexer.ops import indexer_logits_cuda as C
-    rng = np.random.default_rng(seed)
-    batch, width, sms = int(rng.integers(1, 100)), int(rng.integers(9, 3000)), int(rng.integers(1, 140))
-    chunk = int(rng.integers(8, 257))
-    free = [0] * sms
-    for y in range(-(-width // chunk)):
-        for _ in range(batch):
-            start = heapq.heappop(free)
-            heapq.heappush(free, start + min(chunk, width - y * chunk) + C.CTA_START_BLOCKS)
-    assert overlap.chunk_makespan(batch, width, sms, chunk) == max(free)
-    best = overlap.makespan_chunk(batch, width, sms)
-    assert 8 <= best <= C.MAX_CHUNK
-    assert overlap.chunk_makespan(batch, width, sms, best) <= overlap.chunk_makespan(
-        batch, width, sms, C.balanced_chunk(batch, width, sms))
+    with overlap.variant(None, "wave"):
+        assert C.makespan_chunk(8, 4096, 132) == 256 and makespan(8, 4096, 132) == 249
+    assert C.makespan_chunk is makespan
 
 
 def test_the_update_reroutes_patch_inside_their_block_only():

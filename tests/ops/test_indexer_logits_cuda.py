@@ -84,7 +84,7 @@ def test_active_width_chunks_the_leading_columns_and_still_writes_the_rest(next_
 @pytest.mark.parametrize("seed", range(40))
 def test_grid_chunks_cover_the_table_and_bound_every_cta(seed):
     """grid_chunks: the lead is active_width clamped into [1, W] (W without it) in chunks of the given chunk or
-    balanced_chunk's for B x lead; the columns past it in chunks of the larger of that and balanced_chunk's for the
+    makespan_chunk's for B x lead; the columns past it in chunks of the larger of that and makespan_chunk's for the
     full table (a request that keeps every block, as on its first step, gets no CTA larger than either rule's); the
     grid covers W exactly once."""
     rng = np.random.default_rng(seed)
@@ -93,9 +93,9 @@ def test_grid_chunks_cover_the_table_and_bound_every_cta(seed):
     given = [None, int(rng.integers(1, C.MAX_CHUNK + 1))][seed % 3 == 0]
     lead, chunk, tail = C.grid_chunks(batch, width, active, given, sms)
     assert lead == (width if active is None else min(max(active, 1), width))
-    assert chunk == (given or C.balanced_chunk(batch, lead, sms))
+    assert chunk == (given or C.makespan_chunk(batch, lead, sms))
     assert 1 <= chunk <= tail <= C.MAX_CHUNK
-    assert tail == (max(chunk, C.balanced_chunk(batch, width, sms)) if lead < width else chunk)
+    assert tail == (max(chunk, C.makespan_chunk(batch, width, sms)) if lead < width else chunk)
     starts = list(range(0, lead, chunk)) + list(range(lead, width, tail))
     ends = ([min(x + chunk, lead) for x in range(0, lead, chunk)]
             + [min(x + tail, width) for x in range(lead, width, tail)])
@@ -360,23 +360,31 @@ def test_logits_op_on_this_backend_writes_the_maxima_the_kernel_does_not(next_n,
     assert torch.isneginf(filled[~valid]).all()  # the Triton kernel's tail: every column past the lengths
 
 
-@pytest.mark.parametrize("batch,width,sms,expected", [(96, 2048, 132, 187), (32, 8192, 132, 249), (32, 2048, 132, 256),
+@pytest.mark.parametrize("batch,width,sms,expected", [(8, 4096, 132, 249), (32, 8192, 132, 249),
                                                       (1, 2048, 132, 16), (3, 5, 132, 5)])
-def test_default_chunk_fills_whole_waves(batch, width, sms, expected):
-    """96 x 128K: 11 chunks a request of 187 blocks (1056 CTAs = 8 waves of 132) beat 8 of 256 (5.8 waves: the
-    last one costs a whole wave); 32 x 128K: 8 of 256 (1.94 waves) stay best; one request: a wave of 16-block
-    CTAs; a table of 8 blocks or fewer: one chunk."""
-    assert C.balanced_chunk(batch, width, sms) == expected
+def test_default_chunk_minimizes_the_makespan(batch, width, sms, expected):
+    """8 x 512K at s = 0.5 (4096 kept blocks): 16 chunks of 249 and one of 112 (its 8 short CTAs on the 4 SMs the
+    128 long ones leave) beat 16 of 256; 32 x 512K likewise; one request: a wave of 16-block CTAs; a table of 8
+    blocks or fewer: one chunk."""
+    assert C.makespan_chunk(batch, width, sms) == expected
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_default_chunk_is_no_worse_than_the_fixed_chunks_by_its_model(seed):
+def test_chunk_makespan_is_the_greedy_schedule_of_every_cta(seed):
+    """chunk_makespan (bisection over the free slots) equals a CTA-by-CTA greedy schedule in the grid's order (each
+    CTA to the SM that frees first), and makespan_chunk's chunk is the model's best of 8..256, no worse than the
+    fixed chunks."""
+    import heapq
     rng = np.random.default_rng(seed)
-    batch, width, sms = int(rng.integers(1, 200)), int(rng.integers(9, 20000)), int(rng.integers(1, 200))
-    chunk = C.balanced_chunk(batch, width, sms)
-
-    def cost(c):
-        return -(-batch * -(-width // c) // sms) * (min(c, width) + C.CTA_START_BLOCKS)
-
-    assert 8 <= chunk <= C.MAX_CHUNK and -(-width // chunk) * chunk >= width
-    assert cost(chunk) <= min(cost(256), cost(128), cost(64))
+    batch, width, sms = int(rng.integers(1, 100)), int(rng.integers(9, 3000)), int(rng.integers(1, 140))
+    chunk = int(rng.integers(8, 257))
+    free = [0] * sms
+    for y in range(-(-width // chunk)):
+        for _ in range(batch):
+            start = heapq.heappop(free)
+            heapq.heappush(free, start + min(chunk, width - y * chunk) + C.CTA_START_BLOCKS)
+    assert C.chunk_makespan(batch, width, sms, chunk) == max(free)
+    best = C.makespan_chunk(batch, width, sms)
+    assert 8 <= best <= C.MAX_CHUNK
+    costs = [C.chunk_makespan(batch, width, sms, c) for c in range(8, min(C.MAX_CHUNK, width) + 1)]
+    assert C.chunk_makespan(batch, width, sms, best) == min(costs)

@@ -158,36 +158,54 @@ def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor) -> bool:
 CTA_START_BLOCKS = 8
 
 
+def chunk_makespan(batch: int, width: int, sms: int, chunk: int) -> int:
+    """Finish time, in blocks, of a grid of batch x ceil(width / chunk) CTAs (each its blocks + CTA_START_BLOCKS;
+    a request's last chunk what is left) dispatched in the grid's order (every request's chunk 0, then 1, ...) to
+    the SM that frees first, one CTA an SM: the full chunks fill `waves` whole waves and `spare` SMs one more, then
+    the B short chunks each take the earliest free slot. Slots on an SM free at load + k * short, so the last short
+    CTA starts at the B-th smallest of those; found by bisection (O(log) a chunk, not a heap of B pushes: the rule
+    runs on the host the first time a shape comes)."""
+    full, part = divmod(width, chunk)
+    waves, spare = divmod(batch * full, sms)
+    cta = chunk + CTA_START_BLOCKS
+    loads = ((waves * cta, sms - spare), ((waves + 1) * cta, spare))  # (an SM's load, how many SMs have it)
+    finish = loads[1][0] if spare else loads[0][0]
+    if not part:
+        return finish
+    short = part + CTA_START_BLOCKS
+
+    def slots_before(t: int) -> int:  # free slots starting before t
+        return sum(n * -(-(t - load) // short) for load, n in loads if t > load)
+
+    lo, hi = loads[0][0], loads[0][0] + batch * short  # slots_before(lo) = 0 < B <= slots_before(hi)
+    while hi - lo > 1:  # the last t with slots_before(t) < B is the B-th smallest slot
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if slots_before(mid) < batch else (lo, mid)
+    return max(finish, lo + short)
+
+
 @functools.lru_cache(maxsize=256)
-def balanced_chunk(batch: int, width: int, sms: int) -> int:
-    """Blocks a CTA for a grid of batch x ceil(width / chunk) CTAs on `sms` multiprocessors (one CTA an SM fits):
-    the one of 8..256 (as even a split of the width as that count of chunks allows) that minimizes waves x (chunk +
-    CTA_START_BLOCKS), i.e. the grid's time where every block costs alike. A last wave that fills a few SMs costs a
-    whole one: 96 x 128K (2048 blocks a request) takes 187 blocks a CTA (8 full waves) instead of 256 (5.8 waves,
-    the model's 1.5% more), 32 x 512K 249 instead of 256 (2.7%). Measured (run 118, paired rounds): half that:
-    32 x 512K 1.9% faster at next_n = 2, 96 x 128K even at 2 and 1.1% slower at 4, 0.6-1.2% faster at 3-4.
-    A host rule on static shapes (cached)."""
+def makespan_chunk(batch: int, width: int, sms: int) -> int:
+    """Blocks a CTA (8..256; a table of 8 blocks or fewer: one chunk) minimizing chunk_makespan, ties to the
+    larger chunk: the grid's time where every block costs alike. A short last chunk may fill a wave's spare SMs:
+    8 x 512K at s = 0.5 (4096 kept blocks a request) takes 16 chunks of 249 and one of 112 (the 8 short CTAs on 4
+    spare SMs) rather than 16 of 256. Paired against the whole-wave rule before it (update_overlap's `wave`; run
+    154, H100, SPIN's step on the CUDA kernel at next_n 2-4, 12 points): faster or within 0.1% at every point: 2.5% at
+    8 x 512K n = 2 and 1.7% at 32 x 512K n = 4 (s = 0.5). A host rule on static shapes (cached)."""
     if width <= 8:
         return max(width, 1)
-    best_cost, best = None, MAX_CHUNK
-    for target in range(min(MAX_CHUNK, width), 7, -1):
-        count = -(-width // target)  # chunks a request
-        chunk = -(-width // count)   # the even split
-        cost = -(-batch * count // sms) * (chunk + CTA_START_BLOCKS)
-        if best_cost is None or cost < best_cost:
-            best_cost, best = cost, chunk
-    return best
+    return min(range(min(MAX_CHUNK, width), 7, -1), key=lambda c: (chunk_makespan(batch, width, sms, c), -c))
 
 
 def grid_chunks(batch: int, width: int, active_width: int | None, chunk: int | None, sms: int) -> tuple[int, int, int]:
     """(lead, chunk, tail_chunk) of the kernel's grid: the table's first `lead` columns (active_width clamped into
-    [1, W]; W without it) in chunks of `chunk` (given, or balanced_chunk for B x lead), the rest in chunks of
-    max(chunk, balanced_chunk for B x W). The rest is empty on a compact table but where a request keeps more
+    [1, W]; W without it) in chunks of `chunk` (given, or makespan_chunk for B x lead), the rest in chunks of
+    max(chunk, makespan_chunk for B x W). The rest is empty on a compact table but where a request keeps more
     blocks than the budget (its first step: every block unscored, so kept): then no CTA there takes more blocks
     than the larger of the two chunks, never one long CTA behind the others."""
     lead = width if active_width is None else min(max(int(active_width), 1), width)
-    chunk = chunk or balanced_chunk(batch, lead, sms)
-    return lead, chunk, (max(chunk, balanced_chunk(batch, width, sms)) if lead < width else chunk)
+    chunk = chunk or makespan_chunk(batch, lead, sms)
+    return lead, chunk, (max(chunk, makespan_chunk(batch, width, sms)) if lead < width else chunk)
 
 
 def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
@@ -201,7 +219,7 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
     weights: float32 [B*next_n, 64]; seq_lens: int32 [B, next_n]; block_table: int32 [B, W]; out: float32
     [B*next_n, W*64]; block_max_out: float32 [B*next_n, W], or None: the kernel built without the block maxima runs
     (logits only, as DeepGEMM's; 0.94-0.95x the time at next_n = 2, run 106); chunk: blocks a CTA (1-256; None:
-    balanced_chunk, see grid_chunks). group_max_out: optional float32 [B*next_n, >= W*T / group] receiving the max
+    makespan_chunk, see grid_chunks). group_max_out: optional float32 [B*next_n, >= W*T / group] receiving the max
     of every `group` columns (group in FUSED_GROUPS; the top-k's group maxima, ops.topk.group_max_ref) of the
     blocks written, from the block maxima's partials (block_max_out is then computed too, allocated when not
     given). A NaN logit makes its block's and group's max NaN. active_width: the table columns expected to hold

@@ -35,9 +35,10 @@ random key cache so no replay hits L2), per layer:
                        where it takes DeepGEMM), when DeepGEMM imports and serves next_n (1-2): which one a dense
                        step should take, per shape (run 153 saw the CUDA kernel 6-11% ahead at next_n = 2 on an H100)
   plan_update_us       the same as spin_own_us, under the column name of the earlier runs
-  step_other_backend_us  step_us with the logits backend the step does not choose at this point (Triton with
-                       the maxima in its epilogue, or DeepGEMM + the maxima pass; the update on the side stream
-                       either way; ops.logits_backend), when DeepGEMM imports
+  step_other_backend_us  step_us with the logits backend the step does not choose at this point (DeepGEMM + the
+                       maxima pass at next_n 1-2 where it is not the choice, else the Triton kernel with the maxima
+                       in its epilogue; ops.logits_backend; before run 155 the Triton kernel wherever the CUDA
+                       kernel was the choice), when DeepGEMM imports
   guard_step_us        step_us with dense_below="auto" and dense_batch_below="auto" (the guards on; the same
                        as step_us where neither acts)
   dense_step_paired_us the dense step (dense_step_us's graph) replayed once a round in SPIN's paired rounds, per
@@ -222,9 +223,11 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
         step_guard = SpinConfig(sparsity=s, dense_batch_below="auto").guard_batch_tokens_for(batch * next_n)
         guards = (0, "auto") if ctx < AUTO_DENSE_BELOW or batch * ctx < step_guard else (0,)
         for guard in guards:
-            # the backend the step does not choose here (ops.logits_backend), forced
-            # (DeepGEMM / the CUDA kernel chosen: the Triton kernel; the Triton kernel chosen: DeepGEMM)
-            other = "triton" if ops.logits_backend(p.q[0][0], p.caches[0]) in ("deepgemm", "cuda") else "deepgemm"
+            # the backend the step does not choose here (ops.logits_backend), forced: DeepGEMM where it covers
+            # next_n (1-2) and is not the choice, else the Triton kernel (since run 155; the CUDA kernel chosen
+            # at next_n = 2 was compared with the Triton kernel before)
+            picked = ops.logits_backend(p.q[0][0], p.caches[0])
+            other = "deepgemm" if next_n <= 2 and picked != "deepgemm" else "triton"
             # SPIN_INDEXER_LOGITS, where set, forces the step's backend too (before session 61 it was popped
             # here, so a forced run timed SPIN's step on the backend the op picks)
             backends = [(forced_logits_backend(), "")] + ([(other, "_other")] if have_dg and guard == 0 else [])

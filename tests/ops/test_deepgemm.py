@@ -24,10 +24,14 @@ def test_backend_choice_without_deepgemm_on_cpu(monkeypatch):
 
 
 def test_backend_choice_rules_on_sm90(monkeypatch):
-    """Where DeepGEMM imports on SM90 (simulated): next_n = 2 only (the dense step and SPIN's alike); the
-    environment forces either way.
-    Padded pages (DeepSeek-V4's 8704-byte stride) never go to DeepGEMM, even when forced."""
+    """Where DeepGEMM imports on SM90 (simulated): next_n = 2 only (the dense step and SPIN's alike), and only
+    where the project's CUDA kernel cannot run on the device (indexer_logits_cuda.serves); the environment forces
+    either way. Padded pages (DeepSeek-V4's 8704-byte stride) never go to DeepGEMM, even when forced."""
     from types import SimpleNamespace
+
+    from spin_indexer.ops import indexer_logits_cuda
+    served = []
+    monkeypatch.setattr(indexer_logits_cuda, "serves", lambda device: served.append(str(device)) or False)
     monkeypatch.setattr(deepgemm, "_module", lambda: object())
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.delenv("SPIN_INDEXER_LOGITS", raising=False)
@@ -37,18 +41,24 @@ def test_backend_choice_rules_on_sm90(monkeypatch):
     def q(next_n, heads=64):
         return SimpleNamespace(is_cuda=True, device="cuda:0", shape=(4, next_n, heads, 128))
 
-    assert deepgemm.supports(q(2), kv)
+    assert deepgemm.supports(q(2), kv) and served == ["cuda:0"]  # asked about q's device
     assert not deepgemm.supports(q(1), kv)
-    assert deepgemm.spin_step_uses(2) and not deepgemm.spin_step_uses(1) and not deepgemm.spin_step_uses(3)
+    dev = "cuda:0"
+    assert deepgemm.spin_step_uses(2, dev) and not deepgemm.spin_step_uses(1, dev)
+    assert not deepgemm.spin_step_uses(3, dev)
     assert not deepgemm.supports(q(3), kv) and not deepgemm.supports(q(4), kv)
     assert not deepgemm.supports(q(2, heads=32), kv)
     assert not deepgemm.supports(q(2), padded)
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "deepgemm")
     assert deepgemm.supports(q(1), kv) and not deepgemm.supports(q(1, heads=32), kv)
-    assert deepgemm.spin_step_uses(1)
+    assert deepgemm.spin_step_uses(1, dev)
     assert not deepgemm.supports(q(2), padded)
+    monkeypatch.setattr(indexer_logits_cuda, "serves", lambda device: True)  # forced: DeepGEMM all the same
+    assert deepgemm.supports(q(2), kv) and deepgemm.spin_step_uses(2, dev)
+    monkeypatch.delenv("SPIN_INDEXER_LOGITS")
+    assert not deepgemm.supports(q(2), kv) and not deepgemm.spin_step_uses(2, dev)  # the CUDA kernel's
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "triton")
-    assert not deepgemm.supports(q(2), kv) and not deepgemm.spin_step_uses(2)
+    assert not deepgemm.supports(q(2), kv) and not deepgemm.spin_step_uses(2, dev)
 
 
 @pytest.mark.gpu

@@ -239,10 +239,10 @@ def test_source_compiles_for_sm90a(tmp_path):
     assert hasattr(ctypes.CDLL(str(lib)), "spin_paged_logits_sm90")
 
 
-def test_backend_choice_puts_next_n_2_to_4_here_behind_deepgemm(monkeypatch):
-    """ops.logits_backend (simulated SM90 with the library built): DeepGEMM where it serves (unless asked for the
-    project's own kernel, deepgemm=False), else this kernel at next_n 2-4, the Triton kernel at 1;
-    SPIN_INDEXER_LOGITS forces either way; nothing routes here where it does not run."""
+def test_backend_choice_puts_next_n_2_to_4_here_before_deepgemm(monkeypatch):
+    """ops.logits_backend (simulated SM90 with the library built): this kernel at next_n 2-4 before DeepGEMM,
+    DeepGEMM where this kernel does not run and DeepGEMM serves, the Triton kernel at 1; SPIN_INDEXER_LOGITS
+    forces either way; nothing routes here where it does not run."""
     from spin_indexer import ops
     from spin_indexer.ops import deepgemm
     monkeypatch.setattr(ops, "_triton_twin", lambda module, name, t: object())  # CUDA with Triton
@@ -256,9 +256,11 @@ def test_backend_choice_puts_next_n_2_to_4_here_behind_deepgemm(monkeypatch):
 
     assert choices() == ["triton", "cuda", "cuda", "cuda"]
     assert [C.step_uses(n) for n in (0, 1, 2, 4, 5)] == [False, False, True, True, False]
-    monkeypatch.setattr(deepgemm, "supports", lambda q, kv: q.shape[1] == 2)  # DeepGEMM first where it serves
-    assert choices() == ["triton", "deepgemm", "cuda", "cuda"]
-    assert choices(deepgemm=False) == ["triton", "cuda", "cuda", "cuda"]  # the own kernel where DeepGEMM does not serve
+    monkeypatch.setattr(deepgemm, "supports", lambda q, kv: q.shape[1] == 2)  # DeepGEMM serves next_n = 2 too
+    assert choices() == ["triton", "cuda", "cuda", "cuda"]  # this kernel first (its fused maxima)
+    monkeypatch.setenv("SPIN_INDEXER_LOGITS", "deepgemm")
+    assert choices() == ["triton", "deepgemm", "triton", "triton"] and not C.step_uses(2)
+    monkeypatch.delenv("SPIN_INDEXER_LOGITS")
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "cuda")
     monkeypatch.setattr(deepgemm, "supports", lambda q, kv: False)
     assert choices() == ["cuda"] * 4
@@ -267,6 +269,9 @@ def test_backend_choice_puts_next_n_2_to_4_here_behind_deepgemm(monkeypatch):
     monkeypatch.delenv("SPIN_INDEXER_LOGITS")
     monkeypatch.setattr(C, "supports", lambda q, kv: False)  # no SM90, no nvcc, odd shapes
     assert choices() == ["triton"] * 4
+    monkeypatch.setattr(deepgemm, "supports", lambda q, kv: q.shape[1] == 2)
+    assert choices() == ["triton", "deepgemm", "triton", "triton"]  # DeepGEMM where this kernel does not run
+    assert choices(deepgemm=False) == ["triton"] * 4
 
 
 @pytest.mark.parametrize("next_n", [1, 2, 3, 4])

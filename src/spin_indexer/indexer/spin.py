@@ -255,10 +255,10 @@ class SpinIndexer:
         (nothing written) where run() will not call DeepGEMM on this table (static shapes: a graph agrees)."""
         ws = self.workspace
         # ws.deepgemm_schedule exists only where DeepGEMM can serve (deepgemm.schedule_sms); SPIN's step goes to
-        # it at next_n = 2 (deepgemm.spin_step_uses, the rule run() applies); shapes it does not cover (padded
-        # pages) leave it unused
+        # it at next_n = 2 where the CUDA kernel cannot run (deepgemm.spin_step_uses, the rule run() applies);
+        # shapes it does not cover (padded pages) leave it unused
         if ws.deepgemm_schedule is None or self._guarded_by_shape(batch, width) or \
-                not deepgemm.spin_step_uses(self.next_n):
+                not deepgemm.spin_step_uses(self.next_n, self.device):
             return False
         deepgemm_schedule.schedule(ws.compact_lens[:, :batch], ws.deepgemm_schedule.shape[1] - 1,
                                    out=ws.deepgemm_schedule)

@@ -108,21 +108,21 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
 def logits_backend(q_fp8, kv_cache, deepgemm: bool = True) -> str:
     """"deepgemm", "cuda", "triton" or "reference": which kernel computes paged indexer logits for these inputs.
 
-    DeepGEMM (deepgemm.py) where `deep_gemm` imports, on SM90, for its shapes, at next_n = 2 (the dense step
-    and SPIN's alike); else the project's CUDA kernel (indexer_logits_cuda.py: SM90, nvcc to build it) at
-    next_n 2-4 (indexer_logits_cuda.step_uses: H200, run 118, 96 x 128K, paired rounds: 520 us at next_n = 2
-    against the Triton kernel's 683 and DeepGEMM's 449; 739 / 920 at 3 / 4 against 1014 / 1183); at next_n = 1
-    the Triton kernel (its fused maxima win: deepgemm.spin_step_uses). SPIN_INDEXER_LOGITS=triton / deepgemm /
-    cuda forces one. The Triton twin on other CUDA inputs; the reference elsewhere (and everywhere under
-    SPIN_INDEXER_FORCE_REF=1). deepgemm=False: the project's own kernel that runs where DeepGEMM does not serve
-    (benchmarks time it beside DeepGEMM's)."""
+    The project's CUDA kernel (indexer_logits_cuda.py: SM90, nvcc to build it) at next_n 2-4
+    (indexer_logits_cuda.step_uses: H200, run 118, 96 x 128K, paired rounds: 520 us at next_n = 2 against the
+    Triton kernel's 683; 739 / 920 at 3 / 4 against 1014 / 1183; at next_n = 2 its fused maxima beat DeepGEMM +
+    the maxima pass in both steps, run 155); else DeepGEMM (deepgemm.py) where `deep_gemm` imports, on SM90, for
+    its shapes, at next_n = 2 (deepgemm.spin_step_uses); else the Triton kernel (at next_n = 1 everywhere: its
+    fused maxima win). SPIN_INDEXER_LOGITS=triton / deepgemm / cuda forces one. The Triton twin on other CUDA
+    inputs; the reference elsewhere (and everywhere under SPIN_INDEXER_FORCE_REF=1). deepgemm=False: the
+    project's own kernel that runs where DeepGEMM does not serve (benchmarks time it beside DeepGEMM's)."""
     if _triton_twin("indexer_logits_triton", "paged_indexer_logits_triton", q_fp8) is None:
         return "reference"
     from . import deepgemm as dg, indexer_logits_cuda
-    if deepgemm and dg.supports(q_fp8, kv_cache):
-        return "deepgemm"
     if indexer_logits_cuda.step_uses(q_fp8.shape[1]) and indexer_logits_cuda.supports(q_fp8, kv_cache):
         return "cuda"
+    if deepgemm and dg.supports(q_fp8, kv_cache):
+        return "deepgemm"
     return "triton"
 
 

@@ -7,8 +7,9 @@ It writes fp32 logits only; columns past a row's length are not cleaned. Covered
 T = 64, D = 128, 64 heads, SM90, contiguous pages (padded ones go to the Triton kernel). Nothing here is
 DeepGEMM's code: the module is imported when present.
 
-Used at next_n = 2 (1.7x faster than the project's kernel, benchmarks/results run 8); at next_n = 1 the
-project's kernel serves both steps (its fused maxima save the pass DeepGEMM needs: `spin_step_uses`).
+Used at next_n = 2 where the project's CUDA kernel cannot run (no nvcc: indexer_logits_cuda.serves); where it
+runs, it writes the maxima the top-k needs in its epilogue, a pass DeepGEMM needs behind it, and both steps are
+faster on it (`spin_step_uses`). At next_n = 1 the project's Triton kernel serves both steps (the same reason).
 SPIN_INDEXER_LOGITS=triton / cuda turns this backend off, =deepgemm forces it (benchmarks compare them).
 DeepGEMM's kernel takes an SM schedule computed from the lengths; SpinIndexer.plan() writes every layer's
 at once (deepgemm_schedule.py) and run() passes it (`schedule=`), instead of one metadata launch per layer.
@@ -54,9 +55,11 @@ def schedule_sms(device: torch.device) -> int:
     return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def spin_step_uses(next_n: int) -> bool:
-    """Whether SPIN's step computes its logits with DeepGEMM where DeepGEMM covers the shape:
-    SPIN_INDEXER_LOGITS=deepgemm / triton / cuda forces the answer; else at next_n = 2 only. At next_n = 1 the
+def spin_step_uses(next_n: int, device: torch.device | str) -> bool:
+    """Whether both steps (SPIN's and the dense one) compute their logits on `device` with DeepGEMM where
+    DeepGEMM covers the shape: SPIN_INDEXER_LOGITS=deepgemm / triton / cuda forces the answer; else at next_n = 2
+    where the project's CUDA kernel cannot run (indexer_logits_cuda.serves: its fused maxima beat DeepGEMM + the
+    maxima pass, indexer_logits_cuda.step_uses; DeepGEMM was the choice at next_n = 2 until run 155). At next_n = 1 the
     project's kernel (scales prefetched on compact tables, the block / group maxima in its epilogue) beats
     DeepGEMM + the maxima pass the step needs after it, or trails it by <= 1%, at every grid point: H200, run 63 (commit 0af490f,
     step_us vs step_other_backend_us, s = 0.5): 96 x 1M 1845.1 vs 1882.8 us, 96 x 512K 957.4 vs 961.0, 96 x 128K
@@ -66,20 +69,23 @@ def spin_step_uses(next_n: int) -> bool:
     forced = forced_logits_backend()
     if forced not in (None, "deepgemm") or next_n not in (1, 2):
         return False
-    return forced == "deepgemm" or next_n == 2
+    if forced == "deepgemm":
+        return True
+    from . import indexer_logits_cuda  # here: it imports triton, which a DeepGEMM-only check needs not
+    return next_n == 2 and not indexer_logits_cuda.serves(device)
 
 
 def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     """True when DeepGEMM should compute these logits: it covers the shape and `spin_step_uses` picks it for
-    their next_n (next_n = 2, for the dense step and SPIN's alike, or forced by SPIN_INDEXER_LOGITS=deepgemm;
-    see ops.logits_backend).
+    their next_n (next_n = 2 without the project's CUDA kernel, for the dense step and SPIN's alike, or forced by
+    SPIN_INDEXER_LOGITS=deepgemm; see ops.logits_backend).
 
     History of SPIN's step at next_n = 1: run 11 had the Triton kernel with the update fused win below 1M table
     tokens (the update pass then ran in series); from run 21 the pass ran on a side stream and DeepGEMM + the
     maxima pass won at every size run 27 measured; since runs 62-63 the Triton kernel prefetching its scales
     wins or trails by <= 1% at every grid point (spin_step_uses)."""
     _, next_n, heads, dim = q_fp8.shape
-    if not spin_step_uses(next_n) or not q_fp8.is_cuda:
+    if not q_fp8.is_cuda or not spin_step_uses(next_n, q_fp8.device):
         return False
     if _module() is None or torch.cuda.get_device_capability(q_fp8.device) != (9, 0):
         return False

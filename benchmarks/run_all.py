@@ -37,7 +37,7 @@ random key cache so no replay hits L2), per layer:
   plan_update_us       the same as spin_own_us, under the column name of the earlier runs
   step_other_backend_us  step_us with the logits backend the step does not choose at this point (DeepGEMM + the
                        maxima pass at next_n 1-2 where it is not the choice, else the Triton kernel with the maxima
-                       in its epilogue; ops.logits_backend; before run 155 the Triton kernel wherever the CUDA
+                       in its epilogue; ops.logits_backend; before run 154 the Triton kernel wherever the CUDA
                        kernel was the choice), when DeepGEMM imports
   guard_step_us        step_us with dense_below="auto" and dense_batch_below="auto" (the guards on; the same
                        as step_us where neither acts)
@@ -176,7 +176,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
     # CUDA kernel where the op picks it after DeepGEMM (next_n 2-4), else the Triton one
     from spin_indexer.dispatch import forced_logits_backend
     from spin_indexer.indexer.dense import fuses_group_max
-    own = "cuda" if ops.logits_backend(p.q[0][0], p.caches[0], deepgemm=False) == "cuda" else "triton"
+    own = "cuda" if ops.logits_backend(p.q[0][0], p.caches[0], deepgemm=False, block_table=p.table) == "cuda" else "triton"
     # as dense_topk: the top-k's group maxima from the logits kernel where the dense step takes them from there
     group = ops.topk_group(width * 64, k)
     gmax = torch.empty(rows, -(-width * 64 // group), device=p.table.device) if fuses_group_max(rows, group, own) \
@@ -210,7 +210,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
             dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])
     out["dense_step_us"] = time_graph([dense_step], **timing).p50_us / p.layers
     if have_dg and next_n <= 2:  # the dense step on the other backend (the variable is read when it is captured)
-        picked = ops.logits_backend(p.q[0][0], p.caches[0])
+        picked = ops.logits_backend(p.q[0][0], p.caches[0], block_table=p.table)
         with logits_backend(own if picked == "deepgemm" else "deepgemm"):
             out["dense_step_other_backend_us"] = time_graph([dense_step], **timing).p50_us / p.layers
     del logits, bmax, gmax, dense_inputs
@@ -224,9 +224,9 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
         guards = (0, "auto") if ctx < AUTO_DENSE_BELOW or batch * ctx < step_guard else (0,)
         for guard in guards:
             # the backend the step does not choose here (ops.logits_backend), forced: DeepGEMM where it covers
-            # next_n (1-2) and is not the choice, else the Triton kernel (since run 155; the CUDA kernel chosen
+            # next_n (1-2) and is not the choice, else the Triton kernel (since run 154; the CUDA kernel chosen
             # at next_n = 2 was compared with the Triton kernel before)
-            picked = ops.logits_backend(p.q[0][0], p.caches[0])
+            picked = ops.logits_backend(p.q[0][0], p.caches[0], block_table=p.table)
             other = "deepgemm" if next_n <= 2 and picked != "deepgemm" else "triton"
             # SPIN_INDEXER_LOGITS, where set, forces the step's backend too (before session 61 it was popped
             # here, so a forced run timed SPIN's step on the backend the op picks)
@@ -295,7 +295,7 @@ def spin_step(p, sparsity: float, k: int, guard, indexer_kw: dict | None = None,
     from spin_indexer.ops import deepgemm
     active = budget_of(p.width, sparsity, k, 64)  # the kept budget, as the step sizes its kernels by it
     # the step's backend, logits only
-    if ops.logits_backend(p.q[0][0], p.caches[0]) == "deepgemm":
+    if ops.logits_backend(p.q[0][0], p.caches[0], block_table=p.table) == "deepgemm":
         # with the SM schedule plan() wrote for layer 0 (as the step calls it: no metadata launch)
         calls = [lambda i=i: deepgemm.paged_indexer_logits_deepgemm(
             p.q[i][0], p.caches[i], p.q[i][1], plan0.compact_seq_lens, plan0.compact_block_table, validate=False,

@@ -24,41 +24,42 @@ def test_backend_choice_without_deepgemm_on_cpu(monkeypatch):
 
 
 def test_backend_choice_rules_on_sm90(monkeypatch):
-    """Where DeepGEMM imports on SM90 (simulated): next_n = 2 only (the dense step and SPIN's alike), and only
-    where the project's CUDA kernel cannot run on the device (indexer_logits_cuda.serves); the environment forces
-    either way. Padded pages (DeepSeek-V4's 8704-byte stride) never go to DeepGEMM, even when forced."""
+    """Where DeepGEMM imports on SM90 (simulated): next_n = 2 only (the dense step and SPIN's alike), on block
+    tables of >= DEEPGEMM_MIN_TABLE_TOKENS tokens (no size given: as such a table) or where the project's CUDA
+    kernel cannot run on the device (indexer_logits_cuda.serves); the environment forces either way. Padded pages
+    (DeepSeek-V4's 8704-byte stride) never go to DeepGEMM, even when forced."""
     from types import SimpleNamespace
 
     from spin_indexer.ops import indexer_logits_cuda
     served = []
-    monkeypatch.setattr(indexer_logits_cuda, "serves", lambda device: served.append(str(device)) or False)
+    monkeypatch.setattr(indexer_logits_cuda, "serves", lambda device: served.append(str(device)) or True)
     monkeypatch.setattr(deepgemm, "_module", lambda: object())
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.delenv("SPIN_INDEXER_LOGITS", raising=False)
     kv = torch.empty(8, 64, 1, 132, dtype=torch.uint8, device="meta")
     padded = torch.empty_strided((8, 64, 1, 132), (8704, 132, 132, 1), dtype=torch.uint8, device="meta")
+    big, small, dev = deepgemm.DEEPGEMM_MIN_TABLE_TOKENS, deepgemm.DEEPGEMM_MIN_TABLE_TOKENS - 64, "cuda:0"
 
     def q(next_n, heads=64):
         return SimpleNamespace(is_cuda=True, device="cuda:0", shape=(4, next_n, heads, 128))
 
-    assert deepgemm.supports(q(2), kv) and served == ["cuda:0"]  # asked about q's device
-    assert not deepgemm.supports(q(1), kv)
-    dev = "cuda:0"
-    assert deepgemm.spin_step_uses(2, dev) and not deepgemm.spin_step_uses(1, dev)
-    assert not deepgemm.spin_step_uses(3, dev)
+    assert deepgemm.supports(q(2), kv) and deepgemm.supports(q(2), kv, big) and served == []
+    assert not deepgemm.supports(q(2), kv, small) and served == ["cuda:0"]  # the CUDA kernel's, asked on q's device
+    assert not deepgemm.supports(q(1), kv) and not deepgemm.supports(q(1), kv, big)
+    assert deepgemm.spin_step_uses(2, dev, big) and not deepgemm.spin_step_uses(2, dev, small)
+    assert not deepgemm.spin_step_uses(1, dev, big) and not deepgemm.spin_step_uses(3, dev, big)
     assert not deepgemm.supports(q(3), kv) and not deepgemm.supports(q(4), kv)
     assert not deepgemm.supports(q(2, heads=32), kv)
     assert not deepgemm.supports(q(2), padded)
+    monkeypatch.setattr(indexer_logits_cuda, "serves", lambda device: False)  # no nvcc: DeepGEMM at any size
+    assert deepgemm.supports(q(2), kv, small) and deepgemm.spin_step_uses(2, dev, 64)
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "deepgemm")
-    assert deepgemm.supports(q(1), kv) and not deepgemm.supports(q(1, heads=32), kv)
-    assert deepgemm.spin_step_uses(1, dev)
+    monkeypatch.setattr(indexer_logits_cuda, "serves", lambda device: True)
+    assert deepgemm.supports(q(1), kv, small) and not deepgemm.supports(q(1, heads=32), kv)
+    assert deepgemm.spin_step_uses(1, dev, small) and deepgemm.spin_step_uses(2, dev, small)
     assert not deepgemm.supports(q(2), padded)
-    monkeypatch.setattr(indexer_logits_cuda, "serves", lambda device: True)  # forced: DeepGEMM all the same
-    assert deepgemm.supports(q(2), kv) and deepgemm.spin_step_uses(2, dev)
-    monkeypatch.delenv("SPIN_INDEXER_LOGITS")
-    assert not deepgemm.supports(q(2), kv) and not deepgemm.spin_step_uses(2, dev)  # the CUDA kernel's
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "triton")
-    assert not deepgemm.supports(q(2), kv) and not deepgemm.spin_step_uses(2, dev)
+    assert not deepgemm.supports(q(2), kv, big) and not deepgemm.spin_step_uses(2, dev, big)
 
 
 @pytest.mark.gpu

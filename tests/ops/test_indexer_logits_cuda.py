@@ -239,39 +239,39 @@ def test_source_compiles_for_sm90a(tmp_path):
     assert hasattr(ctypes.CDLL(str(lib)), "spin_paged_logits_sm90")
 
 
-def test_backend_choice_puts_next_n_2_to_4_here_before_deepgemm(monkeypatch):
-    """ops.logits_backend (simulated SM90 with the library built): this kernel at next_n 2-4 before DeepGEMM,
-    DeepGEMM where this kernel does not run and DeepGEMM serves, the Triton kernel at 1; SPIN_INDEXER_LOGITS
-    forces either way; nothing routes here where it does not run."""
+def test_backend_choice_puts_next_n_2_to_4_here_behind_deepgemm(monkeypatch):
+    """ops.logits_backend (simulated SM90 with the library built): DeepGEMM where it serves (unless asked for the
+    project's own kernel, deepgemm=False), else this kernel at next_n 2-4, the Triton kernel at 1;
+    SPIN_INDEXER_LOGITS forces either way; nothing routes here where it does not run. The table's size reaches
+    DeepGEMM's rule (B x W x T tokens)."""
     from spin_indexer import ops
     from spin_indexer.ops import deepgemm
     monkeypatch.setattr(ops, "_triton_twin", lambda module, name, t: object())  # CUDA with Triton
-    monkeypatch.setattr(deepgemm, "supports", lambda q, kv: False)
+    monkeypatch.setattr(deepgemm, "supports", lambda q, kv, tokens=None: False)
     monkeypatch.setattr(C, "supports", lambda q, kv: True)
     monkeypatch.delenv("SPIN_INDEXER_LOGITS", raising=False)
     kv = torch.empty(8, 64, 1, 132, dtype=torch.uint8, device="meta")
 
-    def choices(deepgemm=True):
-        return [ops.logits_backend(torch.empty(2, n, 64, 128, device="meta"), kv, deepgemm) for n in (1, 2, 3, 4)]
+    def choices(deepgemm=True, table=None):
+        return [ops.logits_backend(torch.empty(2, n, 64, 128, device="meta"), kv, deepgemm, block_table=table)
+                for n in (1, 2, 3, 4)]
 
     assert choices() == ["triton", "cuda", "cuda", "cuda"]
     assert [C.step_uses(n) for n in (0, 1, 2, 4, 5)] == [False, False, True, True, False]
-    monkeypatch.setattr(deepgemm, "supports", lambda q, kv: q.shape[1] == 2)  # DeepGEMM serves next_n = 2 too
-    assert choices() == ["triton", "cuda", "cuda", "cuda"]  # this kernel first (its fused maxima)
-    monkeypatch.setenv("SPIN_INDEXER_LOGITS", "deepgemm")
-    assert choices() == ["triton", "deepgemm", "triton", "triton"] and not C.step_uses(2)
-    monkeypatch.delenv("SPIN_INDEXER_LOGITS")
+    seen = []
+    monkeypatch.setattr(deepgemm, "supports", lambda q, kv, tokens=None: seen.append(tokens) or q.shape[1] == 2)
+    assert choices(table=torch.empty(2, 300, dtype=torch.int32, device="meta")) == ["triton", "deepgemm", "cuda",
+                                                                                      "cuda"]
+    assert set(seen) == {2 * 300 * 64}  # B x W x T of the table given
+    assert choices(deepgemm=False) == ["triton", "cuda", "cuda", "cuda"]  # the own kernel where DeepGEMM does not serve
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "cuda")
-    monkeypatch.setattr(deepgemm, "supports", lambda q, kv: False)
+    monkeypatch.setattr(deepgemm, "supports", lambda q, kv, tokens=None: False)
     assert choices() == ["cuda"] * 4
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "triton")
     assert choices() == ["triton"] * 4 and not C.step_uses(3)
     monkeypatch.delenv("SPIN_INDEXER_LOGITS")
     monkeypatch.setattr(C, "supports", lambda q, kv: False)  # no SM90, no nvcc, odd shapes
     assert choices() == ["triton"] * 4
-    monkeypatch.setattr(deepgemm, "supports", lambda q, kv: q.shape[1] == 2)
-    assert choices() == ["triton", "deepgemm", "triton", "triton"]  # DeepGEMM where this kernel does not run
-    assert choices(deepgemm=False) == ["triton"] * 4
 
 
 @pytest.mark.parametrize("next_n", [1, 2, 3, 4])

@@ -48,7 +48,7 @@ def dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, topk: int, token
     the G-column maxima too where `fuses_group_max` says so (the Triton kernel's epilogue at one row and G <= 16,
     the CUDA kernel at G = 16 or 32), so the top-k launches no group-max pass of its own; elsewhere that launch
     measured faster (FUSED_GROUP_MAX_ROWS) or the kernel cannot write them."""
-    backend = ops.logits_backend(q_fp8, kv_cache)
+    backend = ops.logits_backend(q_fp8, kv_cache, block_table=block_table)
     if logits_out is not None and backend == "deepgemm":
         logits_out = None
     rows, cols = block_max.shape[0], block_table.shape[1] * tokens_per_block

@@ -255,10 +255,10 @@ class SpinIndexer:
         (nothing written) where run() will not call DeepGEMM on this table (static shapes: a graph agrees)."""
         ws = self.workspace
         # ws.deepgemm_schedule exists only where DeepGEMM can serve (deepgemm.schedule_sms); SPIN's step goes to
-        # it at next_n = 2 where the CUDA kernel cannot run (deepgemm.spin_step_uses, the rule run() applies);
-        # shapes it does not cover (padded pages) leave it unused
+        # it at next_n = 2 on large tables or where the CUDA kernel cannot run (deepgemm.spin_step_uses, the rule
+        # run() applies); shapes it does not cover (padded pages) leave it unused
         if ws.deepgemm_schedule is None or self._guarded_by_shape(batch, width) or \
-                not deepgemm.spin_step_uses(self.next_n, self.device):
+                not deepgemm.spin_step_uses(self.next_n, self.device, batch * width * self.config.tokens_per_block):
             return False
         deepgemm_schedule.schedule(ws.compact_lens[:, :batch], ws.deepgemm_schedule.shape[1] - 1,
                                    out=ws.deepgemm_schedule)
@@ -310,7 +310,7 @@ class SpinIndexer:
         if self._guarded_by_shape(batch, width):
             return self._run_dense(layer, st, plan, q_fp8, kv_cache, weights)
         # DeepGEMM allocates its own logits: handing it the workspace would cost a copy of every logit.
-        backend = ops.logits_backend(q_fp8, kv_cache)
+        backend = ops.logits_backend(q_fp8, kv_cache, block_table=st.block_table)
         out = None if backend == "deepgemm" else self.workspace.packed("logits", rows, cols)
         block_max = self.workspace.packed("block_max", rows, width)
         history = self._history_args(layer, st, plan)

@@ -54,7 +54,7 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     then applies the update itself on a side stream: history=None here); None = decided here.
     """
     if backend is None:
-        backend = logits_backend(q_fp8, kv_cache)
+        backend = logits_backend(q_fp8, kv_cache, block_table=block_table)
     elif backend not in LOGITS_BACKENDS:
         raise ValueError(f"backend: expected one of {', '.join(map(repr, LOGITS_BACKENDS))} or None, "
                          f"got {backend!r}")
@@ -105,24 +105,28 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
     return logits
 
 
-def logits_backend(q_fp8, kv_cache, deepgemm: bool = True) -> str:
+def logits_backend(q_fp8, kv_cache, deepgemm: bool = True, block_table=None) -> str:
     """"deepgemm", "cuda", "triton" or "reference": which kernel computes paged indexer logits for these inputs.
 
-    The project's CUDA kernel (indexer_logits_cuda.py: SM90, nvcc to build it) at next_n 2-4
-    (indexer_logits_cuda.step_uses: H200, run 118, 96 x 128K, paired rounds: 520 us at next_n = 2 against the
-    Triton kernel's 683; 739 / 920 at 3 / 4 against 1014 / 1183; at next_n = 2 its fused maxima beat DeepGEMM +
-    the maxima pass in both steps, run 155); else DeepGEMM (deepgemm.py) where `deep_gemm` imports, on SM90, for
-    its shapes, at next_n = 2 (deepgemm.spin_step_uses); else the Triton kernel (at next_n = 1 everywhere: its
-    fused maxima win). SPIN_INDEXER_LOGITS=triton / deepgemm / cuda forces one. The Triton twin on other CUDA
-    inputs; the reference elsewhere (and everywhere under SPIN_INDEXER_FORCE_REF=1). deepgemm=False: the
-    project's own kernel that runs where DeepGEMM does not serve (benchmarks time it beside DeepGEMM's)."""
+    DeepGEMM (deepgemm.py) where `deep_gemm` imports, on SM90, for its shapes, at next_n = 2 on block tables of
+    >= 8M tokens (B x W x T; block_table None: as such a table), or smaller ones where the CUDA kernel cannot run
+    (deepgemm.spin_step_uses; the dense step and SPIN's alike); else the project's CUDA kernel
+    (indexer_logits_cuda.py: SM90, nvcc to build it) at next_n 2-4 (indexer_logits_cuda.step_uses: H200, run 118,
+    96 x 128K, paired rounds: 520 us at next_n = 2 against the Triton kernel's 683; 739 / 920 at 3 / 4 against
+    1014 / 1183; below 8M tokens at next_n = 2 its fused maxima beat DeepGEMM + the maxima pass, run 154); else
+    the Triton kernel (at next_n = 1 everywhere: its fused maxima win). SPIN_INDEXER_LOGITS=triton / deepgemm /
+    cuda forces one. The Triton twin on other CUDA inputs; the reference elsewhere (and everywhere under
+    SPIN_INDEXER_FORCE_REF=1). deepgemm=False: the project's own kernel that runs where DeepGEMM does not serve
+    (benchmarks time it beside DeepGEMM's). block_table: int32 [B, W], the table the logits are computed over
+    (its size decides at next_n = 2; SPIN's compact table has the dense table's W)."""
     if _triton_twin("indexer_logits_triton", "paged_indexer_logits_triton", q_fp8) is None:
         return "reference"
     from . import deepgemm as dg, indexer_logits_cuda
+    tokens = None if block_table is None else block_table.shape[0] * block_table.shape[1] * kv_cache.shape[1]
+    if deepgemm and dg.supports(q_fp8, kv_cache, tokens):
+        return "deepgemm"
     if indexer_logits_cuda.step_uses(q_fp8.shape[1]) and indexer_logits_cuda.supports(q_fp8, kv_cache):
         return "cuda"
-    if deepgemm and dg.supports(q_fp8, kv_cache):
-        return "deepgemm"
     return "triton"
 
 

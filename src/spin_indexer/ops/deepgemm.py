@@ -7,9 +7,10 @@ It writes fp32 logits only; columns past a row's length are not cleaned. Covered
 T = 64, D = 128, 64 heads, SM90, contiguous pages (padded ones go to the Triton kernel). Nothing here is
 DeepGEMM's code: the module is imported when present.
 
-Used at next_n = 2 where the project's CUDA kernel cannot run (no nvcc: indexer_logits_cuda.serves); where it
-runs, it writes the maxima the top-k needs in its epilogue, a pass DeepGEMM needs behind it, and both steps are
-faster on it (`spin_step_uses`). At next_n = 1 the project's Triton kernel serves both steps (the same reason).
+Used at next_n = 2 on block tables of >= 8M tokens, and on smaller ones where the project's CUDA kernel cannot run
+(no nvcc: indexer_logits_cuda.serves); on smaller tables the CUDA kernel, which writes the maxima the top-k needs
+in its epilogue (a pass DeepGEMM needs behind it), makes both steps faster (`spin_step_uses`). At next_n = 1 the
+project's Triton kernel serves both steps (the same reason).
 SPIN_INDEXER_LOGITS=triton / cuda turns this backend off, =deepgemm forces it (benchmarks compare them).
 DeepGEMM's kernel takes an SM schedule computed from the lengths; SpinIndexer.plan() writes every layer's
 at once (deepgemm_schedule.py) and run() passes it (`schedule=`), instead of one metadata launch per layer.
@@ -55,11 +56,20 @@ def schedule_sms(device: torch.device) -> int:
     return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def spin_step_uses(next_n: int, device: torch.device | str) -> bool:
+# From this many tokens in the block table (B x W x T) DeepGEMM serves next_n = 2 where the project's CUDA kernel
+# also runs; below it the CUDA kernel does (its fused maxima save the pass DeepGEMM needs behind it). H200, run 154
+# c5 (one call, s = 0.5, us a layer, CUDA kernel / DeepGEMM): SPIN's step 34.9 / 35.6 at 1 x 128K, 57.5 / 59.7 at
+# 8 x 128K, 69.9 / 71.5 at 1 x 1M, 125.3 / 127.5 at 8 x 512K (4M tokens), 343.3 / 335.1 at 96 x 128K (12.6M),
+# 405.7 / 397.1 at 32 x 512K (16.8M); the dense step 38.2 / 42.5, 79.6 / 86.1, 91.5 / 95.1, 204.7 / 202.2,
+# 568.6 / 575.5, 705.7 / 689.5. The boundary is #17's (own logits within 1.11x of DeepGEMM's from 8M tokens).
+DEEPGEMM_MIN_TABLE_TOKENS = 1 << 23
+
+
+def spin_step_uses(next_n: int, device: torch.device | str, table_tokens: int | None = None) -> bool:
     """Whether both steps (SPIN's and the dense one) compute their logits on `device` with DeepGEMM where
     DeepGEMM covers the shape: SPIN_INDEXER_LOGITS=deepgemm / triton / cuda forces the answer; else at next_n = 2
-    where the project's CUDA kernel cannot run (indexer_logits_cuda.serves: its fused maxima beat DeepGEMM + the
-    maxima pass, indexer_logits_cuda.step_uses; DeepGEMM was the choice at next_n = 2 until run 155). At next_n = 1 the
+    where the project's CUDA kernel cannot run (indexer_logits_cuda.serves) or the block table holds
+    >= DEEPGEMM_MIN_TABLE_TOKENS tokens (table_tokens = B x W x T; None: as a large table). At next_n = 1 the
     project's kernel (scales prefetched on compact tables, the block / group maxima in its epilogue) beats
     DeepGEMM + the maxima pass the step needs after it, or trails it by <= 1%, at every grid point: H200, run 63 (commit 0af490f,
     step_us vs step_other_backend_us, s = 0.5): 96 x 1M 1845.1 vs 1882.8 us, 96 x 512K 957.4 vs 961.0, 96 x 128K
@@ -71,21 +81,25 @@ def spin_step_uses(next_n: int, device: torch.device | str) -> bool:
         return False
     if forced == "deepgemm":
         return True
+    if next_n != 2:
+        return False
+    if table_tokens is None or table_tokens >= DEEPGEMM_MIN_TABLE_TOKENS:
+        return True
     from . import indexer_logits_cuda  # here: it imports triton, which a DeepGEMM-only check needs not
-    return next_n == 2 and not indexer_logits_cuda.serves(device)
+    return not indexer_logits_cuda.serves(device)
 
 
-def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+def supports(q_fp8: torch.Tensor, kv_cache: torch.Tensor, table_tokens: int | None = None) -> bool:
     """True when DeepGEMM should compute these logits: it covers the shape and `spin_step_uses` picks it for
-    their next_n (next_n = 2 without the project's CUDA kernel, for the dense step and SPIN's alike, or forced by
-    SPIN_INDEXER_LOGITS=deepgemm; see ops.logits_backend).
+    their next_n and table size (next_n = 2 from DEEPGEMM_MIN_TABLE_TOKENS, or without the project's CUDA kernel,
+    for the dense step and SPIN's alike, or forced by SPIN_INDEXER_LOGITS=deepgemm; see ops.logits_backend).
 
     History of SPIN's step at next_n = 1: run 11 had the Triton kernel with the update fused win below 1M table
     tokens (the update pass then ran in series); from run 21 the pass ran on a side stream and DeepGEMM + the
     maxima pass won at every size run 27 measured; since runs 62-63 the Triton kernel prefetching its scales
     wins or trails by <= 1% at every grid point (spin_step_uses)."""
     _, next_n, heads, dim = q_fp8.shape
-    if not q_fp8.is_cuda or not spin_step_uses(next_n, q_fp8.device):
+    if not q_fp8.is_cuda or not spin_step_uses(next_n, q_fp8.device, table_tokens):
         return False
     if _module() is None or torch.cuda.get_device_capability(q_fp8.device) != (9, 0):
         return False

@@ -1,7 +1,7 @@
 """Paged indexer logits in CUDA for SM90 (csrc/paged_logits_sm90.cu), next_n 1-4: math warpgroups on key blocks
 in turn, each refilling its own TMA stages, so that one block's MMA runs beside another's epilogue, which the
-Triton kernel cannot do (issue #17). The logits op's "cuda" backend at next_n 2-4, before DeepGEMM (`step_uses`,
-ops.logits_backend). Measured (H200, run 124, 96 x 128K, paired rounds): at next_n = 2 473 us
+Triton kernel cannot do (issue #17). The logits op's "cuda" backend at next_n 2-4 where DeepGEMM does not serve
+(below 8M table tokens at next_n = 2: `step_uses`, ops.logits_backend). Measured (H200, run 124, 96 x 128K, paired rounds): at next_n = 2 473 us
 writing the logits only (DeepGEMM 434), 500 us with the block maxima; 736 / 786 at 3 / 4 (873 at 4 with maxima;
 Triton 1009 / 1180); benchmarks/NOTES.md, runs 101-125. A build with the head sum through |s| (SPIN_LOGITS_ABS_SUM=1:
 one FFMA a score, the weighted query's dot product in the MMA, weighted_query_terms_ref) takes 0.91-0.95x that time
@@ -124,13 +124,11 @@ def weighted_query_terms_ref(q_fp8: torch.Tensor, weights: torch.Tensor,
 
 
 def step_uses(next_n: int) -> bool:
-    """Whether the logits op picks this kernel at next_n where it runs (ops.logits_backend: first, before
-    DeepGEMM): SPIN_INDEXER_LOGITS=cuda forces it at next_n 1-4, =triton / deepgemm / reference never; else next_n
-    2-4 (faster there than the Triton kernel, runs 108-118; at next_n = 1 both read at copy bandwidth and the
-    Triton kernel also writes the top-k's group maxima and the update in its epilogue). At next_n = 2 it also
-    beats DeepGEMM + the maxima pass DeepGEMM needs behind it, in both steps (run 155, H100, DeepGEMM built in the
-    same process: SPIN's step 35.8 / 65.4 / 76.4 us against 37.0 / 68.0 / 79.3 at 1 x 128K / 8 x 128K / 1 x 1M
-    s = 0.5, the dense step 3-10% faster at every point timed). A host rule on static shapes."""
+    """Whether the logits op picks this kernel at next_n where it runs (ops.logits_backend, after DeepGEMM where
+    that serves: next_n = 2 on tables of >= 8M tokens, deepgemm.spin_step_uses): SPIN_INDEXER_LOGITS=cuda forces it
+    at next_n 1-4, =triton / deepgemm / reference never; else next_n 2-4 (faster there than the Triton kernel, runs
+    108-118; at next_n = 1 both read at copy bandwidth and the Triton kernel also writes the top-k's group maxima
+    and the update in its epilogue). A host rule on static shapes."""
     forced = forced_logits_backend()
     if forced not in (None, "cuda") or not 1 <= next_n <= 4:
         return False

@@ -3,10 +3,10 @@ in turn, each refilling its own TMA stages, so that one block's MMA runs beside 
 Triton kernel cannot do (issue #17). The logits op's "cuda" backend at next_n 2-4 where DeepGEMM does not serve
 (below 8M table tokens at next_n = 2: `step_uses`, ops.logits_backend). Measured (H200, run 124, 96 x 128K, paired
 rounds): at next_n = 2 473 us writing the logits only (DeepGEMM 434), 500 us with the block maxima; 736 / 786 at
-3 / 4 (873 at 4 with maxima; Triton 1009 / 1180); benchmarks/NOTES.md, runs 101-125. A build with the head sum through |s| (SPIN_LOGITS_ABS_SUM=1:
-one FFMA a score, the weighted query's dot product in the MMA, weighted_query_terms_ref) takes 0.91-0.95x that time
-at next_n 3-4 on an H100 (runs 147-148) but is not the library's: where every head's score is <= 0 it misses the
-FP8-MMA tolerance on widely spread inputs (run 149).
+3 / 4 (873 at 4 with maxima; Triton 1009 / 1180); benchmarks/NOTES.md, runs 101-125. A build with the head sum
+through |s| (SPIN_LOGITS_ABS_SUM=1: one FFMA a score, the weighted query's dot product in the MMA,
+weighted_query_terms_ref) takes 0.91-0.95x that time at next_n 3-4 on an H100 (runs 147-148) but is not the
+library's: where every head's score is <= 0 it misses the FP8-MMA tolerance on widely spread inputs (run 149).
 
 Built with nvcc on first use into a cache folder (SPIN_CUDA_CACHE, default ~/.cache/spin_indexer), keyed by the
 source's hash, and called through ctypes: no torch extension, no ninja. Where nvcc, an SM90 GPU or the build is

@@ -176,7 +176,13 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
     # CUDA kernel where the op picks it after DeepGEMM (next_n 2-4), else the Triton one
     from spin_indexer.dispatch import forced_logits_backend
     from spin_indexer.indexer.dense import fuses_group_max
-    own = "cuda" if ops.logits_backend(p.q[0][0], p.caches[0], deepgemm=False, block_table=p.table) == "cuda" else "triton"
+    own = "cuda" if ops.logits_backend(p.q[0][0], p.caches[0], deepgemm=False,
+                                       block_table=p.table) == "cuda" else "triton"
+    picked = ops.logits_backend(p.q[0][0], p.caches[0], block_table=p.table)  # both steps' backend at this point
+    # the backend the steps do not choose here, forced for the *_other_backend columns: DeepGEMM where it covers
+    # next_n (1-2) and is not the choice, else the Triton kernel (since run 154; the CUDA kernel chosen at
+    # next_n = 2 was compared with the Triton kernel before); the dense step's own kernel where DeepGEMM is picked
+    other = "deepgemm" if next_n <= 2 and picked != "deepgemm" else "triton"
     # as dense_topk: the top-k's group maxima from the logits kernel where the dense step takes them from there
     group = ops.topk_group(width * 64, k)
     gmax = torch.empty(rows, -(-width * 64 // group), device=p.table.device) if fuses_group_max(rows, group, own) \
@@ -210,7 +216,6 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
             dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])
     out["dense_step_us"] = time_graph([dense_step], **timing).p50_us / p.layers
     if have_dg and next_n <= 2:  # the dense step on the other backend (the variable is read when it is captured)
-        picked = ops.logits_backend(p.q[0][0], p.caches[0], block_table=p.table)
         with logits_backend(own if picked == "deepgemm" else "deepgemm"):
             out["dense_step_other_backend_us"] = time_graph([dense_step], **timing).p50_us / p.layers
     del logits, bmax, gmax, dense_inputs
@@ -223,11 +228,6 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
         step_guard = SpinConfig(sparsity=s, dense_batch_below="auto").guard_batch_tokens_for(batch * next_n)
         guards = (0, "auto") if ctx < AUTO_DENSE_BELOW or batch * ctx < step_guard else (0,)
         for guard in guards:
-            # the backend the step does not choose here (ops.logits_backend), forced: DeepGEMM where it covers
-            # next_n (1-2) and is not the choice, else the Triton kernel (since run 154; the CUDA kernel chosen
-            # at next_n = 2 was compared with the Triton kernel before)
-            picked = ops.logits_backend(p.q[0][0], p.caches[0], block_table=p.table)
-            other = "deepgemm" if next_n <= 2 and picked != "deepgemm" else "triton"
             # SPIN_INDEXER_LOGITS, where set, forces the step's backend too (before session 61 it was popped
             # here, so a forced run timed SPIN's step on the backend the op picks)
             backends = [(forced_logits_backend(), "")] + ([(other, "_other")] if have_dg and guard == 0 else [])

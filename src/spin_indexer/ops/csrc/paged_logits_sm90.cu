@@ -809,9 +809,8 @@ extern "C" int spin_paged_logits_sm90(int next_n, void* q, void* cache, int64_t 
                                       int64_t gmax_stride, int group, int chunk, int lead, int tail_chunk,
                                       int device, void* stream) {
     if (next_n < 1 || next_n > 4 || page_bytes % D != 0 || chunk < 1 || chunk > MAX_CHUNK) return -5;
-    // the leading columns chunked by `chunk` (0: all W), the rest by `tail_chunk`
-    if (lead < 0 || lead > width || tail_chunk < 1 || tail_chunk > MAX_CHUNK) return -5;
-    if (lead == 0) lead = width;
+    // the leading `lead` columns (1..W; W: a full table) chunked by `chunk`, the rest by `tail_chunk`
+    if (lead < 1 || lead > width || tail_chunk < 1 || tail_chunk > MAX_CHUNK) return -5;
     // group maxima (16 or 32 columns) come from the block maxima's partials: only with them
     if (group_max != nullptr && (block_max == nullptr || (group != 16 && group != 32))) return -5;
     if (group_max == nullptr) group = 0;  // the kernel writes group maxima where group is 16 or 32

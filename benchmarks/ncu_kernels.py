@@ -3,7 +3,8 @@
 pass, the top-k chain), the Triton logits kernel alone at next_n = 2 and 4 in its production configurations and the
 CUDA logits kernel at 96 x 128K, next_n = 2 and 4 (cuda2, cuda4; cudaN-VARIANT: a probe build of
 cuda_logits_probe.py) with DeepGEMM's at next_n = 2 beside it (dg2), and the summary mix's per-layer select
-(mix8x8k: one program's chain; mix96x128k).
+(mix8x8k: one program's chain; mix96x128k); DenseIndexer at 1 x 128K / 1 x 1M (dense1, dense1x1m) and SPIN at 1 x 1M
+(step1x1m): at one request the top-k chain is most of either step.
 Each part runs once eagerly (compiles, warms), then once more inside an NVTX range "measure" (plan() and two
 layers of the step, one at 96 x 512K; one logits call), so `ncu --nvtx --nvtx-include measure/` profiles exactly
 one launch of each kernel of each part.
@@ -20,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
-PARTS = ("step96", "step96x512k", "step1", "mtp2", "mtp4", "plan96x128k", "plan96x512k", "plan96x1m", "plan8x128k",
+PARTS = ("step96", "step96x512k", "step1", "step1x1m", "dense1", "dense1x1m", "mtp2", "mtp4", "plan96x128k", "plan96x512k", "plan96x1m", "plan8x128k",
          "plan1x128k", "cuda2", "cuda4", "cuda2-compact", "cuda4-rg1", "cuda3-rg", "dg2", "mix8x8k", "mix96x128k")
 
 
@@ -40,6 +41,26 @@ def spin_step(batch: int, ctx: int, measured_layers: int = 2) -> None:
         idx.plan(p.table, p.lens, slots, validate=False)
         for i in range(layers):
             idx.run(i, p.q[i][0], p.caches[i], p.q[i][1])
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+
+
+def dense_step(batch: int, ctx: int, measured_layers: int = 2) -> None:
+    """DenseIndexer's step at batch x ctx (its logits and top-k chain: at one request the top-k is the step)."""
+    import torch
+    from run_all import TOPK, Point
+
+    from spin_indexer.indexer import DenseIndexer
+
+    p = Point(batch, ctx, 1, dry=False)
+    dense = DenseIndexer(min(TOPK, ctx), 1, device=p.table.device)
+    for measured, layers in ((False, p.layers), (True, measured_layers)):
+        if measured:
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_push("measure")
+        dense.plan(p.table, p.lens, validate=False)
+        for i in range(layers):
+            dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
 
@@ -130,8 +151,10 @@ def main(argv=None) -> int:
             spin_step(96, 131072)
         elif part == "step96x512k":  # the pipelined update pass (tables of >= 2^19 blocks) and plan() at 512K
             spin_step(96, 524288, measured_layers=1)
-        elif part == "step1":
-            spin_step(1, 131072)
+        elif part in ("step1", "step1x1m"):  # one request: the top-k chain is most of the step
+            spin_step(1, 1048576 if part.endswith("1m") else 131072)
+        elif part in ("dense1", "dense1x1m"):
+            dense_step(1, 1048576 if part.endswith("1m") else 131072)
         elif part.startswith("plan"):  # plan() alone (reset + select of 61 layers): plan<batch>x<128k|512k|1m>
             batch, ctx = part[4:].split("x")
             spin_step(int(batch), {"128k": 131072, "512k": 524288, "1m": 1048576}[ctx], measured_layers=0)

@@ -204,6 +204,28 @@ def test_group_max_from_the_caller_replaces_the_group_max_pass(gen, triton_devic
     assert best not in got[0].tolist() and torch.equal(got[1:], want[1:])
 
 
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_group_maxima_past_a_rows_length_are_never_read_as_keys(poison, gen, triton_device):
+    """The threshold loads a row's whole allocated width of group maxima (whole vectors) and masks the groups
+    past its length after the load: whatever those hold (here NaN or +inf, above every key), the result and
+    the live-group count are the reference's."""
+    from spin_indexer.ops.topk import group_max_ref
+    rows, cols, k = 4, 4096, 24
+    logits, lengths = masked_logits(rows, cols, gen)
+    lengths[0], lengths[1] = 100, 0  # a row of a few groups and an empty one beside longer ones
+    group = topk_group(cols, k)
+    gm = group_max_ref(logits, lengths, group)
+    valid = torch.arange(gm.shape[1])[None, :] < ((lengths.long() + group - 1) // group)[:, None]
+    poisoned = torch.where(valid, gm, poison)
+    dev = triton_device
+    stats = torch.zeros(rows, dtype=torch.int32, device=dev)
+    got = topk_triton(logits.to(dev), lengths.to(dev), k, group_max=poisoned.to(dev), stats=stats).cpu()
+    assert torch.equal(got, topk_ref(logits, lengths, k))
+    clean = torch.zeros(rows, dtype=torch.int32, device=dev)
+    topk_triton(logits.to(dev), lengths.to(dev), k, group_max=gm.to(dev), stats=clean)
+    assert torch.equal(stats.cpu(), clean.cpu())
+
+
 @pytest.mark.parametrize("rows", [3, cuda_only(20, why="20 rows x 1500 in the interpreter, ~10 s")])
 def test_stage_breakdown(rows, gen, triton_device):
     """_stages < 5 (profile_step's breakdown) stops after the threshold (which fills out with -1), the gather

@@ -360,17 +360,22 @@ if triton is not None:
         length = _row_length(len_ptr, r, cols)
         n_valid = (length + G - 1) // G
         base = s_ptr + r.to(tl.int64) * stride_s
-        tau = length * 0  # 0 = the smallest key: every valid element is a candidate
-        if n_valid >= k:
-            # The 16-bit bucket of the k-th largest group max: the largest t with count(hi16 >= t) >= k,
-            # by bisection (16 counting steps). A 256-bin tl.histogram over 8K keys costs ~10 us in one
-            # program on the H200; a counting step over keys held in registers is a compare and a sum.
-            lo = length * 0
-            hi = lo + 65535
-            if n_valid <= SB:  # one tile: the keys stay in registers across the steps
-                g = tl.arange(0, SB)
-                u = _ukey(tl.load(base + g, mask=g < n_valid, other=0.0))
-                top = tl.where(g < n_valid, (u >> 16).to(tl.int32), -1)
+        if n_valid <= SB:
+            # One tile (every row at <= 1M columns): the keys stay in registers for the search and the listing.
+            # The program is one CTA's chain of dependent steps (ncu, run 156: ~5.3K instructions a warp at ~5.5
+            # cycles each at 8192 maxima); reading the keys once, in whole vectors (the mask is the row's
+            # allocated width, num_groups: a multiple of 16 wherever triton's specialization sees one; past
+            # n_valid masked after the load), and the listing's count from the scan's last lane instead of a
+            # second reduction take ~1/8 of them off it.
+            g = tl.arange(0, SB)
+            x = tl.load(base + g, mask=g < num_groups, other=0.0)
+            top = tl.where(g < n_valid, (_ukey(x) >> 16).to(tl.int32), -1)
+            lo = length * 0  # 0 = the smallest key: every valid group is live
+            if n_valid >= k:
+                # The 16-bit bucket of the k-th largest group max: the largest t with count(top >= t) >= k, by
+                # bisection (16 counting steps). A 256-bin tl.histogram over 8K keys costs ~10 us in one program
+                # on the H200; a counting step over keys held in registers is a compare and a sum.
+                hi = lo + 65535
                 if HINT:  # the previous call's answer brackets this one's: one count checks the bracket
                     h = tl.minimum(tl.maximum(tl.load(hint_ptr + r), 0), 65535)
                     a = tl.maximum(h - HINT_R, 0)
@@ -383,29 +388,40 @@ if triton is not None:
                     lo = _bisect_keys(top, lo, hi, k, tl.where(inside, HINT_STEPS, 16))
                 else:
                     lo = _bisect_keys(top, lo, hi, k, 16)
-            else:
-                for _ in range(16):
-                    mid = (lo + hi + 1) // 2
-                    ok = _count_hi_ge(base, n_valid, mid, SB) >= k
-                    lo = tl.where(ok, mid, lo)
-                    hi = tl.where(ok, hi, mid - 1)
-            tau = lo << 16
-            if HINT:
-                tl.store(hint_ptr + r, lo)
-        tl.store(thresh_ptr + r, tau)
-        # the groups that can hold a winner, compacted: the gather reads only these
-        tau_u = tau.to(tl.uint32, bitcast=True)
-        n_live = length * 0
-        for s0 in range(0, n_valid, SB):
-            g = s0 + tl.arange(0, SB)
-            u = _ukey(tl.load(base + g, mask=g < n_valid, other=0.0))
-            li = ((g < n_valid) & (u >= tau_u)).to(tl.int32)
-            idx = n_live + tl.cumsum(li, axis=0) - li
+                if HINT:
+                    tl.store(hint_ptr + r, lo)
+            tl.store(thresh_ptr + r, lo << 16)
+            # the live groups (key >= tau <=> its upper 16 bits >= lo: tau's lower half is 0), compacted
+            li = (top >= lo).to(tl.int32)
+            incl = tl.cumsum(li, axis=0)
+            idx = incl - li
             tl.store(live_ptr + r.to(tl.int64) * CAP + idx, g, mask=(li != 0) & (idx < CAP))
-            n_live += tl.sum(li, axis=0)
-        tl.store(nlive_ptr + r, n_live)
-        if n_live > CAP:  # each live group holds >= 1 candidate: the buffer would overflow anyway
-            tl.store(count_ptr + r, CAP + 1)
+            last = g == SB - 1  # its inclusive count is the row's: lanes past n_valid add 0
+            tl.store(nlive_ptr + r + g * 0, incl, mask=last)
+            # each live group holds >= 1 candidate: past CAP the buffer would overflow anyway
+            tl.store(count_ptr + r + g * 0, tl.full([SB], CAP + 1, tl.int32), mask=last & (incl > CAP))
+        else:  # wider rows: a pass over the keys for every count, and the listing tile by tile
+            lo = length * 0
+            hi = lo + 65535
+            for _ in range(16):
+                mid = (lo + hi + 1) // 2
+                ok = _count_hi_ge(base, n_valid, mid, SB) >= k
+                lo = tl.where(ok, mid, lo)
+                hi = tl.where(ok, hi, mid - 1)
+            tau = lo << 16
+            tl.store(thresh_ptr + r, tau)
+            tau_u = tau.to(tl.uint32, bitcast=True)
+            n_live = length * 0
+            for s0 in range(0, n_valid, SB):
+                g = s0 + tl.arange(0, SB)
+                u = _ukey(tl.load(base + g, mask=g < n_valid, other=0.0))
+                li = ((g < n_valid) & (u >= tau_u)).to(tl.int32)
+                idx = n_live + tl.cumsum(li, axis=0) - li
+                tl.store(live_ptr + r.to(tl.int64) * CAP + idx, g, mask=(li != 0) & (idx < CAP))
+                n_live += tl.sum(li, axis=0)
+            tl.store(nlive_ptr + r, n_live)
+            if n_live > CAP:
+                tl.store(count_ptr + r, CAP + 1)
 
     @triton.jit
     def _gather_kernel(x_ptr, len_ptr, cols, live_ptr, nlive_ptr, thresh_ptr, count_ptr, cand_ptr, stride_x,

@@ -58,6 +58,22 @@ def environment() -> dict:
     }
 
 
+def load_module_copy(path: str, name: str, package: str, arg: str, expected: str):
+    """The file at path (a copy of one of the package's modules, e.g. an older build of a kernel file) loaded as
+    module `name` of `package`, so its relative imports resolve there (the A/B scripts: select_ab, topk_ab).
+    arg / expected name the command-line option and what it should point at, for the error."""
+    import importlib.util
+    import sys
+    if not os.path.isfile(path):
+        raise SystemExit(f"{arg}: expected {expected}, got {path!r} (no such file)")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    module.__package__ = package
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def rotations_for(bytes_per_call: int, limit: int = MAX_ROTATIONS) -> int:
     """How many input sets so that one graph replay reads >= L2_ROTATE_BYTES."""
     return max(1, min(limit, math.ceil(L2_ROTATE_BYTES / max(1, bytes_per_call))))

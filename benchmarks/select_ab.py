@@ -23,7 +23,6 @@ does). CPU dry run (SPIN_BENCH_DEVICE=cpu, TRITON_INTERPRET=1): every call runs 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -38,14 +37,9 @@ VARIANT_MODULE = "spin_indexer.predictor._plan_triton_variant"
 
 def load_variant(path: str):
     """The plan_triton.py at path as a module of the predictor package (its relative imports resolve there)."""
-    if not os.path.isfile(path):
-        raise SystemExit(f"--variant: expected a copy of predictor/plan_triton.py, got {path!r} (no such file)")
-    spec = importlib.util.spec_from_file_location(VARIANT_MODULE, path)
-    module = importlib.util.module_from_spec(spec)
-    module.__package__ = "spin_indexer.predictor"
-    sys.modules[VARIANT_MODULE] = module
-    spec.loader.exec_module(module)
-    return module
+    from harness import load_module_copy
+    return load_module_copy(path, VARIANT_MODULE, "spin_indexer.predictor", "--variant",
+                            "a copy of predictor/plan_triton.py")
 
 
 def point(batch: int, ctx: int, variant, rounds: int, calls_per_graph: int, layers: int = 1) -> dict:

@@ -8,7 +8,8 @@ paired rounds (harness.time_graphs_paired), and the per-round ratio (variant / t
 per point (B requests x L tokens, next_n = 1; run_all's inputs): DenseIndexer's step and SpinIndexer's (s = 0.5,
 steady state), each with the tree's `_threshold_kernel` / `_threshold_update_kernel` and with the variant's
 (the launcher and every other kernel are the tree's). Before timing, each step's top-k of the variant is compared
-with the tree's (the same positions per row, as sets); the run fails where any differs.
+with the tree's, and each build's whole top-k on random rows (the same positions per row, as sets); the run
+fails where any differs.
 
     PYTHONPATH=src:benchmarks python benchmarks/topk_ab.py --variant .t/old/topk_triton.py \
         --points 1x131072,1x1048576,8x131072 --out $OUT/topk_ab.json
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import statistics
@@ -38,14 +38,8 @@ KERNELS = ("_threshold_kernel", "_threshold_update_kernel")
 
 def load_variant(path: str):
     """The topk_triton.py at path as a module of the ops package (its relative imports resolve there)."""
-    if not os.path.isfile(path):
-        raise SystemExit(f"--variant: expected a copy of ops/topk_triton.py, got {path!r} (no such file)")
-    spec = importlib.util.spec_from_file_location(VARIANT_MODULE, path)
-    module = importlib.util.module_from_spec(spec)
-    module.__package__ = "spin_indexer.ops"
-    sys.modules[VARIANT_MODULE] = module
-    spec.loader.exec_module(module)
-    return module
+    from harness import load_module_copy
+    return load_module_copy(path, VARIANT_MODULE, "spin_indexer.ops", "--variant", "a copy of ops/topk_triton.py")
 
 
 @contextlib.contextmanager
@@ -85,8 +79,15 @@ def point(batch: int, ctx: int, variant, rounds: int) -> dict:
                 return [spin.run(i, p.q[i][0], p.caches[i], p.q[i][1]) for i in range(p.layers)]
         outs[build] = [t.sort(dim=1).values.clone() for t in dense_step()]
         calls[f"dense_{build}"], calls[f"spin_{build}"] = dense_step, spin_step
+    # and each build's whole top-k on one random row set directly (on the CPU the steps take the reference, so
+    # this is where a dry run interprets the variant's kernels)
+    gen = torch.Generator(device=p.table.device).manual_seed(2)
+    logits = torch.randn(batch, ctx, generator=gen, device=p.table.device)
+    direct = [mod.topk_triton(logits, p.lens.view(-1), k, sorted=False).sort(dim=1).values
+              for mod in (tree, variant)]
     row = dict(batch=batch, ctx=ctx, layers=p.layers,
-               same=all(torch.equal(a, b) for a, b in zip(outs["tree"], outs["variant"])))
+               same=all(torch.equal(a, b) for a, b in zip(outs["tree"], outs["variant"]))
+               and torch.equal(*direct))
     times = time_graphs_paired(calls, rounds=rounds)
     for step in ("dense", "spin"):
         tree_ms, var_ms = times[f"{step}_tree"], times[f"{step}_variant"]

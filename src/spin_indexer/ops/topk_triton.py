@@ -366,7 +366,8 @@ if triton is not None:
             # cycles each at 8192 maxima); reading the keys once, in whole vectors (the mask is the row's
             # allocated width, num_groups: a multiple of 16 wherever triton's specialization sees one; past
             # n_valid masked after the load), and the listing's count from the scan's last lane instead of a
-            # second reduction take ~1/8 of them off it.
+            # second reduction: the dense step 0.91x / 0.92x at 1 x 128K / 1 x 1M against a second load and
+            # count (run 156, H100, benchmarks/topk_ab.py).
             g = tl.arange(0, SB)
             x = tl.load(base + g, mask=g < num_groups, other=0.0)
             top = tl.where(g < n_valid, (_ukey(x) >> 16).to(tl.int32), -1)

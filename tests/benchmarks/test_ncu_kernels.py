@@ -9,7 +9,7 @@ from conftest import import_benchmark
 
 def test_unknown_part_is_rejected_with_the_known_names():
     ncu_kernels = import_benchmark("ncu_kernels")
-    with pytest.raises(SystemExit, match="step96, step96x512k, step1, mtp2, mtp4.*'step2'"):
+    with pytest.raises(SystemExit, match="step96, step96x512k, step1, step1x1m, dense1, dense1x1m, mtp2.*'step2'"):
         ncu_kernels.main(["--parts", "step96,step2"])
 
 

@@ -21,7 +21,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
-PARTS = ("step96", "step96x512k", "step1", "step1x1m", "dense1", "dense1x1m", "mtp2", "mtp4", "plan96x128k", "plan96x512k", "plan96x1m", "plan8x128k",
+PARTS = ("step96", "step96x512k", "step1", "step1x1m", "dense1", "dense1x1m", "mtp2", "mtp4", "plan96x128k",
+         "plan96x512k", "plan96x1m", "plan8x128k",
          "plan1x128k", "cuda2", "cuda4", "cuda2-compact", "cuda4-rg1", "cuda3-rg", "dg2", "mix8x8k", "mix96x128k")
 
 

@@ -14,6 +14,7 @@ one launch of each kernel of each part.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -26,42 +27,29 @@ PARTS = ("step96", "step96x512k", "step1", "step1x1m", "dense1", "dense1x1m", "m
          "plan1x128k", "cuda2", "cuda4", "cuda2-compact", "cuda4-rg1", "cuda3-rg", "dg2", "mix8x8k", "mix96x128k")
 
 
-def spin_step(batch: int, ctx: int, measured_layers: int = 2) -> None:
-    """SPIN's step at batch x ctx; measured_layers: layers run in the measured part (0 = plan() alone)."""
+def spin_step(batch: int, ctx: int, measured_layers: int = 2, dense: bool = False) -> None:
+    """SPIN's step at batch x ctx (dense: DenseIndexer's, its logits and top-k chain: at one request the top-k is
+    the step); measured_layers: layers run in the measured part (0 = plan() alone)."""
     import torch
     from run_all import TOPK, Point, steady_indexer
 
+    from spin_indexer.indexer import DenseIndexer
     from spin_indexer.predictor import SpinConfig
 
     p = Point(batch, ctx, 1, dry=False)
-    idx, slots = steady_indexer(p, SpinConfig(sparsity=0.5, topk=min(TOPK, ctx)))
+    if dense:
+        idx = DenseIndexer(min(TOPK, ctx), 1, device=p.table.device)
+        plan = functools.partial(idx.plan, p.table, p.lens, validate=False)
+    else:
+        idx, slots = steady_indexer(p, SpinConfig(sparsity=0.5, topk=min(TOPK, ctx)))
+        plan = functools.partial(idx.plan, p.table, p.lens, slots, validate=False)
     for measured, layers in ((False, p.layers), (True, measured_layers)):
         if measured:
             torch.cuda.synchronize()
             torch.cuda.nvtx.range_push("measure")
-        idx.plan(p.table, p.lens, slots, validate=False)
+        plan()
         for i in range(layers):
             idx.run(i, p.q[i][0], p.caches[i], p.q[i][1])
-    torch.cuda.synchronize()
-    torch.cuda.nvtx.range_pop()
-
-
-def dense_step(batch: int, ctx: int, measured_layers: int = 2) -> None:
-    """DenseIndexer's step at batch x ctx (its logits and top-k chain: at one request the top-k is the step)."""
-    import torch
-    from run_all import TOPK, Point
-
-    from spin_indexer.indexer import DenseIndexer
-
-    p = Point(batch, ctx, 1, dry=False)
-    dense = DenseIndexer(min(TOPK, ctx), 1, device=p.table.device)
-    for measured, layers in ((False, p.layers), (True, measured_layers)):
-        if measured:
-            torch.cuda.synchronize()
-            torch.cuda.nvtx.range_push("measure")
-        dense.plan(p.table, p.lens, validate=False)
-        for i in range(layers):
-            dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
 
@@ -155,7 +143,7 @@ def main(argv=None) -> int:
         elif part in ("step1", "step1x1m"):  # one request: the top-k chain is most of the step
             spin_step(1, 1048576 if part.endswith("1m") else 131072)
         elif part in ("dense1", "dense1x1m"):
-            dense_step(1, 1048576 if part.endswith("1m") else 131072)
+            spin_step(1, 1048576 if part.endswith("1m") else 131072, dense=True)
         elif part.startswith("plan"):  # plan() alone (reset + select of 61 layers): plan<batch>x<128k|512k|1m>
             batch, ctx = part[4:].split("x")
             spin_step(int(batch), {"128k": 131072, "512k": 524288, "1m": 1048576}[ctx], measured_layers=0)

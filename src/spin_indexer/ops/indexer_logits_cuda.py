@@ -232,9 +232,9 @@ def paged_indexer_logits_cuda(q_fp8: torch.Tensor, kv_cache: torch.Tensor, weigh
     blocks (SPIN's kept budget on a compact table; None = all W): the default chunk splits those over the GPU, and
     the columns past them go in chunks of the larger of that chunk and the full table's, CTAs that return at once
     unless a request keeps more blocks (`grid_chunks`). Chunked by W instead, half the CTAs of a compact table at
-    s = 0.5 had nothing to do: SPIN's step at 8 x 128K next_n = 4 took 108.1 us instead of 78.2 (H100, run 153,
-    with the columns past the budget in 256-block chunks; 3% slower at 8 x 512K next_n = 2, where DeepGEMM serves
-    when it imports; the tail's chunk rule since is not timed).
+    s = 0.5 had nothing to do: SPIN's step at 8 x 128K next_n = 4 took 108.1 us instead of 78.2 (H100, run 153).
+    With the tail in 256-block chunks instead of grid_chunks', a request's first step (every block kept) at
+    1 x 128K next_n = 2 took 73.4 us against 13.8 (run 154 c2, H100, benchmarks/cuda_first_step.py).
     Ids outside the cache read block 0 (validate=False: wrong logits, never a read outside the cache).
     library: a probe build (`load_library(defines)`, benchmarks only); None = the production one.
     Raises ValueError for inputs `supports` rejects. returns out: float32 [B*next_n, W*64]."""

@@ -35,10 +35,11 @@ random key cache so no replay hits L2), per layer:
                        where it takes DeepGEMM), when DeepGEMM imports and serves next_n (1-2): which one a dense
                        step should take, per shape (run 153 saw the CUDA kernel 6-11% ahead at next_n = 2 on an H100)
   plan_update_us       the same as spin_own_us, under the column name of the earlier runs
-  step_other_backend_us  step_us with the logits backend the step does not choose at this point (DeepGEMM + the
-                       maxima pass at next_n 1-2 where it is not the choice, else the Triton kernel with the maxima
-                       in its epilogue; ops.logits_backend; before run 154 the Triton kernel wherever the CUDA
-                       kernel was the choice), when DeepGEMM imports
+  step_other_backend_us  step_us with the logits backend the step does not choose at this point, as
+                       dense_step_other_backend_us: the project's kernel where DeepGEMM is the choice, DeepGEMM + the
+                       maxima pass at next_n 1-2 where it is not, else the Triton kernel with the maxima in its
+                       epilogue (ops.logits_backend; before run 154 the Triton kernel wherever the CUDA kernel was
+                       the choice, before session 63 also where DeepGEMM was), when DeepGEMM imports
   guard_step_us        step_us with dense_below="auto" and dense_batch_below="auto" (the guards on; the same
                        as step_us where neither acts)
   dense_step_paired_us the dense step (dense_step_us's graph) replayed once a round in SPIN's paired rounds, per
@@ -179,10 +180,11 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
     own = "cuda" if ops.logits_backend(p.q[0][0], p.caches[0], deepgemm=False,
                                        block_table=p.table) == "cuda" else "triton"
     picked = ops.logits_backend(p.q[0][0], p.caches[0], block_table=p.table)  # both steps' backend at this point
-    # the backend the steps do not choose here, forced for the *_other_backend columns: DeepGEMM where it covers
-    # next_n (1-2) and is not the choice, else the Triton kernel (since run 154; the CUDA kernel chosen at
-    # next_n = 2 was compared with the Triton kernel before); the dense step's own kernel where DeepGEMM is picked
-    other = "deepgemm" if next_n <= 2 and picked != "deepgemm" else "triton"
+    # the backend the steps do not choose here, forced for both *_other_backend columns: the project's kernel
+    # where DeepGEMM is picked, DeepGEMM where it covers next_n (1-2) and is not, else the Triton kernel (before
+    # run 154 the CUDA kernel chosen at next_n = 2 was compared with the Triton kernel; before session 63 SPIN's
+    # step on DeepGEMM was compared with the Triton kernel, not with the CUDA kernel the size rule weighs it against)
+    other = own if picked == "deepgemm" else "deepgemm" if next_n <= 2 else "triton"
     # as dense_topk: the top-k's group maxima from the logits kernel where the dense step takes them from there
     group = ops.topk_group(width * 64, k)
     gmax = torch.empty(rows, -(-width * 64 // group), device=p.table.device) if fuses_group_max(rows, group, own) \
@@ -216,7 +218,7 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
             dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])
     out["dense_step_us"] = time_graph([dense_step], **timing).p50_us / p.layers
     if have_dg and next_n <= 2:  # the dense step on the other backend (the variable is read when it is captured)
-        with logits_backend(own if picked == "deepgemm" else "deepgemm"):
+        with logits_backend(other):
             out["dense_step_other_backend_us"] = time_graph([dense_step], **timing).p50_us / p.layers
     del logits, bmax, gmax, dense_inputs
     results = []

@@ -421,8 +421,8 @@ __device__ __forceinline__ void weighted_query_terms(const float* __restrict__ w
 // columns in chunks of `chunk` blocks, the rest in chunks of `tail_chunk` (on SPIN's compact tables lead is the kept
 // budget: the CTAs that have work fill the GPU, and those past it return at once unless a request keeps more, as
 // on its first step, when every block is unscored; lead = W on a full table); the math warpgroups compute the
-// chunk's blocks in turn, one thread of each block set issuing its copies. Block ids outside [0, num_cache_blocks) read block 0 (never
-// outside the cache).
+// chunk's blocks in turn, one thread of each block set issuing its copies. Block ids outside [0, num_cache_blocks)
+// read block 0 (never outside the cache).
 template <int NEXT_N, bool MAXIMA>
 __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) paged_logits_kernel(
         const __grid_constant__ CUtensorMap key_map, const __grid_constant__ CUtensorMap q_map,

@@ -39,26 +39,30 @@ def test_small_step_guards_every_request_and_a_large_one_none():
 
 def test_auto_guards_a_one_row_step_at_low_sparsity():
     """"auto" raises the per-step threshold for one query row at low sparsity (where the H200 grid measured SPIN
-    below the dense step): below 256K tokens at s <= 0.2; not at 0.3, not for two rows, not for a set
-    threshold."""
+    below the dense step): below 256K tokens at s <= 0.2, below 128K at s <= 0.3; not at 0.4, not for two rows,
+    not for a set threshold."""
     from spin_indexer.predictor.config import AUTO_DENSE_BATCH_TOKENS
     lens = (70000,)  # above AUTO_DENSE_BATCH_TOKENS, below the one-row threshold
     low = SpinConfig(sparsity=0.2, topk=128, dense_batch_below="auto")
     assert AUTO_DENSE_BATCH_TOKENS < lens[0] < low.guard_batch_tokens_for(1) == 1 << 18
     assert dataclasses.replace(low, sparsity=0.1).guard_batch_tokens_for(1) == 1 << 18
-    assert dataclasses.replace(low, sparsity=0.3).guard_batch_tokens_for(1) == AUTO_DENSE_BATCH_TOKENS
+    assert dataclasses.replace(low, sparsity=0.3).guard_batch_tokens_for(1) == 1 << 17
+    assert dataclasses.replace(low, sparsity=0.4).guard_batch_tokens_for(1) == AUTO_DENSE_BATCH_TOKENS
     assert low.guard_batch_tokens_for(2) == AUTO_DENSE_BATCH_TOKENS
     assert _guarded(low, (300000,))[0] == [False]  # 256K and above: SPIN wins at s = 0.2 (runs 68-69)
     assert dataclasses.replace(low, dense_batch_below=1000).guard_batch_tokens_for(1) == 1000
     assert _guarded(low, lens)[0] == [True]
-    assert _guarded(dataclasses.replace(low, sparsity=0.3), lens)[0] == [False]
+    assert _guarded(dataclasses.replace(low, sparsity=0.3), lens)[0] == [True]
+    assert _guarded(dataclasses.replace(low, sparsity=0.3), (140000,))[0] == [False]  # 128K and above: SPIN's
+    assert _guarded(dataclasses.replace(low, sparsity=0.4), lens)[0] == [False]
     assert _guarded(low, lens + lens)[0] == [False, False]
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("sparsity", [0.2, 0.3])
+@pytest.mark.parametrize("sparsity", [0.2, 0.3, 0.4])
 def test_fused_plan_matches_torch_with_the_one_row_guard(sparsity, gen, triton_device):
-    """The kernel takes the same per-step threshold as the torch path for a one-row step (guarded at 0.2)."""
+    """The kernel takes the same per-step threshold as the torch path for a one-row step (guarded at 0.2 and
+    0.3, not at 0.4)."""
     cfg = dataclasses.replace(BASE, sparsity=sparsity, dense_below=0, dense_batch_below="auto")
     _run(cfg, (70000,), 1, gen, triton_device, steps=1, layers=1)
 

@@ -75,7 +75,10 @@ AUTO_DENSE_BATCH_TOKENS = 1 << 16
 # 128K 1.019 / 1.030 -> 0.993 / 1.010; s = 0.2 256K 1.015 / 1.008 -> 1.001 / 0.995, 512K 1.059 / 1.062 -> 1.003 /
 # 1.002; only s = 0.2 below 256K still gains: 64K 0.988 / 1.010 -> 0.996 / 1.010, 128K 0.997 / 1.006 -> 1.000 /
 # 1.016. So the guard keeps that one rule (it was s <= 0.2 below 1M and s <= 0.3 below 256K).
-AUTO_ONE_ROW_GUARDS = ((0.2, 1 << 18),)
+# Since the top-k's one-tile threshold (0a932b0: both steps' top-k ~2-3 us shorter at one row) 1 x 64K at s = 0.3
+# lost again, paired: 0.998x (run 100, H200) and 0.992x (run 157, H100), where 1 x 128K s = 0.3 won (1.020x /
+# 1.016x) and the guarded 1 x 64K s = 0.2 step took 1.017x / 1.018x: s <= 0.3 is guarded below 128K.
+AUTO_ONE_ROW_GUARDS = ((0.2, 1 << 18), (0.3, 1 << 17))
 
 
 def _check_threshold(name: str, value) -> None:

@@ -22,7 +22,8 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from sass_tools import innermost, opcode_counts, sass_loops, triton_tool  # noqa: E402
-from spin_indexer.ops.indexer_logits_cuda import NVCC_FLAGS, SOURCE, nvcc_path  # noqa: E402
+from spin_indexer.ops.cuda_build import nvcc_path  # noqa: E402
+from spin_indexer.ops.indexer_logits_cuda import NVCC_FLAGS, SOURCE  # noqa: E402
 
 EPILOGUE_OPS = ("FFMA", "FMNMX", "FMUL", "FADD", "SHFL")
 

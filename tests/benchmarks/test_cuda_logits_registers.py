@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import import_benchmark
-from spin_indexer.ops.indexer_logits_cuda import nvcc_path
+from spin_indexer.ops.cuda_build import nvcc_path
 
 
 def _counts_or_skip(defines=()):

@@ -22,17 +22,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
 from ..dispatch import forced_logits_backend
 from ..layout import page_stride_bytes
+from .cuda_build import build_library
 from .indexer_logits import check_paged_indexer_args
 from .indexer_logits_triton import logits_outputs
 from .maxima_triton import sm_count
@@ -50,39 +47,11 @@ ERRORS = {-1: "no cuTensorMapEncodeTiled in the driver", -2: "a TMA tensor map w
           -6: "the inputs' device could not be made current"}
 
 
-def nvcc_path() -> str | None:
-    """nvcc on PATH, else under CUDA_HOME / CUDA_PATH / /usr/local/cuda; None if there is none."""
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if root and os.access(os.path.join(root, "bin", "nvcc"), os.X_OK):
-            return os.path.join(root, "bin", "nvcc")
-    return None
-
-
 def build(out_dir: str | os.PathLike | None = None, defines: tuple[str, ...] = ()) -> Path:
     """Compiles the kernel library (about 5 s) unless the cache holds it; returns its path. defines: -D
     switches (NAME=VALUE) of the source's probe builds (benchmarks/cuda_logits_probe.py; none in the library
     this module calls). Raises RuntimeError with nvcc's message when nvcc is missing or fails."""
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise RuntimeError("nvcc not found (PATH, CUDA_HOME): the CUDA logits kernel cannot be built")
-    src = SOURCE.read_bytes()
-    flags = (*NVCC_FLAGS, *(f"-D{d}" for d in defines))
-    digest = hashlib.sha256(src + " ".join(flags).encode()).hexdigest()[:16]
-    folder = Path(out_dir or os.environ.get("SPIN_CUDA_CACHE") or Path.home() / ".cache" / "spin_indexer")
-    folder.mkdir(parents=True, exist_ok=True)
-    lib = folder / f"paged_logits_sm90_{digest}.so"
-    if lib.exists():
-        return lib
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:  # built aside, then renamed: no half-written library
-        part = Path(tmp) / lib.name
-        proc = subprocess.run([nvcc, *flags, "-o", str(part), str(SOURCE)], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"nvcc failed on {SOURCE.name}:\n{proc.stderr[-2000:]}")
-        os.replace(part, lib)
-    return lib
+    return build_library(SOURCE, (*NVCC_FLAGS, *(f"-D{d}" for d in defines)), out_dir)
 
 
 @functools.cache

@@ -69,17 +69,19 @@ def test_cuda_pass_matches_the_reference_bit_for_bit(lengths, next_n, window, se
     update_history_ref(ref, logits, plan.table, plan.lens)
     dev = torch.device("cuda")
     moved = history_on(h, dev)
-    assert history_cuda.takes(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev))
+    assert history_cuda.runs(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev))
     history_cuda.update_history_cuda(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev), programs=programs)
     _assert_state_equal(moved, ref)
     assert (moved.vertical.cpu() != h.vertical).any()
 
 
 @pytest.mark.parametrize("next_n,rows", [(1, 1), (2, 1), (3, 3), (4, 4)])
-def test_cuda_pass_on_a_large_random_plan(next_n, rows, gen):
+def test_cuda_pass_on_a_large_random_plan(next_n, rows, gen, monkeypatch):
     """Many requests over a cache of many blocks: the default grid (several CTAs a request, each looping), a
-    diagonal window that covers a few blocks of each request, rows past `rows` never updating."""
+    diagonal window that covers a few blocks of each request, rows past `rows` never updating; through the op,
+    which gives it to the CUDA pass under SPIN_INDEXER_UPDATE=cuda."""
     _gpu_or_skip()
+    monkeypatch.setenv("SPIN_INDEXER_UPDATE", "cuda")
     lengths = [int(x) for x in torch.randint(1, 300 * T, (12,), generator=gen)]
     blocks = sum(-(-L // T) for L in lengths) + 50
     plan = make_plan(lengths, next_n, blocks, gen, keep_prob=0.5)
@@ -95,11 +97,12 @@ def test_cuda_pass_on_a_large_random_plan(next_n, rows, gen):
     _assert_state_equal(moved, ref)
 
 
-def test_misaligned_logits_go_to_the_triton_pass_with_the_same_state(gen):
-    """Logits whose rows are not 16-byte aligned (a view one column in) are not the CUDA pass's: `takes` says no,
-    the op keeps the Triton pass and the state is still the reference's (up to the GPU's FMA); the CUDA entry
-    rejects them with a ValueError that changes nothing."""
+def test_misaligned_logits_go_to_the_triton_pass_with_the_same_state(gen, monkeypatch):
+    """Logits whose rows are not 16-byte aligned (a view one column in) are not the CUDA pass's: `runs` says no,
+    the op keeps the Triton pass even under SPIN_INDEXER_UPDATE=cuda and the state is still the reference's (up to
+    the GPU's FMA); the CUDA entry rejects them with a ValueError that changes nothing."""
     _gpu_or_skip()
+    monkeypatch.setenv("SPIN_INDEXER_UPDATE", "cuda")
     lengths, next_n = (5 * T + 17, 3 * T, 1), 1
     blocks = 24
     plan = make_plan(lengths, next_n, blocks, gen)
@@ -111,7 +114,7 @@ def test_misaligned_logits_go_to_the_triton_pass_with_the_same_state(gen):
     logits = wide.to(dev)[..., 1:]
     moved = history_on(h, dev)
     args = (moved, logits, plan.table.to(dev), plan.lens.to(dev))
-    assert not history_cuda.takes(*args)
+    assert not history_cuda.runs(*args) and not history_cuda.takes(*args)
     before = moved.vertical.clone()
     with pytest.raises(ValueError, match="CUDA update pass"):
         history_cuda.update_history_cuda(*args)
@@ -136,3 +139,18 @@ def test_empty_batch_and_zero_width_write_nothing(gen):
     torch.cuda.synchronize()
     assert torch.equal(h.vertical, before)
 
+
+
+def test_the_op_takes_the_cuda_pass_only_where_asked(monkeypatch):
+    """SPIN_INDEXER_UPDATE=triton keeps the Triton pass, =cuda asks for the CUDA pass where it runs; unset,
+    STEP_USES decides (the CUDA side of `takes` is `runs`, checked on the GPU above)."""
+    asked = []
+    monkeypatch.setattr(history_cuda, "runs", lambda *args: asked.append(args) or True)
+    monkeypatch.setenv("SPIN_INDEXER_UPDATE", "triton")
+    assert not history_cuda.takes(None, None, None, None) and not asked
+    monkeypatch.setenv("SPIN_INDEXER_UPDATE", "cuda")
+    assert history_cuda.takes(None, None, None, None) and len(asked) == 1
+    monkeypatch.delenv("SPIN_INDEXER_UPDATE")
+    for default in (False, True):
+        monkeypatch.setattr(history_cuda, "STEP_USES", default)
+        assert history_cuda.takes(None, None, None, None) is default

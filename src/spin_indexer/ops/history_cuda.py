@@ -6,6 +6,8 @@ loaded before any is updated, no shared memory and no barrier (see the source fo
 
 Built with nvcc on first use (cuda_build.py) for sm_80 / sm_90 (PTX beyond); `takes` answers False where nvcc, the
 GPU or the build is missing, or a tensor's layout is not the kernel's, and the caller keeps the Triton pass.
+Not yet the default (STEP_USES): written in session 64 while no GPU could be had, its tests and its A/B against the
+Triton pass have not run; SPIN_INDEXER_UPDATE=cuda opts in, =triton opts out.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..dispatch import forced_update_backend
 from .cuda_build import build_library
 from .history import HistoryUpdate
 from .maxima_triton import sm_count
@@ -26,6 +29,9 @@ NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_80,code=sm_80", "-genc
 TOKENS = 64  # T: the kernel's tokens a block
 WORKERS = 16  # blocks a CTA holds at once (a half-warp each)
 CTAS_PER_SM = 3  # resident CTAs of 256 threads an SM at the kernel's 64-80 registers (ptxas, sm_90)
+# Whether the step takes this pass where nothing is forced: off until a GPU run checks it against the reference
+# and times it against the Triton pass (benchmarks/update_overlap.py, variants spin / cudapass / tritonpass)
+STEP_USES = False
 ERRORS = {-4: "the launch failed", -5: "bad arguments", -6: "the inputs' device could not be made current"}
 
 
@@ -76,10 +82,19 @@ def _aligned(t: torch.Tensor, elements: int) -> bool:
 
 def takes(history: HistoryUpdate, logits: torch.Tensor, compact_table: torch.Tensor,
           compact_lens: torch.Tensor) -> bool:
-    """Whether the CUDA pass runs this update: CUDA tensors on an SM80+ GPU with the library built, T = 64 and
+    """Whether ops.update_history gives this update to the CUDA pass: where it `runs`, if SPIN_INDEXER_UPDATE=cuda
+    or (nothing forced) STEP_USES; =triton never. A host rule on static properties (no sync)."""
+    forced = forced_update_backend()
+    if forced == "triton" or (forced is None and not STEP_USES):
+        return False
+    return runs(history, logits, compact_table, compact_lens)
+
+
+def runs(history: HistoryUpdate, logits: torch.Tensor, compact_table: torch.Tensor,
+         compact_lens: torch.Tensor) -> bool:
+    """Whether the CUDA pass can run this update: CUDA tensors on an SM80+ GPU with the library built, T = 64 and
     the layouts the kernel addresses (V fp16 contiguous, logits float32 rows in 16-byte vectors, the ids and
-    lengths int32 rows, update_rows bool); anything else goes to the Triton pass. A host rule on static
-    properties (no sync)."""
+    lengths int32 rows, update_rows bool)."""
     h = history
     if not (logits.is_cuda and logits.dim() == 3 and logits.dtype == torch.float32 and _aligned(logits, 4)):
         return False
@@ -103,13 +118,13 @@ def pass_programs(batch: int, blocks: int, device: torch.device) -> int:
 
 def update_history_cuda(history: HistoryUpdate, logits: torch.Tensor, compact_table: torch.Tensor,
                         compact_lens: torch.Tensor, programs: int | None = None) -> None:
-    """update_history_ref(history, logits, compact_table, compact_lens) on the GPU, for inputs `takes` accepts
+    """update_history_ref(history, logits, compact_table, compact_lens) on the GPU, for inputs `runs` accepts
     (ValueError otherwise): logits float32 [B, N, X]; compact_table int32 [B, >= X / 64]; compact_lens int32 [B, N].
     One launch per updating row (history.rows), in order. programs: CTAs a request (None: pass_programs; tests
     shrink it so that each CTA loops over several rounds of blocks)."""
-    if not takes(history, logits, compact_table, compact_lens):
+    if not runs(history, logits, compact_table, compact_lens):
         raise ValueError("history / logits: the CUDA update pass takes CUDA tensors on an SM80+ GPU with T = 64, V "
-                         "fp16 contiguous, logits float32 rows 16-byte aligned, int32 ids and lengths (see takes)")
+                         "fp16 contiguous, logits float32 rows 16-byte aligned, int32 ids and lengths (see runs)")
     batch, next_n, cols = logits.shape
     blocks = cols // TOKENS
     if batch == 0 or blocks == 0:

@@ -39,13 +39,8 @@ the dense step, per layer:
                 on a compact table the CTAs past the kept columns had nothing to do)
   wave          the CUDA logits kernel's chunk from `wave_chunk` (whole waves of even chunks: the rule before run
                 154) instead of indexer_logits_cuda.makespan_chunk (a short last chunk may fill a wave's spare SMs)
-  cudapass      the update alone on the CUDA pass (ops/history_cuda.py) wherever it runs, whatever
-                history_cuda.STEP_USES says
-  tritonpass    the update on the Triton passes (history_triton: pipelined from PIPELINED_MIN_BLOCKS table
-                blocks, else one program a tile) whatever STEP_USES says; onetile, st2, stg<N>, prog<N> and pipe
-                are Triton-pass variants too
-  update_alone  the update pass alone, each layer's history from the step's compact logits (and _cudapass,
-                _tritonpass, _onetile, _st2, ...: those passes alone)
+  update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
+                _st2: those passes alone)
 
 and a kernel timeline of one replay of the production step (torch.profiler: start / end of each kernel),
 to see which kernels actually overlap. Not a production path: the variants patch the step in this process.
@@ -68,9 +63,9 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-VARIANTS = ("spin", "topk_first", "no_update", "fused", "cudalogits", "gpass", "wchunk", "wave", "cudapass",
-            "tritonpass", "onetile", "st2", "stg<N>", "prog<N>", "pipe", "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lch<N>",
-            "lpf<P>", "after_thr", "after_gat")
+VARIANTS = ("spin", "topk_first", "no_update", "fused", "cudalogits", "gpass", "wchunk", "wave", "onetile", "st2",
+            "stg<N>", "prog<N>", "pipe", "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lch<N>", "lpf<P>", "after_thr",
+            "after_gat")
 
 
 def wave_chunk(batch: int, width: int, sms: int) -> int:
@@ -95,7 +90,7 @@ def variant(idx, name: str):
     """The step's update rearranged as `name` while the block runs (patches this process's ops / indexer)."""
     from spin_indexer import ops
     from spin_indexer.indexer import spin as spin_module
-    from spin_indexer.ops import history_cuda, history_triton, indexer_logits_cuda, indexer_logits_triton, topk_triton
+    from spin_indexer.ops import history_triton, indexer_logits_cuda, indexer_logits_triton, topk_triton
 
     # (module or object, attribute, value while the block runs)
     per_sm = history_triton.PASS_PROGRAMS_PER_SM
@@ -135,10 +130,6 @@ def variant(idx, name: str):
         patches = [(ops, "writes_group_max", lambda backend, group: backend == "triton")]
     elif name == "pipe":
         patches = [(history_triton, "PIPELINED_MIN_BLOCKS", 0)]
-    elif name == "tritonpass":
-        patches = []
-    elif name == "cudapass":
-        patches = [(history_cuda, "STEP_USES", True)]
     elif name in ("spin", "fused"):
         patches = []
     elif name in ("after_thr", "after_gat"):
@@ -164,8 +155,6 @@ def variant(idx, name: str):
                     original_update(history, *a, **k)
             return out
         patches = [(spin_module.ops, "update_history", update), (idx, "_topk", topk)]
-    if name in passes or name in ("pipe", "tritonpass"):  # the Triton passes: not the CUDA one
-        patches.append((history_cuda, "takes", lambda *args: False))
     with contextlib.ExitStack() as stack:
         for target, attr, value in patches:
             stack.enter_context(mock.patch.object(target, attr, value))
@@ -294,7 +283,7 @@ def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lin
                 st, plan = spin._current(i), spin.plans(i)
                 ops.update_history(spin._history_args(i, st, plan), logits[i], plan.compact_block_table,
                                    plan.compact_seq_lens)
-    for name in ["spin"] + [v for v in variants if v in ("cudapass", "tritonpass", "onetile", "st2", "pipe")
+    for name in ["spin"] + [v for v in variants if v in ("onetile", "st2", "pipe")
                             or v.startswith(("prog", "stg"))]:
         calls["update_alone" + ("" if name == "spin" else "_" + name)] = lambda name=name: update_alone(name)
     ms = time_graphs_paired(calls, rounds=rounds)

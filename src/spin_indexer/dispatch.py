@@ -1,8 +1,7 @@
 """Backend choice shared by ops and predictor: CUDA tensors use the Triton twin, everything else the torch
 reference. SPIN_INDEXER_FORCE_REF=1 forces the reference everywhere (for debugging a kernel);
 SPIN_INDEXER_LOGITS names the paged-logits backend to force (`forced_logits_backend`, read by each backend's rule:
-ops/deepgemm.py, ops/indexer_logits_cuda.py); SPIN_INDEXER_UPDATE the EMA update pass's (`forced_update_backend`,
-read by ops/history_cuda.py)."""
+ops/deepgemm.py, ops/indexer_logits_cuda.py)."""
 from __future__ import annotations
 
 import importlib
@@ -29,12 +28,3 @@ def forced_logits_backend() -> str | None:
     (unset, or a value naming none)."""
     choice = os.environ.get("SPIN_INDEXER_LOGITS", "")
     return choice if choice in LOGITS_BACKENDS else None
-
-
-UPDATE_BACKENDS = ("cuda", "triton")
-
-
-def forced_update_backend() -> str | None:
-    """The EMA update pass's backend SPIN_INDEXER_UPDATE names (one of UPDATE_BACKENDS), or None: none forced."""
-    choice = os.environ.get("SPIN_INDEXER_UPDATE", "")
-    return choice if choice in UPDATE_BACKENDS else None

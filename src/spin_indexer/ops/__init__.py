@@ -147,14 +147,8 @@ def update_history(history: HistoryUpdate | None, logits, compact_table, compact
                    group_max_out=None, group: int = 64) -> None:
     """SPIN's EMA update of one layer from compact logits float32 [B, N, X] (see ops/history.py; None: no
     update); block_max_out: optional float32 [B*N, W] receiving each compact block's max; group_max_out:
-    optional float32 [B*N, >= X / group], the same per `group` columns (one pass for all three).
-    On CUDA the update alone goes to the CUDA pass where it builds and takes the tensors (history_cuda.takes),
-    the rest (with maxima, or where it does not) to the Triton twin."""
+    optional float32 [B*N, >= X / group], the same per `group` columns (one pass for all three)."""
     twin = _triton_twin("history_triton", "update_history_triton", logits)
-    if twin is not None and history is not None and block_max_out is None and group_max_out is None:
-        from . import history_cuda
-        if history_cuda.takes(history, logits, compact_table, compact_lens):
-            return history_cuda.update_history_cuda(history, logits, compact_table, compact_lens)
     if twin is not None:
         return twin(history, logits, compact_table, compact_lens, block_max_out=block_max_out,
                     group_max_out=group_max_out, group=group)

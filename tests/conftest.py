@@ -409,6 +409,17 @@ def run_benchmark_dry(script: str, args: list, timeout: int):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def write_variant(module, line: str, replacement: str | None, folder):
+    """A copy of source file `module` (a Path) in `folder`, under the same name, with its one `line` replaced by
+    `replacement` (None: an unchanged copy): the variant file an A/B script (benchmarks/select_ab.py, topk_ab.py)
+    checks before it times it. Fails the calling test if `line` does not occur exactly once."""
+    source = module.read_text()
+    assert source.count(line) == 1, f"{module.name}: the line {line!r} moved or repeats; update the test's copy"
+    variant = folder / module.name
+    variant.write_text(source if replacement is None else source.replace(line, replacement))
+    return variant
+
+
 def import_benchmark(name: str):
     """The module benchmarks/<name>.py, imported with benchmarks/ on sys.path only for the import (it stays
     in sys.modules: a second call returns the same module)."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_benchmark_dry
+from conftest import run_benchmark_dry, write_variant
 
 PLAN = Path(__file__).resolve().parents[2] / "src" / "spin_indexer" / "predictor" / "plan_triton.py"
 BUDGET = "budget = tl.minimum(n, tl.maximum(n - skipped, cover))"
@@ -17,10 +17,8 @@ BUDGET = "budget = tl.minimum(n, tl.maximum(n - skipped, cover))"
 @pytest.mark.parametrize("mutated", [False, True], ids=["same-build", "one-block-fewer"])
 def test_variant_is_checked_before_it_is_timed(mutated, tmp_path):
     pytest.importorskip("triton")
-    source = PLAN.read_text()
-    assert source.count(BUDGET) == 1, "select_ab's test: the budget line moved; update BUDGET"
-    variant = tmp_path / "plan_triton.py"
-    variant.write_text(source.replace(BUDGET, BUDGET.replace("n - skipped", "n - skipped - 1")) if mutated else source)
+    variant = write_variant(PLAN, BUDGET, BUDGET.replace("n - skipped", "n - skipped - 1") if mutated else None,
+                            tmp_path)
     out = tmp_path / "ab.json"
     proc = run_benchmark_dry("select_ab.py", ["--variant", variant, "--points", "2x16384", "--rounds", "2",
                                               "--calls", "1", "--layers", "1" if mutated else "2", "--out", out],

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_benchmark_dry
+from conftest import run_benchmark_dry, write_variant
 
 TOPK = Path(__file__).resolve().parents[2] / "src" / "spin_indexer" / "ops" / "topk_triton.py"
 LISTING = "li = (top >= lo).to(tl.int32)"
@@ -18,10 +18,7 @@ LISTING = "li = (top >= lo).to(tl.int32)"
 @pytest.mark.parametrize("mutated", [False, True], ids=["same-build", "bucket-dropped"])
 def test_variant_is_checked_before_it_is_timed(mutated, tmp_path):
     pytest.importorskip("triton")
-    source = TOPK.read_text()
-    assert source.count(LISTING) == 1, "topk_ab's test: the listing line moved; update LISTING"
-    variant = tmp_path / "topk_triton.py"
-    variant.write_text(source.replace(LISTING, LISTING.replace("lo)", "lo + 64)")) if mutated else source)
+    variant = write_variant(TOPK, LISTING, LISTING.replace("lo)", "lo + 64)") if mutated else None, tmp_path)
     out = tmp_path / "ab.json"
     proc = run_benchmark_dry("topk_ab.py", ["--variant", variant, "--points", "1x8192", "--rounds", "2",
                                             "--out", out], timeout=600)

@@ -39,8 +39,8 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 
-from harness import (DEVICE, KeyPool, decode_lens, environment, markdown_table, random_queries,  # noqa: E402
-                     time_graphs_paired)
+from harness import (DEVICE, KeyPool, decode_lens, environment, fill_random_history, markdown_table,  # noqa: E402
+                     random_queries, time_graphs_paired)
 
 from spin_indexer.indexer import DenseIndexer, SpinIndexer  # noqa: E402
 from spin_indexer.predictor import SpinConfig  # noqa: E402
@@ -232,7 +232,7 @@ def _configs(name, batch, ctx, args, keys, table, lens, index_q, attend, attenti
     tag = "" if name == "default" else f"/{name}"
     results, pooled = [], {"attention": [], "dense": []}
     for s in args.sparsity:
-        idx = SpinIndexer(SpinConfig(sparsity=s, topk=k), num_layers=layers, max_batch=batch, max_blocks=width,
+        idx = SpinIndexer(SpinConfig(sparsity=s, topk=k, vertical_grain=args.vertical_grain), num_layers=layers, max_batch=batch, max_blocks=width,
                           device=DEVICE, num_cache_blocks=keys.num_blocks)
         slots = torch.tensor([idx.state.allocate() for _ in range(batch)], dtype=torch.int64, device=DEVICE)
         steady_history(idx, ctx)
@@ -262,10 +262,7 @@ def _configs(name, batch, ctx, args, keys, table, lens, index_q, attend, attenti
 def steady_history(idx, ctx: int) -> None:
     """A random history as after many decode steps: every block scored before, diagonal windows full."""
     st = idx.state
-    gen = torch.Generator(device=st.vertical.device).manual_seed(5)
-    st.vertical.copy_(torch.randn(st.vertical.shape, device=st.vertical.device, generator=gen).to(st.vertical.dtype))
-    st.block_max.copy_(st.vertical.amax(dim=2).transpose(0, 1))
-    st.diagonal.copy_(torch.randn(st.diagonal.shape, device=st.diagonal.device, generator=gen).to(st.diagonal.dtype))
+    fill_random_history(st, torch.Generator(device=st.block_max.device).manual_seed(5))
     st.seen_len.fill_(ctx)
     st.step.fill_(100)
 
@@ -309,6 +306,8 @@ def main(argv=None) -> int:
     p.add_argument("--sparsity", type=lambda s: [float(x) for x in s.split(",")], default=[0.4, 0.5])
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--layers", type=int, default=61)
+    p.add_argument("--vertical-grain", choices=("slot", "block"), default="slot",
+                   help="SPIN's vertical history: per slot (the paper) or per block (SpinConfig.vertical_grain)")
     p.add_argument("--topk", type=int, default=2048)
     p.add_argument("--index-heads", type=int, default=64)
     p.add_argument("--index-dim", type=int, default=128)

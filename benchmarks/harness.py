@@ -248,11 +248,22 @@ def random_history_indexer(cfg, batch: int, width: int, lens: torch.Tensor, gen:
                       num_cache_blocks=num_cache_blocks or batch * width + 1, device=DEVICE)
     st = idx.state
     slots = torch.tensor([st.allocate() for _ in range(batch)], dtype=torch.int64, device=DEVICE)
-    st.vertical.copy_(torch.randn(st.vertical.shape, generator=gen, device=DEVICE).to(st.vertical.dtype))
-    st.block_max.copy_(st.vertical.float().amax(dim=2).t().to(st.block_max.dtype))
-    st.diagonal.copy_(torch.randn(st.diagonal.shape, generator=gen, device=DEVICE).to(st.diagonal.dtype))
+    fill_random_history(st, gen)
     st.seen_len[slots] = lens[:, 0]
     return idx, slots
+
+
+def fill_random_history(st, gen: torch.Generator) -> None:
+    """A SpinState's history drawn from gen as after many decode steps, every block scored: V standard normal
+    and its block maxima (block grain: the block maxima alone, normal around 2.5, about the max of 64 normals),
+    then the diagonal windows."""
+    dev = st.block_max.device
+    if st.vertical is not None:
+        st.vertical.copy_(torch.randn(st.vertical.shape, generator=gen, device=dev).to(st.vertical.dtype))
+        st.block_max.copy_(st.vertical.float().amax(dim=2).t().to(st.block_max.dtype))
+    else:
+        st.block_max.copy_(torch.randn(st.block_max.shape, generator=gen, device=dev).add_(2.5).to(st.block_max.dtype))
+    st.diagonal.copy_(torch.randn(st.diagonal.shape, generator=gen, device=dev).to(st.diagonal.dtype))
 
 
 def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:

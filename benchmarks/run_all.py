@@ -77,6 +77,7 @@ TOPK = 2048
 PLAN_LAYERS = 61  # DeepSeek-V3.2's indexer layers: plan() covers them all, its cost is shared by them
 PAIRED_ROUNDS = 15  # rounds of SPIN's paired replays (spin_step)
 ROTATE_BYTES = 512 << 20  # each replay reads at least this many key bytes (L2: 60 MB)
+VERTICAL_GRAIN = "slot"  # SpinConfig.vertical_grain of every SPIN step timed (--vertical-grain)
 
 
 def log(*a):
@@ -138,11 +139,10 @@ def steady_state(idx, point) -> None:
     """A random history as after many decode steps: every block of the context scored, windows full."""
     import torch
 
+    from harness import fill_random_history
+
     st = idx.state
-    gen = torch.Generator(device=st.vertical.device).manual_seed(5)
-    st.vertical.copy_(torch.randn(st.vertical.shape, device=st.vertical.device, generator=gen).to(st.vertical.dtype))
-    st.block_max.copy_(st.vertical.amax(dim=2).transpose(0, 1))
-    st.diagonal.copy_(torch.randn(st.diagonal.shape, device=st.diagonal.device, generator=gen).to(st.diagonal.dtype))
+    fill_random_history(st, torch.Generator(device=st.block_max.device).manual_seed(5))
     st.seen_len.fill_(point.ctx)
     st.step.fill_(100)
 
@@ -277,7 +277,8 @@ def spin_step(p, sparsity: float, k: int, guard, indexer_kw: dict | None = None,
     from spin_indexer.predictor import SpinConfig
     from spin_indexer.predictor.select import budget_of
 
-    cfg = SpinConfig(sparsity=sparsity, topk=k, dense_below=guard, dense_batch_below=guard)
+    cfg = SpinConfig(sparsity=sparsity, topk=k, dense_below=guard, dense_batch_below=guard,
+                     vertical_grain=VERTICAL_GRAIN)
     idx, slots = steady_indexer(p, cfg, **(indexer_kw or {}))
 
     def plan():
@@ -498,10 +499,14 @@ def main(argv=None) -> int:
     p.add_argument("--topk-sorted", action="store_true",
                    help="every top-k best first (the indexers' topk_sorted=True, torch.topk(sorted=True)); default: "
                         "the set in position order, what the engines' sparse attention reads")
+    p.add_argument("--vertical-grain", choices=("slot", "block"), default="slot",
+                   help="SPIN's vertical history: per slot (the paper) or per block (SpinConfig.vertical_grain)")
     p.add_argument("--update-in-topk-blocks", type=int, default=None,
                    help="table blocks (B x W) up to which SPIN's EMA update runs inside the top-k's first launch "
                         "(spin.UPDATE_IN_TOPK_BLOCKS; 0: always on the side stream)")
     args = p.parse_args(argv)
+    global VERTICAL_GRAIN
+    VERTICAL_GRAIN = args.vertical_grain
     if args.update_in_topk_blocks is not None:
         from spin_indexer.indexer import spin
         spin.UPDATE_IN_TOPK_BLOCKS = args.update_in_topk_blocks

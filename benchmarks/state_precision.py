@@ -11,6 +11,9 @@ update, each layer's V is rounded to the format and back, and its block max reco
   e4m3, e5m2   1-byte floats (float8_e4m3fn clamped to +-448, float8_e5m2), no scale
   int8-block   1 byte a slot with one scale a block (the row's largest magnitude / 127): the block's largest slot
                exact, the others within 1/254 of it
+  block        one value a block (no per-slot V): every slot of a block that holds history takes the block's max,
+               so the next update is the EMA of the block max (0.5 max obs + 0.5 VB for a fully scored block) and
+               the A1-Max score is max(VB, the window's D): the state a block-level vertical table would keep
 
 Unscored slots (-inf) stay -inf in every format. The diagonal table D (per request, a bounded window) stays fp16.
 Synthetic presets by default (`--synthetic v32-like v4-like`); `--traces DIR` replays captured model traces.
@@ -28,7 +31,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
-FORMATS = ("fp16", "bf16", "e4m3", "e5m2", "int8-block")
+FORMATS = ("fp16", "bf16", "e4m3", "e5m2", "int8-block", "block")
 
 
 def rounded(v, fmt: str):
@@ -45,6 +48,9 @@ def rounded(v, fmt: str):
     elif fmt == "int8-block":
         scale = (x.abs().amax(dim=1, keepdim=True) / 127).clamp_min(1e-30)
         y = torch.round(x / scale).clamp(-127, 127) * scale
+    elif fmt == "block":  # rows with history become constant at their max (rows with none stay -inf)
+        row_max = torch.where(finite, v.float(), float("-inf")).amax(dim=1, keepdim=True)
+        return torch.where(torch.isfinite(row_max), row_max, v.float()).expand_as(v).to(v.dtype)
     else:
         raise ValueError(f"format: expected one of {', '.join(FORMATS)}, got {fmt!r}")
     return torch.where(finite, y.to(v.dtype), v)

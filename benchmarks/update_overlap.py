@@ -39,6 +39,8 @@ the dense step, per layer:
                 on a compact table the CTAs past the kept columns had nothing to do)
   wave          the CUDA logits kernel's chunk from `wave_chunk` (whole waves of even chunks: the rule before run
                 154) instead of indexer_logits_cuda.makespan_chunk (a short last chunk may fill a wave's spare SMs)
+  block         SpinConfig(vertical_grain="block"): no per-slot V, the update reads the block maxima (O(blocks),
+                history_block_triton) on the side stream beside the top-k
   update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
                 _st2: those passes alone)
 
@@ -63,7 +65,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-VARIANTS = ("spin", "topk_first", "no_update", "fused", "cudalogits", "gpass", "wchunk", "wave", "onetile", "st2",
+VARIANTS = ("spin", "block", "topk_first", "no_update", "fused", "cudalogits", "gpass", "wchunk", "wave", "onetile", "st2",
             "stg<N>", "prog<N>", "pipe", "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lch<N>", "lpf<P>", "after_thr",
             "after_gat")
 
@@ -130,7 +132,7 @@ def variant(idx, name: str):
         patches = [(ops, "writes_group_max", lambda backend, group: backend == "triton")]
     elif name == "pipe":
         patches = [(history_triton, "PIPELINED_MIN_BLOCKS", 0)]
-    elif name in ("spin", "fused"):
+    elif name in ("spin", "fused", "block"):
         patches = []
     elif name in ("after_thr", "after_gat"):
         patches = _update_before_launch(idx, "_gather_kernel" if name == "after_thr" else "_select_set_kernel")
@@ -255,7 +257,9 @@ def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lin
         calls["dense_gpass"] = dense_gpass
     indexers = {}
     for name in variants:
-        idx, slots = steady_indexer(p, SpinConfig(sparsity=sparsity, topk=k), overlap_update=name != "fused")
+        grain = "block" if name == "block" else "slot"
+        idx, slots = steady_indexer(p, SpinConfig(sparsity=sparsity, topk=k, vertical_grain=grain),
+                                    overlap_update=name != "fused")
         indexers[name] = idx
 
         def step(idx=idx, slots=slots, name=name):

@@ -28,15 +28,16 @@ def _share_state(src, dst) -> None:
 
 @pytest.mark.parametrize("next_n", [1, 2])
 @pytest.mark.parametrize("mtp", ["row0", "row-local"])
-@pytest.mark.parametrize("summary", [0.0, 0.5], ids=["paper", "summary-mix"])
-def test_cuda_step_matches_cpu_reference(next_n, mtp, summary, gen):
+@pytest.mark.parametrize("summary,grain", [(0.0, "slot"), (0.5, "slot"), (0.0, "block")],
+                         ids=["paper", "summary-mix", "block-grain"])
+def test_cuda_step_matches_cpu_reference(next_n, mtp, summary, grain, gen):
     """The fused step (with the summary mix: plan() resets, run(layer) writes and scores the summary cache and
     selects in one launch) against the CPU's torch path, both planning from the same state each step (the GPU
     takes the CPU's history before plan(): histories written from fp8-MMA logits drift apart by rounding, and a
     drifted near-tie would flip a block whatever the kernels do). So the paper's plan must match exactly; the
     mix standardizes fp32 scores summed in another order (and its summary scores come from an fp8 MMA): a block
-    at a near-tie may flip, two a step at most."""
-    _check_step_matches_cpu(next_n, mtp, summary, 512, gen)
+    at a near-tie may flip, two a step at most. Block grain: the block maxima are the history compared."""
+    _check_step_matches_cpu(next_n, mtp, summary, 512, gen, grain)
 
 
 @pytest.mark.parametrize("next_n", [2, 3])
@@ -52,10 +53,10 @@ def test_cuda_kernel_group_maxima_in_the_step(next_n, topk, gen, monkeypatch):
     _check_step_matches_cpu(next_n, "row0", 0.0, topk, gen)
 
 
-def _check_step_matches_cpu(next_n, mtp, summary, topk, gen):
+def _check_step_matches_cpu(next_n, mtp, summary, topk, gen, grain="slot"):
     lengths = (9000, 4100, 700)
     x = make_paged_inputs(lengths, next_n, 64, 128, gen, garbage=False)
-    cfg = SpinConfig(sparsity=0.4, topk=topk, mtp=mtp, summary=summary)
+    cfg = SpinConfig(sparsity=0.4, topk=topk, mtp=mtp, summary=summary, vertical_grain=grain)
     width = x.block_table.shape[1]
     (cpu, s_cpu), (gpu, s_gpu) = _pair(cfg, len(lengths), width, next_n, 2)
     xg = x.to("cuda")
@@ -64,7 +65,7 @@ def _check_step_matches_cpu(next_n, mtp, summary, topk, gen):
         _share_state(cpu.state, gpu.state)
         cpu.plan(x.block_table, x.seq_lens, s_cpu)
         gpu.plan(xg.block_table, xg.seq_lens, s_gpu)
-        flipped = torch.zeros(cpu.state.vertical.shape[:2], dtype=torch.bool)  # [L, blocks]: scored by one side
+        flipped = torch.zeros(cpu.state.block_max.shape[::-1], dtype=torch.bool)  # [L, blocks]: scored by one side
         for layer in range(2):
             a = cpu.run(layer, x.q_fp8, x.kv_cache, w)
             b = gpu.run(layer, xg.q_fp8, xg.kv_cache, w.cuda())
@@ -81,17 +82,21 @@ def _check_step_matches_cpu(next_n, mtp, summary, topk, gen):
         # summation order (tensor-core fp8 MMA vs fp32 CPU), so tolerance scales with the logits' magnitude. A
         # flipped block was scored (its history updated) on one side only: left out.
         keep = ~flipped[:, :-1, None]
-        ref = torch.where(keep, cpu.state.vertical[:, :-1].float(), 0.0)
+        # the history: V per slot, or under block grain the block maxima ([L, blocks, 1])
+        hist_cpu, hist_gpu = ((cpu.state.vertical, gpu.state.vertical) if grain == "slot" else
+                              (cpu.state.block_max.t()[:, :, None], gpu.state.block_max.t()[:, :, None]))
+        ref = torch.where(keep, hist_cpu[:, :-1].float(), 0.0)
         scale = ref[torch.isfinite(ref)].abs().max().item()
-        got = torch.where(keep, gpu.state.vertical[:, :-1].cpu().float(), 0.0)
+        got = torch.where(keep, hist_gpu[:, :-1].cpu().float(), 0.0)
         torch.testing.assert_close(got, ref, rtol=2e-2, atol=5e-3 * scale)
 
 
-@pytest.mark.parametrize("summary", [0.0, 0.5], ids=["paper", "summary-mix"])
-def test_whole_step_captures_in_a_cuda_graph(summary, gen):
+@pytest.mark.parametrize("summary,grain", [(0.0, "slot"), (0.5, "slot"), (0.0, "block")],
+                         ids=["paper", "summary-mix", "block-grain"])
+def test_whole_step_captures_in_a_cuda_graph(summary, grain, gen):
     lengths, next_n, layers = (20000, 13000), 1, 4
     x = make_paged_inputs(lengths, next_n, 64, 128, gen, garbage=False).to("cuda")
-    cfg = SpinConfig(sparsity=0.5, topk=2048, summary=summary)
+    cfg = SpinConfig(sparsity=0.5, topk=2048, summary=summary, vertical_grain=grain)
     idx = SpinIndexer(cfg, layers, 2, x.block_table.shape[1], next_n=next_n, device="cuda")
     slots = torch.tensor([idx.state.allocate() for _ in range(2)], dtype=torch.int32, device="cuda")
     outs = [torch.empty(2, 2048, dtype=torch.int32, device="cuda") for _ in range(layers)]

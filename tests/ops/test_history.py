@@ -106,7 +106,8 @@ def clone_history(h: HistoryUpdate) -> HistoryUpdate:
         base = torch.empty(t.shape[0], t.stride(0), dtype=t.dtype)
         base[:, 0] = t
         return base[:, 0]
-    return dataclasses.replace(h, vertical=h.vertical.clone(), block_max=dup(h.block_max),
+    vertical = None if h.vertical is None else h.vertical.clone()  # None: block grain
+    return dataclasses.replace(h, vertical=vertical, block_max=dup(h.block_max),
                                diagonal=h.diagonal.clone(), last_seen=dup(h.last_seen))
 
 
@@ -551,7 +552,7 @@ def history_on(h, dev):
     """h's tensors on `dev`, block_max and last_seen as strided views (as SpinState's [P + 1, L] columns)."""
     moved = dataclasses.replace(h, **{f: getattr(h, f).to(dev) for f in
                                       ("vertical", "diagonal", "slot_ids", "kept_blocks", "seq_lens",
-                                       "update_rows", "clock")})
+                                       "update_rows", "clock") if getattr(h, f) is not None})
     moved.block_max = _strided_to(h.block_max, dev)
     moved.last_seen = _strided_to(h.last_seen, dev)
     return moved

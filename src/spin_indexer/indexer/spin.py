@@ -346,6 +346,19 @@ class SpinIndexer:
         if side is None:
             return self._topk(layer, st, plan, logits, block_max, group_max, group=group)
         rows3 = logits.view(batch, self.next_n, logits.shape[1])  # not -1: ambiguous for an empty batch
+        main = torch.cuda.current_stream(self.device)
+        if history.vertical is None:  # block grain: the update reads the block maxima, beside the top-k
+            if not maxima_fused:
+                ops.update_history(None, rows3, plan.compact_block_table, plan.compact_seq_lens,
+                                   block_max_out=block_max, group_max_out=group_max, group=group)
+            with self._forked(self._topk_stream):
+                positions = self._topk(layer, st, plan, logits, block_max, group_max, group=group)
+            with self._forked(side):
+                ops.update_history(history, rows3, plan.compact_block_table, plan.compact_seq_lens,
+                                   block_max_in=block_max)
+            main.wait_stream(self._topk_stream)
+            main.wait_stream(side)
+            return positions
         if in_topk:
             if not maxima_fused:
                 ops.update_history(None, rows3, plan.compact_block_table, plan.compact_seq_lens,
@@ -354,7 +367,6 @@ class SpinIndexer:
         # The top-k's launches first, then the update's: the top-k's programs (its threshold's take a whole SM)
         # are then dispatched before the update's thousands fill the GPU (H200, run 74: 96 x 1M s = 0.4 2367 ->
         # 2334 us, 96 x 512K 1198 -> 1193, 32 x 128K 141.6 -> 140.6; never slower by more than 0.2 us).
-        main = torch.cuda.current_stream(self.device)
         with self._forked(self._topk_stream):
             if not maxima_fused:
                 ops.update_history(None, rows3, plan.compact_block_table, plan.compact_seq_lens,
@@ -372,7 +384,7 @@ class SpinIndexer:
         rather than on the side stream: for a table of at most UPDATE_IN_TOPK_BLOCKS blocks (B x W; the
         threshold launch is one program per row on a GPU left mostly idle, the update's programs fill it,
         and the step forks and joins no stream) with one updating row per request (row 0: one launch's work)."""
-        return batch * width <= UPDATE_IN_TOPK_BLOCKS and history.rows == 1
+        return batch * width <= UPDATE_IN_TOPK_BLOCKS and history.rows == 1 and history.vertical is not None
 
     @contextlib.contextmanager
     def _forked(self, side):
@@ -530,11 +542,12 @@ class SpinIndexer:
         """Where this layer's EMA update reads and writes (the logits op folds it into its epilogue where the
         kernel can; replay hands it to `_update`)."""
         cfg, batch = self.config, st.block_table.shape[0]
-        return ops.HistoryUpdate(self.state.vertical[layer], self.state.block_max[:, layer],
+        vertical = self.state.vertical[layer] if self.state.vertical is not None else None  # None: block grain
+        return ops.HistoryUpdate(vertical, self.state.block_max[:, layer],
                                  self.state.diagonal[layer], st.slot_ids, plan.kept_blocks, st.seq_lens,
                                  self.workspace.update_rows[:batch], cfg.alpha, self.state.window,
                                  self.state.last_seen[:, layer] if self.state.last_seen is not None else None,
-                                 st.clock, 1 if cfg.mtp is MtpPolicy.ROW0 else self.next_n)
+                                 st.clock, 1 if cfg.mtp is MtpPolicy.ROW0 else self.next_n, cfg.tokens_per_block)
 
     def _update(self, layer: int, st: _Step, plan: BlockPlan, logits: torch.Tensor) -> None:
         """The EMA update from compact logits float32 [B*N, X] (replay; the live path folds it into the logits)."""

@@ -82,14 +82,22 @@ def paged_indexer_logits(q_fp8, kv_cache, weights, seq_lens, block_table, valida
             # an explicit last dim: view(B, N, -1) is ambiguous for an empty batch
             update_history(history, logits.view(q_fp8.shape[0], q_fp8.shape[1], logits.shape[1]), block_table,
                            seq_lens, block_max_out=bmax, group_max_out=None if kernel_groups else group_max_out,
-                           group=group)
+                           group=group, block_max_in=block_max_out if kernel_block_max else None)
         return logits
     if backend == "triton":
         from .indexer_logits_triton import paged_indexer_logits_triton
-        return paged_indexer_logits_triton(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate,
-                                           out=out, block_max_out=block_max_out, fill_tail=fill_tail,
-                                           history=history, active_width=active_width,
-                                           group_max_out=group_max_out, group=group)
+        block_grain = history is not None and history.vertical is None
+        if block_grain and block_max_out is None:  # the block-grain update reads the maxima the kernel writes
+            block_max_out = torch.empty(q_fp8.shape[0] * q_fp8.shape[1], block_table.shape[1], dtype=torch.float32,
+                                        device=q_fp8.device)
+        logits = paged_indexer_logits_triton(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate,
+                                             out=out, block_max_out=block_max_out, fill_tail=fill_tail,
+                                             history=None if block_grain else history, active_width=active_width,
+                                             group_max_out=group_max_out, group=group)
+        if block_grain:
+            update_history(history, logits.view(q_fp8.shape[0], q_fp8.shape[1], logits.shape[1]), block_table,
+                           seq_lens, block_max_in=block_max_out)
+        return logits
     logits = paged_indexer_logits_ref(q_fp8, kv_cache, weights, seq_lens, block_table, validate=validate)
     _check_outputs(logits, block_table.shape[1], q_fp8.device, out, block_max_out)  # as the twin checks them
     if out is not None:
@@ -144,10 +152,16 @@ def writes_group_max(backend: str, group: int) -> bool:
 
 
 def update_history(history: HistoryUpdate | None, logits, compact_table, compact_lens, block_max_out=None,
-                   group_max_out=None, group: int = 64) -> None:
+                   group_max_out=None, group: int = 64, block_max_in=None) -> None:
     """SPIN's EMA update of one layer from compact logits float32 [B, N, X] (see ops/history.py; None: no
     update); block_max_out: optional float32 [B*N, W] receiving each compact block's max; group_max_out:
-    optional float32 [B*N, >= X / group], the same per `group` columns (one pass for all three)."""
+    optional float32 [B*N, >= X / group], the same per `group` columns (one pass for all three).
+    block_max_in: float32 [B*N, >= X / T], those block maxima already written (by the logits kernel, or a pass
+    before): a block-grain history (history.vertical None) reads them instead of the logits; None: the update
+    computes them first (into block_max_out where given)."""
+    if history is not None and history.vertical is None:
+        return _update_block_history(history, logits, compact_table, compact_lens, block_max_out, group_max_out,
+                                     group, block_max_in)
     twin = _triton_twin("history_triton", "update_history_triton", logits)
     if twin is not None:
         return twin(history, logits, compact_table, compact_lens, block_max_out=block_max_out,
@@ -162,6 +176,24 @@ def update_history(history: HistoryUpdate | None, logits, compact_table, compact
         block_max_out[:, :bm.shape[1]].copy_(bm)
     if history is not None:
         update_history_ref(history, logits, compact_table, compact_lens)
+
+
+def _update_block_history(history: HistoryUpdate, logits, compact_table, compact_lens, block_max_out, group_max_out,
+                          group: int, block_max_in) -> None:
+    """update_history for a block-grain history: the maxima (unless given), then the O(blocks) update."""
+    twin = _triton_twin("history_block_triton", "update_block_history_triton", logits)
+    if twin is None:
+        update_history(None, logits, compact_table, compact_lens, block_max_out, group_max_out, group)
+        update_history_ref(history, logits, compact_table, compact_lens)
+        return
+    if block_max_in is None:
+        batch, next_n, cols = logits.shape
+        block_max_in = block_max_out if block_max_out is not None else torch.empty(
+            batch * next_n, cols // block_tokens(history), dtype=torch.float32, device=logits.device)
+        update_history(None, logits, compact_table, compact_lens, block_max_in, group_max_out, group)
+    elif block_max_out is not None or group_max_out is not None:
+        update_history(None, logits, compact_table, compact_lens, block_max_out, group_max_out, group)
+    twin(history, logits, block_max_in, compact_table, compact_lens)
 
 
 def topk(logits, lengths, k: int, validate: bool = True, block_max=None):
@@ -207,6 +239,12 @@ def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, ne
             raise ValueError(f"compact_table: expected shape [R // next_n, >= C / T] = [{rows // next_n}, >= "
                              f"{cols // t}] for logits [{rows}, {cols}], next_n = {next_n}, T = {t}, got "
                              f"{list(compact_table.shape)}")
+    if history is not None and history.vertical is None:  # block grain: its O(blocks) update after the top-k
+        out = topk_positions(logits, lengths, k, block_max, kept_blocks, next_n, tokens_per_block, out, validate,
+                             group_max, tau_hint, sorted=sorted, group=group)
+        update_history(history, logits.view(logits.shape[0] // next_n, next_n, logits.shape[1]), compact_table,
+                       lengths.view(-1, next_n), block_max_in=block_max)
+        return out
     twin = _triton_twin("topk_triton", "topk_triton", logits)
     if twin is None or tokens_per_block != 64:
         if tau_hint is not None:  # unused here, but rejected exactly as the twin rejects it

@@ -42,6 +42,11 @@ class Exploration(str, enum.Enum):
     BLOCK_AGE = "block_age"  # skipped blocks not scored for the longest time
 
 
+class Grain(str, enum.Enum):
+    SLOT = "slot"  # the paper's vertical table: one EMA a KV slot (2 B a cached token a layer)
+    BLOCK = "block"  # one EMA a KV block, of the block's max score (2 B a block): the same A1-Max scores (below)
+
+
 class MtpPolicy(str, enum.Enum):
     ROW0 = "row0"  # all rows use row 0's predicted blocks; only row 0 updates the state
     ROW_LOCAL = "row-local"  # union of per-row predictions; rows 0..num_accepted update (prefix-valid)
@@ -92,7 +97,8 @@ def _check_threshold(name: str, value) -> None:
         check_int(name, value, low=0)
 
 
-_ENUMS = {"pooling": Pooling, "reduce": Reduce, "combine": Combine, "exploration": Exploration, "mtp": MtpPolicy}
+_ENUMS = {"pooling": Pooling, "reduce": Reduce, "combine": Combine, "exploration": Exploration, "mtp": MtpPolicy,
+          "vertical_grain": Grain}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +149,14 @@ class SpinConfig:
         (SpinIndexer._run_dense). "auto" = AUTO_DENSE_BATCH_TOKENS, from the H200 grid, or more for a step of
         one query row at low sparsity (AUTO_ONE_ROW_GUARDS, guard_batch_tokens_for);
         0 = off (the default).
+    vertical_grain: what the vertical history keeps. "slot" (the paper): V[i], the EMA of each slot's score, and
+        a block's A1-Max score max(max_i V[i], the window's D). "block": one value a block, the EMA of the block's
+        max score (block_max itself: no per-slot table), so the score is max(VB, the window's D) and the update
+        reads the block maxima the top-k already needs instead of every logit again (O(blocks), 2 B a block of
+        state). For a block scored whole the two differ only in where the max is taken: the EMA of the max,
+        against the max of each slot's EMA (the larger: a block whose best slot moved keeps its past peak
+        longer); benchmarks/state_precision.py measures the fidelity. Rules that read V slot by slot
+        (reduce=mean / top4, combine=sum, the summary mix) need "slot".
     """
 
     sparsity: float = 0.3
@@ -167,6 +181,7 @@ class SpinConfig:
     diagonal_window: int | None = 8192
     dense_below: int | str = 0
     dense_batch_below: int | str = 0
+    vertical_grain: Grain = Grain.SLOT
 
     def __post_init__(self):
         # Every field is checked for its type first (TypeError naming it), then its range (ValueError);
@@ -194,6 +209,11 @@ class SpinConfig:
             if isinstance(self.diagonal_window, bool) or not isinstance(self.diagonal_window, int):
                 raise TypeError(f"SpinConfig.diagonal_window: expected an int or None, got {describe(self.diagonal_window)}")
             check_int("SpinConfig.diagonal_window", self.diagonal_window, low=1)
+        if self.vertical_grain is Grain.BLOCK and (self.reduce is not Reduce.MAX or self.combine is Combine.SUM
+                                                    or self.summary > 0):
+            raise ValueError(f"SpinConfig.vertical_grain: 'block' keeps no per-slot history; expected reduce='max', "
+                             f"combine other than 'sum' and summary = 0 with it, got reduce={self.reduce.value!r}, "
+                             f"combine={self.combine.value!r}, summary={self.summary:g}")
         for name in ("dense_below", "dense_batch_below"):
             _check_threshold(f"SpinConfig.{name}", getattr(self, name))
         if not isinstance(self.state_dtype, torch.dtype) or \

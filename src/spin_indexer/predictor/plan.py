@@ -125,7 +125,8 @@ def reset_entered_(state: SpinState, meta: StepMeta, layers: range | None = None
     target = torch.where(entered_mask(meta), physical_blocks(meta, state.num_cache_blocks),
                          state.num_cache_blocks).reshape(-1)
     for layer in layers if layers is not None else range(state.num_layers):
-        state.vertical[layer].index_fill_(0, target, NEG_INF)
+        if state.vertical is not None:
+            state.vertical[layer].index_fill_(0, target, NEG_INF)
         state.block_max[:, layer].index_fill_(0, target, NEG_INF)
         if state.last_seen is not None:
             state.last_seen[:, layer].index_fill_(0, target, -1)
@@ -138,7 +139,10 @@ def layer_scores(config: SpinConfig, state: SpinState, layer: int, meta: StepMet
     rows = prediction_rows(config.mtp, meta.seq_lens.shape[1])
     lens = meta.seq_lens.long()[:, rows]
     phys = physical_blocks(meta, state.num_cache_blocks)
-    vertical = state.vertical[layer][phys].reshape(batch, width * t)  # [B, W*T]
+    if state.vertical is not None:
+        vertical = state.vertical[layer][phys].reshape(batch, width * t)  # [B, W*T]
+    else:  # block grain: every slot of a block holds the block's history (its max: the same A1-Max score)
+        vertical = state.block_max[:, layer][phys][:, :, None].expand(batch, width, t).reshape(batch, width * t)
     window = state.diagonal[layer, meta.slot_ids, :state.window]  # [B, DW]: past the window: no history
     pad = max(0, width * t - window.shape[1])
     diagonal = torch.nn.functional.pad(window.float(), (0, pad), value=NEG_INF) if pad else window

@@ -194,7 +194,7 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
     stash = ws.plan_stash
     tp, np_, wp = _next_pow2(t), _next_pow2(next_n), _next_pow2(max(width, 1))
     if batch > 0:
-        vert, bmax = state.vertical, state.block_max
+        vert, bmax = _vertical_or_placeholder(state), state.block_max
         upd = ws.update_rows.view(torch.uint8)
         summarized = state.summarized if late else stash  # a placeholder pointer without the summary mix
         first, full = (ws.summary_first, ws.full_blocks) if late else (stash, stash)
@@ -205,7 +205,8 @@ def plan_step_triton(config: SpinConfig, state, ws, block_table: torch.Tensor, s
             summarized, summarized.stride(0), first, first.stride(0), full, width, _mix_below(config),
             next_n, state.num_cache_blocks, config.topk, config.guard_tokens, batch, step_guard,
             T=t, TP=tp, NP=np_, SB=min(32, _next_pow2(block), wp),
-            ROW0=config.mtp is MtpPolicy.ROW0, HAS_ACC=num_accepted is not None, SUMMARY=late)
+            ROW0=config.mtp is MtpPolicy.ROW0, HAS_ACC=num_accepted is not None, SUMMARY=late,
+            HAS_V=state.vertical is not None)
     reg = wp <= min(register_tile, MAX_TILE)
     rows_b = max(batch, 1)
     # the register path keeps its flags in registers: no flag scratch
@@ -245,6 +246,14 @@ def select_layer_triton(config: SpinConfig, state, ws, layer: int, block_table: 
                    ws.select_scratch, step_guard, layer, 1, True, 1024, score_block,
                    num_warps or _mix_select_warps(_next_pow2(max(width, 1))), max_registers,
                    finish=False, summary=summary, cached=cached, part=2)
+
+
+def _vertical_or_placeholder(state) -> torch.Tensor:
+    """The kernels' vertical table: the state's, or under block grain (none) a [1, 1, 1] placeholder that no
+    launch reads (block grain is never a slot rule, and the reset skips it: HAS_V)."""
+    if state.vertical is not None:
+        return state.vertical
+    return state.block_max[:1, :1].unsqueeze(0)
 
 
 def _slot_rule(config: SpinConfig) -> bool:
@@ -292,7 +301,7 @@ def _launch_select(config: SpinConfig, state, ws, table, lens, slots, scratch, f
         sb = min(_next_pow2(block), wp)
         warps = num_warps or 4
     sbs = min(_next_pow2(score_block), sb)
-    vert, bmax, diag = state.vertical, state.block_max, state.diagonal
+    vert, bmax, diag = _vertical_or_placeholder(state), state.block_max, state.diagonal
     mixed = summary is not None
     if mixed:
         summary = summary if summary.stride(-1) == 1 else summary.contiguous()
@@ -628,7 +637,8 @@ if triton is not None:
                            summarized_ptr, stride_sml, sfirst_ptr, stride_sfl, full_ptr, width, summary_below,
                            next_n, num_cache_blocks, topk, guard_tokens, batch, guard_batch,
                            T: tl.constexpr, TP: tl.constexpr, NP: tl.constexpr, SB: tl.constexpr,
-                           ROW0: tl.constexpr, HAS_ACC: tl.constexpr, SUMMARY: tl.constexpr):
+                           ROW0: tl.constexpr, HAS_ACC: tl.constexpr, SUMMARY: tl.constexpr,
+                           HAS_V: tl.constexpr = True):
         b = tl.program_id(0).to(tl.int64)
         pl = tl.program_id(1)
         l = pl.to(tl.int64)
@@ -650,9 +660,10 @@ if triton is not None:
             inside = m & (phys >= 0) & (phys < num_cache_blocks)
             tl.store(bmax_ptr + phys * stride_bp + l * stride_bl,
                      tl.full([SB], NEG_INF, tl.float32).to(bmax_ptr.dtype.element_ty), mask=inside)
-            tl.store(vert_ptr + l * stride_vl + phys[:, None] * stride_vp + t,
-                     tl.full([SB, TP], NEG_INF, tl.float32).to(vert_ptr.dtype.element_ty),
-                     mask=inside[:, None] & (t < T))
+            if HAS_V:  # block grain (vertical_grain = "block"): the block max is the whole history
+                tl.store(vert_ptr + l * stride_vl + phys[:, None] * stride_vp + t,
+                         tl.full([SB, TP], NEG_INF, tl.float32).to(vert_ptr.dtype.element_ty),
+                         mask=inside[:, None] & (t < T))
         if pl == 0:
             j = tl.arange(0, NP)
             if ROW0:

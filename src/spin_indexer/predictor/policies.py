@@ -47,6 +47,7 @@ POLICIES: dict[str, tuple[dict, str]] = {
     "combine-vertical": ({"combine": "vertical"}, "vertical table only"),
     "combine-diagonal": ({"combine": "diagonal"}, "diagonal table only"),
     "combine-sum": ({"combine": "sum"}, "sum of vertical and diagonal estimates"),
+    "vertical-block": ({"vertical_grain": "block"}, "vertical history a block: the EMA of each block's max score"),
     # EMA decay
     "alpha-0.25": ({"alpha": 0.25}, "EMA weight of the newest observation 0.25"),
     "alpha-1.0": ({"alpha": 1.0}, "no averaging: the last observation only"),

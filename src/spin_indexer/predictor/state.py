@@ -22,7 +22,9 @@ is reset for that request in plan(), so a reused physical block never carries a 
 reset cost is O(blocks that entered), never O(maximum context).
 
 Memory per cached token per layer: 2 + 2/T (+ 4/T with last_seen) bytes of vertical history, about 2.03 B
-against the key cache's 132, plus DW x 2 B per request slot and layer for the diagonal window.
+against the key cache's 132, plus DW x 2 B per request slot and layer for the diagonal window. With
+SpinConfig.vertical_grain = "block" there is no vertical table (vertical is None): block_max is the history
+itself (the EMA of each block's max score), 2/T B a token (0.03 B at T = 64).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ import torch
 
 from ..checks import allocation_error, check_device, check_int
 from ..layout import HEAD_DIM, SCALE_BYTES
-from .config import Exploration, SpinConfig
+from .config import Exploration, Grain, SpinConfig
 
 
 class SpinState:
@@ -60,9 +62,11 @@ class SpinState:
         neg = float("-inf")
         blocks = num_cache_blocks + 1  # + the trash block
         elem = torch.empty((), dtype=dtype).element_size()
-        need = (num_layers * (blocks * (t + 1) + max_requests * (self.window + 1)) + t) * elem
+        per_slot = config.vertical_grain is Grain.SLOT
+        need = (num_layers * (blocks * (t * per_slot + 1) + max_requests * (self.window + 1)) + t) * elem
         try:
-            self.vertical = torch.full((num_layers, blocks, t), neg, dtype=dtype, device=self.device)
+            self.vertical = (torch.full((num_layers, blocks, t), neg, dtype=dtype, device=self.device)
+                             if per_slot else None)
             self.block_max = torch.full((blocks, num_layers), neg, dtype=dtype, device=self.device)
             # T elements of slack past the last row: the fused plan reads D's window in aligned chunks of T
             # (plan_triton._window_diag_max), which may run up to T - 1 elements past a row's end
@@ -161,41 +165,51 @@ class SpinState:
         """Forget the vertical history of physical blocks `blocks` (int64 [n], all layers), on the device.
         plan() calls it for the blocks that entered a request; an engine may call it when it refills a block
         behind the indexer's back (a KV connector, say)."""
-        self.vertical.index_fill_(1, blocks, float("-inf"))
+        if self.vertical is not None:
+            self.vertical.index_fill_(1, blocks, float("-inf"))
         self.block_max.index_fill_(0, blocks, float("-inf"))
         if self.last_seen is not None:
             self.last_seen.index_fill_(0, blocks, -1)
 
-    def bind_history_(self, vertical: torch.Tensor, block_max: torch.Tensor) -> None:
+    def bind_history_(self, vertical: torch.Tensor | None, block_max: torch.Tensor) -> None:
         """Keep the per-block history in caller-provided memory (an engine's KV-cache allocation) instead of
         this state's own tensors, which are dropped; both are filled with -inf (nothing observed yet).
 
         vertical: [L, P + 1, T] of config.state_dtype, each layer's [P + 1, T] contiguous (the kernels address
-        vertical[l] as rows of T), any layer stride; block_max: [P + 1, L], same dtype and device, any strides.
+        vertical[l] as rows of T), any layer stride; None (and only None) with vertical_grain = "block";
+        block_max: [P + 1, L], same dtype and device, any strides.
         Row P is the trash block: it may alias memory nobody reads (an engine's null block). P becomes
         num_cache_blocks; last_seen (staleness / block-age exploration) is reallocated for P + 1 blocks here.
         Raises TypeError / ValueError naming the argument.
         """
         t, dtype = self.config.tokens_per_block, self.config.state_dtype
+        if (vertical is None) != (self.vertical is None):
+            raise ValueError(f"vertical: expected {'None' if self.vertical is None else 'a tensor'} with "
+                             f"vertical_grain = {self.config.vertical_grain.value!r}, got "
+                             f"{'None' if vertical is None else 'a tensor'}")
         for name, x in (("vertical", vertical), ("block_max", block_max)):
+            if x is None:
+                continue
             if not isinstance(x, torch.Tensor):
                 raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
             if x.dtype != dtype:
                 raise TypeError(f"{name}: expected dtype {dtype}, got {x.dtype}")
             if x.device != self.device:
                 raise ValueError(f"{name}: expected device {self.device}, got {x.device}")
-        if vertical.dim() != 3 or vertical.shape[0] != self.num_layers or vertical.shape[1] < 2 \
-                or vertical.shape[2] != t:
-            raise ValueError(f"vertical: expected shape [L, P + 1, T] = [{self.num_layers}, >= 2, {t}], "
-                             f"got {list(vertical.shape)}")
-        if vertical.stride(2) != 1 or vertical.stride(1) != t:
-            raise ValueError(f"vertical: expected each layer's rows contiguous (strides [*, {t}, 1]), "
-                             f"got {list(vertical.stride())}")
-        blocks = vertical.shape[1]
-        if list(block_max.shape) != [blocks, self.num_layers]:
-            raise ValueError(f"block_max: expected shape [P + 1, L] = [{blocks}, {self.num_layers}], "
+        if vertical is not None:
+            if vertical.dim() != 3 or vertical.shape[0] != self.num_layers or vertical.shape[1] < 2 \
+                    or vertical.shape[2] != t:
+                raise ValueError(f"vertical: expected shape [L, P + 1, T] = [{self.num_layers}, >= 2, {t}], "
+                                 f"got {list(vertical.shape)}")
+            if vertical.stride(2) != 1 or vertical.stride(1) != t:
+                raise ValueError(f"vertical: expected each layer's rows contiguous (strides [*, {t}, 1]), "
+                                 f"got {list(vertical.stride())}")
+        blocks = vertical.shape[1] if vertical is not None else block_max.shape[0]
+        if block_max.dim() != 2 or list(block_max.shape) != [blocks, self.num_layers] or blocks < 2:
+            raise ValueError(f"block_max: expected shape [P + 1, L] = [{blocks}, {self.num_layers}] (P + 1 >= 2), "
                              f"got {list(block_max.shape)}")
-        vertical.fill_(float("-inf"))
+        if vertical is not None:
+            vertical.fill_(float("-inf"))
         block_max.fill_(float("-inf"))
         self.vertical, self.block_max, self.num_cache_blocks = vertical, block_max, blocks - 1
         if self.last_seen is not None:
@@ -226,7 +240,8 @@ class SpinState:
         elem = torch.empty((), dtype=self.config.state_dtype).element_size()
         t = self.config.tokens_per_block
         summary = self.config.summary_parts * (self.head_dim + SCALE_BYTES) / t if self.summaries is not None else 0.0
-        return elem + elem / t + (4 / t if self.last_seen is not None else 0.0) + summary
+        per_slot = elem if self.vertical is not None else 0.0
+        return per_slot + elem / t + (4 / t if self.last_seen is not None else 0.0) + summary
 
     def bytes_per_request(self) -> int:
         """Per-request bytes over all layers (the diagonal window and counters)."""

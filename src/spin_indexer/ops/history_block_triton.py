@@ -1,0 +1,96 @@
+"""Triton twin of `history.update_history_ref` under block grain (SpinConfig.vertical_grain = "block").
+
+The history of a block is one value, block_max[p] (no per-slot V), so the update reads what the top-k already
+needs, the compact block maxima of the logits (the logits kernel's epilogue or the maxima pass wrote them), not
+the logits: for row j of request b and its compact block m below the row's compact length,
+    block_max[compact_table[b, m]] <- EMA(block_max[...], block_maxima[b * N + j, m])    (a kept block, finite max)
+and last_seen; the diagonal window D (per slot, as with slot grain) from the logits of the few blocks it reaches.
+
+Bytes per kept block: 4 (its max) + 4 + 4 (physical and logical ids) + the 2-byte history entry read and written
+(one 32-byte sector each way: block_max[p, l] rows hold every layer) + 4 of last_seen with age exploration: ~70 B
+a block, ~1 B a kept token, against the slot-grain pass's 8 (logits 4, V read and written 2 + 2). One launch per
+updating row (rows update in order; row j + 1's diagonal offsets overlap row j's at block edges), one program per
+(request, BLOCKS compact blocks).
+"""
+from __future__ import annotations
+
+import torch
+
+from .history import HistoryUpdate, block_tokens
+
+try:  # the package imports this module only for CUDA tensors; without triton the reference is used
+    import triton
+    import triton.language as tl
+
+    from .history_triton import ema_diagonal_tile, reaches_window, row_constants
+except ImportError:  # pragma: no cover
+    triton = None
+
+BLOCKS_PER_PROGRAM = 256  # compact blocks a program: one [256] tile of ids, maxima and history entries
+DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a divisor of BLOCKS_PER_PROGRAM)
+NUM_WARPS = 4
+
+
+def update_block_history_triton(history: HistoryUpdate, logits: torch.Tensor, block_maxima: torch.Tensor,
+                                compact_table: torch.Tensor, compact_lens: torch.Tensor) -> None:
+    """update_history_ref(history, logits, compact_table, compact_lens) for a block-grain history
+    (history.vertical None).
+
+    logits: float32 [B, N, X] (read only inside the diagonal window); block_maxima: float32 [B*N, >= X/T], entry
+    [r, m] the max of row r's logits below its compact length in compact block m (what paged_indexer_logits'
+    block_max_out holds); compact_table: int32 [B, W]; compact_lens: int32 [B, N]."""
+    if history.vertical is not None:
+        raise ValueError("history: expected a block-grain history (vertical None)")
+    batch, next_n, cols = logits.shape
+    t = block_tokens(history)
+    blocks = cols // t
+    if batch == 0 or blocks == 0:
+        return
+    if logits.stride(2) != 1:
+        logits = logits.contiguous()
+    h = history
+    finfo = torch.finfo(h.block_max.dtype)
+    seen = h.last_seen if h.last_seen is not None else h.block_max  # a placeholder pointer without ages
+    grid = (batch, triton.cdiv(blocks, BLOCKS_PER_PROGRAM))
+    for j in range(h.rows):
+        _update_blocks_kernel[grid](
+            logits, logits.stride(0), logits.stride(1), block_maxima, block_maxima.stride(0), compact_table,
+            compact_table.stride(0), compact_lens, h.block_max, h.block_max.stride(0), h.diagonal,
+            h.diagonal.stride(0), seen, seen.stride(0), h.clock, h.slot_ids, h.kept_blocks, h.kept_blocks.stride(0),
+            h.seq_lens, h.update_rows, float(h.alpha), int(h.window), h.trash_block, float(finfo.min),
+            float(finfo.max), next_n, blocks, j, T=t, BLOCKS=BLOCKS_PER_PROGRAM,
+            DB=min(DIAGONAL_BLOCKS, BLOCKS_PER_PROGRAM), HAS_SEEN=h.last_seen is not None,
+            num_warps=NUM_WARPS, enable_fp_fusion=False)  # the EMA's two products and sum rounded as torch does
+
+
+if triton is not None:
+    @triton.jit
+    def _update_blocks_kernel(x_ptr, x_stride_b, x_stride_n, bm_ptr, bm_stride, table_ptr, table_stride, clen_ptr,
+                              vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr, slot_ptr,
+                              kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi, next_n,
+                              num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr, DB: tl.constexpr,
+                              HAS_SEEN: tl.constexpr):
+        """Program (b, pm): row j's update of request b's compact blocks [pm * BLOCKS, (pm + 1) * BLOCKS)."""
+        b = tl.program_id(0)
+        pm = tl.program_id(1)
+        b64 = b.to(tl.int64)
+        upd, q, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, HAS_SEEN)
+        clen = tl.load(clen_ptr + b * next_n + j)
+        lim = tl.minimum((clen + T - 1) // T, num_blocks)  # the compact blocks holding the row's columns
+        m = pm * BLOCKS + tl.arange(0, BLOCKS)
+        on = tl.where(upd, m < lim, False)  # a row that does not update (guarded) reads and writes nothing
+        kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=on, other=-1)
+        phys = tl.load(table_ptr + b64 * table_stride + m, mask=on, other=-1).to(tl.int64)
+        obs = tl.load(bm_ptr + (b64 * next_n + j) * bm_stride + m, mask=on, other=float("-inf"))
+        live = on & (kb >= 0) & (obs > float("-inf")) & (obs < float("inf"))
+        # ids outside the cache update the trash block, as the reference does (nothing reads it)
+        pv = tl.where((phys >= 0) & (phys < trash), phys, trash)
+        old = tl.load(vb_ptr + pv * vb_stride, mask=live, other=float("-inf")).to(tl.float32)
+        new = tl.where(old > float("-inf"), alpha * obs + (1.0 - alpha) * old, obs)
+        new = tl.minimum(tl.maximum(new, lo), hi)
+        tl.store(vb_ptr + pv * vb_stride, new.to(vb_ptr.dtype.element_ty), mask=live)
+        if HAS_SEEN:
+            tl.store(seen_ptr + pv * seen_stride, clock + (pv * 0).to(tl.int32), mask=live)
+        if reaches_window(live, kb, q, window, T):
+            ema_diagonal_tile(x_ptr + b64 * x_stride_b + j * x_stride_n, kept_ptr + b64 * kept_stride, pm, lim, upd,
+                              clen, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T, BLOCKS, DB)

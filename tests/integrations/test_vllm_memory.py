@@ -62,6 +62,21 @@ def test_state_memory_is_sized_by_cached_blocks_and_meta_sizing_is_exact():
     assert small["tracker"] < 1024  # O(slots): 9 slots of a few int64
 
 
+def test_block_grain_history_is_the_block_maxima_alone():
+    """Policy vertical-block: attach_history allocates no vertical table, only the block maxima, L x 2 bytes a
+    block (1/(T + 1) of slot grain's per-block history)."""
+    sizes = {}
+    for policy in ("spin-default", "vertical-block"):
+        for blocks in (100, 300):
+            ix, tr = build_state(SpinVllmSettings(enable=True, sparsity=0.4, policy=policy), 512, 3, 4, 8192, 1,
+                                 vh.T, "cpu")
+            attach_history(ix, None, blocks)
+            assert (ix.state.vertical is None) == (policy == "vertical-block")
+            sizes[policy, blocks] = state_bytes(ix, tr)["per_block"]
+    assert sizes["vertical-block", 300] - sizes["vertical-block", 100] == 200 * 3 * 2
+    assert sizes["spin-default", 300] - sizes["spin-default", 100] == 200 * 3 * (vh.T + 1) * 2
+
+
 def test_per_server_state_is_allocated_at_vllms_profile_run(workspace_manager, caplog, gen):
     """vLLM's profile run (no attention metadata) builds SPIN's per-server state, on the device of the
     dummy inputs, with exactly build_state's sizes; the first real step uses those very tensors (no new

@@ -171,3 +171,50 @@ def test_bind_history_errors_name_the_argument():
     with pytest.raises(ValueError, match="block_max: expected shape"):
         st.bind_history_(good_v, good_b[:4])
     assert st.num_cache_blocks == 3  # nothing changed
+
+
+def test_block_grain_keeps_no_vertical_table_and_binds_the_block_maxima_alone():
+    """vertical_grain="block": no V (2/T B a token a layer), bind_history_ takes None for it (and refuses a
+    tensor, as slot grain refuses None), and a step over caller memory equals one over the state's own."""
+    from spin_indexer.indexer import SpinIndexer
+    cfg = SpinConfig(sparsity=0.5, topk=64, vertical_grain="block")
+    layers, n, t = 2, 12, 64
+    own = SpinIndexer(cfg, num_layers=layers, max_batch=2, max_blocks=6, device="cpu", num_cache_blocks=n)
+    assert own.state.vertical is None and own.state.bytes_per_token() == 2 / t
+    slot_grain = SpinIndexer(SpinConfig(sparsity=0.5, topk=64), num_layers=layers, max_batch=2, max_blocks=6,
+                             device="cpu", num_cache_blocks=n)
+    assert own.state.nbytes() == slot_grain.state.nbytes() - slot_grain.state.vertical.numel() * 2
+    bound = SpinIndexer(cfg, num_layers=layers, max_batch=2, max_blocks=6, device="cpu", num_cache_blocks=1)
+    with pytest.raises(ValueError, match="vertical: expected None"):
+        bound.state.bind_history_(torch.empty(layers, n + 1, t, dtype=torch.float16),
+                                  torch.empty(n + 1, layers, dtype=torch.float16))
+    with pytest.raises(ValueError, match="vertical: expected a tensor"):
+        slot_grain.state.bind_history_(None, torch.empty(n + 1, layers, dtype=torch.float16))
+    block_max = torch.zeros(layers, n + 1, dtype=torch.float16).t()  # strided, as an engine's region may be
+    bound.state.bind_history_(None, block_max)
+    assert bound.state.num_cache_blocks == n and torch.isneginf(block_max).all()
+    gen = torch.Generator().manual_seed(4)
+    kv = torch.randint(0, 255, (n, t, 1, 132), dtype=torch.uint8, generator=gen)
+    kv.view(n, t * 132)[:, t * 128:] = torch.ones(n, t, dtype=torch.float32).view(torch.uint8).view(n, -1)
+    kv.view(n, t * 132)[:, : t * 128] &= 0x77  # finite fp8 values
+    table = torch.tensor([[1, 3, 5, 7, 9, 11], [2, 4, 6, 8, 10, 0]], dtype=torch.int32)
+    slots = torch.tensor([own.state.allocate(), own.state.allocate()])
+    assert slots.tolist() == [bound.state.allocate(), bound.state.allocate()]
+    for step in range(4):
+        lens = torch.tensor([[300 + step], [250 + step]], dtype=torch.int32)
+        q = (torch.randn(2, 1, 64, 128, generator=gen)).to(torch.float8_e4m3fn)
+        w = torch.randn(2, 64, generator=gen)
+        for ix in (own, bound):
+            ix.plan(table, lens, slots)
+        for layer in range(layers):
+            assert torch.equal(own.run(layer, q, kv, w), bound.run(layer, q, kv, w)), (step, layer)
+    assert torch.equal(own.state.block_max[1:n], block_max[1:n])
+    assert torch.isfinite(block_max[1:n]).any()  # the steps did record history
+
+
+@pytest.mark.parametrize("changes", [{"reduce": "mean"}, {"reduce": "top4"}, {"combine": "sum"}, {"summary": 0.5}])
+def test_block_grain_refuses_rules_that_read_v_slot_by_slot(changes):
+    with pytest.raises(ValueError, match="SpinConfig.vertical_grain"):
+        SpinConfig(vertical_grain="block", **changes)
+    with pytest.raises(ValueError, match="SpinConfig.vertical_grain"):
+        SpinConfig(vertical_grain="cell")

@@ -21,6 +21,7 @@ from vllm.config import CUDAGraphMode, get_current_vllm_config
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.sparse_attn_indexer import SparseAttnIndexer
 
+from ..predictor.config import Grain
 from .settings import SpinVllmSettings, load_settings
 from .vllm_history import attach_history
 from .vllm_hooks import install_v32_hook
@@ -105,9 +106,12 @@ class SpinSparseAttnIndexer(SparseAttnIndexer):
             setattr(self.topk_indices_buffer, _RUNTIME_ATTR, runtime)
         self.spin_runtime = runtime
         self.spin_layer = runtime.add_layer(self.k_cache.prefix)
-        # The per-block history as KV-cache layers of its own (vllm_history.py): vLLM sizes and allocates it.
-        dtype = settings.spin_config(self.topk_tokens).state_dtype
-        runtime.history_caches += attach_history(self.k_cache.prefix, self.spin_layer, dtype)
+        # The per-block history as KV-cache layers of its own (vllm_history.py): vLLM sizes and allocates it. Under
+        # block grain (policy vertical-block) there is no per-slot table: the runtime allocates the block maxima
+        # itself at the first step (2 B a block a layer, 1/64 of a page of fp16 values).
+        config = settings.spin_config(self.topk_tokens)
+        if config.vertical_grain is Grain.SLOT:
+            runtime.history_caches += attach_history(self.k_cache.prefix, self.spin_layer, config.state_dtype)
         _LAYERS[self.k_cache.prefix] = self
         # DeepSeek-V3.2 / GLM-5 on CUDA never call this layer's forward: hook the function they call.
         install_v32_hook(_LAYERS.get)

@@ -8,7 +8,8 @@
                                          with no attention metadata); vLLM's memory_profiling counts every
                                          tensor still held after that run (total_consumed), exactly as it
                                          counts its own indexer's workspace reserved there.
-    per-block history (attach_history)   vertical EMA and block max, 2 + 2/T B per cached token per layer:
+    per-block history (attach_history)   vertical EMA and block max, 2 + 2/T B per cached token per layer (block
+                                         grain: the block max alone, 2/T B, allocated here at the first step):
                                          a KV-cache spec of its own (vllm_history.py), sized by vLLM's
                                          planner with the blocks; only when vLLM's layout cannot hold it
                                          (block-outer layouts, strided key caches) does SPIN allocate it
@@ -49,8 +50,9 @@ def attach_history(indexer, history, num_cache_blocks: int) -> None:
     state = indexer.state
     if history is None:
         dtype, t = state.config.state_dtype, state.config.tokens_per_block
-        history = (torch.empty((state.num_layers, num_cache_blocks + 1, t), dtype=dtype, device=state.device),
-                   torch.empty((num_cache_blocks + 1, state.num_layers), dtype=dtype, device=state.device))
+        vertical = None if state.vertical is None else torch.empty(  # None: block grain, the block maxima alone
+            (state.num_layers, num_cache_blocks + 1, t), dtype=dtype, device=state.device)
+        history = (vertical, torch.empty((num_cache_blocks + 1, state.num_layers), dtype=dtype, device=state.device))
     state.bind_history_(*history)
 
 

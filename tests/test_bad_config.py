@@ -55,7 +55,7 @@ SPIN = {
     "tokens_per_block": "int", "state_dtype": "state_dtype", "adaptive": "adaptive", "hybrid": "float01",
     "summary": "float01", "summary_parts": "int", "summary_below": "int", "sparsity_profile": "profile",
     "profile_from": "int", "diagonal_window": "opt_int",
-    "dense_below": "dense_below", "dense_batch_below": "dense_below",
+    "dense_below": "dense_below", "dense_batch_below": "dense_below", "vertical_grain": "enum",
 }
 SPIN_OK = {
     "sparsity": [0, 0.0, 0.5], "topk": [1, 2048], "alpha": [1, 0.25], "exploration": [Exploration.NONE, "staleness"],
@@ -64,7 +64,7 @@ SPIN_OK = {
     "adaptive": [None, AdaptiveConfig()], "hybrid": [0, 1, 0.3], "summary": [0, 1, 0.5], "summary_parts": [1, 8, 64],
     "summary_below": [0, 32768], "sparsity_profile": [(), (1.0, 0.5), [1, 2]], "profile_from": [0, 8192],
     "diagonal_window": [None, 1, 8192],
-    "dense_below": [0, 3000, "auto"], "dense_batch_below": [0, 1 << 21, "auto"],
+    "dense_below": [0, 3000, "auto"], "dense_batch_below": [0, 1 << 21, "auto"], "vertical_grain": ["slot", "block"],
 }
 ADAPTIVE = {"target_miss": "float01", "menu": "float_seq", "audit_every": "int", "raise_below": "float01",
             "patience": "int", "probe": "bool", "controller": "choice", "decay": "float01"}

@@ -102,7 +102,7 @@ case "$stage" in
           # ALL_PROFILE (profile points; empty = no profile), ALL_EXTRA (a command run last, output under all/; it
           # must keep $PYTHONPATH, where DeepGEMM is: PYTHONPATH=src:benchmarks:$PYTHONPATH, or it runs without it);
           # ALL_TESTS_S / ALL_GRID_S / ALL_V32_S / ALL_PROFILE_S: each stage's wall limit (the tgz is packed anyway);
-          # ALL_SPARSITIES (the grid's, default 0.5-0.2: the targets' range), ALL_GRID_ARGS (more run_all.py arguments, e.g. --tau-hint), ALL_V32_VARIANTS (bench_v32_step --variants), ALL_PROFILE_PARTS (profile_step --parts); ALL_WARM=0: no
+          # ALL_SPARSITIES (the grid's, default 0.5-0.2: the targets' range), ALL_GRID_ARGS (more run_all.py arguments, e.g. --tau-hint), ALL_V32_VARIANTS (bench_v32_step --variants), ALL_V32_ARGS (more bench_v32_step arguments, e.g. --vertical-grain block), ALL_PROFILE_PARTS (profile_step --parts); ALL_WARM=0: no
           # warm_cache.py (by default it compiles the grid's and profile's kernels in parallel while the tests run)
         mkdir -p "$OUT/all/grid" "$OUT/all/v32" "$OUT/all/profile"
         cp "$OUT/deepgemm_build.log" "$OUT/all/" 2>/dev/null
@@ -126,7 +126,7 @@ case "$stage" in
             --points "$points" ${ALL_GRID_ARGS:-} > "$OUT/all/grid/run_all.log" 2>&1
         grep -E "^point|^- |^total" "$OUT/all/grid/run_all.log" | cut -c1-400
         timeout "${ALL_V32_S:-3600}" python3 benchmarks/bench_v32_step.py --out "$OUT/all/v32" --points "${ALL_V32:-96x131072,96x262144,autox1048576}" \
-            --sparsity 0.5 --variants "${ALL_V32_VARIANTS:-default}" > "$OUT/all/v32/v32.log" 2>&1
+            --sparsity 0.5 --variants "${ALL_V32_VARIANTS:-default}" ${ALL_V32_ARGS:-} > "$OUT/all/v32/v32.log" 2>&1
         tail -24 "$OUT/all/v32/v32.log" | cut -c1-300
         if [ -n "${ALL_PROFILE:-}" ]; then
             timeout "${ALL_PROFILE_S:-3600}" python3 benchmarks/profile_step.py --out "$OUT/all/profile" --points "$ALL_PROFILE" \

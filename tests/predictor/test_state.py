@@ -138,7 +138,16 @@ def test_bind_history_uses_caller_memory_and_keeps_the_step_identical():
     assert bound.state.vertical.data_ptr() == flat.data_ptr() and bound.state.num_cache_blocks == n
     assert bound.state.trash_block == n and bound.state.last_seen.shape == (n + 1, layers)
     assert torch.isneginf(flat[: layers * n * t]).all() and torch.isneginf(block_max).all()
-    gen = torch.Generator().manual_seed(3)
+    _steps_equal(own, bound, n, t, layers, torch.Generator().manual_seed(3))
+    # Row 0 (never in a table here) of layer l + 1 is layer l's trash in the bound layout; the rest is equal.
+    assert torch.equal(own.state.vertical[:, 1:n], bound.state.vertical[:, 1:n])
+    assert torch.equal(own.state.block_max[1:n], bound.state.block_max[1:n])
+    assert torch.isfinite(own.state.block_max[1:n]).any()  # the steps did record history
+
+
+def _steps_equal(own, bound, n, t, layers, gen) -> None:
+    """Four plan + run steps of two requests over an n-block cache of finite fp8 keys: the two indexers (one on
+    its own history, one on caller memory) return the same top-k at every layer."""
     kv = torch.randint(0, 255, (n, t, 1, 132), dtype=torch.uint8, generator=gen)
     kv.view(n, t * 132)[:, t * 128:] = torch.ones(n, t, dtype=torch.float32).view(torch.uint8).view(n, -1)
     kv.view(n, t * 132)[:, : t * 128] &= 0x77  # finite fp8 values
@@ -153,10 +162,6 @@ def test_bind_history_uses_caller_memory_and_keeps_the_step_identical():
             ix.plan(table, lens, slots)
         for layer in range(layers):
             assert torch.equal(own.run(layer, q, kv, w), bound.run(layer, q, kv, w)), (step, layer)
-    # Row 0 (never in a table here) of layer l + 1 is layer l's trash in the bound layout; the rest is equal.
-    assert torch.equal(own.state.vertical[:, 1:n], bound.state.vertical[:, 1:n])
-    assert torch.equal(own.state.block_max[1:n], bound.state.block_max[1:n])
-    assert torch.isfinite(own.state.block_max[1:n]).any()  # the steps did record history
 
 
 def test_bind_history_errors_name_the_argument():
@@ -193,21 +198,7 @@ def test_block_grain_keeps_no_vertical_table_and_binds_the_block_maxima_alone():
     block_max = torch.zeros(layers, n + 1, dtype=torch.float16).t()  # strided, as an engine's region may be
     bound.state.bind_history_(None, block_max)
     assert bound.state.num_cache_blocks == n and torch.isneginf(block_max).all()
-    gen = torch.Generator().manual_seed(4)
-    kv = torch.randint(0, 255, (n, t, 1, 132), dtype=torch.uint8, generator=gen)
-    kv.view(n, t * 132)[:, t * 128:] = torch.ones(n, t, dtype=torch.float32).view(torch.uint8).view(n, -1)
-    kv.view(n, t * 132)[:, : t * 128] &= 0x77  # finite fp8 values
-    table = torch.tensor([[1, 3, 5, 7, 9, 11], [2, 4, 6, 8, 10, 0]], dtype=torch.int32)
-    slots = torch.tensor([own.state.allocate(), own.state.allocate()])
-    assert slots.tolist() == [bound.state.allocate(), bound.state.allocate()]
-    for step in range(4):
-        lens = torch.tensor([[300 + step], [250 + step]], dtype=torch.int32)
-        q = (torch.randn(2, 1, 64, 128, generator=gen)).to(torch.float8_e4m3fn)
-        w = torch.randn(2, 64, generator=gen)
-        for ix in (own, bound):
-            ix.plan(table, lens, slots)
-        for layer in range(layers):
-            assert torch.equal(own.run(layer, q, kv, w), bound.run(layer, q, kv, w)), (step, layer)
+    _steps_equal(own, bound, n, t, layers, torch.Generator().manual_seed(4))
     assert torch.equal(own.state.block_max[1:n], block_max[1:n])
     assert torch.isfinite(block_max[1:n]).any()  # the steps did record history
 

@@ -131,21 +131,24 @@ def fill_batch(model, indexer, batch: int, capacity: int, prompts: list[torch.Te
     return caches, caches.lengths.clone(), first
 
 
-def parse_config(config: str) -> tuple[float, bool] | None:
-    """'all-keep' -> None; 'spin-<s>[-serial]' -> (sparsity s, overlap_update): -serial runs SPIN's EMA
-    update in series (fused into the Triton logits' epilogue: no side stream, no fork and join per layer)."""
+def parse_config(config: str) -> tuple[float, bool, str] | None:
+    """'all-keep' -> None; 'spin-<s>[-block][-serial]' -> (sparsity s, overlap_update, vertical grain): -serial runs
+    SPIN's EMA update in series (fused into the Triton logits' epilogue: no side stream, no fork and join per
+    layer); -block keeps the vertical history a block (SpinConfig.vertical_grain)."""
     if config == "all-keep":
         return None
     body = config.removeprefix("spin-")
     serial = body.endswith("-serial")
     body = body.removesuffix("-serial")
+    grain = "block" if body.endswith("-block") else "slot"
+    body = body.removesuffix("-block")
     try:
         sparsity = float(body)
     except ValueError:
         sparsity = -1.0
     if not config.startswith("spin-") or not 0.0 <= sparsity < 1.0:
-        raise SystemExit(f"--configs: expected all-keep or spin-<sparsity in [0, 1)>[-serial], got {config!r}")
-    return sparsity, not serial
+        raise SystemExit(f"--configs: expected all-keep or spin-<sparsity in [0, 1)>[-block][-serial], got {config!r}")
+    return sparsity, not serial, grain
 
 
 def make_selector(config: str, model, caches, k: int):
@@ -155,9 +158,9 @@ def make_selector(config: str, model, caches, k: int):
     from spin_indexer.indexer import SpinIndexer
     from spin_indexer.predictor import SpinConfig
 
-    sparsity, overlap = parsed
+    sparsity, overlap, grain = parsed
     batch, width = caches.block_table.shape
-    spin = SpinIndexer(SpinConfig(sparsity=sparsity, topk=k), num_layers=model.cfg.num_layers, max_batch=batch,
+    spin = SpinIndexer(SpinConfig(sparsity=sparsity, topk=k, vertical_grain=grain), num_layers=model.cfg.num_layers, max_batch=batch,
                        max_blocks=width, device=caches.block_table.device, overlap_update=overlap,
                        topk_sorted=True)  # all-keep decodes with ops.topk (best first): the same top-k work
     caches.slot_ids.copy_(torch.tensor([spin.state.allocate() for _ in range(batch)], dtype=torch.int32))

@@ -44,9 +44,11 @@ def test_points_parse_and_reject(bench_e2e):
 
 def test_configs_parse_and_reject(bench_e2e):
     assert bench_e2e.parse_config("all-keep") is None
-    assert bench_e2e.parse_config("spin-0.4") == (0.4, True)
-    assert bench_e2e.parse_config("spin-0.5-serial") == (0.5, False)
-    for bad in ("spin-x", "spin-1.5", "dense", "spin-0.5-fast"):
+    assert bench_e2e.parse_config("spin-0.4") == (0.4, True, "slot")
+    assert bench_e2e.parse_config("spin-0.5-serial") == (0.5, False, "slot")
+    assert bench_e2e.parse_config("spin-0.4-block") == (0.4, True, "block")
+    assert bench_e2e.parse_config("spin-0.5-block-serial") == (0.5, False, "block")
+    for bad in ("spin-x", "spin-1.5", "dense", "spin-0.5-fast", "spin-0.5-serial-block", "spin-block"):
         with pytest.raises(SystemExit, match="--configs"):
             bench_e2e.parse_config(bad)
 

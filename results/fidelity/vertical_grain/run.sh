@@ -5,13 +5,15 @@
 set -e
 cd "$(dirname "$0")/../../.."
 T=${TRACES:-/tmp/vg}; OUT=results/fidelity/vertical_grain
-mkdir -p "$T"; head -3 data/prompts/python_stdlib.jsonl > "$T/first3.jsonl"
+mkdir -p "$T"; head -3 data/prompts/python_stdlib.jsonl > "$T/first3.jsonl"; sed -n 4,8p data/prompts/python_stdlib.jsonl > "$T/next6.jsonl"
 cap() { python -m spin_indexer.cli.capture --indexer lightning --steps 64 --k 256 --quiet "$@"; }
 [ -d "$T/tr-py-4k" ] || cap --context 4096 --prompts "$T/first3.jsonl" --domain python_stdlib --fit cut --out "$T/tr-py-4k"
 [ -d "$T/tr-ruler-4k" ] || cap --context 4096 --prompts 3 --task niah_single_2 --out "$T/tr-ruler-4k"
 [ -d "$T/tr-py-8k" ] || cap --context 8192 --prompts "$T/first3.jsonl" --domain python_stdlib --fit cut --out "$T/tr-py-8k"
 [ -d "$T/tr-py-16k" ] || cap --context 16384 --prompts "$T/first3.jsonl" --domain python_stdlib --fit cut --out "$T/tr-py-16k"
-for set in py-4k ruler-4k py-8k py-16k; do
+[ -d "$T/tr-py6-4k" ] || cap --context 4096 --prompts "$T/next6.jsonl" --domain python_stdlib --fit cut --out "$T/tr-py6-4k"
+[ -d "$T/tr-ruler-8k" ] || cap --context 8192 --prompts 3 --task niah_single_2 --out "$T/tr-ruler-8k"
+for set in py-4k py6-4k ruler-4k py-8k ruler-8k py-16k; do
     python -m spin_indexer.cli.main eval --traces "$T/tr-$set" --sweep main --policy spin-default vertical-block \
         --out "$OUT/$set" --jobs 1 --quiet --no-plots --no-table1
 done
@@ -19,7 +21,7 @@ python - "$OUT" <<'PY'
 import csv, sys, os
 out = sys.argv[1]
 lines = ["| set | s | slot grain mean / p99 | block grain mean / p99 | block - slot (mean, p99) |", "|---|---|---|---|---|"]
-for name in ("py-4k", "ruler-4k", "py-8k", "py-16k"):
+for name in ("py-4k", "py6-4k", "ruler-4k", "py-8k", "ruler-8k", "py-16k"):
     path = os.path.join(out, name, "summary.csv")
     if not os.path.exists(path):
         continue

@@ -292,6 +292,8 @@ PRESETS: dict[str, SpinConfig] = {
     "no-explore": SpinConfig(exploration=Exploration.NONE, gamma=0.0),
     "adaptive": SpinConfig(sparsity=0.2, adaptive=AdaptiveConfig()),
     "hybrid": SpinConfig(hybrid=0.3),
-    # the guards on: dense where SPIN measured slower (short requests, small steps)
-    "serving": SpinConfig(sparsity=0.4, dense_below="auto", dense_batch_below="auto"),
+    # the guards on: dense where SPIN measured slower (short requests, small steps); block grain: the vertical
+    # history one value a block, 2/T B a token and an O(blocks) update (H100, run 159: 96 x 512K s = 0.4 1.51x ->
+    # 1.57x the dense step, 0.4-0.5 us a layer slower at one request; fidelity: results/fidelity/vertical_grain)
+    "serving": SpinConfig(sparsity=0.4, dense_below="auto", dense_batch_below="auto", vertical_grain="block"),
 }

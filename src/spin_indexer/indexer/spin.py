@@ -15,7 +15,9 @@ DeepGEMM can serve the logits: every layer's SM schedule for it in one launch) a
 then a pass for the maxima) and the top-k's three launches (four below SET_SELECT_MIN_ROWS rows or with
 topk_sorted: ops/topk_triton.py), with the EMA update beside
 the top-k: up to UPDATE_IN_TOPK_BLOCKS table blocks its programs run in the top-k's first launch, above it on a
-low-priority side stream (the top-k then on a high-priority one); no host sync and no data-dependent shape
+low-priority side stream (the top-k then on a high-priority one); under block grain (SpinConfig.vertical_grain =
+"block") the update reads the block maxima, O(blocks), on the side stream at every size; no host sync and no
+data-dependent shape
 (validate=False): a whole step captures in one CUDA graph. With overlap_update=False the update runs in
 series, fused into the Triton kernel's epilogue or into DeepGEMM's maxima pass.
 With the summary mix (SpinConfig.summary > 0) a layer selects the requests that mix (shorter than summary_below,

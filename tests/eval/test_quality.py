@@ -22,8 +22,18 @@ def test_parse_config(name, kind, s, exp, n):
     assert (c.name, c.kind, c.sparsity, c.exploration, c.next_n) == (name, kind, s, exp, n)
 
 
+@pytest.mark.parametrize("name, grain, exp, n", [
+    ("spin-0.4-block", "block", True, 1), ("spin-0.3-noexp-block", "block", False, 1),
+    ("mtp3-spin-0.4-block", "block", True, 3), ("spin-0.4", "slot", True, 1)])
+def test_parse_block_grain_configs(name, grain, exp, n):
+    c = q.parse_config(name)
+    cfg = c.spin_config(512, 0)
+    assert (cfg.vertical_grain.value, c.exploration, c.next_n, cfg.sparsity) == (grain, exp, n, c.sparsity)
+
+
 @pytest.mark.parametrize("bad", ["spin", "spin-1.0", "spin-1.5", "mtp3-dense", "mtp1-all-keep", "mtp9-all-keep",
-                                 "allkeep", "spin-0.3-explore", "", None, 3])
+                                 "allkeep", "spin-0.3-explore", "", None, 3, "spin-0.4-sum0.5-block",
+                                 "spin-0.4-block-noexp", "all-keep-block"])
 def test_parse_config_rejects(bad):
     with pytest.raises(ValueError, match="config"):
         q.parse_config(bad)

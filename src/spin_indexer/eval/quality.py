@@ -46,10 +46,12 @@ DEFAULT_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multik
 _NUM = r"0?\.\d+|0|1(?:\.0*)?"  # range-checked after parsing
 _NAME = re.compile(rf"^(?:mtp(?P<n>[2-8])-)?(?:(?P<dense>dense)|(?P<allkeep>all-keep)|"
                    rf"spin-(?P<s>{_NUM})(?:-hybrid(?P<w>{_NUM}))?"
-                   rf"(?:-sum(?P<sw>{_NUM})(?:x(?P<sp>\d+))?(?:b(?P<sb>\d+)k)?)?(?P<noexp>-noexp)?(?P<prof>-profile)?|"
+                   rf"(?:-sum(?P<sw>{_NUM})(?:x(?P<sp>\d+))?(?:b(?P<sb>\d+)k)?)?(?P<noexp>-noexp)?(?P<block>-block)?"
+                   rf"(?P<prof>-profile)?|"
                    rf"adaptive-(?P<t>{_NUM}))$")
 _FORMS = ("dense, all-keep, spin-<s>, spin-<s>-noexp, spin-<s>-hybrid<w>[-noexp], "
-          "spin-<s>[-hybrid<w>]-sum<w>[x<S>][b<K>k][-noexp], spin-<s>[...]-profile (with --sparsity-profile), "
+          "spin-<s>[-hybrid<w>]-sum<w>[x<S>][b<K>k][-noexp], spin-<s>[-hybrid<w>][-noexp]-block (block grain), "
+          "spin-<s>[...]-profile (with --sparsity-profile), "
           "adaptive-<t>, mtp<N>-all-keep, "
           "mtp<N>-spin-<s>[...], mtp<N>-adaptive-<t> (0 <= s < 1, 0 <= w <= 1, 0 <= t <= 1, 2 <= N <= 8)")
 CSV_COLUMNS = ("task", "context", "config", "samples", "score", "mean_miss", "p99_miss")
@@ -72,6 +74,7 @@ class QualityConfig:
     profiled: bool = False  # the name ends in -profile: SpinConfig.sparsity_profile from the run's profile file
     sparsity_profile: tuple[float, ...] = ()  # SpinConfig.sparsity_profile (the runner sets it on -profile names)
     profile_from: int = 0  # SpinConfig.profile_from (likewise)
+    block: bool = False  # the name has -block: SpinConfig.vertical_grain = "block"
 
     def spin_config(self, topk: int, seed: int):
         """The SpinConfig of a spin kind: 5% random exploration (or none), hybrid weight, adaptive budgets."""
@@ -86,6 +89,7 @@ class QualityConfig:
                           summary=self.summary, summary_parts=self.summary_parts,
                           summary_below=self.summary_below, adaptive=adaptive,
                           sparsity_profile=self.sparsity_profile, profile_from=self.profile_from,
+                          vertical_grain="block" if self.block else "slot",
                           dense_below=0)  # quality measures the predictor: the speed guard is off
 
 
@@ -118,8 +122,11 @@ def parse_config(name: str) -> QualityConfig:
         raise ValueError(f"config {name!r}: summary sub-blocks: expected a divisor of the 64 tokens a block, got "
                          f"{parts}")
     below = 0 if m["sb"] is None else int(m["sb"]) * 1024
+    if m["block"] and sw > 0:
+        raise ValueError(f"config {name!r}: -block (block grain) keeps no per-slot history, which the summary mix "
+                         f"reads: expected no -sum<w> with it")
     return QualityConfig(name, "spin", s, m["noexp"] is None, n, hybrid=w, summary=sw, summary_parts=parts,
-                         summary_below=below, profiled=m["prof"] is not None)
+                         summary_below=below, profiled=m["prof"] is not None, block=m["block"] is not None)
 
 
 def wilson_interval(p: float, n: int, z: float = 1.959964) -> tuple[float, float]:

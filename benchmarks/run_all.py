@@ -464,7 +464,8 @@ def write_report(out_dir: str, rows: list[dict], env: dict, command: str) -> lis
     lines = ["# SPIN indexer step on one H200", "",
              f"- GPU: {env.get('gpu')} ({env.get('sms')} SMs), {env.get('date')}, torch {env.get('torch')}, triton "
              f"{env.get('triton')}, CUDA {env.get('cuda')}, commit {env.get('commit')}, DeepGEMM "
-             f"{'yes' if env.get('deepgemm') else 'no'}",
+             f"{'yes' if env.get('deepgemm') else 'no'}, SPIN's vertical history per "
+             f"{env.get('vertical_grain', 'slot')}",
              f"- command: `{command}`",
              f"- copy bandwidth (same run, read + written): {env.get('copy_GBps', float('nan')):.0f} GB/s",
              f"- checks: {json.dumps(env.get('checks', {}))}",
@@ -519,6 +520,7 @@ def main(argv=None) -> int:
     dry = DEVICE == "cpu"
     env = environment()
     env["deepgemm"] = deepgemm.available()
+    env["vertical_grain"] = VERTICAL_GRAIN  # SpinConfig.vertical_grain of every SPIN step of this run
     t0 = time.time()
     env["copy_GBps"] = copy_bandwidth_gbps() if not dry else 4250.0
     log(json.dumps(env))

@@ -57,6 +57,27 @@ def test_sparsity_zero_equals_dense_reference(case, topk_sorted, gen):
             assert torch.equal(idx.run(layer, x.q_fp8, x.kv_cache, x.weights), expected)
 
 
+@pytest.mark.parametrize("case", ODD_SHAPES, ids=ODD_IDS)
+def test_block_grain_at_sparsity_zero_is_dense_and_starts_from_the_block_maxima(case, gen):
+    """vertical_grain="block" on every odd shape (empty batch, context shorter than k, one block, partial last
+    block, next_n up to 4): s = 0 returns the dense top-k at every step, and the first step leaves the same
+    block maxima as slot grain (a first observation is the score itself; the grains part from the second)."""
+    x = make_case_inputs(case, gen)
+    width = x.block_table.shape[1]
+    expected = topk_ref(paged_indexer_logits_ref(*x.args()), x.seq_lens.view(-1), case.k)
+    pair = {g: _indexer(SpinConfig(sparsity=0.0, topk=case.k, vertical_grain=g), case.batch, width, case.next_n,
+                        num_cache_blocks=x.kv_cache.shape[0], topk_sorted=True) for g in ("slot", "block")}
+    assert pair["block"][0].state.vertical is None
+    for step in range(3):
+        for idx, slots in pair.values():
+            idx.plan(x.block_table, x.seq_lens, slots)
+            for layer in range(2):
+                assert torch.equal(idx.run(layer, x.q_fp8, x.kv_cache, x.weights), expected), (step, layer)
+        if step == 0:
+            assert torch.equal(pair["slot"][0].state.block_max[:-1], pair["block"][0].state.block_max[:-1])
+            assert torch.isfinite(pair["block"][0].state.block_max).any() == (case.batch > 0)  # history recorded
+
+
 @pytest.mark.parametrize("next_n", [1, 2, 4])
 def test_sparse_output_is_the_topk_of_the_kept_blocks(next_n, gen):
     lengths, width, k = (3000, 1100, 4096), 70, 200

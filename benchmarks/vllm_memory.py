@@ -9,6 +9,8 @@ Per row (max_model_len x max_num_seqs, the cache holding every sequence at max_m
   per-block history  (L + ceil(L / 63)) SpinHistoryCache pages per block: the page size is read from the
                      spec vLLM sizes (SpinHistoryCache.get_kv_cache_spec(...).page_size_bytes) when vLLM
                      imports, else computed as T x 2 B (fp16) and marked "formula"
+                     (--policy vertical-block, block grain: no pages; the block maxima, L x 2 B a block, allocated
+                     by the runtime outside the KV-cache spec)
   indexer keys       L x 64 x 132 B per block, what the history serves
   vLLM's own logits  fp32 [max_num_seqs x next_n, max_model_len]: what vLLM's decode path allocates per
                      indexer call (DeepGEMM's output), for comparison with SPIN's logits workspace
@@ -42,15 +44,16 @@ def history_page_bytes() -> tuple[int, int, str]:
     return spec.page_size_bytes, SPARE_EVERY, "vLLM spec"
 
 
-def rows(layers: int, topk: int, next_n: int) -> tuple[list[dict], str]:
+def rows(layers: int, topk: int, next_n: int, policy: str = "spin-default") -> tuple[list[dict], str]:
     page, spare_every, source = history_page_bytes()
-    settings = SpinVllmSettings(enable=True, sparsity=0.4)
+    settings = SpinVllmSettings(enable=True, sparsity=0.4, policy=policy)
+    block_grain = settings.spin_config(topk).vertical_grain.value == "block"
     out = []
     for max_model_len, seqs in ROWS:
         indexer, tracker = build_state(settings, topk, layers, seqs, max_model_len, next_n, T, "meta")
         sizes = state_bytes(indexer, tracker)
         blocks = seqs * -(-max_model_len // T)
-        history = blocks * (layers + -(-layers // spare_every)) * page
+        history = (blocks + 1) * layers * 2 if block_grain else blocks * (layers + -(-layers // spare_every)) * page
         keys = blocks * layers * T * BYTES_PER_TOKEN
         ws = indexer.workspace
         out.append({"max_model_len": max_model_len, "seqs": seqs, "tokens": blocks * T, "per_slot": sizes["per_slot"],
@@ -65,9 +68,11 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=61)
     ap.add_argument("--topk", type=int, default=2048)
     ap.add_argument("--next-n", type=int, default=1)
+    ap.add_argument("--policy", default="spin-default", help="SPIN_POLICY (vertical-block: block grain)")
     args = ap.parse_args(argv)
-    table, source = rows(args.layers, args.topk, args.next_n)
-    print(f"DeepSeek-V3.2-like: {args.layers} layers, top-k {args.topk}, next_n {args.next_n}; history page: {source}")
+    table, source = rows(args.layers, args.topk, args.next_n, args.policy)
+    print(f"DeepSeek-V3.2-like: {args.layers} layers, top-k {args.topk}, next_n {args.next_n}, policy {args.policy}; "
+          f"history page: {source}")
     print("| max_model_len | seqs | cached tokens | per-slot tables | step workspace (plan scratch / logits) | tracker "
           "| per-server total (profiled) | block history (KV-cache spec) | B / cached token / layer | indexer keys "
           "| vLLM's decode logits per call |")

@@ -200,3 +200,22 @@ def test_logits_with_a_block_history_leave_the_reference_state(next_n, gen, twin
     # block maxima from fp8-MMA logits: equal to the reference's up to the kernel's rounding
     np.testing.assert_allclose(moved.block_max.cpu().numpy()[:-1].astype(np.float32), exp[0][:-1].astype(np.float32),
                                rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.interpreter
+def test_slot_grain_kernels_refuse_a_block_history(gen, triton_device):
+    """The slot-grain pass and the top-k's update= name the argument instead of failing inside a kernel."""
+    from spin_indexer.ops.history_triton import update_history_triton
+    from spin_indexer.ops.topk_triton import topk_triton
+    plan, logits, h = make_case((3 * T,), 1, 50, gen)
+    dev = torch.device(triton_device)
+    moved = history_on(h, dev)
+    x = torch.nan_to_num(logits, nan=float("-inf")).to(dev)
+    with pytest.raises(ValueError, match="history: expected a slot-grain history"):
+        update_history_triton(moved, x, plan.table.to(dev), plan.lens.to(dev))
+    with pytest.raises(ValueError, match="update: expected a slot-grain history"):
+        topk_triton(x.reshape(1, -1), plan.lens.reshape(-1).to(dev), 16, update=(moved, plan.table.to(dev)))
+    with pytest.raises(ValueError, match="a block-grain history"):
+        from spin_indexer.ops.history_block_triton import update_block_history_triton
+        update_block_history_triton(dataclasses.replace(moved, vertical=torch.zeros(1)), x, x, plan.table.to(dev),
+                                    plan.lens.to(dev))

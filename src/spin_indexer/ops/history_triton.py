@@ -81,6 +81,9 @@ def update_history_triton(history: HistoryUpdate | None, logits: torch.Tensor, c
     group_max_out: optional float32 [B*N, >= X/group], the same at `group` columns (a power of two dividing
     T): the top-k's group maxima when it prunes at a finer grain than a block (ops.topk.topk_group),
     from the same pass over the logits instead of a launch of its own."""
+    if history is not None and history.vertical is None:
+        raise ValueError("history: expected a slot-grain history (a vertical table); a block-grain one updates "
+                         "through ops.update_history (history_block_triton)")
     batch, next_n, cols = logits.shape
     t = block_tokens(history)
     blocks = cols // t

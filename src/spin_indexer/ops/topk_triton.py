@@ -148,6 +148,9 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     the same positions in no particular order, then -1).
     """
     check_topk_args(logits, lengths, k, validate, sorted)
+    if update is not None and update[0].vertical is None:
+        raise ValueError("update: expected a slot-grain history (a vertical table); a block-grain one updates "
+                         "after the top-k (ops.topk_positions)")
     rows, cols = logits.shape
     dev = logits.device
     group = pruning_group(group, cols, k)

@@ -205,7 +205,7 @@ class SpinState:
                 raise ValueError(f"vertical: expected each layer's rows contiguous (strides [*, {t}, 1]), "
                                  f"got {list(vertical.stride())}")
         blocks = vertical.shape[1] if vertical is not None else block_max.shape[0]
-        if block_max.dim() != 2 or list(block_max.shape) != [blocks, self.num_layers] or blocks < 2:
+        if list(block_max.shape) != [blocks, self.num_layers] or blocks < 2:
             raise ValueError(f"block_max: expected shape [P + 1, L] = [{blocks}, {self.num_layers}] (P + 1 >= 2), "
                              f"got {list(block_max.shape)}")
         if vertical is not None:

@@ -183,6 +183,43 @@ def test_topk_positions_with_a_block_history_leaves_the_reference_state(on_trito
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("lengths,next_n,window", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("rows", ["row0", "every-row"])
+def test_topk_with_the_block_update_leaves_the_reference_state(lengths, next_n, window, rows, gen, triton_device,
+                                                               monkeypatch):
+    """topk_triton(update=, block_max=) under block grain: the same top-k as without the update (poisoned out), and
+    the state the reference leaves. Row 0 updating: the update's programs in the threshold launch, two blocks a
+    program (several a request); every row updating: update_block_history_triton after the top-k, rows in order."""
+    from spin_indexer.ops import history_block_triton
+    from spin_indexer.ops.topk_triton import topk_triton
+    monkeypatch.setattr(history_block_triton, "BLOCKS_PER_PROGRAM", 2)
+    monkeypatch.setattr(history_block_triton, "DIAGONAL_BLOCKS", 2)
+    blocks = 24
+    plan = make_plan(lengths, next_n, blocks, gen, width=max(-(-L // T) for L in lengths) + 1)
+    cols = plan.kept.shape[1] * T
+    logits = torch.nan_to_num(make_logits(plan, cols, gen), nan=float("-inf"))
+    update_rows = torch.rand(len(lengths), next_n, generator=gen) < 0.7
+    if rows == "row0":  # as plan() writes them under the row-0 policy (HistoryUpdate.rows = 1): row 0 only
+        update_rows[:, 0], update_rows[:, 1:] = True, False
+    h = block_history(make_history(plan, blocks, 4, window, gen, rows=1 if rows == "row0" else next_n,
+                                   update_rows=update_rows))
+    ref = clone_history(h)
+    update_history_ref(ref, logits, plan.table, plan.lens)
+    dev = torch.device(triton_device)
+    moved = history_on(h, dev)
+    flat, lens = logits.view(-1, cols), plan.lens.reshape(-1)
+    live = torch.arange(cols)[None, :] < lens[:, None].long()
+    maxima = block_max_ref(torch.where(live, flat, float("-inf")), T).to(dev)
+    args = (flat.to(dev), lens.to(dev), 40)
+    want = topk_triton(*args, block_max=maxima, kept_blocks=plan.kept.to(dev), next_n=next_n)
+    out = torch.full_like(want, 77)  # poisoned
+    got = topk_triton(*args, block_max=maxima, kept_blocks=plan.kept.to(dev), next_n=next_n, out=out,
+                      update=(moved, plan.table.to(dev)))
+    assert got is out and torch.equal(got.cpu(), want.cpu())
+    assert_block_state_equal(moved, expected_of(ref))
+
+
+@pytest.mark.interpreter
 @pytest.mark.parametrize("next_n", [1, 2])
 def test_logits_with_a_block_history_leave_the_reference_state(next_n, gen, twin_device):
     """paged_indexer_logits(history=) under block grain on the Triton kernel: the logits as without history,
@@ -204,7 +241,8 @@ def test_logits_with_a_block_history_leave_the_reference_state(next_n, gen, twin
 
 @pytest.mark.interpreter
 def test_slot_grain_kernels_refuse_a_block_history(gen, triton_device):
-    """The slot-grain pass and the top-k's update= name the argument instead of failing inside a kernel."""
+    """The slot-grain pass, and the top-k's update= without the block maxima, name the argument instead of failing
+    inside a kernel."""
     from spin_indexer.ops.history_triton import update_history_triton
     from spin_indexer.ops.topk_triton import topk_triton
     plan, logits, h = make_case((3 * T,), 1, 50, gen)
@@ -213,7 +251,7 @@ def test_slot_grain_kernels_refuse_a_block_history(gen, triton_device):
     x = torch.nan_to_num(logits, nan=float("-inf")).to(dev)
     with pytest.raises(ValueError, match="history: expected a slot-grain history"):
         update_history_triton(moved, x, plan.table.to(dev), plan.lens.to(dev))
-    with pytest.raises(ValueError, match="update: expected a slot-grain history"):
+    with pytest.raises(ValueError, match="block_max: expected the block maxima"):  # what its update reads
         topk_triton(x.reshape(1, -1), plan.lens.reshape(-1).to(dev), 16, update=(moved, plan.table.to(dev)))
     with pytest.raises(ValueError, match="a block-grain history"):
         from spin_indexer.ops.history_block_triton import update_block_history_triton

@@ -16,8 +16,7 @@ then a pass for the maxima) and the top-k's three launches (four below SET_SELEC
 topk_sorted: ops/topk_triton.py), with the EMA update beside
 the top-k: up to UPDATE_IN_TOPK_BLOCKS table blocks its programs run in the top-k's first launch, above it on a
 low-priority side stream (the top-k then on a high-priority one); under block grain (SpinConfig.vertical_grain =
-"block") the update reads the block maxima, O(blocks), on the side stream at every size; no host sync and no
-data-dependent shape
+"block") the update reads the block maxima, O(blocks), not the logits; no host sync and no data-dependent shape
 (validate=False): a whole step captures in one CUDA graph. With overlap_update=False the update runs in
 series, fused into the Triton kernel's epilogue or into DeepGEMM's maxima pass.
 With the summary mix (SpinConfig.summary > 0) a layer selects the requests that mix (shorter than summary_below,
@@ -381,7 +380,7 @@ class SpinIndexer:
         rather than on the side stream: for a table of at most UPDATE_IN_TOPK_BLOCKS blocks (B x W; the
         threshold launch is one program per row on a GPU left mostly idle, the update's programs fill it,
         and the step forks and joins no stream) with one updating row per request (row 0: one launch's work)."""
-        return batch * width <= UPDATE_IN_TOPK_BLOCKS and history.rows == 1 and history.vertical is not None
+        return batch * width <= UPDATE_IN_TOPK_BLOCKS and history.rows == 1
 
     @contextlib.contextmanager
     def _forked(self, side):

@@ -224,7 +224,8 @@ def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, ne
     history, compact_table: also apply SPIN's EMA update of `history` from these compact logits (viewed
     [R // next_n, next_n, C], lengths their compact lengths; compact_table int32 [R // next_n, M]), as
     update_history(history, ...) would: on CUDA the update pass's programs run in the top-k's first launch
-    (topk_triton's `update`), elsewhere after the top-k. group: the top-k's group size (topk_positions_ref;
+    (topk_triton's `update`; a block-grain history there reads block_max, and without it updates after the
+    top-k), elsewhere after the top-k. group: the top-k's group size (topk_positions_ref;
     None: topk_group(C, k)), the one group_max was written at."""
     if (history is None) != (compact_table is None):
         raise ValueError("history, compact_table: expected both or neither")
@@ -239,13 +240,15 @@ def topk_positions(logits, lengths, k: int, block_max=None, kept_blocks=None, ne
             raise ValueError(f"compact_table: expected shape [R // next_n, >= C / T] = [{rows // next_n}, >= "
                              f"{cols // t}] for logits [{rows}, {cols}], next_n = {next_n}, T = {t}, got "
                              f"{list(compact_table.shape)}")
-    if history is not None and history.vertical is None:  # block grain: its O(blocks) update after the top-k
+    twin = _triton_twin("topk_triton", "topk_triton", logits)
+    if history is not None and history.vertical is None and (twin is None or block_max is None
+                                                             or tokens_per_block != 64):
+        # block grain without the maxima (or off the Triton top-k): the top-k, then its O(blocks) update
         out = topk_positions(logits, lengths, k, block_max, kept_blocks, next_n, tokens_per_block, out, validate,
                              group_max, tau_hint, sorted=sorted, group=group)
         update_history(history, logits.view(logits.shape[0] // next_n, next_n, logits.shape[1]), compact_table,
                        lengths.view(-1, next_n), block_max_in=block_max)
         return out
-    twin = _triton_twin("topk_triton", "topk_triton", logits)
     if twin is None or tokens_per_block != 64:
         if tau_hint is not None:  # unused here, but rejected exactly as the twin rejects it
             check_tensor("tau_hint", tau_hint, dtype=torch.int32, shape=(logits.shape[0],), shape_names="[R]",

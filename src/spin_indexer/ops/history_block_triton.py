@@ -48,31 +48,52 @@ def update_block_history_triton(history: HistoryUpdate, logits: torch.Tensor, bl
         return
     if logits.stride(2) != 1:
         logits = logits.contiguous()
-    h = history
+    grid = (batch, triton.cdiv(blocks, BLOCKS_PER_PROGRAM))
+    for j in range(history.rows):
+        _update_blocks_kernel[grid](
+            logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
+            *block_history_args(history, block_maxima), next_n, blocks, j, T=t, **block_tile_meta(),
+            HAS_SEEN=history.last_seen is not None,
+            num_warps=NUM_WARPS, enable_fp_fusion=False)  # the EMA's two products and sum rounded as torch does
+
+
+def block_tile_meta() -> dict:
+    """update_block_tile's tile constexprs (BLOCKS compact blocks, DB per diagonal sub-tile), read at each launch
+    so tests can shrink BLOCKS_PER_PROGRAM."""
+    return dict(BLOCKS=BLOCKS_PER_PROGRAM, DB=min(DIAGONAL_BLOCKS, BLOCKS_PER_PROGRAM))
+
+
+def block_history_args(h: HistoryUpdate, block_maxima: torch.Tensor) -> tuple:
+    """update_block_tile's arguments from bm_ptr to hi, in order: the block maxima the update reads, then the
+    history it writes."""
     finfo = torch.finfo(h.block_max.dtype)
     seen = h.last_seen if h.last_seen is not None else h.block_max  # a placeholder pointer without ages
-    grid = (batch, triton.cdiv(blocks, BLOCKS_PER_PROGRAM))
-    for j in range(h.rows):
-        _update_blocks_kernel[grid](
-            logits, logits.stride(0), logits.stride(1), block_maxima, block_maxima.stride(0), compact_table,
-            compact_table.stride(0), compact_lens, h.block_max, h.block_max.stride(0), h.diagonal,
+    return (block_maxima, block_maxima.stride(0), h.block_max, h.block_max.stride(0), h.diagonal,
             h.diagonal.stride(0), seen, seen.stride(0), h.clock, h.slot_ids, h.kept_blocks, h.kept_blocks.stride(0),
             h.seq_lens, h.update_rows, float(h.alpha), int(h.window), h.trash_block, float(finfo.min),
-            float(finfo.max), next_n, blocks, j, T=t, BLOCKS=BLOCKS_PER_PROGRAM,
-            DB=min(DIAGONAL_BLOCKS, BLOCKS_PER_PROGRAM), HAS_SEEN=h.last_seen is not None,
-            num_warps=NUM_WARPS, enable_fp_fusion=False)  # the EMA's two products and sum rounded as torch does
+            float(finfo.max))
 
 
 if triton is not None:
     @triton.jit
-    def _update_blocks_kernel(x_ptr, x_stride_b, x_stride_n, bm_ptr, bm_stride, table_ptr, table_stride, clen_ptr,
+    def _update_blocks_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bm_ptr, bm_stride,
                               vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr, slot_ptr,
                               kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi, next_n,
                               num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr, DB: tl.constexpr,
                               HAS_SEEN: tl.constexpr):
         """Program (b, pm): row j's update of request b's compact blocks [pm * BLOCKS, (pm + 1) * BLOCKS)."""
-        b = tl.program_id(0)
-        pm = tl.program_id(1)
+        update_block_tile(tl.program_id(0), tl.program_id(1), j, x_ptr, x_stride_b, x_stride_n, table_ptr,
+                          table_stride, clen_ptr, bm_ptr, bm_stride, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr,
+                          seen_stride, clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window,
+                          trash, lo, hi, next_n, num_blocks, T, BLOCKS, DB, HAS_SEEN)
+
+    @triton.jit
+    def update_block_tile(b, pm, j, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bm_ptr,
+                          bm_stride, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr, slot_ptr,
+                          kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi, next_n, num_blocks,
+                          T: tl.constexpr, BLOCKS: tl.constexpr, DB: tl.constexpr, HAS_SEEN: tl.constexpr):
+        """Row j's update of request b's compact blocks [pm * BLOCKS, (pm + 1) * BLOCKS) (also run by the top-k's
+        threshold launch: topk_triton's `update=`)."""
         b64 = b.to(tl.int64)
         upd, q, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, HAS_SEEN)
         clen = tl.load(clen_ptr + b * next_n + j)

@@ -41,6 +41,7 @@ try:  # the package imports this module only for CUDA tensors; without triton th
     import triton
     import triton.language as tl
 
+    from .history_block_triton import update_block_tile
     from .history_triton import update_tile
     from .maxima_triton import row_maxima_triton
 except ImportError:  # pragma: no cover
@@ -138,19 +139,19 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     written back for the next call.
     update: optional (history: HistoryUpdate, compact_table: int32 [R // next_n, M]): also apply SPIN's EMA
     update from these logits (viewed [R // next_n, next_n, C]; lengths are their compact lengths), as
-    history_triton.update_history_triton would. Where only one row per request updates (history.rows == 1),
-    the update pass's programs run in the threshold launch, after the rows' threshold
-    programs: at a few rows that launch is one program per row on an otherwise idle GPU, so the update costs
-    neither a launch nor a stream fork and join of its own. Elsewhere the pass runs after the top-k.
+    history_triton.update_history_triton would (a block-grain history, vertical None: as
+    history_block_triton.update_block_history_triton would from `block_max`, then required). Where only one row
+    per request updates (history.rows == 1), the update pass's programs run in the threshold launch, after the
+    rows' threshold programs: at a few rows that launch is one program per row on an otherwise idle GPU, so the
+    update costs neither a launch nor a stream fork and join of its own. Elsewhere the pass runs after the top-k.
     sorted: True, best first (the sort and rank launches); False, the same set in no particular order (one
     select launch, `_select_set_kernel`, after the same threshold and gather).
     returns int32 [R, k]: positions, best first, ties to the lower position, -1 past lengths[r] (sorted=False:
     the same positions in no particular order, then -1).
     """
     check_topk_args(logits, lengths, k, validate, sorted)
-    if update is not None and update[0].vertical is None:
-        raise ValueError("update: expected a slot-grain history (a vertical table); a block-grain one updates "
-                         "after the top-k (ops.topk_positions)")
+    if update is not None and update[0].vertical is None and block_max is None:
+        raise ValueError("block_max: expected the block maxima with a block-grain update= (its EMA reads them)")
     rows, cols = logits.shape
     dev = logits.device
     group = pruning_group(group, cols, k)
@@ -161,7 +162,7 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
         from .topk import topk_positions_ref
         out = topk_positions_ref(logits, lengths, k, kept_blocks=kept_blocks, next_n=next_n, out=out,
                                  validate=False, sorted=sorted)
-        return _update_after(update, logits, lengths, next_n, out)
+        return _update_after(update, logits, lengths, next_n, out, block_max)
     if block_max is not None:
         check_tensor("block_max", block_max, dtype=torch.float32,
                      shape=(rows, -(-cols // TOKENS_PER_GROUP_MAX)), shape_names="[R, ceil(C / 64)]",
@@ -196,23 +197,28 @@ def topk_triton(logits: torch.Tensor, lengths: torch.Tensor, k: int, validate: b
     args = (logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _stages, kept, kept_stride, next_n,
             mapped, out, tau_hint)
     if update is None or update[0].rows == 1:
-        return _chain(*args, update=update, ordered=sorted)
+        return _chain(*args, update=update, maxima=block_max, ordered=sorted)
     _chain(*args, ordered=sorted)
-    return _update_after(update, logits, lengths, next_n, out)
+    return _update_after(update, logits, lengths, next_n, out, block_max)
 
 
-def _update_after(update, logits, lengths, next_n: int, out: torch.Tensor) -> torch.Tensor:
-    """The `update=` of topk_triton as a pass of its own (update_history_triton), then out."""
+def _update_after(update, logits, lengths, next_n: int, out: torch.Tensor, maxima=None) -> torch.Tensor:
+    """The `update=` of topk_triton as a pass of its own (update_history_triton, or under block grain
+    update_block_history_triton from the block maxima), then out."""
     if update is not None:
-        from .history_triton import update_history_triton
         history, table = update
-        update_history_triton(history, logits.view(logits.shape[0] // next_n, next_n, logits.shape[1]), table,
-                              lengths)
+        x = logits.view(logits.shape[0] // next_n, next_n, logits.shape[1])
+        if history.vertical is None:
+            from .history_block_triton import update_block_history_triton
+            update_block_history_triton(history, x, maxima, table, lengths)
+        else:
+            from .history_triton import update_history_triton
+            update_history_triton(history, x, table, lengths)
     return out
 
 
 def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _stages, kept, kept_stride, next_n,
-              mapped, out, tau_hint=None, update=None, ordered=True):
+              mapped, out, tau_hint=None, update=None, maxima=None, ordered=True):
     rows, cols = logits.shape
     dev = logits.device
     thresh = torch.empty(rows, dtype=torch.int32, device=dev)
@@ -222,7 +228,7 @@ def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _s
     num_live = torch.empty(rows, dtype=torch.int32, device=dev)
     sum_block = threshold_tile(num_groups)
     if _stages < 2:
-        return _update_after(update, logits, lengths, next_n, out)
+        return _update_after(update, logits, lengths, next_n, out, maxima)
     # The threshold program also zeroes the candidate count and fills the row's output with -1 (the rank
     # launch writes only the ranks it finds): no memset launches on the per-layer path.
     has_hint = tau_hint is not None
@@ -232,6 +238,17 @@ def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _s
                           HINT_STEPS=(2 * TAU_HINT_RADIUS).bit_length(), num_warps=threshold_warps(sum_block))
     if update is None:
         _threshold_kernel[(rows,)](*threshold_args, **threshold_meta)
+    elif update[0].vertical is None:  # block grain: the O(blocks) update's programs after the rows'
+        from .history_block_triton import block_history_args, block_tile_meta
+        history, table = update
+        batch, t = rows // next_n, block_tokens(history)
+        meta = block_tile_meta()
+        tiles = triton.cdiv(cols // t, meta["BLOCKS"])
+        _threshold_block_update_kernel[(rows + batch * tiles,)](
+            *threshold_args, rows, tiles, logits, logits.stride(0) * next_n, logits.stride(0), table, table.stride(0),
+            *block_history_args(history, maxima), next_n, cols // t, T=t, **meta,
+            HAS_SEEN=history.last_seen is not None, **threshold_meta,
+            enable_fp_fusion=False)  # the EMA rounded as update_block_history_triton's (and torch's)
     else:  # the update pass's programs after the rows' (topk_triton's `update`)
         from .history_triton import _history_args, tile_meta
         history, table = update
@@ -347,6 +364,28 @@ if triton is not None:
                         x_ptr, 0, x_ptr, 0, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                         clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi,
                         next_n, num_blocks, 0, T, BLOCKS, HAS_SEEN, False, NP, False, T, DB)
+
+    @triton.jit
+    def _threshold_block_update_kernel(s_ptr, len_ptr, cols, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups,
+                                       stride_s, k, out_ptr, hint_ptr, rows, tiles, x_ptr, x_stride_b, x_stride_n,
+                                       table_ptr, table_stride, bm_ptr, bm_stride, vb_ptr, vb_stride, d_ptr, d_stride,
+                                       seen_ptr, seen_stride, clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr,
+                                       upd_ptr, alpha, window, trash, lo, hi, next_n, num_blocks, G: tl.constexpr,
+                                       SB: tl.constexpr, CAP: tl.constexpr, HINT: tl.constexpr, HINT_R: tl.constexpr,
+                                       HINT_STEPS: tl.constexpr, T: tl.constexpr, BLOCKS: tl.constexpr,
+                                       DB: tl.constexpr, HAS_SEEN: tl.constexpr):
+        """_threshold_update_kernel under block grain: programs [0, rows) the rows' thresholds, then `tiles` per
+        request of history_block_triton.update_block_tile (row 0 updating) from the block maxima bm_ptr."""
+        pid = tl.program_id(0)
+        if pid < rows:
+            _threshold_row(pid, s_ptr, len_ptr, cols, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
+                           out_ptr, hint_ptr, G, SB, CAP, HINT, HINT_R, HINT_STEPS)
+        else:
+            u = pid - rows
+            update_block_tile(u // tiles, u % tiles, 0, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, len_ptr,
+                              bm_ptr, bm_stride, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr,
+                              slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi, next_n,
+                              num_blocks, T, BLOCKS, DB, HAS_SEEN)
 
     @triton.jit
     def _threshold_row(r, s_ptr, len_ptr, cols, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,

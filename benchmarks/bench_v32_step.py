@@ -306,8 +306,8 @@ def main(argv=None) -> int:
     p.add_argument("--sparsity", type=lambda s: [float(x) for x in s.split(",")], default=[0.4, 0.5])
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--layers", type=int, default=61)
-    p.add_argument("--vertical-grain", choices=("slot", "block"), default="slot",
-                   help="SPIN's vertical history: per slot (the paper) or per block (SpinConfig.vertical_grain)")
+    p.add_argument("--vertical-grain", choices=("slot", "block"), default="block",
+                   help="SPIN's vertical history: per block (SpinConfig's default) or per slot (the paper)")
     p.add_argument("--topk", type=int, default=2048)
     p.add_argument("--index-heads", type=int, default=64)
     p.add_argument("--index-dim", type=int, default=128)

@@ -77,7 +77,7 @@ TOPK = 2048
 PLAN_LAYERS = 61  # DeepSeek-V3.2's indexer layers: plan() covers them all, its cost is shared by them
 PAIRED_ROUNDS = 15  # rounds of SPIN's paired replays (spin_step)
 ROTATE_BYTES = 512 << 20  # each replay reads at least this many key bytes (L2: 60 MB)
-VERTICAL_GRAIN = "slot"  # SpinConfig.vertical_grain of every SPIN step timed (--vertical-grain)
+VERTICAL_GRAIN = "block"  # SpinConfig.vertical_grain of every SPIN step timed (--vertical-grain)
 
 
 def log(*a):
@@ -500,8 +500,8 @@ def main(argv=None) -> int:
     p.add_argument("--topk-sorted", action="store_true",
                    help="every top-k best first (the indexers' topk_sorted=True, torch.topk(sorted=True)); default: "
                         "the set in position order, what the engines' sparse attention reads")
-    p.add_argument("--vertical-grain", choices=("slot", "block"), default="slot",
-                   help="SPIN's vertical history: per slot (the paper) or per block (SpinConfig.vertical_grain)")
+    p.add_argument("--vertical-grain", choices=("slot", "block"), default="block",
+                   help="SPIN's vertical history: per block (SpinConfig's default) or per slot (the paper)")
     p.add_argument("--update-in-topk-blocks", type=int, default=None,
                    help="table blocks (B x W) up to which SPIN's EMA update runs inside the top-k's first launch "
                         "(spin.UPDATE_IN_TOPK_BLOCKS; 0: always on the side stream)")

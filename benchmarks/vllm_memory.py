@@ -47,7 +47,7 @@ def history_page_bytes() -> tuple[int, int, str]:
 def rows(layers: int, topk: int, next_n: int, policy: str = "spin-default") -> tuple[list[dict], str]:
     page, spare_every, source = history_page_bytes()
     settings = SpinVllmSettings(enable=True, sparsity=0.4, policy=policy)
-    block_grain = settings.spin_config(topk).vertical_grain.value == "block"
+    block_grain = settings.spin_config(topk).grain.value == "block"
     out = []
     for max_model_len, seqs in ROWS:
         indexer, tracker = build_state(settings, topk, layers, seqs, max_model_len, next_n, T, "meta")

@@ -150,7 +150,7 @@ def test_update_touches_only_scored_slots_with_the_ema_rule(gen):
     """V: kept slots get the EMA rule, the rest keep their value; D: the same rule at offsets q - i inside
     the diagonal window, nothing else written; last_seen stamps the kept blocks with the clock."""
     width, alpha, window = 40, 0.5, 1000
-    cfg = SpinConfig(sparsity=0.5, topk=64, alpha=alpha, exploration="staleness", diagonal_window=window)
+    cfg = SpinConfig(vertical_grain="slot", sparsity=0.5, topk=64, alpha=alpha, exploration="staleness", diagonal_window=window)
     idx, slots = _indexer(cfg, 1, width)
     table = torch.arange(width, dtype=torch.int32)[None]
     slot = int(slots[0])
@@ -189,7 +189,7 @@ def test_update_touches_only_scored_slots_with_the_ema_rule(gen):
 
 def _mtp_step(mtp, num_accepted, gen, next_n=3):
     width = 30
-    idx, slots = _indexer(SpinConfig(sparsity=0.3, topk=64, mtp=mtp), 1, width, next_n)
+    idx, slots = _indexer(SpinConfig(vertical_grain="slot", sparsity=0.3, topk=64, mtp=mtp), 1, width, next_n)
     seq_lens, scores = _scores([1500], next_n, width, gen)
     table = torch.arange(width, dtype=torch.int32)[None]
     idx.plan(table, seq_lens, slots, num_accepted=num_accepted)
@@ -274,7 +274,7 @@ def test_reused_physical_block_never_carries_the_previous_owners_history(gen):
     another order: B's first plan treats every one as never scored (all kept) and their V is reset before
     B's own scores land. Later, a decode block B grows into that A had scored is reset on entry too."""
     width = 30
-    cfg = SpinConfig(sparsity=0.5, topk=64, exploration="none")
+    cfg = SpinConfig(vertical_grain="slot", sparsity=0.5, topk=64, exploration="none")
     idx = SpinIndexer(cfg, num_layers=2, max_batch=1, max_blocks=width, max_requests=2, num_cache_blocks=2 * width)
     a = torch.tensor([idx.state.allocate()], dtype=torch.int32)
     table_a = torch.arange(width, dtype=torch.int32)[None]
@@ -312,7 +312,7 @@ def _shared_prefix_run(share: bool, gen):
     returns (the indexer, slots, B's keep mask at its last plan, B's diagonal before / after A's step)."""
     width, n = 24, 20
     length = n * T - 10
-    cfg = SpinConfig(sparsity=0.5, topk=64, exploration="none", combine="vertical")
+    cfg = SpinConfig(vertical_grain="slot", sparsity=0.5, topk=64, exploration="none", combine="vertical")
     idx = SpinIndexer(cfg, num_layers=1, max_batch=2, max_blocks=width, num_cache_blocks=64)
     slots = torch.tensor([idx.state.allocate(), idx.state.allocate()], dtype=torch.int32)
     table = torch.stack([torch.arange(width), torch.arange(width) + 32]).to(torch.int32)
@@ -350,7 +350,7 @@ def test_shared_prefix_block_shares_vertical_history_not_diagonal(gen):
 
 def test_run_twice_in_one_step_raises(gen):
     x = make_case_inputs(ODD_SHAPES[2], gen)
-    idx, slots = _indexer(SpinConfig(sparsity=0.5, topk=32), 2, x.block_table.shape[1], 2,
+    idx, slots = _indexer(SpinConfig(vertical_grain="slot", sparsity=0.5, topk=32), 2, x.block_table.shape[1], 2,
                           num_cache_blocks=x.kv_cache.shape[0])
     idx.plan(x.block_table, x.seq_lens, slots)
     first = idx.run(0, x.q_fp8, x.kv_cache, x.weights).clone()
@@ -413,7 +413,7 @@ def test_guard_scores_every_block_and_keeps_no_history(gen):
     """dense_below above a request's context (longer than K): every block kept, BlockPlan.guarded, no history
     written for it, step after step. A longer request in the same batch runs SPIN as usual."""
     width, k = 80, 64
-    cfg = SpinConfig(sparsity=0.5, topk=k, dense_below=3000)
+    cfg = SpinConfig(vertical_grain="slot", sparsity=0.5, topk=k, dense_below=3000)
     idx, slots = _indexer(cfg, 2, width)
     table = torch.arange(2 * width, dtype=torch.int32).view(2, width)
     n = [-(-2000 // T), -(-5000 // T)]
@@ -435,7 +435,7 @@ def test_guard_scores_every_block_and_keeps_no_history(gen):
     assert torch.isneginf(idx.state.block_max[guarded_blocks]).all()
     assert torch.isneginf(idx.state.diagonal[:, int(slots[0]), :-1]).all()  # (the last offset is trash)
     assert torch.isfinite(idx.state.vertical[:, table[1, :n[1]].long()]).any()  # request 1 keeps history
-    everything = SpinConfig(sparsity=0.5, topk=k, dense_below=10**6)
+    everything = SpinConfig(vertical_grain="slot", sparsity=0.5, topk=k, dense_below=10**6)
     idx, slots = _indexer(everything, 2, width)
     for _ in range(2):
         seq_lens, scores = _scores([2000, 5000], 1, width, gen)
@@ -559,7 +559,7 @@ def test_replay_path_matches_paged_path_and_state(case, gen):
     last_seen state, step after step."""
     x = make_case_inputs(case, gen)
     aged = ODD_SHAPES.index(case) % 2 == 1  # every other case explores by block age (keeps last_seen)
-    cfg = SpinConfig(sparsity=0.5, topk=case.k, exploration="block_age" if aged else "random")
+    cfg = SpinConfig(vertical_grain="slot", sparsity=0.5, topk=case.k, exploration="block_age" if aged else "random")
     width = x.block_table.shape[1]
     blocks = x.kv_cache.shape[0]
     paged, slots = _indexer(cfg, case.batch, width, case.next_n, num_cache_blocks=blocks)
@@ -706,7 +706,7 @@ def test_step_on_padded_pages_equals_the_contiguous_copy(next_n, pad, triton_log
     x = make_paged_inputs((10 * T + 5, 6 * T, 2 * T + 1), next_n, 64, 128, gen, garbage=False).to(dev)
     from conftest import padded  # V4's layout, the padding poisoned with 0xFF (NaN key and scale)
     kv = padded(x.kv_cache, pad)
-    cfg = SpinConfig(sparsity=0.5, topk=256)
+    cfg = SpinConfig(vertical_grain="slot", sparsity=0.5, topk=256)
     width = x.block_table.shape[1]
     pair = [_indexer(cfg, 3, width, next_n, num_cache_blocks=x.kv_cache.shape[0], device=dev) for _ in range(2)]
     for step in range(3):
@@ -725,8 +725,8 @@ def test_step_on_padded_pages_equals_the_contiguous_copy(next_n, pad, triton_log
 @pytest.mark.parametrize("backend", ["deepgemm", "triton", "cuda"])
 @pytest.mark.parametrize("next_n", [1, 2, 3, 4])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-@pytest.mark.parametrize("in_topk_blocks,grain", [(1 << 20, "slot"), (0, "slot"), (0, "block")],
-                         ids=["in-topk", "side-stream", "block-grain"])
+@pytest.mark.parametrize("in_topk_blocks,grain", [(1 << 20, "slot"), (0, "slot"), (1 << 20, "block"), (0, "block")],
+                         ids=["in-topk", "side-stream", "block-grain-in-topk", "block-grain"])
 def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, next_n, graph, in_topk_blocks, grain,
                                                                      gen, monkeypatch):
     """overlap_update=True (up to UPDATE_IN_TOPK_BLOCKS table blocks the update's programs in the top-k's
@@ -735,7 +735,7 @@ def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, ne
     epilogue or into the maxima pass) leaves the same history and returns the
     same top-k as overlap_update=False, over three steps of three layers, also when the whole step (plan +
     every layer) is captured in one CUDA graph and replayed (the forks and joins are recorded). Block grain: the
-    O(blocks) update from the block maxima on the side stream, against it in series."""
+    O(blocks) update from the block maxima in the threshold launch or on the side stream, against it in series."""
     from spin_indexer.ops import deepgemm, indexer_logits_cuda
     if backend == "deepgemm" and (not deepgemm.available() or next_n > 2):
         pytest.skip("needs deep_gemm (next_n 1-2)")
@@ -851,7 +851,7 @@ def test_lengths_past_the_table_read_as_the_table(next_n, gen):
     x = make_paged_inputs((5 * T, 8 * T + 7), next_n, 8, 32, gen, extra_width=0)
     view = x.block_table[:, :6]
     capped = x.seq_lens.clamp(max=6 * T)
-    cfg = SpinConfig(sparsity=0.5, topk=96, dense_below=0)
+    cfg = SpinConfig(vertical_grain="slot", sparsity=0.5, topk=96, dense_below=0)
     pair = [_indexer(cfg, 2, 6, next_n, num_cache_blocks=x.kv_cache.shape[0]) for _ in range(2)]
     dense = [DenseIndexer(96, next_n=next_n) for _ in range(2)]
     for step in range(3):

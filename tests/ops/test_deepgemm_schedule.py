@@ -134,7 +134,7 @@ def test_spin_step_with_plan_schedules_equals_deepgemm_own(next_n, gen, monkeypa
     the history of the same step where DeepGEMM computes each layer's schedule itself."""
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", "deepgemm")
     x = make_paged_inputs((10 * 64 + 5, 30 * 64, 2 * 64 + 1, 17 * 64), next_n, 64, 128, gen, garbage=False).to("cuda")
-    cfg = SpinConfig(sparsity=0.5, topk=256)
+    cfg = SpinConfig(sparsity=0.5, topk=256, vertical_grain="slot")  # compares V too
     pair = []
     for own_schedule in (True, False):
         idx = SpinIndexer(cfg, num_layers=3, max_batch=4, max_blocks=x.block_table.shape[1], next_n=next_n,

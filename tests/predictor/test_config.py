@@ -13,6 +13,36 @@ def test_defaults_are_the_papers():
     assert cfg.pooling is Pooling.A1 and cfg.reduce.value == "max" and cfg.tokens_per_block == 64
 
 
+def test_defaults_are_the_papers_but_the_vertical_history_a_block():
+    """SpinConfig() keeps one EMA a block ("auto" resolves to block for the paper's A1-Max rule); the paper preset
+    and evaluation's policies keep the paper's per-slot table."""
+    from spin_indexer.predictor.policies import get_policy
+    from spin_indexer.predictor.config import Grain
+    assert SpinConfig().vertical_grain is Grain.AUTO and SpinConfig().grain is Grain.BLOCK
+    assert PRESETS["paper"].grain is Grain.SLOT and get_policy("spin-default", 0.3).grain is Grain.SLOT
+    assert get_policy("vertical-block", 0.3).grain is Grain.BLOCK and PRESETS["serving"].grain is Grain.BLOCK
+
+
+@pytest.mark.parametrize("changes, grain", [
+    ({}, "block"), ({"pooling": "a2"}, "block"), ({"combine": "vertical"}, "block"), ({"combine": "diagonal"}, "block"),
+    ({"reduce": "mean"}, "slot"), ({"reduce": "top4"}, "slot"), ({"combine": "sum"}, "slot"),
+    ({"summary": 0.5}, "slot"), ({"pooling": "a0"}, "slot"), ({"vertical_grain": "slot"}, "slot"),
+    ({"vertical_grain": "block", "pooling": "a0"}, "block")])
+def test_auto_grain_takes_slots_only_where_the_rule_reads_them(changes, grain):
+    cfg = SpinConfig(**changes)
+    assert cfg.grain.value == grain
+    # replace() keeps "auto" (not the grain it resolved to), so a rule changed later resolves again
+    assert dataclasses.replace(SpinConfig(), **changes).grain.value == grain
+    assert json.loads(cfg.to_json())["vertical_grain"] == changes.get("vertical_grain", "auto")
+
+
+def test_block_grain_with_a_rule_reading_slots_is_refused():
+    with pytest.raises(ValueError, match="SpinConfig.vertical_grain: 'block' keeps no per-slot history.*reduce='mean'"):
+        SpinConfig(vertical_grain="block", reduce="mean")
+    with pytest.raises(ValueError, match="vertical_grain"):
+        dataclasses.replace(SpinConfig(vertical_grain="block"), combine="sum")
+
+
 def test_strings_parse_to_enums_and_round_trip_json():
     cfg = SpinConfig(pooling="a2", exploration="block_age", mtp="row-local", combine="sum", reduce="top4")
     assert cfg.pooling is Pooling.A2 and cfg.exploration is Exploration.BLOCK_AGE

@@ -27,7 +27,7 @@ def _guarded(cfg, lens):
 
 def test_small_step_guards_every_request_and_a_large_one_none():
     total = sum(LENS)
-    below = SpinConfig(sparsity=0.5, topk=128, dense_batch_below=total + 1)
+    below = SpinConfig(vertical_grain="slot", sparsity=0.5, topk=128, dense_batch_below=total + 1)
     guarded, updates = _guarded(below, LENS)
     assert guarded == [True, True, True, True]  # keep_all (<= K) and padding requests too: a small step
     assert updates == [False, False, False, False]  # keeps no history at all
@@ -43,7 +43,7 @@ def test_auto_guards_a_one_row_step_at_low_sparsity():
     not for a set threshold."""
     from spin_indexer.predictor.config import AUTO_DENSE_BATCH_TOKENS
     lens = (70000,)  # above AUTO_DENSE_BATCH_TOKENS, below the one-row threshold
-    low = SpinConfig(sparsity=0.2, topk=128, dense_batch_below="auto")
+    low = SpinConfig(vertical_grain="slot", sparsity=0.2, topk=128, dense_batch_below="auto")
     assert AUTO_DENSE_BATCH_TOKENS < lens[0] < low.guard_batch_tokens_for(1) == 1 << 18
     assert dataclasses.replace(low, sparsity=0.1).guard_batch_tokens_for(1) == 1 << 18
     assert dataclasses.replace(low, sparsity=0.3).guard_batch_tokens_for(1) == 1 << 17
@@ -87,7 +87,7 @@ def test_a_guarded_step_equals_the_dense_step_and_keeps_no_history(next_n, gen):
     dense.plan(x.block_table, x.seq_lens)
     want = [dense.run(layer, x.q_fp8, x.kv_cache, x.weights).clone() for layer in range(2)]
     for threshold in (int(x.seq_lens.amax(dim=1).sum()) + 1, batch * width * T + 1):
-        cfg = SpinConfig(sparsity=0.5, topk=k, dense_batch_below=threshold)
+        cfg = SpinConfig(vertical_grain="slot", sparsity=0.5, topk=k, dense_batch_below=threshold)
         idx = SpinIndexer(cfg, num_layers=2, max_batch=batch, max_blocks=width, next_n=next_n,
                           num_cache_blocks=x.kv_cache.shape[0])
         assert idx._guarded_by_shape(batch, width) == (threshold > batch * width * T)
@@ -108,7 +108,7 @@ def test_a_shape_guarded_plan_selects_nothing_and_leaves_the_state():
     """One query row at sparsity 0.3 under "auto", on a table of fewer than 256K tokens: the
     table's shape guards the step, so plan() runs none of its kernels: every block kept (the table itself as
     the compact table), the counters (step, seen_len, clock) and the history untouched."""
-    cfg = SpinConfig(sparsity=0.3, topk=64, dense_batch_below="auto")
+    cfg = SpinConfig(vertical_grain="slot", sparsity=0.3, topk=64, dense_batch_below="auto")
     width = 40
     idx = SpinIndexer(cfg, num_layers=2, max_batch=2, max_blocks=width, num_cache_blocks=2 * width)
     assert idx._guarded_by_shape(1, width)

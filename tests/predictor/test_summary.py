@@ -153,7 +153,7 @@ def test_summary_state_sizes_resets_and_checks_the_cache(gen):
     """SpinState holds the summary cache only with summary > 0 (S x (D + 4) / T bytes a token a layer more), a
     reallocated slot rewrites its blocks (its counter back at 0), and run() refuses a key cache of another D."""
     x = make_paged_inputs((5 * T,), 1, 4, 32, gen, extra_width=0)
-    plain = SpinIndexer(SpinConfig(sparsity=0.5, topk=64), num_layers=2, max_batch=1, max_blocks=5)
+    plain = SpinIndexer(SpinConfig(sparsity=0.5, topk=64, vertical_grain="slot"), num_layers=2, max_batch=1, max_blocks=5)
     idx = SpinIndexer(SpinConfig(sparsity=0.5, topk=64, summary=0.5, summary_parts=8), num_layers=2, max_batch=1,
                       max_blocks=5, num_cache_blocks=x.kv_cache.shape[0] + 4, head_dim=32)
     assert plain.state.summaries is None
@@ -225,7 +225,7 @@ def test_requests_past_summary_below_select_from_the_history_alone(gen):
     summary_below = 0)."""
     lens = (20 * T + 5, 9 * T + 3)
     x = make_paged_inputs(lens, 1, 4, 32, gen, extra_width=1)
-    base = SpinConfig(sparsity=0.5, topk=64, exploration="none", gamma=0.0, summary_parts=8)
+    base = SpinConfig(sparsity=0.5, topk=64, exploration="none", gamma=0.0, summary_parts=8, vertical_grain="slot")
     cfgs = [dataclasses.replace(base, summary=1.0, summary_below=10 * T), base, dataclasses.replace(base, summary=1.0)]
     idx = [SpinIndexer(c, num_layers=2, max_batch=2, max_blocks=x.block_table.shape[1], topk_sorted=True,
                        num_cache_blocks=x.kv_cache.shape[0], head_dim=32) for c in cfgs]

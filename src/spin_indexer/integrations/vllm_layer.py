@@ -110,7 +110,7 @@ class SpinSparseAttnIndexer(SparseAttnIndexer):
         # block grain (policy vertical-block) there is no per-slot table: the runtime allocates the block maxima
         # itself at the first step (2 B a block a layer, 1/64 of a page of fp16 values).
         config = settings.spin_config(self.topk_tokens)
-        if config.vertical_grain is Grain.SLOT:
+        if config.grain is Grain.SLOT:
             runtime.history_caches += attach_history(self.k_cache.prefix, self.spin_layer, config.state_dtype)
         _LAYERS[self.k_cache.prefix] = self
         # DeepSeek-V3.2 / GLM-5 on CUDA never call this layer's forward: hook the function they call.

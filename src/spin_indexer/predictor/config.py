@@ -45,6 +45,7 @@ class Exploration(str, enum.Enum):
 class Grain(str, enum.Enum):
     SLOT = "slot"  # the paper's vertical table: one EMA a KV slot (2 B a cached token a layer)
     BLOCK = "block"  # one EMA a KV block, of the block's max score (2 B a block): the same A1-Max scores (below)
+    AUTO = "auto"  # BLOCK where the rule reads no slot's own V, else SLOT (SpinConfig.grain)
 
 
 class MtpPolicy(str, enum.Enum):
@@ -149,14 +150,18 @@ class SpinConfig:
         (SpinIndexer._run_dense). "auto" = AUTO_DENSE_BATCH_TOKENS, from the H200 grid, or more for a step of
         one query row at low sparsity (AUTO_ONE_ROW_GUARDS, guard_batch_tokens_for);
         0 = off (the default).
-    vertical_grain: what the vertical history keeps. "slot" (the paper): V[i], the EMA of each slot's score, and
-        a block's A1-Max score max(max_i V[i], the window's D). "block": one value a block, the EMA of the block's
-        max score (block_max itself: no per-slot table), so the score is max(VB, the window's D) and the update
-        reads the block maxima the top-k already needs instead of every logit again (O(blocks), 2 B a block of
-        state). For a block scored whole the two differ only in where the max is taken: the EMA of the max,
-        against the max of each slot's EMA (the larger: a block whose best slot moved keeps its past peak
-        longer); benchmarks/state_precision.py measures the fidelity. Rules that read V slot by slot
-        (reduce=mean / top4, combine=sum, the summary mix) need "slot".
+    vertical_grain: what the vertical history keeps ("auto", the default: "block" unless the rule reads V slot
+        by slot, reduce=mean / top4, combine=sum, the summary mix or A0 pooling, which take "slot"; `grain` is
+        the one in force). "block": one value a block, the EMA of the block's max score (block_max itself: no per-slot table), so the score is max(VB, the window's D) and the
+        update reads the block maxima the top-k already needs instead of every logit again (O(blocks), 2 B a
+        block of state). "slot" (the paper; evaluation's policies pin it, predictor/policies.py): V[i], the EMA of each
+        slot's score (2 B a token), and a block's A1-Max score max(max_i V[i], the window's D). For a block
+        scored whole the two differ only in where the max is taken: the EMA of the max, against the max of each
+        slot's EMA (the larger: a block whose best slot moved keeps its past peak longer). Why block by default:
+        the step at 96 x 512K s = 0.4 1.51x -> 1.56x the dense step, V3.2's 61 layers 0.583 -> 0.567 of dense's
+        indexer time at 128K (H100, benchmarks/results/run160_grain_grid_h100); fidelity within +-0.25 pt of
+        slot's mean miss (results/fidelity/vertical_grain). "block" with a rule that reads V slot by slot
+        (reduce=mean / top4, combine=sum, the summary mix) is refused.
     """
 
     sparsity: float = 0.3
@@ -181,7 +186,7 @@ class SpinConfig:
     diagonal_window: int | None = 8192
     dense_below: int | str = 0
     dense_batch_below: int | str = 0
-    vertical_grain: Grain = Grain.SLOT
+    vertical_grain: Grain = Grain.AUTO
 
     def __post_init__(self):
         # Every field is checked for its type first (TypeError naming it), then its range (ValueError);
@@ -209,17 +214,31 @@ class SpinConfig:
             if isinstance(self.diagonal_window, bool) or not isinstance(self.diagonal_window, int):
                 raise TypeError(f"SpinConfig.diagonal_window: expected an int or None, got {describe(self.diagonal_window)}")
             check_int("SpinConfig.diagonal_window", self.diagonal_window, low=1)
-        if self.vertical_grain is Grain.BLOCK and (self.reduce is not Reduce.MAX or self.combine is Combine.SUM
-                                                    or self.summary > 0):
+        if self.vertical_grain is Grain.BLOCK and self._reads_slot_history(pooling=False):
             raise ValueError(f"SpinConfig.vertical_grain: 'block' keeps no per-slot history; expected reduce='max', "
-                             f"combine other than 'sum' and summary = 0 with it, got reduce={self.reduce.value!r}, "
-                             f"combine={self.combine.value!r}, summary={self.summary:g}")
+                             f"combine other than 'sum' and summary = 0 with it (or vertical_grain='slot' or 'auto' "
+                             f"for those), got reduce={self.reduce.value!r}, combine={self.combine.value!r}, "
+                             f"summary={self.summary:g}")
         for name in ("dense_below", "dense_batch_below"):
             _check_threshold(f"SpinConfig.{name}", getattr(self, name))
         if not isinstance(self.state_dtype, torch.dtype) or \
                 self.state_dtype not in (torch.float16, torch.bfloat16, torch.float32):
             raise TypeError(f"SpinConfig.state_dtype: expected torch.float16, bfloat16 or float32, "
                             f"got {describe(self.state_dtype)}")
+
+    @property
+    def grain(self) -> Grain:
+        """The vertical history in force: vertical_grain, with "auto" resolved (SLOT where the rule reads a slot's
+        own V: reduce mean / top4, combine sum, the summary mix, A0 pooling; else BLOCK)."""
+        if self.vertical_grain is not Grain.AUTO:
+            return self.vertical_grain
+        return Grain.SLOT if self._reads_slot_history(pooling=True) else Grain.BLOCK
+
+    def _reads_slot_history(self, pooling: bool) -> bool:
+        """Whether the rule reads V slot by slot (pooling: A0's top slots too, which block grain would rank by
+        their blocks' values: allowed with an explicit "block", not chosen by "auto")."""
+        return (self.reduce is not Reduce.MAX or self.combine is Combine.SUM or self.summary > 0
+                or (pooling and self.pooling is Pooling.A0))
 
     def _checked_profile(self) -> tuple[float, ...]:
         profile = check_sequence("SpinConfig.sparsity_profile", self.sparsity_profile,
@@ -286,14 +305,12 @@ class SpinConfig:
 
 
 PRESETS: dict[str, SpinConfig] = {
-    "paper": SpinConfig(),  # A1-max, random 5% exploration, alpha 0.5, s = 0.3
+    "paper": SpinConfig(vertical_grain="slot"),  # A1-max, random 5% exploration, alpha 0.5, s = 0.3
     "v32": SpinConfig(topk=2048),
     "v4-c4a": SpinConfig(topk=512),
     "no-explore": SpinConfig(exploration=Exploration.NONE, gamma=0.0),
     "adaptive": SpinConfig(sparsity=0.2, adaptive=AdaptiveConfig()),
     "hybrid": SpinConfig(hybrid=0.3),
-    # the guards on: dense where SPIN measured slower (short requests, small steps); block grain: the vertical
-    # history one value a block, 2/T B a token and an O(blocks) update (H100, run 159: 96 x 512K s = 0.4 1.51x ->
-    # 1.57x the dense step, 0.4-0.5 us a layer slower at one request; fidelity: results/fidelity/vertical_grain)
-    "serving": SpinConfig(sparsity=0.4, dense_below="auto", dense_batch_below="auto", vertical_grain="block"),
+    # the guards on: dense where SPIN measured slower (short requests, small steps)
+    "serving": SpinConfig(sparsity=0.4, dense_below="auto", dense_batch_below="auto"),
 }

@@ -17,9 +17,10 @@ from pathlib import Path
 from .config import SpinConfig
 
 # dense_below=0: evaluation measures the predictor itself, so the speed guard (which scores every block of
-# short contexts) is off.
+# short contexts) is off; vertical_grain="slot": the paper's per-slot history (SpinConfig's default is "block";
+# policy vertical-block measures it).
 DEFAULT = SpinConfig(pooling="a1", reduce="max", exploration="random", gamma=0.05, alpha=0.5, combine="max",
-                     mtp="row0", dense_below=0)
+                     mtp="row0", dense_below=0, vertical_grain="slot")
 
 # name -> (fields replaced on DEFAULT, one-line description for reports)
 POLICIES: dict[str, tuple[dict, str]] = {

@@ -62,7 +62,7 @@ class SpinState:
         neg = float("-inf")
         blocks = num_cache_blocks + 1  # + the trash block
         elem = torch.empty((), dtype=dtype).element_size()
-        per_slot = config.vertical_grain is Grain.SLOT
+        per_slot = config.grain is Grain.SLOT
         need = (num_layers * (blocks * (t * per_slot + 1) + max_requests * (self.window + 1)) + t) * elem
         try:
             self.vertical = (torch.full((num_layers, blocks, t), neg, dtype=dtype, device=self.device)
@@ -185,7 +185,7 @@ class SpinState:
         t, dtype = self.config.tokens_per_block, self.config.state_dtype
         if (vertical is None) != (self.vertical is None):
             raise ValueError(f"vertical: expected {'None' if self.vertical is None else 'a tensor'} with "
-                             f"vertical_grain = {self.config.vertical_grain.value!r}, got "
+                             f"vertical_grain = {self.config.grain.value!r}, got "
                              f"{'None' if vertical is None else 'a tensor'}")
         for name, x in (("vertical", vertical), ("block_max", block_max)):
             if x is None:

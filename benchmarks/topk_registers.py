@@ -28,6 +28,7 @@ import triton  # noqa: E402
 
 from plan_registers import _inner_loop_spills, compile_sm90, ptxas_counts  # noqa: E402
 from spin_indexer.ops import history_triton as H  # noqa: E402
+from spin_indexer.ops import history_block_triton as HB  # noqa: E402
 from spin_indexer.ops import topk_triton as T  # noqa: E402
 
 PTR = {"s_ptr": "*fp32", "len_ptr": "*i32", "thresh_ptr": "*i32", "live_ptr": "*i32", "nlive_ptr": "*i32",
@@ -66,8 +67,11 @@ def configs(group: int, k: int = 2048):
             ("threshold, tau_hint", T._threshold_kernel, dict(G=group, SB=sb, CAP=cap, HINT=True, **hint),
              warps, None),
             ("threshold + EMA update", T._threshold_update_kernel,
-             dict(G=group, SB=sb, CAP=cap, HINT=False, **hint, T=64, HAS_SEEN=True, NP=1, **H.tile_meta()),
-             warps, None),
+             dict(G=group, SB=sb, CAP=cap, HINT=False, **hint, T=64, HAS_SEEN=True, NP=1, BLOCK_GRAIN=False,
+                  **H.tile_meta()), warps, None),
+            ("threshold + block-grain update", T._threshold_update_kernel,
+             dict(G=group, SB=sb, CAP=cap, HINT=False, **hint, T=64, HAS_SEEN=True, NP=1, BLOCK_GRAIN=True,
+                  **HB.block_tile_meta()), warps, None),
             ("gather", T._gather_kernel, dict(G=group, LB=max(16, T.GATHER_VALUES // group), CAP=cap, EVEN=even), 4,
              None),
             ("chunk sort", T._chunk_sort_kernel, dict(CAP=cap, CH=chunk), 4, None),

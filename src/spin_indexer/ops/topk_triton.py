@@ -238,28 +238,23 @@ def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _s
                           HINT_STEPS=(2 * TAU_HINT_RADIUS).bit_length(), num_warps=threshold_warps(sum_block))
     if update is None:
         _threshold_kernel[(rows,)](*threshold_args, **threshold_meta)
-    elif update[0].vertical is None:  # block grain: the O(blocks) update's programs after the rows'
-        from .history_block_triton import block_history_args, block_tile_meta
-        history, table = update
-        batch, t = rows // next_n, block_tokens(history)
-        meta = block_tile_meta()
-        tiles = triton.cdiv(cols // t, meta["BLOCKS"])
-        _threshold_block_update_kernel[(rows + batch * tiles,)](
-            *threshold_args, rows, tiles, logits, logits.stride(0) * next_n, logits.stride(0), table, table.stride(0),
-            *block_history_args(history, maxima), next_n, cols // t, T=t, **meta,
-            HAS_SEEN=history.last_seen is not None, **threshold_meta,
-            enable_fp_fusion=False)  # the EMA rounded as update_block_history_triton's (and torch's)
     else:  # the update pass's programs after the rows' (topk_triton's `update`)
-        from .history_triton import _history_args, tile_meta
         history, table = update
         batch, t = rows // next_n, block_tokens(history)
-        meta = tile_meta()
+        block_grain = history.vertical is None
+        if block_grain:  # the O(blocks) update from the block maxima (no V: logits stand in for its pointer)
+            from .history_block_triton import block_history_args, block_tile_meta
+            meta, hist = block_tile_meta(), (logits, *block_history_args(history, maxima))
+        else:  # the pass over the logits (no maxima read: logits stand in for their pointer)
+            from .history_triton import _history_args, tile_meta
+            v, *rest = _history_args(history, logits)
+            meta, hist = tile_meta(), (v, logits, 0, *rest)
         tiles = triton.cdiv(cols // t, meta["BLOCKS"])
         _threshold_update_kernel[(rows + batch * tiles,)](
             *threshold_args, rows, tiles, logits, logits.stride(0) * next_n, logits.stride(0), table, table.stride(0),
-            *_history_args(history, logits), next_n, cols // t,
-            T=t, **meta, HAS_SEEN=history.last_seen is not None,
-            NP=triton.next_power_of_2(next_n), **threshold_meta)
+            *hist, next_n, cols // t, T=t, **meta, HAS_SEEN=history.last_seen is not None,
+            NP=triton.next_power_of_2(next_n), BLOCK_GRAIN=block_grain, **threshold_meta,
+            enable_fp_fusion=not block_grain)  # block grain's EMA rounded as update_block_history_triton's
     if _stages < 3:
         return out
     lb = max(16, GATHER_VALUES // group)
@@ -346,46 +341,32 @@ if triton is not None:
     @triton.jit
     def _threshold_update_kernel(s_ptr, len_ptr, cols, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s,
                                  k, out_ptr, hint_ptr, rows, tiles, x_ptr, x_stride_b, x_stride_n, table_ptr,
-                                 table_stride, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
-                                 clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash,
-                                 lo, hi, next_n, num_blocks, G: tl.constexpr, SB: tl.constexpr, CAP: tl.constexpr,
-                                 HINT: tl.constexpr, HINT_R: tl.constexpr, HINT_STEPS: tl.constexpr,
+                                 table_stride, v_ptr, bm_ptr, bm_stride, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr,
+                                 seen_stride, clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha,
+                                 window, trash, lo, hi, next_n, num_blocks, G: tl.constexpr, SB: tl.constexpr,
+                                 CAP: tl.constexpr, HINT: tl.constexpr, HINT_R: tl.constexpr, HINT_STEPS: tl.constexpr,
                                  T: tl.constexpr, BLOCKS: tl.constexpr, DB: tl.constexpr, HAS_SEEN: tl.constexpr,
-                                 NP: tl.constexpr):
-        """Programs [0, rows): the rows' thresholds (_threshold_row); then `tiles` per request: the EMA update
-        pass's programs (history_triton.update_tile, row 0 updating, no maxima) over the same logits."""
+                                 NP: tl.constexpr, BLOCK_GRAIN: tl.constexpr):
+        """Programs [0, rows): the rows' thresholds (_threshold_row); then `tiles` per request, row 0 updating: the
+        EMA update pass's programs over the same logits (history_triton.update_tile, no maxima written; v_ptr
+        the vertical table) or, under block grain, history_block_triton.update_block_tile from the block maxima
+        bm_ptr."""
         pid = tl.program_id(0)
         if pid < rows:
             _threshold_row(pid, s_ptr, len_ptr, cols, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
                            out_ptr, hint_ptr, G, SB, CAP, HINT, HINT_R, HINT_STEPS)
+        elif BLOCK_GRAIN:
+            u = pid - rows
+            update_block_tile(u // tiles, u % tiles, 0, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, len_ptr,
+                              bm_ptr, bm_stride, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr,
+                              slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi, next_n,
+                              num_blocks, T, BLOCKS, DB, HAS_SEEN)
         else:
             u = pid - rows
             update_tile(u // tiles, u % tiles, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, len_ptr,
                         x_ptr, 0, x_ptr, 0, v_ptr, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride,
                         clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi,
                         next_n, num_blocks, 0, T, BLOCKS, HAS_SEEN, False, NP, False, T, DB)
-
-    @triton.jit
-    def _threshold_block_update_kernel(s_ptr, len_ptr, cols, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups,
-                                       stride_s, k, out_ptr, hint_ptr, rows, tiles, x_ptr, x_stride_b, x_stride_n,
-                                       table_ptr, table_stride, bm_ptr, bm_stride, vb_ptr, vb_stride, d_ptr, d_stride,
-                                       seen_ptr, seen_stride, clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr,
-                                       upd_ptr, alpha, window, trash, lo, hi, next_n, num_blocks, G: tl.constexpr,
-                                       SB: tl.constexpr, CAP: tl.constexpr, HINT: tl.constexpr, HINT_R: tl.constexpr,
-                                       HINT_STEPS: tl.constexpr, T: tl.constexpr, BLOCKS: tl.constexpr,
-                                       DB: tl.constexpr, HAS_SEEN: tl.constexpr):
-        """_threshold_update_kernel under block grain: programs [0, rows) the rows' thresholds, then `tiles` per
-        request of history_block_triton.update_block_tile (row 0 updating) from the block maxima bm_ptr."""
-        pid = tl.program_id(0)
-        if pid < rows:
-            _threshold_row(pid, s_ptr, len_ptr, cols, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,
-                           out_ptr, hint_ptr, G, SB, CAP, HINT, HINT_R, HINT_STEPS)
-        else:
-            u = pid - rows
-            update_block_tile(u // tiles, u % tiles, 0, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, len_ptr,
-                              bm_ptr, bm_stride, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr,
-                              slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi, next_n,
-                              num_blocks, T, BLOCKS, DB, HAS_SEEN)
 
     @triton.jit
     def _threshold_row(r, s_ptr, len_ptr, cols, thresh_ptr, live_ptr, nlive_ptr, count_ptr, num_groups, stride_s, k,

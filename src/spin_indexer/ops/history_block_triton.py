@@ -57,10 +57,11 @@ def update_block_history_triton(history: HistoryUpdate, logits: torch.Tensor, bl
             num_warps=NUM_WARPS, enable_fp_fusion=False)  # the EMA's two products and sum rounded as torch does
 
 
-def block_tile_meta() -> dict:
-    """update_block_tile's tile constexprs (BLOCKS compact blocks, DB per diagonal sub-tile), read at each launch
-    so tests can shrink BLOCKS_PER_PROGRAM."""
-    return dict(BLOCKS=BLOCKS_PER_PROGRAM, DB=min(DIAGONAL_BLOCKS, BLOCKS_PER_PROGRAM))
+def block_tile_meta(blocks: int | None = None) -> dict:
+    """update_block_tile's tile constexprs (BLOCKS compact blocks, default BLOCKS_PER_PROGRAM; DB per diagonal
+    sub-tile), read at each launch so tests can shrink BLOCKS_PER_PROGRAM."""
+    blocks = min(blocks or BLOCKS_PER_PROGRAM, BLOCKS_PER_PROGRAM)
+    return dict(BLOCKS=blocks, DB=min(DIAGONAL_BLOCKS, blocks))
 
 
 def block_history_args(h: HistoryUpdate, block_maxima: torch.Tensor) -> tuple:

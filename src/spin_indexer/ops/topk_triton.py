@@ -47,6 +47,7 @@ try:  # the package imports this module only for CUDA tensors; without triton th
 except ImportError:  # pragma: no cover
     triton = None
 
+IN_TOPK_BLOCKS = 32  # block-grain update programs in the threshold launch: compact blocks a program (see _chain)
 MAX_TRITON_K = 4096  # larger k goes to the reference (sort tile of 2 * next_pow2(k) keys)
 # Logits a gather program reads: GATHER_VALUES // G live groups (at least 16). H200, run 85 (SPIN's step, 512K to
 # 128K, B = 1 to 96): 2048 ties, 4096 and 8192 are slower at every point (1 x 128K s = 0.4: 1.072x of dense at
@@ -244,7 +245,10 @@ def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _s
         block_grain = history.vertical is None
         if block_grain:  # the O(blocks) update from the block maxima (no V: logits stand in for its pointer)
             from .history_block_triton import block_history_args, block_tile_meta
-            meta, hist = block_tile_meta(), (logits, *block_history_args(history, maxima))
+            # 32 blocks a program, not the pass's 256: the program holding the diagonal window gathers its
+            # logits one sub-tile after another, and here the top-k's next launch waits for it (H100, 1 x 128K
+            # s = 0.3: 256 blocks a program cost the step 6.7 us, 40.4 against 33.7 with slot grain)
+            meta, hist = block_tile_meta(IN_TOPK_BLOCKS), (logits, *block_history_args(history, maxima))
         else:  # the pass over the logits (no maxima read: logits stand in for their pointer)
             from .history_triton import _history_args, tile_meta
             v, *rest = _history_args(history, logits)

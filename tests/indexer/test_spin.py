@@ -744,6 +744,7 @@ def test_update_overlapped_with_the_topk_equals_the_update_in_series(backend, ne
     monkeypatch.setenv("SPIN_INDEXER_LOGITS", backend)
     from spin_indexer.indexer import spin
     monkeypatch.setattr(spin, "UPDATE_IN_TOPK_BLOCKS", in_topk_blocks)
+    monkeypatch.setattr(spin, "BLOCK_GRAIN_IN_TOPK", in_topk_blocks > 0)
     x = make_paged_inputs([64 * 90 + 17, 64 * 70, 64 * 33 + 5, 64 * 120], next_n, 64, 128, gen).to("cuda")
     batch, width = x.block_table.shape
     layers, k = 3, 96

@@ -16,7 +16,8 @@ then a pass for the maxima) and the top-k's three launches (four below SET_SELEC
 topk_sorted: ops/topk_triton.py), with the EMA update beside
 the top-k: up to UPDATE_IN_TOPK_BLOCKS table blocks its programs run in the top-k's first launch, above it on a
 low-priority side stream (the top-k then on a high-priority one); under block grain (SpinConfig.vertical_grain =
-"block") the update reads the block maxima, O(blocks), not the logits; no host sync and no data-dependent shape
+"block") the update reads the block maxima, O(blocks), not the logits, on the side stream at every size
+(BLOCK_GRAIN_IN_TOPK); no host sync and no data-dependent shape
 (validate=False): a whole step captures in one CUDA graph. With overlap_update=False the update runs in
 series, fused into the Triton kernel's epilogue or into DeepGEMM's maxima pass.
 With the summary mix (SpinConfig.summary > 0) a layer selects the requests that mix (shorter than summary_below,
@@ -62,6 +63,11 @@ from .workspace import Workspace
 # 45.9 / 53.2; but 32 x 128K (65536 blocks) 127.8 / 170.3 vs 125.0 / 167.2 and 8 x 1M 234.1 / 318.1 vs
 # 206.1 / 290.6 (the update's programs, at the threshold's 8-16 warps and 127 registers, outlast its rows').
 UPDATE_IN_TOPK_BLOCKS = 16384
+# Whether block grain's update rides there too (ops.topk_positions(history=) with the block maxima; tested). Off:
+# on an H100 (run 161, 1 x 128K s = 0.3) its programs of 256 blocks there made the step 40.4 us against slot grain's
+# 33.7 (0.892x the dense step; on the side stream 1.042x, run 159); the launch now gives them 32 blocks
+# (topk_triton.IN_TOPK_BLOCKS), not yet timed.
+BLOCK_GRAIN_IN_TOPK = False
 
 
 @dataclasses.dataclass
@@ -379,8 +385,10 @@ class SpinIndexer:
         """Whether the EMA update runs inside the top-k's threshold launch (ops.topk_positions(history=))
         rather than on the side stream: for a table of at most UPDATE_IN_TOPK_BLOCKS blocks (B x W; the
         threshold launch is one program per row on a GPU left mostly idle, the update's programs fill it,
-        and the step forks and joins no stream) with one updating row per request (row 0: one launch's work)."""
-        return batch * width <= UPDATE_IN_TOPK_BLOCKS and history.rows == 1
+        and the step forks and joins no stream) with one updating row per request (row 0: one launch's work);
+        under block grain only with BLOCK_GRAIN_IN_TOPK."""
+        return (batch * width <= UPDATE_IN_TOPK_BLOCKS and history.rows == 1
+                and (history.vertical is not None or BLOCK_GRAIN_IN_TOPK))
 
     @contextlib.contextmanager
     def _forked(self, side):

@@ -5,7 +5,7 @@ cost inside the step is step - logits alone - top-k alone - plan (run_all's spin
 variant below is captured whole in a CUDA graph and timed in paired rounds (harness.time_graphs_paired) beside
 the dense step, per layer:
 
-  spin          the production step
+  spin          the slot-grain step (the paper's per-slot V; SpinConfig's default is block grain since session 66)
   topk_first    the top-k's launches enqueued before the update's (same streams, same kernels; production
                 since run 74, so the same as spin from then on)
   no_update     the update not launched at all: the floor any way of hiding it can reach
@@ -40,7 +40,9 @@ the dense step, per layer:
   wave          the CUDA logits kernel's chunk from `wave_chunk` (whole waves of even chunks: the rule before run
                 154) instead of indexer_logits_cuda.makespan_chunk (a short last chunk may fill a wave's spare SMs)
   block         SpinConfig(vertical_grain="block"): no per-slot V, the update reads the block maxima (O(blocks),
-                history_block_triton) on the side stream beside the top-k
+                history_block_triton) on the side stream beside the top-k (the default step)
+  blocktopk     block grain with its update in the top-k's threshold launch up to UPDATE_IN_TOPK_BLOCKS table
+                blocks (spin.BLOCK_GRAIN_IN_TOPK; run 161 timed it at 256 blocks a program there)
   update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
                 _st2: those passes alone)
 
@@ -65,7 +67,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-VARIANTS = ("spin", "block", "topk_first", "no_update", "fused", "cudalogits", "gpass", "wchunk", "wave", "onetile", "st2",
+VARIANTS = ("spin", "block", "blocktopk", "topk_first", "no_update", "fused", "cudalogits", "gpass", "wchunk", "wave", "onetile", "st2",
             "stg<N>", "prog<N>", "pipe", "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lch<N>", "lpf<P>", "after_thr",
             "after_gat")
 
@@ -134,6 +136,8 @@ def variant(idx, name: str):
         patches = [(history_triton, "PIPELINED_MIN_BLOCKS", 0)]
     elif name in ("spin", "fused", "block"):
         patches = []
+    elif name == "blocktopk":
+        patches = [(spin_module, "BLOCK_GRAIN_IN_TOPK", True)]
     elif name in ("after_thr", "after_gat"):
         patches = _update_before_launch(idx, "_gather_kernel" if name == "after_thr" else "_select_set_kernel")
     else:  # topk_first, no_update: the update through ops.update_history, launched after the top-k or not at all
@@ -257,7 +261,7 @@ def measure(batch: int, ctx: int, next_n: int, sparsity: float, rounds: int, lin
         calls["dense_gpass"] = dense_gpass
     indexers = {}
     for name in variants:
-        grain = "block" if name == "block" else "slot"
+        grain = "block" if name in ("block", "blocktopk") else "slot"
         idx, slots = steady_indexer(p, SpinConfig(sparsity=sparsity, topk=k, vertical_grain=grain),
                                     overlap_update=name != "fused")
         indexers[name] = idx

@@ -67,7 +67,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 
-VARIANTS = ("spin", "block", "blocktopk", "topk_first", "no_update", "fused", "cudalogits", "gpass", "wchunk", "wave", "onetile", "st2",
+VARIANTS = ("spin", "block", "blocktopk", "topk_first", "no_update", "fused", "cudalogits", "gpass", "wchunk", "wave",
+            "onetile", "st2",
             "stg<N>", "prog<N>", "pipe", "thr<W>", "sel<W>", "gat<N>", "ltp<N>", "lch<N>", "lpf<P>", "after_thr",
             "after_gat")
 

@@ -15,7 +15,8 @@ from conftest import import_benchmark, run_benchmark_dry
 @pytest.mark.interpreter
 def test_every_variant_runs_in_a_dry_run(tmp_path):
     pytest.importorskip("triton")
-    variants = ("spin,block,blocktopk,topk_first,no_update,fused,onetile,st2,stg4,prog8,pipe,thr4,sel8,gat4096,ltp64,lch32,lpf2,"
+    variants = ("spin,block,blocktopk,topk_first,no_update,fused,onetile,st2,stg4,prog8,pipe,thr4,sel8,gat4096,ltp64,"
+                "lch32,lpf2,"
                 "after_thr,after_gat,gpass,wchunk,wave")
     proc = run_benchmark_dry("update_overlap.py", ["--out", tmp_path, "--points", "2x8192x1", "--sparsities", "0.4",
                                                    "--variants", variants, "--rounds", "2"], timeout=600)

@@ -150,7 +150,8 @@ def test_update_touches_only_scored_slots_with_the_ema_rule(gen):
     """V: kept slots get the EMA rule, the rest keep their value; D: the same rule at offsets q - i inside
     the diagonal window, nothing else written; last_seen stamps the kept blocks with the clock."""
     width, alpha, window = 40, 0.5, 1000
-    cfg = SpinConfig(vertical_grain="slot", sparsity=0.5, topk=64, alpha=alpha, exploration="staleness", diagonal_window=window)
+    cfg = SpinConfig(vertical_grain="slot", sparsity=0.5, topk=64, alpha=alpha, exploration="staleness",
+                     diagonal_window=window)
     idx, slots = _indexer(cfg, 1, width)
     table = torch.arange(width, dtype=torch.int32)[None]
     slot = int(slots[0])

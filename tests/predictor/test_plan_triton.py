@@ -18,7 +18,9 @@ from spin_indexer.predictor import SpinConfig
 pytestmark = pytest.mark.interpreter
 T = 64
 NEG = float("-inf")
-BASE = SpinConfig(vertical_grain="slot", sparsity=0.45, topk=128, gamma=0.2, diagonal_window=200, dense_below=640, seed=7)
+# slot grain: the tests read and write V (block grain is the default for this rule)
+BASE = SpinConfig(vertical_grain="slot", sparsity=0.45, topk=128, gamma=0.2, diagonal_window=200, dense_below=640,
+                  seed=7)
 STATE = ("vertical", "block_max", "diagonal", "step", "seen_len", "clock")
 
 

@@ -1,31 +1,35 @@
 """SpinState: slot pool (allocate / free / reset), per-block vertical history reset, and its memory, which
 follows the cache (blocks) and a bounded per-request diagonal window, never the maximum context."""
+import functools
+
 import pytest
 import torch
 
 from spin_indexer.predictor import SpinConfig, SpinState
 
+Slot = functools.partial(SpinConfig, vertical_grain="slot")  # the paper's per-slot V, which these tests read
+
 
 def _state(cfg=None, layers=2, requests=2, blocks=3, context=3 * 64):
-    return SpinState(cfg or SpinConfig(vertical_grain="slot"), num_layers=layers, max_requests=requests, num_cache_blocks=blocks,
+    return SpinState(cfg or Slot(), num_layers=layers, max_requests=requests, num_cache_blocks=blocks,
                      max_context=context)
 
 
 def test_layout_has_a_trash_block_and_a_trash_offset():
-    st = _state(SpinConfig(vertical_grain="slot", exploration="block_age", diagonal_window=100), layers=2, requests=3, blocks=5,
+    st = _state(Slot(exploration="block_age", diagonal_window=100), layers=2, requests=3, blocks=5,
                 context=1000)
     assert st.vertical.shape == (2, 6, 64) and st.block_max.shape == (6, 2) and st.last_seen.shape == (6, 2)
     assert st.diagonal.shape == (2, 3, 101) and st.window == 100 and st.trash_block == 5
     assert torch.isneginf(st.vertical).all() and torch.isneginf(st.block_max).all()
     assert torch.isneginf(st.diagonal).all() and (st.last_seen == -1).all()
     assert st.step.shape == st.seen_len.shape == (3,) and st.clock.shape == (1,)
-    assert _state(SpinConfig(vertical_grain="slot"), context=1000).last_seen is None  # random exploration needs no ages
-    assert _state(SpinConfig(vertical_grain="slot", diagonal_window=4096), context=1000).window == 1000  # never past the context
-    assert _state(SpinConfig(vertical_grain="slot", diagonal_window=None), context=1000).window == 1000
+    assert _state(Slot(), context=1000).last_seen is None  # random exploration needs no ages
+    assert _state(Slot(diagonal_window=4096), context=1000).window == 1000  # never past the context
+    assert _state(Slot(diagonal_window=None), context=1000).window == 1000
 
 
 def test_allocate_free_reset_and_reuse_is_clean():
-    st = _state(SpinConfig(vertical_grain="slot", exploration="staleness"))
+    st = _state(Slot(exploration="staleness"))
     a = st.allocate()
     st.vertical[:, 1].fill_(1.0)  # physical block 1: a property of the cache, not of the slot
     st.diagonal[:, a].fill_(2.0)
@@ -46,7 +50,7 @@ def test_allocate_free_reset_and_reuse_is_clean():
 
 
 def test_reset_blocks_forgets_only_those_blocks():
-    st = _state(SpinConfig(vertical_grain="slot", exploration="block_age"), blocks=4)
+    st = _state(Slot(exploration="block_age"), blocks=4)
     st.vertical.fill_(1.0)
     st.block_max.fill_(1.0)
     st.last_seen.fill_(7)
@@ -84,7 +88,7 @@ def test_free_errors_name_the_slot():
 def test_memory_per_token_is_a_few_bytes():
     st = _state(layers=3, requests=2, blocks=4, context=4 * 64)
     assert st.bytes_per_token() == pytest.approx(2 + 2 / 64)
-    aged = _state(SpinConfig(vertical_grain="slot", exploration="block_age"), layers=3, requests=2, blocks=4, context=4 * 64)
+    aged = _state(Slot(exploration="block_age"), layers=3, requests=2, blocks=4, context=4 * 64)
     assert aged.bytes_per_token() == pytest.approx(2 + 2 / 64 + 4 / 64)
     full = _state(layers=3, requests=2, blocks=8, context=4 * 64)  # the default: each request owns 4 blocks
     per_token_layer = full.nbytes() / (3 * 8 * 64)  # cache tokens x layers
@@ -127,7 +131,7 @@ def test_bind_history_uses_caller_memory_and_keeps_the_step_identical():
     """An engine's allocation (one flat buffer: layer regions of n blocks x T, block max after them) serves
     as the vertical history; a plan + run over it equals one over the state's own tensors, bit for bit."""
     from spin_indexer.indexer import SpinIndexer
-    cfg = SpinConfig(vertical_grain="slot", sparsity=0.5, topk=64, exploration="block_age")
+    cfg = Slot(sparsity=0.5, topk=64, exploration="block_age")
     layers, n, t = 2, 12, 64
     flat = torch.zeros(layers * n * t + t + layers * (n + 1), dtype=torch.float16)
     vertical = flat.as_strided((layers, n + 1, t), (n * t, t, 1))  # layer l's trash row = layer l+1's row 0
@@ -186,7 +190,7 @@ def test_block_grain_keeps_no_vertical_table_and_binds_the_block_maxima_alone():
     layers, n, t = 2, 12, 64
     own = SpinIndexer(cfg, num_layers=layers, max_batch=2, max_blocks=6, device="cpu", num_cache_blocks=n)
     assert own.state.vertical is None and own.state.bytes_per_token() == 2 / t
-    slot_grain = SpinIndexer(SpinConfig(sparsity=0.5, topk=64, vertical_grain="slot"), num_layers=layers, max_batch=2, max_blocks=6,
+    slot_grain = SpinIndexer(Slot(sparsity=0.5, topk=64), num_layers=layers, max_batch=2, max_blocks=6,
                              device="cpu", num_cache_blocks=n)
     assert own.state.nbytes() == slot_grain.state.nbytes() - slot_grain.state.vertical.numel() * 2
     bound = SpinIndexer(cfg, num_layers=layers, max_batch=2, max_blocks=6, device="cpu", num_cache_blocks=1)

@@ -153,7 +153,8 @@ def test_summary_state_sizes_resets_and_checks_the_cache(gen):
     """SpinState holds the summary cache only with summary > 0 (S x (D + 4) / T bytes a token a layer more), a
     reallocated slot rewrites its blocks (its counter back at 0), and run() refuses a key cache of another D."""
     x = make_paged_inputs((5 * T,), 1, 4, 32, gen, extra_width=0)
-    plain = SpinIndexer(SpinConfig(sparsity=0.5, topk=64, vertical_grain="slot"), num_layers=2, max_batch=1, max_blocks=5)
+    plain = SpinIndexer(SpinConfig(sparsity=0.5, topk=64, vertical_grain="slot"), num_layers=2, max_batch=1,
+                        max_blocks=5)
     idx = SpinIndexer(SpinConfig(sparsity=0.5, topk=64, summary=0.5, summary_parts=8), num_layers=2, max_batch=1,
                       max_blocks=5, num_cache_blocks=x.kv_cache.shape[0] + 4, head_dim=32)
     assert plain.state.summaries is None

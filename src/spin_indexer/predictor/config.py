@@ -150,18 +150,19 @@ class SpinConfig:
         (SpinIndexer._run_dense). "auto" = AUTO_DENSE_BATCH_TOKENS, from the H200 grid, or more for a step of
         one query row at low sparsity (AUTO_ONE_ROW_GUARDS, guard_batch_tokens_for);
         0 = off (the default).
-    vertical_grain: what the vertical history keeps ("auto", the default: "block" unless the rule reads V slot
-        by slot, reduce=mean / top4, combine=sum, the summary mix or A0 pooling, which take "slot"; `grain` is
-        the one in force). "block": one value a block, the EMA of the block's max score (block_max itself: no per-slot table), so the score is max(VB, the window's D) and the
-        update reads the block maxima the top-k already needs instead of every logit again (O(blocks), 2 B a
-        block of state). "slot" (the paper; evaluation's policies pin it, predictor/policies.py): V[i], the EMA of each
-        slot's score (2 B a token), and a block's A1-Max score max(max_i V[i], the window's D). For a block
-        scored whole the two differ only in where the max is taken: the EMA of the max, against the max of each
-        slot's EMA (the larger: a block whose best slot moved keeps its past peak longer). Why block by default:
-        the step at 96 x 512K s = 0.4 1.51x -> 1.56x the dense step, V3.2's 61 layers 0.583 -> 0.567 of dense's
-        indexer time at 128K (H100, benchmarks/results/run160_grain_grid_h100); fidelity within +-0.25 pt of
-        slot's mean miss (results/fidelity/vertical_grain). "block" with a rule that reads V slot by slot
-        (reduce=mean / top4, combine=sum, the summary mix) is refused.
+    vertical_grain: what the vertical history keeps. "auto" (the default): "block" unless the rule reads V slot
+        by slot (reduce=mean / top4, combine=sum, the summary mix, A0 pooling), which takes "slot"; `grain` is
+        the one in force. "block": one value a block, the EMA of the block's max score (block_max itself: no
+        per-slot table), so the score is max(VB, the window's D) and the update reads the block maxima the top-k
+        already needs instead of every logit again (O(blocks), 2 B a block of state). "slot" (the paper;
+        evaluation's policies pin it, predictor/policies.py): V[i], the EMA of each slot's score (2 B a token),
+        and a block's A1-Max score max(max_i V[i], the window's D). For a block scored whole the two differ only
+        in where the max is taken: the EMA of the max, against the max of each slot's EMA (the larger: a block
+        whose best slot moved keeps its past peak longer). Why block by default: the step at 96 x 512K s = 0.4
+        1.51x -> 1.56x the dense step, V3.2's 61 layers 0.583 -> 0.567 of dense's indexer time at 128K (H100,
+        benchmarks/results/run160_grain_grid_h100); fidelity within +-0.25 pt of slot's mean miss
+        (results/fidelity/vertical_grain). "block" with reduce=mean / top4, combine=sum or the summary mix is
+        refused.
     """
 
     sparsity: float = 0.3

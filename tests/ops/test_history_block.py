@@ -183,16 +183,17 @@ def test_topk_positions_with_a_block_history_leaves_the_reference_state(on_trito
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("lengths,next_n,window", CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("rows", ["row0", "every-row"])
+@pytest.mark.parametrize("lengths,next_n,window,rows", [
+    pytest.param(*case, "row0", id=f"{cid}-row0") for case, cid in zip(CASES, CASE_IDS)
+] + [pytest.param(*CASES[1], "every-row", id=f"{CASE_IDS[1]}-every-row")])
 def test_topk_with_the_block_update_leaves_the_reference_state(lengths, next_n, window, rows, gen, triton_device,
                                                                monkeypatch):
     """topk_triton(update=, block_max=) under block grain: the same top-k as without the update (poisoned out), and
-    the state the reference leaves. Row 0 updating: the update's programs in the threshold launch, two blocks a
+    the state the reference leaves. Row 0 updating: the update's programs in the threshold launch, four blocks a
     program (several a request); every row updating: update_block_history_triton after the top-k, rows in order."""
     from spin_indexer.ops import history_block_triton
     from spin_indexer.ops.topk_triton import topk_triton
-    monkeypatch.setattr(history_block_triton, "BLOCKS_PER_PROGRAM", 2)
+    monkeypatch.setattr(history_block_triton, "BLOCKS_PER_PROGRAM", 4)
     monkeypatch.setattr(history_block_triton, "DIAGONAL_BLOCKS", 2)
     blocks = 24
     plan = make_plan(lengths, next_n, blocks, gen, width=max(-(-L // T) for L in lengths) + 1)

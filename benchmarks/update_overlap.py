@@ -338,8 +338,13 @@ def main(argv=None) -> int:
         for s in (float(x) for x in a.sparsities.split(",")):
             results.append(measure(b, l, n, s, a.rounds, lines, a.variants.split(",")))
             print("\n".join(lines[-3:]), flush=True)
+    from harness import environment
+    env = environment()  # the GPU, versions and commit (SPIN_COMMIT) of every result
+    for r in results:
+        r["env"] = env
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "update_overlap.txt"), "w") as f:
+        f.write(f"# {env['gpu']}, torch {env['torch']}, triton {env['triton']}, commit {env['commit']}, {env['date']}\n")
         f.write("\n".join(lines) + "\n")
     with open(os.path.join(a.out, "update_overlap.json"), "w") as f:
         json.dump(results, f, indent=1)

@@ -23,6 +23,7 @@ def test_every_variant_runs_in_a_dry_run(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     (result,) = json.loads((tmp_path / "update_overlap.json").read_text())
     assert set(variants.split(",")) <= set(result["us"])
+    assert result["env"]["gpu"] == "cpu (dry run)" and result["env"]["commit"]  # what ran it, named
     assert {"update_alone", "update_alone_prog8", "update_alone_pipe", "dense_gpass"} <= set(result["us"])
 
 

@@ -1,6 +1,6 @@
 """The memory SPIN adds to a vLLM server, from the tensors it allocates (docs/vllm.md's table).
 
-    python benchmarks/vllm_memory.py [--layers 61] [--topk 2048] [--next-n 1]
+    python benchmarks/vllm_memory.py [--layers 61] [--topk 2048] [--next-n 1] [--vertical-grain auto|slot|block]
 
 Per row (max_model_len x max_num_seqs, the cache holding every sequence at max_model_len: the worst case):
   per-server state   build_state(...) on the meta device, the very call the runtime makes at vLLM's profile
@@ -9,8 +9,9 @@ Per row (max_model_len x max_num_seqs, the cache holding every sequence at max_m
   per-block history  (L + ceil(L / 63)) SpinHistoryCache pages per block: the page size is read from the
                      spec vLLM sizes (SpinHistoryCache.get_kv_cache_spec(...).page_size_bytes) when vLLM
                      imports, else computed as T x 2 B (fp16) and marked "formula"
-                     (--policy vertical-block, block grain: no pages; the block maxima, L x 2 B a block, allocated
-                     by the runtime outside the KV-cache spec)
+                     under slot grain (--vertical-grain slot); under block grain (the default "auto" with
+                     spin-default) no pages: the block maxima, L x 2 B a block, allocated by the runtime outside
+                     the KV-cache spec
   indexer keys       L x 64 x 132 B per block, what the history serves
   vLLM's own logits  fp32 [max_num_seqs x next_n, max_model_len]: what vLLM's decode path allocates per
                      indexer call (DeepGEMM's output), for comparison with SPIN's logits workspace
@@ -44,9 +45,10 @@ def history_page_bytes() -> tuple[int, int, str]:
     return spec.page_size_bytes, SPARE_EVERY, "vLLM spec"
 
 
-def rows(layers: int, topk: int, next_n: int, policy: str = "spin-default") -> tuple[list[dict], str]:
+def rows(layers: int, topk: int, next_n: int, policy: str = "spin-default",
+         vertical_grain: str = "auto") -> tuple[list[dict], str]:
     page, spare_every, source = history_page_bytes()
-    settings = SpinVllmSettings(enable=True, sparsity=0.4, policy=policy)
+    settings = SpinVllmSettings(enable=True, sparsity=0.4, policy=policy, vertical_grain=vertical_grain)
     block_grain = settings.spin_config(topk).grain.value == "block"
     out = []
     for max_model_len, seqs in ROWS:
@@ -68,11 +70,13 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=61)
     ap.add_argument("--topk", type=int, default=2048)
     ap.add_argument("--next-n", type=int, default=1)
-    ap.add_argument("--policy", default="spin-default", help="SPIN_POLICY (vertical-block: block grain)")
+    ap.add_argument("--policy", default="spin-default", help="SPIN_POLICY")
+    ap.add_argument("--vertical-grain", default="auto", choices=("auto", "slot", "block"),
+                    help="SPIN_VERTICAL_GRAIN (auto, the plugin's default: block grain for spin-default)")
     args = ap.parse_args(argv)
-    table, source = rows(args.layers, args.topk, args.next_n, args.policy)
-    print(f"DeepSeek-V3.2-like: {args.layers} layers, top-k {args.topk}, next_n {args.next_n}, policy {args.policy}; "
-          f"history page: {source}")
+    table, source = rows(args.layers, args.topk, args.next_n, args.policy, args.vertical_grain)
+    print(f"DeepSeek-V3.2-like: {args.layers} layers, top-k {args.topk}, next_n {args.next_n}, policy {args.policy}, "
+          f"vertical grain {args.vertical_grain}; history page: {source}")
     print("| max_model_len | seqs | cached tokens | per-slot tables | step workspace (plan scratch / logits) | tracker "
           "| per-server total (profiled) | block history (KV-cache spec) | B / cached token / layer | indexer keys "
           "| vLLM's decode logits per call |")

@@ -21,6 +21,7 @@ from spin_indexer.checks import check_bool, check_float, check_int
 from spin_indexer.indexer.c4a import C4AConfig, C4AIndexer
 from spin_indexer.integrations import settings as vs
 from spin_indexer.predictor import Exploration, Pooling, SpinConfig
+from spin_indexer.predictor.config import Grain
 from spin_indexer.predictor.adaptive import AdaptiveConfig
 
 # kind -> (wrong-type values: TypeError, bad values of the right type: ValueError)
@@ -76,11 +77,11 @@ C4A_OK = {"num_layers": [6, 61], "indexer_layers": [(0, 2), [0, 2, 4]], "reuse":
           "ratio": [1, 4], "window": [0, 128]}
 VLLM = {"enable": "bool", "sparsity": "float01", "policy": "choice", "exploration": "opt_choice",
         "gamma": "opt_float01", "seed": "int", "mtp": "choice", "shadow": "bool", "sparsity_profile": "profile_path",
-        "profile_from": "int"}
+        "profile_from": "int", "vertical_grain": "choice"}
 VLLM_OK = {"enable": [True, False], "sparsity": [0, 0.4], "policy": ["spin-default", "a1-mean"],
            "exploration": [None, "none", "block_age"], "gamma": [None, 0, 0.05], "seed": [0, 7],
            "mtp": ["row0", "row-local"], "shadow": [True, False], "sparsity_profile": [None, SHIPPED_PROFILE],
-           "profile_from": [0, 6144]}
+           "profile_from": [0, 6144], "vertical_grain": ["auto", "slot", "block"]}
 
 CONFIGS = {
     "SpinConfig": (SpinConfig, SPIN, SPIN_OK),
@@ -206,10 +207,24 @@ def test_env_bool_any_text_parses_or_names_the_variable(text):
     ("SPIN_SEED", "-3", r"^SpinVllmSettings.seed: .*\(from SPIN_SEED\)"),
     ("SPIN_POLICY", "nope", r"^SpinVllmSettings.policy: expected a policy, .*\(from SPIN_POLICY\)"),
     ("SPIN_EXPLORATION", "greedy", r"^SpinVllmSettings.exploration: .*\(from SPIN_EXPLORATION\)"),
+    ("SPIN_VERTICAL_GRAIN", "token", r"^SpinVllmSettings.vertical_grain: expected one of .*\(from SPIN_VERTICAL_GRAIN\)"),
 ])
 def test_env_values_name_the_variable(env, text, words):
     with pytest.raises(ValueError, match=words):
         vs.load_settings(None, {env: text})
+
+
+def test_vertical_grain_resolves_against_the_policy_and_refuses_block_where_it_reads_slots():
+    """SPIN_VERTICAL_GRAIN: "auto" (the default) is block grain for spin-default and slot grain for a rule that
+    reads each slot's own V; "block" with such a rule is refused at start-up, naming the field, not at a layer."""
+    assert vs.load_settings(None, {}).spin_config(512).grain is Grain.BLOCK
+    assert vs.load_settings(None, {"SPIN_VERTICAL_GRAIN": "slot"}).spin_config(512).grain is Grain.SLOT
+    assert vs.load_settings(None, {"SPIN_POLICY": "a1-mean"}).spin_config(512).grain is Grain.SLOT
+    assert vs.load_settings({"spin": {"vertical_grain": "block"}}, {}).spin_config(512).grain is Grain.BLOCK
+    with pytest.raises(ValueError, match=r"^SpinVllmSettings.vertical_grain: .*'block' keeps no per-slot history"):
+        vs.load_settings(None, {"SPIN_POLICY": "a1-mean", "SPIN_VERTICAL_GRAIN": "block"})
+    with pytest.raises(TypeError, match=r"^SpinVllmSettings.vertical_grain: expected a str"):
+        vs.load_settings({"spin": {"vertical_grain": 1}}, {})
 
 
 def test_env_numbers_and_names_parse():

@@ -24,11 +24,13 @@ def _slots(blocks, lo, hi):
     return [blocks[p // vh.T] * vh.T + p % vh.T for p in range(lo, hi)]
 
 
-def _drive(gen, schedule, next_n=1, mtp="row0", layers=2):
+def _drive(gen, schedule, next_n=1, mtp="row0", layers=2, grain="auto"):
     """schedule: steps of (rows, written, new): rows = [(name, L, blocks, accepted)], written = KV slots
-    also written (prefills), new = names that enter (new or re-admitted). Returns the runtime and, per step,
-    the oracle's plans of layer 0 (keep masks)."""
-    cfg = vh.vllm_config({"enable": True, "sparsity": 0.5, "policy": "explore-none", "mtp": mtp}, max_num_seqs=4)
+    also written (prefills), new = names that enter (new or re-admitted). grain: SpinVllmSettings.vertical_grain
+    ("auto": block grain, the plugin's default). Returns the runtime and, per step, the oracle's plans of layer 0
+    (keep masks)."""
+    cfg = vh.vllm_config({"enable": True, "sparsity": 0.5, "policy": "explore-none", "mtp": mtp,
+                          "vertical_grain": grain}, max_num_seqs=4)
     if next_n > 1:
         cfg.speculative_config = type("Spec", (), {"num_speculative_tokens": next_n - 1})()
     lyrs, _ = vh.build_layers(cfg, [vh.make_cache(NUM_BLOCKS, gen) for _ in range(layers)], 512, MAX_MODEL_LEN)
@@ -57,12 +59,15 @@ def _drive(gen, schedule, next_n=1, mtp="row0", layers=2):
         assert runtime.last_fresh.tolist() == [n in new for n in names], f"step {s}"
         if mtp == "row-local":
             assert runtime.last_accepted.tolist() == accepted.tolist(), f"step {s}"
+    assert (runtime.indexer.state.vertical is None) == (grain != "slot") == (ref.state.vertical is None)
     for name in ("vertical", "block_max"):
-        assert torch.equal(getattr(runtime.indexer.state, name), getattr(ref.state, name)), name
+        got, want = getattr(runtime.indexer.state, name), getattr(ref.state, name)
+        assert (got is None and want is None) or torch.equal(got, want), name
     return runtime, keeps
 
 
-def test_prefix_cached_blocks_share_one_history_reset_when_a_sharer_enters(gen):
+@pytest.mark.parametrize("grain", ["auto", "slot"])  # block grain (the default) and the paper's per-token history
+def test_prefix_cached_blocks_share_one_history_reset_when_a_sharer_enters(gen, grain):
     """A and B share prompt blocks 0-9 (B's prefix-cache hit; B's prefill writes only its own tail). By
     design the per-block history is one per physical block: both requests read and update the same rows;
     B's entry resets those blocks (it never observed them), so at B's first step both keep every shared
@@ -74,7 +79,7 @@ def test_prefix_cached_blocks_share_one_history_reset_when_a_sharer_enters(gen):
                 ([("A", la + 2, a, 0)], _slots(b, 640, lb - 1), set()),  # B's prefill past the shared 640 tokens
                 ([("B", lb, b, 0), ("A", la + 3, a, 0)], None, {"B"})]
     schedule += [([("A", la + 4 + i, a, 0), ("B", lb + 1 + i, b, 0)], None, set()) for i in range(3)]
-    runtime, keeps = _drive(gen, schedule)
+    runtime, keeps = _drive(gen, schedule, grain=grain)
     assert not bool(keeps[1][0, :10].all()), "A should skip some shared blocks before B enters"
     assert bool(keeps[3][:, :10].all()), "B's entry resets the shared blocks: both keep all of them"
     assert torch.isfinite(runtime.indexer.state.block_max[shared]).all(), "the shared history was rebuilt"

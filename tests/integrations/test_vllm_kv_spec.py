@@ -27,7 +27,9 @@ def _engine(spin: dict, available: int, layout: str = "LBHNC", bind: bool = True
     from vllm.v1.core.kv_cache_planning import get_kv_cache_config_from_groups, get_kv_cache_groups
     from vllm.v1.worker.utils import allocate_kv_cache, bind_kv_cache_to_layers, customize_attention_spec
 
-    cfg = vh.vllm_config(spin, max_num_seqs=4)
+    # Slot grain unless the test says otherwise: its per-token history is what vLLM's KV cache holds
+    # (under block grain, the plugin's default, SPIN adds no pages there: test_block_grain_...).
+    cfg = vh.vllm_config({"vertical_grain": "slot", **spin}, max_num_seqs=4)
     cfg.cache_config.block_size = vh.T
     cfg.cache_config.kv_cache_layout = layout
     buffer = torch.full((64, TOPK), 7, dtype=torch.int32)
@@ -164,3 +166,26 @@ def test_block_outer_layout_falls_back_to_spins_own_history(gen, caplog):
         vh.run_layer(cfg, layers, layer, step)
     assert not runtime.history_in_kv_cache and "layer-outer" in runtime.history_reason
     assert any("outside vLLM's KV cache" in r.getMessage() for r in caplog.records)
+
+
+def test_block_grain_adds_no_pages_to_vllms_kv_cache(gen):
+    """The plugin's default grain for spin-default (block): no SPIN spec joins the planner, so the same memory
+    holds as many key blocks as without SPIN; the runtime allocates the block maxima (L x 2 B a block) itself,
+    says why the history is its own, and at sparsity 0 the step still gives vLLM's own top-k."""
+    available = 300 * LAYERS * PAGE_KEYS + 5000
+    for sparsity in (0.5, 0.0):
+        cfg, layers, buffer, kv_config, raw, specs = _engine({"enable": True, "sparsity": sparsity,
+                                                              "vertical_grain": "auto"}, available)
+        assert not any("spin_history" in n for n in specs) and kv_config.num_blocks == 300
+        _fill_keys(layers, kv_config.num_blocks, gen)
+        step = vh.make_step([1400, 1000], [list(range(1, 23)), list(range(100, 116))], 1, WIDTH, gen)
+        for layer in layers:
+            got = vh.run_layer(cfg, layers, layer, step)
+            if sparsity == 0.0:
+                want = vh.reference(cfg, layer, step, buffer)
+                vh.assert_same_topk(got[:2], want[:2], vh.dense_logits(layer, step), TOPK)
+        runtime = layers[0].spin_runtime
+        assert not runtime.history_in_kv_cache and "block grain" in runtime.history_reason
+        state = runtime.indexer.state
+        assert state.vertical is None and state.num_cache_blocks == 300
+        assert state.block_max.numel() * state.block_max.element_size() <= LAYERS * (300 + 1) * 2

@@ -47,7 +47,7 @@ def test_state_memory_is_sized_by_cached_blocks_and_meta_sizing_is_exact():
     """build_state on the meta device sizes exactly what it allocates on the CPU; only the per-block history
     follows the cache (L x (T + 1) x 2 bytes per block, 2.03 B per cached token per layer); the per-server
     state depends on max_num_seqs, max_model_len and the layer count only."""
-    s = SpinVllmSettings(enable=True, sparsity=0.4)
+    s = SpinVllmSettings(enable=True, sparsity=0.4, vertical_grain="slot")
     sizes = {}
     for device in ("meta", "cpu"):
         for blocks in (100, 300):
@@ -62,19 +62,20 @@ def test_state_memory_is_sized_by_cached_blocks_and_meta_sizing_is_exact():
     assert small["tracker"] < 1024  # O(slots): 9 slots of a few int64
 
 
-def test_block_grain_history_is_the_block_maxima_alone():
-    """Policy vertical-block: attach_history allocates no vertical table, only the block maxima, L x 2 bytes a
-    block (1/(T + 1) of slot grain's per-block history)."""
+@pytest.mark.parametrize("policy, grain, block_grain", [
+    ("spin-default", "auto", True), ("vertical-block", "auto", True), ("spin-default", "slot", False),
+    ("a1-mean", "auto", False)])  # a1-mean reads each slot's own V: "auto" keeps slot grain for it
+def test_block_grain_history_is_the_block_maxima_alone(policy, grain, block_grain):
+    """Block grain (the plugin's default for spin-default): attach_history allocates no vertical table, only the
+    block maxima, L x 2 bytes a block (1/(T + 1) of slot grain's per-block history)."""
     sizes = {}
-    for policy in ("spin-default", "vertical-block"):
-        for blocks in (100, 300):
-            ix, tr = build_state(SpinVllmSettings(enable=True, sparsity=0.4, policy=policy), 512, 3, 4, 8192, 1,
-                                 vh.T, "cpu")
-            attach_history(ix, None, blocks)
-            assert (ix.state.vertical is None) == (policy == "vertical-block")
-            sizes[policy, blocks] = state_bytes(ix, tr)["per_block"]
-    assert sizes["vertical-block", 300] - sizes["vertical-block", 100] == 200 * 3 * 2
-    assert sizes["spin-default", 300] - sizes["spin-default", 100] == 200 * 3 * (vh.T + 1) * 2
+    settings = SpinVllmSettings(enable=True, sparsity=0.4, policy=policy, vertical_grain=grain)
+    for blocks in (100, 300):
+        ix, tr = build_state(settings, 512, 3, 4, 8192, 1, vh.T, "cpu")
+        attach_history(ix, None, blocks)
+        assert (ix.state.vertical is None) == block_grain
+        sizes[blocks] = state_bytes(ix, tr)["per_block"]
+    assert sizes[300] - sizes[100] == 200 * 3 * (1 if block_grain else vh.T + 1) * 2
 
 
 def test_per_server_state_is_allocated_at_vllms_profile_run(workspace_manager, caplog, gen):

@@ -13,7 +13,8 @@ from spin_indexer.integrations import settings as st  # noqa: E402
 from spin_indexer.integrations import vllm as plugin  # noqa: E402
 
 pytestmark = pytest.mark.vllm
-SPIN_ENV = ("SPIN_ENABLE", "SPIN_SPARSITY", "SPIN_EXPLORATION", "SPIN_POLICY", "SPIN_GAMMA", "SPIN_SEED", "SPIN_MTP", "SPIN_SHADOW")
+SPIN_ENV = ("SPIN_ENABLE", "SPIN_SPARSITY", "SPIN_EXPLORATION", "SPIN_POLICY", "SPIN_GAMMA", "SPIN_SEED", "SPIN_MTP", "SPIN_SHADOW",
+            "SPIN_VERTICAL_GRAIN")
 
 
 @pytest.fixture(autouse=True)

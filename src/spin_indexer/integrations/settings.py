@@ -3,10 +3,10 @@
 Sources, highest precedence first:
   1. additional_config={"spin": {"enable": true, "sparsity": 0.4, "exploration": "random",
      "policy": "spin-default", "gamma": 0.05, "seed": 0, "mtp": "row0", "shadow": false,
-     "sparsity_profile": "profile.json", "profile_from": 0}}
+     "sparsity_profile": "profile.json", "profile_from": 0, "vertical_grain": "auto"}}
      (vLLM's --additional-config JSON)
   2. environment variables SPIN_ENABLE, SPIN_SPARSITY, SPIN_EXPLORATION, SPIN_POLICY, SPIN_GAMMA, SPIN_SEED,
-     SPIN_MTP, SPIN_SHADOW, SPIN_SPARSITY_PROFILE, SPIN_PROFILE_FROM
+     SPIN_MTP, SPIN_SHADOW, SPIN_SPARSITY_PROFILE, SPIN_PROFILE_FROM, SPIN_VERTICAL_GRAIN
   3. the defaults below: SPIN is OFF unless enabled.
 The policy names are those of spin_indexer.predictor.policies (the paper's variants); top-k always comes from
 the model (the layer's index_topk). MTP "row-local" takes the accepted-draft counts that the request tracker
@@ -19,7 +19,7 @@ import os
 from typing import Any, Mapping
 
 from ..checks import check_bool, check_choice, check_float, check_int, describe
-from ..predictor.config import Exploration
+from ..predictor.config import Exploration, Grain
 from ..predictor.policies import LAYERED, get_policy, policy_names
 
 # The only spellings an environment variable may use for a bool (any case, surrounding blanks ignored);
@@ -28,7 +28,8 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _ENV = {"enable": "SPIN_ENABLE", "sparsity": "SPIN_SPARSITY", "exploration": "SPIN_EXPLORATION",
         "policy": "SPIN_POLICY", "gamma": "SPIN_GAMMA", "seed": "SPIN_SEED", "mtp": "SPIN_MTP",
-        "shadow": "SPIN_SHADOW", "sparsity_profile": "SPIN_SPARSITY_PROFILE", "profile_from": "SPIN_PROFILE_FROM"}
+        "shadow": "SPIN_SHADOW", "sparsity_profile": "SPIN_SPARSITY_PROFILE", "profile_from": "SPIN_PROFILE_FROM",
+        "vertical_grain": "SPIN_VERTICAL_GRAIN"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +41,10 @@ class SpinVllmSettings:
     dense indexer, which still decides (integrations/shadow.py); sparsity_profile: a `spin-indexer calibrate`
     output (profile.json) for the served model's layers: each layer's budget at `sparsity` moves by the profile
     calibrated at that sparsity (the same key bytes a step, more kept where the model's own traces showed SPIN
-    misses most); profile_from: requests shorter than this many tokens keep the uniform budget."""
+    misses most); profile_from: requests shorter than this many tokens keep the uniform budget;
+    vertical_grain: SpinConfig.vertical_grain over the policy's ("auto", the default: one vertical value a block
+    wherever the policy's rule reads no slot's own value, spin-default included: no SPIN pages in vLLM's KV
+    cache and the cheaper update; "slot": the paper's value a token, history pages in the KV cache; "block")."""
 
     enable: bool = False
     sparsity: float = 0.3
@@ -52,10 +56,15 @@ class SpinVllmSettings:
     shadow: bool = False
     sparsity_profile: str | None = None
     profile_from: int = 0
+    vertical_grain: str = "auto"
 
     def __post_init__(self):
         for key in _ENV:
             object.__setattr__(self, key, _check(key, getattr(self, key)))  # frozen: store the checked value
+        try:  # the grain against the policy's rule ("block" where the rule reads a slot's own V is refused)
+            dataclasses.replace(get_policy(self.policy, self.sparsity), vertical_grain=self.vertical_grain)
+        except ValueError as e:
+            raise ValueError(f"SpinVllmSettings.vertical_grain: {e}") from None
         object.__setattr__(self, "_profile", self._read_profile())  # not a field: derived from the file
 
     def _read_profile(self) -> tuple[float, ...]:
@@ -79,7 +88,8 @@ class SpinVllmSettings:
     def spin_config(self, topk: int, tokens_per_block: int = 64):
         """The SpinConfig for a layer with top-k `topk` (the policy name was checked at construction)."""
         cfg = get_policy(self.policy, sparsity=float(self.sparsity), topk=topk, seed=self.seed)
-        changes: dict[str, Any] = {"mtp": self.mtp, "tokens_per_block": tokens_per_block}
+        changes: dict[str, Any] = {"mtp": self.mtp, "tokens_per_block": tokens_per_block,
+                                   "vertical_grain": self.vertical_grain}
         if self.exploration is not None:
             changes["exploration"] = self.exploration
         if self.gamma is not None:
@@ -157,6 +167,8 @@ def _check(key: str, value):
         return value
     if key == "exploration":
         return None if value is None else check_choice(name, value, [m.value for m in Exploration])
+    if key == "vertical_grain":
+        return check_choice(name, value, [g.value for g in Grain])
     raise AssertionError(key)  # _ENV and this function list the same keys
 
 

@@ -107,8 +107,8 @@ class SpinSparseAttnIndexer(SparseAttnIndexer):
         self.spin_runtime = runtime
         self.spin_layer = runtime.add_layer(self.k_cache.prefix)
         # The per-block history as KV-cache layers of its own (vllm_history.py): vLLM sizes and allocates it. Under
-        # block grain (policy vertical-block) there is no per-slot table: the runtime allocates the block maxima
-        # itself at the first step (2 B a block a layer, 1/64 of a page of fp16 values).
+        # block grain (the default, SpinVllmSettings.vertical_grain) there is no per-token table: the runtime
+        # allocates the block maxima itself at the first step (2 B a block a layer, 1/64 of a page of fp16 values).
         config = settings.spin_config(self.topk_tokens)
         if config.grain is Grain.SLOT:
             runtime.history_caches += attach_history(self.k_cache.prefix, self.spin_layer, config.state_dtype)

@@ -232,7 +232,9 @@ class SpinVllmRuntime:
             self._build(kv.device, kv.shape[1], width)
             self.reserved_at_profile = False
         history, why = None, "no history caches registered"
-        if scale != 1:
+        if self.indexer.state.vertical is None:  # block grain: no per-token table to page
+            why = "block grain: the block maxima alone, 2 B a block a layer"
+        elif scale != 1:
             why = f"key cache block ids scaled by {scale}"
         elif self.history_caches:
             from .vllm_history import bound_history

@@ -2,9 +2,13 @@
 every decode step captured in one CUDA graph: output tokens/s and inter-token latency, all-keep vs SPIN.
 
 What one step is: 30 layers of DSA-style sparse decoding (model/decode.py): FP8 indexer keys written to the
-paged cache, the indexer scoring (all-keep: every cached token with the Triton paged-logits kernel; SPIN:
-plan + predict + select + logits over the kept blocks + EMA update), Triton top-k, attention over the top-k
-tokens only, then the greedy token fed back on the device. Prefill is dense and untimed.
+paged cache, the indexer scoring, Triton top-k, attention over the top-k tokens only, then the greedy token fed
+back on the device. Prefill is dense and untimed. The scoring by config: `dense` (the default baseline) is the
+library's dense step (DenseIndexer: every cached token, block maxima fused into the logits kernel, the top-k set
+in no particular order, as the engines take it); `spin-<s>` SpinIndexer's step with SpinConfig's defaults (plan +
+predict + select + logits over the kept blocks + EMA update, the same unordered top-k); `all-keep` the model's own
+path before `dense` existed (logits, then ops.topk best first; `spin-<s>-slot-sorted` is SPIN's step in the same
+form: the e2e runs up to run 125 compared those two).
 
 Batches are filled from a few distinct prefilled prompts (RULER niah, from the prompt cache) whose caches
 are copied to the other requests: prefilling 96 x 32K tokens one by one would cost minutes of device time
@@ -18,7 +22,8 @@ Dry run of the code paths on a CPU (tiny random model, no graphs, nothing timed)
     SPIN_BENCH_DEVICE=cpu TRITON_INTERPRET=1 python3 benchmarks/bench_e2e.py --tiny --points 2x256 --steps 2
 
 Writes DIR/h200_e2e.csv (model,config,batch,context,tokens_per_s,median_itl_ms), DIR/h200_e2e_detail.csv
-(+ p20/p80 ITL, realized sparsity, agreement of the greedy tokens with all-keep) and DIR/h200_e2e_env.json.
+(+ p20/p80 ITL, realized sparsity, agreement of the greedy tokens with the first config's: column
+agree_all_keep, named from when all-keep was always first) and DIR/h200_e2e_env.json.
 """
 from __future__ import annotations
 
@@ -131,38 +136,49 @@ def fill_batch(model, indexer, batch: int, capacity: int, prompts: list[torch.Te
     return caches, caches.lengths.clone(), first
 
 
-def parse_config(config: str) -> tuple[float, bool, str] | None:
-    """'all-keep' -> None; 'spin-<s>[-block][-serial]' -> (sparsity s, overlap_update, vertical grain): -serial runs
-    SPIN's EMA update in series (fused into the Triton logits' epilogue: no side stream, no fork and join per
-    layer); -block keeps the vertical history a block (SpinConfig.vertical_grain)."""
-    if config == "all-keep":
-        return None
+def parse_config(config: str) -> tuple[float, bool, str, bool] | str | None:
+    """'all-keep' -> None (the model's own dense path: logits, then ops.topk best first); 'dense' -> "dense"
+    (DenseIndexer: the library's dense step, block maxima fused, the top-k set in no particular order, as engines
+    take it); 'spin-<s>[-block|-slot][-sorted][-serial]' -> (sparsity s, overlap_update, vertical grain,
+    sorted). SpinConfig's default grain ("auto": block grain for this rule) unless -block / -slot names one;
+    -sorted returns each row best first (all-keep's order, the top-k's sort and rank launches instead of its
+    set select); -serial runs SPIN's EMA update in series (no side stream, no fork and join per layer)."""
+    if config in ("all-keep", "dense"):
+        return None if config == "all-keep" else "dense"
     body = config.removeprefix("spin-")
     serial = body.endswith("-serial")
     body = body.removesuffix("-serial")
-    grain = "block" if body.endswith("-block") else "slot"
-    body = body.removesuffix("-block")
+    ordered = body.endswith("-sorted")
+    body = body.removesuffix("-sorted")
+    grain = "auto"
+    for name in ("block", "slot"):
+        if body.endswith(f"-{name}"):
+            grain, body = name, body.removesuffix(f"-{name}")
     try:
         sparsity = float(body)
     except ValueError:
         sparsity = -1.0
     if not config.startswith("spin-") or not 0.0 <= sparsity < 1.0:
-        raise SystemExit(f"--configs: expected all-keep or spin-<sparsity in [0, 1)>[-block][-serial], got {config!r}")
-    return sparsity, not serial, grain
+        raise SystemExit(f"--configs: expected all-keep, dense or spin-<sparsity in [0, 1)>[-block|-slot][-sorted]"
+                         f"[-serial], got {config!r}")
+    return sparsity, not serial, grain, ordered
 
 
 def make_selector(config: str, model, caches, k: int):
     parsed = parse_config(config)
     if parsed is None:
         return None
+    batch, width = caches.block_table.shape
+    if parsed == "dense":
+        from spin_indexer.indexer import DenseIndexer
+        return DenseIndexer(k, device=caches.block_table.device)
     from spin_indexer.indexer import SpinIndexer
     from spin_indexer.predictor import SpinConfig
 
-    sparsity, overlap, grain = parsed
-    batch, width = caches.block_table.shape
-    spin = SpinIndexer(SpinConfig(sparsity=sparsity, topk=k, vertical_grain=grain), num_layers=model.cfg.num_layers, max_batch=batch,
-                       max_blocks=width, device=caches.block_table.device, overlap_update=overlap,
-                       topk_sorted=True)  # all-keep decodes with ops.topk (best first): the same top-k work
+    sparsity, overlap, grain, ordered = parsed
+    spin = SpinIndexer(SpinConfig(sparsity=sparsity, topk=k, vertical_grain=grain), num_layers=model.cfg.num_layers,
+                       max_batch=batch, max_blocks=width, device=caches.block_table.device, overlap_update=overlap,
+                       topk_sorted=ordered)
     caches.slot_ids.copy_(torch.tensor([spin.state.allocate() for _ in range(batch)], dtype=torch.int32))
     return spin
 
@@ -230,7 +246,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--points", default="32x16384,32x32768,64x32768,96x16384,96x32768",
                    help="BATCHxCONTEXT list (context = prompt tokens incl. the RULER answer budget)")
-    p.add_argument("--configs", nargs="+", default=["all-keep", "spin-0.4", "spin-0.5"])
+    p.add_argument("--configs", nargs="+", default=["dense", "spin-0.4", "spin-0.5"],
+                   help="all-keep, dense, spin-<s>[-block|-slot][-sorted][-serial]; the first is the baseline of the "
+                        "table's ratios and of the token agreement")
     p.add_argument("--k", type=int, default=512, help="top-k of the sparse attention (512)")
     p.add_argument("--steps", type=int, default=48, help="timed decode steps per config")
     p.add_argument("--warmup", type=int, default=4, help="eager steps before capture")
@@ -265,7 +283,7 @@ def main(argv=None) -> int:
             for config in args.configs:
                 times, wall, tokens, sparsity = decode_config(model, indexer, caches, lengths0, first, config,
                                                               args.k, args.warmup, args.steps)
-                if config == "all-keep":
+                if config == args.configs[0]:
                     reference = tokens
                 agree = float("nan") if reference is None else float((tokens == reference).float().mean())
                 med = statistics.median(times) if DEVICE != "cpu" else float("nan")
@@ -298,8 +316,9 @@ def write(out: Path, rows: list[dict], env: dict) -> None:
 
 
 def table(rows: list[dict]) -> None:
-    log(f"\n{'batch':>5} {'context':>7} {'config':10} {'tok/s':>9} {'ITL ms':>8} {'vs all-keep':>11} {'sparsity':>8}")
-    base = {(r["batch"], r["context"]): r["tokens_per_s"] for r in rows if r["config"] == "all-keep"}
+    first = rows[0]["config"] if rows else ""
+    log(f"\n{'batch':>5} {'context':>7} {'config':10} {'tok/s':>9} {'ITL ms':>8} {'vs ' + first:>11} {'sparsity':>8}")
+    base = {(r["batch"], r["context"]): r["tokens_per_s"] for r in rows if r["config"] == first}
     for r in rows:
         ref = base.get((r["batch"], r["context"]), float("nan"))
         log(f"{r['batch']:5d} {r['context']:7d} {r['config']:10} {r['tokens_per_s']:9.0f} {r['median_itl_ms']:8.3f} "

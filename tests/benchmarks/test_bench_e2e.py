@@ -21,18 +21,20 @@ def bench_e2e():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU dry run (the GPU run is the benchmark itself)")
 def test_dry_run_spin_at_zero_sparsity_decodes_like_all_keep(bench_e2e, tmp_path):
-    assert bench_e2e.main(["--tiny", "--points", "3x300", "--configs", "all-keep", "spin-0.0", "spin-0.5",
+    assert bench_e2e.main(["--tiny", "--points", "3x300", "--configs", "all-keep", "spin-0.0-sorted", "spin-0.5",
+                           "dense",
                            "--steps", "3", "--warmup", "1", "--distinct", "2", "--k", "32",
                            "--out", str(tmp_path)]) == 0
     with open(tmp_path / "h200_e2e.csv") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == list(bench_e2e.COLUMNS)
-    assert [r["config"] for r in rows] == ["all-keep", "spin-0.0", "spin-0.5"]
+    assert [r["config"] for r in rows] == ["all-keep", "spin-0.0-sorted", "spin-0.5", "dense"]
     with open(tmp_path / "h200_e2e_detail.csv") as f:
         detail = {r["config"]: r for r in csv.DictReader(f)}
     # keeping every block, SPIN selects exactly the all-keep top-k, so greedy decoding cannot differ
-    assert float(detail["spin-0.0"]["agree_all_keep"]) == 1.0
-    assert float(detail["spin-0.0"]["realized_sparsity"]) == 0.0
+    assert float(detail["spin-0.0-sorted"]["agree_all_keep"]) == 1.0
+    assert float(detail["spin-0.0-sorted"]["realized_sparsity"]) == 0.0
+    assert float(detail["dense"]["realized_sparsity"]) == 0.0
     assert 0.3 <= float(detail["spin-0.5"]["realized_sparsity"]) <= 0.6  # 5 blocks per request at 300 tokens
 
 
@@ -44,11 +46,14 @@ def test_points_parse_and_reject(bench_e2e):
 
 def test_configs_parse_and_reject(bench_e2e):
     assert bench_e2e.parse_config("all-keep") is None
-    assert bench_e2e.parse_config("spin-0.4") == (0.4, True, "slot")
-    assert bench_e2e.parse_config("spin-0.5-serial") == (0.5, False, "slot")
-    assert bench_e2e.parse_config("spin-0.4-block") == (0.4, True, "block")
-    assert bench_e2e.parse_config("spin-0.5-block-serial") == (0.5, False, "block")
-    for bad in ("spin-x", "spin-1.5", "dense", "spin-0.5-fast", "spin-0.5-serial-block", "spin-block"):
+    assert bench_e2e.parse_config("dense") == "dense"
+    assert bench_e2e.parse_config("spin-0.4") == (0.4, True, "auto", False)
+    assert bench_e2e.parse_config("spin-0.5-serial") == (0.5, False, "auto", False)
+    assert bench_e2e.parse_config("spin-0.4-block") == (0.4, True, "block", False)
+    assert bench_e2e.parse_config("spin-0.5-slot-sorted") == (0.5, True, "slot", True)
+    assert bench_e2e.parse_config("spin-0.5-block-sorted-serial") == (0.5, False, "block", True)
+    for bad in ("spin-x", "spin-1.5", "dense-0.5", "spin-0.5-fast", "spin-0.5-serial-block", "spin-block",
+                "spin-0.5-sorted-slot"):
         with pytest.raises(SystemExit, match="--configs"):
             bench_e2e.parse_config(bad)
 

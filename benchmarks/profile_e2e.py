@@ -1,6 +1,6 @@
 """Where one end-to-end decode step of the proxy model goes (bench_e2e's step: 30 layers of DSA-style sparse
 decoding), per kernel: torch.profiler over a few eager steps after warm-up, kernels grouped by name, for
-all-keep and SPIN. Complements bench_e2e.py, whose columns are whole-step times.
+the configs bench_e2e names (dense, SPIN, all-keep). Complements bench_e2e.py, whose columns are whole-step times.
 
     PYTHONPATH=src:benchmarks python3 benchmarks/profile_e2e.py --random-weights --points 32x32768 --out DIR
 """
@@ -23,7 +23,7 @@ from spin_indexer.model.decode import decode_one_step
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--points", default="32x32768")
-    p.add_argument("--configs", nargs="+", default=["all-keep", "spin-0.5"])
+    p.add_argument("--configs", nargs="+", default=["dense", "spin-0.5"])
     p.add_argument("--k", type=int, default=512)
     p.add_argument("--random-weights", action="store_true")
     p.add_argument("--tiny", action="store_true")

@@ -35,7 +35,7 @@ PTR = {"s_ptr": "*fp32", "len_ptr": "*i32", "thresh_ptr": "*i32", "live_ptr": "*
        "count_ptr": "*i32", "out_ptr": "*i32", "x_ptr": "*fp32", "cand_ptr": "*i64", "kept_ptr": "*i32",
        "cnt_ptr": "*i32", "lst_ptr": "*i32", "stats_ptr": "*i32", "tau_ptr": "*i32", "hint_ptr": "*i32",
        # the EMA update's, in the threshold + update launch
-       "table_ptr": "*i32", "v_ptr": "*fp16", "vb_ptr": "*fp16", "d_ptr": "*fp16", "seen_ptr": "*i32",
+       "table_ptr": "*i32", "v_ptr": "*fp16", "bm_ptr": "*fp32", "vb_ptr": "*fp16", "d_ptr": "*fp16", "seen_ptr": "*i32",
        "clock_ptr": "*i32", "slot_ptr": "*i64", "lens_ptr": "*i32", "upd_ptr": "*i8",
        "alpha": "fp32", "lo": "fp32", "hi": "fp32"}
 # what the launcher's tensors give triton's specialization: 16-byte aligned base pointers and row strides
@@ -71,7 +71,7 @@ def configs(group: int, k: int = 2048):
                   **H.tile_meta()), warps, None),
             ("threshold + block-grain update", T._threshold_update_kernel,
              dict(G=group, SB=sb, CAP=cap, HINT=False, **hint, T=64, HAS_SEEN=True, NP=1, BLOCK_GRAIN=True,
-                  **HB.block_tile_meta()), warps, None),
+                  **HB.block_tile_meta(T.IN_TOPK_BLOCKS, diagonal=T.IN_TOPK_BLOCKS)), warps, None),
             ("gather", T._gather_kernel, dict(G=group, LB=max(16, T.GATHER_VALUES // group), CAP=cap, EVEN=even), 4,
              None),
             ("chunk sort", T._chunk_sort_kernel, dict(CAP=cap, CH=chunk), 4, None),

@@ -40,9 +40,11 @@ the dense step, per layer:
   wave          the CUDA logits kernel's chunk from `wave_chunk` (whole waves of even chunks: the rule before run
                 154) instead of indexer_logits_cuda.makespan_chunk (a short last chunk may fill a wave's spare SMs)
   block         SpinConfig(vertical_grain="block"): no per-slot V, the update reads the block maxima (O(blocks),
-                history_block_triton) on the side stream beside the top-k (the default step)
+                history_block_triton) on the side stream beside the top-k at every size (spin.BLOCK_GRAIN_IN_TOPK
+                off: the default step before session 67)
   blocktopk     block grain with its update in the top-k's threshold launch up to UPDATE_IN_TOPK_BLOCKS table
-                blocks (spin.BLOCK_GRAIN_IN_TOPK; run 161 timed it at 256 blocks a program there)
+                blocks, above them on the side stream (spin.BLOCK_GRAIN_IN_TOPK: the default step since session 67;
+                run 161 timed it at 256 blocks a program there, run 162 at 32)
   update_alone  the update pass alone, each layer's history from the step's compact logits (and _onetile,
                 _st2: those passes alone)
 
@@ -135,10 +137,10 @@ def variant(idx, name: str):
         patches = [(ops, "writes_group_max", lambda backend, group: backend == "triton")]
     elif name == "pipe":
         patches = [(history_triton, "PIPELINED_MIN_BLOCKS", 0)]
-    elif name in ("spin", "fused", "block"):
+    elif name in ("spin", "fused"):
         patches = []
-    elif name == "blocktopk":
-        patches = [(spin_module, "BLOCK_GRAIN_IN_TOPK", True)]
+    elif name in ("block", "blocktopk"):
+        patches = [(spin_module, "BLOCK_GRAIN_IN_TOPK", name == "blocktopk")]
     elif name in ("after_thr", "after_gat"):
         patches = _update_before_launch(idx, "_gather_kernel" if name == "after_thr" else "_select_set_kernel")
     else:  # topk_first, no_update: the update through ops.update_history, launched after the top-k or not at all

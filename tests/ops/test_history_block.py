@@ -154,6 +154,29 @@ def test_triton_twin_matches_reference(lengths, next_n, window, seen, given, gen
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("lengths,next_n,window", CASES, ids=CASE_IDS)
+@pytest.mark.parametrize("whole_row", [False, True], ids=["window-mid-tile", "window-whole-row"])
+def test_triton_twin_with_the_window_inside_a_tile_matches_reference(lengths, next_n, window, whole_row, gen,
+                                                                      twin_device, monkeypatch):
+    """Eight blocks a program, two a diagonal sub-tile: a row's blocks in one tile, its window (1-3 blocks, or
+    longer than the row) starting at a sub-tile inside it, so the tile's diagonal loop starts there
+    (history_triton.window_subtiles) and must leave the state the reference leaves."""
+    from spin_indexer.ops import history_block_triton
+    monkeypatch.setattr(history_block_triton, "BLOCKS_PER_PROGRAM", 8)
+    monkeypatch.setattr(history_block_triton, "DIAGONAL_BLOCKS", 2)
+    plan, logits, h = make_case(lengths, next_n, 1000 if whole_row else window, gen)
+    ref = clone_history(h)
+    update_history_ref(ref, logits, plan.table, plan.lens)
+    dev = twin_device
+    moved = history_on(h, dev)
+    rows, cols = len(lengths) * next_n, logits.shape[2]
+    live = torch.arange(cols)[None, :] < plan.lens.reshape(-1, 1).long()
+    maxima = block_max_ref(torch.where(live, logits.reshape(rows, cols), float("-inf")), T)
+    update_history(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev), block_max_in=maxima.to(dev))
+    assert_block_state_equal(moved, expected_of(ref))
+
+
+@pytest.mark.interpreter
 def test_triton_twin_empty_batch_and_no_columns(gen, twin_device):
     plan, logits, h = make_case((3 * T,), 1, 50, gen)
     dev = twin_device

@@ -16,7 +16,7 @@ then a pass for the maxima) and the top-k's three launches (four below SET_SELEC
 topk_sorted: ops/topk_triton.py), with the EMA update beside
 the top-k: up to UPDATE_IN_TOPK_BLOCKS table blocks its programs run in the top-k's first launch, above it on a
 low-priority side stream (the top-k then on a high-priority one); under block grain (SpinConfig.vertical_grain =
-"block") the update reads the block maxima, O(blocks), not the logits, on the side stream at every size
+"block", the default rule's) the update reads the block maxima, O(blocks), not the logits, in the same two places
 (BLOCK_GRAIN_IN_TOPK); no host sync and no data-dependent shape
 (validate=False): a whole step captures in one CUDA graph. With overlap_update=False the update runs in
 series, fused into the Triton kernel's epilogue or into DeepGEMM's maxima pass.
@@ -63,11 +63,12 @@ from .workspace import Workspace
 # 45.9 / 53.2; but 32 x 128K (65536 blocks) 127.8 / 170.3 vs 125.0 / 167.2 and 8 x 1M 234.1 / 318.1 vs
 # 206.1 / 290.6 (the update's programs, at the threshold's 8-16 warps and 127 registers, outlast its rows').
 UPDATE_IN_TOPK_BLOCKS = 16384
-# Whether block grain's update rides there too (ops.topk_positions(history=) with the block maxima; tested). Off:
-# on an H100 (run 161, 1 x 128K s = 0.3) its programs of 256 blocks there made the step 40.4 us against slot grain's
-# 33.7 (0.892x the dense step; on the side stream 1.042x, run 159); the launch now gives them 32 blocks
-# (topk_triton.IN_TOPK_BLOCKS), not yet timed.
-BLOCK_GRAIN_IN_TOPK = False
+# Whether block grain's update rides there too (ops.topk_positions(history=) with the block maxima; tested). With
+# programs of 256 blocks it made the step slower (run 161, H100, 1 x 128K s = 0.3: 40.4 us against slot grain's
+# 33.7); with 32 (topk_triton.IN_TOPK_BLOCKS) faster than both slot grain and block grain's side stream (run 162,
+# H200, s = 0.3, dense / SPIN paired: 1 x 128K 1.052x / 1.046x / 1.034x, 1 x 64K 1.063x / 1.044x / 1.030x, 8 x 128K
+# 1.259x / 1.229x / 1.220x).
+BLOCK_GRAIN_IN_TOPK = True
 
 
 @dataclasses.dataclass

@@ -22,12 +22,18 @@ try:  # the package imports this module only for CUDA tensors; without triton th
     import triton
     import triton.language as tl
 
-    from .history_triton import ema_diagonal_tile, reaches_window, row_constants
+    from .history_triton import ema_diagonal_tile, reaches_window, row_constants, window_subtiles
 except ImportError:  # pragma: no cover
     triton = None
 
 BLOCKS_PER_PROGRAM = 256  # compact blocks a program: one [256] tile of ids, maxima and history entries
-DIAGONAL_BLOCKS = 8  # blocks per sub-tile of the diagonal window's gathers (a divisor of BLOCKS_PER_PROGRAM)
+# Blocks per sub-tile of the diagonal window's gathers (a divisor of BLOCKS_PER_PROGRAM). The tile holding the
+# window (up to 128 blocks at the default 8192 positions) loops over its sub-tiles one after another, each a chain
+# of dependent loads (ids, logits, D cells), and the pass ends with it: H200 (session 67, the proxy's e2e at
+# 96 x 32K) ~30 us a layer at 8 blocks over all 32 sub-tiles of the tile. The loop now starts at the window
+# (history_triton.window_subtiles), and 16 blocks halve the iterations again: 39 registers against 32 (ptxas,
+# sm_90a, 4 warps; 32 blocks took 74, fewer programs resident beside the top-k).
+DIAGONAL_BLOCKS = 16
 NUM_WARPS = 4
 
 
@@ -57,11 +63,11 @@ def update_block_history_triton(history: HistoryUpdate, logits: torch.Tensor, bl
             num_warps=NUM_WARPS, enable_fp_fusion=False)  # the EMA's two products and sum rounded as torch does
 
 
-def block_tile_meta(blocks: int | None = None) -> dict:
+def block_tile_meta(blocks: int | None = None, diagonal: int | None = None) -> dict:
     """update_block_tile's tile constexprs (BLOCKS compact blocks, default BLOCKS_PER_PROGRAM; DB per diagonal
-    sub-tile), read at each launch so tests can shrink BLOCKS_PER_PROGRAM."""
+    sub-tile, default DIAGONAL_BLOCKS), read at each launch so tests can shrink them."""
     blocks = min(blocks or BLOCKS_PER_PROGRAM, BLOCKS_PER_PROGRAM)
-    return dict(BLOCKS=blocks, DB=min(DIAGONAL_BLOCKS, blocks))
+    return dict(BLOCKS=blocks, DB=min(diagonal or DIAGONAL_BLOCKS, blocks))
 
 
 def block_history_args(h: HistoryUpdate, block_maxima: torch.Tensor) -> tuple:
@@ -114,5 +120,6 @@ if triton is not None:
         if HAS_SEEN:
             tl.store(seen_ptr + pv * seen_stride, clock + (pv * 0).to(tl.int32), mask=live)
         if reaches_window(live, kb, q, window, T):
+            s0, s1 = window_subtiles(m, on, kb, lim, q, window, pm, T, BLOCKS, DB)
             ema_diagonal_tile(x_ptr + b64 * x_stride_b + j * x_stride_n, kept_ptr + b64 * kept_stride, pm, lim, upd,
-                              clen, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T, BLOCKS, DB)
+                              clen, q, slot, d_ptr, d_stride, alpha, window, lo, hi, s0, s1, T, BLOCKS, DB)

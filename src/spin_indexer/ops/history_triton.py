@@ -206,6 +206,17 @@ if triton is not None:
         return tl.max(tl.where(any_live, kb.to(tl.int64) * T + T - 1, -1), axis=0) > q - window
 
     @triton.jit
+    def window_subtiles(m, on, kb, lim, q, window, pm, T: tl.constexpr, BLOCKS: tl.constexpr, DB: tl.constexpr):
+        """(s0, s1): the sub-tiles of DB blocks of compact tile pm (blocks m [BLOCKS], `on` the row's, logical ids
+        kb) that can hold a cell of the diagonal window: from the first block ending past q - window (compact
+        blocks run in logical order, so every later one does too) to lim. A tile of 256 blocks holding a 128-block
+        window then loops over the window's sub-tiles only, not over all 32 (each a chain of dependent loads)."""
+        reach = on & (kb >= 0) & (kb.to(tl.int64) * T + T - 1 > q - window)
+        first = tl.min(tl.where(reach, m, pm * BLOCKS + BLOCKS), axis=0)
+        end = tl.minimum(lim - pm * BLOCKS, BLOCKS)
+        return (first - pm * BLOCKS) // DB, (end + DB - 1) // DB
+
+    @triton.jit
     def ema_diagonal(obs, live, kb, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T: tl.constexpr):
         """The D half of ema_tile: the cells of `live` (from ema_vertical) inside the diagonal window. Block kb's
         slot t sits at offset q - (kb * T + t) from the query: D cells descend along T, so they are per-cell
@@ -281,7 +292,7 @@ if triton is not None:
                                           seen_stride, alpha, lo, hi, T, HAS_SEEN)
             if reaches_window(any_live, kb, q, window, T):
                 ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, used, upd, clen, q, slot, d_ptr, d_stride,
-                                  alpha, window, lo, hi, T, BLOCKS, DB)
+                                  alpha, window, lo, hi, 0, BLOCKS // DB, T, BLOCKS, DB)
 
     @triton.jit
     def _update_history_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bmax_ptr,
@@ -350,16 +361,17 @@ if triton is not None:
         # do its per-cell gathers (every tile doing the masked address work cost ~50 us at 96 x 512K).
         if reaches_window(any_live, kb, q, window, T):
             ema_diagonal_tile(x_row, kept_ptr + b64 * kept_stride, pm, tl.minimum(num_blocks, used), upd, clen, q,
-                              slot, d_ptr, d_stride, alpha, window, lo, hi, T, BLOCKS, DB)
+                              slot, d_ptr, d_stride, alpha, window, lo, hi, 0, BLOCKS // DB, T, BLOCKS, DB)
 
     @triton.jit
     def ema_diagonal_tile(x_row, kept_row, pm, lim, upd, clen, q, slot, d_ptr, d_stride, alpha, window, lo, hi,
-                          T: tl.constexpr, BLOCKS: tl.constexpr, DB: tl.constexpr):
+                          s0, s1, T: tl.constexpr, BLOCKS: tl.constexpr, DB: tl.constexpr):
         """D of a row's compact tile pm (blocks [pm * BLOCKS, (pm + 1) * BLOCKS) below lim; x_row: the row's
-        first logit, kept_row: its first logical block id), for a tile that reaches the diagonal window.
-        Sub-tiles of DB blocks reload their scores from the logits (just read: L2) rather than keep the tile's
-        alive through the V update (the whole tile in update_tile: 91 registers instead of 70)."""
-        for s in range(0, BLOCKS // DB):
+        first logit, kept_row: its first logical block id), for a tile that reaches the diagonal window, sub-tiles
+        s0 <= s < s1 of DB blocks (0 and BLOCKS // DB: all of them; `window_subtiles`: those from the first block
+        that reaches the window to lim). Sub-tiles reload their scores from the logits (just read: L2) rather than
+        keep the tile's alive through the V update (the whole tile in update_tile: 91 registers instead of 70)."""
+        for s in range(s0, s1):
             ms = pm * BLOCKS + s * DB + tl.arange(0, DB)
             on_s = tl.where(upd, ms < lim, False)
             kb_s = tl.load(kept_row + ms, mask=on_s, other=-1)

@@ -248,8 +248,9 @@ def _chain(logits, lengths, k, summary, group, num_groups, k_pow, cap, stats, _s
             # 32 blocks a program, not the pass's 256: the program holding the diagonal window gathers its
             # logits one sub-tile after another, and here the top-k's next launch waits for it (H100, 1 x 128K
             # s = 0.3: 256 blocks a program cost the step 6.7 us, 40.4 against 33.7 with slot grain; at 32 the
-            # H200 timed 1.052x the dense step against slot grain's 1.046x, session 67). One sub-tile a program:
-            # its registers stay under the threshold rows' (ptxas: 220 either way at 8 warps).
+            # H200 timed 1.052x the dense step against slot grain's 1.046x, run 162, with 8-block sub-tiles). One
+            # 32-block sub-tile a program since (untimed): its registers stay under the threshold rows' (ptxas,
+            # sm_90a: 220 either way at 8 warps).
             meta = block_tile_meta(IN_TOPK_BLOCKS, diagonal=IN_TOPK_BLOCKS)
             hist = (logits, *block_history_args(history, maxima))
         else:  # the pass over the logits (no maxima read: logits stand in for their pointer)

@@ -29,11 +29,11 @@ except ImportError:  # pragma: no cover
 BLOCKS_PER_PROGRAM = 256  # compact blocks a program: one [256] tile of ids, maxima and history entries
 # Blocks per sub-tile of the diagonal window's gathers (a divisor of BLOCKS_PER_PROGRAM). The tile holding the
 # window (up to 128 blocks at the default 8192 positions) loops over its sub-tiles one after another, each a chain
-# of dependent loads (ids, logits, D cells), and the pass ends with it: H200 (session 67, the proxy's e2e at
-# 96 x 32K) ~30 us a layer at 8 blocks over all 32 sub-tiles of the tile. The loop now starts at the window
-# (history_triton.window_subtiles), and 16 blocks halve the iterations again: 39 registers against 32 (ptxas,
-# sm_90a, 4 warps; 32 blocks took 74, fewer programs resident beside the top-k).
-DIAGONAL_BLOCKS = 16
+# of dependent loads (ids, logits, D cells), and the pass ends with it: H200 (run 162, the proxy's e2e at
+# 96 x 32K) ~30 us a layer when it looped over all 32 sub-tiles of the tile; it now starts at the window
+# (history_triton.window_subtiles: ~17 of them). 16 blocks would halve that again at 39 registers against 32
+# (ptxas, sm_90a, 4 warps: 13 programs resident an SM instead of 16; 32 blocks take 74): untimed, so not taken.
+DIAGONAL_BLOCKS = 8
 NUM_WARPS = 4
 
 

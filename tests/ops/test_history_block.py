@@ -96,6 +96,18 @@ def make_case(lengths, next_n, window, gen, blocks=24, seen=True):
     return plan, logits, h
 
 
+def twin_case(lengths, next_n, window, gen, seen=True):
+    """make_case's (plan, logits, history), the reference's state after the update (a copy) and the rows' block
+    maxima float32 [B*N, X/T] (-inf past each row's compact length), as the logits kernel writes them."""
+    plan, logits, h = make_case(lengths, next_n, window, gen, seen=seen)
+    ref = clone_history(h)
+    update_history_ref(ref, logits, plan.table, plan.lens)
+    rows, cols = len(lengths) * next_n, logits.shape[2]
+    live = torch.arange(cols)[None, :] < plan.lens.reshape(-1, 1).long()
+    maxima = block_max_ref(torch.where(live, logits.reshape(rows, cols), float("-inf")), T)
+    return plan, logits, h, ref, maxima
+
+
 @pytest.mark.parametrize("lengths,next_n,window", CASES, ids=CASE_IDS)
 def test_reference_matches_the_loop(lengths, next_n, window, gen):
     plan, logits, h = make_case(lengths, next_n, window, gen)
@@ -134,15 +146,10 @@ def test_triton_twin_matches_reference(lengths, next_n, window, seen, given, gen
     from spin_indexer.ops import history_block_triton
     monkeypatch.setattr(history_block_triton, "BLOCKS_PER_PROGRAM", 2)
     monkeypatch.setattr(history_block_triton, "DIAGONAL_BLOCKS", 2)
-    plan, logits, h = make_case(lengths, next_n, window, gen, seen=seen)
-    ref = clone_history(h)
-    update_history_ref(ref, logits, plan.table, plan.lens)
+    plan, logits, h, ref, maxima = twin_case(lengths, next_n, window, gen, seen=seen)
     dev = twin_device
     moved = history_on(h, dev)
-    rows, cols = len(lengths) * next_n, logits.shape[2]
-    live = torch.arange(cols)[None, :] < plan.lens.reshape(-1, 1).long()
-    maxima = block_max_ref(torch.where(live, logits.reshape(rows, cols), float("-inf")), T)
-    out = torch.full((rows, plan.table.shape[1]), 123.0, device=dev)
+    out = torch.full((maxima.shape[0], plan.table.shape[1]), 123.0, device=dev)
     if given:
         update_history(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev), block_max_in=maxima.to(dev))
     else:
@@ -164,14 +171,9 @@ def test_triton_twin_with_the_window_inside_a_tile_matches_reference(lengths, ne
     from spin_indexer.ops import history_block_triton
     monkeypatch.setattr(history_block_triton, "BLOCKS_PER_PROGRAM", 8)
     monkeypatch.setattr(history_block_triton, "DIAGONAL_BLOCKS", 2)
-    plan, logits, h = make_case(lengths, next_n, 1000 if whole_row else window, gen)
-    ref = clone_history(h)
-    update_history_ref(ref, logits, plan.table, plan.lens)
+    plan, logits, h, ref, maxima = twin_case(lengths, next_n, 1000 if whole_row else window, gen)
     dev = twin_device
     moved = history_on(h, dev)
-    rows, cols = len(lengths) * next_n, logits.shape[2]
-    live = torch.arange(cols)[None, :] < plan.lens.reshape(-1, 1).long()
-    maxima = block_max_ref(torch.where(live, logits.reshape(rows, cols), float("-inf")), T)
     update_history(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev), block_max_in=maxima.to(dev))
     assert_block_state_equal(moved, expected_of(ref))
 

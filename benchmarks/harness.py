@@ -8,6 +8,7 @@ with device events around each replay; per-call time = replay time / rotations; 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -157,6 +158,20 @@ def time_graphs_paired(calls: dict, rounds: int = 10) -> dict:
     out = {name: [per_round[name][0].elapsed_time(per_round[name][1]) for per_round in events] for name in calls}
     del graphs
     return out
+
+
+@contextlib.contextmanager
+def patched(module, **values):
+    """The module's attributes set to `values` while the block runs, restored after (experiments that time a
+    kernel's constants without an environment knob in the production code)."""
+    saved = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
 
 
 def copy_bandwidth_gbps(gib: float = 4.0) -> float:

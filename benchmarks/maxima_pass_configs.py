@@ -15,7 +15,6 @@ maxima_triton's constants while they run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -28,20 +27,13 @@ SHAPES = "192x131072x0.8,192x131072x0.5,96x131072x1.0,64x524288x0.8,96x65536x0.8
 CONFIGS = "32:8:4:64,32:8:4:0,16:8:4:64,64:8:4:0,32:16:4:64,32:4:4:64,16:16:4:64,64:4:8:0,32:8:8:0"
 
 
-@contextlib.contextmanager
 def config(spec: str):
     """maxima_triton's constants set from TB:PER_SM:WARPS:MAXNREG while the block runs."""
+    from harness import patched
+
     from spin_indexer.ops import maxima_triton as mt
-    values = [int(x) for x in spec.split(":")]
-    names = ("TILE_UNITS", "PROGRAMS_PER_SM", "NUM_WARPS", "MAX_REGISTERS")
-    saved = [getattr(mt, n) for n in names]
-    for n, v in zip(names, values):
-        setattr(mt, n, v)
-    try:
-        yield
-    finally:
-        for n, v in zip(names, saved):
-            setattr(mt, n, v)
+    units, per_sm, warps, maxnreg = (int(x) for x in spec.split(":"))
+    return patched(mt, TILE_UNITS=units, PROGRAMS_PER_SM=per_sm, NUM_WARPS=warps, MAX_REGISTERS=maxnreg)
 
 
 def main(argv=None) -> int:

@@ -14,7 +14,6 @@ rows' random 128-byte accesses are the pass's limit; if neither does, its issue 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 
@@ -25,20 +24,14 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 CONFIGS = "32:3:4:4,32:3:4:2,32:4:4:4,16:3:4:8,16:4:4:6,64:3:4:2,32:3:8:2,32:2:4:7"
 
 
-@contextlib.contextmanager
 def config(spec: str):
     """history_triton's pass constants set from BLOCKS:STAGES:WARPS:PER_SM while the block runs."""
+    from harness import patched
+
     from spin_indexer.ops import history_triton as ht
     blocks, stages, warps, per_sm = (int(x) for x in spec.split(":"))
-    names = ("BLOCKS_PER_PROGRAM", "PIPELINED_STAGES", "NUM_WARPS", "PASS_PROGRAMS_PER_SM")
-    saved = [getattr(ht, n) for n in names]
-    for n, v in zip(names, (blocks, stages, warps, per_sm)):
-        setattr(ht, n, v)
-    try:
-        yield
-    finally:
-        for n, v in zip(names, saved):
-            setattr(ht, n, v)
+    return patched(ht, BLOCKS_PER_PROGRAM=blocks, PIPELINED_STAGES=stages, NUM_WARPS=warps,
+                   PASS_PROGRAMS_PER_SM=per_sm)
 
 
 def pass_inputs(p, sparsity: float, table):

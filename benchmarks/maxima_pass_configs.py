@@ -8,7 +8,8 @@ over the CUDA logits. Each configuration TB:PER_SM:WARPS:MAXNREG (64-column unit
 program, register cap; 0 = none) is timed alone in a CUDA graph over rotated logits buffers (so that no call
 reads another's bytes from L2), beside torch's amax over the same blocks (a read-only stream) and the copy
 bandwidth; the GB/s column counts the bytes read and written. Not a production path: the configurations patch
-maxima_triton's constants while they run.
+maxima_triton's constants while they run. 32:9:4:64 gives 192 rows the grid of before 2026-12-07 (P = 6 a row
+rounded up: 1152 programs for 1056 resident places, a second wave; programs_per_row now rounds down to 5).
 
     PYTHONPATH=src:benchmarks python benchmarks/maxima_pass_configs.py [--shapes 192x131072x0.8] [--configs ...]
 """
@@ -24,7 +25,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 SHAPES = "192x131072x0.8,192x131072x0.5,96x131072x1.0,64x524288x0.8,96x65536x0.8"
-CONFIGS = "32:8:4:64,32:8:4:0,16:8:4:64,64:8:4:0,32:16:4:64,32:4:4:64,16:16:4:64,64:4:8:0,32:8:8:0"
+CONFIGS = "32:8:4:64,32:9:4:64,32:8:4:0,16:8:4:64,64:8:4:0,32:16:4:64,32:4:4:64,16:16:4:64,64:4:8:0,32:8:8:0"
 
 
 def config(spec: str):

@@ -79,6 +79,16 @@ def test_one_program_loops_over_every_tile(triton_device, monkeypatch):
     _check(x, lengths, 8, 1, 1, triton_device, monkeypatch)
 
 
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 12, 31, 32, 33, 200])
+def test_the_grid_is_one_wave_of_resident_programs(rows):
+    """rows x P never exceeds the resident programs (SMs x PROGRAMS_PER_SM: 4 x 8 off CUDA) unless one program a
+    row already does (a second wave would double the pass's time), and takes all of them that whole rows can."""
+    places = maxima_triton.sm_count(torch.device("cpu")) * maxima_triton.PROGRAMS_PER_SM
+    p = maxima_triton.programs_per_row(rows, 1 << 20, torch.device("cpu"), T)
+    assert p == max(1, places // rows) and (rows * p <= places or p == 1)
+    assert maxima_triton.programs_per_row(rows, 3 * T, torch.device("cpu"), T) == min(3, p)  # at most one a tile
+
+
 def test_lengths_past_the_row_are_clamped(triton_device, monkeypatch):
     """A length beyond C (validate=False callers) reads nothing outside the row: the row below is never mixed in."""
     x = torch.full((2, 2 * T), -5.0)

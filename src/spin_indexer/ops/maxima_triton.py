@@ -44,8 +44,10 @@ def sm_count(device: torch.device) -> int:
 
 
 def programs_per_row(rows: int, cols: int, device: torch.device, tile_cols: int) -> int:
-    """P: a row's programs, so that rows x P fills the GPU's resident programs once (at most one per tile)."""
-    return max(1, min(triton.cdiv(cols, tile_cols), triton.cdiv(sm_count(device) * PROGRAMS_PER_SM, max(rows, 1))))
+    """P: a row's programs, so that rows x P fills the GPU's resident programs once and no more (at most one per
+    tile). Rounded down: one program past the resident ones is a second wave, and the pass then takes two
+    programs' time (192 rows, next_n = 2 at 96 requests: 6 a row rounded up = 1152 programs for 1056 places)."""
+    return max(1, min(triton.cdiv(cols, tile_cols), sm_count(device) * PROGRAMS_PER_SM // max(rows, 1)))
 
 
 def row_maxima_triton(logits: torch.Tensor, lengths: torch.Tensor, group_max_out: torch.Tensor | None = None,

@@ -104,10 +104,12 @@ def test_requires_grad_weights_give_a_plain_result(gen):
 def test_group_maxima_come_from_the_logits_kernel_where_it_writes_them():
     """dense_topk's rule (fuses_group_max): the Triton kernel's epilogue at one row and groups of 8-16 (run 35: more
     rows or wider groups slowed the kernel more than the top-k's own pass costs); the CUDA kernel wherever it
-    writes them (16 or 32 columns at any row count: from its block maxima's partials, after the loop); DeepGEMM
-    never (the top-k's pass)."""
+    writes them (16 or 32 columns at any row count: from its block maxima's partials, after the loop); DeepGEMM's
+    maxima pass at every group finer than a block (one read of its logits instead of two)."""
     from spin_indexer.indexer.dense import fuses_group_max
     assert [fuses_group_max(1, g) for g in (4, 8, 16, 32)] == [False, True, True, False]
     assert not fuses_group_max(2, 16, "triton")
     assert [fuses_group_max(192, g, "cuda") for g in (8, 16, 32, 64)] == [False, True, True, False]
-    assert not any(fuses_group_max(1, g, "deepgemm") for g in (8, 16, 32))
+    assert [fuses_group_max(rows, g, "deepgemm") for rows in (1, 192) for g in (4, 8, 32, 64)] == \
+        [False, True, True, False] * 2
+    assert fuses_group_max(192, 64, "deepgemm", tokens=128) and not fuses_group_max(192, 32, "deepgemm", tokens=32)

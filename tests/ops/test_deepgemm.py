@@ -104,6 +104,32 @@ def test_spin_step_on_deepgemm_prunes_with_the_update_pass_group_maxima(gen, mon
 
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not (torch.cuda.is_available() and deepgemm.available()), reason="needs CUDA and deep_gemm")
+@pytest.mark.parametrize("next_n", [1, 2])
+def test_dense_step_on_deepgemm_prunes_with_the_maxima_pass_group_maxima(next_n, gen, monkeypatch):
+    """The dense step on DeepGEMM at a top-k group finer than a block: the maxima pass after the logits writes the
+    group maxima beside the block maxima (dense.fuses_group_max; no group-max launch of the top-k's), into a
+    poisoned buffer, and the top-k equals the reference top-k of the same DeepGEMM logits."""
+    from spin_indexer.indexer.dense import dense_topk
+    monkeypatch.setenv("SPIN_INDEXER_LOGITS", "deepgemm")
+    x = make_paged_inputs([64 * 90 + 17, 64 * 70, 64 * 33 + 5], next_n, 64, 128, gen).to("cuda")
+    k = 96
+    rows, width = x.seq_lens.numel(), x.block_table.shape[1]
+    group = ops.topk_group(width * 64, k)
+    assert 8 <= group < 64
+    block_max = torch.full((rows, width), float("nan"), device="cuda")
+    group_max = torch.full((rows, -(-width * 64 // 8)), float("nan"), device="cuda")  # poisoned
+    got = dense_topk(x.q_fp8, x.kv_cache, x.weights, x.seq_lens, x.block_table, k, 64, block_max,
+                     group_max=group_max, sorted=False)
+    live = torch.arange(-(-width * 64 // group), device="cuda")[None, :] * group < x.seq_lens.view(-1, 1)
+    assert not group_max[:, :live.shape[1]][live].isnan().any()  # the pass wrote every live group
+    logits = deepgemm.paged_indexer_logits_deepgemm(x.q_fp8, x.kv_cache, x.weights, x.seq_lens, x.block_table,
+                                                    validate=False)
+    want = ops.topk_positions_ref(logits.float(), x.seq_lens.view(-1), k, sorted=False)
+    assert torch.equal(ascending(got.cpu()), ascending(want.cpu()))
+
+
 def test_a_backend_the_dispatcher_does_not_know_is_refused_by_name():
     q = torch.zeros(1, 1, 64, 128).to(torch.float8_e4m3fn)
     kv = torch.zeros(2, 64, 1, 132, dtype=torch.uint8)

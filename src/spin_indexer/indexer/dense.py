@@ -22,11 +22,15 @@ FUSED_GROUP_MAX_ROWS = 1
 FUSED_GROUP_MAX_LARGEST = 16
 
 
-def fuses_group_max(rows: int, group: int, backend: str = "triton") -> bool:
+def fuses_group_max(rows: int, group: int, backend: str = "triton", tokens: int = 64) -> bool:
     """Whether the dense step takes the top-k's G-column maxima (G = group) for `rows` query rows from the
-    logits kernel of `backend` rather than from the top-k's own launch: the Triton kernel within the two bounds
+    logits op of `backend` rather than from the top-k's own launch: the Triton kernel within the two bounds
     above; the CUDA kernel wherever it writes them (16 or 32 columns, from its block maxima's partials after the
-    loop: no epilogue work a block); DeepGEMM never."""
+    loop: no epilogue work a block); DeepGEMM wherever the top-k prunes finer than a block of `tokens`: the pass
+    after its logits that writes the block maxima writes them too, one read of the logits where the top-k's own
+    launch would be a second (96 x 128K next_n = 2: 100 MB each)."""
+    if backend == "deepgemm":
+        return Workspace.GROUP_MIN <= group < tokens
     if backend == "cuda":
         return ops.writes_group_max(backend, group)
     return (backend == "triton" and Workspace.GROUP_MIN <= group <= FUSED_GROUP_MAX_LARGEST
@@ -46,7 +50,7 @@ def dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, topk: int, token
     or the set in no particular order (ops.topk_positions). returns the top-k int32 [B*N, K] (out when given).
     Where the top-k prunes at G < T columns (ops.topk_group: tables under 4k blocks), the logits op writes
     the G-column maxima too where `fuses_group_max` says so (the Triton kernel's epilogue at one row and G <= 16,
-    the CUDA kernel at G = 16 or 32), so the top-k launches no group-max pass of its own; elsewhere that launch
+    the CUDA kernel at G = 16 or 32, DeepGEMM's maxima pass at any G < T), so the top-k launches no group-max pass of its own; elsewhere that launch
     measured faster (FUSED_GROUP_MAX_ROWS) or the kernel cannot write them."""
     backend = ops.logits_backend(q_fp8, kv_cache, block_table=block_table)
     if logits_out is not None and backend == "deepgemm":
@@ -54,7 +58,7 @@ def dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, topk: int, token
     rows, cols = block_max.shape[0], block_table.shape[1] * tokens_per_block
     group = ops.topk_group(cols, topk)
     gmax = None
-    if fuses_group_max(rows, group, backend):
+    if fuses_group_max(rows, group, backend, tokens_per_block):
         n = -(-cols // group)
         gmax = group_max[:rows, :n] if group_max is not None else torch.empty(rows, n, dtype=torch.float32,
                                                                                device=block_max.device)

@@ -103,7 +103,6 @@ def test_spin_step_on_deepgemm_prunes_with_the_update_pass_group_maxima(gen, mon
         assert torch.equal(ascending(got.cpu()), ascending(want.cpu())), step
 
 
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not (torch.cuda.is_available() and deepgemm.available()), reason="needs CUDA and deep_gemm")
 @pytest.mark.parametrize("next_n", [1, 2])

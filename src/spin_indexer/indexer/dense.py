@@ -50,8 +50,8 @@ def dense_topk(q_fp8, kv_cache, weights, seq_lens, block_table, topk: int, token
     or the set in no particular order (ops.topk_positions). returns the top-k int32 [B*N, K] (out when given).
     Where the top-k prunes at G < T columns (ops.topk_group: tables under 4k blocks), the logits op writes
     the G-column maxima too where `fuses_group_max` says so (the Triton kernel's epilogue at one row and G <= 16,
-    the CUDA kernel at G = 16 or 32, DeepGEMM's maxima pass at any G < T), so the top-k launches no group-max pass of its own; elsewhere that launch
-    measured faster (FUSED_GROUP_MAX_ROWS) or the kernel cannot write them."""
+    the CUDA kernel at G = 16 or 32, DeepGEMM's maxima pass at any G < T), so the top-k launches no group-max
+    pass of its own; elsewhere that launch measured faster (FUSED_GROUP_MAX_ROWS) or the kernel cannot write them."""
     backend = ops.logits_backend(q_fp8, kv_cache, block_table=block_table)
     if logits_out is not None and backend == "deepgemm":
         logits_out = None

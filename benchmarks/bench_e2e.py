@@ -18,6 +18,11 @@ every block (no history); we run warm-up steps eagerly first, so the timed steps
     PYTHONPATH=src:benchmarks SPIN_INDEXER_PROMPT_CACHE=runs/prompts python3 benchmarks/bench_e2e.py --out DIR
 Without the GGUF (the GPU box: it does not fit a device call), `--random-weights` times the same shapes with
 random weights and the shipped indexer head (random prompts; the agreement column then means nothing).
+`--indexer-shape 64x128` (with --random-weights or --tiny) swaps the head for a random one of that many heads x
+dims: the shipped head is 4 x 64 (68 bytes a cached token), the DSA models' indexer 64 x 128 (132 bytes), so the
+indexer's share of a step, which bounds what SPIN can save end to end, is that of the models SPIN is for. Its
+cache adds 64 bytes a token a layer: at 96 x 32K the model's and the indexer's caches then take ~85 GB (an H200's
+point; an H100 holds 64 requests).
 Dry run of the code paths on a CPU (tiny random model, no graphs, nothing timed):
     SPIN_BENCH_DEVICE=cpu TRITON_INTERPRET=1 python3 benchmarks/bench_e2e.py --tiny --points 2x256 --steps 2
 
@@ -64,6 +69,7 @@ def parse_points(text: str) -> list[tuple[int, int]]:
 def load(args, max_len: int, context: int):
     """(model, indexer, tokenizer or None, model name); YaRN from the nominal context, as the quality runs."""
     dev = torch.device(DEVICE)
+    shape = getattr(args, "indexer_shape", None)  # profile_e2e's and the tests' namespaces may not carry it
     if args.tiny:
         from spin_indexer.model.indexer_head import Indexer, IndexerConfig
         from spin_indexer.model.llama import Llama, LlamaConfig
@@ -75,6 +81,8 @@ def load(args, max_len: int, context: int):
         icfg = IndexerConfig(dim=64, num_layers=2, num_heads=2, head_dim=16, q_rank=16, rope_dim=8,
                              rope_theta=1e4, max_position=max_len)
         indexer = Indexer(icfg, max_len=max_len).to(dev).eval().requires_grad_(False)
+        if shape:
+            return model, random_indexer(icfg, shape, max_len, 1.0, dev), None, "tiny-random"
         return model, indexer, None, "tiny-random"
     from spin_indexer.model import loader
     from spin_indexer.model.indexer_head import Indexer
@@ -90,6 +98,11 @@ def load(args, max_len: int, context: int):
         model = Llama(LlamaConfig(yarn_factor=factor), max_len=max_len)
         model = model.to(device=dev, dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32)
         indexer = Indexer.load(loader.INDEXER_WEIGHTS, max_len, factor, dev)
+        if shape:
+            heads, dim = shape
+            indexer = random_indexer(indexer.cfg, shape, max_len, factor, dev)
+            return (model.eval().requires_grad_(False), indexer, None,
+                    f"SmolLM2-135M-shape-random+indexer-{heads}x{dim}-random")
         return model.eval().requires_grad_(False), indexer, None, "SmolLM2-135M-shape-random+lightning"
 
     reason = loader.missing_reason()
@@ -99,6 +112,32 @@ def load(args, max_len: int, context: int):
     model, tok = loader.load_model(dev, dtype, max_len=max_len, yarn_factor=loader.yarn_factor_for(context))
     indexer = Indexer.load(loader.INDEXER_WEIGHTS, max_len, model.cfg.yarn_factor, dev)
     return model, indexer, tok, "SmolLM2-135M-Instruct+lightning"
+
+
+def random_indexer(cfg, shape: tuple[int, int], max_len: int, yarn_factor: float, dev: torch.device):
+    """A random indexer head like `cfg` (its layers, projections' input, rank and RoPE) with shape = (heads,
+    dims): the decode step's indexer cost at that shape (speed only: its scores mean nothing)."""
+    import dataclasses
+
+    from spin_indexer.model.indexer_head import Indexer
+
+    heads, dim = shape
+    torch.manual_seed(1)
+    icfg = dataclasses.replace(cfg, num_heads=heads, head_dim=dim, rope_dim=min(cfg.rope_dim, dim))
+    return Indexer(icfg, max_len, yarn_factor).to(dev).eval().requires_grad_(False)
+
+
+def parse_indexer_shape(text: str) -> tuple[int, int]:
+    """'64x128' -> (64, 128): heads and dims, powers of two (heads >= 4, dims >= 32: the logits kernels' shapes;
+    others would time the reference)."""
+    try:
+        heads, dim = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected HEADSxDIMS such as 64x128, got {text!r}") from None
+    if heads < 4 or dim < 32 or heads & (heads - 1) or dim & (dim - 1):
+        raise argparse.ArgumentTypeError(f"expected powers of two with heads >= 4 and dims >= 32 (the logits "
+                                         f"kernels' shapes), got {text!r}")
+    return heads, dim
 
 
 def prompts_for(args, tok, context: int, vocab: int) -> list[torch.Tensor]:
@@ -258,8 +297,14 @@ def main(argv=None) -> int:
     p.add_argument("--random-weights", action="store_true",
                    help="SmolLM2-135M's shapes with random weights + the shipped indexer head (speed only; "
                         "where the GGUF is not available, e.g. on the GPU box)")
+    p.add_argument("--indexer-shape", type=parse_indexer_shape, default=None, metavar="HEADSxDIMS",
+                   help="with --random-weights or --tiny: a random indexer head of this shape instead (64x128: the "
+                        "DSA models' indexer; default: the shipped head's 4x64)")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args(argv)
+    if args.indexer_shape and not (args.random_weights or args.tiny):
+        raise SystemExit("--indexer-shape: only with --random-weights or --tiny (the GGUF model decodes with the "
+                         "shipped head, whose tokens the agreement column compares)")
     for c in args.configs:
         parse_config(c)
     points = parse_points(args.points)

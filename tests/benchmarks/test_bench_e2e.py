@@ -38,6 +38,33 @@ def test_dry_run_spin_at_zero_sparsity_decodes_like_all_keep(bench_e2e, tmp_path
     assert 0.3 <= float(detail["spin-0.5"]["realized_sparsity"]) <= 0.6  # 5 blocks per request at 300 tokens
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU dry run (the GPU run is the benchmark itself)")
+def test_dry_run_with_an_indexer_of_another_shape(bench_e2e, tmp_path):
+    """--indexer-shape swaps in a random head of that many heads x dims: the step's keys are D + 4 bytes a token
+    (the cache the logits kernels read) and SPIN still keeps exactly the dense top-k at s = 0."""
+    model, indexer, _, _ = bench_e2e.load(bench_e2e.argparse.Namespace(tiny=True, indexer_shape=(8, 32)), 64, 64)
+    assert (indexer.cfg.num_heads, indexer.cfg.head_dim) == (8, 32)
+    assert bench_e2e.main(["--tiny", "--indexer-shape", "8x32", "--points", "2x300", "--configs", "dense",
+                           "spin-0.0", "spin-0.5", "--steps", "2", "--warmup", "1", "--distinct", "2", "--k", "32",
+                           "--out", str(tmp_path)]) == 0
+    with open(tmp_path / "h200_e2e_detail.csv") as f:
+        detail = {r["config"]: r for r in csv.DictReader(f)}
+    assert float(detail["spin-0.0"]["agree_all_keep"]) == 1.0  # the same top-k as dense, so the same tokens
+    assert 0.3 <= float(detail["spin-0.5"]["realized_sparsity"]) <= 0.6
+
+
+def test_indexer_shape_parses_and_rejects(bench_e2e, capsys):
+    assert bench_e2e.parse_indexer_shape("64x128") == (64, 128)
+    for bad in ("64", "64x", "3x128", "64x16", "48x128", "axb"):
+        with pytest.raises(bench_e2e.argparse.ArgumentTypeError):
+            bench_e2e.parse_indexer_shape(bad)
+    with pytest.raises(SystemExit, match="--indexer-shape: only with"):  # the GGUF model: the shipped head only
+        bench_e2e.main(["--indexer-shape", "64x128", "--points", "1x256"])
+    with pytest.raises(SystemExit):
+        bench_e2e.main(["--tiny", "--indexer-shape", "3x128"])
+    assert "argument --indexer-shape: expected powers of two" in capsys.readouterr().err
+
+
 def test_points_parse_and_reject(bench_e2e):
     assert bench_e2e.parse_points("32x16384, 96x32768") == [(32, 16384), (96, 32768)]
     with pytest.raises(SystemExit, match="BATCHxCONTEXT"):

@@ -27,6 +27,8 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=512)
     p.add_argument("--random-weights", action="store_true")
     p.add_argument("--tiny", action="store_true")
+    p.add_argument("--indexer-shape", type=bench_e2e.parse_indexer_shape, default=None, metavar="HEADSxDIMS",
+                   help="as bench_e2e's: a random indexer head of this shape (with --random-weights or --tiny)")
     p.add_argument("--distinct", type=int, default=2)
     p.add_argument("--task", default="niah_single_2")
     p.add_argument("--top", type=int, default=25, help="kernels listed per config")

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import statistics
 import sys
@@ -116,8 +117,6 @@ def load(args, max_len: int, context: int):
 def random_indexer(cfg, shape: tuple[int, int], max_len: int, yarn_factor: float, dev: torch.device):
     """A random indexer head like `cfg` (its layers, projections' input, rank and RoPE) with shape = (heads,
     dims): the decode step's indexer cost at that shape (speed only: its scores mean nothing)."""
-    import dataclasses
-
     from spin_indexer.model.indexer_head import Indexer
 
     heads, dim = shape

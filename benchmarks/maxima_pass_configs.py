@@ -93,7 +93,8 @@ def main(argv=None) -> int:
             rows_out.append({"shape": shape, "config": name, "us": t.p50_us, "GBps": gbps, "copy_GBps": copy,
                              "bytes": moved})
         del bufs
-        torch.cuda.empty_cache() if DEVICE == "cuda" else None
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
     if a.out:
         os.makedirs(a.out, exist_ok=True)
         with open(os.path.join(a.out, "maxima_pass_configs.json"), "w") as f:

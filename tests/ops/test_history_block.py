@@ -15,6 +15,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from conftest import T
 from spin_indexer import ops
@@ -165,9 +166,9 @@ def test_triton_twin_matches_reference(lengths, next_n, window, seen, given, gen
 @pytest.mark.parametrize("whole_row", [False, True], ids=["window-mid-tile", "window-whole-row"])
 def test_triton_twin_with_the_window_inside_a_tile_matches_reference(lengths, next_n, window, whole_row, gen,
                                                                       twin_device, monkeypatch):
-    """Eight blocks a program, two a diagonal sub-tile: a row's blocks in one tile, its window (1-3 blocks, or
-    longer than the row) starting at a sub-tile inside it, so the tile's diagonal loop starts there
-    (history_triton.window_subtiles) and must leave the state the reference leaves."""
+    """Eight blocks a program, two a diagonal program: a row's blocks in one tile, its window (1-3 blocks, or
+    longer than the row) ending inside it, so the window's programs start inside the tile (or before the row's
+    first block) and must leave the state the reference leaves."""
     from spin_indexer.ops import history_block_triton
     monkeypatch.setattr(history_block_triton, "BLOCKS_PER_PROGRAM", 8)
     monkeypatch.setattr(history_block_triton, "DIAGONAL_BLOCKS", 2)
@@ -176,6 +177,21 @@ def test_triton_twin_with_the_window_inside_a_tile_matches_reference(lengths, ne
     moved = history_on(h, dev)
     update_history(moved, logits.to(dev), plan.table.to(dev), plan.lens.to(dev), block_max_in=maxima.to(dev))
     assert_block_state_equal(moved, expected_of(ref))
+
+
+@settings(max_examples=300, deadline=None)
+@given(q=st.integers(0, 5000), window=st.integers(0, 3000), log_t=st.integers(0, 7), blocks=st.integers(1, 200),
+       per_program=st.sampled_from([1, 2, 8, 32]))
+def test_window_programs_cover_every_block_of_the_window(q, window, log_t, blocks, per_program):
+    """The window's programs start window_programs x per_program compact blocks below the row's compact length:
+    enough for every logical block holding one of the `window` positions before the query (kept blocks in logical
+    order, the query's block last), and never more programs than the whole table needs."""
+    from spin_indexer.ops.history_block_triton import window_programs
+    t = 1 << log_t
+    reaching = len({p // t for p in range(max(q - window + 1, 0), q + 1)}) if window else 0
+    programs = window_programs(window, t, blocks, per_program)
+    assert programs * per_program >= min(reaching, blocks)
+    assert programs <= -(-blocks // per_program)
 
 
 @pytest.mark.interpreter

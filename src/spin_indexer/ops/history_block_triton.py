@@ -9,8 +9,9 @@ and last_seen; the diagonal window D (per slot, as with slot grain) from the log
 Bytes per kept block: 4 (its max) + 4 + 4 (physical and logical ids) + the 2-byte history entry read and written
 (one 32-byte sector each way: block_max[p, l] rows hold every layer) + 4 of last_seen with age exploration: ~70 B
 a block, ~1 B a kept token, against the slot-grain pass's 8 (logits 4, V read and written 2 + 2). One launch per
-updating row (rows update in order; row j + 1's diagonal offsets overlap row j's at block edges), one program per
-(request, BLOCKS compact blocks).
+updating row (rows update in order; row j + 1's diagonal offsets overlap row j's at block edges): per request,
+one program per BLOCKS compact blocks for block_max, and the diagonal window's blocks (the last few compact blocks
+below the row's compact length) split over programs of DB blocks each, side by side.
 """
 from __future__ import annotations
 
@@ -22,17 +23,19 @@ try:  # the package imports this module only for CUDA tensors; without triton th
     import triton
     import triton.language as tl
 
-    from .history_triton import ema_diagonal_tile, reaches_window, row_constants, window_subtiles
+    from .history_triton import (ema_diagonal_blocks, ema_diagonal_tile, reaches_window, row_constants,
+                                 window_subtiles)
 except ImportError:  # pragma: no cover
     triton = None
 
 BLOCKS_PER_PROGRAM = 256  # compact blocks a program: one [256] tile of ids, maxima and history entries
-# Blocks per sub-tile of the diagonal window's gathers (a divisor of BLOCKS_PER_PROGRAM). The tile holding the
-# window (up to 128 blocks at the default 8192 positions) loops over its sub-tiles one after another, each a chain
-# of dependent loads (ids, logits, D cells), and the pass ends with it: H200 (run 162, the proxy's e2e at
-# 96 x 32K) ~30 us a layer when it looped over all 32 sub-tiles of the tile; it now starts at the window
-# (history_triton.window_subtiles: ~17 of them). 16 blocks would halve that again at 39 registers against 32
-# (ptxas, sm_90a, 4 warps: 13 programs resident an SM instead of 16; 32 blocks take 74): untimed, so not taken.
+# Compact blocks a program of the diagonal window updates (a divisor of BLOCKS_PER_PROGRAM). Each such program is
+# one chain of dependent loads (ids, logits, D cells). The window (129 blocks at the default 8192 positions) was
+# the job of the tile holding it, one 8-block sub-tile after another, and the pass ended with that loop: H200
+# (run 162, the proxy's e2e at 96 x 32K) ~30 us a layer over all 32 sub-tiles of the tile, H100 (run 163) 10.5 /
+# 13.4 us at 40% / 50% from the window's ~17 sub-tiles (history_triton.window_subtiles), and 12.3 us at 64 x 32K
+# 50% with a 64 x 128 head (run 164), where the block_max half moves ~70 B a kept block: ~2 MB, under a microsecond
+# of bandwidth. The window's programs now run beside the tiles' (`window_programs`), one sub-tile each.
 DIAGONAL_BLOCKS = 8
 NUM_WARPS = 4
 
@@ -54,13 +57,26 @@ def update_block_history_triton(history: HistoryUpdate, logits: torch.Tensor, bl
         return
     if logits.stride(2) != 1:
         logits = logits.contiguous()
-    grid = (batch, triton.cdiv(blocks, BLOCKS_PER_PROGRAM))
+    meta = block_tile_meta()
+    tiles = triton.cdiv(blocks, meta["BLOCKS"])
+    window_span = window_programs(int(history.window), t, blocks, meta["DB"]) * meta["DB"]
+    grid = (batch, tiles + window_span // meta["DB"])
     for j in range(history.rows):
         _update_blocks_kernel[grid](
             logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
-            *block_history_args(history, block_maxima), next_n, blocks, j, T=t, **block_tile_meta(),
+            *block_history_args(history, block_maxima), next_n, blocks, j, tiles, window_span, T=t, **meta,
             HAS_SEEN=history.last_seen is not None,
             num_warps=NUM_WARPS, enable_fp_fusion=False)  # the EMA's two products and sum rounded as torch does
+
+
+def window_programs(window: int, tokens: int, blocks: int, per_program: int) -> int:
+    """Programs of `per_program` compact blocks that cover a row's diagonal window: the logical blocks holding
+    one of the `window` positions before the query, at most ceil((window + T - 1) / T) of them (T = tokens), are
+    kept blocks in logical order, so the last that many compact blocks below the row's compact length hold every
+    one (and no more than the table's `blocks`). 0 without a window."""
+    if window <= 0:
+        return 0
+    return -(-min(-(-(window + tokens - 1) // tokens), blocks) // per_program)
 
 
 def block_tile_meta(blocks: int | None = None, diagonal: int | None = None) -> dict:
@@ -86,21 +102,35 @@ if triton is not None:
     def _update_blocks_kernel(x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bm_ptr, bm_stride,
                               vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr, slot_ptr,
                               kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi, next_n,
-                              num_blocks, j, T: tl.constexpr, BLOCKS: tl.constexpr, DB: tl.constexpr,
-                              HAS_SEEN: tl.constexpr):
-        """Program (b, pm): row j's update of request b's compact blocks [pm * BLOCKS, (pm + 1) * BLOCKS)."""
-        update_block_tile(tl.program_id(0), tl.program_id(1), j, x_ptr, x_stride_b, x_stride_n, table_ptr,
-                          table_stride, clen_ptr, bm_ptr, bm_stride, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr,
-                          seen_stride, clock_ptr, slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window,
-                          trash, lo, hi, next_n, num_blocks, T, BLOCKS, DB, HAS_SEEN)
+                              num_blocks, j, tiles, window_span, T: tl.constexpr, BLOCKS: tl.constexpr,
+                              DB: tl.constexpr, HAS_SEEN: tl.constexpr):
+        """Program (b, p): row j's update of request b: p < tiles, block_max of compact blocks [p * BLOCKS,
+        (p + 1) * BLOCKS); above, D of the DB blocks (p - tiles) * DB on from the window's first candidate, the
+        row's compact length less window_span blocks (`window_programs` x DB)."""
+        b, p = tl.program_id(0), tl.program_id(1)
+        if p < tiles:
+            update_block_tile(b, p, j, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bm_ptr,
+                              bm_stride, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr,
+                              slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi,
+                              next_n, num_blocks, T, BLOCKS, DB, HAS_SEEN, False)
+        else:
+            upd, q, slot, _ = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, False)
+            clen = tl.load(clen_ptr + b * next_n + j)
+            lim = tl.minimum((clen + T - 1) // T, num_blocks)
+            first = lim - window_span + (p - tiles) * DB  # may be < 0: those blocks are masked
+            ema_diagonal_blocks(x_ptr + b.to(tl.int64) * x_stride_b + j * x_stride_n,
+                                kept_ptr + b.to(tl.int64) * kept_stride, first, lim, upd, clen, q, slot, d_ptr,
+                                d_stride, alpha, window, lo, hi, T, DB)
 
     @triton.jit
     def update_block_tile(b, pm, j, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bm_ptr,
                           bm_stride, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr, slot_ptr,
                           kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi, next_n, num_blocks,
-                          T: tl.constexpr, BLOCKS: tl.constexpr, DB: tl.constexpr, HAS_SEEN: tl.constexpr):
+                          T: tl.constexpr, BLOCKS: tl.constexpr, DB: tl.constexpr, HAS_SEEN: tl.constexpr,
+                          DIAGONAL: tl.constexpr):
         """Row j's update of request b's compact blocks [pm * BLOCKS, (pm + 1) * BLOCKS) (also run by the top-k's
-        threshold launch: topk_triton's `update=`)."""
+        threshold launch: topk_triton's `update=`); DIAGONAL: D too, from the tile's blocks that reach the window
+        (False: programs of their own update it)."""
         b64 = b.to(tl.int64)
         upd, q, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, HAS_SEEN)
         clen = tl.load(clen_ptr + b * next_n + j)
@@ -119,7 +149,7 @@ if triton is not None:
         tl.store(vb_ptr + pv * vb_stride, new.to(vb_ptr.dtype.element_ty), mask=live)
         if HAS_SEEN:
             tl.store(seen_ptr + pv * seen_stride, clock + (pv * 0).to(tl.int32), mask=live)
-        if reaches_window(live, kb, q, window, T):
+        if DIAGONAL and reaches_window(live, kb, q, window, T):
             s0, s1 = window_subtiles(m, on, kb, lim, q, window, pm, T, BLOCKS, DB)
             ema_diagonal_tile(x_ptr + b64 * x_stride_b + j * x_stride_n, kept_ptr + b64 * kept_stride, pm, lim, upd,
                               clen, q, slot, d_ptr, d_stride, alpha, window, lo, hi, s0, s1, T, BLOCKS, DB)

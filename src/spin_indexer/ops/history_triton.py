@@ -372,12 +372,19 @@ if triton is not None:
         that reaches the window to lim). Sub-tiles reload their scores from the logits (just read: L2) rather than
         keep the tile's alive through the V update (the whole tile in update_tile: 91 registers instead of 70)."""
         for s in range(s0, s1):
-            ms = pm * BLOCKS + s * DB + tl.arange(0, DB)
-            on_s = tl.where(upd, ms < lim, False)
-            kb_s = tl.load(kept_row + ms, mask=on_s, other=-1)
-            obs = _row_logits(x_row, ms, on_s, clen, T)
-            # as ema_vertical's live: a kept block of an updating row, a finite score before clen
-            # (a branch per sub-tile on whether it reaches the window cost 4-8 registers: none here)
-            live_s = tl.broadcast_to((kb_s >= 0)[:, None], obs.shape) & (obs > float("-inf")) & (
-                obs < float("inf"))
-            ema_diagonal(obs, live_s, kb_s, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T)
+            ema_diagonal_blocks(x_row, kept_row, pm * BLOCKS + s * DB, lim, upd, clen, q, slot, d_ptr, d_stride,
+                                alpha, window, lo, hi, T, DB)
+
+    @triton.jit
+    def ema_diagonal_blocks(x_row, kept_row, first, lim, upd, clen, q, slot, d_ptr, d_stride, alpha, window, lo, hi,
+                            T: tl.constexpr, DB: tl.constexpr):
+        """D of a row's compact blocks [first, first + DB) inside [0, lim) (x_row: the row's first logit, kept_row:
+        its first logical block id): their scores reloaded from the logits, the cells inside the window updated."""
+        ms = first + tl.arange(0, DB)
+        on_s = tl.where(upd, (ms >= 0) & (ms < lim), False)
+        kb_s = tl.load(kept_row + ms, mask=on_s, other=-1)
+        obs = _row_logits(x_row, ms, on_s, clen, T)
+        # as ema_vertical's live: a kept block of an updating row, a finite score before clen
+        # (a branch per sub-tile on whether it reaches the window cost 4-8 registers: none here)
+        live_s = tl.broadcast_to((kb_s >= 0)[:, None], obs.shape) & (obs > float("-inf")) & (obs < float("inf"))
+        ema_diagonal(obs, live_s, kb_s, q, slot, d_ptr, d_stride, alpha, window, lo, hi, T)

@@ -368,7 +368,7 @@ if triton is not None:
             update_block_tile(u // tiles, u % tiles, 0, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, len_ptr,
                               bm_ptr, bm_stride, vb_ptr, vb_stride, d_ptr, d_stride, seen_ptr, seen_stride, clock_ptr,
                               slot_ptr, kept_ptr, kept_stride, lens_ptr, upd_ptr, alpha, window, trash, lo, hi, next_n,
-                              num_blocks, T, BLOCKS, DB, HAS_SEEN)
+                              num_blocks, T, BLOCKS, DB, HAS_SEEN, True)
         else:
             u = pid - rows
             update_tile(u // tiles, u % tiles, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, len_ptr,

@@ -33,9 +33,10 @@ BLOCKS_PER_PROGRAM = 256  # compact blocks a program: one [256] tile of ids, max
 # one chain of dependent loads (ids, logits, D cells). The window (129 blocks at the default 8192 positions) was
 # the job of the tile holding it, one 8-block sub-tile after another, and the pass ended with that loop: H200
 # (run 162, the proxy's e2e at 96 x 32K) ~30 us a layer over all 32 sub-tiles of the tile, H100 (run 163) 10.5 /
-# 13.4 us at 40% / 50% from the window's ~17 sub-tiles (history_triton.window_subtiles), and 12.3 us at 64 x 32K
-# 50% with a 64 x 128 head (run 164), where the block_max half moves ~70 B a kept block: ~2 MB, under a microsecond
-# of bandwidth. The window's programs now run beside the tiles' (`window_programs`), one sub-tile each.
+# 13.4 us at 40% / 50% from the window's ~17 sub-tiles (history_triton.window_subtiles), and 10.3 / 12.3 us at 64 x
+# 32K with a 64 x 128 head (run 165), where the block_max half moves ~70 B a kept block: ~2 MB, under a microsecond
+# of bandwidth. The window's programs now run beside the tiles' (`window_programs`), one sub-tile each: under 7.5 us
+# at 64 x 32K 40% (run 166, H100: out of the profile's top 12; the step's kernels 11.13 -> 10.93 ms, its ITL -0.4%).
 DIAGONAL_BLOCKS = 8
 NUM_WARPS = 4
 

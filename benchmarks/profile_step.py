@@ -38,6 +38,19 @@ def kernel_table(fn, iters: int = 3) -> list[tuple[float, float, str]]:
     return sorted(rows, reverse=True)
 
 
+def per_layer_rows(step_rows: list, plan_rows: list, layers: int, plan_layers: int) -> list[tuple[float, float, str]]:
+    """One layer's share of a step of plan_layers layers, from kernel_table rows (us, launches, name) of a profiled
+    step (plan() of plan_layers layers, then run() of `layers`) and of plan() alone: run()'s kernels / layers plus
+    plan()'s / plan_layers, as run_all's columns count them. The whole step / layers would charge each profiled
+    layer plan_layers / layers times its share of plan() (96 x 128K next_n = 2, two layers: a 148 us plan row)."""
+    plan = {name: (t, n) for t, n, name in plan_rows}
+    out = {name: (t / plan_layers, n / plan_layers) for name, (t, n) in plan.items()}
+    for t, n, name in step_rows:
+        pt, pn = plan.get(name, (0.0, 0.0))
+        out[name] = (max(t - pt, 0.0) / layers + pt / plan_layers, max(n - pn, 0.0) / layers + pn / plan_layers)
+    return sorted(((t, n, name) for name, (t, n) in out.items()), reverse=True)
+
+
 PARTS = ("kernels", "topk", "update")  # what profile_point measures (--parts); each compiles its own variants
 
 
@@ -57,15 +70,21 @@ def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: lis
     k = min(TOPK, ctx)
     idx, slots = steady_indexer(p, SpinConfig(sparsity=sparsity, topk=k))
 
-    def spin_step():
+    def spin_plan():
         idx.plan(p.table, p.lens, slots, validate=False)
+
+    def spin_step():
+        spin_plan()
         for i in range(p.layers):
             idx.run(i, p.q[i][0], p.caches[i], p.q[i][1])
 
     dense = DenseIndexer(k, next_n, device=p.table.device)
 
-    def dense_step():
+    def dense_plan():
         dense.plan(p.table, p.lens, validate=False)
+
+    def dense_step():
+        dense_plan()
         for i in range(p.layers):
             dense.run(i, p.q[i][0], p.caches[i], p.q[i][1])
 
@@ -73,27 +92,33 @@ def profile_point(batch: int, ctx: int, next_n: int, sparsity: float, lines: lis
     # beside DenseIndexer's: a guarded step should cost the dense step plus plan().
     guarded, gslots = steady_indexer(p, SpinConfig(sparsity=sparsity, topk=k, dense_batch_below=1 << 62))
 
-    def guarded_step():
+    def guarded_plan():
         guarded.plan(p.table, p.lens, gslots, validate=False)
+
+    def guarded_step():
+        guarded_plan()
         for i in range(p.layers):
             guarded.run(i, p.q[i][0], p.caches[i], p.q[i][1])
 
     out = {"batch": batch, "ctx": ctx, "next_n": next_n, "sparsity": sparsity, "layers": p.layers}
-    steps = (("spin", spin_step), ("guarded", guarded_step), ("dense", dense_step))
-    if "kernels" in parts:  # whole steps in CUDA graphs first (what run_all times), per layer
-        graph = {name: time_graph([fn], max_reps=10).p50_us / p.layers for name, fn in steps}
+    steps = (("spin", spin_plan, spin_step), ("guarded", guarded_plan, guarded_step), ("dense", dense_plan, dense_step))
+    if "kernels" in parts:  # whole steps in CUDA graphs first (what run_all times), per layer of a 61-layer step
+        graph = {}
+        for name, plan_fn, fn in steps:
+            plan_us = time_graph([plan_fn], max_reps=10).p50_us
+            graph[name] = (time_graph([fn], max_reps=10).p50_us - plan_us) / p.layers + plan_us / PLAN_LAYERS
         out["graph_us_per_layer"] = graph
-        lines.append(f"\n== B={batch} L={ctx} n={next_n} s={sparsity}, CUDA-graph step per layer: " +
-                     ", ".join(f"{n} {t:.2f} us" for n, t in graph.items()))
-    for name, fn in steps if "kernels" in parts else ():
-        rows = kernel_table(fn)
-        total = sum(r[0] for r in rows) / p.layers
-        launches = sum(r[1] for r in rows) / p.layers
+        lines.append(f"\n== B={batch} L={ctx} n={next_n} s={sparsity}, CUDA-graph step per layer (plan() / "
+                     f"{PLAN_LAYERS}): " + ", ".join(f"{n} {t:.2f} us" for n, t in graph.items()))
+    for name, plan_fn, fn in steps if "kernels" in parts else ():
+        rows = per_layer_rows(kernel_table(fn), kernel_table(plan_fn), p.layers, PLAN_LAYERS)
+        total = sum(r[0] for r in rows)
+        launches = sum(r[1] for r in rows)
         lines.append(f"\n== {name} B={batch} L={ctx} n={next_n} s={sparsity}: {total:.1f} us of kernels per layer "
-                     f"(plan of {PLAN_LAYERS} layers included once per step), {launches:.1f} launches per layer")
+                     f"(run()'s, and plan()'s / {PLAN_LAYERS}), {launches:.1f} launches per layer")
         for t, n, kname in rows[:14]:
-            lines.append(f"{t / p.layers:9.1f} us/layer {n / p.layers:5.2f}x  {kname[:120]}")
-        out[f"{name}_kernels"] = [(round(t / p.layers, 2), round(n / p.layers, 2), kname[:160]) for t, n, kname in rows]
+            lines.append(f"{t:9.1f} us/layer {n:5.2f}x  {kname[:120]}")
+        out[f"{name}_kernels"] = [(round(t, 2), round(n, 2), kname[:160]) for t, n, kname in rows]
 
     # The top-k's stages alone on the step's compact logits (graph timings, cumulative stages), with the group
     # maxima SpinIndexer passes (the logits op writes them when G = topk_group < 64, as the step does).

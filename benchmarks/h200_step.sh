@@ -21,7 +21,8 @@
 #   bash benchmarks/h200_step.sh all            tests of the step's kernels + grid + v32 (+ profile, + a command:
 #                                               ALL_* variables, see the stage) in one call, packed into
 #                                               $OUT/h200_all.tgz (one file: a call brings back at most 8)
-# Everything lands under $OUT (what comes back from the device). SPIN_COMMIT names the commit in the results
+# Everything lands under $OUT (what comes back from the device; packed into $OUT/out.tgz past 7 files).
+# SPIN_COMMIT names the commit in the results
 # (the device copy's git HEAD can be stale: pass it explicitly).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -152,3 +153,12 @@ case "$stage" in
     *)
         echo "unknown stage $stage (tests, grid, profile, v32, mtp, cuda, ncu, summary, all, cmd)"; exit 2 ;;
 esac
+rc=$?
+# A call brings back at most 8 files (run 165 left its e2e csv files on the device): more than that under $OUT are
+# packed into $OUT/out.tgz (archives already there stay beside it)
+if [ "$(find "$OUT" -type f ! -name '*.tgz' | wc -l)" -gt 7 ]; then
+    (cd "$OUT" && find . -type f ! -name '*.tgz' -print0 | tar czf out.tgz --null -T - --remove-files \
+        && find . -mindepth 1 -type d -empty -delete)
+    echo "h200_step.sh: packed $OUT into out.tgz (more than 7 files)"
+fi
+exit $rc

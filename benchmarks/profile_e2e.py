@@ -1,6 +1,8 @@
 """Where one end-to-end decode step of the proxy model goes (bench_e2e's step: 30 layers of DSA-style sparse
 decoding), per kernel: torch.profiler over a few eager steps after warm-up, kernels grouped by name, for
 the configs bench_e2e names (dense, SPIN, all-keep). Complements bench_e2e.py, whose columns are whole-step times.
+Under dense and all-keep it also prints the indexer logits' share of the kernels and the bound that puts on SPIN's
+e2e gain (`logits_bound`).
 
     PYTHONPATH=src:benchmarks python3 benchmarks/profile_e2e.py --random-weights --points 32x32768 --out DIR
 """
@@ -18,6 +20,22 @@ from harness import environment
 from profile_step import kernel_table
 
 from spin_indexer.model.decode import decode_one_step
+
+
+# The indexer logits kernels by name: the Triton kernel, the project's CUDA kernel, DeepGEMM's
+LOGITS_KERNELS = ("_paged_indexer_logits_kernel", "paged_logits_kernel", "fp8_paged_mqa_logits")
+
+
+def logits_bound(rows: list, sparsities=(0.4, 0.5)) -> str:
+    """From a dense step's kernel_table rows (us, launches, name): the indexer logits' share of the step's kernels
+    and the most SPIN could gain at each sparsity s with its logits exactly (1 - s) of these and no work of its own,
+    1 / (1 - s x share): the e2e's physical limit on this proxy (metric of #14's e2e line)."""
+    total = sum(t for t, _, _ in rows)
+    logits = sum(t for t, _, name in rows if any(k in name for k in LOGITS_KERNELS))
+    share = logits / total if total > 0 else 0.0
+    bounds = ", ".join(f"{s:.0%} {1 / (1 - s * share):.3f}x" for s in sparsities)
+    return (f"indexer logits {logits / 1000:.2f} of {total / 1000:.2f} ms of kernels ({share:.1%}): SPIN with no own "
+            f"work and proportional logits at most {bounds}")
 
 
 def main(argv=None) -> int:
@@ -53,7 +71,11 @@ def main(argv=None) -> int:
                      f"{launches:.0f} launches")
         for t, c, kname in rows[:args.top]:
             lines.append(f"  {t:9.1f} us  {c:5.0f}x  {kname[:110]}")
-        print("\n".join(lines[-args.top - 1:]), flush=True)
+        shown = min(args.top, len(rows)) + 1
+        if config in ("dense", "all-keep"):
+            lines.append(f"  {logits_bound(rows)}")
+            shown += 1
+        print("\n".join(lines[-shown:]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "profile_e2e.txt").write_text("\n".join(lines) + "\n")
     return 0

@@ -113,3 +113,15 @@ def test_topk_candidates_summary_counts_rows_over_the_buffer(tmp_path):
     assert cells[:5] == ["x", "2", "640-640", "4", "12"] and cells[6] == "40" and cells[7] == "33.3%"
     assert tc.main(["--tiny", "--points", "2x256", "--configs", "all-keep", "--k", "32", "--out", str(tmp_path)]) == 0
     assert "| all-keep B=2 L=256 | 0 |" in (tmp_path / "topk_candidates.md").read_text()  # CPU: no Triton top-k
+
+
+def test_profile_e2e_bound_counts_only_the_indexer_logits_kernels():
+    """profile_e2e's limit line: logits 26 of 100 us of kernels (the Triton and the CUDA kernel's names; attention
+    and the top-k are not logits) -> at 50% 1 / (1 - 0.13) = 1.149x, at 40% 1 / (1 - 0.104) = 1.116x."""
+    prof = import_benchmark("profile_e2e")
+    rows = [(20.0, 30.0, "_paged_indexer_logits_kernel"), (6.0, 1.0, "void paged_logits_kernel<2>(Params)"),
+            (50.0, 30.0, "_topk_attention_kernel"), (24.0, 30.0, "_threshold_kernel")]
+    line = prof.logits_bound(rows)
+    assert "indexer logits 0.03 of 0.10 ms of kernels (26.0%)" in line
+    assert "40% 1.116x" in line and "50% 1.149x" in line
+    assert "(0.0%)" in prof.logits_bound([(5.0, 1.0, "_topk_attention_kernel")])

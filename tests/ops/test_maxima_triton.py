@@ -82,7 +82,7 @@ def test_one_program_loops_over_every_tile(triton_device, monkeypatch):
 @pytest.mark.parametrize("rows", [1, 5, 6, 7, 12, 31, 32, 33, 200])
 def test_the_grid_is_one_wave_of_resident_programs(rows):
     """rows x P never exceeds the resident programs (SMs x PROGRAMS_PER_SM: 4 x 8 off CUDA) unless one program a
-    row already does (a second wave would double the pass's time), and takes all of them that whole rows can."""
+    row already does (no program waits for a second wave), and takes all of them that whole rows can."""
     places = maxima_triton.sm_count(torch.device("cpu")) * maxima_triton.PROGRAMS_PER_SM
     p = maxima_triton.programs_per_row(rows, 1 << 20, torch.device("cpu"), T)
     assert p == max(1, places // rows) and (rows * p <= places or p == 1)

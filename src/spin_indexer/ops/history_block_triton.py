@@ -60,13 +60,13 @@ def update_block_history_triton(history: HistoryUpdate, logits: torch.Tensor, bl
         logits = logits.contiguous()
     meta = block_tile_meta()
     tiles = triton.cdiv(blocks, meta["BLOCKS"])
-    window_span = window_programs(int(history.window), t, blocks, meta["DB"]) * meta["DB"]
-    grid = (batch, tiles + window_span // meta["DB"])
+    diagonal = window_programs(int(history.window), t, blocks, meta["DB"])
+    grid = (batch, tiles + diagonal)
     for j in range(history.rows):
         _update_blocks_kernel[grid](
             logits, logits.stride(0), logits.stride(1), compact_table, compact_table.stride(0), compact_lens,
-            *block_history_args(history, block_maxima), next_n, blocks, j, tiles, window_span, T=t, **meta,
-            HAS_SEEN=history.last_seen is not None,
+            *block_history_args(history, block_maxima), next_n, blocks, j, tiles, diagonal * meta["DB"],
+            T=t, **meta, HAS_SEEN=history.last_seen is not None,
             num_warps=NUM_WARPS, enable_fp_fusion=False)  # the EMA's two products and sum rounded as torch does
 
 

@@ -45,8 +45,9 @@ def sm_count(device: torch.device) -> int:
 
 def programs_per_row(rows: int, cols: int, device: torch.device, tile_cols: int) -> int:
     """P: a row's programs, so that rows x P fills the GPU's resident programs once and no more (at most one per
-    tile). Rounded down: one program past the resident ones is a second wave, and the pass then takes two
-    programs' time (192 rows, next_n = 2 at 96 requests: 6 a row rounded up = 1152 programs for 1056 places)."""
+    tile). Rounded down, so no program waits for a second wave (192 rows, next_n = 2 at 96 requests: 6 a row
+    rounded up were 1152 programs for 1056 places). Timed alone on an H100 (run 164), the two grids were within 1%
+    of each other (86-91% of copy bandwidth): the rule never adds programs, it removed no measurable time there."""
     return max(1, min(triton.cdiv(cols, tile_cols), sm_count(device) * PROGRAMS_PER_SM // max(rows, 1)))
 
 

@@ -17,6 +17,7 @@ CPU dry run (nothing timed): SPIN_BENCH_DEVICE=cpu TRITON_INTERPRET=1 ... --poin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import torch
 
@@ -49,7 +50,9 @@ def main(argv=None) -> int:
 
     from spin_indexer import ops
     from spin_indexer.ops import deepgemm
-    from spin_indexer.ops.indexer_logits_triton import _pick_chunk, paged_indexer_logits_triton
+    from spin_indexer.ops import indexer_logits_triton as L
+    from spin_indexer.ops.indexer_logits_triton import (_pick_chunk, default_config, paged_indexer_logits_triton,
+                                                        wave_chunk)
     from spin_indexer.predictor import SpinConfig
     from spin_indexer.predictor.select import budget_of
 
@@ -89,7 +92,21 @@ def main(argv=None) -> int:
             base = time_graph([lambda i=i: dg(i) for i in range(pt.layers)]).p50_us
             print(f"| {batch} x {ctx} | {args.sparsity} | {kept} | deepgemm + maxima | | | {base:.1f} | 1.00 |",
                   flush=True)
-        default_chunk = _pick_chunk(batch, min(width, active))
+        prod = default_config(1, batch * width, compact=True)
+        rule_chunk = _pick_chunk(batch, min(width, active), prod.target_programs, prod.max_chunk)
+
+        def production(i):  # what SPIN's step launches: the compact configuration, the chunk from the waves
+            x, bm, gm = outs[i]
+            paged_indexer_logits_triton(pt.q[i][0], pt.caches[i], pt.q[i][1], plan.compact_seq_lens,
+                                        plan.compact_block_table, validate=False, out=x, block_max_out=bm,
+                                        fill_tail=False, group_max_out=gm, group=group, active_width=active)
+        us = time_graph([lambda i=i: production(i) for i in range(pt.layers)]).p50_us
+        # the launch's resident places (cached by its first call, the only chunk=None launch of this process)
+        slots = next(iter(L._SLOTS.values()), None) if not dry else None
+        prod_chunk = wave_chunk(batch, min(width, active), slots, rule_chunk, prod.max_chunk) if slots else rule_chunk
+        ratio = f"{us / base:.2f}" if base else "-"
+        print(f"| {batch} x {ctx} | {args.sparsity} | {kept} | triton | production ({slots} places) | "
+              f"{prod_chunk} (rule {rule_chunk}) | {us:.1f} | {ratio} |", flush=True)
         for name, cfg in configs.items():
             for chunk in chunks:
                 def triton_call(i, chunk=chunk, cfg=cfg):
@@ -99,7 +116,8 @@ def main(argv=None) -> int:
                                                 fill_tail=False, group_max_out=gm, group=group, chunk=chunk,
                                                 config=cfg)
                 us = time_graph([lambda i=i: triton_call(i) for i in range(pt.layers)]).p50_us
-                mark = " (default)" if chunk == default_chunk and name == "s3" else ""
+                same = dataclasses.replace(cfg, target_programs=prod.target_programs, max_chunk=prod.max_chunk) == prod
+                mark = " (production)" if same and chunk == prod_chunk else ""
                 ratio = f"{us / base:.2f}" if base else "-"
                 print(f"| {batch} x {ctx} | {args.sparsity} | {kept} | triton | {name} | {chunk}{mark} | {us:.1f} | "
                       f"{ratio} |", flush=True)

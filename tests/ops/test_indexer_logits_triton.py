@@ -92,6 +92,11 @@ def test_active_width_sizes_programs_not_the_grid(gen, triton_device):
         got = paged_indexer_logits_triton(x.q_fp8, x.kv_cache, x.weights, x.seq_lens, x.block_table, out=out,
                                           active_width=active)
         assert torch.equal(got.cpu(), want.cpu()), active
+    if triton_device == "cuda":  # the compact launches asked the driver for their resident places
+        from spin_indexer.ops.indexer_logits_triton import _SLOTS
+        from spin_indexer.ops.maxima_triton import sm_count
+        sms = sm_count(torch.device("cuda", torch.cuda.current_device()))
+        assert _SLOTS and all(sms <= places <= 32 * sms for places in _SLOTS.values()), _SLOTS
 
 
 def test_returns_new_buffers_and_validates(gen, triton_device):
@@ -217,6 +222,55 @@ def test_default_config_prefetches_where_measured_faster():
             (PREFETCH_MAX_SMALL, PREFETCH_MAX_SMALL + 1, PREFETCH_MIN_LARGE - 1, PREFETCH_MIN_LARGE)] == [1, 0, 0, 1]
     assert default_config(1, 16384, compact=False) == dataclasses.replace(CONFIGS[1], prefetch=0)
     assert all(default_config(n, 16384, compact=c) == CONFIGS[n] for n in (2, 3, 4) for c in (False, True))
+
+
+def _waves_simulated(programs: int, chunk: int, slots: int, saturating: int) -> float:
+    """The wave model by events: `programs` programs of `chunk` blocks start in order on `slots` places as places
+    free; while n run, each moves at 1 / max(n, saturating) blocks a time unit (HBM's one block a unit shared, or
+    a program's own pace below `saturating` programs). Returns the finish time."""
+    now, left, running = 0.0, programs, []
+    while left or running:
+        while left and len(running) < slots:
+            running.append(float(chunk))
+            left -= 1
+        rate = 1.0 / max(len(running), saturating)
+        step = min(running) / rate
+        now += step
+        running = [r - step * rate for r in running if r - step * rate > 1e-9]
+    return now
+
+
+@pytest.mark.parametrize("programs,chunk,slots,saturating", [(1024, 16, 792, 384), (2048, 8, 792, 384),
+                                                             (512, 32, 792, 384), (300, 4, 792, 384),
+                                                             (7392, 16, 792, 320), (100, 8, 264, 384), (0, 8, 792, 320)])
+def test_wave_cost_is_the_wave_model(programs, chunk, slots, saturating):
+    """wave_cost's closed form equals the model run by events (equal programs fill and leave the places in
+    waves); a wave under `saturating` programs costs what `saturating` would."""
+    from spin_indexer.ops.indexer_logits_triton import wave_cost
+    assert wave_cost(programs, chunk, slots, saturating) == pytest.approx(
+        _waves_simulated(programs, chunk, slots, saturating))
+
+
+def test_wave_chunk_leaves_no_small_last_wave():
+    """The compact launch (792 places: 6 prefetching programs an SM on 132 SMs) takes longer programs where the
+    block-count rule's grid is one wave and a small one (run 166, H100: 1024 programs were 5-8% slower than 512),
+    keeps the rule where the model sees no more than WAVE_GAIN, and never takes a shorter chunk."""
+    from spin_indexer.ops.indexer_logits_triton import (COMPACT_MAX_CHUNK, COMPACT_TARGET_PROGRAMS, _pick_chunk,
+                                                         wave_chunk)
+
+    def chosen(batch, blocks, slots=792):
+        rule = _pick_chunk(batch, blocks, COMPACT_TARGET_PROGRAMS, COMPACT_MAX_CHUNK)
+        return rule, wave_chunk(batch, blocks, slots, rule, max_chunk=COMPACT_MAX_CHUNK)
+    assert chosen(64, 256) == (16, 32)  # 64 x 32K s = 0.5: 1024 programs -> 512 in one wave
+    assert chosen(32, 256) == (8, 16)  # 32 x 32K s = 0.5: 1024 -> 512
+    assert chosen(8, 1024) == (8, 16)  # 8 x 128K s = 0.5
+    assert chosen(64, 308) == (16, 16) and chosen(32, 308) == (8, 8)  # s = 0.4: 1280 / 1248 programs, kept
+    assert chosen(96, 1024) == (32, 32) and chosen(96, 1229) == (32, 32)  # large tables: the rule's cap
+    assert chosen(96, 1639) == (32, 32)  # 96 x 128K s = 0.2: the model's 8 blocks (4% less) is never taken
+    assert chosen(1, 1024) == (4, 4)  # one request: fewer programs than saturate, the shortest chunk
+    assert chosen(64, 256, slots=1056) == (16, 16)  # 8 programs an SM: 1024 programs are one wave
+    assert chosen(3, 2) == (4, 4)  # a table shorter than a chunk
+    assert wave_chunk(8, 1024, 792, 8, max_chunk=8) == 8  # never past max_chunk
 
 
 def test_config_groups_and_table():

@@ -42,7 +42,8 @@ try:  # the package imports this module only for CUDA tensors; without triton th
     import triton.language as tl
 
     from .history_triton import _history_args, _no_history, ema_tile, row_constants, update_history_triton
-    from .maxima_triton import max_nan
+    from .maxima_triton import max_nan, sm_count
+    from .occupancy import resident_programs
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -160,6 +161,43 @@ PREFETCH_MIN_LARGE = 65536
 COMPACT_TARGET_PROGRAMS = 4096
 COMPACT_MAX_CHUNK = 32
 
+# Within those bounds the grid runs in waves. A program of the compact launch (scales prefetched) holds ~33 KB of
+# shared memory (three key stages and the query tile, ptxas for sm_90a), so an SM holds 6 of them (792 places on
+# 132 SMs; 8 without the prefetch, by registers: 1056). Programs of equal work run in waves of the places, and a
+# last wave too small to keep HBM busy runs at its programs' own latency-bound pace. H100, run 166
+# (logits_chunks.py, s = 0.5): at 1024 programs (one wave and 232) the prefetching launch took 60.5 us at 64 x 32K
+# against 56.2 / 57.2 at 2048 / 512 programs, and 32.3 / 32.7 us at 32 x 32K / 8 x 128K against 30.6 / 31.1 at
+# 512, where the launch without the prefetch (1056 places) was the fastest at 1024. wave_cost models it, each wave
+# as long as max(its programs, SATURATING_PROGRAMS) programs' bytes at full bandwidth (320 fits those points and
+# run 166's s = 0.4 ones within ~1 us, e.g. 8 x 128K at 1232 / 616 / 312 programs: 35.1 / 35.3 / 37.4 us against
+# 1 : 1 : 1.04 modeled); WAVE_GAIN keeps the block-count rule unless the model sees more than its margin.
+SATURATING_PROGRAMS = 320
+WAVE_GAIN = 0.03
+
+
+def wave_cost(programs: int, chunk: int, slots: int, saturating: int = SATURATING_PROGRAMS) -> int:
+    """Modeled time of `programs` programs of `chunk` blocks each on `slots` resident places, in block-times of
+    one place's share of full bandwidth: waves of `slots` programs (the last one what is left), each as long as
+    max(its programs, saturating) programs' blocks, since fewer programs than `saturating` leave HBM idle."""
+    full, last = divmod(programs, slots)
+    return chunk * (full * max(slots, saturating) + (max(last, saturating) if last else 0))
+
+
+def wave_chunk(batch: int, blocks: int, slots: int, chunk: int, max_chunk: int = 256, gain: float = WAVE_GAIN) -> int:
+    """Blocks per program for `batch` rows of `blocks` blocks on `slots` resident places: `chunk` (the
+    block-count rule's, `_pick_chunk`), or a longer one (chunk x 2^i <= max_chunk, up to the first covering
+    `blocks`) whose grid wave_cost finishes soonest, where that beats `chunk` by more than `gain`; ties go to the
+    longer. Never shorter: the model leaves out what each program costs to start (its queries, its pipeline's
+    first loads), and no measurement has a shorter chunk winning by more than the noise (run 166: 96 x 128K s =
+    0.4, the model's 1.3% for 8 blocks against 16 measured 2% the other way)."""
+    def cost(c):
+        return wave_cost(batch * -(-blocks // c), c, slots)
+    candidates = [chunk]
+    while candidates[-1] * 2 <= max_chunk and candidates[-1] < blocks:
+        candidates.append(candidates[-1] * 2)
+    best = min(candidates, key=lambda c: (cost(c), -c))
+    return best if cost(best) < (1 - gain) * cost(chunk) else chunk
+
 
 def default_config(next_n: int, table_blocks: int, compact: bool) -> LogitsConfig:
     """The launch configuration for next_n rows on a table of table_blocks blocks (B x W); compact: SPIN's
@@ -271,22 +309,42 @@ def paged_indexer_logits_triton(q_fp8: torch.Tensor, kv_cache: torch.Tensor, wei
     fused = history is not None and history.rows == 1
     hist = _history_args(history, out) if fused else _no_history(out)
     cfg = config or default_config(next_n, batch * width, active_width is not None)
-    chunk = chunk or _pick_chunk(batch, min(width, active_width or width), cfg.target_programs, cfg.max_chunk)
     r0, r1, r2, r3 = cfg.group_rows(next_n)
-    grid = (batch, triton.cdiv(width, chunk))
     gmax = group_max_out if group_max_out is not None else block_max_out  # a dummy pointer when unused
-    _paged_indexer_logits_kernel[grid](
-        q, k_arg, scales_f32, w, lens, block_table, out, block_max_out, gmax,
-        width, block_table.stride(0), out.stride(0), block_max_out.stride(0), gmax.stride(0), chunk,
-        kv_cache.shape[0], *hist,
-        NEXT_N=next_n, H=heads, D=dim, T=tokens, PAGE_BYTES=page_bytes, RB=rows_per_block, G=cfg.group,
-        R0=r0, R1=r1, R2=r2, R3=r3, PREFETCH=cfg.prefetch, FILL_TAIL=fill_tail, HIST=fused,
-        GMAX=group_max_out is not None, GS=group if group_max_out is not None else tokens,
-        HAS_SEEN=fused and history.last_seen is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        maxnreg=None if fused else cfg.max_registers)
+    meta = dict(NEXT_N=next_n, H=heads, D=dim, T=tokens, PAGE_BYTES=page_bytes, RB=rows_per_block, G=cfg.group,
+                R0=r0, R1=r1, R2=r2, R3=r3, PREFETCH=cfg.prefetch, FILL_TAIL=fill_tail, HIST=fused,
+                GMAX=group_max_out is not None, GS=group if group_max_out is not None else tokens,
+                HAS_SEEN=fused and history.last_seen is not None, num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages, maxnreg=None if fused else cfg.max_registers)
+
+    def args(blocks_per_program):
+        return (q, k_arg, scales_f32, w, lens, block_table, out, block_max_out, gmax, width, block_table.stride(0),
+                out.stride(0), block_max_out.stride(0), gmax.stride(0), blocks_per_program, kv_cache.shape[0], *hist)
+    if not chunk:
+        blocks = min(width, active_width or width)
+        chunk = _pick_chunk(batch, blocks, cfg.target_programs, cfg.max_chunk)
+        if active_width is not None and q.is_cuda:  # SPIN's compact table: the grid's waves decide (wave_chunk)
+            slots = _resident_slots(args(chunk), meta, q.device)
+            if slots:
+                chunk = wave_chunk(batch, blocks, slots, chunk, max_chunk=cfg.max_chunk)
+    _paged_indexer_logits_kernel[(batch, triton.cdiv(width, chunk))](*args(chunk), **meta)
     if history is not None and not fused:
         update_history_triton(history, out.view(batch, next_n, -1), block_table, seq_lens)
     return out
+
+
+_SLOTS: dict = {}  # (device index, the launch's constants) -> resident places of its compiled kernel, or None
+
+
+def _resident_slots(args: tuple, meta: dict, device: torch.device) -> int | None:
+    """Programs of this launch's compiled kernel the GPU holds at once (an SM's, occupancy.resident_programs, x
+    SMs), or None where the driver cannot say; once per (device, constants): the kernel compiles here, for the
+    launch just after."""
+    key = (device.index, tuple(sorted(meta.items(), key=lambda item: item[0])))
+    if key not in _SLOTS:
+        per_sm = resident_programs(_paged_indexer_logits_kernel.warmup(*args, grid=(1,), **meta))
+        _SLOTS[key] = None if per_sm is None else per_sm * sm_count(device)
+    return _SLOTS[key]
 
 
 def _cache_args(kv_cache: torch.Tensor, tokens: int, dim: int):

@@ -1,0 +1,33 @@
+"""Resident programs of a compiled Triton kernel: how many of its programs one SM holds at once.
+
+A grid of programs of equal work runs in waves of (resident programs x SMs); the last wave's size decides whether
+it keeps HBM busy (indexer_logits_triton.wave_chunk). The driver knows the exact number from the kernel's
+registers, threads and dynamic shared memory (cuOccupancyMaxActiveBlocksPerMultiprocessor), so nothing here
+copies the SM's limits into the library.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+
+@functools.lru_cache(maxsize=1)
+def _libcuda() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:  # no NVIDIA driver library (another GPU vendor's Triton): callers keep their block-count rules
+        return None
+
+
+def resident_programs(kernel) -> int | None:
+    """Programs of `kernel` (a compiled Triton kernel, e.g. JITFunction.warmup's result, on the current device) one
+    SM holds at once, or None where the CUDA driver cannot say (no libcuda, an error code)."""
+    lib = _libcuda()
+    if lib is None:
+        return None
+    kernel._init_handles()  # loads the module: `function` (the CUfunction) exists from then on
+    blocks = ctypes.c_int(0)
+    err = lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(blocks), ctypes.c_void_p(kernel.function), ctypes.c_int(kernel.metadata.num_warps * 32),
+        ctypes.c_size_t(kernel.metadata.shared))
+    return blocks.value if err == 0 and blocks.value > 0 else None

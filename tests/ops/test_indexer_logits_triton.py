@@ -224,15 +224,16 @@ def test_default_config_prefetches_where_measured_faster():
     assert all(default_config(n, 16384, compact=c) == CONFIGS[n] for n in (2, 3, 4) for c in (False, True))
 
 
-def _waves_simulated(programs: int, chunk: int, slots: int, saturating: int) -> float:
-    """The wave model by events: `programs` programs of `chunk` blocks start in order on `slots` places as places
-    free; while n run, each moves at 1 / max(n, saturating) blocks a time unit (HBM's one block a unit shared, or
-    a program's own pace below `saturating` programs). Returns the finish time."""
-    now, left, running = 0.0, programs, []
-    while left or running:
-        while left and len(running) < slots:
-            running.append(float(chunk))
-            left -= 1
+def _waves_simulated(batch: int, blocks: int, chunk: int, slots: int, saturating: int) -> float:
+    """The wave model by events: each row's programs of `chunk` blocks (the last what is left) start in the grid's
+    order (chunk index, then row) on `slots` places as places free; while n run, each moves at 1 / max(n,
+    saturating) blocks a time unit (HBM's one block a unit shared, or a program's own pace below `saturating`
+    programs). Returns the finish time."""
+    lengths = [min(chunk, blocks - c) for c in range(0, blocks, chunk) for _ in range(batch)]
+    now, running = 0.0, []
+    while lengths or running:
+        while lengths and len(running) < slots:
+            running.append(float(lengths.pop(0)))
         rate = 1.0 / max(len(running), saturating)
         step = min(running) / rate
         now += step
@@ -240,20 +241,30 @@ def _waves_simulated(programs: int, chunk: int, slots: int, saturating: int) -> 
     return now
 
 
-@pytest.mark.parametrize("programs,chunk,slots,saturating", [(1024, 16, 792, 384), (2048, 8, 792, 384),
-                                                             (512, 32, 792, 384), (300, 4, 792, 384),
-                                                             (7392, 16, 792, 320), (100, 8, 264, 384), (0, 8, 792, 320)])
-def test_wave_cost_is_the_wave_model(programs, chunk, slots, saturating):
-    """wave_cost's closed form equals the model run by events (equal programs fill and leave the places in
-    waves); a wave under `saturating` programs costs what `saturating` would."""
+@pytest.mark.parametrize("batch,blocks,chunk,slots,saturating", [
+    (64, 256, 16, 792, 320), (64, 256, 8, 792, 320), (64, 257, 16, 792, 320), (64, 257, 32, 792, 320),
+    (96, 309, 16, 792, 320), (1, 8192, 8, 792, 320), (8, 1229, 32, 792, 320), (5, 3, 8, 792, 320),
+    (40, 17, 8, 264, 384), (30, 83, 8, 264, 100), (0, 64, 8, 792, 320)])
+def test_wave_cost_is_the_wave_model(batch, blocks, chunk, slots, saturating):
+    """wave_cost's closed form equals the model run by events: full programs in waves, each row's short program
+    beside the last wave's (a wave under `saturating` programs costs what `saturating` would)."""
     from spin_indexer.ops.indexer_logits_triton import wave_cost
-    assert wave_cost(programs, chunk, slots, saturating) == pytest.approx(
-        _waves_simulated(programs, chunk, slots, saturating))
+    assert wave_cost(batch, blocks, chunk, slots, saturating) == pytest.approx(
+        _waves_simulated(batch, blocks, chunk, slots, saturating))
+
+
+def test_wave_cost_bounds_short_programs_without_places():
+    """Short programs that find no free place beside the last full wave are counted as a wave after it: no less
+    than the events, where they start as the first ones leave."""
+    from spin_indexer.ops.indexer_logits_triton import wave_cost
+    for batch, blocks, chunk, slots in ((200, 20, 8, 264), (50, 33, 16, 60)):
+        exact = _waves_simulated(batch, blocks, chunk, slots, 32)
+        assert exact <= wave_cost(batch, blocks, chunk, slots, 32) <= 1.5 * exact
 
 
 def test_wave_chunk_leaves_no_small_last_wave():
     """The compact launch (792 places: 6 prefetching programs an SM on 132 SMs) takes longer programs where the
-    block-count rule's grid is one wave and a small one (run 166, H100: 1024 programs were 5-8% slower than 512),
+    block-count rule's grid is one wave and a small one (runs 166-167, H100: 1024 programs 5-8% slower than 512),
     keeps the rule where the model sees no more than WAVE_GAIN, and never takes a shorter chunk."""
     from spin_indexer.ops.indexer_logits_triton import (COMPACT_MAX_CHUNK, COMPACT_TARGET_PROGRAMS, _pick_chunk,
                                                          wave_chunk)
@@ -262,11 +273,13 @@ def test_wave_chunk_leaves_no_small_last_wave():
         rule = _pick_chunk(batch, blocks, COMPACT_TARGET_PROGRAMS, COMPACT_MAX_CHUNK)
         return rule, wave_chunk(batch, blocks, slots, rule, max_chunk=COMPACT_MAX_CHUNK)
     assert chosen(64, 256) == (16, 32)  # 64 x 32K s = 0.5: 1024 programs -> 512 in one wave
+    assert chosen(64, 257) == (16, 32)  # the e2e's 513-block table: 1024 full + 64 one-block programs
     assert chosen(32, 256) == (8, 16)  # 32 x 32K s = 0.5: 1024 -> 512
     assert chosen(8, 1024) == (8, 16)  # 8 x 128K s = 0.5
+    assert chosen(8, 1639) == (8, 32)  # 8 x 128K s = 0.2: 1640 programs (two waves and 56) -> 416
     assert chosen(64, 308) == (16, 16) and chosen(32, 308) == (8, 8)  # s = 0.4: 1280 / 1248 programs, kept
     assert chosen(96, 1024) == (32, 32) and chosen(96, 1229) == (32, 32)  # large tables: the rule's cap
-    assert chosen(96, 1639) == (32, 32)  # 96 x 128K s = 0.2: the model's 8 blocks (4% less) is never taken
+    assert chosen(8, 8192) == (16, 16)  # 8 x 1M s = 0.5: 4.3% modeled, under the margin (run 167: a tie)
     assert chosen(1, 1024) == (4, 4)  # one request: fewer programs than saturate, the shortest chunk
     assert chosen(64, 256, slots=1056) == (16, 16)  # 8 programs an SM: 1024 programs are one wave
     assert chosen(3, 2) == (4, 4)  # a table shorter than a chunk

@@ -161,37 +161,60 @@ PREFETCH_MIN_LARGE = 65536
 COMPACT_TARGET_PROGRAMS = 4096
 COMPACT_MAX_CHUNK = 32
 
-# Within those bounds the grid runs in waves. A program of the compact launch (scales prefetched) holds ~33 KB of
-# shared memory (three key stages and the query tile, ptxas for sm_90a), so an SM holds 6 of them (792 places on
-# 132 SMs; 8 without the prefetch, by registers: 1056). Programs of equal work run in waves of the places, and a
-# last wave too small to keep HBM busy runs at its programs' own latency-bound pace. H100, run 166
-# (logits_chunks.py, s = 0.5): at 1024 programs (one wave and 232) the prefetching launch took 60.5 us at 64 x 32K
-# against 56.2 / 57.2 at 2048 / 512 programs, and 32.3 / 32.7 us at 32 x 32K / 8 x 128K against 30.6 / 31.1 at
-# 512, where the launch without the prefetch (1056 places) was the fastest at 1024. wave_cost models it, each wave
-# as long as max(its programs, SATURATING_PROGRAMS) programs' bytes at full bandwidth (320 fits those points and
-# run 166's s = 0.4 ones within ~1 us, e.g. 8 x 128K at 1232 / 616 / 312 programs: 35.1 / 35.3 / 37.4 us against
-# 1 : 1 : 1.04 modeled); WAVE_GAIN keeps the block-count rule unless the model sees more than its margin.
+# Within those bounds the grid runs in waves. A program of the compact launch (scales prefetched) holds 33 KB of
+# shared memory (three key stages and the query tile; ptxas for sm_90a, triton 3.6: 64 registers, 33,048 B), so an
+# SM holds 6 of them (792 places on 132 SMs; 8 without the prefetch: 24,852 B, 1056 places). Programs of equal work
+# run in waves of the places, and a last wave too small to keep HBM busy runs at its programs' own latency-bound
+# pace. H100, run 166 (logits_chunks.py, s = 0.5): at 1024 programs (one wave and 232) the prefetching launch took
+# 60.5 us at 64 x 32K against 56.2 / 57.2 at 2048 / 512 programs, and 32.3 / 32.7 us at 32 x 32K / 8 x 128K
+# against 30.6 / 31.1 at 512, where the launch without the prefetch (1056 places) was fastest at 1024 at two of
+# the three. wave_cost models it (SATURATING_PROGRAMS = 320 fits run 166's 24 points at s = 0.5 / 0.4 within
+# ~1 us); wave_chunk lengthens the block-count rule's chunk where the model sees more than WAVE_GAIN. Run 167
+# (H100, 89353fc, paired in one run): 64 x 32K 60.6 -> 56.9 us, 32 x 32K 32.3 -> 30.4, 8 x 128K 32.8 -> 30.8,
+# 1 x 1M 32.0 -> 30.8; at s = 0.2 47.6 -> 45.9 / 45.5 / 45.6 (8 x 128K / 32 x 32K / 1 x 1M, chunk 8 -> 32); 8 x 1M
+# 16 -> 32 blocks (4.3% modeled) 204.2 -> 204.4: many waves drift apart, so their tails cost less than modeled,
+# hence the 5% margin.
 SATURATING_PROGRAMS = 320
-WAVE_GAIN = 0.03
+WAVE_GAIN = 0.05
 
 
-def wave_cost(programs: int, chunk: int, slots: int, saturating: int = SATURATING_PROGRAMS) -> int:
-    """Modeled time of `programs` programs of `chunk` blocks each on `slots` resident places, in block-times of
-    one place's share of full bandwidth: waves of `slots` programs (the last one what is left), each as long as
-    max(its programs, saturating) programs' blocks, since fewer programs than `saturating` leave HBM idle."""
-    full, last = divmod(programs, slots)
-    return chunk * (full * max(slots, saturating) + (max(last, saturating) if last else 0))
+def _wave(long: int, short: int, chunk: int, rest: int, saturating: int) -> int:
+    """One wave in the model: `long` programs of `chunk` blocks and `short` of `rest` < chunk blocks start
+    together; while n run each moves at 1 / max(n, saturating) blocks a time unit."""
+    if not long:
+        return rest * max(short, saturating)
+    return rest * max(long + short, saturating) + (chunk - rest) * max(long, saturating)
+
+
+def wave_cost(batch: int, blocks: int, chunk: int, slots: int, saturating: int = SATURATING_PROGRAMS) -> int:
+    """Modeled time of a launch of `batch` rows of `blocks` blocks in programs of `chunk` on `slots` resident
+    places, in units of one block's bytes at full bandwidth: each row's blocks // chunk full programs, in the grid's
+    order (chunk index, then row), fill waves of `slots`; each row's short program (blocks % chunk, the last chunk
+    index) follows, beside the last full wave's programs where places are free. While n programs run each moves
+    at 1 / max(n, saturating) blocks a unit: HBM's one block a unit shared, or, below `saturating` programs, each
+    program's own latency-bound pace. Short programs that find no free place count as a wave of their own after
+    (an upper bound: they would start as the first ones leave)."""
+    full, rest = divmod(blocks, chunk)
+    waves, last = divmod(batch * full, slots)
+    short = batch if rest else 0
+    beside = min(short, slots - last)
+    cost = waves * chunk * max(slots, saturating)
+    if last or beside:
+        cost += _wave(last, beside, chunk, rest, saturating)
+    more_waves, more = divmod(short - beside, slots)
+    cost += more_waves * _wave(0, slots, chunk, rest, saturating)
+    return cost + (_wave(0, more, chunk, rest, saturating) if more else 0)
 
 
 def wave_chunk(batch: int, blocks: int, slots: int, chunk: int, max_chunk: int = 256, gain: float = WAVE_GAIN) -> int:
     """Blocks per program for `batch` rows of `blocks` blocks on `slots` resident places: `chunk` (the
     block-count rule's, `_pick_chunk`), or a longer one (chunk x 2^i <= max_chunk, up to the first covering
-    `blocks`) whose grid wave_cost finishes soonest, where that beats `chunk` by more than `gain`; ties go to the
+    `blocks`) whose launch wave_cost finishes soonest, where that beats `chunk` by more than `gain`; ties go to the
     longer. Never shorter: the model leaves out what each program costs to start (its queries, its pipeline's
     first loads), and no measurement has a shorter chunk winning by more than the noise (run 166: 96 x 128K s =
     0.4, the model's 1.3% for 8 blocks against 16 measured 2% the other way)."""
     def cost(c):
-        return wave_cost(batch * -(-blocks // c), c, slots)
+        return wave_cost(batch, blocks, c, slots)
     candidates = [chunk]
     while candidates[-1] * 2 <= max_chunk and candidates[-1] < blocks:
         candidates.append(candidates[-1] * 2)

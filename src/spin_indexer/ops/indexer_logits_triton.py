@@ -168,12 +168,14 @@ COMPACT_MAX_CHUNK = 32
 # pace. H100, run 166 (logits_chunks.py, s = 0.5): at 1024 programs (one wave and 232) the prefetching launch took
 # 60.5 us at 64 x 32K against 56.2 / 57.2 at 2048 / 512 programs, and 32.3 / 32.7 us at 32 x 32K / 8 x 128K
 # against 30.6 / 31.1 at 512, where the launch without the prefetch (1056 places) was fastest at 1024 at two of
-# the three. wave_cost models it (SATURATING_PROGRAMS = 320 fits run 166's 24 points at s = 0.5 / 0.4 within
-# ~1 us); wave_chunk lengthens the block-count rule's chunk where the model sees more than WAVE_GAIN. Run 167
-# (H100, 89353fc, paired in one run): 64 x 32K 60.6 -> 56.9 us, 32 x 32K 32.3 -> 30.4, 8 x 128K 32.8 -> 30.8,
-# 1 x 1M 32.0 -> 30.8; at s = 0.2 47.6 -> 45.9 / 45.5 / 45.6 (8 x 128K / 32 x 32K / 1 x 1M, chunk 8 -> 32); 8 x 1M
-# 16 -> 32 blocks (4.3% modeled) 204.2 -> 204.4: many waves drift apart, so their tails cost less than modeled,
-# hence the 5% margin.
+# the three. wave_cost models it; wave_chunk lengthens the block-count rule's chunk where the model sees more than
+# WAVE_GAIN. Run 167 (H100, 89353fc, paired in one run): 64 x 32K 60.6 -> 56.9 us, 32 x 32K 32.3 -> 30.4, 8 x 128K
+# 32.8 -> 30.8, 1 x 1M 32.0 -> 30.8; at s = 0.2 47.6 -> 45.9 / 45.5 / 45.6 (8 x 128K / 32 x 32K / 1 x 1M, chunk 8
+# -> 32); 8 x 1M 16 -> 32 blocks (4.3% modeled) 204.2 -> 204.4: many waves drift apart, so their tails cost less
+# than modeled, hence the 5% margin. Over runs 166-167's 20 timed (point, sparsity) groups of this configuration at
+# 8 / 16 / 32 blocks the chunk chosen so is within 1.8% of the fastest timed one (the block-count rule's up to 8.4%
+# off). SATURATING_PROGRAMS is this configuration's: without the prefetch each program is slower, and one wave of
+# 512 programs ran 11% behind 1024 (64 x 32K s = 0.5) where this number calls them even.
 SATURATING_PROGRAMS = 320
 WAVE_GAIN = 0.05
 

@@ -101,9 +101,13 @@ def main(argv=None) -> int:
                                         plan.compact_block_table, validate=False, out=x, block_max_out=bm,
                                         fill_tail=False, group_max_out=gm, group=group, active_width=active)
         us = time_graph([lambda i=i: production(i) for i in range(pt.layers)]).p50_us
-        # the launch's resident places (cached by its first call, the only chunk=None launch of this process)
-        slots = next(iter(L._SLOTS.values()), None) if not dry else None
+        # the launches' resident places (the launcher caches them per device and constants; only production calls
+        # here pass chunk=None): one value, or the chunk cannot be named from here
+        seen = {places for places in L._SLOTS.values() if places}
+        slots = next(iter(seen)) if len(seen) == 1 else None
         prod_chunk = wave_chunk(batch, min(width, active), slots, rule_chunk, prod.max_chunk) if slots else rule_chunk
+        if len(seen) > 1:
+            prod_chunk = "?"
         ratio = f"{us / base:.2f}" if base else "-"
         print(f"| {batch} x {ctx} | {args.sparsity} | {kept} | triton | production ({slots} places) | "
               f"{prod_chunk} (rule {rule_chunk}) | {us:.1f} | {ratio} |", flush=True)

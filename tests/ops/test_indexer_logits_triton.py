@@ -99,6 +99,32 @@ def test_active_width_sizes_programs_not_the_grid(gen, triton_device):
         assert _SLOTS and all(sms <= places <= 32 * sms for places in _SLOTS.values()), _SLOTS
 
 
+def test_compact_launch_first_seen_in_a_capture_keeps_the_rule(gen, triton_device, monkeypatch):
+    """A compact launch whose resident places were never asked (first seen inside a CUDA-graph capture) does not
+    query the driver there: it runs the block-count rule's chunk, its replay equals the eager result, and the places
+    cache stays empty for an eager launch to fill."""
+    if triton_device != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    from spin_indexer.ops import indexer_logits_triton as L
+    monkeypatch.setattr(L, "_SLOTS", {})
+    x = make_paged_inputs((40 * T + 3, 11 * T, 2 * T + 7), 1, 16, 32, gen).to(triton_device)
+    # eager first, with the compact launch's configuration and the rule's chunk (4 here): the kernel the capture
+    # launches is compiled and loaded outside it
+    rule = L._pick_chunk(3, 20, L.COMPACT_TARGET_PROGRAMS, L.COMPACT_MAX_CHUNK)
+    want = paged_indexer_logits_triton(x.q_fp8, x.kv_cache, x.weights, x.seq_lens, x.block_table, chunk=rule,
+                                       config=L.default_config(1, 3 * 20, compact=True))
+    assert not L._SLOTS  # a given chunk never asks
+    out = torch.full_like(want, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        paged_indexer_logits_triton(x.q_fp8, x.kv_cache, x.weights, x.seq_lens, x.block_table, validate=False,
+                                    out=out, active_width=20)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert not L._SLOTS
+    assert torch.equal(out.cpu(), want.cpu())
+
+
 def test_returns_new_buffers_and_validates(gen, triton_device):
     inputs = make_paged_inputs((100,), 1, 8, 32, gen)
     args = [t.to(triton_device) for t in inputs.args()]

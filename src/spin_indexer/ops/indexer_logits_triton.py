@@ -364,9 +364,12 @@ _SLOTS: dict = {}  # (device index, the launch's constants) -> resident places o
 def _resident_slots(args: tuple, meta: dict, device: torch.device) -> int | None:
     """Programs of this launch's compiled kernel the GPU holds at once (an SM's, occupancy.resident_programs, x
     SMs), or None where the driver cannot say; once per (device, constants): the kernel compiles here, for the
-    launch just after."""
+    launch just after. Not asked inside a CUDA-graph capture (the driver query is no stream work, but a capture
+    should hold no call the eager step did not make): a launch first seen there keeps the block-count rule."""
     key = (device.index, tuple(sorted(meta.items(), key=lambda item: item[0])))
     if key not in _SLOTS:
+        if torch.cuda.is_current_stream_capturing():
+            return None
         per_sm = resident_programs(_paged_indexer_logits_kernel.warmup(*args, grid=(1,), **meta))
         _SLOTS[key] = None if per_sm is None else per_sm * sm_count(device)
     return _SLOTS[key]

@@ -116,12 +116,17 @@ if triton is not None:
                               next_n, num_blocks, T, BLOCKS, DB, HAS_SEEN, False)
         else:
             upd, q, slot, _ = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, False)
-            clen = tl.load(clen_ptr + b * next_n + j)
-            lim = tl.minimum((clen + T - 1) // T, num_blocks)
+            clen, lim = row_span(clen_ptr, b * next_n + j, num_blocks, T)
             first = lim - window_span + (p - tiles) * DB  # may be < 0: those blocks are masked
             ema_diagonal_blocks(x_ptr + b.to(tl.int64) * x_stride_b + j * x_stride_n,
                                 kept_ptr + b.to(tl.int64) * kept_stride, first, lim, upd, clen, q, slot, d_ptr,
                                 d_stride, alpha, window, lo, hi, T, DB)
+
+    @triton.jit
+    def row_span(clen_ptr, row, num_blocks, T: tl.constexpr):
+        """(clen, lim): the row's compact length and the compact blocks holding its columns (at most the table's)."""
+        clen = tl.load(clen_ptr + row)
+        return clen, tl.minimum((clen + T - 1) // T, num_blocks)
 
     @triton.jit
     def update_block_tile(b, pm, j, x_ptr, x_stride_b, x_stride_n, table_ptr, table_stride, clen_ptr, bm_ptr,
@@ -134,8 +139,7 @@ if triton is not None:
         (False: programs of their own update it)."""
         b64 = b.to(tl.int64)
         upd, q, slot, clock = row_constants(upd_ptr, lens_ptr, slot_ptr, clock_ptr, b * next_n + j, b, HAS_SEEN)
-        clen = tl.load(clen_ptr + b * next_n + j)
-        lim = tl.minimum((clen + T - 1) // T, num_blocks)  # the compact blocks holding the row's columns
+        clen, lim = row_span(clen_ptr, b * next_n + j, num_blocks, T)
         m = pm * BLOCKS + tl.arange(0, BLOCKS)
         on = tl.where(upd, m < lim, False)  # a row that does not update (guarded) reads and writes nothing
         kb = tl.load(kept_ptr + b64 * kept_stride + m, mask=on, other=-1)

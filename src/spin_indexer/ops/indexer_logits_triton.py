@@ -366,7 +366,7 @@ def _resident_slots(args: tuple, meta: dict, device: torch.device) -> int | None
     SMs), or None where the driver cannot say; once per (device, constants): the kernel compiles here, for the
     launch just after. Not asked inside a CUDA-graph capture (the driver query is no stream work, but a capture
     should hold no call the eager step did not make): a launch first seen there keeps the block-count rule."""
-    key = (device.index, tuple(sorted(meta.items(), key=lambda item: item[0])))
+    key = (device.index, tuple(meta.items()))  # the launcher builds meta in one order
     if key not in _SLOTS:
         if torch.cuda.is_current_stream_capturing():
             return None

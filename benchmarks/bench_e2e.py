@@ -22,7 +22,8 @@ random weights and the shipped indexer head (random prompts; the agreement colum
 dims: the shipped head is 4 x 64 (68 bytes a cached token), the DSA models' indexer 64 x 128 (132 bytes), so the
 indexer's share of a step, which bounds what SPIN can save end to end, is that of the models SPIN is for. Its
 cache adds 64 bytes a token a layer: at 96 x 32K the model's and the indexer's caches then take ~85 GB (an H200's
-point; an H100 holds 64 requests).
+point; an H100 holds 64 requests). Its projections run in the model's dtype (bf16 on CUDA, as the DSA models';
+`--indexer-dtype float32`: the form runs 165-168 timed, whose float32 GEMMs cost ~29 us a layer at 64 requests).
 Dry run of the code paths on a CPU (tiny random model, no graphs, nothing timed):
     SPIN_BENCH_DEVICE=cpu TRITON_INTERPRET=1 python3 benchmarks/bench_e2e.py --tiny --points 2x256 --steps 2
 
@@ -82,7 +83,7 @@ def load(args, max_len: int, context: int):
         icfg = IndexerConfig(dim=64, num_layers=2, num_heads=2, head_dim=16, q_rank=16, rope_dim=8,
                              rope_theta=1e4, max_position=max_len)
         if shape:
-            return model, random_indexer(icfg, shape, max_len, 1.0, dev), None, "tiny-random"
+            return model, random_indexer(icfg, shape, max_len, 1.0, dev, indexer_dtype(args, dev)), None, "tiny-random"
         return model, Indexer(icfg, max_len=max_len).to(dev).eval().requires_grad_(False), None, "tiny-random"
     from spin_indexer.model import loader
     from spin_indexer.model.indexer_head import Indexer
@@ -100,9 +101,10 @@ def load(args, max_len: int, context: int):
         indexer = Indexer.load(loader.INDEXER_WEIGHTS, max_len, factor, dev)
         if shape:
             heads, dim = shape
-            indexer = random_indexer(indexer.cfg, shape, max_len, factor, dev)
+            dtype = indexer_dtype(args, dev)
+            indexer = random_indexer(indexer.cfg, shape, max_len, factor, dev, dtype)
             return (model.eval().requires_grad_(False), indexer, None,
-                    f"SmolLM2-135M-shape-random+indexer-{heads}x{dim}-random")
+                    f"SmolLM2-135M-shape-random+indexer-{heads}x{dim}-random-{str(dtype).removeprefix('torch.')}")
         return model.eval().requires_grad_(False), indexer, None, "SmolLM2-135M-shape-random+lightning"
 
     reason = loader.missing_reason()
@@ -114,15 +116,35 @@ def load(args, max_len: int, context: int):
     return model, indexer, tok, "SmolLM2-135M-Instruct+lightning"
 
 
-def random_indexer(cfg, shape: tuple[int, int], max_len: int, yarn_factor: float, dev: torch.device):
+def indexer_dtype(args, dev: torch.device) -> torch.dtype:
+    """The random head's projection dtype: --indexer-dtype, else the model's (bfloat16 on CUDA): the DSA models
+    run their indexer's projections in bf16 / FP8 as the rest of the model, never in float32 (the shipped head,
+    distilled in float32, keeps float32)."""
+    name = getattr(args, "indexer_dtype", None)  # profile_e2e's and the tests' namespaces may not carry it
+    if name:
+        return getattr(torch, name)
+    return torch.bfloat16 if dev.type == "cuda" else torch.float32
+
+
+def random_indexer(cfg, shape: tuple[int, int], max_len: int, yarn_factor: float, dev: torch.device,
+                   dtype: torch.dtype = torch.float32):
     """A random indexer head like `cfg` (its layers, projections' input, rank and RoPE) with shape = (heads,
-    dims): the decode step's indexer cost at that shape (speed only: its scores mean nothing)."""
+    dims): the decode step's indexer cost at that shape (speed only: its scores mean nothing). dtype: its
+    projections' (the rotary tables stay float32)."""
     from spin_indexer.model.indexer_head import Indexer
 
     heads, dim = shape
     torch.manual_seed(1)
     icfg = dataclasses.replace(cfg, num_heads=heads, head_dim=dim, rope_dim=min(cfg.rope_dim, dim))
-    return Indexer(icfg, max_len, yarn_factor).to(dev).eval().requires_grad_(False)
+    indexer = Indexer(icfg, max_len, yarn_factor).to(dev).eval().requires_grad_(False)
+    indexer.layers.to(dtype)
+    return indexer
+
+
+def add_indexer_dtype(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--indexer-dtype", choices=("bfloat16", "float32"), default=None,
+                   help="with --indexer-shape: the random head's projection dtype (default: the model's, bfloat16 "
+                        "on CUDA; float32 is the form runs 165-168 timed)")
 
 
 def parse_indexer_shape(text: str) -> tuple[int, int]:
@@ -298,6 +320,7 @@ def main(argv=None) -> int:
     p.add_argument("--indexer-shape", type=parse_indexer_shape, default=None, metavar="HEADSxDIMS",
                    help="with --random-weights or --tiny: a random indexer head of this shape instead (64x128: the "
                         "DSA models' indexer; default: the shipped head's 4x64)")
+    add_indexer_dtype(p)
     p.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = p.parse_args(argv)
     if args.indexer_shape and not (args.random_weights or args.tiny):

@@ -47,6 +47,7 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--indexer-shape", type=bench_e2e.parse_indexer_shape, default=None, metavar="HEADSxDIMS",
                    help="as bench_e2e's: a random indexer head of this shape (with --random-weights or --tiny)")
+    bench_e2e.add_indexer_dtype(p)
     p.add_argument("--distinct", type=int, default=2)
     p.add_argument("--task", default="niah_single_2")
     p.add_argument("--top", type=int, default=25, help="kernels listed per config")

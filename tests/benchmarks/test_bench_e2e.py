@@ -39,14 +39,20 @@ def test_dry_run_spin_at_zero_sparsity_decodes_like_all_keep(bench_e2e, tmp_path
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CPU dry run (the GPU run is the benchmark itself)")
-def test_dry_run_with_an_indexer_of_another_shape(bench_e2e, tmp_path):
+@pytest.mark.parametrize("dtype", [None, "bfloat16"])
+def test_dry_run_with_an_indexer_of_another_shape(bench_e2e, tmp_path, dtype):
     """--indexer-shape swaps in a random head of that many heads x dims: the step's keys are D + 4 bytes a token
-    (the cache the logits kernels read) and SPIN still keeps exactly the dense top-k at s = 0."""
-    model, indexer, _, _ = bench_e2e.load(bench_e2e.argparse.Namespace(tiny=True, indexer_shape=(8, 32)), 64, 64)
+    (the cache the logits kernels read) and SPIN still keeps exactly the dense top-k at s = 0. --indexer-dtype
+    sets its projections' dtype (default the model's: float32 on the CPU), never its rotary tables'."""
+    namespace = bench_e2e.argparse.Namespace(tiny=True, indexer_shape=(8, 32), indexer_dtype=dtype)
+    model, indexer, _, _ = bench_e2e.load(namespace, 64, 64)
     assert (indexer.cfg.num_heads, indexer.cfg.head_dim) == (8, 32)
+    expected = torch.bfloat16 if dtype else torch.float32
+    assert {p.dtype for p in indexer.layers.parameters()} == {expected}
+    assert indexer.rope.cos.dtype == torch.float32
     assert bench_e2e.main(["--tiny", "--indexer-shape", "8x32", "--points", "2x300", "--configs", "dense",
                            "spin-0.0", "spin-0.5", "--steps", "2", "--warmup", "1", "--distinct", "2", "--k", "32",
-                           "--out", str(tmp_path)]) == 0
+                           "--out", str(tmp_path)] + (["--indexer-dtype", dtype] if dtype else [])) == 0
     with open(tmp_path / "h200_e2e_detail.csv") as f:
         detail = {r["config"]: r for r in csv.DictReader(f)}
     assert float(detail["spin-0.0"]["agree_all_keep"]) == 1.0  # the same top-k as dense, so the same tokens

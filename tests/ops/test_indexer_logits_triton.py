@@ -94,7 +94,7 @@ def test_active_width_sizes_programs_not_the_grid(gen, triton_device):
         assert torch.equal(got.cpu(), want.cpu()), active
     if triton_device == "cuda":  # the compact launches asked the driver for their resident places
         from spin_indexer.ops.indexer_logits_triton import _SLOTS
-        from spin_indexer.ops.maxima_triton import sm_count
+        from spin_indexer.ops.occupancy import sm_count
         sms = sm_count(torch.device("cuda", torch.cuda.current_device()))
         assert _SLOTS and all(sms <= places <= 32 * sms for places in _SLOTS.values()), _SLOTS
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("triton")
 from spin_indexer.ops import maxima_triton  # noqa: E402
+from spin_indexer.ops.occupancy import sm_count  # noqa: E402
 from spin_indexer.ops.topk import group_max_ref  # noqa: E402
 
 pytestmark = pytest.mark.interpreter
@@ -83,7 +84,7 @@ def test_one_program_loops_over_every_tile(triton_device, monkeypatch):
 def test_the_grid_is_one_wave_of_resident_programs(rows):
     """rows x P never exceeds the resident programs (SMs x PROGRAMS_PER_SM: 4 x 8 off CUDA) unless one program a
     row already does (no program waits for a second wave), and takes all of them that whole rows can."""
-    places = maxima_triton.sm_count(torch.device("cpu")) * maxima_triton.PROGRAMS_PER_SM
+    places = sm_count(torch.device("cpu")) * maxima_triton.PROGRAMS_PER_SM
     p = maxima_triton.programs_per_row(rows, 1 << 20, torch.device("cpu"), T)
     assert p == max(1, places // rows) and (rows * p <= places or p == 1)
     assert maxima_triton.programs_per_row(rows, 3 * T, torch.device("cpu"), T) == min(3, p)  # at most one a tile

@@ -24,6 +24,7 @@ import torch
 from ..checks import check_tensor
 from ..dispatch import forced_logits_backend
 from .indexer_logits import check_paged_indexer_args
+from .occupancy import sm_count
 
 
 @functools.lru_cache(maxsize=1)
@@ -37,10 +38,6 @@ def _module():
 
 
 @functools.lru_cache(maxsize=8)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def available() -> bool:
     return _module() is not None
 
@@ -53,7 +50,7 @@ def schedule_sms(device: torch.device) -> int:
         return 0
     if _module() is None or torch.cuda.get_device_capability(device) != (9, 0):
         return 0
-    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return sm_count(device)
 
 
 # From this many tokens in the block table (B x W x T) DeepGEMM serves next_n = 2 where the project's CUDA kernel
@@ -123,7 +120,7 @@ def paged_indexer_logits_deepgemm(q_fp8, kv_cache, weights, seq_lens, block_tabl
     batch, next_n = q_fp8.shape[:2]
     width = block_table.shape[1]
     max_len = width * kv_cache.shape[1]
-    sms = _num_sms(q_fp8.device.index or 0)
+    sms = sm_count(q_fp8.device)
     if schedule is None:
         meta = dg.get_paged_mqa_logits_metadata(seq_lens, kv_cache.shape[1], sms)
     else:

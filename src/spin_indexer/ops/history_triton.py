@@ -22,7 +22,8 @@ import torch
 
 from ..checks import check_tensor
 from .history import HistoryUpdate, block_tokens
-from .maxima_triton import row_maxima_triton, sm_count
+from .maxima_triton import row_maxima_triton
+from .occupancy import sm_count
 from .topk import check_group
 
 try:  # the package imports this module only for CUDA tensors; without triton the reference is used

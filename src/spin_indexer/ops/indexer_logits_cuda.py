@@ -32,7 +32,7 @@ from ..layout import page_stride_bytes
 from .cuda_build import build_library
 from .indexer_logits import check_paged_indexer_args
 from .indexer_logits_triton import logits_outputs
-from .maxima_triton import sm_count
+from .occupancy import sm_count
 
 SOURCE = Path(__file__).with_name("csrc") / "paged_logits_sm90.cu"
 NVCC_FLAGS = ("-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-shared", "-Xcompiler", "-fPIC")

@@ -42,8 +42,8 @@ try:  # the package imports this module only for CUDA tensors; without triton th
     import triton.language as tl
 
     from .history_triton import _history_args, _no_history, ema_tile, row_constants, update_history_triton
-    from .maxima_triton import max_nan, sm_count
-    from .occupancy import resident_programs
+    from .maxima_triton import max_nan
+    from .occupancy import resident_programs, sm_count
 except ImportError:  # pragma: no cover
     triton = None
 

@@ -17,11 +17,10 @@ Measured (H200, ncu, SPIN's maxima at 96 x 128K, s = 0.5): 13.0 us at 41% of DRA
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ..checks import check_tensor
+from .occupancy import sm_count
 from .topk import check_group
 
 try:  # the package imports this module only for CUDA tensors; without triton the reference is used
@@ -35,12 +34,6 @@ NUM_WARPS = 4
 # Resident programs per SM the grid is sized for: 4 warps at <= 64 registers (MAX_REGISTERS) fit 8.
 PROGRAMS_PER_SM = 8
 MAX_REGISTERS = 64
-
-
-@functools.lru_cache(maxsize=None)
-def sm_count(device: torch.device) -> int:
-    """SMs of `device` (4 off CUDA: the interpreter's grids stay small); the Triton passes size their grids by it."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def programs_per_row(rows: int, cols: int, device: torch.device, tile_cols: int) -> int:

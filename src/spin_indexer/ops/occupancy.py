@@ -1,4 +1,5 @@
-"""Resident programs of a compiled Triton kernel: how many of its programs one SM holds at once.
+"""The GPU's places for programs: its SMs (`sm_count`) and how many programs of a compiled Triton kernel one SM
+holds at once (`resident_programs`).
 
 A grid of programs of equal work runs in waves of (resident programs x SMs); the last wave's size decides whether
 it keeps HBM busy (indexer_logits_triton.wave_chunk). The driver knows the exact number from the kernel's
@@ -9,6 +10,21 @@ from __future__ import annotations
 
 import ctypes
 import functools
+
+import torch
+
+
+def sm_count(device: torch.device) -> int:
+    """SMs of `device` (a CUDA device without an index: the current one; 4 off CUDA: the interpreter's grids stay
+    small); the Triton passes size their grids by it, DeepGEMM's schedule is computed for it."""
+    if device.type != "cuda":
+        return 4
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 @functools.lru_cache(maxsize=1)

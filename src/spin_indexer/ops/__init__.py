@@ -12,7 +12,9 @@ from .block_summary import (block_summary_scores_ref, paged_summary_scores_ref, 
                             write_block_summaries_ref)
 from .history import HistoryUpdate, block_tokens, update_history_ref
 from .indexer_logits import block_max_ref, check_paged_indexer_args, paged_indexer_logits_ref
-from .kv_cache import dequantize_blocks, quantize_and_write, quantize_keys, read_kv_cache, write_kv_cache
+from .kv_cache import (check_keys, check_quantize_and_write_args, dequantize_blocks, read_kv_cache, write_kv_cache)
+from .kv_cache import quantize_and_write as quantize_and_write_ref
+from .kv_cache import quantize_keys as quantize_keys_ref
 from .topk import group_max_into, group_max_ref, topk_group, topk_positions_ref, topk_ref
 from .topk_attention import check_topk_attention_args, topk_attention_ref
 
@@ -278,6 +280,29 @@ def _check_outputs(logits, width, dev, out, block_max_out) -> None:
                      shape_names="[B*next_n, W]", device=dev, device_of="q_fp8", contiguous=True)
 
 
+def quantize_keys(keys):
+    """Per-token FP8 keys with a power-of-two scale: (float8_e4m3fn [N, D], float32 [N]) from keys [N, D] float;
+    see kv_cache.quantize_keys (the reference: the same bits)."""
+    check_keys(keys)
+    twin = _triton_twin("kv_cache_triton", "quantize_keys_triton", keys)
+    return (twin or quantize_keys_ref)(keys)
+
+
+def quantize_and_write(kv_cache, keys, slot_mapping, validate: bool = True) -> None:
+    """quantize_keys(keys) into the paged cache's slots slot_mapping [N] (-1: padding); see
+    kv_cache.quantize_and_write. validate: also check the data (finite keys, slots inside the cache: a host sync);
+    without it the Triton twin writes nothing for a slot past the cache."""
+    twin = _triton_twin("kv_cache_triton", "quantize_and_write_triton", keys)
+    if twin is None:
+        return quantize_and_write_ref(kv_cache, keys, slot_mapping, validate)
+    check_quantize_and_write_args(kv_cache, keys, slot_mapping, validate)
+    from .kv_cache_triton import writes_directly  # importable: the twin is
+    if writes_directly(kv_cache):
+        twin(kv_cache, keys, slot_mapping)
+    else:  # scales not 4-byte aligned (odd T x D): the quantization on the GPU, the reference's scatter
+        write_kv_cache(kv_cache, *quantize_keys(keys), slot_mapping, validate=False)
+
+
 def topk_attention(q, keys, vals, topk, validate: bool = True):
     """Decode attention of each query row over its selected tokens only: [B, N, Hq, d] in q's dtype; see
     `topk_attention_ref` (q [B, N, Hq, d], keys / vals [B, P, Hkv, d], topk int32 [B, N, K], -1 padded).
@@ -333,6 +358,7 @@ __all__ = [
     "HistoryUpdate", "update_history", "logits_backend", "writes_group_max",
     "paged_indexer_logits", "paged_indexer_logits_ref", "check_paged_indexer_args", "topk", "topk_ref",
     "topk_positions", "topk_positions_ref", "topk_group", "group_max_ref",
-    "block_max", "block_max_ref", "quantize_keys", "write_kv_cache", "quantize_and_write", "read_kv_cache",
+    "block_max", "block_max_ref", "quantize_keys", "quantize_keys_ref", "write_kv_cache", "quantize_and_write",
+    "quantize_and_write_ref", "read_kv_cache",
     "dequantize_blocks", "topk_attention", "topk_attention_ref",
 ]

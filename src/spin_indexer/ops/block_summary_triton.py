@@ -25,6 +25,8 @@ from .block_summary import check_summary_score_args, check_write_args
 try:  # the package imports this module only for CUDA tensors (or under TRITON_INTERPRET=1 in tests)
     import triton
     import triton.language as tl
+
+    from .fp8_triton import pow2_scale, round_e4m3
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -123,27 +125,6 @@ def _score(q_fp8, summaries, weights, block_table, num_summarized, out, kv_cache
 
 if triton is not None:
     @triton.jit
-    def _pow2_scale(amax, FP8_MAX_: tl.constexpr, FLOOR: tl.constexpr):
-        """2 ** ceil(log2(max(amax, FLOOR) / FP8_MAX_)) from the float's bits (exact, as quantize_keys)."""
-        x = tl.maximum(amax, FLOOR) / FP8_MAX_
-        bits = x.to(tl.int32, bitcast=True)
-        exp = ((bits >> 23) & 0xFF) + ((bits & 0x7FFFFF) != 0).to(tl.int32)  # biased exponent, rounded up
-        return (exp << 23).to(tl.float32, bitcast=True)
-
-    @triton.jit
-    def _round_e4m3(x):
-        """x (|x| <= 448) rounded to the nearest e4m3 value, ties to even, as float32 (then its fp8 conversion is
-        exact). Not left to the conversion itself: the interpreter's drops the carry into the exponent (1.9375
-        became 1.0, 125 became 64 on Triton 3.9), and these bits must be testable off the GPU. Adding and
-        subtracting 1.5 x 2^23 spacings rounds at the spacing in the FPU's own mode (nearest, ties to even)."""
-        bits = x.to(tl.int32, bitcast=True)
-        exp = ((bits >> 23) & 0xFF) - 127  # floor(log2 |x|)
-        spacing = tl.maximum(exp, -6) - 3  # log2 of e4m3's spacing at |x| (fixed below 2^-6: subnormals)
-        c = ((spacing + 150) << 23).to(tl.float32, bitcast=True) * 1.5  # 1.5 x 2^(spacing + 23)
-        r = (tl.abs(x) + c) - c
-        return (r.to(tl.int32, bitcast=True) | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)  # x's sign
-
-    @triton.jit
     def _write_block(keys_ptr, key_scale_ptr, out_ptr, out_scale_ptr, phys, T: tl.constexpr, S: tl.constexpr,
                      D: tl.constexpr, FP8_MAX_: tl.constexpr, FLOOR: tl.constexpr):
         """Write the S sub-block means of key block `phys` (an int64 id inside the cache) as quantized rows."""
@@ -156,8 +137,8 @@ if triton is not None:
         k = tl.load(keys_ptr + base + t[:, None] * D + d[None, :]).to(tl.float32)  # [T, D]
         sc = tl.load(key_scale_ptr + (base + T * D) // 4 + t)  # [T]
         means = tl.sum(tl.reshape(k * sc[:, None], (S, T // S, D)), axis=1) / (T // S)  # [S, D]
-        scale = _pow2_scale(tl.max(tl.abs(means), axis=1), FP8_MAX_, FLOOR)  # [S]
-        vals = _round_e4m3(tl.minimum(tl.maximum(means / scale[:, None], -FP8_MAX_), FP8_MAX_)).to(tl.float8e4nv)
+        scale = pow2_scale(tl.max(tl.abs(means), axis=1), FP8_MAX_, FLOOR)  # [S]
+        vals = round_e4m3(tl.minimum(tl.maximum(means / scale[:, None], -FP8_MAX_), FP8_MAX_)).to(tl.float8e4nv)
         sbase = phys * SPAGE
         tl.store(out_ptr + sbase + s[:, None] * D + d[None, :], vals.to(tl.uint8, bitcast=True))
         tl.store(out_scale_ptr + (sbase + S * D) // 4 + s, scale)

@@ -23,14 +23,19 @@ def quantize_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     k_scale = 2 ** ceil(log2(max(amax, 1e-4) / 448)) and k_fp8 = keys / k_scale (exact division: the
     scale is a power of two, so k_fp8 * k_scale differs from keys only by FP8 rounding).
     """
-    check_tensor("keys", keys, dtype=KEY_DTYPES, ndim=2)
-    if keys.shape[1] < 1:  # amax over an empty row is undefined
-        raise ValueError(f"keys: expected shape [N, D] with D >= 1, got {list(keys.shape)}")
+    check_keys(keys)
     k32 = keys.float()
     amax = k32.abs().amax(dim=-1).clamp_min(SCALE_FLOOR)
     k_scale = torch.exp2(torch.ceil(torch.log2(amax / FP8_MAX)))
     k_fp8 = (k32 / k_scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return k_fp8, k_scale
+
+
+def check_keys(keys: torch.Tensor) -> None:
+    """quantize_keys' argument: [N, D] of a KEY_DTYPES float with D >= 1 (ValueError / TypeError naming it)."""
+    check_tensor("keys", keys, dtype=KEY_DTYPES, ndim=2)
+    if keys.shape[1] < 1:  # amax over an empty row is undefined
+        raise ValueError(f"keys: expected shape [N, D] with D >= 1, got {list(keys.shape)}")
 
 
 def write_kv_cache(kv_cache: torch.Tensor, k_fp8: torch.Tensor, k_scale: torch.Tensor,
@@ -87,13 +92,25 @@ def quantize_and_write(kv_cache: torch.Tensor, keys: torch.Tensor, slot_mapping:
     validate: as write_kv_cache, and keys finite (a NaN or inf key would make the row's scale non-finite
     or its values NaN); validate=False skips these data checks and stores whatever the keys quantize to.
     """
-    _check_cache(kv_cache)  # keys are checked against the cache here, so errors name `keys`, not `k_fp8`
+    check_quantize_and_write_args(kv_cache, keys, slot_mapping, validate)
+    k_fp8, k_scale = quantize_keys(keys)
+    # validated above: finite keys quantize to finite scales and values, the slots were checked
+    write_kv_cache(kv_cache, k_fp8, k_scale, slot_mapping, validate=False)
+
+
+def check_quantize_and_write_args(kv_cache: torch.Tensor, keys: torch.Tensor, slot_mapping: torch.Tensor,
+                                  validate: bool = True) -> None:
+    """quantize_and_write's arguments (errors name `keys`, not the k_fp8 it would write); validate: also the data
+    (keys finite, slots below num_blocks * T: a host sync)."""
+    _check_cache(kv_cache)
     check_tensor("keys", keys, dtype=KEY_DTYPES, ndim=2, shape=(None, kv_cache.shape[3] - SCALE_BYTES),
                  shape_names="[N, D]", device=kv_cache.device, device_of="kv_cache")
+    check_tensor("slot_mapping", slot_mapping, dtype=(torch.int64, torch.int32), shape=(keys.shape[0],),
+                 shape_names="[N]", device=kv_cache.device, device_of="kv_cache")
     if validate:
         _check_finite("keys", torch.isfinite(keys), "finite values")
-    k_fp8, k_scale = quantize_keys(keys)
-    write_kv_cache(kv_cache, k_fp8, k_scale, slot_mapping, validate=validate)
+        check_values_in_range("slot_mapping", slot_mapping, -(2**62), kv_cache.shape[0] * kv_cache.shape[1] - 1,
+                              "slots")
 
 
 def read_kv_cache(kv_cache: torch.Tensor, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,7 +37,6 @@ def _module():
     return deep_gemm
 
 
-@functools.lru_cache(maxsize=8)
 def available() -> bool:
     return _module() is not None
 

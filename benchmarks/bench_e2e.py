@@ -83,7 +83,8 @@ def load(args, max_len: int, context: int):
         icfg = IndexerConfig(dim=64, num_layers=2, num_heads=2, head_dim=16, q_rank=16, rope_dim=8,
                              rope_theta=1e4, max_position=max_len)
         if shape:
-            return model, random_indexer(icfg, shape, max_len, 1.0, dev, indexer_dtype(args, dev)), None, "tiny-random"
+            head = random_indexer(icfg, shape, max_len, 1.0, dev, indexer_dtype(args, dev))
+            return model, head, None, "tiny-random"
         return model, Indexer(icfg, max_len=max_len).to(dev).eval().requires_grad_(False), None, "tiny-random"
     from spin_indexer.model import loader
     from spin_indexer.model.indexer_head import Indexer

@@ -23,7 +23,8 @@ from spin_indexer.ops.topk_attention import topk_attention_ref
 
 # (KB, warps, stages). ptxas (sm_90a, local triton 3.9, the split kernel, bf16, G = 3): KB = 64 at 4 warps takes 162
 # registers (3 programs an SM: 1536 programs at 64 x 32K are 4 waves); KB = 32 78 (6 an SM), KB = 16 72 (7), KB = 64
-# at 8 warps 66 (3 of 8 warps): the smaller chunks are timed for the waves they save.
+# at 8 warps 66 (3 of 8 warps): the smaller chunks were timed for the waves they would save. Run 170 (H100, 64 x 32K):
+# they cost more (KB = 32 76.8 us, 16 81.4) than the shipped KB = 64 at one stage (55.1 us, the fastest of these).
 VARIANTS = [
     (64, 4, 3), (64, 4, 1), (64, 8, 3), (128, 4, 3), (128, 8, 3), (128, 8, 2), (256, 8, 2), (32, 4, 4),
     (32, 4, 1), (16, 4, 1), (32, 8, 1), (64, 8, 1),

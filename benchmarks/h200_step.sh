@@ -17,6 +17,9 @@
 #   bash benchmarks/h200_step.sh summary [ARGS] the summary mix (issue #18): its CUDA tests under a limit (a hung
 #                                               kernel must not eat the call), then benchmarks/bench_summary.py
 #                                               (ARGS go to it; rows in summary_cost.json)
+#   bash benchmarks/h200_step.sh e2e [POINTS]   bench_e2e.py with the DSA-shape head (64 x 128, bf16), dense /
+#                                               spin-0.4 / spin-0.5 at POINTS (default 96x32768,32x32768: #14's;
+#                                               96 requests need an H200's memory) into $OUT/e2e
 #   bash benchmarks/h200_step.sh cmd 'LINE'     LINE after the set-up (DeepGEMM built, PYTHONPATH, SPIN_COMMIT)
 #   bash benchmarks/h200_step.sh all            tests of the step's kernels + grid + v32 (+ profile, + a command:
 #                                               ALL_* variables, see the stage) in one call, packed into
@@ -148,10 +151,14 @@ case "$stage" in
         echo "summary tests: exit $?"; grep -E "passed|failed|^E  " "$OUT/summarytests.log" | head -8 | cut -c1-250
         timeout -k 5 "${SUMMARY_BENCH_S:-240}" python3 benchmarks/bench_summary.py --out "$OUT/summary_cost.json" "$@" \
             2>&1 | tee "$OUT/summary.log" | tail -20 ;;
+    e2e)  # #14's end-to-end points with the DSA models' indexer shape
+        python3 benchmarks/bench_e2e.py --random-weights --indexer-shape 64x128 --steps 24 \
+            --configs dense spin-0.4 spin-0.5 --points "${1:-96x32768,32x32768}" --out "$OUT/e2e" 2>&1 \
+            | tee "$OUT/e2e.log" | tail -12 ;;
     cmd)  # any command line after the set-up above (DeepGEMM on PYTHONPATH, SPIN_COMMIT exported): bash -c "$*"
         bash -c "$*" ;;
     *)
-        echo "unknown stage $stage (tests, grid, profile, v32, mtp, cuda, ncu, summary, all, cmd)"; exit 2 ;;
+        echo "unknown stage $stage (tests, grid, profile, v32, mtp, cuda, ncu, summary, all, e2e, cmd)"; exit 2 ;;
 esac
 rc=$?
 # A call brings back at most 8 files (run 165 left its e2e csv files on the device): more than that under $OUT are

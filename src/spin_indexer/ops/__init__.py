@@ -299,8 +299,8 @@ def quantize_and_write(kv_cache, keys, slot_mapping, validate: bool = True) -> N
     from .kv_cache_triton import writes_directly  # importable: the twin is
     if writes_directly(kv_cache):
         twin(kv_cache, keys, slot_mapping)
-    else:  # scales not 4-byte aligned (odd T x D): the quantization on the GPU, the reference's scatter
-        write_kv_cache(kv_cache, *quantize_keys(keys), slot_mapping, validate=False)
+    else:  # scales not 4-byte aligned (odd T x D): the reference, its data already checked above
+        quantize_and_write_ref(kv_cache, keys, slot_mapping, validate=False)
 
 
 def topk_attention(q, keys, vals, topk, validate: bool = True):

@@ -28,6 +28,7 @@ b*P + T*D. TMA needs 16-byte-multiple strides and a 16-byte-aligned base (checke
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -208,6 +209,7 @@ def wave_cost(batch: int, blocks: int, chunk: int, slots: int, saturating: int =
     return cost + (_wave(0, more, chunk, rest, saturating) if more else 0)
 
 
+@functools.lru_cache(maxsize=1024)  # asked on every compact launch (each layer of an eager step): its few shapes
 def wave_chunk(batch: int, blocks: int, slots: int, chunk: int, max_chunk: int = 256, gain: float = WAVE_GAIN) -> int:
     """Blocks per program for `batch` rows of `blocks` blocks on `slots` resident places: `chunk` (the
     block-count rule's, `_pick_chunk`), or a longer one (chunk x 2^i <= max_chunk, up to the first covering

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from .. import ops
 from ..checks import check_int, check_tensor
 from ..layout import TOKENS_PER_BLOCK, new_kv_cache, num_blocks_for
-from .indexer_head import Indexer, quantize_queries
-from .llama import Llama, rms_norm
+from .indexer_head import Indexer
+from .llama import Llama, add_rms_norm, rms_norm
 
 MODES = ("dense", "oracle", "lightning")
 
@@ -181,18 +181,16 @@ def decode_one_step(model: Llama, caches: Caches, tokens: torch.Tensor, mode: st
     seq_lens = (pos + 1).to(torch.int32)  # row j sees L_b + j + 1 tokens
     if selector is not None and mode != "dense":
         selector.plan(caches.block_table, seq_lens, caches.slot_ids, num_accepted=num_accepted, validate=validate)
-    rows = torch.arange(b, device=dev)[:, None]
     cfg = model.cfg
     rope = model.rope.at(pos)  # every layer rotates at these positions: the tables gathered once a step
     if mode == "lightning":  # so do the indexer's, and every layer's keys go to the same cache slots
         index_rope = indexer.rope.at(pos)
         index_slots = _index_slots(caches, torch.arange(b, device=dev), pos)
     x = model.embed(tokens)
+    delta = None  # the last layer's MLP output: the next norm adds it to the residual stream (one launch for both)
     for i, layer in enumerate(model.layers):
-        h = rms_norm(x, layer.attn_norm, cfg.norm_eps)
-        q, kk, v = layer.qkv(h, rope)
-        caches.k[i][rows, pos] = kk
-        caches.v[i][rows, pos] = v
+        x, h = add_rms_norm(x, delta, layer.attn_norm, cfg.norm_eps)
+        q = layer.qkv_into_cache(h, rope, caches.k[i], caches.v[i], pos)
         keys, vals = caches.k[i], caches.v[i]
         if mode == "dense":
             out = attend_dense(q, keys, vals, seq_lens)
@@ -203,10 +201,10 @@ def decode_one_step(model: Llama, caches: Caches, tokens: torch.Tensor, mode: st
                 topk = _lightning_topk(indexer, i, h, index_rope, index_slots, caches, seq_lens, k, selector,
                                        observer)
             out = attend_topk(q, keys, vals, topk.view(b, n, -1))
-        x = x + layer.wo(out.flatten(2))
-        x = x + layer.mlp(x)
+        x, h = add_rms_norm(x, layer.wo(out.flatten(2)), layer.ffn_norm, cfg.norm_eps)
+        delta = layer.mlp_normed(h)
     caches.lengths += n
-    return model.logits(x)
+    return model.logits(x, delta)
 
 
 @torch.no_grad()
@@ -244,10 +242,7 @@ def _oracle_topk(layer, q, keys, seq_lens, k, selector, observer):
 def _lightning_topk(indexer, layer, h, rope, slots, caches, seq_lens, k, selector, observer):
     """Write this step's indexer keys (FP8) into the paged cache, then score every cached token (rope: the
     indexer's rotary tables at the step's positions, slots: their cache slots, `_index_slots`)."""
-    h = h.to(indexer.layers[layer].wk.weight.dtype)  # once for the keys and the queries (their projections' dtype)
-    _write_index_keys(indexer, layer, h, caches, rope, slots)
-    q, w = indexer.layers[layer].queries(h, None, rope)
-    q_fp8, weights = quantize_queries(q, w)  # 4 heads: the Triton kernel pads them to its 16-column MMA itself
+    q_fp8, weights = indexer.layers[layer].decode_inputs(h, rope, caches.index_kv[layer], slots)
     if selector is not None:
         return selector.run(layer, q_fp8, caches.index_kv[layer], weights)
     scores = ops.paged_indexer_logits(q_fp8, caches.index_kv[layer], weights, seq_lens, caches.block_table,

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..checks import check_tensor
-from ..ops import quantize_keys
-from .llama import Rope, RotaryTables
+from ..ops import quantize_and_write, quantize_keys
+from .llama import Rope, RotaryTables, fused_kernels, merged_weight
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,35 @@ class IndexerLayer(nn.Module):
         (rope as in `queries`)."""
         k = self.k_norm(self.wk(h.to(self.wk.weight.dtype))).float()
         return _rope_part(k.unsqueeze(-2), _tables(rope, positions), self.cfg.rope_dim).squeeze(-2)
+
+    def decode_inputs(self, h: torch.Tensor, rope: RotaryTables, kv_cache: torch.Tensor,
+                      slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode step's indexer work before the scores: the keys of h's tokens into the paged cache, FP8 queries.
+
+        h [B, N, dim] normed layer input; rope: the indexer's tables at the rows' positions; kv_cache uint8
+        [num_blocks, T, 1, D_I + 4]; slots int64 [B * N] (each token's cache slot). returns (q_fp8 float8_e4m3fn
+        [B, N, H_I, D_I], weights float32 [B * N, H_I]) as quantize_queries(*queries(...)). Where
+        fused_kernels(h): one GEMM for the three projections of h and one Triton launch each for the keys
+        (LayerNorm, RoPE, FP8, cache) and the queries (RoPE, FP8, weights); else the torch forms (~15 launches).
+        """
+        c = self.cfg
+        h = h.to(self.wk.weight.dtype)
+        keys_done = False
+        if fused_kernels(h):
+            from .decode_triton import index_keys_into_cache, index_queries
+            b, n, _ = h.shape
+            proj = F.linear(h, merged_weight(self, ("wk", "wq_a", "w_proj"))).view(b * n, -1)
+            cos, sin = (t.reshape(b * n, -1)[:, :c.rope_dim] for t in rope.float32)
+            keys_done = index_keys_into_cache(proj[:, :c.head_dim], self.k_norm.weight, self.k_norm.bias,
+                                              self.k_norm.eps, cos, sin, kv_cache, slots)
+            q = self.wq_b(proj[:, c.head_dim:c.head_dim + c.q_rank]).view(b * n, c.num_heads, c.head_dim)
+            fused = index_queries(q, proj[:, c.head_dim + c.q_rank:], cos, sin,
+                                  c.num_heads ** -0.5 * c.head_dim ** -0.5)
+            if keys_done and fused is not None:
+                return fused[0].view(b, n, c.num_heads, c.head_dim), fused[1]
+        if not keys_done:
+            quantize_and_write(kv_cache, self.keys(h, None, rope).reshape(-1, c.head_dim), slots, validate=False)
+        return quantize_queries(*self.queries(h, None, rope))
 
 
 def _tables(rope: Rope | RotaryTables, positions: torch.Tensor | None) -> RotaryTables:

@@ -104,6 +104,11 @@ class RotaryTables:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.rotate(x, x.shape[-1])
 
+    @property
+    def float32(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) float32 [..., S, 1, dim]: the tables the fused decode kernels read (decode_triton.py)."""
+        return self._float32
+
     def rotate(self, x: torch.Tensor, dims: int) -> torch.Tensor:
         """x [..., S, heads, D] with its first `dims` dims rotated (dims: the tables' width) and the rest as
         they are (the indexer rotates part of its dims)."""
@@ -133,6 +138,37 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
 
 
+def fused_kernels(x: torch.Tensor) -> bool:
+    """Whether the decode step runs decode_triton.py's fused kernels on x's device: CUDA (tests patch this to
+    run them under Triton's interpreter on the CPU)."""
+    return x.is_cuda
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual stream after adding delta (None: nothing) and its RMSNorm: (x + delta, rms_norm(x + delta)).
+    One Triton launch where fused_kernels(x) (the torch form: eight)."""
+    if fused_kernels(x):
+        from .decode_triton import add_rms_norm as fused
+        out = fused(x, delta, weight, eps)
+        if out is not None:
+            return out
+    if delta is not None:
+        x = x + delta
+    return x, rms_norm(x, weight, eps)
+
+
+def merged_weight(module: nn.Module, names: tuple[str, ...]) -> torch.Tensor:
+    """The weights of module's Linears `names` stacked along the output dim, so that projections of one input
+    run as one GEMM; cached on the module until any of them changes (storage or in-place update)."""
+    weights = [getattr(module, name).weight for name in names]
+    key = tuple((w.data_ptr(), w._version) for w in weights)
+    cache = module.__dict__.setdefault("_merged_weights", {})
+    if names not in cache or cache[names][0] != key:
+        cache[names] = (key, torch.cat([w.detach() for w in weights]))
+    return cache[names][1]
+
+
 class Layer(nn.Module):
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
@@ -157,8 +193,35 @@ class Layer(nn.Module):
         v = self.wv(h).view(b, s, c.num_kv_heads, c.head_dim)
         return rope(q), rope(k), v
 
+    def qkv_into_cache(self, h: torch.Tensor, rope: "RotaryTables", k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         pos: torch.Tensor) -> torch.Tensor:
+        """A decode step's attention inputs: h [B, N, dim] normed, rope: the tables at pos, k_cache / v_cache
+        [B, P, Hkv, d], pos int64 [B, N] cache positions. Stores k (RoPE'd) and v at [b, pos[b, n]] and returns q
+        [B, N, Hq, d] with RoPE. Where fused_kernels(h): one GEMM and one Triton launch (else three GEMMs, two
+        rotations and two scatters)."""
+        if fused_kernels(h):
+            from .decode_triton import rope_qkv_into_cache
+            qkv = F.linear(h, merged_weight(self, ("wq", "wk", "wv")))
+            q = rope_qkv_into_cache(qkv, *rope.float32, k_cache, v_cache, pos, self.cfg.num_heads)
+            if q is not None:
+                return q
+        q, k, v = self.qkv(h, rope)
+        rows = torch.arange(h.shape[0], device=h.device)[:, None]
+        k_cache[rows, pos] = k
+        v_cache[rows, pos] = v
+        return q
+
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        h = rms_norm(x, self.ffn_norm, self.cfg.norm_eps)
+        return self.mlp_normed(rms_norm(x, self.ffn_norm, self.cfg.norm_eps))
+
+    def mlp_normed(self, h: torch.Tensor) -> torch.Tensor:
+        """The SwiGLU MLP of h, the residual stream already normed; where fused_kernels(h) gate and up are one GEMM
+        and silu(gate) * up one Triton launch."""
+        if fused_kernels(h):
+            from .decode_triton import silu_mul
+            act = silu_mul(F.linear(h, merged_weight(self, ("w_gate", "w_up"))))
+            if act is not None:
+                return self.w_down(act)
         return self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
 
 
@@ -177,9 +240,10 @@ class Llama(nn.Module):
     def max_len(self) -> int:
         return self.rope.cos.shape[0]
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor:
-        """x [..., dim] residual stream -> float32 logits [..., vocab]."""
-        return F.linear(rms_norm(x, self.norm, self.cfg.norm_eps), self.embed.weight).float()
+    def logits(self, x: torch.Tensor, delta: torch.Tensor | None = None) -> torch.Tensor:
+        """x [..., dim] residual stream (plus delta, the last layer's output not yet added, if given) -> float32
+        logits [..., vocab]."""
+        return F.linear(add_rms_norm(x, delta, self.norm, self.cfg.norm_eps)[1], self.embed.weight).float()
 
     def load_hf_state_dict(self, sd: dict[str, torch.Tensor]) -> None:
         """Copy weights named as in transformers' LlamaForCausalLM."""

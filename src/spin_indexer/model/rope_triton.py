@@ -46,6 +46,25 @@ def rotate_triton(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rope_di
 
 if triton is not None:
     @triton.jit
+    def partner(dd, RD: tl.constexpr):
+        """The rotate-half partner of dim dd among the first RD dims: dd + RD/2 in the first half, dd - RD/2 in the
+        second (past RD: dd's own, unused)."""
+        half: tl.constexpr = RD // 2
+        return tl.where(dd < half, dd + half, tl.where(dd < RD, dd - half, dd))
+
+    @triton.jit
+    def rotate_half(x, xp, c, s, dd, RD: tl.constexpr):
+        """x with its first RD dims rotated: x * cos + (-x2, x1) * sin, given x's partner values xp (`partner`) and
+        cos / sin in x's dtype; each op rounded to x's dtype as torch's elementwise kernels do (float32 math, one
+        rounding per op: the kernel must run with enable_fp_fusion=False for float32)."""
+        half: tl.constexpr = RD // 2
+        xr = tl.where(dd < half, -xp, xp)
+        a = (x.to(tl.float32) * c.to(tl.float32)).to(x.dtype)
+        b = (xr.to(tl.float32) * s.to(tl.float32)).to(x.dtype)
+        y = (a.to(tl.float32) + b.to(tl.float32)).to(x.dtype)
+        return tl.where(dd < RD, y, x)
+
+    @triton.jit
     def _rotate_kernel(x_ptr, cos_ptr, sin_ptr, out_ptr, table_rows, H: tl.constexpr, D: tl.constexpr,
                        RD: tl.constexpr, HP: tl.constexpr, DP: tl.constexpr):
         r = tl.program_id(0)
@@ -55,15 +74,7 @@ if triton is not None:
         ok = (hh < H) & (dd < D)
         base = r.to(tl.int64) * H * D + hh * D
         x = tl.load(x_ptr + base + dd, mask=ok, other=0.0)
-        half: tl.constexpr = RD // 2
-        rot = dd < RD
-        partner = tl.where(dd < half, dd + half, dd - half)  # rotate-half: (-x2, x1)
-        xr = tl.load(x_ptr + base + partner, mask=ok & rot, other=0.0)
-        xr = tl.where(dd < half, -xr, xr)
+        xp = tl.load(x_ptr + base + partner(dd, RD), mask=ok & (dd < RD), other=0.0)
         c = tl.load(cos_ptr + t.to(tl.int64) * RD + dd, mask=dd < RD, other=0.0).to(x.dtype)
         s = tl.load(sin_ptr + t.to(tl.int64) * RD + dd, mask=dd < RD, other=0.0).to(x.dtype)
-        # each op rounded to x's dtype as torch's elementwise kernels do (float32 math, one rounding per op)
-        a = (x.to(tl.float32) * c.to(tl.float32)).to(x.dtype)
-        b = (xr.to(tl.float32) * s.to(tl.float32)).to(x.dtype)
-        y = (a.to(tl.float32) + b.to(tl.float32)).to(x.dtype)
-        tl.store(out_ptr + base + dd, tl.where(rot, y, x), mask=ok)
+        tl.store(out_ptr + base + dd, rotate_half(x, xp, c, s, dd, RD), mask=ok)

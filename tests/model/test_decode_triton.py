@@ -130,14 +130,15 @@ def test_index_keys_into_cache_is_the_torch_form(rope_dim, triton_device):
                                      cos.to(dev), sin.to(dev), new_kv_cache(3, 12, dev), slots.to(dev))
 
 
-def test_index_queries_is_quantize_queries_of_queries(triton_device):
+@pytest.mark.parametrize("h", [3, 20])  # one program's heads; two programs, the second part-full
+def test_index_queries_is_quantize_queries_of_queries(h, triton_device):
     from spin_indexer.model.decode_triton import index_queries
     dev = torch.device(triton_device)
-    rows, h, d, rope_dim = 6, 3, 16, 8
+    rows, d, rope_dim = 6, 16, 8
     rope = Rope(rope_dim, 10000.0, 256)
     positions = torch.randint(0, 256, (rows,), generator=_gen(12))
     q = torch.randn(rows, h, d, generator=_gen(13)) * 5
-    wide = torch.randn(rows, 20, generator=_gen(14))  # w: a column slice of a wider projection
+    wide = torch.randn(rows, h + 9, generator=_gen(14))  # w: a column slice of a wider projection
     w = wide[:, 7:7 + h]
     scale = h ** -0.5 * d ** -0.5
     tables = rope.at(positions)

@@ -25,9 +25,12 @@ from spin_indexer.ops.topk_attention import topk_attention_ref
 # registers (3 programs an SM: 1536 programs at 64 x 32K are 4 waves); KB = 32 78 (6 an SM), KB = 16 72 (7), KB = 64
 # at 8 warps 66 (3 of 8 warps): the smaller chunks were timed for the waves they would save. Run 170 (H100, 64 x 32K):
 # they cost more (KB = 32 76.8 us, 16 81.4) than the shipped KB = 64 at one stage (55.1 us, the fastest of these).
+# The fourth field: QK_MMA (the scores on the tensor cores from the bf16 values; session 72, not yet timed).
 VARIANTS = [
-    (64, 4, 3), (64, 4, 1), (64, 8, 3), (128, 4, 3), (128, 8, 3), (128, 8, 2), (256, 8, 2), (32, 4, 4),
-    (32, 4, 1), (16, 4, 1), (32, 8, 1), (64, 8, 1),
+    (64, 4, 3, False), (64, 4, 1, False), (64, 8, 3, False), (128, 4, 3, False), (128, 8, 3, False),
+    (128, 8, 2, False), (256, 8, 2, False), (32, 4, 4, False), (32, 4, 1, False), (16, 4, 1, False),
+    (32, 8, 1, False), (64, 8, 1, False), (64, 4, 1, True), (64, 8, 1, True), (128, 4, 1, True), (32, 4, 1, True),
+    (64, 4, 3, True),
 ]
 
 
@@ -55,24 +58,24 @@ def main(argv=None) -> int:
     ref_us = time_graph([lambda s=s: topk_attention_ref(*s) for s in sets]).p50_us
     print(f"reference (torch gathers, casts, einsums): {ref_us:8.1f} us", flush=True)
     best = None
-    for kb, warps, stages in VARIANTS:
-        tat.KB, tat.NUM_WARPS, tat.NUM_STAGES = kb, warps, stages
+    for kb, warps, stages, mma in VARIANTS:
+        tat.KB, tat.NUM_WARPS, tat.NUM_STAGES, tat.QK_MMA = kb, warps, stages, mma
         try:
             err = (ops.topk_attention(*sets[0]).float() - want).abs().max().item()
             us = time_graph([lambda s=s: ops.topk_attention(*s, validate=False) for s in sets]).p50_us
         except Exception as exc:  # a variant that does not compile must not cost the run
-            print(f"KB={kb} warps={warps} stages={stages}: failed {exc!r}"[:300], flush=True)
+            print(f"KB={kb} warps={warps} stages={stages} mma={mma}: failed {exc!r}"[:300], flush=True)
             continue
-        print(f"KB={kb:4d} warps={warps} stages={stages}: {us:8.1f} us ({gathered / us / 1e3:6.0f} GB/s), "
+        print(f"KB={kb:4d} warps={warps} stages={stages} mma={int(mma)}: {us:8.1f} us ({gathered / us / 1e3:6.0f} GB/s), "
               f"max |err| {err:.2e}", flush=True)
         if best is None or us < best[0]:
-            best = (us, kb, warps, stages)
+            best = (us, kb, warps, stages, mma)
     if best is None:
         print("no variant ran", flush=True)
         return 1
-    print(f"fastest: KB={best[1]} warps={best[2]} stages={best[3]} {best[0]:.1f} us", flush=True)
+    print(f"fastest: KB={best[1]} warps={best[2]} stages={best[3]} mma={int(best[4])} {best[0]:.1f} us", flush=True)
     # the selection split over programs (flash-decoding, merged by a second launch) at the fastest variant
-    tat.KB, tat.NUM_WARPS, tat.NUM_STAGES = best[1:]
+    tat.KB, tat.NUM_WARPS, tat.NUM_STAGES, tat.QK_MMA = best[1:]
     for splits in (1, 2, 4, 8, None):
         err = (tat.topk_attention_triton(*sets[0], splits=splits).float() - want).abs().max().item()
         us = time_graph([lambda s=s: tat.topk_attention_triton(*s, splits=splits) for s in sets]).p50_us
@@ -82,7 +85,7 @@ def main(argv=None) -> int:
     del sets
     torch.cuda.empty_cache()
     if args.then_e2e is not None:
-        tat.KB, tat.NUM_WARPS, tat.NUM_STAGES = best[1:]
+        tat.KB, tat.NUM_WARPS, tat.NUM_STAGES, tat.QK_MMA = best[1:]
         import bench_e2e
         return bench_e2e.main(args.then_e2e)
     return 0

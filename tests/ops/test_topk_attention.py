@@ -121,7 +121,10 @@ def test_positions_outside_the_cache_count_as_padding(gen, triton_device):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (bf16 caches as the proxy decodes)")
-def test_triton_bf16_matches_the_reference_on_cuda(gen):
+@pytest.mark.parametrize("qk_mma", [False, True])  # the scores as float32 FMAs, or on the tensor cores
+def test_triton_bf16_matches_the_reference_on_cuda(qk_mma, gen, monkeypatch):
+    from spin_indexer.ops import topk_attention_triton as tat
+    monkeypatch.setattr(tat, "QK_MMA", qk_mma)
     q, keys, vals, topk = (t.cuda() for t in make_inputs(4, 1, 9, 3, 64, 5000, 512, gen, dtype=torch.bfloat16))
     got = ops.topk_attention(q, keys, vals, topk)
     torch.testing.assert_close(got.float(), topk_attention_ref(q, keys, vals, topk).float(), rtol=2e-2, atol=2e-2)

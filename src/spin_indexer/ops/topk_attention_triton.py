@@ -33,6 +33,10 @@ GQ = 16  # query heads per program, padded: the smallest M of tl.dot
 NUM_WARPS = 4
 NUM_STAGES = 1  # no pipelining of the chunk loop (run 55)
 SPLIT_TARGET_PROGRAMS = 2048  # (row, KV head, split) programs gathering at once: ~15 of 4 warps per SM
+# 16-bit q / keys: the scores q . k on the tensor cores (products of two bf16 / fp16 values are exact in float32,
+# accumulated in float32: the ieee dot's result up to summation order) instead of float32 FMAs; the weighted sum
+# of the values stays an ieee float32 dot (the probabilities are float32)
+QK_MMA = False
 
 
 def splits_for(rows: int, kv_heads: int, k: int) -> int:
@@ -69,7 +73,9 @@ def topk_attention_triton(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tenso
     _topk_attention_kernel[(b * n, hkv, splits)](
         q, keys, vals, topk, out, part_acc, part_ml, n, k, per, keys.shape[1], keys.stride(0), keys.stride(1),
         keys.stride(2), keys.stride(3), vals.stride(0), vals.stride(1), vals.stride(2), vals.stride(3), d ** -0.5,
-        G=groups, GP=gp, D=d, DP=dp, KB=KB, SPLIT=splits > 1, num_warps=NUM_WARPS, num_stages=NUM_STAGES)
+        G=groups, GP=gp, D=d, DP=dp, KB=KB, SPLIT=splits > 1,
+        QK16=QK_MMA and q.dtype in (torch.bfloat16, torch.float16) and keys.dtype == q.dtype,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     if splits > 1:
         _merge_splits_kernel[(b * n, hkv)](part_acc, part_ml, out, splits, G=groups, GP=gp, D=d, DP=dp,
                                            num_warps=NUM_WARPS)
@@ -81,7 +87,7 @@ if triton is not None:
     def _topk_attention_kernel(q_ptr, k_ptr, v_ptr, idx_ptr, out_ptr, acc_ptr, ml_ptr, n, num_sel, per, num_pos,
                                ks_b, ks_p, ks_h, ks_d, vs_b, vs_p, vs_h, vs_d, scale, G: tl.constexpr,
                                GP: tl.constexpr, D: tl.constexpr, DP: tl.constexpr, KB: tl.constexpr,
-                               SPLIT: tl.constexpr):
+                               SPLIT: tl.constexpr, QK16: tl.constexpr):
         """Program (row, h, split): query heads h * G ... h * G + G - 1 of row = b * N + j over KV head h and
         the selected positions [split * per, split * per + per); SPLIT: store the split's (max, sum, weighted
         values) for _merge_splits_kernel, else the output."""
@@ -94,7 +100,9 @@ if triton is not None:
         hq = tl.num_programs(1) * G
         q_off = (row.to(tl.int64) * hq + h * G + g)[:, None] * D + dd[None, :]
         q_ok = (g < G)[:, None] & (dd < D)[None, :]
-        qv = tl.load(q_ptr + q_off, mask=q_ok, other=0.0).to(tl.float32)  # [GP, DP]
+        qv = tl.load(q_ptr + q_off, mask=q_ok, other=0.0)  # [GP, DP]
+        if not QK16:
+            qv = qv.to(tl.float32)
         m = tl.full([GP], float("-inf"), tl.float32)
         l = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, DP], tl.float32)
@@ -108,9 +116,12 @@ if triton is not None:
             ok = (pos >= 0) & (pos < num_pos)  # padding, or outside the cache: never read
             p64 = tl.maximum(pos, 0).to(tl.int64)
             kv_ok = ok[:, None] & (dd < D)[None, :]
-            kt = tl.load(k_base + p64[:, None] * ks_p + dd[None, :] * ks_d, mask=kv_ok, other=0.0).to(tl.float32)
+            kt = tl.load(k_base + p64[:, None] * ks_p + dd[None, :] * ks_d, mask=kv_ok, other=0.0)
             vt = tl.load(v_base + p64[:, None] * vs_p + dd[None, :] * vs_d, mask=kv_ok, other=0.0).to(tl.float32)
-            s = tl.dot(qv, tl.trans(kt), input_precision="ieee") * scale  # [GP, KB]
+            if QK16:
+                s = tl.dot(qv, tl.trans(kt), out_dtype=tl.float32) * scale  # [GP, KB]
+            else:
+                s = tl.dot(qv, tl.trans(kt.to(tl.float32)), input_precision="ieee") * scale
             s = tl.where(ok[None, :], s, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
             m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: every weight is 0

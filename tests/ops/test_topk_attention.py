@@ -50,11 +50,13 @@ def test_triton_matches_the_reference(b, n, hq, hkv, d, p, k, gen, triton_device
 
 @pytest.mark.interpreter
 @pytest.mark.parametrize("splits", [1, 2, 3, None])
-def test_split_selection_merges_to_the_reference(splits, gen, triton_device):
-    """K = 200 positions (4 chunks of 64) cut into 1-4 splits (None: splits_for's choice, 4 here), merged by the
-    second launch: the reference's result; rows whose positions sit in one split only (the others all padding)
-    and a row with nothing selected (NaN, as the reference) included."""
+def test_split_selection_merges_to_the_reference(splits, gen, triton_device, monkeypatch):
+    """K = 200 positions (4 chunks of 64: the chunk set here, the shipped one is 128) cut into 1-4 splits (None:
+    splits_for's choice, 4 here), merged by the second launch: the reference's result; rows whose positions sit in
+    one split only (the others all padding) and a row with nothing selected (NaN, as the reference) included."""
+    from spin_indexer.ops import topk_attention_triton as tat
     from spin_indexer.ops.topk_attention_triton import splits_for, topk_attention_triton
+    monkeypatch.setattr(tat, "KB", 64)
     q, keys, vals, topk = make_inputs(3, 2, 9, 3, 64, 400, 200, gen)
     topk[0, 1, 64:] = -1  # only the first chunk selected: later splits are empty
     topk[1, 0, :128] = -1  # only the last chunks

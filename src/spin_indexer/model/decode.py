@@ -143,7 +143,7 @@ def prefill_batch(model: Llama, caches: Caches, first_request: int, prompts: lis
             caches.k[i][rows, start:end] = k
             caches.v[i][rows, start:end] = v
             if caches.index_kv is not None:
-                _write_index_keys(indexer, i, h, caches, index_rope, index_slots)
+                indexer.layers[i].write_keys(h, index_rope, caches.index_kv[i], index_slots)
             keys = caches.k[i][rows, :end]  # [n, end, Hkv, d]
             vals = caches.v[i][rows, :end]
             mask = pos[:, None] >= torch.arange(end, device=dev)[None, :]  # [C, end]
@@ -259,13 +259,6 @@ def _index_slots(caches, requests, pos):
     blocks = caches.block_table[requests.long()].long()  # [B', W]
     block = torch.gather(blocks, 1, pos // TOKENS_PER_BLOCK)  # physical block of each token
     return (block * TOKENS_PER_BLOCK + pos % TOKENS_PER_BLOCK).reshape(-1)
-
-
-def _write_index_keys(indexer, layer, h, caches, rope, slots):
-    """Indexer keys of the tokens of h [B', S, dim] -> FP8 + scale in the paged cache at `slots` [B' * S]
-    (rope: the indexer's rotary tables at the tokens' positions)."""
-    keys = indexer.layers[layer].keys(h, None, rope)  # [B', S, D_I]
-    ops.quantize_and_write(caches.index_kv[layer], keys.reshape(-1, keys.shape[-1]), slots, validate=False)
 
 
 def _attend(q, keys, vals, mask):

@@ -109,8 +109,14 @@ class IndexerLayer(nn.Module):
             if keys_done and fused is not None:
                 return fused[0].view(b, n, c.num_heads, c.head_dim), fused[1]
         if not keys_done:
-            quantize_and_write(kv_cache, self.keys(h, None, rope).reshape(-1, c.head_dim), slots, validate=False)
+            self.write_keys(h, rope, kv_cache, slots)
         return quantize_queries(*self.queries(h, None, rope))
+
+    def write_keys(self, h: torch.Tensor, rope: RotaryTables, kv_cache: torch.Tensor, slots: torch.Tensor) -> None:
+        """The keys of h's tokens [B', S, dim] as FP8 + scale into the paged cache at slots [B' * S] (rope: the
+        tables at the tokens' positions); the torch forms (prefill, and decode where the fused kernel declines)."""
+        keys = self.keys(h, None, rope)
+        quantize_and_write(kv_cache, keys.reshape(-1, keys.shape[-1]), slots, validate=False)
 
 
 def _tables(rope: Rope | RotaryTables, positions: torch.Tensor | None) -> RotaryTables:

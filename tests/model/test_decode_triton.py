@@ -43,6 +43,9 @@ def test_add_rms_norm_is_the_torch_form(triton_device):
         same, normed0 = add_rms_norm(x, None, weight, 1e-5)
         assert torch.equal(same, x)
         torch.testing.assert_close(normed0, rms_norm(x, weight, 1e-5), **tol)
+    strided = torch.randn(40, 6, generator=_gen(16)).to(dev).t()  # [6, 40] with stride 6 along the 40 columns
+    torch.testing.assert_close(add_rms_norm(strided, strided, torch.ones(40, device=dev), 1e-5)[1],
+                               rms_norm(strided + strided, torch.ones(40, device=dev), 1e-5), rtol=1e-5, atol=1e-6)
     empty = torch.zeros(0, 40, device=dev)
     assert add_rms_norm(empty, None, torch.ones(40, device=dev), 1e-5)[1].shape == (0, 40)
     assert add_rms_norm(x, None, torch.ones(41, device=dev), 1e-5) is None  # weight of another width
@@ -57,6 +60,8 @@ def test_silu_mul_is_the_torch_form(triton_device):
         tol = dict(rtol=1e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=8e-3, atol=1e-3)
         torch.testing.assert_close(silu_mul(gate_up), F.silu(g) * u, **tol)
     assert silu_mul(torch.randn(2, 7, device=dev)) is None  # odd width: no gate / up halves
+    strided = torch.randn(8, 3, generator=_gen(17)).to(dev).t()  # [3, 8], stride 3 along the columns
+    torch.testing.assert_close(silu_mul(strided), F.silu(strided[:, :4]) * strided[:, 4:], rtol=1e-6, atol=1e-6)
 
 
 def test_rope_qkv_into_cache_is_the_torch_form(triton_device):

@@ -40,10 +40,16 @@ _HEADS_A_PROGRAM = 16
 
 
 def _takes(*tensors: torch.Tensor) -> bool:
-    """Whether these kernels take the tensors: triton present, CUDA (or the interpreter's CPU: tests), float dtypes,
-    no autograd recording (the kernels have no backward)."""
+    """Whether these kernels take the tensors: triton present, float dtypes, no autograd recording (the kernels have
+    no backward). The device is the callers' choice (llama.fused_kernels: CUDA; tests: the interpreter's CPU)."""
     return triton is not None and all(t.dtype in _DTYPES and not (t.requires_grad and torch.is_grad_enabled())
                                       for t in tensors)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., C] as rows [R, C] with unit stride along C (a view where it can be, as the kernels index them)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
@@ -54,8 +60,9 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
             or weight.shape != (x.shape[-1],):
         return None
     dim = x.shape[-1]
-    x2 = x.reshape(-1, dim)
-    d2 = x2 if delta is None else delta.reshape(-1, dim)
+    x2 = _rows(x)
+    d2 = x2 if delta is None else _rows(delta)
+    weight = weight.contiguous()
     total, normed = torch.empty_like(x2), torch.empty_like(x2)
     if x2.shape[0]:
         _add_rms_norm_kernel[(x2.shape[0],)](x2, d2, weight, total, normed, x2.stride(0), d2.stride(0), eps,
@@ -69,7 +76,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     if not _takes(gate_up) or gate_up.shape[-1] % 2:
         return None
     f = gate_up.shape[-1] // 2
-    g2 = gate_up.reshape(-1, 2 * f)
+    g2 = _rows(gate_up)
     out = torch.empty(g2.shape[0], f, dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, triton.next_power_of_2(f))
     if g2.shape[0]:

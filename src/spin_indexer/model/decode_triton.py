@@ -28,7 +28,8 @@ try:
     import triton
     import triton.language as tl
 
-    from ..ops.fp8_triton import pow2_scale, round_e4m3
+    from ..ops.fp8_triton import pow2_scale, to_e4m3
+    from ..ops.kv_cache_triton import store_in_slots
     from .rope_triton import partner, rotate_half
 except ImportError:  # pragma: no cover - the callers use the torch forms where triton is absent
     triton = None
@@ -228,14 +229,16 @@ if triton is not None:
     def _index_keys_kernel(k_ptr, k_stride, lw_ptr, lb_ptr, eps, cos_ptr, sin_ptr, fp8_ptr, f32_ptr, slot_ptr,
                            num_slots, D: tl.constexpr, DP: tl.constexpr, RD: tl.constexpr, T: tl.constexpr,
                            FP8_MAX_: tl.constexpr, FLOOR: tl.constexpr):
+        """Program r: key row r as a [1, DP] tile (the cache store takes rows)."""
         r = tl.program_id(0).to(tl.int64)
-        dd = tl.arange(0, DP)
+        d = tl.arange(0, DP)
+        dd = d[None, :]
         ok = dd < D
         raw = tl.load(k_ptr + r * k_stride + dd, mask=ok, other=0.0)
         x = raw.to(tl.float32)
-        mean = tl.sum(x, axis=0) / D
+        mean = tl.sum(x, axis=1)[:, None] / D
         xc = tl.where(ok, x - mean, 0.0)
-        rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=0) / D + eps)
+        rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1)[:, None] / D + eps)
         lw = tl.load(lw_ptr + dd, mask=ok, other=0.0).to(tl.float32)
         lb = tl.load(lb_ptr + dd, mask=ok, other=0.0).to(tl.float32)
         y = (xc * rstd * lw + lb).to(raw.dtype).to(tl.float32)  # nn.LayerNorm's output, then .float()
@@ -249,14 +252,9 @@ if triton is not None:
             s = tl.load(sin_ptr + r * RD + dd, mask=dd < RD, other=0.0)
             y = rotate_half(y, yp, c, s, dd, RD)
         y = tl.where(ok, y, 0.0)
-        scale = pow2_scale(tl.max(tl.abs(y), axis=0), FP8_MAX_, FLOOR)
-        vals = round_e4m3(tl.minimum(tl.maximum(y / scale, -FP8_MAX_), FP8_MAX_)).to(tl.float8e4nv)
-        slot = tl.load(slot_ptr + r).to(tl.int64)
-        if (slot >= 0) & (slot < num_slots):  # padding and slots past the cache store nothing
-            page = (slot // T) * (T * (D + 4))
-            row = slot % T
-            tl.store(fp8_ptr + page + row * D + dd, vals, mask=ok)
-            tl.store(f32_ptr + (page + T * D + row * 4) // 4, scale)
+        scale = pow2_scale(tl.max(tl.abs(y), axis=1), FP8_MAX_, FLOOR)  # [1]
+        slot = tl.load(slot_ptr + r + tl.arange(0, 1))  # [1]
+        store_in_slots(fp8_ptr, f32_ptr, slot, to_e4m3(y, scale[:, None], FP8_MAX_), scale, d, num_slots, D, T)
 
     @triton.jit
     def _index_queries_kernel(q_ptr, q_stride, w_ptr, w_stride, w_scale, cos_ptr, sin_ptr, fp8_ptr, weights_ptr,
@@ -274,7 +272,6 @@ if triton is not None:
             s = tl.load(sin_ptr + r * RD + dd, mask=dd < RD, other=0.0)
             x = rotate_half(x, xp, c, s, dd, RD)
         scale = pow2_scale(tl.max(tl.abs(x), axis=1), FP8_MAX_, FLOOR)  # [HB]
-        vals = round_e4m3(tl.minimum(tl.maximum(x / scale[:, None], -FP8_MAX_), FP8_MAX_)).to(tl.float8e4nv)
-        tl.store(fp8_ptr + r * H * D + hh * D + dd, vals, mask=ok)
+        tl.store(fp8_ptr + r * H * D + hh * D + dd, to_e4m3(x, scale[:, None], FP8_MAX_), mask=ok)
         w = tl.load(w_ptr + r * w_stride + h1, mask=h1 < H, other=0.0).to(tl.float32)
         tl.store(weights_ptr + r * H + h1, (w * w_scale) * scale, mask=h1 < H)

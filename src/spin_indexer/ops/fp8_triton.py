@@ -1,6 +1,6 @@
 """FP8 quantization steps shared by the Triton kernels that write FP8 keys (kv_cache_triton.py: the indexer-key
-cache; block_summary_triton.py: the summary cache): bit-exact with ops.quantize_keys on the GPU and in the
-interpreter."""
+cache; block_summary_triton.py: the summary cache; model/decode_triton.py: the proxy's indexer keys and queries):
+bit-exact with ops.quantize_keys on the GPU and in the interpreter."""
 from __future__ import annotations
 
 import triton
@@ -28,3 +28,10 @@ def round_e4m3(x):
     c = ((spacing + 150) << 23).to(tl.float32, bitcast=True) * 1.5  # 1.5 x 2^(spacing + 23)
     r = (tl.abs(x) + c) - c
     return (r.to(tl.int32, bitcast=True) | ((bits >> 31) << 31)).to(tl.float32, bitcast=True)  # x's sign
+
+
+@triton.jit
+def to_e4m3(x, scale, FP8_MAX_: tl.constexpr):
+    """x / scale (scale: pow2_scale's, broadcast against x) clamped to +-FP8_MAX_, rounded (round_e4m3) and
+    converted to float8_e4m3fn: quantize_keys' values."""
+    return round_e4m3(tl.minimum(tl.maximum(x / scale, -FP8_MAX_), FP8_MAX_)).to(tl.float8e4nv)

@@ -21,7 +21,7 @@ try:  # the package imports this module only for CUDA tensors (or under TRITON_I
     import triton
     import triton.language as tl
 
-    from .fp8_triton import pow2_scale, round_e4m3
+    from .fp8_triton import pow2_scale, to_e4m3
 except ImportError:  # pragma: no cover
     triton = None
 
@@ -74,6 +74,18 @@ def quantize_and_write_triton(kv_cache: torch.Tensor, keys: torch.Tensor, slot_m
 
 if triton is not None:
     @triton.jit
+    def store_in_slots(fp8_ptr, f32_ptr, slot, vals, scale, d, num_slots, D: tl.constexpr, T: tl.constexpr):
+        """Rows' FP8 values vals [R, DP] and scales scale [R] into their cache slots slot [R] (fp8_ptr / f32_ptr: the
+        cache's bytes as fp8 / float32; kv_cache.py's layout: the block's T x D values, then its T scales). A
+        negative slot (padding) or one past the cache (>= num_slots) stores nothing; d: the dims [DP], D of them."""
+        slot = slot.to(tl.int64)
+        ok = (slot >= 0) & (slot < num_slots)
+        page = (slot // T) * (T * (D + 4))  # the block's first byte
+        row = slot % T
+        tl.store(fp8_ptr + (page + row * D)[:, None] + d[None, :], vals, mask=ok[:, None] & (d < D)[None, :])
+        tl.store(f32_ptr + (page + T * D + row * 4) // 4, scale, mask=ok)
+
+    @triton.jit
     def _quantize_kernel(keys_ptr, stride_row, stride_col, n, fp8_ptr, f32_ptr, slot_ptr, num_slots,
                          D: tl.constexpr, DP: tl.constexpr, ROWS: tl.constexpr, T: tl.constexpr,
                          CACHE: tl.constexpr, FP8_MAX_: tl.constexpr, FLOOR: tl.constexpr):
@@ -86,14 +98,10 @@ if triton is not None:
         x = tl.load(keys_ptr + r.to(tl.int64)[:, None] * stride_row + d[None, :] * stride_col, mask=mask,
                     other=0.0).to(tl.float32)
         scale = pow2_scale(tl.max(tl.abs(x), axis=1), FP8_MAX_, FLOOR)  # [ROWS]
-        vals = round_e4m3(tl.minimum(tl.maximum(x / scale[:, None], -FP8_MAX_), FP8_MAX_)).to(tl.float8e4nv)
+        vals = to_e4m3(x, scale[:, None], FP8_MAX_)
         if CACHE:
-            slot = tl.load(slot_ptr + r, mask=live, other=-1).to(tl.int64)
-            ok = live & (slot >= 0) & (slot < num_slots)  # padding and slots past the cache write nothing
-            page = (slot // T) * (T * (D + 4))  # the block's first byte
-            row = slot % T
-            tl.store(fp8_ptr + (page + row * D)[:, None] + d[None, :], vals, mask=ok[:, None] & (d < D)[None, :])
-            tl.store(f32_ptr + (page + T * D + row * 4) // 4, scale, mask=ok)
+            slot = tl.load(slot_ptr + r, mask=live, other=-1)
+            store_in_slots(fp8_ptr, f32_ptr, slot, vals, scale, d, num_slots, D, T)
         else:
             tl.store(fp8_ptr + r.to(tl.int64)[:, None] * D + d[None, :], vals, mask=mask)
             tl.store(f32_ptr + r, scale, mask=live)

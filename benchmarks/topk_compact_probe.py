@@ -7,7 +7,8 @@ run 162 at 1 x 64K / 128K / 512K / 1M +2.2 / +2.0 / +2.0 / +2.3 us whatever the 
 map (`kept_blocks`: one more dependent load in the rank launch's chain). This times, in paired rounds, the top-k on
 one set of random rows four ways: full length / half length, each without and with an ascending kept-block map
 (every other block), and each cumulatively by stage (2 = threshold, 3 = + gather, 4 = + chunk sort or the set
-select, 5 = + rank), so the differences say which launch holds the 2 us.
+select, 5 = + rank), so the differences say which launch holds the 2 us. Before timing, each variant's whole top-k
+is compared with topk_positions_ref on its inputs (as sets); the run fails where one differs.
 
     PYTHONPATH=src:benchmarks python benchmarks/topk_compact_probe.py [--points 1x131072,1x1048576] [--out F]
 
@@ -58,8 +59,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sorted", action="store_true", help="best first (the sort and rank at every row count)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    import torch
     from harness import environment, time_graphs_paired
 
+    from spin_indexer.ops.topk import topk_positions_ref
     from spin_indexer.ops.topk_triton import topk_triton
 
     env = environment()
@@ -70,6 +73,11 @@ def main(argv=None) -> int:
         calls = {}
         for variant in VARIANTS:
             x, lens, bm, gm, group, kept = inputs(rows, cols, a.topk, variant)
+            got = topk_triton(x, lens, a.topk, validate=False, block_max=bm, group_max=gm, group=group,
+                              kept_blocks=kept, sorted=a.sorted)
+            want = topk_positions_ref(x, lens, a.topk, kept_blocks=kept, sorted=a.sorted)
+            if not torch.equal(got.sort(dim=1).values, want.sort(dim=1).values):
+                raise SystemExit(f"topk_compact_probe: {variant} at {spec}: the top-k differs from the reference")
             for stages in (2, 3, 4, 5):
                 calls[f"{variant}/{stages}"] = (lambda x=x, lens=lens, bm=bm, gm=gm, group=group, kept=kept, s=stages:
                                                 topk_triton(x, lens, a.topk, validate=False, block_max=bm,

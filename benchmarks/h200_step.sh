@@ -159,12 +159,12 @@ case "$stage" in
             *H200*) pts=96x32768,32x32768 ;;
             *) pts=32x32768,64x32768 ;;
         esac
-        OUT="$OUT/e2eout" timeout "${CANONICAL_E2E_S:-130}" bash "$0" e2e "$pts" \
+        OUT="$OUT/e2eout" timeout "${CANONICAL_E2E_S:-130}" bash benchmarks/h200_step.sh e2e "$pts" \
             | grep -E "tok/s|spin-0|dense|x32768|Error" | cut -c1-160
         (cd "$OUT" && tar czf e2e.tgz e2eout && rm -rf e2eout)
         ALL_TESTS=${ALL_TESTS:-tests/ops/test_indexer_logits_triton.py} ALL_TESTS_S=${ALL_TESTS_S:-40} \
             ALL_GRID_S=${ALL_GRID_S:-100} ALL_V32_S=${ALL_V32_S:-40} ALL_WARM_S=${ALL_WARM_S:-150} \
-            OUT="$OUT" timeout "${CANONICAL_ALL_S:-210}" bash "$0" all ;;
+            OUT="$OUT" timeout "${CANONICAL_ALL_S:-210}" bash benchmarks/h200_step.sh all ;;
     e2e)  # #14's end-to-end points with the DSA models' indexer shape
         python3 benchmarks/bench_e2e.py --random-weights --indexer-shape 64x128 --steps 24 \
             --configs dense spin-0.4 spin-0.5 --points "${1:-96x32768,32x32768}" --out "$OUT/e2e" 2>&1 \

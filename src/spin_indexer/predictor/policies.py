@@ -63,8 +63,10 @@ for _weight in (0.5, 0.7):
     POLICIES[f"summary1-{_weight:g}-noexp"] = (
         {"summary": _weight, "summary_parts": 1, "exploration": "none", "gamma": 0.0},
         f"summary1-{_weight:g} without exploration (one mean key a block: 132 B a block)")
-POLICIES["summary16-0.8-noexp"] = ({"summary": 0.8, "summary_parts": 16, "exploration": "none", "gamma": 0.0},
-                                   "summary16-0.8 without exploration (its 5% kept by the mix)")
+for _parts, _weight in ((16, 0.8), (16, 0.9), (16, 1.0), (8, 0.8), (8, 0.9), (8, 1.0)):
+    POLICIES[f"summary{_parts}-{_weight:g}-noexp"] = (
+        {"summary": _weight, "summary_parts": _parts, "exploration": "none", "gamma": 0.0},
+        f"summary{_parts}-{_weight:g} without exploration (its 5% kept by the mix)")
 
 
 # Per-layer budgets of the proxy model's shipped head (SpinConfig.sparsity_profile): calibrated by `spin-indexer

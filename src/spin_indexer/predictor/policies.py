@@ -63,6 +63,7 @@ for _weight in (0.5, 0.7):
     POLICIES[f"summary1-{_weight:g}-noexp"] = (
         {"summary": _weight, "summary_parts": 1, "exploration": "none", "gamma": 0.0},
         f"summary1-{_weight:g} without exploration (one mean key a block: 132 B a block)")
+# S = 8, 16 at weights 0.8-1.0: the 4K weight sweep (results/fidelity/cpu-v3-head-summary/weights4k)
 for _parts, _weight in ((16, 0.8), (16, 0.9), (16, 1.0), (8, 0.8), (8, 0.9), (8, 1.0)):
     POLICIES[f"summary{_parts}-{_weight:g}-noexp"] = (
         {"summary": _weight, "summary_parts": _parts, "exploration": "none", "gamma": 0.0},

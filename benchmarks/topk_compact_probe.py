@@ -1,7 +1,7 @@
 """Experiment (#14, one-request points): why SPIN's top-k alone costs ~2 us more than the dense step's at one row.
 
 run_all's `topk_us` (the top-k alone on SPIN's compact logits) against `own_topk_us` (on the dense logits): H200
-run 162 at 1 x 64K / 128K / 512K / 1M +2.2 / +2.0 / +2.0 / +2.3 us whatever the sparsity (0.2-0.5), H100 run 171 at
+run 162 at 1 x 64K / 128K / 512K / 1M +2.2 / +2.0 / +2.0 / +2.3 us (256K: +0.5) whatever the sparsity, H100 run 171 at
 1 x 128K +1.8; at 8 x 128K +0.1. Same k, same group, same buffers' width. Two things differ: a compact row's length
 (the kept share of the width: fewer live groups, more candidates each) and the final write through the kept-block
 map (`kept_blocks`: one more dependent load in the rank launch's chain). This times, in paired rounds, the top-k on

@@ -31,7 +31,8 @@ VARIANTS = ("full", "full_map", "half", "half_map")
 
 
 def inputs(rows: int, cols: int, k: int, variant: str):
-    """(logits, lengths, block max, group max, group, kept blocks or None) for one variant."""
+    """(logits, lengths, block max, group max, group, kept blocks or None) for one variant: the same random values
+    for every variant, in buffers of its own (as each layer of a step has its own logits: run 177 measured so)."""
     import torch
     from harness import DEVICE, random_topk_rows
 

@@ -90,8 +90,23 @@ def capture(context: int, rows: int, out: str) -> None:
 
 def summary_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, length: int, kind: str) -> torch.Tensor:
     """float32 [nb] summary score of each block of a row of `length` tokens: q [H, D], w [H], keys [>= nb*T, D];
-    kind mean / sub<S> (mean keys) or bound<S> (channel bounds)."""
+    kind mean / sub<S> (mean keys), bound<S> (channel bounds) or var<S>c<c> (mean keys + c x the spread of
+    q . k over each sub-block's tokens from per-channel variances: twice sub<S>'s bytes)."""
     nb = -(-length // T)
+    if kind.startswith("var"):  # var<S>c<c>: mean + c x the spread of q . k over the sub-block's tokens
+        parts, _, spread = kind.removeprefix("var").partition("c")
+        parts, spread = int(parts), float(spread)
+        size = T // parts
+        valid = (torch.arange(nb * T) < length).view(nb, parts, size)
+        blocks = keys[:nb * T].view(nb, parts, size, -1) * valid[..., None]
+        count = valid.sum(2, keepdim=True).clamp(min=1)
+        means = blocks.sum(2) / count
+        var = (blocks.pow(2).sum(2) / count - means.pow(2)).clamp(min=0)  # per channel
+        center = torch.einsum("hd,bsd->hbs", q, means)
+        width = torch.einsum("hd,bsd->hbs", q.pow(2), var).sqrt()
+        sign = torch.where(w >= 0, 1.0, -1.0)[:, None, None]  # the best token of a negative-weight head: the least
+        scores = (center + sign * spread * width).relu().mul(w[:, None, None]).sum(0)
+        return torch.where(valid.any(2), scores, -1e30).amax(1)
     parts = 1 if kind == "mean" else int(kind.removeprefix("bound").removeprefix("sub"))
     size = T // parts
     valid = (torch.arange(nb * T) < length).view(nb, parts, size)

@@ -157,6 +157,13 @@ def test_summary_select_matches_torch(cfg, gen, triton_device):
     _run(cfg, LENS, 1, gen, triton_device, grow=[70, 0])
 
 
+def test_summary_select_without_exploration_in_the_mix(gen, triton_device):
+    """SpinConfig.summary_explores=False: the requests that mix (one past the guard: LENS' short ones are all
+    guarded) take no exploration in run()'s launch, the long one still explores in plan()'s."""
+    cfg = dataclasses.replace(MIX, summary_below=2000, sparsity_profile=(1.5, 0.5), summary_explores=False)
+    _run(cfg, (37 * T + 5, 20 * T + 9, 400, 0), 1, gen, triton_device, grow=[70, 0])
+
+
 @pytest.mark.parametrize("next_n,mtp,accepted,below", [(2, "row-local", True, 0), (4, "row0", False, 0),
                                                        (2, "row-local", True, 300)])
 def test_summary_select_next_n(next_n, mtp, accepted, below, gen, triton_device):

@@ -122,3 +122,37 @@ def test_vllm_settings_refuse_the_proxy_profile():
 
     with pytest.raises(ValueError, match="proxy model's per-layer budgets"):
         settings.SpinVllmSettings(policy="spin-layers")
+
+
+def test_spin_layers_mix_is_spin_layers_from_profile_from_and_the_mix_below():
+    """The policy spin-layers-mix: from PROFILE_FROM tokens on it plans exactly as spin-layers (the history, the
+    shipped budgets, random exploration), below it as the summary mix (16 sub-blocks, weight 0.8) without
+    exploration under the same budgets, step after step over the 30 layers (replayed scores)."""
+    from spin_indexer.predictor.policies import PROFILE_FROM, get_policy
+
+    gen = torch.Generator().manual_seed(3)
+    mix = get_policy("spin-layers-mix", 0.4, topk=128)
+    twins = {PROFILE_FROM + 100: get_policy("spin-layers", 0.4, topk=128),
+             PROFILE_FROM - 2100: dataclasses.replace(get_policy("summary16-0.8-noexp", 0.4, topk=128),
+                                                      sparsity_profile=mix.sparsity_profile)}
+    for length, twin in twins.items():
+        width = -(-(length + T + 11) // T)
+        table = torch.arange(2 * width, dtype=torch.int32).view(2, width)
+        idx = [SpinIndexer(c, num_layers=30, max_batch=2, max_blocks=width, num_cache_blocks=2 * width,
+                           topk_sorted=True) for c in (mix, twin)]
+        slots = [torch.tensor([i.state.allocate() for _ in range(2)], dtype=torch.int32) for i in idx]
+        differs = False
+        for step in range(4):
+            lens = torch.tensor([[length + step], [length + T + 7 + step]], dtype=torch.int32)
+            for i, s in zip(idx, slots):
+                i.plan(table, lens, s)
+            for layer in range(30):
+                scores = torch.randn(2, width * T, generator=gen)
+                summary = torch.randn(2, width, generator=gen)
+                keeps = []
+                for i in idx:
+                    i.run_from_scores(layer, scores, summary if i.config.summary > 0 else None)
+                    keeps.append(i.block_plan.keep_mask.clone())
+                assert torch.equal(keeps[0], keeps[1]), (length, step, layer)
+                differs |= bool((~keeps[0][:, :width - 1]).any())
+        assert differs  # blocks were skipped: the plans compared real choices

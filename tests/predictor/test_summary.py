@@ -100,6 +100,11 @@ def test_summary_replay_needs_the_recorded_summaries_and_validates(gen):
     cfg = parse_config("spin-0.4-sum0.5x4b16k").spin_config(512, 0)
     assert (cfg.summary, cfg.summary_parts, cfg.gamma, cfg.summary_below) == (0.5, 4, 0.05, 16384)
     assert parse_config("spin-0.3-sum0.5b32k-noexp").spin_config(512, 0).summary_below == 32768
+    cfg = parse_config("spin-0.4-sum0.8x16b6k-quiet-profile").spin_config(512, 0)  # spin-layers-mix's form
+    assert (cfg.summary, cfg.summary_below, cfg.gamma, cfg.summary_explores) == (0.8, 6144, 0.05, False)
+    assert parse_config("spin-0.4-sum0.8x16b6k").spin_config(512, 0).summary_explores
+    with pytest.raises(ValueError, match="expected one of"):  # -quiet qualifies the mix: not without it
+        parse_config("spin-0.4-quiet")
     with pytest.raises(ValueError, match="summary sub-blocks: expected a divisor"):
         parse_config("spin-0.4-sum0.8x3")
     with pytest.raises(ValueError, match="sum<w>"):  # the form is refused: weights above 1 do not parse
@@ -245,3 +250,31 @@ def test_requests_past_summary_below_select_from_the_history_alone(gen):
     assert mixed_something  # the mix chose differently from the history for the short request: a real check
     assert idx[0].state.summarized[:, int(slots[0][0])].tolist() == [0, 0]
     assert idx[0].state.summarized[:, int(slots[0][1])].tolist() == [9, 9]
+
+
+def test_requests_that_mix_explore_only_when_told(gen):
+    """SpinConfig.summary_explores=False: a request that takes the mix plans as with no exploration at all, while a
+    request past summary_below (the history alone) still gives gamma of its budget to random skipped blocks, as
+    with summary_explores=True. Both differences must show (each configuration really explores)."""
+    lens = (20 * T + 5, 9 * T + 3)
+    x = make_paged_inputs(lens, 1, 4, 32, gen, extra_width=1)
+    base = SpinConfig(sparsity=0.5, topk=64, gamma=0.25, summary=0.7, summary_parts=8, summary_below=10 * T,
+                      vertical_grain="slot")
+    cfgs = [dataclasses.replace(base, summary_explores=False), base,
+            dataclasses.replace(base, exploration="none", gamma=0.0)]
+    idx = [SpinIndexer(c, num_layers=2, max_batch=2, max_blocks=x.block_table.shape[1], topk_sorted=True,
+                       num_cache_blocks=x.kv_cache.shape[0], head_dim=32) for c in cfgs]
+    slots = [torch.tensor([i.state.allocate() for _ in lens], dtype=torch.int32) for i in idx]
+    long_explored = short_explored = False
+    for step in range(4):
+        weights = torch.randn(x.weights.shape, generator=gen)
+        for i, s in zip(idx, slots):
+            i.plan(x.block_table, x.seq_lens, s)
+        for layer in range(2):
+            told, explores, none = (i.run(layer, x.q_fp8, x.kv_cache, weights) for i in idx)
+            keeps = [i.block_plan.keep_mask for i in idx]
+            assert torch.equal(keeps[0][0], keeps[1][0]) and torch.equal(told[0], explores[0])  # long: explores
+            assert torch.equal(keeps[0][1], keeps[2][1]) and torch.equal(told[1], none[1])  # short: does not
+            long_explored |= not torch.equal(keeps[1][0], keeps[2][0])
+            short_explored |= not torch.equal(keeps[1][1], keeps[2][1])
+    assert long_explored and short_explored

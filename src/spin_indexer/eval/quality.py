@@ -10,7 +10,8 @@ greedily decodes from a copy of that cache:
     spin-<s>-sum<w>     SPIN with the summary mix (SpinConfig.summary = w: this step's query against each block's
                         sub-block mean keys, docs/current_step_selection.md); -sum<w>x<S>: S sub-blocks a block
                         (SpinConfig.summary_parts, default 4); -sum<w>[x<S>]b<K>k: only requests shorter than K x
-                        1024 tokens mix (SpinConfig.summary_below); lightning mode only
+                        1024 tokens mix (SpinConfig.summary_below); -sum<w>...-quiet: the requests that mix do
+                        not explore (SpinConfig.summary_explores = False; the others do); lightning mode only
     adaptive-<t>        SPIN with adaptive per-(layer, request) budgets, per-audit (p99) miss target t, starting
                         at PRESETS["adaptive"]'s sparsity and menu (predictor/adaptive.py); sparsity = realized
     mtp<N>-all-keep     next_n = N rows per step; drafts = the all-keep greedy continuation of the sample
@@ -46,11 +47,12 @@ DEFAULT_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multik
 _NUM = r"0?\.\d+|0|1(?:\.0*)?"  # range-checked after parsing
 _NAME = re.compile(rf"^(?:mtp(?P<n>[2-8])-)?(?:(?P<dense>dense)|(?P<allkeep>all-keep)|"
                    rf"spin-(?P<s>{_NUM})(?:-hybrid(?P<w>{_NUM}))?"
-                   rf"(?:-sum(?P<sw>{_NUM})(?:x(?P<sp>\d+))?(?:b(?P<sb>\d+)k)?)?(?P<noexp>-noexp)?(?P<block>-block)?"
+                   rf"(?:-sum(?P<sw>{_NUM})(?:x(?P<sp>\d+))?(?:b(?P<sb>\d+)k)?(?P<quiet>-quiet)?)?"
+                   rf"(?P<noexp>-noexp)?(?P<block>-block)?"
                    rf"(?P<prof>-profile)?|"
                    rf"adaptive-(?P<t>{_NUM}))$")
 _FORMS = ("dense, all-keep, spin-<s>, spin-<s>-noexp, spin-<s>-hybrid<w>[-noexp], "
-          "spin-<s>[-hybrid<w>]-sum<w>[x<S>][b<K>k][-noexp], spin-<s>[-hybrid<w>][-noexp]-block (block grain), "
+          "spin-<s>[-hybrid<w>]-sum<w>[x<S>][b<K>k][-quiet][-noexp], spin-<s>[-hybrid<w>][-noexp]-block (block grain), "
           "spin-<s>[...]-profile (with --sparsity-profile), "
           "adaptive-<t>, mtp<N>-all-keep, "
           "mtp<N>-spin-<s>[...], mtp<N>-adaptive-<t> (0 <= s < 1, 0 <= w <= 1, 0 <= t <= 1, 2 <= N <= 8)")
@@ -70,6 +72,7 @@ class QualityConfig:
     summary: float = 0.0  # SpinConfig.summary
     summary_parts: int = 4  # SpinConfig.summary_parts
     summary_below: int = 0  # SpinConfig.summary_below (tokens)
+    summary_explores: bool = True  # SpinConfig.summary_explores (False: the name has -quiet)
     adaptive: float | None = None  # AdaptiveConfig.target_miss; None = fixed budget
     profiled: bool = False  # the name ends in -profile: SpinConfig.sparsity_profile from the run's profile file
     sparsity_profile: tuple[float, ...] = ()  # SpinConfig.sparsity_profile (the runner sets it on -profile names)
@@ -87,7 +90,8 @@ class QualityConfig:
         return SpinConfig(sparsity=self.sparsity, topk=topk, exploration="random" if self.exploration else "none",
                           gamma=0.05 if self.exploration else 0.0, seed=seed, hybrid=self.hybrid,
                           summary=self.summary, summary_parts=self.summary_parts,
-                          summary_below=self.summary_below, adaptive=adaptive,
+                          summary_below=self.summary_below, summary_explores=self.summary_explores,
+                          adaptive=adaptive,
                           sparsity_profile=self.sparsity_profile, profile_from=self.profile_from,
                           vertical_grain="block" if self.block else "slot",
                           dense_below=0)  # quality measures the predictor: the speed guard is off
@@ -126,7 +130,8 @@ def parse_config(name: str) -> QualityConfig:
         raise ValueError(f"config {name!r}: -block (block grain) keeps no per-slot history, which the summary mix "
                          f"reads: expected no -sum<w> with it")
     return QualityConfig(name, "spin", s, m["noexp"] is None, n, hybrid=w, summary=sw, summary_parts=parts,
-                         summary_below=below, profiled=m["prof"] is not None, block=m["block"] is not None)
+                         summary_below=below, summary_explores=m["quiet"] is None, profiled=m["prof"] is not None,
+                         block=m["block"] is not None)
 
 
 def wilson_interval(p: float, n: int, z: float = 1.959964) -> tuple[float, float]:

@@ -78,6 +78,8 @@ class Extensions:
             explore = explore_blocks(budget, cfg.gamma, cfg.exploration, dense)
             audit = audit_mask(meta.step, meta.slot_ids, layer, cfg.adaptive.audit_every)
             audit = (audit | self.state.audit_next[layer, meta.slot_ids]) & ~dense
+        if cfg.summary > 0 and not cfg.summary_explores:  # the requests that mix give no block to exploration
+            explore = torch.where(mixes, 0, explore)
         predicted, explored, forced, scores = select_layer(cfg, self.state, layer, meta, scores, budget, explore)
         keep = predicted if audit is None else predicted | (audit[:, None] & meta.valid)
         plan = BlockPlan.from_keep_mask(keep, meta.block_table, meta.seq_lens, meta.num_blocks, t, meta.guarded,

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ..checks import check_enum, check_float, check_int, check_sequence, describe
+from ..checks import check_bool, check_enum, check_float, check_int, check_sequence, describe
 from .adaptive import AdaptiveConfig
 
 
@@ -127,7 +127,11 @@ class SpinConfig:
         summary_below: requests whose longest row holds at least this many tokens select from the history alone
         (the paper's scores, selected in plan() with the other layers) and neither write nor read the summary
         cache; 0 = every request mixes. The mix's select is one launch of B programs a layer, one program's
-        chain of reductions: cheap at short contexts only (benchmarks/NOTES.md, session 49).
+        chain of reductions: cheap at short contexts only (benchmarks/NOTES.md, session 49). summary_explores:
+        whether the requests that mix also give `gamma` of their budget to random skipped blocks. Exploration
+        refreshes a history that went stale; the mix has seen every block's summary this step, so False gives
+        that share to the mix's own choice (at 4K out of domain 0.4-0.6 points less mean miss:
+        results/fidelity/cpu-v3-head-summary). The requests that select from the history alone explore as set.
     sparsity_profile: per-layer multipliers of `sparsity`: layer l skips sparsity x sparsity_profile[l] of its
         blocks (layer_sparsity). Layers differ in how well their history predicts them (the proxy's head: 0.3-13%
         mean miss a layer at 8K, 40%); a profile of mean 1 moves budget to the hard layers and keeps the step's
@@ -182,6 +186,7 @@ class SpinConfig:
     summary: float = 0.0
     summary_parts: int = 4
     summary_below: int = 0
+    summary_explores: bool = True
     sparsity_profile: tuple[float, ...] = ()
     profile_from: int = 0
     diagonal_window: int | None = 8192
@@ -201,6 +206,7 @@ class SpinConfig:
         self._set("summary", check_float("SpinConfig.summary", self.summary, low=0, high=1))
         self._set("summary_parts", check_int("SpinConfig.summary_parts", self.summary_parts, low=1))
         self._set("summary_below", check_int("SpinConfig.summary_below", self.summary_below, low=0))
+        self._set("summary_explores", check_bool("SpinConfig.summary_explores", self.summary_explores))
         self._set("topk", check_int("SpinConfig.topk", self.topk, low=1))
         self._set("seed", check_int("SpinConfig.seed", self.seed, low=0, high=2**31 - 1))
         self._set("tokens_per_block", check_int("SpinConfig.tokens_per_block", self.tokens_per_block, low=1))

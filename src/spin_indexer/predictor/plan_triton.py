@@ -309,6 +309,8 @@ def _launch_select(config: SpinConfig, state, ws, table, lens, slots, scratch, f
     else:
         summary, full, summarized = scratch, ws.plan_stash, ws.plan_stash  # placeholder pointers, never read
     weight = config.summary
+    # the requests that mix explore only under SpinConfig.summary_explores (part 2 launches those alone)
+    explore = config.exploration is Exploration.RANDOM and (not mixed or config.summary_explores)
     # row 0's window in address order (_window_diag_max) where it applies
     win_rows = _window_path_rows(config, warps, reg, mixed, diag.element_size())
     _plan_select_kernel[(layers, max(batch, 1))](  # layer fastest: see the module docstring (grid order)
@@ -326,7 +328,7 @@ def _launch_select(config: SpinConfig, state, ws, table, lens, slots, scratch, f
         summarized.stride(0), 1.0 - weight, weight, _mix_below(config),
         T=t, TP=_next_pow2(t), NP=_next_pow2(next_n), SB=sb, SBS=sbs,
         SLOT=_slot_rule(config), COMBINE=_COMBINE[config.combine],
-        MEAN=config.reduce is Reduce.MEAN, EXPLORE=config.exploration is Exploration.RANDOM, REG=reg,
+        MEAN=config.reduce is Reduce.MEAN, EXPLORE=explore, REG=reg,
         FINISH=finish, SUMMARY=mixed, CACHED=cached, PART=part, WIN_ROWS=win_rows,
         WIN_VEC=16 // diag.element_size(), PROFILE=bool(config.sparsity_profile),  # WIN_VEC 8 / 4: 2 / 4-byte D
         enable_fp_fusion=False, num_warps=warps,

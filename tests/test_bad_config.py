@@ -56,7 +56,7 @@ SPIN = {
     "tokens_per_block": "int", "state_dtype": "state_dtype", "adaptive": "adaptive", "hybrid": "float01",
     "summary": "float01", "summary_parts": "int", "summary_below": "int", "summary_explores": "bool",
     "sparsity_profile": "profile",
-    "profile_from": "int", "diagonal_window": "opt_int",
+    "profile_from": "int", "short_profile_strength": "float01", "diagonal_window": "opt_int",
     "dense_below": "dense_below", "dense_batch_below": "dense_below", "vertical_grain": "enum",
 }
 SPIN_OK = {
@@ -64,7 +64,8 @@ SPIN_OK = {
     "gamma": [0, 0.1], "pooling": [Pooling.A2, "a0"], "reduce": ["top4"], "combine": ["vertical"],
     "mtp": ["row-local"], "seed": [0, 2**31 - 1], "tokens_per_block": [32], "state_dtype": [torch.bfloat16],
     "adaptive": [None, AdaptiveConfig()], "hybrid": [0, 1, 0.3], "summary": [0, 1, 0.5], "summary_parts": [1, 8, 64],
-    "summary_below": [0, 32768], "summary_explores": [True, False], "sparsity_profile": [(), (1.0, 0.5), [1, 2]], "profile_from": [0, 8192],
+    "summary_below": [0, 32768], "summary_explores": [True, False], "sparsity_profile": [(), (1.0, 0.5), [1, 2]],
+    "profile_from": [0, 8192], "short_profile_strength": [0, 1, 0.5],
     "diagonal_window": [None, 1, 8192],
     "dense_below": [0, 3000, "auto"], "dense_batch_below": [0, 1 << 21, "auto"], "vertical_grain": ["slot", "block"],
 }

@@ -222,10 +222,12 @@ LENS = (37 * T + 5, 400, 100, 64, 0)
     dataclasses.replace(BASE, reduce="mean", combine="diagonal", diagonal_window=None),
     dataclasses.replace(BASE, sparsity_profile=(0.4, 1.6)),  # layer 0 at 0.18, layer 1 at 0.72
     dataclasses.replace(BASE, reduce="mean", sparsity_profile=(1.5, 0.5)),
-    # the long request (37 blocks + 5 tokens, then 70 more) crosses profile_from between the two steps
-    dataclasses.replace(BASE, sparsity_profile=(0.4, 1.6), profile_from=37 * T + 40),
+    # the long request (2303 tokens, then 2373: the others are guarded) crosses profile_from between the two steps
+    dataclasses.replace(BASE, sparsity_profile=(0.4, 1.6), profile_from=37 * T - 30),
+    # and below it takes the profile at 0.3 of its spread (layer 0 at 0.369, layer 1 at 0.531)
+    dataclasses.replace(BASE, sparsity_profile=(0.4, 1.6), profile_from=37 * T - 30, short_profile_strength=0.3),
 ], ids=["max-max-random", "none", "sum", "vertical", "diagonal", "mean", "mean-sum-none", "mean-diag-full", "profile",
-        "mean-profile", "profile-from"])
+        "mean-profile", "profile-from", "profile-from-short"])
 def test_row0_matches_torch(cfg, gen, triton_device, plan_path):
     _run(cfg, LENS, 1, gen, triton_device, grow=[70, 0], path=plan_path)
 

@@ -127,14 +127,16 @@ def test_vllm_settings_refuse_the_proxy_profile():
 def test_spin_layers_mix_is_spin_layers_from_profile_from_and_the_mix_below():
     """The policy spin-layers-mix: from PROFILE_FROM tokens on it plans exactly as spin-layers (the history, the
     shipped budgets, random exploration), below it as the summary mix (16 sub-blocks, weight 0.8) without
-    exploration under the same budgets, step after step over the 30 layers (replayed scores)."""
+    exploration under the budgets at half strength (a profile 1 + (p - 1) / 2 for every length), step after step
+    over the 30 layers (replayed scores)."""
     from spin_indexer.predictor.policies import PROFILE_FROM, get_policy
 
     gen = torch.Generator().manual_seed(3)
     mix = get_policy("spin-layers-mix", 0.4, topk=128)
     twins = {PROFILE_FROM + 100: get_policy("spin-layers", 0.4, topk=128),
              PROFILE_FROM - 2100: dataclasses.replace(get_policy("summary16-0.8-noexp", 0.4, topk=128),
-                                                      sparsity_profile=mix.sparsity_profile)}
+                                                      sparsity_profile=[1 + 0.5 * (p - 1)
+                                                                        for p in mix.sparsity_profile])}
     for length, twin in twins.items():
         width = -(-(length + T + 11) // T)
         table = torch.arange(2 * width, dtype=torch.int32).view(2, width)

@@ -64,9 +64,9 @@ class Extensions:
                                  scores)
         budget, explore, audit = meta.budget, meta.explore, None
         dense = meta.keep_all | meta.guarded
-        if cfg.sparsity_profile:  # requests shorter than profile_from keep the uniform sparsity
+        if cfg.sparsity_profile:  # requests shorter than profile_from take the profile at short_profile_strength
             # float64 values exactly as the fused planner reads them (a float32 where() would round them)
-            sparsity = torch.full(meta.num_blocks.shape, cfg.sparsity, dtype=torch.float64,
+            sparsity = torch.full(meta.num_blocks.shape, cfg.layer_sparsity(layer, short=True), dtype=torch.float64,
                                   device=meta.num_blocks.device)
             sparsity.masked_fill_(meta.seq_lens.amax(dim=1) >= cfg.profile_from, cfg.layer_sparsity(layer))
             budget = budget_blocks(meta.num_blocks, sparsity, cfg.topk, t, dense)

@@ -21,9 +21,9 @@ class Workspace:
     the GPU's SMs where DeepGEMM serves; None when schedule_sms = 0); tau_hint: int32 [L, B*N], each layer and
     row's last top-k threshold key (ops.topk_positions(tau_hint=): a hint only, any value is correct);
     plan_stash: int32 [max(B, 1), 2], the fused plan's (step, first entered block) of each request, read by its
-    select launches (in plan(), or in run() with the summary mix); layer_sparsity: float64 [L], each layer's
-    sparsity (SpinConfig.layer_sparsity: layer_sparsity= at construction, zeros without), which the fused plan
-    reads under a sparsity_profile.
+    select launches (in plan(), or in run() with the summary mix); layer_sparsity: float64 [L, 2], each layer's
+    sparsity from profile_from on and below it (SpinConfig.layer_sparsity(l) and (l, short=True):
+    layer_sparsity= at construction, zeros without), which the fused plan reads under a sparsity_profile.
     With summary (SpinConfig.summary > 0; None otherwise): summary_first: int32 [L, B], each layer's first block
     of a request not yet in the summary cache; full_blocks: int32 [B], its full blocks (row 0's length // T, at
     most W); summary_scores: float32 [B, W], the layer's summary scores; select_scratch: float32 [B, W], the
@@ -34,13 +34,14 @@ class Workspace:
 
     def __init__(self, num_layers: int, max_batch: int, max_blocks: int, next_n: int, tokens_per_block: int,
                  topk: int, device: torch.device, schedule_sms: int = 0, summary: bool = False,
-                 layer_sparsity: list[float] | None = None):
+                 layer_sparsity: list[tuple[float, float]] | None = None):
         L, B, W, N, T = num_layers, max_batch, max_blocks, next_n, tokens_per_block
         i32 = dict(dtype=torch.int32, device=device)
-        self.layer_sparsity = torch.tensor(layer_sparsity if layer_sparsity is not None else [0.0] * L,
+        self.layer_sparsity = torch.tensor(layer_sparsity if layer_sparsity is not None else [(0.0, 0.0)] * L,
                                            dtype=torch.float64, device=device)
-        if self.layer_sparsity.shape != (L,):
-            raise ValueError(f"layer_sparsity: expected {L} values (one a layer), got {self.layer_sparsity.shape[0]}")
+        if self.layer_sparsity.shape != (L, 2):
+            raise ValueError(f"layer_sparsity: expected {L} pairs (one a layer), got shape "
+                             f"{tuple(self.layer_sparsity.shape)}")
         self.kept_blocks = torch.full((L, B, W), -1, **i32)
         self.compact_table = torch.zeros((L, B, W), **i32)
         self.num_kept = torch.zeros((L, B), **i32)
@@ -70,7 +71,7 @@ class Workspace:
         summary_words = L * B + B + 2 * B * W if summary else 0
         return 4 * (2 * L * B * W + L * B + L * B * N + B + W + B * N * W * T + B * N * W + group_max
                     + L * B * N * topk + (L * (schedule_sms + 1) * 2 if schedule_sms else 0) + L * B * N
-                    + 2 * max(B, 1) + summary_words) + B + B * N + 8 * L
+                    + 2 * max(B, 1) + summary_words) + B + B * N + 16 * L
 
     def packed(self, name: str, rows: int, cols: int) -> torch.Tensor:
         """A contiguous [rows, cols] view over the first rows x cols elements of 2-D buffer `name` (logits,

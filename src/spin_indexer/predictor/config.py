@@ -138,8 +138,11 @@ class SpinConfig:
         key bytes. One entry a layer of the model (SpinIndexer checks the count); () = every layer at `sparsity`
         (the paper). Calibrated from traces at the sparsity it serves: `spin-indexer calibrate` (scaled to another
         sparsity it is an approximation). Not with adaptive budgets. profile_from: requests whose longest row
-        holds fewer tokens budget every layer at `sparsity` (0 = every request takes the profile): on the proxy
-        the profile's tail gain held across domains from 8K, not at 4K (benchmarks/NOTES.md, session 56).
+        holds fewer tokens take the profile at short_profile_strength a (in [0, 1]): layer l at sparsity x
+        (1 + a x (sparsity_profile[l] - 1)); a = 0 (the default) budgets every layer at `sparsity` there, 1 the
+        whole profile (as profile_from = 0). On the proxy the whole profile's tail gain held across domains from
+        8K, not at 4K (benchmarks/NOTES.md, session 56); with the summary mix at 4K half of it gained on both
+        domains (results/fidelity/cpu-v3-head-mix4k).
     diagonal_window: offsets from the query (tokens) that keep diagonal history; the diagonal patterns
         live near the query, and a bounded window keeps a request's state the same size at any context.
         None = every offset (the paper's unbounded table; sized to the indexer's maximum context).
@@ -189,6 +192,7 @@ class SpinConfig:
     summary_explores: bool = True
     sparsity_profile: tuple[float, ...] = ()
     profile_from: int = 0
+    short_profile_strength: float = 0.0
     diagonal_window: int | None = 8192
     dense_below: int | str = 0
     dense_batch_below: int | str = 0
@@ -217,6 +221,8 @@ class SpinConfig:
             raise TypeError(f"SpinConfig.adaptive: expected an AdaptiveConfig or None, got {describe(self.adaptive)}")
         self._set("sparsity_profile", self._checked_profile())
         self._set("profile_from", check_int("SpinConfig.profile_from", self.profile_from, low=0))
+        self._set("short_profile_strength", check_float("SpinConfig.short_profile_strength",
+                                                        self.short_profile_strength, low=0, high=1))
         if self.diagonal_window is not None:
             if isinstance(self.diagonal_window, bool) or not isinstance(self.diagonal_window, int):
                 raise TypeError(f"SpinConfig.diagonal_window: expected an int or None, got {describe(self.diagonal_window)}")
@@ -266,9 +272,15 @@ class SpinConfig:
             raise ValueError(f"{source}: expected a sparsity_profile of num_layers = {num_layers} entries (one per "
                              f"indexer layer, calibrated on this model's traces), got {len(self.sparsity_profile)}")
 
-    def layer_sparsity(self, layer: int) -> float:
-        """The sparsity of `layer`'s budget: sparsity x sparsity_profile[layer], or sparsity without a profile."""
-        return self.sparsity * self.sparsity_profile[layer] if self.sparsity_profile else self.sparsity
+    def layer_sparsity(self, layer: int, short: bool = False) -> float:
+        """The sparsity of `layer`'s budget: sparsity x sparsity_profile[layer], or sparsity without a profile;
+        short: for a request shorter than profile_from (sparsity x (1 + short_profile_strength x (profile - 1)),
+        exactly `sparsity` at strength 0)."""
+        if not self.sparsity_profile:
+            return self.sparsity
+        if short:
+            return self.sparsity * (1.0 + self.short_profile_strength * (self.sparsity_profile[layer] - 1.0))
+        return self.sparsity * self.sparsity_profile[layer]
 
     def _set(self, name: str, value) -> None:
         object.__setattr__(self, name, value)  # frozen: the normalized (checked) value replaces the given one

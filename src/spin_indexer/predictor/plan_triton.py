@@ -730,8 +730,9 @@ if triton is not None:
                     return
             # budget_blocks / explore_blocks in float64 (no FMA: enable_fp_fusion=False at launch)
             sparsity = (tl.zeros([], tl.int64) + sparsity_bits).to(tl.float64, bitcast=True)
-            if PROFILE:  # SpinConfig.sparsity_profile: the layer's own (SpinConfig.layer_sparsity, exact float64)
-                sparsity = tl.where(longest >= profile_from, tl.load(layer_sparsity_ptr + l), sparsity)
+            if PROFILE:  # SpinConfig.sparsity_profile: the layer's own (SpinConfig.layer_sparsity, exact float64,
+                # [L, 2]: from profile_from on, and below it)
+                sparsity = tl.load(layer_sparsity_ptr + 2 * l + tl.where(longest >= profile_from, 0, 1))
             skipped = (n.to(tl.float64) * sparsity + tl.full([], 1e-9, tl.float64)).to(tl.int64)
             budget = tl.minimum(n, tl.maximum(n - skipped, cover))
             budget = tl.where(dense > 0, n, budget)

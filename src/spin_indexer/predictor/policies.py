@@ -80,12 +80,12 @@ PROFILE_FROM = 6144
 LAYERED = {"spin-layers": ({"profile_from": PROFILE_FROM},
                            "spin-default with the shipped head's per-layer budgets (calibrated at each sparsity)"),
            # below PROFILE_FROM tokens, where the history alone misses most (results/fidelity/cpu-v3-head-mix4k),
-           # the summary mix (16 sub-block means a block, weight 0.8) without exploration, and the per-layer
-           # budgets there too; from PROFILE_FROM on exactly spin-layers (history, budgets, random 5%)
-           "spin-layers-mix": ({"profile_from": 0, "summary": 0.8, "summary_parts": 16,
-                                "summary_below": PROFILE_FROM, "summary_explores": False},
+           # the summary mix (16 sub-block means a block, weight 0.8) without exploration and half the per-layer
+           # budgets' spread; from PROFILE_FROM on exactly spin-layers (history, budgets, random 5%)
+           "spin-layers-mix": ({"profile_from": PROFILE_FROM, "short_profile_strength": 0.5, "summary": 0.8,
+                                "summary_parts": 16, "summary_below": PROFILE_FROM, "summary_explores": False},
                                f"spin-layers, and below {PROFILE_FROM} tokens the summary mix (S = 16, weight 0.8, "
-                               f"no exploration) with the budgets too")}
+                               f"no exploration) with the budgets at half strength")}
 
 
 def load_profiles(path: str) -> dict[float, tuple[float, ...]]:

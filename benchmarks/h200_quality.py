@@ -253,7 +253,8 @@ def quality(args) -> int:
     """Samples and tables under DIR/quality (one samples-h200-<context>.jsonl per length)."""
     weights = ["--indexer-weights", args.weights] if args.weights else []
     if args.sparsity_profile:  # the `spin-<s>-profile` configs' per-layer budgets (spin-indexer calibrate's file)
-        weights += ["--sparsity-profile", args.sparsity_profile, "--profile-from", args.profile_from]
+        weights += ["--sparsity-profile", args.sparsity_profile, "--profile-from", args.profile_from,
+                    "--short-profile-strength", args.short_profile_strength]
     for ctx in args.contexts:  # one process per length: the model's YaRN factor follows the longest context
         batch = args.batch if ctx < 32768 else args.batch_32k
         if cli(["quality", "--tasks", *args.tasks, "--contexts", ctx, "--samples", args.samples,
@@ -318,6 +319,8 @@ def parse(argv):
                    help="per-layer budgets of the spin-<s>-profile configs (spin-indexer calibrate's JSON)")
     g.add_argument("--profile-from", type=int, default=0,
                    help="with --sparsity-profile: prompts shorter than this budget uniformly (spin-layers: 6144)")
+    g.add_argument("--short-profile-strength", type=float, default=0.0,
+                   help="with --profile-from: shorter prompts take the profile at this strength (spin-layers-mix: 0.5)")
     p.add_argument("--k", type=int, default=None, help="top-k (capture default 256, quality 512)")
     if argv is None:
         argv = sys.argv[1:]

@@ -251,6 +251,7 @@ def test_profile_configs_take_the_runs_profile():
                dataclasses.replace(q.parse_config("spin-0.4-profile"), name="skew", sparsity_profile=skew)]
     assert configs[2].spin_config(64, 0).sparsity_profile == skew
     assert dataclasses.replace(configs[2], profile_from=900).spin_config(64, 0).profile_from == 900
+    assert dataclasses.replace(configs[2], short_profile_strength=0.5).spin_config(64, 0).short_profile_strength == 0.5
     by = {r["config"]: r for r in runner.run(_prompt(6, length=900, max_new=24), configs, _score)}
     flat, uniform, skewed = by["spin-0.4-profile"], by["spin-0.4"], by["skew"]
     assert flat["text"] == uniform["text"] and torch.equal(flat["miss_values"], uniform["miss_values"])

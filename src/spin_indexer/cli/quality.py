@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile-from", type=int, default=0,
                    help="with --sparsity-profile: prompts shorter than this many tokens budget uniformly "
                         "(SpinConfig.profile_from; spin-layers uses 6144; default 0: every prompt)")
+    p.add_argument("--short-profile-strength", type=float, default=0.0, metavar="A",
+                   help="with --profile-from: shorter prompts take the profile at strength A in [0, 1] "
+                        "(SpinConfig.short_profile_strength; spin-layers-mix uses 0.5; default 0: uniform)")
     p.add_argument("--topk", type=int, default=512,
                    help="tokens each layer attends to (default 512; at 256 the distilled indexer misses 4K needles)")
     p.add_argument("--indexer", choices=("auto", "oracle", "lightning"), default="auto",
@@ -82,7 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from tqdm import tqdm
 
-    from ..checks import check_int
+    from ..checks import check_int, check_range
     from ..eval.quality import parse_config
 
     from .main import check_out_dir
@@ -106,8 +109,11 @@ def run(args) -> int:
 
         profiles = load_profiles(args.sparsity_profile)
         check_int("--profile-from", args.profile_from, low=0)
+        check_range("--short-profile-strength", args.short_profile_strength, low=0.0, high=1.0)
         configs = [dataclasses.replace(c, sparsity_profile=profile_at(profiles, c.sparsity, args.sparsity_profile),
-                                       profile_from=args.profile_from) if c.profiled else c for c in configs]
+                                       profile_from=args.profile_from,
+                                       short_profile_strength=args.short_profile_strength)
+                   if c.profiled else c for c in configs]
     check_int("--samples", args.samples, low=1)
     check_int("--batch", args.batch, low=1)
     if args.batch > 1:
@@ -290,6 +296,8 @@ def _command(args) -> str:
         parts += ["--shard", args.shard]
     if args.sparsity_profile:
         parts += ["--sparsity-profile", str(args.sparsity_profile), "--profile-from", str(args.profile_from)]
+        if args.short_profile_strength:
+            parts += ["--short-profile-strength", f"{args.short_profile_strength:g}"]
     return " ".join(shlex.quote(p) for p in parts)
 
 

@@ -77,6 +77,7 @@ class QualityConfig:
     profiled: bool = False  # the name ends in -profile: SpinConfig.sparsity_profile from the run's profile file
     sparsity_profile: tuple[float, ...] = ()  # SpinConfig.sparsity_profile (the runner sets it on -profile names)
     profile_from: int = 0  # SpinConfig.profile_from (likewise)
+    short_profile_strength: float = 0.0  # SpinConfig.short_profile_strength (likewise)
     block: bool = False  # the name has -block: SpinConfig.vertical_grain = "block"
 
     def spin_config(self, topk: int, seed: int):
@@ -93,6 +94,7 @@ class QualityConfig:
                           summary_below=self.summary_below, summary_explores=self.summary_explores,
                           adaptive=adaptive,
                           sparsity_profile=self.sparsity_profile, profile_from=self.profile_from,
+                          short_profile_strength=self.short_profile_strength,
                           vertical_grain="block" if self.block else "slot",
                           dense_below=0)  # quality measures the predictor: the speed guard is off
 

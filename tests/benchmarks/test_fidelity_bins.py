@@ -53,16 +53,20 @@ def test_empty_folder_is_an_error(tmp_path):
 
 
 def test_layers_sweep_gets_its_own_target_table(tmp_path):
-    """spin-layers' rows of a layers sweep are checked against the same targets in their own section; the sweep's
-    spin-default rows stay out of it (the main sweep's table is spin-default's)."""
+    """spin-layers' and spin-layers-mix's rows of a layers sweep are checked against the same targets, each in its
+    own section; the sweep's spin-default rows stay out of them (the main sweep's table is spin-default's)."""
     write(tmp_path, 8192, "main-ruler", [
         ["r", "lightning", "all", s, "spin-default", "0.04", "0.22", "0.38"] for s in ("0.4", "0.5")])
     write(tmp_path, 8192, "layers-ruler", [
         ["r", "lightning", "all", s, p, m, q, "0.38"] for s in ("0.4", "0.5")
-        for p, m, q in (("spin-default", "0.04", "0.22"), ("spin-layers", "0.03", "0.17"))])
+        for p, m, q in (("spin-default", "0.04", "0.22"), ("spin-layers", "0.03", "0.17"),
+                        ("spin-layers-mix", "0.025", "0.16"))])
     lines = fb.render(str(tmp_path)).splitlines()
-    head = lines.index("## spin-layers (spin-default with the shipped head's per-layer budgets), layers sweep "
-                       "(all 30 layers)")
+    head = lines.index("## spin-layers (spin-default with the shipped head's per-layer budgets (calibrated at each "
+                       "sparsity)), layers sweep (all 30 layers)")
     assert lines[head + 4] == "| 8K | ruler | lightning | 3.00% | 17.00% | 38.00% | 3.00% | 17.00% | met | met |"
-    assert lines[head + 5:] == []
+    mix = next(i for i, line in enumerate(lines) if line.startswith("## spin-layers-mix ("))
+    assert lines[head + 5:mix] == [""]
+    assert lines[mix + 4] == "| 8K | ruler | lightning | 2.50% | 16.00% | 38.00% | 2.50% | 16.00% | met | met |"
+    assert lines[mix + 5:] == []
     assert "| 8K | ruler | lightning | 4.00% | 22.00% | 38.00% | 4.00% | 22.00% | missed | met |" in lines[:head]

@@ -45,8 +45,9 @@ SWEEPS: dict[str, tuple[tuple[str, ...], tuple[float, ...], str]] = {
                         "summary2-0.5", "summary4-0.5"), SPARSITIES,
                        "the mix with one or two mean keys a block (traces captured with --summary-parts 1 2 4)"),
 }
-SWEEPS["layers"] = (("spin-default", "spin-layers"), SPARSITIES,
-                    "the shipped head's per-layer budgets against uniform ones (proxy traces of 30 layers)")
+SWEEPS["layers"] = (("spin-default", "spin-layers", "spin-layers-mix"), SPARSITIES,
+                    "the shipped head's per-layer budgets against uniform ones (proxy traces of 30 layers; "
+                    "spin-layers-mix replays the lightning traces with summaries at S = 16)")
 SWEEPS["all"] = (tuple(dict.fromkeys(p for name in ("main", "pooling", "exploration", "mtp", "history")
                                      for p in SWEEPS[name][0])), SPARSITIES, "every sweep above but summary")
 

@@ -24,7 +24,8 @@ def test_verdict_checks_the_whole_interval_against_the_bound():
     assert verdict(PairedDiff(102, 0.0, -0.7, 0.7), 1.0) == "within"
     assert verdict(PairedDiff(102, -0.8, -3.9, 2.3), 1.0) == "no"  # 4K spin-0.3: may lose more than 1 point
     assert verdict(PairedDiff(1, 0.0, math.nan, math.nan), 1.0) == "-"
-    assert ISSUE_BOUNDS == {"spin-0.3": 1.0, "spin-0.4": 2.0, "spin-0.3-profile": 1.0, "spin-0.4-profile": 2.0}
+    assert ISSUE_BOUNDS == {"spin-0.3": 1.0, "spin-0.4": 2.0, "spin-0.3-profile": 1.0, "spin-0.4-profile": 2.0,
+                            "spin-0.3-sum0.8x16b6k-quiet-profile": 1.0, "spin-0.4-sum0.8x16b6k-quiet-profile": 2.0}
 
 
 def test_paired_diffs_pair_by_prompt_within_each_bin():

@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 Z95 = 1.959964
 # score points (x 100) of the paired difference to all-keep; the -profile configs are the same sparsity with the
-# budget moved between layers (spin-layers, the candidate default), held to the same bounds
-ISSUE_BOUNDS = {"spin-0.3": 1.0, "spin-0.4": 2.0, "spin-0.3-profile": 1.0, "spin-0.4-profile": 2.0}
+# budget moved between layers (spin-layers), the -sum0.8x16b6k-quiet-profile ones spin-layers-mix (the candidate
+# default: the summary mix below 6144 tokens), held to the same bounds
+ISSUE_BOUNDS = {"spin-0.3": 1.0, "spin-0.4": 2.0, "spin-0.3-profile": 1.0, "spin-0.4-profile": 2.0,
+                "spin-0.3-sum0.8x16b6k-quiet-profile": 1.0, "spin-0.4-sum0.8x16b6k-quiet-profile": 2.0}
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,8 @@ class SpinIndexer:
                                self.device, head_dim)
         try:
             self.workspace = Workspace(num_layers, max_batch, max_blocks, next_n, t, config.topk, self.device, sms,
-                                       config.summary > 0, [(config.layer_sparsity(i), config.layer_sparsity(i, True))
+                                       config.summary > 0, [(config.layer_sparsity(i),
+                                                             config.layer_sparsity(i, short=True))
                                                             for i in range(num_layers)])
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
             need = Workspace.bytes_needed(num_layers, max_batch, max_blocks, next_n, t, config.topk, sms,

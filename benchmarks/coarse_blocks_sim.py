@@ -93,21 +93,12 @@ def summary_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, length:
     kind mean / sub<S> (mean keys), bound<S> (channel bounds) or var<S>c<c> (mean keys + c x the spread of
     q . k over each sub-block's tokens from per-channel variances: twice sub<S>'s bytes)."""
     nb = -(-length // T)
-    if kind.startswith("var"):  # var<S>c<c>: mean + c x the spread of q . k over the sub-block's tokens
+    spread = None  # var<S>c<c>: the mean keys' scores + c x the spread of q . k over the sub-block's tokens
+    if kind.startswith("var"):
         parts, _, spread = kind.removeprefix("var").partition("c")
         parts, spread = int(parts), float(spread)
-        size = T // parts
-        valid = (torch.arange(nb * T) < length).view(nb, parts, size)
-        blocks = keys[:nb * T].view(nb, parts, size, -1) * valid[..., None]
-        count = valid.sum(2, keepdim=True).clamp(min=1)
-        means = blocks.sum(2) / count
-        var = (blocks.pow(2).sum(2) / count - means.pow(2)).clamp(min=0)  # per channel
-        center = torch.einsum("hd,bsd->hbs", q, means)
-        width = torch.einsum("hd,bsd->hbs", q.pow(2), var).sqrt()
-        sign = torch.where(w >= 0, 1.0, -1.0)[:, None, None]  # the best token of a negative-weight head: the least
-        scores = (center + sign * spread * width).relu().mul(w[:, None, None]).sum(0)
-        return torch.where(valid.any(2), scores, -1e30).amax(1)
-    parts = 1 if kind == "mean" else int(kind.removeprefix("bound").removeprefix("sub"))
+    else:
+        parts = 1 if kind == "mean" else int(kind.removeprefix("bound").removeprefix("sub"))
     size = T // parts
     valid = (torch.arange(nb * T) < length).view(nb, parts, size)
     if kind.startswith("bound"):
@@ -120,8 +111,15 @@ def summary_scores(q: torch.Tensor, w: torch.Tensor, keys: torch.Tensor, length:
         scores = torch.where(w[:, None, None] >= 0, ub, lb).relu().mul(w[:, None, None]).sum(0)
     else:
         blocks = keys[:nb * T].view(nb, parts, size, -1) * valid[..., None]
-        means = blocks.sum(2) / valid.sum(2, keepdim=True).clamp(min=1)
-        scores = torch.einsum("hd,bsd->hbs", q, means).relu().mul(w[:, None, None]).sum(0)
+        count = valid.sum(2, keepdim=True).clamp(min=1)
+        means = blocks.sum(2) / count
+        center = torch.einsum("hd,bsd->hbs", q, means)
+        if spread is not None:
+            var = (blocks.pow(2).sum(2) / count - means.pow(2)).clamp(min=0)  # per channel
+            width = torch.einsum("hd,bsd->hbs", q.pow(2), var).sqrt()
+            sign = torch.where(w >= 0, 1.0, -1.0)[:, None, None]  # a negative-weight head's best token: the least
+            center = center + sign * spread * width
+        scores = center.relu().mul(w[:, None, None]).sum(0)
     return torch.where(valid.any(2), scores, -1e30).amax(1)
 
 

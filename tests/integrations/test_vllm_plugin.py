@@ -125,6 +125,9 @@ def test_settings_precedence_and_errors():
         st.load_settings(None, {"SPIN_POLICY": "nope"}).spin_config(512)
     with pytest.raises(ValueError, match="SpinVllmSettings.policy: 'summary8-0.7' is an evaluation policy"):
         st.load_settings({"spin": {"policy": "summary8-0.7"}}, {})
+    for layered in ("spin-layers", "spin-layers-mix"):  # the proxy model's 30-layer budgets
+        with pytest.raises(ValueError, match=f"SpinVllmSettings.policy: '{layered}' holds the proxy model's"):
+            st.load_settings({"spin": {"policy": layered}}, {})
 
 
 def test_unsupported_vllm_names_the_version(monkeypatch):

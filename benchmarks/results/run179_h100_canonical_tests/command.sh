@@ -1,0 +1,1 @@
+export SPIN_COMMIT=$(cat .t/commit); export TEST_WORKERS=12 ALL_TESTS="tests/ops/test_indexer_logits_triton.py tests/predictor/test_plan_summary_triton.py tests/predictor/test_plan_triton.py tests/indexer/test_spin_cuda.py" ALL_TESTS_S=130 CANONICAL_ALL_S=300; bash benchmarks/h200_step.sh canonical

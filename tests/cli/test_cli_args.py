@@ -145,7 +145,7 @@ def test_capture_layers_parse():
 
 @pytest.mark.parametrize("argv, needle", [
     (["--topk", "0"], "--topk"), (["--new-tokens", "0"], "--new-tokens"), (["--out", "/dev/null/x"], "--out"),
-    (["--task", "nope"], "task")])
+    (["--task", "nope"], "task"), (["--policy", "nope"], "--policy")])
 def test_demo_rejects_before_loading(no_model_load, monkeypatch, tmp_path, capsys, argv, needle):
     import spin_indexer.cli.demo as demo
 

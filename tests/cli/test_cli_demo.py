@@ -1,6 +1,8 @@
 """`spin-indexer demo` without the model: one line naming what to install, exit 1, nothing written."""
 from __future__ import annotations
 
+import pytest
+
 from conftest import tiny_llama
 from spin_indexer.cli import main as cli
 
@@ -21,6 +23,31 @@ def test_demo_bad_arguments_fail_before_loading(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(demo, "missing", lambda: None)
     assert cli.main(["demo", "--sparsity", "1.5", "--out", str(tmp_path / "x"), "--quiet"]) == 1
     assert "--sparsity" in capsys.readouterr().err
+
+
+def test_demo_policy_follows_the_indexer(monkeypatch, capsys, tmp_path):
+    """auto: the shipped head's chosen default where its weights ship, the paper's with the oracle; a policy that
+    mixes in the lightning head's summaries is refused before loading when only the oracle can run."""
+    import argparse
+
+    import spin_indexer.cli.demo as demo
+    from spin_indexer.model import loader
+
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    args = parser.parse_args([])
+    assert loader.INDEXER_WEIGHTS.is_file()  # the shipped head
+    assert demo.spin_config_names(args) == ["spin-layers-mix@0.3", "spin-layers-mix@0.4"]
+    monkeypatch.setattr(loader, "INDEXER_WEIGHTS", tmp_path / "none.safetensors")
+    assert demo.spin_config_names(args) == ["spin-default@0.3", "spin-default@0.4"]
+    monkeypatch.setattr(demo, "missing", lambda: None)
+    monkeypatch.setattr(loader, "load_model", lambda **kw: pytest.fail("loaded the model"))
+    assert cli.main(["demo", "--policy", "spin-layers-mix", "--out", str(tmp_path / "x"), "--quiet"]) == 1
+    assert "expected mode 'lightning'" in capsys.readouterr().err
+    # per-layer budgets exist at the calibrated sparsities only (0.2-0.5)
+    assert cli.main(["demo", "--policy", "spin-layers", "--sparsity", "0.35", "--out", str(tmp_path / "y"),
+                     "--quiet"]) == 1
+    assert "no profile calibrated at sparsity 0.35" in capsys.readouterr().err
 
 
 def test_demo_end_to_end_on_a_tiny_model(monkeypatch, capsys, tmp_path):
@@ -54,7 +81,7 @@ def test_demo_end_to_end_on_a_tiny_model(monkeypatch, capsys, tmp_path):
     assert demo.GPU_SPEED in text
     summary = json.loads((out / "demo.json").read_text())
     saved = {s["config"]: s for s in summary["savings"]}
-    assert set(saved) == {"spin-0.3", "spin-0.4"}
+    assert set(saved) == {"spin-default@0.3", "spin-default@0.4"}  # the oracle indexer: the paper's default
     for s in saved.values():
         assert s["bytes_not_read_per_layer_step"] == round(s["realized"] * 132 * s["tokens"])
         assert s["bytes_not_read"] == round(s["realized"] * 132 * s["tokens"] * 2 * s["steps"])

@@ -65,6 +65,41 @@ def test_parse_beyond_paper_rejects(bad):
         q.parse_config(bad)
 
 
+@pytest.mark.parametrize("s", [0.3, 0.4])
+def test_policy_configs_are_the_policies_and_the_long_names_the_runs_used(s):
+    """<policy>@<s> runs get_policy's SpinConfig. spin-layers-mix@s is exactly the long name the committed 4K quality
+    runs decoded (spin-<s>-sum0.8x16b6k-quiet-profile with the shipped profile from 6144 at half strength below), and
+    spin-default@s exactly spin-<s>: the demo's configs are the evaluated ones."""
+    import dataclasses
+
+    from spin_indexer.predictor import policies
+
+    mix = q.parse_config(f"spin-layers-mix@{s:g}")
+    assert (mix.kind, mix.sparsity, mix.summary, mix.policy) == ("spin", s, 0.8, "spin-layers-mix")
+    assert mix.spin_config(512, 7) == policies.get_policy("spin-layers-mix", s, 512, 7)
+    long = q.parse_config(f"spin-{s:g}-sum0.8x16b6k-quiet-profile")
+    profile = policies.profile_at(policies.load_profiles(policies.SHIPPED_PROFILES), s, "shipped")
+    long = dataclasses.replace(long, sparsity_profile=profile, profile_from=6144, short_profile_strength=0.5)
+    assert mix.spin_config(512, 7) == long.spin_config(512, 7)
+    assert q.parse_config(f"spin-default@{s:g}").spin_config(256, 3) == q.parse_config(f"spin-{s:g}").spin_config(256, 3)
+    assert q.parse_config(f"explore-none@{s:g}").exploration is False
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ("nope@0.3", "policy: expected one of"), ("spin-layers-mix@0.35", "no profile calibrated at sparsity 0.35"),
+    ("spin-default@1.5", "sparsity"), ("spin-default@", "sparsity"), ("spin-default@0.3@0.4", "policy"),
+    ("@0.3", "policy")])
+def test_policy_configs_reject(bad, needle):
+    with pytest.raises(ValueError, match=needle):
+        q.parse_config(bad)
+
+
+def test_summary_policy_needs_the_lightning_head():
+    with pytest.raises(ValueError, match="spin-layers-mix@0.4.*expected mode 'lightning'"):
+        q.check_configs_for_mode([q.parse_config("spin-layers-mix@0.4")], "oracle")
+    q.check_configs_for_mode([q.parse_config("spin-layers@0.4")], "oracle")  # no summaries: any indexer
+
+
 def test_default_configs_parse():
     names = [q.parse_config(c).name for c in q.DEFAULT_CONFIGS]
     assert len(set(names)) == len(names) and "dense" in names and any(q.parse_config(c).next_n > 1 for c in names)

@@ -6,7 +6,9 @@
 2. Build one RULER needle-in-a-haystack prompt of ~4K tokens (Paul Graham essays + one magic number).
 3. Prefill it densely once; decode greedily with all-keep (every layer attends to the top-k of the full
    indexer) and with SPIN at 30% and 40% target block sparsity (the indexer scores only the blocks SPIN
-   keeps). Every step, the dense top-k of the same scores is computed too, to measure SPIN's miss.
+   keeps), under the policy chosen for the indexer: with the shipped lightning head its evaluated default
+   `spin-layers-mix` (results/fidelity/README.md, issue #18), with the oracle the paper's `spin-default`.
+   Every step, the dense top-k of the same scores is computed too, to measure SPIN's miss.
 4. Print the answers and a miss/sparsity table; write <out>/report.md, <out>/demo.json and
    <out>/spin_demo.png (per-layer miss, and a Figure-1-like map of kept blocks vs dense top-k per step).
 Without the model it prints one line saying what to install and exits 1.
@@ -25,6 +27,9 @@ KEY_BYTES = 132  # DeepSeek V3.2's indexer key per cached token and layer: 128 F
 GPU_SPEED = ("speed is measured on the GPU, not in this CPU demo: at B = 96 x 512K the SPIN step is 1.83x faster "
              "than the dense step and 2.44x than DeepGEMM + torch.topk (benchmarks/results/h200_indexer.md, run 162, "
              "s = 0.5)")
+# the shipped head's chosen default (per-layer budgets and, below 6144 tokens, the summary mix: calibrated for that
+# head, so the oracle indexer takes the paper's default)
+HEAD_POLICY, ORACLE_POLICY = "spin-layers-mix", "spin-default"
 BELOW_TARGET = ("realized sparsity is below the target on a short answer: the newest blocks and blocks never "
                 "scored are always kept, and with few decode steps most of the budget goes to them (the first "
                 "step has no history and scores every block)")
@@ -37,13 +42,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--topk", type=int, default=512, help="tokens each layer attends to (default 512)")
     parser.add_argument("--new-tokens", type=int, default=24, help="tokens to generate (default 24)")
     parser.add_argument("--task", default=TASK, help=f"RULER task (default {TASK})")
+    parser.add_argument("--policy", default="auto",
+                        help=f"SPIN's predictor policy (predictor/policies.py); auto: {HEAD_POLICY} with the shipped "
+                             f"lightning head, {ORACLE_POLICY} with the oracle indexer")
     parser.add_argument("--out", default="spin-demo", help="report folder (default ./spin-demo)")
 
 
 def check_args(args) -> None:
     """Every argument, and that --out can be created, before the model loads (ValueError naming the option)."""
-    from ..checks import check_int, check_range
-    from ..model import ruler
+    from ..checks import check_choice, check_int, check_range
+    from ..eval.quality import check_configs_for_mode, parse_config
+    from ..model import loader, ruler
+    from ..predictor.policies import policy_names
     from .main import check_out_dir
 
     check_int("--context", args.context, low=512, high=32768)
@@ -53,6 +63,24 @@ def check_args(args) -> None:
         check_range("--sparsity", s, low=0.0, high=1.0, high_open=True)
     ruler.check_task(args.task)
     check_out_dir("--out", args.out)
+    check_choice("--policy", args.policy, ["auto", *policy_names()], what="a policy, one of")
+    # the policy's name and its budgets at each sparsity; a summary-mix policy needs the lightning head's keys
+    check_configs_for_mode([parse_config(name) for name in spin_config_names(args)],
+                           "lightning" if loader.INDEXER_WEIGHTS.is_file() else "oracle")
+
+
+def policy_of(args) -> str:
+    """The policy the demo runs: --policy, or for auto the one chosen for the indexer that will load."""
+    from ..model import loader
+
+    if args.policy != "auto":
+        return args.policy
+    return HEAD_POLICY if loader.INDEXER_WEIGHTS.is_file() else ORACLE_POLICY
+
+
+def spin_config_names(args) -> list[str]:
+    """The SPIN config names (<policy>@<s>, eval/quality.py) of the demo's sparsities."""
+    return [f"{policy_of(args)}@{s:g}" for s in args.sparsity]
 
 
 def missing() -> str | None:
@@ -98,7 +126,7 @@ def run(args) -> int:
     ids = torch.tensor(tok(text, add_special_tokens=False).input_ids, dtype=torch.int64, device=device)
     timings["prompt_s"] = time.perf_counter() - t
 
-    names = ["all-keep"] + [f"spin-{s:g}" for s in args.sparsity]
+    names = ["all-keep"] + spin_config_names(args)
     configs = [parse_config(n) for n in names]
     runner = QualityRunner(model, lambda x: tok.decode(x, skip_special_tokens=True), mode, indexer, args.topk,
                            tok.eos_token_id, args.seed, stop_when_scored=False, record_blocks=True)

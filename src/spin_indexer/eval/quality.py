@@ -12,6 +12,8 @@ greedily decodes from a copy of that cache:
                         (SpinConfig.summary_parts, default 4); -sum<w>[x<S>]b<K>k: only requests shorter than K x
                         1024 tokens mix (SpinConfig.summary_below); -sum<w>...-quiet: the requests that mix do
                         not explore (SpinConfig.summary_explores = False; the others do); lightning mode only
+    <policy>@<s>        SPIN with a named policy of predictor/policies.py at sparsity s (its SpinConfig as
+                        get_policy builds it), e.g. spin-layers-mix@0.3: the shipped head's chosen default
     adaptive-<t>        SPIN with adaptive per-(layer, request) budgets, per-audit (p99) miss target t, starting
                         at PRESETS["adaptive"]'s sparsity and menu (predictor/adaptive.py); sparsity = realized
     mtp<N>-all-keep     next_n = N rows per step; drafts = the all-keep greedy continuation of the sample
@@ -53,7 +55,7 @@ _NAME = re.compile(rf"^(?:mtp(?P<n>[2-8])-)?(?:(?P<dense>dense)|(?P<allkeep>all-
                    rf"adaptive-(?P<t>{_NUM}))$")
 _FORMS = ("dense, all-keep, spin-<s>, spin-<s>-noexp, spin-<s>-hybrid<w>[-noexp], "
           "spin-<s>[-hybrid<w>]-sum<w>[x<S>][b<K>k][-quiet][-noexp], spin-<s>[-hybrid<w>][-noexp]-block (block grain), "
-          "spin-<s>[...]-profile (with --sparsity-profile), "
+          "spin-<s>[...]-profile (with --sparsity-profile), <policy>@<s> (a name of predictor/policies.py), "
           "adaptive-<t>, mtp<N>-all-keep, "
           "mtp<N>-spin-<s>[...], mtp<N>-adaptive-<t> (0 <= s < 1, 0 <= w <= 1, 0 <= t <= 1, 2 <= N <= 8)")
 CSV_COLUMNS = ("task", "context", "config", "samples", "score", "mean_miss", "p99_miss")
@@ -79,12 +81,17 @@ class QualityConfig:
     profile_from: int = 0  # SpinConfig.profile_from (likewise)
     short_profile_strength: float = 0.0  # SpinConfig.short_profile_strength (likewise)
     block: bool = False  # the name has -block: SpinConfig.vertical_grain = "block"
+    policy: str = ""  # <policy>@<s>: the SpinConfig is predictor.policies.get_policy(policy, sparsity, ...)
 
     def spin_config(self, topk: int, seed: int):
         """The SpinConfig of a spin kind: 5% random exploration (or none), hybrid weight, adaptive budgets."""
         from ..predictor import SpinConfig
         from ..predictor.config import PRESETS
 
+        if self.policy:
+            from ..predictor.policies import get_policy
+
+            return get_policy(self.policy, self.sparsity, topk, seed)  # dense_below = 0 there too
         adaptive = None
         if self.adaptive is not None:
             adaptive = dataclasses.replace(PRESETS["adaptive"].adaptive, target_miss=self.adaptive)
@@ -103,6 +110,8 @@ def parse_config(name: str) -> QualityConfig:
     """'spin-0.4-noexp' -> QualityConfig(kind='spin', sparsity=0.4, exploration=False); 'adaptive-0.1' ->
     kind 'spin', adaptive=0.1, sparsity = PRESETS['adaptive'].sparsity; unknown names raise ValueError
     listing the accepted forms."""
+    if isinstance(name, str) and "@" in name:
+        return _parse_policy_config(name)
     m = _NAME.match(name) if isinstance(name, str) else None
     if m is None or (m["dense"] and m["n"]):
         raise ValueError(f"config: expected one of {_FORMS}, got {name!r}")
@@ -134,6 +143,22 @@ def parse_config(name: str) -> QualityConfig:
     return QualityConfig(name, "spin", s, m["noexp"] is None, n, hybrid=w, summary=sw, summary_parts=parts,
                          summary_below=below, summary_explores=m["quiet"] is None, profiled=m["prof"] is not None,
                          block=m["block"] is not None)
+
+
+def _parse_policy_config(name: str) -> QualityConfig:
+    """'spin-layers-mix@0.3' -> a spin QualityConfig whose SpinConfig is that policy's at sparsity 0.3 (ValueError
+    naming the policy, or the sparsity where the policy has no calibrated budgets there)."""
+    from ..predictor.policies import get_policy, policy_names
+
+    policy, _, sparsity = name.rpartition("@")
+    if policy not in policy_names():
+        raise ValueError(f"config {name!r}: policy: expected one of {', '.join(policy_names())}, got {policy!r}")
+    if not re.fullmatch(_NUM, sparsity):
+        raise ValueError(f"config {name!r}: expected <policy>@<s> with a sparsity 0 <= s < 1, got {sparsity!r}")
+    s = float(sparsity)
+    check_range(f"config {name!r}: sparsity", s, low=0.0, high=1.0, high_open=True)
+    spin = get_policy(policy, s)  # raises for a layered policy at a sparsity it was not calibrated at
+    return QualityConfig(name, "spin", s, spin.gamma > 0, summary=spin.summary, policy=policy)
 
 
 def wilson_interval(p: float, n: int, z: float = 1.959964) -> tuple[float, float]:

@@ -21,7 +21,7 @@
 #                                               spin-0.4 / spin-0.5 at POINTS (default 96x32768,32x32768: #14's;
 #                                               96 requests need an H200's memory) into $OUT/e2e
 #   bash benchmarks/h200_step.sh cmd 'LINE'     LINE after the set-up (DeepGEMM built, PYTHONPATH, SPIN_COMMIT)
-#   bash benchmarks/h200_step.sh canonical      #14's one call: `e2e` at the card's points, then `all` (~380 s)
+#   bash benchmarks/h200_step.sh canonical      #14's one call: `e2e` at the card's points, then `all` (~500 s)
 #   bash benchmarks/h200_step.sh all            tests of the step's kernels + grid + v32 (+ profile, + a command:
 #                                               ALL_* variables, see the stage) in one call, packed into
 #                                               $OUT/h200_all.tgz (one file: a call brings back at most 8)
@@ -154,7 +154,10 @@ case "$stage" in
             2>&1 | tee "$OUT/summary.log" | tail -20 ;;
     canonical)  # #14's one H200 call: the e2e at the card's points (an H100 cannot hold 96 x 32K: 32 and 64
                 # requests there), then `all` with the logits kernel's tests (warm_cache compiles meanwhile);
-                # ~380 s with DeepGEMM's build. Each stage has a wall limit, so a slow one cannot eat the call.
+                # ~500 s with DeepGEMM's build. Each stage has a wall limit, so a slow one cannot eat the call;
+                # the grid stops starting points 35 s before its limit, so that run_all finishes the point it is
+                # in and writes its table (run 179: a 100 s limit under a 170 s budget killed it three points
+                # short of the list, before the table).
         case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
             *H200*) pts=96x32768,32x32768 ;;
             *) pts=32x32768,64x32768 ;;
@@ -163,8 +166,9 @@ case "$stage" in
             | grep -E "tok/s|spin-0|dense|x32768|Error" | cut -c1-160
         (cd "$OUT" && tar czf e2e.tgz e2eout && rm -rf e2eout)
         ALL_TESTS=${ALL_TESTS:-tests/ops/test_indexer_logits_triton.py} ALL_TESTS_S=${ALL_TESTS_S:-40} \
-            ALL_GRID_S=${ALL_GRID_S:-100} ALL_V32_S=${ALL_V32_S:-40} ALL_WARM_S=${ALL_WARM_S:-150} \
-            OUT="$OUT" timeout "${CANONICAL_ALL_S:-210}" bash benchmarks/h200_step.sh all ;;
+            ALL_GRID_S=${ALL_GRID_S:-150} ALL_BUDGET_S=${ALL_BUDGET_S:-$(( ${ALL_GRID_S:-150} - 35 ))} \
+            ALL_V32_S=${ALL_V32_S:-40} ALL_WARM_S=${ALL_WARM_S:-150} \
+            OUT="$OUT" timeout "${CANONICAL_ALL_S:-390}" bash benchmarks/h200_step.sh all ;;
     e2e)  # #14's end-to-end points with the DSA models' indexer shape
         python3 benchmarks/bench_e2e.py --random-weights --indexer-shape 64x128 --steps 24 \
             --configs dense spin-0.4 spin-0.5 --points "${1:-96x32768,32x32768}" --out "$OUT/e2e" 2>&1 \

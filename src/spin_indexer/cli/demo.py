@@ -52,7 +52,7 @@ def check_args(args) -> None:
     """Every argument, and that --out can be created, before the model loads (ValueError naming the option)."""
     from ..checks import check_choice, check_int, check_range
     from ..eval.quality import check_configs_for_mode, parse_config
-    from ..model import loader, ruler
+    from ..model import ruler
     from ..predictor.policies import policy_names
     from .main import check_out_dir
 
@@ -65,17 +65,21 @@ def check_args(args) -> None:
     check_out_dir("--out", args.out)
     check_choice("--policy", args.policy, ["auto", *policy_names()], what="a policy, one of")
     # the policy's name and its budgets at each sparsity; a summary-mix policy needs the lightning head's keys
-    check_configs_for_mode([parse_config(name) for name in spin_config_names(args)],
-                           "lightning" if loader.INDEXER_WEIGHTS.is_file() else "oracle")
+    check_configs_for_mode([parse_config(name) for name in spin_config_names(args)], indexer_mode())
+
+
+def indexer_mode() -> str:
+    """'lightning' where the distilled head's weights ship, else 'oracle': what run() loads."""
+    from ..model import loader
+
+    return "lightning" if loader.INDEXER_WEIGHTS.is_file() else "oracle"
 
 
 def policy_of(args) -> str:
     """The policy the demo runs: --policy, or for auto the one chosen for the indexer that will load."""
-    from ..model import loader
-
     if args.policy != "auto":
         return args.policy
-    return HEAD_POLICY if loader.INDEXER_WEIGHTS.is_file() else ORACLE_POLICY
+    return HEAD_POLICY if indexer_mode() == "lightning" else ORACLE_POLICY
 
 
 def spin_config_names(args) -> list[str]:
@@ -114,9 +118,8 @@ def run(args) -> int:
     t = time.perf_counter()
     yarn = loader.yarn_factor_for(args.context)  # the prompt fits in --context tokens
     model, tok = loader.load_model(device=device, max_len=max_len, yarn_factor=yarn)
-    mode, indexer = "oracle", None
-    if loader.INDEXER_WEIGHTS.is_file():
-        mode = "lightning"
+    mode, indexer = indexer_mode(), None
+    if mode == "lightning":
         indexer = Indexer.load(loader.INDEXER_WEIGHTS, max_len=max_len, yarn_factor=yarn, device=device)
     timings = {"load_s": time.perf_counter() - t}
 

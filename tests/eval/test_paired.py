@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from spin_indexer.eval.paired import ISSUE_BOUNDS, PairedDiff, paired_diff, paired_diffs, verdict
+from spin_indexer.eval.paired import ISSUE_BOUNDS, PairedDiff, issue_bound, paired_diff, paired_diffs, verdict
 
 
 def test_paired_diff_is_the_mean_with_a_normal_interval():
@@ -26,6 +26,14 @@ def test_verdict_checks_the_whole_interval_against_the_bound():
     assert verdict(PairedDiff(1, 0.0, math.nan, math.nan), 1.0) == "-"
     assert ISSUE_BOUNDS == {"spin-0.3": 1.0, "spin-0.4": 2.0, "spin-0.3-profile": 1.0, "spin-0.4-profile": 2.0,
                             "spin-0.3-sum0.8x16b6k-quiet-profile": 1.0, "spin-0.4-sum0.8x16b6k-quiet-profile": 2.0}
+
+
+def test_issue_bound_covers_named_policies_at_the_bounded_sparsities():
+    assert issue_bound("spin-0.3") == 1.0 and issue_bound("spin-0.4-profile") == 2.0
+    assert issue_bound("spin-layers-mix@0.3") == 1.0 and issue_bound("spin-default@0.4") == 2.0
+    assert issue_bound("spin-layers-mix@0.5") is None  # #18 bounds 30% and 40% only
+    assert issue_bound("spin-0.5") is None and issue_bound("all-keep") is None and issue_bound("dense") is None
+    assert issue_bound("@0.3") is None and issue_bound("spin-layers-mix@x") is None
 
 
 def test_paired_diffs_pair_by_prompt_within_each_bin():

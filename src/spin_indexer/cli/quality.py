@@ -402,9 +402,9 @@ def format_table(rows: list[dict]) -> str:
 def paired_table(samples: list[dict], configs: list[str], base: str = "all-keep") -> str:
     """Markdown: per context bin, every config (dense included) minus `base` on the same prompts (all tasks
     pooled): prompts compared, outputs identical to the base's, prompts scored higher / lower, the mean score
-    difference x 100 with its 95% interval, and for the configs issue #18 bounds (eval/paired.ISSUE_BOUNDS)
+    difference x 100 with its 95% interval, and for the configs issue #18 bounds (eval/paired.issue_bound)
     whether the interval lies within them (eval/paired.verdict)."""
-    from ..eval.paired import ISSUE_BOUNDS, paired_diffs, verdict
+    from ..eval.paired import issue_bound, paired_diffs, verdict
 
     lines = [f"Paired with {base} (config minus {base} on the same prompts, all tasks, per context length; 95% CI: "
              f"normal approximation over the per-prompt score differences; bound: issue #18's, SPIN 30% within "
@@ -413,7 +413,7 @@ def paired_table(samples: list[dict], configs: list[str], base: str = "all-keep"
              "|---|---|---|---|---|---|---|---|---|---|"]
     for cfg, context, d in paired_diffs(samples, configs, base):
         ci = "-" if math.isnan(d.lo) else f"{d.lo:+.2f} to {d.hi:+.2f}"
-        bound = ISSUE_BOUNDS.get(cfg)
+        bound = issue_bound(cfg)
         judged = ("-", "-") if bound is None else (f"+-{bound:g}", verdict(d, bound))
         lines.append(f"| {context} | {cfg} | {d.n} | {d.same} | {d.better} | {d.worse} | {d.mean:+.2f} | {ci} | "
                      f"{judged[0]} | {judged[1]} |")

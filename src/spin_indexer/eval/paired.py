@@ -17,6 +17,23 @@ Z95 = 1.959964
 # default: the summary mix below 6144 tokens), held to the same bounds
 ISSUE_BOUNDS = {"spin-0.3": 1.0, "spin-0.4": 2.0, "spin-0.3-profile": 1.0, "spin-0.4-profile": 2.0,
                 "spin-0.3-sum0.8x16b6k-quiet-profile": 1.0, "spin-0.4-sum0.8x16b6k-quiet-profile": 2.0}
+# a named policy at a sparsity (eval.quality's `<policy>@<s>`: the policy's whole predictor) is held to the
+# bound of its sparsity
+POLICY_BOUNDS = {0.3: 1.0, 0.4: 2.0}
+
+
+def issue_bound(config: str) -> float | None:
+    """issue #18's bound (score points) for a quality config name, None where it sets none: the names of
+    ISSUE_BOUNDS, and `<policy>@0.3` / `<policy>@0.4` for any policy name."""
+    if config in ISSUE_BOUNDS:
+        return ISSUE_BOUNDS[config]
+    policy, at, sparsity = config.rpartition("@")
+    if not (policy and at):
+        return None
+    try:
+        return POLICY_BOUNDS.get(float(sparsity))
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,29 @@ def test_quality_report_only_default_out(tmp_path, monkeypatch, capsys):
     assert (tmp_path / quality.REPORT_OUT / "ruler.csv").is_file() and not (src / "ruler.csv").exists()
 
 
+def test_quality_report_reads_xz_samples_once(tmp_path):
+    import lzma
+
+    def row(seed, config, score):
+        return json.dumps({"task": "vt", "context": 300, "seed": seed, "config": config, "indexer": "oracle",
+                           "topk": 64, "score": score, "steps": 1, "text": "w7"}) + "\n"
+    src = tmp_path / "samples"
+    src.mkdir()
+    packed = row(0, "all-keep", 1.0) + row(1, "all-keep", 0.0)
+    (src / "samples-a.jsonl.xz").write_bytes(lzma.compress(packed.encode()))
+    (src / "samples-b.jsonl").write_text(row(2, "all-keep", 1.0))
+
+    def counted():
+        assert cli.main(["quality", "--report-only", "--from", str(src), "--out", str(tmp_path / "r"), "--quiet"]) == 0
+        with open(tmp_path / "r" / "ruler.csv") as f:
+            return {r["task"]: (r["samples"], r["score"]) for r in csv.DictReader(f)}
+    samples, score = counted()["all"]
+    assert samples == "3" and float(score) == pytest.approx(200 / 3)  # the archive's rows and the plain file's
+    # `xz -dk` beside the archive, one row appended since: the plain file only, no row twice
+    (src / "samples-a.jsonl").write_text(packed + row(3, "all-keep", 1.0))
+    assert counted()["all"][0] == "4"
+
+
 def test_quality_report_only_without_samples(tmp_path, capsys):
     assert cli.main(["quality", "--report-only", "--from", str(tmp_path), "--out", str(tmp_path / "r")]) == 1
     assert "no samples" in capsys.readouterr().err

@@ -71,9 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-graphs", action="store_true", help="with --batch > 1 on CUDA: eager steps, no CUDA graphs")
     p.add_argument("--shard", default=None, help="write samples-<shard>.jsonl (parallel processes, one file each)")
     p.add_argument("--report-only", action="store_true",
-                   help="run nothing: summarize the samples*.jsonl of --from into --out")
+                   help="run nothing: summarize the samples*.jsonl (and .jsonl.xz) of --from into --out")
     p.add_argument("--from", dest="source", default=None, metavar="DIR",
-                   help=f"with --report-only: the folder whose samples*.jsonl are summarized (default: {RESULTS})")
+                   help=f"with --report-only: the folder whose samples*.jsonl(.xz) are summarized (default: {RESULTS})")
     p.add_argument("--update-results", action="store_true",
                    help="with --report-only: rewrite ruler.csv, ruler_detail.csv and README.md of the --from folder "
                         "itself (the committed results) instead of writing to --out")
@@ -268,8 +268,8 @@ def _report_paths(args) -> tuple[Path, Path]:
     dest = Path(args.out or REPORT_OUT)
     if dest.resolve() == source.resolve():
         raise ValueError(f"--out: {dest} is the --from folder; add --update-results to rewrite its tables")
-    if dest.is_dir() and any(dest.glob("samples*.jsonl")):
-        raise ValueError(f"--out: {dest} holds samples*.jsonl of its own; to summarize it use --from {dest} "
+    if dest.is_dir() and sample_files(dest):
+        raise ValueError(f"--out: {dest} holds samples*.jsonl(.xz) of its own; to summarize it use --from {dest} "
                          f"(tables to {REPORT_OUT}) or --from {dest} --update-results (rewrites its tables)")
     return source, check_out_dir("--out", dest)
 
@@ -301,9 +301,21 @@ def _command(args) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
+def sample_files(folder: Path) -> list[Path]:
+    """The samples*.jsonl of `folder` and the xz-compressed ones (samples*.jsonl.xz, as results are committed),
+    sorted; where both X.jsonl and X.jsonl.xz are there only X.jsonl (decompressed beside its archive with
+    `xz -dk`, or resumed into since), so that no row is read twice."""
+    plain = sorted(folder.glob("samples*.jsonl"))
+    packed = [p for p in sorted(folder.glob("samples*.jsonl.xz")) if p.with_suffix("") not in plain]
+    return sorted(plain + packed)
+
+
 def _lines(out: Path):
-    for path in sorted(out.glob("samples*.jsonl")):
-        for line in path.read_text().splitlines():
+    import lzma
+
+    for path in sample_files(out):
+        text = lzma.decompress(path.read_bytes()).decode() if path.suffix == ".xz" else path.read_text()
+        for line in text.splitlines():
             if line.strip():
                 yield line
 

@@ -59,3 +59,11 @@ def test_targets_report_the_paired_ratios_where_the_run_has_them():
     line = next(line for line in run_all.targets(rows) if "paired" in line)
     assert "0.999x at B=1 L=131072" in line and "with the guard: 1.000x" in line
     assert run_all.fmt(0.99871, "vs_dense_paired") == "0.9987" and run_all.fmt(0.99871, "step_us") == "1.00"
+
+
+def test_paired_rounds_run_again_only_off_the_dense_timing():
+    from conftest import import_benchmark
+    run_all = import_benchmark("run_all")
+    assert run_all.drifted(3065.0, 2384.0) and run_all.drifted(2000.0, 2384.0)  # run 179's first point; a fast one
+    assert not run_all.drifted(2400.0, 2384.0) and not run_all.drifted(2384.0 * 1.09, 2384.0)
+    assert not run_all.drifted(float("nan"), float("nan")) and not run_all.drifted(float("nan"), 2384.0)

@@ -17,8 +17,7 @@ compiled per warpgroup or once), compact (noroll + noperwg), nouni (SPIN_LOGITS_
 (SPIN_LOGITS_STAGES_PER_WG: key blocks in flight a block set at every next_n), abs (SPIN_LOGITS_ABS_SUM=1: the head
 sum through |s|, one FFMA a score, with row groups at next_n = 3; runs 147-149), dbl / dbl-s2 (SPIN_LOGITS_DOUBLE_ACC:
 two accumulator sets a warpgroup at next_n 3-4, the next block's MMA beside this block's epilogue; two warpgroups in
-two row groups; 4 / 2 key blocks in flight), dbl-rg1 (the same, a warpgroup a row: 3 / 4 warpgroups, 122 / 118
-registers), each at the launcher's chunk and at
+two row groups; 4 / 2 key blocks in flight), each at the launcher's chunk and at
 128 and 256 blocks a CTA; --nomax times every build without block_max_out (its logits-only kernel). Per point
 (B x L x next_n, H = 64, D = 128), CUDA graphs, every build and chunk timed in the same paired rounds (one replay
 of each in turn); us = the median, vs_cuda = the median of per-round ratios to the production build at its default
@@ -61,9 +60,7 @@ VARIANTS = {"cuda": (), "3wg": ("SPIN_LOGITS_MATH_WG=3",), "pipe": ("SPIN_LOGITS
             "nouni": ("SPIN_LOGITS_UNIFORM_WG=0",), "s4": ("SPIN_LOGITS_STAGES_PER_WG=4",),
             "s2": ("SPIN_LOGITS_STAGES_PER_WG=2",), "s3": ("SPIN_LOGITS_STAGES_PER_WG=3",),
             "abs": ("SPIN_LOGITS_ABS_SUM=1",),
-            "dbl": DOUBLE_ACC + ("SPIN_LOGITS_STAGES_PER_WG=4",), "dbl-s2": DOUBLE_ACC + ("SPIN_LOGITS_STAGES_PER_WG=2",),
-            "dbl-rg1": ("SPIN_LOGITS_DOUBLE_ACC=12", "SPIN_LOGITS_ROW_GROUPS_N3=3", "SPIN_LOGITS_MATH_WG_N3=3",
-                        "SPIN_LOGITS_ROW_GROUPS_N4=4", "SPIN_LOGITS_MATH_WG_N4=4", "SPIN_LOGITS_STAGES_PER_WG=4")}
+            "dbl": DOUBLE_ACC + ("SPIN_LOGITS_STAGES_PER_WG=4",), "dbl-s2": DOUBLE_ACC + ("SPIN_LOGITS_STAGES_PER_WG=2",)}
 # the builds that compute the logits: all but the probes (SPIN_LOGITS_PROBE leaves a stage out)
 CHECKED = tuple(name for name, defines in VARIANTS.items()
                 if not any(d.startswith("SPIN_LOGITS_PROBE=") for d in defines))

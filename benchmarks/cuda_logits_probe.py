@@ -15,9 +15,7 @@ three row groups of one row, 3 or 6 warpgroups), rg4 (next_n = 4 in four row gro
 (SPIN_LOGITS_UNROLL=0: the loop not unrolled by stages), perwg / noperwg (SPIN_LOGITS_PER_WG=1 / 0: the loop
 compiled per warpgroup or once), compact (noroll + noperwg), nouni (SPIN_LOGITS_UNIFORM_WG=0), s2 / s3 / s4
 (SPIN_LOGITS_STAGES_PER_WG: key blocks in flight a block set at every next_n), abs (SPIN_LOGITS_ABS_SUM=1: the head
-sum through |s|, one FFMA a score, with row groups at next_n = 3; runs 147-149), dbl / dbl-s2 (SPIN_LOGITS_DOUBLE_ACC:
-two accumulator sets a warpgroup at next_n 3-4, the next block's MMA beside this block's epilogue; two warpgroups in
-two row groups; 4 / 2 key blocks in flight), each at the launcher's chunk and at
+sum through |s|, one FFMA a score, with row groups at next_n = 3; runs 147-149), each at the launcher's chunk and at
 128 and 256 blocks a CTA; --nomax times every build without block_max_out (its logits-only kernel). Per point
 (B x L x next_n, H = 64, D = 128), CUDA graphs, every build and chunk timed in the same paired rounds (one replay
 of each in turn); us = the median, vs_cuda = the median of per-round ratios to the production build at its default
@@ -43,10 +41,6 @@ from harness import KeyPool, environment, markdown_table, time_graphs_paired  # 
 from spin_indexer.ops import deepgemm, indexer_logits_cuda  # noqa: E402
 from spin_indexer.ops.indexer_logits_triton import CONFIGS  # noqa: E402
 
-# two accumulator sets a warpgroup at next_n 3-4 (SPIN_LOGITS_DOUBLE_ACC's bits 2 and 3), on two warpgroups in two
-# row groups (rows 0-1 / 2-3, or 0-1 / 2): the registers of two sets fit 256 threads, not 512
-DOUBLE_ACC = ("SPIN_LOGITS_DOUBLE_ACC=12", "SPIN_LOGITS_MATH_WG_N3=2", "SPIN_LOGITS_MATH_WG_N4=2",
-              "SPIN_LOGITS_ROW_GROUPS_N3=2")
 VARIANTS = {"cuda": (), "3wg": ("SPIN_LOGITS_MATH_WG=3",), "pipe": ("SPIN_LOGITS_PIPELINE=1",),
             "nopipe": ("SPIN_LOGITS_PIPELINE=0",), "2cta": ("SPIN_LOGITS_CTAS_PER_SM=2",),
             "no-headsum": ("SPIN_LOGITS_PROBE=1",), "no-mma": ("SPIN_LOGITS_PROBE=2",),
@@ -59,8 +53,7 @@ VARIANTS = {"cuda": (), "3wg": ("SPIN_LOGITS_MATH_WG=3",), "pipe": ("SPIN_LOGITS
             "noperwg": ("SPIN_LOGITS_PER_WG=0",), "compact": ("SPIN_LOGITS_UNROLL=0", "SPIN_LOGITS_PER_WG=0"),
             "nouni": ("SPIN_LOGITS_UNIFORM_WG=0",), "s4": ("SPIN_LOGITS_STAGES_PER_WG=4",),
             "s2": ("SPIN_LOGITS_STAGES_PER_WG=2",), "s3": ("SPIN_LOGITS_STAGES_PER_WG=3",),
-            "abs": ("SPIN_LOGITS_ABS_SUM=1",),
-            "dbl": DOUBLE_ACC + ("SPIN_LOGITS_STAGES_PER_WG=4",), "dbl-s2": DOUBLE_ACC + ("SPIN_LOGITS_STAGES_PER_WG=2",)}
+            "abs": ("SPIN_LOGITS_ABS_SUM=1",)}
 # the builds that compute the logits: all but the probes (SPIN_LOGITS_PROBE leaves a stage out)
 CHECKED = tuple(name for name, defines in VARIANTS.items()
                 if not any(d.startswith("SPIN_LOGITS_PROBE=") for d in defines))

@@ -94,9 +94,6 @@
 #ifndef SPIN_LOGITS_ABS_SUM  // the head sum through ReLU (0, the default) or through |s| (1: see AbsSum below)
 #define SPIN_LOGITS_ABS_SUM 0
 #endif
-#ifndef SPIN_LOGITS_DOUBLE_ACC  // two accumulator sets a warpgroup at the next_n whose bit n - 1 is set (see the loop)
-#define SPIN_LOGITS_DOUBLE_ACC 0
-#endif
 
 namespace {
 
@@ -571,7 +568,6 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     // groups 0.96x (run 115); at next_n = 2 it lost (527 against 486: the compiler interleaves them with the MMA's
     // instructions). SPIN_LOGITS_PIPELINE overrides (0 / 1).
     constexpr bool PIPELINED = SPIN_LOGITS_PIPELINE < 0 ? NEXT_N >= 3 : SPIN_LOGITS_PIPELINE == 1;
-    constexpr bool DOUBLE = (SPIN_LOGITS_DOUBLE_ACC >> (NEXT_N - 1)) & 1;
     struct Pending {
         float v[VP];     // this thread's partial head sums (see quad_reduce_scatter)
         float sc[KEPT];  // the scales of the tokens this lane keeps
@@ -594,144 +590,80 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         if constexpr (VP == 2) m = max_nan(m, __shfl_xor_sync(0xffffffffu, m, 2));
         if (pmax_writer) pmax_s[(d.i * NEXT_N + ROW0 + row) * 32 + warp * 8 + lane / 4] = m;
     };
-    // ReLU (or |s| and the terms: AbsSum), weights and this thread's part of each head sum from the accumulators
-    // a: four independent FMA chains a row
-    const auto head_sums = [&](const float* a, Pending& d) {
-#pragma unroll
-        for (int j = 0; j < VP / 2; ++j) {
-            if (j >= NR) {
-                d.v[2 * j] = d.v[2 * j + 1] = 0.f;
-            } else if (SPIN_LOGITS_PROBE == 1) {
-                d.v[2 * j] = a[32 * j];
-                d.v[2 * j + 1] = a[32 * j + 2];
-            } else {
-                float p[4] = {0.f, 0.f, 0.f, 0.f};
-                if constexpr (S::ABS) {  // 1/2 q_w . k from the term tile, then 1/2 sum_h w_h |s_h|
-                    const int X = 4 * (8 * NR + j / 2);  // a constant once unrolled
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) p[e] = ts[j][e & 1] * a[X + e];
-#pragma unroll
-                    for (int k = 0; k < 8; ++k)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            p[e] = fmaf(fabsf(a[4 * (8 * j + k) + e]), wr[j][k][e & 1], p[e]);
-                } else {
-#pragma unroll
-                    for (int k = 0; k < 8; ++k)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            p[e] = fmaf(fmaxf(a[4 * (8 * j + k) + e], 0.f), wr[j][k][e & 1], p[e]);
-                }
-                d.v[2 * j] = p[0] + p[1];
-                d.v[2 * j + 1] = p[2] + p[3];
-            }
-        }
-    };
     const uint64_t q_desc = smem_desc(q_s + GI * S::QG * D), k_desc_set = smem_desc(keys_s + SET * KEY_BYTES);
     Pending pending;
     pending.i = -1;  // none yet
-    if constexpr (!DOUBLE) {
-        for (int i0 = SET, phase = 0; i0 < nblk; i0 += SPW * BP, phase ^= 1) {
+    for (int i0 = SET, phase = 0; i0 < nblk; i0 += SPW * BP, phase ^= 1) {
 #if SPIN_LOGITS_UNROLL
 #pragma unroll
 #else
 #pragma unroll 1
 #endif
-            for (int rep = 0; rep < SPW; ++rep) {
-                const int i = i0 + rep * BP;
-                const int s = SET + rep * BP;  // a constant once unrolled, per warpgroup
-                if (i >= nblk) break;
-                mbar_wait(&full[s], phase);
-                float sc[KEPT];
-#pragma unroll
-                for (int u = 0; u < KEPT; ++u) sc[u] = scales_s[s * T + r0 + 8 * h[u]];
-                fence_regs<R>(acc);
-                if (SPIN_LOGITS_PROBE != 2) {
-                    wgmma_fence();
-                    // k step kk: both descriptors + 32 bytes (2 in their 16-byte units)
-                    const uint64_t k_desc = k_desc_set + uint64_t(rep * BP * (KEY_BYTES >> 4));
-#pragma unroll
-                    for (int kk = 0; kk < D / 32; ++kk) mma_k32<NG>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);
-                    wgmma_commit();
-                }
-                if (PIPELINED && pending.i >= 0) finish(pending);  // the previous block, beside this one's MMA
-                if (SPIN_LOGITS_PROBE != 2) wgmma_wait<0>();
-                fence_regs<R>(acc);
-                // this warpgroup's MMA has read the keys and its threads their scales: once every row group's has,
-                // the stage takes block i + STAGES
-                mbar_arrive(&empty[s]);
-                if (issuer && i + STAGES < nblk) {
-                    mbar_wait(&empty[s], phase);
-                    load(i + STAGES, s);
-                }
-                head_sums(acc, pending);
-#pragma unroll
-                for (int u = 0; u < KEPT; ++u) pending.sc[u] = sc[u];
-                pending.i = i;
-                if (!PIPELINED) finish(pending);
-            }
-        }
-        if (PIPELINED && pending.i >= 0) finish(pending);
-    } else {
-        // Two accumulator sets (DOUBLE): block i + BP's MMA runs into one while block i's epilogue reads the other,
-        // inside one warpgroup (with one set a warpgroup's MMA waits for its own epilogue, and only the other
-        // warpgroups' MMAs fill that time). ptxas keeps the MMAs asynchronous only if no MMA is in flight across
-        // the loop's back edge (C7514 otherwise, which is what a second set tried in run 102 ran into): each step
-        // issues the next block's MMA, runs this block's epilogue, then waits for that MMA before looping. The
-        // sets alternate by rep, so SPW must be even (a constant set a step once unrolled). The scales of a block
-        // are read when its MMA is issued: its stage is refilled once the MMA is done, before its epilogue.
-        static_assert(SPW % 2 == 0, "two accumulator sets alternate over an even number of stages");
-        float acc2[R];
-        float scs[2][KEPT];
-        // block i (stage s, at rep) into accumulators a, its scales into sc
-        const auto issue = [&](float* a, float (&sc)[KEPT], int rep, int s, int phase) {
+        for (int rep = 0; rep < SPW; ++rep) {
+            const int i = i0 + rep * BP;
+            const int s = SET + rep * BP;  // a constant once unrolled, per warpgroup
+            if (i >= nblk) break;
             mbar_wait(&full[s], phase);
+            float sc[KEPT];
 #pragma unroll
             for (int u = 0; u < KEPT; ++u) sc[u] = scales_s[s * T + r0 + 8 * h[u]];
-            fence_regs<R>(a);
+            fence_regs<R>(acc);
             if (SPIN_LOGITS_PROBE != 2) {
                 wgmma_fence();
+                // k step kk: both descriptors + 32 bytes (2 in their 16-byte units)
                 const uint64_t k_desc = k_desc_set + uint64_t(rep * BP * (KEY_BYTES >> 4));
 #pragma unroll
-                for (int kk = 0; kk < D / 32; ++kk) mma_k32<NG>(a, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);
+                for (int kk = 0; kk < D / 32; ++kk) mma_k32<NG>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);
                 wgmma_commit();
             }
-        };
-        // after block i's MMA: its stage takes block i + STAGES once every row group's MMA has read it
-        const auto release = [&](int i, int s, int phase) {
+            if (PIPELINED && pending.i >= 0) finish(pending);  // the previous block, beside this one's MMA
+            if (SPIN_LOGITS_PROBE != 2) wgmma_wait<0>();
+            fence_regs<R>(acc);
+            // this warpgroup's MMA has read the keys and its threads their scales: once every row group's has,
+            // the stage takes block i + STAGES
             mbar_arrive(&empty[s]);
             if (issuer && i + STAGES < nblk) {
                 mbar_wait(&empty[s], phase);
                 load(i + STAGES, s);
             }
-        };
-        if (SET < nblk) {  // the set's first block, before the loop
-            issue(acc, scs[0], 0, SET, 0);
-            if (SPIN_LOGITS_PROBE != 2) wgmma_wait<0>();
-            fence_regs<R>(acc);
-            release(SET, SET, 0);
-        }
-        for (int i0 = SET, phase = 0; i0 < nblk; i0 += SPW * BP, phase ^= 1) {
+            // ReLU (or |s| and the terms: AbsSum), weights and this thread's part of each head sum: four independent
+            // FMA chains a row
 #pragma unroll
-            for (int rep = 0; rep < SPW; ++rep) {
-                const int i = i0 + rep * BP;  // its MMA is done, into set rep % 2
-                if (i >= nblk) break;
-                float* cur = rep % 2 == 0 ? acc : acc2;
-                float* nxt = rep % 2 == 0 ? acc2 : acc;
-                const int nrep = rep + 1 == SPW ? 0 : rep + 1, nphase = rep + 1 == SPW ? phase ^ 1 : phase;
-                const int ni = i + BP, ns = SET + nrep * BP;
-                if (ni < nblk) issue(nxt, scs[(rep + 1) % 2], nrep, ns, nphase);
-                head_sums(cur, pending);
+            for (int j = 0; j < VP / 2; ++j) {
+                if (j >= NR) {
+                    pending.v[2 * j] = pending.v[2 * j + 1] = 0.f;
+                } else if (SPIN_LOGITS_PROBE == 1) {
+                    pending.v[2 * j] = acc[32 * j];
+                    pending.v[2 * j + 1] = acc[32 * j + 2];
+                } else {
+                    float p[4] = {0.f, 0.f, 0.f, 0.f};
+                    if constexpr (S::ABS) {  // 1/2 q_w . k from the term tile, then 1/2 sum_h w_h |s_h|
+                        const int X = 4 * (8 * NR + j / 2);  // a constant once unrolled
 #pragma unroll
-                for (int u = 0; u < KEPT; ++u) pending.sc[u] = scs[rep % 2][u];
-                pending.i = i;
-                finish(pending);
-                if (SPIN_LOGITS_PROBE != 2) wgmma_wait<0>();
-                fence_regs<R>(nxt);
-                if (ni < nblk) release(ni, ns, nphase);
+                        for (int e = 0; e < 4; ++e) p[e] = ts[j][e & 1] * acc[X + e];
+#pragma unroll
+                        for (int k = 0; k < 8; ++k)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e)
+                                p[e] = fmaf(fabsf(acc[4 * (8 * j + k) + e]), wr[j][k][e & 1], p[e]);
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < 8; ++k)
+#pragma unroll
+                            for (int e = 0; e < 4; ++e)
+                                p[e] = fmaf(fmaxf(acc[4 * (8 * j + k) + e], 0.f), wr[j][k][e & 1], p[e]);
+                    }
+                    pending.v[2 * j] = p[0] + p[1];
+                    pending.v[2 * j + 1] = p[2] + p[3];
+                }
             }
+#pragma unroll
+            for (int u = 0; u < KEPT; ++u) pending.sc[u] = sc[u];
+            pending.i = i;
+            if (!PIPELINED) finish(pending);
         }
     }
+    if (PIPELINED && pending.i >= 0) finish(pending);
     if (!MAXIMA) return;
     asm volatile("bar.sync %0, 128;" ::"r"(1 + MW) : "memory");  // this warpgroup's partials written
     const int mine = (nblk - SET + BP - 1) / BP;  // blocks of this set

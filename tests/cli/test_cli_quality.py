@@ -204,8 +204,8 @@ def test_paired_table():
     assert "| 300 | spin-0.4 | 1 | 1 | 0 | 0 | +0.00 | - | +-2 | - |" in one
     named = paired_table([dict(r, config="spin-layers-mix@0.3") if r["config"] == "spin-0.4" else r for r in rows],
                          ["all-keep", "spin-layers-mix@0.3"])  # a named policy at 30%: #18's 1-point bound
-    assert f"| 300 | spin-layers-mix@0.3 | 3 | 1 | 1 | 1 | -16.67 | {mean - half:+.2f} to {mean + half:+.2f} | +-1 | no |" \
-        in named
+    ci = f"{mean - half:+.2f} to {mean + half:+.2f}"
+    assert f"| 300 | spin-layers-mix@0.3 | 3 | 1 | 1 | 1 | -16.67 | {ci} | +-1 | no |" in named
     other = paired_table(rows + [dict(r, context=600) for r in rows[:2]], ["all-keep", "spin-0.4"])
     assert "| 600 | spin-0.4 | 1 | 1 | 0 | 0 | +0.00 | - | +-2 | - |" in other  # each length paired on its own
     dense = paired_table([dict(r, config="dense") if r["config"] == "spin-0.4" else r for r in rows],

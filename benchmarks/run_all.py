@@ -241,14 +241,14 @@ def grid_point(batch: int, ctx: int, next_n: int, sparsities, env: dict, dry: bo
             for backend, suffix in backends:
                 with logits_backend(backend):
                     times = spin_step(p, s, k, guard, indexer_kw, dense_step if not suffix else None)
-                    slowed = times["dense_step_paired_us"] / out["dense_step_us"]
-                    if not suffix and drifted(times["dense_step_paired_us"], out["dense_step_us"]):
+                    paired_dense = times["dense_step_paired_us"]
+                    if not suffix and drifted(paired_dense, out["dense_step_us"]):
                         # the dense step in the paired rounds off the point's own dense timing: the rounds ran
                         # in another machine state (run 179: 1.29x and 1.31x at two points, cause unknown);
                         # they are run again once and the retry kept, both in the log and the row
-                        log(f"B={batch} L={ctx} n={next_n} s={s} guard={guard}: paired dense "
-                            f"{times['dense_step_paired_us']:.1f} us against {out['dense_step_us']:.1f} "
-                            f"({slowed:.2f}x): paired rounds again")
+                        log(f"B={batch} L={ctx} n={next_n} s={s} guard={guard}: paired dense {paired_dense:.1f} us "
+                            f"against {out['dense_step_us']:.1f} ({paired_dense / out['dense_step_us']:.2f}x): "
+                            f"paired rounds again")
                         first = times
                         times = spin_step(p, s, k, guard, indexer_kw, dense_step)
                         times.update(paired_retry=1, step_first_us=first["step_us"],

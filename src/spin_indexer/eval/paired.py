@@ -24,15 +24,16 @@ POLICY_BOUNDS = {0.3: 1.0, 0.4: 2.0}
 
 def issue_bound(config: str) -> float | None:
     """issue #18's bound (score points) for a quality config name, None where it sets none: the names of
-    ISSUE_BOUNDS, and `<policy>@0.3` / `<policy>@0.4` for any policy name."""
+    ISSUE_BOUNDS, and `<policy>@0.3` / `<policy>@0.4` for any policy of predictor/policies.py."""
     if config in ISSUE_BOUNDS:
         return ISSUE_BOUNDS[config]
-    policy, at, sparsity = config.rpartition("@")
-    if not (policy and at):
+    if "@" not in config:
         return None
+    from .quality import parse_config  # the one reader of <policy>@<s> names (imported here: it needs torch)
+
     try:
-        return POLICY_BOUNDS.get(float(sparsity))
-    except ValueError:
+        return POLICY_BOUNDS.get(parse_config(config).sparsity)
+    except ValueError:  # not a config name
         return None
 
 

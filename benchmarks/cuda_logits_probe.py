@@ -5,8 +5,11 @@ differences").
 
     PYTHONPATH=src:benchmarks python3 benchmarks/cuda_logits_probe.py --out $OUT/probe
 
-Variants (ops/csrc/paged_logits_sm90.cu's build switches): cuda (production: see the source's Shape), 3wg
-(SPIN_LOGITS_MATH_WG=3, at every next_n), pipe / nopipe (SPIN_LOGITS_PIPELINE=1 / 0: a block's last steps beside
+Variants (ops/csrc/paged_logits_sm90.cu's build switches): cuda (production: see the source's Shape), ws
+(SPIN_LOGITS_WEIGHTS_SMEM=1: the epilogue reads the weights from shared memory, production's shapes), w3 (ws with
+three warpgroups on whole blocks at next_n = 3 and at 4: 166 / 168 registers, no spill; the weights in registers
+spilled, run 125), w3-noperwg (w3's loop compiled once, not per warpgroup), w3-s2 (w3 with 2 key blocks in flight
+a block set, 6 stages, at next_n = 3 too), pipe / nopipe (SPIN_LOGITS_PIPELINE=1 / 0: a block's last steps beside
 the next block's MMA, or not), 2cta (SPIN_LOGITS_CTAS_PER_SM=2: the SM's warpgroups in two CTAs; chunks of at most
 128 / 64 blocks, a larger chunk is skipped), no-headsum (SPIN_LOGITS_PROBE=1: no ReLU / weights / head sum),
 no-mma (=2) (the block maxima left out: --nomax), rg / rg1 (SPIN_LOGITS_ROW_GROUPS=2 / 1: at next_n 3-4 two warpgroups a block, each
@@ -41,7 +44,10 @@ from harness import KeyPool, environment, markdown_table, time_graphs_paired  # 
 from spin_indexer.ops import deepgemm, indexer_logits_cuda  # noqa: E402
 from spin_indexer.ops.indexer_logits_triton import CONFIGS  # noqa: E402
 
-VARIANTS = {"cuda": (), "3wg": ("SPIN_LOGITS_MATH_WG=3",), "pipe": ("SPIN_LOGITS_PIPELINE=1",),
+W3 = ("SPIN_LOGITS_WEIGHTS_SMEM=1", "SPIN_LOGITS_MATH_WG_N3=3", "SPIN_LOGITS_MATH_WG_N4=3",
+      "SPIN_LOGITS_ROW_GROUPS_N4=1")
+VARIANTS = {"cuda": (), "ws": ("SPIN_LOGITS_WEIGHTS_SMEM=1",), "w3": W3, "w3-noperwg": (*W3, "SPIN_LOGITS_PER_WG=0"),
+            "w3-s2": (*W3, "SPIN_LOGITS_STAGES_PER_WG=2"), "pipe": ("SPIN_LOGITS_PIPELINE=1",),
             "nopipe": ("SPIN_LOGITS_PIPELINE=0",), "2cta": ("SPIN_LOGITS_CTAS_PER_SM=2",),
             "no-headsum": ("SPIN_LOGITS_PROBE=1",), "no-mma": ("SPIN_LOGITS_PROBE=2",),
             "rg": ("SPIN_LOGITS_ROW_GROUPS=2",), "rg1": ("SPIN_LOGITS_ROW_GROUPS=1",),

@@ -94,6 +94,12 @@
 #ifndef SPIN_LOGITS_ABS_SUM  // the head sum through ReLU (0, the default) or through |s| (1: see AbsSum below)
 #define SPIN_LOGITS_ABS_SUM 0
 #endif
+// SPIN_LOGITS_WEIGHTS_SMEM (0 / 1, default 0): the epilogue reads the rows' weights from shared memory a block (4
+// 16-byte loads a row) instead of holding them in registers (16 a row), so three warpgroups on whole blocks fit
+// next_n = 3's 96 accumulators in 168 registers (with the weights in registers they spill: run 125)
+#ifndef SPIN_LOGITS_WEIGHTS_SMEM
+#define SPIN_LOGITS_WEIGHTS_SMEM 0
+#endif
 
 namespace {
 
@@ -291,6 +297,11 @@ struct Shape {
     // The |s| head sum (see AbsSum): a row group's query tile in shared memory is its rows' heads, then
     // XT = ceil(rows / 2) tiles of 8 columns holding each row's weighted query as TERMS FP8 terms (4 columns a row)
     static constexpr bool ABS = SPIN_LOGITS_ABS_SUM != 0;
+    static constexpr bool WSMEM = SPIN_LOGITS_WEIGHTS_SMEM != 0;
+    static_assert(!(ABS && WSMEM), "AbsSum's prologue uses the weights' shared memory in its own layout");
+    // WSMEM's layout: lane c's weights of row j are the 16 floats at c * WS_LANE + 16 j (heads 8k + 2c + e, in k then
+    // e order); 4 floats of padding a lane put the four lanes' 16-byte loads on different banks
+    static constexpr int WS_LANE = NEXT_N * 16 + 4;
     static constexpr int XT = ABS ? (ROWS + 1) / 2 : 0;
     static constexpr int QG = ROWS * H + 8 * XT;  // query rows of a row group (a multiple of 8: 1024-byte aligned)
     static constexpr int QROWS = G * QG;
@@ -310,7 +321,7 @@ struct Shape {
         return 1024                                  // slack to align the tiles to 1024 bytes
                + QROWS * D                           // q [QROWS, 128]
                + NEXT_N * TERMS * 4                  // the terms' scales (AbsSum)
-               + NEXT_N * H * 4                      // the rows' weights (AbsSum's prologue)
+               + NEXT_N * H * 4 + (WSMEM ? 64 : 0)   // the rows' weights (AbsSum's prologue; WSMEM's, padded)
                + STAGES * (KEY_BYTES + SCALE_BYTES)  // key tiles and their scales
                + chunk * NEXT_N * 32 * 4             // block-max partials [block][row][warp, quad]
                + chunk * 4                           // the chunk's block ids
@@ -442,8 +453,8 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     float* pmax_s = scales_s + STAGES * T;
     int* ids_s = reinterpret_cast<int*>(pmax_s + S::PMAX_FLOATS);
     float* sigma_s = reinterpret_cast<float*>(ids_s + S::CHUNK_MAX);  // [NEXT_N][TERMS] halved term scales
-    float* w_s = sigma_s + NEXT_N * TERMS;                            // [NEXT_N][64] the rows' weights
-    uint64_t* full = reinterpret_cast<uint64_t*>(w_s + NEXT_N * H);
+    float* w_s = sigma_s + NEXT_N * TERMS;  // the rows' weights: [NEXT_N][64] (AbsSum), Shape::WS_LANE's (WSMEM)
+    uint64_t* full = reinterpret_cast<uint64_t*>(w_s + NEXT_N * H + (S::WSMEM ? 16 : 0));
     uint64_t* empty = full + STAGES;
     uint64_t* q_bar = empty + STAGES;
 
@@ -473,6 +484,12 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     for (int i = threadIdx.x; i < nblk; i += S::THREADS) {
         const int raw = ids[i];
         ids_s[i] = (raw >= 0 && raw < num_cache_blocks) ? raw : 0;
+    }
+    if constexpr (S::WSMEM) {  // weight (row j, head h) where lane c = (h % 8) / 2 reads it: its 16 of row j in a row
+        for (int t = threadIdx.x; t < NEXT_N * H; t += S::THREADS) {
+            const int j = t / H, hd = t % H;
+            w_s[(hd % 8) / 2 * S::WS_LANE + 16 * j + 2 * (hd / 8) + hd % 2] = weights[int64_t(b) * NEXT_N * H + t];
+        }
     }
     if (threadIdx.x == 0) {
         for (int s = 0; s < STAGES; ++s) {
@@ -523,14 +540,18 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     constexpr int KEPT = VP >= 8 ? 2 : 1;                        // values a lane keeps
     const int MW = as_int(mw_value);
     const int SET = MW / G;
-    float wr[NR][8][2];  // w[row ROW0 + j, head 8k + 2c + e]: the heads of this thread's accumulator columns
+    // w[row ROW0 + j, head 8k + 2c + e]: the heads of this thread's accumulator columns (WSMEM: none here, the
+    // epilogue reads them from w_s)
+    float wr[S::WSMEM ? 1 : NR][8][2];
     const float* wrow = weights + (int64_t(b) * NEXT_N + ROW0) * H;
+    if constexpr (!S::WSMEM) {
 #pragma unroll
-    for (int j = 0; j < NR; ++j)
+        for (int j = 0; j < NR; ++j)
 #pragma unroll
-        for (int k = 0; k < 8; ++k)
+            for (int k = 0; k < 8; ++k)
 #pragma unroll
-            for (int e = 0; e < 2; ++e) wr[j][k][e] = (S::ABS ? 0.5f : 1.f) * wrow[j * H + 8 * k + 2 * c + e];
+                for (int e = 0; e < 2; ++e) wr[j][k][e] = (S::ABS ? 0.5f : 1.f) * wrow[j * H + 8 * k + 2 * c + e];
+    }
     // AbsSum: the halved scales of the terms in this lane's columns of row j's term tile (tile j / 2: row j's terms
     // in columns 4 (j % 2) .. + 3; lane c holds columns 2c, 2c + 1), 0 where they are the other row's
     float ts[NR][2];
@@ -646,6 +667,18 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
 #pragma unroll
                             for (int e = 0; e < 4; ++e)
                                 p[e] = fmaf(fabsf(acc[4 * (8 * j + k) + e]), wr[j][k][e & 1], p[e]);
+                    } else if constexpr (S::WSMEM) {
+                        const float4* wq = reinterpret_cast<const float4*>(w_s + c * S::WS_LANE + 16 * (ROW0 + j));
+#pragma unroll
+                        for (int k2 = 0; k2 < 4; ++k2) {  // heads 8k + 2c + {0, 1} for k = 2 k2, 2 k2 + 1
+                            const float4 w4 = wq[k2];
+                            const float w[2][2] = {{w4.x, w4.y}, {w4.z, w4.w}};
+#pragma unroll
+                            for (int k1 = 0; k1 < 2; ++k1)
+#pragma unroll
+                                for (int e = 0; e < 4; ++e)
+                                    p[e] = fmaf(fmaxf(acc[4 * (8 * j + 2 * k2 + k1) + e], 0.f), w[k1][e & 1], p[e]);
+                        }
                     } else {
 #pragma unroll
                         for (int k = 0; k < 8; ++k)

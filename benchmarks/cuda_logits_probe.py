@@ -8,23 +8,23 @@ differences").
 Variants (ops/csrc/paged_logits_sm90.cu's build switches): cuda (production: see the source's Shape), ws
 (SPIN_LOGITS_WEIGHTS_SMEM=1: the epilogue reads the weights from shared memory, production's shapes), w3 (ws with
 three warpgroups on whole blocks at next_n = 3 and at 4: 166 / 168 registers, no spill; the weights in registers
-spilled, run 125), w3-noperwg (w3's loop compiled once, not per warpgroup), w3-s2 (w3 with 2 key blocks in flight
-a block set, 6 stages, at next_n = 3 too), pipe / nopipe (SPIN_LOGITS_PIPELINE=1 / 0: a block's last steps beside
-the next block's MMA, or not), 2cta (SPIN_LOGITS_CTAS_PER_SM=2: the SM's warpgroups in two CTAs; chunks of at most
-128 / 64 blocks, a larger chunk is skipped), no-headsum (SPIN_LOGITS_PROBE=1: no ReLU / weights / head sum),
-no-mma (=2) (the block maxima left out: --nomax), rg / rg1 (SPIN_LOGITS_ROW_GROUPS=2 / 1: at next_n 3-4 two warpgroups a block, each
-on half its rows, or one on all; rg1-nopipe = the next_n = 4 build before run 116), rg3 / rg3x6 (next_n = 3 in
-three row groups of one row, 3 or 6 warpgroups), rg4 (next_n = 4 in four row groups of one row), noroll
-(SPIN_LOGITS_UNROLL=0: the loop not unrolled by stages), perwg / noperwg (SPIN_LOGITS_PER_WG=1 / 0: the loop
-compiled per warpgroup or once), compact (noroll + noperwg), nouni (SPIN_LOGITS_UNIFORM_WG=0), s2 / s3 / s4
-(SPIN_LOGITS_STAGES_PER_WG: key blocks in flight a block set at every next_n), abs (SPIN_LOGITS_ABS_SUM=1: the head
-sum through |s|, one FFMA a score, with row groups at next_n = 3; runs 147-149), each at the launcher's chunk and at
-128 and 256 blocks a CTA; --nomax times every build without block_max_out (its logits-only kernel). Per point
-(B x L x next_n, H = 64, D = 128), CUDA graphs, every build and chunk timed in the same paired rounds (one replay
-of each in turn); us = the median, vs_cuda = the median of per-round ratios to the production build at its default
-chunk. The builds that compute logits (CHECKED) are first checked against the
-torch reference (a build that fails is reported and not timed); the probes compute wrong logits by design and
-are only timed. Writes <out>/cuda_probe.csv and .md.
+spilled, run 125), w3-noperwg (w3's loop compiled once, not per warpgroup), w3-s2 (w3 with 2 key blocks in flight a
+block set, 6 stages, at next_n = 3 too), w3-nopipe (w3 with a block's last steps after its own MMA), pipe / nopipe
+(SPIN_LOGITS_PIPELINE=1 / 0: a block's last steps beside the next block's MMA, or not), 2cta
+(SPIN_LOGITS_CTAS_PER_SM=2: the SM's warpgroups in two CTAs; chunks of at most 128 / 64 blocks, a larger chunk is
+skipped), no-headsum (SPIN_LOGITS_PROBE=1: no ReLU / weights / head sum), no-mma (=2) (the block maxima left out:
+--nomax), rg / rg1 (SPIN_LOGITS_ROW_GROUPS=2 / 1: at next_n 3-4 two warpgroups a block, each on half its rows, or
+one on all; rg1-nopipe = the next_n = 4 build before run 116), rg3 / rg3x6 (next_n = 3 in three row groups of one
+row, 3 or 6 warpgroups), rg4 (next_n = 4 in four row groups of one row), noroll (SPIN_LOGITS_UNROLL=0: the loop not
+unrolled by stages), perwg / noperwg (SPIN_LOGITS_PER_WG=1 / 0: the loop compiled per warpgroup or once), compact
+(noroll + noperwg), nouni (SPIN_LOGITS_UNIFORM_WG=0), s2 / s3 / s4 (SPIN_LOGITS_STAGES_PER_WG: key blocks in flight
+a block set at every next_n), abs (SPIN_LOGITS_ABS_SUM=1: the head sum through |s|, one FFMA a score, with row
+groups at next_n = 3; runs 147-149), each at the launcher's chunk and at 128 and 256 blocks a CTA; --nomax times
+every build without block_max_out (its logits-only kernel). Per point (B x L x next_n, H = 64, D = 128), CUDA
+graphs, every build and chunk timed in the same paired rounds (one replay of each in turn); us = the median, vs_cuda
+= the median of per-round ratios to the production build at its default chunk. The builds that compute logits
+(CHECKED) are first checked against the torch reference (a build that fails is reported and not timed); the probes
+compute wrong logits by design and are only timed. Writes <out>/cuda_probe.csv and .md.
 """
 from __future__ import annotations
 
@@ -47,7 +47,8 @@ from spin_indexer.ops.indexer_logits_triton import CONFIGS  # noqa: E402
 W3 = ("SPIN_LOGITS_WEIGHTS_SMEM=1", "SPIN_LOGITS_MATH_WG_N3=3", "SPIN_LOGITS_MATH_WG_N4=3",
       "SPIN_LOGITS_ROW_GROUPS_N4=1")
 VARIANTS = {"cuda": (), "ws": ("SPIN_LOGITS_WEIGHTS_SMEM=1",), "w3": W3, "w3-noperwg": (*W3, "SPIN_LOGITS_PER_WG=0"),
-            "w3-s2": (*W3, "SPIN_LOGITS_STAGES_PER_WG=2"), "pipe": ("SPIN_LOGITS_PIPELINE=1",),
+            "w3-s2": (*W3, "SPIN_LOGITS_STAGES_PER_WG=2"), "w3-nopipe": (*W3, "SPIN_LOGITS_PIPELINE=0"),
+            "pipe": ("SPIN_LOGITS_PIPELINE=1",),
             "nopipe": ("SPIN_LOGITS_PIPELINE=0",), "2cta": ("SPIN_LOGITS_CTAS_PER_SM=2",),
             "no-headsum": ("SPIN_LOGITS_PROBE=1",), "no-mma": ("SPIN_LOGITS_PROBE=2",),
             "rg": ("SPIN_LOGITS_ROW_GROUPS=2",), "rg1": ("SPIN_LOGITS_ROW_GROUPS=1",),

@@ -1,6 +1,7 @@
 """benchmarks/cuda_logits_registers.py (no GPU: nvcc, and triton's nvdisasm): every instantiation of the CUDA logits
 kernel is found with its block loops, and the count it exists for: the AbsSum build's block loop at next_n = 4 has one
-FFMA a score and no FMNMX, where the library's ReLU build has one FMNMX a score as well."""
+FFMA a score and no FMNMX, where the library's ReLU build has one FMNMX a score as well; the weights-in-shared-memory
+build (cuda_logits_probe's w3) fits three warpgroups on whole blocks at next_n 3 and 4 without spilling."""
 from __future__ import annotations
 
 import pytest
@@ -29,3 +30,22 @@ def test_every_instantiation_and_its_block_loops():
                                                        abs_sum["next_n=4 maxima=no"]["loops"]):
         assert ops_a["FFMA"] == ops_r["FFMA"] == ops_r["FMNMX"] and ops_a["FMNMX"] == 0
         assert size_a < size_r
+
+
+def test_three_warpgroups_on_whole_blocks_fit_with_the_weights_in_shared_memory():
+    # cuda_logits_probe's w3 (issue #17): 384 threads leave 168 registers a thread. With the weights in registers
+    # next_n = 3 spills there (run 125); read from shared memory, next_n = 3 (96 accumulators) and 4 (128) fit, one
+    # block loop a warpgroup, each holding next_n x 64 scores' FMNMX + FFMA a block and the weights' loads
+    variants = import_benchmark("cuda_logits_probe").VARIANTS
+    w3 = _counts_or_skip(variants["w3"])
+    for n, spw in ((3, 4), (4, 2)):  # key blocks a loop iteration (Shape::SPW at next_n 3, 4)
+        for maxima in ("no", "yes"):
+            row = w3[f"next_n={n} maxima={maxima}"]
+            assert row["spill"] == "0/0" and row["registers"] <= 168, row
+            assert len(row["loops"]) == 3, row  # compiled once per warpgroup (PER_WG)
+            for size, ops, spill_inside in row["loops"]:
+                assert not spill_inside and ops["QGMMA"] == 4 * spw
+                assert ops["FFMA"] == n * 32 * spw and ops["FMNMX"] >= n * 32 * spw
+                assert ops["LDS"] >= 4 * n * spw  # four 16-byte loads a row and block: the weights
+    with_registers = _counts_or_skip(tuple(d for d in variants["w3"] if "WEIGHTS_SMEM" not in d))
+    assert with_registers["next_n=3 maxima=yes"]["spill"] != "0/0"

@@ -94,11 +94,12 @@
 #ifndef SPIN_LOGITS_ABS_SUM  // the head sum through ReLU (0, the default) or through |s| (1: see AbsSum below)
 #define SPIN_LOGITS_ABS_SUM 0
 #endif
-// SPIN_LOGITS_WEIGHTS_SMEM (0 / 1, default 0): the epilogue reads the rows' weights from shared memory a block (4
-// 16-byte loads a row) instead of holding them in registers (16 a row), so three warpgroups on whole blocks fit
-// next_n = 3's 96 accumulators in 168 registers (with the weights in registers they spill: run 125)
+// SPIN_LOGITS_WEIGHTS_SMEM (0 / 1; default -1: on where three or more warpgroups take whole blocks at next_n 3-4,
+// none of the library's shapes): the epilogue reads the rows' weights from shared memory a block (4 16-byte loads a
+// row) instead of holding them in registers (16 a row), so three warpgroups on whole blocks fit next_n = 3's 96 and
+// next_n = 4's 128 accumulators in 168 registers (with the weights in registers next_n = 3 spills: run 125)
 #ifndef SPIN_LOGITS_WEIGHTS_SMEM
-#define SPIN_LOGITS_WEIGHTS_SMEM 0
+#define SPIN_LOGITS_WEIGHTS_SMEM -1
 #endif
 
 namespace {
@@ -297,11 +298,6 @@ struct Shape {
     // The |s| head sum (see AbsSum): a row group's query tile in shared memory is its rows' heads, then
     // XT = ceil(rows / 2) tiles of 8 columns holding each row's weighted query as TERMS FP8 terms (4 columns a row)
     static constexpr bool ABS = SPIN_LOGITS_ABS_SUM != 0;
-    static constexpr bool WSMEM = SPIN_LOGITS_WEIGHTS_SMEM != 0;
-    static_assert(!(ABS && WSMEM), "AbsSum's prologue uses the weights' shared memory in its own layout");
-    // WSMEM's layout: lane c's weights of row j are the 16 floats at c * WS_LANE + 16 j (heads 8k + 2c + e, in k then
-    // e order); 4 floats of padding a lane put the four lanes' 16-byte loads on different banks
-    static constexpr int WS_LANE = NEXT_N * 16 + 4;
     static constexpr int XT = ABS ? (ROWS + 1) / 2 : 0;
     static constexpr int QG = ROWS * H + 8 * XT;  // query rows of a row group (a multiple of 8: 1024-byte aligned)
     static constexpr int QROWS = G * QG;
@@ -311,6 +307,12 @@ struct Shape {
     static constexpr int MATH_WG = (MW > 0 ? MW : (G == 3 ? 3 : NEXT_N <= 2 || G >= 2 ? 4 : 2)) / CTAS;
     static_assert(MATH_WG >= 1 && MATH_WG <= 8 && MATH_WG % G == 0, "1-8 math warpgroups, whole block sets");
     static constexpr int BP = MATH_WG / G;  // blocks in flight
+    static constexpr bool WSMEM = SPIN_LOGITS_WEIGHTS_SMEM >= 0 ? SPIN_LOGITS_WEIGHTS_SMEM != 0
+                                                                : NEXT_N >= 3 && G == 1 && BP * CTAS >= 3 && !ABS;
+    static_assert(!(ABS && WSMEM), "AbsSum's prologue uses the weights' shared memory in its own layout");
+    // WSMEM's layout: lane c's weights of row j are the 16 floats at c * WS_LANE + 16 j (heads 8k + 2c + e, in k then
+    // e order); 4 floats of padding a lane put the four lanes' 16-byte loads on different banks
+    static constexpr int WS_LANE = NEXT_N * 16 + 4;
     static constexpr int THREADS = 128 * MATH_WG;
     // key blocks each block set keeps in flight (and the loop's unroll): 4 at next_n = 2 (0.97-0.98x the time of 3)
     // and 3 (0.986x), 2 at next_n = 4 (0.96x), 3 at next_n = 1 (paired rounds, run 122)

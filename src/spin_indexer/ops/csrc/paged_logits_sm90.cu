@@ -313,6 +313,7 @@ struct Shape {
     // WSMEM's layout: lane c's weights of row j are the 16 floats at c * WS_LANE + 16 j (heads 8k + 2c + e, in k then
     // e order); 4 floats of padding a lane put the four lanes' 16-byte loads on different banks
     static constexpr int WS_LANE = NEXT_N * 16 + 4;
+    static constexpr int W_FLOATS = WSMEM ? 4 * WS_LANE : NEXT_N * H;  // the weights' shared memory (floats)
     static constexpr int THREADS = 128 * MATH_WG;
     // key blocks each block set keeps in flight (and the loop's unroll): 4 at next_n = 2 (0.97-0.98x the time of 3)
     // and 3 (0.986x), 2 at next_n = 4 (0.96x), 3 at next_n = 1 (paired rounds, run 122)
@@ -323,7 +324,7 @@ struct Shape {
         return 1024                                  // slack to align the tiles to 1024 bytes
                + QROWS * D                           // q [QROWS, 128]
                + NEXT_N * TERMS * 4                  // the terms' scales (AbsSum)
-               + NEXT_N * H * 4 + (WSMEM ? 64 : 0)   // the rows' weights (AbsSum's prologue; WSMEM's, padded)
+               + W_FLOATS * 4                        // the rows' weights (AbsSum's prologue, or WSMEM's)
                + STAGES * (KEY_BYTES + SCALE_BYTES)  // key tiles and their scales
                + chunk * NEXT_N * 32 * 4             // block-max partials [block][row][warp, quad]
                + chunk * 4                           // the chunk's block ids
@@ -456,7 +457,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     int* ids_s = reinterpret_cast<int*>(pmax_s + S::PMAX_FLOATS);
     float* sigma_s = reinterpret_cast<float*>(ids_s + S::CHUNK_MAX);  // [NEXT_N][TERMS] halved term scales
     float* w_s = sigma_s + NEXT_N * TERMS;  // the rows' weights: [NEXT_N][64] (AbsSum), Shape::WS_LANE's (WSMEM)
-    uint64_t* full = reinterpret_cast<uint64_t*>(w_s + NEXT_N * H + (S::WSMEM ? 16 : 0));
+    uint64_t* full = reinterpret_cast<uint64_t*>(w_s + S::W_FLOATS);
     uint64_t* empty = full + STAGES;
     uint64_t* q_bar = empty + STAGES;
 
@@ -545,8 +546,10 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     // w[row ROW0 + j, head 8k + 2c + e]: the heads of this thread's accumulator columns (WSMEM: none here, the
     // epilogue reads them from w_s)
     float wr[S::WSMEM ? 1 : NR][8][2];
-    const float* wrow = weights + (int64_t(b) * NEXT_N + ROW0) * H;
-    if constexpr (!S::WSMEM) {
+    if constexpr (S::WSMEM) {
+        (void)wr;
+    } else {
+        const float* wrow = weights + (int64_t(b) * NEXT_N + ROW0) * H;
 #pragma unroll
         for (int j = 0; j < NR; ++j)
 #pragma unroll

@@ -12,7 +12,9 @@ PAIRED_ROUNDS rounds (one replay of each in turn); us = the median, vs_deepgemm 
   own_cuda:<launch>   the CUDA kernel for SM90 (ops/indexer_logits_cuda.py: math warpgroups on blocks in turn,
                       each refilling its own TMA stages), blocks a CTA c<chunk> or the launcher's default; -nomax:
                       without block_max_out (the build that writes the logits only, as DeepGEMM's; SPIN's step asks
-                      for the maxima); built with nvcc in the run; a failed build or check drops it from the run
+                      for the maxima); built with nvcc in the run; a failed build or check drops it from the run;
+                      cuda...+switches: the build of --cuda-defines NAME=VALUE,... (cuda_logits_probe.py's
+                      switches, e.g. a shape to be made the default: the report names them) beside the library's
   deepgemm            DeepGEMM fp8_paged_mqa_logits at this next_n (n <= 2, where deep_gemm imports)
   deepgemm_per_row    DeepGEMM at next_n = 1 over the B x next_n rows as requests (each row reads its own
                       keys: the cost of an engine that flattens MTP rows)
@@ -37,6 +39,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -116,7 +119,8 @@ def config_name(cfg: LogitsConfig | CudaLaunch) -> str:
     """g<rows per MMA>w<warps>s<stages>[r<register cap>][p: scale prefetch one block ahead, p2: two]
     [t<target programs>]; a CudaLaunch: cuda[-c<chunk>]."""
     if isinstance(cfg, CudaLaunch):
-        return "cuda" + (f"-c{cfg.chunk}" if cfg.chunk else "") + ("" if cfg.maxima else "-nomax")
+        return ("cuda" + (f"-c{cfg.chunk}" if cfg.chunk else "") + ("" if cfg.maxima else "-nomax")
+                + ("+switches" if cfg.defines else ""))
     name = f"g{cfg.group}w{cfg.num_warps}s{cfg.num_stages}"
     name += f"r{cfg.max_registers}" if cfg.max_registers else ""
     name += {0: "", 1: "p", 2: "p2"}[cfg.prefetch]
@@ -230,21 +234,22 @@ def run(inputs: Inputs, provider: str, cfg: LogitsConfig | CudaLaunch | None):
 
 
 def check(have_dg: bool, env: dict, have_cuda: bool = False) -> None:
-    """Every provider and config against the torch reference on a small odd shape; raises on a mismatch (the
-    CUDA kernel's failure drops it from CUDA_LAUNCHES instead, logged and kept in env["cuda_failed"])."""
+    """Every provider and config against the torch reference on a small odd shape; raises on a mismatch (a CUDA
+    build's failure drops that build's launches from CUDA_LAUNCHES instead, logged and kept in env["cuda_failed"])."""
     torch.backends.cuda.matmul.allow_tf32 = False
     for n in sorted(CANDIDATES):
         x, ref, live = check_inputs(n)
         for provider, cfg in providers(n, have_dg, have_cuda and bool(CUDA_LAUNCHES)):
+            if provider == "own_cuda" and cfg not in CUDA_LAUNCHES:  # its build failed at this next_n
+                continue
             try:
                 _check_one(x, provider, cfg, n, ref, live, env)
             except Exception as exc:
                 if provider != "own_cuda":
                     raise
-                log(f"own_cuda {config_name(cfg)} n={n} failed ({exc!r:.300}): the CUDA kernel is dropped")
-                env["cuda_failed"] = f"{config_name(cfg)} n={n}: {exc!r:.300}"
-                CUDA_LAUNCHES.clear()
-                break
+                log(f"own_cuda {config_name(cfg)} n={n} failed ({exc!r:.300}): that build is dropped")
+                env.setdefault("cuda_failed", []).append(f"{config_name(cfg)} n={n}: {exc!r:.300}")
+                CUDA_LAUNCHES[:] = [launch for launch in CUDA_LAUNCHES if launch.defines != cfg.defines]
         del x
     log(f"checks passed ({len(env['checks'])} provider x next_n)")
 
@@ -363,6 +368,8 @@ def write_report(out_dir: str, rows: list[dict], env: dict, command: str) -> lis
              f"{env.get('triton')}, CUDA {env.get('cuda')}, commit {env.get('commit')}, DeepGEMM "
              f"{'yes' if env.get('deepgemm') else 'no'}",
              f"- command: `{command}`",
+             "- CUDA kernel builds (own_cuda rows): the library's"
+             + (f"; +switches: built with {', '.join(env['cuda_defines'])}" if env.get("cuda_defines") else ""),
              f"- copy bandwidth (read + written): {env.get('copy_GBps', float('nan')):.0f} GB/s; FP8 MMA peak "
              f"(torch._scaled_mm, fast accumulation): {env.get('fp8_peak_tflops', float('nan')):.0f} TFLOP/s",
              f"- checks vs paged_indexer_logits_ref: worst rel. error "
@@ -380,10 +387,20 @@ def write_report(out_dir: str, rows: list[dict], env: dict, command: str) -> lis
     return lines
 
 
-def cuda_kernel_available(env: dict) -> bool:
-    """Whether the CUDA kernel builds and takes this benchmark's shapes here (why not: env["cuda_build"])."""
+def cuda_defines(text: str) -> tuple[str, ...]:
+    """--cuda-defines' switches, each SPIN_LOGITS_<NAME>=<int> (ValueError naming the bad one)."""
+    defines = tuple(d.strip() for d in text.split(",") if d.strip())
+    for d in defines:
+        if not re.fullmatch(r"SPIN_LOGITS_[A-Z0-9_]+=-?\d+", d):
+            raise ValueError(f"--cuda-defines: expected SPIN_LOGITS_<NAME>=<int> items, got {d!r}")
+    return defines
+
+
+def cuda_kernel_available(env: dict, defines: tuple[str, ...] = ()) -> bool:
+    """Whether the CUDA kernel builds (with `defines`: that build) and takes this benchmark's shapes here (why not:
+    env["cuda_build"])."""
     try:
-        indexer_logits_cuda.build()
+        indexer_logits_cuda.build(defines=defines)
     except RuntimeError as exc:
         env["cuda_build"] = str(exc)[-300:]
         return False
@@ -411,7 +428,17 @@ def main(argv=None) -> int:
     p.add_argument("--points", default=None,
                    help="comma list of BxLxN points (BxLxNxS: SPIN's compact table at sparsity S) instead of CASES")
     p.add_argument("--budget-s", type=float, default=120, help="start no new point after this many seconds")
+    p.add_argument("--cuda-defines", default="",
+                   help="comma list of SPIN_LOGITS_<NAME>=<int> build switches for the CUDA kernel's own_cuda rows "
+                        "(default: none, the library's build)")
     args = p.parse_args(argv)
+    try:
+        defines = cuda_defines(args.cuda_defines)
+    except ValueError as exc:
+        p.error(str(exc))
+    if defines:  # that build beside the library's, at the launcher's chunk and 256, with and without maxima
+        CUDA_LAUNCHES.extend(CudaLaunch(chunk, defines, maxima) for chunk, maxima in ((None, True), (256, True),
+                                                                                    (None, False)))
     os.makedirs(args.out, exist_ok=True)
     command = "python benchmarks/bench_mtp_logits.py " + " ".join(argv if argv is not None else sys.argv[1:])
     dry = DEVICE == "cpu"
@@ -420,7 +447,8 @@ def main(argv=None) -> int:
     env["deepgemm"] = have_dg = (not dry) and deepgemm.available()
     env["copy_GBps"] = copy_bandwidth_gbps() if not dry else 4170.0
     env["fp8_peak_tflops"] = fp8_mma_peak_tflops()
-    env["cuda_kernel"] = have_cuda = (not dry) and cuda_kernel_available(env)
+    env["cuda_defines"] = list(defines)
+    env["cuda_kernel"] = have_cuda = (not dry) and cuda_kernel_available(env, defines)
     log(json.dumps(env))
     check(have_dg, env, have_cuda)
     log(f"check done at {time.time() - t0:.0f} s")

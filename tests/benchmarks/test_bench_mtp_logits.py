@@ -76,7 +76,7 @@ def test_a_failing_cuda_kernel_is_dropped_not_fatal(monkeypatch):
     monkeypatch.setattr(bench.indexer_logits_cuda, "paged_indexer_logits_cuda", broken)
     env = {}
     bench.check(False, env, have_cuda=True)
-    assert "the launch failed" in env["cuda_failed"] and bench.CUDA_LAUNCHES == []
+    assert any("the launch failed" in e for e in env["cuda_failed"]) and bench.CUDA_LAUNCHES == []
     assert {"own:g1w4s3_n1_rel_err", "own:g2w4s3p_n2_rel_err"} <= set(env["checks"])
     assert not any(k.startswith("own_cuda") for k in env["checks"])
     assert [p for p, _ in bench.providers(2, False, True)].count("own_cuda") == 0
@@ -126,3 +126,42 @@ def test_points_take_an_optional_sparsity():
     assert kept % T_ONE == 0 and 0 < kept < case["ctx"]
     assert bench.key_bytes(case) == bench.key_bytes(dict(batch=96, ctx=kept, next_n=4))
     assert bench.mma_flops(case) == bench.mma_flops(dict(batch=96, ctx=kept, next_n=4))
+
+
+def test_cuda_defines_name_a_build_and_reject_anything_else():
+    """--cuda-defines: the probe's switches (a shape to be made the default timed in the #17 table), each
+    SPIN_LOGITS_<NAME>=<int>; anything else is refused before a kernel builds."""
+    bench = import_benchmark("bench_mtp_logits")
+    assert bench.cuda_defines("") == ()
+    assert bench.cuda_defines("SPIN_LOGITS_MATH_WG_N3=3, SPIN_LOGITS_WEIGHTS_SMEM=-1") == (
+        "SPIN_LOGITS_MATH_WG_N3=3", "SPIN_LOGITS_WEIGHTS_SMEM=-1")
+    for bad in ("MATH_WG_N3=3", "SPIN_LOGITS_MATH_WG_N3", "SPIN_LOGITS_X=3;rm", "SPIN_LOGITS_X=a"):
+        with pytest.raises(ValueError, match="--cuda-defines: expected SPIN_LOGITS_<NAME>=<int>"):
+            bench.cuda_defines(f"SPIN_LOGITS_MATH_WG_N3=3,{bad}")
+
+
+def test_a_failing_switches_build_is_dropped_alone(monkeypatch):
+    """With --cuda-defines the switches' build is timed beside the library's: a check failing in that build drops
+    its launches only (each logged in env["cuda_failed"]); every other provider of that next_n is still checked."""
+    bench = import_benchmark("bench_mtp_logits")
+    switches = ("SPIN_LOGITS_MATH_WG_N3=3",)
+    library = list(bench.CUDA_LAUNCHES)
+    monkeypatch.setattr(bench, "CUDA_LAUNCHES", library + [bench.CudaLaunch(None, switches),
+                                                           bench.CudaLaunch(256, switches)])
+    monkeypatch.setattr(bench, "CANDIDATES", {3: bench.CANDIDATES[3][:1]})
+    monkeypatch.setattr(bench, "check_inputs", lambda n: (None, None, None))
+    checked = []
+
+    def check_one(x, provider, cfg, n, ref, live, env):
+        checked.append((provider, cfg))
+        if provider == "own_cuda" and cfg.defines:
+            raise AssertionError("logits differ")
+        env.setdefault("checks", {})[f"{provider}:{bench.config_name(cfg) if cfg else ''}_n{n}"] = 0.0
+    monkeypatch.setattr(bench, "_check_one", check_one)
+    env = {}
+    bench.check(True, env, have_cuda=True)
+    assert bench.CUDA_LAUNCHES == library  # the library's launches stay
+    assert len(env["cuda_failed"]) == 1 and "cuda+switches n=3" in env["cuda_failed"][0]
+    assert ("own_cuda", bench.CudaLaunch(256, switches)) not in checked  # its build already failed
+    assert [p for p, _ in checked].count("deepgemm_per_row") == 1  # the providers after it still checked
+    assert bench.config_name(bench.CudaLaunch(256, switches, maxima=False)) == "cuda-c256-nomax+switches"

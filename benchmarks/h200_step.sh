@@ -11,7 +11,8 @@
 #                                               ptxas counts of the device's triton in registers.log (7 files back)
 #   bash benchmarks/h200_step.sh cuda [ARGS]    the CUDA logits kernel (issue #17): its tests under a 60 s limit (a
 #                                               hung kernel must not eat the call), then, unless they hung,
-#                                               benchmarks/cuda_logits_probe.py (ARGS go to it) under 200 s
+#                                               benchmarks/cuda_logits_probe.py (ARGS go to it) under 200 s, and
+#                                               with CUDA_MTP='ARGS' bench_mtp_logits.py (those ARGS) into $OUT/mtp
 #   bash benchmarks/h200_step.sh ncu [ARGS]     Nsight Compute over benchmarks/ncu_kernels.py (one launch of each
 #                                               kernel of the step and of the MTP logits) in $OUT/ncu.txt
 #   bash benchmarks/h200_step.sh summary [ARGS] the summary mix (issue #18): its CUDA tests under a limit (a hung
@@ -83,6 +84,10 @@ case "$stage" in
         if [ $rc -ne 124 ] && [ $rc -ne 137 ]; then
             timeout -k 5 "${CUDA_PROBE_S:-200}" python3 benchmarks/cuda_logits_probe.py --out "$OUT/probe" "$@" 2>&1 \
                 | tee "$OUT/probe.log" | grep -E "^point|^- builds|^total|Error|error" | cut -c1-700
+            if [ -n "${CUDA_MTP:-}" ]; then  # then #17's table (bench_mtp_logits, these arguments) in the same call
+                timeout -k 5 "${CUDA_MTP_S:-240}" python3 benchmarks/bench_mtp_logits.py --out "$OUT/mtp" $CUDA_MTP 2>&1 \
+                    | tee "$OUT/mtp.log" | grep -E "^B=|^- |^total|Error|error" | cut -c1-400
+            fi
         fi ;;
     ncu)  # Nsight Compute counters of one launch of each kernel of benchmarks/ncu_kernels.py's parts (ARGS go
           # to it); works on Firecracker machines only (KINDS.md); the text report in $OUT/ncu.txt. NCU_KERNELS

@@ -117,7 +117,7 @@ def log(*a):
 
 def config_name(cfg: LogitsConfig | CudaLaunch) -> str:
     """g<rows per MMA>w<warps>s<stages>[r<register cap>][p: scale prefetch one block ahead, p2: two]
-    [t<target programs>]; a CudaLaunch: cuda[-c<chunk>]."""
+    [t<target programs>]; a CudaLaunch: cuda[-c<chunk>][-nomax][+switches: the --cuda-defines build]."""
     if isinstance(cfg, CudaLaunch):
         return ("cuda" + (f"-c{cfg.chunk}" if cfg.chunk else "") + ("" if cfg.maxima else "-nomax")
                 + ("+switches" if cfg.defines else ""))
@@ -396,11 +396,10 @@ def cuda_defines(text: str) -> tuple[str, ...]:
     return defines
 
 
-def cuda_kernel_available(env: dict, defines: tuple[str, ...] = ()) -> bool:
-    """Whether the CUDA kernel builds (with `defines`: that build) and takes this benchmark's shapes here (why not:
-    env["cuda_build"])."""
+def cuda_kernel_available(env: dict) -> bool:
+    """Whether the CUDA kernel builds and takes this benchmark's shapes here (why not: env["cuda_build"])."""
     try:
-        indexer_logits_cuda.build(defines=defines)
+        indexer_logits_cuda.build()
     except RuntimeError as exc:
         env["cuda_build"] = str(exc)[-300:]
         return False
@@ -448,7 +447,13 @@ def main(argv=None) -> int:
     env["copy_GBps"] = copy_bandwidth_gbps() if not dry else 4170.0
     env["fp8_peak_tflops"] = fp8_mma_peak_tflops()
     env["cuda_defines"] = list(defines)
-    env["cuda_kernel"] = have_cuda = (not dry) and cuda_kernel_available(env, defines)
+    env["cuda_kernel"] = have_cuda = (not dry) and cuda_kernel_available(env)
+    if have_cuda and defines:  # the switches' build failing leaves the library's rows
+        try:
+            indexer_logits_cuda.build(defines=defines)
+        except RuntimeError as exc:
+            env["cuda_switches_build"] = str(exc)[-300:]
+            CUDA_LAUNCHES[:] = [launch for launch in CUDA_LAUNCHES if not launch.defines]
     log(json.dumps(env))
     check(have_dg, env, have_cuda)
     log(f"check done at {time.time() - t0:.0f} s")

@@ -32,6 +32,7 @@ def test_issue_bound_covers_named_policies_at_the_bounded_sparsities():
     assert issue_bound("spin-0.3") == 1.0 and issue_bound("spin-0.4-profile") == 2.0
     assert issue_bound("spin-layers-mix@0.3") == 1.0 and issue_bound("spin-default@0.4") == 2.0
     assert issue_bound("spin-layers-mix@0.5") is None  # #18 bounds 30% and 40% only
+    assert issue_bound("mtp3-spin-layers-mix@0.3") is None  # nor MTP configs (one row a step)
     assert issue_bound("spin-0.5") is None and issue_bound("all-keep") is None and issue_bound("dense") is None
     assert issue_bound("@0.3") is None and issue_bound("spin-layers-mix@x") is None
 

@@ -202,6 +202,27 @@ def test_runner_tiny_model():
     assert math.isnan(by["dense"]["mean_miss"]) and by["all-keep"]["mean_miss"] == 0.0
 
 
+def test_mtp_policy_configs_decode_as_the_long_name_with_the_same_rows():
+    """mtp<N>-<policy>@<s>: the policy's SpinConfig at N rows a step; on the tiny model it decodes exactly as the
+    long name of the same SpinConfig with the same prefix (mtp2-spin-default@0.3 is mtp2-spin-0.3)."""
+    policy = q.parse_config("mtp2-spin-default@0.3")
+    assert (policy.kind, policy.sparsity, policy.next_n, policy.policy) == ("spin", 0.3, 2, "spin-default")
+    assert q.parse_config("mtp3-spin-layers-mix@0.4").next_n == 3 and q.parse_config("spin-default@0.3").next_n == 1
+    assert policy.spin_config(64, 0) == q.parse_config("mtp2-spin-0.3").spin_config(64, 0)
+    runner = q.QualityRunner(_tiny(), _text, mode="oracle", k=64, seed=0)
+    rows = runner.run(_prompt(1), [policy, q.parse_config("mtp2-spin-0.3")], _score)
+    assert rows[0]["text"] == rows[1]["text"] and rows[0]["acceptance"] == rows[1]["acceptance"]
+    assert torch.equal(rows[0]["miss_values"], rows[1]["miss_values"])
+
+
+@pytest.mark.parametrize("bad, needle", [("mtp1-spin-default@0.3", "policy: expected one of"),
+                                         ("mtp9-spin-default@0.3", "policy: expected one of"),
+                                         ("mtp2-nope@0.3", "policy: expected one of")])
+def test_mtp_policy_configs_reject(bad, needle):
+    with pytest.raises(ValueError, match=needle):
+        q.parse_config(bad)
+
+
 def test_runner_miss_is_the_dense_topk_outside_kept_blocks():
     """spin-0.0 keeps every block: zero miss; the same output as all-keep (same top-k each step)."""
     runner = q.QualityRunner(_tiny(1), _text, mode="oracle", k=64)

@@ -24,7 +24,8 @@ POLICY_BOUNDS = {0.3: 1.0, 0.4: 2.0}
 
 def issue_bound(config: str) -> float | None:
     """issue #18's bound (score points) for a quality config name, None where it sets none: the names of
-    ISSUE_BOUNDS, and `<policy>@0.3` / `<policy>@0.4` for any policy of predictor/policies.py."""
+    ISSUE_BOUNDS, and `<policy>@0.3` / `<policy>@0.4` for any policy of predictor/policies.py (one row a step: the
+    bounds are not set for mtp<N>- names)."""
     if config in ISSUE_BOUNDS:
         return ISSUE_BOUNDS[config]
     if "@" not in config:
@@ -32,9 +33,10 @@ def issue_bound(config: str) -> float | None:
     from .quality import parse_config  # the one reader of <policy>@<s> names (imported here: it needs torch)
 
     try:
-        return POLICY_BOUNDS.get(parse_config(config).sparsity)
+        parsed = parse_config(config)
     except ValueError:  # not a config name
         return None
+    return POLICY_BOUNDS.get(parsed.sparsity) if parsed.next_n == 1 else None
 
 
 @dataclass(frozen=True)

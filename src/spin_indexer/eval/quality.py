@@ -13,7 +13,8 @@ greedily decodes from a copy of that cache:
                         1024 tokens mix (SpinConfig.summary_below); -sum<w>...-quiet: the requests that mix do
                         not explore (SpinConfig.summary_explores = False; the others do); lightning mode only
     <policy>@<s>        SPIN with a named policy of predictor/policies.py at sparsity s (its SpinConfig as
-                        get_policy builds it), e.g. spin-layers-mix@0.3: the shipped head's chosen default
+                        get_policy builds it), e.g. spin-layers-mix@0.3: the shipped head's chosen default;
+                        mtp<N>-<policy>@<s>: the same with N rows a step
     adaptive-<t>        SPIN with adaptive per-(layer, request) budgets, per-audit (p99) miss target t, starting
                         at PRESETS["adaptive"]'s sparsity and menu (predictor/adaptive.py); sparsity = realized
     mtp<N>-all-keep     next_n = N rows per step; drafts = the all-keep greedy continuation of the sample
@@ -55,7 +56,7 @@ _NAME = re.compile(rf"^(?:mtp(?P<n>[2-8])-)?(?:(?P<dense>dense)|(?P<allkeep>all-
                    rf"adaptive-(?P<t>{_NUM}))$")
 _FORMS = ("dense, all-keep, spin-<s>, spin-<s>-noexp, spin-<s>-hybrid<w>[-noexp], "
           "spin-<s>[-hybrid<w>]-sum<w>[x<S>][b<K>k][-quiet][-noexp], spin-<s>[-hybrid<w>][-noexp]-block (block grain), "
-          "spin-<s>[...]-profile (with --sparsity-profile), <policy>@<s> (a name of predictor/policies.py), "
+          "spin-<s>[...]-profile (with --sparsity-profile), [mtp<N>-]<policy>@<s> (a name of predictor/policies.py), "
           "adaptive-<t>, mtp<N>-all-keep, "
           "mtp<N>-spin-<s>[...], mtp<N>-adaptive-<t> (0 <= s < 1, 0 <= w <= 1, 0 <= t <= 1, 2 <= N <= 8)")
 CSV_COLUMNS = ("task", "context", "config", "samples", "score", "mean_miss", "p99_miss")
@@ -147,10 +148,12 @@ def parse_config(name: str) -> QualityConfig:
 
 def _parse_policy_config(name: str) -> QualityConfig:
     """'spin-layers-mix@0.3' -> a spin QualityConfig whose SpinConfig is that policy's at sparsity 0.3 (ValueError
-    naming the policy, or the sparsity where the policy has no calibrated budgets there)."""
+    naming the policy, or the sparsity where the policy has no calibrated budgets there); 'mtp3-spin-layers-mix@0.3':
+    the same at next_n = 3."""
     from ..predictor.policies import get_policy, policy_names
 
-    policy, _, sparsity = name.rpartition("@")
+    m = re.match(r"mtp([2-8])-", name)
+    policy, _, sparsity = name[m.end() if m else 0:].rpartition("@")
     if policy not in policy_names():
         raise ValueError(f"config {name!r}: policy: expected one of {', '.join(policy_names())}, got {policy!r}")
     if not re.fullmatch(_NUM, sparsity):
@@ -158,7 +161,8 @@ def _parse_policy_config(name: str) -> QualityConfig:
     s = float(sparsity)
     check_range(f"config {name!r}: sparsity", s, low=0.0, high=1.0, high_open=True)
     spin = get_policy(policy, s)  # raises for a layered policy at a sparsity it was not calibrated at
-    return QualityConfig(name, "spin", s, spin.gamma > 0, summary=spin.summary, policy=policy)
+    return QualityConfig(name, "spin", s, spin.gamma > 0, int(m.group(1)) if m else 1, summary=spin.summary,
+                         policy=policy)
 
 
 def wilson_interval(p: float, n: int, z: float = 1.959964) -> tuple[float, float]:

@@ -133,6 +133,8 @@ def test_quality_report_only_default_out(tmp_path, monkeypatch, capsys):
 def test_quality_report_reads_xz_samples_once(tmp_path):
     import lzma
 
+    from spin_indexer.cli import quality
+
     def row(seed, config, score):
         return json.dumps({"task": "vt", "context": 300, "seed": seed, "config": config, "indexer": "oracle",
                            "topk": 64, "score": score, "steps": 1, "text": "w7"}) + "\n"
@@ -148,9 +150,13 @@ def test_quality_report_reads_xz_samples_once(tmp_path):
             return {r["task"]: (r["samples"], r["score"]) for r in csv.DictReader(f)}
     samples, score = counted()["all"]
     assert samples == "3" and float(score) == pytest.approx(200 / 3)  # the archive's rows and the plain file's
-    # `xz -dk` beside the archive, one row appended since: the plain file only, no row twice
+    # `xz -dk` beside the archive, one row appended since: every row once
     (src / "samples-a.jsonl").write_text(packed + row(3, "all-keep", 1.0))
     assert counted()["all"][0] == "4"
+    # a run resumed from the archive: its new row alone in the plain file, the archive's rows still counted
+    (src / "samples-a.jsonl").write_text(row(3, "all-keep", 1.0))
+    assert counted()["all"][0] == "4"
+    assert len(list(quality._lines(src))) == 4 and len(quality._done_keys(src, "oracle", 64)) == 4
 
 
 def test_quality_report_only_without_samples(tmp_path, capsys):

@@ -303,21 +303,25 @@ def _command(args) -> str:
 
 def sample_files(folder: Path) -> list[Path]:
     """The samples*.jsonl of `folder` and the xz-compressed ones (samples*.jsonl.xz, as results are committed),
-    sorted; where both X.jsonl and X.jsonl.xz are there only X.jsonl (decompressed beside its archive with
-    `xz -dk`, or resumed into since), so that no row is read twice."""
-    plain = sorted(folder.glob("samples*.jsonl"))
-    packed = [p for p in sorted(folder.glob("samples*.jsonl.xz")) if p.with_suffix("") not in plain]
-    return sorted(plain + packed)
+    sorted."""
+    return sorted([*folder.glob("samples*.jsonl"), *folder.glob("samples*.jsonl.xz")])
 
 
 def _lines(out: Path):
+    """The rows (json lines) of the folder's sample files. Where X.jsonl sits beside X.jsonl.xz it holds the
+    archive's rows again (decompressed with `xz -dk`) or only the rows a run resumed from the archive appended
+    since, or both: each row of the pair is read once (a row is one cell's result: a line twice is one row)."""
     import lzma
 
+    seen: dict[str, set] = {}  # stem X -> the lines read from its other file
     for path in sample_files(out):
-        text = lzma.decompress(path.read_bytes()).decode() if path.suffix == ".xz" else path.read_text()
-        for line in text.splitlines():
-            if line.strip():
-                yield line
+        packed = path.suffix == ".xz"
+        stem = str(path.with_suffix("")) if packed else str(path)
+        text = lzma.decompress(path.read_bytes()).decode() if packed else path.read_text()
+        other = seen.get(stem, set())
+        lines = [line for line in text.splitlines() if line.strip()]
+        yield from (line for line in lines if line not in other)
+        seen[stem] = set(lines)
 
 
 def _weights_id(path: Path) -> str:

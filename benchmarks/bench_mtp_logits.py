@@ -197,6 +197,8 @@ class Inputs:
 
     def own_cuda(self, launch: CudaLaunch):
         lib = indexer_logits_cuda.load_library(launch.defines) if launch.defines else None
+        if launch.defines and lib is None:  # never the library's build timed under the switches' name
+            raise RuntimeError(f"the CUDA kernel built with {', '.join(launch.defines)} does not build or load")
         return lambda: indexer_logits_cuda.paged_indexer_logits_cuda(
             self.q, self.cache, self.w, self.lens, self.table, validate=False, out=self.out,
             block_max_out=self.bmax if launch.maxima else None, chunk=launch.chunk, library=lib,

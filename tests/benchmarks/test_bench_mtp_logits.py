@@ -165,3 +165,14 @@ def test_a_failing_switches_build_is_dropped_alone(monkeypatch):
     assert ("own_cuda", bench.CudaLaunch(256, switches)) not in checked  # its build already failed
     assert [p for p, _ in checked].count("deepgemm_per_row") == 1  # the providers after it still checked
     assert bench.config_name(bench.CudaLaunch(256, switches, maxima=False)) == "cuda-c256-nomax+switches"
+
+
+def test_a_switches_launch_never_falls_back_to_the_library(monkeypatch):
+    """A switches build that does not load raises (the check then drops it) rather than timing the library's
+    build under the switches' name (indexer_logits_cuda.paged_indexer_logits_cuda runs the library's when given
+    library=None)."""
+    bench = import_benchmark("bench_mtp_logits")
+    monkeypatch.setattr(bench.indexer_logits_cuda, "load_library", lambda defines=(): None)
+    with pytest.raises(RuntimeError, match="built with SPIN_LOGITS_MATH_WG_N3=3 does not build or load"):
+        bench.Inputs.own_cuda(None, bench.CudaLaunch(None, ("SPIN_LOGITS_MATH_WG_N3=3",)))
+    assert callable(bench.Inputs.own_cuda(None, bench.CudaLaunch()))  # the library's: no switches, no library

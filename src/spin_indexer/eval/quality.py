@@ -48,7 +48,8 @@ DEFAULT_CONFIGS = (("dense", "all-keep") + tuple(f"spin-{s}" for s in _SPARSITIE
                    + tuple(f"spin-{s}-noexp" for s in _SPARSITIES) + ("mtp3-all-keep", "mtp3-spin-0.4"))
 DEFAULT_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "vt")
 _NUM = r"0?\.\d+|0|1(?:\.0*)?"  # range-checked after parsing
-_NAME = re.compile(rf"^(?:mtp(?P<n>[2-8])-)?(?:(?P<dense>dense)|(?P<allkeep>all-keep)|"
+_MTP = re.compile(r"mtp(?P<n>[2-8])-")  # the MTP prefix of every name form: N rows a step
+_NAME = re.compile(rf"^(?:{_MTP.pattern})?(?:(?P<dense>dense)|(?P<allkeep>all-keep)|"
                    rf"spin-(?P<s>{_NUM})(?:-hybrid(?P<w>{_NUM}))?"
                    rf"(?:-sum(?P<sw>{_NUM})(?:x(?P<sp>\d+))?(?:b(?P<sb>\d+)k)?(?P<quiet>-quiet)?)?"
                    rf"(?P<noexp>-noexp)?(?P<block>-block)?"
@@ -152,7 +153,7 @@ def _parse_policy_config(name: str) -> QualityConfig:
     the same at next_n = 3."""
     from ..predictor.policies import get_policy, policy_names
 
-    m = re.match(r"mtp([2-8])-", name)
+    m = _MTP.match(name)
     policy, _, sparsity = name[m.end() if m else 0:].rpartition("@")
     if policy not in policy_names():
         raise ValueError(f"config {name!r}: policy: expected one of {', '.join(policy_names())}, got {policy!r}")
@@ -161,7 +162,7 @@ def _parse_policy_config(name: str) -> QualityConfig:
     s = float(sparsity)
     check_range(f"config {name!r}: sparsity", s, low=0.0, high=1.0, high_open=True)
     spin = get_policy(policy, s)  # raises for a layered policy at a sparsity it was not calibrated at
-    return QualityConfig(name, "spin", s, spin.gamma > 0, int(m.group(1)) if m else 1, summary=spin.summary,
+    return QualityConfig(name, "spin", s, spin.gamma > 0, int(m["n"]) if m else 1, summary=spin.summary,
                          policy=policy)
 
 

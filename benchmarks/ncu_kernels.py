@@ -24,7 +24,17 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 PARTS = ("step96", "step96x512k", "step1", "step1x1m", "dense1", "dense1x1m", "mtp2", "mtp4", "plan96x128k",
          "plan96x512k", "plan96x1m", "plan8x128k",
-         "plan1x128k", "cuda2", "cuda4", "cuda2-compact", "cuda4-rg1", "cuda3-rg", "dg2", "mix8x8k", "mix96x128k")
+         "plan1x128k", "cuda2", "cuda4", "dg2", "mix8x8k", "mix96x128k")
+
+
+def known_part(part: str) -> bool:
+    """A name of PARTS, or cudaN / cudaN-VARIANT (N in 1-4, VARIANT a cuda_logits_probe build): those are many."""
+    if part in PARTS:
+        return True
+    if not (part.startswith("cuda") and part[4:5] in "1234" and len(part) >= 5):
+        return False
+    from cuda_logits_probe import VARIANTS
+    return len(part) == 5 or (part[5] == "-" and part[6:] in VARIANTS)
 
 
 def spin_step(batch: int, ctx: int, measured_layers: int = 2, dense: bool = False) -> None:
@@ -133,8 +143,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     parts = [x for x in args.parts.split(",") if x]
     for part in parts:
-        if part not in PARTS:
-            raise SystemExit(f"--parts: expected names from {', '.join(PARTS)}, got {part!r}")
+        if not known_part(part):
+            raise SystemExit(f"--parts: expected names from {', '.join(PARTS)} or cudaN-VARIANT (N 1-4, VARIANT a "
+                             f"cuda_logits_probe build), got {part!r}")
     for part in parts:
         if part == "step96":
             spin_step(96, 131072)

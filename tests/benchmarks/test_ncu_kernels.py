@@ -21,3 +21,15 @@ def test_mix_select_part_runs_dry():
     proc = run_benchmark_dry("ncu_kernels.py", ["--parts", "mix8x8k"], timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     assert "mix8x8k: done" in proc.stdout
+
+
+@pytest.mark.parametrize("part, known", [("cuda3-w3", True), ("cuda4-ws", True), ("cuda2", True), ("cuda3", True),
+                                         ("cuda5", False), ("cuda3-nosuch", False), ("cuda3w3", False),
+                                         ("cuda", False)])
+def test_cuda_parts_take_every_probe_variant(part, known):
+    # cudaN-VARIANT profiles a cuda_logits_probe build: every variant it names, and nothing else
+    ncu_kernels = import_benchmark("ncu_kernels")
+    assert ncu_kernels.known_part(part) is known
+    if not known:
+        with pytest.raises(SystemExit, match=f"cudaN-VARIANT.*{part!r}"):
+            ncu_kernels.main(["--parts", part])

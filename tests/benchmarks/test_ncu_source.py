@@ -47,6 +47,19 @@ def test_summary_shares_and_excess_come_from_the_rows(tmp_path, capsys):
     assert "5 samples" in second and "of 0" not in second  # no excess: no line
 
 
+def test_a_kernel_repeated_row_for_row_is_summarized_once(tmp_path, capsys):
+    # run 182's page held each launch twice in a row; two launches of one kernel that differ stay two
+    ncu_source = import_benchmark("ncu_source")
+    a = ("_k", [("0x10", "FFMA R1, R2, R3, R4", 30, 0, 0, 0, 0, 0, 30, 0)])
+    b = ("_k", [("0x10", "FFMA R1, R2, R3, R4", 40, 0, 0, 0, 0, 0, 40, 0)])
+    path = tmp_path / "source.csv"
+    path.write_text(_page([a, a, b, a]))
+    assert ncu_source.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert [line.split(", ")[1] for line in out.splitlines() if line.startswith("== ")] == \
+        ["30 samples", "40 samples", "30 samples"]
+
+
 def test_a_file_without_kernels_is_rejected(tmp_path):
     ncu_source = import_benchmark("ncu_source")
     path = tmp_path / "details.txt"

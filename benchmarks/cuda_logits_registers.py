@@ -26,6 +26,10 @@ from spin_indexer.ops.cuda_build import nvcc_path  # noqa: E402
 from spin_indexer.ops.indexer_logits_cuda import NVCC_FLAGS, SOURCE  # noqa: E402
 
 EPILOGUE_OPS = ("FFMA", "FMNMX", "FMUL", "FADD", "SHFL")
+# an SM90 instruction's bytes: the block loops' code, summed over the warpgroups' copies, is what each SMSP fetches
+# (one warp of every math warpgroup runs there); run 182: ~64 KB (w3 at next_n = 3) stalled 25% of samples on
+# instruction fetch, ~42 KB (production) 8.5%
+INSTRUCTION_BYTES = 16
 
 
 def kernel_name(mangled: str) -> str:
@@ -44,8 +48,8 @@ def block_loops(lines: list[str]) -> list[tuple[int, int]]:
 
 
 def counts(defines: tuple[str, ...] = ()) -> list[dict]:
-    """Per kernel instantiation: name, registers, spill (stores/loads bytes), loops [(instructions, {op: count},
-    spill inside)]. Raises RuntimeError when nvcc is missing or fails."""
+    """Per kernel instantiation: name, registers, spill (stores/loads bytes), instructions (the kernel's SASS), loops
+    [(instructions, {op: count}, spill inside)]. Raises RuntimeError when nvcc is missing or fails."""
     nvcc = nvcc_path()
     if nvcc is None:
         raise RuntimeError("nvcc not found (PATH, CUDA_HOME)")
@@ -75,7 +79,7 @@ def counts(defines: tuple[str, ...] = ()) -> list[dict]:
         lines = part.splitlines()
         loops = [(sum(ops.values()), ops, ops["LDL"] + ops["STL"] > 0)
                  for a, b in block_loops(lines) for ops in [opcode_counts(lines[a:b + 1])]]
-        out.append(dict(name=name, **info.get(name, {}), loops=loops))
+        out.append(dict(name=name, **info.get(name, {}), loops=loops, instructions=sum(opcode_counts(lines).values())))
     return sorted(out, key=lambda r: r["name"])
 
 
@@ -84,7 +88,9 @@ def main(argv=None) -> int:
     p.add_argument("defines", nargs="*", help="build switches NAME=VALUE (the probe builds'; none: the library's)")
     args = p.parse_args(argv)
     for row in counts(tuple(args.defines)):
-        print(f"{row['name']}: {row.get('registers')} registers, spill {row.get('spill')} (stores/loads bytes)")
+        loop_kb = sum(size for size, _, _ in row["loops"]) * INSTRUCTION_BYTES / 1024
+        print(f"{row['name']}: {row.get('registers')} registers, spill {row.get('spill')} (stores/loads bytes), "
+              f"{row['instructions']} SASS instructions, block loops {loop_kb:.0f} KB")
         for size, ops, spill in row["loops"]:
             print(f"    block loop: {size} instructions, QGMMA {ops['QGMMA']}, "
                   + ", ".join(f"{op} {ops[op]}" for op in EPILOGUE_OPS) + (" (a spill inside)" if spill else ""))

@@ -24,11 +24,12 @@ sys.path.insert(0, os.path.join(HERE, "..", "src"))
 
 PARTS = ("step96", "step96x512k", "step1", "step1x1m", "dense1", "dense1x1m", "mtp2", "mtp4", "plan96x128k",
          "plan96x512k", "plan96x1m", "plan8x128k",
-         "plan1x128k", "cuda2", "cuda4", "dg2", "mix8x8k", "mix96x128k")
+         "plan1x128k", "cuda2", "cuda4", "cuda2-compact", "cuda4-rg1", "cuda3-rg", "dg2", "mix8x8k", "mix96x128k")
 
 
 def known_part(part: str) -> bool:
-    """A name of PARTS, or cudaN / cudaN-VARIANT (N in 1-4, VARIANT a cuda_logits_probe build): those are many."""
+    """A name of PARTS (the default set), or any cudaN / cudaN-VARIANT (N in 1-4, VARIANT a cuda_logits_probe
+    build): those are too many to profile by default."""
     if part in PARTS:
         return True
     if not (part.startswith("cuda") and part[4:5] in "1234" and len(part) >= 5):

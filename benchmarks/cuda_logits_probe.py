@@ -50,7 +50,8 @@ W3 = ("SPIN_LOGITS_WEIGHTS_SMEM=1", "SPIN_LOGITS_MATH_WG_N3=3", "SPIN_LOGITS_MAT
       "SPIN_LOGITS_ROW_GROUPS_N4=1")
 VARIANTS = {"cuda": (), "ws": ("SPIN_LOGITS_WEIGHTS_SMEM=1",), "w3": W3, "w3-noperwg": (*W3, "SPIN_LOGITS_PER_WG=0"),
             "w3-s1": (*W3, "SPIN_LOGITS_STAGES_PER_WG=1"), "w3-s2": (*W3, "SPIN_LOGITS_STAGES_PER_WG=2"),
-            "w3-s3": (*W3, "SPIN_LOGITS_STAGES_PER_WG=3"), "w3-noroll": (*W3, "SPIN_LOGITS_UNROLL=0"), "w3-nopipe": (*W3, "SPIN_LOGITS_PIPELINE=0"),
+            "w3-s3": (*W3, "SPIN_LOGITS_STAGES_PER_WG=3"), "w3-noroll": (*W3, "SPIN_LOGITS_UNROLL=0"),
+            "w3-nopipe": (*W3, "SPIN_LOGITS_PIPELINE=0"),
             "pipe": ("SPIN_LOGITS_PIPELINE=1",),
             "nopipe": ("SPIN_LOGITS_PIPELINE=0",), "2cta": ("SPIN_LOGITS_CTAS_PER_SM=2",),
             "no-headsum": ("SPIN_LOGITS_PROBE=1",), "no-mma": ("SPIN_LOGITS_PROBE=2",),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -32,10 +33,11 @@ def known_part(part: str) -> bool:
     build): those are too many to profile by default."""
     if part in PARTS:
         return True
-    if not (part.startswith("cuda") and part[4:5] in "1234" and len(part) >= 5):
+    m = re.fullmatch(r"cuda[1-4](?:-(.+))?", part)
+    if m is None:
         return False
     from cuda_logits_probe import VARIANTS
-    return len(part) == 5 or (part[5] == "-" and part[6:] in VARIANTS)
+    return m[1] is None or m[1] in VARIANTS
 
 
 def spin_step(batch: int, ctx: int, measured_layers: int = 2, dense: bool = False) -> None:

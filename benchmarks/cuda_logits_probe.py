@@ -12,9 +12,8 @@ spilled, run 125), w3-noperwg (w3's loop compiled once, not per warpgroup), w3-s
 blocks in flight a block set, at next_n = 3 too: the loop's code shrinks with its unroll; run 182: w3's three
 warpgroups stalled on instruction fetch), w3-noroll (w3's loop not unrolled, 4 stages kept), w3-nopipe (w3 with a
 block's last steps after its own MMA), pipe / nopipe (SPIN_LOGITS_PIPELINE=1 / 0: a block's last steps beside the
-next block's MMA, or not), 2cta
-(SPIN_LOGITS_CTAS_PER_SM=2: the SM's warpgroups in two CTAs; chunks of at most 128 / 64 blocks, a larger chunk is
-skipped), no-headsum (SPIN_LOGITS_PROBE=1: no ReLU / weights / head sum), no-mma (=2) (the block maxima left out:
+next block's MMA, or not), 2cta (SPIN_LOGITS_CTAS_PER_SM=2: the SM's warpgroups in two CTAs; chunks of at most 128 /
+64 blocks, a larger chunk is skipped), no-headsum (SPIN_LOGITS_PROBE=1: no ReLU / weights / head sum), no-mma (=2) (the block maxima left out:
 --nomax), rg / rg1 (SPIN_LOGITS_ROW_GROUPS=2 / 1: at next_n 3-4 two warpgroups a block, each on half its rows, or
 one on all; rg1-nopipe = the next_n = 4 build before run 116), rg3 / rg3x6 (next_n = 3 in three row groups of one
 row, 3 or 6 warpgroups), rg4 (next_n = 4 in four row groups of one row), noroll (SPIN_LOGITS_UNROLL=0: the loop not

@@ -5,10 +5,11 @@ differences").
 
     PYTHONPATH=src:benchmarks python3 benchmarks/cuda_logits_probe.py --out $OUT/probe
 
-Variants (ops/csrc/paged_logits_sm90.cu's build switches): cuda (production: see the source's Shape), ws
-(SPIN_LOGITS_WEIGHTS_SMEM=1: the epilogue reads the weights from shared memory, production's shapes), w3 (ws with
-three warpgroups on whole blocks at next_n = 3 and at 4: 166 / 168 registers, no spill; the weights in registers
-spilled, run 125), w3-noperwg (w3's loop compiled once, not per warpgroup), w3-s1 / w3-s2 / w3-s3 (w3 with 1-3 key
+Variants (ops/csrc/paged_logits_sm90.cu's build switches): cuda (production: see the source's Shape), n3-2wg
+(next_n = 3 on two warpgroups, the weights in registers, 4 stages: production before run 183; the PTX of the
+library's build then), ws (SPIN_LOGITS_WEIGHTS_SMEM=1: the epilogue reads the weights from shared memory), w3 (three
+warpgroups on whole blocks at next_n = 3 and at 4, the weights in shared memory: 151 / 168 registers, no spill; the
+weights in registers spilled, run 125; at next_n = 3 production's shape since run 183), w3-noperwg (w3's loop compiled once, not per warpgroup), w3-s1 / w3-s2 / w3-s3 (w3 with 1-3 key
 blocks in flight a block set, at next_n = 3 too: the loop's code shrinks with its unroll; run 182: w3's three
 warpgroups stalled on instruction fetch), w3-noroll (w3's loop not unrolled, 4 stages kept), w3-nopipe (w3 with a
 block's last steps after its own MMA), pipe / nopipe (SPIN_LOGITS_PIPELINE=1 / 0: a block's last steps beside the
@@ -49,9 +50,9 @@ from spin_indexer.ops.indexer_logits_triton import CONFIGS  # noqa: E402
 W3 = ("SPIN_LOGITS_WEIGHTS_SMEM=1", "SPIN_LOGITS_MATH_WG_N3=3", "SPIN_LOGITS_MATH_WG_N4=3",
       "SPIN_LOGITS_ROW_GROUPS_N4=1")
 VARIANTS = {"cuda": (), "ws": ("SPIN_LOGITS_WEIGHTS_SMEM=1",), "w3": W3, "w3-noperwg": (*W3, "SPIN_LOGITS_PER_WG=0"),
-            "w3-s1": (*W3, "SPIN_LOGITS_STAGES_PER_WG=1"), "w3-s2": (*W3, "SPIN_LOGITS_STAGES_PER_WG=2"),
-            "w3-s3": (*W3, "SPIN_LOGITS_STAGES_PER_WG=3"), "w3-noroll": (*W3, "SPIN_LOGITS_UNROLL=0"),
-            "w3-nopipe": (*W3, "SPIN_LOGITS_PIPELINE=0"),
+            "n3-2wg": ("SPIN_LOGITS_MATH_WG_N3=2",), "w3-s1": (*W3, "SPIN_LOGITS_STAGES_PER_WG=1"),
+            "w3-s2": (*W3, "SPIN_LOGITS_STAGES_PER_WG=2"), "w3-s3": (*W3, "SPIN_LOGITS_STAGES_PER_WG=3"),
+            "w3-noroll": (*W3, "SPIN_LOGITS_UNROLL=0"), "w3-nopipe": (*W3, "SPIN_LOGITS_PIPELINE=0"),
             "pipe": ("SPIN_LOGITS_PIPELINE=1",),
             "nopipe": ("SPIN_LOGITS_PIPELINE=0",), "2cta": ("SPIN_LOGITS_CTAS_PER_SM=2",),
             "no-headsum": ("SPIN_LOGITS_PROBE=1",), "no-mma": ("SPIN_LOGITS_PROBE=2",),

@@ -7,6 +7,8 @@ rounds): at next_n = 2 473 us writing the logits only (DeepGEMM 434), 500 us wit
 through |s| (SPIN_LOGITS_ABS_SUM=1: one FFMA a score, the weighted query's dot product in the MMA,
 weighted_query_terms_ref) takes 0.91-0.95x that time at next_n 3-4 on an H100 (runs 147-148) but is not the
 library's: where every head's score is <= 0 it misses the FP8-MMA tolerance on widely spread inputs (run 149).
+Since run 183 next_n = 3 runs on three warpgroups with the weights in shared memory (0.963x the time of the two of
+run 124, twice in paired rounds on an H100; not yet timed on an H200).
 
 Built with nvcc on first use into a cache folder (SPIN_CUDA_CACHE, default ~/.cache/spin_indexer), keyed by the
 source's hash, and called through ctypes: no torch extension, no ninja. Where nvcc, an SM90 GPU or the build is

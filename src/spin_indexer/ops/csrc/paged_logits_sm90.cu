@@ -94,8 +94,8 @@
 #ifndef SPIN_LOGITS_ABS_SUM  // the head sum through ReLU (0, the default) or through |s| (1: see AbsSum below)
 #define SPIN_LOGITS_ABS_SUM 0
 #endif
-// SPIN_LOGITS_WEIGHTS_SMEM (0 / 1; default -1: on where three or more warpgroups take whole blocks at next_n 3-4,
-// none of the library's shapes): the epilogue reads the rows' weights from shared memory a block (4 16-byte loads a
+// SPIN_LOGITS_WEIGHTS_SMEM (0 / 1; default -1: on where three or more warpgroups take whole blocks at next_n 3-4:
+// the library's next_n = 3): the epilogue reads the rows' weights from shared memory a block (4 16-byte loads a
 // row) instead of holding them in registers (16 a row), so three warpgroups on whole blocks fit next_n = 3's 96 and
 // next_n = 4's 128 accumulators in 168 registers (with the weights in registers next_n = 3 spills: run 125)
 #ifndef SPIN_LOGITS_WEIGHTS_SMEM
@@ -274,8 +274,10 @@ constexpr int MAX_CHUNK = 256;  // blocks a CTA at most (their ids staged in sha
 // thread and the launch's even split of the registers is what they get (65536 / THREADS, rounded down to 8; no
 // setmaxnreg): 512 threads 128 a thread, 256 threads 255. A producer warpgroup left the math ones 112 at next_n
 // <= 2 (runs 104-105), where the loop spilled once unrolled.
-// Default: four warpgroups on whole blocks at next_n 1-2 (up to 2 x 64 accumulators a thread); two at next_n = 3
-// (96 accumulators, 255 registers); four in two row groups at next_n = 4 (rows 0-1 and 2-3, 64 accumulators each).
+// Default: four warpgroups on whole blocks at next_n 1-2 (up to 2 x 64 accumulators a thread); three at next_n = 3
+// (96 accumulators in 168 registers, the weights in shared memory: SPIN_LOGITS_WEIGHTS_SMEM; 0.963x the time of two
+// warpgroups with the weights in registers in runs 182 and 183, paired rounds, H100, 96 x 128K); four in two row
+// groups at next_n = 4 (rows 0-1 and 2-3, 64 accumulators each; three on whole blocks 1.04-1.06x, runs 182-183).
 // The AbsSum build (SPIN_LOGITS_ABS_SUM=1) puts next_n = 3 in two row groups too (rows 0-1 and 2; 4 more
 // accumulators a row pair).
 // With two warpgroups on whole blocks one warp an SMSP runs a block's epilogue while the other's MMA runs, and it
@@ -304,7 +306,10 @@ struct Shape {
     static_assert(ROWS * H + 8 * XT <= 256, "an MMA is at most 256 columns (next_n = 4 needs two row groups)");
     static constexpr int MW = NEXT_N == 3 ? SPIN_LOGITS_MATH_WG_N3 : NEXT_N == 4 ? SPIN_LOGITS_MATH_WG_N4
                                                                                  : SPIN_LOGITS_MATH_WG;
-    static constexpr int MATH_WG = (MW > 0 ? MW : (G == 3 ? 3 : NEXT_N <= 2 || G >= 2 ? 4 : 2)) / CTAS;
+    // the default (see above): 4 at next_n 1-2 and in row groups of two rows (G = 2) or of one (G = 4 at next_n = 4);
+    // 3 at next_n = 3 (whole blocks, or G = 3 groups of one row); 2 on whole blocks at next_n = 4 (probe builds)
+    static constexpr int MW_DEFAULT = NEXT_N <= 2 || G == 2 || G == 4 ? 4 : NEXT_N == 3 ? 3 : 2;
+    static constexpr int MATH_WG = (MW > 0 ? MW : MW_DEFAULT) / CTAS;
     static_assert(MATH_WG >= 1 && MATH_WG <= 8 && MATH_WG % G == 0, "1-8 math warpgroups, whole block sets");
     static constexpr int BP = MATH_WG / G;  // blocks in flight
     static constexpr bool WSMEM = SPIN_LOGITS_WEIGHTS_SMEM >= 0 ? SPIN_LOGITS_WEIGHTS_SMEM != 0
@@ -315,10 +320,12 @@ struct Shape {
     static constexpr int WS_LANE = NEXT_N * 16 + 4;
     static constexpr int W_FLOATS = WSMEM ? 4 * WS_LANE : NEXT_N * H;  // the weights' shared memory (floats)
     static constexpr int THREADS = 128 * MATH_WG;
-    // key blocks each block set keeps in flight (and the loop's unroll): 4 at next_n = 2 (0.97-0.98x the time of 3)
-    // and 3 (0.986x), 2 at next_n = 4 (0.96x), 3 at next_n = 1 (paired rounds, run 122)
+    // key blocks each block set keeps in flight (and the loop's unroll): 4 at next_n = 2 (0.97-0.98x the time of 3),
+    // 2 at next_n = 4 (0.96x), 3 at next_n = 1 (paired rounds, run 122); at next_n = 3 4 with two block sets (0.986x),
+    // 2 with three: the three warpgroups' unrolled loops are then ~34 KB of code an SMSP, not ~64 (w3 at 4 stages
+    // stalled on instruction fetch, run 182), and 1 starved the copies (1.09x, run 183)
     static constexpr int SPW = SPIN_LOGITS_STAGES_PER_WG > 0 ? SPIN_LOGITS_STAGES_PER_WG
-                             : NEXT_N == 2 || NEXT_N == 3 ? 4 : NEXT_N == 4 ? 2 : 3;
+                             : NEXT_N == 3 ? (BP * CTAS >= 3 ? 2 : 4) : NEXT_N == 2 ? 4 : NEXT_N == 4 ? 2 : 3;
     static constexpr int STAGES = SPW * BP;
     static constexpr int smem_at(int chunk) {
         return 1024                                  // slack to align the tiles to 1024 bytes

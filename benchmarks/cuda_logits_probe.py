@@ -6,12 +6,12 @@ differences").
     PYTHONPATH=src:benchmarks python3 benchmarks/cuda_logits_probe.py --out $OUT/probe
 
 Variants (ops/csrc/paged_logits_sm90.cu's build switches): cuda (production: see the source's Shape), n3-2wg
-(next_n = 3 on two warpgroups, the weights in registers, 4 stages: production before run 183; the PTX of the
-library's build then), ws (SPIN_LOGITS_WEIGHTS_SMEM=1: the epilogue reads the weights from shared memory), w3 (three
-warpgroups on whole blocks at next_n = 3 and at 4, the weights in shared memory: 151 / 168 registers, no spill; the
-weights in registers spilled, run 125; at next_n = 3 production's shape since run 183), w3-noperwg (w3's loop compiled once, not per warpgroup), w3-s1 / w3-s2 / w3-s3 (w3 with 1-3 key
-blocks in flight a block set, at next_n = 3 too: the loop's code shrinks with its unroll; run 182: w3's three
-warpgroups stalled on instruction fetch), w3-noroll (w3's loop not unrolled, 4 stages kept), w3-nopipe (w3 with a
+(next_n = 3 on two warpgroups, the weights in registers, 4 stages: the library's shape and PTX until runs 182-183),
+ws (SPIN_LOGITS_WEIGHTS_SMEM=1: the epilogue reads the weights from shared memory), w3 (three warpgroups on whole
+blocks at next_n = 3 and at 4, the weights in shared memory: 151 / 168 registers, no spill; the weights in registers
+spilled, run 125; at next_n = 3 the library's shape since runs 182-183), w3-noperwg (w3's loop compiled once, not
+per warpgroup), w3-s1 / w3-s2 / w3-s3 (w3 with 1-3 key blocks in flight a block set, at next_n = 3 too: the loop's
+code shrinks with its unroll; run 182: w3's three warpgroups at 4 stages stalled on instruction fetch), w3-noroll (w3's loop not unrolled, 4 stages kept), w3-nopipe (w3 with a
 block's last steps after its own MMA), pipe / nopipe (SPIN_LOGITS_PIPELINE=1 / 0: a block's last steps beside the
 next block's MMA, or not), 2cta (SPIN_LOGITS_CTAS_PER_SM=2: the SM's warpgroups in two CTAs; chunks of at most 128 /
 64 blocks, a larger chunk is skipped), no-headsum (SPIN_LOGITS_PROBE=1: no ReLU / weights / head sum), no-mma (=2)

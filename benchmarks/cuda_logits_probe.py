@@ -5,29 +5,29 @@ differences").
 
     PYTHONPATH=src:benchmarks python3 benchmarks/cuda_logits_probe.py --out $OUT/probe
 
-Variants (ops/csrc/paged_logits_sm90.cu's build switches): cuda (production: see the source's Shape), n3-2wg
-(next_n = 3 on two warpgroups, the weights in registers, 4 stages: the library's shape and PTX until runs 182-183),
-ws (SPIN_LOGITS_WEIGHTS_SMEM=1: the epilogue reads the weights from shared memory), w3 (three warpgroups on whole
+Variants (ops/csrc/paged_logits_sm90.cu's build switches): cuda (production: see the source's Shape), n3-2wg (next_n
+= 3 on two warpgroups, the weights in registers, 4 stages: the library's shape and PTX until runs 182-183), ws
+(SPIN_LOGITS_WEIGHTS_SMEM=1: the epilogue reads the weights from shared memory), w3 (three warpgroups on whole
 blocks at next_n = 3 and at 4, the weights in shared memory: 151 / 168 registers, no spill; the weights in registers
 spilled, run 125; at next_n = 3 the library's shape since runs 182-183), w3-noperwg (w3's loop compiled once, not
 per warpgroup), w3-s1 / w3-s2 / w3-s3 (w3 with 1-3 key blocks in flight a block set, at next_n = 3 too: the loop's
-code shrinks with its unroll; run 182: w3's three warpgroups at 4 stages stalled on instruction fetch), w3-noroll (w3's loop not unrolled, 4 stages kept), w3-nopipe (w3 with a
-block's last steps after its own MMA), pipe / nopipe (SPIN_LOGITS_PIPELINE=1 / 0: a block's last steps beside the
-next block's MMA, or not), 2cta (SPIN_LOGITS_CTAS_PER_SM=2: the SM's warpgroups in two CTAs; chunks of at most 128 /
-64 blocks, a larger chunk is skipped), no-headsum (SPIN_LOGITS_PROBE=1: no ReLU / weights / head sum), no-mma (=2)
-(the block maxima left out: --nomax), rg / rg1 (SPIN_LOGITS_ROW_GROUPS=2 / 1: at next_n 3-4 two warpgroups a block,
-each on half its rows, or one on all; rg1-nopipe = the next_n = 4 build before run 116), rg3 / rg3x6 (next_n = 3 in
-three row groups of one row, 3 or 6 warpgroups), rg4 (next_n = 4 in four row groups of one row), noroll
-(SPIN_LOGITS_UNROLL=0: the loop not unrolled by stages), perwg / noperwg (SPIN_LOGITS_PER_WG=1 / 0: the loop
-compiled per warpgroup or once), compact (noroll + noperwg), nouni (SPIN_LOGITS_UNIFORM_WG=0), s2 / s3 / s4
-(SPIN_LOGITS_STAGES_PER_WG: key blocks in flight a block set at every next_n), abs (SPIN_LOGITS_ABS_SUM=1: the head
-sum through |s|, one FFMA a score, with row groups at next_n = 3; runs 147-149), each at the launcher's chunk and at
-128 and 256 blocks a CTA; --nomax times every build without block_max_out (its logits-only kernel). Per point (B x L
-x next_n, H = 64, D = 128), CUDA graphs, every build and chunk timed in the same paired rounds (one replay of each
-in turn); us = the median, vs_cuda = the median of per-round ratios to the production build at its default chunk.
-The builds that compute logits (CHECKED) are first checked against the torch reference (a build that fails is
-reported and not timed); the probes compute wrong logits by design and are only timed. Writes <out>/cuda_probe.csv
-and .md.
+code shrinks with its unroll; run 182: w3's three warpgroups at 4 stages stalled on instruction fetch), w3-noroll
+(w3's loop not unrolled, 4 stages kept), w3-nopipe (w3 with a block's last steps after its own MMA), pipe / nopipe
+(SPIN_LOGITS_PIPELINE=1 / 0: a block's last steps beside the next block's MMA, or not), 2cta
+(SPIN_LOGITS_CTAS_PER_SM=2: the SM's warpgroups in two CTAs; chunks of at most 128 / 64 blocks, a larger chunk is
+skipped), no-headsum (SPIN_LOGITS_PROBE=1: no ReLU / weights / head sum), no-mma (=2) (the block maxima left out:
+--nomax), rg / rg1 (SPIN_LOGITS_ROW_GROUPS=2 / 1: at next_n 3-4 two warpgroups a block, each on half its rows, or
+one on all; rg1-nopipe = the next_n = 4 build before run 116), rg3 / rg3x6 (next_n = 3 in three row groups of one
+row, 3 or 6 warpgroups), rg4 (next_n = 4 in four row groups of one row), noroll (SPIN_LOGITS_UNROLL=0: the loop not
+unrolled by stages), perwg / noperwg (SPIN_LOGITS_PER_WG=1 / 0: the loop compiled per warpgroup or once), compact
+(noroll + noperwg), nouni (SPIN_LOGITS_UNIFORM_WG=0), s2 / s3 / s4 (SPIN_LOGITS_STAGES_PER_WG: key blocks in flight
+a block set at every next_n), abs (SPIN_LOGITS_ABS_SUM=1: the head sum through |s|, one FFMA a score, with row
+groups at next_n = 3; runs 147-149), each at the launcher's chunk and at 128 and 256 blocks a CTA; --nomax times
+every build without block_max_out (its logits-only kernel). Per point (B x L x next_n, H = 64, D = 128), CUDA
+graphs, every build and chunk timed in the same paired rounds (one replay of each in turn); us = the median, vs_cuda
+= the median of per-round ratios to the production build at its default chunk. The builds that compute logits
+(CHECKED) are first checked against the torch reference (a build that fails is reported and not timed); the probes
+compute wrong logits by design and are only timed. Writes <out>/cuda_probe.csv and .md.
 """
 from __future__ import annotations
 

@@ -22,12 +22,14 @@ row, 3 or 6 warpgroups), rg4 (next_n = 4 in four row groups of one row), noroll 
 unrolled by stages), perwg / noperwg (SPIN_LOGITS_PER_WG=1 / 0: the loop compiled per warpgroup or once), compact
 (noroll + noperwg), nouni (SPIN_LOGITS_UNIFORM_WG=0), s2 / s3 / s4 (SPIN_LOGITS_STAGES_PER_WG: key blocks in flight
 a block set at every next_n), abs (SPIN_LOGITS_ABS_SUM=1: the head sum through |s|, one FFMA a score, with row
-groups at next_n = 3; runs 147-149), each at the launcher's chunk and at 128 and 256 blocks a CTA; --nomax times
-every build without block_max_out (its logits-only kernel). Per point (B x L x next_n, H = 64, D = 128), CUDA
-graphs, every build and chunk timed in the same paired rounds (one replay of each in turn); us = the median, vs_cuda
-= the median of per-round ratios to the production build at its default chunk. The builds that compute logits
-(CHECKED) are first checked against the torch reference (a build that fails is reported and not timed); the probes
-compute wrong logits by design and are only timed. Writes <out>/cuda_probe.csv and .md.
+groups at next_n = 3; runs 147-149), rp2 / rp2-s3 (SPIN_LOGITS_ROW_PIPE=1: one MMA a row, the next block's row j
+issued once this block's row j is summed, on two warpgroups on whole blocks at next_n 3-4, the weights in shared
+memory, 4 / 3 key blocks in flight a block set), each at the launcher's chunk and at 128 and 256 blocks a CTA;
+--nomax times every build without block_max_out (its logits-only kernel). Per point (B x L x next_n, H = 64, D =
+128), CUDA graphs, every build and chunk timed in the same paired rounds (one replay of each in turn); us = the
+median, vs_cuda = the median of per-round ratios to the production build at its default chunk. The builds that
+compute logits (CHECKED) are first checked against the torch reference (a build that fails is reported and not
+timed); the probes compute wrong logits by design and are only timed. Writes <out>/cuda_probe.csv and .md.
 """
 from __future__ import annotations
 
@@ -49,6 +51,8 @@ from spin_indexer.ops.indexer_logits_triton import CONFIGS  # noqa: E402
 
 W3 = ("SPIN_LOGITS_WEIGHTS_SMEM=1", "SPIN_LOGITS_MATH_WG_N3=3", "SPIN_LOGITS_MATH_WG_N4=3",
       "SPIN_LOGITS_ROW_GROUPS_N4=1")
+RP2 = ("SPIN_LOGITS_ROW_PIPE=1", "SPIN_LOGITS_WEIGHTS_SMEM=1", "SPIN_LOGITS_MATH_WG_N3=2", "SPIN_LOGITS_MATH_WG_N4=2",
+       "SPIN_LOGITS_ROW_GROUPS_N4=1")
 VARIANTS = {"cuda": (), "ws": ("SPIN_LOGITS_WEIGHTS_SMEM=1",), "w3": W3, "w3-noperwg": (*W3, "SPIN_LOGITS_PER_WG=0"),
             "n3-2wg": ("SPIN_LOGITS_MATH_WG_N3=2",), "w3-s1": (*W3, "SPIN_LOGITS_STAGES_PER_WG=1"),
             "w3-s2": (*W3, "SPIN_LOGITS_STAGES_PER_WG=2"), "w3-s3": (*W3, "SPIN_LOGITS_STAGES_PER_WG=3"),
@@ -65,7 +69,8 @@ VARIANTS = {"cuda": (), "ws": ("SPIN_LOGITS_WEIGHTS_SMEM=1",), "w3": W3, "w3-nop
             "noperwg": ("SPIN_LOGITS_PER_WG=0",), "compact": ("SPIN_LOGITS_UNROLL=0", "SPIN_LOGITS_PER_WG=0"),
             "nouni": ("SPIN_LOGITS_UNIFORM_WG=0",), "s4": ("SPIN_LOGITS_STAGES_PER_WG=4",),
             "s2": ("SPIN_LOGITS_STAGES_PER_WG=2",), "s3": ("SPIN_LOGITS_STAGES_PER_WG=3",),
-            "abs": ("SPIN_LOGITS_ABS_SUM=1",)}
+            "abs": ("SPIN_LOGITS_ABS_SUM=1",), "rp2": (*RP2, "SPIN_LOGITS_STAGES_PER_WG=4"),
+            "rp2-s3": (*RP2, "SPIN_LOGITS_STAGES_PER_WG=3")}
 # the builds that compute the logits: all but the probes (SPIN_LOGITS_PROBE leaves a stage out)
 CHECKED = tuple(name for name, defines in VARIANTS.items()
                 if not any(d.startswith("SPIN_LOGITS_PROBE=") for d in defines))

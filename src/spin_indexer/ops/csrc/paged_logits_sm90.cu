@@ -101,6 +101,12 @@
 #ifndef SPIN_LOGITS_WEIGHTS_SMEM
 #define SPIN_LOGITS_WEIGHTS_SMEM -1
 #endif
+// SPIN_LOGITS_ROW_PIPE (0 / 1, default 0): on whole blocks (one row group) at next_n >= 2, one MMA a row (N = 64), each
+// its own commit group, and the next block's row j issued as soon as this block's row j is summed: a warpgroup's
+// epilogue then runs beside its own MMAs (see the kernel's row-pipelined loop)
+#ifndef SPIN_LOGITS_ROW_PIPE
+#define SPIN_LOGITS_ROW_PIPE 0
+#endif
 
 namespace {
 
@@ -179,6 +185,14 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int PENDING>  // waits until at most PENDING commit groups of this warpgroup are still running
 __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(PENDING) : "memory");
+}
+
+// wgmma_wait with a count known once loops are unrolled (0-3)
+__device__ __forceinline__ void wgmma_wait_n(int pending) {
+    if (pending <= 0) wgmma_wait<0>();
+    else if (pending == 1) wgmma_wait<1>();
+    else if (pending == 2) wgmma_wait<2>();
+    else wgmma_wait<3>();
 }
 
 // keeps the compiler from moving accumulator reads / writes across the asynchronous MMA
@@ -626,89 +640,164 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     const uint64_t q_desc = smem_desc(q_s + GI * S::QG * D), k_desc_set = smem_desc(keys_s + SET * KEY_BYTES);
     Pending pending;
     pending.i = -1;  // none yet
-    for (int i0 = SET, phase = 0; i0 < nblk; i0 += SPW * BP, phase ^= 1) {
+    // ReLU (or |s| and the terms: AbsSum), weights and this thread's part of row j's head sums into pending.v[2 j],
+    // pending.v[2 j + 1] (0 for the padding rows j >= NR): four independent FMA chains a row
+    const auto head_sums = [&](int j) {
+        if (j >= NR) {
+            pending.v[2 * j] = pending.v[2 * j + 1] = 0.f;
+        } else if (SPIN_LOGITS_PROBE == 1) {
+            pending.v[2 * j] = acc[32 * j];
+            pending.v[2 * j + 1] = acc[32 * j + 2];
+        } else {
+            float p[4] = {0.f, 0.f, 0.f, 0.f};
+            if constexpr (S::ABS) {  // 1/2 q_w . k from the term tile, then 1/2 sum_h w_h |s_h|
+                const int X = 4 * (8 * NR + j / 2);  // a constant once unrolled
+#pragma unroll
+                for (int e = 0; e < 4; ++e) p[e] = ts[j][e & 1] * acc[X + e];
+#pragma unroll
+                for (int k = 0; k < 8; ++k)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        p[e] = fmaf(fabsf(acc[4 * (8 * j + k) + e]), wr[j][k][e & 1], p[e]);
+            } else if constexpr (S::WSMEM) {
+                const float4* wq = reinterpret_cast<const float4*>(w_s + c * S::WS_LANE + 16 * (ROW0 + j));
+#pragma unroll
+                for (int k2 = 0; k2 < 4; ++k2) {  // heads 8k + 2c + {0, 1} for k = 2 k2, 2 k2 + 1
+                    const float4 w4 = wq[k2];
+                    const float w[2][2] = {{w4.x, w4.y}, {w4.z, w4.w}};
+#pragma unroll
+                    for (int k1 = 0; k1 < 2; ++k1)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            p[e] = fmaf(fmaxf(acc[4 * (8 * j + 2 * k2 + k1) + e], 0.f), w[k1][e & 1], p[e]);
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; ++k)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        p[e] = fmaf(fmaxf(acc[4 * (8 * j + k) + e], 0.f), wr[j][k][e & 1], p[e]);
+            }
+            pending.v[2 * j] = p[0] + p[1];
+            pending.v[2 * j + 1] = p[2] + p[3];
+        }
+    };
+    // Row-pipelined (SPIN_LOGITS_ROW_PIPE): one MMA a row (N = 64 into acc[32 j, 32 j + 32), the same registers as
+    // the one wide MMA's), each its own commit group, and the next block's row j issued once this block's row j is
+    // summed, so rows j + 1.. of this block and rows ..j of the next are on the tensor core while row j's epilogue
+    // runs (the default loop waits for the whole block's MMA before its epilogue). Every step commits a group (an
+    // empty one past the set's last block), so wait_group NR - 1 always retires the row about to be read.
+    constexpr bool ROWPIPE = SPIN_LOGITS_ROW_PIPE != 0 && G == 1 && !S::ABS && NEXT_N >= 2 && SPIN_LOGITS_PROBE == 0;
+    if constexpr (ROWPIPE) {
+        const auto issue_row = [&](int j, int s) {  // row j of the block in stage s (the set's stage s - SET)
+            fence_regs<32>(acc + 32 * j);
+            wgmma_fence();
+            const uint64_t k_desc = k_desc_set + uint64_t((s - SET) * (KEY_BYTES >> 4));
+            const uint64_t q_row = q_desc + uint64_t(j * (H * D >> 4));
+#pragma unroll
+            for (int kk = 0; kk < D / 32; ++kk) mma_k32<64>(acc + 32 * j, k_desc + 2 * kk, q_row + 2 * kk, kk > 0);
+            wgmma_commit();
+        };
+        // ptxas serializes every MMA where one is in flight across the loop's back edge (C7514), so the pipeline
+        // runs inside an iteration's SPW blocks (unrolled) and drains at its end: each iteration's first block
+        // issues its rows itself, the others were issued by the block before.
+        for (int i0 = SET, phase = 0; i0 < nblk; i0 += SPW * BP, phase ^= 1) {
+            float sc[KEPT];
+            mbar_wait(&full[SET], phase);
+#pragma unroll
+            for (int u = 0; u < KEPT; ++u) sc[u] = scales_s[SET * T + r0 + 8 * h[u]];
+#pragma unroll
+            for (int j = 0; j < NR; ++j) issue_row(j, SET);
+#pragma unroll
+            for (int rep = 0; rep < SPW; ++rep) {
+                const int i = i0 + rep * BP;
+                const int s = SET + rep * BP;
+                if (i >= nblk) {  // past the set's last block (its rows ran on a stale stage, never read)
+                    wgmma_wait<0>();
+                    break;
+                }
+                const bool next = rep + 1 < SPW;  // a constant: the next block's rows are issued here
+                const bool has_next = next && i + BP < nblk;
+                float sc_next[KEPT];
+#pragma unroll
+                for (int u = 0; u < KEPT; ++u) sc_next[u] = 0.f;
+#pragma unroll
+                for (int j = 0; j < VP / 2; ++j) {
+                    if (j >= NR) {
+                        head_sums(j);
+                        continue;
+                    }
+                    // this block's row j: behind it rows j + 1.. of this block, and the next block's ..j - 1
+                    wgmma_wait_n(next ? NR - 1 : NR - 1 - j);
+                    fence_regs<32>(acc + 32 * j);
+                    if (j == NR - 1) {  // every row's MMA has read the stage: it takes block i + STAGES
+                        mbar_arrive(&empty[s]);
+                        if (issuer && i + STAGES < nblk) {
+                            mbar_wait(&empty[s], phase);
+                            load(i + STAGES, s);
+                        }
+                    }
+                    head_sums(j);
+                    if (j == 0 && has_next) {
+                        mbar_wait(&full[s + BP], phase);
+#pragma unroll
+                        for (int u = 0; u < KEPT; ++u) sc_next[u] = scales_s[(s + BP) * T + r0 + 8 * h[u]];
+                    }
+                    // the next block's row j, issued past the set's last block too (on a stage no copy is
+                    // filling: the results are never read), as a branch around it would serialize the MMAs
+                    if (next) issue_row(j, s + BP);
+                }
+#pragma unroll
+                for (int u = 0; u < KEPT; ++u) pending.sc[u] = sc[u], sc[u] = sc_next[u];
+                pending.i = i;
+                finish(pending);  // beside the next block's first rows
+            }
+            wgmma_wait<0>();
+        }
+    } else {
+        for (int i0 = SET, phase = 0; i0 < nblk; i0 += SPW * BP, phase ^= 1) {
 #if SPIN_LOGITS_UNROLL
 #pragma unroll
 #else
 #pragma unroll 1
 #endif
-        for (int rep = 0; rep < SPW; ++rep) {
-            const int i = i0 + rep * BP;
-            const int s = SET + rep * BP;  // a constant once unrolled, per warpgroup
-            if (i >= nblk) break;
-            mbar_wait(&full[s], phase);
-            float sc[KEPT];
+            for (int rep = 0; rep < SPW; ++rep) {
+                const int i = i0 + rep * BP;
+                const int s = SET + rep * BP;  // a constant once unrolled, per warpgroup
+                if (i >= nblk) break;
+                mbar_wait(&full[s], phase);
+                float sc[KEPT];
 #pragma unroll
-            for (int u = 0; u < KEPT; ++u) sc[u] = scales_s[s * T + r0 + 8 * h[u]];
-            fence_regs<R>(acc);
-            if (SPIN_LOGITS_PROBE != 2) {
-                wgmma_fence();
-                // k step kk: both descriptors + 32 bytes (2 in their 16-byte units)
-                const uint64_t k_desc = k_desc_set + uint64_t(rep * BP * (KEY_BYTES >> 4));
+                for (int u = 0; u < KEPT; ++u) sc[u] = scales_s[s * T + r0 + 8 * h[u]];
+                fence_regs<R>(acc);
+                if (SPIN_LOGITS_PROBE != 2) {
+                    wgmma_fence();
+                    // k step kk: both descriptors + 32 bytes (2 in their 16-byte units)
+                    const uint64_t k_desc = k_desc_set + uint64_t(rep * BP * (KEY_BYTES >> 4));
 #pragma unroll
-                for (int kk = 0; kk < D / 32; ++kk) mma_k32<NG>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);
-                wgmma_commit();
-            }
-            if (PIPELINED && pending.i >= 0) finish(pending);  // the previous block, beside this one's MMA
-            if (SPIN_LOGITS_PROBE != 2) wgmma_wait<0>();
-            fence_regs<R>(acc);
-            // this warpgroup's MMA has read the keys and its threads their scales: once every row group's has,
-            // the stage takes block i + STAGES
-            mbar_arrive(&empty[s]);
-            if (issuer && i + STAGES < nblk) {
-                mbar_wait(&empty[s], phase);
-                load(i + STAGES, s);
-            }
-            // ReLU (or |s| and the terms: AbsSum), weights and this thread's part of each head sum: four independent
-            // FMA chains a row
-#pragma unroll
-            for (int j = 0; j < VP / 2; ++j) {
-                if (j >= NR) {
-                    pending.v[2 * j] = pending.v[2 * j + 1] = 0.f;
-                } else if (SPIN_LOGITS_PROBE == 1) {
-                    pending.v[2 * j] = acc[32 * j];
-                    pending.v[2 * j + 1] = acc[32 * j + 2];
-                } else {
-                    float p[4] = {0.f, 0.f, 0.f, 0.f};
-                    if constexpr (S::ABS) {  // 1/2 q_w . k from the term tile, then 1/2 sum_h w_h |s_h|
-                        const int X = 4 * (8 * NR + j / 2);  // a constant once unrolled
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) p[e] = ts[j][e & 1] * acc[X + e];
-#pragma unroll
-                        for (int k = 0; k < 8; ++k)
-#pragma unroll
-                            for (int e = 0; e < 4; ++e)
-                                p[e] = fmaf(fabsf(acc[4 * (8 * j + k) + e]), wr[j][k][e & 1], p[e]);
-                    } else if constexpr (S::WSMEM) {
-                        const float4* wq = reinterpret_cast<const float4*>(w_s + c * S::WS_LANE + 16 * (ROW0 + j));
-#pragma unroll
-                        for (int k2 = 0; k2 < 4; ++k2) {  // heads 8k + 2c + {0, 1} for k = 2 k2, 2 k2 + 1
-                            const float4 w4 = wq[k2];
-                            const float w[2][2] = {{w4.x, w4.y}, {w4.z, w4.w}};
-#pragma unroll
-                            for (int k1 = 0; k1 < 2; ++k1)
-#pragma unroll
-                                for (int e = 0; e < 4; ++e)
-                                    p[e] = fmaf(fmaxf(acc[4 * (8 * j + 2 * k2 + k1) + e], 0.f), w[k1][e & 1], p[e]);
-                        }
-                    } else {
-#pragma unroll
-                        for (int k = 0; k < 8; ++k)
-#pragma unroll
-                            for (int e = 0; e < 4; ++e)
-                                p[e] = fmaf(fmaxf(acc[4 * (8 * j + k) + e], 0.f), wr[j][k][e & 1], p[e]);
-                    }
-                    pending.v[2 * j] = p[0] + p[1];
-                    pending.v[2 * j + 1] = p[2] + p[3];
+                    for (int kk = 0; kk < D / 32; ++kk) mma_k32<NG>(acc, k_desc + 2 * kk, q_desc + 2 * kk, kk > 0);
+                    wgmma_commit();
                 }
-            }
+                if (PIPELINED && pending.i >= 0) finish(pending);  // the previous block, beside this one's MMA
+                if (SPIN_LOGITS_PROBE != 2) wgmma_wait<0>();
+                fence_regs<R>(acc);
+                // this warpgroup's MMA has read the keys and its threads their scales: once every row group's has,
+                // the stage takes block i + STAGES
+                mbar_arrive(&empty[s]);
+                if (issuer && i + STAGES < nblk) {
+                    mbar_wait(&empty[s], phase);
+                    load(i + STAGES, s);
+                }
 #pragma unroll
-            for (int u = 0; u < KEPT; ++u) pending.sc[u] = sc[u];
-            pending.i = i;
-            if (!PIPELINED) finish(pending);
+                for (int j = 0; j < VP / 2; ++j) head_sums(j);
+#pragma unroll
+                for (int u = 0; u < KEPT; ++u) pending.sc[u] = sc[u];
+                pending.i = i;
+                if (!PIPELINED) finish(pending);
+            }
         }
+        if (PIPELINED && pending.i >= 0) finish(pending);
     }
-    if (PIPELINED && pending.i >= 0) finish(pending);
     if (!MAXIMA) return;
     asm volatile("bar.sync %0, 128;" ::"r"(1 + MW) : "memory");  // this warpgroup's partials written
     const int mine = (nblk - SET + BP - 1) / BP;  // blocks of this set

@@ -702,10 +702,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
         // runs inside an iteration's SPW blocks (unrolled) and drains at its end: each iteration's first block
         // issues its rows itself, the others were issued by the block before.
         for (int i0 = SET, phase = 0; i0 < nblk; i0 += SPW * BP, phase ^= 1) {
-            float sc[KEPT];
             mbar_wait(&full[SET], phase);
-#pragma unroll
-            for (int u = 0; u < KEPT; ++u) sc[u] = scales_s[SET * T + r0 + 8 * h[u]];
 #pragma unroll
             for (int j = 0; j < NR; ++j) issue_row(j, SET);
 #pragma unroll
@@ -718,9 +715,6 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
                 }
                 const bool next = rep + 1 < SPW;  // a constant: the next block's rows are issued here
                 const bool has_next = next && i + BP < nblk;
-                float sc_next[KEPT];
-#pragma unroll
-                for (int u = 0; u < KEPT; ++u) sc_next[u] = 0.f;
 #pragma unroll
                 for (int j = 0; j < VP / 2; ++j) {
                     if (j >= NR) {
@@ -730,7 +724,9 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
                     // this block's row j: behind it rows j + 1.. of this block, and the next block's ..j - 1
                     wgmma_wait_n(next ? NR - 1 : NR - 1 - j);
                     fence_regs<32>(acc + 32 * j);
-                    if (j == NR - 1) {  // every row's MMA has read the stage: it takes block i + STAGES
+                    if (j == NR - 1) {  // every row's MMA has read the stage: its scales, then it takes block i + STAGES
+#pragma unroll
+                        for (int u = 0; u < KEPT; ++u) pending.sc[u] = scales_s[s * T + r0 + 8 * h[u]];
                         mbar_arrive(&empty[s]);
                         if (issuer && i + STAGES < nblk) {
                             mbar_wait(&empty[s], phase);
@@ -738,17 +734,11 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
                         }
                     }
                     head_sums(j);
-                    if (j == 0 && has_next) {
-                        mbar_wait(&full[s + BP], phase);
-#pragma unroll
-                        for (int u = 0; u < KEPT; ++u) sc_next[u] = scales_s[(s + BP) * T + r0 + 8 * h[u]];
-                    }
+                    if (j == 0 && has_next) mbar_wait(&full[s + BP], phase);
                     // the next block's row j, issued past the set's last block too (on a stage no copy is
                     // filling: the results are never read), as a branch around it would serialize the MMAs
                     if (next) issue_row(j, s + BP);
                 }
-#pragma unroll
-                for (int u = 0; u < KEPT; ++u) pending.sc[u] = sc[u], sc[u] = sc_next[u];
                 pending.i = i;
                 finish(pending);  // beside the next block's first rows
             }

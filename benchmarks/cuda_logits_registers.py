@@ -47,9 +47,33 @@ def block_loops(lines: list[str]) -> list[tuple[int, int]]:
     return [x for x in mma if not any(y[0] < x[0] <= y[1] < x[1] for y in loops)]
 
 
+def ptxas_info(stderr: str) -> dict[str, dict]:
+    """Per kernel name (kernel_name's), from `ptxas -v`'s output: registers, spill ("stores/loads" bytes) and
+    serialized: True where ptxas said it serializes the kernel's wgmma instructions (C7514 / C7520: each MMA then
+    waits for the previous one, the asynchronous MMA lost; a kernel without the line gets False)."""
+    info, current = {}, None
+    for line in stderr.splitlines():
+        m = re.search(r"wgmma\.mma_async instructions are serialized.* in the function '(\w+)'", line)
+        if m:
+            info.setdefault(kernel_name(m.group(1)), {})["serialized"] = True
+            continue
+        m = re.search(r"(?:Compiling entry function|Function properties for) '?(\w+)'?", line)
+        if m:
+            current = kernel_name(m.group(1))
+            info.setdefault(current, {}).setdefault("serialized", False)
+        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and current:
+            info[current]["spill"] = f"{m.group(1)}/{m.group(2)}"
+        m = re.search(r"Used (\d+) registers", line)
+        if m and current:
+            info[current]["registers"] = int(m.group(1))
+    return info
+
+
 def counts(defines: tuple[str, ...] = ()) -> list[dict]:
-    """Per kernel instantiation: name, registers, spill (stores/loads bytes), instructions (the kernel's SASS), loops
-    [(instructions, {op: count}, spill inside)]. Raises RuntimeError when nvcc is missing or fails."""
+    """Per kernel instantiation: name, registers, spill (stores/loads bytes), serialized (ptxas_info), instructions
+    (the kernel's SASS), loops [(instructions, {op: count}, spill inside)]. Raises RuntimeError when nvcc is missing
+    or fails."""
     nvcc = nvcc_path()
     if nvcc is None:
         raise RuntimeError("nvcc not found (PATH, CUDA_HOME)")
@@ -62,17 +86,7 @@ def counts(defines: tuple[str, ...] = ()) -> list[dict]:
             raise RuntimeError(f"nvcc failed:\n{proc.stderr[-2000:]}")
         sass = subprocess.run([triton_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True,
                               check=True).stdout
-    info, current = {}, None
-    for line in proc.stderr.splitlines():
-        m = re.search(r"(?:Compiling entry function|Function properties for) '?(\w+)'?", line)
-        if m:
-            current = kernel_name(m.group(1))
-        m = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", line)
-        if m and current:
-            info.setdefault(current, {})["spill"] = f"{m.group(1)}/{m.group(2)}"
-        m = re.search(r"Used (\d+) registers", line)
-        if m and current:
-            info.setdefault(current, {})["registers"] = int(m.group(1))
+    info = ptxas_info(proc.stderr)
     out = []
     for part in re.split(r"^\.text\.", sass, flags=re.M)[1:]:  # one kernel's section each
         name = kernel_name(part.split(":", 1)[0])
@@ -90,7 +104,8 @@ def main(argv=None) -> int:
     for row in counts(tuple(args.defines)):
         loop_kb = sum(size for size, _, _ in row["loops"]) * INSTRUCTION_BYTES / 1024
         print(f"{row['name']}: {row.get('registers')} registers, spill {row.get('spill')} (stores/loads bytes), "
-              f"{row['instructions']} SASS instructions, block loops {loop_kb:.0f} KB")
+              f"{row['instructions']} SASS instructions, block loops {loop_kb:.0f} KB"
+              + (" (MMAs serialized by ptxas)" if row.get("serialized") else ""))
         for size, ops, spill in row["loops"]:
             print(f"    block loop: {size} instructions, QGMMA {ops['QGMMA']}, "
                   + ", ".join(f"{op} {ops[op]}" for op in EPILOGUE_OPS) + (" (a spill inside)" if spill else ""))

@@ -2,7 +2,9 @@
 kernel is found with its block loops, and the count it exists for: the AbsSum build's block loop at next_n = 4 has one
 FFMA a score and no FMNMX, where the library's ReLU build has one FMNMX a score as well; the weights-in-shared-memory
 build (cuda_logits_probe's w3) fits three warpgroups on whole blocks at next_n 3 and 4 without spilling, and the
-library's next_n = 3 is that shape with its loops' code small enough to stay fetched (run 182)."""
+library's next_n = 3 is that shape with its loops' code small enough to stay fetched (run 182); ptxas keeps every MMA
+asynchronous in the library's build and in the row pipeline's (SPIN_LOGITS_ROW_PIPE), whose MMA in flight across a
+loop edge would make it serialize them all."""
 from __future__ import annotations
 
 import pytest
@@ -69,3 +71,37 @@ def test_the_library_runs_next_n_3_on_three_warpgroups_with_little_loop_code():
     old = _counts_or_skip(import_benchmark("cuda_logits_probe").VARIANTS["n3-2wg"])
     assert len(old["next_n=3 maxima=yes"]["loops"]) == 2
     assert [name for name in lib if lib[name] != old[name]] == ["next_n=3 maxima=no", "next_n=3 maxima=yes"]
+
+
+def test_ptxas_info_reads_registers_spills_and_serialized_mmas():
+    name = "_ZN53_GLOBAL__N__0_paged_logits_kernelILi{}ELb0EEEv14CUtensorMap_st"
+    stderr = "\n".join([
+        f"ptxas info    : Compiling entry function '{name.format(3)}' for 'sm_90a'",
+        "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non "
+        "wgmma instructions reading accumulator registers of  a wgmma between start and end of the pipeline stage in "
+        f"the function '{name.format(3)}'",
+        f"ptxas info    : Function properties for {name.format(3)}",
+        "    40 bytes stack frame, 72 bytes spill stores, 80 bytes spill loads",
+        "ptxas info    : Used 168 registers, used 1 barriers, 40 bytes cumulative stack size",
+        f"ptxas info    : Compiling entry function '{name.format(2)}' for 'sm_90a'",
+        f"ptxas info    : Function properties for {name.format(2)}",
+        "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads",
+        "ptxas info    : Used 126 registers, used 1 barriers"])
+    info = import_benchmark("cuda_logits_registers").ptxas_info(stderr)
+    assert info == {"next_n=3 maxima=no": {"serialized": True, "spill": "72/80", "registers": 168},
+                    "next_n=2 maxima=no": {"serialized": False, "spill": "0/0", "registers": 126}}
+
+
+def test_the_row_pipeline_keeps_its_mmas_asynchronous():
+    # SPIN_LOGITS_ROW_PIPE (run 184): one MMA a row, the next block's rows issued while this block's are summed. An
+    # MMA in flight across the loop's back edge or at a `break` made ptxas serialize every MMA of the kernel (C7514 /
+    # C7520), which would time a synchronous kernel under the pipeline's name
+    assert not any(row["serialized"] for row in _counts_or_skip().values())
+    rp3 = _counts_or_skip(import_benchmark("cuda_logits_probe").VARIANTS["rp3"])
+    for n, spw in ((2, 4), (3, 2)):  # key blocks a loop iteration (Shape::SPW) on whole blocks
+        for maxima in ("no", "yes"):
+            row = rp3[f"next_n={n} maxima={maxima}"]
+            assert not row["serialized"] and row["spill"] == "0/0", row
+            assert len(row["loops"]) == 1, row  # compiled once (PER_WG=0)
+            for _, ops, _ in row["loops"]:
+                assert ops["QGMMA"] == 4 * n * spw  # 4 k steps a row: N = 64 MMAs, one a row

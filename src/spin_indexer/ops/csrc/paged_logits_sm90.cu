@@ -39,19 +39,19 @@
 
 #include <type_traits>
 
-// Build-time switches for benchmarks/cuda_logits_probe.py only (the library ops/ builds sets none):
-// SPIN_LOGITS_PROBE leaves one stage out to time the rest (1: the epilogue's head sum, 2: the MMA; the block
-// maxima: the MAXIMA = false build, a null block_max); SPIN_LOGITS_MATH_WG sets the math warpgroups an SM (default 0: see Shape), SPIN_LOGITS_ROW_GROUPS how
-// many warpgroups share a block's rows at next_n 3-4 (1 to next_n; default 0: 2 at next_n = 4, see Shape), both
-// also per next_n (SPIN_LOGITS_MATH_WG_N3 / _N4, SPIN_LOGITS_ROW_GROUPS_N3 / _N4: 6 warpgroups fit next_n = 3's
-// registers at one row each, not next_n = 2's),
-// SPIN_LOGITS_CTAS_PER_SM how many CTAs share the warpgroups (1 or 2), SPIN_LOGITS_STAGES_PER_WG the key blocks
-// each block set keeps in flight (default 0: per next_n, see Shape::SPW); SPIN_LOGITS_PIPELINE (0 / 1) whether a
-// block's last steps wait for the next block's MMA (default: at next_n 3-4, see the kernel); SPIN_LOGITS_UNROLL
-// (0 / 1, default 1) whether the loop is unrolled by stages, SPIN_LOGITS_PER_WG (0 / 1; default: 0 at next_n = 2,
-// else 1) whether it is compiled once per warpgroup (constant stage offsets, at the price of more code: see the
-// kernel),
-// SPIN_LOGITS_UNIFORM_WG (0 / 1, default 1) whether the loop compiled once takes the warpgroup index broadcast.
+// Build-time switches for benchmarks/cuda_logits_probe.py only (the library's build, ops/, sets none):
+// SPIN_LOGITS_PROBE leaves one stage out to time the rest (1: the epilogue's head sum, 2: the MMA; the block maxima:
+// the MAXIMA = false build, a null block_max); SPIN_LOGITS_MATH_WG sets the math warpgroups an SM (default 0: see
+// Shape), SPIN_LOGITS_ROW_GROUPS how many warpgroups share a block's rows at next_n 3-4 (1 to next_n; default 0: 2
+// at next_n = 4, see Shape), both also per next_n (SPIN_LOGITS_MATH_WG_N3 / _N4, SPIN_LOGITS_ROW_GROUPS_N3 / _N4: 6
+// warpgroups fit next_n = 3's registers at one row each, not next_n = 2's), SPIN_LOGITS_CTAS_PER_SM how many CTAs
+// share the warpgroups (1 or 2), SPIN_LOGITS_STAGES_PER_WG the key blocks each block set keeps in flight (default 0:
+// per next_n, see Shape::SPW); SPIN_LOGITS_PIPELINE (0 / 1) whether a block's last steps wait for the next block's
+// MMA (default: at next_n 3-4, see the kernel); SPIN_LOGITS_UNROLL (0 / 1, default 1) whether the loop is unrolled
+// by stages, SPIN_LOGITS_PER_WG (0 / 1; default: 0 at next_n = 2, else 1) whether it is compiled once per warpgroup
+// (constant stage offsets, at the price of more code: see the kernel), SPIN_LOGITS_UNIFORM_WG (0 / 1, default 1)
+// whether the loop compiled once takes the warpgroup index broadcast. SPIN_LOGITS_ABS_SUM, SPIN_LOGITS_WEIGHTS_SMEM
+// and SPIN_LOGITS_ROW_PIPE: below.
 #ifndef SPIN_LOGITS_PROBE
 #define SPIN_LOGITS_PROBE 0
 #endif
@@ -685,8 +685,9 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     // Row-pipelined (SPIN_LOGITS_ROW_PIPE): one MMA a row (N = 64 into acc[32 j, 32 j + 32), the same registers as
     // the one wide MMA's), each its own commit group, and the next block's row j issued once this block's row j is
     // summed, so rows j + 1.. of this block and rows ..j of the next are on the tensor core while row j's epilogue
-    // runs (the default loop waits for the whole block's MMA before its epilogue). Every step commits a group (an
-    // empty one past the set's last block), so wait_group NR - 1 always retires the row about to be read.
+    // runs (the default loop waits for the whole block's MMA before its epilogue). Groups retire in order, so
+    // wait_group NR - 1 retires the row about to be read, NR - 1 - j in an iteration's last block (nothing issued
+    // behind it). Measured slower than the default (run 184: 1.18-1.35x on two warpgroups); a probe build only.
     constexpr bool ROWPIPE = SPIN_LOGITS_ROW_PIPE != 0 && G == 1 && !S::ABS && NEXT_N >= 2 && SPIN_LOGITS_PROBE == 0;
     if constexpr (ROWPIPE) {
         const auto issue_row = [&](int j, int s) {  // row j of the block in stage s (the set's stage s - SET)
@@ -724,7 +725,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
                     // this block's row j: behind it rows j + 1.. of this block, and the next block's ..j - 1
                     wgmma_wait_n(next ? NR - 1 : NR - 1 - j);
                     fence_regs<32>(acc + 32 * j);
-                    if (j == NR - 1) {  // every row's MMA has read the stage: its scales, then it takes block i + STAGES
+                    if (j == NR - 1) {  // every row's MMA has read the stage: its scales, then block i + STAGES
 #pragma unroll
                         for (int u = 0; u < KEPT; ++u) pending.sc[u] = scales_s[s * T + r0 + 8 * h[u]];
                         mbar_arrive(&empty[s]);

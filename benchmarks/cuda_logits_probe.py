@@ -24,13 +24,14 @@ unrolled by stages), perwg / noperwg (SPIN_LOGITS_PER_WG=1 / 0: the loop compile
 a block set at every next_n), abs (SPIN_LOGITS_ABS_SUM=1: the head sum through |s|, one FFMA a score, with row
 groups at next_n = 3; runs 147-149), rp2 / rp2-s3 (SPIN_LOGITS_ROW_PIPE=1: one MMA a row, the next block's row j
 issued once this block's row j is summed, on two warpgroups on whole blocks at next_n 3-4, the weights in shared
-memory, 4 / 3 key blocks in flight a block set), rp3 (the row pipeline in the library's next_n = 3 shape, the loop
-compiled once: 166 registers, no spill; per warpgroup it spills), each at the launcher's chunk and at 128 and 256
-blocks a CTA; --nomax times every build without block_max_out (its logits-only kernel). Per point (B x L x next_n, H
-= 64, D = 128), CUDA graphs, every build and chunk timed in the same paired rounds (one replay of each in turn); us
-= the median, vs_cuda = the median of per-round ratios to the production build at its default chunk. The builds that
-compute logits (CHECKED) are first checked against the torch reference (a build that fails is reported and not
-timed); the probes compute wrong logits by design and are only timed. Writes <out>/cuda_probe.csv and .md.
+memory, 4 / 3 key blocks in flight a block set; run 184: 1.18-1.35x the library's time), rp3 (the row pipeline in
+the library's next_n = 3 shape, the loop compiled once: 166 registers, no spill; per warpgroup it spills), each at
+the launcher's chunk and at 128 and 256 blocks a CTA; --nomax times every build without block_max_out (its
+logits-only kernel). Per point (B x L x next_n, H = 64, D = 128), CUDA graphs, every build and chunk timed in the
+same paired rounds (one replay of each in turn); us = the median, vs_cuda = the median of per-round ratios to the
+production build at its default chunk. The builds that compute logits (CHECKED) are first checked against the torch
+reference (a build that fails is reported and not timed); the probes compute wrong logits by design and are only
+timed. Writes <out>/cuda_probe.csv and .md.
 """
 from __future__ import annotations
 

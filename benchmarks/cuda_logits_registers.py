@@ -47,6 +47,12 @@ def block_loops(lines: list[str]) -> list[tuple[int, int]]:
     return [x for x in mma if not any(y[0] < x[0] <= y[1] < x[1] for y in loops)]
 
 
+def loop_code_bytes(row: dict) -> int:
+    """The block loops' code of one kernel of `counts`, in bytes, summed over its warpgroups' copies: what each SMSP
+    fetches (see INSTRUCTION_BYTES)."""
+    return sum(size for size, _, _ in row["loops"]) * INSTRUCTION_BYTES
+
+
 def ptxas_info(stderr: str) -> dict[str, dict]:
     """Per kernel name (kernel_name's), from `ptxas -v`'s output: registers, spill ("stores/loads" bytes) and
     serialized: True where ptxas said it serializes the kernel's wgmma instructions (C7514 / C7520: each MMA then
@@ -102,7 +108,7 @@ def main(argv=None) -> int:
     p.add_argument("defines", nargs="*", help="build switches NAME=VALUE (the probe builds'; none: the library's)")
     args = p.parse_args(argv)
     for row in counts(tuple(args.defines)):
-        loop_kb = sum(size for size, _, _ in row["loops"]) * INSTRUCTION_BYTES / 1024
+        loop_kb = loop_code_bytes(row) / 1024
         print(f"{row['name']}: {row.get('registers')} registers, spill {row.get('spill')} (stores/loads bytes), "
               f"{row['instructions']} SASS instructions, block loops {loop_kb:.0f} KB"
               + (" (MMAs serialized by ptxas)" if row.get("serialized") else ""))

@@ -539,6 +539,15 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
     // the thread that refills this set's stages: in row group 0, in warp mw % 4, so the sets' copies are issued
     // from different SMSPs (warp w runs on SMSP w % 4)
     const bool issuer = mw % G == 0 && tid == 32 * (mw % 4);
+    // stage s, which held block i, is read (its MMA done, its scales loaded) by this thread: once every thread of the
+    // set's row groups has arrived, the set's issuer refills it with block i + STAGES
+    const auto release = [&](int i, int s, int phase) {
+        mbar_arrive(&empty[s]);
+        if (issuer && i + STAGES < nblk) {
+            mbar_wait(&empty[s], phase);
+            load(i + STAGES, s);
+        }
+    };
     constexpr int SPW = S::SPW;
     if (issuer)  // this set's first blocks
         for (int r = 0; r < SPW && set + r * BP < nblk; ++r) load(set + r * BP, set + r * BP);
@@ -728,11 +737,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
                     if (j == NR - 1) {  // every row's MMA has read the stage: its scales, then block i + STAGES
 #pragma unroll
                         for (int u = 0; u < KEPT; ++u) pending.sc[u] = scales_s[s * T + r0 + 8 * h[u]];
-                        mbar_arrive(&empty[s]);
-                        if (issuer && i + STAGES < nblk) {
-                            mbar_wait(&empty[s], phase);
-                            load(i + STAGES, s);
-                        }
+                        release(i, s, phase);
                     }
                     head_sums(j);
                     if (j == 0 && has_next) mbar_wait(&full[s + BP], phase);
@@ -772,13 +777,7 @@ __global__ void __launch_bounds__(Shape<NEXT_N>::THREADS, Shape<NEXT_N>::CTAS) p
                 if (PIPELINED && pending.i >= 0) finish(pending);  // the previous block, beside this one's MMA
                 if (SPIN_LOGITS_PROBE != 2) wgmma_wait<0>();
                 fence_regs<R>(acc);
-                // this warpgroup's MMA has read the keys and its threads their scales: once every row group's has,
-                // the stage takes block i + STAGES
-                mbar_arrive(&empty[s]);
-                if (issuer && i + STAGES < nblk) {
-                    mbar_wait(&empty[s], phase);
-                    load(i + STAGES, s);
-                }
+                release(i, s, phase);  // this warpgroup's MMA has read the keys, its threads their scales
 #pragma unroll
                 for (int j = 0; j < VP / 2; ++j) head_sums(j);
 #pragma unroll
